@@ -1,0 +1,50 @@
+/* edl/etcd_server.h: start and stop real etcd server processes on loopback.
+ *
+ * Used by `edl run` (a job on one machine starts its own etcd), by the tests and by the
+ * benchmarks. Each member gets free loopback ports and a temporary data directory that is
+ * removed when the server is freed. Children die with their parent (PR_SET_PDEATHSIG). */
+#ifndef EDL_ETCD_SERVER_H
+#define EDL_ETCD_SERVER_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EDL_ETCD_SERVER_MAX_MEMBERS 5
+
+typedef struct edl_etcd_server_opts {
+    const char *etcd_bin;        /* NULL: $EDL_ETCD_BIN, else "etcd" from PATH */
+    int members;                 /* 1 (default when 0) .. EDL_ETCD_SERVER_MAX_MEMBERS */
+    const char *const *extra_args; /* NULL-terminated extra flags for every member, or NULL */
+    int start_timeout_ms;        /* how long to wait for health (default 15000) */
+    bool quiet;                  /* send etcd's own log to <data dir>/etcd.log instead of stderr */
+} edl_etcd_server_opts;
+
+typedef struct edl_etcd_server edl_etcd_server;
+
+/* Start all members and wait until each answers /health. */
+int edl_etcd_server_start(const edl_etcd_server_opts *opts, edl_etcd_server **out);
+/* Stop every member (SIGTERM, SIGKILL after 5 s), remove the data directories, free. */
+void edl_etcd_server_free(edl_etcd_server *s);
+
+int edl_etcd_server_members(const edl_etcd_server *s);
+/* "http://127.0.0.1:P1,http://127.0.0.1:P2,..." for all members, in member order. */
+const char *edl_etcd_server_endpoints(const edl_etcd_server *s);
+/* "http://127.0.0.1:P" of member i. */
+const char *edl_etcd_server_endpoint(const edl_etcd_server *s, int i);
+pid_t edl_etcd_server_pid(const edl_etcd_server *s, int i); /* 0 when stopped */
+
+/* Stop member i gracefully (SIGTERM) or at once (SIGKILL), keeping its data and ports. */
+int edl_etcd_server_stop_member(edl_etcd_server *s, int i, bool kill_now);
+/* Start a stopped member again with the same data and ports; waits for health. */
+int edl_etcd_server_restart_member(edl_etcd_server *s, int i);
+/* Pause/resume member i with SIGSTOP/SIGCONT. */
+int edl_etcd_server_pause_member(edl_etcd_server *s, int i, bool pause);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

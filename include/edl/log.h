@@ -1,0 +1,48 @@
+/* edl/log.h: levelled logging to stderr, as plain text or JSON lines.
+ *
+ * The level and format are process-wide settings chosen once in main() (flags or the
+ * EDL_LOG_LEVEL / EDL_LOG_FORMAT environment variables); every library logs through here. */
+#ifndef EDL_LOG_H
+#define EDL_LOG_H
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum edl_log_level {
+    EDL_LOG_DEBUG = 0,
+    EDL_LOG_INFO = 1,
+    EDL_LOG_WARN = 2,
+    EDL_LOG_ERROR = 3,
+    EDL_LOG_OFF = 4,
+} edl_log_level;
+
+typedef enum edl_log_format {
+    EDL_LOG_PLAIN = 0, /* 2026-11-22T13:05:34.123Z INFO  etcd: message */
+    EDL_LOG_JSON = 1,  /* {"ts":"...","level":"info","component":"etcd","msg":"..."} */
+} edl_log_format;
+
+/* Set the level, format and stream (NULL = stderr). Safe to call again at any time. */
+void edl_log_setup(edl_log_level level, edl_log_format format, FILE *out);
+/* Apply EDL_LOG_LEVEL (debug|info|warn|error|off) and EDL_LOG_FORMAT (plain|json) if set.
+ * Returns 0, or EDL_ECONFIG for a value it does not know (then nothing changes). */
+int edl_log_setup_from_env(void);
+int edl_log_level_parse(const char *s, edl_log_level *out);
+int edl_log_format_parse(const char *s, edl_log_format *out);
+int edl_log_enabled(edl_log_level level);
+
+/* One line: component names the part of edl speaking ("etcd", "agent", ...). */
+void edl_log(edl_log_level level, const char *component, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define EDL_DEBUG(comp, ...) edl_log(EDL_LOG_DEBUG, comp, __VA_ARGS__)
+#define EDL_INFO(comp, ...) edl_log(EDL_LOG_INFO, comp, __VA_ARGS__)
+#define EDL_WARN(comp, ...) edl_log(EDL_LOG_WARN, comp, __VA_ARGS__)
+#define EDL_ERROR(comp, ...) edl_log(EDL_LOG_ERROR, comp, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+#endif
