@@ -1,0 +1,529 @@
+/* etcd_client.c: the etcd client's transport. One keep-alive libcurl connection per client,
+ * JSON POSTs to the v3 gateway, fail-over across endpoints within the call's deadline,
+ * token authentication renewed on expiry, and errors mapped to EDL_E* codes with messages
+ * that name the endpoint and the key. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "edl/log.h"
+#include "etcd_internal.h"
+
+#define DEFAULT_TIMEOUT_MS 5000
+#define DEFAULT_CONNECT_TIMEOUT_MS 1000
+#define DEFAULT_MAX_RESPONSE (64u << 20)
+
+int64_t etcd_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- configuration --------------------------------------------------------------------- */
+
+void edl_etcd_config_init(edl_etcd_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->timeout_ms = DEFAULT_TIMEOUT_MS;
+    cfg->connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
+    cfg->max_response_bytes = DEFAULT_MAX_RESPONSE;
+}
+
+static void free_endpoints(edl_etcd_config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_endpoints; i++)
+        free(cfg->endpoints[i]);
+    free(cfg->endpoints);
+    cfg->endpoints = NULL;
+    cfg->n_endpoints = 0;
+}
+
+void edl_etcd_config_free(edl_etcd_config *cfg)
+{
+    if (!cfg)
+        return;
+    free_endpoints(cfg);
+    free(cfg->ca_file);
+    free(cfg->cert_file);
+    free(cfg->key_file);
+    free(cfg->username);
+    free(cfg->password);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+/* An endpoint is http(s)://host[:port] with no path; a trailing '/' is dropped. */
+static int endpoint_valid(const char *s, size_t n)
+{
+    size_t skip = 0;
+    if (n > 7 && strncmp(s, "http://", 7) == 0)
+        skip = 7;
+    else if (n > 8 && strncmp(s, "https://", 8) == 0)
+        skip = 8;
+    if (!skip || n - skip > 255)
+        return 0;
+    for (size_t i = skip; i < n; i++)
+        if (s[i] == '/' || isspace((unsigned char)s[i]))
+            return 0;
+    return 1;
+}
+
+int edl_etcd_config_set_endpoints(edl_etcd_config *cfg, const char *csv)
+{
+    if (!cfg || !csv)
+        return EDL_EINVAL;
+    char **list = NULL;
+    size_t n = 0;
+    const char *p = csv;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        while (len && isspace((unsigned char)*p)) {
+            p++;
+            len--;
+        }
+        while (len && isspace((unsigned char)p[len - 1]))
+            len--;
+        if (len && p[len - 1] == '/')
+            len--;
+        if (!endpoint_valid(p, len)) {
+            EDL_ERROR("etcd", "invalid etcd endpoint '%.*s' in '%s': expected http://host:port or https://host:port",
+                      (int)len, p, csv);
+            goto invalid;
+        }
+        char **grown = realloc(list, (n + 1) * sizeof *list);
+        if (!grown)
+            goto nomem;
+        list = grown;
+        if (!(list[n] = strndup(p, len)))
+            goto nomem;
+        n++;
+        p += len;
+        while (*p && *p != ',')
+            p++;
+        if (*p == ',')
+            p++;
+    }
+    if (n == 0) {
+        EDL_ERROR("etcd", "no etcd endpoint in '%s'", csv);
+        goto invalid;
+    }
+    free_endpoints(cfg);
+    cfg->endpoints = list;
+    cfg->n_endpoints = n;
+    return 0;
+nomem:
+    for (size_t i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+    return EDL_ENOMEM;
+invalid:
+    for (size_t i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+    return EDL_EINVAL;
+}
+
+static int dup_opt(char **dst, const char *src)
+{
+    *dst = NULL;
+    if (src && !(*dst = strdup(src)))
+        return EDL_ENOMEM;
+    return 0;
+}
+
+int etcd_config_copy(edl_etcd_config *dst, const edl_etcd_config *src)
+{
+    edl_etcd_config_init(dst);
+    if (src->timeout_ms > 0)
+        dst->timeout_ms = src->timeout_ms;
+    if (src->connect_timeout_ms > 0)
+        dst->connect_timeout_ms = src->connect_timeout_ms;
+    if (src->max_response_bytes > 0)
+        dst->max_response_bytes = src->max_response_bytes;
+    dst->endpoints = calloc(src->n_endpoints, sizeof *dst->endpoints);
+    if (!dst->endpoints)
+        goto nomem;
+    for (size_t i = 0; i < src->n_endpoints; i++) {
+        if (!(dst->endpoints[i] = strdup(src->endpoints[i])))
+            goto nomem;
+        dst->n_endpoints = i + 1;
+    }
+    if (dup_opt(&dst->ca_file, src->ca_file) || dup_opt(&dst->cert_file, src->cert_file) ||
+        dup_opt(&dst->key_file, src->key_file) || dup_opt(&dst->username, src->username) ||
+        dup_opt(&dst->password, src->password))
+        goto nomem;
+    return 0;
+nomem:
+    edl_etcd_config_free(dst);
+    return EDL_ENOMEM;
+}
+
+/* ---- client ------------------------------------------------------------------------------ */
+
+int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out)
+{
+    *out = NULL;
+    if (!cfg || cfg->n_endpoints == 0)
+        return EDL_EINVAL;
+    for (size_t i = 0; i < cfg->n_endpoints; i++)
+        if (!cfg->endpoints[i] || !endpoint_valid(cfg->endpoints[i], strlen(cfg->endpoints[i])))
+            return EDL_EINVAL;
+    if ((cfg->cert_file == NULL) != (cfg->key_file == NULL) ||
+        (cfg->username == NULL) != (cfg->password == NULL))
+        return EDL_EINVAL;
+    edl_etcd *c = calloc(1, sizeof *c);
+    if (!c)
+        return EDL_ENOMEM;
+    if (etcd_config_copy(&c->cfg, cfg) != 0 || !(c->curl = curl_easy_init())) {
+        edl_etcd_config_free(&c->cfg);
+        free(c);
+        return EDL_ENOMEM;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    etcd_curl_common(c, c->curl);
+    *out = c;
+    return 0;
+}
+
+int edl_etcd_connect(const char *endpoints_csv, edl_etcd **out)
+{
+    edl_etcd_config cfg;
+    edl_etcd_config_init(&cfg);
+    int rc = edl_etcd_config_set_endpoints(&cfg, endpoints_csv);
+    if (rc == 0)
+        rc = edl_etcd_new(&cfg, out);
+    edl_etcd_config_free(&cfg);
+    return rc;
+}
+
+void edl_etcd_free(edl_etcd *c)
+{
+    if (!c)
+        return;
+    curl_easy_cleanup(c->curl);
+    pthread_mutex_destroy(&c->mu);
+    edl_etcd_config_free(&c->cfg);
+    free(c->token);
+    free(c);
+}
+
+const char *edl_etcd_errmsg(const edl_etcd *c)
+{
+    return c ? c->errmsg : "no client";
+}
+
+const char *edl_etcd_endpoint(const edl_etcd *c)
+{
+    return c->cfg.endpoints[c->cur];
+}
+
+int etcd_fail(edl_etcd *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    va_end(ap);
+    EDL_DEBUG("etcd", "%s (%s)", c->errmsg, edl_strerror(code));
+    return code;
+}
+
+const char *etcd_key_str(edl_buf key, char *out, size_t outlen)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < key.len && o + 5 < outlen; i++) {
+        unsigned char ch = (unsigned char)key.data[i];
+        if (ch >= 0x20 && ch < 0x7f)
+            out[o++] = (char)ch;
+        else
+            o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", ch);
+        if (i + 1 < key.len && o + 5 >= outlen && o >= 3) {
+            memcpy(out + o - 3, "...", 3);
+            break;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ---- transport --------------------------------------------------------------------------- */
+
+int etcd_buf_append(etcd_buf *b, const char *p, size_t n)
+{
+    if (b->len + n + 1 > b->max) {
+        b->overflow = true;
+        return EDL_ETOOBIG;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d)
+            return EDL_ENOMEM;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
+{
+    /* returning short aborts the transfer: a reply over the cap is refused, not buffered */
+    return etcd_buf_append(arg, ptr, size * nmemb) == 0 ? size * nmemb : 0;
+}
+
+void etcd_curl_common(edl_etcd *c, CURL *h)
+{
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->cfg.connect_timeout_ms);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (c->cfg.ca_file)
+        curl_easy_setopt(h, CURLOPT_CAINFO, c->cfg.ca_file);
+    if (c->cfg.cert_file) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, c->cfg.cert_file);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, c->cfg.key_file);
+    }
+}
+
+struct curl_slist *etcd_headers(edl_etcd *c)
+{
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    /* No "Expect: 100-continue" round trip for larger bodies. */
+    h = h ? curl_slist_append(h, "Expect:") : NULL;
+    if (h && c->token) {
+        size_t n = strlen(c->token) + 32;
+        char *line = malloc(n);
+        if (line) {
+            snprintf(line, n, "Authorization: %s", c->token);
+            struct curl_slist *h2 = curl_slist_append(h, line);
+            free(line);
+            if (!h2) {
+                curl_slist_free_all(h);
+                return NULL;
+            }
+            h = h2;
+        }
+    }
+    return h;
+}
+
+typedef struct http_reply {
+    CURLcode cc;
+    long status;
+    etcd_buf body;
+    char curl_err[CURL_ERROR_SIZE];
+} http_reply;
+
+/* One POST on the client's connection. */
+static void http_post(edl_etcd *c, const char *endpoint, const char *path, const char *body,
+                      long timeout_ms, http_reply *r)
+{
+    char url[512];
+    snprintf(url, sizeof url, "%s%s", endpoint, path);
+    memset(r, 0, sizeof *r);
+    r->body.max = c->cfg.max_response_bytes;
+    struct curl_slist *hdrs = etcd_headers(c);
+    CURL *h = c->curl;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r->body);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, r->curl_err);
+    r->cc = curl_easy_perform(h);
+    if (r->cc == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+    curl_slist_free_all(hdrs);
+}
+
+/* The request never reached a server: safe to send elsewhere whatever it is. */
+static bool not_sent(CURLcode cc)
+{
+    return cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
+           cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_SSL_CONNECT_ERROR;
+}
+
+/* The server's own words from an error body: {"error":..,"message":..,"code":..} (3.4) or
+ * without "error" (3.6). Never trusts the body to be JSON. */
+static void server_message(const etcd_buf *b, char *out, size_t outlen)
+{
+    out[0] = '\0';
+    cJSON *j = b->data ? cJSON_ParseWithLength(b->data, b->len) : NULL;
+    const cJSON *m = j ? cJSON_GetObjectItemCaseSensitive(j, "message") : NULL;
+    if (!cJSON_IsString(m) && j)
+        m = cJSON_GetObjectItemCaseSensitive(j, "error");
+    if (cJSON_IsString(m))
+        snprintf(out, outlen, "%s", m->valuestring);
+    else if (b->data)
+        snprintf(out, outlen, "%.200s", b->data);
+    cJSON_Delete(j);
+}
+
+static int status_code(long status, const char *msg)
+{
+    if (strstr(msg, "too large") || strstr(msg, "too many operations"))
+        return EDL_ETOOBIG;
+    if (strstr(msg, "compacted"))
+        return EDL_ECOMPACTED;
+    switch (status) {
+    case 401:
+    case 403: return EDL_EAUTH;
+    case 404: return EDL_ENOTFOUND;
+    case 408:
+    case 504: return EDL_ETIMEDOUT;
+    }
+    return EDL_ESERVER;
+}
+
+int etcd_authenticate_locked(edl_etcd *c, const char *endpoint)
+{
+    cJSON *req = cJSON_CreateObject();
+    if (!req || !cJSON_AddStringToObject(req, "name", c->cfg.username) ||
+        !cJSON_AddStringToObject(req, "password", c->cfg.password)) {
+        cJSON_Delete(req);
+        return EDL_ENOMEM;
+    }
+    char *body = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    if (!body)
+        return EDL_ENOMEM;
+    free(c->token);
+    c->token = NULL;
+    http_reply r;
+    http_post(c, endpoint, "/v3/auth/authenticate", body, c->cfg.timeout_ms, &r);
+    free(body);
+    int rc = 0;
+    char msg[256];
+    if (r.cc != CURLE_OK) {
+        rc = etcd_fail(c, not_sent(r.cc) ? EDL_EUNAVAIL : EDL_ETIMEDOUT,
+                       "%s: authenticate as '%s': %s", endpoint, c->cfg.username,
+                       r.curl_err[0] ? r.curl_err : curl_easy_strerror(r.cc));
+    } else if (r.status != 200) {
+        server_message(&r.body, msg, sizeof msg);
+        rc = etcd_fail(c, EDL_EAUTH, "%s: authenticate as '%s' failed (HTTP %ld): %s", endpoint,
+                       c->cfg.username, r.status, msg);
+    } else {
+        cJSON *j = cJSON_ParseWithLength(r.body.data ? r.body.data : "", r.body.len);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "token");
+        if (cJSON_IsString(t) && t->valuestring[0] && !strpbrk(t->valuestring, "\r\n"))
+            c->token = strdup(t->valuestring);
+        else
+            rc = etcd_fail(c, EDL_EPROTO, "%s: authenticate: reply has no token", endpoint);
+        if (!rc && !c->token)
+            rc = EDL_ENOMEM;
+        cJSON_Delete(j);
+    }
+    free(r.body.data);
+    return rc;
+}
+
+/* Decide what one attempt's outcome means. Returns 0 with *resp on success; otherwise a code
+ * and whether another endpoint may be tried (*retry). */
+static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf key,
+                 bool idempotent, http_reply *r, cJSON **resp, bool *retry)
+{
+    char ks[96], msg[256];
+    etcd_key_str(key, ks, sizeof ks);
+    const char *kl = key.len ? " key '" : "", *kr = key.len ? "'" : "";
+    *retry = false;
+    if (r->cc != CURLE_OK) {
+        if (r->body.overflow)
+            return etcd_fail(c, EDL_ETOOBIG, "%s%s%s%s%s: reply exceeds %zu bytes", endpoint, path,
+                             kl, ks, kr, c->cfg.max_response_bytes);
+        *retry = not_sent(r->cc) || idempotent;
+        int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT : EDL_EUNAVAIL;
+        return etcd_fail(c, code, "%s%s%s%s%s: %s%s", endpoint, path, kl, ks, kr,
+                         r->curl_err[0] ? r->curl_err : curl_easy_strerror(r->cc),
+                         not_sent(r->cc) || idempotent ? "" : " (the request may have been applied)");
+    }
+    if (r->status != 200) {
+        server_message(&r->body, msg, sizeof msg);
+        /* 503: no leader or shutting down; nothing was applied, another member may serve it. */
+        *retry = r->status == 503 || r->status == 502;
+        return etcd_fail(c, *retry ? EDL_EUNAVAIL : status_code(r->status, msg),
+                         "%s%s%s%s%s: HTTP %ld: %s", endpoint, path, kl, ks, kr, r->status,
+                         msg[0] ? msg : "(no message)");
+    }
+    const char *end = NULL;
+    *resp = cJSON_ParseWithLengthOpts(r->body.data ? r->body.data : "", r->body.len, &end, 0);
+    if (!*resp || !cJSON_IsObject(*resp)) {
+        size_t at = end && r->body.data ? (size_t)(end - r->body.data) : 0;
+        cJSON_Delete(*resp);
+        *resp = NULL;
+        return etcd_fail(c, EDL_EPROTO, "%s%s%s%s%s: malformed JSON reply (%zu bytes, error near byte %zu)",
+                         endpoint, path, kl, ks, kr, r->body.len, at);
+    }
+    return 0;
+}
+
+int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf key,
+              bool idempotent, int timeout_ms)
+{
+    *resp = NULL;
+    char *body = req ? cJSON_PrintUnformatted(req) : NULL;
+    cJSON_Delete(req);
+    if (!body)
+        return etcd_fail(c, EDL_ENOMEM, "%s: out of memory building the request", path);
+    pthread_mutex_lock(&c->mu);
+    c->errmsg[0] = '\0';
+    int64_t deadline = etcd_now_ms() + (timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
+    int rc = EDL_ETIMEDOUT, backoff = 25;
+    bool reauthed = false;
+    size_t tried = 0;
+    for (;;) {
+        int64_t left = deadline - etcd_now_ms();
+        if (left <= 0)
+            break;
+        const char *ep = c->cfg.endpoints[c->cur];
+        if (c->cfg.username && !c->token && (rc = etcd_authenticate_locked(c, ep)) != 0) {
+            if (rc == EDL_EAUTH)
+                break;
+            goto next_endpoint;
+        }
+        http_reply r;
+        http_post(c, ep, path, body, (long)left, &r);
+        bool retry;
+        if (r.cc == CURLE_OK && r.status == 401 && c->cfg.username && !reauthed) {
+            /* the token expired (simple tokens live 300 s): fetch a new one, send again */
+            free(r.body.data);
+            free(c->token);
+            c->token = NULL;
+            reauthed = true;
+            continue;
+        }
+        rc = judge(c, ep, path, key, idempotent, &r, resp, &retry);
+        free(r.body.data);
+        if (rc == 0 || !retry)
+            break;
+    next_endpoint:
+        EDL_DEBUG("etcd", "%s; trying the next endpoint", c->errmsg);
+        c->cur = (c->cur + 1) % c->cfg.n_endpoints;
+        if (++tried % c->cfg.n_endpoints == 0) {
+            /* every endpoint failed once: back off before the next round */
+            int64_t nap = deadline - etcd_now_ms();
+            if (nap > backoff)
+                nap = backoff;
+            if (nap > 0)
+                nanosleep(&(struct timespec){nap / 1000, (nap % 1000) * 1000000}, NULL);
+            backoff = backoff * 2 > 500 ? 500 : backoff * 2;
+        }
+    }
+    if (rc == EDL_ETIMEDOUT && !c->errmsg[0])
+        etcd_fail(c, rc, "%s: no reply within %d ms", path, timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
+    pthread_mutex_unlock(&c->mu);
+    free(body);
+    return rc;
+}

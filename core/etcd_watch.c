@@ -1,0 +1,580 @@
+/* etcd_watch.c: streaming watches that never skip an event.
+ *
+ * Each watch runs one thread with its own connection (a libcurl multi handle, so a stop wakes
+ * it at once). The gateway streams newline-delimited {"result":{...}} messages; the thread
+ * turns them into events on a bounded queue (a full queue pauses the stream: back-pressure,
+ * never drops). It remembers the next revision it owes the caller; when the connection drops
+ * it reconnects, on any endpoint, from that revision. When that revision was compacted the
+ * caller gets a COMPACTED event and the watch goes on from the oldest revision still kept. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "etcd_internal.h"
+
+typedef struct ev_node {
+    edl_watch_event *ev;
+    struct ev_node *next;
+} ev_node;
+
+struct edl_watch {
+    edl_etcd *conn;   /* own client: config, endpoint rotation, auth token */
+    char *key, *range_end;
+    size_t key_len, range_end_len;
+    bool prev_kv, progress_notify;
+    size_t max_queued;
+
+    pthread_t thread;
+    CURLM *multi;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* queue changes, creation */
+    int efd;               /* readable while the queue is not empty */
+    ev_node *head, *tail;
+    size_t queued;
+    bool stop;
+    bool created;          /* the server confirmed the current stream */
+    bool ever_created;
+    int start_error;       /* why the first creation failed */
+
+    /* owned by the watch thread */
+    int64_t next_rev;      /* the first revision not yet delivered (0: from now) */
+    etcd_buf line;         /* partial stream line */
+    bool restart;          /* the stream must be reopened (compaction, auth) */
+    bool fatal;
+};
+
+static void watch_event_free(edl_watch_event *ev)
+{
+    if (!ev)
+        return;
+    kv_clear(&ev->kv);
+    edl_kv_free(ev->prev_kv);
+    free(ev);
+}
+
+void edl_watch_event_free(edl_watch_event *ev)
+{
+    watch_event_free(ev);
+}
+
+/* Queue an event; waits while the queue is full (back-pressure). False when stopping. */
+static bool push(edl_watch *w, edl_watch_event *ev)
+{
+    ev_node *n = malloc(sizeof *n);
+    if (!n) {
+        watch_event_free(ev);
+        return false;
+    }
+    n->ev = ev;
+    n->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    while (w->queued >= w->max_queued && !w->stop)
+        pthread_cond_wait(&w->cv, &w->mu);
+    if (w->stop) {
+        pthread_mutex_unlock(&w->mu);
+        watch_event_free(ev);
+        free(n);
+        return false;
+    }
+    if (w->tail)
+        w->tail->next = n;
+    else
+        w->head = n;
+    w->tail = n;
+    if (w->queued++ == 0) {
+        uint64_t one = 1;
+        if (write(w->efd, &one, sizeof one) < 0)
+            EDL_ERROR("etcd", "watch: cannot signal its fd");
+    }
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+static bool push_simple(edl_watch *w, edl_watch_event_type type, int64_t rev, int64_t compact, int err)
+{
+    edl_watch_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return false;
+    ev->type = type;
+    ev->revision = rev;
+    ev->compact_revision = compact;
+    ev->error = err;
+    return push(w, ev);
+}
+
+static void mark_created(edl_watch *w, int error)
+{
+    pthread_mutex_lock(&w->mu);
+    if (error && !w->ever_created)
+        w->start_error = error;
+    if (!error) {
+        w->created = true;
+        w->ever_created = true;
+    }
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* One event object of a message. */
+static int event_parse(const cJSON *j, bool want_prev, edl_watch_event **out)
+{
+    edl_watch_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return EDL_ENOMEM;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+    int rc = 0;
+    if (!cJSON_IsObject(j) || (type && !cJSON_IsString(type)))
+        rc = EDL_EPROTO;
+    else if (type && strcmp(type->valuestring, "DELETE") == 0)
+        ev->type = EDL_WATCH_DELETE;
+    else if (type && strcmp(type->valuestring, "PUT") != 0)
+        rc = EDL_EPROTO;
+    if (!rc)
+        rc = kv_parse(cJSON_GetObjectItemCaseSensitive(j, "kv"), &ev->kv);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prev_kv");
+    if (!rc && want_prev && p && !cJSON_IsNull(p)) {
+        if (!(ev->prev_kv = malloc(sizeof *ev->prev_kv)))
+            rc = EDL_ENOMEM;
+        else if ((rc = kv_parse(p, ev->prev_kv)) != 0) {
+            free(ev->prev_kv);
+            ev->prev_kv = NULL;
+        }
+    }
+    if (!rc && ev->kv.mod_revision <= 0)
+        rc = EDL_EPROTO;
+    if (rc) {
+        watch_event_free(ev);
+        return rc;
+    }
+    ev->revision = ev->kv.mod_revision;
+    *out = ev;
+    return 0;
+}
+
+static void watch_fatal(edl_watch *w, int code, const char *why)
+{
+    etcd_fail(w->conn, code, "watch on %s: %s", edl_etcd_endpoint(w->conn), why);
+    w->fatal = true;
+    mark_created(w, code);
+    if (w->ever_created)
+        push_simple(w, EDL_WATCH_ERROR, w->next_rev, 0, code);
+}
+
+static void handle_canceled(edl_watch *w, const cJSON *res)
+{
+    int64_t compact = 0;
+    json_i64(res, "compact_revision", &compact);
+    const cJSON *why = cJSON_GetObjectItemCaseSensitive(res, "cancel_reason");
+    const char *reason = cJSON_IsString(why) ? why->valuestring : "";
+    w->restart = true;
+    if (compact > 0) {
+        EDL_WARN("etcd", "watch: revision %lld was compacted (oldest kept %lld); the caller re-reads",
+                 (long long)w->next_rev, (long long)compact);
+        mark_created(w, 0);
+        push_simple(w, EDL_WATCH_COMPACTED, compact, compact, 0);
+        w->next_rev = compact;
+    } else if (strstr(reason, "auth") || strstr(reason, "token") || strstr(reason, "permission")) {
+        /* the token expired (or auth was turned on): renew it and watch again */
+        free(w->conn->token);
+        w->conn->token = NULL;
+        if (strstr(reason, "permission"))
+            watch_fatal(w, EDL_EAUTH, reason);
+    } else {
+        watch_fatal(w, EDL_ESERVER, reason[0] ? reason : "canceled by the server");
+    }
+}
+
+/* One stream message. Returns false to close the stream. */
+static bool handle_message(edl_watch *w, const char *line, size_t len)
+{
+    cJSON *j = cJSON_ParseWithLength(line, len);
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(j, "result");
+    if (!cJSON_IsObject(res)) {
+        /* the gateway reports a broken stream as {"error":{...}}: reconnect */
+        const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+        if (!err)
+            watch_fatal(w, EDL_EPROTO, "malformed stream message");
+        cJSON_Delete(j);
+        return false;
+    }
+    bool created = false, canceled = false;
+    int64_t rev = 0;
+    json_bool(res, "created", &created);
+    json_bool(res, "canceled", &canceled);
+    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(res, "header");
+    if (json_i64(cJSON_IsObject(hdr) ? hdr : NULL, "revision", &rev) != 0) {
+        watch_fatal(w, EDL_EPROTO, "bad header revision");
+        cJSON_Delete(j);
+        return false;
+    }
+    if (canceled) {
+        handle_canceled(w, res);
+        cJSON_Delete(j);
+        return false;
+    }
+    if (created) {
+        if (w->next_rev == 0)
+            w->next_rev = rev + 1; /* "from now": everything after the creation */
+        mark_created(w, 0);
+    }
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(res, "events");
+    if (events && !cJSON_IsArray(events)) {
+        watch_fatal(w, EDL_EPROTO, "events is not an array");
+        cJSON_Delete(j);
+        return false;
+    }
+    /* Parse the whole message first: a message is one or more whole revisions. */
+    int n = events ? cJSON_GetArraySize(events) : 0;
+    edl_watch_event **evs = n ? calloc((size_t)n, sizeof *evs) : NULL;
+    int i = 0, rc = n && !evs ? EDL_ENOMEM : 0;
+    const cJSON *it;
+    if (!rc)
+        cJSON_ArrayForEach(it, events) {
+            if ((rc = event_parse(it, w->prev_kv, &evs[i])) != 0)
+                break;
+            i++;
+        }
+    cJSON_Delete(j);
+    bool ok = rc == 0;
+    for (int k = 0; k < i; k++) {
+        int64_t r = evs[k]->revision;
+        if (!ok || r < w->next_rev) { /* a replay after reconnecting: already delivered */
+            watch_event_free(evs[k]);
+            continue;
+        }
+        if (!push(w, evs[k]))
+            ok = false;
+        else if (k == i - 1 || evs[k + 1]->revision != r)
+            w->next_rev = r + 1;
+    }
+    free(evs);
+    if (rc) {
+        watch_fatal(w, rc, "malformed event in the stream");
+        return false;
+    }
+    if (ok && n == 0 && !created) {
+        /* progress notification: nothing happened up to rev */
+        if (rev >= w->next_rev)
+            w->next_rev = rev + 1;
+        ok = push_simple(w, EDL_WATCH_PROGRESS, rev, 0, 0);
+    }
+    return ok;
+}
+
+static size_t on_stream(char *ptr, size_t size, size_t nmemb, void *arg)
+{
+    edl_watch *w = arg;
+    size_t n = size * nmemb, start = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ptr[i] != '\n')
+            continue;
+        const char *line = ptr + start;
+        size_t len = i - start;
+        if (w->line.len) { /* complete the partial line held from the last chunk */
+            if (etcd_buf_append(&w->line, line, len) != 0)
+                goto too_big;
+            line = w->line.data;
+            len = w->line.len;
+        }
+        bool ok = len == 0 || handle_message(w, line, len);
+        w->line.len = 0;
+        start = i + 1;
+        if (!ok)
+            return 0; /* close this stream; the thread decides what comes next */
+    }
+    if (start < n && etcd_buf_append(&w->line, ptr + start, n - start) != 0)
+        goto too_big;
+    return n;
+too_big:
+    watch_fatal(w, EDL_ETOOBIG, "a stream message exceeds the reply size limit");
+    return 0;
+}
+
+static int xfer_check(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    (void)a, (void)b, (void)c, (void)d;
+    edl_watch *w = arg;
+    pthread_mutex_lock(&w->mu);
+    bool stop = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return stop;
+}
+
+static char *create_body(edl_watch *w)
+{
+    cJSON *req = cJSON_CreateObject(), *cr = cJSON_AddObjectToObject(req, "create_request");
+    bool ok = cr && json_add_b64(cr, "key", edl_bytes(w->key, w->key_len));
+    if (ok && w->range_end_len)
+        ok = json_add_b64(cr, "range_end", edl_bytes(w->range_end, w->range_end_len)) != NULL;
+    if (ok && w->next_rev > 0)
+        ok = json_add_i64(cr, "start_revision", w->next_rev) != NULL;
+    if (ok && w->prev_kv)
+        ok = cJSON_AddTrueToObject(cr, "prev_kv") != NULL;
+    if (ok && w->progress_notify)
+        ok = cJSON_AddTrueToObject(cr, "progress_notify") != NULL;
+    char *s = ok ? cJSON_PrintUnformatted(req) : NULL;
+    cJSON_Delete(req);
+    return s;
+}
+
+/* Run one stream until it ends. Returns the curl result and the HTTP status. */
+static CURLcode run_stream(edl_watch *w, const char *endpoint, long *status)
+{
+    char url[512];
+    snprintf(url, sizeof url, "%s/v3/watch", endpoint);
+    char *body = create_body(w);
+    struct curl_slist *hdrs = body ? etcd_headers(w->conn) : NULL;
+    CURL *h = curl_easy_init();
+    CURLcode cc = CURLE_OUT_OF_MEMORY;
+    *status = 0;
+    if (body && hdrs && h) {
+        etcd_curl_common(w->conn, h);
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_stream);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, w);
+        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, xfer_check);
+        curl_easy_setopt(h, CURLOPT_XFERINFODATA, w);
+        curl_multi_add_handle(w->multi, h);
+        int running = 1;
+        while (running) {
+            if (curl_multi_perform(w->multi, &running) != CURLM_OK)
+                break;
+            if (running)
+                curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
+            if (xfer_check(w, 0, 0, 0, 0))
+                break;
+        }
+        int left;
+        CURLMsg *m;
+        cc = CURLE_ABORTED_BY_CALLBACK;
+        while ((m = curl_multi_info_read(w->multi, &left)))
+            if (m->msg == CURLMSG_DONE)
+                cc = m->data.result;
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+        curl_multi_remove_handle(w->multi, h);
+    }
+    curl_easy_cleanup(h);
+    curl_slist_free_all(hdrs);
+    free(body);
+    return cc;
+}
+
+static void *watch_main(void *arg)
+{
+    edl_watch *w = arg;
+    int backoff = 50;
+    while (!xfer_check(w, 0, 0, 0, 0) && !w->fatal) {
+        edl_etcd *c = w->conn;
+        const char *ep = c->cfg.endpoints[c->cur];
+        if (c->cfg.username && !c->token) {
+            pthread_mutex_lock(&c->mu);
+            int rc = etcd_authenticate_locked(c, ep);
+            pthread_mutex_unlock(&c->mu);
+            if (rc == EDL_EAUTH) {
+                watch_fatal(w, rc, c->errmsg);
+                break;
+            }
+        }
+        w->restart = false;
+        w->line.len = 0;
+        pthread_mutex_lock(&w->mu);
+        w->created = false;
+        pthread_mutex_unlock(&w->mu);
+        long status;
+        CURLcode cc = run_stream(w, ep, &status);
+        if (xfer_check(w, 0, 0, 0, 0) || w->fatal)
+            break;
+        if (w->restart) {
+            backoff = 50;
+            continue;
+        }
+        bool was_created = w->created;
+        if (status == 401 || status == 403) {
+            if (status == 403 || !c->cfg.username) {
+                watch_fatal(w, EDL_EAUTH, "permission denied (HTTP 403/401)");
+                break;
+            }
+            free(c->token);
+            c->token = NULL;
+            continue;
+        }
+        EDL_INFO("etcd", "watch stream on %s ended (%s, HTTP %ld); resuming from revision %lld",
+                 ep, curl_easy_strerror(cc), status, (long long)w->next_rev);
+        etcd_fail(c, EDL_EUNAVAIL, "watch on %s: %s", ep, curl_easy_strerror(cc));
+        c->cur = (c->cur + 1) % c->cfg.n_endpoints;
+        if (was_created)
+            backoff = 50;
+        /* wait before the next try, waking at once on stop */
+        pthread_mutex_lock(&w->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t ns = ts.tv_nsec + (int64_t)backoff * 1000000;
+        ts.tv_sec += ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        if (!w->stop)
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        pthread_mutex_unlock(&w->mu);
+        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+    }
+    mark_created(w, EDL_ECLOSED);
+    return NULL;
+}
+
+static void watch_destroy(edl_watch *w)
+{
+    for (ev_node *n = w->head, *next; n; n = next) {
+        next = n->next;
+        watch_event_free(n->ev);
+        free(n);
+    }
+    if (w->multi)
+        curl_multi_cleanup(w->multi);
+    edl_etcd_free(w->conn);
+    if (w->efd >= 0)
+        close(w->efd);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w->line.data);
+    free(w->key);
+    free(w->range_end);
+    free(w);
+}
+
+static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_opts *o)
+{
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    w->line.max = c->cfg.max_response_bytes;
+    w->prev_kv = o->prev_kv;
+    w->progress_notify = o->progress_notify;
+    w->max_queued = o->max_queued ? o->max_queued : 4096;
+    w->next_rev = o->start_revision;
+    if (w->efd < 0)
+        return EDL_EIO;
+    if (!(w->multi = curl_multi_init()) || !(w->key = malloc(key.len + 1)))
+        return EDL_ENOMEM;
+    memcpy(w->key, key.data, key.len);
+    w->key_len = key.len;
+    if (o->prefix)
+        return edl_etcd_prefix_end(key, &w->range_end, &w->range_end_len);
+    if (o->range_end.len) {
+        if (!(w->range_end = malloc(o->range_end.len)))
+            return EDL_ENOMEM;
+        memcpy(w->range_end, o->range_end.data, o->range_end.len);
+        w->range_end_len = o->range_end.len;
+    }
+    return edl_etcd_new(&c->cfg, &w->conn);
+}
+
+int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_watch **out)
+{
+    edl_watch_opts d = {0};
+    char ks[96];
+    *out = NULL;
+    if (!opts)
+        opts = &d;
+    if (opts->start_revision < 0)
+        return etcd_fail(c, EDL_EINVAL, "watch: negative start revision");
+    edl_watch *w = calloc(1, sizeof *w);
+    if (!w)
+        return EDL_ENOMEM;
+    w->efd = -1;
+    int rc = watch_init(w, c, key, opts);
+    if (!rc && pthread_create(&w->thread, NULL, watch_main, w) != 0)
+        rc = EDL_ENOMEM;
+    if (rc) {
+        watch_destroy(w);
+        return etcd_fail(c, rc, "watch on key '%s': cannot start (%s)", etcd_key_str(key, ks, sizeof ks),
+                         edl_strerror(rc));
+    }
+    /* Wait for the server to create it: afterwards no write can slip past unseen. */
+    int64_t deadline = etcd_now_ms() + c->cfg.timeout_ms;
+    pthread_mutex_lock(&w->mu);
+    while (!w->ever_created && !w->start_error && etcd_now_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 20 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    rc = w->ever_created ? 0 : w->start_error ? w->start_error : EDL_EUNAVAIL;
+    pthread_mutex_unlock(&w->mu);
+    if (rc) {
+        etcd_fail(c, rc, "watch on key '%s': %s", etcd_key_str(key, ks, sizeof ks),
+                  w->conn->errmsg[0] ? w->conn->errmsg : "not created within the timeout");
+        edl_watch_stop(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+int edl_watch_next(edl_watch *w, edl_watch_event **ev, int timeout_ms)
+{
+    *ev = NULL;
+    int64_t deadline = timeout_ms >= 0 ? etcd_now_ms() + timeout_ms : INT64_MAX;
+    pthread_mutex_lock(&w->mu);
+    while (!w->head) {
+        int64_t left = deadline - etcd_now_ms();
+        if (left <= 0) {
+            pthread_mutex_unlock(&w->mu);
+            return EDL_ETIMEDOUT;
+        }
+        if (left > 1000)
+            left = 1000;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t ns = ts.tv_nsec + left * 1000000;
+        ts.tv_sec += ns / 1000000000;
+        ts.tv_nsec = ns % 1000000000;
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    ev_node *n = w->head;
+    w->head = n->next;
+    if (!w->head)
+        w->tail = NULL;
+    if (--w->queued == 0) {
+        uint64_t v;
+        if (read(w->efd, &v, sizeof v) < 0) /* empty now: the fd stops being readable */
+            EDL_DEBUG("etcd", "watch: eventfd already drained");
+    }
+    pthread_cond_broadcast(&w->cv); /* room again for a paused stream */
+    pthread_mutex_unlock(&w->mu);
+    *ev = n->ev;
+    free(n);
+    return 0;
+}
+
+int edl_watch_fd(const edl_watch *w)
+{
+    return w->efd;
+}
+
+void edl_watch_stop(edl_watch *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    curl_multi_wakeup(w->multi);
+    pthread_join(w->thread, NULL);
+    watch_destroy(w);
+}
