@@ -24,16 +24,24 @@ typedef enum edl_log_format {
     EDL_LOG_JSON = 1,  /* {"ts":"...","level":"info","component":"etcd","msg":"..."} */
 } edl_log_format;
 
-/* Set the level, format and stream (NULL = stderr). Safe to call again at any time. */
+/* Set the level, format and stream (NULL = stderr). Safe to call again at any time.
+ * Defaults before any call: EDL_LOG_INFO, EDL_LOG_PLAIN, stderr. The stream is not closed
+ * by edl; each line is flushed as it is written. */
 void edl_log_setup(edl_log_level level, edl_log_format format, FILE *out);
 /* Apply EDL_LOG_LEVEL (debug|info|warn|error|off) and EDL_LOG_FORMAT (plain|json) if set.
- * Returns 0, or EDL_ECONFIG for a value it does not know (then nothing changes). */
+ * Returns 0, or EDL_ECONFIG for a value it does not know (then nothing changes, and one
+ * error line naming the variable is logged with the settings in force). Empty = unset. */
 int edl_log_setup_from_env(void);
+/* Names are case-insensitive ("warning" = warn, "text" = plain). EDL_ECONFIG for an unknown
+ * name, EDL_EINVAL for NULL arguments; *out is written only on success. */
 int edl_log_level_parse(const char *s, edl_log_level *out);
 int edl_log_format_parse(const char *s, edl_log_format *out);
+/* Nonzero when a line at this level would be written (lets callers skip costly arguments). */
 int edl_log_enabled(edl_log_level level);
 
-/* One line: component names the part of edl speaking ("etcd", "agent", ...). */
+/* One line: component names the part of edl speaking ("etcd", "agent", ...). Plain lines
+ * write control characters in the message as escapes (\n, \x01) so a record stays one line;
+ * JSON lines keep them, escaped by the JSON encoder. Messages over 64 KiB are cut. */
 void edl_log(edl_log_level level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
