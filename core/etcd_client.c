@@ -458,7 +458,8 @@ static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf ke
                          msg[0] ? msg : "(no message)");
     }
     const char *end = NULL;
-    *resp = cJSON_ParseWithLengthOpts(r->body.data ? r->body.data : "", r->body.len, &end, 0);
+    /* the buffer's own NUL is included so that trailing garbage is refused */
+    *resp = cJSON_ParseWithLengthOpts(r->body.data ? r->body.data : "", r->body.len + 1, &end, 1);
     if (!*resp || !cJSON_IsObject(*resp)) {
         size_t at = end && r->body.data ? (size_t)(end - r->body.data) : 0;
         cJSON_Delete(*resp);
