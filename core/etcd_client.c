@@ -284,7 +284,10 @@ void etcd_curl_common(edl_etcd *c, CURL *h)
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->cfg.connect_timeout_ms);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    /* a dead peer on a quiet connection (a watch with no events) is noticed in ~25 s */
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 10L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 5L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     if (c->cfg.ca_file)
         curl_easy_setopt(h, CURLOPT_CAINFO, c->cfg.ca_file);
