@@ -1,8 +1,9 @@
 /* harness.h: what every edl test needs besides cmocka: time, a real etcd, etcdctl, a TCP proxy
  * that can freeze or drop connections, and a fake HTTP server that answers badly on purpose.
  *
- * Include after <stdarg.h>, <stddef.h>, <setjmp.h> and <cmocka.h> (cmocka's own rule); the
- * harness functions that "abort the test" do so with cmocka's fail_msg(). */
+ * Test files include <cmocka.h> themselves (after <stdarg.h>, <stddef.h>, <setjmp.h>); the
+ * harness functions that "fail the test" do so with cmocka's fail_msg(). Nothing here keeps
+ * global state: every proxy and fake server is its own object. */
 #ifndef EDL_TESTS_HARNESS_H
 #define EDL_TESTS_HARNESS_H
 

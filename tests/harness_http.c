@@ -402,8 +402,13 @@ static void *accept_main(void *arg)
         if (fds[1].revents)
             return NULL;
         int fd = accept4(h->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            /* Out of fds or memory leaves the listener readable: pause instead of spinning. */
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                harness_sleep_ms(10);
             continue;
+        }
         reap_finished(h, false);
         start_conn(h, fd);
     }

@@ -197,8 +197,13 @@ static void accept_all(harness_proxy *p, int target)
 {
     for (;;) {
         int fd = accept4(p->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN, or an error the next poll round retries */
+        if (fd < 0) {
+            /* Out of fds or memory leaves the listener readable: pause instead of spinning. */
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                harness_sleep_ms(10);
+            return;
+        }
         conn *c = calloc(1, sizeof *c);
         if (p->nconns == p->cap) {
             size_t cap = p->cap ? 2 * p->cap : 16;
