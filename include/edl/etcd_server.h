@@ -25,9 +25,12 @@ typedef struct edl_etcd_server_opts {
 
 typedef struct edl_etcd_server edl_etcd_server;
 
-/* Start all members and wait until each answers /health. */
+/* Start all members and wait until each answers /health. Retries with new ports (3 tries) when
+ * another process took a chosen port first. Children get PR_SET_PDEATHSIG, which fires when
+ * the calling *thread* ends: call this from a thread that lives as long as the server. */
 int edl_etcd_server_start(const edl_etcd_server_opts *opts, edl_etcd_server **out);
-/* Stop every member (SIGTERM, SIGKILL after 5 s), remove the data directories, free. */
+/* Kill every member (SIGKILL: its data is deleted anyway, so there is nothing to flush), reap
+ * it, remove the data directories, free. NULL is fine. */
 void edl_etcd_server_free(edl_etcd_server *s);
 
 int edl_etcd_server_members(const edl_etcd_server *s);
@@ -36,6 +39,12 @@ const char *edl_etcd_server_endpoints(const edl_etcd_server *s);
 /* "http://127.0.0.1:P" of member i. */
 const char *edl_etcd_server_endpoint(const edl_etcd_server *s, int i);
 pid_t edl_etcd_server_pid(const edl_etcd_server *s, int i); /* 0 when stopped */
+/* Client port of member i (0 for a bad index): where a test proxy forwards to. */
+int edl_etcd_server_client_port(const edl_etcd_server *s, int i);
+/* The temporary directory holding every member's m<i>/data and m<i>/etcd.log. */
+const char *edl_etcd_server_data_dir(const edl_etcd_server *s);
+/* Path of member i's etcd.log when started quiet, else NULL. */
+const char *edl_etcd_server_log_path(const edl_etcd_server *s, int i);
 
 /* Stop member i gracefully (SIGTERM) or at once (SIGKILL), keeping its data and ports. */
 int edl_etcd_server_stop_member(edl_etcd_server *s, int i, bool kill_now);

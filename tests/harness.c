@@ -1,0 +1,176 @@
+/* harness.c: small helpers shared by the tests: monotonic time, starting a real etcd, and
+ * running etcdctl against it. The proxy and the fake HTTP server live in harness_proxy.c and
+ * harness_http.c. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+extern char **environ;
+
+#define ETCD_START_TIMEOUT_MS 20000 /* two shared cores: leave room for a slow election */
+
+int64_t harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void harness_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args)
+{
+    edl_etcd_server_opts o = {
+        .etcd_bin = EDL_ETCD_BIN,
+        .members = members,
+        .extra_args = extra_args,
+        .start_timeout_ms = ETCD_START_TIMEOUT_MS,
+        .quiet = true,
+    };
+    edl_etcd_server *s = NULL;
+    int rc = edl_etcd_server_start(&o, &s);
+    if (rc != 0)
+        fail_msg("could not start %d etcd member(s) from %s: %s (the reason is on stderr)",
+                 members, EDL_ETCD_BIN, edl_strerror(rc));
+    return s;
+}
+
+int harness_teardown_etcd(void **state)
+{
+    edl_etcd_server_free(*state);
+    *state = NULL;
+    return 0;
+}
+
+/* ---- etcdctl --------------------------------------------------------------------------- */
+
+/* `s` as one single-quoted shell word (a ' inside becomes '\''). */
+static char *sh_quote(const char *s)
+{
+    char *q = malloc(4 * strlen(s) + 3), *w = q;
+    assert_non_null(q);
+    *w++ = '\'';
+    for (; *s; s++) {
+        if (*s == '\'') {
+            memcpy(w, "'\\''", 4);
+            w += 4;
+        } else {
+            *w++ = *s;
+        }
+    }
+    *w++ = '\'';
+    *w = '\0';
+    return q;
+}
+
+static char *etcdctl_command(const char *endpoints, const char *user_pass, const char *args)
+{
+    char *ep = NULL, *user = NULL, *cmd = NULL;
+    assert_true(asprintf(&ep, "--endpoints=%s", endpoints) >= 0);
+    assert_true(asprintf(&user, "--user=%s", user_pass ? user_pass : "") >= 0);
+    char *qbin = sh_quote(EDL_ETCDCTL_BIN), *qep = sh_quote(ep), *quser = sh_quote(user);
+    assert_true(asprintf(&cmd, "ETCDCTL_API=3 exec %s %s %s %s", qbin, qep,
+                         user_pass ? quser : "", args) >= 0);
+    free(qbin), free(qep), free(quser), free(ep), free(user);
+    return cmd;
+}
+
+/* Run `sh -c cmd`; with out != NULL capture its stdout there. Returns the exit status. */
+static int run_shell(const char *cmd, char *out, size_t outlen)
+{
+    int pfd[2] = {-1, -1}, status = 0;
+    size_t used = 0;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    char *argv[] = {"sh", "-c", (char *)cmd, NULL};
+    posix_spawn_file_actions_init(&fa);
+    if (out) {
+        if (pipe2(pfd, O_CLOEXEC) != 0)
+            return -1;
+        posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
+    }
+    int err = posix_spawn(&pid, "/bin/sh", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (out)
+        close(pfd[1]);
+    if (err != 0) {
+        fprintf(stderr, "harness: cannot run /bin/sh: %s\n", strerror(err));
+        if (out)
+            close(pfd[0]);
+        return -1;
+    }
+    if (out) {
+        char chunk[4096];
+        ssize_t n;
+        while ((n = read(pfd[0], chunk, sizeof chunk)) != 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                break;
+            size_t take = (size_t)n < outlen - 1 - used ? (size_t)n : outlen - 1 - used;
+            memcpy(out + used, chunk, take); /* the rest is drained so etcdctl never blocks */
+            used += take;
+        }
+        out[used] = '\0';
+        close(pfd[0]);
+    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+}
+
+static int etcdctl_v(char *out, size_t outlen, const char *endpoints, const char *user_pass,
+                     const char *fmt, va_list ap)
+{
+    char *args = NULL;
+    if (vasprintf(&args, fmt, ap) < 0)
+        return -1;
+    char *cmd = etcdctl_command(endpoints, user_pass, args);
+    int rc = run_shell(cmd, out, outlen);
+    free(cmd);
+    free(args);
+    return rc;
+}
+
+int harness_etcdctl(const char *endpoints, const char *user_pass, const char *args_fmt, ...)
+{
+    va_list ap;
+    va_start(ap, args_fmt);
+    int rc = etcdctl_v(NULL, 0, endpoints, user_pass, args_fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int harness_etcdctl_out(char *out, size_t outlen, const char *endpoints, const char *user_pass,
+                        const char *args_fmt, ...)
+{
+    va_list ap;
+    if (!out || outlen == 0)
+        return -1;
+    out[0] = '\0';
+    va_start(ap, args_fmt);
+    int rc = etcdctl_v(out, outlen, endpoints, user_pass, args_fmt, ap);
+    va_end(ap);
+    return rc;
+}

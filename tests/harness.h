@@ -1,0 +1,96 @@
+/* harness.h: what every edl test needs besides cmocka: time, a real etcd, etcdctl, a TCP proxy
+ * that can freeze or drop connections, and a fake HTTP server that answers badly on purpose.
+ *
+ * Test files include <cmocka.h> themselves (after <stdarg.h>, <stddef.h>, <setjmp.h>); the
+ * harness functions that "fail the test" do so with cmocka's fail_msg(). Nothing here keeps
+ * global state: every proxy and fake server is its own object. */
+#ifndef EDL_TESTS_HARNESS_H
+#define EDL_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "edl/common.h"
+#include "edl/etcd_server.h"
+
+/* ---- time ---------------------------------------------------------------------------- */
+
+int64_t harness_now_ms(void); /* CLOCK_MONOTONIC in milliseconds */
+void harness_sleep_ms(int ms);
+
+/* ---- etcd ---------------------------------------------------------------------------- */
+
+/* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags
+ * (NULL-terminated, may be NULL). Fails the test with the reason when etcd does not come up.
+ * Free with edl_etcd_server_free(). */
+edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args);
+/* A cmocka teardown that frees the edl_etcd_server in *state: a test that stores its server
+ * there (`s = *state = harness_start_etcd(...)`) cleans up even when an assertion fails. */
+int harness_teardown_etcd(void **state);
+
+/* Run `etcdctl --endpoints=<endpoints> [--user=<user_pass>] <args>` with ETCDCTL_API=3.
+ * args_fmt is printf-formatted, then split into words by /bin/sh (quote as in a shell).
+ * Returns etcdctl's exit status (128+signal if killed, -1 if it could not be run); its output
+ * goes to the test's stdout/stderr. */
+int harness_etcdctl(const char *endpoints, const char *user_pass, const char *args_fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The same, capturing stdout into out (always NUL-terminated, truncated to outlen - 1). */
+int harness_etcdctl_out(char *out, size_t outlen, const char *endpoints, const char *user_pass,
+                        const char *args_fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* ---- TCP proxy ----------------------------------------------------------------------- */
+
+/* Forwards every connection accepted on 127.0.0.1:<proxy port> to 127.0.0.1:<target port>,
+ * from one background thread. */
+typedef struct harness_proxy harness_proxy;
+
+harness_proxy *harness_proxy_start(int target_port); /* NULL (and a message) on failure */
+int harness_proxy_port(const harness_proxy *p);
+/* While frozen no byte moves in either direction and new connections are accepted but not
+ * connected onward: a network partition. Takes effect before the call returns. */
+void harness_proxy_freeze(harness_proxy *p, bool on);
+/* Close every current connection, both sides, before returning. */
+void harness_proxy_drop(harness_proxy *p);
+/* Connections accepted from now on go to the new port; existing ones stay where they are. */
+void harness_proxy_set_target(harness_proxy *p, int target_port);
+/* Number of connections accepted so far. */
+int harness_proxy_accepted(harness_proxy *p);
+void harness_proxy_stop(harness_proxy *p); /* closes everything, joins, frees; NULL is fine */
+
+/* ---- fake HTTP server ---------------------------------------------------------------- */
+
+/* A stand-in HTTP/1.1 server for testing a client against hostile replies. One thread
+ * accepts; each connection gets its own thread; keep-alive and pipelining work. */
+typedef struct harness_http harness_http;
+
+enum harness_http_mode {
+    HTTP_NORMAL,         /* correct Content-Length, connection kept alive */
+    HTTP_TRUNCATED,      /* Content-Length claims 100 bytes more than sent, then close */
+    HTTP_CHUNKED,        /* chunked encoding, one chunk per line of body, then the end chunk */
+    HTTP_CHUNKED_HANG,   /* as HTTP_CHUNKED but never ends: a watch stream left open */
+    HTTP_CLOSE_NO_REPLY, /* read the request, close without a byte */
+    HTTP_HANG,           /* read the request, never answer (until the client leaves or stop) */
+    HTTP_HUGE,           /* chunked, body repeated for ever or up to the huge limit */
+};
+
+harness_http *harness_http_start(void); /* NULL (and a message) on failure */
+int harness_http_port(const harness_http *h);
+const char *harness_http_url(const harness_http *h); /* "http://127.0.0.1:P" */
+/* The reply for every path without its own (default: 200, "{}", HTTP_NORMAL). The body is
+ * copied. An empty body in HTTP_HUGE mode streams 'x' bytes. */
+void harness_http_reply(harness_http *h, int status, const char *body, size_t body_len,
+                        enum harness_http_mode mode);
+/* The reply for requests whose path (without "?query") equals `path` (up to 16 paths). */
+void harness_http_reply_path(harness_http *h, const char *path, int status, const char *body,
+                             size_t body_len, enum harness_http_mode mode);
+/* HTTP_HUGE stops (with a proper end chunk) after this many body bytes; 0 = never. */
+void harness_http_huge_limit(harness_http *h, size_t max_bytes);
+/* Copy the last request's path and body (each NUL-terminated, truncated to fit; either
+ * buffer may be NULL). Returns the number of requests seen so far. */
+int harness_http_last_request(harness_http *h, char *path, size_t pathlen, char *body,
+                              size_t bodylen);
+int harness_http_requests(harness_http *h);
+void harness_http_stop(harness_http *h); /* closes every connection, joins, frees */
+
+#endif
