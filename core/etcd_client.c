@@ -377,10 +377,17 @@ static void server_message(const etcd_buf *b, char *out, size_t outlen)
 
 static int status_code(long status, const char *msg)
 {
-    if (strstr(msg, "too large") || strstr(msg, "too many operations"))
+    /* "request is too large" (over --max-request-bytes), "received message larger than max"
+     * (over the gateway's gRPC limit, HTTP 429), "too many operations in txn request" */
+    if (status == 429 || strstr(msg, "too large") || strstr(msg, "larger than max") ||
+        strstr(msg, "too many operations"))
         return EDL_ETOOBIG;
     if (strstr(msg, "compacted"))
         return EDL_ECOMPACTED;
+    /* auth is on and the request carries no usable identity (3.4 answers 400/412 for some) */
+    if (strstr(msg, "user name is empty") || strstr(msg, "permission denied") ||
+        strstr(msg, "invalid auth token") || strstr(msg, "authentication failed"))
+        return EDL_EAUTH;
     switch (status) {
     case 401:
     case 403: return EDL_EAUTH;

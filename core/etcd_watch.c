@@ -468,15 +468,16 @@ static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_op
         return EDL_ENOMEM;
     memcpy(w->key, key.data, key.len);
     w->key_len = key.len;
-    if (o->prefix)
-        return edl_etcd_prefix_end(key, &w->range_end, &w->range_end_len);
-    if (o->range_end.len) {
+    int rc = 0;
+    if (o->prefix) {
+        rc = edl_etcd_prefix_end(key, &w->range_end, &w->range_end_len);
+    } else if (o->range_end.len) {
         if (!(w->range_end = malloc(o->range_end.len)))
             return EDL_ENOMEM;
         memcpy(w->range_end, o->range_end.data, o->range_end.len);
         w->range_end_len = o->range_end.len;
     }
-    return edl_etcd_new(&c->cfg, &w->conn);
+    return rc ? rc : edl_etcd_new(&c->cfg, &w->conn);
 }
 
 int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_watch **out)

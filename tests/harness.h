@@ -93,4 +93,14 @@ int harness_http_last_request(harness_http *h, char *path, size_t pathlen, char 
 int harness_http_requests(harness_http *h);
 void harness_http_stop(harness_http *h); /* closes every connection, joins, frees */
 
+/* ---- etcd clients (harness_client.c) --------------------------------------------------- */
+
+struct edl_etcd;
+/* A client for the endpoints (timeout_ms 0: the default); fails the test on error. */
+struct edl_etcd *harness_client(const char *endpoints, int timeout_ms);
+/* Put a C-string value; fails the test (with the client's message) on error. */
+void harness_put(struct edl_etcd *c, const char *key, const char *value);
+/* The value of key into out, or NULL when absent; fails the test on other errors. */
+char *harness_get(struct edl_etcd *c, const char *key, char *out, size_t outlen);
+
 #endif

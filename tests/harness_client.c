@@ -46,11 +46,3 @@ char *harness_get(edl_etcd *c, const char *key, char *out, size_t outlen)
     return out;
 }
 
-int harness_url_port(const char *url)
-{
-    const char *colon = strrchr(url, ':');
-    int port = colon ? atoi(colon + 1) : 0;
-    if (port <= 0)
-        fail_msg("no port in '%s'", url);
-    return port;
-}

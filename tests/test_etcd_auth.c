@@ -22,11 +22,13 @@ static int setup(void **state)
     srv = harness_start_etcd(1, args);
     const char *eps = edl_etcd_server_endpoints(srv);
     if (harness_etcdctl(eps, NULL, "user add root:rootpw") != 0 ||
+        harness_etcdctl(eps, NULL, "user grant-role root root") != 0 ||
         harness_etcdctl(eps, NULL, "user add trainer:s3cret") != 0 ||
-        harness_etcdctl(eps, "root:rootpw", "role add edl") != 0 ||
-        harness_etcdctl(eps, "root:rootpw", "role grant-permission edl --prefix=true readwrite /edl/") != 0 ||
-        harness_etcdctl(eps, "root:rootpw", "user grant-role trainer edl") != 0 ||
-        harness_etcdctl(eps, NULL, "auth enable") != 0)
+        harness_etcdctl(eps, NULL, "role add edl") != 0 ||
+        harness_etcdctl(eps, NULL, "role grant-permission edl --prefix=true readwrite /edl/") != 0 ||
+        harness_etcdctl(eps, NULL, "user grant-role trainer edl") != 0 ||
+        harness_etcdctl(eps, NULL, "auth enable") != 0 ||
+        harness_etcdctl(eps, NULL, "get /edl/probe") == 0) /* refused without a user now */
         fail_msg("could not turn on auth with etcdctl");
     return 0;
 }

@@ -116,7 +116,7 @@ static void test_range_prefix_limit_count_keys_only(void **state)
     assert_int_equal(r.count, 10);
     assert_false(r.more);
     for (size_t i = 0; i < r.n_kvs; i++) {
-        char k[16];
+        char k[32];
         snprintf(k, sizeof k, "rng/%02zu", i);
         assert_string_equal(r.kvs[i].key, k);
     }

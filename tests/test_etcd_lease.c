@@ -141,7 +141,7 @@ static void test_keeper_reports_revoked_lease_at_once(void **state)
 static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(harness_url_port(edl_etcd_server_endpoint(srv, 0)));
+    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
     assert_non_null(px);
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
@@ -172,7 +172,7 @@ static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **stat
 static void test_keeper_rides_out_short_outage(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(harness_url_port(edl_etcd_server_endpoint(srv, 0)));
+    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
     edl_etcd *via = harness_client(ep, 0);

@@ -161,7 +161,7 @@ static void *race(void *arg)
 {
     racer *r = arg;
     edl_etcd *c = harness_client(r->endpoints, 0);
-    char me[8];
+    char me[16];
     snprintf(me, sizeof me, "%d", r->id);
     edl_txn *t = edl_txn_new();
     edl_txn_cmp_create(t, edl_str(r->key), EDL_CMP_EQUAL, 0);
@@ -202,7 +202,7 @@ static void test_create_if_absent_race_has_one_winner(void **state)
         }
         pthread_barrier_destroy(&go);
         assert_int_equal(winners, 1);
-        char v[8], want[8];
+        char v[16], want[16];
         snprintf(want, sizeof want, "%d", winner);
         assert_string_equal(harness_get(cl, rs[0].key, v, sizeof v), want);
     }

@@ -199,7 +199,7 @@ static void test_slow_reader_gets_every_event_through_backpressure(void **state)
 static void test_dropped_connection_resumes_without_loss(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(harness_url_port(edl_etcd_server_endpoint(srv, 0)));
+    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
     edl_etcd *via = harness_client(ep, 0);
@@ -297,7 +297,7 @@ static void test_compacted_start_revision_is_reported(void **state)
 static void test_compaction_while_disconnected_is_reported(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(harness_url_port(edl_etcd_server_endpoint(srv, 0)));
+    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
     edl_etcd *via = harness_client(ep, 0);
