@@ -83,7 +83,7 @@ static int64_t publish(edl_etcd *c, const edl_leader *me, int64_t gen)
         fprintf(stderr, "etcd_demo: lost leadership; not publishing\n");
         exit(1);
     }
-    int64_t rev = r.revision;
+    int64_t rev = tr.revision; /* watching from after our own write keeps the watch in sync */
     edl_txn_result_free(&tr);
     edl_txn_free(t);
     free(json);
