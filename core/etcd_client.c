@@ -352,11 +352,19 @@ static void http_post(edl_etcd *c, const char *endpoint, const char *path, const
     curl_slist_free_all(hdrs);
 }
 
+/* TLS said no: the server's certificate is not trusted or ours is unusable. */
+static bool tls_refused(CURLcode cc)
+{
+    return cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE ||
+           cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_ISSUER_ERROR;
+}
+
 /* The request never reached a server: safe to send elsewhere whatever it is. */
 static bool not_sent(CURLcode cc)
 {
     return cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
-           cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_SSL_CONNECT_ERROR;
+           cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_SSL_CONNECT_ERROR ||
+           tls_refused(cc);
 }
 
 /* The server's own words from an error body: {"error":..,"message":..,"code":..} (3.4) or
@@ -454,7 +462,9 @@ static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf ke
             return etcd_fail(c, EDL_ETOOBIG, "%s%s%s%s%s: reply exceeds %zu bytes", endpoint, path,
                              kl, ks, kr, c->cfg.max_response_bytes);
         *retry = not_sent(r->cc) || idempotent;
-        int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT : EDL_EUNAVAIL;
+        int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT
+                   : tls_refused(r->cc)              ? EDL_EAUTH
+                                                     : EDL_EUNAVAIL;
         return etcd_fail(c, code, "%s%s%s%s%s: %s%s", endpoint, path, kl, ks, kr,
                          r->curl_err[0] ? r->curl_err : curl_easy_strerror(r->cc),
                          not_sent(r->cc) || idempotent ? "" : " (the request may have been applied)");

@@ -35,7 +35,7 @@
 #define HEALTH_POLL_MS 50
 #define REAP_POLL_MS 10
 #define LOG_TAIL_BYTES 1536
-#define MAX_FIXED_ARGS 16
+#define MAX_FIXED_ARGS 20
 
 typedef struct member {
     pid_t pid;               /* 0 when not running */
@@ -55,6 +55,8 @@ struct edl_etcd_server {
     int n;
     int start_timeout_ms;
     bool quiet;
+    char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key; /* owned, may be NULL */
+    bool tls_client_auth;
     char root[PATH_MAX];     /* "" when no directory exists */
     char token[80];
     char *endpoints;
@@ -252,7 +254,8 @@ static int plan_cluster(edl_etcd_server *s, int attempt)
         member *m = &s->m[i];
         m->client_port = ports[2 * i];
         m->peer_port = ports[2 * i + 1];
-        snprintf(m->endpoint, sizeof m->endpoint, "http://127.0.0.1:%d", m->client_port);
+        snprintf(m->endpoint, sizeof m->endpoint, "%s://127.0.0.1:%d", s->tls_cert ? "https" : "http",
+                 m->client_port);
         snprintf(m->peer_url, sizeof m->peer_url, "http://127.0.0.1:%d", m->peer_port);
         size_t e = strlen(s->endpoints), c = strlen(s->initial_cluster);
         snprintf(s->endpoints + e, cap - e, "%s%s", i ? "," : "", m->endpoint);
@@ -313,6 +316,19 @@ static char **member_argv(const edl_etcd_server *s, int i, bool existing)
     argv_addf(v, &k, "--logger=zap");
     argv_addf(v, &k, "--log-level=error");
     argv_addf(v, &k, "--log-outputs=stderr");
+    if (s->tls_cert) {
+        argv_addf(v, &k, "--cert-file=%s", s->tls_cert);
+        argv_addf(v, &k, "--key-file=%s", s->tls_key);
+        want += 2;
+    }
+    if (s->tls_ca) {
+        argv_addf(v, &k, "--trusted-ca-file=%s", s->tls_ca);
+        want++;
+    }
+    if (s->tls_client_auth) {
+        argv_addf(v, &k, "--client-cert-auth");
+        want++;
+    }
     for (size_t j = 0; j < nextra; j++)
         argv_addf(v, &k, "%s", s->extra_args[j]);
     if (k != want) {
@@ -428,7 +444,7 @@ static size_t small_body_write(char *p, size_t size, size_t n, void *ud)
     return total;
 }
 
-static bool health_ok(CURL *c, const char *endpoint)
+static bool health_ok(const edl_etcd_server *s, CURL *c, const char *endpoint)
 {
     char url[64];
     small_body b = {.len = 0};
@@ -441,6 +457,12 @@ static bool health_ok(CURL *c, const char *endpoint)
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 300L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1500L);
+    if (s->tls_ca)
+        curl_easy_setopt(c, CURLOPT_CAINFO, s->tls_ca);
+    if (s->tls_client_cert) {
+        curl_easy_setopt(c, CURLOPT_SSLCERT, s->tls_client_cert);
+        curl_easy_setopt(c, CURLOPT_SSLKEY, s->tls_client_key);
+    }
     if (curl_easy_perform(c) != CURLE_OK)
         return false;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -484,7 +506,7 @@ static int wait_healthy(edl_etcd_server *s, unsigned mask, bool *port_clash)
         for (int i = 0; i < s->n && rc == 0; i++) {
             if (!(mask & (1u << i)))
                 continue;
-            bool healthy = s->m[i].pid > 0 && health_ok(c, s->m[i].endpoint);
+            bool healthy = s->m[i].pid > 0 && health_ok(s, c, s->m[i].endpoint);
             /* Checked after the probe too: a foreign server could answer on a port that our
              * member failed to bind. */
             if (member_exited(s, i, &status) || s->m[i].pid <= 0) {
@@ -558,9 +580,20 @@ static unsigned all_members(const edl_etcd_server *s)
 
 /* ---- public API ------------------------------------------------------------------------ */
 
+static bool dup_opt(char **dst, const char *src)
+{
+    *dst = src ? strdup(src) : NULL;
+    return !src || *dst;
+}
+
 static void server_release(edl_etcd_server *s)
 {
     argv_free(s->extra_args);
+    free(s->tls_cert);
+    free(s->tls_key);
+    free(s->tls_ca);
+    free(s->tls_client_cert);
+    free(s->tls_client_key);
     free(s->bin);
     free(s->endpoints);
     free(s->initial_cluster);
@@ -583,7 +616,11 @@ static edl_etcd_server *server_new(const edl_etcd_server_opts *o)
     while (o->extra_args && o->extra_args[nextra])
         nextra++;
     s->extra_args = calloc(nextra + 1, sizeof *s->extra_args);
-    bool ok = s->bin && s->extra_args;
+    bool ok = s->bin && s->extra_args && dup_opt(&s->tls_cert, o->tls_cert_file) &&
+              dup_opt(&s->tls_key, o->tls_key_file) && dup_opt(&s->tls_ca, o->tls_ca_file) &&
+              dup_opt(&s->tls_client_cert, o->tls_client_cert_file) &&
+              dup_opt(&s->tls_client_key, o->tls_client_key_file);
+    s->tls_client_auth = o->tls_client_cert_auth;
     for (size_t j = 0; ok && j < nextra; j++)
         ok = (s->extra_args[j] = strdup(o->extra_args[j])) != NULL;
     if (!ok) {
@@ -618,6 +655,13 @@ int edl_etcd_server_start(const edl_etcd_server_opts *opts, edl_etcd_server **ou
     if (opts->members < 0 || opts->members > EDL_ETCD_SERVER_MAX_MEMBERS) {
         fprintf(stderr, "edl etcd_server: %d members asked for; allowed are 1 to %d\n",
                 opts->members, EDL_ETCD_SERVER_MAX_MEMBERS);
+        return EDL_EINVAL;
+    }
+    if ((opts->tls_cert_file == NULL) != (opts->tls_key_file == NULL) ||
+        (opts->tls_client_cert_file == NULL) != (opts->tls_client_key_file == NULL) ||
+        (opts->tls_client_cert_auth && (!opts->tls_ca_file || !opts->tls_client_cert_file))) {
+        fprintf(stderr, "edl etcd_server: TLS needs a certificate and its key; client certificate "
+                        "auth also needs a CA and a client certificate for the health probe\n");
         return EDL_EINVAL;
     }
     if (!(s = server_new(opts)))

@@ -21,6 +21,15 @@ typedef struct edl_etcd_server_opts {
     const char *const *extra_args; /* NULL-terminated extra flags for every member, or NULL */
     int start_timeout_ms;        /* how long to wait for health (default 15000) */
     bool quiet;                  /* send etcd's own log to <data dir>/etcd.log instead of stderr */
+    /* TLS on the client port (https:// endpoints) when cert and key are set; ca_file makes
+     * clients verifiable (--trusted-ca-file) and client_cert_auth requires client
+     * certificates, in which case client_cert/client_key are what the health probe presents. */
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_ca_file;
+    bool tls_client_cert_auth;
+    const char *tls_client_cert_file;
+    const char *tls_client_key_file;
 } edl_etcd_server_opts;
 
 typedef struct edl_etcd_server edl_etcd_server;
