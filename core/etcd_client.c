@@ -234,16 +234,18 @@ int etcd_fail(edl_etcd *c, int code, const char *fmt, ...)
 const char *etcd_key_str(edl_buf key, char *out, size_t outlen)
 {
     size_t o = 0;
-    for (size_t i = 0; i < key.len && o + 5 < outlen; i++) {
+    for (size_t i = 0; i < key.len; i++) {
         unsigned char ch = (unsigned char)key.data[i];
-        if (ch >= 0x20 && ch < 0x7f)
+        size_t need = ch >= 0x20 && ch < 0x7f ? 1 : 4;
+        if (o + need + 4 > outlen) { /* keep room for "..." and the NUL */
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (need == 1)
             out[o++] = (char)ch;
         else
             o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", ch);
-        if (i + 1 < key.len && o + 5 >= outlen && o >= 3) {
-            memcpy(out + o - 3, "...", 3);
-            break;
-        }
     }
     out[o] = '\0';
     return out;

@@ -42,23 +42,26 @@ int edl_election_try(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease, boo
     edl_txn_put(t, EDL_TXN_SUCCESS, key, value, &po);
     edl_txn_range(t, EDL_TXN_SUCCESS, key, NULL);
     edl_txn_range(t, EDL_TXN_FAILURE, key, NULL);
-    edl_txn_result r;
-    int rc = edl_etcd_txn(c, t, &r);
+    int rc;
+    for (int attempt = 0; attempt < 10; attempt++) {
+        edl_txn_result r;
+        if ((rc = edl_etcd_txn(c, t, &r)) != 0)
+            break;
+        edl_range_result *rr = &r.results[r.n_results - 1].range;
+        bool seen = rr->n_kvs > 0;
+        *won = r.succeeded;
+        if (seen)
+            take_leader(rr, leader);
+        edl_txn_result_free(&r);
+        if (*won || seen)
+            break;
+        /* the leader's key vanished between our compare and our read: the seat is free */
+        rc = EDL_ECONFLICT;
+    }
     edl_txn_free(t);
     if (rc == EDL_ENOTFOUND)
         return etcd_fail(c, EDL_ELEASE, "election: lease %lld not found", (long long)lease);
-    if (rc)
-        return rc;
-    edl_range_result *rr = &r.results[r.n_results - 1].range;
-    *won = r.succeeded;
-    if (rr->n_kvs == 0) {
-        /* the leader vanished between compare and read: no leader now, try again */
-        edl_txn_result_free(&r);
-        return edl_election_try(c, key, value, lease, won, leader);
-    }
-    take_leader(rr, leader);
-    edl_txn_result_free(&r);
-    return 0;
+    return rc;
 }
 
 /* Wait for the key to be deleted (any revision after `after`), up to deadline. */

@@ -190,7 +190,7 @@ void edl_delete_result_free(edl_delete_result *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Build a request with fill(), send it, parse the reply with the caller's parser. */
+/* Send a request that the caller built (built: the builder's result), or report why not. */
 static int kv_call(edl_etcd *c, const char *path, edl_buf key, cJSON *req, int built,
                    bool idempotent, cJSON **resp)
 {

@@ -71,6 +71,20 @@ static void test_get_missing_key_is_not_found_and_names_key(void **state)
     assert_non_null(strstr(edl_etcd_errmsg(f->c), "kv/absent"));
 }
 
+static void test_error_message_escapes_and_truncates_binary_keys(void **state)
+{
+    fixture *f = *state;
+    char key[300];
+    memset(key, 0, sizeof key);
+    memcpy(key, "missing/", 8);
+    edl_kv *kv;
+    assert_int_equal(edl_etcd_get(f->c, edl_bytes(key, sizeof key), &kv, NULL), EDL_ENOTFOUND);
+    const char *m = edl_etcd_errmsg(f->c);
+    assert_non_null(strstr(m, "missing/\\x00\\x00"));
+    assert_non_null(strstr(m, "..."));
+    assert_true(strlen(m) < 200);
+}
+
 static void test_binary_keys_and_values_survive(void **state)
 {
     fixture *f = *state;
@@ -286,6 +300,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_roundtrip_reports_revisions),
         cmocka_unit_test(test_get_missing_key_is_not_found_and_names_key),
+        cmocka_unit_test(test_error_message_escapes_and_truncates_binary_keys),
         cmocka_unit_test(test_binary_keys_and_values_survive),
         cmocka_unit_test(test_range_prefix_limit_count_keys_only),
         cmocka_unit_test(test_range_at_old_revision_sees_old_value),
