@@ -103,4 +103,14 @@ void harness_put(struct edl_etcd *c, const char *key, const char *value);
 /* The value of key into out, or NULL when absent; fails the test on other errors. */
 char *harness_get(struct edl_etcd *c, const char *key, char *out, size_t outlen);
 
+/* A group fixture: one etcd of `members` members (extra flags may be NULL) and a client for
+ * all of them, stored through the pointers. Call from a cmocka group setup; close frees both. */
+void harness_open_etcd(int members, const char *const *extra_args, edl_etcd_server **srv,
+                       struct edl_etcd **client);
+void harness_close_etcd(edl_etcd_server **srv, struct edl_etcd **client);
+/* A proxy in front of member 0 of srv and a client that talks through it (a partition can
+ * then be made with harness_proxy_freeze/drop). Free both with harness_close_proxied(). */
+struct edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy);
+void harness_close_proxied(struct edl_etcd *client, harness_proxy *proxy);
+
 #endif

@@ -46,3 +46,34 @@ char *harness_get(edl_etcd *c, const char *key, char *out, size_t outlen)
     return out;
 }
 
+
+void harness_open_etcd(int members, const char *const *extra_args, edl_etcd_server **srv,
+                       edl_etcd **client)
+{
+    *srv = harness_start_etcd(members, extra_args);
+    *client = harness_client(edl_etcd_server_endpoints(*srv), 0);
+}
+
+void harness_close_etcd(edl_etcd_server **srv, edl_etcd **client)
+{
+    edl_etcd_free(*client);
+    edl_etcd_server_free(*srv);
+    *client = NULL;
+    *srv = NULL;
+}
+
+edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy)
+{
+    *proxy = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
+    if (!*proxy)
+        fail_msg("cannot start a proxy in front of etcd");
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(*proxy));
+    return harness_client(ep, 0);
+}
+
+void harness_close_proxied(edl_etcd *client, harness_proxy *proxy)
+{
+    edl_etcd_free(client);
+    harness_proxy_stop(proxy);
+}

@@ -18,16 +18,14 @@ static edl_etcd *cl;
 static int setup(void **state)
 {
     (void)state;
-    srv = harness_start_etcd(1, NULL);
-    cl = harness_client(edl_etcd_server_endpoints(srv), 0);
+    harness_open_etcd(1, NULL, &srv, &cl);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    edl_etcd_free(cl);
-    edl_etcd_server_free(srv);
+    harness_close_etcd(&srv, &cl);
     return 0;
 }
 

@@ -19,8 +19,7 @@ typedef struct fixture {
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
-    f->srv = harness_start_etcd(1, NULL);
-    f->c = harness_client(edl_etcd_server_endpoints(f->srv), 0);
+    harness_open_etcd(1, NULL, &f->srv, &f->c);
     *state = f;
     return 0;
 }
@@ -28,8 +27,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *f = *state;
-    edl_etcd_free(f->c);
-    edl_etcd_server_free(f->srv);
+    harness_close_etcd(&f->srv, &f->c);
     free(f);
     return 0;
 }

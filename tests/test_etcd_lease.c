@@ -19,16 +19,14 @@ static edl_etcd *cl;
 static int setup(void **state)
 {
     (void)state;
-    srv = harness_start_etcd(1, NULL);
-    cl = harness_client(edl_etcd_server_endpoints(srv), 0);
+    harness_open_etcd(1, NULL, &srv, &cl);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    edl_etcd_free(cl);
-    edl_etcd_server_free(srv);
+    harness_close_etcd(&srv, &cl);
     return 0;
 }
 
@@ -141,11 +139,8 @@ static void test_keeper_reports_revoked_lease_at_once(void **state)
 static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
-    assert_non_null(px);
-    char ep[64];
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
-    edl_etcd *via = harness_client(ep, 0);
+    harness_proxy *px;
+    edl_etcd *via = harness_client_via_proxy(srv, &px);
     int64_t id;
     assert_int_equal(edl_etcd_lease_grant(via, 2, 0, &id, NULL), 0);
     edl_put_opts po = {.lease = id};
@@ -165,17 +160,14 @@ static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **stat
     assert_false(key_exists(cl, "keep/partitioned"));
     harness_proxy_freeze(px, false);
     edl_lease_keeper_stop(k, false);
-    edl_etcd_free(via);
-    harness_proxy_stop(px);
+    harness_close_proxied(via, px);
 }
 
 static void test_keeper_rides_out_short_outage(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
-    char ep[64];
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
-    edl_etcd *via = harness_client(ep, 0);
+    harness_proxy *px;
+    edl_etcd *via = harness_client_via_proxy(srv, &px);
     int64_t id;
     assert_int_equal(edl_etcd_lease_grant(via, 6, 0, &id, NULL), 0);
     edl_lease_keeper *k;
@@ -190,8 +182,7 @@ static void test_keeper_rides_out_short_outage(void **state)
     assert_int_equal(edl_etcd_lease_ttl(cl, id, &ttl, NULL), 0);
     assert_true(ttl >= 3);
     edl_lease_keeper_stop(k, true);
-    edl_etcd_free(via);
-    harness_proxy_stop(px);
+    harness_close_proxied(via, px);
 }
 
 int main(void)

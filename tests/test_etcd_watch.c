@@ -20,16 +20,14 @@ static int setup(void **state)
 {
     (void)state;
     static const char *const args[] = {"--experimental-watch-progress-notify-interval=1s", NULL};
-    srv = harness_start_etcd(1, args);
-    cl = harness_client(edl_etcd_server_endpoints(srv), 0);
+    harness_open_etcd(1, args, &srv, &cl);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    edl_etcd_free(cl);
-    edl_etcd_server_free(srv);
+    harness_close_etcd(&srv, &cl);
     return 0;
 }
 
@@ -199,10 +197,8 @@ static void test_slow_reader_gets_every_event_through_backpressure(void **state)
 static void test_dropped_connection_resumes_without_loss(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
-    char ep[64];
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
-    edl_etcd *via = harness_client(ep, 0);
+    harness_proxy *px;
+    edl_etcd *via = harness_client_via_proxy(srv, &px);
     edl_watch *w;
     edl_watch_opts o = {.prefix = true};
     assert_int_equal(edl_etcd_watch(via, edl_str("w7/"), &o, &w), 0);
@@ -231,8 +227,7 @@ static void test_dropped_connection_resumes_without_loss(void **state)
         edl_watch_event_free(ev);
     }
     edl_watch_stop(w);
-    edl_etcd_free(via);
-    harness_proxy_stop(px);
+    harness_close_proxied(via, px);
 }
 
 static void test_etcd_restart_during_watch_loses_nothing(void **state)
@@ -297,10 +292,8 @@ static void test_compacted_start_revision_is_reported(void **state)
 static void test_compaction_while_disconnected_is_reported(void **state)
 {
     (void)state;
-    harness_proxy *px = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
-    char ep[64];
-    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_proxy_port(px));
-    edl_etcd *via = harness_client(ep, 0);
+    harness_proxy *px;
+    edl_etcd *via = harness_client_via_proxy(srv, &px);
     edl_watch *w;
     assert_int_equal(edl_etcd_watch(via, edl_str("w10/k"), NULL, &w), 0);
     harness_proxy_freeze(px, true);
@@ -314,8 +307,7 @@ static void test_compaction_while_disconnected_is_reported(void **state)
     assert_int_equal(ev->compact_revision, r);
     edl_watch_event_free(ev);
     edl_watch_stop(w);
-    edl_etcd_free(via);
-    harness_proxy_stop(px);
+    harness_close_proxied(via, px);
 }
 
 static void test_watch_on_unreachable_etcd_fails_start(void **state)
