@@ -164,9 +164,19 @@ nomem:
 
 /* ---- client ------------------------------------------------------------------------------ */
 
+/* libcurl before 7.84 (Ubuntu 20.04, Debian 11) needs its global set-up done once, before
+ * threads use it; later ones do it lazily and safely. Done here so callers need not know. */
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+static void curl_setup(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
 int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out)
 {
     *out = NULL;
+    pthread_once(&curl_once, curl_setup);
     if (!cfg || cfg->n_endpoints == 0)
         return EDL_EINVAL;
     for (size_t i = 0; i < cfg->n_endpoints; i++)
