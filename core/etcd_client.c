@@ -301,7 +301,11 @@ void etcd_curl_common(edl_etcd *c, CURL *h)
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 10L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 5L);
+#if LIBCURL_VERSION_NUM >= 0x075500
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
     if (c->cfg.ca_file)
         curl_easy_setopt(h, CURLOPT_CAINFO, c->cfg.ca_file);
     if (c->cfg.cert_file) {
