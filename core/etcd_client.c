@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <stddef.h>
 
 #include "edl/log.h"
 #include "etcd_internal.h"
@@ -24,6 +25,26 @@ int64_t etcd_now_ms(void)
 }
 
 /* ---- configuration --------------------------------------------------------------------- */
+
+#define CFG_FIELD(name, type, member, ...) \
+    {name, type, offsetof(edl_etcd_config, member), __VA_ARGS__}
+
+const edl_cfg_field edl_etcd_config_schema[] = {
+    CFG_FIELD("endpoints", EDL_CFG_STRING_LIST, endpoints, .count_offset = offsetof(edl_etcd_config, n_endpoints),
+              .required = true, .help = "etcd client URLs (http://host:port or https://), tried in order"),
+    CFG_FIELD("timeout", EDL_CFG_DURATION_MS, timeout_ms, .min = 1, .max = 3600000,
+              .help = "deadline of each call, fail-over included (default 5s)"),
+    CFG_FIELD("connect_timeout", EDL_CFG_DURATION_MS, connect_timeout_ms, .min = 1, .max = 600000,
+              .help = "deadline of each connection attempt (default 1s)"),
+    CFG_FIELD("max_response_bytes", EDL_CFG_INT, max_response_bytes, .min = 4096, .max = 1 << 30,
+              .help = "larger replies are refused (default 64 MiB)"),
+    CFG_FIELD("ca_file", EDL_CFG_STRING, ca_file, .help = "TLS: CA bundle that signed the servers' certificates"),
+    CFG_FIELD("cert_file", EDL_CFG_STRING, cert_file, .help = "TLS: client certificate (PEM), with key_file"),
+    CFG_FIELD("key_file", EDL_CFG_STRING, key_file, .help = "TLS: client key (PEM)"),
+    CFG_FIELD("username", EDL_CFG_STRING, username, .help = "etcd auth user, with password"),
+    CFG_FIELD("password", EDL_CFG_STRING, password, .help = "etcd auth password"),
+    EDL_CFG_END,
+};
 
 void edl_etcd_config_init(edl_etcd_config *cfg)
 {
@@ -177,14 +198,23 @@ int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out)
 {
     *out = NULL;
     pthread_once(&curl_once, curl_setup);
-    if (!cfg || cfg->n_endpoints == 0)
+    if (!cfg || cfg->n_endpoints == 0) {
+        EDL_ERROR("etcd", "no etcd endpoint configured");
         return EDL_EINVAL;
+    }
     for (size_t i = 0; i < cfg->n_endpoints; i++)
-        if (!cfg->endpoints[i] || !endpoint_valid(cfg->endpoints[i], strlen(cfg->endpoints[i])))
+        if (!cfg->endpoints[i] || !endpoint_valid(cfg->endpoints[i], strlen(cfg->endpoints[i]))) {
+            EDL_ERROR("etcd", "invalid etcd endpoint '%s': expected http://host:port or https://host:port",
+                      cfg->endpoints[i] ? cfg->endpoints[i] : "(null)");
             return EDL_EINVAL;
+        }
     if ((cfg->cert_file == NULL) != (cfg->key_file == NULL) ||
-        (cfg->username == NULL) != (cfg->password == NULL))
+        (cfg->username == NULL) != (cfg->password == NULL)) {
+        EDL_ERROR("etcd", "%s", (cfg->cert_file == NULL) != (cfg->key_file == NULL)
+                                    ? "a TLS client certificate needs its key (cert_file with key_file)"
+                                    : "etcd auth needs both username and password");
         return EDL_EINVAL;
+    }
     edl_etcd *c = calloc(1, sizeof *c);
     if (!c)
         return EDL_ENOMEM;
@@ -350,7 +380,7 @@ static void http_post(edl_etcd *c, const char *endpoint, const char *path, const
     char url[512];
     snprintf(url, sizeof url, "%s%s", endpoint, path);
     memset(r, 0, sizeof *r);
-    r->body.max = c->cfg.max_response_bytes;
+    r->body.max = (size_t)c->cfg.max_response_bytes;
     struct curl_slist *hdrs = etcd_headers(c);
     CURL *h = c->curl;
     curl_easy_setopt(h, CURLOPT_URL, url);
@@ -476,8 +506,8 @@ static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf ke
     *retry = false;
     if (r->cc != CURLE_OK) {
         if (r->body.overflow)
-            return etcd_fail(c, EDL_ETOOBIG, "%s%s%s%s%s: reply exceeds %zu bytes", endpoint, path,
-                             kl, ks, kr, c->cfg.max_response_bytes);
+            return etcd_fail(c, EDL_ETOOBIG, "%s%s%s%s%s: reply exceeds %lld bytes", endpoint, path,
+                             kl, ks, kr, (long long)c->cfg.max_response_bytes);
         *retry = not_sent(r->cc) || idempotent;
         int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT
                    : tls_refused(r->cc)              ? EDL_EAUTH
@@ -560,7 +590,8 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
         }
     }
     if (rc == EDL_ETIMEDOUT && !c->errmsg[0])
-        etcd_fail(c, rc, "%s: no reply within %d ms", path, timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
+        etcd_fail(c, rc, "%s: no reply within %lld ms", path,
+                  (long long)(timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms));
     pthread_mutex_unlock(&c->mu);
     free(body);
     return rc;

@@ -457,7 +457,7 @@ static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_op
     pthread_cond_init(&w->cv, &ca);
     pthread_condattr_destroy(&ca);
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    w->line.max = c->cfg.max_response_bytes;
+    w->line.max = (size_t)c->cfg.max_response_bytes;
     w->prev_kv = o->prev_kv;
     w->progress_notify = o->progress_notify;
     w->max_queued = o->max_queued ? o->max_queued : 4096;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "edl/common.h"
+#include "edl/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,15 +29,21 @@ typedef struct edl_etcd edl_etcd;
 typedef struct edl_etcd_config {
     char **endpoints;          /* "http://127.0.0.1:2379", "https://..."; tried in order */
     size_t n_endpoints;
-    int timeout_ms;            /* whole-call deadline, all fail-over attempts included (5000) */
-    int connect_timeout_ms;    /* per connection attempt (1000) */
-    size_t max_response_bytes; /* larger replies fail with EDL_ETOOBIG (64 MiB) */
+    int64_t timeout_ms;        /* whole-call deadline, all fail-over attempts included (5000) */
+    int64_t connect_timeout_ms; /* per connection attempt (1000) */
+    int64_t max_response_bytes; /* larger replies fail with EDL_ETOOBIG (64 MiB) */
     char *ca_file;             /* TLS: CA bundle to verify servers (NULL: system default) */
     char *cert_file;           /* TLS client certificate (PEM), with key_file */
     char *key_file;
     char *username;            /* auth: when set, a token is fetched and renewed on expiry */
     char *password;
 } edl_etcd_config;
+
+/* The config as a YAML mapping, for edl/config.h: embed it in a bigger schema as an
+ * EDL_CFG_OBJECT field (e.g. "etcd"). Keys: endpoints (list, required), timeout and
+ * connect_timeout (durations: 500ms, 5s), max_response_bytes, ca_file, cert_file, key_file,
+ * username, password. Call edl_etcd_config_init() on the struct first: absent keys keep it. */
+extern const edl_cfg_field edl_etcd_config_schema[];
 
 /* Fill with defaults and no endpoints. */
 void edl_etcd_config_init(edl_etcd_config *cfg);
