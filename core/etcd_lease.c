@@ -156,12 +156,7 @@ static bool keeper_wait(edl_lease_keeper *k, int64_t until)
         int64_t now = etcd_now_ms();
         if (now >= until)
             break;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + (until - now) * 1000000;
-        ts.tv_sec += ns / 1000000000;
-        ts.tv_nsec = ns % 1000000000;
-        pthread_cond_timedwait(&k->cv, &k->mu, &ts);
+        etcd_cond_wait_ms(&k->cv, &k->mu, until - now);
     }
     bool stop = k->stop;
     pthread_mutex_unlock(&k->mu);
@@ -221,11 +216,7 @@ int edl_lease_keeper_start(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_
         return rc;
     }
     pthread_mutex_init(&k->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&k->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    etcd_cond_init(&k->cv);
     if (pthread_create(&k->thread, NULL, keeper_main, k) != 0) {
         edl_etcd_free(k->conn);
         close(k->efd);

@@ -414,13 +414,8 @@ static void *watch_main(void *arg)
             backoff = 50;
         /* wait before the next try, waking at once on stop */
         pthread_mutex_lock(&w->mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + (int64_t)backoff * 1000000;
-        ts.tv_sec += ns / 1000000000;
-        ts.tv_nsec = ns % 1000000000;
         if (!w->stop)
-            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+            etcd_cond_wait_ms(&w->cv, &w->mu, backoff);
         pthread_mutex_unlock(&w->mu);
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
@@ -451,11 +446,7 @@ static void watch_destroy(edl_watch *w)
 static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_opts *o)
 {
     pthread_mutex_init(&w->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    etcd_cond_init(&w->cv);
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     w->line.max = (size_t)c->cfg.max_response_bytes;
     w->prev_kv = o->prev_kv;
@@ -504,16 +495,8 @@ int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
     /* Wait for the server to create it: afterwards no write can slip past unseen. */
     int64_t deadline = etcd_now_ms() + c->cfg.timeout_ms;
     pthread_mutex_lock(&w->mu);
-    while (!w->ever_created && !w->start_error && etcd_now_ms() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 20 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-    }
+    while (!w->ever_created && !w->start_error && etcd_now_ms() < deadline)
+        etcd_cond_wait_ms(&w->cv, &w->mu, deadline - etcd_now_ms()); /* woken by mark_created */
     rc = w->ever_created ? 0 : w->start_error ? w->start_error : EDL_EUNAVAIL;
     pthread_mutex_unlock(&w->mu);
     if (rc) {
@@ -537,14 +520,7 @@ int edl_watch_next(edl_watch *w, edl_watch_event **ev, int timeout_ms)
             pthread_mutex_unlock(&w->mu);
             return EDL_ETIMEDOUT;
         }
-        if (left > 1000)
-            left = 1000;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t ns = ts.tv_nsec + left * 1000000;
-        ts.tv_sec += ns / 1000000000;
-        ts.tv_nsec = ns % 1000000000;
-        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        etcd_cond_wait_ms(&w->cv, &w->mu, left > 1000 ? 1000 : left);
     }
     ev_node *n = w->head;
     w->head = n->next;

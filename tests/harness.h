@@ -108,6 +108,10 @@ char *harness_get(struct edl_etcd *c, const char *key, char *out, size_t outlen)
 void harness_open_etcd(int members, const char *const *extra_args, edl_etcd_server **srv,
                        struct edl_etcd **client);
 void harness_close_etcd(edl_etcd_server **srv, struct edl_etcd **client);
+struct edl_watch;
+struct edl_watch_event;
+/* The next event that is not a PROGRESS notification; fails the test after timeout_ms. */
+struct edl_watch_event *harness_next_event(struct edl_watch *w, int timeout_ms);
 /* A proxy in front of member 0 of srv and a client that talks through it (a partition can
  * then be made with harness_proxy_freeze/drop). Free both with harness_close_proxied(). */
 struct edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy);

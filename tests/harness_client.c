@@ -77,3 +77,16 @@ void harness_close_proxied(edl_etcd *client, harness_proxy *proxy)
     edl_etcd_free(client);
     harness_proxy_stop(proxy);
 }
+
+edl_watch_event *harness_next_event(edl_watch *w, int timeout_ms)
+{
+    for (;;) {
+        edl_watch_event *ev;
+        int rc = edl_watch_next(w, &ev, timeout_ms);
+        if (rc != 0)
+            fail_msg("no watch event within %d ms: %s", timeout_ms, edl_strerror(rc));
+        if (ev->type != EDL_WATCH_PROGRESS)
+            return ev;
+        edl_watch_event_free(ev);
+    }
+}

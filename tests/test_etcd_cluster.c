@@ -104,12 +104,7 @@ static void test_watch_moves_to_another_member_without_loss(void **state)
             assert_int_equal(edl_etcd_server_stop_member(srv, 0, true), 0);
     }
     for (int i = 0; i < N; i++) {
-        edl_watch_event *ev;
-        int rc;
-        do {
-            rc = edl_watch_next(w, &ev, 8000);
-            assert_int_equal(rc, 0);
-        } while (ev->type == EDL_WATCH_PROGRESS && (edl_watch_event_free(ev), 1));
+        edl_watch_event *ev = harness_next_event(w, 8000);
         char val[8];
         snprintf(val, sizeof val, "%d", i);
         assert_int_equal(ev->type, EDL_WATCH_PUT);

@@ -31,23 +31,9 @@ static int teardown(void **state)
     return 0;
 }
 
-/* The next PUT/DELETE event (progress events are skipped); fails the test after 5 s. */
-static edl_watch_event *next_kv_event(edl_watch *w)
-{
-    for (;;) {
-        edl_watch_event *ev;
-        int rc = edl_watch_next(w, &ev, 5000);
-        if (rc != 0)
-            fail_msg("no watch event within 5 s: %s", edl_strerror(rc));
-        if (ev->type != EDL_WATCH_PROGRESS)
-            return ev;
-        edl_watch_event_free(ev);
-    }
-}
-
 static void expect_put(edl_watch *w, const char *key, const char *value, int64_t rev)
 {
-    edl_watch_event *ev = next_kv_event(w);
+    edl_watch_event *ev = harness_next_event(w, 5000);
     assert_int_equal(ev->type, EDL_WATCH_PUT);
     assert_string_equal(ev->kv.key, key);
     assert_string_equal(ev->kv.value, value);
@@ -78,13 +64,13 @@ static void test_events_arrive_in_order_with_prev_kv(void **state)
     edl_delete_result d;
     assert_int_equal(edl_etcd_delete(cl, edl_str("w1/a"), NULL, &d), 0);
     expect_put(w, "w1/a", "1", r1);
-    edl_watch_event *ev = next_kv_event(w);
+    edl_watch_event *ev = harness_next_event(w, 5000);
     assert_int_equal(ev->type, EDL_WATCH_PUT);
     assert_int_equal(ev->revision, r2);
     assert_non_null(ev->prev_kv);
     assert_string_equal(ev->prev_kv->value, "1");
     edl_watch_event_free(ev);
-    ev = next_kv_event(w);
+    ev = harness_next_event(w, 5000);
     assert_int_equal(ev->type, EDL_WATCH_DELETE);
     assert_string_equal(ev->kv.key, "w1/a");
     assert_int_equal(ev->revision, d.revision);
@@ -181,7 +167,7 @@ static void test_slow_reader_gets_every_event_through_backpressure(void **state)
     }
     int64_t last = 0;
     for (int i = 0; i < N; i++) {
-        edl_watch_event *ev = next_kv_event(w);
+        edl_watch_event *ev = harness_next_event(w, 5000);
         char v[16];
         snprintf(v, sizeof v, "%d", i);
         assert_string_equal(ev->kv.value, v);
@@ -215,7 +201,7 @@ static void test_dropped_connection_resumes_without_loss(void **state)
     harness_proxy_drop(px);
     harness_proxy_freeze(px, false);
     for (int i = 1; i <= N; i++) {
-        edl_watch_event *ev = next_kv_event(w);
+        edl_watch_event *ev = harness_next_event(w, 5000);
         char v[16];
         snprintf(v, sizeof v, "%d", i);
         assert_string_equal(ev->kv.value, v);
@@ -269,7 +255,7 @@ static void test_compacted_start_revision_is_reported(void **state)
     edl_watch *w;
     edl_watch_opts o = {.start_revision = r1};
     assert_int_equal(edl_etcd_watch(cl, edl_str("w9/k"), &o, &w), 0);
-    edl_watch_event *ev = next_kv_event(w);
+    edl_watch_event *ev = harness_next_event(w, 5000);
     assert_int_equal(ev->type, EDL_WATCH_COMPACTED);
     assert_int_equal(ev->compact_revision, r2);
     edl_watch_event_free(ev);
@@ -278,7 +264,7 @@ static void test_compacted_start_revision_is_reported(void **state)
     assert_string_equal(harness_get(cl, "w9/k", v, sizeof v), "2");
     int64_t r3 = put_rev(cl, "w9/k", "3");
     for (;;) { /* from the compact revision on: r2 may be replayed, then r3 */
-        ev = next_kv_event(w);
+        ev = harness_next_event(w, 5000);
         assert_int_equal(ev->type, EDL_WATCH_PUT);
         int64_t rev = ev->revision;
         edl_watch_event_free(ev);
@@ -302,7 +288,7 @@ static void test_compaction_while_disconnected_is_reported(void **state)
     compact(r);
     harness_proxy_drop(px);
     harness_proxy_freeze(px, false);
-    edl_watch_event *ev = next_kv_event(w);
+    edl_watch_event *ev = harness_next_event(w, 5000);
     assert_int_equal(ev->type, EDL_WATCH_COMPACTED); /* never a silent skip */
     assert_int_equal(ev->compact_revision, r);
     edl_watch_event_free(ev);
