@@ -1,0 +1,364 @@
+/* test_cluster.c: the job model without a server: rank assignment (deterministic, minimal
+ * movement, rank 0 kept), and the JSON documents (round trips, and hostile input rejected with
+ * a clear message while the caller's struct stays as it was). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edl/cluster.h"
+
+/* Candidate pods p<i> with lease 100+i, join order as given. */
+static edl_pod *pods(const char *const *names, size_t n)
+{
+    edl_pod *p = calloc(n ? n : 1, sizeof *p);
+    for (size_t i = 0; i < n; i++) {
+        p[i].name = (char *)names[i];
+        p[i].addr = (char *)"10.0.0.1";
+        p[i].port = 1000 + (int)i;
+        p[i].lease = 100 + (names[i][1] - '0');
+        p[i].create_revision = (int64_t)i + 1;
+    }
+    return p;
+}
+
+typedef struct assignment {
+    edl_member *m;
+    size_t n;
+    char **sb;
+    size_t n_sb;
+} assignment;
+
+static assignment assign(const assignment *prev, const char *const *names, size_t n, int max)
+{
+    assignment a = {0};
+    edl_pod *p = pods(names, n);
+    assert_int_equal(edl_assign_ranks(prev ? prev->m : NULL, prev ? prev->n : 0, p, n, max, &a.m,
+                                      &a.n, &a.sb, &a.n_sb),
+                     0);
+    free(p);
+    return a;
+}
+
+static void assignment_free(assignment *a)
+{
+    edl_members_free(a->m, a->n);
+    for (size_t i = 0; i < a->n_sb; i++)
+        free(a->sb[i]);
+    free(a->sb);
+}
+
+/* "p0 p3 p1" = pods in rank order */
+static void assert_ranks(const assignment *a, const char *expect)
+{
+    char got[256] = "";
+    for (size_t i = 0; i < a->n; i++) {
+        assert_int_equal(a->m[i].rank, (int)i);
+        strcat(got, i ? " " : "");
+        strcat(got, a->m[i].pod);
+    }
+    assert_string_equal(got, expect);
+}
+
+static void test_first_generation_ranks_in_join_order(void **state)
+{
+    (void)state;
+    const char *n[] = {"p2", "p0", "p1"};
+    assignment a = assign(NULL, n, 3, 8);
+    assert_ranks(&a, "p2 p0 p1");
+    assert_int_equal(a.n_sb, 0);
+    assert_int_equal(a.m[0].port, 1000);
+    assert_int_equal(a.m[0].lease, 102);
+    assignment_free(&a);
+}
+
+static void test_leave_fills_hole_with_highest_rank(void **state)
+{
+    (void)state;
+    const char *n1[] = {"p0", "p1", "p2", "p3", "p4"};
+    assignment a = assign(NULL, n1, 5, 8);
+    const char *n2[] = {"p0", "p2", "p3", "p4"}; /* p1 (rank 1) leaves */
+    assignment b = assign(&a, n2, 4, 8);
+    assert_ranks(&b, "p0 p4 p2 p3");
+    assignment_free(&a);
+    assignment_free(&b);
+}
+
+static void test_rank0_survives_scale_down(void **state)
+{
+    (void)state;
+    const char *n1[] = {"p0", "p1", "p2", "p3"};
+    assignment a = assign(NULL, n1, 4, 8);
+    const char *n2[] = {"p3", "p0"}; /* p1, p2 gone; order of candidates does not matter */
+    assignment b = assign(&a, n2, 2, 8);
+    assert_ranks(&b, "p0 p3");
+    assignment_free(&a);
+    assignment_free(&b);
+}
+
+static void test_newcomers_fill_holes_then_append(void **state)
+{
+    (void)state;
+    const char *n1[] = {"p0", "p1", "p2"};
+    assignment a = assign(NULL, n1, 3, 8);
+    const char *n2[] = {"p0", "p2", "p5", "p6"}; /* p1 leaves, p5 and p6 join */
+    assignment b = assign(&a, n2, 4, 8);
+    assert_ranks(&b, "p0 p5 p2 p6");
+    assignment_free(&a);
+    assignment_free(&b);
+}
+
+static void test_beyond_max_are_standbys_and_promoted(void **state)
+{
+    (void)state;
+    const char *n1[] = {"p0", "p1", "p2", "p3"};
+    assignment a = assign(NULL, n1, 4, 3);
+    assert_ranks(&a, "p0 p1 p2");
+    assert_int_equal(a.n_sb, 1);
+    assert_string_equal(a.sb[0], "p3");
+    const char *n2[] = {"p0", "p2", "p3"}; /* p1 lost: the standby is promoted into its rank */
+    assignment b = assign(&a, n2, 3, 3);
+    assert_ranks(&b, "p0 p3 p2");
+    assert_int_equal(b.n_sb, 0);
+    assignment_free(&a);
+    assignment_free(&b);
+}
+
+static void test_reregistered_pod_is_a_newcomer(void **state)
+{
+    (void)state;
+    const char *n1[] = {"p0", "p1", "p2"};
+    assignment a = assign(NULL, n1, 3, 8);
+    a.m[0].lease = 999; /* p0 came back under a new lease: not the old rank-0 member */
+    const char *n2[] = {"p0", "p1", "p2"};
+    assignment b = assign(&a, n2, 3, 2); /* survivors first: p0 is the one left out */
+    assert_ranks(&b, "p2 p1");
+    assert_int_equal(b.n_sb, 1);
+    assert_string_equal(b.sb[0], "p0");
+    assignment_free(&a);
+    assignment_free(&b);
+}
+
+static void test_assignment_is_deterministic(void **state)
+{
+    (void)state;
+    const char *n1[] = {"p0", "p1", "p2", "p3", "p4", "p5"};
+    assignment a = assign(NULL, n1, 6, 6);
+    const char *n2[] = {"p5", "p1", "p3", "p7", "p8"};
+    assignment b = assign(&a, n2, 5, 4), c = assign(&a, n2, 5, 4);
+    assert_int_equal(b.n, c.n);
+    for (size_t i = 0; i < b.n; i++)
+        assert_string_equal(b.m[i].pod, c.m[i].pod);
+    /* survivors p1 p3 p5 first (by old rank), then p7; p5 (old rank 5 >= 4) fills hole 0 */
+    assert_ranks(&b, "p5 p1 p7 p3");
+    assert_int_equal(b.n_sb, 1);
+    assert_string_equal(b.sb[0], "p8");
+    assignment_free(&a);
+    assignment_free(&b);
+    assignment_free(&c);
+}
+
+static void test_spec_parse_and_round_trip(void **state)
+{
+    (void)state;
+    edl_job_spec s;
+    edl_spec_init(&s);
+    char err[256];
+    const char *j = "{\"min\":2,\"max\":4,\"replicas\":3,\"settle_ms\":500,\"restart_policy\":"
+                    "\"ExitCode\",\"permanent_exit_codes\":\"1-10,42\",\"elastic_mode\":"
+                    "\"inprocess\",\"checkpoint_uri\":\"file:///tmp/ck\",\"ttl_s\":3}";
+    assert_int_equal(edl_spec_parse(j, strlen(j), &s, err, sizeof err), 0);
+    assert_int_equal(s.min, 2);
+    assert_int_equal(s.max, 4);
+    assert_int_equal(s.replicas, 3);
+    assert_int_equal(s.settle_ms, 500);
+    assert_int_equal(s.restart_policy, EDL_RESTART_EXIT_CODE);
+    assert_true(edl_exit_code_in(s.permanent_codes, 42));
+    assert_true(edl_exit_code_in(s.permanent_codes, 10));
+    assert_false(edl_exit_code_in(s.permanent_codes, 11));
+    assert_int_equal(s.mode, EDL_MODE_INPROCESS);
+    assert_string_equal(s.checkpoint_uri, "file:///tmp/ck");
+    char *out = edl_spec_to_json(&s);
+    edl_job_spec t;
+    edl_spec_init(&t);
+    assert_int_equal(edl_spec_parse(out, strlen(out), &t, err, sizeof err), 0);
+    assert_memory_equal(s.permanent_codes, t.permanent_codes, 32);
+    assert_int_equal(t.ttl_s, 3);
+    assert_string_equal(t.checkpoint_uri, "file:///tmp/ck");
+    free(out);
+    edl_spec_free(&s);
+    edl_spec_free(&t);
+}
+
+static void test_bad_specs_rejected_with_reason(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"{\"min\":5,\"max\":2}", EDL_ECONFIG, "min (5) is greater than max (2)"},
+        {"{\"min\":1,\"ttl_s\":-3}", EDL_ECONFIG, "lease TTL must be at least 1"},
+        {"{\"min\":0}", EDL_ECONFIG, "at least 1"},
+        {"{\"min\":\"two\"}", EDL_EPROTO, "\"min\" must be an integer"},
+        {"{\"min\":1.5}", EDL_EPROTO, "\"min\" must be an integer"},
+        {"{\"min\":1e300}", EDL_ECONFIG, "outside"},
+        {"{\"min\":2,", EDL_EPROTO, "malformed JSON"},
+        {"[1,2]", EDL_EPROTO, "expected a JSON object"},
+        {"{\"restart_policy\":\"Sometimes\"}", EDL_ECONFIG, "unknown value \"Sometimes\""},
+        {"{\"permanent_exit_codes\":\"1-999\"}", EDL_ECONFIG, "permanent_exit_codes"},
+        {"{\"stopped\":\"yes\"}", EDL_EPROTO, "true or false"},
+        {"{\"settle_ms\":-1}", EDL_ECONFIG, "settle_ms"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        edl_job_spec s;
+        edl_spec_init(&s);
+        s.min = 7;
+        s.max = 9;
+        char err[256] = "";
+        int rc = edl_spec_parse(cases[i].json, strlen(cases[i].json), &s, err, sizeof err);
+        if (rc != cases[i].rc || !strstr(err, cases[i].msg))
+            fail_msg("case %zu (%s): rc %d, err \"%s\"", i, cases[i].json, rc, err);
+        assert_int_equal(s.min, 7); /* untouched */
+        assert_int_equal(s.max, 9);
+        edl_spec_free(&s);
+    }
+    /* a huge document is refused before parsing */
+    size_t big = EDL_DOC_MAX + 10;
+    char *huge = malloc(big);
+    memset(huge, ' ', big);
+    huge[0] = '{';
+    huge[big - 1] = '}';
+    edl_job_spec s;
+    edl_spec_init(&s);
+    char err[256];
+    assert_int_equal(edl_spec_parse(huge, big, &s, err, sizeof err), EDL_ETOOBIG);
+    free(huge);
+}
+
+static void test_cluster_round_trip(void **state)
+{
+    (void)state;
+    edl_member m[2] = {{(char *)"a", 0, (char *)"10.0.0.1", 7000, 11},
+                       {(char *)"b", 1, (char *)"10.0.0.2", 7001, 12}};
+    char *sb[1] = {(char *)"c"};
+    edl_pod_failures f[1] = {{(char *)"d", 3, 1234567}};
+    edl_cluster c = {.generation = 7, .state = EDL_JOB_RUNNING, .reason = (char *)"join",
+                     .members = m, .n_members = 2, .standbys = sb, .n_standbys = 1,
+                     .failures = f, .n_failures = 1, .restarts = 2, .leader = (char *)"js-1",
+                     .published_ms = 42};
+    char *j = edl_cluster_to_json(&c);
+    edl_cluster d = {0};
+    char err[256];
+    assert_int_equal(edl_cluster_parse(j, strlen(j), &d, err, sizeof err), 0);
+    assert_int_equal(d.generation, 7);
+    assert_int_equal(d.state, EDL_JOB_RUNNING);
+    assert_int_equal(d.n_members, 2);
+    assert_string_equal(d.members[1].pod, "b");
+    assert_int_equal(d.members[1].port, 7001);
+    assert_int_equal(d.members[1].lease, 12);
+    assert_string_equal(d.standbys[0], "c");
+    assert_int_equal(d.failures[0].count, 3);
+    assert_int_equal(d.failures[0].excluded_until, 1234567);
+    assert_int_equal(d.restarts, 2);
+    assert_non_null(edl_cluster_member(&d, "a"));
+    assert_null(edl_cluster_member(&d, "c"));
+    free(j);
+    edl_cluster_free(&d);
+}
+
+static void test_bad_cluster_documents_rejected(void **state)
+{
+    (void)state;
+    static const char *bad[] = {
+        "{\"generation\":\"x\"}",
+        "{\"generation\":3,\"members\":{}}",
+        "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":1}]}",  /* ranks must run 0.. */
+        "{\"generation\":3,\"members\":[{\"pod\":\"../x\",\"rank\":0}]}",
+        "{\"generation\":3,\"members\":[7]}",
+        "{\"generation\":3,\"state\":\"dancing\"}",
+        "{\"generation\":3,\"standbys\":[1]}",
+        "{\"generation\":-1}",
+        "",
+        "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":0,\"port\":70000}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        edl_cluster c = {.generation = 5};
+        char err[256] = "";
+        int rc = edl_cluster_parse(bad[i], strlen(bad[i]), &c, err, sizeof err);
+        if (rc == 0 || !err[0])
+            fail_msg("case %zu (%s) accepted", i, bad[i]);
+        assert_int_equal(c.generation, 5);
+    }
+}
+
+static void test_pod_and_status_documents(void **state)
+{
+    (void)state;
+    edl_pod p = {.name = strdup("w1"), .lease = 5};
+    char err[256];
+    const char *j = "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":29500,\"pid\":77}";
+    assert_int_equal(edl_pod_parse(j, strlen(j), &p, err, sizeof err), 0);
+    assert_string_equal(p.name, "w1");
+    assert_int_equal(p.lease, 5);
+    assert_string_equal(p.addr, "10.1.2.3");
+    assert_int_equal(p.port, 29500);
+    assert_int_equal(edl_pod_parse("{\"role\":\"worker\"}", 17, &p, err, sizeof err), EDL_EPROTO);
+    assert_non_null(strstr(err, "addr"));
+    assert_string_equal(p.addr, "10.1.2.3");
+    edl_pod_free(&p);
+
+    edl_pod_status s = {.generation = 3, .state = EDL_TRAINER_EXITED, .exit_code = 3, .step = 9};
+    char *t = edl_pod_status_to_json(&s);
+    edl_pod_status u;
+    assert_int_equal(edl_pod_status_parse(t, strlen(t), &u, err, sizeof err), 0);
+    assert_int_equal(u.state, EDL_TRAINER_EXITED);
+    assert_int_equal(u.exit_code, 3);
+    assert_int_equal(u.step, 9);
+    free(t);
+    assert_int_equal(edl_pod_status_parse("{\"generation\":1}", 16, &u, err, sizeof err),
+                     EDL_EPROTO);
+}
+
+static void test_names_and_keys(void **state)
+{
+    (void)state;
+    assert_true(edl_name_valid("job-1.a_b"));
+    assert_false(edl_name_valid(""));
+    assert_false(edl_name_valid("a/b"));
+    assert_false(edl_name_valid("-x"));
+    assert_false(edl_name_valid("a b"));
+    char longname[200];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    assert_false(edl_name_valid(longname));
+    char *k = edl_job_key("/edl/v1/", "j", "pods/p");
+    assert_string_equal(k, "/edl/v1/jobs/j/pods/p");
+    free(k);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_first_generation_ranks_in_join_order),
+        cmocka_unit_test(test_leave_fills_hole_with_highest_rank),
+        cmocka_unit_test(test_rank0_survives_scale_down),
+        cmocka_unit_test(test_newcomers_fill_holes_then_append),
+        cmocka_unit_test(test_beyond_max_are_standbys_and_promoted),
+        cmocka_unit_test(test_reregistered_pod_is_a_newcomer),
+        cmocka_unit_test(test_assignment_is_deterministic),
+        cmocka_unit_test(test_spec_parse_and_round_trip),
+        cmocka_unit_test(test_bad_specs_rejected_with_reason),
+        cmocka_unit_test(test_cluster_round_trip),
+        cmocka_unit_test(test_bad_cluster_documents_rejected),
+        cmocka_unit_test(test_pod_and_status_documents),
+        cmocka_unit_test(test_names_and_keys),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
