@@ -3,6 +3,7 @@
  * the parsers can be tested without a server. Documents come from etcd, which anyone with write
  * access can fill with anything: every field is type- and range-checked. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdint.h>
 #include <math.h>
@@ -98,6 +99,32 @@ static void get_i64(reader *r, const char *name, int64_t lo, int64_t hi, int64_t
         return;
     }
     *out = (int64_t)d;
+}
+
+/* A 64-bit identifier (lease IDs exceed 2^53): a decimal string, as etcd writes them, or a
+ * number small enough to be exact in a double. */
+static void get_id(reader *r, const char *name, int64_t *out)
+{
+    const cJSON *f = field(r, name);
+    if (!f)
+        return;
+    if (cJSON_IsString(f)) {
+        const char *s = f->valuestring;
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (!*s || *end || errno)
+            fail(r, EDL_EPROTO, name, "must be a decimal 64-bit integer");
+        else
+            *out = v;
+        return;
+    }
+    const double exact = 9007199254740992.0; /* 2^53 */
+    if (cJSON_IsNumber(f) && f->valuedouble == floor(f->valuedouble) &&
+        fabs(f->valuedouble) <= exact)
+        *out = (int64_t)f->valuedouble;
+    else
+        fail(r, EDL_EPROTO, name, "must be an integer below 2^53 or a decimal string");
 }
 
 static void get_int(reader *r, const char *name, int lo, int hi, int *out)
@@ -584,7 +611,7 @@ static int parse_members(reader *r, const cJSON *arr, edl_cluster *c)
         get_int(&mr, "rank", 0, EDL_MEMBERS_MAX, &m->rank);
         get_str(&mr, "addr", 256, &m->addr);
         get_int(&mr, "port", 0, 65535, &m->port);
-        get_i64(&mr, "lease", INT64_MIN, INT64_MAX, &m->lease);
+        get_id(&mr, "lease", &m->lease);
         if (!mr.rc && (!m->pod || !edl_name_valid(m->pod)))
             fail(&mr, EDL_EPROTO, "pod", "is missing or not a valid name");
         if (!mr.rc && m->rank != (int)(c->n_members - 1))
@@ -713,7 +740,9 @@ char *edl_cluster_to_json(const edl_cluster *c)
         cJSON_AddNumberToObject(m, "rank", c->members[i].rank);
         cJSON_AddStringToObject(m, "addr", c->members[i].addr ? c->members[i].addr : "");
         cJSON_AddNumberToObject(m, "port", c->members[i].port);
-        cJSON_AddNumberToObject(m, "lease", (double)c->members[i].lease);
+        char lease[24]; /* as a string: lease IDs exceed 2^53 and must survive exactly */
+        snprintf(lease, sizeof lease, "%lld", (long long)c->members[i].lease);
+        cJSON_AddStringToObject(m, "lease", lease);
     }
     for (size_t i = 0; i < c->n_standbys; i++)
         cJSON_AddItemToArray(sb, cJSON_CreateString(c->standbys[i]));

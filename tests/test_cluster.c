@@ -273,6 +273,27 @@ static void test_cluster_round_trip(void **state)
     edl_cluster_free(&d);
 }
 
+/* etcd lease IDs exceed 2^53: a member's lease must survive the document exactly, or an agent
+ * would never recognise itself as a member. Old documents with small numeric leases still parse. */
+static void test_member_lease_survives_round_trip_exactly(void **state)
+{
+    (void)state;
+    edl_member m[1] = {{(char *)"a", 0, (char *)"10.0.0.1", 7000, INT64_C(7587862838637985541)}};
+    edl_cluster c = {.generation = 1, .state = EDL_JOB_RUNNING, .members = m, .n_members = 1};
+    char *j = edl_cluster_to_json(&c);
+    edl_cluster d = {0};
+    char err[256];
+    assert_int_equal(edl_cluster_parse(j, strlen(j), &d, err, sizeof err), 0);
+    assert_true(d.members[0].lease == INT64_C(7587862838637985541));
+    free(j);
+    const char *old = "{\"generation\":1,\"members\":[{\"pod\":\"a\",\"rank\":0,\"lease\":12}]}";
+    assert_int_equal(edl_cluster_parse(old, strlen(old), &d, err, sizeof err), 0);
+    assert_int_equal(d.members[0].lease, 12);
+    const char *lossy = "{\"generation\":1,\"members\":[{\"pod\":\"a\",\"rank\":0,\"lease\":7587862838637985541}]}";
+    assert_int_equal(edl_cluster_parse(lossy, strlen(lossy), &d, err, sizeof err), EDL_EPROTO);
+    edl_cluster_free(&d);
+}
+
 static void test_bad_cluster_documents_rejected(void **state)
 {
     (void)state;
@@ -356,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_spec_parse_and_round_trip),
         cmocka_unit_test(test_bad_specs_rejected_with_reason),
         cmocka_unit_test(test_cluster_round_trip),
+        cmocka_unit_test(test_member_lease_survives_round_trip_exactly),
         cmocka_unit_test(test_bad_cluster_documents_rejected),
         cmocka_unit_test(test_pod_and_status_documents),
         cmocka_unit_test(test_names_and_keys),
