@@ -1,0 +1,300 @@
+/* trainer.c: the trainer's side of the agent protocol (progress lines out, generation lines
+ * in), and the control-line format that both sides share. See edl/trainer.h. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "edl/trainer.h"
+
+struct edl_trainer {
+    int progress_fd; /* -1: standalone */
+    int control_fd;  /* -1: standalone or the agent closed it */
+    int rank, world_size;
+    int64_t generation;
+    char *line;      /* partial control line */
+    size_t len, cap;
+    bool skipping;   /* discarding an oversized line up to its newline */
+    char *endpoints; /* of the last generation returned */
+};
+
+/* An fd number from the environment: -1 when unset, EDL_ECONFIG when not an open fd. */
+static int env_fd(const char *name, int *fd)
+{
+    const char *v = getenv(name);
+    *fd = -1;
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (*end || errno || n < 0 || n > INT_MAX || fcntl((int)n, F_GETFD) < 0) {
+        EDL_ERROR("trainer", "%s=%s is not an open file descriptor", name, v);
+        return EDL_ECONFIG;
+    }
+    *fd = (int)n;
+    return 0;
+}
+
+static long env_long(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+    char *end;
+    if (!v || !*v)
+        return dflt;
+    long n = strtol(v, &end, 10);
+    return *end ? dflt : n;
+}
+
+static void set_flags(int fd)
+{
+    fcntl(fd, F_SETFD, FD_CLOEXEC); /* a trainer's own children must not hold the pipes */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+int edl_trainer_open(edl_trainer **out)
+{
+    *out = NULL;
+    edl_trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return EDL_ENOMEM;
+    int rc = env_fd("EDL_PROGRESS_FD", &t->progress_fd);
+    if (!rc)
+        rc = env_fd("EDL_CONTROL_FD", &t->control_fd);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    if (t->progress_fd >= 0)
+        set_flags(t->progress_fd);
+    if (t->control_fd >= 0)
+        set_flags(t->control_fd);
+    t->rank = (int)env_long("EDL_RANK", 0);
+    t->world_size = (int)env_long("EDL_WORLD_SIZE", 1);
+    t->generation = env_long("EDL_GENERATION", 0);
+    *out = t;
+    return 0;
+}
+
+void edl_trainer_close(edl_trainer *t)
+{
+    if (!t)
+        return;
+    if (t->progress_fd >= 0)
+        close(t->progress_fd);
+    if (t->control_fd >= 0)
+        close(t->control_fd);
+    free(t->line);
+    free(t->endpoints);
+    free(t);
+}
+
+int edl_trainer_report_step(edl_trainer *t, int64_t step)
+{
+    if (!t || step < 0)
+        return EDL_EINVAL;
+    if (t->progress_fd < 0)
+        return 0;
+    char buf[40];
+    int n = snprintf(buf, sizeof buf, "step %lld\n", (long long)step);
+    /* A line shorter than PIPE_BUF is written whole or not at all. */
+    ssize_t w = write(t->progress_fd, buf, (size_t)n);
+    if (w < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    return w == n ? 0 : EDL_EIO;
+}
+
+int edl_trainer_rank(const edl_trainer *t)
+{
+    return t ? t->rank : 0;
+}
+
+int edl_trainer_world_size(const edl_trainer *t)
+{
+    return t ? t->world_size : 1;
+}
+
+int64_t edl_trainer_generation_id(const edl_trainer *t)
+{
+    return t ? t->generation : 0;
+}
+
+/* Take one complete line (without '\n') out of the buffer: 1 when found. */
+static int next_line(edl_trainer *t, char **line, size_t *len)
+{
+    char *nl = memchr(t->line, '\n', t->len);
+    if (!nl)
+        return 0;
+    *len = (size_t)(nl - t->line);
+    *line = t->line;
+    *nl = '\0';
+    return 1;
+}
+
+static void consume(edl_trainer *t, size_t n)
+{
+    memmove(t->line, t->line + n, t->len - n);
+    t->len -= n;
+}
+
+/* Read what the pipe holds into the line buffer (bounded). EDL_EIO once the agent is gone. */
+static int fill(edl_trainer *t)
+{
+    for (;;) {
+        if (t->cap - t->len < 4096) {
+            size_t cap = t->cap ? t->cap * 2 : 8192;
+            if (cap > EDL_TRAINER_LINE_MAX + 8192)
+                cap = EDL_TRAINER_LINE_MAX + 8192;
+            if (cap - t->len < 1024) { /* a line over the limit: drop it up to its end */
+                char *nl = memchr(t->line, '\n', t->len);
+                if (nl) {
+                    consume(t, (size_t)(nl - t->line) + 1);
+                } else {
+                    t->len = 0;
+                    t->skipping = true;
+                }
+                EDL_WARN("trainer", "control line over %d bytes ignored", EDL_TRAINER_LINE_MAX);
+                continue;
+            }
+            char *p = realloc(t->line, cap);
+            if (!p)
+                return EDL_ENOMEM;
+            t->line = p;
+            t->cap = cap;
+        }
+        ssize_t n = read(t->control_fd, t->line + t->len, t->cap - t->len - 1);
+        if (n > 0) {
+            size_t start = t->len;
+            t->len += (size_t)n;
+            if (t->skipping) {
+                char *nl = memchr(t->line + start, '\n', (size_t)n);
+                if (!nl) {
+                    t->len = start;
+                    continue;
+                }
+                consume(t, (size_t)(nl - t->line) + 1);
+                t->skipping = false;
+            }
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return 0;
+        return EDL_EIO; /* EOF or a hard error */
+    }
+}
+
+int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out)
+{
+    if (!t || !out)
+        return EDL_EINVAL;
+    if (t->control_fd < 0)
+        return 0;
+    int rc = fill(t);
+    int found = 0;
+    char *line;
+    size_t len;
+    while (next_line(t, &line, &len)) {
+        edl_trainer_generation g;
+        int prc = edl_trainer_control_parse(line, len, &g);
+        if (prc == 0 && g.generation > t->generation) {
+            free(t->endpoints);
+            t->endpoints = g.endpoints;
+            t->generation = g.generation;
+            t->rank = g.rank;
+            t->world_size = g.world_size;
+            *out = g;
+            found = 1;
+        } else {
+            if (prc != 0)
+                EDL_DEBUG("trainer", "malformed control line ignored: %.200s", line);
+            free(g.endpoints);
+        }
+        consume(t, len + 1);
+    }
+    if (rc == EDL_EIO) {
+        close(t->control_fd);
+        t->control_fd = -1;
+    }
+    return found ? 1 : rc;
+}
+
+char *edl_trainer_control_encode(const edl_trainer_generation *g)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddNumberToObject(o, "generation", (double)g->generation);
+    cJSON_AddNumberToObject(o, "rank", g->rank);
+    cJSON_AddNumberToObject(o, "world_size", g->world_size);
+    cJSON_AddStringToObject(o, "master_addr", g->master_addr);
+    cJSON_AddNumberToObject(o, "master_port", g->master_port);
+    cJSON_AddStringToObject(o, "endpoints", g->endpoints ? g->endpoints : "");
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!s)
+        return NULL;
+    size_t n = strlen(s);
+    char *line = realloc(s, n + 2);
+    if (!line) {
+        free(s);
+        return NULL;
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    return line;
+}
+
+static int num(const cJSON *o, const char *name, double lo, double hi, double *out)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || f->valuedouble < lo ||
+        f->valuedouble > hi)
+        return EDL_EPROTO;
+    *out = f->valuedouble;
+    return 0;
+}
+
+int edl_trainer_control_parse(const char *line, size_t len, edl_trainer_generation *out)
+{
+    memset(out, 0, sizeof *out);
+    cJSON *o = cJSON_ParseWithLength(line, len);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return EDL_EPROTO;
+    }
+    double gen, rank, world, port;
+    const cJSON *addr = cJSON_GetObjectItemCaseSensitive(o, "master_addr");
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(o, "endpoints");
+    int rc = num(o, "generation", 1, 4503599627370496.0, &gen);
+    if (!rc)
+        rc = num(o, "rank", 0, INT_MAX, &rank);
+    if (!rc)
+        rc = num(o, "world_size", 1, INT_MAX, &world);
+    if (!rc)
+        rc = num(o, "master_port", 0, 65535, &port);
+    if (!rc && (!cJSON_IsString(addr) || strlen(addr->valuestring) >= sizeof out->master_addr ||
+                !cJSON_IsString(eps) || rank >= world))
+        rc = EDL_EPROTO;
+    if (!rc && !(out->endpoints = strdup(eps->valuestring)))
+        rc = EDL_ENOMEM;
+    if (!rc) {
+        out->generation = (int64_t)gen;
+        out->rank = (int)rank;
+        out->world_size = (int)world;
+        out->master_port = (int)port;
+        snprintf(out->master_addr, sizeof out->master_addr, "%s", addr->valuestring);
+    }
+    cJSON_Delete(o);
+    return rc;
+}
