@@ -1,0 +1,506 @@
+/* agent.c: the agent's start-up and its single-threaded poll() loop.
+ *
+ * The loop waits on a signalfd, the lease keeper's fd, the cluster watch, the trainer's pipes,
+ * the metrics server and a few timers. After anything happens, agent_reconcile() compares what
+ * is (the trainer process, its generation) with what the latest cluster document asks for, and
+ * acts: start, stop, restart, or tell an in-process trainer of a new generation. The agent
+ * never restarts a trainer on its own: after an exit it reports and waits for the job server's
+ * next generation. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "edl/log.h"
+
+extern char **environ;
+
+/* ---- start-up ------------------------------------------------------------------------------ */
+
+static int open_signals(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGHUP);
+    /* Blocked before any thread exists (keeper, watch), so every thread inherits the mask and
+     * the signals wait for the signalfd. */
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a trainer closing its control pipe must not kill the agent */
+    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* A leave requested during start-up: 128+signal, else 0. */
+static int startup_signal(int sfd, int timeout_ms)
+{
+    struct pollfd p = {.fd = sfd, .events = POLLIN};
+    if (poll(&p, 1, timeout_ms) <= 0)
+        return 0;
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof si) == sizeof si)
+        if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
+            EDL_INFO("agent", "signal %d during start-up: leaving", (int)si.ssi_signo);
+            return 128 + (int)si.ssi_signo;
+        }
+    return 0;
+}
+
+/* Parse and adopt the spec; AGENT_EXIT_USAGE when it is invalid. */
+static int take_spec(agent *a, const edl_kv *kv)
+{
+    char err[256];
+    edl_job_spec s;
+    edl_spec_init(&s);
+    if (edl_spec_parse(kv->value, kv->value_len, &s, err, sizeof err) != 0) {
+        EDL_ERROR("agent", "%s is invalid: %s; fix the job's spec", a->k_spec, err);
+        edl_spec_free(&s);
+        return AGENT_EXIT_USAGE;
+    }
+    edl_spec_free(&a->spec);
+    a->spec = s;
+    return 0;
+}
+
+/* Read the job's spec, waiting for etcd (up to the start-up timeout) and for the spec to be
+ * written (indefinitely, watching it). Returns 0 or an exit code. */
+static int wait_for_spec(agent *a, int sfd)
+{
+    int64_t deadline = now_ms() + a->o->startup_timeout_ms, next_note = 0;
+    bool noted_absent = false, reached = false;
+    edl_watch *w = NULL;
+    for (;;) {
+        edl_kv *kv = NULL;
+        int64_t rev = 0;
+        int rc = edl_etcd_get(a->etcd, edl_str(a->k_spec), &kv, &rev);
+        if (rc == 0) {
+            edl_watch_stop(w);
+            rc = take_spec(a, kv);
+            edl_kv_free(kv);
+            return rc;
+        }
+        int sig;
+        if (rc == EDL_ENOTFOUND) {
+            reached = true;
+            if (!noted_absent)
+                EDL_INFO("agent", "%s does not exist yet: waiting for it", a->k_spec);
+            noted_absent = true;
+            edl_watch_opts wo = {.start_revision = rev + 1};
+            if (!w && edl_etcd_watch(a->etcd, edl_str(a->k_spec), &wo, &w) != 0)
+                w = NULL;
+            struct pollfd p[2] = {{.fd = sfd, .events = POLLIN},
+                                  {.fd = w ? edl_watch_fd(w) : -1, .events = POLLIN}};
+            if (poll(p, 2, w ? 5000 : 1000) > 0 && (p[0].revents & POLLIN) &&
+                (sig = startup_signal(sfd, 0)) != 0) {
+                edl_watch_stop(w);
+                return sig;
+            }
+            edl_watch_event *ev;
+            while (w && edl_watch_next(w, &ev, 0) == 0) {
+                bool dead = ev->type == EDL_WATCH_ERROR;
+                edl_watch_event_free(ev);
+                if (dead) {
+                    edl_watch_stop(w);
+                    w = NULL;
+                }
+            }
+            continue;
+        }
+        if (!reached && now_ms() >= deadline) {
+            EDL_ERROR("agent", "etcd unreachable for %lld s at start-up: %s; check --etcd and that "
+                      "etcd runs", (long long)(a->o->startup_timeout_ms / 1000), edl_etcd_errmsg(a->etcd));
+            edl_watch_stop(w);
+            return AGENT_EXIT_UNREACHABLE;
+        }
+        if (now_ms() >= next_note) {
+            EDL_WARN("agent", "etcd not reachable yet (%s); retrying for %lld s more",
+                     edl_etcd_errmsg(a->etcd), (long long)((deadline - now_ms()) / 1000));
+            next_note = now_ms() + 5000;
+        }
+        if ((sig = startup_signal(sfd, 500)) != 0) {
+            edl_watch_stop(w);
+            return sig;
+        }
+    }
+}
+
+/* Re-read the spec before a start, so a trainer gets its current settings; the cached one
+ * stays when etcd cannot be read or the new one is invalid. */
+static void refresh_spec(agent *a)
+{
+    edl_kv *kv = NULL;
+    if (edl_etcd_get(a->etcd, edl_str(a->k_spec), &kv, NULL) == 0)
+        take_spec(a, kv);
+    else
+        a->m.etcd_errors++;
+    edl_kv_free(kv);
+}
+
+/* ---- the trainer ------------------------------------------------------------------------------ */
+
+static void set_status(agent *a, edl_trainer_state st, int64_t gen, int code, int sig)
+{
+    edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
+                        .pid = st == EDL_TRAINER_RUNNING ? a->tp.pid : 0,
+                        .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
+    registry_status_set(a, &s);
+}
+
+static void send_generation(agent *a, int rank)
+{
+    edl_trainer_generation g;
+    if (agent_generation_info(&a->cluster, rank, &g) != 0)
+        return;
+    char *line = edl_trainer_control_encode(&g);
+    if (line)
+        trainer_send_control(&a->tp, line);
+    free(line);
+    free(g.endpoints);
+}
+
+static void start_trainer(agent *a, int rank)
+{
+    int64_t gen = a->cluster.generation;
+    refresh_spec(a);
+    a->started_gen = gen; /* once per generation, whatever happens next */
+    int child_ctl, child_prog;
+    char **env = NULL;
+    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
+    if (rc == 0) {
+        agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd_endpoints = a->o->etcd,
+                              .prefix = a->o->prefix, .spec = &a->spec, .cluster = &a->cluster,
+                              .rank = rank, .restart_count = a->starts, .control_fd = child_ctl,
+                              .progress_fd = child_prog};
+        rc = agent_env_build(&in, environ, &env);
+        if (rc) {
+            close(child_ctl);
+            close(child_prog);
+        } else {
+            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog);
+        }
+        agent_env_free(env);
+    }
+    a->starts++;
+    if (rc) {
+        EDL_ERROR("agent", "generation %lld: the trainer could not be started (%s)",
+                  (long long)gen, edl_strerror(rc));
+        a->tp.step = -1;
+        set_status(a, EDL_TRAINER_EXITED, gen, 127, 0);
+        return;
+    }
+    a->run_gen = gen;
+    a->run_rank = rank;
+    EDL_INFO("agent", "generation %lld: trainer %d started as rank %d of %zu (start %lld)",
+             (long long)gen, (int)a->tp.pid, rank, a->cluster.n_members, (long long)a->starts);
+    send_generation(a, rank);
+    set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
+}
+
+static void on_trainer_exit(agent *a, int wstatus)
+{
+    bool by_agent = a->tp.stopping;
+    int64_t gen = a->run_gen;
+    a->run_gen = 0;
+    if (by_agent) {
+        EDL_INFO("agent", "trainer of generation %lld stopped", (long long)gen);
+        set_status(a, EDL_TRAINER_STOPPED, gen, 0, 0);
+    } else if (WIFEXITED(wstatus)) {
+        EDL_INFO("agent", "trainer of generation %lld exited with code %d; waiting for the job "
+                 "server's decision", (long long)gen, WEXITSTATUS(wstatus));
+        set_status(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0);
+    } else {
+        EDL_WARN("agent", "trainer of generation %lld killed by signal %d; waiting for the job "
+                 "server's decision", (long long)gen, WTERMSIG(wstatus));
+        set_status(a, EDL_TRAINER_SIGNALED, gen, 0, WTERMSIG(wstatus));
+    }
+}
+
+/* The member entry for this incarnation of the pod in a running generation, or NULL. */
+static const edl_member *my_member(const agent *a)
+{
+    if (!a->have_cluster || a->cluster.state != EDL_JOB_RUNNING || !a->keeper)
+        return NULL;
+    const edl_member *m = edl_cluster_member(&a->cluster, a->o->pod);
+    return m && m->lease == a->lease ? m : NULL;
+}
+
+static int final_code(edl_job_state s)
+{
+    return s == EDL_JOB_SUCCEEDED ? AGENT_EXIT_SUCCEEDED
+           : s == EDL_JOB_FAILED  ? AGENT_EXIT_FAILED
+                                  : AGENT_EXIT_STOPPED;
+}
+
+void agent_reconcile(agent *a)
+{
+    if (a->leaving_signal) {
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (a->have_cluster && edl_job_state_final(a->cluster.state)) {
+        if (a->final_exit < 0) {
+            EDL_INFO("agent", "job %s %s (generation %lld): leaving", a->o->job,
+                     edl_job_state_name(a->cluster.state), (long long)a->cluster.generation);
+            a->final_exit = final_code(a->cluster.state);
+        }
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (!a->keeper) { /* no lease: this pod is no member of anything */
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    const edl_member *m = my_member(a);
+    int64_t gen = a->have_cluster ? a->cluster.generation : 0;
+    if (trainer_running(&a->tp)) {
+        if (a->tp.stopping || (m && gen == a->run_gen))
+            return;
+        if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && m->rank == a->run_rank &&
+            a->tp.control_fd >= 0) {
+            EDL_INFO("agent", "generation %lld: rank %d unchanged, re-forming in process",
+                     (long long)gen, m->rank);
+            a->run_gen = gen;
+            send_generation(a, m->rank);
+            set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
+            return;
+        }
+        if (m)
+            EDL_INFO("agent", "generation %lld: restarting the trainer (rank %d -> %d)",
+                     (long long)gen, a->run_rank, m->rank);
+        else
+            EDL_INFO("agent", "generation %lld (%s): this pod is not a member; stopping the trainer",
+                     (long long)gen, edl_job_state_name(a->cluster.state));
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (m && gen > a->started_gen) {
+        start_trainer(a, m->rank);
+        return;
+    }
+    if (!m && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
+        a->tp.step = -1;
+        set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
+    }
+}
+
+/* ---- the loop -------------------------------------------------------------------------------- */
+
+static void on_signals(agent *a, int sfd)
+{
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof si) == sizeof si) {
+        int sig = (int)si.ssi_signo;
+        if (sig == SIGTERM || sig == SIGINT) {
+            if (a->leaving_signal) {
+                EDL_WARN("agent", "signal %d again: killing the trainer now", sig);
+                trainer_kill(&a->tp);
+                continue;
+            }
+            EDL_INFO("agent", "signal %d: stopping the trainer and leaving the job", sig);
+            a->leaving_signal = sig;
+            registry_unregister(a); /* the job server sees the leave now, not after the TTL */
+            trainer_stop(&a->tp, a->o->grace_ms);
+        } else if (sig == SIGHUP) {
+            EDL_INFO("agent", "SIGHUP ignored");
+        }
+        /* SIGCHLD: the loop reaps after every wake-up */
+    }
+}
+
+static int min_timeout(int t, int64_t due_ms)
+{
+    if (due_ms <= 0)
+        return t;
+    int64_t left = due_ms - now_ms();
+    if (left < 0)
+        left = 0;
+    return (t < 0 || left < t) ? (int)left : t;
+}
+
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_HTTP };
+
+static void loop_once(agent *a, int sfd)
+{
+    struct pollfd fds[64];
+    for (int i = 0; i < FD_HTTP; i++)
+        fds[i] = (struct pollfd){.fd = -1};
+    fds[FD_SIG] = (struct pollfd){.fd = sfd, .events = POLLIN};
+    if (a->keeper)
+        fds[FD_KEEPER] = (struct pollfd){.fd = edl_lease_keeper_fd(a->keeper), .events = POLLIN};
+    if (a->watch)
+        fds[FD_WATCH] = (struct pollfd){.fd = edl_watch_fd(a->watch), .events = POLLIN};
+    if (a->tp.progress_fd >= 0)
+        fds[FD_PROGRESS] = (struct pollfd){.fd = a->tp.progress_fd, .events = POLLIN};
+    if (a->tp.control_fd >= 0 && a->tp.ctl_len)
+        fds[FD_CONTROL] = (struct pollfd){.fd = a->tp.control_fd, .events = POLLOUT};
+    size_t n = FD_HTTP, n_http = 0;
+    if (a->httpd)
+        n += n_http = edl_httpd_pollfds(a->httpd, fds + FD_HTTP, 64 - FD_HTTP);
+
+    int timeout = 1000;
+    timeout = min_timeout(timeout, a->reg_next_ms);
+    timeout = min_timeout(timeout, a->watch_next_ms);
+    if (a->status_dirty && a->keeper)
+        timeout = min_timeout(timeout, a->status_next_ms ? a->status_next_ms : 1);
+    int t = trainer_tick(&a->tp);
+    if (t >= 0 && t < timeout)
+        timeout = t;
+    if (a->httpd && (t = edl_httpd_timeout_ms(a->httpd)) >= 0 && t < timeout)
+        timeout = t;
+
+    if (poll(fds, n, timeout) < 0 && errno != EINTR) {
+        EDL_ERROR("agent", "poll: %s", strerror(errno));
+        return;
+    }
+    bool changed = false;
+    if (fds[FD_SIG].revents)
+        on_signals(a, sfd);
+    if (a->keeper && fds[FD_KEEPER].revents && edl_lease_keeper_status(a->keeper) != 0) {
+        registry_lease_lost(a);
+        changed = true;
+    }
+    if (a->watch && fds[FD_WATCH].revents)
+        registry_watch_events(a, &changed);
+    if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp) && trainer_running(&a->tp) &&
+        a->status.state == EDL_TRAINER_RUNNING)
+        set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    if (fds[FD_CONTROL].revents)
+        trainer_flush_control(&a->tp);
+    if (a->httpd && n_http)
+        edl_httpd_dispatch(a->httpd, fds + FD_HTTP, n_http);
+
+    int wstatus;
+    if (trainer_reap(&a->tp, &wstatus)) {
+        on_trainer_exit(a, wstatus);
+        changed = true;
+    }
+    while (waitpid(-1, &wstatus, WNOHANG) > 0) /* nothing else of ours should linger */
+        ;
+    trainer_tick(&a->tp);
+    int64_t now = now_ms();
+    if (a->watch_next_ms && now >= a->watch_next_ms && registry_watch_start(a) == 0)
+        changed = true;
+    if (a->reg_next_ms && now >= a->reg_next_ms && !trainer_running(&a->tp) &&
+        !a->leaving_signal && a->final_exit < 0 && registry_register(a) == 0)
+        changed = true;
+    (void)changed; /* reconciling is cheap and idempotent: do it after every wake-up */
+    agent_reconcile(a);
+    registry_status_flush(a);
+}
+
+static int agent_loop(agent *a, int sfd)
+{
+    for (;;) {
+        if (!trainer_running(&a->tp)) {
+            if (a->leaving_signal)
+                return 128 + a->leaving_signal;
+            if (a->final_exit >= 0) {
+                a->status_next_ms = 0;
+                registry_status_flush(a); /* one last try; the lease goes next anyway */
+                registry_unregister(a);
+                return a->final_exit;
+            }
+        }
+        loop_once(a, sfd);
+    }
+}
+
+static int make_keys(agent *a)
+{
+    a->k_spec = edl_job_key(a->o->prefix, a->o->job, "spec");
+    char rest[EDL_NAME_MAX + 16];
+    snprintf(rest, sizeof rest, "pods/%s", a->o->pod);
+    a->k_pod = edl_job_key(a->o->prefix, a->o->job, rest);
+    snprintf(rest, sizeof rest, "status/%s", a->o->pod);
+    a->k_status = edl_job_key(a->o->prefix, a->o->job, rest);
+    a->k_cluster = edl_job_key(a->o->prefix, a->o->job, "cluster");
+    return a->k_spec && a->k_pod && a->k_status && a->k_cluster ? 0 : EDL_ENOMEM;
+}
+
+static void agent_free(agent *a)
+{
+    if (a->keeper)
+        edl_lease_keeper_stop(a->keeper, false);
+    edl_watch_stop(a->watch);
+    edl_httpd_free(a->httpd);
+    edl_etcd_free(a->etcd);
+    edl_cluster_free(&a->cluster);
+    edl_spec_free(&a->spec);
+    free(a->tp.ctl_buf);
+    if (a->tp.progress_fd >= 0)
+        close(a->tp.progress_fd);
+    if (a->tp.control_fd >= 0)
+        close(a->tp.control_fd);
+    free(a->k_spec);
+    free(a->k_pod);
+    free(a->k_status);
+    free(a->k_cluster);
+}
+
+static int connect_etcd(agent *a)
+{
+    edl_etcd_config cfg;
+    edl_etcd_config_init(&cfg);
+    cfg.timeout_ms = 2000; /* short calls keep the loop responsive while etcd is away */
+    cfg.connect_timeout_ms = 1000;
+    int rc = edl_etcd_config_set_endpoints(&cfg, a->o->etcd);
+    if (rc == 0)
+        rc = edl_etcd_new(&cfg, &a->etcd);
+    edl_etcd_config_free(&cfg);
+    if (rc)
+        EDL_ERROR("agent", "invalid etcd endpoints '%s': %s", a->o->etcd, edl_strerror(rc));
+    return rc;
+}
+
+int agent_run(agent_opts *o)
+{
+    agent a = {.o = o, .final_exit = -1};
+    trainer_init(&a.tp);
+    edl_spec_init(&a.spec);
+    int code = AGENT_EXIT_USAGE;
+    int sfd = open_signals();
+    if (sfd < 0) {
+        EDL_ERROR("agent", "signalfd: %s", strerror(errno));
+        return AGENT_EXIT_FAILED;
+    }
+    snprintf(a.host, sizeof a.host, "%s", o->host);
+    if (make_keys(&a) != 0 || connect_etcd(&a) != 0)
+        goto out;
+    if (o->metrics_port > 0) {
+        edl_httpd_opts ho = {.port = o->metrics_port};
+        if (edl_httpd_new(&ho, metrics_handler, &a, &a.httpd) != 0) {
+            EDL_ERROR("agent", "cannot serve metrics on port %d; choose another --metrics-port",
+                      o->metrics_port);
+            goto out;
+        }
+    }
+    code = wait_for_spec(&a, sfd);
+    if (code)
+        goto out;
+    if (a.spec.stopped) {
+        EDL_INFO("agent", "job %s is stopped (spec): not joining", o->job);
+        code = AGENT_EXIT_STOPPED;
+        goto out;
+    }
+    a.ttl_s = o->ttl_s > 0 ? o->ttl_s : a.spec.ttl_s;
+    registry_register(&a);
+    registry_watch_start(&a);
+    agent_reconcile(&a);
+    code = agent_loop(&a, sfd);
+out:
+    if (trainer_running(&a.tp)) { /* only on an internal error: never leave it orphaned */
+        trainer_kill(&a.tp);
+        waitpid(a.tp.pid, NULL, 0);
+    }
+    agent_free(&a);
+    close(sfd);
+    EDL_INFO("agent", "exit %d", code);
+    return code;
+}

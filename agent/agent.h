@@ -1,0 +1,163 @@
+/* agent.h: the parts of edl-agent and how they share its state. Internal to agent/.
+ *
+ *   main.c         command line, defaults, exit codes
+ *   agent.c        start-up, the poll() loop, reacting to generations (the state machine)
+ *   registry.c     etcd side: lease, pod and status keys, the cluster watch
+ *   trainer_proc.c the trainer process: spawn, stop with grace, reap, progress and control pipes
+ *   env.c          the environment a trainer gets
+ *   metrics.c      /metrics and /healthz */
+#ifndef EDL_AGENT_H
+#define EDL_AGENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "edl/cluster.h"
+#include "edl/etcd.h"
+#include "edl/httpd.h"
+#include "edl/trainer.h"
+
+/* Exit codes (documented in --help and docs/agent.md). */
+enum {
+    AGENT_EXIT_SUCCEEDED = 0,
+    AGENT_EXIT_FAILED = 1,
+    AGENT_EXIT_USAGE = 2,
+    AGENT_EXIT_UNREACHABLE = 3,
+    AGENT_EXIT_STOPPED = 4,
+    /* 128 + N: left gracefully on signal N */
+};
+
+typedef struct agent_opts {
+    char *etcd;           /* comma-separated endpoints */
+    char *job, *pod, *prefix, *addr, *role, *host;
+    int64_t ttl_s;        /* 0: the spec's */
+    int port, metrics_port;
+    int64_t grace_ms;
+    int64_t startup_timeout_ms;
+    char **argv;          /* the trainer command, NULL-terminated */
+} agent_opts;
+
+/* ---- env.c ---------------------------------------------------------------------------- */
+
+typedef struct agent_env_input {
+    const char *job, *pod, *etcd_endpoints, *prefix;
+    const edl_job_spec *spec;
+    const edl_cluster *cluster; /* the generation the trainer starts for */
+    int rank;                   /* this pod's rank in it */
+    int64_t restart_count;      /* starts by this agent before this one */
+    int control_fd, progress_fd;
+} agent_env_input;
+
+/* The trainer's environment: `base` (NULL-terminated, e.g. environ) without the names the agent
+ * sets, then the agent's names. NULL-terminated, malloc'ed; free with agent_env_free(). */
+int agent_env_build(const agent_env_input *in, char *const *base, char ***out);
+void agent_env_free(char **env);
+/* The control line's content for this rank of a generation; g->endpoints is malloc'ed. */
+int agent_generation_info(const edl_cluster *c, int rank, edl_trainer_generation *g);
+
+/* ---- trainer_proc.c ------------------------------------------------------------------- */
+
+typedef struct trainer_proc {
+    pid_t pid;              /* 0: none */
+    int progress_fd;        /* our read end (-1: none) */
+    int control_fd;         /* our write end (-1: none) */
+    char *ctl_buf;          /* control bytes not yet written */
+    size_t ctl_len;
+    char line[256];         /* partial progress line */
+    size_t line_len;
+    bool line_skip;         /* dropping an overlong line up to its newline */
+    bool stopping;          /* the agent asked it to stop */
+    int64_t kill_at_ms;     /* SIGKILL time while stopping (0: none yet / done) */
+    int64_t step;           /* latest progress step (-1: none) */
+} trainer_proc;
+
+void trainer_init(trainer_proc *t);
+/* Start argv with envp; the pipes' child ends are created here (their numbers must already be
+ * in envp: pass the fds from trainer_pipes()). */
+int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress);
+int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
+                  int child_progress);
+/* SIGTERM to its process group; SIGKILL after grace_ms (see trainer_tick). */
+void trainer_stop(trainer_proc *t, int64_t grace_ms);
+/* SIGKILL now. */
+void trainer_kill(trainer_proc *t);
+/* Send the SIGKILL when the grace period is over; ms until it is due (-1: nothing due). */
+int trainer_tick(trainer_proc *t);
+/* Reap: 1 when the trainer ended (status in *wstatus, fds closed, state reset), else 0. */
+int trainer_reap(trainer_proc *t, int *wstatus);
+/* Read progress lines: 1 when the step changed. */
+int trainer_read_progress(trainer_proc *t);
+/* Queue a control line and write what the pipe takes now. */
+int trainer_send_control(trainer_proc *t, const char *line);
+void trainer_flush_control(trainer_proc *t);
+bool trainer_running(const trainer_proc *t);
+
+/* ---- the agent ------------------------------------------------------------------------ */
+
+typedef struct agent_metrics {
+    int64_t trainer_restarts, etcd_errors, lease_losses;
+} agent_metrics;
+
+typedef struct agent {
+    agent_opts *o;
+    edl_etcd *etcd;
+    char *k_spec, *k_pod, *k_status, *k_cluster;
+    edl_job_spec spec;
+    int64_t ttl_s;
+    char host[256];
+
+    /* registration (registry.c) */
+    edl_lease_keeper *keeper; /* NULL: not registered */
+    int64_t lease;
+    int64_t reg_next_ms;      /* next registration attempt (0: none due) */
+    int64_t reg_backoff_ms;
+    int reg_attempt;
+
+    /* the cluster document (registry.c) */
+    edl_watch *watch;
+    int64_t watch_rev;        /* events at or below this revision are already known */
+    int64_t watch_next_ms;    /* when to (re)start a failed watch (0: none due) */
+    edl_cluster cluster;
+    bool have_cluster;
+
+    /* status (registry.c) */
+    edl_pod_status status;
+    bool status_dirty;
+    int64_t status_next_ms;   /* earliest next write (retry or step rate limit) */
+    int64_t status_written_ms;
+    int status_failures;
+
+    /* the trainer (agent.c + trainer_proc.c) */
+    trainer_proc tp;
+    int64_t run_gen;          /* generation the running trainer serves (0: none) */
+    int run_rank;
+    int64_t started_gen;      /* last generation a trainer was started for */
+    int64_t starts;           /* trainer starts so far */
+
+    agent_metrics m;
+    edl_httpd *httpd;
+
+    int leaving_signal;       /* SIGTERM/SIGINT received: leave once the trainer is gone */
+    int final_exit;           /* -1, or the exit code of a final job state */
+} agent;
+
+/* registry.c */
+int registry_register(agent *a);        /* grant, put pod + status, start keeper */
+void registry_lease_lost(agent *a);     /* drop the keeper, schedule re-registration */
+void registry_unregister(agent *a);     /* stop the keeper and revoke (leaving) */
+int registry_watch_start(agent *a);     /* read cluster, watch from the next revision */
+void registry_watch_events(agent *a, bool *changed);
+void registry_status_set(agent *a, const edl_pod_status *s);
+void registry_status_flush(agent *a);   /* write if dirty and due */
+int64_t now_ms(void);
+
+/* agent.c */
+int agent_run(agent_opts *o);
+void agent_reconcile(agent *a);
+
+/* metrics.c */
+void metrics_handler(void *arg, const char *method, const char *path, edl_http_response *r);
+char *metrics_render(const agent *a);
+
+#endif

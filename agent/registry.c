@@ -1,0 +1,265 @@
+/* registry.c: the agent's etcd side: its lease, the pod and status keys under it, and the
+ * watch on the job's cluster document. Every call here is bounded by the client's short
+ * timeout, and a failure is retried from the loop: etcd being away never stops a trainer; only
+ * a lost lease does (agent.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "edl/log.h"
+
+int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void etcd_failed(agent *a, const char *what)
+{
+    a->m.etcd_errors++;
+    EDL_WARN("agent", "%s: %s", what, edl_etcd_errmsg(a->etcd));
+}
+
+/* ---- registration ------------------------------------------------------------------------ */
+
+static char *pod_json(const agent *a)
+{
+    edl_pod p = {.role = a->o->role, .addr = a->o->addr, .port = a->o->port,
+                 .metrics_port = a->httpd ? edl_httpd_port(a->httpd) : 0,
+                 .host = (char *)a->host, .pid = getpid()};
+    return edl_pod_to_json(&p);
+}
+
+static void schedule_register(agent *a)
+{
+    a->reg_backoff_ms = a->reg_backoff_ms ? a->reg_backoff_ms * 2 : 500;
+    if (a->reg_backoff_ms > 5000)
+        a->reg_backoff_ms = 5000;
+    a->reg_next_ms = now_ms() + a->reg_backoff_ms;
+}
+
+int registry_register(agent *a)
+{
+    a->reg_attempt++;
+    EDL_INFO("agent", "registering pod %s of job %s (attempt %d, TTL %llds)", a->o->pod, a->o->job,
+             a->reg_attempt, (long long)a->ttl_s);
+    int64_t lease = 0;
+    char *doc = NULL, *st = NULL;
+    edl_kv *old = NULL;
+    int rc = edl_etcd_lease_grant(a->etcd, a->ttl_s, 0, &lease, NULL);
+    if (rc) {
+        etcd_failed(a, "lease grant");
+        goto fail;
+    }
+    rc = edl_etcd_get(a->etcd, edl_str(a->k_pod), &old, NULL);
+    if (rc == 0 && old->lease != lease)
+        EDL_WARN("agent", "%s exists under lease %lld (another agent with pod name %s, or this pod "
+                 "before a restart): overwriting it", a->k_pod, (long long)old->lease, a->o->pod);
+    edl_kv_free(old);
+    doc = pod_json(a);
+    edl_pod_status s0 = {.state = EDL_TRAINER_WAITING, .step = -1};
+    st = edl_pod_status_to_json(&s0);
+    if (!doc || !st) {
+        rc = EDL_ENOMEM;
+        goto fail;
+    }
+    edl_put_opts po = {.lease = lease};
+    if ((rc = edl_etcd_put(a->etcd, edl_str(a->k_pod), edl_str(doc), &po, NULL)) != 0 ||
+        (rc = edl_etcd_put(a->etcd, edl_str(a->k_status), edl_str(st), &po, NULL)) != 0) {
+        etcd_failed(a, "registration");
+        goto fail;
+    }
+    rc = edl_lease_keeper_start(a->etcd, lease, a->ttl_s, NULL, NULL, &a->keeper);
+    if (rc)
+        goto fail;
+    free(doc);
+    free(st);
+    a->lease = lease;
+    a->reg_next_ms = 0;
+    a->reg_backoff_ms = 0;
+    a->reg_attempt = 0;
+    a->status = s0;
+    a->status_dirty = false;
+    a->status_written_ms = now_ms();
+    EDL_INFO("agent", "registered %s under lease %lld", a->k_pod, (long long)lease);
+    return 0;
+fail:
+    free(doc);
+    free(st);
+    if (lease && edl_etcd_lease_revoke(a->etcd, lease) != 0)
+        EDL_DEBUG("agent", "revoking the half-made lease: %s", edl_etcd_errmsg(a->etcd));
+    schedule_register(a);
+    EDL_WARN("agent", "registration failed (%s); next attempt in %lld ms", edl_strerror(rc),
+             (long long)a->reg_backoff_ms);
+    return rc;
+}
+
+void registry_lease_lost(agent *a)
+{
+    int why = edl_lease_keeper_status(a->keeper);
+    EDL_WARN("agent", "lease %lld lost (%s): the job server counts this pod as gone; the trainer "
+             "stops and the pod registers again", (long long)a->lease, edl_strerror(why));
+    edl_lease_keeper_stop(a->keeper, false);
+    a->keeper = NULL;
+    a->lease = 0;
+    a->m.lease_losses++;
+    a->status_dirty = false;
+    a->reg_backoff_ms = 0;
+    a->reg_next_ms = now_ms(); /* as soon as the trainer is gone */
+}
+
+void registry_unregister(agent *a)
+{
+    if (!a->keeper)
+        return;
+    edl_lease_keeper_stop(a->keeper, true);
+    a->keeper = NULL;
+    EDL_INFO("agent", "lease %lld revoked: pod %s left job %s", (long long)a->lease, a->o->pod,
+             a->o->job);
+    a->lease = 0;
+}
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+void registry_status_set(agent *a, const edl_pod_status *s)
+{
+    bool only_step = s->generation == a->status.generation && s->state == a->status.state &&
+                     s->pid == a->status.pid && s->exit_code == a->status.exit_code &&
+                     s->signal == a->status.signal && s->restarts == a->status.restarts;
+    if (only_step && s->step == a->status.step)
+        return;
+    a->status = *s;
+    a->status_dirty = true;
+    if (!only_step && !a->status_failures) /* a state change goes out now; steps once a second */
+        a->status_next_ms = 0;
+    else if (only_step && !a->status_failures && a->status_next_ms == 0)
+        a->status_next_ms = a->status_written_ms + 1000;
+    registry_status_flush(a);
+}
+
+void registry_status_flush(agent *a)
+{
+    if (!a->status_dirty || !a->keeper || now_ms() < a->status_next_ms)
+        return;
+    char *doc = edl_pod_status_to_json(&a->status);
+    edl_put_opts po = {.lease = a->lease};
+    int rc = doc ? edl_etcd_put(a->etcd, edl_str(a->k_status), edl_str(doc), &po, NULL) : EDL_ENOMEM;
+    free(doc);
+    int64_t now = now_ms();
+    if (rc == 0) {
+        if (a->status_failures)
+            EDL_INFO("agent", "status written again after %d failed attempts", a->status_failures);
+        a->status_dirty = false;
+        a->status_failures = 0;
+        a->status_written_ms = now;
+        a->status_next_ms = 0;
+        return;
+    }
+    a->status_failures++;
+    a->m.etcd_errors++;
+    if (a->status_failures == 1 || a->status_failures % 10 == 0)
+        EDL_WARN("agent", "writing status (attempt %d): %s; retrying", a->status_failures,
+                 edl_etcd_errmsg(a->etcd));
+    int64_t backoff = 250LL << (a->status_failures < 4 ? a->status_failures : 4);
+    a->status_next_ms = now + backoff;
+}
+
+/* ---- the cluster document ---------------------------------------------------------------- */
+
+/* Apply a cluster value (NULL: the key is absent). Malformed ones are logged and ignored. */
+static void apply_cluster(agent *a, const char *val, size_t len, bool *changed)
+{
+    if (!val) {
+        if (a->have_cluster)
+            EDL_WARN("agent", "%s was deleted: waiting for a new generation", a->k_cluster);
+        edl_cluster_free(&a->cluster);
+        a->have_cluster = false;
+        *changed = true;
+        return;
+    }
+    edl_cluster c = {0};
+    char err[256];
+    int rc = edl_cluster_parse(val, len, &c, err, sizeof err);
+    if (rc) {
+        EDL_ERROR("agent", "%s: ignoring a malformed document (%s); keeping generation %lld",
+                  a->k_cluster, err, (long long)a->cluster.generation);
+        return;
+    }
+    edl_cluster_free(&a->cluster);
+    a->cluster = c;
+    a->have_cluster = true;
+    *changed = true;
+}
+
+int registry_watch_start(agent *a)
+{
+    if (a->watch) {
+        edl_watch_stop(a->watch);
+        a->watch = NULL;
+    }
+    edl_kv *kv = NULL;
+    int64_t rev = 0;
+    int rc = edl_etcd_get(a->etcd, edl_str(a->k_cluster), &kv, &rev);
+    if (rc && rc != EDL_ENOTFOUND) {
+        etcd_failed(a, "reading the cluster document");
+        a->watch_next_ms = now_ms() + 1000;
+        return rc;
+    }
+    edl_watch_opts wo = {.start_revision = rev + 1};
+    rc = edl_etcd_watch(a->etcd, edl_str(a->k_cluster), &wo, &a->watch);
+    if (rc) {
+        edl_kv_free(kv);
+        etcd_failed(a, "watching the cluster document");
+        a->watch_next_ms = now_ms() + 1000;
+        return rc;
+    }
+    bool changed = false;
+    apply_cluster(a, kv ? kv->value : NULL, kv ? kv->value_len : 0, &changed);
+    edl_kv_free(kv);
+    a->watch_rev = rev;
+    a->watch_next_ms = 0;
+    return 0;
+}
+
+void registry_watch_events(agent *a, bool *changed)
+{
+    edl_watch_event *ev;
+    while (a->watch && edl_watch_next(a->watch, &ev, 0) == 0) {
+        switch (ev->type) {
+        case EDL_WATCH_PUT:
+            if (ev->revision > a->watch_rev) {
+                apply_cluster(a, ev->kv.value, ev->kv.value_len, changed);
+                a->watch_rev = ev->revision;
+            }
+            break;
+        case EDL_WATCH_DELETE:
+            if (ev->revision > a->watch_rev) {
+                apply_cluster(a, NULL, 0, changed);
+                a->watch_rev = ev->revision;
+            }
+            break;
+        case EDL_WATCH_PROGRESS:
+            break;
+        case EDL_WATCH_COMPACTED:
+            EDL_INFO("agent", "watch on %s compacted: reading it again", a->k_cluster);
+            edl_watch_event_free(ev);
+            if (registry_watch_start(a) == 0)
+                *changed = true;
+            continue;
+        case EDL_WATCH_ERROR:
+            a->m.etcd_errors++;
+            EDL_WARN("agent", "watch on %s ended: %s; restarting it", a->k_cluster,
+                     edl_strerror(ev->error));
+            edl_watch_event_free(ev);
+            edl_watch_stop(a->watch);
+            a->watch = NULL;
+            a->watch_next_ms = now_ms() + 1000;
+            return;
+        }
+        edl_watch_event_free(ev);
+    }
+}

@@ -1,0 +1,289 @@
+/* trainer_proc.c: the trainer process. It runs in its own process group (so a stop reaches
+ * every process it started), dies with a SIGKILLed agent (PR_SET_PDEATHSIG, as in a
+ * container), and talks to the agent through two pipes: progress lines in, control lines out.
+ * Every other fd of the agent is close-on-exec, so nothing else leaks into the trainer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "edl/log.h"
+
+void trainer_init(trainer_proc *t)
+{
+    memset(t, 0, sizeof *t);
+    t->progress_fd = -1;
+    t->control_fd = -1;
+    t->step = -1;
+}
+
+bool trainer_running(const trainer_proc *t)
+{
+    return t->pid > 0;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress)
+{
+    int ctl[2], prog[2];
+    if (pipe2(ctl, O_CLOEXEC) < 0)
+        return EDL_EIO;
+    if (pipe2(prog, O_CLOEXEC) < 0) {
+        close(ctl[0]);
+        close(ctl[1]);
+        return EDL_EIO;
+    }
+    /* Only the agent's ends are non-blocking: the flag belongs to the open file, and the
+     * trainer's ends are the trainer's to choose (its library sets them non-blocking). */
+    fcntl(ctl[1], F_SETFL, O_NONBLOCK);
+    fcntl(prog[0], F_SETFL, O_NONBLOCK);
+    t->control_fd = ctl[1];
+    t->progress_fd = prog[0];
+    *child_control = ctl[0];
+    *child_progress = prog[1];
+    return 0;
+}
+
+/* The program's path, resolved before fork: after fork in a threaded process the child may
+ * only make async-signal-safe calls, and execvp's PATH search is not guaranteed to be one. */
+static char *resolve(const char *prog)
+{
+    if (strchr(prog, '/'))
+        return strdup(prog);
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p;) {
+        const char *end = strchr(p, ':');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char *cand = NULL;
+        if (asprintf(&cand, "%.*s/%s", (int)n, n ? p : ".", prog) < 0)
+            return NULL;
+        if (access(cand, X_OK) == 0)
+            return cand;
+        free(cand);
+        p += n + (end ? 1 : 0);
+        if (!end)
+            break;
+    }
+    return NULL;
+}
+
+int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
+                  int child_progress)
+{
+    char *path = resolve(argv[0]);
+    if (!path) {
+        EDL_ERROR("agent", "trainer '%s': not found or not executable (PATH=%s)", argv[0],
+                  getenv("PATH") ? getenv("PATH") : "");
+        close(child_control);
+        close(child_progress);
+        close_fd(&t->control_fd);
+        close_fd(&t->progress_fd);
+        return EDL_ECONFIG;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* child: async-signal-safe calls only */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the agent died before prctl took effect */
+            _exit(127);
+        struct sigaction dfl = {.sa_handler = SIG_DFL};
+        for (int sig = 1; sig < NSIG; sig++)
+            sigaction(sig, &dfl, NULL); /* ignored signals (SIGPIPE) would survive exec */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0 && null != 0) {
+            dup2(null, 0);
+            close(null);
+        }
+        fcntl(child_control, F_SETFD, 0); /* these two, and only these, cross the exec */
+        fcntl(child_progress, F_SETFD, 0);
+        execve(path, argv, envp);
+        static const char msg[] = "edl-agent: cannot execute the trainer\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(127);
+    }
+    int err = errno;
+    free(path);
+    close(child_control);
+    close(child_progress);
+    if (pid < 0) {
+        EDL_ERROR("agent", "cannot fork the trainer: %s", strerror(err));
+        close_fd(&t->control_fd);
+        close_fd(&t->progress_fd);
+        return EDL_EIO;
+    }
+    setpgid(pid, pid); /* also here: no race with a stop sent right after the fork */
+    t->pid = pid;
+    t->stopping = false;
+    t->kill_at_ms = 0;
+    t->step = -1;
+    t->line_len = 0;
+    t->line_skip = false;
+    return 0;
+}
+
+void trainer_stop(trainer_proc *t, int64_t grace_ms)
+{
+    if (t->pid <= 0 || t->stopping)
+        return;
+    t->stopping = true;
+    t->kill_at_ms = now_ms() + grace_ms;
+    if (kill(-t->pid, SIGTERM) < 0)
+        kill(t->pid, SIGTERM);
+}
+
+void trainer_kill(trainer_proc *t)
+{
+    if (t->pid <= 0)
+        return;
+    t->stopping = true;
+    t->kill_at_ms = 0;
+    if (kill(-t->pid, SIGKILL) < 0)
+        kill(t->pid, SIGKILL);
+}
+
+int trainer_tick(trainer_proc *t)
+{
+    if (t->pid <= 0 || !t->stopping || !t->kill_at_ms)
+        return -1;
+    int64_t left = t->kill_at_ms - now_ms();
+    if (left > 0)
+        return (int)left;
+    EDL_WARN("agent", "trainer %d did not stop within the grace period: SIGKILL", (int)t->pid);
+    trainer_kill(t);
+    return -1;
+}
+
+int trainer_reap(trainer_proc *t, int *wstatus)
+{
+    if (t->pid <= 0)
+        return 0;
+    int st;
+    pid_t r = waitpid(t->pid, &st, WNOHANG);
+    if (r != t->pid)
+        return 0;
+    /* What the trainer left behind in its group goes with it. */
+    kill(-t->pid, SIGKILL);
+    trainer_read_progress(t); /* the last lines it wrote */
+    *wstatus = st;
+    t->pid = 0;
+    t->stopping = false;
+    t->kill_at_ms = 0;
+    close_fd(&t->progress_fd);
+    close_fd(&t->control_fd);
+    free(t->ctl_buf);
+    t->ctl_buf = NULL;
+    t->ctl_len = 0;
+    return 1;
+}
+
+/* One complete progress line: "step <N>". */
+static bool parse_step(const char *line, size_t len, int64_t *step)
+{
+    if (len < 6 || strncmp(line, "step ", 5) != 0)
+        return false;
+    int64_t v = 0;
+    for (size_t i = 5; i < len; i++) {
+        if (line[i] < '0' || line[i] > '9' || v > (INT64_C(1) << 52))
+            return false;
+        v = v * 10 + (line[i] - '0');
+    }
+    *step = v;
+    return true;
+}
+
+int trainer_read_progress(trainer_proc *t)
+{
+    if (t->progress_fd < 0)
+        return 0;
+    int64_t before = t->step;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(t->progress_fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0) /* every writer closed: the trainer exited, or closed it on purpose */
+                close_fd(&t->progress_fd);
+            break;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            char ch = buf[i];
+            if (ch != '\n') {
+                if (t->line_len < sizeof t->line - 1)
+                    t->line[t->line_len++] = ch;
+                else
+                    t->line_skip = true; /* overlong: bounded, then ignored */
+                continue;
+            }
+            int64_t step;
+            size_t len = t->line_len;
+            if (len && t->line[len - 1] == '\r')
+                len--;
+            if (!t->line_skip && parse_step(t->line, len, &step))
+                t->step = step;
+            else
+                EDL_DEBUG("agent", "malformed progress line ignored: %.*s", (int)len, t->line);
+            t->line_len = 0;
+            t->line_skip = false;
+        }
+    }
+    return t->step != before;
+}
+
+void trainer_flush_control(trainer_proc *t)
+{
+    while (t->control_fd >= 0 && t->ctl_len) {
+        ssize_t n = write(t->control_fd, t->ctl_buf, t->ctl_len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n < 0) { /* EPIPE: the trainer closed its end; it does not want control lines */
+            EDL_DEBUG("agent", "control pipe closed by the trainer");
+            close_fd(&t->control_fd);
+            t->ctl_len = 0;
+            return;
+        }
+        memmove(t->ctl_buf, t->ctl_buf + n, t->ctl_len - (size_t)n);
+        t->ctl_len -= (size_t)n;
+    }
+}
+
+int trainer_send_control(trainer_proc *t, const char *line)
+{
+    if (t->control_fd < 0)
+        return EDL_ECLOSED;
+    size_t n = strlen(line);
+    if (t->ctl_len + n > EDL_TRAINER_LINE_MAX * (size_t)4) {
+        EDL_WARN("agent", "trainer reads no control lines; dropping the backlog");
+        t->ctl_len = 0;
+    }
+    char *b = realloc(t->ctl_buf, t->ctl_len + n);
+    if (!b)
+        return EDL_ENOMEM;
+    memcpy(b + t->ctl_len, line, n);
+    t->ctl_buf = b;
+    t->ctl_len += n;
+    trainer_flush_control(t);
+    return 0;
+}
