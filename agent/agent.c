@@ -176,8 +176,8 @@ static void start_trainer(agent *a, int rank)
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd_endpoints = a->o->etcd,
                               .prefix = a->o->prefix, .spec = &a->spec, .cluster = &a->cluster,
-                              .rank = rank, .restart_count = a->starts, .control_fd = child_ctl,
-                              .progress_fd = child_prog};
+                              .rank = rank, .restart_count = a->starts,
+                              .control_fd = AGENT_CONTROL_FD, .progress_fd = AGENT_PROGRESS_FD};
         rc = agent_env_build(&in, environ, &env);
         if (rc) {
             close(child_ctl);

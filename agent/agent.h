@@ -56,6 +56,10 @@ void agent_env_free(char **env);
 /* The control line's content for this rank of a generation; g->endpoints is malloc'ed. */
 int agent_generation_info(const edl_cluster *c, int rank, edl_trainer_generation *g);
 
+/* The fds a trainer finds its pipes at (also in EDL_CONTROL_FD / EDL_PROGRESS_FD). */
+#define AGENT_CONTROL_FD 3
+#define AGENT_PROGRESS_FD 4
+
 /* ---- trainer_proc.c ------------------------------------------------------------------- */
 
 typedef struct trainer_proc {
@@ -73,9 +77,10 @@ typedef struct trainer_proc {
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
-/* Start argv with envp; the pipes' child ends are created here (their numbers must already be
- * in envp: pass the fds from trainer_pipes()). */
+/* Create the pipes: the agent keeps its ends in t, the child's ends come back (close-on-exec;
+ * trainer_spawn moves them to AGENT_CONTROL_FD and AGENT_PROGRESS_FD in the child). */
 int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress);
+/* Start argv with envp in its own process group; closes the child's pipe ends here. */
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
                   int child_progress);
 /* SIGTERM to its process group; SIGKILL after grace_ms (see trainer_tick). */

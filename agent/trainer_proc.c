@@ -113,8 +113,13 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
             dup2(null, 0);
             close(null);
         }
-        fcntl(child_control, F_SETFD, 0); /* these two, and only these, cross the exec */
-        fcntl(child_progress, F_SETFD, 0);
+        /* These two, and only these, cross the exec, at fixed low numbers (shells such as
+         * dash can only redirect fds 0-9). Via copies >= 10 so neither overwrites the other. */
+        int c = fcntl(child_control, F_DUPFD, 10), p = fcntl(child_progress, F_DUPFD, 10);
+        if (c < 0 || p < 0 || dup2(c, AGENT_CONTROL_FD) < 0 || dup2(p, AGENT_PROGRESS_FD) < 0)
+            _exit(127);
+        close(c);
+        close(p);
         execve(path, argv, envp);
         static const char msg[] = "edl-agent: cannot execute the trainer\n";
         ssize_t w = write(2, msg, sizeof msg - 1);

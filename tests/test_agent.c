@@ -1,0 +1,883 @@
+/* test_agent.c: edl-agent as a real process against a real etcd, with /bin/sh trainers.
+ *
+ * The job server is not part of these tests: each test writes the job's spec and cluster
+ * documents itself, exactly as a job server would (edl_spec_to_json, edl_cluster_to_json), and
+ * observes the pods/ and status/ keys, the trainers' environment files and pids, the agent's
+ * exit code and its /metrics. Every wait is bounded. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "edl/cluster.h"
+#include "edl/etcd.h"
+#include "harness.h"
+
+static edl_etcd_server *srv;
+static edl_etcd *cl;
+static char dir[256]; /* this test's scratch directory: trainers write their files here */
+
+#define MAX_AGENTS 8
+static pid_t agents[MAX_AGENTS];
+
+/* ---- fixtures ------------------------------------------------------------------------------ */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    harness_open_etcd(1, NULL, &srv, &cl);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    harness_close_etcd(&srv, &cl);
+    return 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/edl-agent-test-XXXXXX");
+    if (!mkdtemp(dir))
+        fail_msg("mkdtemp: %s", strerror(errno));
+    memset(agents, 0, sizeof agents);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < MAX_AGENTS; i++)
+        if (agents[i] > 0) {
+            kill(agents[i], SIGKILL);
+            waitpid(agents[i], NULL, 0);
+        }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static char *key(const char *job, const char *rest, char *buf, size_t len)
+{
+    char *k = edl_job_key(NULL, job, rest);
+    snprintf(buf, len, "%s", k);
+    free(k);
+    return buf;
+}
+
+static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t ttl_s)
+{
+    edl_job_spec s;
+    edl_spec_init(&s);
+    s.min = 1;
+    s.max = max;
+    s.mode = mode;
+    s.ttl_s = ttl_s;
+    s.max_restarts = 7;
+    s.checkpoint_uri = strdup("file:///tmp/ckpt");
+    char *j = edl_spec_to_json(&s), k[256];
+    harness_put(cl, key(job, "spec", k, sizeof k), j);
+    free(j);
+    edl_spec_free(&s);
+}
+
+/* Start edl-agent for job/pod running `/bin/sh -c script`, with extra options (NULL-ended). */
+static pid_t start_agent(const char *job, const char *pod, const char *script,
+                         const char *const *extra)
+{
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = EDL_AGENT_BIN;
+    argv[n++] = "--etcd";
+    argv[n++] = edl_etcd_server_endpoints(srv);
+    argv[n++] = "--job";
+    argv[n++] = job;
+    argv[n++] = "--pod";
+    argv[n++] = pod;
+    argv[n++] = "--grace-ms";
+    argv[n++] = "3000";
+    for (int i = 0; extra && extra[i] && n < 30; i++)
+        argv[n++] = extra[i];
+    argv[n++] = "--";
+    argv[n++] = "/bin/sh";
+    argv[n++] = "-c";
+    argv[n++] = script;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* agents go when the test goes */
+        setenv("T_DIR", dir, 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    for (int i = 0; i < MAX_AGENTS; i++)
+        if (agents[i] == 0) {
+            agents[i] = pid;
+            break;
+        }
+    return pid;
+}
+
+static void forget_agent(pid_t pid)
+{
+    for (int i = 0; i < MAX_AGENTS; i++)
+        if (agents[i] == pid)
+            agents[i] = 0;
+}
+
+/* The agent's exit status (as the shell shows it: code, or 128+signal); fails after timeout. */
+static int wait_exit(pid_t pid, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    int st;
+    while (harness_now_ms() < end) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            forget_agent(pid);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        harness_sleep_ms(20);
+    }
+    fail_msg("agent %d did not exit within %d ms", (int)pid, timeout_ms);
+    return -1;
+}
+
+/* The kv of a key, waiting up to timeout_ms for it to exist (NULL when it never did). */
+static edl_kv *wait_kv(const char *k, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        edl_kv *kv;
+        if (edl_etcd_get(cl, edl_str(k), &kv, NULL) == 0)
+            return kv;
+        harness_sleep_ms(25);
+    } while (harness_now_ms() < end);
+    return NULL;
+}
+
+static bool wait_gone(const char *k, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        edl_kv *kv;
+        int rc = edl_etcd_get(cl, edl_str(k), &kv, NULL);
+        if (rc == EDL_ENOTFOUND)
+            return true;
+        if (rc == 0)
+            edl_kv_free(kv);
+        harness_sleep_ms(25);
+    } while (harness_now_ms() < end);
+    return false;
+}
+
+static bool get_status(const char *job, const char *pod, edl_pod_status *st)
+{
+    char k[256], rest[160], v[4096];
+    snprintf(rest, sizeof rest, "status/%s", pod);
+    if (!harness_get(cl, key(job, rest, k, sizeof k), v, sizeof v))
+        return false;
+    char err[128];
+    return edl_pod_status_parse(v, strlen(v), st, err, sizeof err) == 0;
+}
+
+/* Wait for the pod's status to be `state` in generation `gen` (and step >= min_step). */
+static edl_pod_status wait_status(const char *job, const char *pod, int64_t gen,
+                                  edl_trainer_state state, int64_t min_step, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    edl_pod_status st = {.state = -1};
+    bool seen = false;
+    do {
+        if ((seen = get_status(job, pod, &st)) && st.generation == gen && st.state == state &&
+            st.step >= min_step)
+            return st;
+        harness_sleep_ms(25);
+    } while (harness_now_ms() < end);
+    fail_msg("status of %s: wanted %s in generation %lld (step >= %lld), last seen %s in "
+             "generation %lld step %lld", pod, edl_trainer_state_name(state), (long long)gen,
+             (long long)min_step, seen ? edl_trainer_state_name(st.state) : "nothing",
+             (long long)st.generation, (long long)st.step);
+    return st;
+}
+
+/* Publish a generation whose members are `pods` in rank order (NULL-ended), as a job server
+ * does: addr, port and lease come from each pod's registration. */
+static void publish(const char *job, int64_t gen, edl_job_state state, const char *const *pods)
+{
+    edl_member m[8];
+    size_t n = 0;
+    for (; pods && pods[n]; n++) {
+        char k[256], rest[160];
+        snprintf(rest, sizeof rest, "pods/%s", pods[n]);
+        edl_kv *kv = wait_kv(key(job, rest, k, sizeof k), 5000);
+        if (!kv)
+            fail_msg("pod %s never registered", pods[n]);
+        edl_pod p = {0};
+        char err[128];
+        assert_int_equal(edl_pod_parse(kv->value, kv->value_len, &p, err, sizeof err), 0);
+        m[n] = (edl_member){.pod = (char *)pods[n], .rank = (int)n, .addr = strdup(p.addr),
+                            .port = p.port, .lease = kv->lease};
+        edl_pod_free(&p);
+        edl_kv_free(kv);
+    }
+    edl_cluster c = {.generation = gen, .state = state, .members = m, .n_members = n,
+                     .reason = (char *)"test"};
+    char *j = edl_cluster_to_json(&c), k[256];
+    harness_put(cl, key(job, "cluster", k, sizeof k), j);
+    free(j);
+    for (size_t i = 0; i < n; i++)
+        free(m[i].addr);
+}
+
+static void publish_state(const char *job, int64_t gen, edl_job_state state)
+{
+    publish(job, gen, state, NULL);
+}
+
+/* The value of NAME in a file of NAME=value lines (env output), or NULL. */
+static char *file_var(const char *path, const char *name, char *out, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char line[4096];
+    size_t nl = strlen(name);
+    char *res = NULL;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, name, nl) == 0 && line[nl] == '=') {
+            line[strcspn(line, "\n")] = '\0';
+            snprintf(out, len, "%s", line + nl + 1);
+            res = out;
+            break;
+        }
+    fclose(f);
+    return res;
+}
+
+static bool wait_file(const char *path, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    struct stat sb;
+    do {
+        if (stat(path, &sb) == 0)
+            return true;
+        harness_sleep_ms(25);
+    } while (harness_now_ms() < end);
+    return false;
+}
+
+static void assert_var(const char *path, const char *name, const char *want)
+{
+    char v[1024];
+    if (!file_var(path, name, v, sizeof v))
+        fail_msg("%s: %s is not set", path, name);
+    if (strcmp(v, want) != 0)
+        fail_msg("%s: %s=%s, expected %s", path, name, v, want);
+}
+
+static long read_long_file(const char *path)
+{
+    char v[64] = "";
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    if (!fgets(v, sizeof v, f))
+        v[0] = '\0';
+    fclose(f);
+    return strtol(v, NULL, 10);
+}
+
+static bool pid_alive(pid_t pid)
+{
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool alive = fgets(st, sizeof st, f) != NULL;
+    fclose(f);
+    char *p = strrchr(st, ')'); /* a zombie is dead for our purposes */
+    return alive && p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+static bool wait_pid_dead(pid_t pid, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        if (!pid_alive(pid))
+            return true;
+        harness_sleep_ms(20);
+    } while (harness_now_ms() < end);
+    return false;
+}
+
+/* The trainer used by most tests: record the first control line, the environment, its pid
+ * (sh execs sleep, so the pid stays), one file per pod and generation. */
+#define RECORDING_TRAINER                                                                          \
+    "f=\"$T_DIR/$EDL_POD_ID.$EDL_GENERATION\"; read -r l <&$EDL_CONTROL_FD; echo \"$l\" > $f.ctl; " \
+    "echo $$ > $f.pid; env > $f.tmp && mv $f.tmp $f.env; exec sleep 60"
+
+static char *path_of(const char *pod, int gen, const char *ext, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%s.%d.%s", dir, pod, gen, ext);
+    return buf;
+}
+
+/* HTTP/1.0-style request on a fresh connection; the whole reply into out. Returns its status. */
+static int http_request(int port, const char *req, size_t req_len, char *out, size_t outlen)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    size_t off = 0;
+    while (off < req_len) {
+        ssize_t n = send(fd, req + off, req_len - off, MSG_NOSIGNAL);
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    size_t got = 0;
+    ssize_t n;
+    while (got < outlen - 1 && (n = recv(fd, out + got, outlen - 1 - got, 0)) > 0)
+        got += (size_t)n;
+    out[got] = '\0';
+    close(fd);
+    int status = -1;
+    sscanf(out, "HTTP/1.1 %d", &status);
+    return status;
+}
+
+static int http_get(int port, const char *path, char *out, size_t outlen)
+{
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    return http_request(port, req, (size_t)n, out, outlen);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof sa;
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+static int run_status(const char *const *argv)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return wait_exit(pid, 10000);
+}
+
+static void test_help_and_bad_options_exit_codes(void **state)
+{
+    (void)state;
+    const char *help[] = {EDL_AGENT_BIN, "--help", NULL};
+    assert_int_equal(run_status(help), 0);
+    const char *unknown[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "j", "--bogus", "--", "true", NULL};
+    assert_int_equal(run_status(unknown), 2);
+    const char *no_job[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--", "true", NULL};
+    assert_int_equal(run_status(no_job), 2);
+    const char *no_cmd[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "j", NULL};
+    assert_int_equal(run_status(no_cmd), 2);
+    const char *bad_ttl[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "j", "--ttl", "x", "--", "true", NULL};
+    assert_int_equal(run_status(bad_ttl), 2);
+    const char *bad_name[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "a/b", "--", "true", NULL};
+    assert_int_equal(run_status(bad_name), 2);
+}
+
+static void test_unreachable_etcd_at_startup_exits_3(void **state)
+{
+    (void)state;
+    const char *argv[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "j", "--pod", "p",
+                          "--startup-timeout", "1", "--", "true", NULL};
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(run_status(argv), 3);
+    assert_true(harness_now_ms() - t0 < 8000);
+}
+
+static void test_registers_pod_under_lease_and_waits(void **state)
+{
+    (void)state;
+    const char *job = "reg";
+    put_spec(job, EDL_MODE_RESTART, 1, 3);
+    pid_t pid = start_agent(job, "a", "exec sleep 60", (const char *[]){"--port", "7123", NULL});
+    char k[256];
+    edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
+    assert_non_null(kv);
+    assert_true(kv->lease != 0);
+    edl_pod p = {0};
+    char err[128];
+    assert_int_equal(edl_pod_parse(kv->value, kv->value_len, &p, err, sizeof err), 0);
+    assert_string_equal(p.role, "worker");
+    assert_string_equal(p.addr, "127.0.0.1");
+    assert_int_equal(p.port, 7123);
+    assert_int_equal(p.pid, pid);
+    assert_non_null(p.host);
+    int64_t ttl, granted;
+    assert_int_equal(edl_etcd_lease_ttl(cl, kv->lease, &ttl, &granted), 0);
+    assert_int_equal(granted, 3); /* the spec's ttl_s */
+    edl_kv *skv = wait_kv(key(job, "status/a", k, sizeof k), 5000);
+    assert_non_null(skv);
+    assert_true(skv->lease == kv->lease);
+    edl_pod_status st = wait_status(job, "a", 0, EDL_TRAINER_WAITING, -1, 2000);
+    assert_int_equal(st.step, -1);
+    edl_kv_free(skv);
+    edl_kv_free(kv);
+    edl_pod_free(&p);
+    /* a final state ends the agent: stopped = 4, and the lease goes with it */
+    publish_state(job, 1, EDL_JOB_STOPPED);
+    assert_int_equal(wait_exit(pid, 5000), 4);
+    assert_true(wait_gone(key(job, "pods/a", k, sizeof k), 500));
+}
+
+static void test_two_ranks_get_exact_environment(void **state)
+{
+    (void)state;
+    const char *job = "env2";
+    put_spec(job, EDL_MODE_RESTART, 2, 5);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, (const char *[]){"--port", "7201", NULL});
+    pid_t b = start_agent(job, "b", RECORDING_TRAINER, (const char *[]){"--port", "7202", NULL});
+    /* b is rank 0: MASTER_* must follow the rank, not the start order */
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"b", "a", NULL});
+    char pa[300], pb[300], ep[64];
+    assert_true(wait_file(path_of("a", 1, "env", pa, sizeof pa), 5000));
+    assert_true(wait_file(path_of("b", 1, "env", pb, sizeof pb), 5000));
+    snprintf(ep, sizeof ep, "%s", edl_etcd_server_endpoints(srv));
+    struct { const char *path, *pod, *rank; } r[2] = {{pb, "b", "0"}, {pa, "a", "1"}};
+    for (int i = 0; i < 2; i++) {
+        const char *f = r[i].path;
+        assert_var(f, "EDL_JOB_ID", job);
+        assert_var(f, "EDL_POD_ID", r[i].pod);
+        assert_var(f, "EDL_RANK", r[i].rank);
+        assert_var(f, "EDL_WORLD_SIZE", "2");
+        assert_var(f, "EDL_GENERATION", "1");
+        assert_var(f, "EDL_ETCD_ENDPOINTS", ep);
+        assert_var(f, "EDL_ETCD_PREFIX", "/edl/v1");
+        assert_var(f, "EDL_ELASTIC_MODE", "restart");
+        assert_var(f, "EDL_CHECKPOINT_URI", "file:///tmp/ckpt");
+        char v[64];
+        assert_non_null(file_var(f, "EDL_CONTROL_FD", v, sizeof v));
+        assert_non_null(file_var(f, "EDL_PROGRESS_FD", v, sizeof v));
+        assert_var(f, "RANK", r[i].rank);
+        assert_var(f, "GROUP_RANK", r[i].rank);
+        assert_var(f, "LOCAL_RANK", r[i].rank); /* same addr: local ranks follow the ranks */
+        assert_var(f, "LOCAL_WORLD_SIZE", "2");
+        assert_var(f, "WORLD_SIZE", "2");
+        assert_var(f, "MASTER_ADDR", "127.0.0.1");
+        assert_var(f, "MASTER_PORT", "7202");
+        assert_var(f, "TORCHELASTIC_RESTART_COUNT", "0");
+        assert_var(f, "TORCHELASTIC_MAX_RESTARTS", "7");
+        assert_var(f, "TORCHELASTIC_RUN_ID", job);
+        assert_var(f, "PADDLE_TRAINER_ID", r[i].rank);
+        assert_var(f, "PADDLE_TRAINERS_NUM", "2");
+        assert_var(f, "PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:7202,127.0.0.1:7201");
+        assert_var(f, "PADDLE_CURRENT_ENDPOINT", i == 0 ? "127.0.0.1:7202" : "127.0.0.1:7201");
+        assert_var(f, "PADDLE_PSERVERS_IP_PORT_LIST", "");
+        assert_var(f, "TRAINING_ROLE", "TRAINER");
+        assert_var(f, "T_DIR", dir); /* the agent's own environment is inherited */
+    }
+    /* the first control line names the generation */
+    char ctl[300], line[1024];
+    FILE *fc = fopen(path_of("a", 1, "ctl", ctl, sizeof ctl), "r");
+    assert_non_null(fc);
+    assert_non_null(fgets(line, sizeof line, fc));
+    fclose(fc);
+    assert_non_null(strstr(line, "\"generation\":1"));
+    assert_non_null(strstr(line, "\"rank\":1"));
+    assert_non_null(strstr(line, "\"master_port\":7202"));
+    assert_non_null(strstr(line, "\"endpoints\":\"127.0.0.1:7202,127.0.0.1:7201\""));
+    edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 2000);
+    assert_int_equal(st.pid, read_long_file(path_of("a", 1, "pid", ctl, sizeof ctl)));
+    /* succeeded: both leave with 0 */
+    publish_state(job, 1, EDL_JOB_SUCCEEDED);
+    assert_int_equal(wait_exit(a, 8000), 0);
+    assert_int_equal(wait_exit(b, 8000), 0);
+}
+
+static void test_new_generation_restarts_trainer(void **state)
+{
+    (void)state;
+    const char *job = "restart";
+    put_spec(job, EDL_MODE_RESTART, 2, 5);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char p1[300], p2[300];
+    assert_true(wait_file(path_of("a", 1, "env", p1, sizeof p1), 5000));
+    long pid1 = read_long_file(path_of("a", 1, "pid", p1, sizeof p1));
+    /* a second (fake) member joins as rank 0: a moves to rank 1 and must restart */
+    harness_put(cl, "/edl/v1/jobs/restart/pods/z", "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
+    assert_true(wait_file(path_of("a", 2, "env", p2, sizeof p2), 8000));
+    long pid2 = read_long_file(path_of("a", 2, "pid", p1, sizeof p1));
+    assert_true(pid2 > 0 && pid2 != pid1);
+    assert_true(wait_pid_dead((pid_t)pid1, 2000));
+    assert_var(p2, "EDL_GENERATION", "2");
+    assert_var(p2, "RANK", "1");
+    assert_var(p2, "LOCAL_RANK", "0"); /* alone on its address */
+    assert_var(p2, "LOCAL_WORLD_SIZE", "1");
+    assert_var(p2, "MASTER_ADDR", "10.1.2.3");
+    assert_var(p2, "MASTER_PORT", "9000");
+    assert_var(p2, "TORCHELASTIC_RESTART_COUNT", "1");
+    edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 2000);
+    assert_int_equal(st.pid, pid2);
+    assert_int_equal(st.restarts, 1);
+    publish_state(job, 2, EDL_JOB_STOPPED);
+    assert_int_equal(wait_exit(a, 8000), 4);
+    assert_true(wait_pid_dead((pid_t)pid2, 2000));
+}
+
+static void test_inprocess_unchanged_rank_keeps_trainer(void **state)
+{
+    (void)state;
+    const char *job = "inproc";
+    put_spec(job, EDL_MODE_INPROCESS, 2, 5);
+    /* the trainer appends every control line it receives */
+    pid_t a = start_agent(job, "a",
+                          "echo $$ > $T_DIR/pid; env > $T_DIR/env; "
+                          "while read -r l <&$EDL_CONTROL_FD; do echo \"$l\" >> $T_DIR/ctl; done; sleep 60",
+                          NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char pf[300], cf[300];
+    snprintf(pf, sizeof pf, "%s/pid", dir);
+    snprintf(cf, sizeof cf, "%s/ctl", dir);
+    assert_true(wait_file(pf, 5000));
+    long pid1 = read_long_file(pf);
+    wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 3000);
+    harness_put(cl, "/edl/v1/jobs/inproc/pods/z", "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", "z", NULL});
+    edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_int_equal(st.pid, pid1);
+    assert_int_equal(st.restarts, 0);
+    int64_t end = harness_now_ms() + 3000;
+    char line[1024] = "";
+    int lines = 0;
+    while (harness_now_ms() < end) {
+        FILE *f = fopen(cf, "r");
+        lines = 0;
+        while (f && fgets(line, sizeof line, f))
+            lines++;
+        if (f)
+            fclose(f);
+        if (lines >= 2)
+            break;
+        harness_sleep_ms(25);
+    }
+    assert_int_equal(lines, 2);
+    assert_non_null(strstr(line, "\"generation\":2"));
+    assert_non_null(strstr(line, "\"rank\":0"));
+    assert_non_null(strstr(line, "\"world_size\":2"));
+    assert_true(pid_alive((pid_t)pid1));
+    /* a rank change restarts even in process mode */
+    publish(job, 3, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
+    st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 8000);
+    assert_true(st.pid != pid1);
+    publish_state(job, 3, EDL_JOB_FAILED);
+    assert_int_equal(wait_exit(a, 8000), 1);
+}
+
+static void test_standby_waits_then_starts(void **state)
+{
+    (void)state;
+    const char *job = "standby";
+    put_spec(job, EDL_MODE_RESTART, 1, 5);
+    harness_put(cl, "/edl/v1/jobs/standby/pods/z", "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    char k[256], p[300];
+    edl_kv *kv = wait_kv(key(job, "status/a", k, sizeof k), 5000);
+    assert_non_null(kv);
+    edl_kv_free(kv);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"z", NULL});
+    wait_status(job, "a", 1, EDL_TRAINER_WAITING, -1, 3000);
+    harness_sleep_ms(300);
+    assert_false(wait_file(path_of("a", 1, "env", p, sizeof p), 0));
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
+    assert_var(p, "RANK", "0");
+    wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 3000);
+    /* back to standby: the trainer stops */
+    publish(job, 3, EDL_JOB_RUNNING, (const char *[]){"z", NULL});
+    wait_status(job, "a", 3, EDL_TRAINER_WAITING, -1, 5000);
+    long pid = read_long_file(path_of("a", 2, "pid", p, sizeof p));
+    assert_true(wait_pid_dead((pid_t)pid, 2000));
+    publish_state(job, 3, EDL_JOB_SUCCEEDED);
+    assert_int_equal(wait_exit(a, 5000), 0);
+}
+
+static void test_trainer_exit_reported_and_not_restarted(void **state)
+{
+    (void)state;
+    const char *job = "exits";
+    put_spec(job, EDL_MODE_RESTART, 1, 5);
+    pid_t a = start_agent(job, "a",
+                          "echo x >> $T_DIR/starts; if [ $EDL_GENERATION = 1 ]; then exit 3; fi; "
+                          "kill -9 $$",
+                          NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_EXITED, -1, 5000);
+    assert_int_equal(st.exit_code, 3);
+    harness_sleep_ms(1000);
+    char sf[300];
+    snprintf(sf, sizeof sf, "%s/starts", dir);
+    FILE *f = fopen(sf, "r");
+    int n = 0;
+    char line[16];
+    while (f && fgets(line, sizeof line, f))
+        n++;
+    if (f)
+        fclose(f);
+    assert_int_equal(n, 1); /* the agent waits for the job server instead of restarting */
+    assert_true(get_status(job, "a", &st));
+    assert_int_equal(st.state, EDL_TRAINER_EXITED);
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    st = wait_status(job, "a", 2, EDL_TRAINER_SIGNALED, -1, 5000);
+    assert_int_equal(st.signal, 9);
+    assert_int_equal(st.restarts, 1);
+    publish_state(job, 2, EDL_JOB_FAILED);
+    assert_int_equal(wait_exit(a, 5000), 1);
+}
+
+static void test_sigterm_stops_trainer_and_leaves_at_once(void **state)
+{
+    (void)state;
+    const char *job = "sigterm";
+    put_spec(job, EDL_MODE_RESTART, 1, 10);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char p[300], k[256];
+    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
+    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    int64_t t0 = harness_now_ms();
+    kill(a, SIGTERM);
+    assert_int_equal(wait_exit(a, 5000), 143);
+    assert_true(wait_gone(key(job, "pods/a", k, sizeof k), 0)); /* gone already: revoked */
+    assert_true(harness_now_ms() - t0 < 4000); /* well under the 10 s TTL */
+    assert_false(pid_alive((pid_t)tpid));
+}
+
+static void test_sigkilled_agent_takes_trainer_and_lease_expires(void **state)
+{
+    (void)state;
+    const char *job = "sigkill";
+    put_spec(job, EDL_MODE_RESTART, 1, 2);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char p[300], k[256];
+    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
+    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    kill(a, SIGKILL);
+    assert_int_equal(wait_exit(a, 2000), 128 + SIGKILL);
+    assert_true(wait_pid_dead((pid_t)tpid, 2000)); /* PR_SET_PDEATHSIG */
+    assert_true(wait_gone(key(job, "pods/a", k, sizeof k), 5000)); /* after the 2 s TTL */
+}
+
+static void test_etcd_outage_keeps_trainer_running(void **state)
+{
+    (void)state;
+    const char *job = "outage";
+    put_spec(job, EDL_MODE_RESTART, 1, 10);
+    pid_t a = start_agent(job, "a",
+                          "echo $$ > $T_DIR/pid; i=0; while :; do i=$((i+1)); "
+                          "echo \"step $i\" >&$EDL_PROGRESS_FD; sleep 0.1; done",
+                          NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, 1, 5000);
+    long tpid = st.pid;
+    assert_int_equal(edl_etcd_server_stop_member(srv, 0, false), 0);
+    harness_sleep_ms(5000);
+    assert_true(pid_alive((pid_t)tpid));
+    assert_int_equal(edl_etcd_server_restart_member(srv, 0), 0);
+    int64_t before = st.step;
+    st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, before + 20, 8000);
+    assert_int_equal(st.pid, tpid); /* the same trainer, never restarted */
+    char pf[300];
+    snprintf(pf, sizeof pf, "%s/pid", dir);
+    assert_int_equal(read_long_file(pf), tpid);
+    assert_true(pid_alive((pid_t)tpid));
+    publish_state(job, 1, EDL_JOB_STOPPED);
+    assert_int_equal(wait_exit(a, 8000), 4);
+}
+
+static void test_lost_lease_stops_trainer_and_reregisters(void **state)
+{
+    (void)state;
+    const char *job = "lost";
+    put_spec(job, EDL_MODE_RESTART, 1, 3);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char p[300], k[256];
+    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
+    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 1000);
+    assert_non_null(kv);
+    int64_t old_lease = kv->lease;
+    edl_kv_free(kv);
+    assert_int_equal(edl_etcd_lease_revoke(cl, old_lease), 0);
+    assert_true(wait_pid_dead((pid_t)tpid, 5000));
+    int64_t end = harness_now_ms() + 8000;
+    int64_t new_lease = 0;
+    while (harness_now_ms() < end && !new_lease) {
+        if ((kv = wait_kv(k, 0)) != NULL) {
+            if (kv->lease != old_lease)
+                new_lease = kv->lease;
+            edl_kv_free(kv);
+        }
+        harness_sleep_ms(25);
+    }
+    assert_true(new_lease != 0);
+    /* the old generation names the old lease: the agent is no member of it */
+    harness_sleep_ms(300);
+    assert_false(wait_file(path_of("a", 2, "env", p, sizeof p), 0));
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
+    assert_var(p, "TORCHELASTIC_RESTART_COUNT", "1");
+    publish_state(job, 2, EDL_JOB_STOPPED);
+    assert_int_equal(wait_exit(a, 5000), 4);
+}
+
+static void test_malformed_cluster_is_ignored(void **state)
+{
+    (void)state;
+    const char *job = "malformed";
+    put_spec(job, EDL_MODE_RESTART, 1, 5);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char p[300], k[256];
+    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
+    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    harness_put(cl, key(job, "cluster", k, sizeof k), "{not json");
+    harness_put(cl, k, "{\"generation\":\"two\",\"state\":\"running\"}");
+    harness_put(cl, k, "{\"generation\":5,\"state\":\"exploded\",\"members\":[]}");
+    harness_sleep_ms(700);
+    assert_true(pid_alive((pid_t)tpid));
+    edl_pod_status st;
+    assert_true(get_status(job, "a", &st));
+    assert_int_equal(st.state, EDL_TRAINER_RUNNING);
+    assert_int_equal(st.generation, 1);
+    assert_int_equal(st.pid, tpid);
+    /* and the agent still follows good documents */
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
+    publish_state(job, 2, EDL_JOB_SUCCEEDED);
+    assert_int_equal(wait_exit(a, 5000), 0);
+}
+
+static void test_progress_steps_reach_status_and_metrics(void **state)
+{
+    (void)state;
+    const char *job = "metrics";
+    put_spec(job, EDL_MODE_RESTART, 1, 5);
+    int mport = free_port();
+    char mp[16];
+    snprintf(mp, sizeof mp, "%d", mport);
+    pid_t a = start_agent(job, "a",
+                          "echo 'step 5' >&$EDL_PROGRESS_FD; echo 'garbage' >&$EDL_PROGRESS_FD; "
+                          "echo 'step -2' >&$EDL_PROGRESS_FD; echo 'step 7' >&$EDL_PROGRESS_FD; "
+                          "exec sleep 60",
+                          (const char *[]){"--metrics-port", mp, NULL});
+    char k[256];
+    edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
+    assert_non_null(kv);
+    edl_pod pod = {0};
+    char err[128];
+    assert_int_equal(edl_pod_parse(kv->value, kv->value_len, &pod, err, sizeof err), 0);
+    assert_int_equal(pod.metrics_port, mport);
+    edl_pod_free(&pod);
+    edl_kv_free(kv);
+    static char body[65536];
+    assert_int_equal(http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_non_null(strstr(body, "edl_agent_rank{job=\"metrics\",pod=\"a\"} -1"));
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, 7, 5000);
+    assert_int_equal(st.step, 7);
+    assert_int_equal(http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_non_null(strstr(body, "Content-Type: text/plain; version=0.0.4"));
+    const char *want[] = {
+        "# HELP edl_agent_generation ", "# TYPE edl_agent_generation gauge",
+        "edl_agent_generation{job=\"metrics\",pod=\"a\"} 1\n",
+        "edl_agent_rank{job=\"metrics\",pod=\"a\"} 0\n",
+        "edl_agent_world_size{job=\"metrics\",pod=\"a\"} 1\n",
+        "# TYPE edl_agent_trainer_restarts_total counter",
+        "edl_agent_trainer_restarts_total{job=\"metrics\",pod=\"a\"} 0\n",
+        "edl_agent_trainer_state{job=\"metrics\",pod=\"a\",state=\"running\"} 1\n",
+        "edl_agent_trainer_state{job=\"metrics\",pod=\"a\",state=\"waiting\"} 0\n",
+        "edl_agent_trainer_step{job=\"metrics\",pod=\"a\"} 7\n",
+        "edl_agent_etcd_errors_total{job=\"metrics\",pod=\"a\"} 0\n",
+        "edl_agent_lease_losses_total{job=\"metrics\",pod=\"a\"} 0\n",
+        "edl_agent_up{job=\"metrics\",pod=\"a\"} 1\n", NULL};
+    for (int i = 0; want[i]; i++)
+        if (!strstr(body, want[i]))
+            fail_msg("/metrics lacks '%s':\n%s", want[i], body);
+    assert_int_equal(http_get(mport, "/healthz", body, sizeof body), 200);
+    assert_non_null(strstr(body, "\r\n\r\nok"));
+    assert_int_equal(http_get(mport, "/nope", body, sizeof body), 404);
+    char *big = malloc(12000);
+    memset(big, 'a', 12000);
+    memcpy(big, "GET /", 5);
+    assert_int_equal(http_request(mport, big, 12000, body, sizeof body), 400);
+    free(big);
+    assert_int_equal(http_request(mport, "BLAH\r\n\r\n", 8, body, sizeof body), 400);
+    /* still serving after bad clients */
+    assert_int_equal(http_get(mport, "/metrics", body, sizeof body), 200);
+    publish_state(job, 1, EDL_JOB_SUCCEEDED);
+    assert_int_equal(wait_exit(a, 5000), 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_help_and_bad_options_exit_codes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unreachable_etcd_at_startup_exits_3, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_registers_pod_under_lease_and_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_ranks_get_exact_environment, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_new_generation_restarts_trainer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inprocess_unchanged_rank_keeps_trainer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_standby_waits_then_starts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trainer_exit_reported_and_not_restarted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_stops_trainer_and_leaves_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigkilled_agent_takes_trainer_and_lease_expires, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lost_lease_stops_trainer_and_reregisters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_cluster_is_ignored, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_progress_steps_reach_status_and_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_trainer_running, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
