@@ -203,9 +203,8 @@ static void start_trainer(agent *a, int rank)
     set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
 }
 
-static void on_trainer_exit(agent *a, int wstatus)
+static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
 {
-    bool by_agent = a->tp.stopping;
     int64_t gen = a->run_gen;
     a->run_gen = 0;
     if (by_agent) {
@@ -377,8 +376,9 @@ static void loop_once(agent *a, int sfd)
         edl_httpd_dispatch(a->httpd, fds + FD_HTTP, n_http);
 
     int wstatus;
-    if (trainer_reap(&a->tp, &wstatus)) {
-        on_trainer_exit(a, wstatus);
+    bool by_agent;
+    if (trainer_reap(&a->tp, &wstatus, &by_agent)) {
+        on_trainer_exit(a, wstatus, by_agent);
         changed = true;
     }
     while (waitpid(-1, &wstatus, WNOHANG) > 0) /* nothing else of ours should linger */

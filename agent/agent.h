@@ -89,8 +89,9 @@ void trainer_stop(trainer_proc *t, int64_t grace_ms);
 void trainer_kill(trainer_proc *t);
 /* Send the SIGKILL when the grace period is over; ms until it is due (-1: nothing due). */
 int trainer_tick(trainer_proc *t);
-/* Reap: 1 when the trainer ended (status in *wstatus, fds closed, state reset), else 0. */
-int trainer_reap(trainer_proc *t, int *wstatus);
+/* Reap: 1 when the trainer ended (its wait status, and whether the agent had asked it to stop;
+ * fds closed, state reset), else 0. */
+int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent);
 /* Read progress lines: 1 when the step changed. */
 int trainer_read_progress(trainer_proc *t);
 /* Queue a control line and write what the pipe takes now. */

@@ -178,7 +178,7 @@ int trainer_tick(trainer_proc *t)
     return -1;
 }
 
-int trainer_reap(trainer_proc *t, int *wstatus)
+int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent)
 {
     if (t->pid <= 0)
         return 0;
@@ -190,6 +190,7 @@ int trainer_reap(trainer_proc *t, int *wstatus)
     kill(-t->pid, SIGKILL);
     trainer_read_progress(t); /* the last lines it wrote */
     *wstatus = st;
+    *by_agent = t->stopping;
     t->pid = 0;
     t->stopping = false;
     t->kill_at_ms = 0;

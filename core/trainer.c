@@ -146,52 +146,47 @@ static void consume(edl_trainer *t, size_t n)
     t->len -= n;
 }
 
-/* Read what the pipe holds into the line buffer (bounded). EDL_EIO once the agent is gone. */
-static int fill(edl_trainer *t)
+/* Read one chunk into the line buffer (complete lines were taken out before): 1 when bytes
+ * came, 0 when the pipe is empty, EDL_EIO once the agent is gone. A line that outgrows the
+ * bound is dropped up to its newline. */
+static int read_chunk(edl_trainer *t)
 {
-    for (;;) {
-        if (t->cap - t->len < 4096) {
-            size_t cap = t->cap ? t->cap * 2 : 8192;
-            if (cap > EDL_TRAINER_LINE_MAX + 8192)
-                cap = EDL_TRAINER_LINE_MAX + 8192;
-            if (cap - t->len < 1024) { /* a line over the limit: drop it up to its end */
-                char *nl = memchr(t->line, '\n', t->len);
-                if (nl) {
-                    consume(t, (size_t)(nl - t->line) + 1);
-                } else {
-                    t->len = 0;
-                    t->skipping = true;
-                }
-                EDL_WARN("trainer", "control line over %d bytes ignored", EDL_TRAINER_LINE_MAX);
-                continue;
-            }
+    if (t->cap - t->len < 4096) {
+        size_t cap = t->cap ? t->cap * 2 : 8192;
+        if (cap > EDL_TRAINER_LINE_MAX + 8192)
+            cap = EDL_TRAINER_LINE_MAX + 8192;
+        if (cap - t->len < 1024) { /* no newline in the buffer: one line over the limit */
+            EDL_WARN("trainer", "control line over %d bytes ignored", EDL_TRAINER_LINE_MAX);
+            t->len = 0;
+            t->skipping = true;
+        } else if (cap != t->cap) {
             char *p = realloc(t->line, cap);
             if (!p)
                 return EDL_ENOMEM;
             t->line = p;
             t->cap = cap;
         }
-        ssize_t n = read(t->control_fd, t->line + t->len, t->cap - t->len - 1);
-        if (n > 0) {
-            size_t start = t->len;
-            t->len += (size_t)n;
-            if (t->skipping) {
-                char *nl = memchr(t->line + start, '\n', (size_t)n);
-                if (!nl) {
-                    t->len = start;
-                    continue;
-                }
-                consume(t, (size_t)(nl - t->line) + 1);
-                t->skipping = false;
-            }
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
-            return 0;
-        return EDL_EIO; /* EOF or a hard error */
     }
+    ssize_t n;
+    do
+        n = read(t->control_fd, t->line + t->len, t->cap - t->len - 1);
+    while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN)
+        return 0;
+    if (n <= 0)
+        return EDL_EIO; /* EOF or a hard error */
+    if (t->skipping) {
+        char *nl = memchr(t->line + t->len, '\n', (size_t)n);
+        if (!nl)
+            return 1;
+        size_t keep = (size_t)n - (size_t)(nl + 1 - (t->line + t->len));
+        memmove(t->line, nl + 1, keep);
+        t->len = keep;
+        t->skipping = false;
+        return 1;
+    }
+    t->len += (size_t)n;
+    return 1;
 }
 
 int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out)
@@ -200,28 +195,29 @@ int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out)
         return EDL_EINVAL;
     if (t->control_fd < 0)
         return 0;
-    int rc = fill(t);
-    int found = 0;
-    char *line;
-    size_t len;
-    while (next_line(t, &line, &len)) {
-        edl_trainer_generation g;
-        int prc = edl_trainer_control_parse(line, len, &g);
-        if (prc == 0 && g.generation > t->generation) {
-            free(t->endpoints);
-            t->endpoints = g.endpoints;
-            t->generation = g.generation;
-            t->rank = g.rank;
-            t->world_size = g.world_size;
-            *out = g;
-            found = 1;
-        } else {
-            if (prc != 0)
-                EDL_DEBUG("trainer", "malformed control line ignored: %.200s", line);
-            free(g.endpoints);
+    int found = 0, rc;
+    do {
+        char *line;
+        size_t len;
+        while (t->len && next_line(t, &line, &len)) {
+            edl_trainer_generation g;
+            int prc = edl_trainer_control_parse(line, len, &g);
+            if (prc == 0 && g.generation > t->generation) {
+                free(t->endpoints);
+                t->endpoints = g.endpoints;
+                t->generation = g.generation;
+                t->rank = g.rank;
+                t->world_size = g.world_size;
+                *out = g;
+                found = 1;
+            } else {
+                if (prc != 0)
+                    EDL_DEBUG("trainer", "malformed control line ignored: %.200s", line);
+                free(g.endpoints);
+            }
+            consume(t, len + 1);
         }
-        consume(t, len + 1);
-    }
+    } while ((rc = read_chunk(t)) > 0);
     if (rc == EDL_EIO) {
         close(t->control_fd);
         t->control_fd = -1;
