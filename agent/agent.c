@@ -381,8 +381,6 @@ static void loop_once(agent *a, int sfd)
         on_trainer_exit(a, wstatus, by_agent);
         changed = true;
     }
-    while (waitpid(-1, &wstatus, WNOHANG) > 0) /* nothing else of ours should linger */
-        ;
     trainer_tick(&a->tp);
     int64_t now = now_ms();
     if (a->watch_next_ms && now >= a->watch_next_ms && registry_watch_start(a) == 0)
