@@ -40,12 +40,6 @@ static void metric(out *o, const agent *a, const char *name, const char *type, c
         name, a->o->job, a->o->pod, v);
 }
 
-/* The state shown: the trainer's own while one runs or ran, else waiting. */
-static edl_trainer_state shown_state(const agent *a)
-{
-    return a->status.state;
-}
-
 char *metrics_render(const agent *a)
 {
     out o = {0};
@@ -68,7 +62,7 @@ char *metrics_render(const agent *a)
             "# TYPE edl_agent_trainer_state gauge\n");
     for (int s = EDL_TRAINER_WAITING; s <= EDL_TRAINER_HUNG; s++)
         put(&o, "edl_agent_trainer_state{job=\"%s\",pod=\"%s\",state=\"%s\"} %d\n", a->o->job,
-            a->o->pod, edl_trainer_state_name((edl_trainer_state)s), shown_state(a) == (edl_trainer_state)s);
+            a->o->pod, edl_trainer_state_name((edl_trainer_state)s), a->status.state == (edl_trainer_state)s);
     metric(&o, a, "edl_agent_trainer_step", "gauge", "Last step the trainer reported (-1: none).",
            (long long)a->tp.step);
     metric(&o, a, "edl_agent_etcd_errors_total", "counter", "Failed etcd calls of the agent.",

@@ -437,9 +437,12 @@ static void test_registers_pod_under_lease_and_waits(void **state)
 {
     (void)state;
     const char *job = "reg";
-    put_spec(job, EDL_MODE_RESTART, 1, 3);
+    /* no spec yet: the agent waits for it before registering */
     pid_t pid = start_agent(job, "a", "exec sleep 60", (const char *[]){"--port", "7123", NULL});
     char k[256];
+    harness_sleep_ms(400);
+    assert_null(wait_kv(key(job, "pods/a", k, sizeof k), 0));
+    put_spec(job, EDL_MODE_RESTART, 1, 3);
     edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
     assert_non_null(kv);
     assert_true(kv->lease != 0);
@@ -692,6 +695,21 @@ static void test_sigterm_stops_trainer_and_leaves_at_once(void **state)
     assert_false(pid_alive((pid_t)tpid));
 }
 
+static void test_sigint_while_waiting_exits_130(void **state)
+{
+    (void)state;
+    const char *job = "sigint";
+    put_spec(job, EDL_MODE_RESTART, 1, 10);
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    char k[256];
+    edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
+    assert_non_null(kv);
+    edl_kv_free(kv);
+    kill(a, SIGINT);
+    assert_int_equal(wait_exit(a, 5000), 130);
+    assert_true(wait_gone(k, 0));
+}
+
 static void test_sigkilled_agent_takes_trainer_and_lease_expires(void **state)
 {
     (void)state;
@@ -873,6 +891,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_standby_waits_then_starts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trainer_exit_reported_and_not_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_stops_trainer_and_leaves_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigint_while_waiting_exits_130, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigkilled_agent_takes_trainer_and_lease_expires, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_lease_stops_trainer_and_reregisters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_cluster_is_ignored, setup, teardown),
