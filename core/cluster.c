@@ -3,6 +3,7 @@
  * the parsers can be tested without a server. Documents come from etcd, which anyone with write
  * access can fill with anything: every field is type- and range-checked. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdint.h>
 #include <math.h>
@@ -98,6 +99,23 @@ static void get_i64(reader *r, const char *name, int64_t lo, int64_t hi, int64_t
         return;
     }
     *out = (int64_t)d;
+}
+
+/* Lease IDs use all 64 bits, more than a JSON number (a double) holds exactly: they travel as
+ * hexadecimal strings, as etcdctl prints them. */
+static void get_lease(reader *r, const char *name, int64_t *out)
+{
+    const cJSON *f = field(r, name);
+    if (!f)
+        return;
+    const char *s = cJSON_IsString(f) ? f->valuestring : NULL;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s ? strtoull(s, &end, 16) : 0;
+    if (!s || !*s || *end || errno || strlen(s) > 16 || s[0] == '-' || s[0] == '+' || s[0] == ' ')
+        fail(r, EDL_EPROTO, name, "must be a lease ID in hexadecimal");
+    else
+        *out = (int64_t)v;
 }
 
 static void get_int(reader *r, const char *name, int lo, int hi, int *out)
@@ -584,7 +602,7 @@ static int parse_members(reader *r, const cJSON *arr, edl_cluster *c)
         get_int(&mr, "rank", 0, EDL_MEMBERS_MAX, &m->rank);
         get_str(&mr, "addr", 256, &m->addr);
         get_int(&mr, "port", 0, 65535, &m->port);
-        get_i64(&mr, "lease", INT64_MIN, INT64_MAX, &m->lease);
+        get_lease(&mr, "lease", &m->lease);
         if (!mr.rc && (!m->pod || !edl_name_valid(m->pod)))
             fail(&mr, EDL_EPROTO, "pod", "is missing or not a valid name");
         if (!mr.rc && m->rank != (int)(c->n_members - 1))
@@ -713,7 +731,9 @@ char *edl_cluster_to_json(const edl_cluster *c)
         cJSON_AddNumberToObject(m, "rank", c->members[i].rank);
         cJSON_AddStringToObject(m, "addr", c->members[i].addr ? c->members[i].addr : "");
         cJSON_AddNumberToObject(m, "port", c->members[i].port);
-        cJSON_AddNumberToObject(m, "lease", (double)c->members[i].lease);
+        char lease[24];
+        snprintf(lease, sizeof lease, "%llx", (unsigned long long)c->members[i].lease);
+        cJSON_AddStringToObject(m, "lease", lease);
     }
     for (size_t i = 0; i < c->n_standbys; i++)
         cJSON_AddItemToArray(sb, cJSON_CreateString(c->standbys[i]));

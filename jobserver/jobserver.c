@@ -33,7 +33,8 @@ typedef struct jobserver {
     int64_t lease;
     edl_lease_keeper *keeper;
     edl_leader leader;
-    int64_t last_bad_rev;     /* the last malformed document reported (one log line each) */
+    int64_t bad_revs[16];     /* malformed documents already reported (one log line each) */
+    unsigned n_bad;
 } jobserver;
 
 /* One consistent read of the job. */
@@ -77,13 +78,20 @@ static void snapshot_free(snapshot *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Report a malformed document once per revision, not on every pass. */
+/* A malformed document is reported once per revision, not on every pass: true the first time. */
+static bool first_report(jobserver *js, int64_t mod_revision)
+{
+    for (unsigned i = 0; i < 16 && i < js->n_bad; i++)
+        if (js->bad_revs[i] == mod_revision)
+            return false;
+    js->bad_revs[js->n_bad++ % 16] = mod_revision;
+    return true;
+}
+
 static void report_bad(jobserver *js, const edl_kv *kv, const char *err)
 {
-    if (kv->mod_revision == js->last_bad_rev)
-        return;
-    js->last_bad_rev = kv->mod_revision;
-    EDL_ERROR(LOG, "ignoring %s: %s", kv->key, err);
+    if (first_report(js, kv->mod_revision))
+        EDL_ERROR(LOG, "ignoring %s: %s", kv->key, err);
 }
 
 static void read_spec(jobserver *js, const edl_range_result *r, snapshot *s)
@@ -96,10 +104,9 @@ static void read_spec(jobserver *js, const edl_range_result *r, snapshot *s)
     int rc = edl_spec_parse(r->kvs[0].value, r->kvs[0].value_len, &sp, s->spec_error,
                             sizeof s->spec_error);
     if (rc) {
-        if (r->kvs[0].mod_revision != js->last_bad_rev)
+        if (first_report(js, r->kvs[0].mod_revision))
             EDL_ERROR(LOG, "job %s: invalid spec (%s); %s", js->cfg->job, s->spec_error,
                       js->have_spec ? "keeping the last valid one" : "waiting for a valid one");
-        js->last_bad_rev = r->kvs[0].mod_revision;
         edl_spec_free(&sp);
         return;
     }
@@ -199,11 +206,10 @@ static int take_snapshot(jobserver *js, snapshot *s)
         if (edl_cluster_parse(cr->kvs[0].value, cr->kvs[0].value_len, &s->cluster,
                               s->cluster_error, sizeof s->cluster_error) != 0) {
             s->cluster_bad = true;
-            if (cr->kvs[0].mod_revision != js->last_bad_rev)
+            if (first_report(js, cr->kvs[0].mod_revision))
                 EDL_ERROR(LOG, "job %s: the published generation at %s is unreadable (%s); "
                           "not acting until it is fixed or deleted",
                           js->cfg->job, js->k_cluster, s->cluster_error);
-            js->last_bad_rev = cr->kvs[0].mod_revision;
         }
     }
     edl_txn_result_free(&r);

@@ -19,6 +19,18 @@
 int64_t harness_now_ms(void); /* CLOCK_MONOTONIC in milliseconds */
 void harness_sleep_ms(int ms);
 
+/* ---- processes (harness_proc.c) ------------------------------------------------------ */
+
+#include <sys/types.h>
+/* Start argv[0] (a path) with argv; it dies with the test (PR_SET_PDEATHSIG). Output goes to
+ * log_path (appended) or, when NULL, to the test's own stdout/stderr. -1 on failure. */
+pid_t harness_spawn(const char *const *argv, const char *log_path);
+/* Wait up to timeout_ms for the child to end: its exit status, 128+signal when killed, -1 on
+ * timeout (it is still running), -2 when it is not our child. */
+int harness_wait_exit(pid_t pid, int timeout_ms);
+/* Send a signal; after SIGKILL also reap the child. */
+void harness_kill(pid_t pid, int sig);
+
 /* ---- etcd ---------------------------------------------------------------------------- */
 
 /* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags

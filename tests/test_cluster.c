@@ -246,7 +246,7 @@ static void test_cluster_round_trip(void **state)
 {
     (void)state;
     edl_member m[2] = {{(char *)"a", 0, (char *)"10.0.0.1", 7000, 11},
-                       {(char *)"b", 1, (char *)"10.0.0.2", 7001, 12}};
+                       {(char *)"b", 1, (char *)"10.0.0.2", 7001, INT64_C(0x7a4d8b3e1234abcd)}};
     char *sb[1] = {(char *)"c"};
     edl_pod_failures f[1] = {{(char *)"d", 3, 1234567}};
     edl_cluster c = {.generation = 7, .state = EDL_JOB_RUNNING, .reason = (char *)"join",
@@ -262,7 +262,7 @@ static void test_cluster_round_trip(void **state)
     assert_int_equal(d.n_members, 2);
     assert_string_equal(d.members[1].pod, "b");
     assert_int_equal(d.members[1].port, 7001);
-    assert_int_equal(d.members[1].lease, 12);
+    assert_true(d.members[1].lease == INT64_C(0x7a4d8b3e1234abcd)); /* all 64 bits survive */
     assert_string_equal(d.standbys[0], "c");
     assert_int_equal(d.failures[0].count, 3);
     assert_int_equal(d.failures[0].excluded_until, 1234567);
@@ -282,6 +282,8 @@ static void test_bad_cluster_documents_rejected(void **state)
         "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":1}]}",  /* ranks must run 0.. */
         "{\"generation\":3,\"members\":[{\"pod\":\"../x\",\"rank\":0}]}",
         "{\"generation\":3,\"members\":[7]}",
+        "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":0,\"lease\":12}]}",
+        "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":0,\"lease\":\"xyz\"}]}",
         "{\"generation\":3,\"state\":\"dancing\"}",
         "{\"generation\":3,\"standbys\":[1]}",
         "{\"generation\":-1}",
