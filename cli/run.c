@@ -516,6 +516,8 @@ static const char run_usage[] =
     "  --restart-policy P        OnFailure (default), ExitCode or Never\n"
     "  --permanent-exit-codes L  for ExitCode: codes that fail the job at once (1-127)\n"
     "  --progress-timeout-ms MS  a rank whose step stalls this long is failed (0: off)\n"
+    "  --exclude-after N         failures of one pod before it is excluded for a while (2)\n"
+    "  --cooldown-ms MS          first exclusion; doubles with each further failure (10000)\n"
     "  --elastic-mode MODE       restart (default) or inprocess\n"
     "  --checkpoint-uri URI      given to trainers as EDL_CHECKPOINT_URI\n"
     "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
@@ -569,6 +571,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
         {"elastic-mode", required_argument, 0, 'M'},
         {"checkpoint-uri", required_argument, 0, 'u'},
         {"grace-ms", required_argument, 0, 'g'},    {"help", no_argument, 0, 'h'},
+        {"exclude-after", required_argument, 0, 'x'}, {"cooldown-ms", required_argument, 0, 'c'},
         {0, 0, 0, 0},
     };
     edl_spec_init(&o->spec);
@@ -651,6 +654,18 @@ static int parse_run(int argc, char **argv, run_opts *o)
         case 'u':
             free(o->spec.checkpoint_uri);
             o->spec.checkpoint_uri = strdup(optarg);
+            break;
+        case 'x':
+            if (parse_long("--exclude-after", optarg, 1, INT_MAX, &v))
+                return -1;
+            o->spec.exclude_after = (int)v;
+            break;
+        case 'c':
+            if (parse_long("--cooldown-ms", optarg, 0, 86400000, &v))
+                return -1;
+            o->spec.cooldown_ms = v;
+            if (o->spec.cooldown_max_ms < v)
+                o->spec.cooldown_max_ms = v;
             break;
         case 'g':
             if (parse_long("--grace-ms", optarg, 0, 3600000, &v))
