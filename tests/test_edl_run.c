@@ -4,6 +4,7 @@
  * standby promotion, a failing trainer restarted, excluded and finally failing the job, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, and the example trainer
  * finishing with the right answer after being re-formed. */
+#define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
