@@ -154,6 +154,7 @@ int edl_storage_open(const edl_storage_config *cfg, edl_storage **out, char *err
     if (rc != 0) {
         if (errbuf)
             snprintf(errbuf, errlen, "%s", s->errmsg);
+        be->close(s); /* what the back end set up before it failed */
         free(s->uri);
         free(s);
         return rc;
@@ -245,7 +246,7 @@ int edl_storage_get(edl_storage *s, const char *key, size_t max_bytes, void **da
     if (rc == EDL_ETOOBIG)
         storage_fail(s, rc, "%s/%s is larger than the %zu bytes allowed", s->uri, key, max_bytes);
     if (rc == 0 && !m.data)
-        rc = membuf_write(&m, "", 0) == 0 && (m.data = malloc(1)) ? 0 : EDL_ENOMEM;
+        rc = membuf_write(&m, "", 0); /* an empty object is still a buffer */
     if (rc != 0) {
         free(m.data);
         return rc;
