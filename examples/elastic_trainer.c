@@ -6,7 +6,9 @@
  * global batch of 64 samples starting at (s * 64) mod N; rank r takes every world_size-th of
  * them, writes its partial gradient to the shared directory, waits for the other ranks' files,
  * and applies the sum (added in rank order, so every rank holds the same weights). Rank 0
- * checkpoints {step, w} atomically every few steps; every start resumes from the checkpoint.
+ * checkpoints the weights every few steps and every start resumes from the newest checkpoint:
+ * under an agent through edl/checkpoint.h (EDL_CHECKPOINT_URI, asynchronous saves committed by
+ * the etcd pointer), standalone to a file in DIR.
  * Because a step's batch depends only on the step number, the result does not depend on how
  * often the job was re-formed or at which sizes: it is checked against the true weights.
  *
@@ -27,6 +29,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "edl/checkpoint.h"
+#include "edl/etcd.h"
+
 #define D 8
 #define N 4096
 #define BATCH 64
@@ -40,6 +45,9 @@ typedef struct trainer {
     int rank, world;
     long gen;
     int progress_fd;
+    edl_etcd *etcd;         /* with ckpt: checkpoints through edl/checkpoint.h */
+    edl_ckpt *ckpt;
+    edl_ckpt_pending *saving;
 } trainer;
 
 static double true_w(int j)
@@ -139,6 +147,76 @@ static void save_checkpoint(const trainer *t, long step, const double w[D])
     snprintf(path, sizeof path, "%s/checkpoint.txt", t->dir);
     if (write_atomic(path, buf, n) != 0)
         fprintf(stderr, "rank %d: checkpoint %s: %s\n", t->rank, path, strerror(errno));
+}
+
+/* Under an agent: checkpoints in EDL_CHECKPOINT_URI, committed through etcd. Only rank 0
+ * saves (every rank holds the same weights), so it opens the checkpoint as a world of one. */
+static int ckpt_open(trainer *t)
+{
+    const char *uri = getenv("EDL_CHECKPOINT_URI"), *ep = getenv("EDL_ETCD_ENDPOINTS"),
+               *job = getenv("EDL_JOB_ID");
+    if (!uri || !ep || !job)
+        return 0;
+    char err[512];
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = uri;
+    cfg.job = job;
+    cfg.prefix = getenv("EDL_ETCD_PREFIX");
+    cfg.rank = 0;
+    cfg.world_size = 1;
+    cfg.keep = 3;
+    int rc = edl_etcd_connect(ep, &t->etcd);
+    if (!rc && (rc = edl_ckpt_open(&cfg, &t->ckpt, err, sizeof err)) != 0)
+        fprintf(stderr, "rank %d: checkpoints at %s: %s\n", t->rank, uri, err);
+    return rc;
+}
+
+static int ckpt_load(trainer *t, long *step, double w[D])
+{
+    edl_ckpt_manifest *m = NULL;
+    *step = 0;
+    for (int j = 0; j < D; j++)
+        w[j] = 0;
+    int rc = edl_ckpt_load_latest(t->ckpt, &m);
+    if (rc == EDL_ENOTFOUND)
+        return 0;
+    long i = rc ? -1 : edl_ckpt_find_shard(m, 0, 0);
+    void *data = NULL;
+    size_t len = 0;
+    if (!rc && (i < 0 || (rc = edl_ckpt_read_shard(t->ckpt, m, (size_t)i, &data, &len)) != 0 ||
+                len != sizeof(double) * D))
+        rc = rc ? rc : EDL_EPROTO;
+    if (!rc) {
+        memcpy(w, data, sizeof(double) * D);
+        *step = (long)m->step;
+    } else {
+        fprintf(stderr, "rank %d: loading the latest checkpoint: %s (%s)\n", t->rank,
+                edl_strerror(rc), edl_ckpt_errmsg(t->ckpt));
+    }
+    free(data);
+    edl_ckpt_manifest_free(m);
+    return rc;
+}
+
+/* Finish the previous save (it had a whole step interval to run), then queue this one. */
+static void ckpt_save(trainer *t, long step, const double w[D], bool wait)
+{
+    if (t->saving) {
+        int rc = edl_ckpt_wait(t->saving, -1);
+        if (rc && rc != EDL_ECONFLICT)
+            fprintf(stderr, "rank 0: checkpoint failed: %s\n", edl_ckpt_save_errmsg(t->saving));
+        edl_ckpt_save_free(t->saving);
+        t->saving = NULL;
+    }
+    if (step < 0)
+        return;
+    edl_ckpt_shard sh = {.name = "weights", .data = w, .len = sizeof(double) * D};
+    if (edl_ckpt_save_async(t->ckpt, step, t->gen, &sh, 1, NULL, &t->saving) != 0)
+        fprintf(stderr, "rank 0: cannot queue checkpoint %ld: %s\n", step,
+                edl_ckpt_errmsg(t->ckpt));
+    else if (wait)
+        ckpt_save(t, -1, w, false);
 }
 
 /* This rank's share of step s's gradient (sum over its samples). */
@@ -248,8 +326,11 @@ int main(int argc, char **argv)
     };
     trainer t = {.steps = 300, .step_ms = 20, .lr = 0.05};
     const char *uri = getenv("EDL_CHECKPOINT_URI");
-    if (uri && strncmp(uri, "file://", 7) == 0)
-        t.dir = uri + 7;
+    char xbase[4200];
+    if (uri && strncmp(uri, "file://", 7) == 0) {
+        snprintf(xbase, sizeof xbase, "%s/shared", uri + 7);
+        t.dir = xbase; /* beside the checkpoints, not among them */
+    }
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -283,8 +364,10 @@ int main(int argc, char **argv)
 
     double w[D];
     long step;
-    if (load_checkpoint(&t, &step, w) != 0) {
-        fprintf(stderr, "rank %d: unreadable checkpoint in %s\n", t.rank, t.dir);
+    if (ckpt_open(&t) != 0)
+        return 3;
+    if (t.ckpt ? ckpt_load(&t, &step, w) != 0 : load_checkpoint(&t, &step, w) != 0) {
+        fprintf(stderr, "rank %d: unreadable checkpoint\n", t.rank);
         return 3;
     }
     if (t.rank == 0)
@@ -304,8 +387,12 @@ int main(int argc, char **argv)
             remove_step(&t, step - 2);
         step++;
         report_progress(&t, step);
-        if (t.rank == 0 && (step % CKPT_EVERY == 0 || step == t.steps))
-            save_checkpoint(&t, step, w);
+        if (t.rank == 0 && (step % CKPT_EVERY == 0 || step == t.steps)) {
+            if (t.ckpt)
+                ckpt_save(&t, step, w, step == t.steps);
+            else
+                save_checkpoint(&t, step, w);
+        }
         if (t.rank == 0 && step % 50 == 0) {
             printf("rank 0: step %ld loss %.6f (world size %d, generation %ld)\n", step,
                    loss_of(w), t.world, t.gen);
@@ -324,5 +411,7 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "%s/result.txt", t.dir);
         write_atomic(path, buf, (size_t)n);
     }
+    edl_ckpt_close(t.ckpt);
+    edl_etcd_free(t.etcd);
     return 0;
 }

@@ -424,7 +424,7 @@ static void test_example_trainer_survives_reformation(void **state)
     wait_running(job, 3, 20000, &c);
     assert_int_equal(harness_wait_exit(run, 90000), 0);
     char path[300], line[256];
-    snprintf(path, sizeof path, "%s/learn/result.txt", g_dir);
+    snprintf(path, sizeof path, "%s/learn/shared/result.txt", g_dir);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     assert_non_null(fgets(line, sizeof line, f));
