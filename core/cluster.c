@@ -101,30 +101,21 @@ static void get_i64(reader *r, const char *name, int64_t lo, int64_t hi, int64_t
     *out = (int64_t)d;
 }
 
-/* A 64-bit identifier (lease IDs exceed 2^53): a decimal string, as etcd writes them, or a
- * number small enough to be exact in a double. */
-static void get_id(reader *r, const char *name, int64_t *out)
+/* Lease IDs use all 64 bits, more than a JSON number (a double) holds exactly: they travel as
+ * hexadecimal strings, as etcdctl prints them. */
+static void get_lease(reader *r, const char *name, int64_t *out)
 {
     const cJSON *f = field(r, name);
     if (!f)
         return;
-    if (cJSON_IsString(f)) {
-        const char *s = f->valuestring;
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (!*s || *end || errno)
-            fail(r, EDL_EPROTO, name, "must be a decimal 64-bit integer");
-        else
-            *out = v;
-        return;
-    }
-    const double exact = 9007199254740992.0; /* 2^53 */
-    if (cJSON_IsNumber(f) && f->valuedouble == floor(f->valuedouble) &&
-        fabs(f->valuedouble) <= exact)
-        *out = (int64_t)f->valuedouble;
+    const char *s = cJSON_IsString(f) ? f->valuestring : NULL;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s ? strtoull(s, &end, 16) : 0;
+    if (!s || !*s || *end || errno || strlen(s) > 16 || s[0] == '-' || s[0] == '+' || s[0] == ' ')
+        fail(r, EDL_EPROTO, name, "must be a lease ID in hexadecimal");
     else
-        fail(r, EDL_EPROTO, name, "must be an integer below 2^53 or a decimal string");
+        *out = (int64_t)v;
 }
 
 static void get_int(reader *r, const char *name, int lo, int hi, int *out)
@@ -611,7 +602,7 @@ static int parse_members(reader *r, const cJSON *arr, edl_cluster *c)
         get_int(&mr, "rank", 0, EDL_MEMBERS_MAX, &m->rank);
         get_str(&mr, "addr", 256, &m->addr);
         get_int(&mr, "port", 0, 65535, &m->port);
-        get_id(&mr, "lease", &m->lease);
+        get_lease(&mr, "lease", &m->lease);
         if (!mr.rc && (!m->pod || !edl_name_valid(m->pod)))
             fail(&mr, EDL_EPROTO, "pod", "is missing or not a valid name");
         if (!mr.rc && m->rank != (int)(c->n_members - 1))
@@ -740,8 +731,8 @@ char *edl_cluster_to_json(const edl_cluster *c)
         cJSON_AddNumberToObject(m, "rank", c->members[i].rank);
         cJSON_AddStringToObject(m, "addr", c->members[i].addr ? c->members[i].addr : "");
         cJSON_AddNumberToObject(m, "port", c->members[i].port);
-        char lease[24]; /* as a string: lease IDs exceed 2^53 and must survive exactly */
-        snprintf(lease, sizeof lease, "%lld", (long long)c->members[i].lease);
+        char lease[24];
+        snprintf(lease, sizeof lease, "%llx", (unsigned long long)c->members[i].lease);
         cJSON_AddStringToObject(m, "lease", lease);
     }
     for (size_t i = 0; i < c->n_standbys; i++)

@@ -19,6 +19,18 @@
 int64_t harness_now_ms(void); /* CLOCK_MONOTONIC in milliseconds */
 void harness_sleep_ms(int ms);
 
+/* ---- processes (harness_proc.c) ------------------------------------------------------ */
+
+#include <sys/types.h>
+/* Start argv[0] (a path) with argv; it dies with the test (PR_SET_PDEATHSIG). Output goes to
+ * log_path (appended) or, when NULL, to the test's own stdout/stderr. -1 on failure. */
+pid_t harness_spawn(const char *const *argv, const char *log_path);
+/* Wait up to timeout_ms for the child to end: its exit status, 128+signal when killed, -1 on
+ * timeout (it is still running), -2 when it is not our child. */
+int harness_wait_exit(pid_t pid, int timeout_ms);
+/* Send a signal; after SIGKILL also reap the child. */
+void harness_kill(pid_t pid, int sig);
+
 /* ---- etcd ---------------------------------------------------------------------------- */
 
 /* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags
@@ -116,5 +128,25 @@ struct edl_watch_event *harness_next_event(struct edl_watch *w, int timeout_ms);
  * then be made with harness_proxy_freeze/drop). Free both with harness_close_proxied(). */
 struct edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy);
 void harness_close_proxied(struct edl_etcd *client, harness_proxy *proxy);
+
+/* ---- S3 server (harness_s3.c) ------------------------------------------------------------ */
+
+#include "edl/storage.h"
+
+/* A real s3rver on loopback (bucket "edl-test"), or the endpoint in EDL_TEST_S3_ENDPOINT
+ * (bucket EDL_TEST_S3_BUCKET, credentials from AWS_*). */
+typedef struct harness_s3 harness_s3;
+
+/* False when s3rver is not installed (run scripts/install-deps) and no endpoint is set. */
+bool harness_s3_available(void);
+harness_s3 *harness_s3_start(void); /* NULL (and the reason on stderr) on failure */
+const char *harness_s3_endpoint(const harness_s3 *h);
+int harness_s3_port(const harness_s3 *h); /* 0 for an external endpoint */
+bool harness_s3_external(const harness_s3 *h);
+/* A fresh "s3://bucket/<name>-<pid>-<n>" URI in out (returned). */
+const char *harness_s3_uri(harness_s3 *h, const char *name, char *out, size_t outlen);
+/* A storage config for uri on this server (short retries so failure tests are quick). */
+void harness_s3_config(const harness_s3 *h, edl_storage_config *cfg, const char *uri);
+void harness_s3_stop(harness_s3 *h); /* kills the server, removes its data; NULL is fine */
 
 #endif

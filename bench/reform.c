@@ -1,0 +1,461 @@
+/* reform.c: re-formation latency of an elastic job, and what the agent and job server cost.
+ *
+ * For N agents (4, 16, 64 by default) with a trivial trainer (sleep) on a local etcd and one
+ * job server, repeated trials of three events, each timed until every surviving member's agent
+ * reports its trainer running in the new generation:
+ *   leave   SIGTERM to an agent (graceful: its lease is revoked at once)
+ *   join    a new agent; timed from its registration, minus the settle window
+ *   kill    SIGKILL to an agent; timed from the kill, minus the lease TTL (detection beyond TTL)
+ * Then the agents' resident memory and CPU use while idle, and the job server's time to publish
+ * a generation of 1,000 members registered directly by this program (with js_reconcile's own
+ * time measured in-process beside it).
+ *
+ * For comparison (a documented default, not measured here): TorchElastic's c10d/etcd rendezvous
+ * waits a last-call window of 30 s after a join before the new round starts.
+ *
+ * Usage: reform [--sizes 4,16,64] [--trials 10] [--ttl 2] [--settle-ms 500] */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "edl/cluster.h"
+#include "edl/etcd.h"
+#include "edl/etcd_server.h"
+#include "edl/log.h"
+#include "reconcile.h"
+
+#define MAX_AGENTS 256
+
+typedef struct bench {
+    edl_etcd_server *srv;
+    edl_etcd *c;
+    const char *ep;
+    char agent_bin[512], js_bin[512];
+    int ttl;
+    int settle_ms;
+    int trials;
+    char job[32];
+    pid_t js;
+    pid_t agents[MAX_AGENTS];
+    char names[MAX_AGENTS][48];
+    int n_agents;
+    int next;
+} bench;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static pid_t spawn(char *const *argv)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
+        FILE *null = freopen("/dev/null", "w", stdout);
+        (void)null;
+        null = freopen("/dev/null", "w", stderr);
+        (void)null;
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static char *key(const bench *b, const char *rest)
+{
+    return edl_job_key(NULL, b->job, rest);
+}
+
+static void start_agent(bench *b)
+{
+    int i = b->n_agents++;
+    snprintf(b->names[i], sizeof b->names[i], "%s-%d", b->job, b->next++);
+    char *argv[] = {b->agent_bin, "--etcd", (char *)b->ep, "--job", b->job, "--pod", b->names[i],
+                    "--grace-ms", "1000", "--", "/bin/sleep", "100000", NULL};
+    b->agents[i] = spawn(argv);
+}
+
+static void remove_agent(bench *b, int i, int sig)
+{
+    kill(b->agents[i], sig);
+    waitpid(b->agents[i], NULL, 0);
+    b->agents[i] = b->agents[b->n_agents - 1];
+    memcpy(b->names[i], b->names[b->n_agents - 1], sizeof b->names[i]);
+    b->n_agents--;
+}
+
+/* Generation in force, if every member's trainer runs in it with n members (else 0). */
+static int64_t all_running(bench *b, int n)
+{
+    char *kc = key(b, "cluster"), *ks = key(b, "status/");
+    edl_kv *kv = NULL;
+    int64_t gen = 0;
+    edl_range_result r = {0};
+    edl_range_opts o = {.prefix = true};
+    if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0 &&
+        edl_etcd_range(b->c, edl_str(ks), &o, &r) == 0) {
+        edl_cluster cl = {0};
+        char err[256];
+        if (edl_cluster_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0 &&
+            (int)cl.n_members == n && cl.state == EDL_JOB_RUNNING) {
+            int ok = 0;
+            for (size_t i = 0; i < r.n_kvs; i++) {
+                edl_pod_status st;
+                if (edl_pod_status_parse(r.kvs[i].value, r.kvs[i].value_len, &st, err,
+                                         sizeof err) == 0 &&
+                    st.generation == cl.generation && st.state == EDL_TRAINER_RUNNING)
+                    ok++;
+            }
+            if (ok == n)
+                gen = cl.generation;
+        }
+        edl_cluster_free(&cl);
+    }
+    edl_range_result_free(&r);
+    edl_kv_free(kv);
+    free(kc);
+    free(ks);
+    return gen;
+}
+
+/* Wait until n members run a generation newer than `after`; returns the time it happened. */
+static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
+{
+    int64_t deadline = now_ms() + 60000;
+    while (now_ms() < deadline) {
+        int64_t g = all_running(b, n);
+        if (g > after) {
+            *gen = g;
+            return now_ms();
+        }
+        usleep(2000);
+    }
+    fprintf(stderr, "reform: job %s did not re-form with %d members within 60 s\n", b->job, n);
+    exit(1);
+}
+
+/* Time of the newest pod's registration (creation of its key), by polling. */
+static int64_t wait_registered(bench *b, const char *pod)
+{
+    char rest[96];
+    snprintf(rest, sizeof rest, "pods/%s", pod);
+    char *k = key(b, rest);
+    int64_t deadline = now_ms() + 30000;
+    while (now_ms() < deadline) {
+        edl_kv *kv = NULL;
+        if (edl_etcd_get(b->c, edl_str(k), &kv, NULL) == 0) {
+            edl_kv_free(kv);
+            free(k);
+            return now_ms();
+        }
+        usleep(500);
+    }
+    fprintf(stderr, "reform: %s never registered\n", pod);
+    exit(1);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(int n, const char *event, int64_t *v, int k, const char *note)
+{
+    qsort(v, (size_t)k, sizeof *v, cmp_i64);
+    int64_t p50 = v[k / 2], p99 = v[(k * 99 + 99) / 100 - 1 < k ? (k * 99 + 99) / 100 - 1 : k - 1];
+    printf("reform N=%-3d %-6s p50 %5lld ms  p99 %5lld ms  (%d trials; %s)\n", n, event,
+           (long long)p50, (long long)p99, k, note);
+    fflush(stdout);
+}
+
+static void run_size(bench *b, int n)
+{
+    snprintf(b->job, sizeof b->job, "bench%d", n);
+    char spec[256];
+    snprintf(spec, sizeof spec, "{\"min\":1,\"max\":%d,\"settle_ms\":%d,\"ttl_s\":%d}", n + 8,
+             b->settle_ms, b->ttl);
+    char *ks = key(b, "spec");
+    edl_etcd_put(b->c, edl_str(ks), edl_str(spec), NULL, NULL);
+    free(ks);
+    char *jsv[] = {b->js_bin, "--etcd", (char *)b->ep, "--job", b->job, "--ttl", "5", NULL};
+    b->js = spawn(jsv);
+    b->n_agents = 0;
+    b->next = 0;
+    for (int i = 0; i < n; i++)
+        start_agent(b);
+    int64_t gen = 0;
+    wait_formed(b, n, 0, &gen);
+    int64_t leave[64], join[64], killv[64];
+    int t;
+    for (t = 0; t < b->trials && t < 64; t++) {
+        int victim = 1 + t % (n - 1); /* never the pod of rank 0 */
+        int64_t t0 = now_ms();
+        remove_agent(b, victim, SIGTERM);
+        leave[t] = wait_formed(b, n - 1, gen, &gen) - t0;
+        start_agent(b);
+        t0 = wait_registered(b, b->names[b->n_agents - 1]);
+        join[t] = wait_formed(b, n, gen, &gen) - t0 - b->settle_ms;
+        victim = 1 + (t + 1) % (n - 1);
+        t0 = now_ms();
+        remove_agent(b, victim, SIGKILL);
+        killv[t] = wait_formed(b, n - 1, gen, &gen) - t0 - b->ttl * 1000;
+        start_agent(b);
+        wait_formed(b, n, gen, &gen);
+    }
+    report(n, "leave", leave, t, "SIGTERM -> all survivors running the new generation");
+    report(n, "join", join, t, "after the settle window closes");
+    char note[96];
+    snprintf(note, sizeof note, "SIGKILL: detection beyond the %d s lease TTL", b->ttl);
+    report(n, "kill", killv, t, note);
+}
+
+/* utime+stime of a process in clock ticks, and its resident set in KiB. */
+static void proc_usage(pid_t pid, long *ticks, long *rss_kib)
+{
+    char path[64], buf[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    *ticks = 0;
+    if (f && fgets(buf, sizeof buf, f)) {
+        char *p = strrchr(buf, ')');
+        unsigned long ut = 0, st = 0;
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+                        &st) == 2)
+            *ticks = (long)(ut + st);
+    }
+    if (f)
+        fclose(f);
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    f = fopen(path, "r");
+    *rss_kib = 0;
+    while (f && fgets(buf, sizeof buf, f))
+        if (sscanf(buf, "VmRSS: %ld", rss_kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+}
+
+static void idle_cost(bench *b, int seconds)
+{
+    long t0[MAX_AGENTS], rss = 0, total0 = 0, total1 = 0, r;
+    for (int i = 0; i < b->n_agents; i++) {
+        proc_usage(b->agents[i], &t0[i], &r);
+        total0 += t0[i];
+    }
+    sleep((unsigned)seconds);
+    long max_rss = 0;
+    for (int i = 0; i < b->n_agents; i++) {
+        long t1;
+        proc_usage(b->agents[i], &t1, &r);
+        total1 += t1;
+        rss += r;
+        if (r > max_rss)
+            max_rss = r;
+    }
+    double cpu = (double)(total1 - total0) / (double)sysconf(_SC_CLK_TCK) / seconds /
+                 b->n_agents * 100.0;
+    printf("agent idle (N=%d, %d s): RSS mean %.1f MiB, max %.1f MiB; CPU %.3f %% of a core "
+           "each (lease renewals every TTL/3 = %.1f s, one watch)\n",
+           b->n_agents, seconds, (double)rss / b->n_agents / 1024.0, (double)max_rss / 1024.0,
+           cpu, b->ttl / 3.0);
+}
+
+static void stop_all(bench *b)
+{
+    while (b->n_agents)
+        remove_agent(b, 0, SIGKILL);
+    kill(b->js, SIGKILL);
+    waitpid(b->js, NULL, 0);
+}
+
+/* 1,000 members registered directly; time until the job server has published them. */
+static void big_generation(bench *b, int members)
+{
+    snprintf(b->job, sizeof b->job, "big");
+    char spec[128];
+    snprintf(spec, sizeof spec, "{\"min\":1,\"max\":%d,\"settle_ms\":0}", members);
+    char *ks = key(b, "spec");
+    edl_etcd_put(b->c, edl_str(ks), edl_str(spec), NULL, NULL);
+    free(ks);
+    int64_t lease;
+    edl_etcd_lease_grant(b->c, 60, 0, &lease, NULL);
+    /* all but the last in batches (etcd allows 128 operations per txn) */
+    for (int i = 0; i < members - 1;) {
+        edl_txn *t = edl_txn_new();
+        for (int k = 0; k < 100 && i < members - 1; k++, i++) {
+            char rest[64], doc[128];
+            snprintf(rest, sizeof rest, "pods/p%04d", i);
+            snprintf(doc, sizeof doc, "{\"role\":\"worker\",\"addr\":\"10.0.%d.%d\",\"port\":29500}",
+                     i / 250, i % 250);
+            char *k2 = key(b, rest);
+            edl_put_opts po = {.lease = lease};
+            edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(k2), edl_str(doc), &po);
+            free(k2);
+        }
+        edl_txn_result r;
+        edl_etcd_txn(b->c, t, &r);
+        edl_txn_result_free(&r);
+        edl_txn_free(t);
+    }
+    char *jsv[] = {b->js_bin, "--etcd", (char *)b->ep, "--job", b->job, NULL};
+    b->js = spawn(jsv);
+    int64_t g0 = 0;
+    char *kc = key(b, "cluster");
+    for (int64_t dl = now_ms() + 30000; now_ms() < dl && !g0;) {
+        edl_kv *kv = NULL;
+        if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0)
+            g0 = 1;
+        edl_kv_free(kv);
+        usleep(5000);
+    }
+    /* now the last member joins: time from its registration to the published generation */
+    char *kl = key(b, "pods/p9999");
+    edl_put_opts po = {.lease = lease};
+    double t0 = now_s();
+    edl_etcd_put(b->c, edl_str(kl), edl_str("{\"role\":\"worker\",\"addr\":\"10.9.9.9\"}"), &po,
+                 NULL);
+    double took = -1;
+    for (int64_t dl = now_ms() + 30000; now_ms() < dl;) {
+        edl_kv *kv = NULL;
+        edl_cluster cl = {0};
+        char err[256];
+        if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0 &&
+            edl_cluster_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0 &&
+            (int)cl.n_members == members) {
+            took = now_s() - t0;
+            edl_cluster_free(&cl);
+            edl_kv_free(kv);
+            break;
+        }
+        edl_cluster_free(&cl);
+        edl_kv_free(kv);
+        usleep(1000);
+    }
+    free(kc);
+    free(kl);
+    kill(b->js, SIGKILL);
+    waitpid(b->js, NULL, 0);
+    edl_etcd_lease_revoke(b->c, lease);
+
+    /* the decision alone, in-process, on the same shape of input */
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    sp.max = members;
+    sp.settle_ms = 0;
+    edl_pod *pods = calloc((size_t)members, sizeof *pods);
+    edl_pod_status *st = calloc((size_t)members, sizeof *st);
+    bool *has = calloc((size_t)members, sizeof *has);
+    char (*names)[16] = calloc((size_t)members, sizeof *names);
+    for (int i = 0; i < members; i++) {
+        snprintf(names[i], sizeof names[i], "p%04d", i);
+        pods[i] = (edl_pod){.name = names[i], .role = "worker", .addr = "10.0.0.1",
+                            .port = 29500, .lease = 1000 + i, .create_revision = i + 1};
+    }
+    edl_cluster cur = {0};
+    js_memory mem = {0};
+    js_observed o = {.spec = &sp, .pods = pods, .n_pods = (size_t)members - 1, .status = st,
+                     .has_status = has, .cluster = &cur, .now_ms = 1, .mono_ms = 1};
+    js_decision d;
+    js_reconcile(&o, &mem, &d); /* the first generation, with all but one */
+    edl_cluster_free(&cur);
+    cur = d.next;
+    memset(&d.next, 0, sizeof d.next);
+    js_decision_free(&d);
+    o.n_pods = (size_t)members;
+    double r0 = now_s();
+    int reps = 20;
+    for (int i = 0; i < reps; i++) {
+        js_reconcile(&o, &mem, &d);
+        char *json = edl_cluster_to_json(&d.next);
+        free(json);
+        js_decision_free(&d);
+    }
+    double per = (now_s() - r0) / reps;
+    printf("jobserver: %d registered members -> generation published %.1f ms after the last "
+           "join (js_reconcile + JSON alone: %.2f ms)\n",
+           members, took * 1000.0, per * 1000.0);
+    edl_cluster_free(&cur);
+    js_memory_free(&mem);
+    free(pods);
+    free(st);
+    free(has);
+    free(names);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"sizes", required_argument, 0, 's'},  {"trials", required_argument, 0, 't'},
+        {"ttl", required_argument, 0, 'l'},    {"settle-ms", required_argument, 0, 'w'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+    };
+    bench b = {.ttl = 2, .settle_ms = 500, .trials = 10};
+    char sizes[128] = "4,16,64";
+    int ch;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 's': snprintf(sizes, sizeof sizes, "%s", optarg); break;
+        case 't': b.trials = atoi(optarg); break;
+        case 'l': b.ttl = atoi(optarg); break;
+        case 'w': b.settle_ms = atoi(optarg); break;
+        case 'h':
+            printf("Usage: reform [--sizes 4,16,64] [--trials 10] [--ttl 2] [--settle-ms 500]\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (b.trials < 1 || b.ttl < 1 || b.settle_ms < 0) {
+        fprintf(stderr, "reform: --trials and --ttl must be >= 1, --settle-ms >= 0\n");
+        return 2;
+    }
+    edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL);
+    const char *bin = getenv("EDL_BIN_DIR") ? getenv("EDL_BIN_DIR") : EDL_BIN_DIR;
+    snprintf(b.agent_bin, sizeof b.agent_bin, "%s/edl-agent", bin);
+    snprintf(b.js_bin, sizeof b.js_bin, "%s/edl-jobserver", bin);
+    edl_etcd_server_opts so = {.quiet = true};
+    if (edl_etcd_server_start(&so, &b.srv) != 0) {
+        fprintf(stderr, "reform: cannot start etcd\n");
+        return 1;
+    }
+    b.ep = edl_etcd_server_endpoints(b.srv);
+    edl_etcd_connect(b.ep, &b.c);
+    printf("reform: local etcd, one job server, trivial trainers; settle window %d ms, lease "
+           "TTL %d s\n", b.settle_ms, b.ttl);
+    printf("reference: TorchElastic's default rendezvous waits a 30 s last-call window after a "
+           "join (documented default, not measured here)\n");
+    for (char *s = strtok(sizes, ","); s; s = strtok(NULL, ",")) {
+        int n = atoi(s);
+        if (n < 2 || n > MAX_AGENTS - 8) {
+            fprintf(stderr, "reform: size %d out of range 2..%d\n", n, MAX_AGENTS - 8);
+            continue;
+        }
+        run_size(&b, n);
+        if (n == 16)
+            idle_cost(&b, 10);
+        stop_all(&b);
+    }
+    big_generation(&b, 1000);
+    edl_etcd_free(b.c);
+    edl_etcd_server_free(b.srv);
+    return 0;
+}

@@ -1,0 +1,507 @@
+/* control.c: `edl scale`, `edl status` and `edl stop`: small clients of a job's etcd keys.
+ * scale and stop only change the spec (a txn on its revision); the launcher or operator and the
+ * job server act on it. status reads the spec, the generation, the pods and their trainers. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_state_dir(char *buf, size_t n)
+{
+    const char *d = getenv("EDL_STATE_DIR"), *x = getenv("XDG_RUNTIME_DIR");
+    if (d && *d)
+        snprintf(buf, n, "%s", d);
+    else if (x && *x)
+        snprintf(buf, n, "%s/edl", x);
+    else
+        snprintf(buf, n, "/tmp/edl-%u", (unsigned)getuid());
+}
+
+static void state_path(const char *job, char *buf, size_t n)
+{
+    char dir[512];
+    cli_state_dir(dir, sizeof dir);
+    snprintf(buf, n, "%s/%s.endpoints", dir, job);
+}
+
+int cli_state_write(const char *job, const char *endpoints)
+{
+    char dir[512], path[700], tmp[720];
+    cli_state_dir(dir, sizeof dir);
+    mkdir(dir, 0700);
+    state_path(job, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return EDL_EIO;
+    fprintf(f, "%s\n", endpoints);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return EDL_EIO;
+    }
+    return 0;
+}
+
+void cli_state_remove(const char *job)
+{
+    char path[700];
+    state_path(job, path, sizeof path);
+    unlink(path);
+}
+
+int cli_connect(const cli_common *co, const char *job, edl_etcd **out)
+{
+    char buf[4096], path[700];
+    const char *ep = co->etcd;
+    if (!ep || !*ep)
+        ep = getenv("EDL_ETCD_ENDPOINTS");
+    if (!ep || !*ep) {
+        state_path(job, path, sizeof path);
+        FILE *f = fopen(path, "r");
+        if (!f || !fgets(buf, sizeof buf, f)) {
+            if (f)
+                fclose(f);
+            fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
+                            "EDL_ETCD_ENDPOINTS (no local job of that name: %s)\n", job, path);
+            return CLI_USAGE;
+        }
+        fclose(f);
+        buf[strcspn(buf, "\r\n")] = '\0';
+        ep = buf;
+    }
+    int rc = edl_etcd_connect(ep, out);
+    if (rc) {
+        fprintf(stderr, "edl: etcd endpoints \"%s\": %s\n", ep, edl_strerror(rc));
+        return CLI_USAGE;
+    }
+    return 0;
+}
+
+int cli_read_spec(edl_etcd *c, const char *prefix, const char *job, edl_job_spec *spec,
+                  int64_t *mod)
+{
+    char *k = edl_job_key(prefix, job, "spec");
+    if (!k)
+        return EDL_ENOMEM;
+    edl_kv *kv = NULL;
+    int rc = edl_etcd_get(c, edl_str(k), &kv, NULL);
+    free(k);
+    if (rc)
+        return rc;
+    char err[512];
+    rc = edl_spec_parse(kv->value, kv->value_len, spec, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "edl: job %s has an invalid spec: %s\n", job, err);
+    if (mod)
+        *mod = kv->mod_revision;
+    edl_kv_free(kv);
+    return rc;
+}
+
+int cli_update_spec(edl_etcd *c, const char *prefix, const char *job, cli_spec_edit edit,
+                    void *arg, edl_job_spec *before, edl_job_spec *after)
+{
+    char *k = edl_job_key(prefix, job, "spec");
+    if (!k)
+        return EDL_ENOMEM;
+    int rc = EDL_ECONFLICT;
+    for (int attempt = 0; attempt < 10 && rc == EDL_ECONFLICT; attempt++) {
+        int64_t mod = 0;
+        edl_spec_free(before);
+        edl_spec_init(before);
+        if ((rc = cli_read_spec(c, prefix, job, before, &mod)) != 0)
+            break;
+        edl_spec_free(after);
+        edl_spec_init(after);
+        *after = *before;
+        after->checkpoint_uri = before->checkpoint_uri ? strdup(before->checkpoint_uri) : NULL;
+        edit(after, arg);
+        char err[256];
+        if ((rc = edl_spec_validate(after, err, sizeof err)) != 0) {
+            fprintf(stderr, "edl: %s\n", err);
+            break;
+        }
+        char *json = edl_spec_to_json(after);
+        edl_txn *t = edl_txn_new();
+        if (!json || !t) {
+            free(json);
+            edl_txn_free(t);
+            rc = EDL_ENOMEM;
+            break;
+        }
+        edl_txn_cmp_mod(t, edl_str(k), EDL_CMP_EQUAL, mod);
+        edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(k), edl_str(json), NULL);
+        edl_txn_result r;
+        rc = edl_etcd_txn(c, t, &r);
+        if (!rc) {
+            rc = r.succeeded ? 0 : EDL_ECONFLICT;
+            edl_txn_result_free(&r);
+        }
+        edl_txn_free(t);
+        free(json);
+    }
+    free(k);
+    return rc;
+}
+
+/* Parse the options every control subcommand takes; returns the index of the first operand. */
+static int parse_common(int argc, char **argv, const char *usage, cli_common *co, bool *json,
+                        bool *wait)
+{
+    static const struct option opts[] = {
+        {"etcd", required_argument, 0, 'e'}, {"prefix", required_argument, 0, 'p'},
+        {"json", no_argument, 0, 'J'},       {"no-wait", no_argument, 0, 'W'},
+        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
+    };
+    co->prefix = EDL_DEFAULT_PREFIX;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'e': co->etcd = optarg; break;
+        case 'p': co->prefix = optarg; break;
+        case 'J':
+            if (!json)
+                goto bad;
+            *json = true;
+            break;
+        case 'W':
+            if (!wait)
+                goto bad;
+            *wait = false;
+            break;
+        case 'h': printf("%s", usage); exit(0);
+        default: goto bad;
+        }
+    }
+    return optind;
+bad:
+    fprintf(stderr, "%s", usage);
+    return -1;
+}
+
+static int report_etcd_error(edl_etcd *c, const char *job, int rc)
+{
+    if (rc == EDL_ENOTFOUND) {
+        fprintf(stderr, "edl: no job \"%s\" in etcd\n", job);
+        return CLI_JOB_FAILED;
+    }
+    if (rc == EDL_ECONFIG)
+        return CLI_USAGE;
+    fprintf(stderr, "edl: job %s: %s (%s)\n", job, edl_strerror(rc), edl_etcd_errmsg(c));
+    return CLI_ETCD;
+}
+
+static void set_replicas(edl_job_spec *s, void *arg)
+{
+    s->replicas = *(int *)arg;
+}
+
+int cli_scale(int argc, char **argv)
+{
+    static const char usage[] =
+        "Usage: edl scale JOB REPLICAS [--etcd URLS] [--prefix PREFIX]\n"
+        "Sets how many pods the job should have. The launcher (edl run) or the operator starts\n"
+        "or stops pods to match; pods beyond the spec's max wait as standbys.\n";
+    cli_common co = {0};
+    int i = parse_common(argc, argv, usage, &co, NULL, NULL);
+    if (i < 0)
+        return CLI_USAGE;
+    if (argc - i != 2) {
+        fprintf(stderr, "%s", usage);
+        return CLI_USAGE;
+    }
+    const char *job = argv[i];
+    char *end;
+    long n = strtol(argv[i + 1], &end, 10);
+    if (!edl_name_valid(job) || !*argv[i + 1] || *end || n < 0 || n > EDL_MEMBERS_MAX) {
+        fprintf(stderr, "edl scale: expected a job name and a replica count 0..%d, got \"%s\" "
+                        "\"%s\"\n", EDL_MEMBERS_MAX, job, argv[i + 1]);
+        return CLI_USAGE;
+    }
+    edl_etcd *c;
+    int rc = cli_connect(&co, job, &c);
+    if (rc)
+        return rc;
+    edl_job_spec before, after;
+    edl_spec_init(&before);
+    edl_spec_init(&after);
+    int want = (int)n;
+    rc = cli_update_spec(c, co.prefix, job, set_replicas, &want, &before, &after);
+    if (!rc) {
+        printf("job %s: replicas %d -> %d", job, before.replicas < 0 ? before.max : before.replicas,
+               want);
+        if (want > after.max)
+            printf(" (%d beyond max %d will wait as standbys)", want - after.max, after.max);
+        if (want < after.min)
+            printf(" (below min %d: the job will wait)", after.min);
+        printf("\n");
+    }
+    int ret = rc ? report_etcd_error(c, job, rc) : CLI_OK;
+    edl_spec_free(&before);
+    edl_spec_free(&after);
+    edl_etcd_free(c);
+    return ret;
+}
+
+static void set_stopped(edl_job_spec *s, void *arg)
+{
+    (void)arg;
+    s->stopped = true;
+}
+
+static int read_cluster(edl_etcd *c, const char *prefix, const char *job, edl_cluster *cl)
+{
+    char *k = edl_job_key(prefix, job, "cluster");
+    edl_kv *kv = NULL;
+    int rc = k ? edl_etcd_get(c, edl_str(k), &kv, NULL) : EDL_ENOMEM;
+    free(k);
+    if (rc)
+        return rc;
+    char err[512];
+    rc = edl_cluster_parse(kv->value, kv->value_len, cl, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "edl: job %s: the published generation is unreadable: %s\n", job, err);
+    edl_kv_free(kv);
+    return rc;
+}
+
+int cli_stop(int argc, char **argv)
+{
+    static const char usage[] =
+        "Usage: edl stop JOB [--no-wait] [--etcd URLS] [--prefix PREFIX]\n"
+        "Asks the job to stop: trainers are stopped, agents leave, and the job ends as\n"
+        "\"stopped\". Waits (up to 60 s) until the job server has recorded it, unless --no-wait.\n";
+    cli_common co = {0};
+    bool wait = true;
+    int i = parse_common(argc, argv, usage, &co, NULL, &wait);
+    if (i < 0)
+        return CLI_USAGE;
+    if (argc - i != 1 || !edl_name_valid(argv[i])) {
+        fprintf(stderr, "%s", usage);
+        return CLI_USAGE;
+    }
+    const char *job = argv[i];
+    edl_etcd *c;
+    int rc = cli_connect(&co, job, &c);
+    if (rc)
+        return rc;
+    edl_job_spec before, after;
+    edl_spec_init(&before);
+    edl_spec_init(&after);
+    rc = cli_update_spec(c, co.prefix, job, set_stopped, NULL, &before, &after);
+    edl_spec_free(&before);
+    edl_spec_free(&after);
+    if (rc) {
+        int ret = report_etcd_error(c, job, rc);
+        edl_etcd_free(c);
+        return ret;
+    }
+    printf("job %s: stop requested\n", job);
+    int ret = CLI_OK;
+    for (int t = 0; wait && t < 600; t++) {
+        edl_cluster cl = {0};
+        rc = read_cluster(c, co.prefix, job, &cl);
+        bool final = !rc && edl_job_state_final(cl.state);
+        if (final)
+            printf("job %s: %s (%s)\n", job, edl_job_state_name(cl.state),
+                   cl.reason ? cl.reason : "");
+        edl_cluster_free(&cl);
+        if (final)
+            break;
+        if (t == 599) {
+            fprintf(stderr, "edl stop: the job server has not recorded the stop after 60 s: is "
+                            "it running?\n");
+            ret = CLI_ETCD;
+        }
+        usleep(100 * 1000);
+    }
+    edl_etcd_free(c);
+    return ret;
+}
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+typedef struct job_view {
+    edl_job_spec spec;
+    bool have_spec;
+    edl_cluster cl;
+    bool have_cluster;
+    edl_pod *pods;
+    size_t n_pods;
+    edl_pod_status *st;
+    bool *has_st;
+} job_view;
+
+static void view_free(job_view *v)
+{
+    edl_spec_free(&v->spec);
+    edl_cluster_free(&v->cl);
+    for (size_t i = 0; i < v->n_pods; i++)
+        edl_pod_free(&v->pods[i]);
+    free(v->pods);
+    free(v->st);
+    free(v->has_st);
+}
+
+static int read_pods(edl_etcd *c, const char *prefix, const char *job, job_view *v)
+{
+    char *kp = edl_job_key(prefix, job, "pods/"), *ks = edl_job_key(prefix, job, "status/");
+    edl_range_opts o = {.prefix = true, .sort_order = EDL_SORT_ASCEND,
+                        .sort_target = EDL_SORT_CREATE};
+    edl_range_result rp = {0}, rs = {0};
+    int rc = (kp && ks) ? edl_etcd_range(c, edl_str(kp), &o, &rp) : EDL_ENOMEM;
+    if (!rc)
+        rc = edl_etcd_range(c, edl_str(ks), &o, &rs);
+    if (!rc) {
+        v->pods = calloc(rp.n_kvs + 1, sizeof *v->pods);
+        v->st = calloc(rp.n_kvs + 1, sizeof *v->st);
+        v->has_st = calloc(rp.n_kvs + 1, sizeof *v->has_st);
+        rc = (v->pods && v->st && v->has_st) ? 0 : EDL_ENOMEM;
+    }
+    for (size_t i = 0; !rc && i < rp.n_kvs; i++) {
+        edl_pod *p = &v->pods[v->n_pods];
+        char err[256];
+        p->name = strdup(rp.kvs[i].key + strlen(kp));
+        p->lease = rp.kvs[i].lease;
+        if (!p->name || edl_pod_parse(rp.kvs[i].value, rp.kvs[i].value_len, p, err, sizeof err)) {
+            edl_pod_free(p);
+            continue;
+        }
+        for (size_t j = 0; j < rs.n_kvs; j++)
+            if (strcmp(rs.kvs[j].key + strlen(ks), p->name) == 0 &&
+                edl_pod_status_parse(rs.kvs[j].value, rs.kvs[j].value_len, &v->st[v->n_pods],
+                                     err, sizeof err) == 0)
+                v->has_st[v->n_pods] = true;
+        v->n_pods++;
+    }
+    edl_range_result_free(&rp);
+    edl_range_result_free(&rs);
+    free(kp);
+    free(ks);
+    return rc;
+}
+
+static const char *role_of(const job_view *v, const edl_pod *p, char *buf, size_t n)
+{
+    const edl_member *m = v->have_cluster ? edl_cluster_member(&v->cl, p->name) : NULL;
+    if (m && m->lease == p->lease) {
+        snprintf(buf, n, "%d", m->rank);
+        return buf;
+    }
+    for (size_t i = 0; v->have_cluster && i < v->cl.n_standbys; i++)
+        if (strcmp(v->cl.standbys[i], p->name) == 0)
+            return "standby";
+    for (size_t i = 0; v->have_cluster && i < v->cl.n_failures; i++)
+        if (strcmp(v->cl.failures[i].pod, p->name) == 0 &&
+            v->cl.failures[i].excluded_until > (int64_t)time(NULL) * 1000)
+            return "excluded";
+    return "-";
+}
+
+static void print_table(const char *job, const job_view *v)
+{
+    if (!v->have_cluster) {
+        printf("job %s: no generation yet (%zu pods registered)\n", job, v->n_pods);
+    } else {
+        printf("job %s: %s, generation %lld, %zu members, %d restarts\n", job,
+               edl_job_state_name(v->cl.state), (long long)v->cl.generation, v->cl.n_members,
+               v->cl.restarts);
+        if (v->cl.reason && *v->cl.reason)
+            printf("reason: %s\n", v->cl.reason);
+        if (v->cl.spec_error)
+            printf("SPEC ERROR (the last valid spec stays in force): %s\n", v->cl.spec_error);
+    }
+    if (v->have_spec)
+        printf("spec: min %d, max %d, replicas %d%s\n", v->spec.min, v->spec.max,
+               v->spec.replicas < 0 ? v->spec.max : v->spec.replicas,
+               v->spec.stopped ? ", stop requested" : "");
+    printf("%-6s %-24s %-22s %-9s %-6s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER", "GEN",
+           "STEP", "RESTARTS");
+    for (size_t i = 0; i < v->n_pods; i++) {
+        const edl_pod *p = &v->pods[i];
+        char rk[16], ep[300], state[32] = "-", gen[24] = "-", step[24] = "-", rs[24] = "-";
+        snprintf(ep, sizeof ep, "%s:%d", p->addr, p->port);
+        if (v->has_st[i]) {
+            const edl_pod_status *s = &v->st[i];
+            if (s->state == EDL_TRAINER_EXITED)
+                snprintf(state, sizeof state, "exit(%d)", s->exit_code);
+            else if (s->state == EDL_TRAINER_SIGNALED)
+                snprintf(state, sizeof state, "signal(%d)", s->signal);
+            else
+                snprintf(state, sizeof state, "%s", edl_trainer_state_name(s->state));
+            snprintf(gen, sizeof gen, "%lld", (long long)s->generation);
+            if (s->step >= 0)
+                snprintf(step, sizeof step, "%lld", (long long)s->step);
+            snprintf(rs, sizeof rs, "%lld", (long long)s->restarts);
+        }
+        printf("%-6s %-24s %-22s %-9s %-6s %-8s %s\n", role_of(v, p, rk, sizeof rk), p->name, ep,
+               state, gen, step, rs);
+    }
+}
+
+static void print_json(const job_view *v)
+{
+    char *cl = v->have_cluster ? edl_cluster_to_json(&v->cl) : NULL;
+    char *sp = v->have_spec ? edl_spec_to_json(&v->spec) : NULL;
+    printf("{\"spec\":%s,\"cluster\":%s,\"pods\":[", sp ? sp : "null", cl ? cl : "null");
+    for (size_t i = 0; i < v->n_pods; i++) {
+        char *p = edl_pod_to_json(&v->pods[i]);
+        char *s = v->has_st[i] ? edl_pod_status_to_json(&v->st[i]) : NULL;
+        printf("%s{\"name\":\"%s\",\"pod\":%s,\"status\":%s}", i ? "," : "", v->pods[i].name,
+               p ? p : "null", s ? s : "null");
+        free(p);
+        free(s);
+    }
+    printf("]}\n");
+    free(cl);
+    free(sp);
+}
+
+int cli_status(int argc, char **argv)
+{
+    static const char usage[] =
+        "Usage: edl status JOB [--json] [--etcd URLS] [--prefix PREFIX]\n"
+        "Shows the job's state, generation, members with their ranks, and each trainer.\n";
+    cli_common co = {0};
+    bool json = false;
+    int i = parse_common(argc, argv, usage, &co, &json, NULL);
+    if (i < 0)
+        return CLI_USAGE;
+    if (argc - i != 1 || !edl_name_valid(argv[i])) {
+        fprintf(stderr, "%s", usage);
+        return CLI_USAGE;
+    }
+    const char *job = argv[i];
+    edl_etcd *c;
+    int rc = cli_connect(&co, job, &c);
+    if (rc)
+        return rc;
+    job_view v = {0};
+    edl_spec_init(&v.spec);
+    rc = cli_read_spec(c, co.prefix, job, &v.spec, NULL);
+    v.have_spec = rc == 0;
+    int ret = CLI_OK;
+    if (rc == EDL_ENOTFOUND || (rc && rc != EDL_ECONFIG && rc != EDL_EPROTO)) {
+        ret = report_etcd_error(c, job, rc);
+    } else {
+        rc = read_cluster(c, co.prefix, job, &v.cl);
+        v.have_cluster = rc == 0;
+        if (rc && rc != EDL_ENOTFOUND && rc != EDL_EPROTO && rc != EDL_ECONFIG)
+            ret = report_etcd_error(c, job, rc);
+        else if ((rc = read_pods(c, co.prefix, job, &v)) != 0)
+            ret = report_etcd_error(c, job, rc);
+        else if (json)
+            print_json(&v);
+        else
+            print_table(job, &v);
+    }
+    view_free(&v);
+    edl_etcd_free(c);
+    return ret;
+}

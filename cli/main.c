@@ -1,0 +1,52 @@
+/* main.c: the `edl` command: dispatch to run, scale, status and stop. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "edl/log.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: edl COMMAND [ARGS...]\n"
+            "\n"
+            "Commands:\n"
+            "  run --np MIN:MAX [options] -- TRAINER [ARGS...]   run an elastic job on this machine\n"
+            "  scale JOB N                                       set the job's replica count\n"
+            "  status JOB [--json]                               generation, members, ranks, trainers\n"
+            "  stop JOB                                          stop the job\n"
+            "\n"
+            "Each command takes --help. scale, status and stop find a local job's etcd by itself;\n"
+            "elsewhere pass --etcd URLS or set EDL_ETCD_ENDPOINTS.\n"
+            "Exit codes: 0 success, 1 job failed or not found, 2 usage, 3 etcd unreachable,\n"
+            "4 job stopped.\n");
+}
+
+int main(int argc, char **argv)
+{
+    edl_log_setup_from_env();
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("edl 0.1.0\n");
+        return 0;
+    }
+    if (!strcmp(cmd, "run"))
+        return cli_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "scale"))
+        return cli_scale(argc - 1, argv + 1);
+    if (!strcmp(cmd, "status"))
+        return cli_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "stop"))
+        return cli_stop(argc - 1, argv + 1);
+    fprintf(stderr, "edl: unknown command \"%s\"\n\n", cmd);
+    usage(stderr);
+    return CLI_USAGE;
+}

@@ -1,0 +1,814 @@
+/* run.c: `edl run`, a whole elastic job on one machine.
+ *
+ * It starts an etcd of its own (unless given one), writes the job's spec, starts a job server
+ * and as many agents as the spec's replicas ask for, streams their output with a prefix, and
+ * exits with the job's result. Here the launcher plays the part the Kubernetes operator plays
+ * in a cluster, and only that part: it watches `replicas` in the spec and starts or stops agent
+ * processes to match (a replaced crashed agent is a new pod, as a ReplicaSet would make), while
+ * membership, ranks and restarts stay the job server's and the agents' business. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "edl/etcd_server.h"
+#include "edl/log.h"
+
+#define MAX_KIDS 1024
+#define LINE_MAX_BYTES 4096
+
+typedef struct child {
+    pid_t pid;
+    char name[EDL_NAME_MAX + 16];
+    int out;                  /* read end of the child's stdout+stderr, -1 once closed */
+    char buf[LINE_MAX_BYTES];
+    size_t len;
+    bool stopping;            /* we sent SIGTERM */
+    int64_t kill_at;          /* SIGKILL if still alive then (0: not scheduled) */
+    bool exited;
+    int status;               /* exit code or 128+signal */
+} child;
+
+typedef struct run_opts {
+    edl_job_spec spec;
+    const char *job;
+    const char *etcd;
+    const char *prefix;
+    int64_t grace_ms;
+    char **trainer;           /* argv after "--" */
+} run_opts;
+
+typedef struct launcher {
+    run_opts o;
+    edl_etcd_server *srv;
+    const char *endpoints;
+    edl_etcd *c;
+    char agent_bin[PATH_MAX], js_bin[PATH_MAX];
+    child js;
+    child *kids[MAX_KIDS];
+    size_t n_kids;
+    int next_index;
+    int sigfd;
+    edl_watch *w;             /* spec and cluster */
+    int desired;
+    int64_t gen;
+    bool final;
+    edl_job_state state;
+    int interrupted;          /* 0, or the signal that asked us to stop */
+    int64_t started_ms;
+    int width;                /* of the output prefix */
+} launcher;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("edl | ", stdout);
+    vprintf(fmt, ap);
+    fputc('\n', stdout);
+    fflush(stdout);
+    va_end(ap);
+}
+
+/* ---- binaries and children ---------------------------------------------------------------- */
+
+/* $ENV, else next to this program, else from PATH. */
+static void find_bin(const char *env, const char *name, char *out, size_t n)
+{
+    const char *e = getenv(env);
+    if (e && *e) {
+        snprintf(out, n, "%s", e);
+        return;
+    }
+    char self[PATH_MAX - 64];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+        self[len] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(out, n, "%s/%s", self, name);
+            if (access(out, X_OK) == 0)
+                return;
+        }
+    }
+    snprintf(out, n, "%s", name); /* execvp searches PATH */
+}
+
+static int spawn(launcher *l, child *k, char **argv)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return EDL_EIO;
+    pid_t parent = getpid();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return EDL_EIO;
+    }
+    if (pid == 0) {
+        /* local mode: the job's processes die with the launcher */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
+        setpgid(0, 0); /* the terminal's Ctrl-C reaches the launcher only; it stops them */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        int null = open("/dev/null", O_RDONLY);
+        if (null > 0) {
+            dup2(null, 0);
+            close(null);
+        }
+        execvp(argv[0], argv);
+        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(p[1]);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    k->pid = pid;
+    k->out = p[0];
+    int w = (int)strlen(k->name);
+    if (w > l->width)
+        l->width = w;
+    return 0;
+}
+
+/* Print complete lines with the child's name in front; flush a partial one at `eof`. */
+static void pump(launcher *l, child *k, bool eof)
+{
+    for (;;) {
+        if (k->out >= 0 && k->len < sizeof k->buf) {
+            ssize_t n = read(k->out, k->buf + k->len, sizeof k->buf - k->len);
+            if (n > 0)
+                k->len += (size_t)n;
+            else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+                close(k->out);
+                k->out = -1;
+                eof = true;
+            }
+        }
+        char *nl;
+        size_t start = 0;
+        while ((nl = memchr(k->buf + start, '\n', k->len - start))) {
+            printf("%-*s | %.*s\n", l->width, k->name, (int)(nl - (k->buf + start)), k->buf + start);
+            start = (size_t)(nl - k->buf) + 1;
+        }
+        if (start == 0 && (k->len == sizeof k->buf || (eof && k->len))) {
+            printf("%-*s | %.*s\n", l->width, k->name, (int)k->len, k->buf);
+            start = k->len;
+        }
+        memmove(k->buf, k->buf + start, k->len - start);
+        k->len -= start;
+        fflush(stdout);
+        if (k->out < 0 || k->len == sizeof k->buf || start == 0)
+            break;
+    }
+}
+
+static int start_agent(launcher *l)
+{
+    if (l->n_kids >= MAX_KIDS)
+        return EDL_ETOOBIG;
+    child *k = calloc(1, sizeof *k);
+    if (!k)
+        return EDL_ENOMEM;
+    snprintf(k->name, sizeof k->name, "%s-%d", l->o.job, l->next_index++);
+    char grace[32];
+    snprintf(grace, sizeof grace, "%lld", (long long)l->o.grace_ms);
+    char *argv[64 + 1024];
+    size_t a = 0;
+    argv[a++] = l->agent_bin;
+    argv[a++] = "--etcd";
+    argv[a++] = (char *)l->endpoints;
+    argv[a++] = "--job";
+    argv[a++] = (char *)l->o.job;
+    argv[a++] = "--pod";
+    argv[a++] = k->name;
+    argv[a++] = "--prefix";
+    argv[a++] = (char *)l->o.prefix;
+    argv[a++] = "--grace-ms";
+    argv[a++] = grace;
+    argv[a++] = "--";
+    for (char **t = l->o.trainer; *t && a < sizeof argv / sizeof argv[0] - 1; t++)
+        argv[a++] = *t;
+    argv[a] = NULL;
+    int rc = spawn(l, k, argv);
+    if (rc) {
+        free(k);
+        return rc;
+    }
+    l->kids[l->n_kids++] = k;
+    return 0;
+}
+
+static int start_jobserver(launcher *l)
+{
+    snprintf(l->js.name, sizeof l->js.name, "jobserver");
+    char id[EDL_NAME_MAX + 32];
+    snprintf(id, sizeof id, "%s-jobserver-%d", l->o.job, (int)getpid());
+    char *argv[] = {l->js_bin, "--etcd", (char *)l->endpoints, "--job", (char *)l->o.job,
+                    "--prefix", (char *)l->o.prefix, "--id", id, "--ttl", "5", NULL};
+    return spawn(l, &l->js, argv);
+}
+
+static void stop_child(child *k, int64_t grace_ms)
+{
+    if (k->exited || k->stopping)
+        return;
+    kill(k->pid, SIGTERM);
+    k->stopping = true;
+    k->kill_at = now_ms() + grace_ms;
+}
+
+static size_t agents_alive(const launcher *l, bool count_stopping)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->n_kids; i++)
+        if (!l->kids[i]->exited && (count_stopping || !l->kids[i]->stopping))
+            n++;
+    return n;
+}
+
+/* ---- the job in etcd ---------------------------------------------------------------------- */
+
+/* Refuse to take over a job that another launcher or operator is running; else start fresh. */
+static int prepare_job(launcher *l)
+{
+    char *kc = edl_job_key(l->o.prefix, l->o.job, "cluster");
+    char *kl = edl_job_key(l->o.prefix, l->o.job, "leader");
+    char *kj = edl_job_key(l->o.prefix, l->o.job, "");
+    char *ks = edl_job_key(l->o.prefix, l->o.job, "spec");
+    int rc = (kc && kl && kj && ks) ? 0 : EDL_ENOMEM;
+    edl_kv *leader = NULL, *cl = NULL;
+    if (!rc && edl_etcd_get(l->c, edl_str(kl), &leader, NULL) == 0 &&
+        edl_etcd_get(l->c, edl_str(kc), &cl, NULL) == 0) {
+        edl_cluster c = {0};
+        char err[256];
+        if (edl_cluster_parse(cl->value, cl->value_len, &c, err, sizeof err) != 0 ||
+            !edl_job_state_final(c.state)) {
+            fprintf(stderr, "edl run: job \"%s\" is already running in this etcd (job server "
+                            "%.*s); stop it first (edl stop %s) or choose another --job\n",
+                    l->o.job, (int)leader->value_len, leader->value, l->o.job);
+            rc = EDL_ECONFLICT;
+        }
+        edl_cluster_free(&c);
+    }
+    edl_kv_free(leader);
+    edl_kv_free(cl);
+    char *spec = rc ? NULL : edl_spec_to_json(&l->o.spec);
+    if (!rc && !spec)
+        rc = EDL_ENOMEM;
+    if (!rc) {
+        edl_delete_opts dp = {.prefix = true};
+        rc = edl_etcd_delete(l->c, edl_str(kj), &dp, NULL);
+        if (!rc)
+            rc = edl_etcd_put(l->c, edl_str(ks), edl_str(spec), NULL, NULL);
+        if (rc)
+            fprintf(stderr, "edl run: writing the job's spec: %s (%s)\n", edl_strerror(rc),
+                    edl_etcd_errmsg(l->c));
+    }
+    free(spec);
+    free(kc);
+    free(kl);
+    free(ks);
+    free(kj);
+    return rc;
+}
+
+/* Re-read spec (replicas) and cluster (generation, state); print a line per generation. */
+static void observe(launcher *l)
+{
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    if (cli_read_spec(l->c, l->o.prefix, l->o.job, &sp, NULL) == 0) {
+        int want = sp.replicas < 0 ? sp.max : sp.replicas;
+        if (want != l->desired)
+            say("replicas %d -> %d", l->desired, want);
+        l->desired = want;
+    }
+    edl_spec_free(&sp);
+    char *kc = edl_job_key(l->o.prefix, l->o.job, "cluster");
+    edl_kv *kv = NULL;
+    if (kc && edl_etcd_get(l->c, edl_str(kc), &kv, NULL) == 0) {
+        edl_cluster c = {0};
+        char err[256];
+        if (edl_cluster_parse(kv->value, kv->value_len, &c, err, sizeof err) == 0 &&
+            (c.generation != l->gen || c.state != l->state)) {
+            char members[1024];
+            size_t used = 0;
+            members[0] = '\0';
+            for (size_t i = 0; i < c.n_members && used < sizeof members; i++)
+                used += (size_t)snprintf(members + used, sizeof members - used, "%s%s",
+                                         i ? " " : "", c.members[i].pod);
+            say("generation %lld %s: %zu members [%s], %zu standby (%s)",
+                (long long)c.generation, edl_job_state_name(c.state), c.n_members, members,
+                c.n_standbys, c.reason ? c.reason : "");
+            l->gen = c.generation;
+            l->state = c.state;
+            if (edl_job_state_final(c.state) && !l->final) {
+                l->final = true;
+                /* agents leave by themselves on a final state; make sure they do */
+                for (size_t i = 0; i < l->n_kids; i++)
+                    if (!l->kids[i]->exited && !l->kids[i]->kill_at)
+                        l->kids[i]->kill_at = now_ms() + l->o.grace_ms + 10000;
+            }
+        }
+        edl_cluster_free(&c);
+    }
+    edl_kv_free(kv);
+    free(kc);
+}
+
+/* Start or stop agents to match the desired count (newest stop first, as a scale-down would). */
+static int match_replicas(launcher *l)
+{
+    if (l->final || l->interrupted)
+        return 0;
+    size_t alive = agents_alive(l, false);
+    while (alive < (size_t)l->desired) {
+        int rc = start_agent(l);
+        if (rc) {
+            say("cannot start an agent: %s", edl_strerror(rc));
+            return rc;
+        }
+        alive++;
+    }
+    for (size_t i = l->n_kids; i-- > 0 && alive > (size_t)l->desired;) {
+        child *k = l->kids[i];
+        if (!k->exited && !k->stopping) {
+            say("scaling down: stopping %s", k->name);
+            stop_child(k, l->o.grace_ms + 5000);
+            alive--;
+        }
+    }
+    return 0;
+}
+
+/* Reap children; an agent that died unexpectedly is replaced by a new pod. */
+static int reap(launcher *l)
+{
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        child *k = pid == l->js.pid ? &l->js : NULL;
+        for (size_t i = 0; !k && i < l->n_kids; i++)
+            if (l->kids[i]->pid == pid)
+                k = l->kids[i];
+        if (!k)
+            continue;
+        pump(l, k, true);
+        k->exited = true;
+        k->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (k == &l->js) {
+            if (!l->interrupted && !l->final) {
+                say("the job server exited (%d); restarting it", k->status);
+                memset(&l->js, 0, sizeof l->js);
+                l->js.out = -1;
+                if (start_jobserver(l) != 0)
+                    return CLI_ETCD;
+            }
+            continue;
+        }
+        if (k->stopping || l->final || l->interrupted)
+            continue;
+        if (k->status == CLI_USAGE) {
+            say("%s exited with a configuration error (2); giving up", k->name);
+            return CLI_USAGE;
+        }
+        say("%s exited unexpectedly (%s %d); starting a replacement", k->name,
+            WIFEXITED(st) ? "code" : "signal", WIFEXITED(st) ? k->status : k->status - 128);
+    }
+    return 0;
+}
+
+static void drop_exited(launcher *l)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < l->n_kids; i++) {
+        child *k = l->kids[i];
+        if (k->exited && k->out < 0)
+            free(k);
+        else
+            l->kids[j++] = k;
+    }
+    l->n_kids = j;
+}
+
+static void on_signal(launcher *l)
+{
+    struct signalfd_siginfo si;
+    while (read(l->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD)
+            continue;
+        if (!l->interrupted) {
+            l->interrupted = (int)si.ssi_signo;
+            say("signal %u: stopping the agents (again to kill them)", si.ssi_signo);
+            for (size_t i = 0; i < l->n_kids; i++)
+                stop_child(l->kids[i], l->o.grace_ms + 5000);
+        } else {
+            for (size_t i = 0; i < l->n_kids; i++)
+                if (!l->kids[i]->exited)
+                    kill(l->kids[i]->pid, SIGKILL);
+        }
+    }
+}
+
+static int loop(launcher *l)
+{
+    int rc = 0;
+    while (!rc) {
+        struct pollfd pf[MAX_KIDS + 4];
+        child *who[MAX_KIDS + 4];
+        nfds_t n = 0;
+        pf[n++] = (struct pollfd){l->sigfd, POLLIN, 0};
+        pf[n++] = (struct pollfd){l->w ? edl_watch_fd(l->w) : -1, POLLIN, 0};
+        if (l->js.out >= 0) {
+            who[n] = &l->js;
+            pf[n++] = (struct pollfd){l->js.out, POLLIN, 0};
+        }
+        for (size_t i = 0; i < l->n_kids; i++)
+            if (l->kids[i]->out >= 0) {
+                who[n] = l->kids[i];
+                pf[n++] = (struct pollfd){l->kids[i]->out, POLLIN, 0};
+            }
+        poll(pf, n, 200);
+        on_signal(l);
+        for (nfds_t i = 2; i < n; i++)
+            if (pf[i].revents)
+                pump(l, who[i], false);
+        rc = reap(l);
+        edl_watch_event *ev;
+        bool changed = false;
+        while (l->w && edl_watch_next(l->w, &ev, 0) == 0) {
+            changed = true;
+            if (ev->type == EDL_WATCH_ERROR) {
+                edl_watch_event_free(ev);
+                edl_watch_stop(l->w);
+                l->w = NULL;
+                break;
+            }
+            edl_watch_event_free(ev);
+        }
+        if (changed || !l->w)
+            observe(l);
+        if (!rc)
+            rc = match_replicas(l);
+        drop_exited(l);
+        int64_t now = now_ms();
+        for (size_t i = 0; i < l->n_kids; i++)
+            if (!l->kids[i]->exited && l->kids[i]->kill_at && now > l->kids[i]->kill_at) {
+                say("%s did not stop in time: killing it", l->kids[i]->name);
+                kill(l->kids[i]->pid, SIGKILL);
+                l->kids[i]->kill_at = 0;
+            }
+        if ((l->final || l->interrupted) && agents_alive(l, true) == 0)
+            break;
+    }
+    return rc;
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+static const char run_usage[] =
+    "Usage: edl run --np MIN:MAX [options] -- TRAINER [ARGS...]\n"
+    "\n"
+    "Runs an elastic job on this machine: its own etcd on a free loopback port (unless --etcd),\n"
+    "a job server, and one agent per replica, each supervising one TRAINER process. Output is\n"
+    "prefixed with the process name. Change the size from another terminal with\n"
+    "`edl scale JOB N`; see it with `edl status JOB`; end it with `edl stop JOB`.\n"
+    "\n"
+    "Options:\n"
+    "  --np MIN:MAX              members the job trains with (a single N means N:N)\n"
+    "  --replicas N              agents to start (default: MAX); beyond MAX they are standbys\n"
+    "  --job NAME                job name (default: edl-job)\n"
+    "  --etcd URLS               use this etcd instead of starting one\n"
+    "  --prefix PREFIX           etcd key prefix (default: " EDL_DEFAULT_PREFIX ")\n"
+    "  --ttl SECONDS             agents' lease TTL: how long a crashed pod goes unnoticed (10)\n"
+    "  --settle-ms MS            joins within this window form one generation (1000)\n"
+    "  --max-restarts N          restart budget for trainer failures (10)\n"
+    "  --restart-policy P        OnFailure (default), ExitCode or Never\n"
+    "  --permanent-exit-codes L  for ExitCode: codes that fail the job at once (1-127)\n"
+    "  --progress-timeout-ms MS  a rank whose step stalls this long is failed (0: off)\n"
+    "  --exclude-after N         failures of one pod before it is excluded for a while (2)\n"
+    "  --cooldown-ms MS          first exclusion; doubles with each further failure (10000)\n"
+    "  --elastic-mode MODE       restart (default) or inprocess\n"
+    "  --checkpoint-uri URI      given to trainers as EDL_CHECKPOINT_URI\n"
+    "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
+    "  -h, --help                this text\n"
+    "\n"
+    "Exit codes: 0 the job succeeded, 1 it failed, 2 usage error, 3 etcd could not be started\n"
+    "or reached, 4 the job was stopped (edl stop), 130/143 interrupted by SIGINT/SIGTERM.\n";
+
+static int parse_np(const char *s, int *min, int *max)
+{
+    char *end;
+    long a = strtol(s, &end, 10), b = a;
+    if (end == s || a < 1 || a > EDL_MEMBERS_MAX)
+        return -1;
+    if (*end == ':') {
+        const char *t = end + 1;
+        b = strtol(t, &end, 10);
+        if (end == t || b < a || b > EDL_MEMBERS_MAX)
+            return -1;
+    }
+    if (*end)
+        return -1;
+    *min = (int)a;
+    *max = (int)b;
+    return 0;
+}
+
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi) {
+        fprintf(stderr, "edl run: %s %s: expected a whole number from %ld to %ld\n", opt, s, lo,
+                hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_run(int argc, char **argv, run_opts *o)
+{
+    static const struct option opts[] = {
+        {"np", required_argument, 0, 'n'},          {"replicas", required_argument, 0, 'r'},
+        {"job", required_argument, 0, 'j'},         {"etcd", required_argument, 0, 'e'},
+        {"prefix", required_argument, 0, 'p'},      {"ttl", required_argument, 0, 't'},
+        {"settle-ms", required_argument, 0, 's'},   {"max-restarts", required_argument, 0, 'm'},
+        {"restart-policy", required_argument, 0, 'P'},
+        {"permanent-exit-codes", required_argument, 0, 'C'},
+        {"progress-timeout-ms", required_argument, 0, 'T'},
+        {"elastic-mode", required_argument, 0, 'M'},
+        {"checkpoint-uri", required_argument, 0, 'u'},
+        {"grace-ms", required_argument, 0, 'g'},    {"help", no_argument, 0, 'h'},
+        {"exclude-after", required_argument, 0, 'x'}, {"cooldown-ms", required_argument, 0, 'c'},
+        {0, 0, 0, 0},
+    };
+    edl_spec_init(&o->spec);
+    o->job = "edl-job";
+    o->prefix = EDL_DEFAULT_PREFIX;
+    o->grace_ms = 10000;
+    bool have_np = false;
+    int ch;
+    long v;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'n':
+            if (parse_np(optarg, &o->spec.min, &o->spec.max)) {
+                fprintf(stderr, "edl run: --np %s: expected MIN:MAX or N, 1 <= MIN <= MAX\n",
+                        optarg);
+                return -1;
+            }
+            have_np = true;
+            break;
+        case 'r':
+            if (parse_long("--replicas", optarg, 0, EDL_MEMBERS_MAX, &v))
+                return -1;
+            o->spec.replicas = (int)v;
+            break;
+        case 'j': o->job = optarg; break;
+        case 'e': o->etcd = optarg; break;
+        case 'p': o->prefix = optarg; break;
+        case 't':
+            if (parse_long("--ttl", optarg, 1, 86400, &v))
+                return -1;
+            o->spec.ttl_s = v;
+            break;
+        case 's':
+            if (parse_long("--settle-ms", optarg, 0, 86400000, &v))
+                return -1;
+            o->spec.settle_ms = v;
+            break;
+        case 'm':
+            if (parse_long("--max-restarts", optarg, 0, INT_MAX, &v))
+                return -1;
+            o->spec.max_restarts = (int)v;
+            break;
+        case 'P':
+            if (!strcmp(optarg, "OnFailure"))
+                o->spec.restart_policy = EDL_RESTART_ON_FAILURE;
+            else if (!strcmp(optarg, "ExitCode"))
+                o->spec.restart_policy = EDL_RESTART_EXIT_CODE;
+            else if (!strcmp(optarg, "Never"))
+                o->spec.restart_policy = EDL_RESTART_NEVER;
+            else {
+                fprintf(stderr, "edl run: --restart-policy %s: expected OnFailure, ExitCode or "
+                                "Never\n", optarg);
+                return -1;
+            }
+            break;
+        case 'C':
+            if (edl_exit_codes_parse(optarg, o->spec.permanent_codes)) {
+                fprintf(stderr, "edl run: --permanent-exit-codes %s: expected a list such as "
+                                "1-127,200\n", optarg);
+                return -1;
+            }
+            break;
+        case 'T':
+            if (parse_long("--progress-timeout-ms", optarg, 0, 86400000, &v))
+                return -1;
+            o->spec.progress_timeout_ms = v;
+            break;
+        case 'M':
+            if (!strcmp(optarg, "restart"))
+                o->spec.mode = EDL_MODE_RESTART;
+            else if (!strcmp(optarg, "inprocess"))
+                o->spec.mode = EDL_MODE_INPROCESS;
+            else {
+                fprintf(stderr, "edl run: --elastic-mode %s: expected restart or inprocess\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'u':
+            free(o->spec.checkpoint_uri);
+            o->spec.checkpoint_uri = strdup(optarg);
+            break;
+        case 'x':
+            if (parse_long("--exclude-after", optarg, 1, INT_MAX, &v))
+                return -1;
+            o->spec.exclude_after = (int)v;
+            break;
+        case 'c':
+            if (parse_long("--cooldown-ms", optarg, 0, 86400000, &v))
+                return -1;
+            o->spec.cooldown_ms = v;
+            if (o->spec.cooldown_max_ms < v)
+                o->spec.cooldown_max_ms = v;
+            break;
+        case 'g':
+            if (parse_long("--grace-ms", optarg, 0, 3600000, &v))
+                return -1;
+            o->grace_ms = v;
+            break;
+        case 'h': printf("%s", run_usage); exit(0);
+        default: fprintf(stderr, "%s", run_usage); return -1;
+        }
+    }
+    if (!have_np) {
+        fprintf(stderr, "edl run: --np MIN:MAX is required (see --help)\n");
+        return -1;
+    }
+    if (!edl_name_valid(o->job)) {
+        fprintf(stderr, "edl run: job name \"%s\" is not valid: use 1-128 of [A-Za-z0-9._-], "
+                        "not starting with '.' or '-'\n", o->job);
+        return -1;
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "edl run: no trainer given: edl run --np MIN:MAX -- TRAINER [ARGS...]\n");
+        return -1;
+    }
+    o->trainer = &argv[optind];
+    return 0;
+}
+
+static int job_exit_code(const launcher *l)
+{
+    if (l->interrupted)
+        return 128 + l->interrupted;
+    switch (l->state) {
+    case EDL_JOB_SUCCEEDED: return CLI_OK;
+    case EDL_JOB_STOPPED: return CLI_JOB_STOPPED;
+    default: return CLI_JOB_FAILED;
+    }
+}
+
+static void shutdown_rest(launcher *l)
+{
+    for (size_t i = 0; i < l->n_kids; i++)
+        if (!l->kids[i]->exited)
+            kill(l->kids[i]->pid, SIGKILL);
+    if (l->js.pid && !l->js.exited) {
+        kill(l->js.pid, SIGTERM);
+        for (int t = 0; t < 100 && waitpid(l->js.pid, NULL, WNOHANG) == 0; t++)
+            usleep(50 * 1000);
+        kill(l->js.pid, SIGKILL);
+        waitpid(l->js.pid, NULL, 0);
+        l->js.exited = true;
+    }
+    if (l->js.out >= 0)
+        pump(l, &l->js, true);
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+    for (size_t i = 0; i < l->n_kids; i++) {
+        if (l->kids[i]->out >= 0)
+            close(l->kids[i]->out);
+        free(l->kids[i]);
+    }
+    l->n_kids = 0;
+}
+
+int cli_run(int argc, char **argv)
+{
+    launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .desired = 0};
+    if (parse_run(argc, argv, &l.o) != 0) {
+        edl_spec_free(&l.o.spec);
+        return CLI_USAGE;
+    }
+    l.desired = l.o.spec.replicas < 0 ? l.o.spec.max : l.o.spec.replicas;
+    l.started_ms = now_ms();
+    find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
+    find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGHUP);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    l.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+
+    int ret = CLI_OK;
+    bool wrote_state = false;
+    if (l.o.etcd) {
+        l.endpoints = l.o.etcd;
+    } else {
+        edl_etcd_server_opts so = {.quiet = true};
+        int rc = edl_etcd_server_start(&so, &l.srv);
+        if (rc) {
+            fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
+                            "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
+                    edl_strerror(rc));
+            edl_spec_free(&l.o.spec);
+            return CLI_ETCD;
+        }
+        l.endpoints = edl_etcd_server_endpoints(l.srv);
+        say("started etcd at %s (data in %s, removed at exit)", l.endpoints,
+            edl_etcd_server_data_dir(l.srv));
+    }
+    if (edl_etcd_connect(l.endpoints, &l.c) != 0) {
+        fprintf(stderr, "edl run: bad etcd endpoints \"%s\"\n", l.endpoints);
+        ret = CLI_USAGE;
+        goto out;
+    }
+    int rc = prepare_job(&l);
+    if (rc) {
+        ret = rc == EDL_ECONFLICT ? CLI_USAGE : CLI_ETCD;
+        goto out;
+    }
+    if (cli_state_write(l.o.job, l.endpoints) != 0)
+        say("warning: could not write the state file for edl scale/status/stop");
+    else
+        wrote_state = true;
+    char *kj = edl_job_key(l.o.prefix, l.o.job, "");
+    edl_watch_opts wo = {.prefix = true};
+    if (!kj || edl_etcd_watch(l.c, edl_str(kj), &wo, &l.w) != 0)
+        l.w = NULL; /* then it polls every 200 ms */
+    free(kj);
+    say("job %s: min %d, max %d, replicas %d; trainer: %s", l.o.job, l.o.spec.min, l.o.spec.max,
+        l.desired, l.o.trainer[0]);
+    if (start_jobserver(&l) != 0) {
+        fprintf(stderr, "edl run: cannot start %s\n", l.js_bin);
+        ret = CLI_USAGE;
+        goto out;
+    }
+    rc = loop(&l);
+    ret = rc ? rc : job_exit_code(&l);
+    say("job %s %s after %.1f s: generation %lld, exit code %d", l.o.job,
+        l.interrupted ? "interrupted" : edl_job_state_name(l.state),
+        (double)(now_ms() - l.started_ms) / 1000.0, (long long)l.gen, ret);
+out:
+    shutdown_rest(&l);
+    if (l.w)
+        edl_watch_stop(l.w);
+    if (wrote_state)
+        cli_state_remove(l.o.job);
+    edl_etcd_free(l.c);
+    edl_etcd_server_free(l.srv);
+    edl_spec_free(&l.o.spec);
+    close(l.sigfd);
+    return ret;
+}

@@ -1,0 +1,911 @@
+/* checkpoint.c: saving and loading checkpoints (edl/checkpoint.h).
+ *
+ * The commit protocol makes "the newest complete checkpoint" well defined after a crash at
+ * any moment: shards first, then each rank's done.json, then the manifest, and only then the
+ * etcd pointer, advanced by a txn that compares the pointer's mod_revision (or its absence)
+ * and refuses to go backwards in step. A checkpoint the pointer does not name does not exist
+ * for a reader; garbage left by a crash is deleted by a later commit.
+ *
+ * Saves run on one background thread per edl_ckpt with a storage handle of its own, so the
+ * caller's thread only copies its buffers. */
+#define _GNU_SOURCE
+#include "checkpoint_internal.h"
+#include "edl/log.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define POINTER_TRIES 64
+#define POLL_MIN_MS 50
+#define POLL_MAX_MS 1000
+
+typedef struct pending_shard {
+    char *name;
+    void *data;
+    size_t len;
+    void (*free_fn)(void *, void *);
+    void *free_arg;
+} pending_shard;
+
+struct edl_ckpt_pending {
+    edl_ckpt *ck;
+    int64_t step, generation;
+    pending_shard *shards;
+    size_t n;
+    char *metadata;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;         /* the caller's handle and the worker */
+    bool done;
+    int rc;
+    char errmsg[1024];
+    edl_ckpt_pending *next;
+};
+
+struct edl_ckpt {
+    char *uri, *job, *pointer_key;
+    int rank, world_size, committer, keep;
+    int64_t commit_timeout_ms;
+    bool verify;
+    edl_etcd *etcd;
+    edl_storage *fg, *bg;  /* caller's thread; worker thread */
+    pthread_t worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    edl_ckpt_pending *head, *tail;
+    bool stopping;
+    char errmsg[1024];
+};
+
+/* ---- small helpers -------------------------------------------------------------------- */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+__attribute__((format(printf, 4, 5)))
+static int fail(char *buf, size_t len, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static bool label_ok(const char *s)
+{
+    if (!s || !s[0] || strlen(s) > 128)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '_' || *s == '-'))
+            return false;
+    return true;
+}
+
+/* ---- open and close ------------------------------------------------------------------- */
+
+void edl_ckpt_config_init(edl_ckpt_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->world_size = 1;
+    cfg->keep = 3;
+    cfg->commit_timeout_ms = 600000;
+    cfg->verify_on_load = true;
+}
+
+static void *worker_main(void *arg);
+
+static void ckpt_free(edl_ckpt *ck)
+{
+    edl_storage_close(ck->fg);
+    edl_storage_close(ck->bg);
+    free(ck->uri);
+    free(ck->job);
+    free(ck->pointer_key);
+    free(ck);
+}
+
+int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size_t errlen)
+{
+    char dummy[8];
+    if (!errbuf || !errlen)
+        errbuf = dummy, errlen = sizeof dummy;
+    errbuf[0] = '\0';
+    if (!out)
+        return EDL_EINVAL;
+    *out = NULL;
+    if (!cfg || !cfg->uri || !cfg->etcd)
+        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint config needs a uri and an etcd client");
+    if (!label_ok(cfg->job))
+        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint job id \"%.80s\" must be letters, "
+                    "digits and \"._-\"", cfg->job ? cfg->job : "(null)");
+    if (cfg->world_size < 1 || cfg->world_size > CKPT_MAX_WORLD || cfg->rank < 0 ||
+        cfg->rank >= cfg->world_size || cfg->committer_rank < 0 ||
+        cfg->committer_rank >= cfg->world_size)
+        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint ranks: rank %d, committer %d and "
+                    "world size %d do not fit (0 <= rank < world size <= %d)", cfg->rank,
+                    cfg->committer_rank, cfg->world_size, CKPT_MAX_WORLD);
+    if (cfg->keep < 1 || cfg->keep > 1000)
+        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint keep=%d: keep 1..1000", cfg->keep);
+    edl_ckpt *ck = calloc(1, sizeof *ck);
+    if (!ck)
+        return EDL_ENOMEM;
+    const char *prefix = cfg->prefix ? cfg->prefix : "/edl/v1";
+    ck->uri = strdup(cfg->uri);
+    ck->job = strdup(cfg->job);
+    if (!ck->uri || !ck->job ||
+        asprintf(&ck->pointer_key, "%s/jobs/%s/checkpoint", prefix, cfg->job) < 0) {
+        ck->pointer_key = NULL;
+        ckpt_free(ck);
+        return EDL_ENOMEM;
+    }
+    ck->rank = cfg->rank;
+    ck->world_size = cfg->world_size;
+    ck->committer = cfg->committer_rank;
+    ck->keep = cfg->keep;
+    ck->commit_timeout_ms = cfg->commit_timeout_ms > 0 ? cfg->commit_timeout_ms : 600000;
+    ck->verify = cfg->verify_on_load;
+    ck->etcd = cfg->etcd;
+    edl_storage_config sc;
+    if (cfg->storage)
+        sc = *cfg->storage;
+    else
+        edl_storage_config_init(&sc);
+    sc.uri = cfg->uri;
+    int rc = edl_storage_open(&sc, &ck->fg, errbuf, errlen);
+    if (rc == 0)
+        rc = edl_storage_open(&sc, &ck->bg, errbuf, errlen);
+    if (rc != 0) {
+        ckpt_free(ck);
+        return rc;
+    }
+    pthread_mutex_init(&ck->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ck->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&ck->worker, NULL, worker_main, ck) != 0) {
+        pthread_mutex_destroy(&ck->mu);
+        pthread_cond_destroy(&ck->cv);
+        ckpt_free(ck);
+        return fail(errbuf, errlen, EDL_ENOMEM, "cannot start the checkpoint upload thread");
+    }
+    *out = ck;
+    return 0;
+}
+
+void edl_ckpt_close(edl_ckpt *ck)
+{
+    if (!ck)
+        return;
+    pthread_mutex_lock(&ck->mu);
+    ck->stopping = true;
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+    pthread_join(ck->worker, NULL);
+    pthread_mutex_destroy(&ck->mu);
+    pthread_cond_destroy(&ck->cv);
+    ckpt_free(ck);
+}
+
+const char *edl_ckpt_errmsg(const edl_ckpt *ck)
+{
+    return ck ? ck->errmsg : "no checkpoint handle";
+}
+
+/* ---- pending saves ---------------------------------------------------------------------- */
+
+static void release_shard(pending_shard *s)
+{
+    if (s->free_fn)
+        s->free_fn(s->data, s->free_arg);
+    else
+        free(s->data);
+    s->data = NULL;
+    s->free_fn = NULL;
+}
+
+static void pending_unref(edl_ckpt_pending *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool last = --p->refs == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (!last)
+        return;
+    for (size_t i = 0; i < p->n; i++) {
+        release_shard(&p->shards[i]);
+        free(p->shards[i].name);
+    }
+    free(p->shards);
+    free(p->metadata);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+/* The metadata must be a JSON object: checked now so the caller hears at once, not when the
+ * committer writes the manifest. */
+static bool metadata_ok(const char *json)
+{
+    if (!json)
+        return true;
+    if (strlen(json) > (1u << 20))
+        return false;
+    cJSON *o = cJSON_Parse(json);
+    bool ok = cJSON_IsObject(o);
+    cJSON_Delete(o);
+    return ok;
+}
+
+int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
+                        size_t n_shards, const char *metadata_json, edl_ckpt_pending **out)
+{
+    if (!ck || !out || (n_shards && !shards))
+        return EDL_EINVAL;
+    *out = NULL;
+    if (step < 0 || step > CKPT_MAX_STEP || generation < 0 || generation > CKPT_MAX_STEP)
+        return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint step %" PRId64
+                    " / generation %" PRId64 " must be in 0..2^53-1", step, generation);
+    if (n_shards > 100000)
+        return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "%zu shards in one rank: at most "
+                    "100000", n_shards);
+    if (!metadata_ok(metadata_json))
+        return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint metadata must be a "
+                    "JSON object under 1 MiB");
+    for (size_t i = 0; i < n_shards; i++)
+        if ((shards[i].name && shards[i].name[0] && !label_ok(shards[i].name)) ||
+            (!shards[i].data && shards[i].len))
+            return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "shard %zu: the name must be "
+                        "letters, digits and \"._-\" and the data non-NULL", i);
+    edl_ckpt_pending *p = calloc(1, sizeof *p);
+    if (!p || !(p->shards = calloc(n_shards ? n_shards : 1, sizeof *p->shards))) {
+        free(p);
+        return EDL_ENOMEM;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    p->refs = 2;
+    p->ck = ck;
+    p->step = step;
+    p->generation = generation;
+    p->n = n_shards;
+    bool nomem = metadata_json && !(p->metadata = strdup(metadata_json));
+    /* The copy is the only time the training step waits for. */
+    for (size_t i = 0; i < n_shards && !nomem; i++) {
+        pending_shard *s = &p->shards[i];
+        if (!(s->name = strdup(shards[i].name ? shards[i].name : "")))
+            nomem = true;
+        else if (shards[i].free_fn) {
+            s->data = (void *)shards[i].data;
+            s->free_fn = shards[i].free_fn;
+            s->free_arg = shards[i].free_arg;
+        } else if ((s->data = malloc(shards[i].len ? shards[i].len : 1)))
+            memcpy(s->data, shards[i].data, shards[i].len);
+        else
+            nomem = true;
+        s->len = shards[i].len;
+    }
+    if (nomem) {
+        /* handed-over buffers stay the caller's on failure */
+        for (size_t i = 0; i < n_shards; i++)
+            if (p->shards[i].free_fn)
+                p->shards[i].data = NULL, p->shards[i].free_fn = NULL;
+        p->refs = 1;
+        pending_unref(p);
+        return fail(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory to copy the shards");
+    }
+    pthread_mutex_lock(&ck->mu);
+    if (ck->tail)
+        ck->tail->next = p;
+    else
+        ck->head = p;
+    ck->tail = p;
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+    *out = p;
+    return 0;
+}
+
+int edl_ckpt_wait(edl_ckpt_pending *p, int64_t timeout_ms)
+{
+    if (!p)
+        return EDL_EINVAL;
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    if (timeout_ms >= 0) {
+        dl.tv_sec += (time_t)(timeout_ms / 1000);
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L)
+            dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->mu);
+    while (!p->done) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&p->cv, &p->mu);
+        else if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    int rc = p->done ? p->rc : EDL_ETIMEDOUT;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+bool edl_ckpt_save_done(edl_ckpt_pending *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool d = p->done;
+    pthread_mutex_unlock(&p->mu);
+    return d;
+}
+
+const char *edl_ckpt_save_errmsg(edl_ckpt_pending *p)
+{
+    return p ? p->errmsg : "no save handle";
+}
+
+void edl_ckpt_save_free(edl_ckpt_pending *p)
+{
+    if (p)
+        pending_unref(p);
+}
+
+int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
+                  size_t n_shards, const char *metadata_json)
+{
+    edl_ckpt_pending *p;
+    int rc = edl_ckpt_save_async(ck, step, generation, shards, n_shards, metadata_json, &p);
+    if (rc != 0)
+        return rc;
+    rc = edl_ckpt_wait(p, -1);
+    if (rc != 0)
+        snprintf(ck->errmsg, sizeof ck->errmsg, "%s", p->errmsg);
+    edl_ckpt_save_free(p);
+    return rc;
+}
+
+/* ---- the commit (on the committer rank) --------------------------------------------------- */
+
+/* Read the pointer: 0 (found), EDL_ENOTFOUND, or an error. *kv is the caller's. */
+static int read_pointer(edl_ckpt *ck, edl_kv **kv, ckpt_pointer *p, char *err, size_t errlen)
+{
+    *kv = NULL;
+    memset(p, 0, sizeof *p);
+    int rc = edl_etcd_get(ck->etcd, edl_str(ck->pointer_key), kv, NULL);
+    if (rc == EDL_ENOTFOUND)
+        return rc;
+    if (rc != 0)
+        return fail(err, errlen, rc, "cannot read the checkpoint pointer %s from etcd: %s",
+                    ck->pointer_key, edl_etcd_errmsg(ck->etcd));
+    char why[256];
+    rc = ckpt_pointer_parse((*kv)->value, (*kv)->value_len, p, why, sizeof why);
+    if (rc != 0) {
+        edl_kv_free(*kv);
+        *kv = NULL;
+        return fail(err, errlen, rc, "the checkpoint pointer %s is malformed: %s (delete it to "
+                    "start the job's checkpoints afresh)", ck->pointer_key, why);
+    }
+    return 0;
+}
+
+/* Wait until every rank's done.json is there and agrees; assemble the whole shard list. */
+static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *all)
+{
+    edl_ckpt_manifest **got = calloc((size_t)ck->world_size, sizeof *got);
+    if (!got)
+        return EDL_ENOMEM;
+    int64_t deadline = mono_ms() + ck->commit_timeout_ms, wait = POLL_MIN_MS;
+    int missing = ck->world_size, rc = 0;
+    while (rc == 0 && missing > 0) {
+        for (int r = 0; r < ck->world_size && rc == 0; r++) {
+            if (got[r])
+                continue;
+            char key[128], why[256];
+            snprintf(key, sizeof key, "%s/rank-%d/done.json", all->dir, r);
+            void *doc;
+            size_t len;
+            rc = edl_storage_get(ck->bg, key, CKPT_MAX_DOC, &doc, &len);
+            if (rc == EDL_ENOTFOUND) {
+                rc = 0;
+                continue;
+            }
+            if (rc != 0) {
+                rc = fail(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
+                          edl_storage_errmsg(ck->bg));
+                break;
+            }
+            rc = ckpt_rank_doc_parse(doc, len, r, all, &got[r], why, sizeof why);
+            free(doc);
+            if (rc != 0)
+                rc = fail(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s/%s is unusable: %s",
+                          all->dir, ck->uri, key, why);
+            else
+                missing--;
+        }
+        if (rc == 0 && missing > 0) {
+            if (mono_ms() + wait > deadline) {
+                rc = fail(p->errmsg, sizeof p->errmsg, EDL_ETIMEDOUT, "commit of %s: %d of %d "
+                          "ranks had not finished their shards after %" PRId64 " ms",
+                          all->dir, missing, ck->world_size, ck->commit_timeout_ms);
+                break;
+            }
+            sleep_ms(wait);
+            wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
+        }
+    }
+    size_t total = 0;
+    for (int r = 0; rc == 0 && r < ck->world_size; r++)
+        total += got[r]->n_shards;
+    if (rc == 0 && total > CKPT_MAX_SHARDS)
+        rc = fail(p->errmsg, sizeof p->errmsg, EDL_ETOOBIG, "commit of %s: %zu shards, more than "
+                  "%d", all->dir, total, CKPT_MAX_SHARDS);
+    if (rc == 0 && !(all->shards = calloc(total ? total : 1, sizeof *all->shards)))
+        rc = EDL_ENOMEM;
+    for (int r = 0; rc == 0 && r < ck->world_size; r++) {
+        memcpy(all->shards + all->n_shards, got[r]->shards, got[r]->n_shards * sizeof *all->shards);
+        all->n_shards += got[r]->n_shards;
+        got[r]->n_shards = 0; /* the strings moved */
+    }
+    for (int r = 0; r < ck->world_size; r++)
+        edl_ckpt_manifest_free(got[r]);
+    free(got);
+    return rc;
+}
+
+/* Every shard is there with the size its rank reported (a rank's done.json is written after its
+ * shards, so this only fails when something else removed or replaced them). */
+static int check_sizes(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_manifest *all)
+{
+    for (size_t i = 0; i < all->n_shards; i++) {
+        edl_storage_stat st;
+        int rc = edl_storage_stat_key(ck->bg, all->shards[i].key, &st);
+        if (rc != 0)
+            return fail(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
+                        edl_storage_errmsg(ck->bg));
+        if (st.size != all->shards[i].size)
+            return fail(p->errmsg, sizeof p->errmsg, EDL_EPROTO, "commit of %s: %s holds %" PRIu64
+                        " bytes, its rank wrote %" PRIu64, all->dir, all->shards[i].key,
+                        st.size, all->shards[i].size);
+    }
+    return 0;
+}
+
+/* Delete every checkpoint directory older than the new one that the pointer no longer keeps:
+ * committed ones beyond `keep` and leftovers of saves that crashed or lost the race. */
+static void collect_garbage(edl_ckpt *ck, const char *new_pointer, int64_t step)
+{
+    ckpt_pointer ptr;
+    char why[128];
+    if (ckpt_pointer_parse(new_pointer, strlen(new_pointer), &ptr, why, sizeof why) != 0)
+        return;
+    char **keys = NULL;
+    size_t n = 0, deleted = 0;
+    if (edl_storage_list(ck->bg, "ckpt-", &keys, &n) != 0) {
+        EDL_WARN("checkpoint", "cannot list %s to delete old checkpoints: %s", ck->uri,
+                 edl_storage_errmsg(ck->bg));
+        n = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *slash = strchr(keys[i], '/');
+        int64_t s, g;
+        if (!slash || !ckpt_dir_parse(keys[i], (size_t)(slash - keys[i]), &s, &g) || s >= step)
+            continue;
+        bool kept = false;
+        for (size_t k = 0; k < ptr.n && !kept; k++)
+            kept = strncmp(ptr.entries[k].dir, keys[i], (size_t)(slash - keys[i])) == 0 &&
+                   ptr.entries[k].dir[slash - keys[i]] == '\0';
+        if (kept)
+            continue;
+        if (edl_storage_delete(ck->bg, keys[i]) != 0)
+            EDL_WARN("checkpoint", "cannot delete old checkpoint object %s/%s: %s", ck->uri,
+                     keys[i], edl_storage_errmsg(ck->bg));
+        else
+            deleted++;
+    }
+    if (deleted)
+        EDL_DEBUG("checkpoint", "deleted %zu objects of old checkpoints in %s", deleted, ck->uri);
+    edl_storage_list_free(keys, n);
+    ckpt_pointer_clear(&ptr);
+}
+
+/* Advance the pointer to (step, generation); EDL_ECONFLICT when it is already there or beyond. */
+static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, char **doc_out)
+{
+    for (int attempt = 0; attempt < POINTER_TRIES; attempt++) {
+        edl_kv *kv;
+        ckpt_pointer old;
+        int rc = read_pointer(ck, &kv, &old, p->errmsg, sizeof p->errmsg);
+        if (rc != 0 && rc != EDL_ENOTFOUND)
+            return rc;
+        if (rc == 0 && old.entries[0].step >= p->step) {
+            rc = fail(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: "
+                      "the pointer already names step %" PRId64 " (%s), and steps never go back",
+                      dir, old.entries[0].step, old.entries[0].dir);
+            edl_kv_free(kv);
+            ckpt_pointer_clear(&old);
+            return rc;
+        }
+        char *doc = ckpt_pointer_doc(ck->uri, kv ? &old : NULL, p->step, p->generation, ck->keep);
+        edl_txn *t = doc ? edl_txn_new() : NULL;
+        if (t) {
+            if (kv)
+                edl_txn_cmp_mod(t, edl_str(ck->pointer_key), EDL_CMP_EQUAL, kv->mod_revision);
+            else
+                edl_txn_cmp_create(t, edl_str(ck->pointer_key), EDL_CMP_EQUAL, 0);
+            edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(ck->pointer_key), edl_str(doc), NULL);
+        }
+        edl_kv_free(kv);
+        ckpt_pointer_clear(&old);
+        if (!t) {
+            free(doc);
+            return EDL_ENOMEM;
+        }
+        edl_txn_result res;
+        rc = edl_etcd_txn(ck->etcd, t, &res);
+        edl_txn_free(t);
+        if (rc != 0) {
+            free(doc);
+            return fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s: cannot advance the "
+                        "pointer %s: %s", dir, ck->pointer_key, edl_etcd_errmsg(ck->etcd));
+        }
+        bool ok = res.succeeded;
+        edl_txn_result_free(&res);
+        if (ok) {
+            *doc_out = doc;
+            return 0;
+        }
+        free(doc); /* someone moved the pointer between our read and our txn: read again */
+    }
+    return fail(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s: the pointer %s kept "
+                "changing under %d attempts", dir, ck->pointer_key, POINTER_TRIES);
+}
+
+static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
+{
+    /* Refuse early, before waiting for other ranks, when a newer checkpoint is committed. */
+    edl_kv *kv;
+    ckpt_pointer old;
+    int rc = read_pointer(ck, &kv, &old, p->errmsg, sizeof p->errmsg);
+    if (rc != 0 && rc != EDL_ENOTFOUND)
+        return rc;
+    int64_t cur = rc == 0 ? old.entries[0].step : -1;
+    edl_kv_free(kv);
+    ckpt_pointer_clear(&old);
+    if (cur >= p->step)
+        return fail(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: the "
+                    "pointer already names step %" PRId64 ", and steps never go back", dir, cur);
+
+    edl_ckpt_manifest all = {.step = p->step, .generation = p->generation,
+                             .world_size = ck->world_size, .metadata_json = p->metadata};
+    if (!(all.dir = strdup(dir)))
+        return EDL_ENOMEM;
+    rc = gather_ranks(ck, p, &all);
+    if (rc == 0)
+        rc = check_sizes(ck, p, &all);
+    char *doc = NULL, key[128];
+    if (rc == 0 && !(doc = ckpt_manifest_doc(&all)))
+        rc = fail(p->errmsg, sizeof p->errmsg, EDL_EINVAL, "checkpoint %s: the metadata is not "
+                  "a valid JSON object", dir);
+    snprintf(key, sizeof key, "%s/manifest.json", dir);
+    if (rc == 0 && (rc = edl_storage_put(ck->bg, key, doc, strlen(doc))) != 0)
+        fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s: %s", dir, edl_storage_errmsg(ck->bg));
+    free(doc);
+    all.metadata_json = NULL; /* the pending save's */
+    free(all.dir);
+    all.dir = NULL;
+    for (size_t i = 0; i < all.n_shards; i++)
+        free(all.shards[i].name), free(all.shards[i].key);
+    free(all.shards);
+    if (rc != 0)
+        return rc;
+    char *ptr = NULL;
+    rc = advance_pointer(ck, p, dir, &ptr);
+    if (rc == 0) {
+        EDL_INFO("checkpoint", "committed %s/%s (step %" PRId64 ", generation %" PRId64 ")",
+                 ck->uri, dir, p->step, p->generation);
+        collect_garbage(ck, ptr, p->step);
+    }
+    free(ptr);
+    return rc;
+}
+
+/* ---- the worker ------------------------------------------------------------------------ */
+
+static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
+{
+    edl_ckpt_manifest mine = {.step = p->step, .generation = p->generation,
+                              .world_size = ck->world_size, .dir = (char *)dir};
+    mine.shards = calloc(p->n ? p->n : 1, sizeof *mine.shards);
+    int rc = mine.shards ? 0 : EDL_ENOMEM;
+    for (size_t i = 0; i < p->n && rc == 0; i++) {
+        pending_shard *s = &p->shards[i];
+        edl_ckpt_shard_info *info = &mine.shards[i];
+        info->rank = ck->rank;
+        info->index = (int)i;
+        info->name = s->name;
+        info->size = s->len;
+        if (asprintf(&info->key, "%s/rank-%d/shard-%zu", dir, ck->rank, i) < 0) {
+            info->key = NULL;
+            rc = EDL_ENOMEM;
+            break;
+        }
+        mine.n_shards++;
+        rc = ckpt_sha256_hex(s->data, s->len, info->sha256);
+        if (rc == 0 && (rc = edl_storage_put(ck->bg, info->key, s->data, s->len)) != 0)
+            fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
+                 edl_storage_errmsg(ck->bg));
+        release_shard(s); /* uploaded: give the memory back before the next one */
+    }
+    char *doc = rc == 0 ? ckpt_rank_doc(&mine, ck->rank) : NULL;
+    if (rc == 0 && !doc)
+        rc = EDL_ENOMEM;
+    if (rc == 0) {
+        char key[128];
+        snprintf(key, sizeof key, "%s/rank-%d/done.json", dir, ck->rank);
+        if ((rc = edl_storage_put(ck->bg, key, doc, strlen(doc))) != 0)
+            fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
+                 edl_storage_errmsg(ck->bg));
+    }
+    free(doc);
+    for (size_t i = 0; i < mine.n_shards; i++)
+        free(mine.shards[i].key);
+    free(mine.shards);
+    return rc;
+}
+
+static void run_save(edl_ckpt *ck, edl_ckpt_pending *p)
+{
+    char dir[64];
+    ckpt_dir_name(p->step, p->generation, dir, sizeof dir);
+    int rc = upload_rank(ck, p, dir);
+    if (rc == 0 && ck->rank == ck->committer)
+        rc = commit(ck, p, dir);
+    if (rc != 0 && rc != EDL_ECONFLICT)
+        EDL_WARN("checkpoint", "save of step %" PRId64 " failed: %s", p->step, p->errmsg);
+    else if (rc == EDL_ECONFLICT)
+        EDL_INFO("checkpoint", "%s", p->errmsg);
+    pthread_mutex_lock(&p->mu);
+    p->rc = rc;
+    p->done = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *worker_main(void *arg)
+{
+    edl_ckpt *ck = arg;
+    pthread_mutex_lock(&ck->mu);
+    for (;;) {
+        while (!ck->head && !ck->stopping)
+            pthread_cond_wait(&ck->cv, &ck->mu);
+        edl_ckpt_pending *p = ck->head;
+        if (!p)
+            break; /* stopping, and the queue is drained */
+        ck->head = p->next;
+        if (!ck->head)
+            ck->tail = NULL;
+        pthread_mutex_unlock(&ck->mu);
+        run_save(ck, p);
+        pending_unref(p);
+        pthread_mutex_lock(&ck->mu);
+    }
+    pthread_mutex_unlock(&ck->mu);
+    return NULL;
+}
+
+/* ---- load ------------------------------------------------------------------------------ */
+
+typedef struct hash_sink {
+    EVP_MD_CTX *md;
+    bool keep;      /* read_shard: keep the data in buf */
+    char *buf;
+    size_t len, cap;
+    uint64_t max;
+} hash_sink;
+
+static int hash_write(void *arg, const void *data, size_t len)
+{
+    hash_sink *h = arg;
+    if (len > h->max - h->len) /* more bytes than the manifest says: stop at once */
+        return EDL_ETOOBIG;
+    if (EVP_DigestUpdate(h->md, data, len) != 1)
+        return EDL_ENOMEM;
+    if (h->keep) {
+        /* grown as bytes arrive, never sized from the manifest: a hostile size costs nothing */
+        if (h->len + len > h->cap) {
+            size_t cap = h->cap ? h->cap : 1u << 16;
+            while (cap < h->len + len)
+                cap *= 2;
+            if (cap > h->max)
+                cap = (size_t)h->max;
+            char *b = realloc(h->buf, cap ? cap : 1);
+            if (!b)
+                return EDL_ENOMEM;
+            h->buf = b;
+            h->cap = cap;
+        }
+        memcpy(h->buf + h->len, data, len);
+    }
+    h->len += len;
+    return 0;
+}
+
+/* Fetch shard s and check its size and hash; with keep, hand the bytes to the caller. */
+static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, char *err,
+                       size_t errlen)
+{
+    hash_sink h = {.md = EVP_MD_CTX_new(), .max = s->size, .keep = keep != NULL};
+    int rc = h.md && EVP_DigestInit_ex(h.md, EVP_sha256(), NULL) == 1 ? 0 : EDL_ENOMEM;
+    if (rc == 0) {
+        rc = edl_storage_get_stream(ck->fg, s->key, hash_write, &h, NULL);
+        if (rc == EDL_ETOOBIG)
+            rc = fail(err, errlen, EDL_EPROTO, "shard %s is larger than the %" PRIu64 " bytes its "
+                      "manifest lists", s->key, s->size);
+        else if (rc == EDL_ENOTFOUND)
+            rc = fail(err, errlen, EDL_EPROTO, "shard %s is missing", s->key);
+        else if (rc != 0)
+            fail(err, errlen, rc, "%s", edl_storage_errmsg(ck->fg));
+    }
+    if (rc == 0 && h.len != s->size)
+        rc = fail(err, errlen, EDL_EPROTO, "shard %s holds %zu bytes, its manifest lists %" PRIu64,
+                  s->key, h.len, s->size);
+    if (rc == 0) {
+        unsigned char md[EVP_MAX_MD_SIZE];
+        unsigned int mdlen = 0;
+        char hex[65];
+        EVP_DigestFinal_ex(h.md, md, &mdlen);
+        for (unsigned i = 0; i < 32 && mdlen == 32; i++)
+            snprintf(hex + 2 * i, 3, "%02x", md[i]);
+        if (mdlen != 32 || strcmp(hex, s->sha256) != 0)
+            rc = fail(err, errlen, EDL_EPROTO, "shard %s is corrupt: its SHA-256 is not the one "
+                      "in the manifest", s->key);
+    }
+    EVP_MD_CTX_free(h.md);
+    if (rc == 0 && keep && !h.buf)
+        h.buf = malloc(1); /* an empty shard is still a buffer */
+    if (rc == 0 && keep && !h.buf)
+        rc = EDL_ENOMEM;
+    if (rc == 0 && keep)
+        *keep = h.buf;
+    else
+        free(h.buf);
+    return rc;
+}
+
+/* Load and verify one committed checkpoint. EDL_EPROTO (with why) when it is incomplete or
+ * corrupt; other codes when the store could not be asked. */
+static int load_one(edl_ckpt *ck, const ckpt_pointer_entry *e, edl_ckpt_manifest **out, char *why,
+                    size_t whylen)
+{
+    char key[128];
+    void *doc;
+    size_t len;
+    snprintf(key, sizeof key, "%s/manifest.json", e->dir);
+    int rc = edl_storage_get(ck->fg, key, CKPT_MAX_DOC, &doc, &len);
+    if (rc == EDL_ENOTFOUND || rc == EDL_ETOOBIG)
+        return fail(why, whylen, EDL_EPROTO, "%s/%s is %s", ck->uri, key,
+                    rc == EDL_ENOTFOUND ? "missing" : "too large");
+    if (rc != 0)
+        return fail(why, whylen, rc, "%s", edl_storage_errmsg(ck->fg));
+    edl_ckpt_manifest *m;
+    char perr[256];
+    rc = edl_ckpt_manifest_parse(doc, len, &m, perr, sizeof perr);
+    free(doc);
+    if (rc == EDL_EPROTO)
+        return fail(why, whylen, rc, "%s/%s: %s", ck->uri, key, perr);
+    if (rc != 0)
+        return rc;
+    if (m->step != e->step || m->generation != e->generation)
+        rc = fail(why, whylen, EDL_EPROTO, "%s/%s is for another step or generation", ck->uri, key);
+    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
+        if (ck->verify) {
+            rc = fetch_shard(ck, &m->shards[i], NULL, why, whylen);
+            continue;
+        }
+        edl_storage_stat st;
+        rc = edl_storage_stat_key(ck->fg, m->shards[i].key, &st);
+        if (rc == EDL_ENOTFOUND)
+            rc = fail(why, whylen, EDL_EPROTO, "shard %s is missing", m->shards[i].key);
+        else if (rc != 0)
+            fail(why, whylen, rc, "%s", edl_storage_errmsg(ck->fg));
+        else if (st.size != m->shards[i].size)
+            rc = fail(why, whylen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
+                      "lists %" PRIu64, m->shards[i].key, st.size, m->shards[i].size);
+    }
+    if (rc != 0) {
+        edl_ckpt_manifest_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
+{
+    if (!ck || !out)
+        return EDL_EINVAL;
+    *out = NULL;
+    edl_kv *kv;
+    ckpt_pointer ptr;
+    int rc = read_pointer(ck, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
+    if (rc == EDL_ENOTFOUND)
+        return fail(ck->errmsg, sizeof ck->errmsg, rc, "job %s has no committed checkpoint "
+                    "(%s is absent): start from scratch", ck->job, ck->pointer_key);
+    if (rc != 0)
+        return rc;
+    edl_kv_free(kv);
+    size_t used = 0;
+    ck->errmsg[0] = '\0';
+    for (size_t i = 0; i < ptr.n; i++) {
+        char why[512];
+        rc = load_one(ck, &ptr.entries[i], out, why, sizeof why);
+        if (rc == 0) {
+            (*out)->skipped = (int)i;
+            break;
+        }
+        if (rc != EDL_EPROTO) { /* the store cannot be asked: no verdict on the checkpoint */
+            fail(ck->errmsg, sizeof ck->errmsg, rc, "cannot load checkpoint %s: %s",
+                 ptr.entries[i].dir, why);
+            break;
+        }
+        if (i + 1 < ptr.n)
+            EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: "
+                     "%s; falling back to %s (step %" PRId64 ")", ptr.entries[i].dir,
+                     ptr.entries[i].step, why, ptr.entries[i + 1].dir, ptr.entries[i + 1].step);
+        else
+            EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: "
+                     "%s; no older checkpoint is kept", ptr.entries[i].dir, ptr.entries[i].step,
+                     why);
+        used += (size_t)snprintf(ck->errmsg + used, sizeof ck->errmsg - used, "%s%s: %s",
+                                 used ? "; " : "no intact checkpoint: ", ptr.entries[i].dir, why);
+        if (used >= sizeof ck->errmsg)
+            used = sizeof ck->errmsg - 1;
+    }
+    ckpt_pointer_clear(&ptr);
+    return rc;
+}
+
+int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void **data,
+                        size_t *len)
+{
+    if (!ck || !m || !data || !len || i >= m->n_shards)
+        return EDL_EINVAL;
+    *data = NULL;
+    *len = 0;
+    int rc = fetch_shard(ck, &m->shards[i], data, ck->errmsg, sizeof ck->errmsg);
+    if (rc == 0)
+        *len = (size_t)m->shards[i].size;
+    return rc;
+}
+
+long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index)
+{
+    for (size_t i = 0; m && i < m->n_shards; i++)
+        if (m->shards[i].rank == rank && m->shards[i].index == index)
+            return (long)i;
+    return -1;
+}

@@ -1,0 +1,49 @@
+/* checkpoint_internal.h: the JSON documents of a checkpoint (checkpoint_json.c) as
+ * checkpoint.c uses them: the per-rank shard list, the manifest and the etcd pointer. */
+#ifndef EDL_CHECKPOINT_INTERNAL_H
+#define EDL_CHECKPOINT_INTERNAL_H
+
+#include "edl/checkpoint.h"
+
+#define CKPT_FORMAT "edl-checkpoint/1"
+#define CKPT_RANK_FORMAT "edl-checkpoint-rank/1"
+#define CKPT_MAX_STEP 9007199254740991LL  /* 2^53 - 1: exact in every JSON reader */
+#define CKPT_MAX_WORLD 65536
+#define CKPT_MAX_SHARDS 1000000
+#define CKPT_MAX_SHARD_SIZE (1ULL << 50)   /* 1 PiB: anything larger is a hostile manifest */
+#define CKPT_MAX_DOC (64u << 20)           /* manifest, rank list and pointer documents */
+
+/* "ckpt-<step, 16 digits>-g<generation>" */
+void ckpt_dir_name(int64_t step, int64_t generation, char *out, size_t len);
+/* Parse a directory name back; false when it is not one of ours. */
+bool ckpt_dir_parse(const char *name, size_t len, int64_t *step, int64_t *generation);
+
+/* One rank's shards (done.json) or the whole manifest: both hold a manifest structure. */
+char *ckpt_rank_doc(const edl_ckpt_manifest *m, int rank);
+int ckpt_rank_doc_parse(const char *json, size_t len, int rank, const edl_ckpt_manifest *expect,
+                        edl_ckpt_manifest **out, char *err, size_t errlen);
+char *ckpt_manifest_doc(const edl_ckpt_manifest *m);
+
+/* The pointer: the newest committed checkpoint first, then older ones still kept. */
+typedef struct ckpt_pointer_entry {
+    int64_t step;
+    int64_t generation;
+    char dir[64];
+} ckpt_pointer_entry;
+
+typedef struct ckpt_pointer {
+    ckpt_pointer_entry *entries; /* newest first; n >= 1 */
+    size_t n;
+} ckpt_pointer;
+
+int ckpt_pointer_parse(const char *json, size_t len, ckpt_pointer *p, char *err, size_t errlen);
+/* The pointer after committing (step, generation): the new entry, then up to keep - 1 older
+ * ones from old (may be NULL). */
+char *ckpt_pointer_doc(const char *uri, const ckpt_pointer *old, int64_t step, int64_t generation,
+                       int keep);
+void ckpt_pointer_clear(ckpt_pointer *p);
+
+/* SHA-256 of a buffer as lowercase hex (OpenSSL EVP). */
+int ckpt_sha256_hex(const void *data, size_t len, char out[65]);
+
+#endif

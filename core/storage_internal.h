@@ -1,0 +1,55 @@
+/* storage_internal.h: what storage.c shares with its back ends (storage_file.c, storage_s3.c).
+ *
+ * storage.c parses the URI, checks keys and arguments, and dispatches through a small table of
+ * functions; each back end sees only validated keys and a byte source that hides whether the
+ * caller gave a buffer or a stream. */
+#ifndef EDL_STORAGE_INTERNAL_H
+#define EDL_STORAGE_INTERNAL_H
+
+#include "edl/storage.h"
+
+#include <stdarg.h>
+
+/* Bytes to put: a whole buffer (read == NULL) or a caller's stream. */
+typedef struct storage_source {
+    const char *buf;
+    size_t len;
+    edl_storage_read_fn read;
+    void *arg;
+} storage_source;
+
+/* Fill dst with up to cap bytes from a stream source, looping until cap bytes or the end.
+ * Returns the count or a negative EDL_E* code (the source's own, or EDL_EIO). */
+ssize_t storage_source_fill(edl_storage *s, storage_source *src, char *dst, size_t cap);
+
+typedef struct storage_backend {
+    const char *scheme;
+    int (*open)(edl_storage *s, const edl_storage_config *cfg, const char *rest);
+    void (*close)(edl_storage *s);
+    int (*put)(edl_storage *s, const char *key, storage_source *src);
+    int (*get_stream)(edl_storage *s, const char *key, edl_storage_write_fn write, void *arg,
+                      uint64_t *size_out);
+    int (*stat_key)(edl_storage *s, const char *key, edl_storage_stat *st);
+    /* Unsorted: storage.c sorts. */
+    int (*list)(edl_storage *s, const char *prefix, char ***keys, size_t *n, size_t *cap);
+    int (*del)(edl_storage *s, const char *key);
+} storage_backend;
+
+struct edl_storage {
+    const storage_backend *be;
+    char *uri;
+    void *impl;          /* the back end's own state */
+    unsigned rand_state; /* jitter and temporary names: per handle, no global state */
+    char errmsg[768];
+};
+
+extern const storage_backend storage_file_backend;
+extern const storage_backend storage_s3_backend;
+
+/* Record why the call failed and return code (so `return storage_fail(s, rc, ...)` reads). */
+int storage_fail(edl_storage *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Append a key to a growing list (for back ends' list). */
+int storage_list_add(char ***keys, size_t *n, size_t *cap, const char *key, size_t len);
+unsigned storage_rand(edl_storage *s);
+
+#endif

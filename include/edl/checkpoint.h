@@ -1,0 +1,145 @@
+/* edl/checkpoint.h: checkpoints on remote storage that elastic pods save and reload.
+ *
+ * A checkpoint is a directory <uri>/ckpt-<step>-g<generation>/ of shards plus a manifest
+ * (manifest.json: step, generation, world size, every shard with its size and SHA-256, the
+ * caller's metadata). It becomes visible only when the pointer <prefix>/jobs/<job>/checkpoint
+ * in etcd is advanced by a txn that refuses to go backwards in step; so no crash at any moment
+ * leaves the job without a complete checkpoint.
+ *
+ * Save (every rank, concurrently):
+ *   1. the rank uploads its shards to ckpt-<step>-g<gen>/rank-<r>/shard-<i>,
+ *   2. then rank-<r>/done.json listing them with sizes and checksums;
+ *   3. the committer (rank 0 unless configured) waits for all world_size done.json objects,
+ *      checks them and the shards' sizes, writes manifest.json, then advances the pointer,
+ *      and deletes checkpoints older than the newest `keep`.
+ * The caller's buffers are copied (or handed over) and uploaded by a background thread; the
+ * caller is blocked only for the copy and learns the outcome from edl_ckpt_wait().
+ *
+ * Load: follow the pointer, read the manifest, verify every shard's size and (by default)
+ * SHA-256; when the newest is incomplete or corrupt, fall back to the previous committed one
+ * (the pointer keeps the last `keep`) with a warning in the log. Any rank may read any shard:
+ * loading in another world size than the save is the caller's re-sharding choice. */
+#ifndef EDL_CHECKPOINT_H
+#define EDL_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "edl/common.h"
+#include "edl/etcd.h"
+#include "edl/storage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct edl_ckpt edl_ckpt;
+
+typedef struct edl_ckpt_config {
+    const char *uri;          /* required: where checkpoints live (EDL_CHECKPOINT_URI) */
+    edl_etcd *etcd;           /* required: holds the pointer; borrowed, must outlive the ckpt */
+    const char *prefix;       /* etcd key prefix (NULL: "/edl/v1") */
+    const char *job;          /* required: job id (EDL_JOB_ID); letters, digits, "._-" */
+    int rank;                 /* this process's rank (EDL_RANK) */
+    int world_size;           /* ranks that save each checkpoint (EDL_WORLD_SIZE) */
+    int committer_rank;       /* the rank that writes the manifest and the pointer (0) */
+    int keep;                 /* committed checkpoints kept, older ones deleted (3; >= 1) */
+    int64_t commit_timeout_ms; /* how long the committer waits for other ranks' shards (600000) */
+    bool verify_on_load;      /* hash every shard in edl_ckpt_load_latest (true by init) */
+    const edl_storage_config *storage; /* options for the store (NULL: defaults + AWS_* env);
+                                          its uri field is ignored */
+} edl_ckpt_config;
+
+void edl_ckpt_config_init(edl_ckpt_config *cfg);
+
+/* Validate the config and open the store (twice: one handle for the caller's thread, one for
+ * the uploader). errbuf (may be NULL) receives the reason of a failure. */
+int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size_t errlen);
+/* Waits for every queued save to finish (they keep their own deadlines), then frees. */
+void edl_ckpt_close(edl_ckpt *ck);
+/* What the last failed call on the caller's side (open aside) did wrong. Never NULL. */
+const char *edl_ckpt_errmsg(const edl_ckpt *ck);
+
+/* ---- save ------------------------------------------------------------------------------ */
+
+typedef struct edl_ckpt_shard {
+    const char *name;   /* the caller's label ("model", "optim"; may be NULL): "._-" letters */
+    const void *data;
+    size_t len;
+    /* NULL: the data is copied before edl_ckpt_save_async returns. Otherwise the checkpoint
+     * takes the buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded;
+     * the caller must not touch it in between. */
+    void (*free_fn)(void *data, void *arg);
+    void *free_arg;
+} edl_ckpt_shard;
+
+typedef struct edl_ckpt_pending edl_ckpt_pending;
+
+/* Queue this rank's part of checkpoint `step` (saves run one after another, in order).
+ * metadata_json (may be NULL) must be a JSON object; it is stored in the manifest by the
+ * committer (other ranks' metadata is ignored). Returns at once with a handle to wait on. */
+int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
+                        size_t n_shards, const char *metadata_json, edl_ckpt_pending **out);
+/* Wait up to timeout_ms (-1: for ever) for the save. Returns the save's outcome, or
+ * EDL_ETIMEDOUT while it is still running (wait again later). Outcomes:
+ *   0               this rank's shards are stored; on the committer, the pointer now names
+ *                   this checkpoint;
+ *   EDL_ECONFLICT   the pointer already names a checkpoint of this step or a later one (a
+ *                   newer writer won); nothing was changed;
+ *   EDL_ETIMEDOUT   the committer gave up waiting for the other ranks (commit_timeout_ms);
+ *   others          from the store or etcd; edl_ckpt_save_errmsg() says what and where. */
+int edl_ckpt_wait(edl_ckpt_pending *sv, int64_t timeout_ms);
+/* Nonzero once the save is finished (never blocks). */
+bool edl_ckpt_save_done(edl_ckpt_pending *sv);
+const char *edl_ckpt_save_errmsg(edl_ckpt_pending *sv); /* valid once done, until freed */
+/* Release the handle; a save still running goes on and frees itself when finished. */
+void edl_ckpt_save_free(edl_ckpt_pending *sv);
+/* Save and wait: edl_ckpt_save_async + edl_ckpt_wait(-1) + free; errmsg via edl_ckpt_errmsg. */
+int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
+                  size_t n_shards, const char *metadata_json);
+
+/* ---- load ------------------------------------------------------------------------------ */
+
+typedef struct edl_ckpt_shard_info {
+    int rank;             /* the rank that saved it */
+    int index;            /* its position in that rank's shard list */
+    char *name;           /* the caller's label ("" when none) */
+    char *key;            /* storage key, relative to the URI */
+    uint64_t size;
+    char sha256[65];      /* lowercase hex */
+} edl_ckpt_shard_info;
+
+typedef struct edl_ckpt_manifest {
+    int64_t step;
+    int64_t generation;
+    int world_size;
+    char *dir;            /* "ckpt-<step>-g<generation>" */
+    char *metadata_json;  /* the saver's metadata ("{}" when none) */
+    edl_ckpt_shard_info *shards; /* ordered by rank, then index */
+    size_t n_shards;
+    int skipped;          /* newer committed checkpoints that were corrupt and passed over */
+} edl_ckpt_manifest;
+
+/* The newest complete checkpoint. EDL_ENOTFOUND when the job has none (start from scratch);
+ * EDL_EPROTO when checkpoints are committed but none is complete and intact (the message
+ * lists why each failed). Store or etcd errors (EDL_EUNAVAIL, EDL_EAUTH, ...) are returned as
+ * they are: the caller keeps its in-memory state and may try again. */
+int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out);
+void edl_ckpt_manifest_free(edl_ckpt_manifest *m);
+
+/* Read shard i of m into a new buffer (caller frees), checking its size and SHA-256
+ * (EDL_EPROTO when they do not match). */
+int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void **data,
+                        size_t *len);
+/* The index in m of the shard (rank, index), or -1. */
+long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index);
+
+/* Parse and validate a manifest (what load does with manifest.json): exposed for tests and
+ * tools. EDL_EPROTO with a reason in errbuf for anything malformed or hostile. */
+int edl_ckpt_manifest_parse(const char *json, size_t len, edl_ckpt_manifest **out, char *errbuf,
+                            size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

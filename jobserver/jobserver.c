@@ -1,0 +1,491 @@
+/* jobserver.c: the job server's etcd side. A replica campaigns for `jobs/<job>/leader`; the
+ * leader reads the whole job in one txn (a consistent snapshot), asks js_reconcile what the
+ * generation should be, and publishes it with a txn that holds only while it still leads and
+ * nobody changed the cluster document since the snapshot. Any event under the job wakes it;
+ * it never relies on having seen an event: each pass starts from a fresh snapshot. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "edl/cluster.h"
+#include "edl/etcd.h"
+#include "edl/log.h"
+#include "jobserver.h"
+#include "reconcile.h"
+
+#define LOG "jobserver"
+
+typedef struct jobserver {
+    const js_config *cfg;
+    int sigfd;
+    bool stop;
+    edl_etcd *c;
+    char *k_job, *k_spec, *k_pods, *k_status, *k_cluster, *k_leader;
+    edl_job_spec spec;        /* the last valid spec seen */
+    bool have_spec;
+    js_memory mem;
+    int64_t lease;
+    edl_lease_keeper *keeper;
+    edl_leader leader;
+    int64_t bad_revs[16];     /* malformed documents already reported (one log line each) */
+    unsigned n_bad;
+} jobserver;
+
+/* One consistent read of the job. */
+typedef struct snapshot {
+    int64_t revision;
+    char spec_error[512];
+    bool spec_present;
+    edl_pod *pods;
+    size_t n_pods;
+    edl_pod_status *status;
+    bool *has_status;
+    edl_cluster cluster;
+    int64_t cluster_mod;      /* 0: absent */
+    bool cluster_bad;
+    char cluster_error[512];
+    int64_t max_status_gen;
+} snapshot;
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void snapshot_free(snapshot *s)
+{
+    for (size_t i = 0; i < s->n_pods; i++)
+        edl_pod_free(&s->pods[i]);
+    free(s->pods);
+    free(s->status);
+    free(s->has_status);
+    edl_cluster_free(&s->cluster);
+    memset(s, 0, sizeof *s);
+}
+
+/* A malformed document is reported once per revision, not on every pass: true the first time. */
+static bool first_report(jobserver *js, int64_t mod_revision)
+{
+    for (unsigned i = 0; i < 16 && i < js->n_bad; i++)
+        if (js->bad_revs[i] == mod_revision)
+            return false;
+    js->bad_revs[js->n_bad++ % 16] = mod_revision;
+    return true;
+}
+
+static void report_bad(jobserver *js, const edl_kv *kv, const char *err)
+{
+    if (first_report(js, kv->mod_revision))
+        EDL_ERROR(LOG, "ignoring %s: %s", kv->key, err);
+}
+
+static void read_spec(jobserver *js, const edl_range_result *r, snapshot *s)
+{
+    if (r->n_kvs == 0)
+        return;
+    s->spec_present = true;
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    int rc = edl_spec_parse(r->kvs[0].value, r->kvs[0].value_len, &sp, s->spec_error,
+                            sizeof s->spec_error);
+    if (rc) {
+        if (first_report(js, r->kvs[0].mod_revision))
+            EDL_ERROR(LOG, "job %s: invalid spec (%s); %s", js->cfg->job, s->spec_error,
+                      js->have_spec ? "keeping the last valid one" : "waiting for a valid one");
+        edl_spec_free(&sp);
+        return;
+    }
+    s->spec_error[0] = '\0';
+    edl_spec_free(&js->spec);
+    js->spec = sp;
+    js->have_spec = true;
+}
+
+static int read_pods(jobserver *js, const edl_range_result *r, snapshot *s)
+{
+    size_t plen = strlen(js->k_pods);
+    s->pods = calloc(r->n_kvs + 1, sizeof *s->pods);
+    s->status = calloc(r->n_kvs + 1, sizeof *s->status);
+    s->has_status = calloc(r->n_kvs + 1, sizeof *s->has_status);
+    if (!s->pods || !s->status || !s->has_status)
+        return EDL_ENOMEM;
+    /* join order: the range is sorted by create_revision */
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        const edl_kv *kv = &r->kvs[i];
+        const char *name = kv->key + plen;
+        char err[256];
+        if (kv->key_len <= plen || !edl_name_valid(name)) {
+            report_bad(js, kv, "not a valid pod name");
+            continue;
+        }
+        edl_pod *p = &s->pods[s->n_pods];
+        memset(p, 0, sizeof *p);
+        if (!(p->name = strdup(name)))
+            return EDL_ENOMEM;
+        p->lease = kv->lease;
+        p->create_revision = kv->create_revision;
+        if (edl_pod_parse(kv->value, kv->value_len, p, err, sizeof err) != 0) {
+            report_bad(js, kv, err);
+            edl_pod_free(p);
+            continue;
+        }
+        s->n_pods++;
+    }
+    return 0;
+}
+
+static void read_status(jobserver *js, const edl_range_result *r, snapshot *s)
+{
+    size_t plen = strlen(js->k_status);
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        const edl_kv *kv = &r->kvs[i];
+        if (kv->key_len <= plen)
+            continue;
+        for (size_t p = 0; p < s->n_pods; p++) {
+            /* the status of this incarnation: same name, same lease */
+            if (strcmp(s->pods[p].name, kv->key + plen) != 0 || s->pods[p].lease != kv->lease)
+                continue;
+            char err[256];
+            if (edl_pod_status_parse(kv->value, kv->value_len, &s->status[p], err, sizeof err)) {
+                report_bad(js, kv, err);
+                break;
+            }
+            s->has_status[p] = true;
+            if (s->status[p].generation > s->max_status_gen)
+                s->max_status_gen = s->status[p].generation;
+            break;
+        }
+    }
+}
+
+static int take_snapshot(jobserver *js, snapshot *s)
+{
+    memset(s, 0, sizeof *s);
+    edl_txn *t = edl_txn_new();
+    if (!t)
+        return EDL_ENOMEM;
+    edl_range_opts by_join = {.prefix = true, .sort_order = EDL_SORT_ASCEND,
+                              .sort_target = EDL_SORT_CREATE};
+    edl_range_opts prefix = {.prefix = true};
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_spec), NULL);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_pods), &by_join);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_status), &prefix);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_cluster), NULL);
+    edl_txn_result r;
+    int rc = edl_etcd_txn(js->c, t, &r);
+    edl_txn_free(t);
+    if (rc)
+        return rc;
+    if (r.n_results != 4) {
+        edl_txn_result_free(&r);
+        return EDL_EPROTO;
+    }
+    s->revision = r.revision;
+    read_spec(js, &r.results[0].range, s);
+    rc = read_pods(js, &r.results[1].range, s);
+    if (!rc)
+        read_status(js, &r.results[2].range, s);
+    const edl_range_result *cr = &r.results[3].range;
+    if (!rc && cr->n_kvs) {
+        s->cluster_mod = cr->kvs[0].mod_revision;
+        if (edl_cluster_parse(cr->kvs[0].value, cr->kvs[0].value_len, &s->cluster,
+                              s->cluster_error, sizeof s->cluster_error) != 0) {
+            s->cluster_bad = true;
+            if (first_report(js, cr->kvs[0].mod_revision))
+                EDL_ERROR(LOG, "job %s: the published generation at %s is unreadable (%s); "
+                          "not acting until it is fixed or deleted",
+                          js->cfg->job, js->k_cluster, s->cluster_error);
+        }
+    }
+    edl_txn_result_free(&r);
+    if (rc)
+        snapshot_free(s);
+    return rc;
+}
+
+/* Publish `next` if we still lead and the cluster document is as we read it.
+ * 0: published; EDL_ECONFLICT: someone changed it (re-read); EDL_ELEASE: we no longer lead. */
+static int publish(jobserver *js, const snapshot *s, js_decision *d)
+{
+    if (d->new_generation && d->next.generation <= s->max_status_gen)
+        d->next.generation = s->max_status_gen + 1; /* never behind what agents have run */
+    char *json = edl_cluster_to_json(&d->next);
+    edl_txn *t = edl_txn_new();
+    if (!json || !t) {
+        free(json);
+        edl_txn_free(t);
+        return EDL_ENOMEM;
+    }
+    edl_txn_cmp_leader(t, &js->leader);
+    if (s->cluster_mod)
+        edl_txn_cmp_mod(t, edl_str(js->k_cluster), EDL_CMP_EQUAL, s->cluster_mod);
+    else
+        edl_txn_cmp_create(t, edl_str(js->k_cluster), EDL_CMP_EQUAL, 0);
+    edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(js->k_cluster), edl_str(json), NULL);
+    char genkey[64];
+    char *k_gen = NULL;
+    if (d->new_generation && s->cluster.generation > 0) {
+        /* the retired generation's rendezvous data goes with it */
+        snprintf(genkey, sizeof genkey, "gen/%lld/", (long long)s->cluster.generation);
+        k_gen = edl_job_key(js->cfg->prefix, js->cfg->job, genkey);
+        edl_delete_opts dp = {.prefix = true};
+        if (k_gen)
+            edl_txn_delete(t, EDL_TXN_SUCCESS, edl_str(k_gen), &dp);
+    }
+    edl_txn_range(t, EDL_TXN_FAILURE, edl_str(js->k_leader), NULL);
+    edl_txn_result r;
+    int rc = edl_etcd_txn(js->c, t, &r);
+    edl_txn_free(t);
+    free(k_gen);
+    free(json);
+    if (rc)
+        return rc;
+    if (!r.succeeded) {
+        const edl_range_result *lr = &r.results[0].range;
+        bool still = lr->n_kvs && lr->kvs[0].create_revision == js->leader.kv->create_revision;
+        edl_txn_result_free(&r);
+        return still ? EDL_ECONFLICT : EDL_ELEASE;
+    }
+    edl_txn_result_free(&r);
+    return 0;
+}
+
+static void log_publish(const jobserver *js, const js_decision *d)
+{
+    const edl_cluster *n = &d->next;
+    char ranks[512];
+    size_t used = 0;
+    ranks[0] = '\0';
+    for (size_t i = 0; i < n->n_members && used < sizeof ranks; i++)
+        used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%s", i ? " " : "",
+                                 n->members[i].pod);
+    EDL_INFO(LOG, "job %s: generation %lld %s, %zu members [%s]%s%s (%s)", js->cfg->job,
+             (long long)n->generation, edl_job_state_name(n->state), n->n_members, ranks,
+             n->n_standbys ? ", standbys " : "", n->n_standbys ? n->standbys[0] : "",
+             n->reason ? n->reason : "");
+}
+
+/* One pass: snapshot, decide, publish. *wake: when to pass again without events.
+ * Returns EDL_ELEASE when leadership is lost, 1 when exit_when_done and the job is final. */
+static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
+{
+    for (int attempt = 0; attempt < 5; attempt++) {
+        snapshot s;
+        int rc = take_snapshot(js, &s);
+        if (rc) {
+            EDL_WARN(LOG, "job %s: reading the job failed: %s (%s)", js->cfg->job,
+                     edl_strerror(rc), edl_etcd_errmsg(js->c));
+            *wake = mono_ms() + 500;
+            return 0;
+        }
+        if (s.cluster_bad) {
+            snapshot_free(&s);
+            *wake = 0;
+            return 0;
+        }
+        *final_state = s.cluster.generation ? (int)s.cluster.state : -1;
+        js_observed o = {
+            .spec = js->have_spec ? &js->spec : NULL,
+            .spec_error = s.spec_present && s.spec_error[0] ? s.spec_error : NULL,
+            .pods = s.pods, .n_pods = s.n_pods, .status = s.status, .has_status = s.has_status,
+            .cluster = &s.cluster, .now_ms = wall_ms(), .mono_ms = mono_ms(),
+            .leader_id = js->cfg->id,
+        };
+        js_decision d;
+        rc = js_reconcile(&o, &js->mem, &d);
+        *wake = d.wake_mono_ms;
+        if (rc || d.action == JS_NOTHING) {
+            js_decision_free(&d);
+            snapshot_free(&s);
+            return rc;
+        }
+        rc = publish(js, &s, &d);
+        if (rc == 0) {
+            log_publish(js, &d);
+            *final_state = (int)d.next.state;
+        }
+        js_decision_free(&d);
+        snapshot_free(&s);
+        if (rc == EDL_ECONFLICT)
+            continue; /* the document moved under us: decide again on a fresh read */
+        if (rc == EDL_ELEASE)
+            return rc;
+        if (rc) {
+            EDL_WARN(LOG, "job %s: publishing failed: %s (%s); retrying", js->cfg->job,
+                     edl_strerror(rc), edl_etcd_errmsg(js->c));
+            *wake = mono_ms() + 500;
+            return 0;
+        }
+        *wake = mono_ms(); /* look again: the next step may already be due */
+        return 0;
+    }
+    *wake = mono_ms() + 100;
+    return 0;
+}
+
+static bool signalled(jobserver *js)
+{
+    struct signalfd_siginfo si;
+    while (read(js->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        EDL_INFO(LOG, "signal %u: stepping down and exiting", si.ssi_signo);
+        js->stop = true;
+    }
+    return js->stop;
+}
+
+static int exit_code_of(int state)
+{
+    return state == EDL_JOB_SUCCEEDED ? 0 : state == EDL_JOB_FAILED ? 1 : 4;
+}
+
+/* Lead until the lease is lost, a signal comes, or (exit_when_done) the job ends. */
+static int lead(jobserver *js, int *exit_code)
+{
+    edl_watch *w = NULL;
+    edl_watch_opts wo = {.prefix = true};
+    int rc = edl_etcd_watch(js->c, edl_str(js->k_job), &wo, &w);
+    if (rc) {
+        EDL_WARN(LOG, "watching %s failed: %s; polling instead", js->k_job, edl_strerror(rc));
+        w = NULL;
+    }
+    int64_t wake = 0;
+    int final_state = -1;
+    while (!signalled(js)) {
+        rc = reconcile_once(js, &wake, &final_state);
+        if (rc == EDL_ELEASE)
+            break;
+        if (js->cfg->exit_when_done && final_state >= 0 &&
+            edl_job_state_final((edl_job_state)final_state)) {
+            *exit_code = exit_code_of(final_state);
+            js->stop = true;
+            break;
+        }
+        int64_t now = mono_ms();
+        int timeout = w ? -1 : 1000;
+        if (wake)
+            timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);
+        struct pollfd pf[3] = {{js->sigfd, POLLIN, 0},
+                               {edl_lease_keeper_fd(js->keeper), POLLIN, 0},
+                               {w ? edl_watch_fd(w) : -1, POLLIN, 0}};
+        if (poll(pf, 3, timeout) < 0 && errno != EINTR)
+            break;
+        if (edl_lease_keeper_status(js->keeper)) {
+            rc = EDL_ELEASE;
+            break;
+        }
+        edl_watch_event *ev;
+        while (w && edl_watch_next(w, &ev, 0) == 0) {
+            bool dead = ev->type == EDL_WATCH_ERROR;
+            edl_watch_event_free(ev);
+            if (dead) {
+                edl_watch_stop(w);
+                w = NULL;
+                if (edl_etcd_watch(js->c, edl_str(js->k_job), &wo, &w) != 0)
+                    w = NULL;
+                break;
+            }
+        }
+    }
+    if (w)
+        edl_watch_stop(w);
+    if (rc == EDL_ELEASE)
+        EDL_WARN(LOG, "job %s: lost the leadership; campaigning again", js->cfg->job);
+    return rc == EDL_ELEASE ? rc : 0;
+}
+
+/* Grant a lease and campaign until we lead or a signal comes. */
+static int campaign(jobserver *js)
+{
+    int64_t backoff = 200;
+    while (!signalled(js)) {
+        if (!js->keeper) {
+            int rc = edl_etcd_lease_grant(js->c, js->cfg->ttl_s, 0, &js->lease, NULL);
+            if (!rc)
+                rc = edl_lease_keeper_start(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
+                                            &js->keeper);
+            if (rc) {
+                EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying",
+                         edl_strerror(rc), edl_etcd_errmsg(js->c));
+                usleep((useconds_t)backoff * 1000);
+                backoff = backoff < 3000 ? backoff * 2 : 3000;
+                continue;
+            }
+        }
+        edl_leader_clear(&js->leader);
+        int rc = edl_election_campaign(js->c, edl_str(js->k_leader), edl_str(js->cfg->id),
+                                       js->lease, 500, &js->leader);
+        if (rc == 0) {
+            EDL_INFO(LOG, "job %s: %s leads (lease %llx)", js->cfg->job, js->cfg->id,
+                     (unsigned long long)js->lease);
+            return 0;
+        }
+        if (rc == EDL_ETIMEDOUT)
+            continue;
+        if (rc == EDL_ELEASE || edl_lease_keeper_status(js->keeper)) {
+            edl_lease_keeper_stop(js->keeper, false);
+            js->keeper = NULL;
+            continue;
+        }
+        EDL_WARN(LOG, "campaign failed: %s (%s); retrying", edl_strerror(rc),
+                 edl_etcd_errmsg(js->c));
+        usleep(300 * 1000);
+    }
+    return EDL_ECLOSED;
+}
+
+int js_run(const js_config *cfg, int sigfd)
+{
+    jobserver js = {.cfg = cfg, .sigfd = sigfd};
+    edl_spec_init(&js.spec);
+    int rc = edl_etcd_connect(cfg->endpoints, &js.c);
+    if (rc) {
+        EDL_ERROR(LOG, "etcd endpoints \"%s\": %s", cfg->endpoints, edl_strerror(rc));
+        return 2;
+    }
+    js.k_job = edl_job_key(cfg->prefix, cfg->job, "");
+    js.k_spec = edl_job_key(cfg->prefix, cfg->job, "spec");
+    js.k_pods = edl_job_key(cfg->prefix, cfg->job, "pods/");
+    js.k_status = edl_job_key(cfg->prefix, cfg->job, "status/");
+    js.k_cluster = edl_job_key(cfg->prefix, cfg->job, "cluster");
+    js.k_leader = edl_job_key(cfg->prefix, cfg->job, "leader");
+    int exit_code = 0;
+    if (!js.k_job || !js.k_spec || !js.k_pods || !js.k_status || !js.k_cluster || !js.k_leader)
+        exit_code = 2;
+    while (!exit_code && !js.stop && campaign(&js) == 0) {
+        if (lead(&js, &exit_code) == EDL_ELEASE) {
+            edl_lease_keeper_stop(js.keeper, false);
+            js.keeper = NULL;
+            js_memory_free(&js.mem); /* a later term starts its windows afresh */
+        }
+    }
+    if (js.leader.kv && js.keeper && !edl_lease_keeper_status(js.keeper))
+        edl_election_resign(js.c, &js.leader);
+    if (js.keeper)
+        edl_lease_keeper_stop(js.keeper, true); /* a standby takes over at once */
+    edl_leader_clear(&js.leader);
+    js_memory_free(&js.mem);
+    edl_spec_free(&js.spec);
+    free(js.k_job);
+    free(js.k_spec);
+    free(js.k_pods);
+    free(js.k_status);
+    free(js.k_cluster);
+    free(js.k_leader);
+    edl_etcd_free(js.c);
+    return exit_code;
+}

@@ -1,0 +1,24 @@
+/* jobserver.h: one job server replica for one job: campaign for leadership, then reconcile the
+ * job from consistent etcd snapshots and publish generations with fenced txns. */
+#ifndef EDL_JOBSERVER_H
+#define EDL_JOBSERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct js_config {
+    char *endpoints;   /* comma-separated etcd URLs */
+    char *job;
+    char *prefix;      /* key prefix (EDL_DEFAULT_PREFIX) */
+    char *id;          /* this replica's identity (hostname-pid) */
+    int64_t ttl_s;     /* leadership lease TTL: a standby takes over within it (10) */
+    int metrics_port;  /* 0: no /metrics */
+    bool exit_when_done; /* exit once the job is final (0 succeeded, 1 failed, 4 stopped) */
+} js_config;
+
+/* Runs until SIGTERM/SIGINT (returns 0 after resigning), or a fatal error (returns 3 when etcd
+ * stays unreachable at start-up, 2 for a bad configuration); with exit_when_done, the job's
+ * final state as an exit code. sigfd: a signalfd for SIGTERM and SIGINT. */
+int js_run(const js_config *cfg, int sigfd);
+
+#endif

@@ -1,0 +1,127 @@
+/* main.c: the edl-jobserver command: options, signals, then js_run(). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "edl/cluster.h"
+#include "edl/log.h"
+#include "jobserver.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: edl-jobserver --etcd URLS --job NAME [options]\n"
+            "\n"
+            "Watches the job's pods in etcd, assigns ranks and publishes numbered generations to\n"
+            "jobs/<job>/cluster. Run several replicas: one leads, the others stand by and take\n"
+            "over within one lease TTL.\n"
+            "\n"
+            "Options:\n"
+            "  --etcd URLS         comma-separated etcd endpoints (default: $EDL_ETCD_ENDPOINTS)\n"
+            "  --job NAME          the job to serve (default: $EDL_JOB_ID)\n"
+            "  --prefix PREFIX     etcd key prefix (default: %s)\n"
+            "  --id ID             this replica's name in the election (default: host-pid)\n"
+            "  --ttl SECONDS       leadership lease TTL (default: 10)\n"
+            "  --exit-when-done    exit once the job has succeeded, failed or been stopped\n"
+            "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
+            "  -h, --help          this text\n"
+            "\n"
+            "Exit codes: 0 stopped by SIGTERM/SIGINT (after resigning) or, with --exit-when-done,\n"
+            "the job succeeded; 1 the job failed; 2 usage or configuration error; 4 the job was\n"
+            "stopped (with --exit-when-done).\n",
+            EDL_DEFAULT_PREFIX);
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"etcd", required_argument, 0, 'e'},   {"job", required_argument, 0, 'j'},
+        {"prefix", required_argument, 0, 'p'}, {"id", required_argument, 0, 'i'},
+        {"ttl", required_argument, 0, 't'},    {"exit-when-done", no_argument, 0, 'x'},
+        {"log-level", required_argument, 0, 'l'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    edl_log_setup_from_env();
+    js_config cfg = {.endpoints = getenv("EDL_ETCD_ENDPOINTS"), .job = getenv("EDL_JOB_ID"),
+                     .prefix = EDL_DEFAULT_PREFIX, .ttl_s = 10};
+    char idbuf[300];
+    int ch;
+    long v;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'e': cfg.endpoints = optarg; break;
+        case 'j': cfg.job = optarg; break;
+        case 'p': cfg.prefix = optarg; break;
+        case 'i': cfg.id = optarg; break;
+        case 't':
+            if (parse_int(optarg, 1, 86400, &v)) {
+                fprintf(stderr, "edl-jobserver: --ttl %s: expected whole seconds, 1 to 86400\n",
+                        optarg);
+                return 2;
+            }
+            cfg.ttl_s = v;
+            break;
+        case 'x': cfg.exit_when_done = true; break;
+        case 'l': {
+            edl_log_level lv;
+            if (edl_log_level_parse(optarg, &lv)) {
+                fprintf(stderr, "edl-jobserver: --log-level %s: expected debug, info, warn or "
+                                "error\n", optarg);
+                return 2;
+            }
+            edl_log_setup(lv, EDL_LOG_PLAIN, NULL);
+            break;
+        }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "edl-jobserver: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (!cfg.endpoints || !*cfg.endpoints || !cfg.job) {
+        fprintf(stderr, "edl-jobserver: %s is required (see --help)\n",
+                !cfg.job ? "--job" : "--etcd");
+        return 2;
+    }
+    if (!edl_name_valid(cfg.job)) {
+        fprintf(stderr, "edl-jobserver: job name \"%s\" is not valid: use 1-128 of "
+                        "[A-Za-z0-9._-], not starting with '.' or '-'\n", cfg.job);
+        return 2;
+    }
+    if (!cfg.id) {
+        char host[256] = "host";
+        gethostname(host, sizeof host - 1);
+        snprintf(idbuf, sizeof idbuf, "%s-%d", host, (int)getpid());
+        cfg.id = idbuf;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sigfd < 0) {
+        perror("edl-jobserver: signalfd");
+        return 2;
+    }
+    int rc = js_run(&cfg, sigfd);
+    close(sigfd);
+    return rc;
+}

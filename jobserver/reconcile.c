@@ -1,0 +1,483 @@
+/* reconcile.c: from an observed job to the generation it should have (see reconcile.h).
+ *
+ * Order of the rules, most urgent first: a final job stays final; a stop request ends it;
+ * trainer failures (exit, signal, hang) restart the generation or fail the job; all ranks done
+ * is success; lost members form a new generation at once; joins wait for the settle window;
+ * otherwise only details (standbys, spec error) are refreshed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reconcile.h"
+
+#define REASON_MAX 512
+
+typedef struct failure {
+    const char *pod;
+    int code;      /* exit code, 128+signal, or -1 for a hang */
+    char what[160];
+} failure;
+
+void js_decision_free(js_decision *d)
+{
+    edl_cluster_free(&d->next);
+    memset(d, 0, sizeof *d);
+}
+
+void js_memory_free(js_memory *m)
+{
+    for (size_t i = 0; i < m->n_progress; i++)
+        free(m->progress[i].pod);
+    free(m->progress);
+    memset(m, 0, sizeof *m);
+}
+
+static int pod_index(const js_observed *o, const char *name, int64_t lease)
+{
+    for (size_t i = 0; i < o->n_pods; i++)
+        if (strcmp(o->pods[i].name, name) == 0 && o->pods[i].lease == lease)
+            return (int)i;
+    return -1;
+}
+
+static const edl_pod_failures *failures_of(const edl_cluster *c, const char *pod)
+{
+    for (size_t i = 0; i < c->n_failures; i++)
+        if (strcmp(c->failures[i].pod, pod) == 0)
+            return &c->failures[i];
+    return NULL;
+}
+
+/* ---- progress (hang detection) ------------------------------------------------------------ */
+
+static js_progress *progress_entry(js_memory *m, const char *pod)
+{
+    for (size_t i = 0; i < m->n_progress; i++)
+        if (strcmp(m->progress[i].pod, pod) == 0)
+            return &m->progress[i];
+    js_progress *p = realloc(m->progress, (m->n_progress + 1) * sizeof *p);
+    if (!p)
+        return NULL;
+    m->progress = p;
+    p = &m->progress[m->n_progress];
+    memset(p, 0, sizeof *p);
+    if (!(p->pod = strdup(pod)))
+        return NULL;
+    p->generation = -1;
+    m->n_progress++;
+    return p;
+}
+
+/* Record the step of every running member; return the index of a member that made no progress
+ * for the timeout while another advanced within it (-1: none). *wake: next check. */
+static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
+{
+    const edl_cluster *c = o->cluster;
+    int64_t timeout = o->spec->progress_timeout_ms, now = o->mono_ms;
+    if (timeout <= 0 || c->state != EDL_JOB_RUNNING)
+        return -1;
+    bool someone_advanced = false;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation ||
+            o->status[i].state != EDL_TRAINER_RUNNING)
+            continue;
+        js_progress *p = progress_entry(m, c->members[k].pod);
+        if (!p)
+            return -1;
+        if (p->generation != c->generation || p->step != o->status[i].step) {
+            bool advanced = p->generation == c->generation;
+            p->generation = c->generation;
+            p->step = o->status[i].step;
+            p->changed_mono_ms = now;
+            if (advanced)
+                someone_advanced = true;
+        } else if (now - p->changed_mono_ms <= timeout && p->step >= 0) {
+            someone_advanced = true;
+        }
+    }
+    int hung = -1;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        js_progress *p;
+        if (i < 0 || !o->has_status[i] || o->status[i].state != EDL_TRAINER_RUNNING ||
+            o->status[i].generation != c->generation || !(p = progress_entry(m, c->members[k].pod)))
+            continue;
+        int64_t due = p->changed_mono_ms + timeout + 1;
+        if (now >= due && someone_advanced && hung < 0)
+            hung = (int)k;
+        if (!*wake || due < *wake)
+            *wake = due;
+    }
+    return hung;
+}
+
+/* ---- trainer failures and success --------------------------------------------------------- */
+
+/* Collect failed members of the current generation; *all_done when every member exited 0. */
+static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, bool *all_done,
+                               int64_t *wake)
+{
+    const edl_cluster *c = o->cluster;
+    size_t n = 0, done = 0;
+    *all_done = false;
+    if (c->state != EDL_JOB_RUNNING || c->generation == 0)
+        return 0;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation)
+            continue;
+        const edl_pod_status *s = &o->status[i];
+        if (s->state == EDL_TRAINER_EXITED && s->exit_code == 0) {
+            done++;
+        } else if (s->state == EDL_TRAINER_EXITED) {
+            fl[n].pod = c->members[k].pod;
+            fl[n].code = s->exit_code;
+            snprintf(fl[n].what, sizeof fl[n].what, "pod %s (rank %d) exited with code %d",
+                     c->members[k].pod, c->members[k].rank, s->exit_code);
+            n++;
+        } else if (s->state == EDL_TRAINER_SIGNALED) {
+            fl[n].pod = c->members[k].pod;
+            fl[n].code = 128 + s->signal;
+            snprintf(fl[n].what, sizeof fl[n].what, "pod %s (rank %d) was killed by signal %d",
+                     c->members[k].pod, c->members[k].rank, s->signal);
+            n++;
+        }
+    }
+    if (n == 0) {
+        int h = find_hung(o, m, wake);
+        if (h >= 0) {
+            fl[0].pod = c->members[h].pod;
+            fl[0].code = -1;
+            snprintf(fl[0].what, sizeof fl[0].what,
+                     "pod %s (rank %d) made no progress for %lld ms while others advanced",
+                     c->members[h].pod, c->members[h].rank,
+                     (long long)o->spec->progress_timeout_ms);
+            n = 1;
+        }
+    }
+    *all_done = n == 0 && c->n_members > 0 && done == c->n_members;
+    return n;
+}
+
+/* The failure list of the next generation: counts bumped for the failed pods, exclusions set
+ * for repeat offenders, entries of pods that are gone and no longer excluded dropped. */
+static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl_cluster *next)
+{
+    const edl_cluster *c = o->cluster;
+    const edl_job_spec *sp = o->spec;
+    next->failures = calloc(c->n_failures + nf + 1, sizeof *next->failures);
+    if (!next->failures)
+        return EDL_ENOMEM;
+    for (size_t i = 0; i < c->n_failures; i++) {
+        const edl_pod_failures *f = &c->failures[i];
+        bool live = false;
+        for (size_t p = 0; p < o->n_pods; p++)
+            live = live || strcmp(o->pods[p].name, f->pod) == 0;
+        if (!live && f->excluded_until <= o->now_ms)
+            continue;
+        edl_pod_failures *g = &next->failures[next->n_failures++];
+        *g = *f;
+        if (!(g->pod = strdup(f->pod)))
+            return EDL_ENOMEM;
+    }
+    for (size_t k = 0; k < nf; k++) {
+        edl_pod_failures *g = NULL;
+        for (size_t i = 0; i < next->n_failures; i++)
+            if (strcmp(next->failures[i].pod, fl[k].pod) == 0)
+                g = &next->failures[i];
+        if (!g) {
+            g = &next->failures[next->n_failures++];
+            memset(g, 0, sizeof *g);
+            if (!(g->pod = strdup(fl[k].pod)))
+                return EDL_ENOMEM;
+        }
+        g->count++;
+        if (g->count >= sp->exclude_after) {
+            int64_t cd = sp->cooldown_ms;
+            for (int e = sp->exclude_after; e < g->count && cd < sp->cooldown_max_ms; e++)
+                cd *= 2;
+            if (cd > sp->cooldown_max_ms)
+                cd = sp->cooldown_max_ms;
+            g->excluded_until = o->now_ms + cd;
+        }
+    }
+    return 0;
+}
+
+/* ---- composing the next document ---------------------------------------------------------- */
+
+static bool same_members(const edl_cluster *c, const edl_member *m, size_t n)
+{
+    if (c->n_members != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(c->members[i].pod, m[i].pod) != 0 || c->members[i].lease != m[i].lease ||
+            c->members[i].rank != m[i].rank)
+            return false;
+    return true;
+}
+
+static bool same_standbys(const edl_cluster *c, char **sb, size_t n)
+{
+    if (c->n_standbys != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(c->standbys[i], sb[i]) != 0)
+            return false;
+    return true;
+}
+
+static bool same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* A copy of the current document with a new state, reason and publisher. */
+static int copy_cluster(const js_observed *o, edl_cluster *next)
+{
+    const edl_cluster *c = o->cluster;
+    memset(next, 0, sizeof *next);
+    next->generation = c->generation;
+    next->state = c->state;
+    next->restarts = c->restarts;
+    next->published_ms = o->now_ms;
+    if (edl_members_copy(c->members, c->n_members, &next->members) != 0)
+        return EDL_ENOMEM;
+    next->n_members = c->n_members;
+    next->standbys = calloc(c->n_standbys + 1, sizeof *next->standbys);
+    next->failures = calloc(c->n_failures + 1, sizeof *next->failures);
+    if (!next->standbys || !next->failures)
+        return EDL_ENOMEM;
+    for (; next->n_standbys < c->n_standbys; next->n_standbys++)
+        if (!(next->standbys[next->n_standbys] = strdup(c->standbys[next->n_standbys])))
+            return EDL_ENOMEM;
+    for (; next->n_failures < c->n_failures; next->n_failures++) {
+        next->failures[next->n_failures] = c->failures[next->n_failures];
+        if (!(next->failures[next->n_failures].pod = strdup(c->failures[next->n_failures].pod)))
+            return EDL_ENOMEM;
+    }
+    if ((c->reason && !(next->reason = strdup(c->reason))) ||
+        (o->spec_error && !(next->spec_error = strdup(o->spec_error))) ||
+        (o->leader_id && !(next->leader = strdup(o->leader_id))))
+        return EDL_ENOMEM;
+    return 0;
+}
+
+static int set_reason(edl_cluster *next, const char *reason)
+{
+    free(next->reason);
+    next->reason = strdup(reason);
+    return next->reason ? 0 : EDL_ENOMEM;
+}
+
+/* Final state in the same generation (success, failure, stop). */
+static int publish_final(const js_observed *o, edl_job_state st, const char *reason,
+                         js_decision *out)
+{
+    int rc = copy_cluster(o, &out->next);
+    if (!rc)
+        rc = set_reason(&out->next, reason);
+    out->next.state = st;
+    out->action = JS_PUBLISH;
+    return rc;
+}
+
+/* Describe a membership change: "pod a left; pod b joined" (bounded). */
+static void describe_change(const edl_cluster *c, const edl_member *m, size_t n, char *buf,
+                            size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < c->n_members && used < len; i++) {
+        bool stays = false;
+        for (size_t j = 0; j < n; j++)
+            stays = stays || (strcmp(c->members[i].pod, m[j].pod) == 0 &&
+                              c->members[i].lease == m[j].lease);
+        if (!stays)
+            used += (size_t)snprintf(buf + used, len - used, "%spod %s left", used ? "; " : "",
+                                     c->members[i].pod);
+    }
+    for (size_t j = 0; j < n && used < len; j++) {
+        bool was = false;
+        for (size_t i = 0; i < c->n_members; i++)
+            was = was || (strcmp(c->members[i].pod, m[j].pod) == 0 &&
+                          c->members[i].lease == m[j].lease);
+        if (!was)
+            used += (size_t)snprintf(buf + used, len - used, "%spod %s joined", used ? "; " : "",
+                                     m[j].pod);
+    }
+}
+
+/* Membership step: candidates, ranks, and whether to publish now, later, or not at all. */
+static int reconcile_membership(const js_observed *o, js_memory *mem, const failure *fl,
+                                size_t nf, js_decision *out)
+{
+    const edl_cluster *c = o->cluster;
+    const edl_job_spec *sp = o->spec;
+    edl_cluster tmp_fail = {0}; /* failures in force for the next generation */
+    int rc = 0;
+    if (nf && (rc = next_failures(o, fl, nf, &tmp_fail)) != 0)
+        goto out;
+    const edl_cluster *fsrc = nf ? &tmp_fail : c;
+    edl_pod *cands = calloc(o->n_pods + 1, sizeof *cands);
+    if (!cands) {
+        rc = EDL_ENOMEM;
+        goto out;
+    }
+    size_t nc = 0;
+    int64_t wake_excl = 0;
+    for (size_t i = 0; i < o->n_pods; i++) {
+        const edl_pod_failures *f = failures_of(fsrc, o->pods[i].name);
+        if (f && f->excluded_until > o->now_ms) {
+            int64_t at = o->mono_ms + (f->excluded_until - o->now_ms) + 1;
+            if (!wake_excl || at < wake_excl)
+                wake_excl = at;
+            continue;
+        }
+        if (o->pods[i].role && strcmp(o->pods[i].role, "worker") != 0)
+            continue;
+        cands[nc++] = o->pods[i];
+    }
+    edl_member *m = NULL;
+    char **sb = NULL;
+    size_t n = 0, nsb = 0;
+    rc = edl_assign_ranks(c->members, c->n_members, cands, nc, sp->max, &m, &n, &sb, &nsb);
+    free(cands);
+    if (rc)
+        goto out;
+    bool lost = false;
+    for (size_t i = 0; i < c->n_members; i++) {
+        bool stays = false;
+        for (size_t j = 0; j < n; j++)
+            stays = stays || (strcmp(c->members[i].pod, m[j].pod) == 0 &&
+                              c->members[i].lease == m[j].lease);
+        lost = lost || !stays;
+    }
+    edl_job_state st = (int)n >= sp->min ? EDL_JOB_RUNNING : EDL_JOB_WAITING;
+    bool changed = !same_members(c, m, n);
+    bool new_gen = nf > 0 || changed || st != c->state || c->generation == 0;
+    if (c->generation == 0 && n == 0)
+        new_gen = false; /* nobody yet: nothing to publish */
+    char why[REASON_MAX];
+    describe_change(c, m, n, why, sizeof why);
+    if (new_gen && nf == 0 && !lost && changed) {
+        /* joins only: wait for the settle window to batch them */
+        if (!mem->joins_since_mono_ms)
+            mem->joins_since_mono_ms = o->mono_ms;
+        int64_t due = mem->joins_since_mono_ms + sp->settle_ms;
+        if (o->mono_ms < due) {
+            out->wake_mono_ms = due;
+            new_gen = false;
+            changed = false;
+        }
+    }
+    if (new_gen || lost)
+        mem->joins_since_mono_ms = 0;
+    bool details = !same_standbys(c, sb, nsb) || !same_str(c->spec_error, o->spec_error);
+    if (new_gen || (details && c->generation > 0)) {
+        rc = copy_cluster(o, &out->next);
+        if (!rc && nf) {
+            for (size_t i = 0; i < out->next.n_failures; i++)
+                free(out->next.failures[i].pod);
+            free(out->next.failures);
+            out->next.failures = tmp_fail.failures;
+            out->next.n_failures = tmp_fail.n_failures;
+            tmp_fail.failures = NULL;
+            tmp_fail.n_failures = 0;
+            out->next.restarts = c->restarts + 1;
+        }
+        if (!rc) {
+            edl_members_free(out->next.members, out->next.n_members);
+            out->next.members = m;
+            out->next.n_members = n;
+            m = NULL;
+            for (size_t i = 0; i < out->next.n_standbys; i++)
+                free(out->next.standbys[i]);
+            free(out->next.standbys);
+            out->next.standbys = sb;
+            out->next.n_standbys = nsb;
+            sb = NULL;
+            nsb = 0;
+        }
+        if (!rc && new_gen) {
+            char reason[REASON_MAX + 200];
+            if (nf)
+                snprintf(reason, sizeof reason, "restart %d of %d after %s", c->restarts + 1,
+                         sp->max_restarts, fl[0].what);
+            else if (st == EDL_JOB_WAITING)
+                snprintf(reason, sizeof reason, "waiting: %zu of at least %d members%s%s", n,
+                         sp->min, why[0] ? "; " : "", why);
+            else
+                snprintf(reason, sizeof reason, "%s", why[0] ? why : "membership unchanged");
+            rc = set_reason(&out->next, reason);
+            out->next.generation = c->generation + 1;
+            out->next.state = st;
+            out->new_generation = true;
+        }
+        out->action = rc ? JS_NOTHING : JS_PUBLISH;
+    }
+    if (wake_excl && (!out->wake_mono_ms || wake_excl < out->wake_mono_ms))
+        out->wake_mono_ms = wake_excl;
+    edl_members_free(m, n);
+    for (size_t i = 0; i < nsb; i++)
+        free(sb[i]);
+    free(sb);
+out:
+    edl_cluster_free(&tmp_fail);
+    return rc;
+}
+
+static const failure *first_permanent(const edl_job_spec *sp, const failure *fl, size_t nf)
+{
+    for (size_t i = 0; i < nf; i++)
+        if (fl[i].code >= 0 && edl_exit_code_in(sp->permanent_codes, fl[i].code))
+            return &fl[i];
+    return NULL;
+}
+
+int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
+{
+    memset(out, 0, sizeof *out);
+    const edl_cluster *c = o->cluster;
+    const edl_job_spec *sp = o->spec;
+    if (!sp)
+        return 0;
+    if (c->generation > 0 && edl_job_state_final(c->state))
+        return 0;
+    if (sp->stopped)
+        return publish_final(o, EDL_JOB_STOPPED, "stopped on request", out);
+
+    failure *fl = calloc(c->n_members + 1, sizeof *fl);
+    if (!fl)
+        return EDL_ENOMEM;
+    bool all_done = false;
+    int64_t wake = 0;
+    size_t nf = collect_failures(o, mem, fl, &all_done, &wake);
+    int rc = 0;
+    char reason[REASON_MAX];
+    const failure *perm;
+    if (all_done) {
+        snprintf(reason, sizeof reason, "all %zu ranks exited 0", c->n_members);
+        rc = publish_final(o, EDL_JOB_SUCCEEDED, reason, out);
+    } else if (nf && sp->restart_policy == EDL_RESTART_NEVER) {
+        snprintf(reason, sizeof reason, "%s; restart policy is Never", fl[0].what);
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else if (nf && sp->restart_policy == EDL_RESTART_EXIT_CODE &&
+               (perm = first_permanent(sp, fl, nf)) != NULL) {
+        snprintf(reason, sizeof reason, "%s, a permanent exit code", perm->what);
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else if (nf && c->restarts + 1 > sp->max_restarts) {
+        snprintf(reason, sizeof reason, "restart budget of %d spent; last failure: %s",
+                 sp->max_restarts, fl[0].what);
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else {
+        rc = reconcile_membership(o, mem, fl, nf, out);
+    }
+    if (wake && (!out->wake_mono_ms || wake < out->wake_mono_ms))
+        out->wake_mono_ms = wake;
+    free(fl);
+    if (rc)
+        js_decision_free(out);
+    return rc;
+}

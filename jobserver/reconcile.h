@@ -1,0 +1,60 @@
+/* reconcile.h: the job server's decision, as a pure function of what it observed.
+ *
+ * Level-triggered, in the manner of a Kubernetes controller: given the spec, the live pods, their
+ * trainer status and the current generation, say what the generation should be now. No etcd
+ * here, so every rule (settle window, failures, exclusion, success, hangs) is unit-tested; the
+ * caller (jobserver.c) reads a consistent snapshot, calls js_reconcile, and publishes the result
+ * with a fenced txn. The only memory kept between calls (js_memory) is what a new leader may
+ * lose without harm: when joins were first seen (it then waits one more settle window) and when
+ * each rank's step last moved (it then waits one more progress timeout). */
+#ifndef EDL_JOBSERVER_RECONCILE_H
+#define EDL_JOBSERVER_RECONCILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "edl/cluster.h"
+
+typedef struct js_observed {
+    const edl_job_spec *spec;   /* the spec in force (NULL: none yet: do nothing) */
+    const char *spec_error;     /* the spec in etcd is invalid (NULL: it is valid) */
+    const edl_pod *pods;        /* live registrations in join order (create_revision) */
+    size_t n_pods;
+    const edl_pod_status *status; /* status[i] belongs to pods[i] */
+    const bool *has_status;
+    const edl_cluster *cluster; /* current generation (generation 0: none yet) */
+    int64_t now_ms;             /* wall clock, for exclusions stored in the cluster document */
+    int64_t mono_ms;            /* monotonic clock, for windows kept in memory */
+    const char *leader_id;
+} js_observed;
+
+typedef struct js_progress {
+    char *pod;
+    int64_t generation;
+    int64_t step;
+    int64_t changed_mono_ms; /* when this step was first seen */
+} js_progress;
+
+typedef struct js_memory {
+    int64_t joins_since_mono_ms; /* 0: no join pending */
+    js_progress *progress;
+    size_t n_progress;
+} js_memory;
+
+typedef enum js_action {
+    JS_NOTHING = 0, /* the published document is right */
+    JS_PUBLISH,     /* publish `next` (a new generation, or the same one with new details) */
+} js_action;
+
+typedef struct js_decision {
+    js_action action;
+    edl_cluster next;       /* when JS_PUBLISH */
+    bool new_generation;    /* next.generation = current + 1 */
+    int64_t wake_mono_ms;   /* reconcile again by then even without events (0: no need) */
+} js_decision;
+
+int js_reconcile(const js_observed *obs, js_memory *mem, js_decision *out);
+void js_decision_free(js_decision *d);
+void js_memory_free(js_memory *m);
+
+#endif

@@ -1,0 +1,596 @@
+/* test_checkpoint.c: checkpoints (edl/checkpoint.h) against a real etcd and both stores:
+ * multi-rank round trips read back in another world size, keep-K deletion, steps that never go
+ * back, corrupt shards and truncated manifests detected and skipped, hostile manifests refused,
+ * the pointer race between writers, a missing rank, and clear errors for an unreachable store
+ * and wrong credentials. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "edl/checkpoint.h"
+#include "edl/log.h"
+#include "harness.h"
+
+typedef struct fixture {
+    edl_etcd_server *srv;
+    edl_etcd *cl;
+    harness_s3 *s3;
+    char dir[256];
+    int seq;
+} fixture;
+
+static fixture *fx;
+
+static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
+{
+    (void)st, (void)f, (void)w;
+    remove(p);
+    return 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL); /* fallback warnings are expected here */
+    fx = calloc(1, sizeof *fx);
+    harness_open_etcd(1, NULL, &fx->srv, &fx->cl);
+    snprintf(fx->dir, sizeof fx->dir, "/tmp/edl-ckpt-XXXXXX");
+    assert_non_null(mkdtemp(fx->dir));
+    if (harness_s3_available())
+        fx->s3 = harness_s3_start();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_s3_stop(fx->s3);
+    harness_close_etcd(&fx->srv, &fx->cl);
+    nftw(fx->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(fx);
+    return 0;
+}
+
+typedef struct place {
+    char uri[300];
+    char job[64];
+    edl_storage_config sc;
+    bool s3;
+} place;
+
+static void file_place(place *pl, const char *name)
+{
+    snprintf(pl->uri, sizeof pl->uri, "file://%s/%s-%d", fx->dir, name, ++fx->seq);
+    snprintf(pl->job, sizeof pl->job, "%s-%d", name, fx->seq);
+    edl_storage_config_init(&pl->sc);
+    pl->s3 = false;
+}
+
+static void s3_place(place *pl, const char *name)
+{
+    if (!harness_s3_available()) {
+        print_message("SKIP: s3rver is not installed (run scripts/install-deps)\n");
+        skip();
+    }
+    if (!fx->s3)
+        fail_msg("s3rver is installed but did not start (see stderr)");
+    harness_s3_uri(fx->s3, name, pl->uri, sizeof pl->uri);
+    harness_s3_config(fx->s3, &pl->sc, pl->uri);
+    pl->sc.part_size = 5u << 20;
+    snprintf(pl->job, sizeof pl->job, "%s-%d", name, ++fx->seq);
+    pl->s3 = true;
+}
+
+static edl_ckpt *open_ck(const place *pl, int rank, int world, int keep)
+{
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = pl->uri;
+    cfg.etcd = fx->cl;
+    cfg.job = pl->job;
+    cfg.rank = rank;
+    cfg.world_size = world;
+    cfg.keep = keep;
+    cfg.commit_timeout_ms = 20000;
+    cfg.storage = &pl->sc;
+    edl_ckpt *ck;
+    char err[512];
+    int rc = edl_ckpt_open(&cfg, &ck, err, sizeof err);
+    if (rc != 0)
+        fail_msg("edl_ckpt_open(%s): %s: %s", pl->uri, edl_strerror(rc), err);
+    return ck;
+}
+
+static char *pattern(size_t n, unsigned seed)
+{
+    char *p = malloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (char)((i * 2654435761u + seed * 40503u) >> 11);
+    return p;
+}
+
+static edl_ckpt_manifest *load_ok(edl_ckpt *ck)
+{
+    edl_ckpt_manifest *m;
+    int rc = edl_ckpt_load_latest(ck, &m);
+    if (rc != 0)
+        fail_msg("load_latest: %s: %s", edl_strerror(rc), edl_ckpt_errmsg(ck));
+    return m;
+}
+
+/* Save step on `world` ranks at once (each its own handle, as separate pods would be): rank r
+ * saves r+1 shards of size base*(r+1)+i, filled from seed step*100+r*10+i. */
+static int save_all(const place *pl, int world, int64_t step, size_t base, int keep)
+{
+    edl_ckpt *ck[8];
+    edl_ckpt_pending *p[8];
+    char meta[64];
+    snprintf(meta, sizeof meta, "{\"lr\":0.5,\"step\":%lld}", (long long)step);
+    for (int r = world - 1; r >= 0; r--) { /* the committer starts last: it must wait */
+        ck[r] = open_ck(pl, r, world, keep);
+        edl_ckpt_shard sh[8];
+        char *bufs[8], names[8][16];
+        for (int i = 0; i <= r; i++) {
+            bufs[i] = pattern(base * (size_t)(r + 1) + (size_t)i, (unsigned)(step * 100 + r * 10 + i));
+            snprintf(names[i], sizeof names[i], "part%d", i);
+            sh[i] = (edl_ckpt_shard){.name = names[i], .data = bufs[i],
+                                     .len = base * (size_t)(r + 1) + (size_t)i};
+        }
+        int rc = edl_ckpt_save_async(ck[r], step, 7, sh, (size_t)r + 1, meta, &p[r]);
+        for (int i = 0; i <= r; i++) {
+            memset(bufs[i], 0, sh[i].len); /* the save owns a copy: the caller may reuse this */
+            free(bufs[i]);
+        }
+        if (rc != 0)
+            fail_msg("save_async: %s: %s", edl_strerror(rc), edl_ckpt_errmsg(ck[r]));
+    }
+    int rc0 = 0;
+    for (int r = 0; r < world; r++) {
+        int rc = edl_ckpt_wait(p[r], 60000);
+        if (rc != 0 && r == 0)
+            print_message("rank %d: %s: %s\n", r, edl_strerror(rc), edl_ckpt_save_errmsg(p[r]));
+        if (r == 0)
+            rc0 = rc;
+        else if (rc != 0)
+            fail_msg("rank %d save: %s: %s", r, edl_strerror(rc), edl_ckpt_save_errmsg(p[r]));
+        edl_ckpt_save_free(p[r]);
+        edl_ckpt_close(ck[r]);
+    }
+    return rc0;
+}
+
+static void check_loaded(edl_ckpt *ck, const edl_ckpt_manifest *m, int world, int64_t step,
+                         size_t base)
+{
+    assert_int_equal(m->step, step);
+    assert_int_equal(m->generation, 7);
+    assert_int_equal(m->world_size, world);
+    assert_non_null(strstr(m->metadata_json, "\"lr\""));
+    assert_int_equal(m->n_shards, (size_t)(world * (world + 1) / 2));
+    for (int r = 0; r < world; r++)
+        for (int i = 0; i <= r; i++) {
+            long k = edl_ckpt_find_shard(m, r, i);
+            assert_true(k >= 0);
+            char name[16];
+            snprintf(name, sizeof name, "part%d", i);
+            assert_string_equal(m->shards[k].name, name);
+            void *data;
+            size_t len, want = base * (size_t)(r + 1) + (size_t)i;
+            int rc = edl_ckpt_read_shard(ck, m, (size_t)k, &data, &len);
+            if (rc != 0)
+                fail_msg("read_shard %d/%d: %s: %s", r, i, edl_strerror(rc), edl_ckpt_errmsg(ck));
+            assert_int_equal(len, want);
+            char *exp = pattern(want, (unsigned)(step * 100 + r * 10 + i));
+            assert_memory_equal(data, exp, want);
+            free(exp);
+            free(data);
+        }
+    assert_int_equal(edl_ckpt_find_shard(m, world, 0), -1);
+}
+
+static void round_trip(place *pl, size_t base)
+{
+    assert_int_equal(save_all(pl, 3, 100, base, 3), 0);
+    /* a reader in another world size (here 5, rank 4) reads every shard */
+    edl_ckpt *reader = open_ck(pl, 4, 5, 3);
+    edl_ckpt_manifest *m = load_ok(reader);
+    check_loaded(reader, m, 3, 100, base);
+    assert_int_equal(m->skipped, 0);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(reader);
+}
+
+static void test_file_round_trip_in_another_world_size(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "rt");
+    round_trip(&pl, 100000);
+}
+
+static void test_s3_round_trip_in_another_world_size(void **state)
+{
+    (void)state;
+    place pl;
+    s3_place(&pl, "rt");
+    round_trip(&pl, 3u << 20); /* rank 2's shards are ~9 MiB: multipart */
+}
+
+static void test_no_checkpoint_yet_is_not_found(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "none");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_manifest *m;
+    assert_int_equal(edl_ckpt_load_latest(ck, &m), EDL_ENOTFOUND);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "no committed checkpoint"));
+    edl_ckpt_close(ck);
+}
+
+static size_t count_dirs(const place *pl)
+{
+    edl_storage *s;
+    assert_int_equal(edl_storage_open(&(edl_storage_config){.uri = pl->uri}, &s, NULL, 0), 0);
+    char **keys;
+    size_t n, dirs = 0;
+    assert_int_equal(edl_storage_list(s, "", &keys, &n), 0);
+    for (size_t i = 0; i < n; i++)
+        if (strstr(keys[i], "/manifest.json"))
+            dirs++;
+    edl_storage_list_free(keys, n);
+    edl_storage_close(s);
+    return dirs;
+}
+
+static void test_keep_deletes_older_checkpoints_after_the_pointer_moves(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "keep");
+    for (int step = 1; step <= 4; step++)
+        assert_int_equal(save_all(&pl, 2, step, 1000, 2), 0);
+    assert_int_equal(count_dirs(&pl), 2);
+    char key[256], val[1024];
+    snprintf(key, sizeof key, "/edl/v1/jobs/%s/checkpoint", pl.job);
+    assert_non_null(harness_get(fx->cl, key, val, sizeof val));
+    assert_non_null(strstr(val, "\"step\":4"));
+    assert_non_null(strstr(val, "ckpt-0000000000000003-g7"));
+    assert_null(strstr(val, "ckpt-0000000000000002-g7"));
+}
+
+static void test_step_never_goes_backwards(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "back");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_shard sh = {.name = "m", .data = "abc", .len = 3};
+    assert_int_equal(edl_ckpt_save(ck, 5, 1, &sh, 1, NULL), 0);
+    assert_int_equal(edl_ckpt_save(ck, 3, 2, &sh, 1, NULL), EDL_ECONFLICT);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "never go back"));
+    assert_int_equal(edl_ckpt_save(ck, 5, 2, &sh, 1, NULL), EDL_ECONFLICT); /* same step too */
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 5);
+    assert_int_equal(m->generation, 1);
+    edl_ckpt_manifest_free(m);
+    assert_int_equal(edl_ckpt_save(ck, 6, 2, &sh, 1, "{}"), 0);
+    m = load_ok(ck);
+    assert_int_equal(m->step, 6);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+}
+
+static void overwrite(const place *pl, const char *key, const void *data, size_t len)
+{
+    edl_storage *s;
+    edl_storage_config c = pl->sc;
+    c.uri = pl->uri;
+    assert_int_equal(edl_storage_open(&c, &s, NULL, 0), 0);
+    int rc = edl_storage_put(s, key, data, len);
+    if (rc)
+        fail_msg("overwrite %s: %s", key, edl_storage_errmsg(s));
+    edl_storage_close(s);
+}
+
+static void corrupt_then_fall_back(place *pl)
+{
+    for (int step = 1; step <= 3; step++)
+        assert_int_equal(save_all(pl, 2, step, 5000, 3), 0);
+    /* step 3: one shard flipped (same size); step 2: manifest truncated */
+    char *bad = pattern(10001, 999);
+    overwrite(pl, "ckpt-0000000000000003-g7/rank-1/shard-1", bad, 10001);
+    free(bad);
+    overwrite(pl, "ckpt-0000000000000002-g7/manifest.json", "{\"format\":\"edl-checkpoint/1\",\"st",
+              32);
+    edl_ckpt *ck = open_ck(pl, 0, 2, 3);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 1);
+    assert_int_equal(m->skipped, 2);
+    check_loaded(ck, m, 2, 1, 5000);
+    edl_ckpt_manifest_free(m);
+    /* step 1 short by a byte as well: nothing intact is left, and the message says why */
+    overwrite(pl, "ckpt-0000000000000001-g7/rank-0/shard-0", "x", 1);
+    assert_int_equal(edl_ckpt_load_latest(ck, &m), EDL_EPROTO);
+    const char *msg = edl_ckpt_errmsg(ck);
+    assert_non_null(strstr(msg, "corrupt"));
+    assert_non_null(strstr(msg, "not valid JSON"));
+    assert_non_null(strstr(msg, "holds 1 bytes"));
+    edl_ckpt_close(ck);
+}
+
+static void test_file_corrupt_shard_and_truncated_manifest_are_skipped(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "corrupt");
+    corrupt_then_fall_back(&pl);
+}
+
+static void test_s3_corrupt_shard_and_truncated_manifest_are_skipped(void **state)
+{
+    (void)state;
+    place pl;
+    s3_place(&pl, "corrupt");
+    corrupt_then_fall_back(&pl);
+}
+
+static void test_hostile_manifests_are_refused_with_reasons(void **state)
+{
+    (void)state;
+#define HEAD "{\"format\":\"edl-checkpoint/1\",\"step\":5,\"generation\":1,\"world_size\":2," \
+             "\"dir\":\"ckpt-0000000000000005-g1\","
+#define SUM "\"sha256\":\"" \
+            "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\""
+#define SHARD(rank, idx, size, key) \
+    "{\"rank\":" #rank ",\"index\":" #idx ",\"name\":\"m\",\"key\":\"" key "\",\"size\":" size "," SUM "}"
+#define KEY0 "ckpt-0000000000000005-g1/rank-0/shard-0"
+    const char *good = HEAD "\"metadata\":{\"a\":1},\"shards\":[" SHARD(0, 0, "10", KEY0) "]}";
+    edl_ckpt_manifest *m;
+    char err[256];
+    assert_int_equal(edl_ckpt_manifest_parse(good, strlen(good), &m, err, sizeof err), 0);
+    assert_int_equal(m->n_shards, 1);
+    assert_int_equal(m->shards[0].size, 10);
+    edl_ckpt_manifest_free(m);
+    struct { const char *doc, *why; } cases[] = {
+        {"", "not valid JSON"},
+        {"[1,2]", "not a JSON object"},
+        {"{\"format\":\"other/1\"}", "format"},
+        {HEAD "\"shards\":[" SHARD(0, 0, "10", KEY0), "not valid JSON"}, /* truncated */
+        {"{\"format\":\"edl-checkpoint/1\",\"step\":\"5\"}", "\"step\""},
+        {"{\"format\":\"edl-checkpoint/1\",\"step\":5.5}", "\"step\""},
+        {"{\"format\":\"edl-checkpoint/1\",\"step\":1e300}", "\"step\""},
+        {"{\"format\":\"edl-checkpoint/1\",\"step\":5,\"generation\":1,\"world_size\":0}", "world_size"},
+        {"{\"format\":\"edl-checkpoint/1\",\"step\":5,\"generation\":1,\"world_size\":2,\"dir\":\"ckpt-9\"}", "\"dir\""},
+        {HEAD "\"shards\":{}}", "\"shards\""},
+        {HEAD "\"shards\":[" SHARD(0, 0, "-1", KEY0) "]}", "\"size\""},
+        {HEAD "\"shards\":[" SHARD(0, 0, "1152921504606846976", KEY0) "]}", "\"size\""},
+        {HEAD "\"shards\":[" SHARD(0, 0, "10.5", KEY0) "]}", "\"size\""},
+        {HEAD "\"shards\":[" SHARD(2, 0, "10", KEY0) "]}", "\"rank\""},
+        {HEAD "\"shards\":[" SHARD(0, 0, "10", "elsewhere/x") "]}", "outside"},
+        {HEAD "\"shards\":[" SHARD(0, 0, "10", "ckpt-0000000000000005-g1/../x") "]}", "\"key\""},
+        {HEAD "\"shards\":[" SHARD(0, 0, "10", KEY0) "," SHARD(0, 0, "10", KEY0) "]}", "twice"},
+        {HEAD "\"shards\":[{\"rank\":0,\"index\":0,\"name\":\"m\",\"key\":\"" KEY0 "\",\"size\":1,"
+              "\"sha256\":\"abc\"}]}", "sha256"},
+        {HEAD "\"shards\":[" SHARD(0, 0, "10", KEY0) "],\"metadata\":[1]}", "metadata"},
+        {HEAD "\"shards\":[7]}", "not an object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        m = (edl_ckpt_manifest *)1;
+        int rc = edl_ckpt_manifest_parse(cases[i].doc, strlen(cases[i].doc), &m, err, sizeof err);
+        if (rc != EDL_EPROTO || !strstr(err, cases[i].why))
+            fail_msg("case %zu: rc %d, message \"%s\" (wanted \"%s\")", i, rc, err, cases[i].why);
+        assert_null(m);
+    }
+}
+
+/* ---- the pointer race ------------------------------------------------------------------ */
+
+typedef struct racer {
+    const place *pl;
+    int first_step;
+    int committed, refused;
+} racer;
+
+static void *race(void *arg)
+{
+    racer *r = arg;
+    edl_ckpt *ck = open_ck(r->pl, 0, 1, 2);
+    edl_ckpt_shard sh = {.name = "m", .data = "0123456789", .len = 10};
+    for (int step = r->first_step; step < r->first_step + 40; step += 2) {
+        int rc = edl_ckpt_save(ck, step, 1, &sh, 1, NULL);
+        if (rc == 0)
+            r->committed++;
+        else if (rc == EDL_ECONFLICT)
+            r->refused++;
+        else
+            fprintf(stderr, "racer: %s: %s\n", edl_strerror(rc), edl_ckpt_errmsg(ck));
+    }
+    edl_ckpt_close(ck);
+    return NULL;
+}
+
+static void test_pointer_race_between_two_writers_never_goes_back(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "race");
+    char key[256];
+    snprintf(key, sizeof key, "/edl/v1/jobs/%s/checkpoint", pl.job);
+    edl_watch *w;
+    assert_int_equal(edl_etcd_watch(fx->cl, edl_str(key), NULL, &w), 0);
+    racer a = {.pl = &pl, .first_step = 1}, b = {.pl = &pl, .first_step = 2};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, race, &a);
+    pthread_create(&tb, NULL, race, &b);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.committed + a.refused, 20);
+    assert_int_equal(b.committed + b.refused, 20);
+    /* every change of the pointer moved it forward */
+    long long last = -1;
+    int changes = 0;
+    for (;;) {
+        edl_watch_event *ev;
+        if (edl_watch_next(w, &ev, 300) != 0)
+            break;
+        if (ev->type == EDL_WATCH_PUT) {
+            long long step = -1;
+            const char *s = strstr(ev->kv.value, "\"step\":");
+            assert_non_null(s);
+            step = atoll(s + 7);
+            assert_true(step > last);
+            last = step;
+            changes++;
+        }
+        edl_watch_event_free(ev);
+    }
+    edl_watch_stop(w);
+    assert_int_equal(changes, a.committed + b.committed);
+    assert_int_equal(last, 40);
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 2);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 40);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+}
+
+static void test_commit_waits_for_every_rank_then_times_out(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "missing");
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = pl.uri;
+    cfg.etcd = fx->cl;
+    cfg.job = pl.job;
+    cfg.world_size = 2;
+    cfg.commit_timeout_ms = 400;
+    edl_ckpt *ck;
+    assert_int_equal(edl_ckpt_open(&cfg, &ck, NULL, 0), 0);
+    edl_ckpt_shard sh = {.data = "x", .len = 1};
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_ckpt_save(ck, 1, 1, &sh, 1, NULL), EDL_ETIMEDOUT);
+    assert_true(harness_now_ms() - t0 >= 350);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "1 of 2 ranks"));
+    edl_ckpt_manifest *m;
+    assert_int_equal(edl_ckpt_load_latest(ck, &m), EDL_ENOTFOUND);
+    edl_ckpt_close(ck);
+}
+
+static void count_free(void *data, void *arg)
+{
+    (*(int *)arg)++;
+    free(data);
+}
+
+static void test_async_save_takes_handed_over_buffers(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "handover");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    int freed = 0;
+    edl_ckpt_shard sh[2] = {
+        {.name = "a", .data = pattern(1 << 20, 1), .len = 1 << 20, .free_fn = count_free, .free_arg = &freed},
+        {.name = "b", .data = pattern(1000, 2), .len = 1000},
+    };
+    edl_ckpt_pending *p;
+    assert_int_equal(edl_ckpt_save_async(ck, 1, 1, sh, 2, "{\"k\":\"v\"}", &p), 0);
+    free((void *)sh[1].data); /* copied: ours again at once */
+    assert_int_equal(edl_ckpt_wait(p, 30000), 0);
+    assert_true(edl_ckpt_save_done(p));
+    edl_ckpt_save_free(p);
+    assert_int_equal(freed, 1);
+    /* bad arguments are refused before anything is queued */
+    assert_int_equal(edl_ckpt_save_async(ck, -1, 1, sh, 1, NULL, &p), EDL_EINVAL);
+    edl_ckpt_shard badname = {.name = "no/slash", .data = "x", .len = 1};
+    assert_int_equal(edl_ckpt_save_async(ck, 2, 1, &badname, 1, NULL, &p), EDL_EINVAL);
+    assert_int_equal(edl_ckpt_save_async(ck, 2, 1, sh + 1, 0, "[not an object]", &p), EDL_EINVAL);
+    /* a handle released before the save ends: the save completes on its own */
+    edl_ckpt_shard small = {.data = "tiny", .len = 4};
+    assert_int_equal(edl_ckpt_save_async(ck, 2, 1, &small, 1, NULL, &p), 0);
+    edl_ckpt_save_free(p);
+    edl_ckpt_close(ck); /* waits for it */
+    ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 2);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+}
+
+static void test_unreachable_store_is_a_clear_error_and_state_is_kept(void **state)
+{
+    (void)state;
+    place pl;
+    snprintf(pl.uri, sizeof pl.uri, "s3://edl-test/down");
+    snprintf(pl.job, sizeof pl.job, "down-%d", ++fx->seq);
+    edl_storage_config_init(&pl.sc);
+    harness_http *h = harness_http_start();
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_http_port(h));
+    harness_http_stop(h); /* nobody listens there now */
+    pl.sc.endpoint = ep;
+    pl.sc.access_key_id = pl.sc.secret_access_key = "k";
+    pl.sc.max_retries = 1;
+    pl.sc.retry_base_ms = 10;
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    char state_buf[64] = "the model's weights";
+    edl_ckpt_shard sh = {.data = state_buf, .len = sizeof state_buf};
+    assert_int_equal(edl_ckpt_save(ck, 1, 1, &sh, 1, NULL), EDL_EUNAVAIL);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "cannot reach"));
+    assert_string_equal(state_buf, "the model's weights");
+    /* a pointer exists (written by an earlier, healthy store) but the store is down now */
+    char key[256];
+    snprintf(key, sizeof key, "/edl/v1/jobs/%s/checkpoint", pl.job);
+    harness_put(fx->cl, key, "{\"step\":1,\"history\":[{\"step\":1,\"generation\":1,"
+                "\"dir\":\"ckpt-0000000000000001-g1\"}]}");
+    edl_ckpt_manifest *m;
+    assert_int_equal(edl_ckpt_load_latest(ck, &m), EDL_EUNAVAIL);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "cannot reach"));
+    edl_ckpt_close(ck);
+}
+
+static void test_wrong_credentials_is_a_clear_error(void **state)
+{
+    (void)state;
+    place pl;
+    s3_place(&pl, "creds");
+    pl.sc.access_key_id = "NOT-A-KEY";
+    pl.sc.secret_access_key = "wrong";
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_shard sh = {.data = "x", .len = 1};
+    assert_int_equal(edl_ckpt_save(ck, 1, 1, &sh, 1, NULL), EDL_EAUTH);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "credentials"));
+    edl_ckpt_close(ck);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_file_round_trip_in_another_world_size),
+        cmocka_unit_test(test_s3_round_trip_in_another_world_size),
+        cmocka_unit_test(test_no_checkpoint_yet_is_not_found),
+        cmocka_unit_test(test_keep_deletes_older_checkpoints_after_the_pointer_moves),
+        cmocka_unit_test(test_step_never_goes_backwards),
+        cmocka_unit_test(test_file_corrupt_shard_and_truncated_manifest_are_skipped),
+        cmocka_unit_test(test_s3_corrupt_shard_and_truncated_manifest_are_skipped),
+        cmocka_unit_test(test_hostile_manifests_are_refused_with_reasons),
+        cmocka_unit_test(test_pointer_race_between_two_writers_never_goes_back),
+        cmocka_unit_test(test_commit_waits_for_every_rank_then_times_out),
+        cmocka_unit_test(test_async_save_takes_handed_over_buffers),
+        cmocka_unit_test(test_unreachable_store_is_a_clear_error_and_state_is_kept),
+        cmocka_unit_test(test_wrong_credentials_is_a_clear_error),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,473 @@
+/* test_edl_run.c: whole jobs through `edl run`: a real etcd, the real job server, real agents
+ * and real trainer processes (small sh scripts). What a user sees: the exact environment of
+ * every rank, scale up within the settle window as one generation, graceful leave and SIGKILL,
+ * standby promotion, a failing trainer restarted, excluded and finally failing the job, an etcd
+ * outage ridden out without killing trainers, `edl status/scale/stop`, and the example trainer
+ * finishing with the right answer after being re-formed. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "edl/cluster.h"
+#include "edl/etcd.h"
+#include "harness.h"
+
+static edl_etcd_server *g_srv;
+static edl_etcd *g_c;
+static char g_dir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    harness_open_etcd(1, NULL, &g_srv, &g_c);
+    snprintf(g_dir, sizeof g_dir, "/tmp/edl-test-run.XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    char st[300];
+    snprintf(st, sizeof st, "%s/state", g_dir);
+    setenv("EDL_STATE_DIR", st, 1);
+    return 0;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_close_etcd(&g_srv, &g_c);
+    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+static const char *ep(void)
+{
+    return edl_etcd_server_endpoints(g_srv);
+}
+
+/* Run `edl ARGS` to completion with output in a file; returns the exit status. */
+static int edl_cmd(char *out, size_t outlen, const char *const *args)
+{
+    const char *argv[32] = {EDL_CLI_BIN};
+    size_t n = 1;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char log[300];
+    snprintf(log, sizeof log, "%s/cmd.out", g_dir);
+    unlink(log);
+    pid_t pid = harness_spawn(argv, log);
+    int rc = harness_wait_exit(pid, 60000);
+    if (out) {
+        FILE *f = fopen(log, "r");
+        size_t got = f ? fread(out, 1, outlen - 1, f) : 0;
+        out[got] = '\0';
+        if (f)
+            fclose(f);
+    }
+    return rc;
+}
+
+/* Start `edl run` in the background (output appended to <dir>/<job>.log). */
+static pid_t edl_run(const char *job, const char *const *opts, const char *script)
+{
+    const char *argv[48] = {EDL_CLI_BIN, "run", "--job", job};
+    size_t n = 4;
+    for (size_t i = 0; opts[i]; i++)
+        argv[n++] = opts[i];
+    argv[n++] = "--";
+    argv[n++] = "/bin/sh";
+    argv[n++] = "-c";
+    argv[n++] = script;
+    argv[n] = NULL;
+    char log[300];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    return pid;
+}
+
+static char *key(const char *job, const char *rest)
+{
+    static char buf[4][256];
+    static int k;
+    char *b = buf[k++ % 4];
+    snprintf(b, 256, "%s/jobs/%s/%s", EDL_DEFAULT_PREFIX, job, rest);
+    return b;
+}
+
+static bool read_cluster(const char *job, edl_cluster *out)
+{
+    char buf[65536], err[256];
+    edl_cluster_free(out);
+    return harness_get(g_c, key(job, "cluster"), buf, sizeof buf) &&
+           edl_cluster_parse(buf, strlen(buf), out, err, sizeof err) == 0;
+}
+
+/* Wait for a running generation with n members in which every member's trainer runs. */
+static void wait_running(const char *job, int n, int timeout_ms, edl_cluster *c)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    while (harness_now_ms() < deadline) {
+        if (read_cluster(job, c) && c->state == EDL_JOB_RUNNING && (int)c->n_members == n) {
+            int running = 0;
+            for (size_t i = 0; i < c->n_members; i++) {
+                char rest[200], buf[1024], err[128];
+                snprintf(rest, sizeof rest, "status/%s", c->members[i].pod);
+                edl_pod_status st;
+                if (harness_get(g_c, key(job, rest), buf, sizeof buf) &&
+                    edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) == 0 &&
+                    st.generation == c->generation && st.state == EDL_TRAINER_RUNNING)
+                    running++;
+            }
+            if (running == n)
+                return;
+        }
+        harness_sleep_ms(20);
+    }
+    fail_msg("job %s: no running generation with %d members within %d ms (generation %lld, "
+             "%zu members, state %s)", job, n, timeout_ms, (long long)c->generation,
+             c->n_members, edl_job_state_name(c->state));
+}
+
+static int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, ch;
+    while (f && (ch = fgetc(f)) != EOF)
+        n += ch == '\n';
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* ---- environment ------------------------------------------------------------------------ */
+
+static char *env_value(const char *path, const char *name, char *out, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    size_t len = strlen(name);
+    out[0] = '\0';
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, name, len) == 0 && line[len] == '=') {
+            line[strcspn(line, "\n")] = '\0';
+            snprintf(out, n, "%s", line + len + 1);
+            fclose(f);
+            return out;
+        }
+    }
+    if (f)
+        fclose(f);
+    return NULL;
+}
+
+static void test_every_rank_gets_the_exact_environment(void **state)
+{
+    (void)state;
+    /* edl run with its own etcd (no --etcd); the trainers dump their environment and exit 0 */
+    char script[512];
+    snprintf(script, sizeof script, "env > %s/env.$EDL_RANK", g_dir);
+    const char *opts[] = {"--np", "3", "--settle-ms", "200", NULL};
+    pid_t run = edl_run("envjob", opts, script);
+    assert_int_equal(harness_wait_exit(run, 60000), 0); /* all exit 0: succeeded */
+    char master_addr[64], master_port[16], eps[512], v[512], path[300];
+    snprintf(path, sizeof path, "%s/env.0", g_dir);
+    assert_non_null(env_value(path, "MASTER_ADDR", master_addr, sizeof master_addr));
+    assert_non_null(env_value(path, "MASTER_PORT", master_port, sizeof master_port));
+    assert_non_null(env_value(path, "PADDLE_TRAINER_ENDPOINTS", eps, sizeof eps));
+    char pods[3][64];
+    for (int r = 0; r < 3; r++) {
+        snprintf(path, sizeof path, "%s/env.%d", g_dir, r);
+        char want[16];
+        snprintf(want, sizeof want, "%d", r);
+        assert_string_equal(env_value(path, "RANK", v, sizeof v), want);
+        assert_string_equal(env_value(path, "EDL_RANK", v, sizeof v), want);
+        assert_string_equal(env_value(path, "PADDLE_TRAINER_ID", v, sizeof v), want);
+        assert_string_equal(env_value(path, "WORLD_SIZE", v, sizeof v), "3");
+        assert_string_equal(env_value(path, "EDL_WORLD_SIZE", v, sizeof v), "3");
+        assert_string_equal(env_value(path, "PADDLE_TRAINERS_NUM", v, sizeof v), "3");
+        assert_string_equal(env_value(path, "EDL_JOB_ID", v, sizeof v), "envjob");
+        assert_string_equal(env_value(path, "TRAINING_ROLE", v, sizeof v), "TRAINER");
+        assert_string_equal(env_value(path, "MASTER_ADDR", v, sizeof v), master_addr);
+        assert_string_equal(env_value(path, "MASTER_PORT", v, sizeof v), master_port);
+        assert_string_equal(env_value(path, "PADDLE_TRAINER_ENDPOINTS", v, sizeof v), eps);
+        assert_string_equal(env_value(path, "LOCAL_WORLD_SIZE", v, sizeof v), "3");
+        assert_string_equal(env_value(path, "LOCAL_RANK", v, sizeof v), want);
+        assert_non_null(env_value(path, "EDL_GENERATION", v, sizeof v));
+        assert_non_null(env_value(path, "EDL_ETCD_ENDPOINTS", v, sizeof v));
+        assert_non_null(env_value(path, "EDL_POD_ID", pods[r], sizeof pods[r]));
+        /* endpoints list in rank order: entry r is rank r's own endpoint */
+        char cur[128];
+        assert_non_null(env_value(path, "PADDLE_CURRENT_ENDPOINT", cur, sizeof cur));
+        char copy[512], *save = NULL, *tok = NULL;
+        snprintf(copy, sizeof copy, "%s", eps);
+        tok = strtok_r(copy, ",", &save);
+        for (int k = 0; k < r && tok; k++)
+            tok = strtok_r(NULL, ",", &save);
+        assert_non_null(tok);
+        assert_string_equal(tok, cur);
+        if (r == 0) { /* MASTER is rank 0's endpoint */
+            char m[128];
+            snprintf(m, sizeof m, "%s:%s", master_addr, master_port);
+            assert_string_equal(cur, m);
+        }
+    }
+    assert_string_not_equal(pods[0], pods[1]);
+    assert_string_not_equal(pods[1], pods[2]);
+}
+
+/* ---- scaling, leaving, crashing, standbys ------------------------------------------------ */
+
+static void test_scale_leave_kill_and_stop(void **state)
+{
+    (void)state;
+    const char *job = "elastic";
+    char starts[300], script[600];
+    snprintf(starts, sizeof starts, "%s/elastic.starts", g_dir);
+    /* each trainer start appends "generation rank world pid" */
+    snprintf(script, sizeof script,
+             "echo $EDL_GENERATION $EDL_RANK $EDL_WORLD_SIZE $$ >> %s; exec sleep 120", starts);
+    const char *opts[] = {"--np", "2:4", "--replicas", "2", "--etcd", ep(), "--ttl", "2",
+                          "--settle-ms", "1000", "--grace-ms", "2000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_cluster c = {0};
+    wait_running(job, 2, 20000, &c);
+    int64_t g1 = c.generation;
+
+    /* scale 2 -> 4: the two joins form one generation */
+    const char *scale4[] = {"scale", job, "4", "--etcd", ep(), NULL};
+    char out[8192];
+    assert_int_equal(edl_cmd(out, sizeof out, scale4), 0);
+    assert_non_null(strstr(out, "replicas 2 -> 4"));
+    wait_running(job, 4, 20000, &c);
+    assert_int_equal(c.generation, g1 + 1);
+
+    /* edl status: a table with every rank */
+    const char *st[] = {"status", job, NULL}; /* found through the state file */
+    assert_int_equal(edl_cmd(out, sizeof out, st), 0);
+    assert_non_null(strstr(out, "running, generation"));
+    for (size_t i = 0; i < c.n_members; i++)
+        assert_non_null(strstr(out, c.members[i].pod));
+
+    /* scale 4 -> 3: the launcher stops the newest agent gracefully: a new generation at once */
+    const char *scale3[] = {"scale", job, "3", NULL};
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_cmd(NULL, 0, scale3), 0);
+    wait_running(job, 3, 20000, &c);
+    printf("# scale 4 -> 3 (graceful leave): trainers running generation %lld after %lld ms\n",
+           (long long)c.generation, (long long)(harness_now_ms() - t0));
+    int64_t g3 = c.generation;
+    char rank0[64];
+    snprintf(rank0, sizeof rank0, "%s", c.members[0].pod);
+
+    /* SIGKILL the agent of rank 1: noticed when its 2 s lease expires; the launcher replaces
+     * it with a new pod, which joins after the settle window */
+    char pattern[128];
+    snprintf(pattern, sizeof pattern, "pkill -KILL -f -- '--pod %s '", c.members[1].pod);
+    t0 = harness_now_ms();
+    assert_int_equal(system(pattern), 0);
+    int64_t deadline = harness_now_ms() + 10000;
+    while (harness_now_ms() < deadline && read_cluster(job, &c) && c.generation == g3)
+        harness_sleep_ms(20);
+    int64_t took = harness_now_ms() - t0;
+    assert_true(c.generation > g3);
+    printf("# agent SIGKILLed: new generation after %lld ms (lease TTL 2 s)\n", (long long)took);
+    assert_true(took >= 1000);
+    wait_running(job, 3, 20000, &c);
+    assert_string_equal(c.members[0].pod, rank0); /* rank 0 kept its pod throughout */
+
+    /* edl stop: the job ends as stopped; edl run exits 4 */
+    const char *stop[] = {"stop", job, NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
+    assert_non_null(strstr(out, "stopped"));
+    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    read_cluster(job, &c);
+    assert_int_equal(c.state, EDL_JOB_STOPPED);
+    edl_cluster_free(&c);
+}
+
+static void test_standby_promoted_when_a_member_leaves(void **state)
+{
+    (void)state;
+    const char *job = "standby";
+    const char *opts[] = {"--np", "2:2", "--replicas", "3", "--etcd", ep(), "--settle-ms", "300",
+                          "--grace-ms", "2000", NULL};
+    pid_t run = edl_run(job, opts, "exec sleep 120");
+    edl_cluster c = {0};
+    int64_t deadline = harness_now_ms() + 20000;
+    while (harness_now_ms() < deadline &&
+           !(read_cluster(job, &c) && c.n_members == 2 && c.n_standbys == 1))
+        harness_sleep_ms(20);
+    assert_int_equal(c.n_standbys, 1);
+    char standby[64], leaver[64];
+    snprintf(standby, sizeof standby, "%s", c.standbys[0]);
+    snprintf(leaver, sizeof leaver, "%s", c.members[1].pod);
+    int64_t g = c.generation;
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "pkill -TERM -f -- '--pod %s '", leaver);
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(system(cmd), 0);
+    wait_running(job, 2, 10000, &c);
+    assert_true(c.generation > g);
+    assert_string_equal(c.members[1].pod, standby); /* promoted into the free rank */
+    printf("# standby promoted and running %lld ms after a member's graceful leave\n",
+           (long long)(harness_now_ms() - t0));
+    kill(run, SIGTERM);
+    assert_int_equal(harness_wait_exit(run, 30000), 143);
+    edl_cluster_free(&c);
+}
+
+static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
+{
+    (void)state;
+    const char *job = "flaky";
+    /* the pod named flaky-1 always fails with 3; the others run */
+    const char *opts[] = {"--np", "2:3", "--etcd", ep(), "--settle-ms", "300",
+                          "--max-restarts", "2", "--exclude-after", "2", "--cooldown-ms", "1500",
+                          "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts,
+                        "if [ \"$EDL_POD_ID\" = flaky-1 ]; then sleep 0.3; exit 3; fi; "
+                        "exec sleep 120");
+    int rc = harness_wait_exit(run, 60000);
+    assert_int_equal(rc, 1); /* the job failed */
+    edl_cluster c = {0};
+    assert_true(read_cluster(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(c.reason, "restart budget of 2 spent"));
+    assert_non_null(strstr(c.reason, "flaky-1"));
+    assert_int_equal(c.restarts, 2);
+    /* while excluded, the job ran on without it: a generation of 2 members was published */
+    char log[300], line[1024];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    FILE *f = fopen(log, "r");
+    bool ran_without = false;
+    while (f && fgets(line, sizeof line, f)) {
+        char *m = strstr(line, "running: 2 members [");
+        char *end = m ? strchr(m, ']') : NULL;
+        if (end) {
+            *end = '\0';
+            ran_without = ran_without || !strstr(m, "flaky-1");
+        }
+    }
+    if (f)
+        fclose(f);
+    assert_true(ran_without);
+    edl_cluster_free(&c);
+}
+
+static void test_etcd_outage_does_not_kill_trainers(void **state)
+{
+    (void)state;
+    const char *job = "outage";
+    char starts[300], script[400];
+    snprintf(starts, sizeof starts, "%s/outage.starts", g_dir);
+    snprintf(script, sizeof script, "echo $$ >> %s; exec sleep 120", starts);
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--ttl", "10", "--settle-ms", "200",
+                          "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_cluster c = {0};
+    wait_running(job, 2, 20000, &c);
+    int64_t g = c.generation;
+    assert_int_equal(count_lines(starts), 2);
+    edl_etcd_free(g_c);
+    assert_int_equal(edl_etcd_server_stop_member(g_srv, 0, false), 0);
+    harness_sleep_ms(5000);
+    assert_int_equal(edl_etcd_server_restart_member(g_srv, 0), 0);
+    g_c = harness_client(ep(), 0);
+    harness_sleep_ms(3000);
+    wait_running(job, 2, 10000, &c);
+    assert_int_equal(c.generation, g);       /* same generation */
+    assert_int_equal(count_lines(starts), 2); /* no trainer was restarted */
+    assert_int_equal(harness_wait_exit(run, 0), -1);
+    const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(NULL, 0, stop), 0);
+    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    edl_cluster_free(&c);
+}
+
+static void test_example_trainer_survives_reformation(void **state)
+{
+    (void)state;
+    const char *job = "learn";
+    char uri[400];
+    snprintf(uri, sizeof uri, "file://%s/learn", g_dir);
+    const char *argv[] = {EDL_CLI_BIN, "run", "--job", job, "--np", "2:3", "--replicas", "2",
+                          "--etcd", ep(), "--settle-ms", "300", "--grace-ms", "1000",
+                          "--checkpoint-uri", uri, "--", EDL_EXAMPLE_TRAINER, "--steps", "300",
+                          "--step-ms", "20", NULL};
+    char log[300];
+    snprintf(log, sizeof log, "%s/learn.log", g_dir);
+    pid_t run = harness_spawn(argv, log);
+    edl_cluster c = {0};
+    wait_running(job, 2, 20000, &c);
+    harness_sleep_ms(1500);
+    const char *scale[] = {"scale", job, "3", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(NULL, 0, scale), 0);
+    wait_running(job, 3, 20000, &c);
+    assert_int_equal(harness_wait_exit(run, 90000), 0);
+    char path[300], line[256];
+    snprintf(path, sizeof path, "%s/learn/shared/result.txt", g_dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    long steps = 0;
+    double loss = 1, maxerr = 1;
+    assert_int_equal(sscanf(line, "steps %ld loss %lf maxerr %lf", &steps, &loss, &maxerr), 3);
+    assert_int_equal(steps, 300);
+    assert_true(maxerr < 0.01);
+    edl_cluster_free(&c);
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    char out[4096];
+    const char *help[] = {"--help", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, help), 0);
+    assert_non_null(strstr(out, "scale JOB N"));
+    const char *bad_np[] = {"run", "--np", "4:2", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_np), 2);
+    assert_non_null(strstr(out, "--np 4:2"));
+    const char *no_trainer[] = {"run", "--np", "2", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, no_trainer), 2);
+    const char *bad_scale[] = {"scale", "x", "-3", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_scale), 2);
+    const char *no_job[] = {"status", "nosuchjob", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, no_job), 1);
+    assert_non_null(strstr(out, "no job \"nosuchjob\""));
+    const char *unknown[] = {"frobnicate", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, unknown), 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_every_rank_gets_the_exact_environment),
+        cmocka_unit_test(test_scale_leave_kill_and_stop),
+        cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
+        cmocka_unit_test(test_failing_trainer_restarted_excluded_then_job_fails),
+        cmocka_unit_test(test_etcd_outage_does_not_kill_trainers),
+        cmocka_unit_test(test_example_trainer_survives_reformation),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

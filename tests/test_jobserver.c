@@ -1,0 +1,431 @@
+/* test_jobserver.c: real edl-jobserver processes against a real etcd. The test registers pods
+ * and writes trainer status itself (as agents would) so that each behaviour of the job server
+ * is isolated: one generation for joins within the settle window, a graceful leave at once, a
+ * lease expiry after the TTL, leader failover with monotonic generations, a paused (stale)
+ * leader fenced out, bad specs and documents ignored with the job intact, success, retired
+ * generation data deleted. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "edl/cluster.h"
+#include "edl/etcd.h"
+#include "harness.h"
+
+static edl_etcd_server *g_srv;
+static edl_etcd *g_c;
+
+static int setup(void **state)
+{
+    (void)state;
+    harness_open_etcd(1, NULL, &g_srv, &g_c);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_close_etcd(&g_srv, &g_c);
+    return 0;
+}
+
+static char *key(const char *job, const char *rest)
+{
+    static char buf[4][256]; /* a few live at once in one expression */
+    static int k;
+    char *b = buf[k++ % 4];
+    snprintf(b, 256, "%s/jobs/%s/%s", EDL_DEFAULT_PREFIX, job, rest);
+    return b;
+}
+
+static pid_t spawn_js(const char *job, const char *id, const char *extra)
+{
+    const char *argv[] = {EDL_JOBSERVER_BIN, "--etcd", edl_etcd_server_endpoints(g_srv), "--job",
+                          job, "--id", id, "--ttl", "2", extra, NULL};
+    pid_t pid = harness_spawn(argv, NULL);
+    assert_true(pid > 0);
+    return pid;
+}
+
+typedef struct pod {
+    char name[32];
+    int64_t lease;
+    edl_lease_keeper *keeper;
+} pod;
+
+static void pod_join(const char *job, pod *p, const char *name, int64_t ttl)
+{
+    snprintf(p->name, sizeof p->name, "%s", name);
+    assert_int_equal(edl_etcd_lease_grant(g_c, ttl, 0, &p->lease, NULL), 0);
+    char rest[64];
+    snprintf(rest, sizeof rest, "pods/%s", name);
+    edl_put_opts po = {.lease = p->lease};
+    const char *doc = "{\"role\":\"worker\",\"addr\":\"127.0.0.1\",\"port\":7000}";
+    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
+    assert_int_equal(edl_lease_keeper_start(g_c, p->lease, ttl, NULL, NULL, &p->keeper), 0);
+}
+
+static void pod_status(const char *job, pod *p, int64_t gen, const char *state, int code)
+{
+    char rest[64], doc[160];
+    snprintf(rest, sizeof rest, "status/%s", p->name);
+    snprintf(doc, sizeof doc, "{\"generation\":%lld,\"state\":\"%s\",\"exit_code\":%d,\"step\":1}",
+             (long long)gen, state, code);
+    edl_put_opts po = {.lease = p->lease};
+    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
+}
+
+/* Leave: revoke (graceful) or just stop renewing (a crash: expires after the TTL). */
+static void pod_leave(pod *p, bool graceful)
+{
+    edl_lease_keeper_stop(p->keeper, graceful);
+    p->keeper = NULL;
+}
+
+static bool read_cluster(const char *job, edl_cluster *out)
+{
+    char buf[65536];
+    edl_cluster_free(out);
+    if (!harness_get(g_c, key(job, "cluster"), buf, sizeof buf))
+        return false;
+    char err[256];
+    if (edl_cluster_parse(buf, strlen(buf), out, err, sizeof err) != 0)
+        fail_msg("cluster document unreadable: %s", err);
+    return true;
+}
+
+/* Wait until the job has at least generation `gen` with `members` members (-1: any). */
+static void wait_gen(const char *job, int64_t gen, int members, int timeout_ms, edl_cluster *out)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    while (harness_now_ms() < deadline) {
+        if (read_cluster(job, out) && out->generation >= gen &&
+            (members < 0 || (int)out->n_members == members))
+            return;
+        harness_sleep_ms(10);
+    }
+    fail_msg("job %s: no generation >= %lld with %d members within %d ms (now %lld, %zu)", job,
+             (long long)gen, members, timeout_ms, (long long)out->generation, out->n_members);
+}
+
+static void stop_js(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    assert_int_equal(harness_wait_exit(pid, 10000), 0);
+}
+
+static void test_scale_up_within_settle_window_is_one_generation(void **state)
+{
+    (void)state;
+    const char *job = "scale";
+    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":8,\"settle_ms\":1000}");
+    pid_t js = spawn_js(job, "js-a", NULL);
+    pod p[4];
+    pod_join(job, &p[0], "w0", 10);
+    pod_join(job, &p[1], "w1", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 2, 5000, &c);
+    assert_int_equal(c.generation, 1);
+    assert_string_equal(c.members[0].pod, "w0");
+    assert_string_equal(c.leader, "js-a");
+
+    int64_t t0 = harness_now_ms();
+    pod_join(job, &p[2], "w2", 10);
+    harness_sleep_ms(300);
+    pod_join(job, &p[3], "w3", 10);
+    wait_gen(job, 2, -1, 5000, &c);
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(c.generation, 2); /* both joins in one generation */
+    assert_int_equal(c.n_members, 4);
+    assert_true(took >= 950 && took < 2500);
+    printf("# joins at 0 and 300 ms -> one generation after %lld ms (settle window 1000 ms)\n",
+           (long long)took);
+
+    /* graceful leave: a new generation at once */
+    t0 = harness_now_ms();
+    pod_leave(&p[1], true);
+    wait_gen(job, 3, 3, 5000, &c);
+    took = harness_now_ms() - t0;
+    assert_true(took < 1000);
+    assert_string_equal(c.members[0].pod, "w0"); /* rank 0 kept */
+    assert_string_equal(c.members[1].pod, "w3"); /* the highest rank fills the hole */
+    printf("# graceful leave -> generation %lld after %lld ms\n", (long long)c.generation,
+           (long long)took);
+
+    /* a crash: the lease expires after its TTL, then a new generation */
+    pod_leave(&p[3], true);
+    wait_gen(job, 4, 2, 5000, &c);
+    pod q;
+    pod_join(job, &q, "w9", 2);
+    wait_gen(job, 5, 3, 5000, &c);
+    t0 = harness_now_ms();
+    pod_leave(&q, false);
+    wait_gen(job, 6, 2, 8000, &c);
+    took = harness_now_ms() - t0;
+    assert_true(took >= 1000 && took < 5000);
+    printf("# lease expiry (TTL 2 s) -> generation %lld after %lld ms\n", (long long)c.generation,
+           (long long)took);
+    stop_js(js);
+    pod_leave(&p[0], true);
+    pod_leave(&p[2], true);
+    edl_cluster_free(&c);
+}
+
+static const char *leader_of(const char *job, char *buf, size_t n)
+{
+    int64_t deadline = harness_now_ms() + 5000;
+    while (harness_now_ms() < deadline) {
+        if (harness_get(g_c, key(job, "leader"), buf, n))
+            return buf;
+        harness_sleep_ms(20);
+    }
+    fail_msg("no leader for %s", job);
+    return NULL;
+}
+
+static void test_leader_killed_standby_takes_over(void **state)
+{
+    (void)state;
+    const char *job = "failover";
+    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":8,\"settle_ms\":200}");
+    pid_t a = spawn_js(job, "js-a", NULL);
+    harness_sleep_ms(300);
+    pid_t b = spawn_js(job, "js-b", NULL);
+    pod p[3];
+    pod_join(job, &p[0], "w0", 10);
+    pod_join(job, &p[1], "w1", 10);
+    pod_join(job, &p[2], "w2", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 3, 5000, &c);
+    char lead[64];
+    leader_of(job, lead, sizeof lead);
+    assert_string_equal(lead, "js-a");
+    int64_t gen = c.generation;
+
+    int64_t t0 = harness_now_ms();
+    harness_kill(a, SIGKILL); /* its lease (TTL 2 s) must expire before js-b may lead */
+    pod_leave(&p[2], true);
+    wait_gen(job, gen + 1, 2, 6000, &c);
+    int64_t took = harness_now_ms() - t0;
+    assert_string_equal(c.leader, "js-b");
+    assert_int_equal(c.generation, gen + 1); /* never older, never skipped */
+    assert_true(took < 4500);
+    printf("# leader SIGKILLed -> standby published generation %lld after %lld ms (TTL 2 s)\n",
+           (long long)c.generation, (long long)took);
+    stop_js(b);
+    pod_leave(&p[0], true);
+    pod_leave(&p[1], true);
+    edl_cluster_free(&c);
+}
+
+static void test_paused_leader_is_fenced(void **state)
+{
+    (void)state;
+    const char *job = "fence";
+    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
+    pid_t a = spawn_js(job, "js-a", NULL);
+    harness_sleep_ms(300);
+    pid_t b = spawn_js(job, "js-b", NULL);
+    pod p[4];
+    pod_join(job, &p[0], "w0", 20);
+    pod_join(job, &p[1], "w1", 20);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 2, 5000, &c);
+    char lead[64];
+    assert_string_equal(leader_of(job, lead, sizeof lead), "js-a");
+
+    /* every publication from now on, in order */
+    edl_kv *kv;
+    int64_t rev;
+    assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, "cluster")), &kv, &rev), 0);
+    edl_kv_free(kv);
+    edl_watch *w;
+    edl_watch_opts wo = {.start_revision = rev + 1};
+    assert_int_equal(edl_etcd_watch(g_c, edl_str(key(job, "cluster")), &wo, &w), 0);
+
+    kill(a, SIGSTOP); /* a stale leader: alive, but its lease runs out */
+    int64_t deadline = harness_now_ms() + 8000;
+    while (strcmp(leader_of(job, lead, sizeof lead), "js-b") != 0 &&
+           harness_now_ms() < deadline)
+        harness_sleep_ms(50);
+    assert_string_equal(lead, "js-b");
+    pod_join(job, &p[2], "w2", 20);
+    wait_gen(job, 2, 3, 5000, &c);
+    kill(a, SIGCONT); /* wakes with a stale view; its writes must be refused */
+    pod_join(job, &p[3], "w3", 20);
+    wait_gen(job, 3, 4, 5000, &c);
+    harness_sleep_ms(1500);
+    pod_leave(&p[3], true);
+    wait_gen(job, 4, 3, 5000, &c);
+    harness_sleep_ms(500);
+
+    int64_t last = 1;
+    int seen = 0;
+    edl_watch_event *ev;
+    while (edl_watch_next(w, &ev, 200) == 0) {
+        if (ev->type == EDL_WATCH_PUT) {
+            edl_cluster d = {0};
+            char err[256];
+            assert_int_equal(edl_cluster_parse(ev->kv.value, ev->kv.value_len, &d, err,
+                                               sizeof err), 0);
+            assert_true(d.generation == last + 1 || d.generation == last);
+            assert_string_equal(d.leader, "js-b"); /* the paused leader never published */
+            last = d.generation;
+            seen++;
+            edl_cluster_free(&d);
+        }
+        edl_watch_event_free(ev);
+    }
+    edl_watch_stop(w);
+    assert_int_equal(last, 4);
+    assert_true(seen >= 3);
+    assert_int_equal(harness_wait_exit(a, 0), -1); /* js-a still runs, as a standby */
+    stop_js(a);
+    stop_js(b);
+    for (int i = 0; i < 3; i++)
+        pod_leave(&p[i], true);
+    edl_cluster_free(&c);
+}
+
+static void test_bad_spec_leaves_job_intact(void **state)
+{
+    (void)state;
+    const char *job = "badspec";
+    harness_put(g_c, key(job, "spec"), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
+    pid_t js = spawn_js(job, "js-a", NULL);
+    pod p[3];
+    pod_join(job, &p[0], "w0", 10);
+    pod_join(job, &p[1], "w1", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 2, 5000, &c);
+    static const struct {
+        const char *spec, *expect;
+    } bad[] = {
+        {"{\"min\":5,\"max\":2}", "min (5) is greater than max (2)"},
+        {"{\"min\":1,\"ttl_s\":-4}", "TTL must be at least 1"},
+        {"{\"min\":2,\"max\":", "malformed JSON"},
+        {"{\"min\":\"two\"}", "\"min\" must be an integer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        harness_put(g_c, key(job, "spec"), bad[i].spec);
+        int64_t deadline = harness_now_ms() + 3000;
+        while (harness_now_ms() < deadline &&
+               (!read_cluster(job, &c) || !c.spec_error || !strstr(c.spec_error, bad[i].expect)))
+            harness_sleep_ms(20);
+        if (!c.spec_error || !strstr(c.spec_error, bad[i].expect))
+            fail_msg("spec %s: spec_error \"%s\"", bad[i].spec, c.spec_error ? c.spec_error : "");
+        assert_int_equal(c.generation, 1); /* intact */
+        assert_int_equal(c.n_members, 2);
+        assert_int_equal(c.state, EDL_JOB_RUNNING);
+    }
+    /* a malformed registration is ignored; membership still follows the last valid spec */
+    harness_put(g_c, key(job, "pods/junk"), "{\"role\":7}");
+    pod_join(job, &p[2], "w2", 10);
+    wait_gen(job, 2, 3, 5000, &c);
+    /* fixed: the error clears */
+    harness_put(g_c, key(job, "spec"), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
+    int64_t deadline = harness_now_ms() + 3000;
+    while (harness_now_ms() < deadline && read_cluster(job, &c) && c.spec_error)
+        harness_sleep_ms(20);
+    assert_null(c.spec_error);
+    assert_int_equal(c.generation, 2);
+    /* a corrupt cluster document: the server refuses to guess and stays up */
+    harness_put(g_c, key(job, "cluster"), "{\"generation\":\"x\"");
+    harness_sleep_ms(500);
+    assert_int_equal(harness_wait_exit(js, 0), -1);
+    stop_js(js);
+    for (int i = 0; i < 3; i++)
+        pod_leave(&p[i], true);
+    edl_cluster_free(&c);
+}
+
+static void test_success_and_retired_generation_data(void **state)
+{
+    (void)state;
+    const char *job = "done";
+    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
+    pid_t js = spawn_js(job, "js-a", "--exit-when-done");
+    pod p[2];
+    pod_join(job, &p[0], "w0", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 1, 5000, &c);
+    harness_put(g_c, key(job, "gen/1/nccl-id"), "abc");
+    pod_join(job, &p[1], "w1", 10);
+    wait_gen(job, 2, 2, 5000, &c);
+    char buf[64];
+    assert_null(harness_get(g_c, key(job, "gen/1/nccl-id"), buf, sizeof buf));
+    pod_status(job, &p[0], 2, "exited", 0);
+    harness_sleep_ms(300);
+    read_cluster(job, &c);
+    assert_int_equal(c.state, EDL_JOB_RUNNING); /* one rank still runs */
+    pod_status(job, &p[1], 2, "exited", 0);
+    assert_int_equal(harness_wait_exit(js, 5000), 0); /* --exit-when-done: succeeded */
+    read_cluster(job, &c);
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(c.generation, 2);
+    pod_leave(&p[0], true);
+    pod_leave(&p[1], true);
+    edl_cluster_free(&c);
+}
+
+static void test_failure_restarts_generation_then_fails(void **state)
+{
+    (void)state;
+    const char *job = "fail";
+    harness_put(g_c, key(job, "spec"),
+                "{\"min\":1,\"max\":4,\"settle_ms\":100,\"max_restarts\":1,\"exclude_after\":5}");
+    pid_t js = spawn_js(job, "js-a", "--exit-when-done");
+    pod p[2];
+    pod_join(job, &p[0], "w0", 10);
+    pod_join(job, &p[1], "w1", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 2, 5000, &c);
+    pod_status(job, &p[1], 1, "exited", 3);
+    wait_gen(job, 2, 2, 5000, &c);
+    assert_int_equal(c.restarts, 1);
+    pod_status(job, &p[0], 2, "signaled", 0);
+    assert_int_equal(harness_wait_exit(js, 5000), 1);
+    read_cluster(job, &c);
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(c.reason, "restart budget of 1 spent"));
+    pod_leave(&p[0], true);
+    pod_leave(&p[1], true);
+    edl_cluster_free(&c);
+}
+
+static void test_help_and_bad_options(void **state)
+{
+    (void)state;
+    const char *help[] = {EDL_JOBSERVER_BIN, "--help", NULL};
+    pid_t pid = harness_spawn(help, "/dev/null");
+    assert_int_equal(harness_wait_exit(pid, 5000), 0);
+    const char *bad[] = {EDL_JOBSERVER_BIN, "--etcd", "http://127.0.0.1:1", "--job", "a/b", NULL};
+    pid = harness_spawn(bad, "/dev/null");
+    assert_int_equal(harness_wait_exit(pid, 5000), 2);
+    const char *ttl[] = {EDL_JOBSERVER_BIN, "--job", "x", "--ttl", "-1", NULL};
+    pid = harness_spawn(ttl, "/dev/null");
+    assert_int_equal(harness_wait_exit(pid, 5000), 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help_and_bad_options),
+        cmocka_unit_test(test_scale_up_within_settle_window_is_one_generation),
+        cmocka_unit_test(test_leader_killed_standby_takes_over),
+        cmocka_unit_test(test_paused_leader_is_fenced),
+        cmocka_unit_test(test_bad_spec_leaves_job_intact),
+        cmocka_unit_test(test_success_and_retired_generation_data),
+        cmocka_unit_test(test_failure_restarts_generation_then_fails),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,454 @@
+/* test_reconcile.c: the job server's decisions as a pure function (jobserver/reconcile.c):
+ * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
+ * cool-down, the restart budget, exit-code policy, success, hangs, stop, spec errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edl/cluster.h"
+#include "reconcile.h"
+
+#define MAXP 16
+
+/* A world the test edits: pods p0..p<n-1> (lease 100+i), statuses, the current generation. */
+typedef struct world {
+    edl_job_spec spec;
+    edl_pod pods[MAXP];
+    char names[MAXP][16];
+    size_t n;
+    edl_pod_status st[MAXP];
+    bool has[MAXP];
+    edl_cluster cur;
+    js_memory mem;
+    int64_t now, mono;
+} world;
+
+static void world_init(world *w, int min, int max)
+{
+    memset(w, 0, sizeof *w);
+    edl_spec_init(&w->spec);
+    w->spec.min = min;
+    w->spec.max = max;
+    w->spec.settle_ms = 1000;
+    w->now = 1000000;
+    w->mono = 5000;
+}
+
+static void add_pod(world *w, int id)
+{
+    size_t i = w->n++;
+    snprintf(w->names[i], sizeof w->names[i], "p%d", id);
+    w->pods[i] = (edl_pod){.name = w->names[i], .role = (char *)"worker",
+                           .addr = (char *)"10.0.0.1", .port = 7000 + id, .lease = 100 + id,
+                           .create_revision = (int64_t)i + 1};
+    w->has[i] = false;
+}
+
+static void remove_pod(world *w, int id)
+{
+    char name[16];
+    snprintf(name, sizeof name, "p%d", id);
+    for (size_t i = 0; i < w->n; i++)
+        if (strcmp(w->pods[i].name, name) == 0) {
+            for (size_t j = i; j + 1 < w->n; j++) {
+                memcpy(w->names[j], w->names[j + 1], sizeof w->names[j]);
+                w->pods[j] = w->pods[j + 1];
+                w->pods[j].name = w->names[j];
+                w->st[j] = w->st[j + 1];
+                w->has[j] = w->has[j + 1];
+            }
+            w->n--;
+            return;
+        }
+    fail_msg("no pod %s", name);
+}
+
+static void set_status(world *w, int id, edl_trainer_state s, int code, int64_t step)
+{
+    char name[16];
+    snprintf(name, sizeof name, "p%d", id);
+    for (size_t i = 0; i < w->n; i++)
+        if (strcmp(w->pods[i].name, name) == 0) {
+            w->st[i] = (edl_pod_status){.generation = w->cur.generation, .state = s,
+                                        .exit_code = s == EDL_TRAINER_EXITED ? code : 0,
+                                        .signal = s == EDL_TRAINER_SIGNALED ? code : 0,
+                                        .step = step};
+            w->has[i] = true;
+        }
+}
+
+static void all_running(world *w)
+{
+    for (size_t i = 0; i < w->cur.n_members; i++)
+        set_status(w, atoi(w->cur.members[i].pod + 1), EDL_TRAINER_RUNNING, 0, -1);
+}
+
+/* Run the reconciler; when it publishes, the result becomes the current generation. */
+static js_decision step(world *w)
+{
+    js_observed o = {.spec = &w->spec, .pods = w->pods, .n_pods = w->n, .status = w->st,
+                     .has_status = w->has, .cluster = &w->cur, .now_ms = w->now,
+                     .mono_ms = w->mono, .leader_id = "js"};
+    js_decision d;
+    assert_int_equal(js_reconcile(&o, &w->mem, &d), 0);
+    if (d.action == JS_PUBLISH) {
+        /* round-trip through JSON as the real server does */
+        char *j = edl_cluster_to_json(&d.next);
+        char err[256];
+        assert_int_equal(edl_cluster_parse(j, strlen(j), &w->cur, err, sizeof err), 0);
+        free(j);
+    }
+    return d;
+}
+
+static void advance(world *w, int64_t ms)
+{
+    w->now += ms;
+    w->mono += ms;
+}
+
+static void world_free(world *w)
+{
+    edl_cluster_free(&w->cur);
+    js_memory_free(&w->mem);
+    edl_spec_free(&w->spec);
+}
+
+static void members_are(const world *w, const char *expect)
+{
+    char got[256] = "";
+    for (size_t i = 0; i < w->cur.n_members; i++) {
+        strcat(got, i ? " " : "");
+        strcat(got, w->cur.members[i].pod);
+    }
+    assert_string_equal(got, expect);
+}
+
+static void test_first_generation_after_settle_window(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2, 4);
+    add_pod(&w, 0);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* one join: the window opens */
+    assert_int_equal(d.wake_mono_ms, w.mono + 1000);
+    js_decision_free(&d);
+    advance(&w, 400);
+    add_pod(&w, 1);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 600); /* still the first join's window */
+    js_decision_free(&d);
+    advance(&w, 600);
+    d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    assert_true(d.new_generation);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.generation, 1);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    members_are(&w, "p0 p1");
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* level-triggered: nothing more to do */
+    js_decision_free(&d);
+    world_free(&w);
+}
+
+static void test_scale_up_within_window_is_one_generation(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 8);
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    js_decision d = step(&w);
+    js_decision_free(&d);
+    advance(&w, 1000);
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.generation, 1);
+    add_pod(&w, 2);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_free(&d);
+    advance(&w, 300);
+    add_pod(&w, 3);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_free(&d);
+    advance(&w, 700);
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.generation, 2);
+    members_are(&w, "p0 p1 p2 p3");
+    world_free(&w);
+}
+
+static void form(world *w, int n)
+{
+    for (int i = 0; i < n; i++)
+        add_pod(w, i);
+    js_decision d = step(w);
+    js_decision_free(&d);
+    advance(w, w->spec.settle_ms);
+    d = step(w);
+    js_decision_free(&d);
+    assert_int_equal(w->cur.state, EDL_JOB_RUNNING);
+    all_running(w);
+}
+
+static void test_loss_is_published_at_once(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 8);
+    form(&w, 4);
+    int64_t g = w.cur.generation;
+    remove_pod(&w, 1);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    members_are(&w, "p0 p3 p2"); /* the highest rank fills the hole */
+    assert_non_null(strstr(w.cur.reason, "pod p1 left"));
+    world_free(&w);
+}
+
+static void test_below_min_waits_then_resumes(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 3, 4);
+    form(&w, 3);
+    remove_pod(&w, 2);
+    js_decision d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_WAITING);
+    assert_non_null(strstr(w.cur.reason, "2 of at least 3"));
+    add_pod(&w, 5);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_free(&d);
+    advance(&w, 1000);
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    members_are(&w, "p0 p1 p5");
+    world_free(&w);
+}
+
+static void test_standby_promoted_on_loss(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 2);
+    form(&w, 3);
+    members_are(&w, "p0 p1");
+    assert_int_equal(w.cur.n_standbys, 1);
+    assert_string_equal(w.cur.standbys[0], "p2");
+    remove_pod(&w, 0);
+    js_decision d = step(&w);
+    js_decision_free(&d);
+    members_are(&w, "p2 p1"); /* promoted at once, into the free rank */
+    assert_int_equal(w.cur.n_standbys, 0);
+    world_free(&w);
+}
+
+static void test_failure_restarts_then_excludes_then_fails(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.max_restarts = 3;
+    w.spec.exclude_after = 2;
+    w.spec.cooldown_ms = 10000;
+    w.spec.cooldown_max_ms = 25000;
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10);
+    js_decision d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.generation, g + 1); /* restart, same members */
+    assert_int_equal(w.cur.restarts, 1);
+    members_are(&w, "p0 p1 p2");
+    assert_non_null(strstr(w.cur.reason, "exited with code 3"));
+    all_running(&w);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10); /* second failure: excluded for 10 s */
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.restarts, 2);
+    members_are(&w, "p0 p2");
+    assert_int_equal(w.cur.failures[0].count, 2);
+    assert_int_equal(w.cur.failures[0].excluded_until, w.now + 10000);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 10001); /* wakes when the cool-down ends */
+    js_decision_free(&d);
+    advance(&w, 10001);
+    d = step(&w); /* back as a join: waits for the window */
+    js_decision_free(&d);
+    advance(&w, 1000);
+    d = step(&w);
+    js_decision_free(&d);
+    members_are(&w, "p0 p2 p1");
+    all_running(&w);
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 0); /* third: excluded for 20 s (doubled) */
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.restarts, 3);
+    assert_int_equal(w.cur.failures[0].excluded_until, w.now + 20000);
+    all_running(&w);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 1, 0); /* budget of 3 spent */
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "restart budget of 3 spent"));
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* final stays final */
+    js_decision_free(&d);
+    world_free(&w);
+}
+
+static void test_exit_code_policy(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.restart_policy = EDL_RESTART_EXIT_CODE;
+    form(&w, 2);
+    set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, 0); /* 137: retryable */
+    js_decision d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.restarts, 1);
+    all_running(&w);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 2, 0); /* 2: permanent */
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "permanent"));
+    world_free(&w);
+}
+
+static void test_never_policy_fails_at_once(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.restart_policy = EDL_RESTART_NEVER;
+    form(&w, 2);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 200, 0);
+    js_decision d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    world_free(&w);
+}
+
+static void test_all_ranks_exit_zero_is_success(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 3);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 0);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 0, 0);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* one still running */
+    js_decision_free(&d);
+    set_status(&w, 2, EDL_TRAINER_EXITED, 0, 0);
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
+    world_free(&w);
+}
+
+static void test_stalled_rank_is_treated_as_failed(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.progress_timeout_ms = 3000;
+    form(&w, 3);
+    for (int t = 0; t < 5; t++) {
+        set_status(&w, 0, EDL_TRAINER_RUNNING, 0, t);
+        set_status(&w, 1, EDL_TRAINER_RUNNING, 0, 7); /* stuck at step 7 */
+        set_status(&w, 2, EDL_TRAINER_RUNNING, 0, t);
+        js_decision d = step(&w);
+        assert_int_equal(d.action, t < 4 ? JS_NOTHING : JS_PUBLISH);
+        if (t < 4)
+            assert_true(d.wake_mono_ms > 0);
+        js_decision_free(&d);
+        advance(&w, 1000);
+    }
+    assert_int_equal(w.cur.restarts, 1);
+    assert_non_null(strstr(w.cur.reason, "pod p1 (rank 1) made no progress"));
+    world_free(&w);
+}
+
+static void test_all_stalled_is_not_a_hang(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.progress_timeout_ms = 1000;
+    form(&w, 2);
+    for (int t = 0; t < 5; t++) {
+        set_status(&w, 0, EDL_TRAINER_RUNNING, 0, 3);
+        set_status(&w, 1, EDL_TRAINER_RUNNING, 0, 3);
+        js_decision d = step(&w);
+        assert_int_equal(d.action, JS_NOTHING); /* e.g. a long evaluation on every rank */
+        js_decision_free(&d);
+        advance(&w, 1000);
+    }
+    world_free(&w);
+}
+
+static void test_stop_request_and_spec_error(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    int64_t g = w.cur.generation;
+    js_observed o = {.spec = &w.spec, .spec_error = "spec: min (5) is greater than max (2)",
+                     .pods = w.pods, .n_pods = w.n, .status = w.st, .has_status = w.has,
+                     .cluster = &w.cur, .now_ms = w.now, .mono_ms = w.mono};
+    js_decision d;
+    assert_int_equal(js_reconcile(&o, &w.mem, &d), 0);
+    assert_int_equal(d.action, JS_PUBLISH); /* the error is shown, the generation kept */
+    assert_false(d.new_generation);
+    assert_int_equal(d.next.generation, g);
+    assert_string_equal(d.next.spec_error, o.spec_error);
+    js_decision_free(&d);
+    w.spec.stopped = true;
+    d = step(&w);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_STOPPED);
+    assert_int_equal(w.cur.generation, g);
+    world_free(&w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_first_generation_after_settle_window),
+        cmocka_unit_test(test_scale_up_within_window_is_one_generation),
+        cmocka_unit_test(test_loss_is_published_at_once),
+        cmocka_unit_test(test_below_min_waits_then_resumes),
+        cmocka_unit_test(test_standby_promoted_on_loss),
+        cmocka_unit_test(test_failure_restarts_then_excludes_then_fails),
+        cmocka_unit_test(test_exit_code_policy),
+        cmocka_unit_test(test_never_policy_fails_at_once),
+        cmocka_unit_test(test_all_ranks_exit_zero_is_success),
+        cmocka_unit_test(test_stalled_rank_is_treated_as_failed),
+        cmocka_unit_test(test_all_stalled_is_not_a_hang),
+        cmocka_unit_test(test_stop_request_and_spec_error),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
