@@ -162,11 +162,13 @@ static int ckpt_open(trainer *t)
     edl_ckpt_config_init(&cfg);
     cfg.uri = uri;
     cfg.job = job;
+    cfg.etcd = NULL; /* set below, once connected */
     cfg.prefix = getenv("EDL_ETCD_PREFIX");
     cfg.rank = 0;
     cfg.world_size = 1;
     cfg.keep = 3;
     int rc = edl_etcd_connect(ep, &t->etcd);
+    cfg.etcd = t->etcd;
     if (!rc && (rc = edl_ckpt_open(&cfg, &t->ckpt, err, sizeof err)) != 0)
         fprintf(stderr, "rank %d: checkpoints at %s: %s\n", t->rank, uri, err);
     return rc;
