@@ -625,7 +625,7 @@ static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
     char *ptr = NULL;
     rc = advance_pointer(ck, p, dir, &ptr);
     if (rc == 0) {
-        EDL_INFO("checkpoint", "committed %s/%s (step %" PRId64 ", generation %" PRId64 ")",
+        EDL_DEBUG("checkpoint", "committed %s/%s (step %" PRId64 ", generation %" PRId64 ")",
                  ck->uri, dir, p->step, p->generation);
         collect_garbage(ck, ptr, p->step);
     }
