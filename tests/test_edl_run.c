@@ -121,12 +121,15 @@ static bool read_cluster(const char *job, edl_cluster *out)
            edl_cluster_parse(buf, strlen(buf), out, err, sizeof err) == 0;
 }
 
-/* Wait for a running generation with n members in which every member's trainer runs. */
-static void wait_running(const char *job, int n, int timeout_ms, edl_cluster *c)
+/* Wait for a running generation newer than `after` with n members in which every member's
+ * trainer runs. */
+static void wait_running_after(const char *job, int64_t after, int n, int timeout_ms,
+                               edl_cluster *c)
 {
     int64_t deadline = harness_now_ms() + timeout_ms;
     while (harness_now_ms() < deadline) {
-        if (read_cluster(job, c) && c->state == EDL_JOB_RUNNING && (int)c->n_members == n) {
+        if (read_cluster(job, c) && c->state == EDL_JOB_RUNNING && (int)c->n_members == n &&
+            c->generation > after) {
             int running = 0;
             for (size_t i = 0; i < c->n_members; i++) {
                 char rest[200], buf[1024], err[128];
@@ -158,6 +161,11 @@ static void signal_agent(const char *job, const char *pod, int sig)
     assert_true(p.pid > 1);
     assert_int_equal(kill((pid_t)p.pid, sig), 0);
     edl_pod_free(&p);
+}
+
+static void wait_running(const char *job, int n, int timeout_ms, edl_cluster *c)
+{
+    wait_running_after(job, 0, n, timeout_ms, c);
 }
 
 static int count_lines(const char *path)
@@ -270,7 +278,7 @@ static void test_scale_leave_kill_and_stop(void **state)
     char out[8192];
     assert_int_equal(edl_cmd(out, sizeof out, scale4), 0);
     assert_non_null(strstr(out, "replicas 2 -> 4"));
-    wait_running(job, 4, 20000, &c);
+    wait_running_after(job, g1, 4, 20000, &c);
     assert_int_equal(c.generation, g1 + 1);
 
     /* edl status: a table with every rank */
@@ -282,9 +290,10 @@ static void test_scale_leave_kill_and_stop(void **state)
 
     /* scale 4 -> 3: the launcher stops the newest agent gracefully: a new generation at once */
     const char *scale3[] = {"scale", job, "3", NULL};
+    int64_t g2 = c.generation;
     int64_t t0 = harness_now_ms();
     assert_int_equal(edl_cmd(NULL, 0, scale3), 0);
-    wait_running(job, 3, 20000, &c);
+    wait_running_after(job, g2, 3, 20000, &c);
     printf("# scale 4 -> 3 (graceful leave): trainers running generation %lld after %lld ms\n",
            (long long)c.generation, (long long)(harness_now_ms() - t0));
     int64_t g3 = c.generation;
@@ -303,10 +312,11 @@ static void test_scale_leave_kill_and_stop(void **state)
         harness_sleep_ms(20);
     int64_t took = harness_now_ms() - t0;
     assert_null(edl_cluster_member(&c, victim));
+    int64_t g4 = c.generation;
     printf("# agent SIGKILLed: out of the generation after %lld ms (lease TTL 2 s)\n",
            (long long)took);
     assert_true(took >= 1000); /* only the lease expiry (TTL after the last renewal) shows it */
-    wait_running(job, 3, 20000, &c);
+    wait_running_after(job, g4 - 1, 3, 20000, &c);
     assert_string_equal(c.members[0].pod, rank0); /* rank 0 kept its pod throughout */
 
     /* edl stop: the job ends as stopped; edl run exits 4 */
@@ -338,7 +348,7 @@ static void test_standby_promoted_when_a_member_leaves(void **state)
     int64_t g = c.generation;
     int64_t t0 = harness_now_ms();
     signal_agent(job, leaver, SIGTERM);
-    wait_running(job, 2, 10000, &c);
+    wait_running_after(job, g, 2, 10000, &c);
     assert_true(c.generation > g);
     assert_string_equal(c.members[1].pod, standby); /* promoted into the free rank */
     printf("# standby promoted and running %lld ms after a member's graceful leave\n",
