@@ -141,11 +141,12 @@ static void keeper_lost(edl_lease_keeper *k, int reason)
     pthread_mutex_unlock(&k->mu);
     EDL_WARN("etcd", "lease %lld lost: %s (%s)", (long long)k->lease, edl_strerror(reason),
              edl_etcd_errmsg(k->conn));
+    /* the callback first: whoever wakes on the fd may rely on what the callback recorded */
+    if (k->on_lost)
+        k->on_lost(k->arg, k->lease, reason);
     uint64_t one = 1;
     if (write(k->efd, &one, sizeof one) < 0)
         EDL_ERROR("etcd", "lease keeper: cannot signal its fd");
-    if (k->on_lost)
-        k->on_lost(k->arg, k->lease, reason);
 }
 
 /* Sleep until the monotonic time `until` (ms) or a stop request. Returns true when stopping. */

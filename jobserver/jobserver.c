@@ -353,6 +353,26 @@ static int exit_code_of(int state)
     return state == EDL_JOB_SUCCEEDED ? 0 : state == EDL_JOB_FAILED ? 1 : 4;
 }
 
+/* Whether an event can change a decision. A trainer's status matters only when it has ended
+ * (failure or success); "running" and step updates, a status write per pod per second and a
+ * burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
+ * are judged at the times reconcile asks to be woken, from the steps it reads then. */
+static bool event_matters(const jobserver *js, const edl_watch_event *ev)
+{
+    if (ev->type != EDL_WATCH_PUT && ev->type != EDL_WATCH_DELETE)
+        return ev->type != EDL_WATCH_PROGRESS;
+    size_t sl = strlen(js->k_status);
+    if (ev->kv.key_len <= sl || memcmp(ev->kv.key, js->k_status, sl) != 0)
+        return true;
+    if (ev->type == EDL_WATCH_DELETE)
+        return false; /* the pod's own key goes with it */
+    edl_pod_status st;
+    char err[64];
+    if (edl_pod_status_parse(ev->kv.value, ev->kv.value_len, &st, err, sizeof err) != 0)
+        return true;
+    return st.state == EDL_TRAINER_EXITED || st.state == EDL_TRAINER_SIGNALED;
+}
+
 /* Lead until the lease is lost, a signal comes, or (exit_when_done) the job ends. */
 static int lead(jobserver *js, int *exit_code)
 {
@@ -365,8 +385,12 @@ static int lead(jobserver *js, int *exit_code)
     }
     int64_t wake = 0;
     int final_state = -1;
+    bool dirty = true;
     while (!signalled(js)) {
-        rc = reconcile_once(js, &wake, &final_state);
+        if (dirty || (wake && mono_ms() >= wake)) {
+            dirty = false;
+            rc = reconcile_once(js, &wake, &final_state);
+        }
         if (rc == EDL_ELEASE)
             break;
         if (js->cfg->exit_when_done && final_state >= 0 &&
@@ -389,14 +413,18 @@ static int lead(jobserver *js, int *exit_code)
             break;
         }
         edl_watch_event *ev;
+        if (!w)
+            dirty = true; /* no watch: poll */
         while (w && edl_watch_next(w, &ev, 0) == 0) {
             bool dead = ev->type == EDL_WATCH_ERROR;
+            dirty = dirty || event_matters(js, ev);
             edl_watch_event_free(ev);
             if (dead) {
                 edl_watch_stop(w);
                 w = NULL;
                 if (edl_etcd_watch(js->c, edl_str(js->k_job), &wo, &w) != 0)
                     w = NULL;
+                dirty = true; /* events may have been missed: read everything again */
                 break;
             }
         }

@@ -96,6 +96,11 @@ static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
             someone_advanced = true;
         }
     }
+    /* Running statuses do not wake the server (see jobserver.c): sample them regularly, so a
+     * step is seen within a quarter of the timeout of when it changed. */
+    int64_t sample = now + (timeout / 4 > 50 ? timeout / 4 : 50);
+    if (!*wake || sample < *wake)
+        *wake = sample;
     int hung = -1;
     for (size_t k = 0; k < c->n_members; k++) {
         int i = pod_index(o, c->members[k].pod, c->members[k].lease);

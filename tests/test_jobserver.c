@@ -402,6 +402,48 @@ static void test_failure_restarts_generation_then_fails(void **state)
     edl_cluster_free(&c);
 }
 
+static void pod_step(const char *job, pod *p, int64_t gen, int64_t step)
+{
+    char rest[64], doc[160];
+    snprintf(rest, sizeof rest, "status/%s", p->name);
+    snprintf(doc, sizeof doc, "{\"generation\":%lld,\"state\":\"running\",\"step\":%lld}",
+             (long long)gen, (long long)step);
+    edl_put_opts po = {.lease = p->lease};
+    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
+}
+
+static void test_stalled_rank_restarts_generation(void **state)
+{
+    (void)state;
+    const char *job = "hang";
+    harness_put(g_c, key(job, "spec"),
+                "{\"min\":1,\"max\":4,\"settle_ms\":100,\"progress_timeout_ms\":1500}");
+    pid_t js = spawn_js(job, "js-a", NULL);
+    pod p[2];
+    pod_join(job, &p[0], "w0", 10);
+    pod_join(job, &p[1], "w1", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 2, 5000, &c);
+    /* w0 advances every 200 ms; w1 reports step 5 once and then nothing (a hung collective) */
+    pod_step(job, &p[1], 1, 5);
+    int64_t t0 = harness_now_ms(), step = 0;
+    while (harness_now_ms() - t0 < 6000 && read_cluster(job, &c) && c.generation == 1) {
+        pod_step(job, &p[0], 1, ++step);
+        harness_sleep_ms(200);
+    }
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(c.generation, 2);
+    assert_int_equal(c.restarts, 1);
+    assert_non_null(strstr(c.reason, "pod w1 (rank 1) made no progress for 1500 ms"));
+    assert_true(took >= 1400 && took < 4000);
+    printf("# rank stalled while the other advanced -> restart after %lld ms (timeout 1500 ms)\n",
+           (long long)took);
+    stop_js(js);
+    pod_leave(&p[0], true);
+    pod_leave(&p[1], true);
+    edl_cluster_free(&c);
+}
+
 static void test_help_and_bad_options(void **state)
 {
     (void)state;
@@ -426,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_bad_spec_leaves_job_intact),
         cmocka_unit_test(test_success_and_retired_generation_data),
         cmocka_unit_test(test_failure_restarts_generation_then_fails),
+        cmocka_unit_test(test_stalled_rank_restarts_generation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -196,8 +196,8 @@ int edl_etcd_lease_ttl(edl_etcd *c, int64_t id, int64_t *ttl_out, int64_t *grant
 /* A lease keeper renews a lease in the background every TTL/3 on its own connection (retrying
  * sooner after a failed renewal) and reports, once, the moment the lease is lost: the server
  * says it expired, or no renewal succeeded for a whole TTL (judged on the local clock, so a
- * blocked network cannot hide the loss). Then the callback runs (on the keeper's thread) and
- * the fd becomes readable. */
+ * blocked network cannot hide the loss). Then the callback runs (on the keeper's thread) and,
+ * once it has returned, the fd becomes readable. */
 typedef struct edl_lease_keeper edl_lease_keeper;
 typedef void (*edl_lease_lost_fn)(void *arg, int64_t lease, int reason /* EDL_E* */);
 
