@@ -49,6 +49,8 @@ typedef struct bench {
     char names[MAX_AGENTS][48];
     int n_agents;
     int next;
+    int64_t published_at;
+    edl_watch *w; /* the job's cluster key */
 } bench;
 
 static int64_t now_ms(void)
@@ -107,7 +109,7 @@ static void remove_agent(bench *b, int i, int sig)
 }
 
 /* Generation in force, if every member's trainer runs in it with n members (else 0). */
-static int64_t all_running(bench *b, int n)
+static int64_t all_running(bench *b, int n, int64_t *published)
 {
     char *kc = key(b, "cluster"), *ks = key(b, "status/");
     edl_kv *kv = NULL;
@@ -118,8 +120,9 @@ static int64_t all_running(bench *b, int n)
         edl_etcd_range(b->c, edl_str(ks), &o, &r) == 0) {
         edl_cluster cl = {0};
         char err[256];
-        if (edl_cluster_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0 &&
-            (int)cl.n_members == n && cl.state == EDL_JOB_RUNNING) {
+        if (edl_cluster_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0)
+            *published = cl.generation;
+        if ((int)cl.n_members == n && cl.state == EDL_JOB_RUNNING) {
             int ok = 0;
             for (size_t i = 0; i < r.n_kvs; i++) {
                 edl_pod_status st;
@@ -140,17 +143,33 @@ static int64_t all_running(bench *b, int n)
     return gen;
 }
 
-/* Wait until n members run a generation newer than `after`; returns the time it happened. */
+/* Wait until n members run a generation newer than `after`; returns the time it happened.
+ * b->published_at: when the new generation was first seen published. */
 static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
 {
     int64_t deadline = now_ms() + 60000;
+    b->published_at = 0;
     while (now_ms() < deadline) {
-        int64_t g = all_running(b, n);
+        /* the publication is timed by the watch event, as an agent sees it */
+        edl_watch_event *ev;
+        while (!b->published_at && edl_watch_next(b->w, &ev, 20) == 0) {
+            edl_cluster cl = {0};
+            char err[256];
+            if (ev->type == EDL_WATCH_PUT &&
+                edl_cluster_parse(ev->kv.value, ev->kv.value_len, &cl, err, sizeof err) == 0 &&
+                cl.generation > after)
+                b->published_at = now_ms();
+            edl_cluster_free(&cl);
+            edl_watch_event_free(ev);
+        }
+        if (b->published_at)
+            usleep(20000); /* each poll reads every status: keep the load it adds small */
+        int64_t pub = 0;
+        int64_t g = all_running(b, n, &pub);
         if (g > after) {
             *gen = g;
             return now_ms();
         }
-        usleep(5000); /* each poll reads every status: keep the load it adds small */
     }
     fprintf(stderr, "reform: job %s did not re-form with %d members within 60 s\n", b->job, n);
     exit(1);
@@ -204,17 +223,25 @@ static void run_size(bench *b, int n)
     b->js = spawn(jsv);
     b->n_agents = 0;
     b->next = 0;
+    char *kc = key(b, "cluster");
+    edl_watch_opts wo = {0};
+    if (edl_etcd_watch(b->c, edl_str(kc), &wo, &b->w) != 0) {
+        fprintf(stderr, "reform: cannot watch %s\n", kc);
+        exit(1);
+    }
+    free(kc);
     for (int i = 0; i < n; i++)
         start_agent(b);
     int64_t gen = 0;
     wait_formed(b, n, 0, &gen);
-    int64_t leave[64], join[64], killv[64];
+    int64_t leave[64], join[64], killv[64], pub_leave[64];
     int t;
     for (t = 0; t < b->trials && t < 64; t++) {
         int victim = 1 + t % (n - 1); /* never the pod of rank 0 */
         int64_t t0 = now_ms();
         remove_agent(b, victim, SIGTERM);
         leave[t] = wait_formed(b, n - 1, gen, &gen) - t0;
+        pub_leave[t] = b->published_at - t0;
         start_agent(b);
         t0 = wait_registered(b, b->names[b->n_agents - 1]);
         join[t] = wait_formed(b, n, gen, &gen) - t0 - b->settle_ms;
@@ -225,7 +252,10 @@ static void run_size(bench *b, int n)
         start_agent(b);
         wait_formed(b, n, gen, &gen);
     }
+    edl_watch_stop(b->w);
+    b->w = NULL;
     report(n, "leave", leave, t, "SIGTERM -> all survivors running the new generation");
+    report(n, "leave", pub_leave, t, "SIGTERM -> the new generation published (watch event)");
     report(n, "join", join, t, "after the settle window closes");
     char note[160];
     snprintf(note, sizeof note, "SIGKILL -> survivors running; the lease expires %d-%d ms after "
