@@ -185,6 +185,21 @@ bad:
     return -1;
 }
 
+/* The common start of a subcommand that takes one JOB operand: options, the name, a client. */
+static int open_job(int argc, char **argv, const char *usage, cli_common *co, bool *json,
+                    bool *wait, const char **job, edl_etcd **c)
+{
+    int i = parse_common(argc, argv, usage, co, json, wait);
+    if (i < 0)
+        return CLI_USAGE;
+    if (argc - i != 1 || !edl_name_valid(argv[i])) {
+        fprintf(stderr, "%s", usage);
+        return CLI_USAGE;
+    }
+    *job = argv[i];
+    return cli_connect(co, *job, c);
+}
+
 static int report_etcd_error(edl_etcd *c, const char *job, int rc)
 {
     if (rc == EDL_ENOTFOUND) {
@@ -279,16 +294,9 @@ int cli_stop(int argc, char **argv)
         "\"stopped\". Waits (up to 60 s) until the job server has recorded it, unless --no-wait.\n";
     cli_common co = {0};
     bool wait = true;
-    int i = parse_common(argc, argv, usage, &co, NULL, &wait);
-    if (i < 0)
-        return CLI_USAGE;
-    if (argc - i != 1 || !edl_name_valid(argv[i])) {
-        fprintf(stderr, "%s", usage);
-        return CLI_USAGE;
-    }
-    const char *job = argv[i];
+    const char *job;
     edl_etcd *c;
-    int rc = cli_connect(&co, job, &c);
+    int rc = open_job(argc, argv, usage, &co, NULL, &wait, &job, &c);
     if (rc)
         return rc;
     edl_job_spec before, after;
@@ -470,16 +478,9 @@ int cli_status(int argc, char **argv)
         "Shows the job's state, generation, members with their ranks, and each trainer.\n";
     cli_common co = {0};
     bool json = false;
-    int i = parse_common(argc, argv, usage, &co, &json, NULL);
-    if (i < 0)
-        return CLI_USAGE;
-    if (argc - i != 1 || !edl_name_valid(argv[i])) {
-        fprintf(stderr, "%s", usage);
-        return CLI_USAGE;
-    }
-    const char *job = argv[i];
+    const char *job;
     edl_etcd *c;
-    int rc = cli_connect(&co, job, &c);
+    int rc = open_job(argc, argv, usage, &co, &json, NULL, &job, &c);
     if (rc)
         return rc;
     job_view v = {0};

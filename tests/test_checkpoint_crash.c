@@ -152,11 +152,12 @@ static void child(const char *uri, const edl_storage_config *sc, size_t shard_si
 }
 
 /* Has the directory of (step, any generation) reached this stage? */
-enum stage { AT_START, SHARD_WRITING, SHARD_DONE, RANK_DONE, MANIFEST, RANDOM, N_STAGES };
+enum stage { AT_START, SHARD_WRITING, SHARD_DONE, RANK_DONE, MANIFEST, RANDOM, LATE, N_STAGES };
 static const char *const stage_names[] = {"before any shard", "during a shard upload",
                                           "after a shard upload", "before the manifest",
                                           "after the manifest, before the pointer",
-                                          "at a random moment"};
+                                          "at a random moment",
+                                          "after some commits (1.5 s in)"};
 
 static bool reached(const char *root, int64_t step, enum stage st)
 {
@@ -196,7 +197,9 @@ static int64_t kill_and_check(const char *uri, const edl_storage_config *sc, con
         child(uri, sc, shard_size, parent);
     assert_true(pid > 0);
     int64_t deadline = harness_now_ms() + 20000;
-    if (st == RANDOM || !root) {
+    if (st == LATE) {
+        harness_sleep_ms(1500); /* the other stages all kill before a commit: let some happen */
+    } else if (st == RANDOM || !root) {
         harness_sleep_ms(rand() % 600);
     } else if (st != AT_START) {
         while (!reached(root, last + 1, st) && harness_now_ms() < deadline) {
@@ -263,7 +266,9 @@ static void test_s3_sigkill_at_random_moments_keeps_a_complete_checkpoint(void *
     harness_s3_config(fx->s3, &sc, uri);
     sc.part_size = 5u << 20;
     int64_t last = 0;
-    /* a first save that commits, so every later kill has something to fall back to */
+    /* first some commits, so that every later kill has something to fall back to */
+    last = kill_and_check(uri, &sc, NULL, 2u << 20, LATE, last);
+    assert_true(last > 0);
     for (int i = 0; i < 8; i++)
         last = kill_and_check(uri, &sc, NULL, 2u << 20, RANDOM, last);
 }

@@ -74,14 +74,21 @@ static void pod_join(const char *job, pod *p, const char *name, int64_t ttl)
     assert_int_equal(edl_lease_keeper_start(g_c, p->lease, ttl, NULL, NULL, &p->keeper), 0);
 }
 
-static void pod_status(const char *job, pod *p, int64_t gen, const char *state, int code)
+/* Write the pod's trainer status, under its lease, as its agent would. */
+static void put_status(const char *job, pod *p, const char *doc)
 {
-    char rest[64], doc[160];
+    char rest[64];
     snprintf(rest, sizeof rest, "status/%s", p->name);
-    snprintf(doc, sizeof doc, "{\"generation\":%lld,\"state\":\"%s\",\"exit_code\":%d,\"step\":1}",
-             (long long)gen, state, code);
     edl_put_opts po = {.lease = p->lease};
     assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
+}
+
+static void pod_status(const char *job, pod *p, int64_t gen, const char *state, int code)
+{
+    char doc[160];
+    snprintf(doc, sizeof doc, "{\"generation\":%lld,\"state\":\"%s\",\"exit_code\":%d,\"step\":1}",
+             (long long)gen, state, code);
+    put_status(job, p, doc);
 }
 
 /* Leave: revoke (graceful) or just stop renewing (a crash: expires after the TTL). */
@@ -404,12 +411,10 @@ static void test_failure_restarts_generation_then_fails(void **state)
 
 static void pod_step(const char *job, pod *p, int64_t gen, int64_t step)
 {
-    char rest[64], doc[160];
-    snprintf(rest, sizeof rest, "status/%s", p->name);
+    char doc[160];
     snprintf(doc, sizeof doc, "{\"generation\":%lld,\"state\":\"running\",\"step\":%lld}",
              (long long)gen, (long long)step);
-    edl_put_opts po = {.lease = p->lease};
-    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
+    put_status(job, p, doc);
 }
 
 static void test_stalled_rank_restarts_generation(void **state)
