@@ -15,6 +15,7 @@
 
 #include "edl/cluster.h"
 #include "edl/etcd.h"
+#include "edl/httpd.h"
 #include "edl/log.h"
 #include "jobserver.h"
 #include "reconcile.h"
@@ -35,6 +36,12 @@ typedef struct jobserver {
     edl_leader leader;
     int64_t bad_revs[16];     /* malformed documents already reported (one log line each) */
     unsigned n_bad;
+    edl_httpd *httpd;         /* /metrics and /healthz (NULL: off) */
+    struct {
+        bool leader;
+        int64_t generation, members, restarts, publications, etcd_errors, terms;
+        int state;            /* -1: no generation yet */
+    } m;
 } jobserver;
 
 /* One consistent read of the job. */
@@ -288,6 +295,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
         snapshot s;
         int rc = take_snapshot(js, &s);
         if (rc) {
+            js->m.etcd_errors++;
             EDL_WARN(LOG, "job %s: reading the job failed: %s (%s)", js->cfg->job,
                      edl_strerror(rc), edl_etcd_errmsg(js->c));
             *wake = mono_ms() + 500;
@@ -299,6 +307,10 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             return 0;
         }
         *final_state = s.cluster.generation ? (int)s.cluster.state : -1;
+        js->m.generation = s.cluster.generation;
+        js->m.members = (int64_t)s.cluster.n_members;
+        js->m.restarts = s.cluster.restarts;
+        js->m.state = *final_state;
         js_observed o = {
             .spec = js->have_spec ? &js->spec : NULL,
             .spec_error = s.spec_present && s.spec_error[0] ? s.spec_error : NULL,
@@ -318,6 +330,11 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
         if (rc == 0) {
             log_publish(js, &d);
             *final_state = (int)d.next.state;
+            js->m.publications++;
+            js->m.generation = d.next.generation;
+            js->m.members = (int64_t)d.next.n_members;
+            js->m.restarts = d.next.restarts;
+            js->m.state = *final_state;
         }
         js_decision_free(&d);
         snapshot_free(&s);
@@ -326,6 +343,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
         if (rc == EDL_ELEASE)
             return rc;
         if (rc) {
+            js->m.etcd_errors++;
             EDL_WARN(LOG, "job %s: publishing failed: %s (%s); retrying", js->cfg->job,
                      edl_strerror(rc), edl_etcd_errmsg(js->c));
             *wake = mono_ms() + 500;
@@ -336,6 +354,71 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
     }
     *wake = mono_ms() + 100;
     return 0;
+}
+
+/* ---- /metrics (Prometheus text format 0.0.4) ----------------------------------------------- */
+
+static void metrics_handler(void *arg, const char *method, const char *path, edl_http_response *r)
+{
+    (void)method;
+    const jobserver *js = arg;
+    if (strcmp(path, "/healthz") == 0) {
+        r->body = strdup("ok\n");
+        r->status = r->body ? 200 : 500;
+        r->body_len = r->body ? 3 : 0;
+        return;
+    }
+    if (strcmp(path, "/metrics") != 0)
+        return; /* 404 */
+    static const struct {
+        const char *name, *type, *help;
+    } g[] = {
+        {"edl_jobserver_leader", "gauge", "1 while this replica leads the job."},
+        {"edl_jobserver_generation", "gauge", "Generation last read or published (0: none)."},
+        {"edl_jobserver_members", "gauge", "Members of that generation."},
+        {"edl_jobserver_restarts", "gauge", "Generations started because of trainer failures."},
+        {"edl_jobserver_publications_total", "counter", "Publications by this replica."},
+        {"edl_jobserver_etcd_errors_total", "counter", "Failed reads and publications."},
+        {"edl_jobserver_leader_terms_total", "counter", "Times this replica became leader."},
+    };
+    long long v[] = {js->m.leader, (long long)js->m.generation, (long long)js->m.members,
+                     (long long)js->m.restarts, (long long)js->m.publications,
+                     (long long)js->m.etcd_errors, (long long)js->m.terms};
+    size_t cap = 4096, len = 0;
+    char *b = malloc(cap);
+    const char *job = js->cfg->job, *id = js->cfg->id;
+    for (size_t i = 0; b && i < sizeof g / sizeof g[0]; i++)
+        len += (size_t)snprintf(b + len, cap - len,
+                                "# HELP %s %s\n# TYPE %s %s\n%s{job=\"%s\",id=\"%s\"} %lld\n",
+                                g[i].name, g[i].help, g[i].name, g[i].type, g[i].name, job, id,
+                                v[i]);
+    for (int st = EDL_JOB_WAITING; b && st <= EDL_JOB_STOPPED && len < cap; st++)
+        len += (size_t)snprintf(b + len, cap - len, "%sedl_jobserver_job_state{job=\"%s\",id=\"%s\","
+                                "state=\"%s\"} %d\n", st == EDL_JOB_WAITING ?
+                                "# HELP edl_jobserver_job_state 1 for the job's state.\n"
+                                "# TYPE edl_jobserver_job_state gauge\n" : "",
+                                job, id, edl_job_state_name((edl_job_state)st), js->m.state == st);
+    if (b && len >= cap) { /* names too long for the buffer: refuse rather than cut */
+        free(b);
+        b = NULL;
+    }
+    r->body = b;
+    r->status = b ? 200 : 500;
+    r->body_len = b ? len : 0;
+    r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+}
+
+/* Serve whatever /metrics requests are ready, without waiting. */
+static void serve_http(jobserver *js)
+{
+    if (!js->httpd)
+        return;
+    struct pollfd pf[64];
+    size_t n = edl_httpd_pollfds(js->httpd, pf, 64);
+    if (n && poll(pf, n, 0) > 0)
+        edl_httpd_dispatch(js->httpd, pf, n);
+    else if (n)
+        edl_httpd_dispatch(js->httpd, pf, n); /* lets it close idle connections */
 }
 
 static bool signalled(jobserver *js)
@@ -403,11 +486,17 @@ static int lead(jobserver *js, int *exit_code)
         int timeout = w ? -1 : 1000;
         if (wake)
             timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);
-        struct pollfd pf[3] = {{js->sigfd, POLLIN, 0},
-                               {edl_lease_keeper_fd(js->keeper), POLLIN, 0},
-                               {w ? edl_watch_fd(w) : -1, POLLIN, 0}};
-        if (poll(pf, 3, timeout) < 0 && errno != EINTR)
+        struct pollfd pf[3 + 64] = {{js->sigfd, POLLIN, 0},
+                                    {edl_lease_keeper_fd(js->keeper), POLLIN, 0},
+                                    {w ? edl_watch_fd(w) : -1, POLLIN, 0}};
+        size_t nh = js->httpd ? edl_httpd_pollfds(js->httpd, pf + 3, 64) : 0;
+        int ht = js->httpd ? edl_httpd_timeout_ms(js->httpd) : -1;
+        if (ht >= 0 && (timeout < 0 || ht < timeout))
+            timeout = ht;
+        if (poll(pf, 3 + nh, timeout) < 0 && errno != EINTR)
             break;
+        if (nh)
+            edl_httpd_dispatch(js->httpd, pf + 3, nh);
         if (edl_lease_keeper_status(js->keeper)) {
             rc = EDL_ELEASE;
             break;
@@ -431,6 +520,7 @@ static int lead(jobserver *js, int *exit_code)
     }
     if (w)
         edl_watch_stop(w);
+    js->m.leader = false;
     if (rc == EDL_ELEASE)
         EDL_WARN(LOG, "job %s: lost the leadership; campaigning again", js->cfg->job);
     return rc == EDL_ELEASE ? rc : 0;
@@ -447,6 +537,8 @@ static int campaign(jobserver *js)
                 rc = edl_lease_keeper_start(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
                                             &js->keeper);
             if (rc) {
+                js->m.etcd_errors++;
+                serve_http(js);
                 EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying",
                          edl_strerror(rc), edl_etcd_errmsg(js->c));
                 usleep((useconds_t)backoff * 1000);
@@ -455,9 +547,12 @@ static int campaign(jobserver *js)
             }
         }
         edl_leader_clear(&js->leader);
+        serve_http(js);
         int rc = edl_election_campaign(js->c, edl_str(js->k_leader), edl_str(js->cfg->id),
                                        js->lease, 500, &js->leader);
         if (rc == 0) {
+            js->m.leader = true;
+            js->m.terms++;
             EDL_INFO(LOG, "job %s: %s leads (lease %llx)", js->cfg->job, js->cfg->id,
                      (unsigned long long)js->lease);
             return 0;
@@ -478,8 +573,18 @@ static int campaign(jobserver *js)
 
 int js_run(const js_config *cfg, int sigfd)
 {
-    jobserver js = {.cfg = cfg, .sigfd = sigfd};
+    jobserver js = {.cfg = cfg, .sigfd = sigfd, .m.state = -1};
     edl_spec_init(&js.spec);
+    if (cfg->metrics_port > 0) {
+        edl_httpd_opts ho = {.port = cfg->metrics_port};
+        int hrc = edl_httpd_new(&ho, metrics_handler, &js, &js.httpd);
+        if (hrc) {
+            EDL_ERROR(LOG, "cannot serve /metrics on port %d: %s", cfg->metrics_port,
+                      edl_strerror(hrc));
+            edl_spec_free(&js.spec);
+            return 2;
+        }
+    }
     int rc = edl_etcd_connect(cfg->endpoints, &js.c);
     if (rc) {
         EDL_ERROR(LOG, "etcd endpoints \"%s\": %s", cfg->endpoints, edl_strerror(rc));
@@ -515,5 +620,6 @@ int js_run(const js_config *cfg, int sigfd)
     free(js.k_cluster);
     free(js.k_leader);
     edl_etcd_free(js.c);
+    edl_httpd_free(js.httpd);
     return exit_code;
 }

@@ -27,6 +27,7 @@ static void usage(FILE *out)
             "  --id ID             this replica's name in the election (default: host-pid)\n"
             "  --ttl SECONDS       leadership lease TTL (default: 10)\n"
             "  --exit-when-done    exit once the job has succeeded, failed or been stopped\n"
+            "  --metrics-port P    serve /metrics (Prometheus) and /healthz on port P (0: off)\n"
             "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
             "  -h, --help          this text\n"
             "\n"
@@ -52,6 +53,7 @@ int main(int argc, char **argv)
         {"etcd", required_argument, 0, 'e'},   {"job", required_argument, 0, 'j'},
         {"prefix", required_argument, 0, 'p'}, {"id", required_argument, 0, 'i'},
         {"ttl", required_argument, 0, 't'},    {"exit-when-done", no_argument, 0, 'x'},
+        {"metrics-port", required_argument, 0, 'm'},
         {"log-level", required_argument, 0, 'l'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -76,6 +78,14 @@ int main(int argc, char **argv)
             cfg.ttl_s = v;
             break;
         case 'x': cfg.exit_when_done = true; break;
+        case 'm':
+            if (parse_int(optarg, 0, 65535, &v)) {
+                fprintf(stderr, "edl-jobserver: --metrics-port %s: expected a port, 0 to 65535\n",
+                        optarg);
+                return 2;
+            }
+            cfg.metrics_port = (int)v;
+            break;
         case 'l': {
             edl_log_level lv;
             if (edl_log_level_parse(optarg, &lv)) {

@@ -31,6 +31,16 @@ int harness_wait_exit(pid_t pid, int timeout_ms);
 /* Send a signal; after SIGKILL also reap the child. */
 void harness_kill(pid_t pid, int sig);
 
+/* ---- HTTP client and ports (harness_net.c) ------------------------------------------- */
+
+/* Send req (raw bytes) on a fresh connection to 127.0.0.1:port and read the whole reply into
+ * out (NUL-terminated). Returns the HTTP status, -1 when nothing sensible came back. */
+int harness_http_request(int port, const char *req, size_t req_len, char *out, size_t outlen);
+/* GET path; as above. */
+int harness_http_get(int port, const char *path, char *out, size_t outlen);
+/* A TCP port on 127.0.0.1 that was free a moment ago (-1 on failure). */
+int harness_free_port(void);
+
 /* ---- etcd ---------------------------------------------------------------------------- */
 
 /* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags

@@ -342,55 +342,6 @@ static char *path_of(const char *pod, int gen, const char *ext, char *buf, size_
     return buf;
 }
 
-/* HTTP/1.0-style request on a fresh connection; the whole reply into out. Returns its status. */
-static int http_request(int port, const char *req, size_t req_len, char *out, size_t outlen)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    size_t off = 0;
-    while (off < req_len) {
-        ssize_t n = send(fd, req + off, req_len - off, MSG_NOSIGNAL);
-        if (n <= 0)
-            break;
-        off += (size_t)n;
-    }
-    size_t got = 0;
-    ssize_t n;
-    while (got < outlen - 1 && (n = recv(fd, out + got, outlen - 1 - got, 0)) > 0)
-        got += (size_t)n;
-    out[got] = '\0';
-    close(fd);
-    int status = -1;
-    sscanf(out, "HTTP/1.1 %d", &status);
-    return status;
-}
-
-static int http_get(int port, const char *path, char *out, size_t outlen)
-{
-    char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
-    return http_request(port, req, (size_t)n, out, outlen);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t len = sizeof sa;
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /* ---- tests --------------------------------------------------------------------------------- */
 
 static int run_status(const char *const *argv)
@@ -822,7 +773,7 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     (void)state;
     const char *job = "metrics";
     put_spec(job, EDL_MODE_RESTART, 1, 5);
-    int mport = free_port();
+    int mport = harness_free_port();
     char mp[16];
     snprintf(mp, sizeof mp, "%d", mport);
     pid_t a = start_agent(job, "a",
@@ -840,12 +791,12 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     edl_pod_free(&pod);
     edl_kv_free(kv);
     static char body[65536];
-    assert_int_equal(http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
     assert_non_null(strstr(body, "edl_agent_rank{job=\"metrics\",pod=\"a\"} -1"));
     publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, 7, 5000);
     assert_int_equal(st.step, 7);
-    assert_int_equal(http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
     assert_non_null(strstr(body, "Content-Type: text/plain; version=0.0.4"));
     const char *want[] = {
         "# HELP edl_agent_generation ", "# TYPE edl_agent_generation gauge",
@@ -863,17 +814,17 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     for (int i = 0; want[i]; i++)
         if (!strstr(body, want[i]))
             fail_msg("/metrics lacks '%s':\n%s", want[i], body);
-    assert_int_equal(http_get(mport, "/healthz", body, sizeof body), 200);
+    assert_int_equal(harness_http_get(mport, "/healthz", body, sizeof body), 200);
     assert_non_null(strstr(body, "\r\n\r\nok"));
-    assert_int_equal(http_get(mport, "/nope", body, sizeof body), 404);
+    assert_int_equal(harness_http_get(mport, "/nope", body, sizeof body), 404);
     char *big = malloc(12000);
     memset(big, 'a', 12000);
     memcpy(big, "GET /", 5);
-    assert_int_equal(http_request(mport, big, 12000, body, sizeof body), 400);
+    assert_int_equal(harness_http_request(mport, big, 12000, body, sizeof body), 400);
     free(big);
-    assert_int_equal(http_request(mport, "BLAH\r\n\r\n", 8, body, sizeof body), 400);
+    assert_int_equal(harness_http_request(mport, "BLAH\r\n\r\n", 8, body, sizeof body), 400);
     /* still serving after bad clients */
-    assert_int_equal(http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
     publish_state(job, 1, EDL_JOB_SUCCEEDED);
     assert_int_equal(wait_exit(a, 5000), 0);
 }

@@ -449,6 +449,63 @@ static void test_stalled_rank_restarts_generation(void **state)
     edl_cluster_free(&c);
 }
 
+static pid_t spawn_js_metrics(const char *job, const char *id, int port)
+{
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    const char *argv[] = {EDL_JOBSERVER_BIN, "--etcd", edl_etcd_server_endpoints(g_srv), "--job",
+                          job, "--id", id, "--ttl", "2", "--metrics-port", p, NULL};
+    pid_t pid = harness_spawn(argv, NULL);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* Poll /metrics until it contains `want` (the standby answers between campaign attempts). */
+static void wait_metric(int port, const char *want)
+{
+    char body[16384] = "";
+    int64_t deadline = harness_now_ms() + 5000;
+    while (harness_now_ms() < deadline) {
+        if (harness_http_get(port, "/metrics", body, sizeof body) == 200 && strstr(body, want))
+            return;
+        harness_sleep_ms(50);
+    }
+    fail_msg("/metrics on port %d never showed \"%s\":\n%s", port, want, body);
+}
+
+static void test_metrics_of_leader_and_standby(void **state)
+{
+    (void)state;
+    const char *job = "metrics";
+    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
+    int pa = harness_free_port(), pb = harness_free_port();
+    pid_t a = spawn_js_metrics(job, "js-a", pa);
+    char lead[64];
+    leader_of(job, lead, sizeof lead);
+    pid_t b = spawn_js_metrics(job, "js-b", pb);
+    pod p[2];
+    pod_join(job, &p[0], "w0", 10);
+    pod_join(job, &p[1], "w1", 10);
+    edl_cluster c = {0};
+    wait_gen(job, 1, 2, 5000, &c);
+    wait_metric(pa, "edl_jobserver_leader{job=\"metrics\",id=\"js-a\"} 1");
+    wait_metric(pa, "edl_jobserver_generation{job=\"metrics\",id=\"js-a\"} 1");
+    wait_metric(pa, "edl_jobserver_members{job=\"metrics\",id=\"js-a\"} 2");
+    wait_metric(pa, "edl_jobserver_job_state{job=\"metrics\",id=\"js-a\",state=\"running\"} 1");
+    wait_metric(pa, "# TYPE edl_jobserver_publications_total counter");
+    wait_metric(pb, "edl_jobserver_leader{job=\"metrics\",id=\"js-b\"} 0");
+    char body[4096];
+    assert_int_equal(harness_http_get(pa, "/healthz", body, sizeof body), 200);
+    assert_int_equal(harness_http_get(pa, "/nope", body, sizeof body), 404);
+    /* the leader resigns on SIGTERM: the standby leads at once and says so */
+    stop_js(a);
+    wait_metric(pb, "edl_jobserver_leader{job=\"metrics\",id=\"js-b\"} 1");
+    stop_js(b);
+    pod_leave(&p[0], true);
+    pod_leave(&p[1], true);
+    edl_cluster_free(&c);
+}
+
 static void test_help_and_bad_options(void **state)
 {
     (void)state;
@@ -474,6 +531,7 @@ int main(void)
         cmocka_unit_test(test_success_and_retired_generation_data),
         cmocka_unit_test(test_failure_restarts_generation_then_fails),
         cmocka_unit_test(test_stalled_rank_restarts_generation),
+        cmocka_unit_test(test_metrics_of_leader_and_standby),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
