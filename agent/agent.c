@@ -73,7 +73,7 @@ static int take_spec(agent *a, const edl_kv *kv)
  * written (indefinitely, watching it). Returns 0 or an exit code. */
 static int wait_for_spec(agent *a, int sfd)
 {
-    int64_t deadline = now_ms() + a->o->startup_timeout_ms, next_note = 0;
+    int64_t deadline = edl_monotonic_ms() + a->o->startup_timeout_ms, next_note = 0;
     bool noted_absent = false, reached = false;
     edl_watch *w = NULL;
     for (;;) {
@@ -113,16 +113,16 @@ static int wait_for_spec(agent *a, int sfd)
             }
             continue;
         }
-        if (!reached && now_ms() >= deadline) {
+        if (!reached && edl_monotonic_ms() >= deadline) {
             EDL_ERROR("agent", "etcd unreachable for %lld s at start-up: %s; check --etcd and that "
                       "etcd runs", (long long)(a->o->startup_timeout_ms / 1000), edl_etcd_errmsg(a->etcd));
             edl_watch_stop(w);
             return AGENT_EXIT_UNREACHABLE;
         }
-        if (now_ms() >= next_note) {
+        if (edl_monotonic_ms() >= next_note) {
             EDL_WARN("agent", "etcd not reachable yet (%s); retrying for %lld s more",
-                     edl_etcd_errmsg(a->etcd), (long long)((deadline - now_ms()) / 1000));
-            next_note = now_ms() + 5000;
+                     edl_etcd_errmsg(a->etcd), (long long)((deadline - edl_monotonic_ms()) / 1000));
+            next_note = edl_monotonic_ms() + 5000;
         }
         if ((sig = startup_signal(sfd, 500)) != 0) {
             edl_watch_stop(w);
@@ -317,7 +317,7 @@ static int min_timeout(int t, int64_t due_ms)
 {
     if (due_ms <= 0)
         return t;
-    int64_t left = due_ms - now_ms();
+    int64_t left = due_ms - edl_monotonic_ms();
     if (left < 0)
         left = 0;
     return (t < 0 || left < t) ? (int)left : t;
@@ -382,7 +382,7 @@ static void loop_once(agent *a, int sfd)
         changed = true;
     }
     trainer_tick(&a->tp);
-    int64_t now = now_ms();
+    int64_t now = edl_monotonic_ms();
     if (a->watch_next_ms && now >= a->watch_next_ms && registry_watch_start(a) == 0)
         changed = true;
     if (a->reg_next_ms && now >= a->reg_next_ms && !trainer_running(&a->tp) &&

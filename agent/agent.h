@@ -156,7 +156,6 @@ int registry_watch_start(agent *a);     /* read cluster, watch from the next rev
 void registry_watch_events(agent *a, bool *changed);
 void registry_status_set(agent *a, const edl_pod_status *s);
 void registry_status_flush(agent *a);   /* write if dirty and due */
-int64_t now_ms(void);
 
 /* agent.c */
 int agent_run(agent_opts *o);

@@ -11,13 +11,6 @@
 #include "agent.h"
 #include "edl/log.h"
 
-int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void etcd_failed(agent *a, const char *what)
 {
     a->m.etcd_errors++;
@@ -39,7 +32,7 @@ static void schedule_register(agent *a)
     a->reg_backoff_ms = a->reg_backoff_ms ? a->reg_backoff_ms * 2 : 500;
     if (a->reg_backoff_ms > 5000)
         a->reg_backoff_ms = 5000;
-    a->reg_next_ms = now_ms() + a->reg_backoff_ms;
+    a->reg_next_ms = edl_monotonic_ms() + a->reg_backoff_ms;
 }
 
 int registry_register(agent *a)
@@ -84,7 +77,7 @@ int registry_register(agent *a)
     a->reg_attempt = 0;
     a->status = s0;
     a->status_dirty = false;
-    a->status_written_ms = now_ms();
+    a->status_written_ms = edl_monotonic_ms();
     EDL_INFO("agent", "registered %s under lease %lld", a->k_pod, (long long)lease);
     return 0;
 fail:
@@ -109,7 +102,7 @@ void registry_lease_lost(agent *a)
     a->m.lease_losses++;
     a->status_dirty = false;
     a->reg_backoff_ms = 0;
-    a->reg_next_ms = now_ms(); /* as soon as the trainer is gone */
+    a->reg_next_ms = edl_monotonic_ms(); /* as soon as the trainer is gone */
 }
 
 void registry_unregister(agent *a)
@@ -143,13 +136,13 @@ void registry_status_set(agent *a, const edl_pod_status *s)
 
 void registry_status_flush(agent *a)
 {
-    if (!a->status_dirty || !a->keeper || now_ms() < a->status_next_ms)
+    if (!a->status_dirty || !a->keeper || edl_monotonic_ms() < a->status_next_ms)
         return;
     char *doc = edl_pod_status_to_json(&a->status);
     edl_put_opts po = {.lease = a->lease};
     int rc = doc ? edl_etcd_put(a->etcd, edl_str(a->k_status), edl_str(doc), &po, NULL) : EDL_ENOMEM;
     free(doc);
-    int64_t now = now_ms();
+    int64_t now = edl_monotonic_ms();
     if (rc == 0) {
         if (a->status_failures)
             EDL_INFO("agent", "status written again after %d failed attempts", a->status_failures);
@@ -206,7 +199,7 @@ int registry_watch_start(agent *a)
     int rc = edl_etcd_get(a->etcd, edl_str(a->k_cluster), &kv, &rev);
     if (rc && rc != EDL_ENOTFOUND) {
         etcd_failed(a, "reading the cluster document");
-        a->watch_next_ms = now_ms() + 1000;
+        a->watch_next_ms = edl_monotonic_ms() + 1000;
         return rc;
     }
     edl_watch_opts wo = {.start_revision = rev + 1};
@@ -214,7 +207,7 @@ int registry_watch_start(agent *a)
     if (rc) {
         edl_kv_free(kv);
         etcd_failed(a, "watching the cluster document");
-        a->watch_next_ms = now_ms() + 1000;
+        a->watch_next_ms = edl_monotonic_ms() + 1000;
         return rc;
     }
     bool changed = false;
@@ -257,7 +250,7 @@ void registry_watch_events(agent *a, bool *changed)
             edl_watch_event_free(ev);
             edl_watch_stop(a->watch);
             a->watch = NULL;
-            a->watch_next_ms = now_ms() + 1000;
+            a->watch_next_ms = edl_monotonic_ms() + 1000;
             return;
         }
         edl_watch_event_free(ev);

@@ -151,7 +151,7 @@ void trainer_stop(trainer_proc *t, int64_t grace_ms)
     if (t->pid <= 0 || t->stopping)
         return;
     t->stopping = true;
-    t->kill_at_ms = now_ms() + grace_ms;
+    t->kill_at_ms = edl_monotonic_ms() + grace_ms;
     if (kill(-t->pid, SIGTERM) < 0)
         kill(t->pid, SIGTERM);
 }
@@ -170,7 +170,7 @@ int trainer_tick(trainer_proc *t)
 {
     if (t->pid <= 0 || !t->stopping || !t->kill_at_ms)
         return -1;
-    int64_t left = t->kill_at_ms - now_ms();
+    int64_t left = t->kill_at_ms - edl_monotonic_ms();
     if (left > 0)
         return (int)left;
     EDL_WARN("agent", "trainer %d did not stop within the grace period: SIGKILL", (int)t->pid);

@@ -53,13 +53,6 @@ typedef struct bench {
     edl_watch *w; /* the job's cluster key */
 } bench;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -147,9 +140,9 @@ static int64_t all_running(bench *b, int n, int64_t *published)
  * b->published_at: when the new generation was first seen published. */
 static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
 {
-    int64_t deadline = now_ms() + 60000;
+    int64_t deadline = edl_monotonic_ms() + 60000;
     b->published_at = 0;
-    while (now_ms() < deadline) {
+    while (edl_monotonic_ms() < deadline) {
         /* the publication is timed by the watch event, as an agent sees it */
         edl_watch_event *ev;
         while (!b->published_at && edl_watch_next(b->w, &ev, 20) == 0) {
@@ -158,7 +151,7 @@ static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
             if (ev->type == EDL_WATCH_PUT &&
                 edl_cluster_parse(ev->kv.value, ev->kv.value_len, &cl, err, sizeof err) == 0 &&
                 cl.generation > after)
-                b->published_at = now_ms();
+                b->published_at = edl_monotonic_ms();
             edl_cluster_free(&cl);
             edl_watch_event_free(ev);
         }
@@ -168,7 +161,7 @@ static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
         int64_t g = all_running(b, n, &pub);
         if (g > after) {
             *gen = g;
-            return now_ms();
+            return edl_monotonic_ms();
         }
     }
     fprintf(stderr, "reform: job %s did not re-form with %d members within 60 s\n", b->job, n);
@@ -181,13 +174,13 @@ static int64_t wait_registered(bench *b, const char *pod)
     char rest[96];
     snprintf(rest, sizeof rest, "pods/%s", pod);
     char *k = key(b, rest);
-    int64_t deadline = now_ms() + 30000;
-    while (now_ms() < deadline) {
+    int64_t deadline = edl_monotonic_ms() + 30000;
+    while (edl_monotonic_ms() < deadline) {
         edl_kv *kv = NULL;
         if (edl_etcd_get(b->c, edl_str(k), &kv, NULL) == 0) {
             edl_kv_free(kv);
             free(k);
-            return now_ms();
+            return edl_monotonic_ms();
         }
         usleep(500);
     }
@@ -238,7 +231,7 @@ static void run_size(bench *b, int n)
     int t;
     for (t = 0; t < b->trials && t < 64; t++) {
         int victim = 1 + t % (n - 1); /* never the pod of rank 0 */
-        int64_t t0 = now_ms();
+        int64_t t0 = edl_monotonic_ms();
         remove_agent(b, victim, SIGTERM);
         leave[t] = wait_formed(b, n - 1, gen, &gen) - t0;
         pub_leave[t] = b->published_at - t0;
@@ -246,7 +239,7 @@ static void run_size(bench *b, int n)
         t0 = wait_registered(b, b->names[b->n_agents - 1]);
         join[t] = wait_formed(b, n, gen, &gen) - t0 - b->settle_ms;
         victim = 1 + (t + 1) % (n - 1);
-        t0 = now_ms();
+        t0 = edl_monotonic_ms();
         remove_agent(b, victim, SIGKILL);
         killv[t] = wait_formed(b, n - 1, gen, &gen) - t0;
         start_agent(b);
@@ -355,7 +348,7 @@ static void big_generation(bench *b, int members)
     b->js = spawn(jsv);
     int64_t g0 = 0;
     char *kc = key(b, "cluster");
-    for (int64_t dl = now_ms() + 30000; now_ms() < dl && !g0;) {
+    for (int64_t dl = edl_monotonic_ms() + 30000; edl_monotonic_ms() < dl && !g0;) {
         edl_kv *kv = NULL;
         if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0)
             g0 = 1;
@@ -369,7 +362,7 @@ static void big_generation(bench *b, int members)
     edl_etcd_put(b->c, edl_str(kl), edl_str("{\"role\":\"worker\",\"addr\":\"10.9.9.9\"}"), &po,
                  NULL);
     double took = -1;
-    for (int64_t dl = now_ms() + 30000; now_ms() < dl;) {
+    for (int64_t dl = edl_monotonic_ms() + 30000; edl_monotonic_ms() < dl;) {
         edl_kv *kv = NULL;
         edl_cluster cl = {0};
         char err[256];

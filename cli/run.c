@@ -72,13 +72,6 @@ typedef struct launcher {
     int width;                /* of the output prefix */
 } launcher;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
@@ -244,7 +237,7 @@ static void stop_child(child *k, int64_t grace_ms)
         return;
     kill(k->pid, SIGTERM);
     k->stopping = true;
-    k->kill_at = now_ms() + grace_ms;
+    k->kill_at = edl_monotonic_ms() + grace_ms;
 }
 
 static size_t agents_alive(const launcher *l, bool count_stopping)
@@ -337,7 +330,7 @@ static void observe(launcher *l)
                 /* agents leave by themselves on a final state; make sure they do */
                 for (size_t i = 0; i < l->n_kids; i++)
                     if (!l->kids[i]->exited && !l->kids[i]->kill_at)
-                        l->kids[i]->kill_at = now_ms() + l->o.grace_ms + 10000;
+                        l->kids[i]->kill_at = edl_monotonic_ms() + l->o.grace_ms + 10000;
             }
         }
         edl_cluster_free(&c);
@@ -481,7 +474,7 @@ static int loop(launcher *l)
         if (!rc)
             rc = match_replicas(l);
         drop_exited(l);
-        int64_t now = now_ms();
+        int64_t now = edl_monotonic_ms();
         for (size_t i = 0; i < l->n_kids; i++)
             if (!l->kids[i]->exited && l->kids[i]->kill_at && now > l->kids[i]->kill_at) {
                 say("%s did not stop in time: killing it", l->kids[i]->name);
@@ -737,7 +730,7 @@ int cli_run(int argc, char **argv)
         return CLI_USAGE;
     }
     l.desired = l.o.spec.replicas < 0 ? l.o.spec.max : l.o.spec.replicas;
-    l.started_ms = now_ms();
+    l.started_ms = edl_monotonic_ms();
     find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
 
@@ -799,7 +792,7 @@ int cli_run(int argc, char **argv)
     ret = rc ? rc : job_exit_code(&l);
     say("job %s %s after %.1f s: generation %lld, exit code %d", l.o.job,
         l.interrupted ? "interrupted" : edl_job_state_name(l.state),
-        (double)(now_ms() - l.started_ms) / 1000.0, (long long)l.gen, ret);
+        (double)(edl_monotonic_ms() - l.started_ms) / 1000.0, (long long)l.gen, ret);
 out:
     shutdown_rest(&l);
     if (l.w)

@@ -67,13 +67,6 @@ struct edl_ckpt {
 
 /* ---- small helpers -------------------------------------------------------------------- */
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_ms(int64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
@@ -418,7 +411,7 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
     edl_ckpt_manifest **got = calloc((size_t)ck->world_size, sizeof *got);
     if (!got)
         return EDL_ENOMEM;
-    int64_t deadline = mono_ms() + ck->commit_timeout_ms, wait = POLL_MIN_MS;
+    int64_t deadline = edl_monotonic_ms() + ck->commit_timeout_ms, wait = POLL_MIN_MS;
     int missing = ck->world_size, rc = 0;
     while (rc == 0 && missing > 0) {
         for (int r = 0; r < ck->world_size && rc == 0; r++) {
@@ -447,7 +440,7 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
                 missing--;
         }
         if (rc == 0 && missing > 0) {
-            if (mono_ms() + wait > deadline) {
+            if (edl_monotonic_ms() + wait > deadline) {
                 rc = fail(p->errmsg, sizeof p->errmsg, EDL_ETIMEDOUT, "commit of %s: %d of %d "
                           "ranks had not finished their shards after %" PRId64 " ms",
                           all->dir, missing, ck->world_size, ck->commit_timeout_ms);

@@ -17,13 +17,6 @@
 #define DEFAULT_CONNECT_TIMEOUT_MS 1000
 #define DEFAULT_MAX_RESPONSE (64u << 20)
 
-int64_t etcd_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void etcd_cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t ca;
@@ -566,12 +559,12 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
         return etcd_fail(c, EDL_ENOMEM, "%s: out of memory building the request", path);
     pthread_mutex_lock(&c->mu);
     c->errmsg[0] = '\0';
-    int64_t deadline = etcd_now_ms() + (timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
+    int64_t deadline = edl_monotonic_ms() + (timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
     int rc = EDL_ETIMEDOUT, backoff = 25;
     bool reauthed = false;
     size_t tried = 0;
     for (;;) {
-        int64_t left = deadline - etcd_now_ms();
+        int64_t left = deadline - edl_monotonic_ms();
         if (left <= 0)
             break;
         const char *ep = c->cfg.endpoints[c->cur];
@@ -600,7 +593,7 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
         c->cur = (c->cur + 1) % c->cfg.n_endpoints;
         if (++tried % c->cfg.n_endpoints == 0) {
             /* every endpoint failed once: back off before the next round */
-            int64_t nap = deadline - etcd_now_ms();
+            int64_t nap = deadline - edl_monotonic_ms();
             if (nap > backoff)
                 nap = backoff;
             if (nap > 0)

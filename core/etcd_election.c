@@ -73,7 +73,7 @@ static int wait_vacancy(edl_etcd *c, edl_buf key, int64_t after, int64_t deadlin
     if (rc)
         return rc;
     for (;;) {
-        int64_t left = deadline == INT64_MAX ? -1 : deadline - etcd_now_ms();
+        int64_t left = deadline == INT64_MAX ? -1 : deadline - edl_monotonic_ms();
         if (deadline != INT64_MAX && left <= 0) {
             rc = EDL_ETIMEDOUT;
             break;
@@ -101,7 +101,7 @@ static int wait_vacancy(edl_etcd *c, edl_buf key, int64_t after, int64_t deadlin
 int edl_election_campaign(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease, int timeout_ms,
                           edl_leader *leader)
 {
-    int64_t deadline = timeout_ms < 0 ? INT64_MAX : etcd_now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? INT64_MAX : edl_monotonic_ms() + timeout_ms;
     edl_leader cur = {0};
     for (;;) {
         bool won;
@@ -120,7 +120,7 @@ int edl_election_campaign(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease
             return 0;
         }
         int64_t seen = cur.kv ? cur.kv->mod_revision : 0;
-        if (etcd_now_ms() >= deadline) {
+        if (edl_monotonic_ms() >= deadline) {
             edl_leader_clear(&cur);
             return EDL_ETIMEDOUT;
         }

@@ -28,7 +28,6 @@ typedef struct etcd_buf {
 } etcd_buf;
 
 int etcd_buf_append(etcd_buf *b, const char *p, size_t n);
-int64_t etcd_now_ms(void);
 /* Condition variables on the monotonic clock, so that waits survive wall-clock jumps. */
 void etcd_cond_init(pthread_cond_t *cv);
 /* Wait on cv (mu held) for at most ms milliseconds; spurious and early wake-ups are normal. */

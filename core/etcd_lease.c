@@ -154,7 +154,7 @@ static bool keeper_wait(edl_lease_keeper *k, int64_t until)
 {
     pthread_mutex_lock(&k->mu);
     while (!k->stop) {
-        int64_t now = etcd_now_ms();
+        int64_t now = edl_monotonic_ms();
         if (now >= until)
             break;
         etcd_cond_wait_ms(&k->cv, &k->mu, until - now);
@@ -167,13 +167,13 @@ static bool keeper_wait(edl_lease_keeper *k, int64_t until)
 static void *keeper_main(void *arg)
 {
     edl_lease_keeper *k = arg;
-    int64_t last_ok = etcd_now_ms(); /* the lease was granted or renewed just before start */
+    int64_t last_ok = edl_monotonic_ms(); /* the lease was granted or renewed just before start */
     int64_t interval = k->ttl_ms / 3, next = last_ok + interval;
     for (;;) {
         int64_t deadline = last_ok + k->ttl_ms;
         if (keeper_wait(k, next < deadline ? next : deadline))
             return NULL;
-        int64_t sent = etcd_now_ms();
+        int64_t sent = edl_monotonic_ms();
         if (sent >= deadline) {
             etcd_fail(k->conn, EDL_ETIMEDOUT, "no renewal succeeded for %lld ms (TTL)", (long long)k->ttl_ms);
             keeper_lost(k, EDL_ETIMEDOUT);
@@ -190,7 +190,7 @@ static void *keeper_main(void *arg)
         } else {
             EDL_DEBUG("etcd", "lease %lld renewal failed: %s", (long long)k->lease, edl_etcd_errmsg(k->conn));
             int64_t retry = k->ttl_ms / 10 < 200 ? k->ttl_ms / 10 : 200;
-            next = etcd_now_ms() + retry;
+            next = edl_monotonic_ms() + retry;
         }
     }
 }

@@ -66,13 +66,6 @@ struct edl_etcd_server {
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -498,7 +491,7 @@ static void report_early_exit(edl_etcd_server *s, int i, int status, bool *port_
 static int wait_healthy(edl_etcd_server *s, unsigned mask, bool *port_clash)
 {
     CURL *c = curl_easy_init();
-    int64_t deadline = now_ms() + s->start_timeout_ms;
+    int64_t deadline = edl_monotonic_ms() + s->start_timeout_ms;
     int status = 0, rc = 0;
     if (!c)
         return EDL_ENOMEM;
@@ -516,7 +509,7 @@ static int wait_healthy(edl_etcd_server *s, unsigned mask, bool *port_clash)
                 mask &= ~(1u << i);
             }
         }
-        if (mask && rc == 0 && now_ms() >= deadline) {
+        if (mask && rc == 0 && edl_monotonic_ms() >= deadline) {
             for (int i = 0; i < s->n; i++) {
                 char what[96];
                 snprintf(what, sizeof what, "did not become healthy within %d ms",
@@ -554,8 +547,8 @@ static void stop_members(edl_etcd_server *s, unsigned mask, bool kill_now)
             kill(m->pid, SIGCONT);
         left++;
     }
-    int64_t deadline = now_ms() + (kill_now ? 0 : STOP_GRACE_MS);
-    while (left > 0 && now_ms() < deadline) {
+    int64_t deadline = edl_monotonic_ms() + (kill_now ? 0 : STOP_GRACE_MS);
+    while (left > 0 && edl_monotonic_ms() < deadline) {
         sleep_ms(REAP_POLL_MS);
         for (int i = 0; i < s->n; i++)
             if ((mask & (1u << i)) && member_exited(s, i, &status))

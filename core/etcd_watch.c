@@ -493,10 +493,10 @@ int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
                          edl_strerror(rc));
     }
     /* Wait for the server to create it: afterwards no write can slip past unseen. */
-    int64_t deadline = etcd_now_ms() + c->cfg.timeout_ms;
+    int64_t deadline = edl_monotonic_ms() + c->cfg.timeout_ms;
     pthread_mutex_lock(&w->mu);
-    while (!w->ever_created && !w->start_error && etcd_now_ms() < deadline)
-        etcd_cond_wait_ms(&w->cv, &w->mu, deadline - etcd_now_ms()); /* woken by mark_created */
+    while (!w->ever_created && !w->start_error && edl_monotonic_ms() < deadline)
+        etcd_cond_wait_ms(&w->cv, &w->mu, deadline - edl_monotonic_ms()); /* woken by mark_created */
     rc = w->ever_created ? 0 : w->start_error ? w->start_error : EDL_EUNAVAIL;
     pthread_mutex_unlock(&w->mu);
     if (rc) {
@@ -512,10 +512,10 @@ int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
 int edl_watch_next(edl_watch *w, edl_watch_event **ev, int timeout_ms)
 {
     *ev = NULL;
-    int64_t deadline = timeout_ms >= 0 ? etcd_now_ms() + timeout_ms : INT64_MAX;
+    int64_t deadline = timeout_ms >= 0 ? edl_monotonic_ms() + timeout_ms : INT64_MAX;
     pthread_mutex_lock(&w->mu);
     while (!w->head) {
-        int64_t left = deadline - etcd_now_ms();
+        int64_t left = deadline - edl_monotonic_ms();
         if (left <= 0) {
             pthread_mutex_unlock(&w->mu);
             return EDL_ETIMEDOUT;

@@ -37,13 +37,6 @@ struct edl_httpd {
     int n_conns;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int edl_httpd_new(const edl_httpd_opts *opts, edl_httpd_handler h, void *arg, edl_httpd **out)
 {
     *out = NULL;
@@ -249,7 +242,7 @@ static void accept_all(edl_httpd *s)
         conn *c = &s->conns[s->n_conns];
         memset(c, 0, sizeof *c);
         c->fd = fd;
-        c->deadline_ms = now_ms() + s->idle_ms;
+        c->deadline_ms = edl_monotonic_ms() + s->idle_ms;
         c->in = malloc(s->max_request + 1);
         if (!c->in) {
             close(fd);
@@ -262,7 +255,7 @@ static void accept_all(edl_httpd *s)
 
 size_t edl_httpd_pollfds(edl_httpd *s, struct pollfd *fds, size_t max)
 {
-    int64_t now = now_ms();
+    int64_t now = edl_monotonic_ms();
     for (int i = s->n_conns - 1; i >= 0; i--)
         if (s->conns[i].deadline_ms <= now)
             conn_close(s, i);
@@ -304,7 +297,7 @@ int edl_httpd_timeout_ms(const edl_httpd *s)
 {
     if (!s->n_conns)
         return -1;
-    int64_t now = now_ms(), first = INT64_MAX;
+    int64_t now = edl_monotonic_ms(), first = INT64_MAX;
     for (int i = 0; i < s->n_conns; i++)
         if (s->conns[i].deadline_ms < first)
             first = s->conns[i].deadline_ms;

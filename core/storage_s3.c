@@ -675,13 +675,6 @@ typedef struct multipart {
     CURLM *multi;
 } multipart;
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int mp_create(multipart *m)
 {
     edl_storage *s = m->s;
@@ -830,7 +823,7 @@ static int mp_part_done(multipart *m, part_slot *sl, CURLcode cc)
         if (ms > MAX_BACKOFF_MS)
             ms = MAX_BACKOFF_MS;
         sl->attempts++;
-        sl->retry_at_ms = mono_ms() + ms / 2 + (int64_t)(storage_rand(m->s) % (unsigned)(ms / 2 + 1));
+        sl->retry_at_ms = edl_monotonic_ms() + ms / 2 + (int64_t)(storage_rand(m->s) % (unsigned)(ms / 2 + 1));
         return 0;
     }
     char what[700];
@@ -845,7 +838,7 @@ static int mp_run(multipart *m, storage_source *src, const char *first, size_t f
     int rc = 0;
     while (rc == 0) {
         int busy = 0;
-        int64_t now = mono_ms();
+        int64_t now = edl_monotonic_ms();
         for (int i = 0; i < m->st->parallel && rc == 0; i++) {
             part_slot *sl = &m->slots[i];
             if (sl->part_no && sl->retry_at_ms && sl->retry_at_ms <= now)

@@ -60,13 +60,6 @@ typedef struct snapshot {
     int64_t max_status_gen;
 } snapshot;
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int64_t wall_ms(void)
 {
     struct timespec ts;
@@ -298,7 +291,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             js->m.etcd_errors++;
             EDL_WARN(LOG, "job %s: reading the job failed: %s (%s)", js->cfg->job,
                      edl_strerror(rc), edl_etcd_errmsg(js->c));
-            *wake = mono_ms() + 500;
+            *wake = edl_monotonic_ms() + 500;
             return 0;
         }
         if (s.cluster_bad) {
@@ -315,7 +308,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             .spec = js->have_spec ? &js->spec : NULL,
             .spec_error = s.spec_present && s.spec_error[0] ? s.spec_error : NULL,
             .pods = s.pods, .n_pods = s.n_pods, .status = s.status, .has_status = s.has_status,
-            .cluster = &s.cluster, .now_ms = wall_ms(), .mono_ms = mono_ms(),
+            .cluster = &s.cluster, .now_ms = wall_ms(), .mono_ms = edl_monotonic_ms(),
             .leader_id = js->cfg->id,
         };
         js_decision d;
@@ -346,13 +339,13 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             js->m.etcd_errors++;
             EDL_WARN(LOG, "job %s: publishing failed: %s (%s); retrying", js->cfg->job,
                      edl_strerror(rc), edl_etcd_errmsg(js->c));
-            *wake = mono_ms() + 500;
+            *wake = edl_monotonic_ms() + 500;
             return 0;
         }
-        *wake = mono_ms(); /* look again: the next step may already be due */
+        *wake = edl_monotonic_ms(); /* look again: the next step may already be due */
         return 0;
     }
-    *wake = mono_ms() + 100;
+    *wake = edl_monotonic_ms() + 100;
     return 0;
 }
 
@@ -470,7 +463,7 @@ static int lead(jobserver *js, int *exit_code)
     int final_state = -1;
     bool dirty = true;
     while (!signalled(js)) {
-        if (dirty || (wake && mono_ms() >= wake)) {
+        if (dirty || (wake && edl_monotonic_ms() >= wake)) {
             dirty = false;
             rc = reconcile_once(js, &wake, &final_state);
         }
@@ -482,7 +475,7 @@ static int lead(jobserver *js, int *exit_code)
             js->stop = true;
             break;
         }
-        int64_t now = mono_ms();
+        int64_t now = edl_monotonic_ms();
         int timeout = w ? -1 : 1000;
         if (wake)
             timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);

@@ -18,6 +18,8 @@
 
 int64_t harness_now_ms(void); /* CLOCK_MONOTONIC in milliseconds */
 void harness_sleep_ms(int ms);
+/* Remove a directory and everything below it (links are removed, not followed). */
+void harness_rmtree(const char *dir);
 
 /* ---- processes (harness_proc.c) ------------------------------------------------------ */
 

@@ -9,7 +9,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -50,13 +49,6 @@ static int free_port(void)
     if (fd >= 0)
         close(fd);
     return port;
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    remove(path);
-    return 0;
 }
 
 bool harness_s3_available(void)
@@ -181,7 +173,7 @@ harness_s3 *harness_s3_start(void)
     }
     fprintf(stderr, "harness: s3rver (%s %s) did not come up\n", EDL_NODE_BIN, EDL_S3RVER_JS);
     print_log(h);
-    nftw(h->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    harness_rmtree(h->dir);
     free(h);
     return NULL;
 }
@@ -229,6 +221,6 @@ void harness_s3_stop(harness_s3 *h)
         return;
     stop_child(h);
     if (h->dir[0])
-        nftw(h->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+        harness_rmtree(h->dir);
     free(h);
 }

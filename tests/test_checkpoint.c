@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,13 +29,6 @@ typedef struct fixture {
 
 static fixture *fx;
 
-static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
-{
-    (void)st, (void)f, (void)w;
-    remove(p);
-    return 0;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -55,7 +47,7 @@ static int teardown(void **state)
     (void)state;
     harness_s3_stop(fx->s3);
     harness_close_etcd(&fx->srv, &fx->cl);
-    nftw(fx->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    harness_rmtree(fx->dir);
     free(fx);
     return 0;
 }

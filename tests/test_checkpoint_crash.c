@@ -14,7 +14,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <dirent.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,13 +39,6 @@ typedef struct fixture {
 
 static fixture *fx;
 
-static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
-{
-    (void)st, (void)f, (void)w;
-    remove(p);
-    return 0;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -65,7 +57,7 @@ static int teardown(void **state)
     (void)state;
     harness_s3_stop(fx->s3);
     harness_close_etcd(&fx->srv, &fx->cl);
-    nftw(fx->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    harness_rmtree(fx->dir);
     free(fx);
     return 0;
 }

@@ -12,7 +12,6 @@
 #include <cmocka.h>
 
 #include <dirent.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,19 +40,11 @@ static int setup(void **state)
     return 0;
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 static int teardown(void **state)
 {
     (void)state;
     harness_close_etcd(&g_srv, &g_c);
-    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    harness_rmtree(g_dir);
     return 0;
 }
 

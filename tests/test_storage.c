@@ -9,7 +9,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <dirent.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +22,6 @@ typedef struct fixture {
     harness_s3 *s3;
     char dir[256];
 } fixture;
-
-static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
-{
-    (void)st, (void)f, (void)w;
-    remove(p);
-    return 0;
-}
 
 static int setup(void **state)
 {
@@ -46,7 +38,7 @@ static int teardown(void **state)
 {
     fixture *fx = *state;
     harness_s3_stop(fx->s3);
-    nftw(fx->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    harness_rmtree(fx->dir);
     free(fx);
     return 0;
 }

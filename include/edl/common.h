@@ -33,6 +33,9 @@ enum {
 /* Text for an EDL_E* code (or 0). Never NULL. */
 const char *edl_strerror(int code);
 
+/* Milliseconds on CLOCK_MONOTONIC: what every deadline and timeout in edl is measured on. */
+int64_t edl_monotonic_ms(void);
+
 /* A borrowed byte string: keys and values in etcd are binary-safe. */
 typedef struct edl_buf {
     const char *data;
