@@ -62,7 +62,8 @@ typedef struct launcher {
     size_t n_kids;
     int next_index;
     int sigfd;
-    edl_watch *w;             /* spec and cluster */
+    edl_watch *w;             /* the job's keys; only spec and cluster matter here */
+    char *k_spec, *k_cluster;
     int desired;
     int64_t gen;
     bool final;
@@ -307,9 +308,8 @@ static void observe(launcher *l)
         l->desired = want;
     }
     edl_spec_free(&sp);
-    char *kc = edl_job_key(l->o.prefix, l->o.job, "cluster");
     edl_kv *kv = NULL;
-    if (kc && edl_etcd_get(l->c, edl_str(kc), &kv, NULL) == 0) {
+    if (edl_etcd_get(l->c, edl_str(l->k_cluster), &kv, NULL) == 0) {
         edl_cluster c = {0};
         char err[256];
         if (edl_cluster_parse(kv->value, kv->value_len, &c, err, sizeof err) == 0 &&
@@ -336,7 +336,15 @@ static void observe(launcher *l)
         edl_cluster_free(&c);
     }
     edl_kv_free(kv);
-    free(kc);
+}
+
+/* Whether an event can change what observe() reads: the spec or the generation. Pods and
+ * trainer status (a write per pod per second while trainers report progress) cannot. */
+static bool event_matters(const launcher *l, const edl_watch_event *ev)
+{
+    if (ev->type != EDL_WATCH_PUT && ev->type != EDL_WATCH_DELETE)
+        return ev->type != EDL_WATCH_PROGRESS;
+    return strcmp(ev->kv.key, l->k_spec) == 0 || strcmp(ev->kv.key, l->k_cluster) == 0;
 }
 
 /* Start or stop agents to match the desired count (newest stop first, as a scale-down would). */
@@ -460,7 +468,7 @@ static int loop(launcher *l)
         edl_watch_event *ev;
         bool changed = false;
         while (l->w && edl_watch_next(l->w, &ev, 0) == 0) {
-            changed = true;
+            changed = changed || event_matters(l, ev);
             if (ev->type == EDL_WATCH_ERROR) {
                 edl_watch_event_free(ev);
                 edl_watch_stop(l->w);
@@ -730,6 +738,14 @@ int cli_run(int argc, char **argv)
         return CLI_USAGE;
     }
     l.desired = l.o.spec.replicas < 0 ? l.o.spec.max : l.o.spec.replicas;
+    l.k_spec = edl_job_key(l.o.prefix, l.o.job, "spec");
+    l.k_cluster = edl_job_key(l.o.prefix, l.o.job, "cluster");
+    if (!l.k_spec || !l.k_cluster) {
+        free(l.k_spec);
+        free(l.k_cluster);
+        edl_spec_free(&l.o.spec);
+        return CLI_ETCD;
+    }
     l.started_ms = edl_monotonic_ms();
     find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
@@ -755,8 +771,8 @@ int cli_run(int argc, char **argv)
             fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
                             "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
                     edl_strerror(rc));
-            edl_spec_free(&l.o.spec);
-            return CLI_ETCD;
+            ret = CLI_ETCD;
+            goto out;
         }
         l.endpoints = edl_etcd_server_endpoints(l.srv);
         say("started etcd at %s (data in %s, removed at exit)", l.endpoints,
@@ -802,6 +818,8 @@ out:
     edl_etcd_free(l.c);
     edl_etcd_server_free(l.srv);
     edl_spec_free(&l.o.spec);
+    free(l.k_spec);
+    free(l.k_cluster);
     close(l.sigfd);
     return ret;
 }
