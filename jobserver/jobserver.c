@@ -408,10 +408,8 @@ static void serve_http(jobserver *js)
         return;
     struct pollfd pf[64];
     size_t n = edl_httpd_pollfds(js->httpd, pf, 64);
-    if (n && poll(pf, n, 0) > 0)
-        edl_httpd_dispatch(js->httpd, pf, n);
-    else if (n)
-        edl_httpd_dispatch(js->httpd, pf, n); /* lets it close idle connections */
+    if (n && poll(pf, n, 0) >= 0)
+        edl_httpd_dispatch(js->httpd, pf, n); /* with nothing ready it closes idle connections */
 }
 
 static bool signalled(jobserver *js)
