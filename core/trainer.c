@@ -113,6 +113,11 @@ int edl_trainer_report_step(edl_trainer *t, int64_t step)
     return w == n ? 0 : EDL_EIO;
 }
 
+int edl_trainer_control_fd(const edl_trainer *t)
+{
+    return t ? t->control_fd : -1;
+}
+
 int edl_trainer_rank(const edl_trainer *t)
 {
     return t ? t->rank : 0;

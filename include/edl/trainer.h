@@ -48,6 +48,10 @@ int edl_trainer_report_step(edl_trainer *t, int64_t step);
  * the agent closed the pipe). Cheap enough for every step boundary. */
 int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out);
 
+/* The control pipe's fd, to poll for readability next to other fds (-1: none). Read it only
+ * through edl_trainer_poll(). */
+int edl_trainer_control_fd(const edl_trainer *t);
+
 int edl_trainer_rank(const edl_trainer *t);       /* 0 when standalone */
 int edl_trainer_world_size(const edl_trainer *t); /* 1 when standalone */
 /* The current generation, 0 when standalone. (Not edl_trainer_generation(): in C that name is

@@ -1,0 +1,140 @@
+/* internal.h: what the files of libedlcoll share. comm.c owns the communicator (generations,
+ * etcd rendezvous, re-forming), net.c the TCP mesh and the message engine, algo.c the
+ * collective algorithms on top of it, dtype.c the reduction kernels, state.c the commit /
+ * restore / sync helper. */
+#ifndef EDL_COLL_INTERNAL_H
+#define EDL_COLL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "edl/collective.h"
+#include "edl/etcd.h"
+
+#ifdef EDL_HAVE_NCCL
+#include "nccl.h"
+#else
+typedef struct coll_nccl coll_nccl;
+#endif
+
+#define COLL_MAGIC 0x43444c45u /* "EDLC" on the wire (little endian) */
+#define COLL_HELLO_MAGIC 0x48444c45u /* "EDLH" */
+#define COLL_PROTO_VERSION 1
+
+enum coll_kind {
+    COLL_ALLREDUCE = 1,
+    COLL_BROADCAST,
+    COLL_ALLGATHER,
+    COLL_REDUCE_SCATTER,
+    COLL_BARRIER,
+};
+
+/* Every message on the wire starts with this header (little-endian hosts only; the hello
+ * refuses others). The receiver checks it against what it expects, which is how a mismatch
+ * of collectives across ranks is detected rather than corrupting memory. */
+typedef struct coll_hdr {
+    uint32_t magic;
+    uint8_t kind, dtype, op, pad;
+    uint64_t seq;   /* collective number within the generation */
+    uint64_t count; /* the caller's count */
+    uint32_t len;   /* payload bytes that follow */
+    int32_t root;
+} coll_hdr;
+
+/* What one collective is: the template for its headers and the message for a mismatch. */
+typedef struct coll_op {
+    enum coll_kind kind;
+    edl_dtype dt;
+    edl_redop op;
+    size_t count;
+    int root;
+    uint64_t seq;
+} coll_op;
+
+struct edl_comm {
+    /* configuration */
+    char backend[8];
+    int timeout_ms, rdv_timeout_ms, device;
+    size_t seg_bytes;     /* pipelining segment of the ring algorithms */
+    size_t small_bytes;   /* at or below: latency-optimal algorithms */
+    edl_trainer *trainer;
+    bool own_trainer;
+    edl_etcd *etcd;       /* NULL: a group of one, no rendezvous */
+    char *gen_prefix;     /* "<prefix>/jobs/<job>/gen/" */
+    char listen_addr[256];
+    int lfd, lport;       /* one listening socket for the life of the process */
+    uint64_t incarnation; /* random: tells this process apart from any earlier one */
+
+    /* the current generation */
+    int64_t gen;
+    int rank, size;
+    int *fds;             /* [size] sockets to each peer, -1 for self */
+    uint64_t seq;
+    bool broken;          /* a collective failed: only edl_coll_check() helps */
+    bool dead_seen;       /* the generation's dead key was seen (no need to publish it) */
+    edl_watch *dead_watch; /* on gen/<n>/dead */
+    char **peer_desc;     /* [size] "rank r (addr:port)" for messages */
+
+    /* a newer generation read from the control pipe, not joined yet */
+    bool have_next;
+    int64_t next_gen;
+    int next_rank, next_size;
+    char *next_endpoints;
+    bool agent_gone;
+
+    /* the previous communicator, for the NCCL shrink fast path */
+    int64_t prev_gen;
+    int prev_rank;
+    coll_nccl *nccl;
+
+    /* work buffers, grown and kept (never allocated per call on the hot path) */
+    char *stage;
+    size_t stage_cap;
+    char *work;
+    size_t work_cap;
+
+    char err[1024];
+};
+
+/* comm.c */
+void coll_set_err(edl_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A collective failed: break the communicator, close every socket (so peers blocked on this
+ * rank fail at once too) and publish the generation dead. Returns rc. */
+int coll_fail(edl_comm *c, int rc);
+void *coll_stage(edl_comm *c, size_t bytes); /* NULL: out of memory */
+void *coll_work(edl_comm *c, size_t bytes);
+
+/* net.c */
+int coll_listen(edl_comm *c);
+void coll_close_peers(edl_comm *c);
+/* Connect the mesh of generation c->gen: to every lower rank, accept every higher one.
+ * eps[i]: "addr:port" of rank i, tokens[i]: the token rank i published. */
+int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t my_token,
+                      int64_t deadline_ms);
+/* Send slen bytes to `to` while receiving rlen bytes from `from` (either may be -1), each as
+ * one message with a header made from op. */
+int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
+                  int from, void *rbuf, size_t rlen);
+
+/* algo.c */
+int coll_cpu_allreduce(edl_comm *c, const coll_op *op, const void *send, void *recv);
+int coll_cpu_broadcast(edl_comm *c, const coll_op *op, const void *send, void *recv);
+int coll_cpu_allgather(edl_comm *c, const coll_op *op, const void *send, void *recv);
+int coll_cpu_reduce_scatter(edl_comm *c, const coll_op *op, const void *send, void *recv);
+
+/* dtype.c */
+const char *coll_redop_name(edl_redop op);
+void coll_reduce(void *dst, const void *a, const void *b, size_t n, edl_dtype dt, edl_redop op);
+void coll_scale_avg(void *buf, size_t n, edl_dtype dt, int world);
+float coll_half_to_float(uint16_t h);
+uint16_t coll_float_to_half(float f);
+float coll_bf16_to_float(uint16_t b);
+uint16_t coll_float_to_bf16(float f);
+
+/* state.c uses the CPU group directly, whatever the back end. */
+int coll_cpu_allreduce_host(edl_comm *c, const void *send, void *recv, size_t count,
+                            edl_dtype dt, edl_redop op);
+int coll_cpu_broadcast_host(edl_comm *c, void *buf, size_t bytes, int root);
+
+#endif

@@ -1,0 +1,469 @@
+/* net.c: the TCP side of the CPU group. One listening socket per process (kept across
+ * generations), a full mesh of connections per generation (each rank connects to the lower
+ * ranks and accepts the higher ones; a hello proves the connector read this generation's
+ * rendezvous data), and the message engine: one send and one receive progressing together on
+ * non-blocking sockets, every message behind a header that the receiver checks. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "internal.h"
+
+#define SOCK_BUF_BYTES (4 << 20)
+
+typedef struct coll_hello {
+    uint32_t magic;
+    uint16_t version, pad;
+    int64_t generation;
+    int32_t from, to, size, pad2;
+    uint64_t token; /* the token the receiver published for this generation */
+} coll_hello;
+
+static void tune_socket(int fd)
+{
+    int one = 1, buf = SOCK_BUF_BYTES;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+static void set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* "host:port" (the last colon splits) into an IPv4/IPv6 address. */
+static int resolve(const char *ep, struct sockaddr_storage *sa, socklen_t *salen)
+{
+    char host[256];
+    const char *colon = strrchr(ep, ':');
+    if (!colon || (size_t)(colon - ep) >= sizeof host || colon == ep)
+        return EDL_EINVAL;
+    memcpy(host, ep, (size_t)(colon - ep));
+    host[colon - ep] = '\0';
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
+        return EDL_EINVAL;
+    memcpy(sa, res->ai_addr, res->ai_addrlen);
+    *salen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+int coll_listen(edl_comm *c)
+{
+    char ep[300];
+    snprintf(ep, sizeof ep, "%s:0", c->listen_addr);
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    if (resolve(ep, &sa, &salen) != 0) {
+        coll_set_err(c, "cannot resolve the address to listen on, '%s'", c->listen_addr);
+        return EDL_ECONFIG;
+    }
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        coll_set_err(c, "socket: %s", strerror(errno));
+        return EDL_EIO;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    tune_socket(fd); /* accepted sockets inherit the buffer sizes (window scaling) */
+    if (bind(fd, (struct sockaddr *)&sa, salen) != 0 || listen(fd, 512) != 0) {
+        coll_set_err(c, "cannot listen on %s: %s", c->listen_addr, strerror(errno));
+        close(fd);
+        return EDL_EIO;
+    }
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    c->lport = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                              : ((struct sockaddr_in *)&sa)->sin_port);
+    set_nonblock(fd);
+    c->lfd = fd;
+    return 0;
+}
+
+void coll_close_peers(edl_comm *c)
+{
+    for (int i = 0; c->fds && i < c->size; i++)
+        if (c->fds[i] >= 0) {
+            close(c->fds[i]);
+            c->fds[i] = -1;
+        }
+}
+
+/* Write all of buf to a non-blocking fd before the deadline. */
+static int write_all(int fd, const void *buf, size_t len, int64_t deadline)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN)
+            return EDL_EIO;
+        int64_t left = deadline - edl_monotonic_ms();
+        if (left <= 0)
+            return EDL_ETIMEDOUT;
+        struct pollfd p1 = {.fd = fd, .events = POLLOUT};
+        poll(&p1, 1, (int)left);
+    }
+    return 0;
+}
+
+static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int64_t deadline)
+{
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    if (resolve(ep, &sa, &salen) != 0) {
+        coll_set_err(c, "generation %" PRId64 ": rank %d published an endpoint that does not "
+                     "resolve, '%s'", c->gen, j, ep);
+        return EDL_EPROTO;
+    }
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return EDL_EIO;
+    tune_socket(fd);
+    set_nonblock(fd);
+    int rc = connect(fd, (struct sockaddr *)&sa, salen);
+    if (rc != 0 && errno == EINPROGRESS) {
+        int64_t left = deadline - edl_monotonic_ms();
+        struct pollfd p1 = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (left > 0 && poll(&p1, 1, (int)left) == 1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0)
+            rc = 0;
+        else
+            errno = err ? err : ETIMEDOUT;
+    }
+    coll_hello h = {.magic = COLL_HELLO_MAGIC, .version = COLL_PROTO_VERSION,
+                    .generation = c->gen, .from = c->rank, .to = j, .size = c->size,
+                    .token = token};
+    if (rc != 0 || write_all(fd, &h, sizeof h, deadline) != 0) {
+        coll_set_err(c, "generation %" PRId64 ": cannot connect to rank %d at %s: %s", c->gen, j,
+                     ep, strerror(errno));
+        close(fd);
+        return EDL_EPEER;
+    }
+    c->fds[j] = fd;
+    return 0;
+}
+
+typedef struct pending {
+    int fd;
+    size_t got;
+    coll_hello h;
+    char from[64];
+} pending;
+
+/* Judge a complete hello: 1 = taken, 0 = dropped (and why is logged), 2 = kept for later. */
+static int judge_hello(edl_comm *c, pending *p, uint64_t my_token)
+{
+    const coll_hello *h = &p->h;
+    if (h->magic != COLL_HELLO_MAGIC || h->version != COLL_PROTO_VERSION) {
+        EDL_WARN("coll", "a connection from %s did not start with an edl hello (a stranger, or "
+                 "another program on this port): closed", p->from);
+        return 0;
+    }
+    if (h->generation != c->gen) {
+        EDL_INFO("coll", "a connection from %s for generation %" PRId64 " while this rank is in "
+                 "generation %" PRId64 ": closed", p->from, h->generation, c->gen);
+        return 0;
+    }
+    if (h->to != c->rank || h->size != c->size || h->from <= c->rank || h->from >= c->size ||
+        h->token != my_token) {
+        EDL_WARN("coll", "a hello from %s does not fit generation %" PRId64 " (from rank %d to "
+                 "rank %d of %d; this is rank %d of %d%s): closed", p->from, c->gen, h->from,
+                 h->to, h->size, c->rank, c->size, h->token != my_token ? "; wrong token" : "");
+        return 0;
+    }
+    if (c->fds[h->from] >= 0) {
+        EDL_WARN("coll", "a second connection from rank %d (%s): closed", h->from, p->from);
+        return 0;
+    }
+    c->fds[h->from] = p->fd;
+    return 1;
+}
+
+static void describe_peer(int fd, char *out, size_t len)
+{
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    char host[128] = "?", port[16] = "?";
+    if (getpeername(fd, (struct sockaddr *)&sa, &sl) == 0)
+        getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(out, len, "%s:%s", host, port);
+}
+
+/* Accept until every higher rank has said hello. Connections that never say anything (a
+ * port scanner) cost nothing but a slot until the deadline. */
+static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
+{
+    int need = c->size - 1 - c->rank;
+    enum { MAXP = 256 };
+    pending pend[MAXP];
+    int np = 0, rc = 0;
+    while (need > 0) {
+        int64_t left = deadline - edl_monotonic_ms();
+        if (left <= 0) {
+            coll_set_err(c, "generation %" PRId64 ": %d higher rank(s) did not connect in time",
+                         c->gen, need);
+            rc = EDL_ETIMEDOUT;
+            break;
+        }
+        struct pollfd pf[MAXP + 1];
+        pf[0] = (struct pollfd){.fd = c->lfd, .events = POLLIN};
+        for (int i = 0; i < np; i++)
+            pf[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        int r = poll(pf, (nfds_t)np + 1, left > 50 ? 50 : (int)left);
+        if (r < 0 && errno != EINTR) {
+            rc = EDL_EIO;
+            break;
+        }
+        if (pf[0].revents & POLLIN) {
+            for (;;) {
+                int fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0)
+                    break;
+                if (np == MAXP) { /* a flood: drop the oldest silent one */
+                    close(pend[0].fd);
+                    memmove(pend, pend + 1, sizeof pend[0] * (MAXP - 1));
+                    np--;
+                }
+                pend[np] = (pending){.fd = fd};
+                describe_peer(fd, pend[np].from, sizeof pend[np].from);
+                np++;
+            }
+        }
+        for (int i = 0; i < np; i++) {
+            pending *p = &pend[i];
+            ssize_t n = recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, 0);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                continue;
+            bool drop = n <= 0;
+            if (n > 0 && (p->got += (size_t)n) == sizeof p->h) {
+                int v = judge_hello(c, p, my_token);
+                if (v == 1)
+                    need--;
+                drop = v == 0;
+                if (v == 1) { /* taken: out of the pending list, fd kept */
+                    pend[i--] = pend[--np];
+                    continue;
+                }
+            } else if (n > 0 && p->got >= 4 && p->h.magic != COLL_HELLO_MAGIC) {
+                drop = judge_hello(c, p, my_token) == 0;
+            }
+            if (drop) {
+                close(p->fd);
+                pend[i--] = pend[--np];
+            }
+        }
+    }
+    for (int i = 0; i < np; i++)
+        close(pend[i].fd);
+    return rc;
+}
+
+int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t my_token,
+                      int64_t deadline_ms)
+{
+    (void)my_token;
+    for (int j = 0; j < c->rank; j++) {
+        int rc = connect_peer(c, j, eps[j], tokens[j], deadline_ms);
+        if (rc)
+            return rc;
+    }
+    return accept_peers(c, my_token, deadline_ms);
+}
+
+/* ---- the message engine ---------------------------------------------------------------- */
+
+static const char *kind_name(int k)
+{
+    switch (k) {
+    case COLL_ALLREDUCE: return "allreduce";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_ALLGATHER: return "allgather";
+    case COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_BARRIER: return "barrier";
+    }
+    return "unknown";
+}
+
+static int check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr *h, size_t rlen)
+{
+    if (h->magic != COLL_MAGIC) {
+        coll_set_err(c, "rank %d sent something that is not a collective message (magic "
+                     "0x%08x)", from, h->magic);
+        return EDL_EPROTO;
+    }
+    if (h->kind != op->kind || h->dtype != op->dt || h->count != op->count ||
+        h->seq != op->seq || (op->kind != COLL_BROADCAST && op->kind != COLL_ALLGATHER &&
+                              h->op != op->op) ||
+        (op->kind == COLL_BROADCAST && h->root != op->root)) {
+        coll_set_err(c, "collectives do not match across ranks: rank %d called %s #%" PRIu64
+                     " (count %" PRIu64 ", %s, %s, root %d) while rank %d called %s #%" PRIu64
+                     " (count %zu, %s, %s, root %d) in generation %" PRId64,
+                     from, kind_name(h->kind), h->seq, h->count,
+                     edl_dtype_name((edl_dtype)h->dtype), coll_redop_name((edl_redop)h->op),
+                     h->root, c->rank, kind_name(op->kind), op->seq, op->count,
+                     edl_dtype_name(op->dt), coll_redop_name(op->op), op->root, c->gen);
+        return EDL_EPROTO;
+    }
+    if (h->len != rlen) {
+        coll_set_err(c, "rank %d sent %u bytes where %zu were expected in %s #%" PRIu64, from,
+                     h->len, rlen, kind_name(op->kind), op->seq);
+        return EDL_EPROTO;
+    }
+    return 0;
+}
+
+/* 1 when the dead key of this generation has appeared. */
+static int dead_announced(edl_comm *c)
+{
+    if (!c->dead_watch)
+        return 0;
+    edl_watch_event *ev = NULL;
+    int dead = 0;
+    while (edl_watch_next(c->dead_watch, &ev, 0) == 0) {
+        if (ev->type == EDL_WATCH_PUT) {
+            coll_set_err(c, "generation %" PRId64 " was declared dead: %.*s", c->gen,
+                         (int)(ev->kv.value_len > 300 ? 300 : ev->kv.value_len), ev->kv.value);
+            dead = 1;
+        } else if (ev->type == EDL_WATCH_ERROR) {
+            EDL_WARN("coll", "the watch on generation %" PRId64 "'s dead key stopped (%s); "
+                     "peer failures are still detected on the sockets", c->gen,
+                     edl_strerror(ev->error));
+            edl_watch_event_free(ev);
+            edl_watch_stop(c->dead_watch);
+            c->dead_watch = NULL;
+            return dead;
+        }
+        edl_watch_event_free(ev);
+    }
+    if (dead)
+        c->dead_seen = true;
+    return dead;
+}
+
+int coll_dead_announced(edl_comm *c)
+{
+    return dead_announced(c);
+}
+
+int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
+                  int from, void *rbuf, size_t rlen)
+{
+    coll_hdr sh = {.magic = COLL_MAGIC, .kind = (uint8_t)op->kind, .dtype = (uint8_t)op->dt,
+                   .op = (uint8_t)op->op, .seq = op->seq, .count = op->count,
+                   .len = (uint32_t)slen, .root = op->root},
+             rh;
+    size_t s_total = to >= 0 ? sizeof sh + slen : 0, s_done = 0;
+    size_t r_total = from >= 0 ? sizeof rh + rlen : 0, r_done = 0;
+    int sfd = to >= 0 ? c->fds[to] : -1, rfd = from >= 0 ? c->fds[from] : -1;
+    if ((to >= 0 && sfd < 0) || (from >= 0 && rfd < 0)) {
+        coll_set_err(c, "no connection to rank %d", sfd < 0 ? to : from);
+        return EDL_EPEER;
+    }
+    int64_t last = edl_monotonic_ms();
+    while (s_done < s_total || r_done < r_total) {
+        bool moved = false;
+        if (s_done < s_total) {
+            struct iovec iov[2];
+            int niov = 0;
+            if (s_done < sizeof sh)
+                iov[niov++] = (struct iovec){(char *)&sh + s_done, sizeof sh - s_done};
+            size_t doff = s_done < sizeof sh ? 0 : s_done - sizeof sh;
+            if (slen > doff)
+                iov[niov++] = (struct iovec){(char *)sbuf + doff, slen - doff};
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+            ssize_t n = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                s_done += (size_t)n;
+                moved = true;
+            } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+                coll_set_err(c, "rank %d is gone (sending: %s) during %s #%" PRIu64
+                             " of generation %" PRId64, to, strerror(errno),
+                             kind_name(op->kind), op->seq, c->gen);
+                return EDL_EPEER;
+            }
+        }
+        if (r_done < r_total) {
+            ssize_t n;
+            if (r_done < sizeof rh)
+                n = recv(rfd, (char *)&rh + r_done, sizeof rh - r_done, MSG_DONTWAIT);
+            else
+                n = recv(rfd, (char *)rbuf + (r_done - sizeof rh), r_total - r_done,
+                         MSG_DONTWAIT);
+            if (n > 0) {
+                bool hdr_done = r_done < sizeof rh && r_done + (size_t)n >= sizeof rh;
+                r_done += (size_t)n;
+                moved = true;
+                if (hdr_done) {
+                    int rc = check_header(c, op, from, &rh, rlen);
+                    if (rc)
+                        return rc;
+                }
+            } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+                coll_set_err(c, "rank %d is gone (%s) during %s #%" PRIu64 " of generation %"
+                             PRId64, from, n == 0 ? "connection closed" : strerror(errno),
+                             kind_name(op->kind), op->seq, c->gen);
+                return EDL_EPEER;
+            }
+        }
+        int64_t now = edl_monotonic_ms();
+        if (moved) {
+            last = now;
+            continue;
+        }
+        int64_t left = last + c->timeout_ms - now;
+        if (left <= 0) {
+            coll_set_err(c, "no progress for %d ms in %s #%" PRIu64 " of generation %" PRId64
+                         " (waiting on rank %d)", c->timeout_ms, kind_name(op->kind), op->seq,
+                         c->gen, r_done < r_total ? from : to);
+            return EDL_ETIMEDOUT;
+        }
+        struct pollfd pf[3];
+        int np = 0;
+        if (sfd >= 0 && s_done < s_total)
+            pf[np++] = (struct pollfd){.fd = sfd, .events = POLLOUT};
+        if (rfd >= 0 && r_done < r_total) {
+            if (np && pf[0].fd == rfd)
+                pf[0].events |= POLLIN;
+            else
+                pf[np++] = (struct pollfd){.fd = rfd, .events = POLLIN};
+        }
+        int dfd = c->dead_watch ? edl_watch_fd(c->dead_watch) : -1;
+        if (dfd >= 0)
+            pf[np++] = (struct pollfd){.fd = dfd, .events = POLLIN};
+        int r = poll(pf, (nfds_t)np, (int)(left < 1000 ? left : 1000));
+        if (r > 0 && dfd >= 0 && (pf[np - 1].revents & POLLIN) && dead_announced(c))
+            return EDL_EPEER;
+    }
+    return 0;
+}
