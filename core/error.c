@@ -20,6 +20,7 @@ const char *edl_strerror(int code)
     case EDL_ECONFIG: return "invalid configuration";
     case EDL_ECLOSED: return "closed";
     case EDL_EIO: return "I/O error";
+    case EDL_EPEER: return "a peer failed or the generation is gone";
     }
     return "unknown error";
 }

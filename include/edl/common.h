@@ -28,6 +28,7 @@ enum {
     EDL_ECONFIG = -13,    /* invalid configuration */
     EDL_ECLOSED = -14,    /* the object was stopped or closed */
     EDL_EIO = -15,        /* local I/O error (files, pipes, processes) */
+    EDL_EPEER = -16,      /* a collective's peer failed or its generation is gone: re-form */
 };
 
 /* Text for an EDL_E* code (or 0). Never NULL. */
