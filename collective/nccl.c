@@ -24,7 +24,15 @@
 #include <time.h>
 
 #include <cuda_runtime_api.h>
+/* nccl.h declares a few functions as f() (not f(void)): keep -Wstrict-prototypes for ours. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h>
+#pragma GCC diagnostic pop
+
+#ifndef NCCL_MAJOR
+#error "<nccl.h> is not NCCL's: its include directory must come before collective/"
+#endif
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "the NCCL back end needs NCCL >= 2.14 (non-blocking communicators that can be aborted)"

@@ -60,9 +60,11 @@ function(_edl_nccl_search)
 
   get_filename_component(_nccl_libdir ${EDL_NCCL_LIBRARY} DIRECTORY)
   add_library(edlcoll_nccl STATIC ${CMAKE_CURRENT_LIST_DIR}/nccl.c)
+  # NCCL's and CUDA's directories come first: the collective dir holds our own nccl.h, which
+  # would otherwise answer #include <nccl.h> (nccl.c checks that it got NCCL's).
+  target_include_directories(edlcoll_nccl BEFORE PUBLIC ${EDL_NCCL_INCLUDE_DIR} ${_cuda_inc})
   target_include_directories(edlcoll_nccl
-    PUBLIC ${PROJECT_SOURCE_DIR}/include ${CMAKE_CURRENT_LIST_DIR}
-    PRIVATE ${_cuda_inc} ${EDL_NCCL_INCLUDE_DIR})
+    PUBLIC ${PROJECT_SOURCE_DIR}/include ${CMAKE_CURRENT_LIST_DIR})
   # edlcore: edl_strerror and edl_monotonic_ms (core/ is added before collective/).
   target_link_libraries(edlcoll_nccl PUBLIC edlcore ${EDL_NCCL_LIBRARY} ${_cudart})
   set_target_properties(edlcoll_nccl PROPERTIES POSITION_INDEPENDENT_CODE ON)

@@ -4,7 +4,6 @@
 # ctest reports as skipped.
 if(EDL_HAVE_NCCL AND TARGET edlcoll_nccl)
   add_executable(test_nccl ${CMAKE_CURRENT_LIST_DIR}/test_nccl.c)
-  target_include_directories(test_nccl PRIVATE ${EDL_CUDA_INCLUDE_DIR} ${EDL_NCCL_INCLUDE_DIR})
   target_link_libraries(test_nccl PRIVATE edlcoll_nccl PkgConfig::CMOCKA)
   add_test(NAME test_nccl COMMAND test_nccl)
   set_tests_properties(test_nccl PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 240

@@ -16,9 +16,13 @@
 #include <time.h>
 
 #include <cuda_runtime_api.h>
-#include <nccl.h>
+/* nccl.h declares a few functions as f() (not f(void)): keep -Wstrict-prototypes for ours. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h> /* NCCL's: its include directory precedes collective/ (see nccl.cmake) */
+#pragma GCC diagnostic pop
 
-#include "nccl.h"
+#include "../collective/nccl.h" /* the back end's; spelled out, both are called nccl.h */
 
 /* CUDA's runtime maps memory inside the range that AddressSanitizer reserves as the shadow
  * gap on some drivers; let it (read only when the test is built with -fsanitize=address). */
