@@ -521,6 +521,12 @@ static int configure(edl_comm *c, const edl_coll_options *o)
         EDL_ERROR("coll", "the nccl back end was not built (CMake did not find CUDA and NCCL)");
         return EDL_ECONFIG;
     }
+#else
+    if (strcmp(b, "nccl") == 0 && !coll_nccl_usable()) {
+        EDL_ERROR("coll", "the nccl back end needs a CUDA device, and none can be used here "
+                  "(use EDL_COLL_BACKEND=cpu)");
+        return EDL_ECONFIG;
+    }
 #endif
     snprintf(c->backend, sizeof c->backend, "%s", b);
     c->timeout_ms = o && o->timeout_ms > 0

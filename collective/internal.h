@@ -13,7 +13,7 @@
 #include "edl/etcd.h"
 
 #ifdef EDL_HAVE_NCCL
-#include "nccl.h"
+#include "nccl_backend.h"
 #else
 typedef struct coll_nccl coll_nccl;
 #endif

@@ -1,4 +1,4 @@
-/* nccl.h (internal): the NCCL back end of libedlcoll, built only when CMake finds CUDA and
+/* nccl_backend.h (internal): the NCCL back end of libedlcoll, built only when CMake finds CUDA and
  * NCCL (EDL_HAVE_NCCL). The communicator core (comm.c) owns generations, the etcd rendezvous
  * and the CPU group; this back end only needs a way to publish and await per-generation keys,
  * which the core passes in as callbacks. Every call comes from the thread that owns the
