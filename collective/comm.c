@@ -612,6 +612,7 @@ int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
         edl_coll_free(c);
         return rc;
     }
+    c->first_check = true;
     *out = c;
     return 0;
 }
@@ -649,6 +650,10 @@ int edl_coll_check(edl_comm *c)
 {
     if (!c)
         return EDL_EINVAL;
+    if (c->first_check) { /* every rank syncs once at the start: a newcomer gets the state */
+        c->first_check = false;
+        return EDL_COLL_REFORMED;
+    }
     if (!c->etcd)
         return 0;
     read_control(c);

@@ -82,6 +82,7 @@ struct edl_comm {
     int next_rank, next_size;
     char *next_endpoints;
     bool agent_gone;
+    bool first_check;     /* the first edl_coll_check() reports a re-form (initial sync) */
 
     /* the previous communicator, for the NCCL shrink fast path */
     int64_t prev_gen;

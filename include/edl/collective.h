@@ -120,7 +120,9 @@ int edl_barrier(edl_comm *c);
  * generation (rank and size may have changed) and the caller must restore and re-sync its
  * state (edl_coll_state_sync). Blocks only while re-forming: until the next generation is
  * published and every member has joined. <0: EDL_EIO when the agent closed the control pipe
- * (the job is over or this pod left), other codes from the rendezvous. */
+ * (the job is over or this pod left), other codes from the rendezvous. The first call after
+ * edl_coll_init() returns EDL_COLL_REFORMED as well, so that every rank syncs once at the start
+ * (a process that joins a running job gets the state of the others that way). */
 int edl_coll_check(edl_comm *c);
 
 /* Declare the current generation dead (published under gen/<n>/dead so every member learns

@@ -1,0 +1,498 @@
+/* test_collective.c: libedlcoll with real processes over loopback and a real etcd. The test
+ * plays the agent: it starts coll_worker processes with the agent's environment, gives each a
+ * control pipe (fd 3), and announces new generations on it, as the agent does.
+ *   - every collective against a reference, world sizes 1-5, odd sizes, both algorithms;
+ *   - a peer SIGKILLed mid-allreduce: the others fail at once (well within the timeout), the
+ *     generation is declared dead in etcd, and they re-form without restarting and finish with
+ *     the state of an undisturbed run;
+ *   - a stopped (hung) peer: the others time out, then all re-form once it is back;
+ *   - a worker joining during training gets the state by broadcast;
+ *   - mismatched collectives, a stranger on the port and a rendezvous that never completes
+ *     give clear errors. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "edl/collective.h"
+#include "edl/etcd.h"
+#include "edl/log.h"
+#include "edl/trainer.h"
+#include "harness.h"
+
+#define MAXW 8
+
+typedef struct worker {
+    pid_t pid;
+    int ctl;        /* write end of its control pipe (-1: none) */
+    char log[256];
+} worker;
+
+static edl_etcd_server *srv;
+static edl_etcd *cl;
+static char dir[64];
+static int job_seq;
+static char job[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    harness_open_etcd(1, NULL, &srv, &cl);
+    snprintf(dir, sizeof dir, "/tmp/edl-coll-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_close_etcd(&srv, &cl);
+    harness_rmtree(dir);
+    return 0;
+}
+
+static void new_job(void)
+{
+    snprintf(job, sizeof job, "coll%d-%d", (int)getpid(), ++job_seq);
+}
+
+/* Start coll_worker as rank of size in generation gen; extra: "NAME=value" strings. */
+static void start(worker *w, const char *mode, const char *arg, int rank, int size,
+                  int64_t gen, bool control, const char *const *extra)
+{
+    int p[2] = {-1, -1};
+    if (control)
+        assert_int_equal(pipe(p), 0);
+    snprintf(w->log, sizeof w->log, "%s/%s-g%lld-r%d-%d.log", dir, job, (long long)gen, rank,
+             job_seq);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(w->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        if (control) {
+            dup2(p[0], 3);
+            close(p[1]);
+            setenv("EDL_CONTROL_FD", "3", 1);
+        }
+        char v[32];
+        setenv("EDL_ETCD_ENDPOINTS", edl_etcd_server_endpoints(srv), 1);
+        setenv("EDL_JOB_ID", job, 1);
+        snprintf(v, sizeof v, "%d", rank);
+        setenv("EDL_RANK", v, 1);
+        snprintf(v, sizeof v, "%d", size);
+        setenv("EDL_WORLD_SIZE", v, 1);
+        snprintf(v, sizeof v, "%lld", (long long)gen);
+        setenv("EDL_GENERATION", v, 1);
+        setenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:1", 1);
+        setenv("EDL_LOG_LEVEL", "info", 1);
+        for (int i = 0; extra && extra[i]; i++)
+            putenv((char *)extra[i]);
+        execl(EDL_COLL_WORKER, "coll_worker", mode, arg, (char *)NULL);
+        _exit(127);
+    }
+    if (control)
+        close(p[0]);
+    w->pid = pid;
+    w->ctl = p[1];
+}
+
+/* Announce generation gen to w as rank of size (what the agent writes on fd 3). */
+static void announce(worker *w, int64_t gen, int rank, int size)
+{
+    edl_trainer_generation g = {.generation = gen, .rank = rank, .world_size = size,
+                                .master_port = 1, .endpoints = (char *)"127.0.0.1:1"};
+    snprintf(g.master_addr, sizeof g.master_addr, "127.0.0.1");
+    char *line = edl_trainer_control_encode(&g);
+    assert_non_null(line);
+    assert_int_equal(write(w->ctl, line, strlen(line)), (ssize_t)strlen(line));
+    free(line);
+}
+
+static int finish(worker *w, int timeout_ms)
+{
+    int st = harness_wait_exit(w->pid, timeout_ms);
+    if (w->ctl >= 0)
+        close(w->ctl);
+    w->ctl = -1;
+    return st;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    char *buf = calloc(1, 1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* The first line of w's log that starts with prefix (copied into out), waiting up to ms. */
+static bool wait_line(const worker *w, const char *prefix, char *out, size_t len, int ms)
+{
+    int64_t end = harness_now_ms() + ms;
+    do {
+        char *s = slurp(w->log);
+        for (char *l = s; l && *l;) {
+            char *nl = strchr(l, '\n');
+            if (!nl)
+                break;
+            *nl = '\0';
+            if (strncmp(l, prefix, strlen(prefix)) == 0) {
+                snprintf(out, len, "%s", l);
+                free(s);
+                return true;
+            }
+            l = nl + 1;
+        }
+        free(s);
+        harness_sleep_ms(20);
+    } while (harness_now_ms() < end);
+    return false;
+}
+
+static long long field(const char *line, const char *name)
+{
+    char key[40];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *p = strstr(line, key);
+    return p ? strtoll(p + strlen(key), NULL, 0) : -1;
+}
+
+static void field_str(const char *line, const char *name, char *out, size_t len)
+{
+    char key[40];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *p = strstr(line, key);
+    snprintf(out, len, "%.*s", p ? (int)strcspn(p + strlen(key), " \n") : 0,
+             p ? p + strlen(key) : "");
+}
+
+static void dump(const worker *w)
+{
+    char *s = slurp(w->log);
+    fprintf(stderr, "---- %s\n%s", w->log, s);
+    free(s);
+}
+
+/* The final state of an undisturbed run: the same worker with no etcd (a group of one). */
+static void reference_hash(const char *steps, const char *elems, char *out, size_t len)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "env -u EDL_ETCD_ENDPOINTS EDL_TEST_ELEMS=%s %s elastic %s "
+             "2>/dev/null | grep '^done'", elems, EDL_COLL_WORKER, steps);
+    FILE *p = popen(cmd, "r");
+    char line[512] = "";
+    assert_non_null(fgets(line, sizeof line, p));
+    pclose(p);
+    field_str(line, "hash", out, len);
+    assert_int_equal(strlen(out), 16);
+}
+
+/* ---- correctness ------------------------------------------------------------------------- */
+
+static void verify_world(int n, const char *const *extra)
+{
+    new_job();
+    worker w[MAXW];
+    for (int r = 0; r < n; r++)
+        start(&w[r], "verify", NULL, r, n, 1, false, extra);
+    for (int r = 0; r < n; r++) {
+        int st = finish(&w[r], 120000);
+        char line[256];
+        if (st != 0 || !wait_line(&w[r], "verify ok", line, sizeof line, 0))
+            dump(&w[r]);
+        assert_int_equal(st, 0);
+    }
+}
+
+static void test_collectives_match_reference_world_sizes_1_to_5(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 5; n++)
+        verify_world(n, NULL);
+}
+
+/* The ring algorithms and segmentation at every size: no latency path, 100-byte segments. */
+static void test_ring_algorithms_with_tiny_segments(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"EDL_COLL_SMALL_BYTES=0", "EDL_COLL_SEGMENT_BYTES=100",
+                                        NULL};
+    verify_world(3, extra);
+    verify_world(4, extra);
+}
+
+/* ---- elastic ------------------------------------------------------------------------------ */
+
+static void start_elastic(worker *w, int n, const char *steps, const char *const *extra)
+{
+    for (int r = 0; r < n; r++)
+        start(&w[r], "elastic", steps, r, n, 1, true, extra);
+    char line[512];
+    for (int r = 0; r < n; r++) {
+        if (!wait_line(&w[r], "joined", line, sizeof line, 30000))
+            dump(&w[r]);
+        assert_true(wait_line(&w[r], "joined", line, sizeof line, 0));
+    }
+}
+
+static void expect_done(worker *w, int n, const char *want_hash, const pid_t *pids)
+{
+    for (int r = 0; r < n; r++) {
+        char line[512], hash[32];
+        int st = finish(&w[r], 120000);
+        if (st != 0 || !wait_line(&w[r], "done", line, sizeof line, 0))
+            dump(&w[r]);
+        assert_int_equal(st, 0);
+        assert_true(wait_line(&w[r], "done", line, sizeof line, 0));
+        field_str(line, "hash", hash, sizeof hash);
+        assert_string_equal(hash, want_hash);
+        if (pids) /* the same process: it was never restarted */
+            assert_int_equal(field(line, "pid"), pids[r]);
+    }
+}
+
+static void test_peer_killed_mid_allreduce_survivors_reform(void **state)
+{
+    (void)state;
+    new_job();
+    char ref[32];
+    reference_hash("60", "1000000", ref, sizeof ref);
+    static const char *const extra[] = {"EDL_TEST_ELEMS=1000000", "EDL_COLL_TIMEOUT_MS=20000",
+                                        NULL};
+    worker w[4];
+    start_elastic(w, 4, "60", extra);
+    harness_sleep_ms(700); /* steps of 8 MB allreduces are under way */
+    int64_t t_kill = harness_now_ms();
+    harness_kill(w[2].pid, SIGKILL);
+    assert_true(harness_wait_exit(w[2].pid, 5000) >= 0 || true);
+    worker s[3] = {w[0], w[1], w[3]};
+    pid_t pids[3] = {w[0].pid, w[1].pid, w[3].pid};
+    for (int i = 0; i < 3; i++) {
+        char line[512];
+        if (!wait_line(&s[i], "failed", line, sizeof line, 10000))
+            dump(&s[i]);
+        assert_true(wait_line(&s[i], "failed", line, sizeof line, 0));
+        long long t = field(line, "t");
+        print_message("survivor %d failed %lld ms after the kill: %s\n", i, t - t_kill,
+                      strstr(line, "err="));
+        assert_true(t - t_kill < 3000); /* the timeout is 20 s: detected, not timed out */
+    }
+    char key[256], val[512];
+    snprintf(key, sizeof key, "/edl/v1/jobs/%s/gen/1/dead", job);
+    assert_non_null(harness_get(cl, key, val, sizeof val));
+    print_message("gen/1/dead = %s\n", val);
+    /* The next generation, as the job server would assign it: rank 3 fills the hole. */
+    announce(&s[0], 2, 0, 3);
+    announce(&s[1], 2, 1, 3);
+    announce(&s[2], 2, 2, 3);
+    char first[32] = "";
+    for (int i = 0; i < 3; i++) {
+        char line[512], hash[32];
+        assert_true(wait_line(&s[i], "synced gen=2", line, sizeof line, 30000));
+        field_str(line, "hash", hash, sizeof hash);
+        assert_int_equal(field(line, "rc"), 0);
+        assert_int_equal(field(line, "rank"), i);
+        if (i == 0)
+            snprintf(first, sizeof first, "%s", hash);
+        assert_string_equal(hash, first); /* identical restored state everywhere */
+    }
+    expect_done(s, 3, ref, pids);
+}
+
+static void test_hung_peer_times_out_then_all_reform(void **state)
+{
+    (void)state;
+    new_job();
+    char ref[32];
+    reference_hash("80", "1000", ref, sizeof ref);
+    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_COLL_TIMEOUT_MS=1000", NULL};
+    worker w[3];
+    start_elastic(w, 3, "80", extra);
+    harness_sleep_ms(200);
+    int64_t t_stop = harness_now_ms();
+    harness_kill(w[1].pid, SIGSTOP);
+    for (int i = 0; i < 3; i += 2) {
+        char line[512];
+        if (!wait_line(&w[i], "failed", line, sizeof line, 10000))
+            dump(&w[i]);
+        assert_true(wait_line(&w[i], "failed", line, sizeof line, 0));
+        long long t = field(line, "t");
+        print_message("rank %d failed %lld ms after SIGSTOP: %s\n", i, t - t_stop,
+                      strstr(line, "err="));
+        assert_true(t - t_stop < 1000 + 2500);
+    }
+    char key[256], val[512];
+    snprintf(key, sizeof key, "/edl/v1/jobs/%s/gen/1/dead", job);
+    assert_non_null(harness_get(cl, key, val, sizeof val));
+    harness_kill(w[1].pid, SIGCONT);
+    for (int r = 0; r < 3; r++)
+        announce(&w[r], 2, r, 3);
+    for (int r = 0; r < 3; r++) {
+        char line[512];
+        if (!wait_line(&w[r], "synced gen=2", line, sizeof line, 30000))
+            dump(&w[r]);
+        assert_true(wait_line(&w[r], "synced gen=2", line, sizeof line, 0));
+    }
+    pid_t pids[3] = {w[0].pid, w[1].pid, w[2].pid};
+    expect_done(w, 3, ref, pids);
+}
+
+static void test_join_during_training_gets_the_state(void **state)
+{
+    (void)state;
+    new_job();
+    char ref[32];
+    reference_hash("150", "5000", ref, sizeof ref);
+    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_TEST_ELEMS=5000", NULL};
+    worker w[3];
+    start_elastic(w, 2, "150", extra);
+    harness_sleep_ms(400);
+    start(&w[2], "elastic", "150", 2, 3, 2, true, extra);
+    announce(&w[0], 2, 0, 3);
+    announce(&w[1], 2, 1, 3);
+    char hashes[3][32], line[512];
+    long long steps[3];
+    for (int r = 0; r < 3; r++) {
+        if (!wait_line(&w[r], "synced gen=2", line, sizeof line, 30000))
+            dump(&w[r]);
+        assert_true(wait_line(&w[r], "synced gen=2", line, sizeof line, 0));
+        field_str(line, "hash", hashes[r], sizeof hashes[r]);
+        steps[r] = field(line, "step");
+    }
+    print_message("joined at step %lld\n", steps[0]);
+    assert_true(steps[0] > 0); /* the survivors had trained: the newcomer got their state */
+    assert_int_equal(steps[1], steps[0]);
+    assert_int_equal(steps[2], steps[0]);
+    assert_string_equal(hashes[1], hashes[0]);
+    assert_string_equal(hashes[2], hashes[0]);
+    pid_t pids[3] = {w[0].pid, w[1].pid, w[2].pid};
+    expect_done(w, 3, ref, pids);
+}
+
+/* ---- bad input ----------------------------------------------------------------------------- */
+
+static void mismatch(const char *kind)
+{
+    new_job();
+    char env[64];
+    snprintf(env, sizeof env, "EDL_TEST_MISMATCH=%s", kind);
+    const char *const extra[] = {env, "EDL_COLL_TIMEOUT_MS=5000", NULL};
+    worker w[2];
+    for (int r = 0; r < 2; r++)
+        start(&w[r], "mismatch", NULL, r, 2, 1, false, extra);
+    int clear = 0;
+    for (int r = 0; r < 2; r++) {
+        char line[1024];
+        int st = finish(&w[r], 30000);
+        if (st != 0)
+            dump(&w[r]);
+        assert_int_equal(st, 0); /* the call failed (and nothing crashed) */
+        assert_true(wait_line(&w[r], "mismatch", line, sizeof line, 0));
+        if (strstr(line, "do not match")) {
+            print_message("%s\n", line);
+            clear++;
+        }
+    }
+    assert_true(clear >= 1);
+}
+
+static void test_mismatched_counts_and_types_fail_clearly(void **state)
+{
+    (void)state;
+    mismatch("count");
+    mismatch("type");
+}
+
+static void test_stranger_on_the_port_is_turned_away(void **state)
+{
+    (void)state;
+    new_job();
+    worker w[2];
+    start(&w[0], "verify", NULL, 0, 2, 1, false, NULL);
+    char key[256], val[512];
+    snprintf(key, sizeof key, "/edl/v1/jobs/%s/gen/1/cpu/0", job);
+    int64_t end = harness_now_ms() + 10000;
+    while (!harness_get(cl, key, val, sizeof val) && harness_now_ms() < end)
+        harness_sleep_ms(20);
+    const char *pp = strstr(val, "\"port\":");
+    assert_non_null(pp);
+    int port = atoi(pp + 7);
+    int s[3];
+    for (int i = 0; i < 3; i++) { /* garbage, a half hello, a silent connection */
+        s[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(s[i], (struct sockaddr *)&a, sizeof a), 0);
+    }
+    assert_true(write(s[0], "GET / HTTP/1.0\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 46) > 0);
+    assert_true(write(s[1], "EDLH", 4) == 4);
+    harness_sleep_ms(200);
+    start(&w[1], "verify", NULL, 1, 2, 1, false, NULL);
+    for (int r = 0; r < 2; r++) {
+        int st = finish(&w[r], 60000);
+        if (st != 0)
+            dump(&w[r]);
+        assert_int_equal(st, 0);
+    }
+    char *log = slurp(w[0].log);
+    assert_non_null(strstr(log, "did not start with an edl hello"));
+    free(log);
+    for (int i = 0; i < 3; i++)
+        close(s[i]);
+}
+
+static void test_rendezvous_timeout_names_the_missing_rank(void **state)
+{
+    (void)state;
+    new_job();
+    static const char *const extra[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=800", NULL};
+    worker w;
+    int64_t t0 = harness_now_ms();
+    start(&w, "verify", NULL, 0, 3, 1, false, extra);
+    int st = finish(&w, 20000);
+    int64_t took = harness_now_ms() - t0;
+    char *log = slurp(w.log);
+    if (st != 4)
+        fprintf(stderr, "%s", log);
+    assert_int_equal(st, 4); /* edl_coll_init failed */
+    assert_non_null(strstr(log, "no entry from rank(s) 1,2"));
+    assert_true(took < 5000);
+    free(log);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_collectives_match_reference_world_sizes_1_to_5),
+        cmocka_unit_test(test_ring_algorithms_with_tiny_segments),
+        cmocka_unit_test(test_peer_killed_mid_allreduce_survivors_reform),
+        cmocka_unit_test(test_hung_peer_times_out_then_all_reform),
+        cmocka_unit_test(test_join_during_training_gets_the_state),
+        cmocka_unit_test(test_mismatched_counts_and_types_fail_clearly),
+        cmocka_unit_test(test_stranger_on_the_port_is_turned_away),
+        cmocka_unit_test(test_rendezvous_timeout_names_the_missing_rank),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
