@@ -261,11 +261,13 @@ void agent_reconcile(agent *a)
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
-        if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && m->rank == a->run_rank &&
-            a->tp.control_fd >= 0) {
-            EDL_INFO("agent", "generation %lld: rank %d unchanged, re-forming in process",
-                     (long long)gen, m->rank);
+        /* In process mode the trainer keeps running whatever its new rank: it learns the rank
+         * from the control line (its environment keeps the values it started with). */
+        if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && a->tp.control_fd >= 0) {
+            EDL_INFO("agent", "generation %lld: re-forming in process as rank %d (was %d)",
+                     (long long)gen, m->rank, a->run_rank);
             a->run_gen = gen;
+            a->run_rank = m->rank;
             send_generation(a, m->rank);
             set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
             return;

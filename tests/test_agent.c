@@ -518,7 +518,7 @@ static void test_new_generation_restarts_trainer(void **state)
     assert_true(wait_pid_dead((pid_t)pid2, 2000));
 }
 
-static void test_inprocess_unchanged_rank_keeps_trainer(void **state)
+static void test_inprocess_keeps_trainer_across_generations(void **state)
 {
     (void)state;
     const char *job = "inproc";
@@ -559,10 +559,25 @@ static void test_inprocess_unchanged_rank_keeps_trainer(void **state)
     assert_non_null(strstr(line, "\"rank\":0"));
     assert_non_null(strstr(line, "\"world_size\":2"));
     assert_true(pid_alive((pid_t)pid1));
-    /* a rank change restarts even in process mode */
+    /* a rank change keeps the process too: the new rank comes on the control pipe */
     publish(job, 3, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
     st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 8000);
-    assert_true(st.pid != pid1);
+    assert_int_equal(st.pid, pid1);
+    end = harness_now_ms() + 3000;
+    while (harness_now_ms() < end) {
+        FILE *f = fopen(cf, "r");
+        lines = 0;
+        while (f && fgets(line, sizeof line, f))
+            lines++;
+        if (f)
+            fclose(f);
+        if (lines >= 3)
+            break;
+        harness_sleep_ms(25);
+    }
+    assert_int_equal(lines, 3);
+    assert_non_null(strstr(line, "\"generation\":3"));
+    assert_non_null(strstr(line, "\"rank\":1"));
     publish_state(job, 3, EDL_JOB_FAILED);
     assert_int_equal(wait_exit(a, 8000), 1);
 }
@@ -838,7 +853,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_registers_pod_under_lease_and_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_ranks_get_exact_environment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_generation_restarts_trainer, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_inprocess_unchanged_rank_keeps_trainer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inprocess_keeps_trainer_across_generations, setup, teardown),
         cmocka_unit_test_setup_teardown(test_standby_waits_then_starts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trainer_exit_reported_and_not_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_stops_trainer_and_leaves_at_once, setup, teardown),

@@ -51,7 +51,7 @@ typedef enum edl_restart_policy {
 
 typedef enum edl_elastic_mode {
     EDL_MODE_RESTART = 0, /* the agent restarts trainers on every membership change */
-    EDL_MODE_INPROCESS,   /* trainers whose rank is unchanged keep running and re-form */
+    EDL_MODE_INPROCESS,   /* running trainers keep running and re-form (rank on fd 3) */
 } edl_elastic_mode;
 
 typedef struct edl_job_spec {
