@@ -267,6 +267,7 @@ void agent_reconcile(agent *a)
             EDL_INFO("agent", "generation %lld: re-forming in process as rank %d (was %d)",
                      (long long)gen, m->rank, a->run_rank);
             a->run_gen = gen;
+            a->started_gen = gen; /* this generation has its trainer: no second start on exit */
             a->run_rank = m->rank;
             send_generation(a, m->rank);
             set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);

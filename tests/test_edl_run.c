@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -453,6 +454,87 @@ static void test_example_trainer_survives_reformation(void **state)
     edl_cluster_free(&c);
 }
 
+
+/* The trainer's pid of a pod, from its status. */
+static long trainer_pid(const char *job, const char *pod)
+{
+    char rest[200], buf[1024], err[128];
+    snprintf(rest, sizeof rest, "status/%s", pod);
+    edl_pod_status st;
+    if (!harness_get(g_c, key(job, rest), buf, sizeof buf) ||
+        edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) != 0)
+        return -1;
+    return st.pid;
+}
+
+/* libedlcoll's elastic loop under edl run: scale 2 -> 3, then SIGKILL one trainer. The
+ * survivors keep their processes (re-formed in process), and the job ends with the accuracy
+ * of an undisturbed run of the same trainer alone. */
+static void test_inprocess_mlp_survives_scale_and_kill_without_restarts(void **state)
+{
+    (void)state;
+    const char *job = "mlp";
+    char out[300], cmd[700], line[256];
+    snprintf(out, sizeof out, "%s/mlp", g_dir);
+    mkdir(out, 0755);
+    snprintf(cmd, sizeof cmd, "%s --steps 1500 | tail -n 1", EDL_EXAMPLE_MLP);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(fgets(line, sizeof line, p));
+    pclose(p);
+    const char *a = strstr(line, "accuracy ");
+    assert_non_null(a);
+    double ref = atof(a + 9);
+    assert_true(ref > 0.9);
+    const char *argv[] = {EDL_CLI_BIN, "run", "--job", job, "--np", "2:3", "--replicas", "2",
+                          "--etcd", ep(), "--settle-ms", "300", "--grace-ms", "1000",
+                          "--elastic-mode", "inprocess", "--", EDL_EXAMPLE_MLP, "--steps",
+                          "1500", "--step-ms", "10", "--out", out, NULL};
+    char log[300];
+    snprintf(log, sizeof log, "%s/mlp.log", g_dir);
+    pid_t run = harness_spawn(argv, log);
+    edl_cluster c = {0};
+    wait_running(job, 2, 20000, &c);
+    long pid0 = trainer_pid(job, "mlp-0"), pid1 = trainer_pid(job, "mlp-1");
+    harness_sleep_ms(1500);
+    const char *scale[] = {"scale", job, "3", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(NULL, 0, scale), 0);
+    int64_t g1 = c.generation;
+    wait_running_after(job, g1, 3, 20000, &c);
+    assert_int_equal(trainer_pid(job, "mlp-0"), pid0); /* re-formed in process */
+    assert_int_equal(trainer_pid(job, "mlp-1"), pid1);
+    long pid2 = trainer_pid(job, "mlp-2");
+    harness_sleep_ms(1500);
+    assert_int_equal(kill((pid_t)pid1, SIGKILL), 0); /* a trainer crashes mid-training */
+    assert_int_equal(harness_wait_exit(run, 120000), 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/result.txt", out);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    long steps = 0;
+    double acc = 0, loss = 0;
+    assert_int_equal(sscanf(line, "steps %ld accuracy %lf loss %lf", &steps, &acc, &loss), 3);
+    print_message("accuracy %.4f after re-forms (undisturbed run: %.4f)\n", acc, ref);
+    assert_int_equal(steps, 1500);
+    assert_true(fabs(acc - ref) <= 0.02);
+    /* The survivors finished in the processes they started in, having re-formed. */
+    const long survivors[2] = {pid0, pid2};
+    for (int i = 0; i < 2; i++) {
+        long rp = 0, fg = 0, lg = 0, reforms = -1;
+        snprintf(path, sizeof path, "%s/proc-%ld.txt", out, survivors[i]);
+        f = fopen(path, "r");
+        assert_non_null(f);
+        assert_int_equal(fscanf(f, "pid %ld first_gen %ld last_gen %ld reforms %ld", &rp, &fg,
+                                &lg, &reforms), 4);
+        fclose(f);
+        print_message("pid %ld: generations %ld..%ld, %ld re-forms\n", rp, fg, lg, reforms);
+        assert_true(reforms >= 1);
+        assert_true(lg > fg);
+    }
+    edl_cluster_free(&c);
+}
+
 static void test_usage_errors(void **state)
 {
     (void)state;
@@ -477,6 +559,7 @@ static void test_usage_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_inprocess_mlp_survives_scale_and_kill_without_restarts),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_every_rank_gets_the_exact_environment),
         cmocka_unit_test(test_scale_leave_kill_and_stop),
