@@ -27,7 +27,7 @@ typedef struct jobserver {
     int sigfd;
     bool stop;
     edl_etcd *c;
-    char *k_job, *k_spec, *k_pods, *k_status, *k_cluster, *k_leader;
+    char *k_job, *k_spec, *k_pods, *k_status, *k_cluster, *k_leader, *k_gen;
     edl_job_spec spec;        /* the last valid spec seen */
     bool have_spec;
     js_memory mem;
@@ -58,6 +58,7 @@ typedef struct snapshot {
     bool cluster_bad;
     char cluster_error[512];
     int64_t max_status_gen;
+    char *gen_dead; /* gen/<current>/dead, as trainers published it (NULL: none) */
 } snapshot;
 
 static int64_t wall_ms(void)
@@ -75,6 +76,7 @@ static void snapshot_free(snapshot *s)
     free(s->status);
     free(s->has_status);
     edl_cluster_free(&s->cluster);
+    free(s->gen_dead);
     memset(s, 0, sizeof *s);
 }
 
@@ -173,6 +175,22 @@ static void read_status(jobserver *js, const edl_range_result *r, snapshot *s)
     }
 }
 
+/* Trainers (libedlcoll) declare a generation dead when its collective group broke; with every
+ * member still alive nothing else would start the next one. */
+static void read_dead(jobserver *js, const edl_range_result *r, snapshot *s)
+{
+    char want[64];
+    int n = snprintf(want, sizeof want, "%lld/dead", (long long)s->cluster.generation);
+    size_t gl = strlen(js->k_gen);
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        const edl_kv *kv = &r->kvs[i];
+        if (kv->key_len == gl + (size_t)n && memcmp(kv->key + gl, want, (size_t)n) == 0) {
+            size_t len = kv->value_len > 300 ? 300 : kv->value_len;
+            s->gen_dead = strndup(kv->value, len);
+        }
+    }
+}
+
 static int take_snapshot(jobserver *js, snapshot *s)
 {
     memset(s, 0, sizeof *s);
@@ -186,12 +204,13 @@ static int take_snapshot(jobserver *js, snapshot *s)
     edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_pods), &by_join);
     edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_status), &prefix);
     edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_cluster), NULL);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_gen), &prefix); /* rendezvous: small */
     edl_txn_result r;
     int rc = edl_etcd_txn(js->c, t, &r);
     edl_txn_free(t);
     if (rc)
         return rc;
-    if (r.n_results != 4) {
+    if (r.n_results != 5) {
         edl_txn_result_free(&r);
         return EDL_EPROTO;
     }
@@ -212,6 +231,8 @@ static int take_snapshot(jobserver *js, snapshot *s)
                           js->cfg->job, js->k_cluster, s->cluster_error);
         }
     }
+    if (!rc && s->cluster.generation > 0)
+        read_dead(js, &r.results[4].range, s);
     edl_txn_result_free(&r);
     if (rc)
         snapshot_free(s);
@@ -309,7 +330,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             .spec_error = s.spec_present && s.spec_error[0] ? s.spec_error : NULL,
             .pods = s.pods, .n_pods = s.n_pods, .status = s.status, .has_status = s.has_status,
             .cluster = &s.cluster, .now_ms = wall_ms(), .mono_ms = edl_monotonic_ms(),
-            .leader_id = js->cfg->id,
+            .leader_id = js->cfg->id, .gen_dead = s.gen_dead,
         };
         js_decision d;
         rc = js_reconcile(&o, &js->mem, &d);
@@ -435,6 +456,10 @@ static bool event_matters(const jobserver *js, const edl_watch_event *ev)
 {
     if (ev->type != EDL_WATCH_PUT && ev->type != EDL_WATCH_DELETE)
         return ev->type != EDL_WATCH_PROGRESS;
+    size_t gl = strlen(js->k_gen);
+    if (ev->kv.key_len > gl && memcmp(ev->kv.key, js->k_gen, gl) == 0) /* rendezvous data */
+        return ev->type == EDL_WATCH_PUT && ev->kv.key_len > 5 &&
+               memcmp(ev->kv.key + ev->kv.key_len - 5, "/dead", 5) == 0;
     size_t sl = strlen(js->k_status);
     if (ev->kv.key_len <= sl || memcmp(ev->kv.key, js->k_status, sl) != 0)
         return true;
@@ -585,10 +610,12 @@ int js_run(const js_config *cfg, int sigfd)
     js.k_spec = edl_job_key(cfg->prefix, cfg->job, "spec");
     js.k_pods = edl_job_key(cfg->prefix, cfg->job, "pods/");
     js.k_status = edl_job_key(cfg->prefix, cfg->job, "status/");
+    js.k_gen = edl_job_key(cfg->prefix, cfg->job, "gen/");
     js.k_cluster = edl_job_key(cfg->prefix, cfg->job, "cluster");
     js.k_leader = edl_job_key(cfg->prefix, cfg->job, "leader");
     int exit_code = 0;
-    if (!js.k_job || !js.k_spec || !js.k_pods || !js.k_status || !js.k_cluster || !js.k_leader)
+    if (!js.k_job || !js.k_spec || !js.k_pods || !js.k_status || !js.k_cluster || !js.k_leader ||
+        !js.k_gen)
         exit_code = 2;
     while (!exit_code && !js.stop && campaign(&js) == 0) {
         if (lead(&js, &exit_code) == EDL_ELEASE) {
@@ -608,6 +635,7 @@ int js_run(const js_config *cfg, int sigfd)
     free(js.k_spec);
     free(js.k_pods);
     free(js.k_status);
+    free(js.k_gen);
     free(js.k_cluster);
     free(js.k_leader);
     edl_etcd_free(js.c);

@@ -316,7 +316,7 @@ static void describe_change(const edl_cluster *c, const edl_member *m, size_t n,
 
 /* Membership step: candidates, ranks, and whether to publish now, later, or not at all. */
 static int reconcile_membership(const js_observed *o, js_memory *mem, const failure *fl,
-                                size_t nf, js_decision *out)
+                                size_t nf, bool dead, js_decision *out)
 {
     const edl_cluster *c = o->cluster;
     const edl_job_spec *sp = o->spec;
@@ -361,12 +361,12 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
     }
     edl_job_state st = (int)n >= sp->min ? EDL_JOB_RUNNING : EDL_JOB_WAITING;
     bool changed = !same_members(c, m, n);
-    bool new_gen = nf > 0 || changed || st != c->state || c->generation == 0;
+    bool new_gen = nf > 0 || dead || changed || st != c->state || c->generation == 0;
     if (c->generation == 0 && n == 0)
         new_gen = false; /* nobody yet: nothing to publish */
     char why[REASON_MAX];
     describe_change(c, m, n, why, sizeof why);
-    if (new_gen && nf == 0 && !lost && changed) {
+    if (new_gen && nf == 0 && !dead && !lost && changed) {
         /* joins only: wait for the settle window to batch them */
         if (!mem->joins_since_mono_ms)
             mem->joins_since_mono_ms = o->mono_ms;
@@ -392,6 +392,8 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
             tmp_fail.n_failures = 0;
             out->next.restarts = c->restarts + 1;
         }
+        if (!rc && dead && !nf)
+            out->next.restarts = c->restarts + 1;
         if (!rc) {
             edl_members_free(out->next.members, out->next.n_members);
             out->next.members = m;
@@ -410,6 +412,10 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
             if (nf)
                 snprintf(reason, sizeof reason, "restart %d of %d after %s", c->restarts + 1,
                          sp->max_restarts, fl[0].what);
+            else if (dead)
+                snprintf(reason, sizeof reason, "restart %d of %d: generation %lld declared dead "
+                         "by its trainers: %.200s", c->restarts + 1, sp->max_restarts,
+                         (long long)c->generation, o->gen_dead);
             else if (st == EDL_JOB_WAITING)
                 snprintf(reason, sizeof reason, "waiting: %zu of at least %d members%s%s", n,
                          sp->min, why[0] ? "; " : "", why);
@@ -459,6 +465,21 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     bool all_done = false;
     int64_t wake = 0;
     size_t nf = collect_failures(o, mem, fl, &all_done, &wake);
+    /* A generation its trainers declared dead (their collective group broke) with nobody
+     * gone: re-form with the same members. A grace of one settle window (at least 1 s) lets the
+     * usual signals (a trainer's exit, a lease's expiry) arrive first and name the cause. */
+    bool dead = false;
+    if (o->gen_dead && c->generation > 0 && c->state == EDL_JOB_RUNNING && nf == 0) {
+        if (mem->dead_gen != c->generation) {
+            mem->dead_gen = c->generation;
+            mem->dead_since_mono_ms = o->mono_ms;
+        }
+        int64_t due = mem->dead_since_mono_ms + (sp->settle_ms > 1000 ? sp->settle_ms : 1000);
+        if (o->mono_ms >= due)
+            dead = true;
+        else if (!wake || due < wake)
+            wake = due;
+    }
     int rc = 0;
     char reason[REASON_MAX];
     const failure *perm;
@@ -476,8 +497,12 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
         snprintf(reason, sizeof reason, "restart budget of %d spent; last failure: %s",
                  sp->max_restarts, fl[0].what);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else if (dead && c->restarts + 1 > sp->max_restarts) {
+        snprintf(reason, sizeof reason, "restart budget of %d spent; generation %lld declared "
+                 "dead: %.200s", sp->max_restarts, (long long)c->generation, o->gen_dead);
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
     } else {
-        rc = reconcile_membership(o, mem, fl, nf, out);
+        rc = reconcile_membership(o, mem, fl, nf, dead, out);
     }
     if (wake && (!out->wake_mono_ms || wake < out->wake_mono_ms))
         out->wake_mono_ms = wake;

@@ -26,6 +26,7 @@ typedef struct js_observed {
     int64_t now_ms;             /* wall clock, for exclusions stored in the cluster document */
     int64_t mono_ms;            /* monotonic clock, for windows kept in memory */
     const char *leader_id;
+    const char *gen_dead;       /* the current generation's gen/<n>/dead value (NULL: none) */
 } js_observed;
 
 typedef struct js_progress {
@@ -39,6 +40,8 @@ typedef struct js_memory {
     int64_t joins_since_mono_ms; /* 0: no join pending */
     js_progress *progress;
     size_t n_progress;
+    int64_t dead_gen;           /* the generation whose dead key was first seen at dead_since */
+    int64_t dead_since_mono_ms;
 } js_memory;
 
 typedef enum js_action {

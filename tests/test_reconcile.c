@@ -89,12 +89,14 @@ static void all_running(world *w)
         set_status(w, atoi(w->cur.members[i].pod + 1), EDL_TRAINER_RUNNING, 0, -1);
 }
 
+static const char *g_dead; /* the current generation's dead key, as trainers published it */
+
 /* Run the reconciler; when it publishes, the result becomes the current generation. */
 static js_decision step(world *w)
 {
     js_observed o = {.spec = &w->spec, .pods = w->pods, .n_pods = w->n, .status = w->st,
                      .has_status = w->has, .cluster = &w->cur, .now_ms = w->now,
-                     .mono_ms = w->mono, .leader_id = "js"};
+                     .mono_ms = w->mono, .leader_id = "js", .gen_dead = g_dead};
     js_decision d;
     assert_int_equal(js_reconcile(&o, &w->mem, &d), 0);
     if (d.action == JS_PUBLISH) {
@@ -201,6 +203,36 @@ static void form(world *w, int n)
     js_decision_free(&d);
     assert_int_equal(w->cur.state, EDL_JOB_RUNNING);
     all_running(w);
+}
+
+/* Trainers declared the generation dead (their group broke) but nobody left: after a grace of
+ * at least 1 s, the same members re-form in a new generation, counted as a restart. */
+static void test_generation_declared_dead_reforms_same_members(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 8);
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    int restarts = w.cur.restarts;
+    g_dead = "{\"rank\":1,\"reason\":\"no progress for 1000 ms\"}";
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* the grace: a trainer's exit may still come */
+    assert_true(d.wake_mono_ms > w.mono);
+    js_decision_free(&d);
+    advance(&w, 1000);
+    d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_free(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.restarts, restarts + 1);
+    members_are(&w, "p0 p1 p2");
+    assert_non_null(strstr(w.cur.reason, "declared dead"));
+    g_dead = NULL; /* the new generation has no dead key */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_free(&d);
+    world_free(&w);
 }
 
 static void test_loss_is_published_at_once(void **state)
@@ -440,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_first_generation_after_settle_window),
         cmocka_unit_test(test_scale_up_within_window_is_one_generation),
         cmocka_unit_test(test_loss_is_published_at_once),
+        cmocka_unit_test(test_generation_declared_dead_reforms_same_members),
         cmocka_unit_test(test_below_min_waits_then_resumes),
         cmocka_unit_test(test_standby_promoted_on_loss),
         cmocka_unit_test(test_failure_restarts_then_excludes_then_fails),
