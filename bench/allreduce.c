@@ -41,6 +41,7 @@
 #endif
 
 #define MAX_NP 16
+#define RING_CHUNK (1u << 20) /* bytes per send()/recv() of the ceiling's ring */
 #define STALL_MS 180000 /* a launch that prints nothing for this long is killed */
 
 enum { IMPL_EDL, IMPL_GLOO, IMPL_MPI, IMPL_CEIL, N_IMPL };
@@ -157,33 +158,36 @@ static int wait_fd(int fd, short ev)
     return 0;
 }
 
-/* Send len bytes to next while receiving len from prev, without blocking on either. */
+/* Send len bytes to next while receiving len from prev, without blocking on either. Waits in
+ * poll() for both: retrying whichever side is ready at once costs many small system calls,
+ * and with more processes than cores that CPU is taken from the peers. At most RING_CHUNK
+ * per call: on a loaded 2-core VM 1 MiB did as well as or better than 256 KiB, 64 KiB or
+ * everything at once, with 4 MiB or default socket buffers, and a second thread for sending
+ * did not help. */
 static int ring_exchange(ring *g, const char *s, char *r, size_t len)
 {
     size_t sent = 0, got = 0;
     while (sent < len || got < len) {
-        bool moved = false;
-        if (sent < len) {
-            ssize_t k = send(g->next, s + sent, len - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+        struct pollfd p[2] = {{.fd = g->next, .events = sent < len ? POLLOUT : 0},
+                              {.fd = g->prev, .events = got < len ? POLLIN : 0}};
+        if (poll(p, 2, 60000) <= 0) {
+            fprintf(stderr, "allreduce: ceiling worker: no progress on the ring for 60 s\n");
+            return -1;
+        }
+        errno = 0;
+        if (sent < len && p[0].revents) {
+            size_t want = len - sent < RING_CHUNK ? len - sent : RING_CHUNK;
+            ssize_t k = send(g->next, s + sent, want, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (k < 0 && errno != EAGAIN && errno != EINTR)
                 goto fail;
-            if (k > 0)
-                sent += (size_t)k, moved = true;
+            sent += k > 0 ? (size_t)k : 0;
         }
-        if (got < len) {
-            ssize_t k = recv(g->prev, r + got, len - got, MSG_DONTWAIT);
+        if (got < len && p[1].revents) {
+            size_t want = len - got < RING_CHUNK ? len - got : RING_CHUNK;
+            ssize_t k = recv(g->prev, r + got, want, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
                 goto fail;
-            if (k > 0)
-                got += (size_t)k, moved = true;
-        }
-        if (!moved) {
-            struct pollfd p[2] = {{.fd = g->next, .events = sent < len ? POLLOUT : 0},
-                                  {.fd = g->prev, .events = got < len ? POLLIN : 0}};
-            if (poll(p, 2, 60000) <= 0) {
-                fprintf(stderr, "allreduce: ceiling worker: no progress on the ring for 60 s\n");
-                return -1;
-            }
+            got += k > 0 ? (size_t)k : 0;
         }
     }
     return 0;
@@ -567,7 +571,7 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
     return 0;
 }
 
-static int launch_gloo(launch *l, int n, const opts *o, const char *store)
+static int launch_gloo(launch *l, int n, const opts *o, const char *algo, const char *store)
 {
     char sizes[512], budget[32], prog[4200];
     sizes_arg(o, sizes, sizeof sizes);
@@ -583,7 +587,7 @@ static int launch_gloo(launch *l, int n, const opts *o, const char *store)
         snprintf(rank, sizeof rank, "%d", r);
         snprintf(size, sizeof size, "%d", n);
         char *argv[] = {prog, "--rank", rank, "--size", size, "--store", (char *)store,
-                        "--sizes", sizes, "--budget", budget, "--algos", (char *)o->gloo_algos,
+                        "--sizes", sizes, "--budget", budget, "--algos", (char *)algo,
                         NULL};
         l->pid[r] = spawn(argv, NULL, r == 0 ? pipefd[1] : -1, -1);
     }
@@ -752,6 +756,29 @@ static double memcpy_gbs(void)
     return (double)len / (double)t[2];
 }
 
+/* Each Gloo algorithm in processes of its own: in one context, gloo::allreduce's ring ran
+ * 100 times slower after the algorithm classes had run (15 s for 16 MiB at n=4). */
+static void run_gloo(launch *l, int n, const opts *o, results *r)
+{
+    for (const char *p = o->gloo_algos; *p;) {
+        char algo[32], store[] = "/tmp/edl-bench-gloo-XXXXXX";
+        size_t len = strcspn(p, ",");
+        snprintf(algo, sizeof algo, "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+        if (!mkdtemp(store)) {
+            snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "cannot create %s: %s", store,
+                     strerror(errno));
+            return;
+        }
+        if (launch_gloo(l, n, o, algo, store))
+            snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "cannot start: %s",
+                     strerror(errno));
+        else
+            collect(l, IMPL_GLOO, o, r);
+        nftw(store, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    }
+}
+
 static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_missing)
 {
     results *r = calloc(1, sizeof *r);
@@ -761,7 +788,7 @@ static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_mis
         if (!o->use[impl])
             continue;
         launch l = {0};
-        char *msg = r->failed[impl], store[] = "/tmp/edl-bench-gloo-XXXXXX";
+        char *msg = r->failed[impl];
         size_t len = sizeof r->failed[impl];
         int rc = 0;
         char prog[4200];
@@ -778,16 +805,11 @@ static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_mis
             break;
         case IMPL_GLOO:
             snprintf(prog, sizeof prog, "%s/allreduce_gloo", EDL_BENCH_DIR);
-            if (access(prog, X_OK)) {
+            if (access(prog, X_OK))
                 snprintf(msg, len, "not built (install libgloo-dev)");
-                continue;
-            }
-            if (!mkdtemp(store)) {
-                snprintf(msg, len, "cannot create %s: %s", store, strerror(errno));
-                continue;
-            }
-            rc = launch_gloo(&l, n, o, store);
-            break;
+            else
+                run_gloo(&l, n, o, r);
+            continue;
         case IMPL_MPI:
             snprintf(prog, sizeof prog, "%s/allreduce_mpi", EDL_BENCH_DIR);
             if (access(prog, X_OK)) {
@@ -805,8 +827,6 @@ static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_mis
             snprintf(msg, len, "cannot start: %s", strerror(errno));
         else
             collect(&l, impl, o, r);
-        if (impl == IMPL_GLOO)
-            nftw(store, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
     }
     print_n(r, o, n);
     free(r);
