@@ -729,8 +729,11 @@ static void print_n(const results *r, const opts *o, int n)
                    (double)o->sizes[s] / (double)f->ns, busbw(o->sizes[s], f->ns, n),
                    f->wrong ? " WRONG RESULT" : "");
         }
-        if (r->info[IMPL_MPI][0] && s == o->n_sizes - 1)
-            printf("  mpi n=%d: %s\n", n, r->info[IMPL_MPI]);
+        int conns = -1;
+        if (s == o->n_sizes - 1 &&
+            sscanf(r->info[IMPL_MPI], "tcp_connections_opened %d", &conns) == 1)
+            printf("  mpi n=%d: rank 0 opened %d TCP connection(s)%s\n", n, conns,
+                   conns ? "" : ": WARNING, its data did not go over TCP");
     }
     fflush(stdout);
 }
