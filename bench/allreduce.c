@@ -1,0 +1,991 @@
+/* allreduce.c: float32 sum allreduce of edl's CPU back end next to Gloo, Open MPI over TCP and
+ * the loopback ceiling, for n processes on this host, one line per (n, size).
+ *
+ *   allreduce [--np 2,3,4] [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
+ *             [--only edl,gloo,mpi,ceiling] [--gloo-algos ring,...] [--all-algos]
+ *
+ * The orchestrator (this program) runs, for each n, every implementation over all sizes, one
+ * after another, then prints their lines side by side:
+ *   ceiling  n copies of this program (--worker ceiling) in a TCP ring on 127.0.0.1: each streams
+ *            to its next neighbour what a ring allreduce moves per link while receiving as much
+ *            from its previous one, all links at once; a ring allreduce's busbw cannot exceed it
+ *   edl      n copies of this program (--worker edl) calling edl_allreduce() in place, joined
+ *            through an etcd this program starts (only when built with libedlcoll)
+ *   gloo     allreduce_gloo (allreduce_gloo.cc), every algorithm; the best per size is shown
+ *   mpi      allreduce_mpi under mpirun, forced onto TCP (ob1 PML, tcp,self BTLs, lo only)
+ * Every figure is timed by allreduce_timing.h. See docs/bench-allreduce.md. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "allreduce_timing.h"
+#include "edl/common.h"
+#include "edl/etcd_server.h"
+#ifdef EDL_HAVE_COLL
+#include "edl/collective.h"
+#endif
+
+#define MAX_NP 16
+#define RING_CHUNK (1u << 20) /* bytes per send()/recv() of the ceiling's ring */
+#define STALL_MS 180000 /* a launch that prints nothing for this long is killed */
+
+enum { IMPL_EDL, IMPL_GLOO, IMPL_MPI, IMPL_CEIL, N_IMPL };
+static const char *const impl_names[N_IMPL] = {"edl", "gloo", "mpi", "ceiling"};
+
+typedef struct opts {
+    int np[MAX_NP];
+    int n_np;
+    size_t sizes[AR_MAX_SIZES];
+    int n_sizes;
+    double budget;
+    bool use[N_IMPL];
+    bool all_algos;
+    const char *gloo_algos;
+} opts;
+
+/* One figure, as a driver reported it. */
+typedef struct figure {
+    char algo[32];
+    int64_t ns; /* 0: none */
+    bool wrong;
+} figure;
+
+typedef struct results {
+    figure best[N_IMPL][AR_MAX_SIZES];
+    figure gloo[8][AR_MAX_SIZES]; /* every Gloo algorithm, for --all-algos */
+    char gloo_algo[8][32];
+    int n_gloo;
+    char failed[N_IMPL][96]; /* why an implementation has no figures ("" if it has) */
+    char info[N_IMPL][96];
+} results;
+
+/* ---- sizes ----------------------------------------------------------------------------------- */
+
+static int parse_size(const char *s, const char **end, size_t *out)
+{
+    char *e;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (e == s)
+        return -1;
+    unsigned long long mul = 1;
+    switch (*e) {
+    case 'K': case 'k': mul = 1ull << 10; e++; break;
+    case 'M': case 'm': mul = 1ull << 20; e++; break;
+    case 'G': case 'g': mul = 1ull << 30; e++; break;
+    }
+    if (mul > 1 && e[0] == 'i' && e[1] == 'B')
+        e += 2;
+    else if (*e == 'B')
+        e++;
+    v *= mul;
+    if (v < 4 || v % 4 || v > (1ull << 31)) /* Gloo's classes count elements in an int */
+        return -1;
+    *out = (size_t)v;
+    *end = e;
+    return 0;
+}
+
+/* "1K,64K,1M" or "1K..256M" (every power of 4 times the first, up to the last). */
+static int parse_sizes(const char *s, size_t *out, int max)
+{
+    int n = 0;
+    const char *e;
+    size_t a, b;
+    if (strstr(s, "..")) {
+        if (parse_size(s, &e, &a) || strncmp(e, "..", 2) || parse_size(e + 2, &e, &b) || *e ||
+            b < a)
+            return -1;
+        for (size_t v = a; v <= b && n < max; v *= 4)
+            out[n++] = v;
+        return n;
+    }
+    while (*s) {
+        if (n == max || parse_size(s, &e, &out[n++]) || (*e && *e != ','))
+            return -1;
+        s = *e ? e + 1 : e;
+    }
+    return n;
+}
+
+static const char *size_str(size_t v, char *buf, size_t len)
+{
+    if (v >= (1u << 20) && v % (1u << 20) == 0)
+        snprintf(buf, len, "%zuMiB", v >> 20);
+    else if (v >= 1024 && v % 1024 == 0)
+        snprintf(buf, len, "%zuKiB", v >> 10);
+    else
+        snprintf(buf, len, "%zuB", v);
+    return buf;
+}
+
+/* Bytes a ring allreduce of `bytes` sends on each link: 2(n-1)/n of it. */
+static size_t link_bytes(size_t bytes, int n)
+{
+    return bytes / (size_t)n * (size_t)(2 * (n - 1));
+}
+
+/* ---- the ceiling worker: a TCP ring --------------------------------------------------------- */
+
+typedef struct ring {
+    int n;
+    int next, prev; /* sockets: we send to next and receive from prev */
+    char *sbuf, *rbuf;
+} ring;
+
+static int wait_fd(int fd, short ev)
+{
+    struct pollfd p = {.fd = fd, .events = ev};
+    int rc = poll(&p, 1, 60000);
+    if (rc <= 0) {
+        fprintf(stderr, "allreduce: ceiling worker: no progress on the ring for 60 s\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Send len bytes to next while receiving len from prev, without blocking on either. Waits in
+ * poll() for both: retrying whichever side is ready at once costs many small system calls,
+ * and with more processes than cores that CPU is taken from the peers. At most RING_CHUNK
+ * per call: on a loaded 2-core VM 1 MiB did as well as or better than 256 KiB, 64 KiB or
+ * everything at once, with 4 MiB or default socket buffers, and a second thread for sending
+ * did not help. */
+static int ring_exchange(ring *g, const char *s, char *r, size_t len)
+{
+    size_t sent = 0, got = 0;
+    while (sent < len || got < len) {
+        struct pollfd p[2] = {{.fd = g->next, .events = sent < len ? POLLOUT : 0},
+                              {.fd = g->prev, .events = got < len ? POLLIN : 0}};
+        if (poll(p, 2, 60000) <= 0) {
+            fprintf(stderr, "allreduce: ceiling worker: no progress on the ring for 60 s\n");
+            return -1;
+        }
+        errno = 0;
+        if (sent < len && p[0].revents) {
+            size_t want = len - sent < RING_CHUNK ? len - sent : RING_CHUNK;
+            ssize_t k = send(g->next, s + sent, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (k < 0 && errno != EAGAIN && errno != EINTR)
+                goto fail;
+            sent += k > 0 ? (size_t)k : 0;
+        }
+        if (got < len && p[1].revents) {
+            size_t want = len - got < RING_CHUNK ? len - got : RING_CHUNK;
+            ssize_t k = recv(g->prev, r + got, want, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+                goto fail;
+            got += k > 0 ? (size_t)k : 0;
+        }
+    }
+    return 0;
+fail:
+    fprintf(stderr, "allreduce: ceiling worker: ring socket: %s\n",
+            errno ? strerror(errno) : "closed by the peer");
+    return -1;
+}
+
+static int ring_stream(void *p, size_t count)
+{
+    ring *g = p;
+    size_t len = link_bytes(count * sizeof(float), g->n);
+    return ring_exchange(g, g->sbuf, g->rbuf, len);
+}
+
+/* After n-1 steps each rank has seen every rank's value, so this is also a barrier. */
+static int ring_max(void *p, int64_t *v, int n)
+{
+    ring *g = p;
+    int64_t in[AR_MAX_BATCHES + 2];
+    for (int step = 0; step < g->n - 1; step++) {
+        if (ring_exchange(g, (const char *)v, (char *)in, (size_t)n * sizeof *v))
+            return -1;
+        for (int i = 0; i < n; i++)
+            v[i] = in[i] > v[i] ? in[i] : v[i];
+    }
+    return 0;
+}
+
+static int ring_barrier(void *p)
+{
+    int64_t x = 0;
+    return ring_max(p, &x, 1);
+}
+
+static void tune_socket(int fd)
+{
+    int one = 1, buf = 4 << 20;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+/* fd 3: our listening socket; EDL_BENCH_RING_PORTS: every rank's port, in rank order. */
+static int ceiling_connect(ring *g, int rank)
+{
+    const char *ports = getenv("EDL_BENCH_RING_PORTS");
+    int port = 0;
+    for (int i = 0; ports && i <= (rank + 1) % g->n; i++) {
+        port = atoi(ports);
+        ports = strchr(ports, ',');
+        ports = ports ? ports + 1 : NULL;
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    g->next = socket(AF_INET, SOCK_STREAM, 0);
+    if (g->next < 0 || (tune_socket(g->next), connect(g->next, (struct sockaddr *)&a, sizeof a))) {
+        fprintf(stderr, "allreduce: ceiling worker %d: connect to 127.0.0.1:%d: %s\n", rank, port,
+                strerror(errno));
+        return -1;
+    }
+    if (wait_fd(3, POLLIN) || (g->prev = accept(3, NULL, NULL)) < 0)
+        return -1;
+    tune_socket(g->prev);
+    fcntl(g->next, F_SETFL, O_NONBLOCK);
+    fcntl(g->prev, F_SETFL, O_NONBLOCK);
+    close(3);
+    return 0;
+}
+
+static int worker_ceiling(ar_driver *d, const size_t *sizes, int n_sizes, double budget)
+{
+    ring g = {.n = d->size};
+    size_t max = 0;
+    for (int i = 0; i < n_sizes; i++)
+        max = link_bytes(sizes[i], d->size) > max ? link_bytes(sizes[i], d->size) : max;
+    g.sbuf = ar_alloc_touched(max);
+    g.rbuf = ar_alloc_touched(max);
+    if (!g.sbuf || !g.rbuf) {
+        fprintf(stderr, "allreduce: ceiling worker: cannot allocate 2 x %zu bytes\n", max);
+        return 1;
+    }
+    if (ceiling_connect(&g, d->rank))
+        return 1;
+    d->ctx = &g;
+    d->buf = (float *)g.sbuf;
+    d->verify = 0;
+    d->allreduce = ring_stream;
+    d->max_i64 = ring_max;
+    d->barrier = ring_barrier;
+    for (int i = 0; i < n_sizes; i++)
+        if (ar_measure(d, "ceiling", "-", sizes[i], budget))
+            return 1;
+    free(g.sbuf);
+    free(g.rbuf);
+    return 0;
+}
+
+/* ---- the edl worker --------------------------------------------------------------------------- */
+
+#ifdef EDL_HAVE_COLL
+typedef struct edl_ctx {
+    edl_comm *c;
+    float *buf;
+} edl_ctx;
+
+static int edl_fail(edl_ctx *e, const char *what, int rc)
+{
+    fprintf(stderr, "allreduce: edl worker %d: %s: %s (%s)\n", edl_coll_rank(e->c), what,
+            edl_strerror(rc), edl_coll_errmsg(e->c));
+    return -1;
+}
+
+static int edl_run(void *p, size_t count)
+{
+    edl_ctx *e = p;
+    int rc = edl_allreduce(e->c, e->buf, e->buf, count, EDL_FLOAT32, EDL_SUM);
+    return rc ? edl_fail(e, "edl_allreduce", rc) : 0;
+}
+
+static int edl_max(void *p, int64_t *v, int n)
+{
+    edl_ctx *e = p;
+    int rc = edl_allreduce(e->c, v, v, (size_t)n, EDL_INT64, EDL_MAX);
+    return rc ? edl_fail(e, "edl_allreduce (int64 max)", rc) : 0;
+}
+
+static int edl_bar(void *p)
+{
+    edl_ctx *e = p;
+    int rc = edl_barrier(e->c);
+    return rc ? edl_fail(e, "edl_barrier", rc) : 0;
+}
+
+static int worker_edl(ar_driver *d, const size_t *sizes, int n_sizes, double budget)
+{
+    edl_ctx e = {0};
+    size_t max = 0;
+    for (int i = 0; i < n_sizes; i++)
+        max = sizes[i] > max ? sizes[i] : max;
+    e.buf = ar_alloc_touched(max);
+    int rc = edl_coll_init(NULL, &e.c);
+    if (rc) {
+        fprintf(stderr, "allreduce: edl worker %d: edl_coll_init: %s\n", d->rank,
+                edl_strerror(rc));
+        return 1;
+    }
+    if (!e.buf || edl_coll_size(e.c) != d->size) {
+        fprintf(stderr, "allreduce: edl worker %d: %s\n", d->rank,
+                e.buf ? "the communicator's size is not EDL_WORLD_SIZE" : "out of memory");
+        return 1;
+    }
+    d->ctx = &e;
+    d->buf = e.buf;
+    d->verify = 1;
+    d->allreduce = edl_run;
+    d->max_i64 = edl_max;
+    d->barrier = edl_bar;
+    for (int i = 0; i < n_sizes && !rc; i++)
+        rc = ar_measure(d, "edl", edl_coll_backend(e.c), sizes[i], budget);
+    edl_coll_free(e.c);
+    free(e.buf);
+    return rc ? 1 : 0;
+}
+#endif
+
+/* allreduce --worker ceiling|edl --sizes BYTES,... --budget S; EDL_RANK, EDL_WORLD_SIZE. */
+static int worker_main(int argc, char **argv)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    size_t sizes[AR_MAX_SIZES];
+    int n_sizes = -1;
+    double budget = 0;
+    const char *kind = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--worker"))
+            kind = argv[i + 1];
+        else if (!strcmp(argv[i], "--sizes"))
+            n_sizes = ar_parse_sizes(argv[i + 1], sizes, AR_MAX_SIZES);
+        else if (!strcmp(argv[i], "--budget"))
+            budget = atof(argv[i + 1]);
+    }
+    ar_driver d = {0};
+    d.rank = getenv("EDL_RANK") ? atoi(getenv("EDL_RANK")) : -1;
+    d.size = getenv("EDL_WORLD_SIZE") ? atoi(getenv("EDL_WORLD_SIZE")) : 0;
+    if (!kind || n_sizes <= 0 || budget <= 0 || d.rank < 0 || d.size < 2 || d.rank >= d.size) {
+        fprintf(stderr, "allreduce: a worker is started by the orchestrator only\n");
+        return 2;
+    }
+    if (!strcmp(kind, "ceiling"))
+        return worker_ceiling(&d, sizes, n_sizes, budget);
+#ifdef EDL_HAVE_COLL
+    if (!strcmp(kind, "edl"))
+        return worker_edl(&d, sizes, n_sizes, budget);
+#endif
+    fprintf(stderr, "allreduce: unknown worker %s\n", kind);
+    return 2;
+}
+
+/* ---- launching and collecting ------------------------------------------------------------- */
+
+typedef struct launch {
+    pid_t pid[MAX_NP];
+    int n;
+    int out; /* read end of rank 0's stdout */
+} launch;
+
+/* Fork and exec argv; stdout goes to out_fd (rank 0) or /dev/null; listen_fd becomes fd 3;
+ * env: "NAME=value" strings added to the child's environment. */
+static pid_t spawn(char *const *argv, char *const *env, int out_fd, int listen_fd)
+{
+    pid_t parent = getpid();
+    fflush(stdout); /* or the child would print our buffered lines again */
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(127);
+    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    dup2(out_fd >= 0 ? out_fd : null, 1);
+    if (listen_fd == 3)
+        fcntl(3, F_SETFD, 0); /* dup2 onto itself would keep close-on-exec */
+    else if (listen_fd >= 0)
+        dup2(listen_fd, 3);
+    /* a bench run inside an edl job must not hand the job's agent pipes to the workers */
+    unsetenv("EDL_CONTROL_FD");
+    unsetenv("EDL_PROGRESS_FD");
+    for (int i = 0; env && env[i]; i++)
+        putenv(env[i]);
+    execvp(argv[0], argv);
+    fprintf(stderr, "allreduce: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+static void kill_launch(launch *l)
+{
+    for (int i = 0; i < l->n; i++)
+        kill(l->pid[i], SIGKILL);
+}
+
+/* One line from a driver: a figure (R ...), a note (I ...), or anything else, shown as is. */
+static void take_line(const char *line, int impl, const opts *o, results *r)
+{
+    char kind[8], name[16], algo[32], ok[8];
+    unsigned long long bytes;
+    long long ns, calls;
+    if (sscanf(line, "R %15s %31s %llu %lld %lld %7s", name, algo, &bytes, &ns, &calls, ok) != 6) {
+        if (sscanf(line, "I %7s %95[^\n]", kind, r->info[impl]) != 2)
+            fprintf(stderr, "%s\n", line); /* not ours: let it be seen */
+        return;
+    }
+    int s = 0;
+    while (s < o->n_sizes && o->sizes[s] != bytes)
+        s++;
+    if (s == o->n_sizes || ns <= 0)
+        return;
+    figure fig = {.ns = ns, .wrong = strcmp(ok, "ok") != 0};
+    snprintf(fig.algo, sizeof fig.algo, "%s", algo);
+    figure *best = &r->best[impl][s];
+    if (!best->ns || (best->wrong && !fig.wrong) || (!fig.wrong && fig.ns < best->ns))
+        *best = fig;
+    if (impl != IMPL_GLOO)
+        return;
+    int a = 0;
+    while (a < r->n_gloo && strcmp(r->gloo_algo[a], algo))
+        a++;
+    if (a == 8)
+        return;
+    if (a == r->n_gloo)
+        snprintf(r->gloo_algo[r->n_gloo++], sizeof r->gloo_algo[0], "%s", algo);
+    r->gloo[a][s] = fig;
+}
+
+/* Read the drivers' lines until every process has exited; fills r. */
+static void collect(launch *l, int impl, const opts *o, results *r)
+{
+    char buf[8192];
+    size_t have = 0;
+    bool timed_out = false;
+    for (;;) {
+        struct pollfd p = {.fd = l->out, .events = POLLIN};
+        if (poll(&p, 1, STALL_MS) <= 0) {
+            timed_out = true;
+            kill_launch(l);
+            break;
+        }
+        ssize_t k = read(l->out, buf + have, sizeof buf - 1 - have);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        have += (size_t)k;
+        buf[have] = 0;
+        char *start = buf, *nl;
+        while ((nl = strchr(start, '\n'))) {
+            *nl = 0;
+            take_line(start, impl, o, r);
+            start = nl + 1;
+        }
+        have -= (size_t)(start - buf);
+        memmove(buf, start, have);
+        if (have == sizeof buf - 1)
+            have = 0; /* a line this long is not ours */
+    }
+    close(l->out);
+    int worst = 0;
+    for (int i = 0; i < l->n; i++) {
+        int st;
+        waitpid(l->pid[i], &st, 0);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        worst = code > worst ? code : worst;
+    }
+    if (timed_out)
+        snprintf(r->failed[impl], sizeof r->failed[impl], "killed: silent for %d s",
+                 STALL_MS / 1000);
+    else if (worst)
+        snprintf(r->failed[impl], sizeof r->failed[impl], "failed (exit %d, see stderr)", worst);
+}
+
+static void sizes_arg(const opts *o, char *buf, size_t len)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < o->n_sizes && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%zu", i ? "," : "", o->sizes[i]);
+}
+
+/* n copies of this program as workers of `kind`. */
+static int launch_workers(launch *l, const char *kind, int n, const opts *o, const char *etcd_ep)
+{
+    char sizes[512], budget[32], self[4096];
+    sizes_arg(o, sizes, sizeof sizes);
+    snprintf(budget, sizeof budget, "%g", o->budget);
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0)
+        return -1;
+    self[len] = 0;
+    int lfd[MAX_NP];
+    char ports[MAX_NP * 8] = "";
+    bool is_ring = !strcmp(kind, "ceiling");
+    for (int r = 0; is_ring && r < n; r++) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        lfd[r] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (lfd[r] < 0 || bind(lfd[r], (struct sockaddr *)&a, sizeof a) || listen(lfd[r], 4) ||
+            getsockname(lfd[r], (struct sockaddr *)&a, &al))
+            return -1;
+        /* set before accept so the accepted socket inherits them (window scaling) */
+        int buf = 4 << 20;
+        setsockopt(lfd[r], SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        snprintf(ports + strlen(ports), sizeof ports - strlen(ports), "%s%d", r ? "," : "",
+                 ntohs(a.sin_port));
+    }
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC))
+        return -1;
+    l->n = n;
+    l->out = pipefd[0];
+    for (int r = 0; r < n; r++) {
+        char e[10][160];
+        snprintf(e[0], sizeof e[0], "EDL_RANK=%d", r);
+        snprintf(e[1], sizeof e[1], "EDL_WORLD_SIZE=%d", n);
+        snprintf(e[2], sizeof e[2], "EDL_BENCH_RING_PORTS=%s", ports);
+        snprintf(e[3], sizeof e[3], "EDL_ETCD_ENDPOINTS=%s", etcd_ep ? etcd_ep : "");
+        snprintf(e[4], sizeof e[4], "EDL_ETCD_PREFIX=/edl/v1");
+        snprintf(e[5], sizeof e[5], "EDL_JOB_ID=bench-%d-%d", (int)getpid(), n);
+        snprintf(e[6], sizeof e[6], "EDL_GENERATION=1");
+        snprintf(e[7], sizeof e[7], "PADDLE_CURRENT_ENDPOINT=127.0.0.1:0");
+        char *env[10] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], NULL};
+        if (is_ring)
+            env[3] = NULL;
+        char *argv[] = {self, "--worker", (char *)kind, "--sizes", sizes, "--budget", budget,
+                        NULL};
+        /* putenv keeps the pointers: the child has its own copy of this stack frame */
+        l->pid[r] = spawn(argv, env, r == 0 ? pipefd[1] : -1, is_ring ? lfd[r] : -1);
+    }
+    close(pipefd[1]);
+    for (int r = 0; is_ring && r < n; r++)
+        close(lfd[r]);
+    return 0;
+}
+
+static int launch_gloo(launch *l, int n, const opts *o, const char *algo, const char *store)
+{
+    char sizes[512], budget[32], prog[4200];
+    sizes_arg(o, sizes, sizeof sizes);
+    snprintf(budget, sizeof budget, "%g", o->budget);
+    snprintf(prog, sizeof prog, "%s/allreduce_gloo", EDL_BENCH_DIR);
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC))
+        return -1;
+    l->n = n;
+    l->out = pipefd[0];
+    for (int r = 0; r < n; r++) {
+        char rank[16], size[16];
+        snprintf(rank, sizeof rank, "%d", r);
+        snprintf(size, sizeof size, "%d", n);
+        char *argv[] = {prog, "--rank", rank, "--size", size, "--store", (char *)store,
+                        "--sizes", sizes, "--budget", budget, "--algos", (char *)algo,
+                        NULL};
+        l->pid[r] = spawn(argv, NULL, r == 0 ? pipefd[1] : -1, -1);
+    }
+    close(pipefd[1]);
+    return 0;
+}
+
+static int launch_mpi(launch *l, int n, const opts *o)
+{
+    char sizes[512], budget[32], prog[4200], np[16];
+    sizes_arg(o, sizes, sizeof sizes);
+    snprintf(budget, sizeof budget, "%g", o->budget);
+    snprintf(prog, sizeof prog, "%s/allreduce_mpi", EDL_BENCH_DIR);
+    snprintf(np, sizeof np, "%d", n);
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC))
+        return -1;
+    l->n = 1;
+    l->out = pipefd[0];
+    /* ob1 with only tcp,self: the UCX PML and the vader BTL would use shared memory. No
+     * binding, like the other implementations' processes. */
+    char *argv[] = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                    "-np", np, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+                    "--mca", "btl_tcp_if_include", "lo", prog, "--sizes", sizes,
+                    "--budget", budget, NULL};
+    /* mpirun sends every rank's stdout to its own; only rank 0 prints */
+    l->pid[0] = spawn(argv, NULL, pipefd[1], -1);
+    close(pipefd[1]);
+    return 0;
+}
+
+static bool in_path(const char *prog)
+{
+    const char *path = getenv("PATH");
+    char buf[4096];
+    while (path && *path) {
+        size_t len = strcspn(path, ":");
+        snprintf(buf, sizeof buf, "%.*s/%s", (int)len, path, prog);
+        if (access(buf, X_OK) == 0)
+            return true;
+        path += len + (path[len] == ':');
+    }
+    return false;
+}
+
+static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
+{
+    (void)st, (void)f, (void)w;
+    return remove(p);
+}
+
+/* ---- report --------------------------------------------------------------------------------- */
+
+static double busbw(size_t bytes, int64_t ns, int n)
+{
+    return (double)bytes / (double)ns * 2.0 * (n - 1) / n; /* bytes/ns = GB/s */
+}
+
+static void fmt_time(int64_t ns, char *buf, size_t len)
+{
+    if (ns < 1000000)
+        snprintf(buf, len, "%7.1f us", ns / 1e3);
+    else
+        snprintf(buf, len, "%7.1f ms", ns / 1e6);
+}
+
+/* "edl      45.1 us  1.45/1.45 GB/s" or the reason there is no figure. */
+static void fmt_cell(const results *r, int impl, int s, const opts *o, int n, char *buf,
+                     size_t len)
+{
+    const figure *f = &r->best[impl][s];
+    char label[48], t[24];
+    if (impl == IMPL_GLOO && f->ns)
+        snprintf(label, sizeof label, "gloo(%s)", f->algo);
+    else
+        snprintf(label, sizeof label, "%s", impl_names[impl]);
+    if (!f->ns) {
+        snprintf(buf, len, "%-22s %s", label, r->failed[impl][0] ? r->failed[impl] : "n/a");
+        return;
+    }
+    double alg = (double)o->sizes[s] / (double)f->ns;
+    fmt_time(f->ns, t, sizeof t);
+    snprintf(buf, len, "%-22s %s %5.2f/%5.2f GB/s%s", label, t, alg, busbw(o->sizes[s], f->ns, n),
+             f->wrong ? " WRONG RESULT" : "");
+}
+
+static bool usable(const figure *f)
+{
+    return f->ns && !f->wrong;
+}
+
+static void print_n(const results *r, const opts *o, int n)
+{
+    for (int s = 0; s < o->n_sizes; s++) {
+        char sz[32], line[1024];
+        size_t k = (size_t)snprintf(line, sizeof line, "allreduce n=%d %-6s ", n,
+                                    size_str(o->sizes[s], sz, sizeof sz));
+        for (int i = 0; i < IMPL_CEIL; i++) {
+            if (!o->use[i])
+                continue;
+            char cell[160];
+            fmt_cell(r, i, s, o, n, cell, sizeof cell);
+            k += (size_t)snprintf(line + k, sizeof line - k, " %s |", cell);
+        }
+        const figure *c = &r->best[IMPL_CEIL][s];
+        double ceil_bw = c->ns ? busbw(o->sizes[s], c->ns, n) : 0;
+        if (o->use[IMPL_CEIL]) {
+            if (c->ns)
+                k += (size_t)snprintf(line + k, sizeof line - k, " ceiling %5.2f GB/s |", ceil_bw);
+            else
+                k += (size_t)snprintf(line + k, sizeof line - k, " ceiling %s |",
+                                      r->failed[IMPL_CEIL][0] ? r->failed[IMPL_CEIL] : "n/a");
+        }
+        const figure *e = &r->best[IMPL_EDL][s], *g = &r->best[IMPL_GLOO][s];
+        if (usable(e) && usable(g))
+            k += (size_t)snprintf(line + k, sizeof line - k, " edl/gloo %.2fx",
+                                  (double)g->ns / (double)e->ns);
+        else
+            k += (size_t)snprintf(line + k, sizeof line - k, " edl/gloo n/a");
+        k += (size_t)snprintf(line + k, sizeof line - k, " | of ceiling:");
+        for (int i = 0; i < IMPL_CEIL; i++) {
+            const figure *f = &r->best[i][s];
+            if (!o->use[i])
+                continue;
+            if (usable(f) && ceil_bw > 0)
+                k += (size_t)snprintf(line + k, sizeof line - k, " %s %.0f%%", impl_names[i],
+                                      100.0 * busbw(o->sizes[s], f->ns, n) / ceil_bw);
+            else
+                k += (size_t)snprintf(line + k, sizeof line - k, " %s n/a", impl_names[i]);
+        }
+        puts(line);
+        for (int a = 0; o->all_algos && a < r->n_gloo; a++) {
+            const figure *f = &r->gloo[a][s];
+            if (!f->ns)
+                continue;
+            char t[24];
+            fmt_time(f->ns, t, sizeof t);
+            printf("  gloo-algo n=%d %-6s %-16s %s %5.2f/%5.2f GB/s%s\n", n, sz, f->algo, t,
+                   (double)o->sizes[s] / (double)f->ns, busbw(o->sizes[s], f->ns, n),
+                   f->wrong ? " WRONG RESULT" : "");
+        }
+        int conns = -1;
+        if (s == o->n_sizes - 1 &&
+            sscanf(r->info[IMPL_MPI], "tcp_connections_opened %d", &conns) == 1)
+            printf("  mpi n=%d: rank 0 opened %d TCP connection(s)%s\n", n, conns,
+                   conns ? "" : ": WARNING, its data did not go over TCP");
+    }
+    fflush(stdout);
+}
+
+/* ---- orchestrator ------------------------------------------------------------------------- */
+
+static double memcpy_gbs(void)
+{
+    size_t len = 64u << 20;
+    char *a = ar_alloc_touched(len), *b = ar_alloc_touched(len);
+    int64_t t[5];
+    for (int i = 0; a && b && i < 5; i++) {
+        int64_t s = ar_now_ns();
+        memcpy(b, a, len);
+        t[i] = ar_now_ns() - s;
+        a[i] = b[len - 1 - (size_t)i]; /* keep the copy observable */
+    }
+    free(a);
+    free(b);
+    if (!a || !b)
+        return 0;
+    qsort(t, 5, sizeof t[0], ar_cmp_i64);
+    return (double)len / (double)t[2];
+}
+
+/* Each Gloo algorithm in processes of its own: in one context, gloo::allreduce's ring ran
+ * 100 times slower after the algorithm classes had run (15 s for 16 MiB at n=4). */
+static void run_gloo(launch *l, int n, const opts *o, results *r)
+{
+    for (const char *p = o->gloo_algos; *p;) {
+        char algo[32], store[] = "/tmp/edl-bench-gloo-XXXXXX";
+        size_t len = strcspn(p, ",");
+        snprintf(algo, sizeof algo, "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+        if (!mkdtemp(store)) {
+            snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "cannot create %s: %s", store,
+                     strerror(errno));
+            return;
+        }
+        if (launch_gloo(l, n, o, algo, store))
+            snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "cannot start: %s",
+                     strerror(errno));
+        else
+            collect(l, IMPL_GLOO, o, r);
+        nftw(store, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    }
+}
+
+static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_missing)
+{
+    results *r = calloc(1, sizeof *r);
+    static const int order[] = {IMPL_CEIL, IMPL_EDL, IMPL_GLOO, IMPL_MPI};
+    for (int k = 0; k < N_IMPL; k++) {
+        int impl = order[k];
+        if (!o->use[impl])
+            continue;
+        launch l = {0};
+        char *msg = r->failed[impl];
+        size_t len = sizeof r->failed[impl];
+        int rc = 0;
+        char prog[4200];
+        switch (impl) {
+        case IMPL_CEIL:
+            rc = launch_workers(&l, "ceiling", n, o, NULL);
+            break;
+        case IMPL_EDL:
+            if (edl_missing) {
+                snprintf(msg, len, "%s", edl_missing);
+                continue;
+            }
+            rc = launch_workers(&l, "edl", n, o, etcd_ep);
+            break;
+        case IMPL_GLOO:
+            snprintf(prog, sizeof prog, "%s/allreduce_gloo", EDL_BENCH_DIR);
+            if (access(prog, X_OK))
+                snprintf(msg, len, "not built (install libgloo-dev)");
+            else
+                run_gloo(&l, n, o, r);
+            continue;
+        case IMPL_MPI:
+            snprintf(prog, sizeof prog, "%s/allreduce_mpi", EDL_BENCH_DIR);
+            if (access(prog, X_OK)) {
+                snprintf(msg, len, "not built (install libopenmpi-dev)");
+                continue;
+            }
+            if (!in_path("mpirun")) {
+                snprintf(msg, len, "mpirun not in PATH (install openmpi-bin)");
+                continue;
+            }
+            rc = launch_mpi(&l, n, o);
+            break;
+        }
+        if (rc)
+            snprintf(msg, len, "cannot start: %s", strerror(errno));
+        else
+            collect(&l, impl, o, r);
+    }
+    print_n(r, o, n);
+    free(r);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: allreduce [options]\n"
+        "  --np LIST          process counts, e.g. 2,3,4 (default; each 2..%d)\n"
+        "  --sizes LIST       bytes per rank: 1K,64K,1M or a range 1K..256M (powers of 4);\n"
+        "                     suffixes K, M, G (KiB...), multiples of 4 (default 1K..256M)\n"
+        "  --max-size SIZE    drop the sizes above SIZE\n"
+        "  --budget SECONDS   timed calls per size: as many as fit (default 0.3, at least %d)\n"
+        "  --quick            sizes 1K,64K,1M,16M and a 0.05 s budget: a smoke run\n"
+        "  --only LIST        some of edl,gloo,mpi,ceiling (default: all)\n"
+        "  --gloo-algos LIST  ring,ring_chunked,halving_doubling,bcube,new_ring,new_bcube (all)\n"
+        "  --all-algos        also print every Gloo algorithm's figure\n"
+        "Prints one line per (n, size); see docs/bench-allreduce.md.\n",
+        MAX_NP, AR_MIN_CALLS);
+}
+
+static int bad(const char *what, const char *arg)
+{
+    fprintf(stderr, "allreduce: bad %s '%s' (try --help)\n", what, arg);
+    return 2;
+}
+
+static int parse_opts(int argc, char **argv, opts *o)
+{
+    static const struct option lo[] = {
+        {"np", 1, 0, 'n'},      {"sizes", 1, 0, 's'},      {"max-size", 1, 0, 'm'},
+        {"budget", 1, 0, 'b'},  {"quick", 0, 0, 'q'},      {"only", 1, 0, 'o'},
+        {"gloo-algos", 1, 0, 'g'}, {"all-algos", 0, 0, 'a'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    *o = (opts){.np = {2, 3, 4}, .n_np = 3, .budget = 0.3,
+                .gloo_algos = "ring,ring_chunked,halving_doubling,bcube,new_ring,new_bcube"};
+    o->n_sizes = parse_sizes("1K..256M", o->sizes, AR_MAX_SIZES);
+    for (int i = 0; i < N_IMPL; i++)
+        o->use[i] = true;
+    size_t max_size = 0;
+    bool quick = false, sizes_given = false, budget_given = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        char *e;
+        const char *end;
+        switch (c) {
+        case 'n':
+            o->n_np = 0;
+            for (const char *p = optarg; *p; p = *e ? e + 1 : e) {
+                long v = strtol(p, &e, 10);
+                if (e == p || v < 2 || v > MAX_NP || (*e && *e != ',') || o->n_np == MAX_NP)
+                    return bad("--np", optarg);
+                o->np[o->n_np++] = (int)v;
+            }
+            break;
+        case 's':
+            o->n_sizes = parse_sizes(optarg, o->sizes, AR_MAX_SIZES);
+            if (o->n_sizes <= 0)
+                return bad("--sizes", optarg);
+            sizes_given = true;
+            break;
+        case 'm':
+            if (parse_size(optarg, &end, &max_size) || *end)
+                return bad("--max-size", optarg);
+            break;
+        case 'b':
+            o->budget = strtod(optarg, &e);
+            if (*e || !(o->budget > 0 && o->budget <= 60))
+                return bad("--budget (seconds, 0 to 60)", optarg);
+            budget_given = true;
+            break;
+        case 'q':
+            quick = true;
+            break;
+        case 'o':
+            for (int i = 0; i < N_IMPL; i++)
+                o->use[i] = false;
+            for (const char *p = optarg; *p;) {
+                size_t len = strcspn(p, ",");
+                int i = 0;
+                while (i < N_IMPL && (strlen(impl_names[i]) != len ||
+                                      strncmp(p, impl_names[i], len)))
+                    i++;
+                if (i == N_IMPL)
+                    return bad("--only (edl,gloo,mpi,ceiling)", optarg);
+                o->use[i] = true;
+                p += len + (p[len] == ',');
+            }
+            break;
+        case 'g':
+            o->gloo_algos = optarg;
+            break;
+        case 'a':
+            o->all_algos = true;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc)
+        return bad("argument", argv[optind]);
+    if (quick && !sizes_given)
+        o->n_sizes = parse_sizes("1K,64K,1M,16M", o->sizes, AR_MAX_SIZES);
+    if (quick && !budget_given)
+        o->budget = 0.05;
+    int k = 0;
+    for (int i = 0; i < o->n_sizes; i++)
+        if (!max_size || o->sizes[i] <= max_size)
+            o->sizes[k++] = o->sizes[i];
+    o->n_sizes = k;
+    if (!k) {
+        fprintf(stderr, "allreduce: no size left under --max-size\n");
+        return 2;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2 && !strcmp(argv[1], "--worker"))
+        return worker_main(argc, argv);
+    opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc)
+        return rc;
+
+    const char *edl_missing = NULL;
+    edl_etcd_server *srv = NULL;
+#ifdef EDL_HAVE_COLL
+    if (o.use[IMPL_EDL]) {
+        edl_etcd_server_opts so = {.quiet = true};
+        rc = edl_etcd_server_start(&so, &srv);
+        if (rc)
+            edl_missing = "n/a (no etcd: set EDL_ETCD_BIN or put etcd in PATH)";
+    }
+#else
+    edl_missing = "n/a (built without libedlcoll)";
+#endif
+    printf("allreduce: float32 sum, in place, n processes on this host (%ld cores), loopback TCP.\n"
+           "  time: median over batches of the slowest rank's mean time per call (a barrier before "
+           "each batch;\n"
+           "  %.2g s of calls per size, at least %d, after a warm-up); algbw = bytes/time, busbw = "
+           "algbw*2(n-1)/n (GB/s).\n"
+           "  ceiling: every link of a TCP ring streams at once what a ring allreduce moves per "
+           "link; GB/s comparable to busbw.\n"
+           "  gloo: the fastest of %s; mpi: Open MPI, ob1 PML over TCP BTL only.\n"
+           "  memcpy one thread, 64 MiB: %.1f GB/s\n",
+           sysconf(_SC_NPROCESSORS_ONLN), o.budget, AR_MIN_CALLS, o.gloo_algos, memcpy_gbs());
+    fflush(stdout);
+    for (int i = 0; i < o.n_np; i++)
+        run_n(&o, o.np[i], srv ? edl_etcd_server_endpoint(srv, 0) : NULL, edl_missing);
+    edl_etcd_server_free(srv);
+    return 0;
+}
