@@ -518,6 +518,25 @@ static void test_new_generation_restarts_trainer(void **state)
     assert_true(wait_pid_dead((pid_t)pid2, 2000));
 }
 
+/* Wait up to 3 s for a file to have `want` lines; returns the count, the last line in `last`. */
+static int wait_lines(const char *path, int want, char *last, size_t len)
+{
+    int64_t end = harness_now_ms() + 3000;
+    int lines = 0;
+    while (harness_now_ms() < end) {
+        FILE *f = fopen(path, "r");
+        lines = 0;
+        while (f && fgets(last, (int)len, f))
+            lines++;
+        if (f)
+            fclose(f);
+        if (lines >= want)
+            break;
+        harness_sleep_ms(25);
+    }
+    return lines;
+}
+
 static void test_inprocess_keeps_trainer_across_generations(void **state)
 {
     (void)state;
@@ -540,21 +559,8 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid1);
     assert_int_equal(st.restarts, 0);
-    int64_t end = harness_now_ms() + 3000;
     char line[1024] = "";
-    int lines = 0;
-    while (harness_now_ms() < end) {
-        FILE *f = fopen(cf, "r");
-        lines = 0;
-        while (f && fgets(line, sizeof line, f))
-            lines++;
-        if (f)
-            fclose(f);
-        if (lines >= 2)
-            break;
-        harness_sleep_ms(25);
-    }
-    assert_int_equal(lines, 2);
+    assert_int_equal(wait_lines(cf, 2, line, sizeof line), 2);
     assert_non_null(strstr(line, "\"generation\":2"));
     assert_non_null(strstr(line, "\"rank\":0"));
     assert_non_null(strstr(line, "\"world_size\":2"));
@@ -563,19 +569,7 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     publish(job, 3, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
     st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 8000);
     assert_int_equal(st.pid, pid1);
-    end = harness_now_ms() + 3000;
-    while (harness_now_ms() < end) {
-        FILE *f = fopen(cf, "r");
-        lines = 0;
-        while (f && fgets(line, sizeof line, f))
-            lines++;
-        if (f)
-            fclose(f);
-        if (lines >= 3)
-            break;
-        harness_sleep_ms(25);
-    }
-    assert_int_equal(lines, 3);
+    assert_int_equal(wait_lines(cf, 3, line, sizeof line), 3);
     assert_non_null(strstr(line, "\"generation\":3"));
     assert_non_null(strstr(line, "\"rank\":1"));
     publish_state(job, 3, EDL_JOB_FAILED);
