@@ -456,6 +456,8 @@ static int join_loop(edl_comm *c, bool first)
     for (;;) {
         read_control(c);
         if (c->have_next && c->next_gen > c->gen) {
+            stop_watch(c);
+            coll_close_peers(c); /* with the old size: fds[] belongs to the old generation */
             c->prev_gen = c->gen;
             c->prev_rank = c->rank;
             c->gen = c->next_gen;
