@@ -3,6 +3,7 @@
  *
  *   allreduce [--np 2,3,4] [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
  *             [--only edl,gloo,mpi,ceiling] [--gloo-algos ring,...] [--all-algos]
+ *             [--mpi-heap-reuse]
  *
  * The orchestrator (this program) runs, for each n, every implementation over all sizes, one
  * after another, then prints their lines side by side:
