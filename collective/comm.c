@@ -21,8 +21,6 @@
 #include "edl/log.h"
 #include "internal.h"
 
-int coll_dead_announced(edl_comm *c); /* net.c */
-
 void coll_set_err(edl_comm *c, const char *fmt, ...)
 {
     va_list ap;
@@ -253,7 +251,6 @@ static int await_entries(edl_comm *c, rdv_entry *e, int64_t deadline)
         free(prefix);
         return rc;
     }
-    int got = 0;
     for (size_t i = 0; i < res.n_kvs && rc >= 0; i++) {
         int t = take_kv(c, &res.kvs[i], e);
         rc = t == 2 ? EDL_EPEER : t < 0 ? t : 0;
@@ -302,14 +299,15 @@ static int await_entries(edl_comm *c, rdv_entry *e, int64_t deadline)
         if (rc == EDL_EPEER)
             c->dead_seen = true;
     }
-    (void)got;
     return rc;
 }
 
 static int publish_entry(edl_comm *c, uint64_t token)
 {
-    char tok[17], *k = gen_key(c, c->gen, ""), *v = NULL;
+    char tok[17], name[32], *v = NULL;
     snprintf(tok, sizeof tok, "%016" PRIx64, token);
+    snprintf(name, sizeof name, "cpu/%d", c->rank);
+    char *key = gen_key(c, c->gen, name);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "addr", c->listen_addr);
     cJSON_AddNumberToObject(o, "port", c->lport);
@@ -319,16 +317,14 @@ static int publish_entry(edl_comm *c, uint64_t token)
     cJSON_AddNumberToObject(o, "prev_rank", c->prev_rank);
     v = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    char *key = NULL;
     int rc = EDL_ENOMEM;
-    if (k && v && asprintf(&key, "%scpu/%d", k, c->rank) >= 0) {
+    if (key && v) {
         rc = edl_etcd_put(c->etcd, edl_str(key), edl_str(v), NULL, NULL);
         if (rc)
             coll_set_err(c, "publishing this rank's endpoint for generation %" PRId64 ": %s",
                          c->gen, edl_etcd_errmsg(c->etcd));
     }
     free(key);
-    free(k);
     free(v);
     return rc;
 }
@@ -397,6 +393,15 @@ static int open_nccl(edl_comm *c, const int *prev_rank)
 }
 #endif
 
+/* A barrier on the CPU group that also counts the ranks it reached (*sum). */
+static int cpu_barrier(edl_comm *c, int32_t *sum)
+{
+    int32_t one = 1;
+    coll_op op = {.kind = COLL_BARRIER, .dt = EDL_INT32, .op = EDL_SUM, .count = 1,
+                  .seq = ++c->seq};
+    return coll_cpu_allreduce(c, &op, &one, sum);
+}
+
 /* Join generation c->gen as c->rank of c->size. */
 static int join(edl_comm *c)
 {
@@ -434,10 +439,8 @@ static int join(edl_comm *c)
         rc = open_nccl(c, NULL);
 #endif
     if (!rc && c->size > 1) { /* everyone is connected, with the right tokens */
-        int32_t one = 1, sum = 0;
-        coll_op op = {.kind = COLL_BARRIER, .dt = EDL_INT32, .op = EDL_SUM, .count = 1,
-                      .seq = ++c->seq};
-        rc = coll_cpu_allreduce(c, &op, &one, &sum);
+        int32_t sum = 0;
+        rc = cpu_barrier(c, &sum);
         if (!rc && sum != c->size) {
             coll_set_err(c, "generation %" PRId64 ": the first barrier counted %d ranks, not %d",
                          c->gen, sum, c->size);
@@ -485,8 +488,6 @@ static int join_loop(edl_comm *c, bool first)
             poll(&pf, 1, 1000);
             continue;
         }
-        stop_watch(c);
-        coll_close_peers(c);
         int64_t t0 = edl_monotonic_ms();
         int rc = join(c);
         if (rc == 0) {
@@ -778,10 +779,8 @@ int edl_barrier(edl_comm *c)
         coll_set_err(c, "the communicator is broken; call edl_coll_check() to re-form it");
         return EDL_EPEER;
     }
-    int32_t one = 1, sum;
-    coll_op o = {.kind = COLL_BARRIER, .dt = EDL_INT32, .op = EDL_SUM, .count = 1,
-                 .seq = ++c->seq};
-    int rc = coll_cpu_allreduce(c, &o, &one, &sum);
+    int32_t sum;
+    int rc = cpu_barrier(c, &sum);
     return rc ? coll_fail(c, rc) : 0;
 }
 
