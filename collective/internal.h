@@ -108,6 +108,8 @@ void *coll_work(edl_comm *c, size_t bytes);
 
 /* net.c */
 int coll_listen(edl_comm *c);
+/* Drain the watch on gen/<n>/: 1 (and c->err set) once the dead key has appeared. */
+int coll_dead_announced(edl_comm *c);
 void coll_close_peers(edl_comm *c);
 /* Connect the mesh of generation c->gen: to every lower rank, accept every higher one.
  * eps[i]: "addr:port" of rank i, tokens[i]: the token rank i published. */

@@ -180,7 +180,7 @@ typedef struct pending {
     char from[64];
 } pending;
 
-/* Judge a complete hello: 1 = taken, 0 = dropped (and why is logged), 2 = kept for later. */
+/* Judge a complete hello: 1 = taken, 0 = dropped (and why is logged). */
 static int judge_hello(edl_comm *c, pending *p, uint64_t my_token)
 {
     const coll_hello *h = &p->h;
@@ -267,16 +267,15 @@ static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
                 continue;
             bool drop = n <= 0;
             if (n > 0 && (p->got += (size_t)n) == sizeof p->h) {
-                int v = judge_hello(c, p, my_token);
-                if (v == 1)
+                if (judge_hello(c, p, my_token)) { /* taken: out of the list, fd kept */
                     need--;
-                drop = v == 0;
-                if (v == 1) { /* taken: out of the pending list, fd kept */
                     pend[i--] = pend[--np];
                     continue;
                 }
+                drop = true;
             } else if (n > 0 && p->got >= 4 && p->h.magic != COLL_HELLO_MAGIC) {
-                drop = judge_hello(c, p, my_token) == 0;
+                drop = true; /* no need to wait for the rest of a stranger's bytes */
+                judge_hello(c, p, my_token); /* logs why */
             }
             if (drop) {
                 close(p->fd);
@@ -292,7 +291,6 @@ static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
 int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t my_token,
                       int64_t deadline_ms)
 {
-    (void)my_token;
     for (int j = 0; j < c->rank; j++) {
         int rc = connect_peer(c, j, eps[j], tokens[j], deadline_ms);
         if (rc)
@@ -343,15 +341,17 @@ static int check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr
     return 0;
 }
 
-/* 1 when the dead key of this generation has appeared. */
-static int dead_announced(edl_comm *c)
+/* 1 when the dead key of this generation has appeared (events on the generation's other keys
+ * are skipped). */
+int coll_dead_announced(edl_comm *c)
 {
     if (!c->dead_watch)
         return 0;
     edl_watch_event *ev = NULL;
     int dead = 0;
     while (edl_watch_next(c->dead_watch, &ev, 0) == 0) {
-        if (ev->type == EDL_WATCH_PUT) {
+        if (ev->type == EDL_WATCH_PUT && ev->kv.key_len > 5 &&
+            memcmp(ev->kv.key + ev->kv.key_len - 5, "/dead", 5) == 0) {
             coll_set_err(c, "generation %" PRId64 " was declared dead: %.*s", c->gen,
                          (int)(ev->kv.value_len > 300 ? 300 : ev->kv.value_len), ev->kv.value);
             dead = 1;
@@ -369,11 +369,6 @@ static int dead_announced(edl_comm *c)
     if (dead)
         c->dead_seen = true;
     return dead;
-}
-
-int coll_dead_announced(edl_comm *c)
-{
-    return dead_announced(c);
 }
 
 int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
@@ -462,7 +457,7 @@ int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size
         if (dfd >= 0)
             pf[np++] = (struct pollfd){.fd = dfd, .events = POLLIN};
         int r = poll(pf, (nfds_t)np, (int)(left < 1000 ? left : 1000));
-        if (r > 0 && dfd >= 0 && (pf[np - 1].revents & POLLIN) && dead_announced(c))
+        if (r > 0 && dfd >= 0 && (pf[np - 1].revents & POLLIN) && coll_dead_announced(c))
             return EDL_EPEER;
     }
     return 0;
