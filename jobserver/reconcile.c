@@ -390,9 +390,8 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
             out->next.n_failures = tmp_fail.n_failures;
             tmp_fail.failures = NULL;
             tmp_fail.n_failures = 0;
-            out->next.restarts = c->restarts + 1;
         }
-        if (!rc && dead && !nf)
+        if (!rc && (nf || dead)) /* a failure or a dead group: either costs a restart */
             out->next.restarts = c->restarts + 1;
         if (!rc) {
             edl_members_free(out->next.members, out->next.n_members);
