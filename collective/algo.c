@@ -20,77 +20,33 @@ static size_t blk_len(size_t count, int n, int b)
     return count / (size_t)n + ((size_t)b < count % (size_t)n);
 }
 
-static size_t nseg(size_t elems, size_t seg)
-{
-    return elems == 0 ? 1 : (elems + seg - 1) / seg;
-}
-
-static size_t seg_len(size_t elems, size_t seg, size_t i)
-{
-    size_t off = i * seg;
-    return off >= elems ? 0 : (elems - off < seg ? elems - off : seg);
-}
-
-/* One ring step: send the block at sblk (slen elements) to next while receiving rlen elements
- * from prev, segment by segment. With rsrc, received segments land in the stage and
- * dst[i] = rsrc[i] op stage[i]; without, they land in dst directly. Pointers are to the
- * blocks' first elements. */
-typedef struct ring_step {
-    const char *sblk;
-    size_t slen;
-    char *dst;
-    const char *rsrc; /* NULL: no reduction */
-    size_t rlen;
-} ring_step;
-
-static int ring_transfer(edl_comm *c, const coll_op *op, int next, int prev, const ring_step *st)
-{
-    size_t es = edl_dtype_size(op->dt);
-    size_t seg = c->seg_bytes / es ? c->seg_bytes / es : 1;
-    size_t ns = nseg(st->slen, seg), nr = nseg(st->rlen, seg);
-    char *stage = NULL;
-    if (st->rsrc && !(stage = coll_stage(c, seg * es)))
-        return EDL_ENOMEM;
-    for (size_t i = 0; i < (ns > nr ? ns : nr); i++) {
-        size_t sl = seg_len(st->slen, seg, i), rl = seg_len(st->rlen, seg, i), o = i * seg * es;
-        int rc = coll_sendrecv(c, op, i < ns ? next : -1, sl ? st->sblk + o : NULL, sl * es,
-                               i < nr ? prev : -1, st->rsrc ? stage : (rl ? st->dst + o : NULL),
-                               rl * es);
-        if (rc)
-            return rc;
-        if (st->rsrc && i < nr && rl)
-            coll_reduce(st->dst + o, st->rsrc + o, stage, rl, op->dt, op->op);
-    }
-    return 0;
-}
-
+/* The ring allreduce as one stream per link: reduce-scatter (block j = step j; rank r ends
+ * owning block r+1) then allgather of the reduced blocks. Each step sends what the previous
+ * step received, so the engine forwards a block chunk by chunk while it is still arriving,
+ * with no step boundaries. */
 static int ring_allreduce(edl_comm *c, const coll_op *op, const void *send, void *recv)
 {
-    int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+    int n = c->size, r = c->rank, nb = 2 * (n - 1);
     size_t es = edl_dtype_size(op->dt), count = op->count;
+    const char *in = send;
     char *dst = recv;
-    for (int s = 0; s < n - 1; s++) { /* reduce-scatter: rank r ends owning block r+1 */
-        int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;
+    coll_blk *b = coll_plan(c, nb);
+    if (!b)
+        return EDL_ENOMEM;
+    for (int j = 0; j < nb; j++) {
+        bool rs = j < n - 1;
+        int s = rs ? j : j - (n - 1);
+        int sb = rs ? (r - s + n) % n : (r + 1 - s + n) % n;
+        int rb = rs ? (r - s - 1 + n) % n : (r - s + n) % n;
         size_t so = blk_off(count, n, sb) * es, ro = blk_off(count, n, rb) * es;
-        ring_step st = {.sblk = (s == 0 ? (const char *)send : dst) + so,
-                        .slen = blk_len(count, n, sb), .dst = dst + ro,
-                        .rsrc = (const char *)send + ro, .rlen = blk_len(count, n, rb)};
-        int rc = ring_transfer(c, op, next, prev, &st);
-        if (rc)
-            return rc;
+        b[j] = (coll_blk){.src = (j == 0 ? in : dst) + so, .slen = blk_len(count, n, sb) * es,
+                          .dst = dst + ro, .red = rs ? in + ro : NULL,
+                          .rlen = blk_len(count, n, rb) * es,
+                          .scale = j == n - 2 && op->op == EDL_AVG};
     }
-    int own = (r + 1) % n;
-    if (op->op == EDL_AVG)
-        coll_scale_avg(dst + blk_off(count, n, own) * es, blk_len(count, n, own), op->dt, n);
-    for (int s = 0; s < n - 1; s++) { /* allgather of the reduced blocks */
-        int sb = (r + 1 - s + n) % n, rb = (r - s + n) % n;
-        ring_step st = {.sblk = dst + blk_off(count, n, sb) * es, .slen = blk_len(count, n, sb),
-                        .dst = dst + blk_off(count, n, rb) * es, .rlen = blk_len(count, n, rb)};
-        int rc = ring_transfer(c, op, next, prev, &st);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    coll_stream st = {.to = (r + 1) % n, .from = (r + n - 1) % n, .b = b, .nb = nb, .lag = 1,
+                      .free_sends = 1};
+    return coll_stream_run(c, op, &st);
 }
 
 /* Recursive doubling. Ranks below 2*rem (rem = n - largest power of two) pair up first: the
@@ -176,24 +132,17 @@ static int tree_broadcast(edl_comm *c, const coll_op *op, char *buf, size_t byte
     return 0;
 }
 
-/* A chain root -> root+1 -> ...: while segment i comes in, segment i-1 goes on. */
+/* A chain root -> root+1 -> ...: each rank forwards the data while it is still arriving. */
 static int chain_broadcast(edl_comm *c, const coll_op *op, const char *src, char *buf,
                            size_t bytes)
 {
     int n = c->size, vr = (c->rank - op->root + n) % n;
-    int prev = vr > 0 ? (c->rank - 1 + n) % n : -1, next = vr < n - 1 ? (c->rank + 1) % n : -1;
-    size_t seg = c->seg_bytes, ns = nseg(bytes, seg);
-    for (size_t i = 0; i <= ns; i++) {
-        bool s = next >= 0 && i >= 1, rv = prev >= 0 && i < ns;
-        if (!s && !rv)
-            continue;
-        size_t so = (i - (i ? 1 : 0)) * seg, ro = i * seg;
-        int rc = coll_sendrecv(c, op, s ? next : -1, src + so, s ? seg_len(bytes, seg, i - 1) : 0,
-                               rv ? prev : -1, buf + ro, rv ? seg_len(bytes, seg, i) : 0);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    coll_blk b = {.src = src, .slen = vr < n - 1 ? bytes : 0, .dst = buf,
+                  .rlen = vr > 0 ? bytes : 0};
+    coll_stream st = {.to = vr < n - 1 ? (c->rank + 1) % n : -1,
+                      .from = vr > 0 ? (c->rank - 1 + n) % n : -1, .b = &b, .nb = 1,
+                      .lag = 0, .free_sends = vr == 0};
+    return coll_stream_run(c, op, &st);
 }
 
 int coll_cpu_broadcast(edl_comm *c, const coll_op *op, const void *send, void *recv)
@@ -216,17 +165,22 @@ int coll_cpu_allgather(edl_comm *c, const coll_op *op, const void *send, void *r
     char *dst = recv;
     if (send != dst + (size_t)r * bytes)
         memmove(dst + (size_t)r * bytes, send, bytes);
-    for (int s = 0; s < n - 1; s++) {
-        int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;
-        ring_step st = {.sblk = dst + (size_t)sb * bytes, .slen = op->count,
-                        .dst = dst + (size_t)rb * bytes, .rlen = op->count};
-        int rc = ring_transfer(c, op, (r + 1) % n, (r - 1 + n) % n, &st);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    if (n == 1)
+        return 0;
+    coll_blk *b = coll_plan(c, n - 1);
+    if (!b)
+        return EDL_ENOMEM;
+    for (int j = 0; j < n - 1; j++) /* send block r-j, receive block r-j-1 */
+        b[j] = (coll_blk){.src = dst + (size_t)((r - j + n) % n) * bytes, .slen = bytes,
+                          .dst = dst + (size_t)((r - j - 1 + n) % n) * bytes, .rlen = bytes};
+    coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1,
+                      .lag = 1, .free_sends = 1};
+    return coll_stream_run(c, op, &st);
 }
 
+/* Rank r ends owning block r. The partial sums of step j land in one of two work halves,
+ * alternately, so block j's half is block j-2's: the engine keeps the receive behind what of
+ * that one has gone out (reuse_gap). The last step reduces into the caller's buffer. */
 int coll_cpu_reduce_scatter(edl_comm *c, const coll_op *op, const void *send, void *recv)
 {
     int n = c->size, r = c->rank;
@@ -234,24 +188,23 @@ int coll_cpu_reduce_scatter(edl_comm *c, const coll_op *op, const void *send, vo
     if (n == 1) {
         if (send != recv)
             memmove(recv, send, bytes);
+        if (op->op == EDL_AVG)
+            coll_scale_avg(recv, m, op->dt, 1);
         return 0;
     }
     char *work = coll_work(c, bytes ? 2 * bytes : 1);
-    if (!work)
+    coll_blk *b = coll_plan(c, n - 1);
+    if (!work || !b)
         return EDL_ENOMEM;
     const char *in = send;
-    const char *prev_acc = NULL;
-    for (int s = 0; s < n - 1; s++) { /* rank r ends owning block r */
-        int sb = (r - s - 1 + n) % n, rb = (r - s - 2 + n) % n;
-        char *acc = s == n - 2 ? (char *)recv : work + (size_t)(s % 2) * bytes;
-        ring_step st = {.sblk = s == 0 ? in + (size_t)sb * bytes : prev_acc, .slen = m,
-                        .dst = acc, .rsrc = in + (size_t)rb * bytes, .rlen = m};
-        int rc = ring_transfer(c, op, (r + 1) % n, (r - 1 + n) % n, &st);
-        if (rc)
-            return rc;
-        prev_acc = acc;
+    for (int j = 0; j < n - 1; j++) {
+        int sb = (r - j - 1 + n) % n, rb = (r - j - 2 + 2 * n) % n;
+        char *acc = j == n - 2 ? (char *)recv : work + (size_t)(j % 2) * bytes;
+        b[j] = (coll_blk){.src = j == 0 ? in + (size_t)sb * bytes : b[j - 1].dst, .slen = bytes,
+                          .dst = acc, .red = in + (size_t)rb * bytes, .rlen = bytes,
+                          .scale = j == n - 2 && op->op == EDL_AVG};
     }
-    if (op->op == EDL_AVG)
-        coll_scale_avg(recv, m, op->dt, n);
-    return 0;
+    coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1,
+                      .lag = 1, .free_sends = 1, .reuse_gap = 2};
+    return coll_stream_run(c, op, &st);
 }

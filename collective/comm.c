@@ -51,6 +51,19 @@ void *coll_work(edl_comm *c, size_t bytes)
     return grow(&c->work, &c->work_cap, bytes);
 }
 
+coll_blk *coll_plan(edl_comm *c, int nb)
+{
+    size_t want = nb > 0 ? (size_t)nb : 1;
+    if (c->plan_cap < want) {
+        coll_blk *p = realloc(c->plan, want * sizeof *p);
+        if (!p)
+            return NULL;
+        c->plan = p;
+        c->plan_cap = want;
+    }
+    return c->plan;
+}
+
 static uint64_t random64(void)
 {
     uint64_t v = 0;
@@ -542,6 +555,7 @@ static int configure(edl_comm *c, const edl_coll_options *o)
     c->device = o && o->device >= 0 ? o->device : (int)env_num("LOCAL_RANK", 0, 0, 1024, &bad);
     c->seg_bytes = (size_t)env_num("EDL_COLL_SEGMENT_BYTES", 512 << 10, 64, 64 << 20, &bad);
     c->small_bytes = (size_t)env_num("EDL_COLL_SMALL_BYTES", 32 << 10, 0, 64 << 20, &bad);
+    c->io_bytes = (size_t)env_num("EDL_COLL_IO_BYTES", 4 << 20, 64, 1 << 30, &bad);
     const char *addr = getenv("EDL_COLL_ADDR"), *cur = getenv("PADDLE_CURRENT_ENDPOINT");
     if (addr && *addr)
         snprintf(c->listen_addr, sizeof c->listen_addr, "%s", addr);
@@ -639,6 +653,7 @@ void edl_coll_free(edl_comm *c)
     free(c->next_endpoints);
     free(c->stage);
     free(c->work);
+    free(c->plan);
     free(c);
 }
 

@@ -58,6 +58,7 @@ struct edl_comm {
     int timeout_ms, rdv_timeout_ms, device;
     size_t seg_bytes;     /* pipelining segment of the ring algorithms */
     size_t small_bytes;   /* at or below: latency-optimal algorithms */
+    size_t io_bytes;      /* most bytes per send()/recv() of data that is not reduced */
     edl_trainer *trainer;
     bool own_trainer;
     edl_etcd *etcd;       /* NULL: a group of one, no rendezvous */
@@ -94,6 +95,8 @@ struct edl_comm {
     size_t stage_cap;
     char *work;
     size_t work_cap;
+    struct coll_blk *plan; /* the blocks of a stream */
+    size_t plan_cap; /* blocks */
 
     char err[1024];
 };
@@ -105,6 +108,7 @@ void coll_set_err(edl_comm *c, const char *fmt, ...) __attribute__((format(print
 int coll_fail(edl_comm *c, int rc);
 void *coll_stage(edl_comm *c, size_t bytes); /* NULL: out of memory */
 void *coll_work(edl_comm *c, size_t bytes);
+struct coll_blk *coll_plan(edl_comm *c, int nb); /* NULL: out of memory; not zeroed */
 
 /* net.c */
 int coll_listen(edl_comm *c);
@@ -119,6 +123,30 @@ int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t 
  * one message with a header made from op. */
 int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
                   int from, void *rbuf, size_t rlen);
+/* A stream on one link of a ring or chain: block j goes to `to` while block j comes from
+ * `from` (either may be -1), all behind one header. A received block lands in dst, or with red
+ * in the stage and then dst = red op stage (scaled for an average with scale). Send block j
+ * (j >= free_sends) is made of received data: it goes out only as far as receive block j-lag
+ * has been processed. With reuse_gap g > 0, receive block k shares its buffer with block k-g
+ * and writes only as far as that one has gone out (as send block k-g+lag). Data moves in
+ * chunks of seg_bytes, so a block is forwarded while it is still arriving. */
+typedef struct coll_blk {
+    const char *src; /* send block j: slen bytes */
+    size_t slen;
+    char *dst;       /* receive block j: rlen bytes */
+    const char *red;
+    size_t rlen;
+    bool scale;
+} coll_blk;
+
+typedef struct coll_stream {
+    int to, from;
+    const coll_blk *b;
+    int nb;
+    int lag, free_sends, reuse_gap;
+} coll_stream;
+
+int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st);
 
 /* algo.c */
 int coll_cpu_allreduce(edl_comm *c, const coll_op *op, const void *send, void *recv);

@@ -462,3 +462,186 @@ int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size
     }
     return 0;
 }
+
+/* ---- the streaming engine of the rings and the chain --------------------------------------- */
+
+/* Bytes of send block j that may go now: a block made of received data can only go as far as
+ * that data has been received (and reduced). */
+static size_t stream_ready(const coll_stream *st, int j, int rj, size_t roff)
+{
+    if (j < st->free_sends)
+        return st->b[j].slen;
+    int k = j - st->lag;
+    size_t have = k < rj ? SIZE_MAX : k == rj ? roff : 0;
+    return have < st->b[j].slen ? have : st->b[j].slen;
+}
+
+/* How far the receive may write into block k: with reuse_gap g, block k shares its buffer
+ * with block k-g, which first has to have gone out (its copy as send block k-g+lag). */
+static size_t stream_room(const coll_stream *st, int k, int sj, size_t soff)
+{
+    if (st->reuse_gap <= 0 || k < st->reuse_gap)
+        return st->b[k].rlen;
+    int j = k - st->reuse_gap + st->lag;
+    size_t gone = j < sj ? SIZE_MAX : j == sj ? soff : 0;
+    return gone < st->b[k].rlen ? gone : st->b[k].rlen;
+}
+
+int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
+{
+    size_t es = edl_dtype_size(op->dt), chunk = c->seg_bytes, stotal = 0, rtotal = 0;
+    for (int j = 0; j < st->nb; j++) {
+        stotal += st->b[j].slen;
+        rtotal += st->b[j].rlen;
+    }
+    /* the header's length is 32 bits: a stream of 4 GiB or more announces UINT32_MAX */
+    uint32_t s_wire = stotal > UINT32_MAX ? UINT32_MAX : (uint32_t)stotal;
+    uint32_t r_wire = rtotal > UINT32_MAX ? UINT32_MAX : (uint32_t)rtotal;
+    bool reduces = false;
+    for (int j = 0; j < st->nb && !reduces; j++)
+        reduces = st->b[j].red != NULL;
+    chunk = chunk >= es ? chunk / es * es : es;
+    char *stage = NULL;
+    if (st->from >= 0 && reduces && !(stage = coll_stage(c, chunk)))
+        return EDL_ENOMEM;
+    coll_hdr sh = {.magic = COLL_MAGIC, .kind = (uint8_t)op->kind, .dtype = (uint8_t)op->dt,
+                   .op = (uint8_t)op->op, .seq = op->seq, .count = op->count,
+                   .len = s_wire, .root = op->root},
+             rh;
+    int sfd = st->to >= 0 ? c->fds[st->to] : -1, rfd = st->from >= 0 ? c->fds[st->from] : -1;
+    if ((st->to >= 0 && sfd < 0) || (st->from >= 0 && rfd < 0)) {
+        coll_set_err(c, "no connection to rank %d", sfd < 0 ? st->to : st->from);
+        return EDL_EPEER;
+    }
+    /* send side: header bytes sent, then block sj at offset soff; receive side likewise, with
+     * `fill` bytes waiting in the stage to be reduced into block rj at offset roff */
+    size_t sh_done = st->to >= 0 ? 0 : sizeof sh, rh_done = st->from >= 0 ? 0 : sizeof rh;
+    int sj = st->to >= 0 ? 0 : st->nb, rj = st->from >= 0 ? 0 : st->nb;
+    size_t soff = 0, roff = 0, fill = 0;
+    int64_t last = edl_monotonic_ms();
+    for (;;) {
+        while (sj < st->nb && soff == st->b[sj].slen) {
+            sj++;
+            soff = 0;
+        }
+        while (rj < st->nb && roff == st->b[rj].rlen) {
+            rj++;
+            roff = 0;
+        }
+        bool s_left = sh_done < sizeof sh || sj < st->nb, r_left = rh_done < sizeof rh || rj < st->nb;
+        if (!s_left && !r_left)
+            return 0;
+        bool moved = false, s_want = false, r_want = false;
+        if (s_left) {
+            size_t ready = sj < st->nb ? stream_ready(st, sj, rj, roff) : 0;
+            size_t len = ready > soff ? ready - soff : 0;
+            len = len < c->io_bytes ? len : c->io_bytes;
+            if (sh_done < sizeof sh || len) {
+                struct iovec iov[2];
+                int niov = 0;
+                if (sh_done < sizeof sh)
+                    iov[niov++] = (struct iovec){(char *)&sh + sh_done, sizeof sh - sh_done};
+                if (len)
+                    iov[niov++] = (struct iovec){(char *)st->b[sj].src + soff, len};
+                struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+                ssize_t n = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n > 0) {
+                    size_t h = sizeof sh - sh_done < (size_t)n ? sizeof sh - sh_done : (size_t)n;
+                    sh_done += h;
+                    soff += (size_t)n - h;
+                    moved = true;
+                } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+                    coll_set_err(c, "rank %d is gone (sending: %s) during %s #%" PRIu64
+                                 " of generation %" PRId64, st->to, strerror(errno),
+                                 kind_name(op->kind), op->seq, c->gen);
+                    return EDL_EPEER;
+                } else {
+                    s_want = true;
+                }
+            }
+        }
+        if (r_left) {
+            ssize_t n = -1;
+            char *into = NULL;
+            size_t want = 0;
+            const coll_blk *b = rj < st->nb ? &st->b[rj] : NULL;
+            if (rh_done < sizeof rh) {
+                into = (char *)&rh + rh_done;
+                want = sizeof rh - rh_done;
+            } else {
+                size_t room = stream_room(st, rj, sj, soff);
+                size_t upto = room > roff + fill ? room - roff - fill : 0;
+                if (b->red) {
+                    into = stage + fill;
+                    want = chunk - fill < upto ? chunk - fill : upto;
+                } else {
+                    into = b->dst + roff;
+                    want = c->io_bytes < upto ? c->io_bytes : upto;
+                }
+            }
+            if (want) {
+                n = recv(rfd, into, want, MSG_DONTWAIT);
+                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                    coll_set_err(c, "rank %d is gone (%s) during %s #%" PRIu64
+                                 " of generation %" PRId64, st->from,
+                                 n == 0 ? "connection closed" : strerror(errno),
+                                 kind_name(op->kind), op->seq, c->gen);
+                    return EDL_EPEER;
+                }
+                r_want = n < 0;
+            }
+            if (n > 0) {
+                moved = true;
+                if (rh_done < sizeof rh) {
+                    if ((rh_done += (size_t)n) == sizeof rh) {
+                        int rc = check_header(c, op, st->from, &rh, r_wire);
+                        if (rc)
+                            return rc;
+                    }
+                } else if (b->red) {
+                    fill += (size_t)n;
+                    size_t whole = fill / es * es; /* blocks hold whole elements */
+                    if (whole) {
+                                coll_reduce(b->dst + roff, b->red + roff, stage, whole / es, op->dt, op->op);
+                        if (b->scale)
+                            coll_scale_avg(b->dst + roff, whole / es, op->dt, c->size);
+                        roff += whole;
+                        fill -= whole;
+                        if (fill)
+                            memmove(stage, stage + whole, fill);
+                    }
+                } else {
+                    roff += (size_t)n;
+                }
+            }
+        }
+        int64_t now = edl_monotonic_ms();
+        if (moved) {
+            last = now;
+            continue;
+        }
+        int64_t left = last + c->timeout_ms - now;
+        if (left <= 0) {
+            coll_set_err(c, "no progress for %d ms in %s #%" PRIu64 " of generation %" PRId64
+                         " (waiting on rank %d)", c->timeout_ms, kind_name(op->kind), op->seq,
+                         c->gen, r_left ? st->from : st->to);
+            return EDL_ETIMEDOUT;
+        }
+        struct pollfd pf[3];
+        int np = 0;
+        if (s_want)
+            pf[np++] = (struct pollfd){.fd = sfd, .events = POLLOUT};
+        if (r_want) {
+            if (np && pf[0].fd == rfd)
+                pf[0].events |= POLLIN;
+            else
+                pf[np++] = (struct pollfd){.fd = rfd, .events = POLLIN};
+        }
+        int dfd = c->dead_watch ? edl_watch_fd(c->dead_watch) : -1;
+        if (dfd >= 0)
+            pf[np++] = (struct pollfd){.fd = dfd, .events = POLLIN};
+        int r = poll(pf, (nfds_t)np, (int)(left < 1000 ? left : 1000));
+        if (r > 0 && dfd >= 0 && (pf[np - 1].revents & POLLIN) && coll_dead_announced(c))
+            return EDL_EPEER;
+    }
+}
