@@ -415,6 +415,13 @@ static int cpu_barrier(edl_comm *c, int32_t *sum)
     return coll_cpu_allreduce(c, &op, &one, sum);
 }
 
+/* "host:port" endpoints with the same host part. */
+static bool same_host(const char *a, const char *b)
+{
+    const char *ca = strrchr(a, ':'), *cb = strrchr(b, ':');
+    return ca && cb && ca - a == cb - b && memcmp(a, b, (size_t)(ca - a)) == 0;
+}
+
 /* Join generation c->gen as c->rank of c->size. */
 static int join(edl_comm *c)
 {
@@ -423,11 +430,15 @@ static int join(edl_comm *c)
     c->broken = false;
     c->dead_seen = false;
     free(c->fds);
+    free(c->peer_local);
     c->fds = malloc(sizeof *c->fds * (size_t)c->size);
-    if (!c->fds)
+    c->peer_local = calloc((size_t)c->size, sizeof *c->peer_local);
+    if (!c->fds || !c->peer_local)
         return EDL_ENOMEM;
     for (int i = 0; i < c->size; i++)
         c->fds[i] = -1;
+    c->peer_local[c->rank] = true;
+    c->local_ranks = 1;
     int rc = 0;
     if (c->etcd && c->size > 1) {
         rdv_entry *e = calloc((size_t)c->size, sizeof *e);
@@ -441,6 +452,9 @@ static int join(edl_comm *c)
                 eps[i] = e[i].ep;
                 tokens[i] = e[i].token;
             }
+            for (int i = 0; i < c->size; i++)
+                if (i != c->rank && same_host(eps[i], eps[c->rank]))
+                    c->peer_local[i] = true, c->local_ranks++;
             rc = coll_connect_mesh(c, eps, tokens, token, deadline);
         }
         free(e);
@@ -554,8 +568,9 @@ static int configure(edl_comm *c, const edl_coll_options *o)
             : (int)env_num("EDL_COLL_RENDEZVOUS_TIMEOUT_MS", 60000, 1, INT_MAX / 2, &bad);
     c->device = o && o->device >= 0 ? o->device : (int)env_num("LOCAL_RANK", 0, 0, 1024, &bad);
     c->seg_bytes = (size_t)env_num("EDL_COLL_SEGMENT_BYTES", 512 << 10, 64, 64 << 20, &bad);
-    c->small_bytes = (size_t)env_num("EDL_COLL_SMALL_BYTES", 32 << 10, 0, 64 << 20, &bad);
+    c->small_bytes = (size_t)env_num("EDL_COLL_SMALL_BYTES", 256 << 10, 0, 64 << 20, &bad);
     c->io_bytes = (size_t)env_num("EDL_COLL_IO_BYTES", 4 << 20, 64, 1 << 30, &bad);
+    c->window_bytes = (size_t)env_num("EDL_COLL_WINDOW_BYTES", 0, 0, 1 << 30, &bad);
     const char *addr = getenv("EDL_COLL_ADDR"), *cur = getenv("PADDLE_CURRENT_ENDPOINT");
     if (addr && *addr)
         snprintf(c->listen_addr, sizeof c->listen_addr, "%s", addr);
@@ -649,6 +664,7 @@ void edl_coll_free(edl_comm *c)
     if (c->own_trainer)
         edl_trainer_close(c->trainer);
     free(c->fds);
+    free(c->peer_local);
     free(c->gen_prefix);
     free(c->next_endpoints);
     free(c->stage);

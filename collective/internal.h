@@ -59,6 +59,8 @@ struct edl_comm {
     size_t seg_bytes;     /* pipelining segment of the ring algorithms */
     size_t small_bytes;   /* at or below: latency-optimal algorithms */
     size_t io_bytes;      /* most bytes per send()/recv() of data that is not reduced */
+    size_t window_bytes;  /* a stream sends at most this far ahead of what it received; 0: the
+                           * default of the link (coll_window) */
     edl_trainer *trainer;
     bool own_trainer;
     edl_etcd *etcd;       /* NULL: a group of one, no rendezvous */
@@ -75,7 +77,8 @@ struct edl_comm {
     bool broken;          /* a collective failed: only edl_coll_check() helps */
     bool dead_seen;       /* the generation's dead key was seen (no need to publish it) */
     edl_watch *dead_watch; /* on gen/<n>/dead */
-    char **peer_desc;     /* [size] "rank r (addr:port)" for messages */
+    bool *peer_local;     /* [size] the rank listens on this process's host address */
+    int local_ranks;      /* ranks on this host, this one included */
 
     /* a newer generation read from the control pipe, not joined yet */
     bool have_next;
@@ -111,6 +114,8 @@ void *coll_work(edl_comm *c, size_t bytes);
 struct coll_blk *coll_plan(edl_comm *c, int nb); /* NULL: out of memory; not zeroed */
 
 /* net.c */
+/* How far a stream to `to` and from `from` may send ahead of what it received. */
+size_t coll_window(const edl_comm *c, int to, int from);
 int coll_listen(edl_comm *c);
 /* Drain the watch on gen/<n>/: 1 (and c->err set) once the dead key has appeared. */
 int coll_dead_announced(edl_comm *c);
