@@ -20,32 +20,44 @@ static size_t blk_len(size_t count, int n, int b)
     return count / (size_t)n + ((size_t)b < count % (size_t)n);
 }
 
-/* The ring allreduce as one stream per link: reduce-scatter (block j = step j; rank r ends
- * owning block r+1) then allgather of the reduced blocks. Each step sends what the previous
- * step received, so the engine forwards a block chunk by chunk while it is still arriving,
- * with no step boundaries. */
+/* The ring allreduce as one stream per link. The buffer is cut into slices of n blocks of
+ * about block_bytes, and each slice is a ring allreduce of its own: reduce-scatter (step s
+ * sends block r-s; rank r ends owning block r+1), then allgather of the reduced blocks. A step
+ * forwards what the previous one received, so data is forwarded a block after it arrived,
+ * while it is still in cache; slices follow each other with no boundary, so the links never
+ * drain. */
 static int ring_allreduce(edl_comm *c, const coll_op *op, const void *send, void *recv)
 {
-    int n = c->size, r = c->rank, nb = 2 * (n - 1);
+    int n = c->size, r = c->rank, steps = 2 * (n - 1);
     size_t es = edl_dtype_size(op->dt), count = op->count;
-    const char *in = send;
-    char *dst = recv;
+    size_t per = c->block_bytes / es ? c->block_bytes / es : 1; /* elements per block */
+    size_t slice = per * (size_t)n, nslices = (count + slice - 1) / slice;
+    size_t most = (size_t)(65536 / steps) ? (size_t)(65536 / steps) : 1; /* bounds the plan */
+    if (nslices > most) {
+        slice = (count + most - 1) / most;
+        nslices = (count + slice - 1) / slice;
+    }
+    int nb = (int)nslices * steps;
     coll_blk *b = coll_plan(c, nb);
     if (!b)
         return EDL_ENOMEM;
-    for (int j = 0; j < nb; j++) {
-        bool rs = j < n - 1;
-        int s = rs ? j : j - (n - 1);
-        int sb = rs ? (r - s + n) % n : (r + 1 - s + n) % n;
-        int rb = rs ? (r - s - 1 + n) % n : (r - s + n) % n;
-        size_t so = blk_off(count, n, sb) * es, ro = blk_off(count, n, rb) * es;
-        b[j] = (coll_blk){.src = (j == 0 ? in : dst) + so, .slen = blk_len(count, n, sb) * es,
-                          .dst = dst + ro, .red = rs ? in + ro : NULL,
-                          .rlen = blk_len(count, n, rb) * es,
-                          .scale = j == n - 2 && op->op == EDL_AVG};
+    for (size_t k = 0; k < nslices; k++) {
+        size_t base = k * slice, m = count - base < slice ? count - base : slice;
+        const char *in = (const char *)send + base * es;
+        char *dst = (char *)recv + base * es;
+        for (int j = 0; j < steps; j++) {
+            bool rs = j < n - 1;
+            int s = rs ? j : j - (n - 1), idx = (int)k * steps + j;
+            int sb = rs ? (r - s + n) % n : (r + 1 - s + n) % n;
+            int rb = rs ? (r - s - 1 + n) % n : (r - s + n) % n;
+            size_t so = blk_off(m, n, sb) * es, ro = blk_off(m, n, rb) * es;
+            b[idx] = (coll_blk){.src = (j == 0 ? in : dst) + so, .slen = blk_len(m, n, sb) * es,
+                                .dst = dst + ro, .red = rs ? in + ro : NULL,
+                                .rlen = blk_len(m, n, rb) * es, .dep = j == 0 ? -1 : idx - 1,
+                                .wait_sent = -1, .scale = j == n - 2 && op->op == EDL_AVG};
+        }
     }
-    coll_stream st = {.to = (r + 1) % n, .from = (r + n - 1) % n, .b = b, .nb = nb, .lag = 1,
-                      .free_sends = 1};
+    coll_stream st = {.to = (r + 1) % n, .from = (r + n - 1) % n, .b = b, .nb = nb};
     return coll_stream_run(c, op, &st);
 }
 
@@ -138,10 +150,9 @@ static int chain_broadcast(edl_comm *c, const coll_op *op, const char *src, char
 {
     int n = c->size, vr = (c->rank - op->root + n) % n;
     coll_blk b = {.src = src, .slen = vr < n - 1 ? bytes : 0, .dst = buf,
-                  .rlen = vr > 0 ? bytes : 0};
+                  .rlen = vr > 0 ? bytes : 0, .dep = vr == 0 ? -1 : 0, .wait_sent = -1};
     coll_stream st = {.to = vr < n - 1 ? (c->rank + 1) % n : -1,
-                      .from = vr > 0 ? (c->rank - 1 + n) % n : -1, .b = &b, .nb = 1,
-                      .lag = 0, .free_sends = vr == 0};
+                      .from = vr > 0 ? (c->rank - 1 + n) % n : -1, .b = &b, .nb = 1};
     return coll_stream_run(c, op, &st);
 }
 
@@ -172,15 +183,15 @@ int coll_cpu_allgather(edl_comm *c, const coll_op *op, const void *send, void *r
         return EDL_ENOMEM;
     for (int j = 0; j < n - 1; j++) /* send block r-j, receive block r-j-1 */
         b[j] = (coll_blk){.src = dst + (size_t)((r - j + n) % n) * bytes, .slen = bytes,
-                          .dst = dst + (size_t)((r - j - 1 + n) % n) * bytes, .rlen = bytes};
-    coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1,
-                      .lag = 1, .free_sends = 1};
+                          .dst = dst + (size_t)((r - j - 1 + n) % n) * bytes, .rlen = bytes,
+                          .dep = j - 1, .wait_sent = -1};
+    coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1};
     return coll_stream_run(c, op, &st);
 }
 
 /* Rank r ends owning block r. The partial sums of step j land in one of two work halves,
- * alternately, so block j's half is block j-2's: the engine keeps the receive behind what of
- * that one has gone out (reuse_gap). The last step reduces into the caller's buffer. */
+ * alternately, so block j's half is block j-2's, which send block j-1 forwards: the receive
+ * stays behind what of that has gone out. The last step reduces into the caller's buffer. */
 int coll_cpu_reduce_scatter(edl_comm *c, const coll_op *op, const void *send, void *recv)
 {
     int n = c->size, r = c->rank;
@@ -202,9 +213,9 @@ int coll_cpu_reduce_scatter(edl_comm *c, const coll_op *op, const void *send, vo
         char *acc = j == n - 2 ? (char *)recv : work + (size_t)(j % 2) * bytes;
         b[j] = (coll_blk){.src = j == 0 ? in + (size_t)sb * bytes : b[j - 1].dst, .slen = bytes,
                           .dst = acc, .red = in + (size_t)rb * bytes, .rlen = bytes,
+                          .dep = j - 1, .wait_sent = j >= 2 && j < n - 2 ? j - 1 : -1,
                           .scale = j == n - 2 && op->op == EDL_AVG};
     }
-    coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1,
-                      .lag = 1, .free_sends = 1, .reuse_gap = 2};
+    coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1};
     return coll_stream_run(c, op, &st);
 }

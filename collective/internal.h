@@ -59,6 +59,7 @@ struct edl_comm {
     size_t seg_bytes;     /* pipelining segment of the ring algorithms */
     size_t small_bytes;   /* at or below: latency-optimal algorithms */
     size_t io_bytes;      /* most bytes per send()/recv() of data that is not reduced */
+    size_t block_bytes;   /* ring allreduce: a slice is n blocks of about this size */
     size_t window_bytes;  /* a stream sends at most this far ahead of what it received; 0: the
                            * default of the link (coll_window) */
     edl_trainer *trainer;
@@ -128,19 +129,20 @@ int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t 
  * one message with a header made from op. */
 int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
                   int from, void *rbuf, size_t rlen);
-/* A stream on one link of a ring or chain: block j goes to `to` while block j comes from
- * `from` (either may be -1), all behind one header. A received block lands in dst, or with red
- * in the stage and then dst = red op stage (scaled for an average with scale). Send block j
- * (j >= free_sends) is made of received data: it goes out only as far as receive block j-lag
- * has been processed. With reuse_gap g > 0, receive block k shares its buffer with block k-g
- * and writes only as far as that one has gone out (as send block k-g+lag). Data moves in
- * chunks of seg_bytes, so a block is forwarded while it is still arriving. */
+/* A stream on one link of a ring or chain: send block j goes to `to` while receive block j
+ * comes from `from` (either may be -1), all behind one header. A received block lands in dst,
+ * or with red in the stage and then dst = red op stage (scaled for an average with scale).
+ * A send block with dep >= 0 forwards receive block dep: it goes out only as far as that has
+ * been received (and reduced). A receive block with wait_sent >= 0 shares its buffer with
+ * data that send block wait_sent carries: it is written only as far as that has gone out.
+ * Sends stay at most a window ahead of receives (coll_window). */
 typedef struct coll_blk {
     const char *src; /* send block j: slen bytes */
     size_t slen;
     char *dst;       /* receive block j: rlen bytes */
     const char *red;
     size_t rlen;
+    int dep, wait_sent;
     bool scale;
 } coll_blk;
 
@@ -148,7 +150,6 @@ typedef struct coll_stream {
     int to, from;
     const coll_blk *b;
     int nb;
-    int lag, free_sends, reuse_gap;
 } coll_stream;
 
 int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st);

@@ -483,25 +483,20 @@ size_t coll_window(const edl_comm *c, int to, int from)
     return w < (64u << 10) ? 64u << 10 : w;
 }
 
-/* Bytes of send block j that may go now: a block made of received data can only go as far as
- * that data has been received (and reduced). */
+/* Bytes of send block j that may go now: a block that forwards received data can only go as
+ * far as that data has been received (and reduced). */
 static size_t stream_ready(const coll_stream *st, int j, int rj, size_t roff)
 {
-    if (j < st->free_sends)
-        return st->b[j].slen;
-    int k = j - st->lag;
-    size_t have = k < rj ? SIZE_MAX : k == rj ? roff : 0;
+    int k = st->b[j].dep;
+    size_t have = k < 0 || k < rj ? SIZE_MAX : k == rj ? roff : 0;
     return have < st->b[j].slen ? have : st->b[j].slen;
 }
 
-/* How far the receive may write into block k: with reuse_gap g, block k shares its buffer
- * with block k-g, which first has to have gone out (its copy as send block k-g+lag). */
+/* How far the receive may write into block k: as far as what it overwrites has gone out. */
 static size_t stream_room(const coll_stream *st, int k, int sj, size_t soff)
 {
-    if (st->reuse_gap <= 0 || k < st->reuse_gap)
-        return st->b[k].rlen;
-    int j = k - st->reuse_gap + st->lag;
-    size_t gone = j < sj ? SIZE_MAX : j == sj ? soff : 0;
+    int j = st->b[k].wait_sent;
+    size_t gone = j < 0 || j < sj ? SIZE_MAX : j == sj ? soff : 0;
     return gone < st->b[k].rlen ? gone : st->b[k].rlen;
 }
 

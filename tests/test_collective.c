@@ -243,14 +243,16 @@ static void test_collectives_match_reference_world_sizes_1_to_5(void **state)
         verify_world(n, NULL);
 }
 
-/* The ring streams at every size: no latency path, 100-byte reduction chunks, 64-byte socket
- * calls and at most 1000 bytes sent ahead of those received, so blocks are forwarded while they
- * arrive, element boundaries fall inside calls, the window binds all the time, and with 5
- * ranks the reduce-scatter reuses its work halves (reuse_gap). */
+/* The ring streams at every size: no latency path, allreduce slices of n blocks of 1000 bytes
+ * (many slices, and short last ones with empty blocks), 100-byte reduction chunks, 64-byte
+ * socket calls and at most 1000 bytes sent ahead of those received, so blocks are forwarded
+ * while they arrive, element boundaries fall inside calls, the window binds all the time, and
+ * with 5 ranks the reduce-scatter reuses its work halves (wait_sent). */
 static void test_ring_algorithms_with_tiny_segments(void **state)
 {
     (void)state;
-    static const char *const extra[] = {"EDL_COLL_SMALL_BYTES=0", "EDL_COLL_SEGMENT_BYTES=100",
+    static const char *const extra[] = {"EDL_COLL_SMALL_BYTES=0", "EDL_COLL_BLOCK_BYTES=1000",
+                                        "EDL_COLL_SEGMENT_BYTES=100",
                                         "EDL_COLL_IO_BYTES=64", "EDL_COLL_WINDOW_BYTES=1000",
                                         NULL};
     verify_world(3, extra);
