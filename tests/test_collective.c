@@ -258,6 +258,12 @@ static void test_ring_algorithms_with_tiny_segments(void **state)
     verify_world(3, extra);
     verify_world(4, extra);
     verify_world(5, extra);
+    /* with no window, receives run far ahead of sends: the work-half reuse must hold by
+     * itself */
+    static const char *const unbounded[] = {"EDL_COLL_SMALL_BYTES=0", "EDL_COLL_SEGMENT_BYTES=100",
+                                            "EDL_COLL_IO_BYTES=64",
+                                            "EDL_COLL_WINDOW_BYTES=1073741824", NULL};
+    verify_world(5, unbounded);
 }
 
 /* ---- elastic ------------------------------------------------------------------------------ */
