@@ -1,10 +1,11 @@
-/* algo.c: the collective algorithms of the CPU group, on top of coll_sendrecv().
- *   allreduce: ring (reduce-scatter then allgather, each block pipelined in segments) for
- *              large messages; recursive doubling, with the usual fold for world sizes that
- *              are not powers of two, for small ones. Every rank ends with bit-identical
- *              results (each element is reduced once by one rank, or symmetrically).
- *   broadcast: binomial tree for small messages, a pipelined chain for large ones.
- *   allgather, reduce_scatter: rings.
+/* algo.c: the collective algorithms of the CPU group, on top of coll_sendrecv() (one message
+ * each way) and coll_stream_run() (a stream of blocks per link).
+ *   allreduce: ring in slices (each slice: reduce-scatter then allgather) for large messages;
+ *              recursive doubling, with the usual fold for world sizes that are not powers of
+ *              two, for small ones. Every rank ends with bit-identical results (each element
+ *              is reduced once by one rank, or symmetrically).
+ *   broadcast: binomial tree for small messages, a chain stream for large ones.
+ *   allgather, reduce_scatter: ring streams.
  * Work buffers come from the communicator and are kept between calls. */
 #include <string.h>
 

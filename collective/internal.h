@@ -56,7 +56,7 @@ struct edl_comm {
     /* configuration */
     char backend[8];
     int timeout_ms, rdv_timeout_ms, device;
-    size_t seg_bytes;     /* pipelining segment of the ring algorithms */
+    size_t seg_bytes;     /* most bytes staged before they are reduced */
     size_t small_bytes;   /* at or below: latency-optimal algorithms */
     size_t io_bytes;      /* most bytes per send()/recv() of data that is not reduced */
     size_t block_bytes;   /* ring allreduce: a slice is n blocks of about this size */

@@ -1,8 +1,9 @@
 /* net.c: the TCP side of the CPU group. One listening socket per process (kept across
  * generations), a full mesh of connections per generation (each rank connects to the lower
  * ranks and accepts the higher ones; a hello proves the connector read this generation's
- * rendezvous data), and the message engine: one send and one receive progressing together on
- * non-blocking sockets, every message behind a header that the receiver checks. */
+ * rendezvous data), and the two engines: coll_sendrecv (one message each way) and
+ * coll_stream_run (the blocks of a ring or chain back to back), both moving a send and a
+ * receive together on non-blocking sockets behind a header that the receiver checks. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
