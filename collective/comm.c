@@ -191,6 +191,8 @@ typedef struct rdv_entry {
     bool have;
     char ep[320];
     uint64_t token;
+    int64_t nccl_gen; /* the generation of the member's live NCCL communicator, or -1 */
+    int nccl_rank;    /* its rank in that communicator */
 } rdv_entry;
 
 /* key: ".../gen/<n>/cpu/<r>"; 1 = an entry taken, 2 = the dead key, 0 = other, <0 bad. */
@@ -230,6 +232,10 @@ static int take_kv(edl_comm *c, const edl_kv *kv, rdv_entry *e)
         e[r].have = true;
         snprintf(e[r].ep, sizeof e[r].ep, "%s:%d", addr->valuestring, (int)port->valuedouble);
         e[r].token = strtoull(tok->valuestring, NULL, 16);
+        const cJSON *ng = cJSON_GetObjectItemCaseSensitive(o, "nccl_generation");
+        const cJSON *nr = cJSON_GetObjectItemCaseSensitive(o, "nccl_rank");
+        e[r].nccl_gen = cJSON_IsNumber(ng) ? (int64_t)ng->valuedouble : -1;
+        e[r].nccl_rank = cJSON_IsNumber(nr) ? (int)nr->valuedouble : -1;
     }
     cJSON_Delete(o);
     return rc;
@@ -328,6 +334,8 @@ static int publish_entry(edl_comm *c, uint64_t token)
     cJSON_AddNumberToObject(o, "pid", (double)getpid());
     cJSON_AddNumberToObject(o, "prev_generation", (double)c->prev_gen);
     cJSON_AddNumberToObject(o, "prev_rank", c->prev_rank);
+    cJSON_AddNumberToObject(o, "nccl_generation", c->nccl ? (double)c->nccl_gen : -1);
+    cJSON_AddNumberToObject(o, "nccl_rank", c->nccl ? c->nccl_rank : -1);
     v = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     int rc = EDL_ENOMEM;
@@ -402,7 +410,29 @@ static int open_nccl(edl_comm *c, const int *prev_rank)
                          .prev_rank = prev_rank};
     coll_nccl *prev = c->nccl;
     c->nccl = NULL;
-    return coll_nccl_open(&ctx, prev, &c->nccl, c->err, sizeof c->err);
+    int rc = coll_nccl_open(&ctx, prev, &c->nccl, c->err, sizeof c->err);
+    if (!rc) {
+        c->nccl_gen = c->gen;
+        c->nccl_rank = c->rank;
+    }
+    return rc;
+}
+
+/* The shrink fast path's table: every member's rank in the NCCL communicator of one earlier
+ * generation, the one this process still holds; NULL when someone does not hold it (new, or
+ * re-initialised since). Every member reads the same entries, so all of them shrink or none
+ * does; coll_nccl_open decides the rest (order kept, same device) the same way everywhere. */
+static int *shrink_table(const edl_comm *c, const rdv_entry *e)
+{
+    if (!c->nccl || c->size < 1)
+        return NULL;
+    for (int i = 0; i < c->size; i++)
+        if (e[i].nccl_gen != c->nccl_gen || e[i].nccl_rank < 0)
+            return NULL;
+    int *t = malloc(sizeof *t * (size_t)c->size);
+    for (int i = 0; t && i < c->size; i++)
+        t[i] = e[i].nccl_rank;
+    return t;
 }
 #endif
 
@@ -440,6 +470,7 @@ static int join(edl_comm *c)
     c->peer_local[c->rank] = true;
     c->local_ranks = 1;
     int rc = 0;
+    int *shrink = NULL;
     if (c->etcd && c->size > 1) {
         rdv_entry *e = calloc((size_t)c->size, sizeof *e);
         char **eps = malloc(sizeof *eps * (size_t)c->size);
@@ -456,6 +487,10 @@ static int join(edl_comm *c)
                 if (i != c->rank && same_host(eps[i], eps[c->rank]))
                     c->peer_local[i] = true, c->local_ranks++;
             rc = coll_connect_mesh(c, eps, tokens, token, deadline);
+#ifdef EDL_HAVE_NCCL
+            if (!rc && strcmp(c->backend, "nccl") == 0)
+                shrink = shrink_table(c, e);
+#endif
         }
         free(e);
         free(eps);
@@ -463,8 +498,9 @@ static int join(edl_comm *c)
     }
 #ifdef EDL_HAVE_NCCL
     if (!rc && strcmp(c->backend, "nccl") == 0)
-        rc = open_nccl(c, NULL);
+        rc = open_nccl(c, shrink);
 #endif
+    free(shrink);
     if (!rc && c->size > 1) { /* everyone is connected, with the right tokens */
         int32_t sum = 0;
         rc = cpu_barrier(c, &sum);
@@ -594,6 +630,8 @@ int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
     c->lfd = -1;
     c->prev_gen = -1;
     c->prev_rank = -1;
+    c->nccl_gen = -1;
+    c->nccl_rank = -1;
     c->incarnation = random64();
     int rc = configure(c, opts);
     if (!rc && opts && opts->trainer) {

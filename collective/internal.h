@@ -93,6 +93,8 @@ struct edl_comm {
     int64_t prev_gen;
     int prev_rank;
     coll_nccl *nccl;
+    int64_t nccl_gen;     /* the generation nccl was built for, and this rank in it */
+    int nccl_rank;
 
     /* work buffers, grown and kept (never allocated per call on the hot path) */
     char *stage;
