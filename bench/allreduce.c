@@ -1092,6 +1092,8 @@ int main(int argc, char **argv)
            "bytes in flight (named),\n"
            "  measured before and after the others for each n; the best at the size or a smaller "
            "one counts.\n"
+           "  from memory: the same ring streaming from one big buffer into another (for "
+           "reference).\n"
            "  gloo: the fastest of %s; mpi: Open MPI, ob1 PML over TCP BTL only.\n"
            "  memcpy one thread, 64 MiB: %.1f GB/s\n",
            sysconf(_SC_NPROCESSORS_ONLN), o.budget, AR_MIN_CALLS, o.gloo_algos, memcpy_gbs());
