@@ -128,7 +128,7 @@ void coll_close_peers(edl_comm *c);
 int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t my_token,
                       int64_t deadline_ms);
 /* Send slen bytes to `to` while receiving rlen bytes from `from` (either may be -1), each as
- * one message with a header made from op. */
+ * one message with a header made from op: a stream of one block. */
 int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
                   int from, void *rbuf, size_t rlen);
 /* A stream on one link of a ring or chain: send block j goes to `to` while receive block j
@@ -152,6 +152,7 @@ typedef struct coll_stream {
     int to, from;
     const coll_blk *b;
     int nb;
+    bool no_window; /* one message each way (coll_sendrecv): nothing gained by holding back */
 } coll_stream;
 
 int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st);

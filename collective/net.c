@@ -1,9 +1,9 @@
 /* net.c: the TCP side of the CPU group. One listening socket per process (kept across
  * generations), a full mesh of connections per generation (each rank connects to the lower
  * ranks and accepts the higher ones; a hello proves the connector read this generation's
- * rendezvous data), and the two engines: coll_sendrecv (one message each way) and
- * coll_stream_run (the blocks of a ring or chain back to back), both moving a send and a
- * receive together on non-blocking sockets behind a header that the receiver checks. */
+ * rendezvous data), and the engine: coll_stream_run moves a stream of blocks to one peer
+ * while another comes in from another peer (a ring or chain step after step; coll_sendrecv is
+ * one block each way), on non-blocking sockets, behind a header that the receiver checks. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -372,99 +372,7 @@ int coll_dead_announced(edl_comm *c)
     return dead;
 }
 
-int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
-                  int from, void *rbuf, size_t rlen)
-{
-    coll_hdr sh = {.magic = COLL_MAGIC, .kind = (uint8_t)op->kind, .dtype = (uint8_t)op->dt,
-                   .op = (uint8_t)op->op, .seq = op->seq, .count = op->count,
-                   .len = (uint32_t)slen, .root = op->root},
-             rh;
-    size_t s_total = to >= 0 ? sizeof sh + slen : 0, s_done = 0;
-    size_t r_total = from >= 0 ? sizeof rh + rlen : 0, r_done = 0;
-    int sfd = to >= 0 ? c->fds[to] : -1, rfd = from >= 0 ? c->fds[from] : -1;
-    if ((to >= 0 && sfd < 0) || (from >= 0 && rfd < 0)) {
-        coll_set_err(c, "no connection to rank %d", sfd < 0 ? to : from);
-        return EDL_EPEER;
-    }
-    int64_t last = edl_monotonic_ms();
-    while (s_done < s_total || r_done < r_total) {
-        bool moved = false;
-        if (s_done < s_total) {
-            struct iovec iov[2];
-            int niov = 0;
-            if (s_done < sizeof sh)
-                iov[niov++] = (struct iovec){(char *)&sh + s_done, sizeof sh - s_done};
-            size_t doff = s_done < sizeof sh ? 0 : s_done - sizeof sh;
-            if (slen > doff)
-                iov[niov++] = (struct iovec){(char *)sbuf + doff, slen - doff};
-            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-            ssize_t n = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n > 0) {
-                s_done += (size_t)n;
-                moved = true;
-            } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-                coll_set_err(c, "rank %d is gone (sending: %s) during %s #%" PRIu64
-                             " of generation %" PRId64, to, strerror(errno),
-                             kind_name(op->kind), op->seq, c->gen);
-                return EDL_EPEER;
-            }
-        }
-        if (r_done < r_total) {
-            ssize_t n;
-            if (r_done < sizeof rh)
-                n = recv(rfd, (char *)&rh + r_done, sizeof rh - r_done, MSG_DONTWAIT);
-            else
-                n = recv(rfd, (char *)rbuf + (r_done - sizeof rh), r_total - r_done,
-                         MSG_DONTWAIT);
-            if (n > 0) {
-                bool hdr_done = r_done < sizeof rh && r_done + (size_t)n >= sizeof rh;
-                r_done += (size_t)n;
-                moved = true;
-                if (hdr_done) {
-                    int rc = check_header(c, op, from, &rh, rlen);
-                    if (rc)
-                        return rc;
-                }
-            } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-                coll_set_err(c, "rank %d is gone (%s) during %s #%" PRIu64 " of generation %"
-                             PRId64, from, n == 0 ? "connection closed" : strerror(errno),
-                             kind_name(op->kind), op->seq, c->gen);
-                return EDL_EPEER;
-            }
-        }
-        int64_t now = edl_monotonic_ms();
-        if (moved) {
-            last = now;
-            continue;
-        }
-        int64_t left = last + c->timeout_ms - now;
-        if (left <= 0) {
-            coll_set_err(c, "no progress for %d ms in %s #%" PRIu64 " of generation %" PRId64
-                         " (waiting on rank %d)", c->timeout_ms, kind_name(op->kind), op->seq,
-                         c->gen, r_done < r_total ? from : to);
-            return EDL_ETIMEDOUT;
-        }
-        struct pollfd pf[3];
-        int np = 0;
-        if (sfd >= 0 && s_done < s_total)
-            pf[np++] = (struct pollfd){.fd = sfd, .events = POLLOUT};
-        if (rfd >= 0 && r_done < r_total) {
-            if (np && pf[0].fd == rfd)
-                pf[0].events |= POLLIN;
-            else
-                pf[np++] = (struct pollfd){.fd = rfd, .events = POLLIN};
-        }
-        int dfd = c->dead_watch ? edl_watch_fd(c->dead_watch) : -1;
-        if (dfd >= 0)
-            pf[np++] = (struct pollfd){.fd = dfd, .events = POLLIN};
-        int r = poll(pf, (nfds_t)np, (int)(left < 1000 ? left : 1000));
-        if (r > 0 && dfd >= 0 && (pf[np - 1].revents & POLLIN) && coll_dead_announced(c))
-            return EDL_EPEER;
-    }
-    return 0;
-}
-
-/* ---- the streaming engine of the rings and the chain --------------------------------------- */
+/* ---- the streaming engine ------------------------------------------------------------------ */
 
 /* Between processes on one host every byte in flight sits in kernel buffers that both ends
  * touch, and keeping the whole ring's in-flight data in cache matters more than anything else:
@@ -543,7 +451,8 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
             rj++;
             roff = 0;
         }
-        bool s_left = sh_done < sizeof sh || sj < st->nb, r_left = rh_done < sizeof rh || rj < st->nb;
+        bool s_left = sh_done < sizeof sh || sj < st->nb;
+        bool r_left = rh_done < sizeof rh || rj < st->nb;
         if (!s_left && !r_left)
             return 0;
         bool moved = false, s_want = false, r_want = false;
@@ -551,7 +460,8 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
             size_t ready = sj < st->nb ? stream_ready(st, sj, rj, roff) : 0;
             size_t len = ready > soff ? ready - soff : 0;
             len = len < c->io_bytes ? len : c->io_bytes;
-            if (st->from >= 0) { /* at most a window ahead of what came in */
+            /* at most a window ahead of what came in */
+            if (st->from >= 0 && !st->no_window) {
                 size_t room = r_data + window > s_data ? r_data + window - s_data : 0;
                 len = len < room ? len : room;
             }
@@ -623,7 +533,8 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
                     fill += (size_t)n;
                     size_t whole = fill / es * es; /* blocks hold whole elements */
                     if (whole) {
-                                coll_reduce(b->dst + roff, b->red + roff, stage, whole / es, op->dt, op->op);
+                        coll_reduce(b->dst + roff, b->red + roff, stage, whole / es, op->dt,
+                                    op->op);
                         if (b->scale)
                             coll_scale_avg(b->dst + roff, whole / es, op->dt, c->size);
                         roff += whole;
@@ -666,4 +577,13 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
         if (r > 0 && dfd >= 0 && (pf[np - 1].revents & POLLIN) && coll_dead_announced(c))
             return EDL_EPEER;
     }
+}
+
+int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
+                  int from, void *rbuf, size_t rlen)
+{
+    coll_blk b = {.src = sbuf, .slen = to >= 0 ? slen : 0, .dst = rbuf,
+                  .rlen = from >= 0 ? rlen : 0, .dep = -1, .wait_sent = -1};
+    coll_stream st = {.to = to, .from = from, .b = &b, .nb = 1, .no_window = true};
+    return coll_stream_run(c, op, &st);
 }
