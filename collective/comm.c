@@ -53,15 +53,7 @@ void *coll_work(edl_comm *c, size_t bytes)
 
 coll_blk *coll_plan(edl_comm *c, int nb)
 {
-    size_t want = nb > 0 ? (size_t)nb : 1;
-    if (c->plan_cap < want) {
-        coll_blk *p = realloc(c->plan, want * sizeof *p);
-        if (!p)
-            return NULL;
-        c->plan = p;
-        c->plan_cap = want;
-    }
-    return c->plan;
+    return (coll_blk *)grow(&c->plan, &c->plan_cap, (size_t)(nb > 0 ? nb : 1) * sizeof(coll_blk));
 }
 
 static uint64_t random64(void)
@@ -424,7 +416,7 @@ static int open_nccl(edl_comm *c, const int *prev_rank)
  * does; coll_nccl_open decides the rest (order kept, same device) the same way everywhere. */
 static int *shrink_table(const edl_comm *c, const rdv_entry *e)
 {
-    if (!c->nccl || c->size < 1)
+    if (!c->nccl)
         return NULL;
     for (int i = 0; i < c->size; i++)
         if (e[i].nccl_gen != c->nccl_gen || e[i].nccl_rank < 0)

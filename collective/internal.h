@@ -101,8 +101,8 @@ struct edl_comm {
     size_t stage_cap;
     char *work;
     size_t work_cap;
-    struct coll_blk *plan; /* the blocks of a stream */
-    size_t plan_cap; /* blocks */
+    char *plan;           /* the blocks of a stream (coll_blk) */
+    size_t plan_cap;
 
     char err[1024];
 };
@@ -117,8 +117,6 @@ void *coll_work(edl_comm *c, size_t bytes);
 struct coll_blk *coll_plan(edl_comm *c, int nb); /* NULL: out of memory; not zeroed */
 
 /* net.c */
-/* How far a stream to `to` and from `from` may send ahead of what it received. */
-size_t coll_window(const edl_comm *c, int to, int from);
 int coll_listen(edl_comm *c);
 /* Drain the watch on gen/<n>/: 1 (and c->err set) once the dead key has appeared. */
 int coll_dead_announced(edl_comm *c);

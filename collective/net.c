@@ -381,7 +381,7 @@ int coll_dead_announced(edl_comm *c)
  * 600 KiB (bench/allreduce, docs/bench-allreduce.md). So a link to this host gets a share of
  * 512 KiB; a link to another host gets 4 MiB, a bandwidth-delay product that covers 25-100 Gb/s
  * at tens of microseconds. */
-size_t coll_window(const edl_comm *c, int to, int from)
+static size_t coll_window(const edl_comm *c, int to, int from)
 {
     if (c->window_bytes)
         return c->window_bytes;
@@ -412,16 +412,15 @@ static size_t stream_room(const coll_stream *st, int k, int sj, size_t soff)
 int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
 {
     size_t es = edl_dtype_size(op->dt), chunk = c->seg_bytes, stotal = 0, rtotal = 0;
+    bool reduces = false;
     for (int j = 0; j < st->nb; j++) {
         stotal += st->b[j].slen;
         rtotal += st->b[j].rlen;
+        reduces |= st->b[j].red != NULL;
     }
     /* the header's length is 32 bits: a stream of 4 GiB or more announces UINT32_MAX */
     uint32_t s_wire = stotal > UINT32_MAX ? UINT32_MAX : (uint32_t)stotal;
     uint32_t r_wire = rtotal > UINT32_MAX ? UINT32_MAX : (uint32_t)rtotal;
-    bool reduces = false;
-    for (int j = 0; j < st->nb && !reduces; j++)
-        reduces = st->b[j].red != NULL;
     chunk = chunk >= es ? chunk / es * es : es;
     char *stage = NULL;
     if (st->from >= 0 && reduces && !(stage = coll_stage(c, chunk)))
