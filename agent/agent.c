@@ -1,8 +1,8 @@
 /* agent.c: the agent's start-up and its single-threaded poll() loop.
  *
- * The loop waits on a signalfd, the lease keeper's fd, the cluster watch, the trainer's pipes,
+ * The loop waits on a signalfd, the lease keeper's fd, the generation watch, the trainer's pipes,
  * the metrics server and a few timers. After anything happens, agent_reconcile() compares what
- * is (the trainer process, its generation) with what the latest cluster document asks for, and
+ * is (the trainer process, its generation) with what the latest generation asks for, and
  * acts: start, stop, restart, or tell an in-process trainer of a new generation. The agent
  * never restarts a trainer on its own: after an exit it reports and waits for the job server's
  * next generation. */
@@ -53,18 +53,18 @@ static int startup_signal(int sfd, int timeout_ms)
     return 0;
 }
 
-/* Parse and adopt the spec; AGENT_EXIT_USAGE when it is invalid. */
+/* Parse and adopt the spec; EDL_EXIT_USAGE when it is invalid. */
 static int take_spec(agent *a, const edl_kv *kv)
 {
     char err[256];
     edl_job_spec s;
     edl_spec_init(&s);
     if (edl_spec_parse(kv->value, kv->value_len, &s, err, sizeof err) != 0) {
-        EDL_ERROR("agent", "%s is invalid: %s; fix the job's spec", a->k_spec, err);
-        edl_spec_free(&s);
-        return AGENT_EXIT_USAGE;
+        EDL_ERROR("agent", "%s is invalid: %s; fix the job's spec", a->keys.spec, err);
+        edl_spec_clear(&s);
+        return EDL_EXIT_USAGE;
     }
-    edl_spec_free(&a->spec);
+    edl_spec_clear(&a->spec);
     a->spec = s;
     return 0;
 }
@@ -79,9 +79,9 @@ static int wait_for_spec(agent *a, int sfd)
     for (;;) {
         edl_kv *kv = NULL;
         int64_t rev = 0;
-        int rc = edl_etcd_get(a->etcd, edl_str(a->k_spec), &kv, &rev);
+        int rc = edl_etcd_get(a->etcd, edl_str(a->keys.spec), &kv, &rev);
         if (rc == 0) {
-            edl_watch_stop(w);
+            edl_watch_close(w);
             rc = take_spec(a, kv);
             edl_kv_free(kv);
             return rc;
@@ -90,16 +90,16 @@ static int wait_for_spec(agent *a, int sfd)
         if (rc == EDL_ENOTFOUND) {
             reached = true;
             if (!noted_absent)
-                EDL_INFO("agent", "%s does not exist yet: waiting for it", a->k_spec);
+                EDL_INFO("agent", "%s does not exist yet: waiting for it", a->keys.spec);
             noted_absent = true;
             edl_watch_opts wo = {.start_revision = rev + 1};
-            if (!w && edl_etcd_watch(a->etcd, edl_str(a->k_spec), &wo, &w) != 0)
+            if (!w && edl_watch_open(a->etcd, edl_str(a->keys.spec), &wo, &w) != 0)
                 w = NULL;
             struct pollfd p[2] = {{.fd = sfd, .events = POLLIN},
                                   {.fd = w ? edl_watch_fd(w) : -1, .events = POLLIN}};
             if (poll(p, 2, w ? 5000 : 1000) > 0 && (p[0].revents & POLLIN) &&
                 (sig = startup_signal(sfd, 0)) != 0) {
-                edl_watch_stop(w);
+                edl_watch_close(w);
                 return sig;
             }
             edl_watch_event *ev;
@@ -107,7 +107,7 @@ static int wait_for_spec(agent *a, int sfd)
                 bool dead = ev->type == EDL_WATCH_ERROR;
                 edl_watch_event_free(ev);
                 if (dead) {
-                    edl_watch_stop(w);
+                    edl_watch_close(w);
                     w = NULL;
                 }
             }
@@ -116,8 +116,8 @@ static int wait_for_spec(agent *a, int sfd)
         if (!reached && edl_monotonic_ms() >= deadline) {
             EDL_ERROR("agent", "etcd unreachable for %lld s at start-up: %s; check --etcd and that "
                       "etcd runs", (long long)(a->o->startup_timeout_ms / 1000), edl_etcd_errmsg(a->etcd));
-            edl_watch_stop(w);
-            return AGENT_EXIT_UNREACHABLE;
+            edl_watch_close(w);
+            return EDL_EXIT_UNREACHABLE;
         }
         if (edl_monotonic_ms() >= next_note) {
             EDL_WARN("agent", "etcd not reachable yet (%s); retrying for %lld s more",
@@ -125,7 +125,7 @@ static int wait_for_spec(agent *a, int sfd)
             next_note = edl_monotonic_ms() + 5000;
         }
         if ((sig = startup_signal(sfd, 500)) != 0) {
-            edl_watch_stop(w);
+            edl_watch_close(w);
             return sig;
         }
     }
@@ -136,7 +136,7 @@ static int wait_for_spec(agent *a, int sfd)
 static void refresh_spec(agent *a)
 {
     edl_kv *kv = NULL;
-    if (edl_etcd_get(a->etcd, edl_str(a->k_spec), &kv, NULL) == 0)
+    if (edl_etcd_get(a->etcd, edl_str(a->keys.spec), &kv, NULL) == 0)
         take_spec(a, kv);
     else
         a->m.etcd_errors++;
@@ -155,19 +155,18 @@ static void set_status(agent *a, edl_trainer_state st, int64_t gen, int code, in
 
 static void send_generation(agent *a, int rank)
 {
-    edl_trainer_generation g;
-    if (agent_generation_info(&a->cluster, rank, &g) != 0)
+    edl_assignment g;
+    if (agent_assignment(&a->generation, rank, &g) != 0)
         return;
-    char *line = edl_trainer_control_encode(&g);
+    char *line = edl_assignment_encode(&g);
     if (line)
         trainer_send_control(&a->tp, line);
     free(line);
-    free(g.endpoints);
 }
 
 static void start_trainer(agent *a, int rank)
 {
-    int64_t gen = a->cluster.generation;
+    int64_t gen = a->generation.generation;
     refresh_spec(a);
     a->started_gen = gen; /* once per generation, whatever happens next */
     int child_ctl, child_prog;
@@ -175,7 +174,7 @@ static void start_trainer(agent *a, int rank)
     int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd_endpoints = a->o->etcd,
-                              .prefix = a->o->prefix, .spec = &a->spec, .cluster = &a->cluster,
+                              .prefix = a->o->prefix, .spec = &a->spec, .generation = &a->generation,
                               .rank = rank, .restart_count = a->starts,
                               .control_fd = AGENT_CONTROL_FD, .progress_fd = AGENT_PROGRESS_FD};
         rc = agent_env_build(&in, environ, &env);
@@ -185,7 +184,7 @@ static void start_trainer(agent *a, int rank)
         } else {
             rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog);
         }
-        agent_env_free(env);
+        edl_env_free(env);
     }
     a->starts++;
     if (rc) {
@@ -198,7 +197,7 @@ static void start_trainer(agent *a, int rank)
     a->run_gen = gen;
     a->run_rank = rank;
     EDL_INFO("agent", "generation %lld: trainer %d started as rank %d of %zu (start %lld)",
-             (long long)gen, (int)a->tp.pid, rank, a->cluster.n_members, (long long)a->starts);
+             (long long)gen, (int)a->tp.pid, rank, a->generation.n_members, (long long)a->starts);
     send_generation(a, rank);
     set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
 }
@@ -221,20 +220,11 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
     }
 }
 
-/* The member entry for this incarnation of the pod in a running generation, or NULL. */
-static const edl_member *my_member(const agent *a)
+const edl_member *agent_member(const agent *a)
 {
-    if (!a->have_cluster || a->cluster.state != EDL_JOB_RUNNING || !a->keeper)
+    if (!a->have_generation || a->generation.state != EDL_JOB_RUNNING || !a->keeper)
         return NULL;
-    const edl_member *m = edl_cluster_member(&a->cluster, a->o->pod);
-    return m && m->lease == a->lease ? m : NULL;
-}
-
-static int final_code(edl_job_state s)
-{
-    return s == EDL_JOB_SUCCEEDED ? AGENT_EXIT_SUCCEEDED
-           : s == EDL_JOB_FAILED  ? AGENT_EXIT_FAILED
-                                  : AGENT_EXIT_STOPPED;
+    return edl_generation_member(&a->generation, a->o->pod, a->lease);
 }
 
 void agent_reconcile(agent *a)
@@ -243,11 +233,11 @@ void agent_reconcile(agent *a)
         trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
-    if (a->have_cluster && edl_job_state_final(a->cluster.state)) {
+    if (a->have_generation && edl_job_state_final(a->generation.state)) {
         if (a->final_exit < 0) {
             EDL_INFO("agent", "job %s %s (generation %lld): leaving", a->o->job,
-                     edl_job_state_name(a->cluster.state), (long long)a->cluster.generation);
-            a->final_exit = final_code(a->cluster.state);
+                     edl_job_state_name(a->generation.state), (long long)a->generation.generation);
+            a->final_exit = edl_job_exit_code(a->generation.state);
         }
         trainer_stop(&a->tp, a->o->grace_ms);
         return;
@@ -256,8 +246,8 @@ void agent_reconcile(agent *a)
         trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
-    const edl_member *m = my_member(a);
-    int64_t gen = a->have_cluster ? a->cluster.generation : 0;
+    const edl_member *m = agent_member(a);
+    int64_t gen = a->have_generation ? a->generation.generation : 0;
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
@@ -278,7 +268,7 @@ void agent_reconcile(agent *a)
                      (long long)gen, a->run_rank, m->rank);
         else
             EDL_INFO("agent", "generation %lld (%s): this pod is not a member; stopping the trainer",
-                     (long long)gen, edl_job_state_name(a->cluster.state));
+                     (long long)gen, edl_job_state_name(a->generation.state));
         trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
@@ -326,12 +316,30 @@ static int min_timeout(int t, int64_t due_ms)
     return (t < 0 || left < t) ? (int)left : t;
 }
 
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_HTTP };
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, N_FDS };
 
+/* How long the loop may sleep: until the next timer of any of its parts is due. */
+static int loop_timeout(agent *a)
+{
+    int timeout = 1000;
+    timeout = min_timeout(timeout, a->reg_next_ms);
+    timeout = min_timeout(timeout, a->watch_next_ms);
+    if (a->status_dirty && a->keeper)
+        timeout = min_timeout(timeout, a->status_next_ms ? a->status_next_ms : 1);
+    int t = trainer_tick(&a->tp);
+    if (t >= 0 && t < timeout)
+        timeout = t;
+    if (a->metrics && (t = edl_metrics_timeout_ms(a->metrics)) >= 0 && t < timeout)
+        timeout = t;
+    return timeout;
+}
+
+/* One wake-up: wait for anything, handle it, then reconcile (cheap and idempotent, so it runs
+ * after every wake-up rather than only after the events that may matter). */
 static void loop_once(agent *a, int sfd)
 {
-    struct pollfd fds[64];
-    for (int i = 0; i < FD_HTTP; i++)
+    struct pollfd fds[N_FDS];
+    for (int i = 0; i < N_FDS; i++)
         fds[i] = (struct pollfd){.fd = -1};
     fds[FD_SIG] = (struct pollfd){.fd = sfd, .events = POLLIN};
     if (a->keeper)
@@ -342,56 +350,36 @@ static void loop_once(agent *a, int sfd)
         fds[FD_PROGRESS] = (struct pollfd){.fd = a->tp.progress_fd, .events = POLLIN};
     if (a->tp.control_fd >= 0 && a->tp.ctl_len)
         fds[FD_CONTROL] = (struct pollfd){.fd = a->tp.control_fd, .events = POLLOUT};
-    size_t n = FD_HTTP, n_http = 0;
-    if (a->httpd)
-        n += n_http = edl_httpd_pollfds(a->httpd, fds + FD_HTTP, 64 - FD_HTTP);
-
-    int timeout = 1000;
-    timeout = min_timeout(timeout, a->reg_next_ms);
-    timeout = min_timeout(timeout, a->watch_next_ms);
-    if (a->status_dirty && a->keeper)
-        timeout = min_timeout(timeout, a->status_next_ms ? a->status_next_ms : 1);
-    int t = trainer_tick(&a->tp);
-    if (t >= 0 && t < timeout)
-        timeout = t;
-    if (a->httpd && (t = edl_httpd_timeout_ms(a->httpd)) >= 0 && t < timeout)
-        timeout = t;
-
-    if (poll(fds, n, timeout) < 0 && errno != EINTR) {
+    if (a->metrics)
+        fds[FD_METRICS] = (struct pollfd){.fd = edl_metrics_fd(a->metrics), .events = POLLIN};
+    if (poll(fds, N_FDS, loop_timeout(a)) < 0 && errno != EINTR) {
         EDL_ERROR("agent", "poll: %s", strerror(errno));
         return;
     }
-    bool changed = false;
     if (fds[FD_SIG].revents)
         on_signals(a, sfd);
-    if (a->keeper && fds[FD_KEEPER].revents && edl_lease_keeper_status(a->keeper) != 0) {
+    if (a->keeper && fds[FD_KEEPER].revents && edl_lease_keeper_status(a->keeper) != 0)
         registry_lease_lost(a);
-        changed = true;
-    }
     if (a->watch && fds[FD_WATCH].revents)
-        registry_watch_events(a, &changed);
+        registry_watch_events(a);
     if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp) && trainer_running(&a->tp) &&
         a->status.state == EDL_TRAINER_RUNNING)
         set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
     if (fds[FD_CONTROL].revents)
         trainer_flush_control(&a->tp);
-    if (a->httpd && n_http)
-        edl_httpd_dispatch(a->httpd, fds + FD_HTTP, n_http);
-
+    if (a->metrics)
+        edl_metrics_serve(a->metrics); /* also when only its timeout is due */
     int wstatus;
     bool by_agent;
-    if (trainer_reap(&a->tp, &wstatus, &by_agent)) {
+    if (trainer_reap(&a->tp, &wstatus, &by_agent))
         on_trainer_exit(a, wstatus, by_agent);
-        changed = true;
-    }
     trainer_tick(&a->tp);
     int64_t now = edl_monotonic_ms();
-    if (a->watch_next_ms && now >= a->watch_next_ms && registry_watch_start(a) == 0)
-        changed = true;
+    if (a->watch_next_ms && now >= a->watch_next_ms)
+        registry_watch_start(a);
     if (a->reg_next_ms && now >= a->reg_next_ms && !trainer_running(&a->tp) &&
-        !a->leaving_signal && a->final_exit < 0 && registry_register(a) == 0)
-        changed = true;
-    (void)changed; /* reconciling is cheap and idempotent: do it after every wake-up */
+        !a->leaving_signal && a->final_exit < 0)
+        registry_register(a);
     agent_reconcile(a);
     registry_status_flush(a);
 }
@@ -415,34 +403,31 @@ static int agent_loop(agent *a, int sfd)
 
 static int make_keys(agent *a)
 {
-    a->k_spec = edl_job_key(a->o->prefix, a->o->job, "spec");
-    char rest[EDL_NAME_MAX + 16];
-    snprintf(rest, sizeof rest, "pods/%s", a->o->pod);
-    a->k_pod = edl_job_key(a->o->prefix, a->o->job, rest);
-    snprintf(rest, sizeof rest, "status/%s", a->o->pod);
-    a->k_status = edl_job_key(a->o->prefix, a->o->job, rest);
-    a->k_cluster = edl_job_key(a->o->prefix, a->o->job, "cluster");
-    return a->k_spec && a->k_pod && a->k_status && a->k_cluster ? 0 : EDL_ENOMEM;
+    int rc = edl_job_keys_init(&a->keys, a->o->prefix, a->o->job);
+    if (rc)
+        return rc;
+    a->k_pod = edl_job_key_pod(&a->keys, a->o->pod);
+    a->k_status = edl_job_key_status(&a->keys, a->o->pod);
+    return a->k_pod && a->k_status ? 0 : EDL_ENOMEM;
 }
 
 static void agent_free(agent *a)
 {
     if (a->keeper)
-        edl_lease_keeper_stop(a->keeper, false);
-    edl_watch_stop(a->watch);
-    edl_httpd_free(a->httpd);
-    edl_etcd_free(a->etcd);
-    edl_cluster_free(&a->cluster);
-    edl_spec_free(&a->spec);
+        edl_lease_keeper_close(a->keeper, false);
+    edl_watch_close(a->watch);
+    edl_metrics_close(a->metrics);
+    edl_etcd_close(a->etcd);
+    edl_generation_clear(&a->generation);
+    edl_spec_clear(&a->spec);
     free(a->tp.ctl_buf);
     if (a->tp.progress_fd >= 0)
         close(a->tp.progress_fd);
     if (a->tp.control_fd >= 0)
         close(a->tp.control_fd);
-    free(a->k_spec);
+    edl_job_keys_clear(&a->keys);
     free(a->k_pod);
     free(a->k_status);
-    free(a->k_cluster);
 }
 
 static int connect_etcd(agent *a)
@@ -453,8 +438,8 @@ static int connect_etcd(agent *a)
     cfg.connect_timeout_ms = 1000;
     int rc = edl_etcd_config_set_endpoints(&cfg, a->o->etcd);
     if (rc == 0)
-        rc = edl_etcd_new(&cfg, &a->etcd);
-    edl_etcd_config_free(&cfg);
+        rc = edl_etcd_open(&cfg, &a->etcd);
+    edl_etcd_config_clear(&cfg);
     if (rc)
         EDL_ERROR("agent", "invalid etcd endpoints '%s': %s", a->o->etcd, edl_strerror(rc));
     return rc;
@@ -465,20 +450,21 @@ int agent_run(agent_opts *o)
     agent a = {.o = o, .final_exit = -1};
     trainer_init(&a.tp);
     edl_spec_init(&a.spec);
-    int code = AGENT_EXIT_USAGE;
+    int code = EDL_EXIT_USAGE;
     int sfd = open_signals();
     if (sfd < 0) {
         EDL_ERROR("agent", "signalfd: %s", strerror(errno));
-        return AGENT_EXIT_FAILED;
+        return EDL_EXIT_FAILED;
     }
     snprintf(a.host, sizeof a.host, "%s", o->host);
     if (make_keys(&a) != 0 || connect_etcd(&a) != 0)
         goto out;
     if (o->metrics_port > 0) {
-        edl_httpd_opts ho = {.port = o->metrics_port};
-        if (edl_httpd_new(&ho, metrics_handler, &a, &a.httpd) != 0) {
-            EDL_ERROR("agent", "cannot serve metrics on port %d; choose another --metrics-port",
-                      o->metrics_port);
+        edl_metrics_opts mo = {.addr = o->metrics_addr, .port = o->metrics_port};
+        if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0) {
+            EDL_ERROR("agent", "cannot serve metrics on %s port %d; choose another "
+                      "--metrics-port or --metrics-addr", o->metrics_addr ? o->metrics_addr :
+                      "0.0.0.0", o->metrics_port);
             goto out;
         }
     }
@@ -487,7 +473,7 @@ int agent_run(agent_opts *o)
         goto out;
     if (a.spec.stopped) {
         EDL_INFO("agent", "job %s is stopped (spec): not joining", o->job);
-        code = AGENT_EXIT_STOPPED;
+        code = EDL_EXIT_STOPPED;
         goto out;
     }
     a.ttl_s = o->ttl_s > 0 ? o->ttl_s : a.spec.ttl_s;

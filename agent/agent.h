@@ -2,7 +2,7 @@
  *
  *   main.c         command line, defaults, exit codes
  *   agent.c        start-up, the poll() loop, reacting to generations (the state machine)
- *   registry.c     etcd side: lease, pod and status keys, the cluster watch
+ *   registry.c     etcd side: lease, pod and status keys, the watch on the published generation
  *   trainer_proc.c the trainer process: spawn, stop with grace, reap, progress and control pipes
  *   env.c          the environment a trainer gets
  *   metrics.c      /metrics and /healthz */
@@ -13,26 +13,21 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "edl/cluster.h"
+#include "edl/agent_link.h"
 #include "edl/etcd.h"
-#include "edl/httpd.h"
-#include "edl/trainer.h"
+#include "edl/job.h"
+#include "edl/metrics.h"
+#include "edl/proc.h"
 
-/* Exit codes (documented in --help and docs/agent.md). */
-enum {
-    AGENT_EXIT_SUCCEEDED = 0,
-    AGENT_EXIT_FAILED = 1,
-    AGENT_EXIT_USAGE = 2,
-    AGENT_EXIT_UNREACHABLE = 3,
-    AGENT_EXIT_STOPPED = 4,
-    /* 128 + N: left gracefully on signal N */
-};
+/* Exit codes: EDL_EXIT_* of edl/job.h (documented in --help and docs/agent.md); 128 + N when
+ * the agent left gracefully on signal N. */
 
 typedef struct agent_opts {
     char *etcd;           /* comma-separated endpoints */
     char *job, *pod, *prefix, *addr, *role, *host;
     int64_t ttl_s;        /* 0: the spec's */
     int port, metrics_port;
+    char *metrics_addr;   /* listen address of /metrics (NULL: 0.0.0.0) */
     int64_t grace_ms;
     int64_t startup_timeout_ms;
     char **argv;          /* the trainer command, NULL-terminated */
@@ -43,18 +38,17 @@ typedef struct agent_opts {
 typedef struct agent_env_input {
     const char *job, *pod, *etcd_endpoints, *prefix;
     const edl_job_spec *spec;
-    const edl_cluster *cluster; /* the generation the trainer starts for */
+    const edl_generation *generation; /* the generation the trainer starts for */
     int rank;                   /* this pod's rank in it */
     int64_t restart_count;      /* starts by this agent before this one */
     int control_fd, progress_fd;
 } agent_env_input;
 
 /* The trainer's environment: `base` (NULL-terminated, e.g. environ) without the names the agent
- * sets, then the agent's names. NULL-terminated, malloc'ed; free with agent_env_free(). */
+ * sets, then the agent's names. NULL-terminated, malloc'ed; free with edl_env_free(). */
 int agent_env_build(const agent_env_input *in, char *const *base, char ***out);
-void agent_env_free(char **env);
-/* The control line's content for this rank of a generation; g->endpoints is malloc'ed. */
-int agent_generation_info(const edl_cluster *c, int rank, edl_trainer_generation *g);
+/* This rank's assignment in a generation: what its control line says. */
+int agent_assignment(const edl_generation *g, int rank, edl_assignment *out);
 
 /* The fds a trainer finds its pipes at (also in EDL_CONTROL_FD / EDL_PROGRESS_FD). */
 #define AGENT_CONTROL_FD 3
@@ -80,7 +74,8 @@ void trainer_init(trainer_proc *t);
 /* Create the pipes: the agent keeps its ends in t, the child's ends come back (close-on-exec;
  * trainer_spawn moves them to AGENT_CONTROL_FD and AGENT_PROGRESS_FD in the child). */
 int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress);
-/* Start argv with envp in its own process group; closes the child's pipe ends here. */
+/* Start argv with envp in its own process group (edl_spawn); closes the child's pipe ends
+ * here. */
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
                   int child_progress);
 /* SIGTERM to its process group; SIGKILL after grace_ms (see trainer_tick). */
@@ -102,13 +97,14 @@ bool trainer_running(const trainer_proc *t);
 /* ---- the agent ------------------------------------------------------------------------ */
 
 typedef struct agent_metrics {
-    int64_t trainer_restarts, etcd_errors, lease_losses;
+    int64_t etcd_errors, lease_losses;
 } agent_metrics;
 
 typedef struct agent {
     agent_opts *o;
     edl_etcd *etcd;
-    char *k_spec, *k_pod, *k_status, *k_cluster;
+    edl_job_keys keys;
+    char *k_pod, *k_status;   /* this pod's two keys */
     edl_job_spec spec;
     int64_t ttl_s;
     char host[256];
@@ -120,12 +116,12 @@ typedef struct agent {
     int64_t reg_backoff_ms;
     int reg_attempt;
 
-    /* the cluster document (registry.c) */
+    /* the published generation (registry.c) */
     edl_watch *watch;
     int64_t watch_rev;        /* events at or below this revision are already known */
     int64_t watch_next_ms;    /* when to (re)start a failed watch (0: none due) */
-    edl_cluster cluster;
-    bool have_cluster;
+    edl_generation generation;
+    bool have_generation;
 
     /* status (registry.c) */
     edl_pod_status status;
@@ -142,7 +138,7 @@ typedef struct agent {
     int64_t starts;           /* trainer starts so far */
 
     agent_metrics m;
-    edl_httpd *httpd;
+    edl_metrics_server *metrics;
 
     int leaving_signal;       /* SIGTERM/SIGINT received: leave once the trainer is gone */
     int final_exit;           /* -1, or the exit code of a final job state */
@@ -152,17 +148,19 @@ typedef struct agent {
 int registry_register(agent *a);        /* grant, put pod + status, start keeper */
 void registry_lease_lost(agent *a);     /* drop the keeper, schedule re-registration */
 void registry_unregister(agent *a);     /* stop the keeper and revoke (leaving) */
-int registry_watch_start(agent *a);     /* read cluster, watch from the next revision */
-void registry_watch_events(agent *a, bool *changed);
+int registry_watch_start(agent *a);     /* read the generation, watch from the next revision */
+void registry_watch_events(agent *a);
 void registry_status_set(agent *a, const edl_pod_status *s);
 void registry_status_flush(agent *a);   /* write if dirty and due */
 
 /* agent.c */
 int agent_run(agent_opts *o);
 void agent_reconcile(agent *a);
+/* This incarnation of the pod (name and current lease) in a running generation, or NULL: whether
+ * the pod is a member now, and at which rank. */
+const edl_member *agent_member(const agent *a);
 
-/* metrics.c */
-void metrics_handler(void *arg, const char *method, const char *path, edl_http_response *r);
-char *metrics_render(const agent *a);
+/* metrics.c: writes the agent's /metrics (an edl_metrics_fn; arg is the agent). */
+void agent_metrics_write(void *arg, edl_prom *out);
 
 #endif

@@ -17,16 +17,6 @@ static const char *const owned[] = {
     "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
     "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", NULL};
 
-static bool is_owned(const char *entry)
-{
-    const char *eq = strchr(entry, '=');
-    size_t n = eq ? (size_t)(eq - entry) : strlen(entry);
-    for (int i = 0; owned[i]; i++)
-        if (strlen(owned[i]) == n && strncmp(owned[i], entry, n) == 0)
-            return true;
-    return false;
-}
-
 typedef struct strv {
     char **v;
     size_t n, cap;
@@ -73,42 +63,34 @@ static void setf(strv *s, const char *name, const char *fmt, ...)
     strv_push(s, entry);
 }
 
-void agent_env_free(char **env)
-{
-    for (size_t i = 0; env && env[i]; i++)
-        free(env[i]);
-    free(env);
-}
-
-/* "addr:port,..." of every member in rank order (malloc'ed). */
-static char *endpoints(const edl_cluster *c)
+/* "addr:port,..." of every member in rank order (malloc'ed): PADDLE_TRAINER_ENDPOINTS. */
+static char *endpoints(const edl_generation *g)
 {
     size_t cap = 1;
-    for (size_t i = 0; i < c->n_members; i++)
-        cap += strlen(c->members[i].addr ? c->members[i].addr : "") + 8;
+    for (size_t i = 0; i < g->n_members; i++)
+        cap += strlen(g->members[i].addr ? g->members[i].addr : "") + 8;
     char *s = malloc(cap), *p = s;
     if (!s)
         return NULL;
     *p = '\0';
-    for (size_t i = 0; i < c->n_members; i++)
+    for (size_t i = 0; i < g->n_members; i++)
         p += snprintf(p, cap - (size_t)(p - s), "%s%s:%d", i ? "," : "",
-                      c->members[i].addr ? c->members[i].addr : "", c->members[i].port);
+                      g->members[i].addr ? g->members[i].addr : "", g->members[i].port);
     return s;
 }
 
-int agent_generation_info(const edl_cluster *c, int rank, edl_trainer_generation *g)
+int agent_assignment(const edl_generation *g, int rank, edl_assignment *out)
 {
-    memset(g, 0, sizeof *g);
-    if (rank < 0 || (size_t)rank >= c->n_members)
+    memset(out, 0, sizeof *out);
+    if (rank < 0 || (size_t)rank >= g->n_members)
         return EDL_EINVAL;
-    g->generation = c->generation;
-    g->rank = rank;
-    g->world_size = (int)c->n_members;
-    snprintf(g->master_addr, sizeof g->master_addr, "%s",
-             c->members[0].addr ? c->members[0].addr : "");
-    g->master_port = c->members[0].port;
-    g->endpoints = endpoints(c);
-    return g->endpoints ? 0 : EDL_ENOMEM;
+    out->generation = g->generation;
+    out->rank = rank;
+    out->world_size = (int)g->n_members;
+    snprintf(out->master_addr, sizeof out->master_addr, "%s",
+             g->members[0].addr ? g->members[0].addr : "");
+    out->master_port = g->members[0].port;
+    return 0;
 }
 
 static bool same_addr(const edl_member *a, const edl_member *b)
@@ -116,65 +98,81 @@ static bool same_addr(const edl_member *a, const edl_member *b)
     return strcmp(a->addr ? a->addr : "", b->addr ? b->addr : "") == 0;
 }
 
+/* LOCAL_RANK and LOCAL_WORLD_SIZE: this rank's place among the members on its address. */
+static void local_ranks(const edl_generation *g, int rank, int *local_rank, int *local_world)
+{
+    *local_rank = *local_world = 0;
+    for (size_t i = 0; i < g->n_members; i++)
+        if (same_addr(&g->members[i], &g->members[rank])) {
+            if ((int)i < rank)
+                (*local_rank)++;
+            (*local_world)++;
+        }
+}
+
+/* edl's own names. */
+static void set_edl(strv *s, const agent_env_input *in)
+{
+    setf(s, "EDL_JOB_ID", "%s", in->job);
+    setf(s, "EDL_POD_ID", "%s", in->pod);
+    setf(s, "EDL_RANK", "%d", in->rank);
+    setf(s, "EDL_WORLD_SIZE", "%zu", in->generation->n_members);
+    setf(s, "EDL_GENERATION", "%lld", (long long)in->generation->generation);
+    setf(s, "EDL_ETCD_ENDPOINTS", "%s", in->etcd_endpoints);
+    setf(s, "EDL_ETCD_PREFIX", "%s", in->prefix);
+    setf(s, "EDL_ELASTIC_MODE", "%s", edl_elastic_mode_name(in->spec->mode));
+    if (in->spec->checkpoint_uri)
+        setf(s, "EDL_CHECKPOINT_URI", "%s", in->spec->checkpoint_uri);
+    setf(s, "EDL_CONTROL_FD", "%d", in->control_fd);
+    setf(s, "EDL_PROGRESS_FD", "%d", in->progress_fd);
+}
+
+/* The names of PyTorch's launcher (torchrun / torch.distributed.elastic). */
+static void set_torch(strv *s, const agent_env_input *in, const edl_assignment *a)
+{
+    int local_rank, local_world;
+    local_ranks(in->generation, in->rank, &local_rank, &local_world);
+    setf(s, "RANK", "%d", in->rank);
+    setf(s, "GROUP_RANK", "%d", in->rank);
+    setf(s, "LOCAL_RANK", "%d", local_rank);
+    setf(s, "LOCAL_WORLD_SIZE", "%d", local_world);
+    setf(s, "WORLD_SIZE", "%d", a->world_size);
+    setf(s, "MASTER_ADDR", "%s", a->master_addr);
+    setf(s, "MASTER_PORT", "%d", a->master_port);
+    setf(s, "TORCHELASTIC_RESTART_COUNT", "%lld", (long long)in->restart_count);
+    setf(s, "TORCHELASTIC_MAX_RESTARTS", "%d", in->spec->max_restarts);
+    setf(s, "TORCHELASTIC_RUN_ID", "%s", in->job);
+}
+
+/* The names of Paddle's launcher (paddle.distributed.launch). */
+static void set_paddle(strv *s, const agent_env_input *in, const char *endpoints)
+{
+    const edl_member *me = &in->generation->members[in->rank];
+    setf(s, "PADDLE_TRAINER_ID", "%d", in->rank);
+    setf(s, "PADDLE_TRAINERS_NUM", "%zu", in->generation->n_members);
+    setf(s, "PADDLE_TRAINER_ENDPOINTS", "%s", endpoints);
+    setf(s, "PADDLE_CURRENT_ENDPOINT", "%s:%d", me->addr ? me->addr : "", me->port);
+    setf(s, "PADDLE_PSERVERS_IP_PORT_LIST", "%s", "");
+    setf(s, "TRAINING_ROLE", "%s", "TRAINER");
+}
+
 int agent_env_build(const agent_env_input *in, char *const *base, char ***out)
 {
     *out = NULL;
-    const edl_cluster *c = in->cluster;
-    if (in->rank < 0 || (size_t)in->rank >= c->n_members)
-        return EDL_EINVAL;
-    const edl_member *me = &c->members[in->rank];
-    int local_rank = 0, local_world = 0;
-    for (size_t i = 0; i < c->n_members; i++)
-        if (same_addr(&c->members[i], me)) {
-            if ((int)i < in->rank)
-                local_rank++;
-            local_world++;
-        }
-    edl_trainer_generation g;
-    int rc = agent_generation_info(c, in->rank, &g);
-    if (rc)
-        return rc;
-
-    strv s = {0};
-    for (size_t i = 0; base && base[i]; i++)
-        if (!is_owned(base[i]))
-            strv_push(&s, strdup(base[i]));
-    int world = (int)c->n_members;
-    setf(&s, "EDL_JOB_ID", "%s", in->job);
-    setf(&s, "EDL_POD_ID", "%s", in->pod);
-    setf(&s, "EDL_RANK", "%d", in->rank);
-    setf(&s, "EDL_WORLD_SIZE", "%d", world);
-    setf(&s, "EDL_GENERATION", "%lld", (long long)c->generation);
-    setf(&s, "EDL_ETCD_ENDPOINTS", "%s", in->etcd_endpoints);
-    setf(&s, "EDL_ETCD_PREFIX", "%s", in->prefix);
-    setf(&s, "EDL_ELASTIC_MODE", "%s", in->spec->mode == EDL_MODE_INPROCESS ? "inprocess" : "restart");
-    if (in->spec->checkpoint_uri)
-        setf(&s, "EDL_CHECKPOINT_URI", "%s", in->spec->checkpoint_uri);
-    setf(&s, "EDL_CONTROL_FD", "%d", in->control_fd);
-    setf(&s, "EDL_PROGRESS_FD", "%d", in->progress_fd);
-    /* PyTorch (torchrun / torch.distributed.elastic) */
-    setf(&s, "RANK", "%d", in->rank);
-    setf(&s, "GROUP_RANK", "%d", in->rank);
-    setf(&s, "LOCAL_RANK", "%d", local_rank);
-    setf(&s, "LOCAL_WORLD_SIZE", "%d", local_world);
-    setf(&s, "WORLD_SIZE", "%d", world);
-    setf(&s, "MASTER_ADDR", "%s", g.master_addr);
-    setf(&s, "MASTER_PORT", "%d", g.master_port);
-    setf(&s, "TORCHELASTIC_RESTART_COUNT", "%lld", (long long)in->restart_count);
-    setf(&s, "TORCHELASTIC_MAX_RESTARTS", "%d", in->spec->max_restarts);
-    setf(&s, "TORCHELASTIC_RUN_ID", "%s", in->job);
-    /* Paddle (paddle.distributed.launch) */
-    setf(&s, "PADDLE_TRAINER_ID", "%d", in->rank);
-    setf(&s, "PADDLE_TRAINERS_NUM", "%d", world);
-    setf(&s, "PADDLE_TRAINER_ENDPOINTS", "%s", g.endpoints);
-    setf(&s, "PADDLE_CURRENT_ENDPOINT", "%s:%d", me->addr ? me->addr : "", me->port);
-    setf(&s, "PADDLE_PSERVERS_IP_PORT_LIST", "%s", "");
-    setf(&s, "TRAINING_ROLE", "%s", "TRAINER");
-    free(g.endpoints);
-    if (s.oom || !s.v) {
-        agent_env_free(s.v);
+    edl_assignment a;
+    int rc = agent_assignment(in->generation, in->rank, &a);
+    char *eps = rc ? NULL : endpoints(in->generation);
+    if (rc || !eps)
+        return rc ? rc : EDL_ENOMEM;
+    strv set = {0};
+    set_edl(&set, in);
+    set_torch(&set, in, &a);
+    set_paddle(&set, in, eps);
+    free(eps);
+    char **env = set.oom ? NULL : edl_env_build(base, owned, set.v);
+    edl_env_free(set.v);
+    if (!env)
         return EDL_ENOMEM;
-    }
-    *out = s.v;
+    *out = env;
     return 0;
 }

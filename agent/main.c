@@ -29,6 +29,7 @@ static const char usage_text[] =
     "  --addr ADDR          address peers reach the trainer at (default: $POD_IP, else 127.0.0.1)\n"
     "  --port PORT          the trainer's port; rank 0's is MASTER_PORT (default: a free port)\n"
     "  --metrics-port PORT  serve /metrics and /healthz on this port (default: 0 = off)\n"
+    "  --metrics-addr ADDR  the address /metrics listens on, IPv4 or IPv6 (default: 0.0.0.0)\n"
     "  --grace-ms MS        SIGTERM-to-SIGKILL grace when stopping the trainer (default: 10000)\n"
     "  --role ROLE          pod role (default: worker)\n"
     "  --startup-timeout S  how long to retry an unreachable etcd at start-up (default: 30)\n"
@@ -52,7 +53,7 @@ static int bad(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\nTry 'edl-agent --help'.\n");
     va_end(ap);
-    return AGENT_EXIT_USAGE;
+    return EDL_EXIT_USAGE;
 }
 
 static int parse_int(const char *s, long long lo, long long hi, long long *out)
@@ -89,8 +90,8 @@ static char *env_or(const char *name, const char *dflt)
     return (v && *v) ? strdup(v) : dflt ? strdup(dflt) : NULL;
 }
 
-enum { O_ETCD = 256, O_JOB, O_POD, O_PREFIX, O_TTL, O_ADDR, O_PORT, O_MPORT, O_GRACE, O_ROLE,
-       O_LOG, O_STARTUP, O_HELP };
+enum { O_ETCD = 256, O_JOB, O_POD, O_PREFIX, O_TTL, O_ADDR, O_PORT, O_MPORT, O_MADDR, O_GRACE,
+       O_ROLE, O_LOG, O_STARTUP, O_HELP };
 
 static int parse_args(int argc, char **argv, agent_opts *o)
 {
@@ -99,6 +100,7 @@ static int parse_args(int argc, char **argv, agent_opts *o)
         {"pod", required_argument, 0, O_POD}, {"prefix", required_argument, 0, O_PREFIX},
         {"ttl", required_argument, 0, O_TTL}, {"addr", required_argument, 0, O_ADDR},
         {"port", required_argument, 0, O_PORT}, {"metrics-port", required_argument, 0, O_MPORT},
+        {"metrics-addr", required_argument, 0, O_MADDR},
         {"grace-ms", required_argument, 0, O_GRACE}, {"role", required_argument, 0, O_ROLE},
         {"log-level", required_argument, 0, O_LOG}, {"startup-timeout", required_argument, 0, O_STARTUP},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
@@ -113,6 +115,7 @@ static int parse_args(int argc, char **argv, agent_opts *o)
         case O_POD: str = &o->pod; break;
         case O_PREFIX: str = &o->prefix; break;
         case O_ADDR: str = &o->addr; break;
+        case O_MADDR: str = &o->metrics_addr; break;
         case O_ROLE: str = &o->role; break;
         case O_TTL:
             if (parse_int(optarg, 1, 86400, &v))
@@ -204,6 +207,7 @@ static void opts_free(agent_opts *o)
     free(o->pod);
     free(o->prefix);
     free(o->addr);
+    free(o->metrics_addr);
     free(o->role);
     free(o->host);
 }

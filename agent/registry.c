@@ -1,5 +1,5 @@
 /* registry.c: the agent's etcd side: its lease, the pod and status keys under it, and the
- * watch on the job's cluster document. Every call here is bounded by the client's short
+ * watch on the job's published generation. Every call here is bounded by the client's short
  * timeout, and a failure is retried from the loop: etcd being away never stops a trainer; only
  * a lost lease does (agent.c). */
 #include <stdio.h>
@@ -22,7 +22,7 @@ static void etcd_failed(agent *a, const char *what)
 static char *pod_json(const agent *a)
 {
     edl_pod p = {.role = a->o->role, .addr = a->o->addr, .port = a->o->port,
-                 .metrics_port = a->httpd ? edl_httpd_port(a->httpd) : 0,
+                 .metrics_port = a->metrics ? edl_metrics_port(a->metrics) : 0,
                  .host = (char *)a->host, .pid = getpid()};
     return edl_pod_to_json(&p);
 }
@@ -66,7 +66,7 @@ int registry_register(agent *a)
         etcd_failed(a, "registration");
         goto fail;
     }
-    rc = edl_lease_keeper_start(a->etcd, lease, a->ttl_s, NULL, NULL, &a->keeper);
+    rc = edl_lease_keeper_open(a->etcd, lease, a->ttl_s, NULL, NULL, &a->keeper);
     if (rc)
         goto fail;
     free(doc);
@@ -96,7 +96,7 @@ void registry_lease_lost(agent *a)
     int why = edl_lease_keeper_status(a->keeper);
     EDL_WARN("agent", "lease %lld lost (%s): the job server counts this pod as gone; the trainer "
              "stops and the pod registers again", (long long)a->lease, edl_strerror(why));
-    edl_lease_keeper_stop(a->keeper, false);
+    edl_lease_keeper_close(a->keeper, false);
     a->keeper = NULL;
     a->lease = 0;
     a->m.lease_losses++;
@@ -109,7 +109,7 @@ void registry_unregister(agent *a)
 {
     if (!a->keeper)
         return;
-    edl_lease_keeper_stop(a->keeper, true);
+    edl_lease_keeper_close(a->keeper, true);
     a->keeper = NULL;
     EDL_INFO("agent", "lease %lld revoked: pod %s left job %s", (long long)a->lease, a->o->pod,
              a->o->job);
@@ -161,94 +161,91 @@ void registry_status_flush(agent *a)
     a->status_next_ms = now + backoff;
 }
 
-/* ---- the cluster document ---------------------------------------------------------------- */
+/* ---- the published generation -------------------------------------------------------------- */
 
-/* Apply a cluster value (NULL: the key is absent). Malformed ones are logged and ignored. */
-static void apply_cluster(agent *a, const char *val, size_t len, bool *changed)
+/* Apply a generation document (NULL: the key is absent). Malformed ones are logged and
+ * ignored. */
+static void apply_generation(agent *a, const char *val, size_t len)
 {
     if (!val) {
-        if (a->have_cluster)
-            EDL_WARN("agent", "%s was deleted: waiting for a new generation", a->k_cluster);
-        edl_cluster_free(&a->cluster);
-        a->have_cluster = false;
-        *changed = true;
+        if (a->have_generation)
+            EDL_WARN("agent", "%s was deleted: waiting for a new generation", a->keys.generation);
+        edl_generation_clear(&a->generation);
+        a->have_generation = false;
         return;
     }
-    edl_cluster c = {0};
+    edl_generation g = {0};
     char err[256];
-    int rc = edl_cluster_parse(val, len, &c, err, sizeof err);
+    int rc = edl_generation_parse(val, len, &g, err, sizeof err);
     if (rc) {
         EDL_ERROR("agent", "%s: ignoring a malformed document (%s); keeping generation %lld",
-                  a->k_cluster, err, (long long)a->cluster.generation);
+                  a->keys.generation, err, (long long)a->generation.generation);
         return;
     }
-    edl_cluster_free(&a->cluster);
-    a->cluster = c;
-    a->have_cluster = true;
-    *changed = true;
+    edl_generation_clear(&a->generation);
+    a->generation = g;
+    a->have_generation = true;
 }
 
 int registry_watch_start(agent *a)
 {
     if (a->watch) {
-        edl_watch_stop(a->watch);
+        edl_watch_close(a->watch);
         a->watch = NULL;
     }
     edl_kv *kv = NULL;
     int64_t rev = 0;
-    int rc = edl_etcd_get(a->etcd, edl_str(a->k_cluster), &kv, &rev);
+    int rc = edl_etcd_get(a->etcd, edl_str(a->keys.generation), &kv, &rev);
     if (rc && rc != EDL_ENOTFOUND) {
-        etcd_failed(a, "reading the cluster document");
+        etcd_failed(a, "reading the generation");
         a->watch_next_ms = edl_monotonic_ms() + 1000;
         return rc;
     }
     edl_watch_opts wo = {.start_revision = rev + 1};
-    rc = edl_etcd_watch(a->etcd, edl_str(a->k_cluster), &wo, &a->watch);
+    rc = edl_watch_open(a->etcd, edl_str(a->keys.generation), &wo, &a->watch);
     if (rc) {
         edl_kv_free(kv);
-        etcd_failed(a, "watching the cluster document");
+        etcd_failed(a, "watching the generation");
         a->watch_next_ms = edl_monotonic_ms() + 1000;
         return rc;
     }
-    bool changed = false;
-    apply_cluster(a, kv ? kv->value : NULL, kv ? kv->value_len : 0, &changed);
+    apply_generation(a, kv ? kv->value : NULL, kv ? kv->value_len : 0);
     edl_kv_free(kv);
     a->watch_rev = rev;
     a->watch_next_ms = 0;
     return 0;
 }
 
-void registry_watch_events(agent *a, bool *changed)
+void registry_watch_events(agent *a)
 {
     edl_watch_event *ev;
     while (a->watch && edl_watch_next(a->watch, &ev, 0) == 0) {
         switch (ev->type) {
         case EDL_WATCH_PUT:
             if (ev->revision > a->watch_rev) {
-                apply_cluster(a, ev->kv.value, ev->kv.value_len, changed);
+                apply_generation(a, ev->kv.value, ev->kv.value_len);
                 a->watch_rev = ev->revision;
             }
             break;
         case EDL_WATCH_DELETE:
             if (ev->revision > a->watch_rev) {
-                apply_cluster(a, NULL, 0, changed);
+                apply_generation(a, NULL, 0);
                 a->watch_rev = ev->revision;
             }
             break;
         case EDL_WATCH_PROGRESS:
             break;
         case EDL_WATCH_COMPACTED:
-            EDL_INFO("agent", "watch on %s compacted: reading it again", a->k_cluster);
+            EDL_INFO("agent", "watch on %s compacted: reading it again", a->keys.generation);
             edl_watch_event_free(ev);
-            if (registry_watch_start(a) == 0)
-                *changed = true;
+            registry_watch_start(a);
             continue;
         case EDL_WATCH_ERROR:
             a->m.etcd_errors++;
-            EDL_WARN("agent", "watch on %s ended: %s; restarting it", a->k_cluster,
+            EDL_WARN("agent", "watch on %s ended: %s; restarting it", a->keys.generation,
                      edl_strerror(ev->error));
             edl_watch_event_free(ev);
-            edl_watch_stop(a->watch);
+            edl_watch_close(a->watch);
             a->watch = NULL;
             a->watch_next_ms = edl_monotonic_ms() + 1000;
             return;

@@ -1,14 +1,13 @@
-/* trainer_proc.c: the trainer process. It runs in its own process group (so a stop reaches
- * every process it started), dies with a SIGKILLed agent (PR_SET_PDEATHSIG, as in a
- * container), and talks to the agent through two pipes: progress lines in, control lines out.
- * Every other fd of the agent is close-on-exec, so nothing else leaks into the trainer. */
+/* trainer_proc.c: the trainer process, as the agent supervises it. It runs in its own process
+ * group (so a stop reaches every process it started), dies with a SIGKILLed agent
+ * (PR_SET_PDEATHSIG, as in a container: edl_spawn), and talks to the agent through two pipes:
+ * progress lines in, control lines out. No other fd of the agent reaches the trainer. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,87 +55,25 @@ int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress)
     return 0;
 }
 
-/* The program's path, resolved before fork: after fork in a threaded process the child may
- * only make async-signal-safe calls, and execvp's PATH search is not guaranteed to be one. */
-static char *resolve(const char *prog)
-{
-    if (strchr(prog, '/'))
-        return strdup(prog);
-    const char *path = getenv("PATH");
-    if (!path || !*path)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    for (const char *p = path; *p;) {
-        const char *end = strchr(p, ':');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        char *cand = NULL;
-        if (asprintf(&cand, "%.*s/%s", (int)n, n ? p : ".", prog) < 0)
-            return NULL;
-        if (access(cand, X_OK) == 0)
-            return cand;
-        free(cand);
-        p += n + (end ? 1 : 0);
-        if (!end)
-            break;
-    }
-    return NULL;
-}
-
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
                   int child_progress)
 {
-    char *path = resolve(argv[0]);
-    if (!path) {
-        EDL_ERROR("agent", "trainer '%s': not found or not executable (PATH=%s)", argv[0],
-                  getenv("PATH") ? getenv("PATH") : "");
-        close(child_control);
-        close(child_progress);
-        close_fd(&t->control_fd);
-        close_fd(&t->progress_fd);
-        return EDL_ECONFIG;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* child: async-signal-safe calls only */
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) /* the agent died before prctl took effect */
-            _exit(127);
-        struct sigaction dfl = {.sa_handler = SIG_DFL};
-        for (int sig = 1; sig < NSIG; sig++)
-            sigaction(sig, &dfl, NULL); /* ignored signals (SIGPIPE) would survive exec */
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        int null = open("/dev/null", O_RDONLY);
-        if (null >= 0 && null != 0) {
-            dup2(null, 0);
-            close(null);
-        }
-        /* These two, and only these, cross the exec, at fixed low numbers (shells such as
-         * dash can only redirect fds 0-9). Via copies >= 10 so neither overwrites the other. */
-        int c = fcntl(child_control, F_DUPFD, 10), p = fcntl(child_progress, F_DUPFD, 10);
-        if (c < 0 || p < 0 || dup2(c, AGENT_CONTROL_FD) < 0 || dup2(p, AGENT_PROGRESS_FD) < 0)
-            _exit(127);
-        close(c);
-        close(p);
-        execve(path, argv, envp);
-        static const char msg[] = "edl-agent: cannot execute the trainer\n";
-        ssize_t w = write(2, msg, sizeof msg - 1);
-        (void)w;
-        _exit(127);
-    }
-    int err = errno;
-    free(path);
+    /* The two pipes, and only these, cross the exec, at fixed low numbers (shells such as dash
+     * can only redirect fds 0-9); stdout and stderr are the agent's. */
+    edl_spawn_opts so = {.argv = argv, .envp = envp, .new_group = true, .n_fds = 2,
+                         .fds = {{child_control, AGENT_CONTROL_FD},
+                                 {child_progress, AGENT_PROGRESS_FD}}};
+    char err[512];
+    pid_t pid = 0;
+    int rc = edl_spawn(&so, &pid, err, sizeof err);
     close(child_control);
     close(child_progress);
-    if (pid < 0) {
-        EDL_ERROR("agent", "cannot fork the trainer: %s", strerror(err));
+    if (rc) {
+        EDL_ERROR("agent", "trainer: %s", err);
         close_fd(&t->control_fd);
         close_fd(&t->progress_fd);
-        return EDL_EIO;
+        return rc;
     }
-    setpgid(pid, pid); /* also here: no race with a stop sent right after the fork */
     t->pid = pid;
     t->stopping = false;
     t->kill_at_ms = 0;
@@ -280,7 +217,7 @@ int trainer_send_control(trainer_proc *t, const char *line)
     if (t->control_fd < 0)
         return EDL_ECLOSED;
     size_t n = strlen(line);
-    if (t->ctl_len + n > EDL_TRAINER_LINE_MAX * (size_t)4) {
+    if (t->ctl_len + n > EDL_AGENT_LINE_MAX * (size_t)4) {
         EDL_WARN("agent", "trainer reads no control lines; dropping the backlog");
         t->ctl_len = 0;
     }

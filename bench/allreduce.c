@@ -32,13 +32,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "allreduce_timing.h"
+#include "edl/proc.h"
 #include "edl/common.h"
 #include "edl/etcd_server.h"
 #ifdef EDL_HAVE_COLL
@@ -389,9 +389,9 @@ static int worker_edl(ar_driver *d, const size_t *sizes, int n_sizes, double bud
     for (int i = 0; i < n_sizes; i++)
         max = sizes[i] > max ? sizes[i] : max;
     e.buf = ar_alloc_touched(max);
-    int rc = edl_coll_init(NULL, &e.c);
+    int rc = edl_coll_open(NULL, &e.c);
     if (rc) {
-        fprintf(stderr, "allreduce: edl worker %d: edl_coll_init: %s\n", d->rank,
+        fprintf(stderr, "allreduce: edl worker %d: edl_coll_open: %s\n", d->rank,
                 edl_strerror(rc));
         return 1;
     }
@@ -408,7 +408,7 @@ static int worker_edl(ar_driver *d, const size_t *sizes, int n_sizes, double bud
     d->barrier = edl_bar;
     for (int i = 0; i < n_sizes && !rc; i++)
         rc = ar_measure(d, "edl", edl_coll_backend(e.c), sizes[i], budget);
-    edl_coll_free(e.c);
+    edl_coll_close(e.c);
     free(e.buf);
     return rc ? 1 : 0;
 }
@@ -417,7 +417,6 @@ static int worker_edl(ar_driver *d, const size_t *sizes, int n_sizes, double bud
 /* allreduce --worker ceiling|edl --sizes BYTES,... --budget S; EDL_RANK, EDL_WORLD_SIZE. */
 static int worker_main(int argc, char **argv)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
     size_t sizes[AR_MAX_SIZES];
     int n_sizes = -1;
     double budget = 0;
@@ -455,31 +454,21 @@ typedef struct launch {
     int out; /* read end of rank 0's stdout */
 } launch;
 
-/* Fork and exec argv; stdout goes to out_fd (rank 0) or /dev/null; listen_fd becomes fd 3;
- * env: "NAME=value" strings added to the child's environment. */
+/* Start argv; stdout goes to out_fd (rank 0) or /dev/null; listen_fd becomes fd 3; env:
+ * "NAME=value" strings added to the child's environment. A bench run inside an edl job does
+ * not hand the job's agent pipes to the workers. */
 static pid_t spawn(char *const *argv, char *const *env, int out_fd, int listen_fd)
 {
-    pid_t parent = getpid();
-    fflush(stdout); /* or the child would print our buffered lines again */
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-        _exit(127);
-    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    dup2(out_fd >= 0 ? out_fd : null, 1);
-    if (listen_fd == 3)
-        fcntl(3, F_SETFD, 0); /* dup2 onto itself would keep close-on-exec */
-    else if (listen_fd >= 0)
-        dup2(listen_fd, 3);
-    /* a bench run inside an edl job must not hand the job's agent pipes to the workers */
-    unsetenv("EDL_CONTROL_FD");
-    unsetenv("EDL_PROGRESS_FD");
-    for (int i = 0; env && env[i]; i++)
-        putenv(env[i]);
-    execvp(argv[0], argv);
-    fprintf(stderr, "allreduce: cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
+    static const char *const unset[] = {"EDL_CONTROL_FD", "EDL_PROGRESS_FD", NULL};
+    char **envp = edl_env_build(NULL, unset, env);
+    edl_spawn_opts so = {.argv = argv, .envp = envp, .out = out_fd >= 0 ? out_fd : EDL_SPAWN_NULL,
+                         .fds = {{listen_fd, 3}}, .n_fds = listen_fd >= 0 ? 1 : 0};
+    char err[512];
+    pid_t pid = -1;
+    if (!envp || edl_spawn(&so, &pid, err, sizeof err) != 0)
+        fprintf(stderr, "allreduce: %s\n", envp ? err : "out of memory");
+    edl_env_free(envp);
+    return pid;
 }
 
 static void kill_launch(launch *l)
@@ -622,7 +611,6 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
             env[3] = NULL;
         char *argv[] = {self, "--worker", (char *)kind, "--sizes", sizes, "--budget", budget,
                         NULL};
-        /* putenv keeps the pointers: the child has its own copy of this stack frame */
         l->pid[r] = spawn(argv, env, r == 0 ? pipefd[1] : -1, is_ring ? lfd[r] : -1);
     }
     close(pipefd[1]);
@@ -1074,7 +1062,7 @@ int main(int argc, char **argv)
 #ifdef EDL_HAVE_COLL
     if (o.use[IMPL_EDL]) {
         edl_etcd_server_opts so = {.quiet = true};
-        rc = edl_etcd_server_start(&so, &srv);
+        rc = edl_etcd_server_open(&so, &srv);
         if (rc)
             edl_missing = "n/a (no etcd: set EDL_ETCD_BIN or put etcd in PATH)";
     }
@@ -1100,6 +1088,6 @@ int main(int argc, char **argv)
     fflush(stdout);
     for (int i = 0; i < o.n_np; i++)
         run_n(&o, o.np[i], srv ? edl_etcd_server_endpoint(srv, 0) : NULL, edl_missing);
-    edl_etcd_server_free(srv);
+    edl_etcd_server_close(srv);
     return 0;
 }

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -25,6 +24,7 @@
 #include <unistd.h>
 
 #include "edl/checkpoint.h"
+#include "edl/proc.h"
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 
@@ -208,15 +208,14 @@ static pid_t start_s3rver(const char *datadir, int port)
         return -1;
     char p[16];
     snprintf(p, sizeof p, "%d", port);
-    fflush(stdout);
-    pid_t parent = getpid(), pid = fork();
-    if (pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            _exit(127);
-        freopen("/dev/null", "w", stdout);
-        execlp("node", "node", js, "-d", datadir, "-a", "127.0.0.1", "-p", p, "-s",
-               "--configure-bucket", "edl-bench", (char *)NULL);
-        _exit(127);
+    char *argv[] = {"node", (char *)js, "-d", (char *)datadir, "-a", "127.0.0.1", "-p", p, "-s",
+                    "--configure-bucket", "edl-bench", NULL};
+    edl_spawn_opts so = {.argv = argv, .out = EDL_SPAWN_NULL};
+    char err[512];
+    pid_t pid;
+    if (edl_spawn(&so, &pid, err, sizeof err) != 0) {
+        fprintf(stderr, "checkpoint: %s\n", err);
+        return -1;
     }
     char url[128];
     snprintf(url, sizeof url, "curl -s -o /dev/null -f 'http://127.0.0.1:%d/edl-bench?list-type=2'", port);
@@ -267,8 +266,8 @@ int main(int argc, char **argv)
     edl_etcd_server_opts eo = {.quiet = true};
     edl_etcd_server *srv;
     edl_etcd *etcd;
-    if (edl_etcd_server_start(&eo, &srv) != 0 ||
-        edl_etcd_connect(edl_etcd_server_endpoints(srv), &etcd) != 0) {
+    if (edl_etcd_server_open(&eo, &srv) != 0 ||
+        edl_etcd_open_endpoints(edl_etcd_server_endpoints(srv), &etcd) != 0) {
         fprintf(stderr, "checkpoint bench: cannot start etcd (install etcd-server)\n");
         return 1;
     }
@@ -333,8 +332,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < shards; i++)
         free(r.bufs[i]);
     free(r.bufs);
-    edl_etcd_free(etcd);
-    edl_etcd_server_free(srv);
+    edl_etcd_close(etcd);
+    edl_etcd_server_close(srv);
     nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }

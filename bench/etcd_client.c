@@ -3,7 +3,7 @@
  * Starts a local etcd, then measures, on one reused connection each:
  *   put, range and txn operations per second through edl_etcd_*,
  *   the same requests from a minimal libcurl loop (pre-encoded JSON, no parsing): the floor;
- *   p50/p99 latency from a put to the watch event that reports it, through edl_etcd_watch and
+ *   p50/p99 latency from a put to the watch event that reports it, through edl_watch_open and
  *   through a bare libcurl watch stream.
  * Each figure is printed beside its floor, with the ratio, from the same run.
  * Usage: etcd_client [--ops N] [--endpoints URL]   (default 2000 ops, own etcd) */
@@ -97,7 +97,7 @@ static double edl_range_ops(edl_etcd *c, int n)
         int rc = edl_etcd_range(c, edl_str("bench/r/"), &o, &r);
         if (rc)
             die(c, "range", rc);
-        edl_range_result_free(&r);
+        edl_range_result_clear(&r);
     }
     return n / (now_s() - t0);
 }
@@ -113,7 +113,7 @@ static double edl_txn_ops(edl_etcd *c, int n)
         int rc = edl_etcd_txn(c, t, &r);
         if (rc)
             die(c, "txn", rc);
-        edl_txn_result_free(&r);
+        edl_txn_result_clear(&r);
     }
     double ops = n / (now_s() - t0);
     edl_txn_free(t);
@@ -125,7 +125,7 @@ static double edl_txn_ops(edl_etcd *c, int n)
 static void edl_watch_latency(edl_etcd *c, int n, double *lat)
 {
     edl_watch *w;
-    int rc = edl_etcd_watch(c, edl_str("bench/w"), NULL, &w);
+    int rc = edl_watch_open(c, edl_str("bench/w"), NULL, &w);
     if (rc)
         die(c, "watch", rc);
     for (int i = 0; i < n; i++) {
@@ -138,7 +138,7 @@ static void edl_watch_latency(edl_etcd *c, int n, double *lat)
         lat[i] = (now_s() - t0) * 1e3;
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 /* A bare libcurl watch: a thread counts newline-terminated messages and stamps each. */
@@ -245,7 +245,7 @@ int main(int argc, char **argv)
     edl_etcd_server *srv = NULL;
     if (!endpoints) {
         edl_etcd_server_opts so = {.quiet = true};
-        if (edl_etcd_server_start(&so, &srv) != 0) {
+        if (edl_etcd_server_open(&so, &srv) != 0) {
             fprintf(stderr, "cannot start etcd\n");
             return 1;
         }
@@ -253,7 +253,7 @@ int main(int argc, char **argv)
     }
     g_endpoint = endpoints;
     edl_etcd *c;
-    if (edl_etcd_connect(endpoints, &c) != 0) {
+    if (edl_etcd_open_endpoints(endpoints, &c) != 0) {
         fprintf(stderr, "bad endpoint %s\n", endpoints);
         return 1;
     }
@@ -286,8 +286,8 @@ int main(int argc, char **argv)
     line("put->watch event p99", pct(le, n, 0.99), pct(lr, n, 0.99), "ms");
     free(le);
     free(lr);
-    edl_etcd_free(c);
-    edl_etcd_server_free(srv);
+    edl_etcd_close(c);
+    edl_etcd_server_close(srv);
     curl_global_cleanup();
     return 0;
 }

@@ -20,24 +20,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/collective.h"
 #include "edl/etcd.h"
 #include "edl/etcd_server.h"
 #include "edl/log.h"
+#include "edl/proc.h"
 
 /* ---- trainer mode --------------------------------------------------------------------------- */
 
 static int trainer(const char *dir)
 {
     edl_comm *c;
-    if (edl_coll_init(NULL, &c) != 0)
+    if (edl_coll_open(NULL, &c) != 0)
         return 1;
     float buf[256] = {0};
     edl_coll_state *st;
@@ -68,11 +68,11 @@ static int trainer(const char *dir)
             noted = true;
         }
         edl_coll_state_commit(st, ++step);
-        edl_trainer_report_step(edl_coll_trainer(c), step);
+        edl_agent_link_report_step(edl_coll_agent_link(c), step);
         usleep(2000);
     }
     edl_coll_state_free(st);
-    edl_coll_free(c);
+    edl_coll_close(c);
     return 0;
 }
 
@@ -85,39 +85,35 @@ typedef struct bench {
     char self[4096], edl[4096], dir[64], job[32];
     int settle_ms, ttl, trials;
     pid_t run;
+    edl_job_keys k; /* of job */
 } bench;
 
+/* A child with its output thrown away, dying with us. */
 static pid_t spawn_quiet(char *const *argv)
 {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
-            _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    edl_spawn_opts so = {.argv = argv, .out = EDL_SPAWN_NULL, .err = EDL_SPAWN_NULL};
+    char err[512];
+    pid_t pid = -1;
+    if (edl_spawn(&so, &pid, err, sizeof err) != 0)
+        fprintf(stderr, "rebuild: %s\n", err);
     return pid;
 }
 
-static bool read_cluster(bench *b, edl_cluster *cl)
+static bool read_generation(bench *b, edl_generation *g)
 {
-    char *k = edl_job_key(NULL, b->job, "cluster"), err[128];
+    char err[128];
     edl_kv *kv = NULL;
-    bool ok = edl_etcd_get(b->c, edl_str(k), &kv, NULL) == 0;
-    edl_cluster_free(cl);
-    ok = ok && edl_cluster_parse(kv->value, kv->value_len, cl, err, sizeof err) == 0;
+    bool ok = edl_etcd_get(b->c, edl_str(b->k.generation), &kv, NULL) == 0;
+    edl_generation_clear(g);
+    ok = ok && edl_generation_parse(kv->value, kv->value_len, g, err, sizeof err) == 0;
     edl_kv_free(kv);
-    free(k);
     return ok;
 }
 
 static long member_pid(bench *b, const char *pod, bool agent)
 {
-    char rest[200], err[128];
-    snprintf(rest, sizeof rest, "%s/%s", agent ? "pods" : "status", pod);
-    char *k = edl_job_key(NULL, b->job, rest);
+    char err[128];
+    char *k = agent ? edl_job_key_pod(&b->k, pod) : edl_job_key_status(&b->k, pod);
     edl_kv *kv = NULL;
     long pid = -1;
     if (edl_etcd_get(b->c, edl_str(k), &kv, NULL) == 0) {
@@ -125,7 +121,7 @@ static long member_pid(bench *b, const char *pod, bool agent)
             edl_pod p = {0};
             if (edl_pod_parse(kv->value, kv->value_len, &p, err, sizeof err) == 0)
                 pid = (long)p.pid;
-            edl_pod_free(&p);
+            edl_pod_clear(&p);
         } else {
             edl_pod_status st;
             if (edl_pod_status_parse(kv->value, kv->value_len, &st, err, sizeof err) == 0)
@@ -164,11 +160,11 @@ static bool wait_formed(bench *b, int64_t after, int n, int ms, const char *gone
                         int64_t *t_pub, int64_t *t_formed)
 {
     int64_t end = edl_monotonic_ms() + ms, seen = after;
-    edl_cluster cl = {0};
+    edl_generation cl = {0};
     *t_pub = -1;
     while (edl_monotonic_ms() < end) {
-        if (read_cluster(b, &cl) && cl.generation > seen) {
-            if (*t_pub < 0 && (!gone || !edl_cluster_member(&cl, gone)))
+        if (read_generation(b, &cl) && cl.generation > seen) {
+            if (*t_pub < 0 && (!gone || !edl_generation_member_named(&cl, gone)))
                 *t_pub = edl_monotonic_ms();
             seen = cl.generation;
         }
@@ -179,13 +175,13 @@ static bool wait_formed(bench *b, int64_t after, int n, int ms, const char *gone
             if (t > 0) {
                 *gen = cl.generation;
                 *t_formed = t;
-                edl_cluster_free(&cl);
+                edl_generation_clear(&cl);
                 return true;
             }
         }
         usleep(2000);
     }
-    edl_cluster_free(&cl);
+    edl_generation_clear(&cl);
     return false;
 }
 
@@ -227,23 +223,28 @@ static void scale(bench *b, int n)
 static bool steady(bench *b, int n, int64_t *gen)
 {
     int64_t tp, tf;
-    edl_cluster cl = {0};
-    int64_t cur = read_cluster(b, &cl) ? cl.generation : 0;
-    edl_cluster_free(&cl);
+    edl_generation cl = {0};
+    int64_t cur = read_generation(b, &cl) ? cl.generation : 0;
+    edl_generation_clear(&cl);
     if (!wait_formed(b, cur - 1, n, 30000, NULL, gen, &tp, &tf))
         return false;
     usleep(500000);
-    if (read_cluster(b, &cl) && cl.generation != *gen) { /* moved on meanwhile: again */
-        edl_cluster_free(&cl);
+    if (read_generation(b, &cl) && cl.generation != *gen) { /* moved on meanwhile: again */
+        edl_generation_clear(&cl);
         return steady(b, n, gen);
     }
-    edl_cluster_free(&cl);
+    edl_generation_clear(&cl);
     return true;
 }
 
 static void run_size(bench *b, int n)
 {
     snprintf(b->job, sizeof b->job, "rebuild%d", n);
+    edl_job_keys_clear(&b->k);
+    if (edl_job_keys_init(&b->k, NULL, b->job) != 0) {
+        printf("rebuild N=%d: out of memory\n", n);
+        return;
+    }
     char np[32], reps[16], settle[16], ttl[16];
     snprintf(np, sizeof np, "1:%d", n + 1);
     snprintf(reps, sizeof reps, "%d", n);
@@ -264,9 +265,9 @@ static void run_size(bench *b, int n)
         int64_t total[64], detect[64];
         int k = 0;
         for (int t = 0; t < b->trials && t < 64; t++) {
-            edl_cluster cl = {0};
-            if (!read_cluster(b, &cl) || cl.n_members < 2) {
-                edl_cluster_free(&cl);
+            edl_generation cl = {0};
+            if (!read_generation(b, &cl) || cl.n_members < 2) {
+                edl_generation_clear(&cl);
                 break;
             }
             const char *victim = cl.members[1 + t % (cl.n_members - 1)].pod;
@@ -278,7 +279,7 @@ static void run_size(bench *b, int n)
                 scale(b, n + 1);
             else if (pid > 1)
                 kill((pid_t)pid, SIGKILL);
-            edl_cluster_free(&cl);
+            edl_generation_clear(&cl);
             /* kill-pod: the launcher starts a replacement pod at once, which may be in the
              * generation that drops the dead one (n members) or in a later one (n - 1 first) */
             int want = e == 0 ? n : e == 1 ? -(n - 1) : n + 1;
@@ -339,12 +340,12 @@ int main(int argc, char **argv)
     if (!mkdtemp(b.dir))
         return 1;
     edl_etcd_server_opts so = {.quiet = true};
-    if (edl_etcd_server_start(&so, &b.srv) != 0) {
+    if (edl_etcd_server_open(&so, &b.srv) != 0) {
         fprintf(stderr, "rebuild: cannot start etcd\n");
         return 1;
     }
     b.ep = edl_etcd_server_endpoints(b.srv);
-    edl_etcd_connect(b.ep, &b.c);
+    edl_etcd_open_endpoints(b.ep, &b.c);
     printf("rebuild: edl run --elastic-mode inprocess, local etcd, settle window %d ms, lease TTL "
            "%d s, 1 KiB allreduce every 2 ms; all processes on this machine (%ld cores)\n",
            b.settle_ms, b.ttl, sysconf(_SC_NPROCESSORS_ONLN));
@@ -356,8 +357,8 @@ int main(int argc, char **argv)
         }
         run_size(&b, n);
     }
-    edl_etcd_free(b.c);
-    edl_etcd_server_free(b.srv);
+    edl_etcd_close(b.c);
+    edl_etcd_server_close(b.srv);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", b.dir);
     if (system(cmd) != 0)

@@ -22,15 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/etcd.h"
 #include "edl/etcd_server.h"
 #include "edl/log.h"
+#include "edl/proc.h"
 #include "reconcile.h"
 
 #define MAX_AGENTS 256
@@ -50,7 +50,8 @@ typedef struct bench {
     int n_agents;
     int next;
     int64_t published_at;
-    edl_watch *w; /* the job's cluster key */
+    edl_watch *w; /* the job's generation key */
+    edl_job_keys k; /* of job */
 } bench;
 
 static double now_s(void)
@@ -60,27 +61,28 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A child with its output thrown away, dying with us. */
 static pid_t spawn(char *const *argv)
 {
-    pid_t parent = getpid();
-    fflush(stdout); /* or the child would print our buffered lines again */
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            _exit(127);
-        FILE *null = freopen("/dev/null", "w", stdout);
-        (void)null;
-        null = freopen("/dev/null", "w", stderr);
-        (void)null;
-        execv(argv[0], argv);
-        _exit(127);
+    edl_spawn_opts so = {.argv = argv, .out = EDL_SPAWN_NULL, .err = EDL_SPAWN_NULL};
+    char err[512];
+    pid_t pid = -1;
+    if (edl_spawn(&so, &pid, err, sizeof err) != 0) {
+        fprintf(stderr, "reform: %s\n", err);
+        exit(1);
     }
     return pid;
 }
 
-static char *key(const bench *b, const char *rest)
+/* Name the job of the next run, "<base><n>" (its keys with it). */
+static void set_job(bench *b, const char *base, int n)
 {
-    return edl_job_key(NULL, b->job, rest);
+    snprintf(b->job, sizeof b->job, "%s%d", base, n);
+    edl_job_keys_clear(&b->k);
+    if (edl_job_keys_init(&b->k, NULL, b->job) != 0) {
+        fprintf(stderr, "reform: out of memory\n");
+        exit(1);
+    }
 }
 
 static void start_agent(bench *b)
@@ -104,16 +106,16 @@ static void remove_agent(bench *b, int i, int sig)
 /* Generation in force, if every member's trainer runs in it with n members (else 0). */
 static int64_t all_running(bench *b, int n, int64_t *published)
 {
-    char *kc = key(b, "cluster"), *ks = key(b, "status/");
+    const char *kc = b->k.generation, *ks = b->k.status;
     edl_kv *kv = NULL;
     int64_t gen = 0;
     edl_range_result r = {0};
     edl_range_opts o = {.prefix = true};
     if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0 &&
         edl_etcd_range(b->c, edl_str(ks), &o, &r) == 0) {
-        edl_cluster cl = {0};
+        edl_generation cl = {0};
         char err[256];
-        if (edl_cluster_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0)
+        if (edl_generation_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0)
             *published = cl.generation;
         if ((int)cl.n_members == n && cl.state == EDL_JOB_RUNNING) {
             int ok = 0;
@@ -127,12 +129,10 @@ static int64_t all_running(bench *b, int n, int64_t *published)
             if (ok == n)
                 gen = cl.generation;
         }
-        edl_cluster_free(&cl);
+        edl_generation_clear(&cl);
     }
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
     edl_kv_free(kv);
-    free(kc);
-    free(ks);
     return gen;
 }
 
@@ -146,13 +146,13 @@ static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
         /* the publication is timed by the watch event, as an agent sees it */
         edl_watch_event *ev;
         while (!b->published_at && edl_watch_next(b->w, &ev, 20) == 0) {
-            edl_cluster cl = {0};
+            edl_generation cl = {0};
             char err[256];
             if (ev->type == EDL_WATCH_PUT &&
-                edl_cluster_parse(ev->kv.value, ev->kv.value_len, &cl, err, sizeof err) == 0 &&
+                edl_generation_parse(ev->kv.value, ev->kv.value_len, &cl, err, sizeof err) == 0 &&
                 cl.generation > after)
                 b->published_at = edl_monotonic_ms();
-            edl_cluster_free(&cl);
+            edl_generation_clear(&cl);
             edl_watch_event_free(ev);
         }
         if (b->published_at)
@@ -171,9 +171,7 @@ static int64_t wait_formed(bench *b, int n, int64_t after, int64_t *gen)
 /* Time of the newest pod's registration (creation of its key), by polling. */
 static int64_t wait_registered(bench *b, const char *pod)
 {
-    char rest[96];
-    snprintf(rest, sizeof rest, "pods/%s", pod);
-    char *k = key(b, rest);
+    char *k = edl_job_key_pod(&b->k, pod);
     int64_t deadline = edl_monotonic_ms() + 30000;
     while (edl_monotonic_ms() < deadline) {
         edl_kv *kv = NULL;
@@ -205,24 +203,20 @@ static void report(int n, const char *event, int64_t *v, int k, const char *note
 
 static void run_size(bench *b, int n)
 {
-    snprintf(b->job, sizeof b->job, "bench%d", n);
+    set_job(b, "bench", n);
     char spec[256];
     snprintf(spec, sizeof spec, "{\"min\":1,\"max\":%d,\"settle_ms\":%d,\"ttl_s\":%d}", n + 8,
              b->settle_ms, b->ttl);
-    char *ks = key(b, "spec");
-    edl_etcd_put(b->c, edl_str(ks), edl_str(spec), NULL, NULL);
-    free(ks);
+    edl_etcd_put(b->c, edl_str(b->k.spec), edl_str(spec), NULL, NULL);
     char *jsv[] = {b->js_bin, "--etcd", (char *)b->ep, "--job", b->job, "--ttl", "5", NULL};
     b->js = spawn(jsv);
     b->n_agents = 0;
     b->next = 0;
-    char *kc = key(b, "cluster");
     edl_watch_opts wo = {0};
-    if (edl_etcd_watch(b->c, edl_str(kc), &wo, &b->w) != 0) {
-        fprintf(stderr, "reform: cannot watch %s\n", kc);
+    if (edl_watch_open(b->c, edl_str(b->k.generation), &wo, &b->w) != 0) {
+        fprintf(stderr, "reform: cannot watch %s\n", b->k.generation);
         exit(1);
     }
-    free(kc);
     for (int i = 0; i < n; i++)
         start_agent(b);
     int64_t gen = 0;
@@ -245,7 +239,7 @@ static void run_size(bench *b, int n)
         start_agent(b);
         wait_formed(b, n, gen, &gen);
     }
-    edl_watch_stop(b->w);
+    edl_watch_close(b->w);
     b->w = NULL;
     report(n, "leave", leave, t, "SIGTERM -> all survivors running the new generation");
     report(n, "leave", pub_leave, t, "SIGTERM -> the new generation published (watch event)");
@@ -318,36 +312,34 @@ static void stop_all(bench *b)
 /* 1,000 members registered directly; time until the job server has published them. */
 static void big_generation(bench *b, int members)
 {
-    snprintf(b->job, sizeof b->job, "big");
+    set_job(b, "big", members);
     char spec[128];
     snprintf(spec, sizeof spec, "{\"min\":1,\"max\":%d,\"settle_ms\":0}", members);
-    char *ks = key(b, "spec");
-    edl_etcd_put(b->c, edl_str(ks), edl_str(spec), NULL, NULL);
-    free(ks);
+    edl_etcd_put(b->c, edl_str(b->k.spec), edl_str(spec), NULL, NULL);
     int64_t lease;
     edl_etcd_lease_grant(b->c, 60, 0, &lease, NULL);
     /* all but the last in batches (etcd allows 128 operations per txn) */
     for (int i = 0; i < members - 1;) {
         edl_txn *t = edl_txn_new();
         for (int k = 0; k < 100 && i < members - 1; k++, i++) {
-            char rest[64], doc[128];
-            snprintf(rest, sizeof rest, "pods/p%04d", i);
+            char name[16], doc[128];
+            snprintf(name, sizeof name, "p%04d", i);
             snprintf(doc, sizeof doc, "{\"role\":\"worker\",\"addr\":\"10.0.%d.%d\",\"port\":29500}",
                      i / 250, i % 250);
-            char *k2 = key(b, rest);
+            char *k2 = edl_job_key_pod(&b->k, name);
             edl_put_opts po = {.lease = lease};
             edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(k2), edl_str(doc), &po);
             free(k2);
         }
         edl_txn_result r;
         edl_etcd_txn(b->c, t, &r);
-        edl_txn_result_free(&r);
+        edl_txn_result_clear(&r);
         edl_txn_free(t);
     }
     char *jsv[] = {b->js_bin, "--etcd", (char *)b->ep, "--job", b->job, NULL};
     b->js = spawn(jsv);
     int64_t g0 = 0;
-    char *kc = key(b, "cluster");
+    const char *kc = b->k.generation;
     for (int64_t dl = edl_monotonic_ms() + 30000; edl_monotonic_ms() < dl && !g0;) {
         edl_kv *kv = NULL;
         if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0)
@@ -356,7 +348,7 @@ static void big_generation(bench *b, int members)
         usleep(5000);
     }
     /* now the last member joins: time from its registration to the published generation */
-    char *kl = key(b, "pods/p9999");
+    char *kl = edl_job_key_pod(&b->k, "p9999");
     edl_put_opts po = {.lease = lease};
     double t0 = now_s();
     edl_etcd_put(b->c, edl_str(kl), edl_str("{\"role\":\"worker\",\"addr\":\"10.9.9.9\"}"), &po,
@@ -364,21 +356,20 @@ static void big_generation(bench *b, int members)
     double took = -1;
     for (int64_t dl = edl_monotonic_ms() + 30000; edl_monotonic_ms() < dl;) {
         edl_kv *kv = NULL;
-        edl_cluster cl = {0};
+        edl_generation cl = {0};
         char err[256];
         if (edl_etcd_get(b->c, edl_str(kc), &kv, NULL) == 0 &&
-            edl_cluster_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0 &&
+            edl_generation_parse(kv->value, kv->value_len, &cl, err, sizeof err) == 0 &&
             (int)cl.n_members == members) {
             took = now_s() - t0;
-            edl_cluster_free(&cl);
+            edl_generation_clear(&cl);
             edl_kv_free(kv);
             break;
         }
-        edl_cluster_free(&cl);
+        edl_generation_clear(&cl);
         edl_kv_free(kv);
         usleep(1000);
     }
-    free(kc);
     free(kl);
     kill(b->js, SIGKILL);
     waitpid(b->js, NULL, 0);
@@ -398,31 +389,31 @@ static void big_generation(bench *b, int members)
         pods[i] = (edl_pod){.name = names[i], .role = "worker", .addr = "10.0.0.1",
                             .port = 29500, .lease = 1000 + i, .create_revision = i + 1};
     }
-    edl_cluster cur = {0};
+    edl_generation cur = {0};
     js_memory mem = {0};
     js_observed o = {.spec = &sp, .pods = pods, .n_pods = (size_t)members - 1, .status = st,
-                     .has_status = has, .cluster = &cur, .now_ms = 1, .mono_ms = 1};
+                     .has_status = has, .current = &cur, .now_ms = 1, .mono_ms = 1};
     js_decision d;
     js_reconcile(&o, &mem, &d); /* the first generation, with all but one */
-    edl_cluster_free(&cur);
+    edl_generation_clear(&cur);
     cur = d.next;
     memset(&d.next, 0, sizeof d.next);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     o.n_pods = (size_t)members;
     double r0 = now_s();
     int reps = 20;
     for (int i = 0; i < reps; i++) {
         js_reconcile(&o, &mem, &d);
-        char *json = edl_cluster_to_json(&d.next);
+        char *json = edl_generation_to_json(&d.next);
         free(json);
-        js_decision_free(&d);
+        js_decision_clear(&d);
     }
     double per = (now_s() - r0) / reps;
     printf("jobserver: %d registered members -> generation published %.1f ms after the last "
            "join (js_reconcile + JSON alone: %.2f ms)\n",
            members, took * 1000.0, per * 1000.0);
-    edl_cluster_free(&cur);
-    js_memory_free(&mem);
+    edl_generation_clear(&cur);
+    js_memory_clear(&mem);
     free(pods);
     free(st);
     free(has);
@@ -460,12 +451,12 @@ int main(int argc, char **argv)
     snprintf(b.agent_bin, sizeof b.agent_bin, "%s/edl-agent", bin);
     snprintf(b.js_bin, sizeof b.js_bin, "%s/edl-jobserver", bin);
     edl_etcd_server_opts so = {.quiet = true};
-    if (edl_etcd_server_start(&so, &b.srv) != 0) {
+    if (edl_etcd_server_open(&so, &b.srv) != 0) {
         fprintf(stderr, "reform: cannot start etcd\n");
         return 1;
     }
     b.ep = edl_etcd_server_endpoints(b.srv);
-    edl_etcd_connect(b.ep, &b.c);
+    edl_etcd_open_endpoints(b.ep, &b.c);
     printf("reform: local etcd, one job server, trivial trainers; settle window %d ms, lease "
            "TTL %d s\n", b.settle_ms, b.ttl);
     printf("reference: TorchElastic's default rendezvous waits a 30 s last-call window after a "
@@ -482,7 +473,7 @@ int main(int argc, char **argv)
         stop_all(&b);
     }
     big_generation(&b, 1000);
-    edl_etcd_free(b.c);
-    edl_etcd_server_free(b.srv);
+    edl_etcd_close(b.c);
+    edl_etcd_server_close(b.srv);
     return 0;
 }

@@ -5,17 +5,11 @@
 
 #include <stdbool.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/etcd.h"
 
-/* Exit codes of `edl` (and of edl run: the job's result). */
-enum {
-    CLI_OK = 0,          /* done; for run: the job succeeded */
-    CLI_JOB_FAILED = 1,  /* run: the job failed; status/scale/stop: no such job */
-    CLI_USAGE = 2,       /* bad arguments or configuration */
-    CLI_ETCD = 3,        /* etcd unreachable or refused */
-    CLI_JOB_STOPPED = 4, /* run: the job was stopped (edl stop) */
-};
+/* Exit codes: EDL_EXIT_* of edl/job.h (for run, the job's result; for status, scale and stop,
+ * EDL_EXIT_FAILED means no such job). */
 
 /* Options every subcommand takes. */
 typedef struct cli_common {
@@ -34,12 +28,13 @@ void cli_state_remove(const char *job);
 int cli_connect(const cli_common *co, const char *job, edl_etcd **out);
 
 /* Read the spec (EDL_ENOTFOUND when the job does not exist); *mod: its mod_revision. */
-int cli_read_spec(edl_etcd *c, const char *prefix, const char *job, edl_job_spec *spec,
-                  int64_t *mod);
+int cli_read_spec(edl_etcd *c, const edl_job_keys *k, edl_job_spec *spec, int64_t *mod);
+/* Read the published generation (EDL_ENOTFOUND when there is none yet). */
+int cli_read_generation(edl_etcd *c, const edl_job_keys *k, edl_generation *g);
 /* Change the spec with a compare on its mod_revision, retrying on races. */
 typedef void (*cli_spec_edit)(edl_job_spec *spec, void *arg);
-int cli_update_spec(edl_etcd *c, const char *prefix, const char *job, cli_spec_edit edit,
-                    void *arg, edl_job_spec *before, edl_job_spec *after);
+int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void *arg,
+                    edl_job_spec *before, edl_job_spec *after);
 
 int cli_run(int argc, char **argv);
 int cli_scale(int argc, char **argv);

@@ -68,84 +68,91 @@ int cli_connect(const cli_common *co, const char *job, edl_etcd **out)
                 fclose(f);
             fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
                             "EDL_ETCD_ENDPOINTS (no local job of that name: %s)\n", job, path);
-            return CLI_USAGE;
+            return EDL_EXIT_USAGE;
         }
         fclose(f);
         buf[strcspn(buf, "\r\n")] = '\0';
         ep = buf;
     }
-    int rc = edl_etcd_connect(ep, out);
+    int rc = edl_etcd_open_endpoints(ep, out);
     if (rc) {
         fprintf(stderr, "edl: etcd endpoints \"%s\": %s\n", ep, edl_strerror(rc));
-        return CLI_USAGE;
+        return EDL_EXIT_USAGE;
     }
     return 0;
 }
 
-int cli_read_spec(edl_etcd *c, const char *prefix, const char *job, edl_job_spec *spec,
-                  int64_t *mod)
+int cli_read_spec(edl_etcd *c, const edl_job_keys *k, edl_job_spec *spec, int64_t *mod)
 {
-    char *k = edl_job_key(prefix, job, "spec");
-    if (!k)
-        return EDL_ENOMEM;
     edl_kv *kv = NULL;
-    int rc = edl_etcd_get(c, edl_str(k), &kv, NULL);
-    free(k);
+    int rc = edl_etcd_get(c, edl_str(k->spec), &kv, NULL);
     if (rc)
         return rc;
     char err[512];
     rc = edl_spec_parse(kv->value, kv->value_len, spec, err, sizeof err);
     if (rc)
-        fprintf(stderr, "edl: job %s has an invalid spec: %s\n", job, err);
+        fprintf(stderr, "edl: %s is an invalid spec: %s\n", k->spec, err);
     if (mod)
         *mod = kv->mod_revision;
     edl_kv_free(kv);
     return rc;
 }
 
-int cli_update_spec(edl_etcd *c, const char *prefix, const char *job, cli_spec_edit edit,
-                    void *arg, edl_job_spec *before, edl_job_spec *after)
+int cli_read_generation(edl_etcd *c, const edl_job_keys *k, edl_generation *g)
 {
-    char *k = edl_job_key(prefix, job, "spec");
-    if (!k)
-        return EDL_ENOMEM;
+    edl_kv *kv = NULL;
+    int rc = edl_etcd_get(c, edl_str(k->generation), &kv, NULL);
+    if (rc)
+        return rc;
+    char err[512];
+    rc = edl_generation_parse(kv->value, kv->value_len, g, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "edl: the published generation %s is unreadable: %s\n", k->generation,
+                err);
+    edl_kv_free(kv);
+    return rc;
+}
+
+/* Write the spec if it is still at revision mod: EDL_ECONFLICT when it moved. */
+static int put_spec_if(edl_etcd *c, const edl_job_keys *k, const edl_job_spec *spec, int64_t mod)
+{
+    char *json = edl_spec_to_json(spec);
+    edl_txn *t = edl_txn_new();
+    int rc = json && t ? 0 : EDL_ENOMEM;
+    if (!rc) {
+        edl_txn_cmp_mod(t, edl_str(k->spec), EDL_CMP_EQUAL, mod);
+        edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(k->spec), edl_str(json), NULL);
+        edl_txn_result r;
+        rc = edl_etcd_txn(c, t, &r);
+        if (!rc) {
+            rc = r.succeeded ? 0 : EDL_ECONFLICT;
+            edl_txn_result_clear(&r);
+        }
+    }
+    edl_txn_free(t);
+    free(json);
+    return rc;
+}
+
+int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void *arg,
+                    edl_job_spec *before, edl_job_spec *after)
+{
     int rc = EDL_ECONFLICT;
     for (int attempt = 0; attempt < 10 && rc == EDL_ECONFLICT; attempt++) {
         int64_t mod = 0;
-        edl_spec_free(before);
-        edl_spec_init(before);
-        if ((rc = cli_read_spec(c, prefix, job, before, &mod)) != 0)
+        edl_spec_clear(before);
+        if ((rc = cli_read_spec(c, k, before, &mod)) != 0)
             break;
-        edl_spec_free(after);
-        edl_spec_init(after);
-        *after = *before;
-        after->checkpoint_uri = before->checkpoint_uri ? strdup(before->checkpoint_uri) : NULL;
+        if ((rc = edl_spec_copy(after, before)) != 0)
+            break;
         edit(after, arg);
         char err[256];
         if ((rc = edl_spec_validate(after, err, sizeof err)) != 0) {
             fprintf(stderr, "edl: %s\n", err);
             break;
         }
-        char *json = edl_spec_to_json(after);
-        edl_txn *t = edl_txn_new();
-        if (!json || !t) {
-            free(json);
-            edl_txn_free(t);
-            rc = EDL_ENOMEM;
-            break;
-        }
-        edl_txn_cmp_mod(t, edl_str(k), EDL_CMP_EQUAL, mod);
-        edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(k), edl_str(json), NULL);
-        edl_txn_result r;
-        rc = edl_etcd_txn(c, t, &r);
-        if (!rc) {
-            rc = r.succeeded ? 0 : EDL_ECONFLICT;
-            edl_txn_result_free(&r);
-        }
-        edl_txn_free(t);
-        free(json);
+        rc = put_spec_if(c, k, after, mod);
     }
-    free(k);
     return rc;
 }
 
@@ -185,31 +192,59 @@ bad:
     return -1;
 }
 
+/* A subcommand's job: its name, keys and a client of its etcd. */
+typedef struct job_ctx {
+    const char *name;
+    edl_job_keys k;
+    edl_etcd *c;
+} job_ctx;
+
+/* The name, keys and client; an exit code on failure (said why). */
+static int job_open(const cli_common *co, const char *name, job_ctx *j)
+{
+    memset(j, 0, sizeof *j);
+    j->name = name;
+    if (edl_job_keys_init(&j->k, co->prefix, name) != 0) {
+        fprintf(stderr, "edl: job name \"%s\" is not valid: use 1-128 of [A-Za-z0-9._-], not "
+                        "starting with '.' or '-'\n", name);
+        return EDL_EXIT_USAGE;
+    }
+    int rc = cli_connect(co, name, &j->c);
+    if (rc)
+        edl_job_keys_clear(&j->k);
+    return rc;
+}
+
+static void job_close(job_ctx *j)
+{
+    edl_job_keys_clear(&j->k);
+    edl_etcd_close(j->c);
+}
+
 /* The common start of a subcommand that takes one JOB operand: options, the name, a client. */
 static int open_job(int argc, char **argv, const char *usage, cli_common *co, bool *json,
-                    bool *wait, const char **job, edl_etcd **c)
+                    bool *wait, job_ctx *j)
 {
     int i = parse_common(argc, argv, usage, co, json, wait);
     if (i < 0)
-        return CLI_USAGE;
-    if (argc - i != 1 || !edl_name_valid(argv[i])) {
+        return EDL_EXIT_USAGE;
+    if (argc - i != 1) {
         fprintf(stderr, "%s", usage);
-        return CLI_USAGE;
+        return EDL_EXIT_USAGE;
     }
-    *job = argv[i];
-    return cli_connect(co, *job, c);
+    return job_open(co, argv[i], j);
 }
 
-static int report_etcd_error(edl_etcd *c, const char *job, int rc)
+static int report_etcd_error(const job_ctx *j, int rc)
 {
     if (rc == EDL_ENOTFOUND) {
-        fprintf(stderr, "edl: no job \"%s\" in etcd\n", job);
-        return CLI_JOB_FAILED;
+        fprintf(stderr, "edl: no job \"%s\" in etcd\n", j->name);
+        return EDL_EXIT_FAILED;
     }
     if (rc == EDL_ECONFIG)
-        return CLI_USAGE;
-    fprintf(stderr, "edl: job %s: %s (%s)\n", job, edl_strerror(rc), edl_etcd_errmsg(c));
-    return CLI_ETCD;
+        return EDL_EXIT_USAGE;
+    fprintf(stderr, "edl: job %s: %s (%s)\n", j->name, edl_strerror(rc), edl_etcd_errmsg(j->c));
+    return EDL_EXIT_UNREACHABLE;
 }
 
 static void set_replicas(edl_job_spec *s, void *arg)
@@ -226,41 +261,39 @@ int cli_scale(int argc, char **argv)
     cli_common co = {0};
     int i = parse_common(argc, argv, usage, &co, NULL, NULL);
     if (i < 0)
-        return CLI_USAGE;
+        return EDL_EXIT_USAGE;
     if (argc - i != 2) {
         fprintf(stderr, "%s", usage);
-        return CLI_USAGE;
+        return EDL_EXIT_USAGE;
     }
-    const char *job = argv[i];
     char *end;
     long n = strtol(argv[i + 1], &end, 10);
-    if (!edl_name_valid(job) || !*argv[i + 1] || *end || n < 0 || n > EDL_MEMBERS_MAX) {
-        fprintf(stderr, "edl scale: expected a job name and a replica count 0..%d, got \"%s\" "
-                        "\"%s\"\n", EDL_MEMBERS_MAX, job, argv[i + 1]);
-        return CLI_USAGE;
+    if (!*argv[i + 1] || *end || n < 0 || n > EDL_MEMBERS_MAX) {
+        fprintf(stderr, "edl scale: expected a replica count 0..%d, got \"%s\"\n",
+                EDL_MEMBERS_MAX, argv[i + 1]);
+        return EDL_EXIT_USAGE;
     }
-    edl_etcd *c;
-    int rc = cli_connect(&co, job, &c);
+    job_ctx j;
+    int rc = job_open(&co, argv[i], &j);
     if (rc)
         return rc;
     edl_job_spec before, after;
     edl_spec_init(&before);
     edl_spec_init(&after);
     int want = (int)n;
-    rc = cli_update_spec(c, co.prefix, job, set_replicas, &want, &before, &after);
+    rc = cli_update_spec(j.c, &j.k, set_replicas, &want, &before, &after);
     if (!rc) {
-        printf("job %s: replicas %d -> %d", job, before.replicas < 0 ? before.max : before.replicas,
-               want);
+        printf("job %s: replicas %d -> %d", j.name, edl_spec_desired_pods(&before), want);
         if (want > after.max)
             printf(" (%d beyond max %d will wait as standbys)", want - after.max, after.max);
         if (want < after.min)
             printf(" (below min %d: the job will wait)", after.min);
         printf("\n");
     }
-    int ret = rc ? report_etcd_error(c, job, rc) : CLI_OK;
-    edl_spec_free(&before);
-    edl_spec_free(&after);
-    edl_etcd_free(c);
+    int ret = rc ? report_etcd_error(&j, rc) : EDL_EXIT_SUCCEEDED;
+    edl_spec_clear(&before);
+    edl_spec_clear(&after);
+    job_close(&j);
     return ret;
 }
 
@@ -270,20 +303,24 @@ static void set_stopped(edl_job_spec *s, void *arg)
     s->stopped = true;
 }
 
-static int read_cluster(edl_etcd *c, const char *prefix, const char *job, edl_cluster *cl)
+/* Wait up to 60 s for the job server to record the stop; an exit code. */
+static int wait_stopped(const job_ctx *j)
 {
-    char *k = edl_job_key(prefix, job, "cluster");
-    edl_kv *kv = NULL;
-    int rc = k ? edl_etcd_get(c, edl_str(k), &kv, NULL) : EDL_ENOMEM;
-    free(k);
-    if (rc)
-        return rc;
-    char err[512];
-    rc = edl_cluster_parse(kv->value, kv->value_len, cl, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "edl: job %s: the published generation is unreadable: %s\n", job, err);
-    edl_kv_free(kv);
-    return rc;
+    for (int t = 0; t < 600; t++) {
+        edl_generation g = {0};
+        int rc = cli_read_generation(j->c, &j->k, &g);
+        bool final = !rc && edl_job_state_final(g.state);
+        if (final)
+            printf("job %s: %s (%s)\n", j->name, edl_job_state_name(g.state),
+                   g.reason ? g.reason : "");
+        edl_generation_clear(&g);
+        if (final)
+            return EDL_EXIT_SUCCEEDED;
+        usleep(100 * 1000);
+    }
+    fprintf(stderr, "edl stop: the job server has not recorded the stop after 60 s: is it "
+                    "running?\n");
+    return EDL_EXIT_UNREACHABLE;
 }
 
 int cli_stop(int argc, char **argv)
@@ -294,42 +331,23 @@ int cli_stop(int argc, char **argv)
         "\"stopped\". Waits (up to 60 s) until the job server has recorded it, unless --no-wait.\n";
     cli_common co = {0};
     bool wait = true;
-    const char *job;
-    edl_etcd *c;
-    int rc = open_job(argc, argv, usage, &co, NULL, &wait, &job, &c);
+    job_ctx j;
+    int rc = open_job(argc, argv, usage, &co, NULL, &wait, &j);
     if (rc)
         return rc;
     edl_job_spec before, after;
     edl_spec_init(&before);
     edl_spec_init(&after);
-    rc = cli_update_spec(c, co.prefix, job, set_stopped, NULL, &before, &after);
-    edl_spec_free(&before);
-    edl_spec_free(&after);
-    if (rc) {
-        int ret = report_etcd_error(c, job, rc);
-        edl_etcd_free(c);
-        return ret;
+    rc = cli_update_spec(j.c, &j.k, set_stopped, NULL, &before, &after);
+    edl_spec_clear(&before);
+    edl_spec_clear(&after);
+    int ret = rc ? report_etcd_error(&j, rc) : EDL_EXIT_SUCCEEDED;
+    if (!rc) {
+        printf("job %s: stop requested\n", j.name);
+        if (wait)
+            ret = wait_stopped(&j);
     }
-    printf("job %s: stop requested\n", job);
-    int ret = CLI_OK;
-    for (int t = 0; wait && t < 600; t++) {
-        edl_cluster cl = {0};
-        rc = read_cluster(c, co.prefix, job, &cl);
-        bool final = !rc && edl_job_state_final(cl.state);
-        if (final)
-            printf("job %s: %s (%s)\n", job, edl_job_state_name(cl.state),
-                   cl.reason ? cl.reason : "");
-        edl_cluster_free(&cl);
-        if (final)
-            break;
-        if (t == 599) {
-            fprintf(stderr, "edl stop: the job server has not recorded the stop after 60 s: is "
-                            "it running?\n");
-            ret = CLI_ETCD;
-        }
-        usleep(100 * 1000);
-    }
-    edl_etcd_free(c);
+    job_close(&j);
     return ret;
 }
 
@@ -338,8 +356,8 @@ int cli_stop(int argc, char **argv)
 typedef struct job_view {
     edl_job_spec spec;
     bool have_spec;
-    edl_cluster cl;
-    bool have_cluster;
+    edl_generation gen;
+    bool have_gen;
     edl_pod *pods;
     size_t n_pods;
     edl_pod_status *st;
@@ -348,22 +366,22 @@ typedef struct job_view {
 
 static void view_free(job_view *v)
 {
-    edl_spec_free(&v->spec);
-    edl_cluster_free(&v->cl);
+    edl_spec_clear(&v->spec);
+    edl_generation_clear(&v->gen);
     for (size_t i = 0; i < v->n_pods; i++)
-        edl_pod_free(&v->pods[i]);
+        edl_pod_clear(&v->pods[i]);
     free(v->pods);
     free(v->st);
     free(v->has_st);
 }
 
-static int read_pods(edl_etcd *c, const char *prefix, const char *job, job_view *v)
+static int read_pods(edl_etcd *c, const edl_job_keys *k, job_view *v)
 {
-    char *kp = edl_job_key(prefix, job, "pods/"), *ks = edl_job_key(prefix, job, "status/");
+    const char *kp = k->pods, *ks = k->status;
     edl_range_opts o = {.prefix = true, .sort_order = EDL_SORT_ASCEND,
                         .sort_target = EDL_SORT_CREATE};
     edl_range_result rp = {0}, rs = {0};
-    int rc = (kp && ks) ? edl_etcd_range(c, edl_str(kp), &o, &rp) : EDL_ENOMEM;
+    int rc = edl_etcd_range(c, edl_str(kp), &o, &rp);
     if (!rc)
         rc = edl_etcd_range(c, edl_str(ks), &o, &rs);
     if (!rc) {
@@ -378,7 +396,7 @@ static int read_pods(edl_etcd *c, const char *prefix, const char *job, job_view 
         p->name = strdup(rp.kvs[i].key + strlen(kp));
         p->lease = rp.kvs[i].lease;
         if (!p->name || edl_pod_parse(rp.kvs[i].value, rp.kvs[i].value_len, p, err, sizeof err)) {
-            edl_pod_free(p);
+            edl_pod_clear(p);
             continue;
         }
         for (size_t j = 0; j < rs.n_kvs; j++)
@@ -388,46 +406,44 @@ static int read_pods(edl_etcd *c, const char *prefix, const char *job, job_view 
                 v->has_st[v->n_pods] = true;
         v->n_pods++;
     }
-    edl_range_result_free(&rp);
-    edl_range_result_free(&rs);
-    free(kp);
-    free(ks);
+    edl_range_result_clear(&rp);
+    edl_range_result_clear(&rs);
     return rc;
 }
 
 static const char *role_of(const job_view *v, const edl_pod *p, char *buf, size_t n)
 {
-    const edl_member *m = v->have_cluster ? edl_cluster_member(&v->cl, p->name) : NULL;
-    if (m && m->lease == p->lease) {
+    const edl_member *m = v->have_gen ? edl_generation_member(&v->gen, p->name, p->lease) : NULL;
+    if (m) {
         snprintf(buf, n, "%d", m->rank);
         return buf;
     }
-    for (size_t i = 0; v->have_cluster && i < v->cl.n_standbys; i++)
-        if (strcmp(v->cl.standbys[i], p->name) == 0)
+    for (size_t i = 0; v->have_gen && i < v->gen.n_standbys; i++)
+        if (strcmp(v->gen.standbys[i], p->name) == 0)
             return "standby";
-    for (size_t i = 0; v->have_cluster && i < v->cl.n_failures; i++)
-        if (strcmp(v->cl.failures[i].pod, p->name) == 0 &&
-            v->cl.failures[i].excluded_until > (int64_t)time(NULL) * 1000)
+    for (size_t i = 0; v->have_gen && i < v->gen.n_failures; i++)
+        if (strcmp(v->gen.failures[i].pod, p->name) == 0 &&
+            v->gen.failures[i].excluded_until > (int64_t)time(NULL) * 1000)
             return "excluded";
     return "-";
 }
 
 static void print_table(const char *job, const job_view *v)
 {
-    if (!v->have_cluster) {
+    if (!v->have_gen) {
         printf("job %s: no generation yet (%zu pods registered)\n", job, v->n_pods);
     } else {
         printf("job %s: %s, generation %lld, %zu members, %d restarts\n", job,
-               edl_job_state_name(v->cl.state), (long long)v->cl.generation, v->cl.n_members,
-               v->cl.restarts);
-        if (v->cl.reason && *v->cl.reason)
-            printf("reason: %s\n", v->cl.reason);
-        if (v->cl.spec_error)
-            printf("SPEC ERROR (the last valid spec stays in force): %s\n", v->cl.spec_error);
+               edl_job_state_name(v->gen.state), (long long)v->gen.generation, v->gen.n_members,
+               v->gen.restarts);
+        if (v->gen.reason && *v->gen.reason)
+            printf("reason: %s\n", v->gen.reason);
+        if (v->gen.spec_error)
+            printf("SPEC ERROR (the last valid spec stays in force): %s\n", v->gen.spec_error);
     }
     if (v->have_spec)
         printf("spec: min %d, max %d, replicas %d%s\n", v->spec.min, v->spec.max,
-               v->spec.replicas < 0 ? v->spec.max : v->spec.replicas,
+               edl_spec_desired_pods(&v->spec),
                v->spec.stopped ? ", stop requested" : "");
     printf("%-6s %-24s %-22s %-9s %-6s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER", "GEN",
            "STEP", "RESTARTS");
@@ -455,9 +471,9 @@ static void print_table(const char *job, const job_view *v)
 
 static void print_json(const job_view *v)
 {
-    char *cl = v->have_cluster ? edl_cluster_to_json(&v->cl) : NULL;
+    char *gen = v->have_gen ? edl_generation_to_json(&v->gen) : NULL;
     char *sp = v->have_spec ? edl_spec_to_json(&v->spec) : NULL;
-    printf("{\"spec\":%s,\"cluster\":%s,\"pods\":[", sp ? sp : "null", cl ? cl : "null");
+    printf("{\"spec\":%s,\"generation\":%s,\"pods\":[", sp ? sp : "null", gen ? gen : "null");
     for (size_t i = 0; i < v->n_pods; i++) {
         char *p = edl_pod_to_json(&v->pods[i]);
         char *s = v->has_st[i] ? edl_pod_status_to_json(&v->st[i]) : NULL;
@@ -467,7 +483,7 @@ static void print_json(const job_view *v)
         free(s);
     }
     printf("]}\n");
-    free(cl);
+    free(gen);
     free(sp);
 }
 
@@ -478,31 +494,30 @@ int cli_status(int argc, char **argv)
         "Shows the job's state, generation, members with their ranks, and each trainer.\n";
     cli_common co = {0};
     bool json = false;
-    const char *job;
-    edl_etcd *c;
-    int rc = open_job(argc, argv, usage, &co, &json, NULL, &job, &c);
+    job_ctx j;
+    int rc = open_job(argc, argv, usage, &co, &json, NULL, &j);
     if (rc)
         return rc;
     job_view v = {0};
     edl_spec_init(&v.spec);
-    rc = cli_read_spec(c, co.prefix, job, &v.spec, NULL);
+    rc = cli_read_spec(j.c, &j.k, &v.spec, NULL);
     v.have_spec = rc == 0;
-    int ret = CLI_OK;
+    int ret = EDL_EXIT_SUCCEEDED;
     if (rc == EDL_ENOTFOUND || (rc && rc != EDL_ECONFIG && rc != EDL_EPROTO)) {
-        ret = report_etcd_error(c, job, rc);
+        ret = report_etcd_error(&j, rc);
     } else {
-        rc = read_cluster(c, co.prefix, job, &v.cl);
-        v.have_cluster = rc == 0;
+        rc = cli_read_generation(j.c, &j.k, &v.gen);
+        v.have_gen = rc == 0;
         if (rc && rc != EDL_ENOTFOUND && rc != EDL_EPROTO && rc != EDL_ECONFIG)
-            ret = report_etcd_error(c, job, rc);
-        else if ((rc = read_pods(c, co.prefix, job, &v)) != 0)
-            ret = report_etcd_error(c, job, rc);
+            ret = report_etcd_error(&j, rc);
+        else if ((rc = read_pods(j.c, &j.k, &v)) != 0)
+            ret = report_etcd_error(&j, rc);
         else if (json)
             print_json(&v);
         else
-            print_table(job, &v);
+            print_table(j.name, &v);
     }
     view_free(&v);
-    edl_etcd_free(c);
+    job_close(&j);
     return ret;
 }

@@ -27,7 +27,7 @@ int main(int argc, char **argv)
     edl_log_setup_from_env();
     if (argc < 2) {
         usage(stderr);
-        return CLI_USAGE;
+        return EDL_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
@@ -48,5 +48,5 @@ int main(int argc, char **argv)
         return cli_stop(argc - 1, argv + 1);
     fprintf(stderr, "edl: unknown command \"%s\"\n\n", cmd);
     usage(stderr);
-    return CLI_USAGE;
+    return EDL_EXIT_USAGE;
 }

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,6 +25,7 @@
 #include "cli.h"
 #include "edl/etcd_server.h"
 #include "edl/log.h"
+#include "edl/proc.h"
 
 #define MAX_KIDS 1024
 #define LINE_MAX_BYTES 4096
@@ -62,8 +62,8 @@ typedef struct launcher {
     size_t n_kids;
     int next_index;
     int sigfd;
-    edl_watch *w;             /* the job's keys; only spec and cluster matter here */
-    char *k_spec, *k_cluster;
+    edl_watch *w;             /* the job's keys; only spec and generation matter here */
+    edl_job_keys k;
     int desired;
     int64_t gen;
     bool final;
@@ -87,7 +87,7 @@ static void say(const char *fmt, ...)
 
 /* ---- binaries and children ---------------------------------------------------------------- */
 
-/* $ENV, else next to this program, else from PATH. */
+/* $ENV, else next to this program, else the name (edl_spawn looks it up in PATH). */
 static void find_bin(const char *env, const char *name, char *out, size_t n)
 {
     const char *e = getenv(env);
@@ -107,44 +107,27 @@ static void find_bin(const char *env, const char *name, char *out, size_t n)
                 return;
         }
     }
-    snprintf(out, n, "%s", name); /* execvp searches PATH */
+    snprintf(out, n, "%s", name);
 }
 
+/* Start a child whose stdout and stderr come back through a pipe (k->out), in a process group
+ * of its own (the terminal's Ctrl-C reaches the launcher only; it stops them), dying with the
+ * launcher. */
 static int spawn(launcher *l, child *k, char **argv)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0)
         return EDL_EIO;
-    pid_t parent = getpid();
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
-        return EDL_EIO;
-    }
-    if (pid == 0) {
-        /* local mode: the job's processes die with the launcher */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            _exit(127);
-        setpgid(0, 0); /* the terminal's Ctrl-C reaches the launcher only; it stops them */
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        int null = open("/dev/null", O_RDONLY);
-        if (null > 0) {
-            dup2(null, 0);
-            close(null);
-        }
-        execvp(argv[0], argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
+    edl_spawn_opts so = {.argv = argv, .out = p[1], .err = p[1], .new_group = true};
+    char err[512];
+    pid_t pid;
+    int rc = edl_spawn(&so, &pid, err, sizeof err);
     close(p[1]);
+    if (rc) {
+        say("%s", err);
+        close(p[0]);
+        return rc;
+    }
     fcntl(p[0], F_SETFL, O_NONBLOCK);
     k->pid = pid;
     k->out = p[0];
@@ -255,87 +238,75 @@ static size_t agents_alive(const launcher *l, bool count_stopping)
 /* Refuse to take over a job that another launcher or operator is running; else start fresh. */
 static int prepare_job(launcher *l)
 {
-    char *kc = edl_job_key(l->o.prefix, l->o.job, "cluster");
-    char *kl = edl_job_key(l->o.prefix, l->o.job, "leader");
-    char *kj = edl_job_key(l->o.prefix, l->o.job, "");
-    char *ks = edl_job_key(l->o.prefix, l->o.job, "spec");
-    int rc = (kc && kl && kj && ks) ? 0 : EDL_ENOMEM;
-    edl_kv *leader = NULL, *cl = NULL;
-    if (!rc && edl_etcd_get(l->c, edl_str(kl), &leader, NULL) == 0 &&
-        edl_etcd_get(l->c, edl_str(kc), &cl, NULL) == 0) {
-        edl_cluster c = {0};
-        char err[256];
-        if (edl_cluster_parse(cl->value, cl->value_len, &c, err, sizeof err) != 0 ||
-            !edl_job_state_final(c.state)) {
+    int rc = 0;
+    edl_kv *leader = NULL;
+    if (edl_etcd_get(l->c, edl_str(l->k.leader), &leader, NULL) == 0) {
+        edl_generation g = {0};
+        if (cli_read_generation(l->c, &l->k, &g) != EDL_ENOTFOUND &&
+            !edl_job_state_final(g.state)) {
             fprintf(stderr, "edl run: job \"%s\" is already running in this etcd (job server "
                             "%.*s); stop it first (edl stop %s) or choose another --job\n",
                     l->o.job, (int)leader->value_len, leader->value, l->o.job);
             rc = EDL_ECONFLICT;
         }
-        edl_cluster_free(&c);
+        edl_generation_clear(&g);
     }
     edl_kv_free(leader);
-    edl_kv_free(cl);
     char *spec = rc ? NULL : edl_spec_to_json(&l->o.spec);
     if (!rc && !spec)
         rc = EDL_ENOMEM;
     if (!rc) {
         edl_delete_opts dp = {.prefix = true};
-        rc = edl_etcd_delete(l->c, edl_str(kj), &dp, NULL);
+        rc = edl_etcd_delete(l->c, edl_str(l->k.job), &dp, NULL);
         if (!rc)
-            rc = edl_etcd_put(l->c, edl_str(ks), edl_str(spec), NULL, NULL);
+            rc = edl_etcd_put(l->c, edl_str(l->k.spec), edl_str(spec), NULL, NULL);
         if (rc)
             fprintf(stderr, "edl run: writing the job's spec: %s (%s)\n", edl_strerror(rc),
                     edl_etcd_errmsg(l->c));
     }
     free(spec);
-    free(kc);
-    free(kl);
-    free(ks);
-    free(kj);
     return rc;
 }
 
-/* Re-read spec (replicas) and cluster (generation, state); print a line per generation. */
+/* A final state: the agents leave by themselves; make sure they do. */
+static void on_final(launcher *l)
+{
+    l->final = true;
+    for (size_t i = 0; i < l->n_kids; i++)
+        if (!l->kids[i]->exited && !l->kids[i]->kill_at)
+            l->kids[i]->kill_at = edl_monotonic_ms() + l->o.grace_ms + 10000;
+}
+
+/* Re-read spec (replicas) and generation (number, state); print a line per generation. */
 static void observe(launcher *l)
 {
     edl_job_spec sp;
     edl_spec_init(&sp);
-    if (cli_read_spec(l->c, l->o.prefix, l->o.job, &sp, NULL) == 0) {
-        int want = sp.replicas < 0 ? sp.max : sp.replicas;
+    if (cli_read_spec(l->c, &l->k, &sp, NULL) == 0) {
+        int want = edl_spec_desired_pods(&sp);
         if (want != l->desired)
             say("replicas %d -> %d", l->desired, want);
         l->desired = want;
     }
-    edl_spec_free(&sp);
-    edl_kv *kv = NULL;
-    if (edl_etcd_get(l->c, edl_str(l->k_cluster), &kv, NULL) == 0) {
-        edl_cluster c = {0};
-        char err[256];
-        if (edl_cluster_parse(kv->value, kv->value_len, &c, err, sizeof err) == 0 &&
-            (c.generation != l->gen || c.state != l->state)) {
-            char members[1024];
-            size_t used = 0;
-            members[0] = '\0';
-            for (size_t i = 0; i < c.n_members && used < sizeof members; i++)
-                used += (size_t)snprintf(members + used, sizeof members - used, "%s%s",
-                                         i ? " " : "", c.members[i].pod);
-            say("generation %lld %s: %zu members [%s], %zu standby (%s)",
-                (long long)c.generation, edl_job_state_name(c.state), c.n_members, members,
-                c.n_standbys, c.reason ? c.reason : "");
-            l->gen = c.generation;
-            l->state = c.state;
-            if (edl_job_state_final(c.state) && !l->final) {
-                l->final = true;
-                /* agents leave by themselves on a final state; make sure they do */
-                for (size_t i = 0; i < l->n_kids; i++)
-                    if (!l->kids[i]->exited && !l->kids[i]->kill_at)
-                        l->kids[i]->kill_at = edl_monotonic_ms() + l->o.grace_ms + 10000;
-            }
-        }
-        edl_cluster_free(&c);
+    edl_spec_clear(&sp);
+    edl_generation g = {0};
+    if (cli_read_generation(l->c, &l->k, &g) == 0 &&
+        (g.generation != l->gen || g.state != l->state)) {
+        char members[1024];
+        size_t used = 0;
+        members[0] = '\0';
+        for (size_t i = 0; i < g.n_members && used < sizeof members; i++)
+            used += (size_t)snprintf(members + used, sizeof members - used, "%s%s",
+                                     i ? " " : "", g.members[i].pod);
+        say("generation %lld %s: %zu members [%s], %zu standby (%s)", (long long)g.generation,
+            edl_job_state_name(g.state), g.n_members, members, g.n_standbys,
+            g.reason ? g.reason : "");
+        l->gen = g.generation;
+        l->state = g.state;
+        if (edl_job_state_final(g.state) && !l->final)
+            on_final(l);
     }
-    edl_kv_free(kv);
+    edl_generation_clear(&g);
 }
 
 /* Whether an event can change what observe() reads: the spec or the generation. Pods and
@@ -344,7 +315,9 @@ static bool event_matters(const launcher *l, const edl_watch_event *ev)
 {
     if (ev->type != EDL_WATCH_PUT && ev->type != EDL_WATCH_DELETE)
         return ev->type != EDL_WATCH_PROGRESS;
-    return strcmp(ev->kv.key, l->k_spec) == 0 || strcmp(ev->kv.key, l->k_cluster) == 0;
+    edl_job_key_info ki;
+    edl_job_key_kind kind = edl_job_key_parse(&l->k, ev->kv.key, ev->kv.key_len, &ki);
+    return kind == EDL_KEY_SPEC || kind == EDL_KEY_GENERATION;
 }
 
 /* Start or stop agents to match the desired count (newest stop first, as a scale-down would). */
@@ -393,15 +366,15 @@ static int reap(launcher *l)
                 memset(&l->js, 0, sizeof l->js);
                 l->js.out = -1;
                 if (start_jobserver(l) != 0)
-                    return CLI_ETCD;
+                    return EDL_EXIT_UNREACHABLE;
             }
             continue;
         }
         if (k->stopping || l->final || l->interrupted)
             continue;
-        if (k->status == CLI_USAGE) {
+        if (k->status == EDL_EXIT_USAGE) {
             say("%s exited with a configuration error (2); giving up", k->name);
-            return CLI_USAGE;
+            return EDL_EXIT_USAGE;
         }
         say("%s exited unexpectedly (%s %d); starting a replacement", k->name,
             WIFEXITED(st) ? "code" : "signal", WIFEXITED(st) ? k->status : k->status - 128);
@@ -471,7 +444,7 @@ static int loop(launcher *l)
             changed = changed || event_matters(l, ev);
             if (ev->type == EDL_WATCH_ERROR) {
                 edl_watch_event_free(ev);
-                edl_watch_stop(l->w);
+                edl_watch_close(l->w);
                 l->w = NULL;
                 break;
             }
@@ -617,13 +590,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
             o->spec.max_restarts = (int)v;
             break;
         case 'P':
-            if (!strcmp(optarg, "OnFailure"))
-                o->spec.restart_policy = EDL_RESTART_ON_FAILURE;
-            else if (!strcmp(optarg, "ExitCode"))
-                o->spec.restart_policy = EDL_RESTART_EXIT_CODE;
-            else if (!strcmp(optarg, "Never"))
-                o->spec.restart_policy = EDL_RESTART_NEVER;
-            else {
+            if (edl_restart_policy_parse(optarg, &o->spec.restart_policy) != 0) {
                 fprintf(stderr, "edl run: --restart-policy %s: expected OnFailure, ExitCode or "
                                 "Never\n", optarg);
                 return -1;
@@ -642,11 +609,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
             o->spec.progress_timeout_ms = v;
             break;
         case 'M':
-            if (!strcmp(optarg, "restart"))
-                o->spec.mode = EDL_MODE_RESTART;
-            else if (!strcmp(optarg, "inprocess"))
-                o->spec.mode = EDL_MODE_INPROCESS;
-            else {
+            if (edl_elastic_mode_parse(optarg, &o->spec.mode) != 0) {
                 fprintf(stderr, "edl run: --elastic-mode %s: expected restart or inprocess\n",
                         optarg);
                 return -1;
@@ -696,13 +659,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
 
 static int job_exit_code(const launcher *l)
 {
-    if (l->interrupted)
-        return 128 + l->interrupted;
-    switch (l->state) {
-    case EDL_JOB_SUCCEEDED: return CLI_OK;
-    case EDL_JOB_STOPPED: return CLI_JOB_STOPPED;
-    default: return CLI_JOB_FAILED;
-    }
+    return l->interrupted ? 128 + l->interrupted : edl_job_exit_code(l->state);
 }
 
 static void shutdown_rest(launcher *l)
@@ -734,17 +691,13 @@ int cli_run(int argc, char **argv)
 {
     launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .desired = 0};
     if (parse_run(argc, argv, &l.o) != 0) {
-        edl_spec_free(&l.o.spec);
-        return CLI_USAGE;
+        edl_spec_clear(&l.o.spec);
+        return EDL_EXIT_USAGE;
     }
-    l.desired = l.o.spec.replicas < 0 ? l.o.spec.max : l.o.spec.replicas;
-    l.k_spec = edl_job_key(l.o.prefix, l.o.job, "spec");
-    l.k_cluster = edl_job_key(l.o.prefix, l.o.job, "cluster");
-    if (!l.k_spec || !l.k_cluster) {
-        free(l.k_spec);
-        free(l.k_cluster);
-        edl_spec_free(&l.o.spec);
-        return CLI_ETCD;
+    l.desired = edl_spec_desired_pods(&l.o.spec);
+    if (edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
+        edl_spec_clear(&l.o.spec);
+        return EDL_EXIT_UNREACHABLE;
     }
     l.started_ms = edl_monotonic_ms();
     find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
@@ -760,48 +713,46 @@ int cli_run(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     l.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
 
-    int ret = CLI_OK;
+    int ret = EDL_EXIT_SUCCEEDED;
     bool wrote_state = false;
     if (l.o.etcd) {
         l.endpoints = l.o.etcd;
     } else {
         edl_etcd_server_opts so = {.quiet = true};
-        int rc = edl_etcd_server_start(&so, &l.srv);
+        int rc = edl_etcd_server_open(&so, &l.srv);
         if (rc) {
             fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
                             "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
                     edl_strerror(rc));
-            ret = CLI_ETCD;
+            ret = EDL_EXIT_UNREACHABLE;
             goto out;
         }
         l.endpoints = edl_etcd_server_endpoints(l.srv);
         say("started etcd at %s (data in %s, removed at exit)", l.endpoints,
             edl_etcd_server_data_dir(l.srv));
     }
-    if (edl_etcd_connect(l.endpoints, &l.c) != 0) {
+    if (edl_etcd_open_endpoints(l.endpoints, &l.c) != 0) {
         fprintf(stderr, "edl run: bad etcd endpoints \"%s\"\n", l.endpoints);
-        ret = CLI_USAGE;
+        ret = EDL_EXIT_USAGE;
         goto out;
     }
     int rc = prepare_job(&l);
     if (rc) {
-        ret = rc == EDL_ECONFLICT ? CLI_USAGE : CLI_ETCD;
+        ret = rc == EDL_ECONFLICT ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
         goto out;
     }
     if (cli_state_write(l.o.job, l.endpoints) != 0)
         say("warning: could not write the state file for edl scale/status/stop");
     else
         wrote_state = true;
-    char *kj = edl_job_key(l.o.prefix, l.o.job, "");
     edl_watch_opts wo = {.prefix = true};
-    if (!kj || edl_etcd_watch(l.c, edl_str(kj), &wo, &l.w) != 0)
+    if (edl_watch_open(l.c, edl_str(l.k.job), &wo, &l.w) != 0)
         l.w = NULL; /* then it polls every 200 ms */
-    free(kj);
     say("job %s: min %d, max %d, replicas %d; trainer: %s", l.o.job, l.o.spec.min, l.o.spec.max,
         l.desired, l.o.trainer[0]);
     if (start_jobserver(&l) != 0) {
         fprintf(stderr, "edl run: cannot start %s\n", l.js_bin);
-        ret = CLI_USAGE;
+        ret = EDL_EXIT_USAGE;
         goto out;
     }
     rc = loop(&l);
@@ -812,14 +763,13 @@ int cli_run(int argc, char **argv)
 out:
     shutdown_rest(&l);
     if (l.w)
-        edl_watch_stop(l.w);
+        edl_watch_close(l.w);
     if (wrote_state)
         cli_state_remove(l.o.job);
-    edl_etcd_free(l.c);
-    edl_etcd_server_free(l.srv);
-    edl_spec_free(&l.o.spec);
-    free(l.k_spec);
-    free(l.k_cluster);
+    edl_etcd_close(l.c);
+    edl_etcd_server_close(l.srv);
+    edl_spec_clear(&l.o.spec);
+    edl_job_keys_clear(&l.k);
     close(l.sigfd);
     return ret;
 }

@@ -17,7 +17,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
+#include "edl/json.h"
 #include "edl/log.h"
 #include "internal.h"
 
@@ -82,12 +83,72 @@ static long env_num(const char *name, long dflt, long lo, long hi, int *bad)
 
 /* ---- etcd keys of the generation ----------------------------------------------------------- */
 
-static char *gen_key(const edl_comm *c, int64_t gen, const char *rest)
+static void stop_watch(edl_comm *c)
 {
-    char *k = NULL;
-    if (asprintf(&k, "%s%" PRId64 "/%s", c->gen_prefix, gen, rest) < 0)
-        return NULL;
-    return k;
+    if (c->dead_watch)
+        edl_watch_close(c->dead_watch);
+    c->dead_watch = NULL;
+}
+
+static char *gen_key(const edl_comm *c, int64_t gen, const char *name)
+{
+    return edl_job_key_gen(&c->keys, gen, name);
+}
+
+/* A key under gen/<n>/ of the current generation: EDL_GEN_DEAD (1), cpu/<rank> (2, *rank set),
+ * anything else (0). */
+enum { GEN_OTHER = 0, GEN_DEAD, GEN_CPU };
+
+static int gen_entry(const edl_comm *c, const edl_kv *kv, long *rank)
+{
+    edl_job_key_info ki;
+    if (edl_job_key_parse(&c->keys, kv->key, kv->key_len, &ki) != EDL_KEY_GEN || ki.gen != c->gen)
+        return GEN_OTHER;
+    if (edl_job_key_is_gen(&ki, c->gen, EDL_GEN_DEAD))
+        return GEN_DEAD;
+    size_t cl = strlen(EDL_GEN_CPU);
+    char digits[12];
+    if (ki.name_len <= cl || ki.name_len - cl >= sizeof digits ||
+        memcmp(ki.name, EDL_GEN_CPU, cl) != 0)
+        return GEN_OTHER;
+    memcpy(digits, ki.name + cl, ki.name_len - cl);
+    digits[ki.name_len - cl] = '\0';
+    char *end;
+    *rank = strtol(digits, &end, 10);
+    return *end || end == digits ? GEN_OTHER : GEN_CPU;
+}
+
+/* The dead key appeared: say so (the trainers' reason) in c->err. */
+static void note_dead(edl_comm *c, const edl_kv *kv)
+{
+    coll_set_err(c, "generation %" PRId64 " was declared dead: %.*s", c->gen,
+                 (int)(kv->value_len > 300 ? 300 : kv->value_len), kv->value);
+}
+
+int coll_dead_announced(edl_comm *c)
+{
+    if (!c->dead_watch)
+        return 0;
+    edl_watch_event *ev = NULL;
+    int dead = 0;
+    long rank;
+    while (edl_watch_next(c->dead_watch, &ev, 0) == 0) {
+        if (ev->type == EDL_WATCH_PUT && gen_entry(c, &ev->kv, &rank) == GEN_DEAD) {
+            note_dead(c, &ev->kv);
+            dead = 1;
+        } else if (ev->type == EDL_WATCH_ERROR) {
+            EDL_WARN("coll", "the watch on generation %" PRId64 "'s dead key stopped (%s); "
+                     "peer failures are still detected on the sockets", c->gen,
+                     edl_strerror(ev->error));
+            edl_watch_event_free(ev);
+            stop_watch(c);
+            return dead;
+        }
+        edl_watch_event_free(ev);
+    }
+    if (dead)
+        c->dead_seen = true;
+    return dead;
 }
 
 static void publish_dead(edl_comm *c, const char *reason)
@@ -99,7 +160,7 @@ static void publish_dead(edl_comm *c, const char *reason)
     cJSON_AddNumberToObject(o, "rank", c->rank);
     cJSON_AddNumberToObject(o, "pid", (double)getpid());
     cJSON_AddStringToObject(o, "reason", reason);
-    char *v = cJSON_PrintUnformatted(o), *k = gen_key(c, c->gen, "dead");
+    char *v = cJSON_PrintUnformatted(o), *k = gen_key(c, c->gen, EDL_GEN_DEAD);
     cJSON_Delete(o);
     if (v && k) {
         int rc = edl_etcd_put(c->etcd, edl_str(k), edl_str(v), NULL, NULL);
@@ -109,13 +170,6 @@ static void publish_dead(edl_comm *c, const char *reason)
     }
     free(v);
     free(k);
-}
-
-static void stop_watch(edl_comm *c)
-{
-    if (c->dead_watch)
-        edl_watch_stop(c->dead_watch);
-    c->dead_watch = NULL;
 }
 
 int coll_fail(edl_comm *c, int rc)
@@ -144,14 +198,12 @@ int edl_coll_abort(edl_comm *c, const char *reason)
 /* Take every generation line the agent has written (non-blocking). */
 static void read_control(edl_comm *c)
 {
-    if (!c->trainer || c->agent_gone)
+    if (!c->link || c->agent_gone)
         return;
     for (;;) {
-        edl_trainer_generation g;
-        int rc = edl_trainer_poll(c->trainer, &g);
+        edl_assignment g;
+        int rc = edl_agent_link_poll(c->link, &g);
         if (rc == 1) {
-            free(c->next_endpoints);
-            c->next_endpoints = g.endpoints ? strdup(g.endpoints) : NULL;
             c->have_next = true;
             c->next_gen = g.generation;
             c->next_rank = g.rank;
@@ -174,7 +226,7 @@ static bool superseded(edl_comm *c)
 
 static int control_fd(const edl_comm *c)
 {
-    return c->trainer && !c->agent_gone ? edl_trainer_control_fd(c->trainer) : -1;
+    return c->link && !c->agent_gone ? edl_agent_link_fd(c->link) : -1;
 }
 
 /* ---- rendezvous -------------------------------------------------------------------------- */
@@ -187,50 +239,55 @@ typedef struct rdv_entry {
     int nccl_rank;    /* its rank in that communicator */
 } rdv_entry;
 
-/* key: ".../gen/<n>/cpu/<r>"; 1 = an entry taken, 2 = the dead key, 0 = other, <0 bad. */
-static int take_kv(edl_comm *c, const edl_kv *kv, rdv_entry *e)
+/* Read rank r's rendezvous entry into e (EDL_EPROTO, with c->err, when it is malformed). */
+static int parse_entry(edl_comm *c, long r, const edl_kv *kv, rdv_entry *e)
 {
-    size_t plen = strlen(c->gen_prefix);
-    if (kv->key_len <= plen)
-        return 0;
-    const char *rest = strchr(kv->key + plen, '/');
-    if (!rest)
-        return 0;
-    rest++;
-    if (strcmp(rest, "dead") == 0) {
-        coll_set_err(c, "generation %" PRId64 " was declared dead: %.*s", c->gen,
-                     (int)(kv->value_len > 300 ? 300 : kv->value_len), kv->value);
-        return 2;
-    }
-    if (strncmp(rest, "cpu/", 4) != 0)
-        return 0;
-    char *end;
-    long r = strtol(rest + 4, &end, 10);
-    if (*end || r < 0 || r >= c->size)
-        return 0; /* not a rank of this generation's size: ignore */
-    cJSON *o = cJSON_ParseWithLength(kv->value, kv->value_len);
-    const cJSON *addr = cJSON_GetObjectItemCaseSensitive(o, "addr");
-    const cJSON *port = cJSON_GetObjectItemCaseSensitive(o, "port");
-    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(o, "token");
-    int rc = 1;
-    if (!cJSON_IsString(addr) || strlen(addr->valuestring) > 255 || !cJSON_IsNumber(port) ||
-        port->valuedouble < 1 || port->valuedouble > 65535 || !cJSON_IsString(tok) ||
-        strlen(tok->valuestring) != 16 || strspn(tok->valuestring, "0123456789abcdef") != 16) {
-        coll_set_err(c, "the rendezvous entry of rank %ld in generation %" PRId64 " is malformed:"
-                     " %.*s", r, c->gen, (int)(kv->value_len > 200 ? 200 : kv->value_len),
-                     kv->value);
-        rc = EDL_EPROTO;
-    } else {
-        e[r].have = true;
-        snprintf(e[r].ep, sizeof e[r].ep, "%s:%d", addr->valuestring, (int)port->valuedouble);
-        e[r].token = strtoull(tok->valuestring, NULL, 16);
-        const cJSON *ng = cJSON_GetObjectItemCaseSensitive(o, "nccl_generation");
-        const cJSON *nr = cJSON_GetObjectItemCaseSensitive(o, "nccl_rank");
-        e[r].nccl_gen = cJSON_IsNumber(ng) ? (int64_t)ng->valuedouble : -1;
-        e[r].nccl_rank = cJSON_IsNumber(nr) ? (int)nr->valuedouble : -1;
+    char doc[64];
+    snprintf(doc, sizeof doc, "the rendezvous entry of rank %ld", r);
+    int rc;
+    cJSON *o = edl_json_parse_object(kv->value, kv->value_len, 4096, doc, c->err, sizeof c->err,
+                                     &rc);
+    if (!o)
+        return EDL_EPROTO;
+    const char *addr = NULL, *tok = NULL;
+    int port = 0;
+    int64_t ngen = -1;
+    edl_json_reader rd = {o, doc, c->err, sizeof c->err, 0, true};
+    edl_json_cstr(&rd, "addr", 255, &addr);
+    edl_json_int(&rd, "port", 1, 65535, &port);
+    edl_json_cstr(&rd, "token", 16, &tok);
+    rd.required = false; /* only a member that holds an NCCL communicator names it */
+    edl_json_i64(&rd, "nccl_generation", -1, EDL_GENERATION_MAX, &ngen);
+    e->nccl_rank = -1;
+    edl_json_int(&rd, "nccl_rank", -1, INT_MAX, &e->nccl_rank);
+    if (!rd.rc && (strlen(tok) != 16 || strspn(tok, "0123456789abcdef") != 16))
+        edl_json_fail(&rd, EDL_EPROTO, "token", "must be 16 lowercase hex digits");
+    if (!rd.rc) {
+        e->have = true;
+        snprintf(e->ep, sizeof e->ep, "%s:%d", addr, port);
+        e->token = strtoull(tok, NULL, 16);
+        e->nccl_gen = ngen;
     }
     cJSON_Delete(o);
-    return rc;
+    return rd.rc ? EDL_EPROTO : 0;
+}
+
+/* A key of the current generation's rendezvous: 1 = an entry taken, 2 = the dead key, 0 =
+ * other (also a rank beyond this generation's size), <0 malformed. */
+static int take_kv(edl_comm *c, const edl_kv *kv, rdv_entry *e)
+{
+    long r = -1;
+    switch (gen_entry(c, kv, &r)) {
+    case GEN_DEAD:
+        note_dead(c, kv);
+        return 2;
+    case GEN_CPU:
+        if (r < 0 || r >= c->size)
+            return 0;
+        return parse_entry(c, r, kv, &e[r]) == 0 ? 1 : EDL_EPROTO;
+    default:
+        return 0;
+    }
 }
 
 static int missing(const rdv_entry *e, int n, char *list, size_t len)
@@ -267,8 +324,8 @@ static int await_entries(edl_comm *c, rdv_entry *e, int64_t deadline)
         rc = t == 2 ? EDL_EPEER : t < 0 ? t : 0;
     }
     edl_watch_opts wo = {.prefix = true, .start_revision = res.revision + 1};
-    edl_range_result_free(&res);
-    if (!rc && (rc = edl_etcd_watch(c->etcd, edl_str(prefix), &wo, &c->dead_watch)))
+    edl_range_result_clear(&res);
+    if (!rc && (rc = edl_watch_open(c->etcd, edl_str(prefix), &wo, &c->dead_watch)))
         coll_set_err(c, "watching the rendezvous of generation %" PRId64 ": %s", c->gen,
                      edl_etcd_errmsg(c->etcd));
     free(prefix);
@@ -317,7 +374,7 @@ static int publish_entry(edl_comm *c, uint64_t token)
 {
     char tok[17], name[32], *v = NULL;
     snprintf(tok, sizeof tok, "%016" PRIx64, token);
-    snprintf(name, sizeof name, "cpu/%d", c->rank);
+    snprintf(name, sizeof name, EDL_GEN_CPU "%d", c->rank);
     char *key = gen_key(c, c->gen, name);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "addr", c->listen_addr);
@@ -507,7 +564,7 @@ static int join(edl_comm *c)
 
 /* Join the newest known generation, and the next ones while a join fails; block for the
  * agent's next generation when there is none. first: an initial join that fails for good
- * returns instead of waiting (edl_coll_init). */
+ * returns instead of waiting (edl_coll_open). */
 static int join_loop(edl_comm *c, bool first)
 {
     int64_t waited_since = edl_monotonic_ms(), next_log = waited_since + 10000;
@@ -611,7 +668,7 @@ static int configure(edl_comm *c, const edl_coll_options *o)
     return bad ? EDL_ECONFIG : 0;
 }
 
-int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
+int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
 {
     if (!out)
         return EDL_EINVAL;
@@ -624,21 +681,20 @@ int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
     c->prev_rank = -1;
     c->nccl_gen = -1;
     c->nccl_rank = -1;
-    c->incarnation = random64();
     int rc = configure(c, opts);
-    if (!rc && opts && opts->trainer) {
-        c->trainer = opts->trainer;
+    if (!rc && opts && opts->link) {
+        c->link = opts->link;
     } else if (!rc) {
-        rc = edl_trainer_open(&c->trainer);
-        c->own_trainer = rc == 0;
+        rc = edl_agent_link_open(&c->link);
+        c->own_link = rc == 0;
     }
     if (rc) {
-        edl_coll_free(c);
+        edl_coll_close(c);
         return rc;
     }
-    c->gen = edl_trainer_generation_id(c->trainer);
-    c->rank = edl_trainer_rank(c->trainer);
-    c->size = edl_trainer_world_size(c->trainer);
+    c->gen = edl_agent_link_generation(c->link);
+    c->rank = edl_agent_link_rank(c->link);
+    c->size = edl_agent_link_world_size(c->link);
     const char *eps = getenv("EDL_ETCD_ENDPOINTS");
     if (eps && *eps) {
         const char *job = getenv("EDL_JOB_ID"), *prefix = getenv("EDL_ETCD_PREFIX");
@@ -650,8 +706,9 @@ int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
             EDL_ERROR("coll", "EDL_RANK=%d is not within EDL_WORLD_SIZE=%d", c->rank, c->size);
             rc = EDL_ECONFIG;
         } else {
-            c->gen_prefix = edl_job_key(prefix && *prefix ? prefix : NULL, job, "gen/");
-            rc = c->gen_prefix ? edl_etcd_connect(eps, &c->etcd) : EDL_ENOMEM;
+            rc = edl_job_keys_init(&c->keys, prefix && *prefix ? prefix : NULL, job);
+            if (!rc)
+                rc = edl_etcd_open_endpoints(eps, &c->etcd);
             if (rc)
                 EDL_ERROR("coll", "cannot use etcd at %s: %s", eps, edl_strerror(rc));
         }
@@ -672,7 +729,7 @@ int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
     if (rc) {
         if (c->err[0])
             EDL_ERROR("coll", "%s", c->err);
-        edl_coll_free(c);
+        edl_coll_close(c);
         return rc;
     }
     c->first_check = true;
@@ -680,7 +737,7 @@ int edl_coll_init(const edl_coll_options *opts, edl_comm **out)
     return 0;
 }
 
-void edl_coll_free(edl_comm *c)
+void edl_coll_close(edl_comm *c)
 {
     if (!c)
         return;
@@ -691,13 +748,12 @@ void edl_coll_free(edl_comm *c)
     coll_close_peers(c);
     if (c->lfd >= 0)
         close(c->lfd);
-    edl_etcd_free(c->etcd);
-    if (c->own_trainer)
-        edl_trainer_close(c->trainer);
+    edl_etcd_close(c->etcd);
+    if (c->own_link)
+        edl_agent_link_close(c->link);
     free(c->fds);
     free(c->peer_local);
-    free(c->gen_prefix);
-    free(c->next_endpoints);
+    edl_job_keys_clear(&c->keys);
     free(c->stage);
     free(c->work);
     free(c->plan);
@@ -708,7 +764,7 @@ int edl_coll_rank(const edl_comm *c) { return c ? c->rank : -1; }
 int edl_coll_size(const edl_comm *c) { return c ? c->size : 0; }
 int64_t edl_coll_generation(const edl_comm *c) { return c ? c->gen : -1; }
 const char *edl_coll_backend(const edl_comm *c) { return c ? c->backend : "none"; }
-edl_trainer *edl_coll_trainer(edl_comm *c) { return c ? c->trainer : NULL; }
+edl_agent_link *edl_coll_agent_link(edl_comm *c) { return c ? c->link : NULL; }
 const char *edl_coll_errmsg(const edl_comm *c) { return c ? c->err : "no communicator"; }
 
 int edl_coll_check(edl_comm *c)

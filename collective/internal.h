@@ -11,6 +11,7 @@
 
 #include "edl/collective.h"
 #include "edl/etcd.h"
+#include "edl/job.h"
 
 #ifdef EDL_HAVE_NCCL
 #include "nccl_backend.h"
@@ -62,13 +63,12 @@ struct edl_comm {
     size_t block_bytes;   /* ring allreduce: a slice is n blocks of about this size */
     size_t window_bytes;  /* a stream sends at most this far ahead of what it received; 0: the
                            * default of the link (coll_window) */
-    edl_trainer *trainer;
-    bool own_trainer;
+    edl_agent_link *link; /* to the agent: generations in, steps out */
+    bool own_link;
     edl_etcd *etcd;       /* NULL: a group of one, no rendezvous */
-    char *gen_prefix;     /* "<prefix>/jobs/<job>/gen/" */
+    edl_job_keys keys;    /* the job's keys (gen/<n>/... is the rendezvous) */
     char listen_addr[256];
     int lfd, lport;       /* one listening socket for the life of the process */
-    uint64_t incarnation; /* random: tells this process apart from any earlier one */
 
     /* the current generation */
     int64_t gen;
@@ -85,7 +85,6 @@ struct edl_comm {
     bool have_next;
     int64_t next_gen;
     int next_rank, next_size;
-    char *next_endpoints;
     bool agent_gone;
     bool first_check;     /* the first edl_coll_check() reports a re-form (initial sync) */
 
@@ -116,10 +115,11 @@ void *coll_stage(edl_comm *c, size_t bytes); /* NULL: out of memory */
 void *coll_work(edl_comm *c, size_t bytes);
 struct coll_blk *coll_plan(edl_comm *c, int nb); /* NULL: out of memory; not zeroed */
 
-/* net.c */
-int coll_listen(edl_comm *c);
 /* Drain the watch on gen/<n>/: 1 (and c->err set) once the dead key has appeared. */
 int coll_dead_announced(edl_comm *c);
+
+/* net.c */
+int coll_listen(edl_comm *c);
 void coll_close_peers(edl_comm *c);
 /* Connect the mesh of generation c->gen: to every lower rank, accept every higher one.
  * eps[i]: "addr:port" of rank i, tokens[i]: the token rank i published. */

@@ -14,6 +14,7 @@
  * root. */
 #define _GNU_SOURCE
 #include "nccl_backend.h"
+#include "edl/job.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -43,7 +44,7 @@
 #define EDL_NCCL_HAVE_SHRINK 0
 #endif
 
-#define ID_KEY "nccl-id"
+#define ID_KEY EDL_GEN_NCCL_ID
 
 struct coll_nccl {
     ncclComm_t comm;
@@ -436,28 +437,6 @@ static int map_op(edl_redop op, edl_dtype dt, ncclRedOp_t *out)
     return EDL_EINVAL;
 }
 
-static int check_call(coll_nccl *n, const char *what, const void *recv, size_t count,
-                      edl_dtype dt, ncclDataType_t *ndt, size_t *esize, char *msg, size_t len)
-{
-    if (!n || !recv) {
-        say(msg, len, "%s: %s is NULL", what, n ? "recv" : "communicator");
-        return EDL_EINVAL;
-    }
-    if (map_dtype(dt, ndt, esize) != 0) {
-        say(msg, len, "%s: unknown data type %d", what, (int)dt);
-        return EDL_EINVAL;
-    }
-    if (count > SIZE_MAX / (size_t)n->size / 8) {
-        say(msg, len, "%s: count %zu is too large", what, count);
-        return EDL_EINVAL;
-    }
-    if (n->broken) {
-        say(msg, len, "%s: the NCCL communicator failed earlier and must be re-formed", what);
-        return EDL_EPEER;
-    }
-    return 0;
-}
-
 /* The enqueue call returned r. On a non-blocking communicator ncclInProgress means the
  * operation is still being enqueued: nothing else may be issued until the state settles. */
 static int settle_enqueue(coll_nccl *n, const char *call, ncclResult_t r, int64_t deadline,
@@ -543,71 +522,96 @@ static int queue_copy(coll_nccl *n, void *dst, const void *src, size_t bytes, ch
     return 0;
 }
 
+/* One collective as the caller asked for it, and what the prologue derives from it. */
+typedef struct nccl_call {
+    const char *what;
+    const void *send;
+    void *recv;
+    size_t count;
+    edl_dtype dt;
+    bool reduces;          /* allreduce, reduce_scatter: op applies */
+    edl_redop op;
+    bool is_broadcast;     /* root applies (send is needed on the root only) */
+    int root;
+    ncclDataType_t ndt;    /* derived */
+    ncclRedOp_t nop;
+    size_t esize;
+    int64_t deadline;
+} nccl_call;
+
+/* The prologue every collective shares: check the arguments, map the type and operation, set
+ * the device, start the deadline. 0: go on; 1: nothing to do (count 0); <0: an error. */
+static int begin_call(coll_nccl *n, nccl_call *c, int timeout_ms, char *msg, size_t len)
+{
+    if (!n || !c->recv) {
+        say(msg, len, "%s: %s is NULL", c->what, n ? "recv" : "communicator");
+        return EDL_EINVAL;
+    }
+    if (map_dtype(c->dt, &c->ndt, &c->esize) != 0) {
+        say(msg, len, "%s: unknown data type %d", c->what, (int)c->dt);
+        return EDL_EINVAL;
+    }
+    if (c->count > SIZE_MAX / (size_t)n->size / 8) {
+        say(msg, len, "%s: count %zu is too large", c->what, c->count);
+        return EDL_EINVAL;
+    }
+    if (n->broken) {
+        say(msg, len, "%s: the NCCL communicator failed earlier and must be re-formed", c->what);
+        return EDL_EPEER;
+    }
+    if (c->is_broadcast && (c->root < 0 || c->root >= n->size)) {
+        say(msg, len, "%s: root is not a rank of the generation", c->what);
+        return EDL_EINVAL;
+    }
+    if (!c->send && (!c->is_broadcast || n->rank == c->root)) {
+        say(msg, len, "%s: send is NULL%s", c->what, c->is_broadcast ? " on the root" : "");
+        return EDL_EINVAL;
+    }
+    if (c->reduces && map_op(c->op, c->dt, &c->nop) != 0) {
+        say(msg, len, "%s: invalid reduction for this data type (uint8 is not reduced)", c->what);
+        return EDL_EINVAL;
+    }
+    if (c->count == 0)
+        return 1;
+    int rc = set_device(n, msg, len);
+    c->deadline = deadline_after(timeout_ms);
+    return rc;
+}
+
 int coll_nccl_allreduce(coll_nccl *n, const void *send, void *recv, size_t count, edl_dtype dt,
                         edl_redop op, int timeout_ms, char *msg, size_t msg_len)
 {
-    ncclDataType_t ndt;
-    ncclRedOp_t nop;
-    size_t esize;
-    int rc = check_call(n, "allreduce", recv, count, dt, &ndt, &esize, msg, msg_len);
-    if (rc != 0)
-        return rc;
-    if (!send || map_op(op, dt, &nop) != 0) {
-        say(msg, msg_len, "allreduce: %s", !send ? "send is NULL" :
-            "invalid reduction for this data type (uint8 is not reduced)");
-        return EDL_EINVAL;
-    }
-    if (count == 0)
-        return 0;
-    if ((rc = set_device(n, msg, msg_len)) != 0)
-        return rc;
-    int64_t deadline = deadline_after(timeout_ms);
-    ncclResult_t r = ncclAllReduce(send, recv, count, ndt, nop, n->comm, n->stream);
-    return finish(n, "ncclAllReduce", r, deadline, timeout_ms, msg, msg_len);
+    nccl_call c = {.what = "allreduce", .send = send, .recv = recv, .count = count, .dt = dt,
+                   .reduces = true, .op = op};
+    int rc = begin_call(n, &c, timeout_ms, msg, msg_len);
+    if (rc)
+        return rc < 0 ? rc : 0;
+    ncclResult_t r = ncclAllReduce(send, recv, count, c.ndt, c.nop, n->comm, n->stream);
+    return finish(n, "ncclAllReduce", r, c.deadline, timeout_ms, msg, msg_len);
 }
 
 int coll_nccl_broadcast(coll_nccl *n, const void *send, void *recv, size_t count, edl_dtype dt,
                         int root, int timeout_ms, char *msg, size_t msg_len)
 {
-    ncclDataType_t ndt;
-    size_t esize;
-    int rc = check_call(n, "broadcast", recv, count, dt, &ndt, &esize, msg, msg_len);
-    if (rc != 0)
-        return rc;
-    if (root < 0 || root >= n->size || (n->rank == root && !send)) {
-        say(msg, msg_len, "broadcast: %s", root < 0 || root >= n->size ?
-            "root is not a rank of the generation" : "send is NULL on the root");
-        return EDL_EINVAL;
-    }
-    if (count == 0)
-        return 0;
-    if ((rc = set_device(n, msg, msg_len)) != 0)
-        return rc;
-    int64_t deadline = deadline_after(timeout_ms);
+    nccl_call c = {.what = "broadcast", .send = send, .recv = recv, .count = count, .dt = dt,
+                   .is_broadcast = true, .root = root};
+    int rc = begin_call(n, &c, timeout_ms, msg, msg_len);
+    if (rc)
+        return rc < 0 ? rc : 0;
     /* NCCL reads sendbuff only on the root; elsewhere pass recv so NULL is never seen. */
     const void *src = n->rank == root ? send : recv;
-    ncclResult_t r = ncclBroadcast(src, recv, count, ndt, n->to_nccl[root], n->comm, n->stream);
-    return finish(n, "ncclBroadcast", r, deadline, timeout_ms, msg, msg_len);
+    ncclResult_t r = ncclBroadcast(src, recv, count, c.ndt, n->to_nccl[root], n->comm, n->stream);
+    return finish(n, "ncclBroadcast", r, c.deadline, timeout_ms, msg, msg_len);
 }
 
 int coll_nccl_allgather(coll_nccl *n, const void *send, void *recv, size_t count, edl_dtype dt,
                         int timeout_ms, char *msg, size_t msg_len)
 {
-    ncclDataType_t ndt;
-    size_t esize;
-    int rc = check_call(n, "allgather", recv, count, dt, &ndt, &esize, msg, msg_len);
-    if (rc != 0)
-        return rc;
-    if (!send) {
-        say(msg, msg_len, "allgather: send is NULL");
-        return EDL_EINVAL;
-    }
-    if (count == 0)
-        return 0;
-    if ((rc = set_device(n, msg, msg_len)) != 0)
-        return rc;
-    int64_t deadline = deadline_after(timeout_ms);
-    size_t bytes = count * esize;
+    nccl_call c = {.what = "allgather", .send = send, .recv = recv, .count = count, .dt = dt};
+    int rc = begin_call(n, &c, timeout_ms, msg, msg_len);
+    if (rc)
+        return rc < 0 ? rc : 0;
+    size_t bytes = count * c.esize;
     char *mine = (char *)recv + (size_t)n->rank * bytes;
     /* In place (send == recv: this rank's count elements at the start of recv): move them to
      * this rank's block first, which is NCCL's in-place layout. Blocks 0 and r > 0 do not
@@ -615,41 +619,30 @@ int coll_nccl_allgather(coll_nccl *n, const void *send, void *recv, size_t count
     if (send == recv && n->rank != 0 && (rc = queue_copy(n, mine, send, bytes, msg, msg_len)))
         return rc;
     const void *src = send == recv ? mine : send;
-    ncclResult_t r = ncclAllGather(src, recv, count, ndt, n->comm, n->stream);
-    return finish(n, "ncclAllGather", r, deadline, timeout_ms, msg, msg_len);
+    ncclResult_t r = ncclAllGather(src, recv, count, c.ndt, n->comm, n->stream);
+    return finish(n, "ncclAllGather", r, c.deadline, timeout_ms, msg, msg_len);
 }
 
 int coll_nccl_reduce_scatter(coll_nccl *n, const void *send, void *recv, size_t count,
                              edl_dtype dt, edl_redop op, int timeout_ms, char *msg,
                              size_t msg_len)
 {
-    ncclDataType_t ndt;
-    ncclRedOp_t nop;
-    size_t esize;
-    int rc = check_call(n, "reduce_scatter", recv, count, dt, &ndt, &esize, msg, msg_len);
-    if (rc != 0)
-        return rc;
-    if (!send || map_op(op, dt, &nop) != 0) {
-        say(msg, msg_len, "reduce_scatter: %s", !send ? "send is NULL" :
-            "invalid reduction for this data type (uint8 is not reduced)");
-        return EDL_EINVAL;
-    }
-    if (count == 0)
-        return 0;
-    if ((rc = set_device(n, msg, msg_len)) != 0)
-        return rc;
-    int64_t deadline = deadline_after(timeout_ms);
-    size_t bytes = count * esize;
+    nccl_call c = {.what = "reduce_scatter", .send = send, .recv = recv, .count = count,
+                   .dt = dt, .reduces = true, .op = op};
+    int rc = begin_call(n, &c, timeout_ms, msg, msg_len);
+    if (rc)
+        return rc < 0 ? rc : 0;
+    size_t bytes = count * c.esize;
     /* In place (send == recv): NCCL writes this rank's result over its own block of send,
      * which nobody reads after this rank's reduction; then it moves to the start of recv. */
     char *dst = send == recv ? (char *)recv + (size_t)n->rank * bytes : recv;
-    ncclResult_t r = ncclReduceScatter(send, dst, count, ndt, nop, n->comm, n->stream);
-    rc = settle_enqueue(n, "ncclReduceScatter", r, deadline, msg, msg_len);
+    ncclResult_t r = ncclReduceScatter(send, dst, count, c.ndt, c.nop, n->comm, n->stream);
+    rc = settle_enqueue(n, "ncclReduceScatter", r, c.deadline, msg, msg_len);
     if (rc != 0) {
         n->broken = 1;
         return rc;
     }
     if (dst != recv && (rc = queue_copy(n, recv, dst, bytes, msg, msg_len)) != 0)
         return rc;
-    return finish(n, "ncclReduceScatter", ncclSuccess, deadline, timeout_ms, msg, msg_len);
+    return finish(n, "ncclReduceScatter", ncclSuccess, c.deadline, timeout_ms, msg, msg_len);
 }

@@ -342,36 +342,6 @@ static int check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr
     return 0;
 }
 
-/* 1 when the dead key of this generation has appeared (events on the generation's other keys
- * are skipped). */
-int coll_dead_announced(edl_comm *c)
-{
-    if (!c->dead_watch)
-        return 0;
-    edl_watch_event *ev = NULL;
-    int dead = 0;
-    while (edl_watch_next(c->dead_watch, &ev, 0) == 0) {
-        if (ev->type == EDL_WATCH_PUT && ev->kv.key_len > 5 &&
-            memcmp(ev->kv.key + ev->kv.key_len - 5, "/dead", 5) == 0) {
-            coll_set_err(c, "generation %" PRId64 " was declared dead: %.*s", c->gen,
-                         (int)(ev->kv.value_len > 300 ? 300 : ev->kv.value_len), ev->kv.value);
-            dead = 1;
-        } else if (ev->type == EDL_WATCH_ERROR) {
-            EDL_WARN("coll", "the watch on generation %" PRId64 "'s dead key stopped (%s); "
-                     "peer failures are still detected on the sockets", c->gen,
-                     edl_strerror(ev->error));
-            edl_watch_event_free(ev);
-            edl_watch_stop(c->dead_watch);
-            c->dead_watch = NULL;
-            return dead;
-        }
-        edl_watch_event_free(ev);
-    }
-    if (dead)
-        c->dead_seen = true;
-    return dead;
-}
-
 /* ---- the streaming engine ------------------------------------------------------------------ */
 
 /* Between processes on one host every byte in flight sits in kernel buffers that both ends

@@ -184,7 +184,7 @@ int main(int argc, char **argv)
     init_params(p);
 
     edl_comm *c;
-    int rc = edl_coll_init(NULL, &c);
+    int rc = edl_coll_open(NULL, &c);
     if (rc) {
         fprintf(stderr, "elastic_mlp: cannot join the group: %s\n", edl_strerror(rc));
         return 1;
@@ -219,7 +219,7 @@ int main(int argc, char **argv)
             p[i] -= lr * g[i] / BATCH;
         step++;
         edl_coll_state_commit(st, step);
-        edl_trainer_report_step(edl_coll_trainer(c), step);
+        edl_agent_link_report_step(edl_coll_agent_link(c), step);
         if (rank == 0 && step % 250 == 0) {
             float loss, acc = accuracy(d, p, &loss);
             printf("elastic_mlp: step %" PRId64 " of %ld: test accuracy %.4f, loss %.4f (%d "
@@ -253,7 +253,7 @@ int main(int argc, char **argv)
         }
     }
     edl_coll_state_free(st);
-    edl_coll_free(c);
+    edl_coll_close(c);
     free(d);
     free(p);
     free(g);

@@ -167,7 +167,7 @@ static int ckpt_open(trainer *t)
     cfg.rank = 0;
     cfg.world_size = 1;
     cfg.keep = 3;
-    int rc = edl_etcd_connect(ep, &t->etcd);
+    int rc = edl_etcd_open_endpoints(ep, &t->etcd);
     cfg.etcd = t->etcd;
     if (!rc && (rc = edl_ckpt_open(&cfg, &t->ckpt, err, sizeof err)) != 0)
         fprintf(stderr, "rank %d: checkpoints at %s: %s\n", t->rank, uri, err);
@@ -414,6 +414,6 @@ int main(int argc, char **argv)
         write_atomic(path, buf, (size_t)n);
     }
     edl_ckpt_close(t.ckpt);
-    edl_etcd_free(t.etcd);
+    edl_etcd_close(t.etcd);
     return 0;
 }

@@ -50,7 +50,7 @@ static void pod_join(edl_etcd *c, pod *p, int i, int64_t ttl)
     snprintf(val, sizeof val, "{\"role\":\"worker\",\"addr\":\"127.0.0.1:%d\"}", 29500 + i);
     edl_put_opts po = {.lease = p->lease};
     check(c, edl_etcd_put(c, edl_str(key), edl_str(val), &po, NULL), "register pod");
-    check(c, edl_lease_keeper_start(c, p->lease, ttl, NULL, NULL, &p->keeper), "lease keeper");
+    check(c, edl_lease_keeper_open(c, p->lease, ttl, NULL, NULL, &p->keeper), "lease keeper");
     printf("  %s joined (lease %llx, TTL %lld s, kept alive every %lld ms)\n", p->name,
            (unsigned long long)p->lease, (long long)ttl, (long long)ttl * 1000 / 3);
 }
@@ -84,11 +84,11 @@ static int64_t publish(edl_etcd *c, const edl_leader *me, int64_t gen)
         exit(1);
     }
     int64_t rev = tr.revision; /* watching from after our own write keeps the watch in sync */
-    edl_txn_result_free(&tr);
+    edl_txn_result_clear(&tr);
     edl_txn_free(t);
     free(json);
     cJSON_Delete(cl);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
     return rev;
 }
 
@@ -136,7 +136,7 @@ int main(int argc, char **argv)
         printf("starting etcd on loopback...\n");
         edl_etcd_server_opts so = {.quiet = true};
         double t0 = now_s();
-        if (edl_etcd_server_start(&so, &srv) != 0) {
+        if (edl_etcd_server_open(&so, &srv) != 0) {
             fprintf(stderr, "etcd_demo: could not start etcd (is etcd-server installed? scripts/install-deps)\n");
             return 1;
         }
@@ -144,7 +144,7 @@ int main(int argc, char **argv)
         printf("etcd is up at %s (%.1f s)\n", endpoints, now_s() - t0);
     }
     edl_etcd *c;
-    if (edl_etcd_connect(endpoints, &c) != 0) {
+    if (edl_etcd_open_endpoints(endpoints, &c) != 0) {
         fprintf(stderr, "etcd_demo: bad endpoint list '%s'\n", endpoints);
         return 2;
     }
@@ -164,16 +164,16 @@ int main(int argc, char **argv)
 
     edl_watch *w;
     edl_watch_opts wo = {.prefix = true, .start_revision = rev + 1};
-    check(c, edl_etcd_watch(c, edl_str(PREFIX "pods/"), &wo, &w), "watch members");
+    check(c, edl_watch_open(c, edl_str(PREFIX "pods/"), &wo, &w), "watch members");
 
     printf("%s leaves gracefully: the keeper revokes its lease\n", pods[1].name);
     double t0 = now_s();
-    edl_lease_keeper_stop(pods[1].keeper, true);
+    edl_lease_keeper_close(pods[1].keeper, true);
     await_change(c, w, &me, &gen, t0, "the revoke");
 
     printf("%s crashes: nobody renews its lease any more\n", pods[2].name);
     t0 = now_s();
-    edl_lease_keeper_stop(pods[2].keeper, false);
+    edl_lease_keeper_close(pods[2].keeper, false);
     await_change(c, w, &me, &gen, t0, "the crash (the lease TTL)");
 
     edl_kv *cur;
@@ -181,13 +181,13 @@ int main(int argc, char **argv)
     printf("published %s: %s\n", PREFIX "cluster", cur->value);
     edl_kv_free(cur);
 
-    edl_watch_stop(w);
-    edl_lease_keeper_stop(pods[0].keeper, true);
+    edl_watch_close(w);
+    edl_lease_keeper_close(pods[0].keeper, true);
     check(c, edl_election_resign(c, &me), "resign");
     edl_leader_clear(&me);
     edl_etcd_lease_revoke(c, js_lease);
-    edl_etcd_free(c);
-    edl_etcd_server_free(srv);
+    edl_etcd_close(c);
+    edl_etcd_server_close(srv);
     printf("done\n");
     return 0;
 }

@@ -1,7 +1,7 @@
 /* jobserver.c: the job server's etcd side. A replica campaigns for `jobs/<job>/leader`; the
  * leader reads the whole job in one txn (a consistent snapshot), asks js_reconcile what the
  * generation should be, and publishes it with a txn that holds only while it still leads and
- * nobody changed the cluster document since the snapshot. Any event under the job wakes it;
+ * nobody changed the generation document since the snapshot. Any event under the job wakes it;
  * it never relies on having seen an event: each pass starts from a fresh snapshot. */
 #include <errno.h>
 #include <poll.h>
@@ -13,10 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/etcd.h"
-#include "edl/httpd.h"
 #include "edl/log.h"
+#include "edl/metrics.h"
 #include "jobserver.h"
 #include "reconcile.h"
 
@@ -27,7 +27,7 @@ typedef struct jobserver {
     int sigfd;
     bool stop;
     edl_etcd *c;
-    char *k_job, *k_spec, *k_pods, *k_status, *k_cluster, *k_leader, *k_gen;
+    edl_job_keys k;
     edl_job_spec spec;        /* the last valid spec seen */
     bool have_spec;
     js_memory mem;
@@ -36,7 +36,7 @@ typedef struct jobserver {
     edl_leader leader;
     int64_t bad_revs[16];     /* malformed documents already reported (one log line each) */
     unsigned n_bad;
-    edl_httpd *httpd;         /* /metrics and /healthz (NULL: off) */
+    edl_metrics_server *metrics; /* /metrics and /healthz (NULL: off) */
     struct {
         bool leader;
         int64_t generation, members, restarts, publications, etcd_errors, terms;
@@ -53,10 +53,10 @@ typedef struct snapshot {
     size_t n_pods;
     edl_pod_status *status;
     bool *has_status;
-    edl_cluster cluster;
-    int64_t cluster_mod;      /* 0: absent */
-    bool cluster_bad;
-    char cluster_error[512];
+    edl_generation current;   /* the published generation (generation 0: none) */
+    int64_t current_mod;      /* its mod revision (0: absent) */
+    bool current_bad;
+    char current_error[512];
     int64_t max_status_gen;
     char *gen_dead; /* gen/<current>/dead, as trainers published it (NULL: none) */
 } snapshot;
@@ -71,11 +71,11 @@ static int64_t wall_ms(void)
 static void snapshot_free(snapshot *s)
 {
     for (size_t i = 0; i < s->n_pods; i++)
-        edl_pod_free(&s->pods[i]);
+        edl_pod_clear(&s->pods[i]);
     free(s->pods);
     free(s->status);
     free(s->has_status);
-    edl_cluster_free(&s->cluster);
+    edl_generation_clear(&s->current);
     free(s->gen_dead);
     memset(s, 0, sizeof *s);
 }
@@ -109,18 +109,17 @@ static void read_spec(jobserver *js, const edl_range_result *r, snapshot *s)
         if (first_report(js, r->kvs[0].mod_revision))
             EDL_ERROR(LOG, "job %s: invalid spec (%s); %s", js->cfg->job, s->spec_error,
                       js->have_spec ? "keeping the last valid one" : "waiting for a valid one");
-        edl_spec_free(&sp);
+        edl_spec_clear(&sp);
         return;
     }
     s->spec_error[0] = '\0';
-    edl_spec_free(&js->spec);
+    edl_spec_clear(&js->spec);
     js->spec = sp;
     js->have_spec = true;
 }
 
 static int read_pods(jobserver *js, const edl_range_result *r, snapshot *s)
 {
-    size_t plen = strlen(js->k_pods);
     s->pods = calloc(r->n_kvs + 1, sizeof *s->pods);
     s->status = calloc(r->n_kvs + 1, sizeof *s->status);
     s->has_status = calloc(r->n_kvs + 1, sizeof *s->has_status);
@@ -129,21 +128,22 @@ static int read_pods(jobserver *js, const edl_range_result *r, snapshot *s)
     /* join order: the range is sorted by create_revision */
     for (size_t i = 0; i < r->n_kvs; i++) {
         const edl_kv *kv = &r->kvs[i];
-        const char *name = kv->key + plen;
+        edl_job_key_info ki;
         char err[256];
-        if (kv->key_len <= plen || !edl_name_valid(name)) {
+        if (edl_job_key_parse(&js->k, kv->key, kv->key_len, &ki) != EDL_KEY_POD ||
+            strlen(kv->key) != kv->key_len || !edl_name_valid(ki.name)) {
             report_bad(js, kv, "not a valid pod name");
             continue;
         }
         edl_pod *p = &s->pods[s->n_pods];
         memset(p, 0, sizeof *p);
-        if (!(p->name = strdup(name)))
+        if (!(p->name = strdup(ki.name)))
             return EDL_ENOMEM;
         p->lease = kv->lease;
         p->create_revision = kv->create_revision;
         if (edl_pod_parse(kv->value, kv->value_len, p, err, sizeof err) != 0) {
             report_bad(js, kv, err);
-            edl_pod_free(p);
+            edl_pod_clear(p);
             continue;
         }
         s->n_pods++;
@@ -153,14 +153,15 @@ static int read_pods(jobserver *js, const edl_range_result *r, snapshot *s)
 
 static void read_status(jobserver *js, const edl_range_result *r, snapshot *s)
 {
-    size_t plen = strlen(js->k_status);
     for (size_t i = 0; i < r->n_kvs; i++) {
         const edl_kv *kv = &r->kvs[i];
-        if (kv->key_len <= plen)
+        edl_job_key_info ki;
+        if (edl_job_key_parse(&js->k, kv->key, kv->key_len, &ki) != EDL_KEY_STATUS)
             continue;
         for (size_t p = 0; p < s->n_pods; p++) {
             /* the status of this incarnation: same name, same lease */
-            if (strcmp(s->pods[p].name, kv->key + plen) != 0 || s->pods[p].lease != kv->lease)
+            if (strlen(s->pods[p].name) != ki.name_len ||
+                memcmp(s->pods[p].name, ki.name, ki.name_len) != 0 || s->pods[p].lease != kv->lease)
                 continue;
             char err[256];
             if (edl_pod_status_parse(kv->value, kv->value_len, &s->status[p], err, sizeof err)) {
@@ -179,12 +180,11 @@ static void read_status(jobserver *js, const edl_range_result *r, snapshot *s)
  * member still alive nothing else would start the next one. */
 static void read_dead(jobserver *js, const edl_range_result *r, snapshot *s)
 {
-    char want[64];
-    int n = snprintf(want, sizeof want, "%lld/dead", (long long)s->cluster.generation);
-    size_t gl = strlen(js->k_gen);
     for (size_t i = 0; i < r->n_kvs; i++) {
         const edl_kv *kv = &r->kvs[i];
-        if (kv->key_len == gl + (size_t)n && memcmp(kv->key + gl, want, (size_t)n) == 0) {
+        edl_job_key_info ki;
+        edl_job_key_parse(&js->k, kv->key, kv->key_len, &ki);
+        if (edl_job_key_is_gen(&ki, s->current.generation, EDL_GEN_DEAD)) {
             size_t len = kv->value_len > 300 ? 300 : kv->value_len;
             s->gen_dead = strndup(kv->value, len);
         }
@@ -200,18 +200,18 @@ static int take_snapshot(jobserver *js, snapshot *s)
     edl_range_opts by_join = {.prefix = true, .sort_order = EDL_SORT_ASCEND,
                               .sort_target = EDL_SORT_CREATE};
     edl_range_opts prefix = {.prefix = true};
-    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_spec), NULL);
-    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_pods), &by_join);
-    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_status), &prefix);
-    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_cluster), NULL);
-    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k_gen), &prefix); /* rendezvous: small */
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k.spec), NULL);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k.pods), &by_join);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k.status), &prefix);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k.generation), NULL);
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(js->k.gens), &prefix); /* rendezvous: small */
     edl_txn_result r;
     int rc = edl_etcd_txn(js->c, t, &r);
     edl_txn_free(t);
     if (rc)
         return rc;
     if (r.n_results != 5) {
-        edl_txn_result_free(&r);
+        edl_txn_result_clear(&r);
         return EDL_EPROTO;
     }
     s->revision = r.revision;
@@ -221,31 +221,29 @@ static int take_snapshot(jobserver *js, snapshot *s)
         read_status(js, &r.results[2].range, s);
     const edl_range_result *cr = &r.results[3].range;
     if (!rc && cr->n_kvs) {
-        s->cluster_mod = cr->kvs[0].mod_revision;
-        if (edl_cluster_parse(cr->kvs[0].value, cr->kvs[0].value_len, &s->cluster,
-                              s->cluster_error, sizeof s->cluster_error) != 0) {
-            s->cluster_bad = true;
+        s->current_mod = cr->kvs[0].mod_revision;
+        if (edl_generation_parse(cr->kvs[0].value, cr->kvs[0].value_len, &s->current,
+                                 s->current_error, sizeof s->current_error) != 0) {
+            s->current_bad = true;
             if (first_report(js, cr->kvs[0].mod_revision))
                 EDL_ERROR(LOG, "job %s: the published generation at %s is unreadable (%s); "
                           "not acting until it is fixed or deleted",
-                          js->cfg->job, js->k_cluster, s->cluster_error);
+                          js->cfg->job, js->k.generation, s->current_error);
         }
     }
-    if (!rc && s->cluster.generation > 0)
+    if (!rc && s->current.generation > 0)
         read_dead(js, &r.results[4].range, s);
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     if (rc)
         snapshot_free(s);
     return rc;
 }
 
-/* Publish `next` if we still lead and the cluster document is as we read it.
+/* Publish `next` if we still lead and the generation document is as we read it.
  * 0: published; EDL_ECONFLICT: someone changed it (re-read); EDL_ELEASE: we no longer lead. */
-static int publish(jobserver *js, const snapshot *s, js_decision *d)
+static int publish(jobserver *js, const snapshot *s, const js_decision *d)
 {
-    if (d->new_generation && d->next.generation <= s->max_status_gen)
-        d->next.generation = s->max_status_gen + 1; /* never behind what agents have run */
-    char *json = edl_cluster_to_json(&d->next);
+    char *json = edl_generation_to_json(&d->next);
     edl_txn *t = edl_txn_new();
     if (!json || !t) {
         free(json);
@@ -253,22 +251,20 @@ static int publish(jobserver *js, const snapshot *s, js_decision *d)
         return EDL_ENOMEM;
     }
     edl_txn_cmp_leader(t, &js->leader);
-    if (s->cluster_mod)
-        edl_txn_cmp_mod(t, edl_str(js->k_cluster), EDL_CMP_EQUAL, s->cluster_mod);
+    if (s->current_mod)
+        edl_txn_cmp_mod(t, edl_str(js->k.generation), EDL_CMP_EQUAL, s->current_mod);
     else
-        edl_txn_cmp_create(t, edl_str(js->k_cluster), EDL_CMP_EQUAL, 0);
-    edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(js->k_cluster), edl_str(json), NULL);
-    char genkey[64];
+        edl_txn_cmp_create(t, edl_str(js->k.generation), EDL_CMP_EQUAL, 0);
+    edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(js->k.generation), edl_str(json), NULL);
     char *k_gen = NULL;
-    if (d->new_generation && s->cluster.generation > 0) {
+    if (d->new_generation && s->current.generation > 0) {
         /* the retired generation's rendezvous data goes with it */
-        snprintf(genkey, sizeof genkey, "gen/%lld/", (long long)s->cluster.generation);
-        k_gen = edl_job_key(js->cfg->prefix, js->cfg->job, genkey);
+        k_gen = edl_job_key_gen(&js->k, s->current.generation, "");
         edl_delete_opts dp = {.prefix = true};
         if (k_gen)
             edl_txn_delete(t, EDL_TXN_SUCCESS, edl_str(k_gen), &dp);
     }
-    edl_txn_range(t, EDL_TXN_FAILURE, edl_str(js->k_leader), NULL);
+    edl_txn_range(t, EDL_TXN_FAILURE, edl_str(js->k.leader), NULL);
     edl_txn_result r;
     int rc = edl_etcd_txn(js->c, t, &r);
     edl_txn_free(t);
@@ -279,16 +275,16 @@ static int publish(jobserver *js, const snapshot *s, js_decision *d)
     if (!r.succeeded) {
         const edl_range_result *lr = &r.results[0].range;
         bool still = lr->n_kvs && lr->kvs[0].create_revision == js->leader.kv->create_revision;
-        edl_txn_result_free(&r);
+        edl_txn_result_clear(&r);
         return still ? EDL_ECONFLICT : EDL_ELEASE;
     }
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     return 0;
 }
 
 static void log_publish(const jobserver *js, const js_decision *d)
 {
-    const edl_cluster *n = &d->next;
+    const edl_generation *n = &d->next;
     char ranks[512];
     size_t used = 0;
     ranks[0] = '\0';
@@ -315,28 +311,29 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             *wake = edl_monotonic_ms() + 500;
             return 0;
         }
-        if (s.cluster_bad) {
+        if (s.current_bad) {
             snapshot_free(&s);
             *wake = 0;
             return 0;
         }
-        *final_state = s.cluster.generation ? (int)s.cluster.state : -1;
-        js->m.generation = s.cluster.generation;
-        js->m.members = (int64_t)s.cluster.n_members;
-        js->m.restarts = s.cluster.restarts;
+        *final_state = s.current.generation ? (int)s.current.state : -1;
+        js->m.generation = s.current.generation;
+        js->m.members = (int64_t)s.current.n_members;
+        js->m.restarts = s.current.restarts;
         js->m.state = *final_state;
         js_observed o = {
             .spec = js->have_spec ? &js->spec : NULL,
             .spec_error = s.spec_present && s.spec_error[0] ? s.spec_error : NULL,
             .pods = s.pods, .n_pods = s.n_pods, .status = s.status, .has_status = s.has_status,
-            .cluster = &s.cluster, .now_ms = wall_ms(), .mono_ms = edl_monotonic_ms(),
+            .current = &s.current, .max_status_gen = s.max_status_gen, .now_ms = wall_ms(),
+            .mono_ms = edl_monotonic_ms(),
             .leader_id = js->cfg->id, .gen_dead = s.gen_dead,
         };
         js_decision d;
         rc = js_reconcile(&o, &js->mem, &d);
         *wake = d.wake_mono_ms;
         if (rc || d.action == JS_NOTHING) {
-            js_decision_free(&d);
+            js_decision_clear(&d);
             snapshot_free(&s);
             return rc;
         }
@@ -350,7 +347,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             js->m.restarts = d.next.restarts;
             js->m.state = *final_state;
         }
-        js_decision_free(&d);
+        js_decision_clear(&d);
         snapshot_free(&s);
         if (rc == EDL_ECONFLICT)
             continue; /* the document moved under us: decide again on a fresh read */
@@ -372,65 +369,37 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
 
 /* ---- /metrics (Prometheus text format 0.0.4) ----------------------------------------------- */
 
-static void metrics_handler(void *arg, const char *method, const char *path, edl_http_response *r)
+static void write_metrics(void *arg, edl_prom *p)
 {
-    (void)method;
     const jobserver *js = arg;
-    if (strcmp(path, "/healthz") == 0) {
-        r->body = strdup("ok\n");
-        r->status = r->body ? 200 : 500;
-        r->body_len = r->body ? 3 : 0;
-        return;
-    }
-    if (strcmp(path, "/metrics") != 0)
-        return; /* 404 */
-    static const struct {
-        const char *name, *type, *help;
-    } g[] = {
-        {"edl_jobserver_leader", "gauge", "1 while this replica leads the job."},
-        {"edl_jobserver_generation", "gauge", "Generation last read or published (0: none)."},
-        {"edl_jobserver_members", "gauge", "Members of that generation."},
-        {"edl_jobserver_restarts", "gauge", "Generations started because of trainer failures."},
-        {"edl_jobserver_publications_total", "counter", "Publications by this replica."},
-        {"edl_jobserver_etcd_errors_total", "counter", "Failed reads and publications."},
-        {"edl_jobserver_leader_terms_total", "counter", "Times this replica became leader."},
-    };
-    long long v[] = {js->m.leader, (long long)js->m.generation, (long long)js->m.members,
-                     (long long)js->m.restarts, (long long)js->m.publications,
-                     (long long)js->m.etcd_errors, (long long)js->m.terms};
-    size_t cap = 4096, len = 0;
-    char *b = malloc(cap);
-    const char *job = js->cfg->job, *id = js->cfg->id;
-    for (size_t i = 0; b && i < sizeof g / sizeof g[0]; i++)
-        len += (size_t)snprintf(b + len, cap - len,
-                                "# HELP %s %s\n# TYPE %s %s\n%s{job=\"%s\",id=\"%s\"} %lld\n",
-                                g[i].name, g[i].help, g[i].name, g[i].type, g[i].name, job, id,
-                                v[i]);
-    for (int st = EDL_JOB_WAITING; b && st <= EDL_JOB_STOPPED && len < cap; st++)
-        len += (size_t)snprintf(b + len, cap - len, "%sedl_jobserver_job_state{job=\"%s\",id=\"%s\","
-                                "state=\"%s\"} %d\n", st == EDL_JOB_WAITING ?
-                                "# HELP edl_jobserver_job_state 1 for the job's state.\n"
-                                "# TYPE edl_jobserver_job_state gauge\n" : "",
-                                job, id, edl_job_state_name((edl_job_state)st), js->m.state == st);
-    if (b && len >= cap) { /* names too long for the buffer: refuse rather than cut */
-        free(b);
-        b = NULL;
-    }
-    r->body = b;
-    r->status = b ? 200 : 500;
-    r->body_len = b ? len : 0;
-    r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    const char *labels[] = {"job", js->cfg->job, "id", js->cfg->id, NULL};
+    p->labels = labels;
+    edl_prom_metric(p, "edl_jobserver_leader", "gauge", "1 while this replica leads the job.",
+                    js->m.leader);
+    edl_prom_metric(p, "edl_jobserver_generation", "gauge",
+                    "Generation last read or published (0: none).", js->m.generation);
+    edl_prom_metric(p, "edl_jobserver_members", "gauge", "Members of that generation.",
+                    js->m.members);
+    edl_prom_metric(p, "edl_jobserver_restarts", "gauge",
+                    "Generations started because of trainer failures.", js->m.restarts);
+    edl_prom_metric(p, "edl_jobserver_publications_total", "counter",
+                    "Publications by this replica.", js->m.publications);
+    edl_prom_metric(p, "edl_jobserver_etcd_errors_total", "counter",
+                    "Failed reads and publications.", js->m.etcd_errors);
+    edl_prom_metric(p, "edl_jobserver_leader_terms_total", "counter",
+                    "Times this replica became leader.", js->m.terms);
+    edl_prom_family(p, "edl_jobserver_job_state", "gauge", "1 for the job's state.");
+    for (int st = EDL_JOB_WAITING; st <= EDL_JOB_STOPPED; st++)
+        edl_prom_sample(p, "edl_jobserver_job_state", "state",
+                        edl_job_state_name((edl_job_state)st), js->m.state == st);
+    p->labels = NULL;
 }
 
 /* Serve whatever /metrics requests are ready, without waiting. */
 static void serve_http(jobserver *js)
 {
-    if (!js->httpd)
-        return;
-    struct pollfd pf[64];
-    size_t n = edl_httpd_pollfds(js->httpd, pf, 64);
-    if (n && poll(pf, n, 0) >= 0)
-        edl_httpd_dispatch(js->httpd, pf, n); /* with nothing ready it closes idle connections */
+    if (js->metrics)
+        edl_metrics_serve(js->metrics);
 }
 
 static bool signalled(jobserver *js)
@@ -443,11 +412,6 @@ static bool signalled(jobserver *js)
     return js->stop;
 }
 
-static int exit_code_of(int state)
-{
-    return state == EDL_JOB_SUCCEEDED ? 0 : state == EDL_JOB_FAILED ? 1 : 4;
-}
-
 /* Whether an event can change a decision. A trainer's status matters only when it has ended
  * (failure or success); "running" and step updates, a status write per pod per second and a
  * burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
@@ -456,12 +420,11 @@ static bool event_matters(const jobserver *js, const edl_watch_event *ev)
 {
     if (ev->type != EDL_WATCH_PUT && ev->type != EDL_WATCH_DELETE)
         return ev->type != EDL_WATCH_PROGRESS;
-    size_t gl = strlen(js->k_gen);
-    if (ev->kv.key_len > gl && memcmp(ev->kv.key, js->k_gen, gl) == 0) /* rendezvous data */
-        return ev->type == EDL_WATCH_PUT && ev->kv.key_len > 5 &&
-               memcmp(ev->kv.key + ev->kv.key_len - 5, "/dead", 5) == 0;
-    size_t sl = strlen(js->k_status);
-    if (ev->kv.key_len <= sl || memcmp(ev->kv.key, js->k_status, sl) != 0)
+    edl_job_key_info ki;
+    edl_job_key_kind kind = edl_job_key_parse(&js->k, ev->kv.key, ev->kv.key_len, &ki);
+    if (kind == EDL_KEY_GEN) /* rendezvous data: only a generation declared dead matters */
+        return ev->type == EDL_WATCH_PUT && edl_job_key_is_gen(&ki, ki.gen, EDL_GEN_DEAD);
+    if (kind != EDL_KEY_STATUS)
         return true;
     if (ev->type == EDL_WATCH_DELETE)
         return false; /* the pod's own key goes with it */
@@ -477,9 +440,9 @@ static int lead(jobserver *js, int *exit_code)
 {
     edl_watch *w = NULL;
     edl_watch_opts wo = {.prefix = true};
-    int rc = edl_etcd_watch(js->c, edl_str(js->k_job), &wo, &w);
+    int rc = edl_watch_open(js->c, edl_str(js->k.job), &wo, &w);
     if (rc) {
-        EDL_WARN(LOG, "watching %s failed: %s; polling instead", js->k_job, edl_strerror(rc));
+        EDL_WARN(LOG, "watching %s failed: %s; polling instead", js->k.job, edl_strerror(rc));
         w = NULL;
     }
     int64_t wake = 0;
@@ -494,7 +457,7 @@ static int lead(jobserver *js, int *exit_code)
             break;
         if (js->cfg->exit_when_done && final_state >= 0 &&
             edl_job_state_final((edl_job_state)final_state)) {
-            *exit_code = exit_code_of(final_state);
+            *exit_code = edl_job_exit_code((edl_job_state)final_state);
             js->stop = true;
             break;
         }
@@ -502,17 +465,16 @@ static int lead(jobserver *js, int *exit_code)
         int timeout = w ? -1 : 1000;
         if (wake)
             timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);
-        struct pollfd pf[3 + 64] = {{js->sigfd, POLLIN, 0},
-                                    {edl_lease_keeper_fd(js->keeper), POLLIN, 0},
-                                    {w ? edl_watch_fd(w) : -1, POLLIN, 0}};
-        size_t nh = js->httpd ? edl_httpd_pollfds(js->httpd, pf + 3, 64) : 0;
-        int ht = js->httpd ? edl_httpd_timeout_ms(js->httpd) : -1;
+        struct pollfd pf[4] = {{js->sigfd, POLLIN, 0},
+                               {edl_lease_keeper_fd(js->keeper), POLLIN, 0},
+                               {w ? edl_watch_fd(w) : -1, POLLIN, 0},
+                               {js->metrics ? edl_metrics_fd(js->metrics) : -1, POLLIN, 0}};
+        int ht = js->metrics ? edl_metrics_timeout_ms(js->metrics) : -1;
         if (ht >= 0 && (timeout < 0 || ht < timeout))
             timeout = ht;
-        if (poll(pf, 3 + nh, timeout) < 0 && errno != EINTR)
+        if (poll(pf, 4, timeout) < 0 && errno != EINTR)
             break;
-        if (nh)
-            edl_httpd_dispatch(js->httpd, pf + 3, nh);
+        serve_http(js);
         if (edl_lease_keeper_status(js->keeper)) {
             rc = EDL_ELEASE;
             break;
@@ -525,9 +487,9 @@ static int lead(jobserver *js, int *exit_code)
             dirty = dirty || event_matters(js, ev);
             edl_watch_event_free(ev);
             if (dead) {
-                edl_watch_stop(w);
+                edl_watch_close(w);
                 w = NULL;
-                if (edl_etcd_watch(js->c, edl_str(js->k_job), &wo, &w) != 0)
+                if (edl_watch_open(js->c, edl_str(js->k.job), &wo, &w) != 0)
                     w = NULL;
                 dirty = true; /* events may have been missed: read everything again */
                 break;
@@ -535,7 +497,7 @@ static int lead(jobserver *js, int *exit_code)
         }
     }
     if (w)
-        edl_watch_stop(w);
+        edl_watch_close(w);
     js->m.leader = false;
     if (rc == EDL_ELEASE)
         EDL_WARN(LOG, "job %s: lost the leadership; campaigning again", js->cfg->job);
@@ -550,7 +512,7 @@ static int campaign(jobserver *js)
         if (!js->keeper) {
             int rc = edl_etcd_lease_grant(js->c, js->cfg->ttl_s, 0, &js->lease, NULL);
             if (!rc)
-                rc = edl_lease_keeper_start(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
+                rc = edl_lease_keeper_open(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
                                             &js->keeper);
             if (rc) {
                 js->m.etcd_errors++;
@@ -564,7 +526,7 @@ static int campaign(jobserver *js)
         }
         edl_leader_clear(&js->leader);
         serve_http(js);
-        int rc = edl_election_campaign(js->c, edl_str(js->k_leader), edl_str(js->cfg->id),
+        int rc = edl_election_campaign(js->c, edl_str(js->k.leader), edl_str(js->cfg->id),
                                        js->lease, 500, &js->leader);
         if (rc == 0) {
             js->m.leader = true;
@@ -576,7 +538,7 @@ static int campaign(jobserver *js)
         if (rc == EDL_ETIMEDOUT)
             continue;
         if (rc == EDL_ELEASE || edl_lease_keeper_status(js->keeper)) {
-            edl_lease_keeper_stop(js->keeper, false);
+            edl_lease_keeper_close(js->keeper, false);
             js->keeper = NULL;
             continue;
         }
@@ -591,54 +553,41 @@ int js_run(const js_config *cfg, int sigfd)
 {
     jobserver js = {.cfg = cfg, .sigfd = sigfd, .m.state = -1};
     edl_spec_init(&js.spec);
+    int exit_code = EDL_EXIT_USAGE;
+    if (edl_job_keys_init(&js.k, cfg->prefix, cfg->job) != 0)
+        goto out;
     if (cfg->metrics_port > 0) {
-        edl_httpd_opts ho = {.port = cfg->metrics_port};
-        int hrc = edl_httpd_new(&ho, metrics_handler, &js, &js.httpd);
+        edl_metrics_opts mo = {.addr = cfg->metrics_addr, .port = cfg->metrics_port};
+        int hrc = edl_metrics_open(&mo, write_metrics, &js, &js.metrics);
         if (hrc) {
-            EDL_ERROR(LOG, "cannot serve /metrics on port %d: %s", cfg->metrics_port,
-                      edl_strerror(hrc));
-            edl_spec_free(&js.spec);
-            return 2;
+            EDL_ERROR(LOG, "cannot serve /metrics on %s port %d: %s", cfg->metrics_addr ?
+                      cfg->metrics_addr : "0.0.0.0", cfg->metrics_port, edl_strerror(hrc));
+            goto out;
         }
     }
-    int rc = edl_etcd_connect(cfg->endpoints, &js.c);
+    int rc = edl_etcd_open_endpoints(cfg->endpoints, &js.c);
     if (rc) {
         EDL_ERROR(LOG, "etcd endpoints \"%s\": %s", cfg->endpoints, edl_strerror(rc));
-        return 2;
+        goto out;
     }
-    js.k_job = edl_job_key(cfg->prefix, cfg->job, "");
-    js.k_spec = edl_job_key(cfg->prefix, cfg->job, "spec");
-    js.k_pods = edl_job_key(cfg->prefix, cfg->job, "pods/");
-    js.k_status = edl_job_key(cfg->prefix, cfg->job, "status/");
-    js.k_gen = edl_job_key(cfg->prefix, cfg->job, "gen/");
-    js.k_cluster = edl_job_key(cfg->prefix, cfg->job, "cluster");
-    js.k_leader = edl_job_key(cfg->prefix, cfg->job, "leader");
-    int exit_code = 0;
-    if (!js.k_job || !js.k_spec || !js.k_pods || !js.k_status || !js.k_cluster || !js.k_leader ||
-        !js.k_gen)
-        exit_code = 2;
-    while (!exit_code && !js.stop && campaign(&js) == 0) {
+    exit_code = EDL_EXIT_SUCCEEDED;
+    while (!js.stop && campaign(&js) == 0) {
         if (lead(&js, &exit_code) == EDL_ELEASE) {
-            edl_lease_keeper_stop(js.keeper, false);
+            edl_lease_keeper_close(js.keeper, false);
             js.keeper = NULL;
-            js_memory_free(&js.mem); /* a later term starts its windows afresh */
+            js_memory_clear(&js.mem); /* a later term starts its windows afresh */
         }
     }
     if (js.leader.kv && js.keeper && !edl_lease_keeper_status(js.keeper))
         edl_election_resign(js.c, &js.leader);
     if (js.keeper)
-        edl_lease_keeper_stop(js.keeper, true); /* a standby takes over at once */
+        edl_lease_keeper_close(js.keeper, true); /* a standby takes over at once */
+out:
     edl_leader_clear(&js.leader);
-    js_memory_free(&js.mem);
-    edl_spec_free(&js.spec);
-    free(js.k_job);
-    free(js.k_spec);
-    free(js.k_pods);
-    free(js.k_status);
-    free(js.k_gen);
-    free(js.k_cluster);
-    free(js.k_leader);
-    edl_etcd_free(js.c);
-    edl_httpd_free(js.httpd);
+    js_memory_clear(&js.mem);
+    edl_spec_clear(&js.spec);
+    edl_job_keys_clear(&js.k);
+    edl_etcd_close(js.c);
+    edl_metrics_close(js.metrics);
     return exit_code;
 }

@@ -13,12 +13,13 @@ typedef struct js_config {
     char *id;          /* this replica's identity (hostname-pid) */
     int64_t ttl_s;     /* leadership lease TTL: a standby takes over within it (10) */
     int metrics_port;  /* 0: no /metrics */
+    char *metrics_addr; /* its listen address (NULL: 0.0.0.0) */
     bool exit_when_done; /* exit once the job is final (0 succeeded, 1 failed, 4 stopped) */
 } js_config;
 
-/* Runs until SIGTERM/SIGINT (returns 0 after resigning), or a fatal error (returns 3 when etcd
- * stays unreachable at start-up, 2 for a bad configuration); with exit_when_done, the job's
- * final state as an exit code. sigfd: a signalfd for SIGTERM and SIGINT. */
+/* Runs until SIGTERM/SIGINT (returns 0 after resigning), or a bad configuration (returns
+ * EDL_EXIT_USAGE); an unreachable etcd is retried for ever. With exit_when_done, the job's final
+ * state as an exit code (edl_job_exit_code). sigfd: a signalfd for SIGTERM and SIGINT. */
 int js_run(const js_config *cfg, int sigfd);
 
 #endif

@@ -7,7 +7,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/log.h"
 #include "jobserver.h"
 
@@ -17,7 +17,7 @@ static void usage(FILE *out)
             "Usage: edl-jobserver --etcd URLS --job NAME [options]\n"
             "\n"
             "Watches the job's pods in etcd, assigns ranks and publishes numbered generations to\n"
-            "jobs/<job>/cluster. Run several replicas: one leads, the others stand by and take\n"
+            "jobs/<job>/generation. Run several replicas: one leads, the others stand by and take\n"
             "over within one lease TTL.\n"
             "\n"
             "Options:\n"
@@ -28,6 +28,7 @@ static void usage(FILE *out)
             "  --ttl SECONDS       leadership lease TTL (default: 10)\n"
             "  --exit-when-done    exit once the job has succeeded, failed or been stopped\n"
             "  --metrics-port P    serve /metrics (Prometheus) and /healthz on port P (0: off)\n"
+            "  --metrics-addr ADDR the address /metrics listens on, IPv4 or IPv6 (default: 0.0.0.0)\n"
             "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
             "  -h, --help          this text\n"
             "\n"
@@ -53,7 +54,7 @@ int main(int argc, char **argv)
         {"etcd", required_argument, 0, 'e'},   {"job", required_argument, 0, 'j'},
         {"prefix", required_argument, 0, 'p'}, {"id", required_argument, 0, 'i'},
         {"ttl", required_argument, 0, 't'},    {"exit-when-done", no_argument, 0, 'x'},
-        {"metrics-port", required_argument, 0, 'm'},
+        {"metrics-port", required_argument, 0, 'm'}, {"metrics-addr", required_argument, 0, 'M'},
         {"log-level", required_argument, 0, 'l'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -73,16 +74,17 @@ int main(int argc, char **argv)
             if (parse_int(optarg, 1, 86400, &v)) {
                 fprintf(stderr, "edl-jobserver: --ttl %s: expected whole seconds, 1 to 86400\n",
                         optarg);
-                return 2;
+                return EDL_EXIT_USAGE;
             }
             cfg.ttl_s = v;
             break;
         case 'x': cfg.exit_when_done = true; break;
+        case 'M': cfg.metrics_addr = optarg; break;
         case 'm':
             if (parse_int(optarg, 0, 65535, &v)) {
                 fprintf(stderr, "edl-jobserver: --metrics-port %s: expected a port, 0 to 65535\n",
                         optarg);
-                return 2;
+                return EDL_EXIT_USAGE;
             }
             cfg.metrics_port = (int)v;
             break;
@@ -91,28 +93,28 @@ int main(int argc, char **argv)
             if (edl_log_level_parse(optarg, &lv)) {
                 fprintf(stderr, "edl-jobserver: --log-level %s: expected debug, info, warn or "
                                 "error\n", optarg);
-                return 2;
+                return EDL_EXIT_USAGE;
             }
             edl_log_setup(lv, EDL_LOG_PLAIN, NULL);
             break;
         }
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: usage(stderr); return EDL_EXIT_USAGE;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "edl-jobserver: unexpected argument \"%s\" (see --help)\n", argv[optind]);
-        return 2;
+        return EDL_EXIT_USAGE;
     }
     if (!cfg.endpoints || !*cfg.endpoints || !cfg.job) {
         fprintf(stderr, "edl-jobserver: %s is required (see --help)\n",
                 !cfg.job ? "--job" : "--etcd");
-        return 2;
+        return EDL_EXIT_USAGE;
     }
     if (!edl_name_valid(cfg.job)) {
         fprintf(stderr, "edl-jobserver: job name \"%s\" is not valid: use 1-128 of "
                         "[A-Za-z0-9._-], not starting with '.' or '-'\n", cfg.job);
-        return 2;
+        return EDL_EXIT_USAGE;
     }
     if (!cfg.id) {
         char host[256] = "host";
@@ -129,7 +131,7 @@ int main(int argc, char **argv)
     int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) {
         perror("edl-jobserver: signalfd");
-        return 2;
+        return EDL_EXIT_USAGE;
     }
     int rc = js_run(&cfg, sigfd);
     close(sigfd);

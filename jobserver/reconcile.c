@@ -18,13 +18,13 @@ typedef struct failure {
     char what[160];
 } failure;
 
-void js_decision_free(js_decision *d)
+void js_decision_clear(js_decision *d)
 {
-    edl_cluster_free(&d->next);
+    edl_generation_clear(&d->next);
     memset(d, 0, sizeof *d);
 }
 
-void js_memory_free(js_memory *m)
+void js_memory_clear(js_memory *m)
 {
     for (size_t i = 0; i < m->n_progress; i++)
         free(m->progress[i].pod);
@@ -40,7 +40,7 @@ static int pod_index(const js_observed *o, const char *name, int64_t lease)
     return -1;
 }
 
-static const edl_pod_failures *failures_of(const edl_cluster *c, const char *pod)
+static const edl_pod_failures *failures_of(const edl_generation *c, const char *pod)
 {
     for (size_t i = 0; i < c->n_failures; i++)
         if (strcmp(c->failures[i].pod, pod) == 0)
@@ -72,7 +72,7 @@ static js_progress *progress_entry(js_memory *m, const char *pod)
  * for the timeout while another advanced within it (-1: none). *wake: next check. */
 static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
 {
-    const edl_cluster *c = o->cluster;
+    const edl_generation *c = o->current;
     int64_t timeout = o->spec->progress_timeout_ms, now = o->mono_ms;
     if (timeout <= 0 || c->state != EDL_JOB_RUNNING)
         return -1;
@@ -123,7 +123,7 @@ static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
 static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, bool *all_done,
                                int64_t *wake)
 {
-    const edl_cluster *c = o->cluster;
+    const edl_generation *c = o->current;
     size_t n = 0, done = 0;
     *all_done = false;
     if (c->state != EDL_JOB_RUNNING || c->generation == 0)
@@ -167,9 +167,9 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
 
 /* The failure list of the next generation: counts bumped for the failed pods, exclusions set
  * for repeat offenders, entries of pods that are gone and no longer excluded dropped. */
-static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl_cluster *next)
+static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl_generation *next)
 {
-    const edl_cluster *c = o->cluster;
+    const edl_generation *c = o->current;
     const edl_job_spec *sp = o->spec;
     next->failures = calloc(c->n_failures + nf + 1, sizeof *next->failures);
     if (!next->failures)
@@ -212,7 +212,7 @@ static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl
 
 /* ---- composing the next document ---------------------------------------------------------- */
 
-static bool same_members(const edl_cluster *c, const edl_member *m, size_t n)
+static bool same_members(const edl_generation *c, const edl_member *m, size_t n)
 {
     if (c->n_members != n)
         return false;
@@ -223,7 +223,7 @@ static bool same_members(const edl_cluster *c, const edl_member *m, size_t n)
     return true;
 }
 
-static bool same_standbys(const edl_cluster *c, char **sb, size_t n)
+static bool same_standbys(const edl_generation *c, char **sb, size_t n)
 {
     if (c->n_standbys != n)
         return false;
@@ -238,10 +238,20 @@ static bool same_str(const char *a, const char *b)
     return (!a && !b) || (a && b && strcmp(a, b) == 0);
 }
 
-/* A copy of the current document with a new state, reason and publisher. */
-static int copy_cluster(const js_observed *o, edl_cluster *next)
+/* The number of a new generation: one past the current one, and never at or below one that an
+ * agent reports having run (a document restored from an old backup must not repeat numbers). */
+static int64_t next_generation_number(const js_observed *o)
 {
-    const edl_cluster *c = o->cluster;
+    int64_t base = o->current->generation;
+    if (o->max_status_gen > base)
+        base = o->max_status_gen;
+    return base + 1;
+}
+
+/* A copy of the current document with a new state, reason and publisher. */
+static int copy_current(const js_observed *o, edl_generation *next)
+{
+    const edl_generation *c = o->current;
     memset(next, 0, sizeof *next);
     next->generation = c->generation;
     next->state = c->state;
@@ -269,7 +279,7 @@ static int copy_cluster(const js_observed *o, edl_cluster *next)
     return 0;
 }
 
-static int set_reason(edl_cluster *next, const char *reason)
+static int set_reason(edl_generation *next, const char *reason)
 {
     free(next->reason);
     next->reason = strdup(reason);
@@ -280,7 +290,7 @@ static int set_reason(edl_cluster *next, const char *reason)
 static int publish_final(const js_observed *o, edl_job_state st, const char *reason,
                          js_decision *out)
 {
-    int rc = copy_cluster(o, &out->next);
+    int rc = copy_current(o, &out->next);
     if (!rc)
         rc = set_reason(&out->next, reason);
     out->next.state = st;
@@ -289,7 +299,7 @@ static int publish_final(const js_observed *o, edl_job_state st, const char *rea
 }
 
 /* Describe a membership change: "pod a left; pod b joined" (bounded). */
-static void describe_change(const edl_cluster *c, const edl_member *m, size_t n, char *buf,
+static void describe_change(const edl_generation *c, const edl_member *m, size_t n, char *buf,
                             size_t len)
 {
     size_t used = 0;
@@ -318,13 +328,13 @@ static void describe_change(const edl_cluster *c, const edl_member *m, size_t n,
 static int reconcile_membership(const js_observed *o, js_memory *mem, const failure *fl,
                                 size_t nf, bool dead, js_decision *out)
 {
-    const edl_cluster *c = o->cluster;
+    const edl_generation *c = o->current;
     const edl_job_spec *sp = o->spec;
-    edl_cluster tmp_fail = {0}; /* failures in force for the next generation */
+    edl_generation tmp_fail = {0}; /* failures in force for the next generation */
     int rc = 0;
     if (nf && (rc = next_failures(o, fl, nf, &tmp_fail)) != 0)
         goto out;
-    const edl_cluster *fsrc = nf ? &tmp_fail : c;
+    const edl_generation *fsrc = nf ? &tmp_fail : c;
     edl_pod *cands = calloc(o->n_pods + 1, sizeof *cands);
     if (!cands) {
         rc = EDL_ENOMEM;
@@ -381,7 +391,7 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
         mem->joins_since_mono_ms = 0;
     bool details = !same_standbys(c, sb, nsb) || !same_str(c->spec_error, o->spec_error);
     if (new_gen || (details && c->generation > 0)) {
-        rc = copy_cluster(o, &out->next);
+        rc = copy_current(o, &out->next);
         if (!rc && nf) {
             for (size_t i = 0; i < out->next.n_failures; i++)
                 free(out->next.failures[i].pod);
@@ -421,7 +431,7 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
             else
                 snprintf(reason, sizeof reason, "%s", why[0] ? why : "membership unchanged");
             rc = set_reason(&out->next, reason);
-            out->next.generation = c->generation + 1;
+            out->next.generation = next_generation_number(o);
             out->next.state = st;
             out->new_generation = true;
         }
@@ -434,7 +444,7 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
         free(sb[i]);
     free(sb);
 out:
-    edl_cluster_free(&tmp_fail);
+    edl_generation_clear(&tmp_fail);
     return rc;
 }
 
@@ -449,7 +459,7 @@ static const failure *first_permanent(const edl_job_spec *sp, const failure *fl,
 int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
 {
     memset(out, 0, sizeof *out);
-    const edl_cluster *c = o->cluster;
+    const edl_generation *c = o->current;
     const edl_job_spec *sp = o->spec;
     if (!sp)
         return 0;
@@ -507,6 +517,6 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
         out->wake_mono_ms = wake;
     free(fl);
     if (rc)
-        js_decision_free(out);
+        js_decision_clear(out);
     return rc;
 }

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 
 typedef struct js_observed {
     const edl_job_spec *spec;   /* the spec in force (NULL: none yet: do nothing) */
@@ -22,8 +22,9 @@ typedef struct js_observed {
     size_t n_pods;
     const edl_pod_status *status; /* status[i] belongs to pods[i] */
     const bool *has_status;
-    const edl_cluster *cluster; /* current generation (generation 0: none yet) */
-    int64_t now_ms;             /* wall clock, for exclusions stored in the cluster document */
+    const edl_generation *current; /* the published generation (generation 0: none yet) */
+    int64_t max_status_gen;     /* the highest generation any pod's status reports */
+    int64_t now_ms;             /* wall clock, for exclusions stored in the generation */
     int64_t mono_ms;            /* monotonic clock, for windows kept in memory */
     const char *leader_id;
     const char *gen_dead;       /* the current generation's gen/<n>/dead value (NULL: none) */
@@ -51,13 +52,13 @@ typedef enum js_action {
 
 typedef struct js_decision {
     js_action action;
-    edl_cluster next;       /* when JS_PUBLISH */
-    bool new_generation;    /* next.generation = current + 1 */
+    edl_generation next;       /* when JS_PUBLISH */
+    bool new_generation;    /* next.generation > current (see next_generation_number) */
     int64_t wake_mono_ms;   /* reconcile again by then even without events (0: no need) */
 } js_decision;
 
 int js_reconcile(const js_observed *obs, js_memory *mem, js_decision *out);
-void js_decision_free(js_decision *d);
-void js_memory_free(js_memory *m);
+void js_decision_clear(js_decision *d);
+void js_memory_clear(js_memory *m);
 
 #endif

@@ -328,7 +328,7 @@ static int run_elastic(edl_comm *c, long steps)
             w[i] += g[i] * (int64_t)(1 + step % 3);
         step++;
         edl_coll_state_commit(st, step);
-        edl_trainer_report_step(edl_coll_trainer(c), step);
+        edl_agent_link_report_step(edl_coll_agent_link(c), step);
         if (pause)
             usleep((useconds_t)pause * 1000);
     }
@@ -361,7 +361,7 @@ int main(int argc, char **argv)
         return 2;
     }
     edl_comm *c;
-    int rc = edl_coll_init(NULL, &c);
+    int rc = edl_coll_open(NULL, &c);
     if (rc) {
         printf("init failed rc=%d (%s)\n", rc, edl_strerror(rc));
         return 4;
@@ -374,6 +374,6 @@ int main(int argc, char **argv)
         rc = run_mismatch(c);
     else
         rc = 2;
-    edl_coll_free(c);
+    edl_coll_close(c);
     return rc;
 }

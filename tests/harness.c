@@ -59,7 +59,7 @@ edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args)
         .quiet = true,
     };
     edl_etcd_server *s = NULL;
-    int rc = edl_etcd_server_start(&o, &s);
+    int rc = edl_etcd_server_open(&o, &s);
     if (rc != 0)
         fail_msg("could not start %d etcd member(s) from %s: %s (the reason is on stderr)",
                  members, EDL_ETCD_BIN, edl_strerror(rc));
@@ -68,7 +68,7 @@ edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args)
 
 int harness_teardown_etcd(void **state)
 {
-    edl_etcd_server_free(*state);
+    edl_etcd_server_close(*state);
     *state = NULL;
     return 0;
 }

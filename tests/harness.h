@@ -47,7 +47,7 @@ int harness_free_port(void);
 
 /* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags
  * (NULL-terminated, may be NULL). Fails the test with the reason when etcd does not come up.
- * Free with edl_etcd_server_free(). */
+ * Free with edl_etcd_server_close(). */
 edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args);
 /* A cmocka teardown that frees the edl_etcd_server in *state: a test that stores its server
  * there (`s = *state = harness_start_etcd(...)`) cleans up even when an assertion fails. */
@@ -140,6 +140,18 @@ struct edl_watch_event *harness_next_event(struct edl_watch *w, int timeout_ms);
  * then be made with harness_proxy_freeze/drop). Free both with harness_close_proxied(). */
 struct edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy);
 void harness_close_proxied(struct edl_etcd *client, harness_proxy *proxy);
+
+/* ---- job keys (harness_client.c) -------------------------------------------------------- */
+
+#include "edl/job.h"
+
+/* One key of a job under the default prefix, made by the job model's builder (edl/job.h) so
+ * that tests name keys exactly as the programs do: kind EDL_KEY_POD and EDL_KEY_STATUS take the
+ * pod in name, EDL_KEY_GEN takes gen and the entry name ("" for the generation's prefix),
+ * EDL_KEY_OTHER gives the job's own prefix. Written into buf, which is returned; fails the test
+ * when it does not fit. */
+char *harness_job_key(char *buf, size_t len, const char *job, edl_job_key_kind kind,
+                      const char *name, int64_t gen);
 
 /* ---- S3 server (harness_s3.c) ------------------------------------------------------------ */
 

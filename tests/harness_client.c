@@ -19,8 +19,8 @@ edl_etcd *harness_client(const char *endpoints, int timeout_ms)
     int rc = edl_etcd_config_set_endpoints(&cfg, endpoints);
     edl_etcd *c = NULL;
     if (rc == 0)
-        rc = edl_etcd_new(&cfg, &c);
-    edl_etcd_config_free(&cfg);
+        rc = edl_etcd_open(&cfg, &c);
+    edl_etcd_config_clear(&cfg);
     if (rc != 0)
         fail_msg("cannot create an etcd client for %s: %s", endpoints, edl_strerror(rc));
     return c;
@@ -56,8 +56,8 @@ void harness_open_etcd(int members, const char *const *extra_args, edl_etcd_serv
 
 void harness_close_etcd(edl_etcd_server **srv, edl_etcd **client)
 {
-    edl_etcd_free(*client);
-    edl_etcd_server_free(*srv);
+    edl_etcd_close(*client);
+    edl_etcd_server_close(*srv);
     *client = NULL;
     *srv = NULL;
 }
@@ -74,7 +74,7 @@ edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy)
 
 void harness_close_proxied(edl_etcd *client, harness_proxy *proxy)
 {
-    edl_etcd_free(client);
+    edl_etcd_close(client);
     harness_proxy_stop(proxy);
 }
 
@@ -89,4 +89,29 @@ edl_watch_event *harness_next_event(edl_watch *w, int timeout_ms)
             return ev;
         edl_watch_event_free(ev);
     }
+}
+
+char *harness_job_key(char *buf, size_t len, const char *job, edl_job_key_kind kind,
+                      const char *name, int64_t gen)
+{
+    edl_job_keys k;
+    if (edl_job_keys_init(&k, NULL, job) != 0)
+        fail_msg("no keys for job \"%s\"", job);
+    char *made = NULL;
+    const char *key = NULL;
+    switch (kind) {
+    case EDL_KEY_SPEC: key = k.spec; break;
+    case EDL_KEY_POD: key = made = edl_job_key_pod(&k, name); break;
+    case EDL_KEY_STATUS: key = made = edl_job_key_status(&k, name); break;
+    case EDL_KEY_LEADER: key = k.leader; break;
+    case EDL_KEY_GENERATION: key = k.generation; break;
+    case EDL_KEY_GEN: key = made = edl_job_key_gen(&k, gen, name); break;
+    case EDL_KEY_CHECKPOINT: key = k.checkpoint; break;
+    case EDL_KEY_OTHER: key = k.job; break;
+    }
+    if (!key || (size_t)snprintf(buf, len, "%s", key) >= len)
+        fail_msg("the key of job \"%s\" does not fit %zu bytes", job, len);
+    free(made);
+    edl_job_keys_clear(&k);
+    return buf;
 }

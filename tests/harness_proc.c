@@ -1,50 +1,26 @@
-/* harness_proc.c: child processes for tests (job servers, agents, launchers): spawned with
- * PR_SET_PDEATHSIG so that a failed test leaves none behind, waited for with a deadline. */
+/* harness_proc.c: child processes for tests (job servers, agents, launchers): started with
+ * edl_spawn (PR_SET_PDEATHSIG) so that a failed test leaves none behind, waited for with a
+ * deadline. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "edl/proc.h"
 #include "harness.h"
 
 pid_t harness_spawn(const char *const *argv, const char *log_path)
 {
-    pid_t parent = getpid();
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        perror("harness_spawn: fork");
+    edl_spawn_opts so = {.argv = (char *const *)argv, .log_path = log_path};
+    char err[512];
+    pid_t pid;
+    if (edl_spawn(&so, &pid, err, sizeof err) != 0) {
+        fprintf(stderr, "harness_spawn: %s\n", err);
         return -1;
-    }
-    if (pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            _exit(127);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        if (log_path) {
-            int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-            if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
-                _exit(127);
-            close(fd);
-        }
-        int null = open("/dev/null", O_RDONLY);
-        if (null >= 0 && null != 0) {
-            dup2(null, 0);
-            close(null);
-        }
-        for (int fd = 3; fd < 1024; fd++)
-            close(fd);
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "harness_spawn: exec %s: %m\n", argv[0]);
-        _exit(127);
     }
     return pid;
 }

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,6 +23,7 @@
 
 #include <curl/curl.h>
 
+#include "edl/proc.h"
 #include "harness.h"
 
 #define S3RVER_START_TIMEOUT_MS 20000
@@ -90,22 +90,11 @@ static pid_t spawn_s3rver(harness_s3 *h)
     char *argv[] = {(char *)EDL_NODE_BIN, (char *)EDL_S3RVER_JS, "-d", data, "-a", "127.0.0.1",
                     "-p", port, "--service-endpoint", "localhost", "--configure-bucket",
                     "edl-test", NULL};
-    int logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* only async-signal-safe calls: the test may have threads */
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-            _exit(127);
-        if (logfd >= 0) {
-            dup2(logfd, STDOUT_FILENO);
-            dup2(logfd, STDERR_FILENO);
-        }
-        execv(EDL_NODE_BIN, argv);
-        _exit(127);
-    }
-    if (logfd >= 0)
-        close(logfd);
+    edl_spawn_opts so = {.argv = argv, .log_path = log};
+    char err[512];
+    pid_t pid = -1;
+    if (edl_spawn(&so, &pid, err, sizeof err) != 0)
+        fprintf(stderr, "harness_s3: %s\n", err);
     return pid;
 }
 

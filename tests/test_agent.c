@@ -1,7 +1,7 @@
 /* test_agent.c: edl-agent as a real process against a real etcd, with /bin/sh trainers.
  *
  * The job server is not part of these tests: each test writes the job's spec and cluster
- * documents itself, exactly as a job server would (edl_spec_to_json, edl_cluster_to_json), and
+ * documents itself, exactly as a job server would (edl_spec_to_json, edl_generation_to_json), and
  * observes the pods/ and status/ keys, the trainers' environment files and pids, the agent's
  * exit code and its /metrics. Every wait is bounded. */
 #include <stdarg.h>
@@ -16,13 +16,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/etcd.h"
 #include "harness.h"
 
@@ -76,12 +75,15 @@ static int teardown(void **state)
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static char *key(const char *job, const char *rest, char *buf, size_t len)
+/* A key of the job: "spec", "generation", "pods/<pod>" or "status/<pod>". */
+static char *key(const char *job, const char *what, char *buf, size_t len)
 {
-    char *k = edl_job_key(NULL, job, rest);
-    snprintf(buf, len, "%s", k);
-    free(k);
-    return buf;
+    if (strncmp(what, "pods/", 5) == 0)
+        return harness_job_key(buf, len, job, EDL_KEY_POD, what + 5, 0);
+    if (strncmp(what, "status/", 7) == 0)
+        return harness_job_key(buf, len, job, EDL_KEY_STATUS, what + 7, 0);
+    return harness_job_key(buf, len, job,
+                           strcmp(what, "spec") == 0 ? EDL_KEY_SPEC : EDL_KEY_GENERATION, NULL, 0);
 }
 
 static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t ttl_s)
@@ -97,7 +99,7 @@ static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t tt
     char *j = edl_spec_to_json(&s), k[256];
     harness_put(cl, key(job, "spec", k, sizeof k), j);
     free(j);
-    edl_spec_free(&s);
+    edl_spec_clear(&s);
 }
 
 /* Start edl-agent for job/pod running `/bin/sh -c script`, with extra options (NULL-ended). */
@@ -122,13 +124,8 @@ static pid_t start_agent(const char *job, const char *pod, const char *script,
     argv[n++] = "-c";
     argv[n++] = script;
     argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* agents go when the test goes */
-        setenv("T_DIR", dir, 1);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
+    setenv("T_DIR", dir, 1); /* the agent passes its environment on to the trainer */
+    pid_t pid = harness_spawn(argv, NULL);
     assert_true(pid > 0);
     for (int i = 0; i < MAX_AGENTS; i++)
         if (agents[i] == 0) {
@@ -236,13 +233,13 @@ static void publish(const char *job, int64_t gen, edl_job_state state, const cha
         assert_int_equal(edl_pod_parse(kv->value, kv->value_len, &p, err, sizeof err), 0);
         m[n] = (edl_member){.pod = (char *)pods[n], .rank = (int)n, .addr = strdup(p.addr),
                             .port = p.port, .lease = kv->lease};
-        edl_pod_free(&p);
+        edl_pod_clear(&p);
         edl_kv_free(kv);
     }
-    edl_cluster c = {.generation = gen, .state = state, .members = m, .n_members = n,
+    edl_generation c = {.generation = gen, .state = state, .members = m, .n_members = n,
                      .reason = (char *)"test"};
-    char *j = edl_cluster_to_json(&c), k[256];
-    harness_put(cl, key(job, "cluster", k, sizeof k), j);
+    char *j = edl_generation_to_json(&c), k[256];
+    harness_put(cl, key(job, "generation", k, sizeof k), j);
     free(j);
     for (size_t i = 0; i < n; i++)
         free(m[i].addr);
@@ -346,15 +343,7 @@ static char *path_of(const char *pod, int gen, const char *ext, char *buf, size_
 
 static int run_status(const char *const *argv)
 {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return wait_exit(pid, 10000);
+    return wait_exit(harness_spawn(argv, "/dev/null"), 10000);
 }
 
 static void test_help_and_bad_options_exit_codes(void **state)
@@ -415,7 +404,7 @@ static void test_registers_pod_under_lease_and_waits(void **state)
     assert_int_equal(st.step, -1);
     edl_kv_free(skv);
     edl_kv_free(kv);
-    edl_pod_free(&p);
+    edl_pod_clear(&p);
     /* a final state ends the agent: stopped = 4, and the lease goes with it */
     publish_state(job, 1, EDL_JOB_STOPPED);
     assert_int_equal(wait_exit(pid, 5000), 4);
@@ -477,7 +466,10 @@ static void test_two_ranks_get_exact_environment(void **state)
     assert_non_null(strstr(line, "\"generation\":1"));
     assert_non_null(strstr(line, "\"rank\":1"));
     assert_non_null(strstr(line, "\"master_port\":7202"));
-    assert_non_null(strstr(line, "\"endpoints\":\"127.0.0.1:7202,127.0.0.1:7201\""));
+    assert_non_null(strstr(line, "\"world_size\":2"));
+    assert_non_null(strstr(line, "\"master_addr\":\"127.0.0.1\""));
+    /* the endpoints have one source, the generation (PADDLE_TRAINER_ENDPOINTS above) */
+    assert_null(strstr(line, "endpoints"));
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 2000);
     assert_int_equal(st.pid, read_long_file(path_of("a", 1, "pid", ctl, sizeof ctl)));
     /* succeeded: both leave with 0 */
@@ -497,7 +489,8 @@ static void test_new_generation_restarts_trainer(void **state)
     assert_true(wait_file(path_of("a", 1, "env", p1, sizeof p1), 5000));
     long pid1 = read_long_file(path_of("a", 1, "pid", p1, sizeof p1));
     /* a second (fake) member joins as rank 0: a moves to rank 1 and must restart */
-    harness_put(cl, "/edl/v1/jobs/restart/pods/z", "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    char k[256];
+    harness_put(cl, key("restart", "pods/z", k, sizeof k), "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
     assert_true(wait_file(path_of("a", 2, "env", p2, sizeof p2), 8000));
     long pid2 = read_long_file(path_of("a", 2, "pid", p1, sizeof p1));
@@ -554,7 +547,8 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     assert_true(wait_file(pf, 5000));
     long pid1 = read_long_file(pf);
     wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 3000);
-    harness_put(cl, "/edl/v1/jobs/inproc/pods/z", "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    char k[256];
+    harness_put(cl, key("inproc", "pods/z", k, sizeof k), "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", "z", NULL});
     edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid1);
@@ -581,9 +575,9 @@ static void test_standby_waits_then_starts(void **state)
     (void)state;
     const char *job = "standby";
     put_spec(job, EDL_MODE_RESTART, 1, 5);
-    harness_put(cl, "/edl/v1/jobs/standby/pods/z", "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
-    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
     char k[256], p[300];
+    harness_put(cl, key("standby", "pods/z", k, sizeof k), "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
     edl_kv *kv = wait_kv(key(job, "status/a", k, sizeof k), 5000);
     assert_non_null(kv);
     edl_kv_free(kv);
@@ -760,7 +754,7 @@ static void test_malformed_cluster_is_ignored(void **state)
     char p[300], k[256];
     assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
     long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
-    harness_put(cl, key(job, "cluster", k, sizeof k), "{not json");
+    harness_put(cl, key(job, "generation", k, sizeof k), "{not json");
     harness_put(cl, k, "{\"generation\":\"two\",\"state\":\"running\"}");
     harness_put(cl, k, "{\"generation\":5,\"state\":\"exploded\",\"members\":[]}");
     harness_sleep_ms(700);
@@ -797,7 +791,7 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     char err[128];
     assert_int_equal(edl_pod_parse(kv->value, kv->value_len, &pod, err, sizeof err), 0);
     assert_int_equal(pod.metrics_port, mport);
-    edl_pod_free(&pod);
+    edl_pod_clear(&pod);
     edl_kv_free(kv);
     static char body[65536];
     assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
@@ -829,9 +823,11 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     char *big = malloc(12000);
     memset(big, 'a', 12000);
     memcpy(big, "GET /", 5);
-    assert_int_equal(harness_http_request(mport, big, 12000, body, sizeof body), 400);
+    int hs = harness_http_request(mport, big, 12000, body, sizeof body);
+    assert_true(hs >= 400 && hs < 500); /* the request line does not fit: refused */
     free(big);
-    assert_int_equal(harness_http_request(mport, "BLAH\r\n\r\n", 8, body, sizeof body), 400);
+    hs = harness_http_request(mport, "BLAH\r\n\r\n", 8, body, sizeof body);
+    assert_true(hs == -1 || hs == 400); /* not HTTP: closed (libmicrohttpd) */
     /* still serving after bad clients */
     assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
     publish_state(job, 1, EDL_JOB_SUCCEEDED);

@@ -1,6 +1,7 @@
 /* test_agent_env.c: the pure parts of the agent: the trainer's environment (every name, local
- * ranks across addresses, inherited values overridden) and the trainer protocol library
- * (progress lines, control lines, standalone mode, malformed and oversized input). */
+ * ranks across addresses, inherited values overridden) and the trainer's side of the agent
+ * protocol, edl/agent_link.h (progress lines, control lines, standalone mode, malformed and
+ * oversized input). */
 #define _GNU_SOURCE /* pipe2 */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +14,7 @@
 #include <unistd.h>
 
 #include "agent.h"
-#include "edl/trainer.h"
+#include "edl/agent_link.h"
 
 static const char *var(char **env, const char *name)
 {
@@ -43,7 +44,7 @@ static void test_environment_names_and_local_ranks(void **state)
                        {(char *)"p1", 1, (char *)"10.0.0.2", 7001, 2},
                        {(char *)"p2", 2, (char *)"10.0.0.1", 7002, 3},
                        {(char *)"p3", 3, (char *)"10.0.0.1", 7003, 4}};
-    edl_cluster c = {.generation = 9, .state = EDL_JOB_RUNNING, .members = m, .n_members = 4};
+    edl_generation c = {.generation = 9, .state = EDL_JOB_RUNNING, .members = m, .n_members = 4};
     edl_job_spec s;
     edl_spec_init(&s);
     s.max_restarts = 3;
@@ -51,7 +52,7 @@ static void test_environment_names_and_local_ranks(void **state)
     char *base[] = {(char *)"PATH=/bin", (char *)"RANK=99", (char *)"EDL_CHECKPOINT_URI=s3://old",
                     (char *)"KEEP=me", NULL};
     agent_env_input in = {.job = "j", .pod = "p3", .etcd_endpoints = "http://e:2379",
-                          .prefix = "/edl/v1", .spec = &s, .cluster = &c, .rank = 3,
+                          .prefix = "/edl/v1", .spec = &s, .generation = &c, .rank = 3,
                           .restart_count = 2, .control_fd = 3, .progress_fd = 4};
     char **env;
     assert_int_equal(agent_env_build(&in, base, &env), 0);
@@ -84,7 +85,7 @@ static void test_environment_names_and_local_ranks(void **state)
     assert_var(env, "PADDLE_CURRENT_ENDPOINT", "10.0.0.1:7003");
     assert_var(env, "PADDLE_PSERVERS_IP_PORT_LIST", "");
     assert_var(env, "TRAINING_ROLE", "TRAINER");
-    agent_env_free(env);
+    edl_env_free(env);
 
     in.rank = 1;
     in.pod = "p1";
@@ -93,13 +94,13 @@ static void test_environment_names_and_local_ranks(void **state)
     assert_var(env, "LOCAL_RANK", "0");
     assert_var(env, "LOCAL_WORLD_SIZE", "1");
     assert_var(env, "EDL_CHECKPOINT_URI", "s3://bucket/ckpt");
-    agent_env_free(env);
+    edl_env_free(env);
     in.rank = 4; /* not a rank of this generation */
     assert_int_equal(agent_env_build(&in, base, &env), EDL_EINVAL);
-    edl_spec_free(&s);
+    edl_spec_clear(&s);
 }
 
-static void test_trainer_standalone_does_nothing(void **state)
+static void test_agent_link_standalone_does_nothing(void **state)
 {
     (void)state;
     unsetenv("EDL_PROGRESS_FD");
@@ -107,21 +108,21 @@ static void test_trainer_standalone_does_nothing(void **state)
     unsetenv("EDL_RANK");
     unsetenv("EDL_WORLD_SIZE");
     unsetenv("EDL_GENERATION");
-    edl_trainer *t;
-    assert_int_equal(edl_trainer_open(&t), 0);
-    assert_int_equal(edl_trainer_report_step(t, 5), 0);
-    edl_trainer_generation g;
-    assert_int_equal(edl_trainer_poll(t, &g), 0);
-    assert_int_equal(edl_trainer_rank(t), 0);
-    assert_int_equal(edl_trainer_world_size(t), 1);
-    assert_int_equal(edl_trainer_generation_id(t), 0);
-    edl_trainer_close(t);
+    edl_agent_link *t;
+    assert_int_equal(edl_agent_link_open(&t), 0);
+    assert_int_equal(edl_agent_link_report_step(t, 5), 0);
+    edl_assignment g;
+    assert_int_equal(edl_agent_link_poll(t, &g), 0);
+    assert_int_equal(edl_agent_link_rank(t), 0);
+    assert_int_equal(edl_agent_link_world_size(t), 1);
+    assert_int_equal(edl_agent_link_generation(t), 0);
+    edl_agent_link_close(t);
     setenv("EDL_PROGRESS_FD", "987", 1); /* not an open fd */
-    assert_int_equal(edl_trainer_open(&t), EDL_ECONFIG);
+    assert_int_equal(edl_agent_link_open(&t), EDL_ECONFIG);
     unsetenv("EDL_PROGRESS_FD");
 }
 
-static void test_trainer_protocol_over_pipes(void **state)
+static void test_agent_link_protocol_over_pipes(void **state)
 {
     (void)state;
     int ctl[2], prog[2];
@@ -135,53 +136,50 @@ static void test_trainer_protocol_over_pipes(void **state)
     setenv("EDL_RANK", "1", 1);
     setenv("EDL_WORLD_SIZE", "2", 1);
     setenv("EDL_GENERATION", "4", 1);
-    edl_trainer *t;
-    assert_int_equal(edl_trainer_open(&t), 0);
-    assert_int_equal(edl_trainer_rank(t), 1);
-    assert_int_equal(edl_trainer_world_size(t), 2);
-    assert_int_equal(edl_trainer_generation_id(t), 4);
+    edl_agent_link *t;
+    assert_int_equal(edl_agent_link_open(&t), 0);
+    assert_int_equal(edl_agent_link_rank(t), 1);
+    assert_int_equal(edl_agent_link_world_size(t), 2);
+    assert_int_equal(edl_agent_link_generation(t), 4);
     assert_true(fcntl(ctl[0], F_GETFL) & O_NONBLOCK);
     assert_true(fcntl(ctl[0], F_GETFD) & FD_CLOEXEC);
 
-    assert_int_equal(edl_trainer_report_step(t, 12), 0);
-    assert_int_equal(edl_trainer_report_step(t, -1), EDL_EINVAL);
+    assert_int_equal(edl_agent_link_report_step(t, 12), 0);
+    assert_int_equal(edl_agent_link_report_step(t, -1), EDL_EINVAL);
     char buf[64] = "";
     assert_int_equal(read(prog[0], buf, sizeof buf - 1), 8);
     assert_string_equal(buf, "step 12\n");
 
-    edl_trainer_generation g;
-    assert_int_equal(edl_trainer_poll(t, &g), 0); /* nothing yet */
+    edl_assignment g;
+    assert_int_equal(edl_agent_link_poll(t, &g), 0); /* nothing yet */
     /* an old generation, a malformed line, then a newer one split across writes */
-    edl_trainer_generation out = {.generation = 3, .rank = 0, .world_size = 1, .master_port = 1,
-                                  .endpoints = (char *)"a:1"};
+    edl_assignment out = {.generation = 3, .rank = 0, .world_size = 1, .master_port = 1};
     snprintf(out.master_addr, sizeof out.master_addr, "a");
-    char *old = edl_trainer_control_encode(&out);
-    out = (edl_trainer_generation){.generation = 5, .rank = 0, .world_size = 3, .master_port = 7000,
-                                   .endpoints = (char *)"10.0.0.1:7000,b:1,c:2"};
+    char *old = edl_assignment_encode(&out);
+    out = (edl_assignment){.generation = 5, .rank = 0, .world_size = 3, .master_port = 7000};
     snprintf(out.master_addr, sizeof out.master_addr, "10.0.0.1");
-    char *line = edl_trainer_control_encode(&out);
+    char *line = edl_assignment_encode(&out);
     assert_int_equal(write(ctl[1], old, strlen(old)), (ssize_t)strlen(old));
     assert_int_equal(write(ctl[1], "{\"generation\":\"x\"}\nnot json\n", 29), 29);
     size_t half = strlen(line) / 2;
     assert_int_equal(write(ctl[1], line, half), (ssize_t)half);
-    assert_int_equal(edl_trainer_poll(t, &g), 0);
+    assert_int_equal(edl_agent_link_poll(t, &g), 0);
     assert_int_equal(write(ctl[1], line + half, strlen(line) - half), (ssize_t)(strlen(line) - half));
-    assert_int_equal(edl_trainer_poll(t, &g), 1);
+    assert_int_equal(edl_agent_link_poll(t, &g), 1);
     assert_int_equal(g.generation, 5);
     assert_int_equal(g.rank, 0);
     assert_int_equal(g.world_size, 3);
     assert_string_equal(g.master_addr, "10.0.0.1");
     assert_int_equal(g.master_port, 7000);
-    assert_string_equal(g.endpoints, "10.0.0.1:7000,b:1,c:2");
-    assert_int_equal(edl_trainer_rank(t), 0);
-    assert_int_equal(edl_trainer_generation_id(t), 5);
-    assert_int_equal(edl_trainer_poll(t, &g), 0);
+    assert_int_equal(edl_agent_link_rank(t), 0);
+    assert_int_equal(edl_agent_link_generation(t), 5);
+    assert_int_equal(edl_agent_link_poll(t, &g), 0);
     free(old);
     free(line);
     /* the agent goes away */
     close(ctl[1]);
-    assert_int_equal(edl_trainer_poll(t, &g), EDL_EIO);
-    edl_trainer_close(t);
+    assert_int_equal(edl_agent_link_poll(t, &g), EDL_EIO);
+    edl_agent_link_close(t);
     close(prog[0]);
     unsetenv("EDL_CONTROL_FD");
     unsetenv("EDL_PROGRESS_FD");
@@ -190,7 +188,7 @@ static void test_trainer_protocol_over_pipes(void **state)
     unsetenv("EDL_GENERATION");
 }
 
-static void test_trainer_drops_oversized_control_line(void **state)
+static void test_agent_link_drops_oversized_control_line(void **state)
 {
     (void)state;
     int ctl[2];
@@ -199,30 +197,29 @@ static void test_trainer_drops_oversized_control_line(void **state)
     char v[16];
     snprintf(v, sizeof v, "%d", ctl[0]);
     setenv("EDL_CONTROL_FD", v, 1);
-    edl_trainer *t;
-    assert_int_equal(edl_trainer_open(&t), 0);
-    edl_trainer_generation g;
+    edl_agent_link *t;
+    assert_int_equal(edl_agent_link_open(&t), 0);
+    edl_assignment g;
     /* stream more than the limit without a newline, polling as a trainer would */
     static char junk[65536];
     memset(junk, 'x', sizeof junk);
     size_t sent = 0;
-    while (sent < (size_t)EDL_TRAINER_LINE_MAX + 100000) {
+    while (sent < (size_t)EDL_AGENT_LINE_MAX + 100000) {
         ssize_t n = write(ctl[1], junk, sizeof junk);
         if (n > 0)
             sent += (size_t)n;
-        assert_true(edl_trainer_poll(t, &g) >= 0);
+        assert_true(edl_agent_link_poll(t, &g) >= 0);
     }
-    edl_trainer_generation out = {.generation = 2, .rank = 0, .world_size = 1, .master_port = 1,
-                                  .endpoints = (char *)"a:1"};
+    edl_assignment out = {.generation = 2, .rank = 0, .world_size = 1, .master_port = 1};
     snprintf(out.master_addr, sizeof out.master_addr, "a");
-    char *line = edl_trainer_control_encode(&out);
+    char *line = edl_assignment_encode(&out);
     assert_int_equal(write(ctl[1], "\n", 1), 1);
     assert_int_equal(write(ctl[1], line, strlen(line)), (ssize_t)strlen(line));
-    assert_int_equal(edl_trainer_poll(t, &g), 1);
+    assert_int_equal(edl_agent_link_poll(t, &g), 1);
     assert_int_equal(g.generation, 2);
     free(line);
     close(ctl[1]);
-    edl_trainer_close(t);
+    edl_agent_link_close(t);
     unsetenv("EDL_CONTROL_FD");
 }
 
@@ -230,9 +227,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_environment_names_and_local_ranks),
-        cmocka_unit_test(test_trainer_standalone_does_nothing),
-        cmocka_unit_test(test_trainer_protocol_over_pipes),
-        cmocka_unit_test(test_trainer_drops_oversized_control_line),
+        cmocka_unit_test(test_agent_link_standalone_does_nothing),
+        cmocka_unit_test(test_agent_link_protocol_over_pipes),
+        cmocka_unit_test(test_agent_link_drops_oversized_control_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -253,7 +253,7 @@ static void test_keep_deletes_older_checkpoints_after_the_pointer_moves(void **s
         assert_int_equal(save_all(&pl, 2, step, 1000, 2), 0);
     assert_int_equal(count_dirs(&pl), 2);
     char key[256], val[1024];
-    snprintf(key, sizeof key, "/edl/v1/jobs/%s/checkpoint", pl.job);
+    harness_job_key(key, sizeof key, pl.job, EDL_KEY_CHECKPOINT, NULL, 0);
     assert_non_null(harness_get(fx->cl, key, val, sizeof val));
     assert_non_null(strstr(val, "\"step\":4"));
     assert_non_null(strstr(val, "ckpt-0000000000000003-g7"));
@@ -417,9 +417,9 @@ static void test_pointer_race_between_two_writers_never_goes_back(void **state)
     place pl;
     file_place(&pl, "race");
     char key[256];
-    snprintf(key, sizeof key, "/edl/v1/jobs/%s/checkpoint", pl.job);
+    harness_job_key(key, sizeof key, pl.job, EDL_KEY_CHECKPOINT, NULL, 0);
     edl_watch *w;
-    assert_int_equal(edl_etcd_watch(fx->cl, edl_str(key), NULL, &w), 0);
+    assert_int_equal(edl_watch_open(fx->cl, edl_str(key), NULL, &w), 0);
     racer a = {.pl = &pl, .first_step = 1}, b = {.pl = &pl, .first_step = 2};
     pthread_t ta, tb;
     pthread_create(&ta, NULL, race, &a);
@@ -446,7 +446,7 @@ static void test_pointer_race_between_two_writers_never_goes_back(void **state)
         }
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
     assert_int_equal(changes, a.committed + b.committed);
     assert_int_equal(last, 40);
     edl_ckpt *ck = open_ck(&pl, 0, 1, 2);
@@ -544,7 +544,7 @@ static void test_unreachable_store_is_a_clear_error_and_state_is_kept(void **sta
     assert_string_equal(state_buf, "the model's weights");
     /* a pointer exists (written by an earlier, healthy store) but the store is down now */
     char key[256];
-    snprintf(key, sizeof key, "/edl/v1/jobs/%s/checkpoint", pl.job);
+    harness_job_key(key, sizeof key, pl.job, EDL_KEY_CHECKPOINT, NULL, 0);
     harness_put(fx->cl, key, "{\"step\":1,\"history\":[{\"step\":1,\"generation\":1,"
                 "\"dir\":\"ckpt-0000000000000001-g1\"}]}");
     edl_ckpt_manifest *m;

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,6 +25,7 @@
 
 #include "edl/checkpoint.h"
 #include "edl/log.h"
+#include "edl/proc.h"
 #include "harness.h"
 
 #define N_SHARDS 3
@@ -108,7 +108,7 @@ static int check_content(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t shard_
 __attribute__((noreturn))
 static void child(const char *uri, const edl_storage_config *sc, size_t shard_size, pid_t parent)
 {
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+    if (!edl_die_with_parent(parent))
         _exit(2);
     edl_etcd *cl = harness_client(edl_etcd_server_endpoints(fx->srv), 0);
     edl_ckpt *ck = open_ck(cl, uri, sc);

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +29,8 @@
 #include "edl/collective.h"
 #include "edl/etcd.h"
 #include "edl/log.h"
-#include "edl/trainer.h"
+#include "edl/agent_link.h"
+#include "edl/proc.h"
 #include "harness.h"
 
 #define MAXW 8
@@ -80,34 +80,29 @@ static void start(worker *w, const char *mode, const char *arg, int rank, int si
         assert_int_equal(pipe(p), 0);
     snprintf(w->log, sizeof w->log, "%s/%s-g%lld-r%d-%d.log", dir, job, (long long)gen, rank,
              job_seq);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(w->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        if (control) {
-            dup2(p[0], 3);
-            close(p[1]);
-            setenv("EDL_CONTROL_FD", "3", 1);
-        }
-        char v[32];
-        setenv("EDL_ETCD_ENDPOINTS", edl_etcd_server_endpoints(srv), 1);
-        setenv("EDL_JOB_ID", job, 1);
-        snprintf(v, sizeof v, "%d", rank);
-        setenv("EDL_RANK", v, 1);
-        snprintf(v, sizeof v, "%d", size);
-        setenv("EDL_WORLD_SIZE", v, 1);
-        snprintf(v, sizeof v, "%lld", (long long)gen);
-        setenv("EDL_GENERATION", v, 1);
-        setenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:1", 1);
-        setenv("EDL_LOG_LEVEL", "info", 1);
-        for (int i = 0; extra && extra[i]; i++)
-            putenv((char *)extra[i]);
-        execl(EDL_COLL_WORKER, "coll_worker", mode, arg, (char *)NULL);
-        _exit(127);
-    }
+    char vars[7][320];
+    snprintf(vars[0], sizeof vars[0], "EDL_ETCD_ENDPOINTS=%s", edl_etcd_server_endpoints(srv));
+    snprintf(vars[1], sizeof vars[1], "EDL_JOB_ID=%s", job);
+    snprintf(vars[2], sizeof vars[2], "EDL_RANK=%d", rank);
+    snprintf(vars[3], sizeof vars[3], "EDL_WORLD_SIZE=%d", size);
+    snprintf(vars[4], sizeof vars[4], "EDL_GENERATION=%lld", (long long)gen);
+    snprintf(vars[5], sizeof vars[5], "EDL_CONTROL_FD=%s", control ? "3" : "");
+    const char *set[32] = {vars[0], vars[1], vars[2], vars[3], vars[4], vars[5],
+                           "PADDLE_CURRENT_ENDPOINT=127.0.0.1:1", "EDL_LOG_LEVEL=info"};
+    size_t n = 8;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        set[n++] = extra[i];
+    char **env = edl_env_build(NULL, NULL, (char *const *)set);
+    assert_non_null(env);
+    char *argv[] = {(char *)EDL_COLL_WORKER, (char *)mode, (char *)arg, NULL};
+    edl_spawn_opts so = {.argv = argv, .envp = env, .log_path = w->log,
+                         .fds = {{p[0], 3}}, .n_fds = control ? 1 : 0};
+    pid_t pid = -1;
+    char err[256];
+    int rc = edl_spawn(&so, &pid, err, sizeof err);
+    edl_env_free(env);
+    if (rc)
+        fail_msg("%s", err);
     if (control)
         close(p[0]);
     w->pid = pid;
@@ -117,10 +112,9 @@ static void start(worker *w, const char *mode, const char *arg, int rank, int si
 /* Announce generation gen to w as rank of size (what the agent writes on fd 3). */
 static void announce(worker *w, int64_t gen, int rank, int size)
 {
-    edl_trainer_generation g = {.generation = gen, .rank = rank, .world_size = size,
-                                .master_port = 1, .endpoints = (char *)"127.0.0.1:1"};
+    edl_assignment g = {.generation = gen, .rank = rank, .world_size = size, .master_port = 1};
     snprintf(g.master_addr, sizeof g.master_addr, "127.0.0.1");
-    char *line = edl_trainer_control_encode(&g);
+    char *line = edl_assignment_encode(&g);
     assert_non_null(line);
     assert_int_equal(write(w->ctl, line, strlen(line)), (ssize_t)strlen(line));
     free(line);
@@ -282,7 +276,7 @@ static long long failed_after(const worker *w, int64_t t0, const char *event)
 static void expect_dead_key(int64_t gen)
 {
     char key[256], val[512];
-    snprintf(key, sizeof key, "/edl/v1/jobs/%s/gen/%lld/dead", job, (long long)gen);
+    harness_job_key(key, sizeof key, job, EDL_KEY_GEN, EDL_GEN_DEAD, gen);
     assert_non_null(harness_get(cl, key, val, sizeof val));
     print_message("gen/%lld/dead = %s\n", (long long)gen, val);
 }
@@ -446,7 +440,7 @@ static void test_stranger_on_the_port_is_turned_away(void **state)
     worker w[2];
     start(&w[0], "verify", NULL, 0, 2, 1, false, NULL);
     char key[256], val[512];
-    snprintf(key, sizeof key, "/edl/v1/jobs/%s/gen/1/cpu/0", job);
+    harness_job_key(key, sizeof key, job, EDL_KEY_GEN, EDL_GEN_CPU "0", 1);
     int64_t end = harness_now_ms() + 10000;
     while (!harness_get(cl, key, val, sizeof val) && harness_now_ms() < end)
         harness_sleep_ms(20);
@@ -490,7 +484,7 @@ static void test_rendezvous_timeout_names_the_missing_rank(void **state)
     char *log = slurp(w.log);
     if (st != 4)
         fprintf(stderr, "%s", log);
-    assert_int_equal(st, 4); /* edl_coll_init failed */
+    assert_int_equal(st, 4); /* edl_coll_open failed */
     assert_non_null(strstr(log, "no entry from rank(s) 1,2"));
     assert_true(took < 5000);
     free(log);

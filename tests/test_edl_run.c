@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/etcd.h"
 #include "harness.h"
 
@@ -96,38 +96,37 @@ static pid_t edl_run(const char *job, const char *const *opts, const char *scrip
     return pid;
 }
 
-static char *key(const char *job, const char *rest)
+/* A key of the job (edl/job.h's builder); a few live at once in one expression. */
+static char *key(const char *job, edl_job_key_kind kind, const char *pod)
 {
     static char buf[4][256];
     static int k;
-    char *b = buf[k++ % 4];
-    snprintf(b, 256, "%s/jobs/%s/%s", EDL_DEFAULT_PREFIX, job, rest);
-    return b;
+    return harness_job_key(buf[k++ % 4], 256, job, kind, pod, 0);
 }
 
-static bool read_cluster(const char *job, edl_cluster *out)
+static bool read_generation(const char *job, edl_generation *out)
 {
     char buf[65536], err[256];
-    edl_cluster_free(out);
-    return harness_get(g_c, key(job, "cluster"), buf, sizeof buf) &&
-           edl_cluster_parse(buf, strlen(buf), out, err, sizeof err) == 0;
+    edl_generation_clear(out);
+    return harness_get(g_c, key(job, EDL_KEY_GENERATION, NULL), buf, sizeof buf) &&
+           edl_generation_parse(buf, strlen(buf), out, err, sizeof err) == 0;
 }
 
 /* Wait for a running generation newer than `after` with n members in which every member's
  * trainer runs. */
 static void wait_running_after(const char *job, int64_t after, int n, int timeout_ms,
-                               edl_cluster *c)
+                               edl_generation *c)
 {
     int64_t deadline = harness_now_ms() + timeout_ms;
     while (harness_now_ms() < deadline) {
-        if (read_cluster(job, c) && c->state == EDL_JOB_RUNNING && (int)c->n_members == n &&
+        if (read_generation(job, c) && c->state == EDL_JOB_RUNNING && (int)c->n_members == n &&
             c->generation > after) {
             int running = 0;
             for (size_t i = 0; i < c->n_members; i++) {
-                char rest[200], buf[1024], err[128];
-                snprintf(rest, sizeof rest, "status/%s", c->members[i].pod);
-                edl_pod_status st;
-                if (harness_get(g_c, key(job, rest), buf, sizeof buf) &&
+                char buf[1024], err[128];
+                                edl_pod_status st;
+                if (harness_get(g_c, key(job, EDL_KEY_STATUS, c->members[i].pod), buf,
+                                sizeof buf) &&
                     edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) == 0 &&
                     st.generation == c->generation && st.state == EDL_TRAINER_RUNNING)
                     running++;
@@ -145,17 +144,16 @@ static void wait_running_after(const char *job, int64_t after, int n, int timeou
 /* Signal the agent of a pod: its pid is in the pod's registration. */
 static void signal_agent(const char *job, const char *pod, int sig)
 {
-    char rest[200], buf[2048], err[256];
-    snprintf(rest, sizeof rest, "pods/%s", pod);
-    edl_pod p = {0};
-    assert_non_null(harness_get(g_c, key(job, rest), buf, sizeof buf));
+    char buf[2048], err[256];
+        edl_pod p = {0};
+    assert_non_null(harness_get(g_c, key(job, EDL_KEY_POD, pod), buf, sizeof buf));
     assert_int_equal(edl_pod_parse(buf, strlen(buf), &p, err, sizeof err), 0);
     assert_true(p.pid > 1);
     assert_int_equal(kill((pid_t)p.pid, sig), 0);
-    edl_pod_free(&p);
+    edl_pod_clear(&p);
 }
 
-static void wait_running(const char *job, int n, int timeout_ms, edl_cluster *c)
+static void wait_running(const char *job, int n, int timeout_ms, edl_generation *c)
 {
     wait_running_after(job, 0, n, timeout_ms, c);
 }
@@ -261,7 +259,7 @@ static void test_scale_leave_kill_and_stop(void **state)
     const char *opts[] = {"--np", "2:4", "--replicas", "2", "--etcd", ep(), "--ttl", "2",
                           "--settle-ms", "1000", "--grace-ms", "2000", NULL};
     pid_t run = edl_run(job, opts, script);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
     int64_t g1 = c.generation;
 
@@ -300,10 +298,10 @@ static void test_scale_leave_kill_and_stop(void **state)
     signal_agent(job, victim, SIGKILL);
     int64_t deadline = harness_now_ms() + 10000;
     while (harness_now_ms() < deadline &&
-           !(read_cluster(job, &c) && c.generation > g3 && !edl_cluster_member(&c, victim)))
+           !(read_generation(job, &c) && c.generation > g3 && !edl_generation_member_named(&c, victim)))
         harness_sleep_ms(20);
     int64_t took = harness_now_ms() - t0;
-    assert_null(edl_cluster_member(&c, victim));
+    assert_null(edl_generation_member_named(&c, victim));
     int64_t g4 = c.generation;
     printf("# agent SIGKILLed: out of the generation after %lld ms (lease TTL 2 s)\n",
            (long long)took);
@@ -316,9 +314,9 @@ static void test_scale_leave_kill_and_stop(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
     assert_non_null(strstr(out, "stopped"));
     assert_int_equal(harness_wait_exit(run, 30000), 4);
-    read_cluster(job, &c);
+    read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_STOPPED);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_standby_promoted_when_a_member_leaves(void **state)
@@ -328,10 +326,10 @@ static void test_standby_promoted_when_a_member_leaves(void **state)
     const char *opts[] = {"--np", "2:2", "--replicas", "3", "--etcd", ep(), "--settle-ms", "300",
                           "--grace-ms", "2000", NULL};
     pid_t run = edl_run(job, opts, "exec sleep 120");
-    edl_cluster c = {0};
+    edl_generation c = {0};
     int64_t deadline = harness_now_ms() + 20000;
     while (harness_now_ms() < deadline &&
-           !(read_cluster(job, &c) && c.n_members == 2 && c.n_standbys == 1))
+           !(read_generation(job, &c) && c.n_members == 2 && c.n_standbys == 1))
         harness_sleep_ms(20);
     assert_int_equal(c.n_standbys, 1);
     char standby[64], leaver[64];
@@ -347,7 +345,7 @@ static void test_standby_promoted_when_a_member_leaves(void **state)
            (long long)(harness_now_ms() - t0));
     kill(run, SIGTERM);
     assert_int_equal(harness_wait_exit(run, 30000), 143);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
@@ -363,8 +361,8 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
                         "exec sleep 120");
     int rc = harness_wait_exit(run, 60000);
     assert_int_equal(rc, 1); /* the job failed */
-    edl_cluster c = {0};
-    assert_true(read_cluster(job, &c));
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_FAILED);
     assert_non_null(strstr(c.reason, "restart budget of 2 spent"));
     assert_non_null(strstr(c.reason, "flaky-1"));
@@ -385,7 +383,7 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
     if (f)
         fclose(f);
     assert_true(ran_without);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_etcd_outage_does_not_kill_trainers(void **state)
@@ -398,13 +396,13 @@ static void test_etcd_outage_does_not_kill_trainers(void **state)
     const char *opts[] = {"--np", "2", "--etcd", ep(), "--ttl", "10", "--settle-ms", "200",
                           "--grace-ms", "1000", NULL};
     pid_t run = edl_run(job, opts, script);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
     int64_t g = c.generation;
     for (int64_t dl = harness_now_ms() + 5000; count_lines(starts) < 2 && harness_now_ms() < dl;)
         harness_sleep_ms(20); /* "running" is reported at fork, the line a moment later */
     assert_int_equal(count_lines(starts), 2);
-    edl_etcd_free(g_c);
+    edl_etcd_close(g_c);
     assert_int_equal(edl_etcd_server_stop_member(g_srv, 0, false), 0);
     harness_sleep_ms(5000);
     assert_int_equal(edl_etcd_server_restart_member(g_srv, 0), 0);
@@ -417,7 +415,7 @@ static void test_etcd_outage_does_not_kill_trainers(void **state)
     const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(NULL, 0, stop), 0);
     assert_int_equal(harness_wait_exit(run, 30000), 4);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_example_trainer_survives_reformation(void **state)
@@ -433,7 +431,7 @@ static void test_example_trainer_survives_reformation(void **state)
     char log[300];
     snprintf(log, sizeof log, "%s/learn.log", g_dir);
     pid_t run = harness_spawn(argv, log);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
     harness_sleep_ms(1500);
     const char *scale[] = {"scale", job, "3", "--etcd", ep(), NULL};
@@ -451,17 +449,16 @@ static void test_example_trainer_survives_reformation(void **state)
     assert_int_equal(sscanf(line, "steps %ld loss %lf maxerr %lf", &steps, &loss, &maxerr), 3);
     assert_int_equal(steps, 300);
     assert_true(maxerr < 0.01);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 
 /* The trainer's pid of a pod, from its status. */
 static long trainer_pid(const char *job, const char *pod)
 {
-    char rest[200], buf[1024], err[128];
-    snprintf(rest, sizeof rest, "status/%s", pod);
-    edl_pod_status st;
-    if (!harness_get(g_c, key(job, rest), buf, sizeof buf) ||
+    char buf[1024], err[128];
+        edl_pod_status st;
+    if (!harness_get(g_c, key(job, EDL_KEY_STATUS, pod), buf, sizeof buf) ||
         edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) != 0)
         return -1;
     return st.pid;
@@ -492,7 +489,7 @@ static void test_inprocess_mlp_survives_scale_and_kill_without_restarts(void **s
     char log[300];
     snprintf(log, sizeof log, "%s/mlp.log", g_dir);
     pid_t run = harness_spawn(argv, log);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
     long pid0 = trainer_pid(job, "mlp-0"), pid1 = trainer_pid(job, "mlp-1");
     harness_sleep_ms(1500);
@@ -532,7 +529,7 @@ static void test_inprocess_mlp_survives_scale_and_kill_without_restarts(void **s
         assert_true(reforms >= 1);
         assert_true(lg > fg);
     }
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_usage_errors(void **state)

@@ -36,7 +36,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    edl_etcd_server_free(srv);
+    edl_etcd_server_close(srv);
     return 0;
 }
 
@@ -49,8 +49,8 @@ static int client_as(const char *user, const char *pass, edl_etcd **out)
         cfg.username = strdup(user);
         cfg.password = strdup(pass);
     }
-    int rc = edl_etcd_new(&cfg, out);
-    edl_etcd_config_free(&cfg);
+    int rc = edl_etcd_open(&cfg, out);
+    edl_etcd_config_clear(&cfg);
     return rc;
 }
 
@@ -62,7 +62,7 @@ static void test_right_password_can_read_and_write(void **state)
     harness_put(c, "/edl/auth/a", "1");
     char v[8];
     assert_string_equal(harness_get(c, "/edl/auth/a", v, sizeof v), "1");
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_wrong_password_is_a_clear_auth_error(void **state)
@@ -75,7 +75,7 @@ static void test_wrong_password_is_a_clear_auth_error(void **state)
     const char *m = edl_etcd_errmsg(c);
     assert_non_null(strstr(m, "trainer"));
     assert_non_null(strstr(m, "authenticate"));
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_no_credentials_and_no_permission_are_refused(void **state)
@@ -84,11 +84,11 @@ static void test_no_credentials_and_no_permission_are_refused(void **state)
     edl_etcd *anon, *c;
     assert_int_equal(client_as(NULL, NULL, &anon), 0);
     assert_int_equal(edl_etcd_put(anon, edl_str("/edl/auth/x"), edl_str("1"), NULL, NULL), EDL_EAUTH);
-    edl_etcd_free(anon);
+    edl_etcd_close(anon);
     assert_int_equal(client_as("trainer", "s3cret", &c), 0);
     assert_int_equal(edl_etcd_put(c, edl_str("/other/x"), edl_str("1"), NULL, NULL), EDL_EAUTH);
     assert_non_null(strstr(edl_etcd_errmsg(c), "/other/x"));
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_expired_token_is_renewed(void **state)
@@ -101,7 +101,7 @@ static void test_expired_token_is_renewed(void **state)
     harness_put(c, "/edl/auth/t", "2");
     char v[8];
     assert_string_equal(harness_get(c, "/edl/auth/t", v, sizeof v), "2");
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_watch_with_auth_delivers_events(void **state)
@@ -111,15 +111,15 @@ static void test_watch_with_auth_delivers_events(void **state)
     assert_int_equal(client_as("trainer", "s3cret", &c), 0);
     edl_watch *w;
     edl_watch_opts o = {.prefix = true};
-    assert_int_equal(edl_etcd_watch(c, edl_str("/edl/auth/w/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(c, edl_str("/edl/auth/w/"), &o, &w), 0);
     harness_put(c, "/edl/auth/w/a", "A");
     edl_watch_event *ev;
     assert_int_equal(edl_watch_next(w, &ev, 5000), 0);
     assert_int_equal(ev->type, EDL_WATCH_PUT);
     assert_string_equal(ev->kv.value, "A");
     edl_watch_event_free(ev);
-    edl_watch_stop(w);
-    edl_etcd_free(c);
+    edl_watch_close(w);
+    edl_etcd_close(c);
 }
 
 static void test_half_configured_credentials_are_rejected(void **state)
@@ -130,9 +130,9 @@ static void test_half_configured_credentials_are_rejected(void **state)
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, edl_etcd_server_endpoints(srv)), 0);
     cfg.username = strdup("trainer");
     edl_etcd *c = NULL;
-    assert_int_equal(edl_etcd_new(&cfg, &c), EDL_EINVAL);
+    assert_int_equal(edl_etcd_open(&cfg, &c), EDL_EINVAL);
     assert_null(c);
-    edl_etcd_config_free(&cfg);
+    edl_etcd_config_clear(&cfg);
 }
 
 int main(void)

@@ -28,8 +28,8 @@ static int setup(void **state)
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, harness_http_url(f->http)), 0);
     cfg.timeout_ms = 1500;
     cfg.max_response_bytes = 1 << 20;
-    assert_int_equal(edl_etcd_new(&cfg, &f->c), 0);
-    edl_etcd_config_free(&cfg);
+    assert_int_equal(edl_etcd_open(&cfg, &f->c), 0);
+    edl_etcd_config_clear(&cfg);
     *state = f;
     return 0;
 }
@@ -37,7 +37,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *f = *state;
-    edl_etcd_free(f->c);
+    edl_etcd_close(f->c);
     harness_http_stop(f->http);
     free(f);
     return 0;
@@ -235,13 +235,13 @@ static void test_malformed_watch_stream_is_reported(void **state)
                          "{\"result\":{\"header\":{\"revision\":\"5\"},\"events\":[{\"kv\":{\"key\":\"@@@@\",\"mod_revision\":\"5\"}}]}}\n";
     harness_http_reply_path(f->http, "/v3/watch", 200, stream, strlen(stream), HTTP_CHUNKED_HANG);
     edl_watch *w;
-    assert_int_equal(edl_etcd_watch(f->c, edl_str("bad/key"), NULL, &w), 0);
+    assert_int_equal(edl_watch_open(f->c, edl_str("bad/key"), NULL, &w), 0);
     edl_watch_event *ev;
     assert_int_equal(edl_watch_next(w, &ev, 3000), 0);
     assert_int_equal(ev->type, EDL_WATCH_ERROR);
     assert_int_equal(ev->error, EDL_EPROTO);
     edl_watch_event_free(ev);
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 static void test_watch_stream_put_and_delete_are_decoded(void **state)
@@ -253,7 +253,7 @@ static void test_watch_stream_put_and_delete_are_decoded(void **state)
                          "{\"result\":{\"header\":{\"revision\":\"6\"},\"events\":[{\"type\":\"DELETE\",\"kv\":{\"key\":\"YQ==\",\"mod_revision\":\"6\"}}]}}\n";
     harness_http_reply_path(f->http, "/v3/watch", 200, stream, strlen(stream), HTTP_CHUNKED_HANG);
     edl_watch *w;
-    assert_int_equal(edl_etcd_watch(f->c, edl_str("a"), NULL, &w), 0);
+    assert_int_equal(edl_watch_open(f->c, edl_str("a"), NULL, &w), 0);
     edl_watch_event *ev;
     assert_int_equal(edl_watch_next(w, &ev, 3000), 0);
     assert_int_equal(ev->type, EDL_WATCH_PUT);
@@ -264,7 +264,7 @@ static void test_watch_stream_put_and_delete_are_decoded(void **state)
     assert_int_equal(ev->type, EDL_WATCH_DELETE);
     assert_int_equal(ev->revision, 6);
     edl_watch_event_free(ev);
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 int main(void)

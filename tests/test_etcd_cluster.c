@@ -23,7 +23,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    edl_etcd_server_free(srv);
+    edl_etcd_server_close(srv);
     return 0;
 }
 
@@ -49,7 +49,7 @@ static void test_calls_fail_over_when_member_in_use_dies(void **state)
     assert_string_equal(harness_get(c, "fo/a", v, sizeof v), "1");
     assert_string_equal(harness_get(c, "fo/b", v, sizeof v), "2");
     assert_int_equal(edl_etcd_server_restart_member(srv, used), 0);
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_txn_and_lease_keeper_survive_member_loss(void **state)
@@ -59,7 +59,7 @@ static void test_txn_and_lease_keeper_survive_member_loss(void **state)
     int64_t id;
     assert_int_equal(edl_etcd_lease_grant(c, 3, 0, &id, NULL), 0);
     edl_lease_keeper *k;
-    assert_int_equal(edl_lease_keeper_start(c, id, 3, NULL, NULL, &k), 0);
+    assert_int_equal(edl_lease_keeper_open(c, id, 3, NULL, NULL, &k), 0);
     edl_put_opts po = {.lease = id};
     assert_int_equal(edl_etcd_put(c, edl_str("fo/member"), edl_str("me"), &po, NULL), 0);
     int used = member_of(edl_etcd_endpoint(c));
@@ -74,12 +74,12 @@ static void test_txn_and_lease_keeper_survive_member_loss(void **state)
     edl_txn_result r;
     assert_int_equal(edl_etcd_txn(c, t, &r), 0);
     assert_true(r.succeeded);
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     edl_txn_free(t);
-    edl_lease_keeper_stop(k, true);
+    edl_lease_keeper_close(k, true);
     assert_null(harness_get(c, "fo/member", v, sizeof v));
     assert_int_equal(edl_etcd_server_restart_member(srv, used), 0);
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_watch_moves_to_another_member_without_loss(void **state)
@@ -93,7 +93,7 @@ static void test_watch_moves_to_another_member_without_loss(void **state)
     edl_etcd *writer = harness_client(edl_etcd_server_endpoint(srv, 2), 8000);
     edl_watch *w;
     edl_watch_opts o = {.prefix = true};
-    assert_int_equal(edl_etcd_watch(wc, edl_str("fw/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(wc, edl_str("fw/"), &o, &w), 0);
     enum { N = 40 };
     for (int i = 0; i < N; i++) {
         char k[16], val[8];
@@ -111,9 +111,9 @@ static void test_watch_moves_to_another_member_without_loss(void **state)
         assert_string_equal(ev->kv.value, val);
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
-    edl_etcd_free(wc);
-    edl_etcd_free(writer);
+    edl_watch_close(w);
+    edl_etcd_close(wc);
+    edl_etcd_close(writer);
     assert_int_equal(edl_etcd_server_restart_member(srv, 0), 0);
 }
 

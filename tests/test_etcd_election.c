@@ -78,7 +78,7 @@ static void *campaign(void *arg)
     edl_etcd *e = harness_client(c->endpoints, 0);
     c->rc = edl_election_campaign(e, edl_str("el2/leader"), edl_str("second"), c->lease, 10000, &c->leader);
     c->won_at = harness_now_ms();
-    edl_etcd_free(e);
+    edl_etcd_close(e);
     return NULL;
 }
 
@@ -126,7 +126,7 @@ static void test_dead_leader_is_replaced_and_fenced(void **state)
     edl_txn_result r;
     assert_int_equal(edl_etcd_txn(cl, t, &r), 0);
     assert_false(r.succeeded);
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     edl_txn_free(t);
     char v[32];
     assert_null(harness_get(cl, "el3/cluster", v, sizeof v));

@@ -54,7 +54,7 @@ static void test_put_get_roundtrip_reports_revisions(void **state)
     assert_int_equal(edl_etcd_put(f->c, edl_str("kv/a"), edl_str("two"), &po, &pr), 0);
     assert_non_null(pr.prev_kv);
     assert_string_equal(pr.prev_kv->value, "one");
-    edl_put_result_free(&pr);
+    edl_put_result_clear(&pr);
     assert_int_equal(edl_etcd_get(f->c, edl_str("kv/a"), &kv, NULL), 0);
     assert_int_equal(kv->version, 2);
     edl_kv_free(kv);
@@ -132,36 +132,36 @@ static void test_range_prefix_limit_count_keys_only(void **state)
         snprintf(k, sizeof k, "rng/%02zu", i);
         assert_string_equal(r.kvs[i].key, k);
     }
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 
     o.limit = 3;
     assert_int_equal(edl_etcd_range(f->c, edl_str("rng/"), &o, &r), 0);
     assert_int_equal(r.n_kvs, 3);
     assert_int_equal(r.count, 10);
     assert_true(r.more);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 
     o = (edl_range_opts){.prefix = true, .keys_only = true};
     assert_int_equal(edl_etcd_range(f->c, edl_str("rng/"), &o, &r), 0);
     assert_int_equal(r.n_kvs, 10);
     assert_int_equal(r.kvs[0].value_len, 0);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 
     o = (edl_range_opts){.prefix = true, .count_only = true};
     assert_int_equal(edl_etcd_range(f->c, edl_str("rng/"), &o, &r), 0);
     assert_int_equal(r.n_kvs, 0);
     assert_int_equal(r.count, 10);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 
     o = (edl_range_opts){.prefix = true, .sort_order = EDL_SORT_DESCEND, .sort_target = EDL_SORT_KEY, .limit = 1};
     assert_int_equal(edl_etcd_range(f->c, edl_str("rng/"), &o, &r), 0);
     assert_string_equal(r.kvs[0].key, "rng/09");
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 
     o = (edl_range_opts){.range_end = edl_str("rng/05")};
     assert_int_equal(edl_etcd_range(f->c, edl_str("rng/02"), &o, &r), 0);
     assert_int_equal(r.n_kvs, 3);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 }
 
 static void test_range_at_old_revision_sees_old_value(void **state)
@@ -175,7 +175,7 @@ static void test_range_at_old_revision_sees_old_value(void **state)
     assert_int_equal(edl_etcd_range(f->c, edl_str("hist/k"), &o, &r), 0);
     assert_int_equal(r.n_kvs, 1);
     assert_string_equal(r.kvs[0].value, "old");
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
     o.revision = p2.revision + 1000; /* the future */
     assert_int_not_equal(edl_etcd_range(f->c, edl_str("hist/k"), &o, &r), 0);
 }
@@ -190,19 +190,19 @@ static void test_delete_key_and_prefix_with_prev_kvs(void **state)
     assert_int_equal(d.deleted, 1);
     assert_int_equal(d.n_prev_kvs, 1);
     assert_string_equal(d.prev_kvs[0].value, "v0");
-    edl_delete_result_free(&d);
+    edl_delete_result_clear(&d);
     assert_int_equal(edl_etcd_delete(f->c, edl_str("del/00"), NULL, &d), 0);
     assert_int_equal(d.deleted, 0);
-    edl_delete_result_free(&d);
+    edl_delete_result_clear(&d);
     o = (edl_delete_opts){.prefix = true};
     assert_int_equal(edl_etcd_delete(f->c, edl_str("del/"), &o, &d), 0);
     assert_int_equal(d.deleted, 4);
-    edl_delete_result_free(&d);
+    edl_delete_result_clear(&d);
     edl_range_result r;
     edl_range_opts ro = {.prefix = true, .count_only = true};
     assert_int_equal(edl_etcd_range(f->c, edl_str("del/"), &ro, &r), 0);
     assert_int_equal(r.count, 0);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
 }
 
 static void test_oversized_value_is_refused_and_state_kept(void **state)
@@ -229,8 +229,8 @@ static void test_reply_over_client_cap_is_refused(void **state)
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, edl_etcd_server_endpoints(f->srv)), 0);
     cfg.max_response_bytes = 512;
     edl_etcd *small;
-    assert_int_equal(edl_etcd_new(&cfg, &small), 0);
-    edl_etcd_config_free(&cfg);
+    assert_int_equal(edl_etcd_open(&cfg, &small), 0);
+    edl_etcd_config_clear(&cfg);
     edl_range_result r;
     edl_range_opts o = {.prefix = true};
     assert_int_equal(edl_etcd_range(small, edl_str("cap/"), &o, &r), EDL_ETOOBIG);
@@ -239,8 +239,8 @@ static void test_reply_over_client_cap_is_refused(void **state)
     o.limit = 1;
     assert_int_equal(edl_etcd_range(small, edl_str("cap/"), &o, &r), 0);
     assert_int_equal(r.n_kvs, 1);
-    edl_range_result_free(&r);
-    edl_etcd_free(small);
+    edl_range_result_clear(&r);
+    edl_etcd_close(small);
 }
 
 static void test_prefix_end_edge_cases(void **state)
@@ -275,9 +275,9 @@ static void test_endpoint_config_rejects_garbage(void **state)
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, "http://a:1/v3/kv"), EDL_EINVAL);
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, " , "), EDL_EINVAL);
     assert_int_equal(cfg.n_endpoints, 2); /* unchanged after each error */
-    edl_etcd_config_free(&cfg);
+    edl_etcd_config_clear(&cfg);
     edl_etcd *c;
-    assert_int_equal(edl_etcd_connect("localhost:2379", &c), EDL_EINVAL);
+    assert_int_equal(edl_etcd_open_endpoints("localhost:2379", &c), EDL_EINVAL);
 }
 
 static void test_unreachable_endpoint_fails_within_timeout(void **state)
@@ -290,7 +290,7 @@ static void test_unreachable_endpoint_fails_within_timeout(void **state)
     int64_t took = harness_now_ms() - t0;
     assert_true(took >= 600 && took < 3000);
     assert_non_null(strstr(edl_etcd_errmsg(c), "127.0.0.1:1"));
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 int main(void)

@@ -106,13 +106,13 @@ static void test_keeper_keeps_lease_alive_past_ttl(void **state)
     assert_int_equal(edl_etcd_put(cl, edl_str("keep/alive"), edl_str("1"), &po, NULL), 0);
     lost_box box = {.mu = PTHREAD_MUTEX_INITIALIZER};
     edl_lease_keeper *k;
-    assert_int_equal(edl_lease_keeper_start(cl, id, 2, on_lost, &box, &k), 0);
+    assert_int_equal(edl_lease_keeper_open(cl, id, 2, on_lost, &box, &k), 0);
     harness_sleep_ms(5000); /* 2.5 TTLs */
     assert_true(key_exists(cl, "keep/alive"));
     assert_int_equal(edl_lease_keeper_status(k), 0);
     assert_false(fd_readable(edl_lease_keeper_fd(k), 0));
     assert_int_equal(box.calls, 0);
-    edl_lease_keeper_stop(k, true); /* graceful leave: revoked at once, no TTL wait */
+    edl_lease_keeper_close(k, true); /* graceful leave: revoked at once, no TTL wait */
     assert_false(key_exists(cl, "keep/alive"));
 }
 
@@ -123,7 +123,7 @@ static void test_keeper_reports_revoked_lease_at_once(void **state)
     assert_int_equal(edl_etcd_lease_grant(cl, 3, 0, &id, NULL), 0);
     lost_box box = {.mu = PTHREAD_MUTEX_INITIALIZER};
     edl_lease_keeper *k;
-    assert_int_equal(edl_lease_keeper_start(cl, id, 3, on_lost, &box, &k), 0);
+    assert_int_equal(edl_lease_keeper_open(cl, id, 3, on_lost, &box, &k), 0);
     assert_int_equal(edl_etcd_lease_revoke(cl, id), 0);
     /* noticed at the next renewal (TTL/3 = 1 s) */
     assert_true(fd_readable(edl_lease_keeper_fd(k), 2500));
@@ -133,7 +133,7 @@ static void test_keeper_reports_revoked_lease_at_once(void **state)
     assert_int_equal(box.reason, EDL_ELEASE);
     assert_int_equal(box.lease, id);
     pthread_mutex_unlock(&box.mu);
-    edl_lease_keeper_stop(k, false);
+    edl_lease_keeper_close(k, false);
 }
 
 static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **state)
@@ -147,7 +147,7 @@ static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **stat
     assert_int_equal(edl_etcd_put(via, edl_str("keep/partitioned"), edl_str("1"), &po, NULL), 0);
     lost_box box = {.mu = PTHREAD_MUTEX_INITIALIZER};
     edl_lease_keeper *k;
-    assert_int_equal(edl_lease_keeper_start(via, id, 2, on_lost, &box, &k), 0);
+    assert_int_equal(edl_lease_keeper_open(via, id, 2, on_lost, &box, &k), 0);
     harness_sleep_ms(1000);
     int64_t t0 = harness_now_ms();
     harness_proxy_freeze(px, true); /* renewals now hang: no reply, no error */
@@ -159,7 +159,7 @@ static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **stat
     harness_sleep_ms(1500);
     assert_false(key_exists(cl, "keep/partitioned"));
     harness_proxy_freeze(px, false);
-    edl_lease_keeper_stop(k, false);
+    edl_lease_keeper_close(k, false);
     harness_close_proxied(via, px);
 }
 
@@ -171,7 +171,7 @@ static void test_keeper_rides_out_short_outage(void **state)
     int64_t id;
     assert_int_equal(edl_etcd_lease_grant(via, 6, 0, &id, NULL), 0);
     edl_lease_keeper *k;
-    assert_int_equal(edl_lease_keeper_start(via, id, 6, NULL, NULL, &k), 0);
+    assert_int_equal(edl_lease_keeper_open(via, id, 6, NULL, NULL, &k), 0);
     harness_proxy_freeze(px, true);
     harness_sleep_ms(2500); /* misses at least one renewal, well inside the TTL */
     harness_proxy_drop(px);
@@ -181,7 +181,7 @@ static void test_keeper_rides_out_short_outage(void **state)
     int64_t ttl;
     assert_int_equal(edl_etcd_lease_ttl(cl, id, &ttl, NULL), 0);
     assert_true(ttl >= 3);
-    edl_lease_keeper_stop(k, true);
+    edl_lease_keeper_close(k, true);
     harness_close_proxied(via, px);
 }
 

@@ -74,7 +74,7 @@ static int start_capturing_stderr(const edl_etcd_server_opts *o, edl_etcd_server
     int saved = dup(STDERR_FILENO);
     assert_true(saved >= 0);
     assert_true(dup2(fileno(tmp), STDERR_FILENO) >= 0);
-    int rc = edl_etcd_server_start(o, s);
+    int rc = edl_etcd_server_open(o, s);
     fflush(stderr);
     dup2(saved, STDERR_FILENO);
     close(saved);
@@ -165,7 +165,7 @@ static void test_pause_freezes_member_until_resumed(void **state)
     /* Freeing a paused member must not wait for the SIGKILL grace period. */
     assert_int_equal(edl_etcd_server_pause_member(s, 0, true), 0);
     int64_t t0 = harness_now_ms();
-    edl_etcd_server_free(s);
+    edl_etcd_server_close(s);
     *state = NULL;
     assert_true(harness_now_ms() - t0 < 4000);
 }
@@ -264,7 +264,7 @@ static void test_invalid_member_counts_are_rejected(void **state)
     char msg[512];
     assert_int_equal(start_capturing_stderr(&o, &s, msg, sizeof msg), EDL_EINVAL);
     assert_null(s);
-    assert_int_equal(edl_etcd_server_start(NULL, NULL), EDL_EINVAL);
+    assert_int_equal(edl_etcd_server_open(NULL, NULL), EDL_EINVAL);
     assert_int_equal(edl_etcd_server_stop_member(NULL, 0, false), EDL_EINVAL);
 }
 
@@ -281,7 +281,7 @@ static void test_free_removes_data_dir(void **state)
     assert_int_equal(stat(dir, &st), 0);
     assert_true(S_ISDIR(st.st_mode));
     assert_int_equal(stat(log, &st), 0);
-    edl_etcd_server_free(s);
+    edl_etcd_server_close(s);
     *state = NULL;
     assert_int_equal(stat(dir, &st), -1);
     assert_int_equal(errno, ENOENT);

@@ -58,7 +58,7 @@ static int setup(void **state)
         .tls_client_cert_file = path("client.crt"),
         .tls_client_key_file = path("client.key"),
     };
-    if (edl_etcd_server_start(&o, &srv) != 0)
+    if (edl_etcd_server_open(&o, &srv) != 0)
         fail_msg("etcd with TLS did not start");
     return 0;
 }
@@ -66,7 +66,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    edl_etcd_server_free(srv);
+    edl_etcd_server_close(srv);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     return system(cmd);
@@ -82,8 +82,8 @@ static edl_etcd *tls_client(const char *ca, const char *cert, const char *key)
     cfg.cert_file = cert ? strdup(path(cert)) : NULL;
     cfg.key_file = key ? strdup(path(key)) : NULL;
     edl_etcd *c;
-    assert_int_equal(edl_etcd_new(&cfg, &c), 0);
-    edl_etcd_config_free(&cfg);
+    assert_int_equal(edl_etcd_open(&cfg, &c), 0);
+    edl_etcd_config_clear(&cfg);
     return c;
 }
 
@@ -98,7 +98,7 @@ static void test_trusted_client_with_certificate_works(void **state)
     (void)state;
     edl_etcd *c = tls_client("ca.crt", "client.crt", "client.key");
     edl_watch *w;
-    assert_int_equal(edl_etcd_watch(c, edl_str("tls/k"), NULL, &w), 0);
+    assert_int_equal(edl_watch_open(c, edl_str("tls/k"), NULL, &w), 0);
     harness_put(c, "tls/k", "secret");
     char v[16];
     assert_string_equal(harness_get(c, "tls/k", v, sizeof v), "secret");
@@ -106,13 +106,13 @@ static void test_trusted_client_with_certificate_works(void **state)
     assert_int_equal(edl_watch_next(w, &ev, 5000), 0);
     assert_string_equal(ev->kv.value, "secret");
     edl_watch_event_free(ev);
-    edl_watch_stop(w);
+    edl_watch_close(w);
     int64_t id;
     assert_int_equal(edl_etcd_lease_grant(c, 5, 0, &id, NULL), 0);
     edl_lease_keeper *k;
-    assert_int_equal(edl_lease_keeper_start(c, id, 5, NULL, NULL, &k), 0);
-    edl_lease_keeper_stop(k, true);
-    edl_etcd_free(c);
+    assert_int_equal(edl_lease_keeper_open(c, id, 5, NULL, NULL, &k), 0);
+    edl_lease_keeper_close(k, true);
+    edl_etcd_close(c);
 }
 
 static void test_untrusted_server_is_refused(void **state)
@@ -122,7 +122,7 @@ static void test_untrusted_server_is_refused(void **state)
     edl_kv *kv;
     assert_int_equal(edl_etcd_get(c, edl_str("tls/k"), &kv, NULL), EDL_EAUTH);
     assert_non_null(strstr(edl_etcd_errmsg(c), edl_etcd_server_endpoint(srv, 0)));
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 static void test_missing_or_foreign_client_certificate_is_refused(void **state)
@@ -133,15 +133,15 @@ static void test_missing_or_foreign_client_certificate_is_refused(void **state)
     int rc = edl_etcd_get(c, edl_str("tls/k"), &kv, NULL);
     assert_true(rc == EDL_EAUTH || rc == EDL_EUNAVAIL);
     assert_int_not_equal(rc, 0);
-    edl_etcd_free(c);
+    edl_etcd_close(c);
     c = tls_client("ca.crt", "other.crt", "other.key");
     rc = edl_etcd_put(c, edl_str("tls/k"), edl_str("overwritten"), NULL, NULL);
     assert_true(rc == EDL_EAUTH || rc == EDL_EUNAVAIL);
-    edl_etcd_free(c);
+    edl_etcd_close(c);
     c = tls_client("ca.crt", "client.crt", "client.key");
     char v[16];
     assert_string_equal(harness_get(c, "tls/k", v, sizeof v), "secret");
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 int main(void)

@@ -45,7 +45,7 @@ static bool txn_holds(void (*cmp)(edl_txn *), const char *key)
     assert_int_equal(r.results[0].type, r.succeeded ? EDL_OP_PUT : EDL_OP_RANGE);
     assert_true(r.revision > 0);
     bool ok = r.succeeded;
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     return ok;
 }
 
@@ -110,7 +110,7 @@ static void test_failure_branch_returns_its_reads(void **state)
     assert_string_equal(r.results[1].del.prev_kvs[0].value, "B");
     assert_int_equal(r.results[2].type, EDL_OP_PUT);
     assert_null(r.results[2].put.prev_kv);
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     char v[16];
     assert_string_equal(harness_get(cl, "txn/f/a", v, sizeof v), "A"); /* success branch not run */
     assert_null(harness_get(cl, "txn/f/b", v, sizeof v));
@@ -169,9 +169,9 @@ static void *race(void *arg)
     r->rc = edl_etcd_txn(c, t, &res);
     r->won = r->rc == 0 && res.succeeded;
     if (r->rc == 0)
-        edl_txn_result_free(&res);
+        edl_txn_result_clear(&res);
     edl_txn_free(t);
-    edl_etcd_free(c);
+    edl_etcd_close(c);
     return NULL;
 }
 

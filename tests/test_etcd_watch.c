@@ -57,7 +57,7 @@ static void test_events_arrive_in_order_with_prev_kv(void **state)
     (void)state;
     edl_watch *w;
     edl_watch_opts o = {.prefix = true, .prev_kv = true};
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w1/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w1/"), &o, &w), 0);
     int64_t r1 = put_rev(cl, "w1/a", "1");
     int64_t r2 = put_rev(cl, "w1/a", "2");
     put_rev(cl, "w1-outside", "x");
@@ -77,7 +77,7 @@ static void test_events_arrive_in_order_with_prev_kv(void **state)
     assert_non_null(ev->prev_kv);
     assert_string_equal(ev->prev_kv->value, "2");
     edl_watch_event_free(ev);
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 static void test_txn_events_share_one_revision(void **state)
@@ -85,7 +85,7 @@ static void test_txn_events_share_one_revision(void **state)
     (void)state;
     edl_watch *w;
     edl_watch_opts o = {.prefix = true};
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w2/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w2/"), &o, &w), 0);
     edl_txn *t = edl_txn_new();
     edl_txn_put(t, EDL_TXN_SUCCESS, edl_str("w2/a"), edl_str("A"), NULL);
     edl_txn_put(t, EDL_TXN_SUCCESS, edl_str("w2/b"), edl_str("B"), NULL);
@@ -94,8 +94,8 @@ static void test_txn_events_share_one_revision(void **state)
     edl_txn_free(t);
     expect_put(w, "w2/a", "A", r.revision);
     expect_put(w, "w2/b", "B", r.revision);
-    edl_txn_result_free(&r);
-    edl_watch_stop(w);
+    edl_txn_result_clear(&r);
+    edl_watch_close(w);
 }
 
 static void test_start_revision_replays_history(void **state)
@@ -105,12 +105,12 @@ static void test_start_revision_replays_history(void **state)
     put_rev(cl, "w3/k", "old2");
     edl_watch *w;
     edl_watch_opts o = {.start_revision = r1};
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w3/k"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w3/k"), &o, &w), 0);
     expect_put(w, "w3/k", "old1", r1);
     expect_put(w, "w3/k", "old2", r1 + 1);
     put_rev(cl, "w3/k", "new");
     expect_put(w, "w3/k", "new", 0);
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 static void test_progress_notifications_arrive_when_idle(void **state)
@@ -118,7 +118,7 @@ static void test_progress_notifications_arrive_when_idle(void **state)
     (void)state;
     edl_watch *w;
     edl_watch_opts o = {.progress_notify = true};
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w4/quiet"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w4/quiet"), &o, &w), 0);
     int64_t now = put_rev(cl, "w4/other", "x");
     edl_watch_event *ev;
     int progress = 0;
@@ -132,14 +132,14 @@ static void test_progress_notifications_arrive_when_idle(void **state)
         edl_watch_event_free(ev);
     }
     assert_int_equal(progress, 2);
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 static void test_fd_is_readable_exactly_while_events_wait(void **state)
 {
     (void)state;
     edl_watch *w;
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w5/k"), NULL, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w5/k"), NULL, &w), 0);
     struct pollfd p = {.fd = edl_watch_fd(w), .events = POLLIN};
     assert_int_equal(poll(&p, 1, 0), 0);
     put_rev(cl, "w5/k", "1");
@@ -149,7 +149,7 @@ static void test_fd_is_readable_exactly_while_events_wait(void **state)
     edl_watch_event_free(ev);
     assert_int_equal(poll(&p, 1, 0), 0);
     assert_int_equal(edl_watch_next(w, &ev, 50), EDL_ETIMEDOUT);
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 static void test_slow_reader_gets_every_event_through_backpressure(void **state)
@@ -157,7 +157,7 @@ static void test_slow_reader_gets_every_event_through_backpressure(void **state)
     (void)state;
     edl_watch *w;
     edl_watch_opts o = {.prefix = true, .max_queued = 4};
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w6/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w6/"), &o, &w), 0);
     enum { N = 200 };
     for (int i = 0; i < N; i++) {
         char k[32], v[16];
@@ -175,7 +175,7 @@ static void test_slow_reader_gets_every_event_through_backpressure(void **state)
         last = ev->revision;
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 /* Writes land while the watch's connection is cut; after it comes back every one of them is
@@ -187,7 +187,7 @@ static void test_dropped_connection_resumes_without_loss(void **state)
     edl_etcd *via = harness_client_via_proxy(srv, &px);
     edl_watch *w;
     edl_watch_opts o = {.prefix = true};
-    assert_int_equal(edl_etcd_watch(via, edl_str("w7/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(via, edl_str("w7/"), &o, &w), 0);
     put_rev(cl, "w7/000", "0");
     expect_put(w, "w7/000", "0", 0);
     harness_proxy_freeze(px, true);
@@ -212,7 +212,7 @@ static void test_dropped_connection_resumes_without_loss(void **state)
         assert_int_equal(ev->type, EDL_WATCH_PROGRESS);
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
     harness_close_proxied(via, px);
 }
 
@@ -222,7 +222,7 @@ static void test_etcd_restart_during_watch_loses_nothing(void **state)
     edl_watch *w;
     edl_watch_opts o = {.prefix = true};
     edl_etcd *wc = harness_client(edl_etcd_server_endpoints(srv), 0);
-    assert_int_equal(edl_etcd_watch(wc, edl_str("w8/"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(wc, edl_str("w8/"), &o, &w), 0);
     put_rev(cl, "w8/a", "before");
     assert_int_equal(edl_etcd_server_stop_member(srv, 0, false), 0);
     harness_sleep_ms(500);
@@ -237,8 +237,8 @@ static void test_etcd_restart_during_watch_loses_nothing(void **state)
         assert_int_equal(ev->type, EDL_WATCH_PROGRESS);
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
-    edl_etcd_free(wc);
+    edl_watch_close(w);
+    edl_etcd_close(wc);
 }
 
 static void compact(int64_t rev)
@@ -254,7 +254,7 @@ static void test_compacted_start_revision_is_reported(void **state)
     compact(r2);
     edl_watch *w;
     edl_watch_opts o = {.start_revision = r1};
-    assert_int_equal(edl_etcd_watch(cl, edl_str("w9/k"), &o, &w), 0);
+    assert_int_equal(edl_watch_open(cl, edl_str("w9/k"), &o, &w), 0);
     edl_watch_event *ev = harness_next_event(w, 5000);
     assert_int_equal(ev->type, EDL_WATCH_COMPACTED);
     assert_int_equal(ev->compact_revision, r2);
@@ -272,7 +272,7 @@ static void test_compacted_start_revision_is_reported(void **state)
             break;
         assert_int_equal(rev, r2);
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
 }
 
 static void test_compaction_while_disconnected_is_reported(void **state)
@@ -281,7 +281,7 @@ static void test_compaction_while_disconnected_is_reported(void **state)
     harness_proxy *px;
     edl_etcd *via = harness_client_via_proxy(srv, &px);
     edl_watch *w;
-    assert_int_equal(edl_etcd_watch(via, edl_str("w10/k"), NULL, &w), 0);
+    assert_int_equal(edl_watch_open(via, edl_str("w10/k"), NULL, &w), 0);
     harness_proxy_freeze(px, true);
     put_rev(cl, "w10/k", "missed1");
     int64_t r = put_rev(cl, "w10/k", "missed2");
@@ -292,7 +292,7 @@ static void test_compaction_while_disconnected_is_reported(void **state)
     assert_int_equal(ev->type, EDL_WATCH_COMPACTED); /* never a silent skip */
     assert_int_equal(ev->compact_revision, r);
     edl_watch_event_free(ev);
-    edl_watch_stop(w);
+    edl_watch_close(w);
     harness_close_proxied(via, px);
 }
 
@@ -302,11 +302,11 @@ static void test_watch_on_unreachable_etcd_fails_start(void **state)
     edl_etcd *c = harness_client("http://127.0.0.1:1", 800);
     edl_watch *w = NULL;
     int64_t t0 = harness_now_ms();
-    assert_int_equal(edl_etcd_watch(c, edl_str("k"), NULL, &w), EDL_EUNAVAIL);
+    assert_int_equal(edl_watch_open(c, edl_str("k"), NULL, &w), EDL_EUNAVAIL);
     assert_true(harness_now_ms() - t0 < 3000);
     assert_null(w);
     assert_non_null(strstr(edl_etcd_errmsg(c), "127.0.0.1:1"));
-    edl_etcd_free(c);
+    edl_etcd_close(c);
 }
 
 int main(void)

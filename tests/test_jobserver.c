@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "edl/etcd.h"
 #include "harness.h"
 
@@ -38,13 +38,12 @@ static int teardown(void **state)
     return 0;
 }
 
-static char *key(const char *job, const char *rest)
+/* A key of the job (edl/job.h's builder); a few live at once in one expression. */
+static char *key(const char *job, edl_job_key_kind kind, const char *pod)
 {
-    static char buf[4][256]; /* a few live at once in one expression */
+    static char buf[4][256];
     static int k;
-    char *b = buf[k++ % 4];
-    snprintf(b, 256, "%s/jobs/%s/%s", EDL_DEFAULT_PREFIX, job, rest);
-    return b;
+    return harness_job_key(buf[k++ % 4], 256, job, kind, pod, 0);
 }
 
 static pid_t spawn_js(const char *job, const char *id, const char *extra)
@@ -66,21 +65,19 @@ static void pod_join(const char *job, pod *p, const char *name, int64_t ttl)
 {
     snprintf(p->name, sizeof p->name, "%s", name);
     assert_int_equal(edl_etcd_lease_grant(g_c, ttl, 0, &p->lease, NULL), 0);
-    char rest[64];
-    snprintf(rest, sizeof rest, "pods/%s", name);
     edl_put_opts po = {.lease = p->lease};
     const char *doc = "{\"role\":\"worker\",\"addr\":\"127.0.0.1\",\"port\":7000}";
-    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
-    assert_int_equal(edl_lease_keeper_start(g_c, p->lease, ttl, NULL, NULL, &p->keeper), 0);
+    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, EDL_KEY_POD, name)), edl_str(doc), &po,
+                                  NULL), 0);
+    assert_int_equal(edl_lease_keeper_open(g_c, p->lease, ttl, NULL, NULL, &p->keeper), 0);
 }
 
 /* Write the pod's trainer status, under its lease, as its agent would. */
 static void put_status(const char *job, pod *p, const char *doc)
 {
-    char rest[64];
-    snprintf(rest, sizeof rest, "status/%s", p->name);
     edl_put_opts po = {.lease = p->lease};
-    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, rest)), edl_str(doc), &po, NULL), 0);
+    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, EDL_KEY_STATUS, p->name)), edl_str(doc),
+                                  &po, NULL), 0);
 }
 
 static void pod_status(const char *job, pod *p, int64_t gen, const char *state, int code)
@@ -94,28 +91,28 @@ static void pod_status(const char *job, pod *p, int64_t gen, const char *state, 
 /* Leave: revoke (graceful) or just stop renewing (a crash: expires after the TTL). */
 static void pod_leave(pod *p, bool graceful)
 {
-    edl_lease_keeper_stop(p->keeper, graceful);
+    edl_lease_keeper_close(p->keeper, graceful);
     p->keeper = NULL;
 }
 
-static bool read_cluster(const char *job, edl_cluster *out)
+static bool read_generation(const char *job, edl_generation *out)
 {
     char buf[65536];
-    edl_cluster_free(out);
-    if (!harness_get(g_c, key(job, "cluster"), buf, sizeof buf))
+    edl_generation_clear(out);
+    if (!harness_get(g_c, key(job, EDL_KEY_GENERATION, NULL), buf, sizeof buf))
         return false;
     char err[256];
-    if (edl_cluster_parse(buf, strlen(buf), out, err, sizeof err) != 0)
+    if (edl_generation_parse(buf, strlen(buf), out, err, sizeof err) != 0)
         fail_msg("cluster document unreadable: %s", err);
     return true;
 }
 
 /* Wait until the job has at least generation `gen` with `members` members (-1: any). */
-static void wait_gen(const char *job, int64_t gen, int members, int timeout_ms, edl_cluster *out)
+static void wait_gen(const char *job, int64_t gen, int members, int timeout_ms, edl_generation *out)
 {
     int64_t deadline = harness_now_ms() + timeout_ms;
     while (harness_now_ms() < deadline) {
-        if (read_cluster(job, out) && out->generation >= gen &&
+        if (read_generation(job, out) && out->generation >= gen &&
             (members < 0 || (int)out->n_members == members))
             return;
         harness_sleep_ms(10);
@@ -134,12 +131,12 @@ static void test_scale_up_within_settle_window_is_one_generation(void **state)
 {
     (void)state;
     const char *job = "scale";
-    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":8,\"settle_ms\":1000}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":1000}");
     pid_t js = spawn_js(job, "js-a", NULL);
     pod p[4];
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 2, 5000, &c);
     assert_int_equal(c.generation, 1);
     assert_string_equal(c.members[0].pod, "w0");
@@ -184,14 +181,14 @@ static void test_scale_up_within_settle_window_is_one_generation(void **state)
     stop_js(js);
     pod_leave(&p[0], true);
     pod_leave(&p[2], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static const char *leader_of(const char *job, char *buf, size_t n)
 {
     int64_t deadline = harness_now_ms() + 5000;
     while (harness_now_ms() < deadline) {
-        if (harness_get(g_c, key(job, "leader"), buf, n))
+        if (harness_get(g_c, key(job, EDL_KEY_LEADER, NULL), buf, n))
             return buf;
         harness_sleep_ms(20);
     }
@@ -203,7 +200,7 @@ static void test_leader_killed_standby_takes_over(void **state)
 {
     (void)state;
     const char *job = "failover";
-    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":8,\"settle_ms\":200}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":200}");
     pid_t a = spawn_js(job, "js-a", NULL);
     harness_sleep_ms(300);
     pid_t b = spawn_js(job, "js-b", NULL);
@@ -211,7 +208,7 @@ static void test_leader_killed_standby_takes_over(void **state)
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
     pod_join(job, &p[2], "w2", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 3, 5000, &c);
     char lead[64];
     leader_of(job, lead, sizeof lead);
@@ -231,21 +228,21 @@ static void test_leader_killed_standby_takes_over(void **state)
     stop_js(b);
     pod_leave(&p[0], true);
     pod_leave(&p[1], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_paused_leader_is_fenced(void **state)
 {
     (void)state;
     const char *job = "fence";
-    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
     pid_t a = spawn_js(job, "js-a", NULL);
     harness_sleep_ms(300);
     pid_t b = spawn_js(job, "js-b", NULL);
     pod p[4];
     pod_join(job, &p[0], "w0", 20);
     pod_join(job, &p[1], "w1", 20);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 2, 5000, &c);
     char lead[64];
     assert_string_equal(leader_of(job, lead, sizeof lead), "js-a");
@@ -253,11 +250,11 @@ static void test_paused_leader_is_fenced(void **state)
     /* every publication from now on, in order */
     edl_kv *kv;
     int64_t rev;
-    assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, "cluster")), &kv, &rev), 0);
+    assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, EDL_KEY_GENERATION, NULL)), &kv, &rev), 0);
     edl_kv_free(kv);
     edl_watch *w;
     edl_watch_opts wo = {.start_revision = rev + 1};
-    assert_int_equal(edl_etcd_watch(g_c, edl_str(key(job, "cluster")), &wo, &w), 0);
+    assert_int_equal(edl_watch_open(g_c, edl_str(key(job, EDL_KEY_GENERATION, NULL)), &wo, &w), 0);
 
     kill(a, SIGSTOP); /* a stale leader: alive, but its lease runs out */
     int64_t deadline = harness_now_ms() + 8000;
@@ -280,19 +277,19 @@ static void test_paused_leader_is_fenced(void **state)
     edl_watch_event *ev;
     while (edl_watch_next(w, &ev, 200) == 0) {
         if (ev->type == EDL_WATCH_PUT) {
-            edl_cluster d = {0};
+            edl_generation d = {0};
             char err[256];
-            assert_int_equal(edl_cluster_parse(ev->kv.value, ev->kv.value_len, &d, err,
+            assert_int_equal(edl_generation_parse(ev->kv.value, ev->kv.value_len, &d, err,
                                                sizeof err), 0);
             assert_true(d.generation == last + 1 || d.generation == last);
             assert_string_equal(d.leader, "js-b"); /* the paused leader never published */
             last = d.generation;
             seen++;
-            edl_cluster_free(&d);
+            edl_generation_clear(&d);
         }
         edl_watch_event_free(ev);
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
     assert_int_equal(last, 4);
     assert_true(seen >= 3);
     assert_int_equal(harness_wait_exit(a, 0), -1); /* js-a still runs, as a standby */
@@ -300,33 +297,33 @@ static void test_paused_leader_is_fenced(void **state)
     stop_js(b);
     for (int i = 0; i < 3; i++)
         pod_leave(&p[i], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_bad_spec_leaves_job_intact(void **state)
 {
     (void)state;
     const char *job = "badspec";
-    harness_put(g_c, key(job, "spec"), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
     pid_t js = spawn_js(job, "js-a", NULL);
     pod p[3];
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 2, 5000, &c);
     static const struct {
         const char *spec, *expect;
     } bad[] = {
         {"{\"min\":5,\"max\":2}", "min (5) is greater than max (2)"},
         {"{\"min\":1,\"ttl_s\":-4}", "TTL must be at least 1"},
-        {"{\"min\":2,\"max\":", "malformed JSON"},
+        {"{\"min\":2,\"max\":", "not valid JSON"},
         {"{\"min\":\"two\"}", "\"min\" must be an integer"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        harness_put(g_c, key(job, "spec"), bad[i].spec);
+        harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), bad[i].spec);
         int64_t deadline = harness_now_ms() + 3000;
         while (harness_now_ms() < deadline &&
-               (!read_cluster(job, &c) || !c.spec_error || !strstr(c.spec_error, bad[i].expect)))
+               (!read_generation(job, &c) || !c.spec_error || !strstr(c.spec_error, bad[i].expect)))
             harness_sleep_ms(20);
         if (!c.spec_error || !strstr(c.spec_error, bad[i].expect))
             fail_msg("spec %s: spec_error \"%s\"", bad[i].spec, c.spec_error ? c.spec_error : "");
@@ -335,78 +332,80 @@ static void test_bad_spec_leaves_job_intact(void **state)
         assert_int_equal(c.state, EDL_JOB_RUNNING);
     }
     /* a malformed registration is ignored; membership still follows the last valid spec */
-    harness_put(g_c, key(job, "pods/junk"), "{\"role\":7}");
+    harness_put(g_c, key(job, EDL_KEY_POD, "junk"), "{\"role\":7}");
     pod_join(job, &p[2], "w2", 10);
     wait_gen(job, 2, 3, 5000, &c);
     /* fixed: the error clears */
-    harness_put(g_c, key(job, "spec"), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
     int64_t deadline = harness_now_ms() + 3000;
-    while (harness_now_ms() < deadline && read_cluster(job, &c) && c.spec_error)
+    while (harness_now_ms() < deadline && read_generation(job, &c) && c.spec_error)
         harness_sleep_ms(20);
     assert_null(c.spec_error);
     assert_int_equal(c.generation, 2);
     /* a corrupt cluster document: the server refuses to guess and stays up */
-    harness_put(g_c, key(job, "cluster"), "{\"generation\":\"x\"");
+    harness_put(g_c, key(job, EDL_KEY_GENERATION, NULL), "{\"generation\":\"x\"");
     harness_sleep_ms(500);
     assert_int_equal(harness_wait_exit(js, 0), -1);
     stop_js(js);
     for (int i = 0; i < 3; i++)
         pod_leave(&p[i], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_success_and_retired_generation_data(void **state)
 {
     (void)state;
     const char *job = "done";
-    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
     pid_t js = spawn_js(job, "js-a", "--exit-when-done");
     pod p[2];
     pod_join(job, &p[0], "w0", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 1, 5000, &c);
-    harness_put(g_c, key(job, "gen/1/nccl-id"), "abc");
+    char gk[256];
+    harness_job_key(gk, sizeof gk, job, EDL_KEY_GEN, EDL_GEN_NCCL_ID, 1);
+    harness_put(g_c, gk, "abc");
     pod_join(job, &p[1], "w1", 10);
     wait_gen(job, 2, 2, 5000, &c);
     char buf[64];
-    assert_null(harness_get(g_c, key(job, "gen/1/nccl-id"), buf, sizeof buf));
+    assert_null(harness_get(g_c, gk, buf, sizeof buf));
     pod_status(job, &p[0], 2, "exited", 0);
     harness_sleep_ms(300);
-    read_cluster(job, &c);
+    read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_RUNNING); /* one rank still runs */
     pod_status(job, &p[1], 2, "exited", 0);
     assert_int_equal(harness_wait_exit(js, 5000), 0); /* --exit-when-done: succeeded */
-    read_cluster(job, &c);
+    read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(c.generation, 2);
     pod_leave(&p[0], true);
     pod_leave(&p[1], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_failure_restarts_generation_then_fails(void **state)
 {
     (void)state;
     const char *job = "fail";
-    harness_put(g_c, key(job, "spec"),
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL),
                 "{\"min\":1,\"max\":4,\"settle_ms\":100,\"max_restarts\":1,\"exclude_after\":5}");
     pid_t js = spawn_js(job, "js-a", "--exit-when-done");
     pod p[2];
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 2, 5000, &c);
     pod_status(job, &p[1], 1, "exited", 3);
     wait_gen(job, 2, 2, 5000, &c);
     assert_int_equal(c.restarts, 1);
     pod_status(job, &p[0], 2, "signaled", 0);
     assert_int_equal(harness_wait_exit(js, 5000), 1);
-    read_cluster(job, &c);
+    read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_FAILED);
     assert_non_null(strstr(c.reason, "restart budget of 1 spent"));
     pod_leave(&p[0], true);
     pod_leave(&p[1], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void pod_step(const char *job, pod *p, int64_t gen, int64_t step)
@@ -421,18 +420,18 @@ static void test_stalled_rank_restarts_generation(void **state)
 {
     (void)state;
     const char *job = "hang";
-    harness_put(g_c, key(job, "spec"),
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL),
                 "{\"min\":1,\"max\":4,\"settle_ms\":100,\"progress_timeout_ms\":1500}");
     pid_t js = spawn_js(job, "js-a", NULL);
     pod p[2];
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 2, 5000, &c);
     /* w0 advances every 200 ms; w1 reports step 5 once and then nothing (a hung collective) */
     pod_step(job, &p[1], 1, 5);
     int64_t t0 = harness_now_ms(), step = 0;
-    while (harness_now_ms() - t0 < 6000 && read_cluster(job, &c) && c.generation == 1) {
+    while (harness_now_ms() - t0 < 6000 && read_generation(job, &c) && c.generation == 1) {
         pod_step(job, &p[0], 1, ++step);
         harness_sleep_ms(200);
     }
@@ -446,7 +445,7 @@ static void test_stalled_rank_restarts_generation(void **state)
     stop_js(js);
     pod_leave(&p[0], true);
     pod_leave(&p[1], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static pid_t spawn_js_metrics(const char *job, const char *id, int port)
@@ -477,7 +476,7 @@ static void test_metrics_of_leader_and_standby(void **state)
 {
     (void)state;
     const char *job = "metrics";
-    harness_put(g_c, key(job, "spec"), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
     int pa = harness_free_port(), pb = harness_free_port();
     pid_t a = spawn_js_metrics(job, "js-a", pa);
     char lead[64];
@@ -486,7 +485,7 @@ static void test_metrics_of_leader_and_standby(void **state)
     pod p[2];
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
-    edl_cluster c = {0};
+    edl_generation c = {0};
     wait_gen(job, 1, 2, 5000, &c);
     wait_metric(pa, "edl_jobserver_leader{job=\"metrics\",id=\"js-a\"} 1");
     wait_metric(pa, "edl_jobserver_generation{job=\"metrics\",id=\"js-a\"} 1");
@@ -503,7 +502,7 @@ static void test_metrics_of_leader_and_standby(void **state)
     stop_js(b);
     pod_leave(&p[0], true);
     pod_leave(&p[1], true);
-    edl_cluster_free(&c);
+    edl_generation_clear(&c);
 }
 
 static void test_help_and_bad_options(void **state)

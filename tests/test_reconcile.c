@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 #include "reconcile.h"
 
 #define MAXP 16
@@ -24,7 +24,7 @@ typedef struct world {
     size_t n;
     edl_pod_status st[MAXP];
     bool has[MAXP];
-    edl_cluster cur;
+    edl_generation cur;
     js_memory mem;
     int64_t now, mono;
 } world;
@@ -94,16 +94,20 @@ static const char *g_dead; /* the current generation's dead key, as trainers pub
 /* Run the reconciler; when it publishes, the result becomes the current generation. */
 static js_decision step(world *w)
 {
+    int64_t max_status_gen = 0; /* as the job server reads it from the statuses */
+    for (size_t i = 0; i < w->n; i++)
+        if (w->has[i] && w->st[i].generation > max_status_gen)
+            max_status_gen = w->st[i].generation;
     js_observed o = {.spec = &w->spec, .pods = w->pods, .n_pods = w->n, .status = w->st,
-                     .has_status = w->has, .cluster = &w->cur, .now_ms = w->now,
-                     .mono_ms = w->mono, .leader_id = "js", .gen_dead = g_dead};
+                     .has_status = w->has, .current = &w->cur, .max_status_gen = max_status_gen,
+                     .now_ms = w->now, .mono_ms = w->mono, .leader_id = "js", .gen_dead = g_dead};
     js_decision d;
     assert_int_equal(js_reconcile(&o, &w->mem, &d), 0);
     if (d.action == JS_PUBLISH) {
         /* round-trip through JSON as the real server does */
-        char *j = edl_cluster_to_json(&d.next);
+        char *j = edl_generation_to_json(&d.next);
         char err[256];
-        assert_int_equal(edl_cluster_parse(j, strlen(j), &w->cur, err, sizeof err), 0);
+        assert_int_equal(edl_generation_parse(j, strlen(j), &w->cur, err, sizeof err), 0);
         free(j);
     }
     return d;
@@ -117,9 +121,9 @@ static void advance(world *w, int64_t ms)
 
 static void world_free(world *w)
 {
-    edl_cluster_free(&w->cur);
-    js_memory_free(&w->mem);
-    edl_spec_free(&w->spec);
+    edl_generation_clear(&w->cur);
+    js_memory_clear(&w->mem);
+    edl_spec_clear(&w->spec);
 }
 
 static void members_are(const world *w, const char *expect)
@@ -141,24 +145,24 @@ static void test_first_generation_after_settle_window(void **state)
     js_decision d = step(&w);
     assert_int_equal(d.action, JS_NOTHING); /* one join: the window opens */
     assert_int_equal(d.wake_mono_ms, w.mono + 1000);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 400);
     add_pod(&w, 1);
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
     assert_int_equal(d.wake_mono_ms, w.mono + 600); /* still the first join's window */
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 600);
     d = step(&w);
     assert_int_equal(d.action, JS_PUBLISH);
     assert_true(d.new_generation);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.generation, 1);
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
     members_are(&w, "p0 p1");
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING); /* level-triggered: nothing more to do */
-    js_decision_free(&d);
+    js_decision_clear(&d);
     world_free(&w);
 }
 
@@ -170,23 +174,23 @@ static void test_scale_up_within_window_is_one_generation(void **state)
     add_pod(&w, 0);
     add_pod(&w, 1);
     js_decision d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 1000);
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.generation, 1);
     add_pod(&w, 2);
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 300);
     add_pod(&w, 3);
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 700);
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.generation, 2);
     members_are(&w, "p0 p1 p2 p3");
     world_free(&w);
@@ -197,10 +201,10 @@ static void form(world *w, int n)
     for (int i = 0; i < n; i++)
         add_pod(w, i);
     js_decision d = step(w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(w, w->spec.settle_ms);
     d = step(w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w->cur.state, EDL_JOB_RUNNING);
     all_running(w);
 }
@@ -219,11 +223,11 @@ static void test_generation_declared_dead_reforms_same_members(void **state)
     js_decision d = step(&w);
     assert_int_equal(d.action, JS_NOTHING); /* the grace: a trainer's exit may still come */
     assert_true(d.wake_mono_ms > w.mono);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 1000);
     d = step(&w);
     assert_int_equal(d.action, JS_PUBLISH);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.generation, g + 1);
     assert_int_equal(w.cur.restarts, restarts + 1);
     members_are(&w, "p0 p1 p2");
@@ -231,7 +235,7 @@ static void test_generation_declared_dead_reforms_same_members(void **state)
     g_dead = NULL; /* the new generation has no dead key */
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     world_free(&w);
 }
 
@@ -245,7 +249,7 @@ static void test_loss_is_published_at_once(void **state)
     remove_pod(&w, 1);
     js_decision d = step(&w);
     assert_int_equal(d.action, JS_PUBLISH);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.generation, g + 1);
     members_are(&w, "p0 p3 p2"); /* the highest rank fills the hole */
     assert_non_null(strstr(w.cur.reason, "pod p1 left"));
@@ -260,16 +264,16 @@ static void test_below_min_waits_then_resumes(void **state)
     form(&w, 3);
     remove_pod(&w, 2);
     js_decision d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_WAITING);
     assert_non_null(strstr(w.cur.reason, "2 of at least 3"));
     add_pod(&w, 5);
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 1000);
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
     members_are(&w, "p0 p1 p5");
     world_free(&w);
@@ -286,7 +290,7 @@ static void test_standby_promoted_on_loss(void **state)
     assert_string_equal(w.cur.standbys[0], "p2");
     remove_pod(&w, 0);
     js_decision d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     members_are(&w, "p2 p1"); /* promoted at once, into the free rank */
     assert_int_equal(w.cur.n_standbys, 0);
     world_free(&w);
@@ -305,7 +309,7 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     int64_t g = w.cur.generation;
     set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10);
     js_decision d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.generation, g + 1); /* restart, same members */
     assert_int_equal(w.cur.restarts, 1);
     members_are(&w, "p0 p1 p2");
@@ -313,7 +317,7 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     all_running(&w);
     set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10); /* second failure: excluded for 10 s */
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 2);
     members_are(&w, "p0 p2");
     assert_int_equal(w.cur.failures[0].count, 2);
@@ -321,29 +325,29 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
     assert_int_equal(d.wake_mono_ms, w.mono + 10001); /* wakes when the cool-down ends */
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 10001);
     d = step(&w); /* back as a join: waits for the window */
-    js_decision_free(&d);
+    js_decision_clear(&d);
     advance(&w, 1000);
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     members_are(&w, "p0 p2 p1");
     all_running(&w);
     set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 0); /* third: excluded for 20 s (doubled) */
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 3);
     assert_int_equal(w.cur.failures[0].excluded_until, w.now + 20000);
     all_running(&w);
     set_status(&w, 0, EDL_TRAINER_EXITED, 1, 0); /* budget of 3 spent */
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
     assert_non_null(strstr(w.cur.reason, "restart budget of 3 spent"));
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING); /* final stays final */
-    js_decision_free(&d);
+    js_decision_clear(&d);
     world_free(&w);
 }
 
@@ -356,13 +360,13 @@ static void test_exit_code_policy(void **state)
     form(&w, 2);
     set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, 0); /* 137: retryable */
     js_decision d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
     assert_int_equal(w.cur.restarts, 1);
     all_running(&w);
     set_status(&w, 1, EDL_TRAINER_EXITED, 2, 0); /* 2: permanent */
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
     assert_non_null(strstr(w.cur.reason, "permanent"));
     world_free(&w);
@@ -377,7 +381,7 @@ static void test_never_policy_fails_at_once(void **state)
     form(&w, 2);
     set_status(&w, 1, EDL_TRAINER_EXITED, 200, 0);
     js_decision d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
     world_free(&w);
 }
@@ -392,10 +396,10 @@ static void test_all_ranks_exit_zero_is_success(void **state)
     set_status(&w, 1, EDL_TRAINER_EXITED, 0, 0);
     js_decision d = step(&w);
     assert_int_equal(d.action, JS_NOTHING); /* one still running */
-    js_decision_free(&d);
+    js_decision_clear(&d);
     set_status(&w, 2, EDL_TRAINER_EXITED, 0, 0);
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
     world_free(&w);
 }
@@ -415,7 +419,7 @@ static void test_stalled_rank_is_treated_as_failed(void **state)
         assert_int_equal(d.action, t < 4 ? JS_NOTHING : JS_PUBLISH);
         if (t < 4)
             assert_true(d.wake_mono_ms > 0);
-        js_decision_free(&d);
+        js_decision_clear(&d);
         advance(&w, 1000);
     }
     assert_int_equal(w.cur.restarts, 1);
@@ -435,7 +439,7 @@ static void test_all_stalled_is_not_a_hang(void **state)
         set_status(&w, 1, EDL_TRAINER_RUNNING, 0, 3);
         js_decision d = step(&w);
         assert_int_equal(d.action, JS_NOTHING); /* e.g. a long evaluation on every rank */
-        js_decision_free(&d);
+        js_decision_clear(&d);
         advance(&w, 1000);
     }
     world_free(&w);
@@ -450,25 +454,46 @@ static void test_stop_request_and_spec_error(void **state)
     int64_t g = w.cur.generation;
     js_observed o = {.spec = &w.spec, .spec_error = "spec: min (5) is greater than max (2)",
                      .pods = w.pods, .n_pods = w.n, .status = w.st, .has_status = w.has,
-                     .cluster = &w.cur, .now_ms = w.now, .mono_ms = w.mono};
+                     .current = &w.cur, .now_ms = w.now, .mono_ms = w.mono};
     js_decision d;
     assert_int_equal(js_reconcile(&o, &w.mem, &d), 0);
     assert_int_equal(d.action, JS_PUBLISH); /* the error is shown, the generation kept */
     assert_false(d.new_generation);
     assert_int_equal(d.next.generation, g);
     assert_string_equal(d.next.spec_error, o.spec_error);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     w.spec.stopped = true;
     d = step(&w);
-    js_decision_free(&d);
+    js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_STOPPED);
     assert_int_equal(w.cur.generation, g);
+    world_free(&w);
+}
+
+/* The decision owns the generation number: one past the current one, and past any that an
+ * agent reports having run (the document was restored from an old backup, or rewritten). */
+static void test_new_generation_never_repeats_a_reported_one(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    assert_int_equal(w.cur.generation, 1);
+    w.st[0].generation = 9; /* p0 ran generation 9 of a document since lost */
+    remove_pod(&w, 1);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    assert_true(d.new_generation);
+    assert_int_equal(d.next.generation, 10);
+    assert_int_equal(w.cur.generation, 10);
+    js_decision_clear(&d);
     world_free(&w);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
         cmocka_unit_test(test_first_generation_after_settle_window),
         cmocka_unit_test(test_scale_up_within_window_is_one_generation),
         cmocka_unit_test(test_loss_is_published_at_once),

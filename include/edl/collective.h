@@ -9,7 +9,7 @@
  * Elastic loop, in the style of Horovod's hvd.elastic.run:
  *
  *     edl_comm *c; edl_coll_state *st;
- *     edl_coll_init(NULL, &c);  edl_coll_state_new(&st);  edl_coll_state_add(st, "w", w, bytes);
+ *     edl_coll_open(NULL, &c);  edl_coll_state_new(&st);  edl_coll_state_add(st, "w", w, bytes);
  *     for (;;) {
  *         int rc = edl_coll_check(c);                 // cheap unless the group must re-form
  *         if (rc == EDL_COLL_REFORMED)
@@ -35,7 +35,7 @@
 #include <stdint.h>
 
 #include "edl/common.h"
-#include "edl/trainer.h"
+#include "edl/agent_link.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,8 +68,8 @@ typedef struct edl_coll_options {
     int rendezvous_timeout_ms; /* joining one generation (0: $EDL_COLL_RENDEZVOUS_TIMEOUT_MS,
                                 * else 60000); past it the generation is declared dead */
     int device;                /* CUDA device for "nccl" (-1: $LOCAL_RANK, else 0) */
-    edl_trainer *trainer;      /* the agent protocol handle to use (NULL: the communicator
-                                * opens and owns one; see edl_coll_trainer()) */
+    edl_agent_link *link;      /* the link to the agent to use (NULL: the communicator opens
+                                * and owns one; see edl_coll_agent_link()) */
 } edl_coll_options;
 
 typedef struct edl_comm edl_comm;
@@ -80,16 +80,16 @@ typedef struct edl_comm edl_comm;
  * (the address to listen on), EDL_COLL_*. Without EDL_ETCD_ENDPOINTS: a group of one.
  * EDL_ECONFIG for a bad variable or back end, EDL_ETIMEDOUT when the rendezvous did not
  * complete in time. */
-int edl_coll_init(const edl_coll_options *opts, edl_comm **out);
+int edl_coll_open(const edl_coll_options *opts, edl_comm **out);
 /* Leave: close every connection (abort an NCCL communicator) and free. */
-void edl_coll_free(edl_comm *c);
+void edl_coll_close(edl_comm *c);
 
 int edl_coll_rank(const edl_comm *c);
 int edl_coll_size(const edl_comm *c);
 int64_t edl_coll_generation(const edl_comm *c);
 const char *edl_coll_backend(const edl_comm *c);
 /* The agent protocol handle (report steps through it; do not poll it yourself). */
-edl_trainer *edl_coll_trainer(edl_comm *c);
+edl_agent_link *edl_coll_agent_link(edl_comm *c);
 /* What the last failed call said (never NULL). */
 const char *edl_coll_errmsg(const edl_comm *c);
 
@@ -121,7 +121,7 @@ int edl_barrier(edl_comm *c);
  * state (edl_coll_state_sync). Blocks only while re-forming: until the next generation is
  * published and every member has joined. <0: EDL_EIO when the agent closed the control pipe
  * (the job is over or this pod left), other codes from the rendezvous. The first call after
- * edl_coll_init() returns EDL_COLL_REFORMED as well, so that every rank syncs once at the start
+ * edl_coll_open() returns EDL_COLL_REFORMED as well, so that every rank syncs once at the start
  * (a process that joins a running job gets the state of the others that way). */
 int edl_coll_check(edl_comm *c);
 

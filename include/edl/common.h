@@ -10,29 +10,38 @@
 extern "C" {
 #endif
 
-/* Every edl call returns 0 on success or one of these negative codes. */
+/* Every edl call returns 0 on success or one of these negative codes. The table is the one
+ * place a code is defined: it generates the enum, edl_strerror() and edl_err_name().
+ *   X(name, value, text) */
+#define EDL_ERRNO_MAP(X)                                                                        \
+    X(EINVAL, -1, "invalid argument")                  /* from the caller */                   \
+    X(ENOMEM, -2, "out of memory")                                                             \
+    X(ENOTFOUND, -3, "not found")                      /* key, lease or object */              \
+    X(EUNAVAIL, -4, "no endpoint reachable")                                                   \
+    X(ETIMEDOUT, -5, "timed out")                      /* the call's deadline passed */        \
+    X(EPROTO, -6, "malformed reply from server")       /* or unexpected input */               \
+    X(EAUTH, -7, "authentication failed or permission denied")                                 \
+    X(ECOMPACTED, -8, "revision compacted")                                                    \
+    X(ELEASE, -9, "lease expired or revoked")                                                  \
+    X(ETOOBIG, -10, "size limit exceeded")             /* a request or reply */                \
+    X(ESERVER, -11, "request refused by server")                                               \
+    X(ECONFLICT, -12, "compare failed (state changed concurrently)")                           \
+    X(ECONFIG, -13, "invalid configuration")                                                   \
+    X(ECLOSED, -14, "closed")                          /* the object was stopped or closed */  \
+    X(EIO, -15, "I/O error")                           /* files, pipes, processes */           \
+    X(EPEER, -16, "a peer failed or the generation is over (re-form the group)")
+
 enum {
     EDL_OK = 0,
-    EDL_EINVAL = -1,      /* invalid argument from the caller */
-    EDL_ENOMEM = -2,      /* out of memory */
-    EDL_ENOTFOUND = -3,   /* key, lease or object does not exist */
-    EDL_EUNAVAIL = -4,    /* no endpoint could be reached */
-    EDL_ETIMEDOUT = -5,   /* the call's deadline passed */
-    EDL_EPROTO = -6,      /* malformed or unexpected reply from a server */
-    EDL_EAUTH = -7,       /* authentication failed or permission denied */
-    EDL_ECOMPACTED = -8,  /* the requested revision was compacted */
-    EDL_ELEASE = -9,      /* the lease expired or was revoked */
-    EDL_ETOOBIG = -10,    /* a request or reply exceeds a size limit */
-    EDL_ESERVER = -11,    /* the server refused the request */
-    EDL_ECONFLICT = -12,  /* a compare failed: someone else changed the state */
-    EDL_ECONFIG = -13,    /* invalid configuration */
-    EDL_ECLOSED = -14,    /* the object was stopped or closed */
-    EDL_EIO = -15,        /* local I/O error (files, pipes, processes) */
-    EDL_EPEER = -16,      /* a peer of a collective group failed, or its generation is over */
+#define EDL_ERRNO_ENUM(name, value, text) EDL_##name = value,
+    EDL_ERRNO_MAP(EDL_ERRNO_ENUM)
+#undef EDL_ERRNO_ENUM
 };
 
-/* Text for an EDL_E* code (or 0). Never NULL. */
+/* Text for an EDL_E* code (or 0): "timed out". Never NULL ("unknown error"). */
 const char *edl_strerror(int code);
+/* The code's name: "EDL_ETIMEDOUT" ("EDL_OK" for 0). Never NULL ("EDL_E?" when unknown). */
+const char *edl_err_name(int code);
 
 /* Milliseconds on CLOCK_MONOTONIC: what every deadline and timeout in edl is measured on. */
 int64_t edl_monotonic_ms(void);

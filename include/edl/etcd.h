@@ -16,7 +16,6 @@
 #include <stdint.h>
 
 #include "edl/common.h"
-#include "edl/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,24 +38,18 @@ typedef struct edl_etcd_config {
     char *password;
 } edl_etcd_config;
 
-/* The config as a YAML mapping, for edl/config.h: embed it in a bigger schema as an
- * EDL_CFG_OBJECT field (e.g. "etcd"). Keys: endpoints (list, required), timeout and
- * connect_timeout (durations: 500ms, 5s), max_response_bytes, ca_file, cert_file, key_file,
- * username, password. Call edl_etcd_config_init() on the struct first: absent keys keep it. */
-extern const edl_cfg_field edl_etcd_config_schema[];
-
 /* Fill with defaults and no endpoints. */
 void edl_etcd_config_init(edl_etcd_config *cfg);
 /* Replace the endpoint list with a comma-separated one ("http://a:2379,http://b:2379"). */
 int edl_etcd_config_set_endpoints(edl_etcd_config *cfg, const char *csv);
 /* Free what the config owns (endpoints and strings, all malloc'ed). */
-void edl_etcd_config_free(edl_etcd_config *cfg);
+void edl_etcd_config_clear(edl_etcd_config *cfg);
 
 /* The client copies the config; the caller keeps its own. */
-int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out);
+int edl_etcd_open(const edl_etcd_config *cfg, edl_etcd **out);
 /* Shorthand: a client with default settings for a comma-separated endpoint list. */
-int edl_etcd_connect(const char *endpoints_csv, edl_etcd **out);
-void edl_etcd_free(edl_etcd *c);
+int edl_etcd_open_endpoints(const char *endpoints_csv, edl_etcd **out);
+void edl_etcd_close(edl_etcd *c);
 /* What the last failed call on this client said: endpoint, key, server message. */
 const char *edl_etcd_errmsg(const edl_etcd *c);
 /* The endpoint the client now talks to. */
@@ -96,7 +89,7 @@ typedef struct edl_put_result {
 /* opts and res may be NULL. */
 int edl_etcd_put(edl_etcd *c, edl_buf key, edl_buf value, const edl_put_opts *opts,
                  edl_put_result *res);
-void edl_put_result_free(edl_put_result *r);
+void edl_put_result_clear(edl_put_result *r);
 
 typedef enum edl_sort_order { EDL_SORT_NONE = 0, EDL_SORT_ASCEND, EDL_SORT_DESCEND } edl_sort_order;
 typedef enum edl_sort_target {
@@ -123,7 +116,7 @@ typedef struct edl_range_result {
 } edl_range_result;
 
 int edl_etcd_range(edl_etcd *c, edl_buf key, const edl_range_opts *opts, edl_range_result *res);
-void edl_range_result_free(edl_range_result *r);
+void edl_range_result_clear(edl_range_result *r);
 /* One key: EDL_ENOTFOUND when absent; *out is the caller's (edl_kv_free). rev may be NULL. */
 int edl_etcd_get(edl_etcd *c, edl_buf key, edl_kv **out, int64_t *rev);
 
@@ -141,7 +134,7 @@ typedef struct edl_delete_result {
 } edl_delete_result;
 
 int edl_etcd_delete(edl_etcd *c, edl_buf key, const edl_delete_opts *opts, edl_delete_result *res);
-void edl_delete_result_free(edl_delete_result *r);
+void edl_delete_result_clear(edl_delete_result *r);
 
 /* ---- transactions ------------------------------------------------------------------------ */
 
@@ -180,7 +173,7 @@ typedef struct edl_txn_result {
 } edl_txn_result;
 
 int edl_etcd_txn(edl_etcd *c, const edl_txn *t, edl_txn_result *res);
-void edl_txn_result_free(edl_txn_result *r);
+void edl_txn_result_clear(edl_txn_result *r);
 
 /* ---- leases ---------------------------------------------------------------------------- */
 
@@ -201,7 +194,7 @@ int edl_etcd_lease_ttl(edl_etcd *c, int64_t id, int64_t *ttl_out, int64_t *grant
 typedef struct edl_lease_keeper edl_lease_keeper;
 typedef void (*edl_lease_lost_fn)(void *arg, int64_t lease, int reason /* EDL_E* */);
 
-int edl_lease_keeper_start(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_lost_fn on_lost,
+int edl_lease_keeper_open(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_lost_fn on_lost,
                            void *arg, edl_lease_keeper **out);
 /* Readable (and stays readable) once the lease is lost. */
 int edl_lease_keeper_fd(const edl_lease_keeper *k);
@@ -209,7 +202,7 @@ int edl_lease_keeper_fd(const edl_lease_keeper *k);
 int edl_lease_keeper_status(const edl_lease_keeper *k);
 int64_t edl_lease_keeper_lease(const edl_lease_keeper *k);
 /* Stop renewing (the lease then expires by itself) and free; revoke = revoke it now too. */
-void edl_lease_keeper_stop(edl_lease_keeper *k, bool revoke);
+void edl_lease_keeper_close(edl_lease_keeper *k, bool revoke);
 
 /* ---- watch ----------------------------------------------------------------------------- */
 
@@ -245,14 +238,14 @@ typedef struct edl_watch edl_watch;
  * returns is delivered. If the connection drops, the watch resumes on any endpoint from the
  * revision after the last one delivered; if that revision was compacted, a COMPACTED event
  * tells the caller and the watch goes on from the oldest revision still kept. */
-int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_watch **out);
+int edl_watch_open(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_watch **out);
 /* Next event, waiting up to timeout_ms (-1: for ever). EDL_ETIMEDOUT when none came. */
 int edl_watch_next(edl_watch *w, edl_watch_event **ev, int timeout_ms);
 /* Readable while events are queued. */
 int edl_watch_fd(const edl_watch *w);
 void edl_watch_event_free(edl_watch_event *ev);
 /* Stop the watch and free it (any queued events are dropped with it). */
-void edl_watch_stop(edl_watch *w);
+void edl_watch_close(edl_watch *w);
 
 /* ---- election ---------------------------------------------------------------------------- */
 

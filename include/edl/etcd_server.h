@@ -37,10 +37,10 @@ typedef struct edl_etcd_server edl_etcd_server;
 /* Start all members and wait until each answers /health. Retries with new ports (3 tries) when
  * another process took a chosen port first. Children get PR_SET_PDEATHSIG, which fires when
  * the calling *thread* ends: call this from a thread that lives as long as the server. */
-int edl_etcd_server_start(const edl_etcd_server_opts *opts, edl_etcd_server **out);
+int edl_etcd_server_open(const edl_etcd_server_opts *opts, edl_etcd_server **out);
 /* Kill every member (SIGKILL: its data is deleted anyway, so there is nothing to flush), reap
  * it, remove the data directories, free. NULL is fine. */
-void edl_etcd_server_free(edl_etcd_server *s);
+void edl_etcd_server_close(edl_etcd_server *s);
 
 int edl_etcd_server_members(const edl_etcd_server *s);
 /* "http://127.0.0.1:P1,http://127.0.0.1:P2,..." for all members, in member order. */

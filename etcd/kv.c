@@ -1,8 +1,8 @@
-/* etcd_kv.c: key-value calls (put, range, delete) and transactions built from them. */
+/* kv.c: key-value calls (put, range, delete) and transactions built from them. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "etcd_internal.h"
+#include "internal.h"
 
 int edl_etcd_prefix_end(edl_buf prefix, char **end, size_t *end_len)
 {
@@ -121,7 +121,7 @@ int range_parse(const cJSON *resp, edl_range_result *r)
     if (!rc && (r->count < 0 || (size_t)r->count < r->n_kvs))
         rc = EDL_EPROTO;
     if (rc)
-        edl_range_result_free(r);
+        edl_range_result_clear(r);
     return rc;
 }
 
@@ -162,11 +162,11 @@ int delete_parse(const cJSON *resp, edl_delete_result *r)
         rc = kv_array_parse(cJSON_GetObjectItemCaseSensitive(resp, "prev_kvs"), &r->prev_kvs,
                             &r->n_prev_kvs);
     if (rc)
-        edl_delete_result_free(r);
+        edl_delete_result_clear(r);
     return rc;
 }
 
-void edl_range_result_free(edl_range_result *r)
+void edl_range_result_clear(edl_range_result *r)
 {
     if (!r)
         return;
@@ -174,7 +174,7 @@ void edl_range_result_free(edl_range_result *r)
     memset(r, 0, sizeof *r);
 }
 
-void edl_put_result_free(edl_put_result *r)
+void edl_put_result_clear(edl_put_result *r)
 {
     if (!r)
         return;
@@ -182,7 +182,7 @@ void edl_put_result_free(edl_put_result *r)
     memset(r, 0, sizeof *r);
 }
 
-void edl_delete_result_free(edl_delete_result *r)
+void edl_delete_result_clear(edl_delete_result *r)
 {
     if (!r)
         return;
@@ -230,7 +230,7 @@ int edl_etcd_put(edl_etcd *c, edl_buf key, edl_buf value, const edl_put_opts *op
     if (res)
         *res = tmp;
     else
-        edl_put_result_free(&tmp);
+        edl_put_result_clear(&tmp);
     return 0;
 }
 
@@ -259,17 +259,17 @@ int edl_etcd_get(edl_etcd *c, edl_buf key, edl_kv **out, int64_t *rev)
         *rev = r.revision;
     if (r.n_kvs == 0) {
         char ks[96];
-        edl_range_result_free(&r);
+        edl_range_result_clear(&r);
         return etcd_fail(c, EDL_ENOTFOUND, "key '%s' not found", etcd_key_str(key, ks, sizeof ks));
     }
     edl_kv *kv = malloc(sizeof *kv);
     if (!kv) {
-        edl_range_result_free(&r);
+        edl_range_result_clear(&r);
         return EDL_ENOMEM;
     }
     *kv = r.kvs[0];
     memset(&r.kvs[0], 0, sizeof r.kvs[0]);
-    edl_range_result_free(&r);
+    edl_range_result_clear(&r);
     *out = kv;
     return 0;
 }
@@ -291,7 +291,7 @@ int edl_etcd_delete(edl_etcd *c, edl_buf key, const edl_delete_opts *opts, edl_d
     if (res)
         *res = tmp;
     else
-        edl_delete_result_free(&tmp);
+        edl_delete_result_clear(&tmp);
     return 0;
 }
 
@@ -433,12 +433,12 @@ static int op_result_parse(const cJSON *item, edl_op_result *r)
 
 static void op_result_clear(edl_op_result *r)
 {
-    edl_range_result_free(&r->range);
-    edl_put_result_free(&r->put);
-    edl_delete_result_free(&r->del);
+    edl_range_result_clear(&r->range);
+    edl_put_result_clear(&r->put);
+    edl_delete_result_clear(&r->del);
 }
 
-void edl_txn_result_free(edl_txn_result *r)
+void edl_txn_result_clear(edl_txn_result *r)
 {
     if (!r)
         return;
@@ -493,7 +493,7 @@ int edl_etcd_txn(edl_etcd *c, const edl_txn *t, edl_txn_result *res)
     rc = txn_parse(resp, ops, res);
     cJSON_Delete(resp);
     if (rc) {
-        edl_txn_result_free(res);
+        edl_txn_result_clear(res);
         return etcd_fail(c, rc, "%s/v3/kv/txn: reply does not match the request (%s branch of %zu ops)",
                          edl_etcd_endpoint(c), branch, ops);
     }

@@ -1,4 +1,4 @@
-/* etcd_internal.h: what the etcd client's files share and the public header hides. */
+/* internal.h (etcd/): what the etcd client's files share and the public header hides. */
 #ifndef EDL_ETCD_INTERNAL_H
 #define EDL_ETCD_INTERNAL_H
 

@@ -1,4 +1,4 @@
-/* checkpoint_json.c: the JSON documents of a checkpoint, written and read defensively.
+/* checkpoint_docs.c: the JSON documents of a checkpoint, written and read defensively.
  *
  * Every document comes back from remote storage or etcd, where anything may have happened to
  * it (truncation, another program, a hostile writer), so every field is checked for type and
@@ -6,10 +6,10 @@
  * inside the checkpoint's own directory, checksums 64 hex digits. */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
+#include "edl/json.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
-#include <math.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,7 +53,7 @@ int ckpt_sha256_hex(const void *data, size_t len, char out[65])
     return 0;
 }
 
-/* ---- reading helpers ------------------------------------------------------------------ */
+/* ---- reading ------------------------------------------------------------------------- */
 
 __attribute__((format(printf, 3, 4)))
 static int bad(char *err, size_t errlen, const char *fmt, ...)
@@ -67,23 +67,10 @@ static int bad(char *err, size_t errlen, const char *fmt, ...)
     return EDL_EPROTO;
 }
 
-/* An exact integer in [lo, hi]. */
-static bool get_int(const cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t *out)
+/* Whatever the reader found wrong is a malformed document here (EDL_EPROTO), except memory. */
+static int reader_rc(const edl_json_reader *r)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) ||
-        v->valuedouble < (double)lo || v->valuedouble > (double)hi)
-        return false;
-    *out = (int64_t)v->valuedouble;
-    return true;
-}
-
-static const char *get_str(const cJSON *o, const char *name, size_t maxlen)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!cJSON_IsString(v) || !v->valuestring || strlen(v->valuestring) > maxlen)
-        return NULL;
-    return v->valuestring;
+    return r->rc == 0 || r->rc == EDL_ENOMEM ? r->rc : EDL_EPROTO;
 }
 
 static bool label_valid(const char *s)
@@ -119,88 +106,107 @@ void edl_ckpt_manifest_free(edl_ckpt_manifest *m)
     free(m);
 }
 
-/* The shard list of a document. rank >= 0: every shard must belong to that rank. */
-static int parse_shards(const cJSON *root, edl_ckpt_manifest *m, int rank, char *err, size_t errlen)
+/* One shard entry (an object) into s. rank >= 0: it must belong to that rank. */
+static int parse_shard(edl_json_reader *r, const edl_ckpt_manifest *m, int rank,
+                       edl_ckpt_shard_info *s)
 {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "shards");
-    if (!cJSON_IsArray(arr))
-        return bad(err, errlen, "\"shards\" is missing or not an array");
-    int n = cJSON_GetArraySize(arr);
-    if (n < 0 || n > CKPT_MAX_SHARDS)
-        return bad(err, errlen, "%d shards: more than the %d allowed", n, CKPT_MAX_SHARDS);
-    m->shards = calloc(n ? (size_t)n : 1, sizeof *m->shards);
+    int64_t rk = rank, idx = 0, size = 0;
+    const char *name = NULL, *key = NULL, *sum = NULL;
+    r->required = rank < 0; /* in a rank's own document, its shards may leave "rank" out */
+    edl_json_i64(r, "rank", rank < 0 ? 0 : rank, rank < 0 ? m->world_size - 1 : rank, &rk);
+    r->required = true;
+    edl_json_i64(r, "index", 0, CKPT_MAX_SHARDS, &idx);
+    edl_json_i64(r, "size", 0, (int64_t)CKPT_MAX_SHARD_SIZE, &size);
+    edl_json_cstr(r, "name", 128, &name);
+    edl_json_cstr(r, "key", 512, &key);
+    edl_json_cstr(r, "sha256", 64, &sum);
+    if (r->rc)
+        return reader_rc(r);
+    size_t dlen = strlen(m->dir);
+    if (!label_valid(name))
+        return bad(r->err, r->errlen, "%s: \"name\" is not a short label", r->doc);
+    if (!edl_storage_key_valid(key))
+        return bad(r->err, r->errlen, "%s: \"key\" is not a valid storage key", r->doc);
+    if (strncmp(key, m->dir, dlen) != 0 || key[dlen] != '/')
+        return bad(r->err, r->errlen, "%s: \"key\" is outside %s", r->doc, m->dir);
+    if (!hex64(sum))
+        return bad(r->err, r->errlen, "%s: \"sha256\" is not 64 lowercase hex digits", r->doc);
+    s->rank = (int)rk;
+    s->index = (int)idx;
+    s->size = (uint64_t)size;
+    memcpy(s->sha256, sum, 65);
+    return (s->name = strdup(name)) && (s->key = strdup(key)) ? 0 : EDL_ENOMEM;
+}
+
+/* The shard list of a document. rank >= 0: every shard must belong to that rank. */
+static int parse_shards(edl_json_reader *root, edl_ckpt_manifest *m, int rank)
+{
+    const cJSON *arr = edl_json_array(root, "shards", CKPT_MAX_SHARDS);
+    if (!arr)
+        return reader_rc(root);
+    m->shards = calloc((size_t)cJSON_GetArraySize(arr) + 1, sizeof *m->shards);
     if (!m->shards)
         return EDL_ENOMEM;
-    size_t dlen = strlen(m->dir);
     uint64_t total = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, arr) {
-        edl_ckpt_shard_info *s = &m->shards[m->n_shards];
-        int64_t r = rank, idx, size;
         size_t at = m->n_shards;
+        char doc[48];
+        snprintf(doc, sizeof doc, "shard %zu", at);
         if (!cJSON_IsObject(e))
-            return bad(err, errlen, "shard %zu is not an object", at);
-        if ((rank < 0 && !get_int(e, "rank", 0, m->world_size - 1, &r)) ||
-            (rank >= 0 && cJSON_GetObjectItemCaseSensitive(e, "rank") &&
-             (!get_int(e, "rank", 0, CKPT_MAX_WORLD, &r) || r != rank)))
-            return bad(err, errlen, "shard %zu: \"rank\" is missing or not in 0..%d", at,
-                       m->world_size - 1);
-        if (!get_int(e, "index", 0, CKPT_MAX_SHARDS, &idx))
-            return bad(err, errlen, "shard %zu: \"index\" is missing or out of range", at);
-        if (!get_int(e, "size", 0, (int64_t)CKPT_MAX_SHARD_SIZE, &size))
-            return bad(err, errlen, "shard %zu: \"size\" is missing, not an integer or larger "
-                       "than 1 PiB", at);
-        const char *name = get_str(e, "name", 128), *key = get_str(e, "key", 512);
-        const char *sum = get_str(e, "sha256", 64);
-        if (!name || !label_valid(name))
-            return bad(err, errlen, "shard %zu: \"name\" is missing or not a short label", at);
-        if (!key || !edl_storage_key_valid(key) || strncmp(key, m->dir, dlen) != 0 ||
-            key[dlen] != '/')
-            return bad(err, errlen, "shard %zu: \"key\" is missing, invalid or outside %s", at,
-                       m->dir);
-        if (!hex64(sum))
-            return bad(err, errlen, "shard %zu: \"sha256\" is not 64 lowercase hex digits", at);
-        if (at > 0 && (m->shards[at - 1].rank > r ||
-                       (m->shards[at - 1].rank == r && m->shards[at - 1].index >= idx)))
-            return bad(err, errlen, "shard %zu: shards are not ordered by rank and index "
-                       "(or one is listed twice)", at);
-        total += (uint64_t)size;
-        if (total > CKPT_MAX_SHARD_SIZE)
-            return bad(err, errlen, "the shards add up to more than 1 PiB");
-        s->rank = (int)r;
-        s->index = (int)idx;
-        s->size = (uint64_t)size;
-        memcpy(s->sha256, sum, 65);
-        m->n_shards++;
-        if (!(s->name = strdup(name)) || !(s->key = strdup(key)))
-            return EDL_ENOMEM;
+            return bad(root->err, root->errlen, "%s is not an object", doc);
+        edl_json_reader r = {e, doc, root->err, root->errlen, 0, true};
+        edl_ckpt_shard_info *s = &m->shards[m->n_shards++];
+        int rc = parse_shard(&r, m, rank, s);
+        if (rc)
+            return rc;
+        if (at > 0 && (m->shards[at - 1].rank > s->rank ||
+                       (m->shards[at - 1].rank == s->rank && m->shards[at - 1].index >= s->index)))
+            return bad(root->err, root->errlen, "shard %zu: shards are not ordered by rank and "
+                       "index (or one is listed twice)", at);
+        if ((total += s->size) > CKPT_MAX_SHARD_SIZE)
+            return bad(root->err, root->errlen, "the shards add up to more than 1 PiB");
     }
     return 0;
 }
 
 /* The fields every document shares: format, step, generation, world_size, dir. */
-static int parse_common(const cJSON *root, const char *format, edl_ckpt_manifest *m, char *err,
-                        size_t errlen)
+static int parse_common(edl_json_reader *r, const char *format, edl_ckpt_manifest *m)
 {
-    int64_t ws;
-    if (!cJSON_IsObject(root))
-        return bad(err, errlen, "not a JSON object (truncated or not a checkpoint document)");
-    const char *f = get_str(root, "format", 64);
-    if (!f || strcmp(f, format) != 0)
-        return bad(err, errlen, "\"format\" is not \"%s\"", format);
-    if (!get_int(root, "step", 0, CKPT_MAX_STEP, &m->step))
-        return bad(err, errlen, "\"step\" is missing or not an integer in 0..2^53-1");
-    if (!get_int(root, "generation", 0, CKPT_MAX_STEP, &m->generation))
-        return bad(err, errlen, "\"generation\" is missing or not an integer in 0..2^53-1");
-    if (!get_int(root, "world_size", 1, CKPT_MAX_WORLD, &ws))
-        return bad(err, errlen, "\"world_size\" is missing or not in 1..%d", CKPT_MAX_WORLD);
-    m->world_size = (int)ws;
+    const char *f = NULL, *d = NULL;
+    r->required = true;
+    edl_json_cstr(r, "format", 64, &f);
+    if (!r->rc && (!f || strcmp(f, format) != 0))
+        return bad(r->err, r->errlen, "%s: \"format\" is not \"%s\"", r->doc, format);
+    edl_json_i64(r, "step", 0, CKPT_MAX_STEP, &m->step);
+    edl_json_i64(r, "generation", 0, CKPT_MAX_STEP, &m->generation);
+    edl_json_int(r, "world_size", 1, CKPT_MAX_WORLD, &m->world_size);
+    edl_json_cstr(r, "dir", 63, &d);
+    if (r->rc)
+        return reader_rc(r);
     char dir[64];
     ckpt_dir_name(m->step, m->generation, dir, sizeof dir);
-    const char *d = get_str(root, "dir", 63);
-    if (!d || strcmp(d, dir) != 0)
-        return bad(err, errlen, "\"dir\" is not \"%s\" (step and generation disagree)", dir);
+    if (strcmp(d, dir) != 0)
+        return bad(r->err, r->errlen, "%s: \"dir\" is not \"%s\" (step and generation "
+                   "disagree)", r->doc, dir);
     return (m->dir = strdup(dir)) ? 0 : EDL_ENOMEM;
+}
+
+/* Parse the object of a manifest or rank document into a new manifest structure. */
+static cJSON *parse_root(const char *json, size_t len, const char *doc, edl_ckpt_manifest **m,
+                         char *err, size_t errlen, int *rc)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    cJSON *root = edl_json_parse_object(json, len, CKPT_MAX_DOC, doc, err, errlen, rc);
+    if (!root)
+        return NULL;
+    if (!(*m = calloc(1, sizeof **m))) {
+        cJSON_Delete(root);
+        *rc = EDL_ENOMEM;
+        return NULL;
+    }
+    return root;
 }
 
 int edl_ckpt_manifest_parse(const char *json, size_t len, edl_ckpt_manifest **out, char *err,
@@ -209,29 +215,22 @@ int edl_ckpt_manifest_parse(const char *json, size_t len, edl_ckpt_manifest **ou
     if (!json || !out)
         return EDL_EINVAL;
     *out = NULL;
-    if (err && errlen)
-        err[0] = '\0';
-    if (len > CKPT_MAX_DOC)
-        return bad(err, errlen, "manifest of %zu bytes is larger than the %u allowed", len,
-                   CKPT_MAX_DOC);
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    edl_ckpt_manifest *m = calloc(1, sizeof *m);
-    int rc = m ? 0 : EDL_ENOMEM;
-    if (rc == 0 && !root)
-        rc = bad(err, errlen, "manifest is not valid JSON (truncated?)");
+    edl_ckpt_manifest *m = NULL;
+    int rc;
+    cJSON *root = parse_root(json, len, "manifest", &m, err, errlen, &rc);
+    if (!root)
+        return rc;
+    edl_json_reader r = {root, "manifest", err, errlen, 0};
+    rc = parse_common(&r, CKPT_FORMAT, m);
     if (rc == 0)
-        rc = parse_common(root, CKPT_FORMAT, m, err, errlen);
-    if (rc == 0)
-        rc = parse_shards(root, m, -1, err, errlen);
-    if (rc == 0) {
-        const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-        if (meta && !cJSON_IsObject(meta))
-            rc = bad(err, errlen, "\"metadata\" is not an object");
-        else if (!(m->metadata_json = meta ? cJSON_PrintUnformatted(meta) : strdup("{}")))
-            rc = EDL_ENOMEM;
-    }
-    /* every rank that saved must be represented: a rank with no shard at all is allowed (it
-     * had nothing to save), but a shard of a rank beyond world_size is not (checked above) */
+        rc = parse_shards(&r, m, -1);
+    r.required = false;
+    const cJSON *meta = rc == 0 ? edl_json_object(&r, "metadata") : NULL;
+    if (rc == 0 && (rc = reader_rc(&r)) == 0 &&
+        !(m->metadata_json = meta ? cJSON_PrintUnformatted(meta) : strdup("{}")))
+        rc = EDL_ENOMEM;
+    /* a rank with no shard at all is allowed (it had nothing to save); a shard of a rank
+     * beyond world_size is not (parse_shard checks it) */
     cJSON_Delete(root);
     if (rc != 0) {
         edl_ckpt_manifest_free(m);
@@ -245,17 +244,17 @@ int ckpt_rank_doc_parse(const char *json, size_t len, int rank, const edl_ckpt_m
                         edl_ckpt_manifest **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (len > CKPT_MAX_DOC)
-        return bad(err, errlen, "%zu bytes: too large", len);
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    edl_ckpt_manifest *m = calloc(1, sizeof *m);
-    int64_t r;
-    int rc = m ? 0 : EDL_ENOMEM;
-    if (rc == 0 && !root)
-        rc = bad(err, errlen, "not valid JSON (truncated?)");
+    edl_ckpt_manifest *m = NULL;
+    int rc;
+    cJSON *root = parse_root(json, len, "rank document", &m, err, errlen, &rc);
+    if (!root)
+        return rc;
+    edl_json_reader r = {root, "rank document", err, errlen, 0};
+    int64_t rk = -1;
+    rc = parse_common(&r, CKPT_RANK_FORMAT, m);
     if (rc == 0)
-        rc = parse_common(root, CKPT_RANK_FORMAT, m, err, errlen);
-    if (rc == 0 && (!get_int(root, "rank", 0, CKPT_MAX_WORLD, &r) || r != rank))
+        edl_json_i64(&r, "rank", 0, CKPT_MAX_WORLD, &rk);
+    if (rc == 0 && (r.rc || rk != rank))
         rc = bad(err, errlen, "\"rank\" is not %d", rank);
     if (rc == 0 && (m->step != expect->step || m->generation != expect->generation ||
                     m->world_size != expect->world_size))
@@ -264,7 +263,7 @@ int ckpt_rank_doc_parse(const char *json, size_t len, int rank, const edl_ckpt_m
                  m->generation, m->world_size, expect->step, expect->generation,
                  expect->world_size);
     if (rc == 0)
-        rc = parse_shards(root, m, rank, err, errlen);
+        rc = parse_shards(&r, m, rank);
     cJSON_Delete(root);
     if (rc != 0) {
         edl_ckpt_manifest_free(m);
@@ -345,39 +344,51 @@ void ckpt_pointer_clear(ckpt_pointer *p)
     p->n = 0;
 }
 
+/* One history entry: step, generation and the canonical dir of the two. */
+static int parse_pointer_entry(edl_json_reader *r, ckpt_pointer_entry *x)
+{
+    const char *dir = NULL;
+    edl_json_i64(r, "step", 0, CKPT_MAX_STEP, &x->step);
+    edl_json_i64(r, "generation", 0, CKPT_MAX_STEP, &x->generation);
+    edl_json_cstr(r, "dir", sizeof x->dir - 1, &dir);
+    if (r->rc)
+        return reader_rc(r);
+    ckpt_dir_name(x->step, x->generation, x->dir, sizeof x->dir);
+    if (strcmp(dir, x->dir) != 0)
+        return bad(r->err, r->errlen, "%s: dir is not %s", r->doc, x->dir);
+    return 0;
+}
+
 int ckpt_pointer_parse(const char *json, size_t len, ckpt_pointer *p, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    const cJSON *hist = root ? cJSON_GetObjectItemCaseSensitive(root, "history") : NULL;
-    int rc = 0;
-    if (!cJSON_IsObject(root))
-        rc = bad(err, errlen, "the pointer is not a JSON object");
-    else if (!cJSON_IsArray(hist) || cJSON_GetArraySize(hist) < 1 ||
-             cJSON_GetArraySize(hist) > 1000)
-        rc = bad(err, errlen, "the pointer has no \"history\" list of 1..1000 entries");
+    int rc;
+    cJSON *root = edl_json_parse_object(json, len, CKPT_MAX_DOC, "the pointer", err, errlen, &rc);
+    if (!root)
+        return rc == EDL_ENOMEM ? rc : EDL_EPROTO;
+    edl_json_reader r = {root, "the pointer", err, errlen, 0, true};
+    const cJSON *hist = edl_json_array(&r, "history", 1000);
+    int64_t step = -1;
+    edl_json_i64(&r, "step", 0, CKPT_MAX_STEP, &step);
+    rc = reader_rc(&r);
+    if (rc == 0 && cJSON_GetArraySize(hist) < 1)
+        rc = bad(err, errlen, "the pointer's \"history\" is empty");
     if (rc == 0 && !(p->entries = calloc((size_t)cJSON_GetArraySize(hist), sizeof *p->entries)))
         rc = EDL_ENOMEM;
-    const cJSON *e;
-    if (rc == 0) {
-        cJSON_ArrayForEach(e, hist) {
-            ckpt_pointer_entry *x = &p->entries[p->n];
-            const char *dir = get_str(e, "dir", sizeof x->dir - 1);
-            if (!get_int(e, "step", 0, CKPT_MAX_STEP, &x->step) ||
-                !get_int(e, "generation", 0, CKPT_MAX_STEP, &x->generation) || !dir) {
-                rc = bad(err, errlen, "pointer history entry %zu is malformed", p->n);
-                break;
-            }
-            ckpt_dir_name(x->step, x->generation, x->dir, sizeof x->dir);
-            if (strcmp(dir, x->dir) != 0) {
-                rc = bad(err, errlen, "pointer history entry %zu: dir is not %s", p->n, x->dir);
-                break;
-            }
-            p->n++;
-        }
+    const cJSON *e, *items = rc == 0 ? hist : NULL;
+    cJSON_ArrayForEach(e, items) {
+        char doc[48];
+        snprintf(doc, sizeof doc, "pointer history entry %zu", p->n);
+        edl_json_reader er = {e, doc, err, errlen, 0, true};
+        if (!cJSON_IsObject(e))
+            rc = bad(err, errlen, "%s is malformed", doc);
+        else
+            rc = parse_pointer_entry(&er, &p->entries[p->n]);
+        if (rc)
+            break;
+        p->n++;
     }
-    int64_t step;
-    if (rc == 0 && (!get_int(root, "step", 0, CKPT_MAX_STEP, &step) || step != p->entries[0].step))
+    if (rc == 0 && step != p->entries[0].step)
         rc = bad(err, errlen, "the pointer's \"step\" disagrees with its history");
     cJSON_Delete(root);
     if (rc != 0)

@@ -1,4 +1,4 @@
-/* etcd_watch.c: streaming watches that never skip an event.
+/* watch.c: streaming watches that never skip an event.
  *
  * Each watch runs one thread with its own connection (a libcurl multi handle, so a stop wakes
  * it at once). The gateway streams newline-delimited {"result":{...}} messages; the thread
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "edl/log.h"
-#include "etcd_internal.h"
+#include "internal.h"
 
 typedef struct ev_node {
     edl_watch_event *ev;
@@ -432,7 +432,7 @@ static void watch_destroy(edl_watch *w)
     }
     if (w->multi)
         curl_multi_cleanup(w->multi);
-    edl_etcd_free(w->conn);
+    edl_etcd_close(w->conn);
     if (w->efd >= 0)
         close(w->efd);
     pthread_cond_destroy(&w->cv);
@@ -468,10 +468,10 @@ static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_op
         memcpy(w->range_end, o->range_end.data, o->range_end.len);
         w->range_end_len = o->range_end.len;
     }
-    return rc ? rc : edl_etcd_new(&c->cfg, &w->conn);
+    return rc ? rc : edl_etcd_open(&c->cfg, &w->conn);
 }
 
-int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_watch **out)
+int edl_watch_open(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_watch **out)
 {
     edl_watch_opts d = {0};
     char ks[96];
@@ -502,7 +502,7 @@ int edl_etcd_watch(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
     if (rc) {
         etcd_fail(c, rc, "watch on key '%s': %s", etcd_key_str(key, ks, sizeof ks),
                   w->conn->errmsg[0] ? w->conn->errmsg : "not created within the timeout");
-        edl_watch_stop(w);
+        edl_watch_close(w);
         return rc;
     }
     *out = w;
@@ -543,7 +543,7 @@ int edl_watch_fd(const edl_watch *w)
     return w->efd;
 }
 
-void edl_watch_stop(edl_watch *w)
+void edl_watch_close(edl_watch *w)
 {
     if (!w)
         return;

@@ -1,4 +1,4 @@
-/* checkpoint_internal.h: the JSON documents of a checkpoint (checkpoint_json.c) as
+/* checkpoint_internal.h: the JSON documents of a checkpoint (checkpoint_docs.c) as
  * checkpoint.c uses them: the per-rank shard list, the manifest and the etcd pointer. */
 #ifndef EDL_CHECKPOINT_INTERNAL_H
 #define EDL_CHECKPOINT_INTERNAL_H

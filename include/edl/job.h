@@ -1,22 +1,22 @@
-/* edl/cluster.h: the job model that agents, the job server, the `edl` command and (later) the
- * Kubernetes operator share: etcd key names, and the JSON documents stored under them (the
- * job's spec, a pod's registration, a pod's trainer status, the published generation), with
- * strict parsers, encoders and the rank assignment rule.
+/* edl/job.h: the job model that the agent, the job server, the `edl` command and the
+ * collective library share (they meet only through etcd, in these documents):
  *
- * Keys (prefix default "/edl/v1"):
- *   <prefix>/jobs/<job>/spec           edl_job_spec     launcher / operator, no lease
- *   <prefix>/jobs/<job>/pods/<pod>     edl_pod          agent, under the agent's lease
- *   <prefix>/jobs/<job>/status/<pod>   edl_pod_status   agent, under the agent's lease
- *   <prefix>/jobs/<job>/leader         job server id    election key, leader's lease
- *   <prefix>/jobs/<job>/cluster        edl_cluster      leading job server, fenced txn
- *   <prefix>/jobs/<job>/gen/<n>/...    rendezvous data  trainers' libraries
- *   <prefix>/jobs/<job>/checkpoint     checkpoint pointer
+ *   keys        every etcd key of a job, built and recognised in one place (edl_job_keys);
+ *   spec        what the job should be (edl_job_spec), written by the launcher or operator;
+ *   pod         one agent's registration (edl_pod), under the agent's lease;
+ *   pod status  the state of that pod's trainer process (edl_pod_status), under the same lease;
+ *   generation  the membership the job server published (edl_generation): number, members
+ *               with their ranks, standbys, failures, the job's state;
+ *   ranks       the rank assignment rule (edl_assign_ranks);
+ *   exit codes  what every edl program exits with, and a job's final state as one of them.
  *
  * Parsers never trust their input: wrong types, out-of-range numbers, unknown enum names and
- * oversized documents give EDL_EPROTO (or EDL_ECONFIG for a spec that parses but makes no
- * sense) with a message in `err`, and leave the output untouched. */
-#ifndef EDL_CLUSTER_H
-#define EDL_CLUSTER_H
+ * oversized documents give EDL_EPROTO (EDL_ECONFIG for values that make no sense, EDL_ETOOBIG
+ * for sizes) with a message in `err`, and leave the output untouched. Everything here is pure
+ * (no etcd calls), so the job server's decisions and the parsers are tested without a server.
+ * The trainer's side of the agent protocol has its own header, edl/agent_link.h. */
+#ifndef EDL_JOB_H
+#define EDL_JOB_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,14 +32,72 @@ extern "C" {
 #define EDL_NAME_MAX 128          /* job and pod names */
 #define EDL_DOC_MAX (1 << 20)     /* largest JSON document accepted from etcd */
 #define EDL_MEMBERS_MAX 100000    /* largest membership a generation may list */
+#define EDL_GENERATION_MAX (INT64_C(1) << 52) /* highest generation number a document may hold */
 
 /* Job and pod names: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-'. Kubernetes pod
  * names (DNS subdomains) always qualify. */
 bool edl_name_valid(const char *name);
 
-/* "<prefix>/jobs/<job>/<rest>" (rest may be "" for the job's own prefix "…/<job>/"). malloc'ed;
- * NULL when out of memory. */
-char *edl_job_key(const char *prefix, const char *job, const char *rest);
+/* ---- keys ------------------------------------------------------------------------------- */
+
+/* The keys of one job, all under "<prefix>/jobs/<job>/" (prefix default "/edl/v1"):
+ *   spec              edl_job_spec     launcher / operator, no lease
+ *   pods/<pod>        edl_pod          agent, under the agent's lease
+ *   status/<pod>      edl_pod_status   agent, under the agent's lease
+ *   leader            job server id    election key, the leader's lease
+ *   generation        edl_generation   the leading job server, fenced txn
+ *   gen/<n>/<name>    rendezvous data of generation n (trainers' libraries); deleted with it
+ *   checkpoint        the checkpoint pointer (edl/checkpoint.h) */
+typedef struct edl_job_keys {
+    char *job;        /* "<prefix>/jobs/<job>/": the job's whole key space */
+    char *spec;
+    char *pods;       /* "…/pods/": prefix of every registration */
+    char *status;     /* "…/status/": prefix of every trainer status */
+    char *leader;
+    char *generation;
+    char *gens;       /* "…/gen/": prefix of every generation's rendezvous data */
+    char *checkpoint;
+} edl_job_keys;
+
+/* Names under gen/<n>/: */
+#define EDL_GEN_DEAD "dead"       /* the trainers declared generation n dead */
+#define EDL_GEN_CPU "cpu/"        /* cpu/<rank>: a rank's collective endpoint */
+#define EDL_GEN_NCCL_ID "nccl-id" /* the NCCL unique id of generation n */
+
+/* Build every key (prefix NULL: EDL_DEFAULT_PREFIX; trailing slashes are dropped). EDL_EINVAL
+ * for an invalid job name, EDL_ENOMEM. */
+int edl_job_keys_init(edl_job_keys *k, const char *prefix, const char *job);
+void edl_job_keys_clear(edl_job_keys *k);
+/* pods/<pod>, status/<pod> and gen/<n>/<name> (name "": the generation's prefix "gen/<n>/");
+ * malloc'ed, NULL when out of memory. */
+char *edl_job_key_pod(const edl_job_keys *k, const char *pod);
+char *edl_job_key_status(const edl_job_keys *k, const char *pod);
+char *edl_job_key_gen(const edl_job_keys *k, int64_t gen, const char *name);
+
+typedef enum edl_job_key_kind {
+    EDL_KEY_OTHER = 0, /* not a key of this job, or none of the kinds below */
+    EDL_KEY_SPEC,
+    EDL_KEY_POD,        /* name: the pod */
+    EDL_KEY_STATUS,     /* name: the pod */
+    EDL_KEY_LEADER,
+    EDL_KEY_GENERATION,
+    EDL_KEY_GEN,        /* gen: n, name: what follows "gen/<n>/" */
+    EDL_KEY_CHECKPOINT,
+} edl_job_key_kind;
+
+typedef struct edl_job_key_info {
+    edl_job_key_kind kind;
+    const char *name; /* points into the key; not NUL-terminated */
+    size_t name_len;
+    int64_t gen;
+} edl_job_key_info;
+
+/* What a key read from etcd is. A pod name is returned as it is (check it with
+ * edl_name_valid); a generation number must be canonical decimal up to EDL_GENERATION_MAX. */
+edl_job_key_kind edl_job_key_parse(const edl_job_keys *k, const char *key, size_t len,
+                                   edl_job_key_info *out);
+/* True when info names this entry of generation n's rendezvous data. */
+bool edl_job_key_is_gen(const edl_job_key_info *info, int64_t gen, const char *name);
 
 /* ---- spec ------------------------------------------------------------------------------- */
 
@@ -73,14 +131,23 @@ typedef struct edl_job_spec {
     bool stopped;               /* `edl stop`: trainers stop and the job ends as stopped */
 } edl_job_spec;
 
-void edl_spec_init(edl_job_spec *s);
-void edl_spec_free(edl_job_spec *s);
+void edl_spec_init(edl_job_spec *s);  /* the defaults above */
+void edl_spec_clear(edl_job_spec *s); /* frees what it owns and sets the defaults again */
+/* A deep copy into an initialised *dst (whose old contents are freed). */
+int edl_spec_copy(edl_job_spec *dst, const edl_job_spec *src);
 /* Parse and validate (absent fields keep their defaults). EDL_EPROTO for malformed JSON or a
  * wrong type, EDL_ECONFIG for values that make no sense (min > max, negative TTL, ...). */
 int edl_spec_parse(const char *json, size_t len, edl_job_spec *out, char *err, size_t errlen);
 int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen);
 /* JSON text (malloc'ed) or NULL when out of memory. */
 char *edl_spec_to_json(const edl_job_spec *s);
+/* The pods the launcher or operator keeps running: replicas, or max when replicas is -1. */
+int edl_spec_desired_pods(const edl_job_spec *s);
+/* Names of the enums, as the spec's JSON and the `edl run` flags spell them. */
+const char *edl_restart_policy_name(edl_restart_policy p);
+int edl_restart_policy_parse(const char *s, edl_restart_policy *out); /* EDL_ECONFIG: unknown */
+const char *edl_elastic_mode_name(edl_elastic_mode m);
+int edl_elastic_mode_parse(const char *s, edl_elastic_mode *out);
 /* Parse "1-127,130,200-255" into a code bitmap. */
 int edl_exit_codes_parse(const char *s, uint8_t bits[32]);
 static inline bool edl_exit_code_in(const uint8_t bits[32], int code)
@@ -103,7 +170,8 @@ typedef struct edl_pod {
     int64_t create_revision; /* join order */
 } edl_pod;
 
-void edl_pod_free(edl_pod *p); /* contents only */
+void edl_pod_clear(edl_pod *p); /* frees what it owns; leaves it zeroed */
+/* Parse into *out, keeping out->name, lease and create_revision (they come from the key). */
 int edl_pod_parse(const char *json, size_t len, edl_pod *out, char *err, size_t errlen);
 char *edl_pod_to_json(const edl_pod *p);
 
@@ -115,7 +183,7 @@ typedef enum edl_trainer_state {
     EDL_TRAINER_EXITED,      /* exited by itself: exit_code */
     EDL_TRAINER_SIGNALED,    /* killed by a signal the agent did not send: signal */
     EDL_TRAINER_STOPPED,     /* stopped by the agent (generation change, leave) */
-    EDL_TRAINER_HUNG,        /* the agent saw no progress past the timeout (reserved) */
+    EDL_TRAINER_HUNG,        /* reserved for hang detection in the agent: not set yet */
 } edl_trainer_state;
 
 typedef struct edl_pod_status {
@@ -163,7 +231,8 @@ typedef struct edl_pod_failures {
     int64_t excluded_until;  /* wall clock, ms since the epoch (0: not excluded) */
 } edl_pod_failures;
 
-typedef struct edl_cluster {
+/* The published generation, with the job's state (they change together, in one txn). */
+typedef struct edl_generation {
     int64_t generation;      /* 1, 2, ...; 0 = none published yet */
     edl_job_state state;
     char *reason;            /* why the last generation or state change happened */
@@ -177,16 +246,21 @@ typedef struct edl_cluster {
     char *spec_error;        /* the spec in etcd is invalid (the last valid one is in force) */
     char *leader;            /* the job server that published this */
     int64_t published_ms;    /* wall clock */
-} edl_cluster;
+} edl_generation;
 
-void edl_cluster_free(edl_cluster *c); /* contents only; leaves it zeroed */
-int edl_cluster_parse(const char *json, size_t len, edl_cluster *out, char *err, size_t errlen);
-char *edl_cluster_to_json(const edl_cluster *c);
-/* The member with this pod name, or NULL. */
-const edl_member *edl_cluster_member(const edl_cluster *c, const char *pod);
-/* Deep copy of a member list. */
+void edl_generation_clear(edl_generation *g); /* frees what it owns; leaves it zeroed */
+int edl_generation_parse(const char *json, size_t len, edl_generation *out, char *err,
+                         size_t errlen);
+char *edl_generation_to_json(const edl_generation *g);
+/* The member that is this incarnation of the pod (same name and lease), or NULL. */
+const edl_member *edl_generation_member(const edl_generation *g, const char *pod, int64_t lease);
+/* The member with this pod name, whatever its lease, or NULL. */
+const edl_member *edl_generation_member_named(const edl_generation *g, const char *pod);
+/* Deep copy of a member list (edl_members_free). */
 int edl_members_copy(const edl_member *src, size_t n, edl_member **out);
 void edl_members_free(edl_member *m, size_t n);
+
+/* ---- ranks --------------------------------------------------------------------------------- */
 
 /* Rank assignment (deterministic, minimal movement). `prev`: the last generation's members;
  * `cands`: the pods that may be members now, in join order (alive, not excluded); at most
@@ -198,6 +272,21 @@ void edl_members_free(edl_member *m, size_t n);
 int edl_assign_ranks(const edl_member *prev, size_t n_prev, const edl_pod *cands, size_t n_cands,
                      int max, edl_member **members, size_t *n_members, char ***standbys,
                      size_t *n_standbys);
+
+/* ---- exit codes ------------------------------------------------------------------------ */
+
+/* What edl-agent, edl-jobserver and `edl` exit with (each documents it in --help); a program
+ * that leaves on signal N exits 128+N. */
+enum {
+    EDL_EXIT_SUCCEEDED = 0,   /* the job succeeded, or the command did what it was asked */
+    EDL_EXIT_FAILED = 1,      /* the job failed (for `edl status/scale/stop`: no such job) */
+    EDL_EXIT_USAGE = 2,       /* bad arguments or configuration */
+    EDL_EXIT_UNREACHABLE = 3, /* etcd could not be reached (or started) */
+    EDL_EXIT_STOPPED = 4,     /* the job was stopped (edl stop) */
+};
+
+/* A job's state as an exit code: succeeded 0, stopped 4, failed (and any other state) 1. */
+int edl_job_exit_code(edl_job_state s);
 
 #ifdef __cplusplus
 }

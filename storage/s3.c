@@ -1,4 +1,4 @@
-/* storage_s3.c: the s3:// back end of edl/storage.h, for AWS S3, MinIO, Ceph RGW and friends.
+/* s3.c: the s3:// back end of edl/storage.h, for AWS S3, MinIO, Ceph RGW and friends.
  *
  * Requests are signed by libcurl itself (CURLOPT_AWS_SIGV4), so no crypto is written here.
  * Two details make that portable across libcurl versions: every request carries
@@ -11,7 +11,7 @@
  * sent parallel_parts at a time on one libcurl multi handle, the upload being aborted when any
  * part fails for good. 5xx replies and connection errors are retried with jittered back-off. */
 #define _GNU_SOURCE
-#include "storage_internal.h"
+#include "internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>

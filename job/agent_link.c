@@ -1,10 +1,9 @@
-/* trainer.c: the trainer's side of the agent protocol (progress lines out, generation lines
- * in), and the control-line format that both sides share. See edl/trainer.h. */
+/* agent_link.c: the trainer's side of the agent protocol (progress lines out, generation lines
+ * in), and the control-line format that both sides share. See edl/agent_link.h. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +11,11 @@
 #include <unistd.h>
 
 #include "edl/log.h"
-#include "edl/trainer.h"
+#include "edl/agent_link.h"
+#include "edl/job.h"
+#include "edl/json.h"
 
-struct edl_trainer {
+struct edl_agent_link {
     int progress_fd; /* -1: standalone */
     int control_fd;  /* -1: standalone or the agent closed it */
     int rank, world_size;
@@ -22,7 +23,6 @@ struct edl_trainer {
     char *line;      /* partial control line */
     size_t len, cap;
     bool skipping;   /* discarding an oversized line up to its newline */
-    char *endpoints; /* of the last generation returned */
 };
 
 /* An fd number from the environment: -1 when unset, EDL_ECONFIG when not an open fd. */
@@ -36,7 +36,7 @@ static int env_fd(const char *name, int *fd)
     errno = 0;
     long n = strtol(v, &end, 10);
     if (*end || errno || n < 0 || n > INT_MAX || fcntl((int)n, F_GETFD) < 0) {
-        EDL_ERROR("trainer", "%s=%s is not an open file descriptor", name, v);
+        EDL_ERROR("agent-link", "%s=%s is not an open file descriptor", name, v);
         return EDL_ECONFIG;
     }
     *fd = (int)n;
@@ -61,10 +61,10 @@ static void set_flags(int fd)
         fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-int edl_trainer_open(edl_trainer **out)
+int edl_agent_link_open(edl_agent_link **out)
 {
     *out = NULL;
-    edl_trainer *t = calloc(1, sizeof *t);
+    edl_agent_link *t = calloc(1, sizeof *t);
     if (!t)
         return EDL_ENOMEM;
     int rc = env_fd("EDL_PROGRESS_FD", &t->progress_fd);
@@ -85,7 +85,7 @@ int edl_trainer_open(edl_trainer **out)
     return 0;
 }
 
-void edl_trainer_close(edl_trainer *t)
+void edl_agent_link_close(edl_agent_link *t)
 {
     if (!t)
         return;
@@ -94,11 +94,10 @@ void edl_trainer_close(edl_trainer *t)
     if (t->control_fd >= 0)
         close(t->control_fd);
     free(t->line);
-    free(t->endpoints);
     free(t);
 }
 
-int edl_trainer_report_step(edl_trainer *t, int64_t step)
+int edl_agent_link_report_step(edl_agent_link *t, int64_t step)
 {
     if (!t || step < 0)
         return EDL_EINVAL;
@@ -113,28 +112,28 @@ int edl_trainer_report_step(edl_trainer *t, int64_t step)
     return w == n ? 0 : EDL_EIO;
 }
 
-int edl_trainer_control_fd(const edl_trainer *t)
+int edl_agent_link_fd(const edl_agent_link *t)
 {
     return t ? t->control_fd : -1;
 }
 
-int edl_trainer_rank(const edl_trainer *t)
+int edl_agent_link_rank(const edl_agent_link *t)
 {
     return t ? t->rank : 0;
 }
 
-int edl_trainer_world_size(const edl_trainer *t)
+int edl_agent_link_world_size(const edl_agent_link *t)
 {
     return t ? t->world_size : 1;
 }
 
-int64_t edl_trainer_generation_id(const edl_trainer *t)
+int64_t edl_agent_link_generation(const edl_agent_link *t)
 {
     return t ? t->generation : 0;
 }
 
 /* Take one complete line (without '\n') out of the buffer: 1 when found. */
-static int next_line(edl_trainer *t, char **line, size_t *len)
+static int next_line(edl_agent_link *t, char **line, size_t *len)
 {
     char *nl = memchr(t->line, '\n', t->len);
     if (!nl)
@@ -145,7 +144,7 @@ static int next_line(edl_trainer *t, char **line, size_t *len)
     return 1;
 }
 
-static void consume(edl_trainer *t, size_t n)
+static void consume(edl_agent_link *t, size_t n)
 {
     memmove(t->line, t->line + n, t->len - n);
     t->len -= n;
@@ -154,14 +153,14 @@ static void consume(edl_trainer *t, size_t n)
 /* Read one chunk into the line buffer (complete lines were taken out before): 1 when bytes
  * came, 0 when the pipe is empty, EDL_EIO once the agent is gone. A line that outgrows the
  * bound is dropped up to its newline. */
-static int read_chunk(edl_trainer *t)
+static int read_chunk(edl_agent_link *t)
 {
     if (t->cap - t->len < 4096) {
         size_t cap = t->cap ? t->cap * 2 : 8192;
-        if (cap > EDL_TRAINER_LINE_MAX + 8192)
-            cap = EDL_TRAINER_LINE_MAX + 8192;
+        if (cap > EDL_AGENT_LINE_MAX + 8192)
+            cap = EDL_AGENT_LINE_MAX + 8192;
         if (cap - t->len < 1024) { /* no newline in the buffer: one line over the limit */
-            EDL_WARN("trainer", "control line over %d bytes ignored", EDL_TRAINER_LINE_MAX);
+            EDL_WARN("agent-link", "control line over %d bytes ignored", EDL_AGENT_LINE_MAX);
             t->len = 0;
             t->skipping = true;
         } else if (cap != t->cap) {
@@ -194,7 +193,7 @@ static int read_chunk(edl_trainer *t)
     return 1;
 }
 
-int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out)
+int edl_agent_link_poll(edl_agent_link *t, edl_assignment *out)
 {
     if (!t || !out)
         return EDL_EINVAL;
@@ -205,20 +204,16 @@ int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out)
         char *line;
         size_t len;
         while (t->len && next_line(t, &line, &len)) {
-            edl_trainer_generation g;
-            int prc = edl_trainer_control_parse(line, len, &g);
+            edl_assignment g;
+            int prc = edl_assignment_parse(line, len, &g);
             if (prc == 0 && g.generation > t->generation) {
-                free(t->endpoints);
-                t->endpoints = g.endpoints;
                 t->generation = g.generation;
                 t->rank = g.rank;
                 t->world_size = g.world_size;
                 *out = g;
                 found = 1;
-            } else {
-                if (prc != 0)
-                    EDL_DEBUG("trainer", "malformed control line ignored: %.200s", line);
-                free(g.endpoints);
+            } else if (prc != 0) {
+                EDL_DEBUG("agent-link", "malformed control line ignored: %.200s", line);
             }
             consume(t, len + 1);
         }
@@ -230,7 +225,7 @@ int edl_trainer_poll(edl_trainer *t, edl_trainer_generation *out)
     return found ? 1 : rc;
 }
 
-char *edl_trainer_control_encode(const edl_trainer_generation *g)
+char *edl_assignment_encode(const edl_assignment *g)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o)
@@ -240,9 +235,7 @@ char *edl_trainer_control_encode(const edl_trainer_generation *g)
     cJSON_AddNumberToObject(o, "world_size", g->world_size);
     cJSON_AddStringToObject(o, "master_addr", g->master_addr);
     cJSON_AddNumberToObject(o, "master_port", g->master_port);
-    cJSON_AddStringToObject(o, "endpoints", g->endpoints ? g->endpoints : "");
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
+    char *s = edl_json_print_free(o);
     if (!s)
         return NULL;
     size_t n = strlen(s);
@@ -256,46 +249,28 @@ char *edl_trainer_control_encode(const edl_trainer_generation *g)
     return line;
 }
 
-static int num(const cJSON *o, const char *name, double lo, double hi, double *out)
-{
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (!cJSON_IsNumber(f) || f->valuedouble != floor(f->valuedouble) || f->valuedouble < lo ||
-        f->valuedouble > hi)
-        return EDL_EPROTO;
-    *out = f->valuedouble;
-    return 0;
-}
-
-int edl_trainer_control_parse(const char *line, size_t len, edl_trainer_generation *out)
+int edl_assignment_parse(const char *line, size_t len, edl_assignment *out)
 {
     memset(out, 0, sizeof *out);
-    cJSON *o = cJSON_ParseWithLength(line, len);
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
+    int rc;
+    cJSON *o = edl_json_parse_object(line, len, EDL_AGENT_LINE_MAX, "control line", NULL, 0, &rc);
+    if (!o)
         return EDL_EPROTO;
-    }
-    double gen, rank, world, port;
-    const cJSON *addr = cJSON_GetObjectItemCaseSensitive(o, "master_addr");
-    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(o, "endpoints");
-    int rc = num(o, "generation", 1, 4503599627370496.0, &gen);
-    if (!rc)
-        rc = num(o, "rank", 0, INT_MAX, &rank);
-    if (!rc)
-        rc = num(o, "world_size", 1, INT_MAX, &world);
-    if (!rc)
-        rc = num(o, "master_port", 0, 65535, &port);
-    if (!rc && (!cJSON_IsString(addr) || strlen(addr->valuestring) >= sizeof out->master_addr ||
-                !cJSON_IsString(eps) || rank >= world))
-        rc = EDL_EPROTO;
-    if (!rc && !(out->endpoints = strdup(eps->valuestring)))
-        rc = EDL_ENOMEM;
-    if (!rc) {
-        out->generation = (int64_t)gen;
-        out->rank = (int)rank;
-        out->world_size = (int)world;
-        out->master_port = (int)port;
-        snprintf(out->master_addr, sizeof out->master_addr, "%s", addr->valuestring);
-    }
+    edl_assignment a = {0};
+    const char *addr = NULL;
+    edl_json_reader r = {o, "control line", NULL, 0, 0, true};
+    edl_json_i64(&r, "generation", 1, EDL_GENERATION_MAX, &a.generation);
+    edl_json_int(&r, "rank", 0, INT_MAX, &a.rank);
+    edl_json_int(&r, "world_size", 1, INT_MAX, &a.world_size);
+    edl_json_int(&r, "master_port", 0, 65535, &a.master_port);
+    edl_json_cstr(&r, "master_addr", sizeof a.master_addr - 1, &addr);
+    if (!r.rc && a.rank >= a.world_size)
+        r.rc = EDL_EPROTO;
+    if (!r.rc)
+        snprintf(a.master_addr, sizeof a.master_addr, "%s", addr);
     cJSON_Delete(o);
-    return rc;
+    if (r.rc)
+        return EDL_EPROTO;
+    *out = a;
+    return 0;
 }

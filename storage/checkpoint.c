@@ -10,6 +10,7 @@
  * caller's thread only copies its buffers. */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
+#include "edl/job.h"
 #include "edl/log.h"
 
 #include <cjson/cJSON.h>
@@ -129,9 +130,10 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     *out = NULL;
     if (!cfg || !cfg->uri || !cfg->etcd)
         return fail(errbuf, errlen, EDL_EINVAL, "checkpoint config needs a uri and an etcd client");
-    if (!label_ok(cfg->job))
-        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint job id \"%.80s\" must be letters, "
-                    "digits and \"._-\"", cfg->job ? cfg->job : "(null)");
+    if (!edl_name_valid(cfg->job))
+        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint job id \"%.80s\" must be 1-128 "
+                    "letters, digits and \"._-\", not starting with \".\" or \"-\"",
+                    cfg->job ? cfg->job : "(null)");
     if (cfg->world_size < 1 || cfg->world_size > CKPT_MAX_WORLD || cfg->rank < 0 ||
         cfg->rank >= cfg->world_size || cfg->committer_rank < 0 ||
         cfg->committer_rank >= cfg->world_size)
@@ -143,15 +145,16 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
-    const char *prefix = cfg->prefix ? cfg->prefix : "/edl/v1";
+    edl_job_keys keys;
     ck->uri = strdup(cfg->uri);
     ck->job = strdup(cfg->job);
-    if (!ck->uri || !ck->job ||
-        asprintf(&ck->pointer_key, "%s/jobs/%s/checkpoint", prefix, cfg->job) < 0) {
-        ck->pointer_key = NULL;
+    if (!ck->uri || !ck->job || edl_job_keys_init(&keys, cfg->prefix, cfg->job) != 0) {
         ckpt_free(ck);
         return EDL_ENOMEM;
     }
+    ck->pointer_key = keys.checkpoint; /* the one key a checkpoint needs */
+    keys.checkpoint = NULL;
+    edl_job_keys_clear(&keys);
     ck->rank = cfg->rank;
     ck->world_size = cfg->world_size;
     ck->committer = cfg->committer_rank;
@@ -566,7 +569,7 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
                         "pointer %s: %s", dir, ck->pointer_key, edl_etcd_errmsg(ck->etcd));
         }
         bool ok = res.succeeded;
-        edl_txn_result_free(&res);
+        edl_txn_result_clear(&res);
         if (ok) {
             *doc_out = doc;
             return 0;

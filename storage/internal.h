@@ -1,4 +1,4 @@
-/* storage_internal.h: what storage.c shares with its back ends (storage_file.c, storage_s3.c).
+/* internal.h (storage/): what storage.c shares with its back ends (file.c, s3.c).
  *
  * storage.c parses the URI, checks keys and arguments, and dispatches through a small table of
  * functions; each back end sees only validated keys and a byte source that hides whether the

@@ -1,4 +1,4 @@
-/* etcd_client.c: the etcd client's transport. One keep-alive libcurl connection per client,
+/* client.c: the etcd client's transport. One keep-alive libcurl connection per client,
  * JSON POSTs to the v3 gateway, fail-over across endpoints within the call's deadline,
  * token authentication renewed on expiry, and errors mapped to EDL_E* codes with messages
  * that name the endpoint and the key. */
@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 #include "edl/log.h"
-#include "etcd_internal.h"
+#include "internal.h"
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define DEFAULT_CONNECT_TIMEOUT_MS 1000
@@ -38,26 +38,6 @@ void etcd_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms)
 
 /* ---- configuration --------------------------------------------------------------------- */
 
-#define CFG_FIELD(name, type, member, ...) \
-    {name, type, offsetof(edl_etcd_config, member), __VA_ARGS__}
-
-const edl_cfg_field edl_etcd_config_schema[] = {
-    CFG_FIELD("endpoints", EDL_CFG_STRING_LIST, endpoints, .count_offset = offsetof(edl_etcd_config, n_endpoints),
-              .required = true, .help = "etcd client URLs (http://host:port or https://), tried in order"),
-    CFG_FIELD("timeout", EDL_CFG_DURATION_MS, timeout_ms, .min = 1, .max = 3600000,
-              .help = "deadline of each call, fail-over included (default 5s)"),
-    CFG_FIELD("connect_timeout", EDL_CFG_DURATION_MS, connect_timeout_ms, .min = 1, .max = 600000,
-              .help = "deadline of each connection attempt (default 1s)"),
-    CFG_FIELD("max_response_bytes", EDL_CFG_INT, max_response_bytes, .min = 4096, .max = 1 << 30,
-              .help = "larger replies are refused (default 64 MiB)"),
-    CFG_FIELD("ca_file", EDL_CFG_STRING, ca_file, .help = "TLS: CA bundle that signed the servers' certificates"),
-    CFG_FIELD("cert_file", EDL_CFG_STRING, cert_file, .help = "TLS: client certificate (PEM), with key_file"),
-    CFG_FIELD("key_file", EDL_CFG_STRING, key_file, .help = "TLS: client key (PEM)"),
-    CFG_FIELD("username", EDL_CFG_STRING, username, .help = "etcd auth user, with password"),
-    CFG_FIELD("password", EDL_CFG_STRING, password, .help = "etcd auth password"),
-    EDL_CFG_END,
-};
-
 void edl_etcd_config_init(edl_etcd_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -75,7 +55,7 @@ static void free_endpoints(edl_etcd_config *cfg)
     cfg->n_endpoints = 0;
 }
 
-void edl_etcd_config_free(edl_etcd_config *cfg)
+void edl_etcd_config_clear(edl_etcd_config *cfg)
 {
     if (!cfg)
         return;
@@ -191,7 +171,7 @@ int etcd_config_copy(edl_etcd_config *dst, const edl_etcd_config *src)
         goto nomem;
     return 0;
 nomem:
-    edl_etcd_config_free(dst);
+    edl_etcd_config_clear(dst);
     return EDL_ENOMEM;
 }
 
@@ -206,7 +186,7 @@ static void curl_setup(void)
     curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out)
+int edl_etcd_open(const edl_etcd_config *cfg, edl_etcd **out)
 {
     *out = NULL;
     pthread_once(&curl_once, curl_setup);
@@ -231,7 +211,7 @@ int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out)
     if (!c)
         return EDL_ENOMEM;
     if (etcd_config_copy(&c->cfg, cfg) != 0 || !(c->curl = curl_easy_init())) {
-        edl_etcd_config_free(&c->cfg);
+        edl_etcd_config_clear(&c->cfg);
         free(c);
         return EDL_ENOMEM;
     }
@@ -241,24 +221,24 @@ int edl_etcd_new(const edl_etcd_config *cfg, edl_etcd **out)
     return 0;
 }
 
-int edl_etcd_connect(const char *endpoints_csv, edl_etcd **out)
+int edl_etcd_open_endpoints(const char *endpoints_csv, edl_etcd **out)
 {
     edl_etcd_config cfg;
     edl_etcd_config_init(&cfg);
     int rc = edl_etcd_config_set_endpoints(&cfg, endpoints_csv);
     if (rc == 0)
-        rc = edl_etcd_new(&cfg, out);
-    edl_etcd_config_free(&cfg);
+        rc = edl_etcd_open(&cfg, out);
+    edl_etcd_config_clear(&cfg);
     return rc;
 }
 
-void edl_etcd_free(edl_etcd *c)
+void edl_etcd_close(edl_etcd *c)
 {
     if (!c)
         return;
     curl_easy_cleanup(c->curl);
     pthread_mutex_destroy(&c->mu);
-    edl_etcd_config_free(&c->cfg);
+    edl_etcd_config_clear(&c->cfg);
     free(c->token);
     free(c);
 }

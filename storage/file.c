@@ -1,11 +1,11 @@
-/* storage_file.c: the file:// back end of edl/storage.h, for a shared filesystem.
+/* file.c: the file:// back end of edl/storage.h, for a shared filesystem.
  *
  * A put writes a temporary file beside the target (".edl-tmp-*", which list never shows),
  * fsyncs it, renames it over the target and fsyncs the directory: after a crash at any moment
  * the key holds the old object or the complete new one, and NFS/CephFS clients on other nodes
  * never see a half-written file under the real name. */
 #define _GNU_SOURCE
-#include "storage_internal.h"
+#include "internal.h"
 
 #include <dirent.h>
 #include <errno.h>

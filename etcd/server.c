@@ -1,14 +1,15 @@
-/* etcd_server.c: start, watch over and stop real etcd server processes on loopback.
+/* server.c: start, watch over and stop real etcd server processes on loopback.
  *
  * `edl run`, the tests and the benchmarks need a real etcd that lives exactly as long as they
  * do. Each member gets two free loopback ports (client, peer) and its own directory
  * <root>/m<i>/ holding data/ and etcd.log; the root is a fresh mkdtemp directory removed on
- * free. Children are forked with PR_SET_PDEATHSIG so that a crashed parent leaves no etcd
- * behind. Errors are written to stderr because this file sits below the logging library and
+ * free. Children are started with edl_spawn (PR_SET_PDEATHSIG) so that a crashed parent
+ * leaves no etcd behind. Errors are written to stderr because this file sits below the logging library and
  * the person reading a failed test needs the etcd command, ports and log in one place. */
 #define _GNU_SOURCE
 #include "edl/etcd_server.h"
 #include "edl/common.h"
+#include "edl/proc.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -21,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -331,87 +331,20 @@ static char **member_argv(const edl_etcd_server *s, int i, bool existing)
     return v;
 }
 
-static void close_fds_from(int lowest)
-{
-    if (close_range((unsigned)lowest, ~0U, 0) == 0)
-        return;
-    struct rlimit rl;
-    long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : 1024;
-    if (max > 65536)
-        max = 65536;
-    for (long fd = lowest; fd < max; fd++)
-        close((int)fd);
-}
-
-/* In the forked child: only async-signal-safe calls, since the parent may have threads. */
-__attribute__((noreturn))
-static void child_exec(const edl_etcd_server *s, int i, char **argv, pid_t parent, int errfd)
-{
-    sigset_t none;
-    int err = 0;
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-        _exit(127); /* the parent is already gone: nobody would ever stop this etcd */
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    signal(SIGPIPE, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    /* Keep only stdio and the exec-error pipe (moved to fd 3): inherited sockets of the
-     * parent would otherwise stay open in etcd and keep connections alive. */
-    if (errfd != 3 && dup2(errfd, 3) < 0)
-        _exit(127);
-    fcntl(3, F_SETFD, FD_CLOEXEC);
-    close_fds_from(4);
-    if (s->quiet) {
-        int fd = open(s->m[i].log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)
-            goto fail;
-        close(fd);
-    }
-    if (strchr(s->bin, '/'))
-        execv(s->bin, argv);
-    else
-        execvp(s->bin, argv);
-fail:
-    err = errno;
-    if (write(3, &err, sizeof err) < 0) {
-    }
-    _exit(127);
-}
-
-/* Fork and exec member i. Returns once exec has succeeded, or with EDL_EIO if it failed. */
+/* Start member i (edl_spawn: it dies with us, and a failed exec is reported here). */
 static int spawn_member(edl_etcd_server *s, int i, bool existing)
 {
-    int pfd[2], err = 0;
     char **argv = member_argv(s, i, existing);
     if (!argv)
         return EDL_ENOMEM;
-    if (pipe2(pfd, O_CLOEXEC) != 0) {
-        fprintf(stderr, "edl etcd_server: pipe: %s\n", strerror(errno));
-        argv_free(argv);
-        return EDL_EIO;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0)
-        child_exec(s, i, argv, parent, pfd[1]);
-    close(pfd[1]);
+    edl_spawn_opts so = {.argv = argv, .log_path = s->quiet ? s->m[i].log_path : NULL};
+    char err[512];
+    pid_t pid;
+    int rc = edl_spawn(&so, &pid, err, sizeof err);
     argv_free(argv);
-    if (pid < 0) {
-        fprintf(stderr, "edl etcd_server: fork for member m%d: %s\n", i, strerror(errno));
-        close(pfd[0]);
-        return EDL_EIO;
-    }
-    ssize_t n;
-    while ((n = read(pfd[0], &err, sizeof err)) < 0 && errno == EINTR) {
-    }
-    close(pfd[0]);
-    if (n > 0) { /* the child reported why exec failed */
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
-        }
-        fprintf(stderr, "edl etcd_server: cannot start %s for member m%d: %s "
-                "(install etcd-server or pass the path of an etcd binary)\n", s->bin, i,
-                strerror(err));
+    if (rc) {
+        fprintf(stderr, "edl etcd_server: member m%d: %s (install etcd-server or pass the path "
+                "of an etcd binary)\n", i, err);
         return EDL_EIO;
     }
     s->m[i].pid = pid;
@@ -635,7 +568,7 @@ static int start_attempt(edl_etcd_server *s, int attempt, bool *port_clash)
     return rc;
 }
 
-int edl_etcd_server_start(const edl_etcd_server_opts *opts, edl_etcd_server **out)
+int edl_etcd_server_open(const edl_etcd_server_opts *opts, edl_etcd_server **out)
 {
     edl_etcd_server_opts dflt = {.members = 1};
     edl_etcd_server *s;
@@ -678,7 +611,7 @@ int edl_etcd_server_start(const edl_etcd_server_opts *opts, edl_etcd_server **ou
     return rc;
 }
 
-void edl_etcd_server_free(edl_etcd_server *s)
+void edl_etcd_server_close(edl_etcd_server *s)
 {
     if (!s)
         return;

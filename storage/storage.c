@@ -1,7 +1,7 @@
 /* storage.c: the URI-based storage API of edl/storage.h: argument and key checks, dispatch to
  * the file:// and s3:// back ends, and the pieces they share (errors, byte sources, lists). */
 #define _GNU_SOURCE
-#include "storage_internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <stdio.h>

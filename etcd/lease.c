@@ -1,4 +1,4 @@
-/* etcd_lease.c: lease calls, and the lease keeper that renews a lease in the background and
+/* lease.c: lease calls, and the lease keeper that renews a lease in the background and
  * reports its loss the moment it happens. */
 #include <poll.h>
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "edl/log.h"
-#include "etcd_internal.h"
+#include "internal.h"
 
 static cJSON *lease_req(int64_t id)
 {
@@ -195,7 +195,7 @@ static void *keeper_main(void *arg)
     }
 }
 
-int edl_lease_keeper_start(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_lost_fn on_lost,
+int edl_lease_keeper_open(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_lost_fn on_lost,
                            void *arg, edl_lease_keeper **out)
 {
     *out = NULL;
@@ -209,7 +209,7 @@ int edl_lease_keeper_start(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_
     k->on_lost = on_lost;
     k->arg = arg;
     k->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    int rc = k->efd < 0 ? EDL_EIO : edl_etcd_new(&c->cfg, &k->conn);
+    int rc = k->efd < 0 ? EDL_EIO : edl_etcd_open(&c->cfg, &k->conn);
     if (rc) {
         if (k->efd >= 0)
             close(k->efd);
@@ -219,7 +219,7 @@ int edl_lease_keeper_start(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_
     pthread_mutex_init(&k->mu, NULL);
     etcd_cond_init(&k->cv);
     if (pthread_create(&k->thread, NULL, keeper_main, k) != 0) {
-        edl_etcd_free(k->conn);
+        edl_etcd_close(k->conn);
         close(k->efd);
         free(k);
         return EDL_ENOMEM;
@@ -247,7 +247,7 @@ int64_t edl_lease_keeper_lease(const edl_lease_keeper *k)
     return k->lease;
 }
 
-void edl_lease_keeper_stop(edl_lease_keeper *k, bool revoke)
+void edl_lease_keeper_close(edl_lease_keeper *k, bool revoke)
 {
     if (!k)
         return;
@@ -258,7 +258,7 @@ void edl_lease_keeper_stop(edl_lease_keeper *k, bool revoke)
     pthread_join(k->thread, NULL);
     if (revoke && edl_etcd_lease_revoke(k->conn, k->lease) != 0 && k->status == 0)
         EDL_WARN("etcd", "revoking lease %lld: %s", (long long)k->lease, edl_etcd_errmsg(k->conn));
-    edl_etcd_free(k->conn);
+    edl_etcd_close(k->conn);
     pthread_cond_destroy(&k->cv);
     pthread_mutex_destroy(&k->mu);
     close(k->efd);

@@ -1,4 +1,4 @@
-/* etcd_json.c: reading and writing the etcd gateway's JSON: base64 bytes, 64-bit integers
+/* codec.c: reading and writing the etcd gateway's JSON: base64 bytes, 64-bit integers
  * carried as strings, and key-value records. Everything from the network is checked: a wrong
  * type, a bad number or invalid base64 is EDL_EPROTO, never a crash or a silent zero. */
 #include <errno.h>
@@ -10,7 +10,7 @@
 
 #include <openssl/evp.h>
 
-#include "etcd_internal.h"
+#include "internal.h"
 
 int b64_encode(const char *in, size_t n, char **out)
 {

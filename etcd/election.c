@@ -1,10 +1,10 @@
-/* etcd_election.c: leader election on one key. The leader is whoever created the key (under
+/* election.c: leader election on one key. The leader is whoever created the key (under
  * its lease); its create_revision identifies its term and fences its writes: a txn that
  * compares CREATE == that revision fails as soon as the key was deleted or re-created. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "etcd_internal.h"
+#include "internal.h"
 
 void edl_leader_clear(edl_leader *leader)
 {
@@ -52,7 +52,7 @@ int edl_election_try(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease, boo
         *won = r.succeeded;
         if (seen)
             take_leader(rr, leader);
-        edl_txn_result_free(&r);
+        edl_txn_result_clear(&r);
         if (*won || seen)
             break;
         /* the leader's key vanished between our compare and our read: the seat is free */
@@ -69,7 +69,7 @@ static int wait_vacancy(edl_etcd *c, edl_buf key, int64_t after, int64_t deadlin
 {
     edl_watch_opts wo = {.start_revision = after + 1};
     edl_watch *w;
-    int rc = edl_etcd_watch(c, key, &wo, &w);
+    int rc = edl_watch_open(c, key, &wo, &w);
     if (rc)
         return rc;
     for (;;) {
@@ -94,7 +94,7 @@ static int wait_vacancy(edl_etcd *c, edl_buf key, int64_t after, int64_t deadlin
             break;
         }
     }
-    edl_watch_stop(w);
+    edl_watch_close(w);
     return rc;
 }
 
@@ -175,7 +175,7 @@ static int fenced(edl_etcd *c, const edl_leader *leader, bool put, edl_buf value
     if (rc)
         return rc;
     bool ok = r.succeeded;
-    edl_txn_result_free(&r);
+    edl_txn_result_clear(&r);
     if (!ok) {
         char ks[96];
         return etcd_fail(c, EDL_ECONFLICT, "election '%s': no longer the leader (term %lld ended)",

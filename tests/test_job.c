@@ -1,4 +1,4 @@
-/* test_cluster.c: the job model without a server: rank assignment (deterministic, minimal
+/* test_job.c: the job model without a server: rank assignment (deterministic, minimal
  * movement, rank 0 kept), and the JSON documents (round trips, and hostile input rejected with
  * a clear message while the caller's struct stays as it was). */
 #include <setjmp.h>
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "edl/cluster.h"
+#include "edl/job.h"
 
 /* Candidate pods p<i> with lease 100+i, join order as given. */
 static edl_pod *pods(const char *const *names, size_t n)
@@ -191,8 +191,8 @@ static void test_spec_parse_and_round_trip(void **state)
     assert_int_equal(t.ttl_s, 3);
     assert_string_equal(t.checkpoint_uri, "file:///tmp/ck");
     free(out);
-    edl_spec_free(&s);
-    edl_spec_free(&t);
+    edl_spec_clear(&s);
+    edl_spec_clear(&t);
 }
 
 static void test_bad_specs_rejected_with_reason(void **state)
@@ -209,8 +209,8 @@ static void test_bad_specs_rejected_with_reason(void **state)
         {"{\"min\":\"two\"}", EDL_EPROTO, "\"min\" must be an integer"},
         {"{\"min\":1.5}", EDL_EPROTO, "\"min\" must be an integer"},
         {"{\"min\":1e300}", EDL_ECONFIG, "outside"},
-        {"{\"min\":2,", EDL_EPROTO, "malformed JSON"},
-        {"[1,2]", EDL_EPROTO, "expected a JSON object"},
+        {"{\"min\":2,", EDL_EPROTO, "not valid JSON"},
+        {"[1,2]", EDL_EPROTO, "not a JSON object"},
         {"{\"restart_policy\":\"Sometimes\"}", EDL_ECONFIG, "unknown value \"Sometimes\""},
         {"{\"permanent_exit_codes\":\"1-999\"}", EDL_ECONFIG, "permanent_exit_codes"},
         {"{\"stopped\":\"yes\"}", EDL_EPROTO, "true or false"},
@@ -227,7 +227,7 @@ static void test_bad_specs_rejected_with_reason(void **state)
             fail_msg("case %zu (%s): rc %d, err \"%s\"", i, cases[i].json, rc, err);
         assert_int_equal(s.min, 7); /* untouched */
         assert_int_equal(s.max, 9);
-        edl_spec_free(&s);
+        edl_spec_clear(&s);
     }
     /* a huge document is refused before parsing */
     size_t big = EDL_DOC_MAX + 10;
@@ -242,21 +242,21 @@ static void test_bad_specs_rejected_with_reason(void **state)
     free(huge);
 }
 
-static void test_cluster_round_trip(void **state)
+static void test_generation_round_trip(void **state)
 {
     (void)state;
     edl_member m[2] = {{(char *)"a", 0, (char *)"10.0.0.1", 7000, 11},
                        {(char *)"b", 1, (char *)"10.0.0.2", 7001, INT64_C(0x7a4d8b3e1234abcd)}};
     char *sb[1] = {(char *)"c"};
     edl_pod_failures f[1] = {{(char *)"d", 3, 1234567}};
-    edl_cluster c = {.generation = 7, .state = EDL_JOB_RUNNING, .reason = (char *)"join",
+    edl_generation c = {.generation = 7, .state = EDL_JOB_RUNNING, .reason = (char *)"join",
                      .members = m, .n_members = 2, .standbys = sb, .n_standbys = 1,
                      .failures = f, .n_failures = 1, .restarts = 2, .leader = (char *)"js-1",
                      .published_ms = 42};
-    char *j = edl_cluster_to_json(&c);
-    edl_cluster d = {0};
+    char *j = edl_generation_to_json(&c);
+    edl_generation d = {0};
     char err[256];
-    assert_int_equal(edl_cluster_parse(j, strlen(j), &d, err, sizeof err), 0);
+    assert_int_equal(edl_generation_parse(j, strlen(j), &d, err, sizeof err), 0);
     assert_int_equal(d.generation, 7);
     assert_int_equal(d.state, EDL_JOB_RUNNING);
     assert_int_equal(d.n_members, 2);
@@ -267,13 +267,16 @@ static void test_cluster_round_trip(void **state)
     assert_int_equal(d.failures[0].count, 3);
     assert_int_equal(d.failures[0].excluded_until, 1234567);
     assert_int_equal(d.restarts, 2);
-    assert_non_null(edl_cluster_member(&d, "a"));
-    assert_null(edl_cluster_member(&d, "c"));
+    const edl_member *a = edl_generation_member_named(&d, "a");
+    assert_non_null(a);
+    assert_ptr_equal(edl_generation_member(&d, "a", a->lease), a);
+    assert_null(edl_generation_member(&d, "a", a->lease + 1)); /* another incarnation */
+    assert_null(edl_generation_member_named(&d, "c"));
     free(j);
-    edl_cluster_free(&d);
+    edl_generation_clear(&d);
 }
 
-static void test_bad_cluster_documents_rejected(void **state)
+static void test_bad_generation_documents_rejected(void **state)
 {
     (void)state;
     static const char *bad[] = {
@@ -291,9 +294,9 @@ static void test_bad_cluster_documents_rejected(void **state)
         "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":0,\"port\":70000}]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        edl_cluster c = {.generation = 5};
+        edl_generation c = {.generation = 5};
         char err[256] = "";
-        int rc = edl_cluster_parse(bad[i], strlen(bad[i]), &c, err, sizeof err);
+        int rc = edl_generation_parse(bad[i], strlen(bad[i]), &c, err, sizeof err);
         if (rc == 0 || !err[0])
             fail_msg("case %zu (%s) accepted", i, bad[i]);
         assert_int_equal(c.generation, 5);
@@ -314,7 +317,7 @@ static void test_pod_and_status_documents(void **state)
     assert_int_equal(edl_pod_parse("{\"role\":\"worker\"}", 17, &p, err, sizeof err), EDL_EPROTO);
     assert_non_null(strstr(err, "addr"));
     assert_string_equal(p.addr, "10.1.2.3");
-    edl_pod_free(&p);
+    edl_pod_clear(&p);
 
     edl_pod_status s = {.generation = 3, .state = EDL_TRAINER_EXITED, .exit_code = 3, .step = 9};
     char *t = edl_pod_status_to_json(&s);
@@ -340,9 +343,91 @@ static void test_names_and_keys(void **state)
     memset(longname, 'a', sizeof longname - 1);
     longname[sizeof longname - 1] = '\0';
     assert_false(edl_name_valid(longname));
-    char *k = edl_job_key("/edl/v1/", "j", "pods/p");
-    assert_string_equal(k, "/edl/v1/jobs/j/pods/p");
-    free(k);
+}
+
+static void test_keys_are_built_and_recognised_in_one_place(void **state)
+{
+    (void)state;
+    edl_job_keys k;
+    assert_int_equal(edl_job_keys_init(&k, "/edl/v1/", "j"), 0); /* trailing '/' dropped */
+    assert_string_equal(k.job, "/edl/v1/jobs/j/");
+    assert_string_equal(k.spec, "/edl/v1/jobs/j/spec");
+    assert_string_equal(k.generation, "/edl/v1/jobs/j/generation");
+    assert_string_equal(k.checkpoint, "/edl/v1/jobs/j/checkpoint");
+    char *pod = edl_job_key_pod(&k, "p"), *st = edl_job_key_status(&k, "p");
+    char *dead = edl_job_key_gen(&k, 12, EDL_GEN_DEAD), *gen = edl_job_key_gen(&k, 12, "");
+    assert_string_equal(pod, "/edl/v1/jobs/j/pods/p");
+    assert_string_equal(st, "/edl/v1/jobs/j/status/p");
+    assert_string_equal(dead, "/edl/v1/jobs/j/gen/12/dead");
+    assert_string_equal(gen, "/edl/v1/jobs/j/gen/12/");
+    /* every key built is recognised as what it is */
+    edl_job_key_info ki;
+    assert_int_equal(edl_job_key_parse(&k, pod, strlen(pod), &ki), EDL_KEY_POD);
+    assert_int_equal(ki.name_len, 1);
+    assert_memory_equal(ki.name, "p", 1);
+    assert_int_equal(edl_job_key_parse(&k, st, strlen(st), &ki), EDL_KEY_STATUS);
+    assert_int_equal(edl_job_key_parse(&k, dead, strlen(dead), &ki), EDL_KEY_GEN);
+    assert_true(edl_job_key_is_gen(&ki, 12, EDL_GEN_DEAD));
+    assert_false(edl_job_key_is_gen(&ki, 11, EDL_GEN_DEAD));
+    assert_false(edl_job_key_is_gen(&ki, 12, "dea"));
+    assert_int_equal(edl_job_key_parse(&k, k.spec, strlen(k.spec), &ki), EDL_KEY_SPEC);
+    assert_int_equal(edl_job_key_parse(&k, k.leader, strlen(k.leader), &ki), EDL_KEY_LEADER);
+    assert_int_equal(edl_job_key_parse(&k, k.generation, strlen(k.generation), &ki),
+                     EDL_KEY_GENERATION);
+    /* strangers: other jobs, bare prefixes, non-canonical or oversized generation numbers */
+    const char *others[] = {"/edl/v1/jobs/j2/spec", "/edl/v1/jobs/j/pods/", "/edl/v1/jobs/j/gen/",
+                            "/edl/v1/jobs/j/gen/012/dead", "/edl/v1/jobs/j/gen/-1/dead",
+                            "/edl/v1/jobs/j/gen/x/dead", "/edl/v1/jobs/j/gen/12",
+                            "/edl/v1/jobs/j/gen/99999999999999999/dead", "/edl/v1/jobs/j/spec2",
+                            "/edl/v1/jobs/j/generationx", ""};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        if (edl_job_key_parse(&k, others[i], strlen(others[i]), &ki) != EDL_KEY_OTHER)
+            fail_msg("\"%s\" was taken for a key of job j (kind %d)", others[i], (int)ki.kind);
+    free(pod);
+    free(st);
+    free(dead);
+    free(gen);
+    edl_job_keys_clear(&k);
+    assert_int_equal(edl_job_keys_init(&k, NULL, "a/b"), EDL_EINVAL); /* a name, not a path */
+    assert_null(k.job);
+    assert_int_equal(edl_job_keys_init(&k, NULL, "j"), 0);
+    assert_string_equal(k.spec, EDL_DEFAULT_PREFIX "/jobs/j/spec");
+    edl_job_keys_clear(&k);
+}
+
+static void test_exit_codes_and_names_have_one_source(void **state)
+{
+    (void)state;
+    assert_int_equal(edl_job_exit_code(EDL_JOB_SUCCEEDED), EDL_EXIT_SUCCEEDED);
+    assert_int_equal(edl_job_exit_code(EDL_JOB_FAILED), EDL_EXIT_FAILED);
+    assert_int_equal(edl_job_exit_code(EDL_JOB_STOPPED), EDL_EXIT_STOPPED);
+    assert_int_equal(edl_job_exit_code(EDL_JOB_RUNNING), EDL_EXIT_FAILED);
+    assert_int_equal(EDL_EXIT_STOPPED, 4);
+    edl_restart_policy p;
+    assert_int_equal(edl_restart_policy_parse("ExitCode", &p), 0);
+    assert_int_equal(p, EDL_RESTART_EXIT_CODE);
+    assert_string_equal(edl_restart_policy_name(p), "ExitCode");
+    assert_int_equal(edl_restart_policy_parse("exitcode", &p), EDL_ECONFIG);
+    edl_elastic_mode m;
+    assert_int_equal(edl_elastic_mode_parse("inprocess", &m), 0);
+    assert_string_equal(edl_elastic_mode_name(m), "inprocess");
+    assert_int_equal(edl_elastic_mode_parse("in-process", &m), EDL_ECONFIG);
+    edl_job_spec a, b;
+    edl_spec_init(&a);
+    edl_spec_init(&b);
+    a.max = 4;
+    assert_int_equal(edl_spec_desired_pods(&a), 4); /* replicas -1: max */
+    a.replicas = 6;
+    assert_int_equal(edl_spec_desired_pods(&a), 6);
+    a.checkpoint_uri = strdup("s3://b/p");
+    assert_int_equal(edl_spec_copy(&b, &a), 0);
+    assert_true(b.checkpoint_uri != a.checkpoint_uri); /* a deep copy */
+    assert_string_equal(b.checkpoint_uri, "s3://b/p");
+    edl_spec_clear(&a);
+    assert_null(a.checkpoint_uri);
+    assert_int_equal(a.min, 1); /* cleared back to the defaults */
+    assert_string_equal(b.checkpoint_uri, "s3://b/p");
+    edl_spec_clear(&b);
 }
 
 int main(void)
@@ -357,10 +442,12 @@ int main(void)
         cmocka_unit_test(test_assignment_is_deterministic),
         cmocka_unit_test(test_spec_parse_and_round_trip),
         cmocka_unit_test(test_bad_specs_rejected_with_reason),
-        cmocka_unit_test(test_cluster_round_trip),
-        cmocka_unit_test(test_bad_cluster_documents_rejected),
+        cmocka_unit_test(test_generation_round_trip),
+        cmocka_unit_test(test_bad_generation_documents_rejected),
         cmocka_unit_test(test_pod_and_status_documents),
         cmocka_unit_test(test_names_and_keys),
+        cmocka_unit_test(test_keys_are_built_and_recognised_in_one_place),
+        cmocka_unit_test(test_exit_codes_and_names_have_one_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,237 @@
+/* metrics.c: edl/metrics.h: the Prometheus text writer, and the /metrics server on top of
+ * libmicrohttpd, polled from its owner's loop through MHD's epoll fd. */
+#define _GNU_SOURCE
+#include "edl/metrics.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "edl/log.h"
+
+#define MAX_CONNS 32
+#define CONN_TIMEOUT_S 5
+#define CONN_MEMORY (8 * 1024)
+
+/* ---- the text format ------------------------------------------------------------------- */
+
+static void put(edl_prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(edl_prom *p, const char *fmt, ...)
+{
+    while (!p->oom) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = p->buf ? vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap) : -1;
+        va_end(ap);
+        if (n >= 0 && (size_t)n < p->cap - p->len) {
+            p->len += (size_t)n;
+            return;
+        }
+        size_t cap = p->cap ? p->cap * 2 : 4096;
+        while (n >= 0 && cap - p->len <= (size_t)n)
+            cap *= 2;
+        char *b = realloc(p->buf, cap);
+        if (!b)
+            p->oom = true;
+        else
+            p->buf = b, p->cap = cap;
+    }
+}
+
+/* {name="value" or ,name="value", the value escaped as the format requires (\\, \", \n). */
+static void put_label(edl_prom *p, bool first, const char *name, const char *value)
+{
+    put(p, "%s%s=\"", first ? "{" : ",", name);
+    for (const char *c = value ? value : ""; *c; c++) {
+        if (*c == '\\' || *c == '"')
+            put(p, "\\%c", *c);
+        else if (*c == '\n')
+            put(p, "\\n");
+        else
+            put(p, "%c", *c);
+    }
+    put(p, "\"");
+}
+
+void edl_prom_family(edl_prom *p, const char *name, const char *type, const char *help)
+{
+    put(p, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void edl_prom_sample(edl_prom *p, const char *name, const char *label, const char *label_value,
+                     int64_t value)
+{
+    put(p, "%s", name);
+    bool first = true;
+    for (size_t i = 0; p->labels && p->labels[i] && p->labels[i + 1]; i += 2, first = false)
+        put_label(p, first, p->labels[i], p->labels[i + 1]);
+    if (label) {
+        put_label(p, first, label, label_value);
+        first = false;
+    }
+    put(p, "%s %lld\n", first ? "" : "}", (long long)value);
+}
+
+void edl_prom_metric(edl_prom *p, const char *name, const char *type, const char *help,
+                     int64_t value)
+{
+    edl_prom_family(p, name, type, help);
+    edl_prom_sample(p, name, NULL, NULL, value);
+}
+
+/* ---- the server ------------------------------------------------------------------------ */
+
+struct edl_metrics_server {
+    struct MHD_Daemon *d;
+    edl_metrics_fn fn;
+    void *arg;
+    int port;
+};
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
+                               char *body, size_t len, enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result ok = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls)
+{
+    (void)version, (void)upload_data, (void)upload_data_size, (void)req_cls;
+    edl_metrics_server *s = cls;
+    static const char text[] = "text/plain; charset=utf-8";
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text, (char *)"method not allowed\n",
+                       19, MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/healthz") == 0)
+        return respond(conn, MHD_HTTP_OK, text, (char *)"ok\n", 3, MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/metrics") != 0)
+        return respond(conn, MHD_HTTP_NOT_FOUND, text, (char *)"not found\n", 10,
+                       MHD_RESPMEM_PERSISTENT);
+    edl_prom p = {0};
+    s->fn(s->arg, &p);
+    if (p.oom || !p.buf) {
+        free(p.buf);
+        return respond(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, text, (char *)"out of memory\n", 14,
+                       MHD_RESPMEM_PERSISTENT);
+    }
+    return respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", p.buf, p.len,
+                   MHD_RESPMEM_MUST_FREE);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    EDL_DEBUG("metrics", "%s", msg);
+}
+
+/* The listen address as a sockaddr; false when addr is not an IP literal. */
+static bool listen_addr(const char *addr, int port, struct sockaddr_storage *ss, bool *v6)
+{
+    memset(ss, 0, sizeof *ss);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, addr, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        *v6 = false;
+        return true;
+    }
+    if (inet_pton(AF_INET6, addr, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        *v6 = true;
+        return true;
+    }
+    return false;
+}
+
+int edl_metrics_open(const edl_metrics_opts *o, edl_metrics_fn fn, void *arg,
+                     edl_metrics_server **out)
+{
+    *out = NULL;
+    const char *addr = o && o->addr ? o->addr : "0.0.0.0";
+    int port = o ? o->port : 0;
+    struct sockaddr_storage ss;
+    bool v6;
+    if (!fn || port < 0 || port > 65535 || !listen_addr(addr, port, &ss, &v6))
+        return EDL_EINVAL;
+    edl_metrics_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return EDL_ENOMEM;
+    s->fn = fn;
+    s->arg = arg;
+    unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNS,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    const union MHD_DaemonInfo *pi = s->d ? MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT)
+                                          : NULL;
+    if (!pi) {
+        EDL_ERROR("metrics", "cannot listen on %s%s%s:%d (is the port taken?)", v6 ? "[" : "",
+                  addr, v6 ? "]" : "", port);
+        edl_metrics_close(s);
+        return EDL_EIO;
+    }
+    s->port = pi->port;
+    *out = s;
+    return 0;
+}
+
+void edl_metrics_close(edl_metrics_server *s)
+{
+    if (!s)
+        return;
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    free(s);
+}
+
+int edl_metrics_port(const edl_metrics_server *s)
+{
+    return s->port;
+}
+
+int edl_metrics_fd(const edl_metrics_server *s)
+{
+    const union MHD_DaemonInfo *i = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD);
+    return i ? i->epoll_fd : -1;
+}
+
+int edl_metrics_timeout_ms(edl_metrics_server *s)
+{
+    MHD_UNSIGNED_LONG_LONG t;
+    if (MHD_get_timeout(s->d, &t) != MHD_YES)
+        return -1;
+    return t > 60000 ? 60000 : (int)t;
+}
+
+void edl_metrics_serve(edl_metrics_server *s)
+{
+    MHD_run(s->d);
+}

@@ -1,0 +1,67 @@
+/* edl/agent_link.h: the trainer's side of the agent protocol (see docs/agent.md): how a training
+ * process talks to the edl-agent that supervises it.
+ *
+ * The agent gives its trainer two pipes, named by environment variables:
+ *   EDL_PROGRESS_FD  write end: the trainer writes "step <N>\n" after each finished step;
+ *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
+ *                    part in (at start, then at every in-process re-form), the trainer's
+ *                    assignment in it:
+ *                    {"generation":N,"rank":R,"world_size":W,"master_addr":"...","master_port":P}
+ *
+ * A link holds everything (no global state). Without the variables (a trainer started by hand)
+ * every call works and does nothing, so the same trainer also runs standalone. */
+#ifndef EDL_AGENT_LINK_H
+#define EDL_AGENT_LINK_H
+
+#include <stdint.h>
+
+#include "edl/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EDL_AGENT_LINE_MAX (8 << 20) /* longest control line accepted (8 MiB) */
+
+typedef struct edl_agent_link edl_agent_link;
+
+/* A trainer's place in one generation, as a control line carries it. */
+typedef struct edl_assignment {
+    int64_t generation;
+    int rank;
+    int world_size;
+    char master_addr[256]; /* rank 0's address and port (MASTER_ADDR, MASTER_PORT) */
+    int master_port;
+} edl_assignment;
+
+/* Read EDL_PROGRESS_FD, EDL_CONTROL_FD, EDL_RANK, EDL_WORLD_SIZE, EDL_GENERATION; set the fds
+ * non-blocking and close-on-exec. EDL_ECONFIG when a variable is set but not a valid open fd. */
+int edl_agent_link_open(edl_agent_link **out);
+void edl_agent_link_close(edl_agent_link *l);
+
+/* Report a finished step (non-negative). Never blocks: when the pipe is full the report is
+ * dropped (the next one supersedes it). EDL_EIO when the agent is gone. */
+int edl_agent_link_report_step(edl_agent_link *l, int64_t step);
+
+/* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
+ * link then takes its rank, world size and generation), 0 when none, <0 on error (EDL_EIO:
+ * the agent closed the pipe). Cheap enough for every step boundary. */
+int edl_agent_link_poll(edl_agent_link *l, edl_assignment *out);
+
+/* The control pipe's fd, to poll for readability next to other fds (-1: none). Read it only
+ * through edl_agent_link_poll(). */
+int edl_agent_link_fd(const edl_agent_link *l);
+
+int edl_agent_link_rank(const edl_agent_link *l);       /* 0 when standalone */
+int edl_agent_link_world_size(const edl_agent_link *l); /* 1 when standalone */
+int64_t edl_agent_link_generation(const edl_agent_link *l); /* 0 when standalone */
+
+/* The agent's side: one control line (JSON + '\n', malloc'ed; NULL when out of memory), and
+ * its parser (EDL_EPROTO for anything malformed). */
+char *edl_assignment_encode(const edl_assignment *a);
+int edl_assignment_parse(const char *line, size_t len, edl_assignment *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

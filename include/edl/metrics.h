@@ -1,0 +1,71 @@
+/* edl/metrics.h: the /metrics and /healthz endpoint of edl's daemons (the agent, the job
+ * server), and the Prometheus text format they write.
+ *
+ * The server is libmicrohttpd in "external polling" mode: it has no thread of its own and
+ * answers from its owner's poll() loop (one fd, one timeout), so the handler reads the owner's
+ * state without locks. It answers GET and HEAD of /metrics (text format 0.0.4) and /healthz
+ * ("ok"); other paths 404, other methods 405; every answer closes its connection. Bounded:
+ * 32 connections, 8 KiB per request, 5 s per connection, so a scraper (or a stranger) can
+ * neither block the owner's loop nor make it grow. */
+#ifndef EDL_METRICS_H
+#define EDL_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "edl/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the text format ------------------------------------------------------------------- */
+
+/* An exposition being written. Every sample carries the constant labels (name, value pairs,
+ * NULL-terminated, e.g. {"job", "j", "pod", "p", NULL}); label values are escaped. */
+typedef struct edl_prom {
+    char *buf;
+    size_t len, cap;
+    bool oom;                  /* a write failed: the exposition is incomplete */
+    const char *const *labels; /* constant labels */
+} edl_prom;
+
+/* One family with one sample: "# HELP", "# TYPE" and name{labels} value. type: "gauge" or
+ * "counter". */
+void edl_prom_metric(edl_prom *p, const char *name, const char *type, const char *help,
+                     int64_t value);
+/* A family's HELP and TYPE lines, for a family of several samples (edl_prom_sample). */
+void edl_prom_family(edl_prom *p, const char *name, const char *type, const char *help);
+/* One sample with the constant labels and one more label (label NULL: none). */
+void edl_prom_sample(edl_prom *p, const char *name, const char *label, const char *label_value,
+                     int64_t value);
+
+/* ---- the server ------------------------------------------------------------------------ */
+
+typedef struct edl_metrics_server edl_metrics_server;
+
+/* Writes the exposition for one GET /metrics. */
+typedef void (*edl_metrics_fn)(void *arg, edl_prom *out);
+
+typedef struct edl_metrics_opts {
+    const char *addr; /* listen address, IPv4 or IPv6 literal (NULL: "0.0.0.0", every IPv4
+                       * address; "::" every address) */
+    int port;         /* 0: a free port (edl_metrics_port says which) */
+} edl_metrics_opts;
+
+/* EDL_EINVAL for a bad address or port, EDL_EIO when it cannot listen (the port is taken). */
+int edl_metrics_open(const edl_metrics_opts *o, edl_metrics_fn fn, void *arg,
+                     edl_metrics_server **out);
+void edl_metrics_close(edl_metrics_server *s); /* NULL is fine */
+int edl_metrics_port(const edl_metrics_server *s);
+/* Poll this fd for POLLIN, no longer than edl_metrics_timeout_ms (-1: no limit), then call
+ * edl_metrics_serve, which handles whatever is ready and never blocks. */
+int edl_metrics_fd(const edl_metrics_server *s);
+int edl_metrics_timeout_ms(edl_metrics_server *s);
+void edl_metrics_serve(edl_metrics_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

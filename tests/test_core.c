@@ -1,0 +1,375 @@
+/* test_core.c: libedlcore's plumbing: the error table, the strict JSON reader, child processes
+ * (edl_spawn, edl_env_build) and the /metrics server with its Prometheus writer. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "edl/common.h"
+#include "edl/json.h"
+#include "edl/metrics.h"
+#include "edl/proc.h"
+#include "harness.h"
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static void test_every_error_code_has_a_name_and_a_text(void **state)
+{
+    (void)state;
+    int n = 0;
+#define CHECK_CODE(name, value, text)                                                             \
+    assert_int_equal(EDL_##name, value);                                                        \
+    assert_string_equal(edl_err_name(EDL_##name), "EDL_" #name);                                \
+    assert_string_equal(edl_strerror(EDL_##name), text);                                        \
+    n++;
+    EDL_ERRNO_MAP(CHECK_CODE)
+#undef CHECK_CODE
+    assert_int_equal(n, 16);
+    assert_string_equal(edl_err_name(0), "EDL_OK");
+    assert_string_equal(edl_strerror(0), "success");
+    assert_string_equal(edl_err_name(-99), "EDL_E?");
+    assert_string_equal(edl_strerror(-99), "unknown error");
+    assert_string_equal(edl_err_name(EDL_EPEER), "EDL_EPEER");
+}
+
+/* ---- the JSON reader ------------------------------------------------------------------------ */
+
+static void test_json_reader_checks_types_ranges_and_keeps_the_first_error(void **state)
+{
+    (void)state;
+    const char *doc = "{\"n\":7,\"big\":1e300,\"f\":1.5,\"s\":\"hello\",\"b\":true,\"e\":\"two\","
+                      "\"lease\":\"7a4d8b3e1234abcd\",\"arr\":[1,2,3],\"o\":{},\"nul\":null}";
+    int rc;
+    char err[256];
+    cJSON *o = edl_json_parse_object(doc, strlen(doc), 4096, "doc", err, sizeof err, &rc);
+    assert_non_null(o);
+    static const char *const names[] = {"one", "two"};
+    edl_json_reader r = {o, "doc", err, sizeof err, 0};
+    int n = -1, e = -1, missing = 42;
+    int64_t lease = 0;
+    bool b = false;
+    char *s = NULL;
+    assert_true(edl_json_int(&r, "n", 0, 10, &n));
+    assert_int_equal(n, 7);
+    assert_false(edl_json_int(&r, "absent", 0, 10, &missing)); /* absent: the default stays */
+    assert_false(edl_json_int(&r, "nul", 0, 10, &missing));    /* null reads as absent */
+    assert_int_equal(missing, 42);
+    assert_true(edl_json_bool(&r, "b", &b) && b);
+    assert_true(edl_json_str(&r, "s", 5, &s));
+    assert_string_equal(s, "hello");
+    assert_true(edl_json_enum(&r, "e", names, 2, &e));
+    assert_int_equal(e, 1);
+    assert_true(edl_json_hex64(&r, "lease", &lease));
+    assert_true(lease == INT64_C(0x7a4d8b3e1234abcd)); /* all 64 bits */
+    assert_non_null(edl_json_array(&r, "arr", 3));
+    assert_non_null(edl_json_object(&r, "o"));
+    assert_int_equal(r.rc, 0);
+    /* problems: each has its code and message; the first one stays */
+    edl_json_reader t = {o, "doc", err, sizeof err, 0};
+    assert_false(edl_json_int(&t, "f", 0, 10, &n));
+    assert_int_equal(t.rc, EDL_EPROTO);
+    assert_string_equal(err, "doc: field \"f\" must be an integer");
+    assert_false(edl_json_int(&t, "n", 0, 10, &n)); /* after an error, nothing more is read */
+    assert_string_equal(err, "doc: field \"f\" must be an integer");
+    t = (edl_json_reader){o, "doc", err, sizeof err, 0};
+    assert_false(edl_json_i64(&t, "big", 0, 100, &lease));
+    assert_int_equal(t.rc, EDL_ECONFIG);
+    assert_non_null(strstr(err, "outside 0..100"));
+    t = (edl_json_reader){o, "doc", err, sizeof err, 0};
+    assert_false(edl_json_str(&t, "s", 4, &s));
+    assert_int_equal(t.rc, EDL_ETOOBIG);
+    assert_string_equal(s, "hello"); /* untouched */
+    t = (edl_json_reader){o, "doc", err, sizeof err, 0};
+    assert_false(edl_json_enum(&t, "s", names, 2, &e));
+    assert_int_equal(t.rc, EDL_ECONFIG);
+    assert_non_null(strstr(err, "unknown value \"hello\""));
+    t = (edl_json_reader){o, "doc", err, sizeof err, 0};
+    assert_false(edl_json_hex64(&t, "n", &lease));
+    assert_non_null(strstr(err, "lease ID"));
+    t = (edl_json_reader){o, "doc", err, sizeof err, 0};
+    assert_null(edl_json_array(&t, "arr", 2));
+    assert_int_equal(t.rc, EDL_ETOOBIG);
+    t = (edl_json_reader){o, "doc", err, sizeof err, 0};
+    assert_false(edl_json_require(&t, "absent"));
+    assert_string_equal(err, "doc: field \"absent\" is required");
+    free(s);
+    cJSON_Delete(o);
+    /* documents that are not one object */
+    static const struct {
+        const char *text;
+        size_t max;
+        int rc;
+        const char *msg;
+    } bad[] = {{"{\"a\":", 100, EDL_EPROTO, "not valid JSON"},
+               {"[1]", 100, EDL_EPROTO, "not a JSON object"},
+               {"{\"a\":1}", 3, EDL_ETOOBIG, "exceeds the 3-byte limit"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_null(edl_json_parse_object(bad[i].text, strlen(bad[i].text), bad[i].max, "doc",
+                                          err, sizeof err, &rc));
+        assert_int_equal(rc, bad[i].rc);
+        assert_non_null(strstr(err, bad[i].msg));
+    }
+}
+
+/* ---- child processes ----------------------------------------------------------------------- */
+
+static char dir[] = "/tmp/edl-test-core-XXXXXX";
+
+static char *slurp(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+static void test_spawn_places_fds_resets_signals_and_keeps_the_rest_out(void **state)
+{
+    (void)state;
+    char log[300], out[4096];
+    snprintf(log, sizeof log, "%s/child.log", dir);
+    int p[2];
+    assert_int_equal(pipe(p), 0);                      /* p[0] goes to fd 5 */
+    int stray = open("/dev/null", O_RDONLY);           /* no close-on-exec: must not leak */
+    assert_true(stray >= 0);
+    signal(SIGPIPE, SIG_IGN);                          /* ignored and blocked here... */
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    char *const env_set[] = {"EDL_TEST_VAR=yes", NULL};
+    static const char *const unset[] = {"HOME", NULL};
+    char **env = edl_env_build(NULL, unset, env_set);
+    assert_non_null(env);
+    char *argv[] = {"sh", "-c",
+                    "echo var=$EDL_TEST_VAR home=${HOME-unset}; read line <&5; echo got=$line; "
+                    "ls /proc/self/fd | tr '\\n' ' '; echo; grep -E 'Sig(Blk|Ign)' /proc/self/status",
+                    NULL};
+    edl_spawn_opts so = {.argv = argv, .envp = env, .log_path = log, .fds = {{p[0], 5}},
+                         .n_fds = 1, .new_group = true};
+    pid_t pid;
+    char err[256];
+    assert_int_equal(edl_spawn(&so, &pid, err, sizeof err), 0); /* "sh" found in PATH */
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    edl_env_free(env);
+    close(p[0]);
+    assert_int_equal(write(p[1], "ping\n", 5), 5);
+    close(p[1]);
+    assert_int_equal(harness_wait_exit(pid, 5000), 0);
+    close(stray);
+    slurp(log, out, sizeof out);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "var=yes home=unset"));
+    assert_non_null(strstr(out, "got=ping"));
+    /* fds 0-2, 5 and the one ls opens to list them: nothing of ours beyond fd 5 */
+    assert_non_null(strstr(out, "0 1 2 3 5 \n"));
+    assert_non_null(strstr(out, "SigBlk:\t0000000000000000"));
+    assert_non_null(strstr(out, "SigIgn:\t0000000000000000"));
+}
+
+static void test_spawn_reports_what_cannot_run(void **state)
+{
+    (void)state;
+    char path[300], err[256];
+    pid_t pid = 0;
+    char *missing[] = {"edl-no-such-program", NULL};
+    edl_spawn_opts so = {.argv = missing};
+    assert_int_equal(edl_spawn(&so, &pid, err, sizeof err), EDL_ECONFIG);
+    assert_non_null(strstr(err, "edl-no-such-program: not found in PATH"));
+    char *nopath[] = {"/nonexistent/prog", NULL};
+    so.argv = nopath;
+    assert_int_equal(edl_spawn(&so, &pid, err, sizeof err), EDL_ECONFIG);
+    assert_string_equal(err, "/nonexistent/prog: No such file or directory");
+    /* executable bit, but not a program the kernel can run: exec itself fails */
+    snprintf(path, sizeof path, "%s/not-a-program", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("\x7f" "ELF garbage", f);
+    fclose(f);
+    chmod(path, 0755);
+    char *bad[] = {path, NULL};
+    so.argv = bad;
+    assert_int_equal(edl_spawn(&so, &pid, err, sizeof err), EDL_EIO);
+    assert_non_null(strstr(err, "cannot execute"));
+    assert_non_null(strstr(err, "not-a-program"));
+    so = (edl_spawn_opts){.argv = bad, .n_fds = 1, .fds = {{0, 1}}}; /* fd 1 is not ours to set */
+    assert_int_equal(edl_spawn(&so, &pid, err, sizeof err), EDL_EINVAL);
+}
+
+/* ---- the metrics server ------------------------------------------------------------------- */
+
+typedef struct served {
+    edl_metrics_server *s;
+    pthread_t th;
+    atomic_bool stop;
+    atomic_int scrapes;
+} served;
+
+static void write_test_metrics(void *arg, edl_prom *p)
+{
+    served *sv = arg;
+    const char *labels[] = {"job", "j\"1\\\n", "pod", "p", NULL}; /* quote, backslash, newline */
+    p->labels = labels;
+    edl_prom_metric(p, "edl_test_up", "gauge", "1 while the test serves.", 1);
+    edl_prom_family(p, "edl_test_state", "gauge", "1 for the current state.");
+    edl_prom_sample(p, "edl_test_state", "state", "a", 1);
+    edl_prom_sample(p, "edl_test_state", "state", "b", 0);
+    edl_prom_metric(p, "edl_test_scrapes_total", "counter", "Scrapes.", ++sv->scrapes);
+    p->labels = NULL;
+}
+
+/* The owner's loop: poll the server's fd within its timeout, then serve. */
+static void *serve_loop(void *arg)
+{
+    served *sv = arg;
+    while (!sv->stop) {
+        int t = edl_metrics_timeout_ms(sv->s);
+        struct pollfd pf = {.fd = edl_metrics_fd(sv->s), .events = POLLIN};
+        poll(&pf, 1, t < 0 || t > 50 ? 50 : t);
+        edl_metrics_serve(sv->s);
+    }
+    return NULL;
+}
+
+static void serve_start(served *sv, const char *addr)
+{
+    memset(sv, 0, sizeof *sv);
+    edl_metrics_opts o = {.addr = addr, .port = 0};
+    assert_int_equal(edl_metrics_open(&o, write_test_metrics, sv, &sv->s), 0);
+    assert_true(edl_metrics_port(sv->s) > 0);
+    assert_int_equal(pthread_create(&sv->th, NULL, serve_loop, sv), 0);
+}
+
+static void serve_stop(served *sv)
+{
+    sv->stop = true;
+    pthread_join(sv->th, NULL);
+    edl_metrics_close(sv->s);
+}
+
+static void test_metrics_server_answers_and_survives_bad_clients(void **state)
+{
+    (void)state;
+    served sv;
+    serve_start(&sv, "127.0.0.1");
+    int port = edl_metrics_port(sv.s);
+    static char body[65536];
+    assert_int_equal(harness_http_get(port, "/metrics", body, sizeof body), 200);
+    assert_non_null(strstr(body, "Content-Type: text/plain; version=0.0.4"));
+    assert_non_null(strstr(body, "# HELP edl_test_up 1 while the test serves.\n"
+                                 "# TYPE edl_test_up gauge\n"
+                                 "edl_test_up{job=\"j\\\"1\\\\\\n\",pod=\"p\"} 1\n"));
+    assert_non_null(strstr(body, "edl_test_state{job=\"j\\\"1\\\\\\n\",pod=\"p\",state=\"b\"} 0\n"));
+    assert_int_equal(harness_http_get(port, "/healthz", body, sizeof body), 200);
+    assert_non_null(strstr(body, "\r\n\r\nok\n"));
+    assert_int_equal(harness_http_get(port, "/nope", body, sizeof body), 404);
+    const char head[] = "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(harness_http_request(port, head, sizeof head - 1, body, sizeof body), 200);
+    assert_null(strstr(body, "edl_test_up")); /* headers only */
+    const char post[] = "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc";
+    assert_int_equal(harness_http_request(port, post, sizeof post - 1, body, sizeof body), 405);
+    /* hostile requests get a 4xx and the server goes on */
+    char *big = malloc(20000);
+    memset(big, 'a', 20000);
+    memcpy(big, "GET /", 5); /* a request line that never ends within the limit */
+    int st = harness_http_request(port, big, 20000, body, sizeof body);
+    assert_true(st >= 400 && st < 500);
+    free(big);
+    /* a request line that is not one: libmicrohttpd closes the connection without a word */
+    st = harness_http_request(port, "BLAH\r\n\r\n", 8, body, sizeof body);
+    assert_true(st == -1 || st == 400);
+    /* more idle connections than the limit: refused beyond it, served again once they go */
+    int fds[40];
+    for (int i = 0; i < 40; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        connect(fds[i], (struct sockaddr *)&a, sizeof a);
+    }
+    harness_sleep_ms(200);
+    for (int i = 0; i < 40; i++)
+        close(fds[i]);
+    int64_t end = harness_now_ms() + 5000;
+    while (harness_http_get(port, "/metrics", body, sizeof body) != 200 && harness_now_ms() < end)
+        harness_sleep_ms(50);
+    assert_non_null(strstr(body, "edl_test_scrapes_total"));
+    serve_stop(&sv);
+}
+
+static void test_metrics_server_listens_where_it_is_told(void **state)
+{
+    (void)state;
+    served sv;
+    serve_start(&sv, "127.0.0.1");
+    int port = edl_metrics_port(sv.s);
+    /* a second server on the same address and port cannot listen */
+    edl_metrics_server *other = NULL;
+    edl_metrics_opts o = {.addr = "127.0.0.1", .port = port};
+    assert_int_equal(edl_metrics_open(&o, write_test_metrics, &sv, &other), EDL_EIO);
+    assert_null(other);
+    /* bound to 127.0.0.1 only: 127.0.0.2 (also loopback) is refused */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+    assert_int_not_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    close(fd);
+    serve_stop(&sv);
+    o = (edl_metrics_opts){.addr = "localhost"}; /* an IP literal, not a name */
+    assert_int_equal(edl_metrics_open(&o, write_test_metrics, &sv, &other), EDL_EINVAL);
+    o = (edl_metrics_opts){.addr = "127.0.0.1", .port = 70000};
+    assert_int_equal(edl_metrics_open(&o, write_test_metrics, &sv, &other), EDL_EINVAL);
+    /* IPv6 where the host has it */
+    o = (edl_metrics_opts){.addr = "::1"};
+    if (edl_metrics_open(&o, write_test_metrics, &sv, &other) == 0) {
+        int p6 = edl_metrics_port(other);
+        assert_true(p6 > 0);
+        edl_metrics_close(other);
+    } else {
+        print_message("no IPv6 loopback here: the ::1 case is skipped\n");
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_rmtree(dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_error_code_has_a_name_and_a_text),
+        cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
+        cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
+        cmocka_unit_test(test_spawn_reports_what_cannot_run),
+        cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
+        cmocka_unit_test(test_metrics_server_listens_where_it_is_told),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
