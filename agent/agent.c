@@ -376,7 +376,7 @@ static void loop_once(agent *a, int sfd)
     trainer_tick(&a->tp);
     int64_t now = edl_monotonic_ms();
     if (a->watch_next_ms && now >= a->watch_next_ms)
-        registry_watch_start(a);
+        registry_watch_open(a);
     if (a->reg_next_ms && now >= a->reg_next_ms && !trainer_running(&a->tp) &&
         !a->leaving_signal && a->final_exit < 0)
         registry_register(a);
@@ -478,7 +478,7 @@ int agent_run(agent_opts *o)
     }
     a.ttl_s = o->ttl_s > 0 ? o->ttl_s : a.spec.ttl_s;
     registry_register(&a);
-    registry_watch_start(&a);
+    registry_watch_open(&a);
     agent_reconcile(&a);
     code = agent_loop(&a, sfd);
 out:

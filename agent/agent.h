@@ -148,7 +148,7 @@ typedef struct agent {
 int registry_register(agent *a);        /* grant, put pod + status, start keeper */
 void registry_lease_lost(agent *a);     /* drop the keeper, schedule re-registration */
 void registry_unregister(agent *a);     /* stop the keeper and revoke (leaving) */
-int registry_watch_start(agent *a);     /* read the generation, watch from the next revision */
+int registry_watch_open(agent *a);     /* read the generation, watch from the next revision */
 void registry_watch_events(agent *a);
 void registry_status_set(agent *a, const edl_pod_status *s);
 void registry_status_flush(agent *a);   /* write if dirty and due */

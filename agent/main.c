@@ -17,7 +17,7 @@
 static const char usage_text[] =
     "usage: edl-agent --etcd URLS --job NAME [options] -- TRAINER [ARGS...]\n"
     "\n"
-    "Registers this pod in a job under an etcd lease and runs TRAINER for every cluster\n"
+    "Registers this pod in a job under an etcd lease and runs TRAINER for every\n"
     "generation this pod is a member of (see docs/agent.md).\n"
     "\n"
     "options:\n"

@@ -11,7 +11,7 @@ void agent_metrics_write(void *arg, edl_prom *p)
     const edl_generation *g = &a->generation;
     edl_prom_metric(p, "edl_agent_up", "gauge", "1 while the agent runs.", 1);
     edl_prom_metric(p, "edl_agent_generation", "gauge",
-                    "Latest cluster generation the agent has seen.",
+                    "Latest generation the agent has seen.",
                     a->have_generation ? g->generation : 0);
     edl_prom_metric(p, "edl_agent_rank", "gauge",
                     "This pod's rank in that generation (-1: not a member).", m ? m->rank : -1);

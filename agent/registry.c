@@ -187,7 +187,7 @@ static void apply_generation(agent *a, const char *val, size_t len)
     a->have_generation = true;
 }
 
-int registry_watch_start(agent *a)
+int registry_watch_open(agent *a)
 {
     if (a->watch) {
         edl_watch_close(a->watch);
@@ -238,7 +238,7 @@ void registry_watch_events(agent *a)
         case EDL_WATCH_COMPACTED:
             EDL_INFO("agent", "watch on %s compacted: reading it again", a->keys.generation);
             edl_watch_event_free(ev);
-            registry_watch_start(a);
+            registry_watch_open(a);
             continue;
         case EDL_WATCH_ERROR:
             a->m.etcd_errors++;

@@ -58,17 +58,8 @@ struct coll_nccl {
 
 /* ---- messages and time --------------------------------------------------------------------- */
 
-static void say(char *msg, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void say(char *msg, size_t len, const char *fmt, ...)
-{
-    if (!msg || len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, len, fmt, ap);
-    va_end(ap);
-}
+/* The message of a failure, in the caller's buffer. */
+#define say(msg, len, ...) ((void)edl_errf(msg, len, 0, __VA_ARGS__))
 
 static int cuda_fail(char *msg, size_t len, const char *call, cudaError_t e)
 {

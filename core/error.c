@@ -1,5 +1,20 @@
-/* error.c: the text and name of every EDL_E* code, generated from EDL_ERRNO_MAP (edl/common.h). */
+/* error.c: the text and name of every EDL_E* code, generated from EDL_ERRNO_MAP (edl/common.h),
+ * and the one way a message goes into a caller's error buffer. */
 #include "edl/common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+int edl_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
 
 const char *edl_strerror(int code)
 {

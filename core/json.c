@@ -6,33 +6,20 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 cJSON *edl_json_parse_object(const char *json, size_t len, size_t max_len, const char *doc,
                              char *err, size_t errlen, int *rc)
 {
     if (!json) {
-        set_err(err, errlen, "%s: no document", doc);
+        edl_errf(err, errlen, 0, "%s: no document", doc);
         *rc = EDL_EINVAL;
         return NULL;
     }
     if (len > max_len) {
-        set_err(err, errlen, "%s: document of %zu bytes exceeds the %zu-byte limit", doc, len,
+        edl_errf(err, errlen, 0, "%s: document of %zu bytes exceeds the %zu-byte limit", doc, len,
                 max_len);
         *rc = EDL_ETOOBIG;
         return NULL;
@@ -41,13 +28,13 @@ cJSON *edl_json_parse_object(const char *json, size_t len, size_t max_len, const
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
     if (!root) {
         size_t at = end && end >= json ? (size_t)(end - json) : 0;
-        set_err(err, errlen, "%s: not valid JSON near byte %zu (malformed or truncated)", doc, at);
+        edl_errf(err, errlen, 0, "%s: not valid JSON near byte %zu (malformed or truncated)", doc, at);
         *rc = EDL_EPROTO;
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        set_err(err, errlen, "%s: not a JSON object", doc);
+        edl_errf(err, errlen, 0, "%s: not a JSON object", doc);
         *rc = EDL_EPROTO;
         return NULL;
     }
@@ -60,7 +47,7 @@ void edl_json_fail(edl_json_reader *r, int rc, const char *name, const char *wha
     if (r->rc)
         return;
     r->rc = rc;
-    set_err(r->err, r->errlen, "%s: field \"%s\" %s", r->doc, name, what);
+    edl_errf(r->err, r->errlen, 0, "%s: field \"%s\" %s", r->doc, name, what);
 }
 
 const cJSON *edl_json_field(const edl_json_reader *r, const char *name)
@@ -227,7 +214,7 @@ const cJSON *edl_json_object(edl_json_reader *r, const char *name)
     return f;
 }
 
-char *edl_json_print_free(cJSON *o)
+char *edl_json_print_consume(cJSON *o)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);

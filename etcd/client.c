@@ -285,32 +285,10 @@ const char *etcd_key_str(edl_buf key, char *out, size_t outlen)
 
 /* ---- transport --------------------------------------------------------------------------- */
 
-int etcd_buf_append(etcd_buf *b, const char *p, size_t n)
-{
-    if (b->len + n + 1 > b->max) {
-        b->overflow = true;
-        return EDL_ETOOBIG;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d)
-            return EDL_ENOMEM;
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
 {
     /* returning short aborts the transfer: a reply over the cap is refused, not buffered */
-    return etcd_buf_append(arg, ptr, size * nmemb) == 0 ? size * nmemb : 0;
+    return edl_bytebuf_append(arg, ptr, size * nmemb) == 0 ? size * nmemb : 0;
 }
 
 void etcd_curl_common(edl_etcd *c, CURL *h)
@@ -361,7 +339,7 @@ struct curl_slist *etcd_headers(edl_etcd *c)
 typedef struct http_reply {
     CURLcode cc;
     long status;
-    etcd_buf body;
+    edl_bytebuf body;
     char curl_err[CURL_ERROR_SIZE];
 } http_reply;
 
@@ -408,7 +386,7 @@ static bool not_sent(CURLcode cc)
 
 /* The server's own words from an error body: {"error":..,"message":..,"code":..} (3.4) or
  * without "error" (3.6). Never trusts the body to be JSON. */
-static void server_message(const etcd_buf *b, char *out, size_t outlen)
+static void server_message(const edl_bytebuf *b, char *out, size_t outlen)
 {
     out[0] = '\0';
     cJSON *j = b->data ? cJSON_ParseWithLength(b->data, b->len) : NULL;

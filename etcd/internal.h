@@ -20,14 +20,6 @@ struct edl_etcd {
     char errmsg[1024];
 };
 
-/* Growable byte buffer with a hard cap (hostile replies cannot exhaust memory). */
-typedef struct etcd_buf {
-    char *data;
-    size_t len, cap, max;
-    bool overflow;
-} etcd_buf;
-
-int etcd_buf_append(etcd_buf *b, const char *p, size_t n);
 /* Condition variables on the monotonic clock, so that waits survive wall-clock jumps. */
 void etcd_cond_init(pthread_cond_t *cv);
 /* Wait on cv (mu held) for at most ms milliseconds; spurious and early wake-ups are normal. */

@@ -42,7 +42,7 @@ struct edl_watch {
 
     /* owned by the watch thread */
     int64_t next_rev;      /* the first revision not yet delivered (0: from now) */
-    etcd_buf line;         /* partial stream line */
+    edl_bytebuf line;         /* partial stream line */
     bool restart;          /* the stream must be reopened (compaction, auth) */
     bool fatal;
 };
@@ -276,7 +276,7 @@ static size_t on_stream(char *ptr, size_t size, size_t nmemb, void *arg)
         const char *line = ptr + start;
         size_t len = i - start;
         if (w->line.len) { /* complete the partial line held from the last chunk */
-            if (etcd_buf_append(&w->line, line, len) != 0)
+            if (edl_bytebuf_append(&w->line, line, len) != 0)
                 goto too_big;
             line = w->line.data;
             len = w->line.len;
@@ -287,7 +287,7 @@ static size_t on_stream(char *ptr, size_t size, size_t nmemb, void *arg)
         if (!ok)
             return 0; /* close this stream; the thread decides what comes next */
     }
-    if (start < n && etcd_buf_append(&w->line, ptr + start, n - start) != 0)
+    if (start < n && edl_bytebuf_append(&w->line, ptr + start, n - start) != 0)
         goto too_big;
     return n;
 too_big:

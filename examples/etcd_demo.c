@@ -15,10 +15,10 @@
 
 #include "edl/etcd.h"
 #include "edl/etcd_server.h"
+#include "edl/job.h"
 #include "edl/log.h"
 
 #define PODS 3
-#define PREFIX "/edl/v1/jobs/demo/"
 
 static double now_s(void)
 {
@@ -41,26 +41,26 @@ typedef struct pod {
     edl_lease_keeper *keeper;
 } pod;
 
-static void pod_join(edl_etcd *c, pod *p, int i, int64_t ttl)
+static void pod_join(edl_etcd *c, const edl_job_keys *k, pod *p, int i, int64_t ttl)
 {
     snprintf(p->name, sizeof p->name, "pod-%d", i);
     check(c, edl_etcd_lease_grant(c, ttl, 0, &p->lease, NULL), "lease grant");
-    char key[128], val[128];
-    snprintf(key, sizeof key, PREFIX "pods/%s", p->name);
+    char val[128], *key = edl_job_key_pod(k, p->name);
     snprintf(val, sizeof val, "{\"role\":\"worker\",\"addr\":\"127.0.0.1:%d\"}", 29500 + i);
     edl_put_opts po = {.lease = p->lease};
     check(c, edl_etcd_put(c, edl_str(key), edl_str(val), &po, NULL), "register pod");
+    free(key);
     check(c, edl_lease_keeper_open(c, p->lease, ttl, NULL, NULL, &p->keeper), "lease keeper");
     printf("  %s joined (lease %llx, TTL %lld s, kept alive every %lld ms)\n", p->name,
            (unsigned long long)p->lease, (long long)ttl, (long long)ttl * 1000 / 3);
 }
 
 /* Read the members and publish them as the next generation, fenced by leadership. */
-static int64_t publish(edl_etcd *c, const edl_leader *me, int64_t gen)
+static int64_t publish(edl_etcd *c, const edl_job_keys *k, const edl_leader *me, int64_t gen)
 {
     edl_range_result r;
     edl_range_opts o = {.prefix = true, .keys_only = true};
-    check(c, edl_etcd_range(c, edl_str(PREFIX "pods/"), &o, &r), "read members");
+    check(c, edl_etcd_range(c, edl_str(k->pods), &o, &r), "read members");
     cJSON *cl = cJSON_CreateObject(), *members = cJSON_AddArrayToObject(cl, "members");
     cJSON_AddNumberToObject(cl, "generation", (double)gen);
     printf("generation %lld:", (long long)gen);
@@ -76,7 +76,7 @@ static int64_t publish(edl_etcd *c, const edl_leader *me, int64_t gen)
     char *json = cJSON_PrintUnformatted(cl);
     edl_txn *t = edl_txn_new();
     edl_txn_cmp_leader(t, me);
-    edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(PREFIX "cluster"), edl_str(json), NULL);
+    edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(k->generation), edl_str(json), NULL);
     edl_txn_result tr;
     check(c, edl_etcd_txn(c, t, &tr), "publish generation");
     if (!tr.succeeded) {
@@ -93,8 +93,8 @@ static int64_t publish(edl_etcd *c, const edl_leader *me, int64_t gen)
 }
 
 /* Wait for the next membership change and publish a generation for it. */
-static void await_change(edl_etcd *c, edl_watch *w, const edl_leader *me, int64_t *gen, double since,
-                         const char *why)
+static void await_change(edl_etcd *c, const edl_job_keys *k, edl_watch *w, const edl_leader *me,
+                         int64_t *gen, double since, const char *why)
 {
     edl_watch_event *ev;
     for (;;) {
@@ -103,11 +103,11 @@ static void await_change(edl_etcd *c, edl_watch *w, const edl_leader *me, int64_
             break;
         edl_watch_event_free(ev);
     }
-    printf("  %s %s at revision %lld, %.0f ms after %s\n", ev->kv.key + strlen(PREFIX "pods/"),
+    printf("  %s %s at revision %lld, %.0f ms after %s\n", ev->kv.key + strlen(k->pods),
            ev->type == EDL_WATCH_DELETE ? "left" : "changed", (long long)ev->revision,
            (now_s() - since) * 1e3, why);
     edl_watch_event_free(ev);
-    publish(c, me, ++*gen);
+    publish(c, k, me, ++*gen);
 }
 
 int main(int argc, char **argv)
@@ -149,36 +149,39 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    edl_job_keys k; /* the keys of job "demo", as the agent and the job server name them */
+    if (edl_job_keys_init(&k, NULL, "demo") != 0)
+        return 1;
     int64_t js_lease;
     edl_leader me = {0};
     check(c, edl_etcd_lease_grant(c, 10, 0, &js_lease, NULL), "job server lease");
-    check(c, edl_election_campaign(c, edl_str(PREFIX "leader"), edl_str("jobserver-0"), js_lease, 5000, &me),
+    check(c, edl_election_campaign(c, edl_str(k.leader), edl_str("jobserver-0"), js_lease, 5000, &me),
           "campaign");
     printf("job server: leader of job 'demo' (term = create revision %lld)\n", (long long)me.kv->create_revision);
 
     pod pods[PODS];
     for (int i = 0; i < PODS; i++)
-        pod_join(c, &pods[i], i, ttl);
+        pod_join(c, &k, &pods[i], i, ttl);
     int64_t gen = 1;
-    int64_t rev = publish(c, &me, gen);
+    int64_t rev = publish(c, &k, &me, gen);
 
     edl_watch *w;
     edl_watch_opts wo = {.prefix = true, .start_revision = rev + 1};
-    check(c, edl_watch_open(c, edl_str(PREFIX "pods/"), &wo, &w), "watch members");
+    check(c, edl_watch_open(c, edl_str(k.pods), &wo, &w), "watch members");
 
     printf("%s leaves gracefully: the keeper revokes its lease\n", pods[1].name);
     double t0 = now_s();
     edl_lease_keeper_close(pods[1].keeper, true);
-    await_change(c, w, &me, &gen, t0, "the revoke");
+    await_change(c, &k, w, &me, &gen, t0, "the revoke");
 
     printf("%s crashes: nobody renews its lease any more\n", pods[2].name);
     t0 = now_s();
     edl_lease_keeper_close(pods[2].keeper, false);
-    await_change(c, w, &me, &gen, t0, "the crash (the lease TTL)");
+    await_change(c, &k, w, &me, &gen, t0, "the crash (the lease TTL)");
 
     edl_kv *cur;
-    check(c, edl_etcd_get(c, edl_str(PREFIX "cluster"), &cur, NULL), "read cluster");
-    printf("published %s: %s\n", PREFIX "cluster", cur->value);
+    check(c, edl_etcd_get(c, edl_str(k.generation), &cur, NULL), "read the generation");
+    printf("published %s: %s\n", k.generation, cur->value);
     edl_kv_free(cur);
 
     edl_watch_close(w);
@@ -188,6 +191,7 @@ int main(int argc, char **argv)
     edl_etcd_lease_revoke(c, js_lease);
     edl_etcd_close(c);
     edl_etcd_server_close(srv);
+    edl_job_keys_clear(&k);
     printf("done\n");
     return 0;
 }

@@ -235,7 +235,7 @@ char *edl_assignment_encode(const edl_assignment *g)
     cJSON_AddNumberToObject(o, "world_size", g->world_size);
     cJSON_AddStringToObject(o, "master_addr", g->master_addr);
     cJSON_AddNumberToObject(o, "master_port", g->master_port);
-    char *s = edl_json_print_free(o);
+    char *s = edl_json_print_consume(o);
     if (!s)
         return NULL;
     size_t n = strlen(s);

@@ -243,5 +243,5 @@ char *edl_generation_to_json(const edl_generation *g)
     if (g->leader)
         cJSON_AddStringToObject(o, "leader", g->leader);
     cJSON_AddNumberToObject(o, "published_ms", (double)g->published_ms);
-    return edl_json_print_free(o);
+    return edl_json_print_consume(o);
 }

@@ -58,7 +58,7 @@ char *edl_pod_to_json(const edl_pod *p)
     if (p->host)
         cJSON_AddStringToObject(o, "host", p->host);
     cJSON_AddNumberToObject(o, "pid", (double)p->pid);
-    return edl_json_print_free(o);
+    return edl_json_print_consume(o);
 }
 
 /* ---- trainer status ---------------------------------------------------------------------- */
@@ -113,5 +113,5 @@ char *edl_pod_status_to_json(const edl_pod_status *s)
         cJSON_AddNumberToObject(o, "pid", (double)s->pid);
     cJSON_AddNumberToObject(o, "step", (double)s->step);
     cJSON_AddNumberToObject(o, "restarts", (double)s->restarts);
-    return edl_json_print_free(o);
+    return edl_json_print_consume(o);
 }

@@ -1,7 +1,6 @@
 /* spec.c: the job's spec document (edl/job.h): defaults, validation, the strict parser and the
  * encoder, and the names of its enums, which `edl run` and the JSON spell the same way. */
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,29 +135,17 @@ static char *exit_codes_format(const uint8_t bits[32])
     return strdup(buf);
 }
 
-static int bad(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return EDL_ECONFIG;
-}
-
 int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
 {
     if (s->min < 1)
-        return bad(err, errlen, "spec: min is %d; it must be at least 1", s->min);
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: min is %d; it must be at least 1", s->min);
     if (s->max < s->min)
-        return bad(err, errlen, "spec: min (%d) is greater than max (%d)", s->min, s->max);
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: min (%d) is greater than max (%d)", s->min, s->max);
     if (s->ttl_s < 1)
-        return bad(err, errlen, "spec: ttl_s is %lld; a lease TTL must be at least 1 second",
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ttl_s is %lld; a lease TTL must be at least 1 second",
                    (long long)s->ttl_s);
     if (s->cooldown_max_ms < s->cooldown_ms)
-        return bad(err, errlen, "spec: cooldown_max_ms (%lld) is below cooldown_ms (%lld)",
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: cooldown_max_ms (%lld) is below cooldown_ms (%lld)",
                    (long long)s->cooldown_max_ms, (long long)s->cooldown_ms);
     return 0;
 }
@@ -241,5 +228,5 @@ char *edl_spec_to_json(const edl_job_spec *s)
         cJSON_AddStringToObject(o, "checkpoint_uri", s->checkpoint_uri);
     cJSON_AddBoolToObject(o, "stopped", s->stopped);
     free(codes);
-    return edl_json_print_free(o);
+    return edl_json_print_consume(o);
 }

@@ -75,16 +75,6 @@ static void sleep_ms(int64_t ms)
     }
 }
 
-__attribute__((format(printf, 4, 5)))
-static int fail(char *buf, size_t len, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, len, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 static bool label_ok(const char *s)
 {
     if (!s || !s[0] || strlen(s) > 128)
@@ -129,19 +119,19 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
         return EDL_EINVAL;
     *out = NULL;
     if (!cfg || !cfg->uri || !cfg->etcd)
-        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint config needs a uri and an etcd client");
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint config needs a uri and an etcd client");
     if (!edl_name_valid(cfg->job))
-        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint job id \"%.80s\" must be 1-128 "
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint job id \"%.80s\" must be 1-128 "
                     "letters, digits and \"._-\", not starting with \".\" or \"-\"",
                     cfg->job ? cfg->job : "(null)");
     if (cfg->world_size < 1 || cfg->world_size > CKPT_MAX_WORLD || cfg->rank < 0 ||
         cfg->rank >= cfg->world_size || cfg->committer_rank < 0 ||
         cfg->committer_rank >= cfg->world_size)
-        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint ranks: rank %d, committer %d and "
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint ranks: rank %d, committer %d and "
                     "world size %d do not fit (0 <= rank < world size <= %d)", cfg->rank,
                     cfg->committer_rank, cfg->world_size, CKPT_MAX_WORLD);
     if (cfg->keep < 1 || cfg->keep > 1000)
-        return fail(errbuf, errlen, EDL_EINVAL, "checkpoint keep=%d: keep 1..1000", cfg->keep);
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint keep=%d: keep 1..1000", cfg->keep);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
@@ -185,7 +175,7 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
         pthread_mutex_destroy(&ck->mu);
         pthread_cond_destroy(&ck->cv);
         ckpt_free(ck);
-        return fail(errbuf, errlen, EDL_ENOMEM, "cannot start the checkpoint upload thread");
+        return edl_errf(errbuf, errlen, EDL_ENOMEM, "cannot start the checkpoint upload thread");
     }
     *out = ck;
     return 0;
@@ -261,18 +251,18 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
         return EDL_EINVAL;
     *out = NULL;
     if (step < 0 || step > CKPT_MAX_STEP || generation < 0 || generation > CKPT_MAX_STEP)
-        return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint step %" PRId64
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint step %" PRId64
                     " / generation %" PRId64 " must be in 0..2^53-1", step, generation);
     if (n_shards > 100000)
-        return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "%zu shards in one rank: at most "
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "%zu shards in one rank: at most "
                     "100000", n_shards);
     if (!metadata_ok(metadata_json))
-        return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint metadata must be a "
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint metadata must be a "
                     "JSON object under 1 MiB");
     for (size_t i = 0; i < n_shards; i++)
         if ((shards[i].name && shards[i].name[0] && !label_ok(shards[i].name)) ||
             (!shards[i].data && shards[i].len))
-            return fail(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "shard %zu: the name must be "
+            return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "shard %zu: the name must be "
                         "letters, digits and \"._-\" and the data non-NULL", i);
     edl_ckpt_pending *p = calloc(1, sizeof *p);
     if (!p || !(p->shards = calloc(n_shards ? n_shards : 1, sizeof *p->shards))) {
@@ -313,7 +303,7 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
                 p->shards[i].data = NULL, p->shards[i].free_fn = NULL;
         p->refs = 1;
         pending_unref(p);
-        return fail(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory to copy the shards");
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory to copy the shards");
     }
     pthread_mutex_lock(&ck->mu);
     if (ck->tail)
@@ -395,14 +385,14 @@ static int read_pointer(edl_ckpt *ck, edl_kv **kv, ckpt_pointer *p, char *err, s
     if (rc == EDL_ENOTFOUND)
         return rc;
     if (rc != 0)
-        return fail(err, errlen, rc, "cannot read the checkpoint pointer %s from etcd: %s",
+        return edl_errf(err, errlen, rc, "cannot read the checkpoint pointer %s from etcd: %s",
                     ck->pointer_key, edl_etcd_errmsg(ck->etcd));
     char why[256];
     rc = ckpt_pointer_parse((*kv)->value, (*kv)->value_len, p, why, sizeof why);
     if (rc != 0) {
         edl_kv_free(*kv);
         *kv = NULL;
-        return fail(err, errlen, rc, "the checkpoint pointer %s is malformed: %s (delete it to "
+        return edl_errf(err, errlen, rc, "the checkpoint pointer %s is malformed: %s (delete it to "
                     "start the job's checkpoints afresh)", ck->pointer_key, why);
     }
     return 0;
@@ -430,21 +420,21 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
                 continue;
             }
             if (rc != 0) {
-                rc = fail(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
+                rc = edl_errf(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
                           edl_storage_errmsg(ck->bg));
                 break;
             }
             rc = ckpt_rank_doc_parse(doc, len, r, all, &got[r], why, sizeof why);
             free(doc);
             if (rc != 0)
-                rc = fail(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s/%s is unusable: %s",
+                rc = edl_errf(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s/%s is unusable: %s",
                           all->dir, ck->uri, key, why);
             else
                 missing--;
         }
         if (rc == 0 && missing > 0) {
             if (edl_monotonic_ms() + wait > deadline) {
-                rc = fail(p->errmsg, sizeof p->errmsg, EDL_ETIMEDOUT, "commit of %s: %d of %d "
+                rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ETIMEDOUT, "commit of %s: %d of %d "
                           "ranks had not finished their shards after %" PRId64 " ms",
                           all->dir, missing, ck->world_size, ck->commit_timeout_ms);
                 break;
@@ -457,7 +447,7 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
     for (int r = 0; rc == 0 && r < ck->world_size; r++)
         total += got[r]->n_shards;
     if (rc == 0 && total > CKPT_MAX_SHARDS)
-        rc = fail(p->errmsg, sizeof p->errmsg, EDL_ETOOBIG, "commit of %s: %zu shards, more than "
+        rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ETOOBIG, "commit of %s: %zu shards, more than "
                   "%d", all->dir, total, CKPT_MAX_SHARDS);
     if (rc == 0 && !(all->shards = calloc(total ? total : 1, sizeof *all->shards)))
         rc = EDL_ENOMEM;
@@ -480,10 +470,10 @@ static int check_sizes(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_manifes
         edl_storage_stat st;
         int rc = edl_storage_stat_key(ck->bg, all->shards[i].key, &st);
         if (rc != 0)
-            return fail(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
+            return edl_errf(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
                         edl_storage_errmsg(ck->bg));
         if (st.size != all->shards[i].size)
-            return fail(p->errmsg, sizeof p->errmsg, EDL_EPROTO, "commit of %s: %s holds %" PRIu64
+            return edl_errf(p->errmsg, sizeof p->errmsg, EDL_EPROTO, "commit of %s: %s holds %" PRIu64
                         " bytes, its rank wrote %" PRIu64, all->dir, all->shards[i].key,
                         st.size, all->shards[i].size);
     }
@@ -538,7 +528,7 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
         if (rc != 0 && rc != EDL_ENOTFOUND)
             return rc;
         if (rc == 0 && old.entries[0].step >= p->step) {
-            rc = fail(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: "
+            rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: "
                       "the pointer already names step %" PRId64 " (%s), and steps never go back",
                       dir, old.entries[0].step, old.entries[0].dir);
             edl_kv_free(kv);
@@ -565,7 +555,7 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
         edl_txn_free(t);
         if (rc != 0) {
             free(doc);
-            return fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s: cannot advance the "
+            return edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s: cannot advance the "
                         "pointer %s: %s", dir, ck->pointer_key, edl_etcd_errmsg(ck->etcd));
         }
         bool ok = res.succeeded;
@@ -576,7 +566,7 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
         }
         free(doc); /* someone moved the pointer between our read and our txn: read again */
     }
-    return fail(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s: the pointer %s kept "
+    return edl_errf(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s: the pointer %s kept "
                 "changing under %d attempts", dir, ck->pointer_key, POINTER_TRIES);
 }
 
@@ -592,7 +582,7 @@ static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
     edl_kv_free(kv);
     ckpt_pointer_clear(&old);
     if (cur >= p->step)
-        return fail(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: the "
+        return edl_errf(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: the "
                     "pointer already names step %" PRId64 ", and steps never go back", dir, cur);
 
     edl_ckpt_manifest all = {.step = p->step, .generation = p->generation,
@@ -604,11 +594,11 @@ static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
         rc = check_sizes(ck, p, &all);
     char *doc = NULL, key[128];
     if (rc == 0 && !(doc = ckpt_manifest_doc(&all)))
-        rc = fail(p->errmsg, sizeof p->errmsg, EDL_EINVAL, "checkpoint %s: the metadata is not "
+        rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_EINVAL, "checkpoint %s: the metadata is not "
                   "a valid JSON object", dir);
     snprintf(key, sizeof key, "%s/manifest.json", dir);
     if (rc == 0 && (rc = edl_storage_put(ck->bg, key, doc, strlen(doc))) != 0)
-        fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s: %s", dir, edl_storage_errmsg(ck->bg));
+        edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s: %s", dir, edl_storage_errmsg(ck->bg));
     free(doc);
     all.metadata_json = NULL; /* the pending save's */
     free(all.dir);
@@ -652,7 +642,7 @@ static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
         mine.n_shards++;
         rc = ckpt_sha256_hex(s->data, s->len, info->sha256);
         if (rc == 0 && (rc = edl_storage_put(ck->bg, info->key, s->data, s->len)) != 0)
-            fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
+            edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
                  edl_storage_errmsg(ck->bg));
         release_shard(s); /* uploaded: give the memory back before the next one */
     }
@@ -663,7 +653,7 @@ static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
         char key[128];
         snprintf(key, sizeof key, "%s/rank-%d/done.json", dir, ck->rank);
         if ((rc = edl_storage_put(ck->bg, key, doc, strlen(doc))) != 0)
-            fail(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
+            edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
                  edl_storage_errmsg(ck->bg));
     }
     free(doc);
@@ -717,10 +707,9 @@ static void *worker_main(void *arg)
 
 typedef struct hash_sink {
     EVP_MD_CTX *md;
-    bool keep;      /* read_shard: keep the data in buf */
-    char *buf;
-    size_t len, cap;
-    uint64_t max;
+    bool keep;        /* read_shard: keep the bytes */
+    edl_bytebuf data; /* grown as bytes arrive, never sized from the manifest */
+    uint64_t len, max;
 } hash_sink;
 
 static int hash_write(void *arg, const void *data, size_t len)
@@ -730,24 +719,10 @@ static int hash_write(void *arg, const void *data, size_t len)
         return EDL_ETOOBIG;
     if (EVP_DigestUpdate(h->md, data, len) != 1)
         return EDL_ENOMEM;
-    if (h->keep) {
-        /* grown as bytes arrive, never sized from the manifest: a hostile size costs nothing */
-        if (h->len + len > h->cap) {
-            size_t cap = h->cap ? h->cap : 1u << 16;
-            while (cap < h->len + len)
-                cap *= 2;
-            if (cap > h->max)
-                cap = (size_t)h->max;
-            char *b = realloc(h->buf, cap ? cap : 1);
-            if (!b)
-                return EDL_ENOMEM;
-            h->buf = b;
-            h->cap = cap;
-        }
-        memcpy(h->buf + h->len, data, len);
-    }
-    h->len += len;
-    return 0;
+    int rc = h->keep ? edl_bytebuf_append(&h->data, data, len) : 0;
+    if (rc == 0)
+        h->len += len;
+    return rc;
 }
 
 /* Fetch shard s and check its size and hash; with keep, hand the bytes to the caller. */
@@ -759,16 +734,16 @@ static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, 
     if (rc == 0) {
         rc = edl_storage_get_stream(ck->fg, s->key, hash_write, &h, NULL);
         if (rc == EDL_ETOOBIG)
-            rc = fail(err, errlen, EDL_EPROTO, "shard %s is larger than the %" PRIu64 " bytes its "
+            rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is larger than the %" PRIu64 " bytes its "
                       "manifest lists", s->key, s->size);
         else if (rc == EDL_ENOTFOUND)
-            rc = fail(err, errlen, EDL_EPROTO, "shard %s is missing", s->key);
+            rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is missing", s->key);
         else if (rc != 0)
-            fail(err, errlen, rc, "%s", edl_storage_errmsg(ck->fg));
+            edl_errf(err, errlen, rc, "%s", edl_storage_errmsg(ck->fg));
     }
     if (rc == 0 && h.len != s->size)
-        rc = fail(err, errlen, EDL_EPROTO, "shard %s holds %zu bytes, its manifest lists %" PRIu64,
-                  s->key, h.len, s->size);
+        rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
+                      "lists %" PRIu64, s->key, h.len, s->size);
     if (rc == 0) {
         unsigned char md[EVP_MAX_MD_SIZE];
         unsigned int mdlen = 0;
@@ -777,18 +752,16 @@ static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, 
         for (unsigned i = 0; i < 32 && mdlen == 32; i++)
             snprintf(hex + 2 * i, 3, "%02x", md[i]);
         if (mdlen != 32 || strcmp(hex, s->sha256) != 0)
-            rc = fail(err, errlen, EDL_EPROTO, "shard %s is corrupt: its SHA-256 is not the one "
+            rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is corrupt: its SHA-256 is not the one "
                       "in the manifest", s->key);
     }
     EVP_MD_CTX_free(h.md);
-    if (rc == 0 && keep && !h.buf)
-        h.buf = malloc(1); /* an empty shard is still a buffer */
-    if (rc == 0 && keep && !h.buf)
-        rc = EDL_ENOMEM;
+    if (rc == 0 && keep && !h.data.data)
+        rc = edl_bytebuf_append(&h.data, "", 0); /* an empty shard is still a buffer */
     if (rc == 0 && keep)
-        *keep = h.buf;
+        *keep = h.data.data;
     else
-        free(h.buf);
+        edl_bytebuf_clear(&h.data);
     return rc;
 }
 
@@ -803,20 +776,20 @@ static int load_one(edl_ckpt *ck, const ckpt_pointer_entry *e, edl_ckpt_manifest
     snprintf(key, sizeof key, "%s/manifest.json", e->dir);
     int rc = edl_storage_get(ck->fg, key, CKPT_MAX_DOC, &doc, &len);
     if (rc == EDL_ENOTFOUND || rc == EDL_ETOOBIG)
-        return fail(why, whylen, EDL_EPROTO, "%s/%s is %s", ck->uri, key,
+        return edl_errf(why, whylen, EDL_EPROTO, "%s/%s is %s", ck->uri, key,
                     rc == EDL_ENOTFOUND ? "missing" : "too large");
     if (rc != 0)
-        return fail(why, whylen, rc, "%s", edl_storage_errmsg(ck->fg));
+        return edl_errf(why, whylen, rc, "%s", edl_storage_errmsg(ck->fg));
     edl_ckpt_manifest *m;
     char perr[256];
     rc = edl_ckpt_manifest_parse(doc, len, &m, perr, sizeof perr);
     free(doc);
     if (rc == EDL_EPROTO)
-        return fail(why, whylen, rc, "%s/%s: %s", ck->uri, key, perr);
+        return edl_errf(why, whylen, rc, "%s/%s: %s", ck->uri, key, perr);
     if (rc != 0)
         return rc;
     if (m->step != e->step || m->generation != e->generation)
-        rc = fail(why, whylen, EDL_EPROTO, "%s/%s is for another step or generation", ck->uri, key);
+        rc = edl_errf(why, whylen, EDL_EPROTO, "%s/%s is for another step or generation", ck->uri, key);
     for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
         if (ck->verify) {
             rc = fetch_shard(ck, &m->shards[i], NULL, why, whylen);
@@ -825,11 +798,11 @@ static int load_one(edl_ckpt *ck, const ckpt_pointer_entry *e, edl_ckpt_manifest
         edl_storage_stat st;
         rc = edl_storage_stat_key(ck->fg, m->shards[i].key, &st);
         if (rc == EDL_ENOTFOUND)
-            rc = fail(why, whylen, EDL_EPROTO, "shard %s is missing", m->shards[i].key);
+            rc = edl_errf(why, whylen, EDL_EPROTO, "shard %s is missing", m->shards[i].key);
         else if (rc != 0)
-            fail(why, whylen, rc, "%s", edl_storage_errmsg(ck->fg));
+            edl_errf(why, whylen, rc, "%s", edl_storage_errmsg(ck->fg));
         else if (st.size != m->shards[i].size)
-            rc = fail(why, whylen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
+            rc = edl_errf(why, whylen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
                       "lists %" PRIu64, m->shards[i].key, st.size, m->shards[i].size);
     }
     if (rc != 0) {
@@ -849,7 +822,7 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
     ckpt_pointer ptr;
     int rc = read_pointer(ck, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
     if (rc == EDL_ENOTFOUND)
-        return fail(ck->errmsg, sizeof ck->errmsg, rc, "job %s has no committed checkpoint "
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "job %s has no committed checkpoint "
                     "(%s is absent): start from scratch", ck->job, ck->pointer_key);
     if (rc != 0)
         return rc;
@@ -864,7 +837,7 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
             break;
         }
         if (rc != EDL_EPROTO) { /* the store cannot be asked: no verdict on the checkpoint */
-            fail(ck->errmsg, sizeof ck->errmsg, rc, "cannot load checkpoint %s: %s",
+            edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "cannot load checkpoint %s: %s",
                  ptr.entries[i].dir, why);
             break;
         }

@@ -11,7 +11,6 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,17 +54,8 @@ int ckpt_sha256_hex(const void *data, size_t len, char out[65])
 
 /* ---- reading ------------------------------------------------------------------------- */
 
-__attribute__((format(printf, 3, 4)))
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return EDL_EPROTO;
-}
+/* A malformed document: the message, and EDL_EPROTO. */
+#define bad(err, errlen, ...) edl_errf(err, errlen, EDL_EPROTO, __VA_ARGS__)
 
 /* Whatever the reader found wrong is a malformed document here (EDL_EPROTO), except memory. */
 static int reader_rc(const edl_json_reader *r)

@@ -210,29 +210,11 @@ int edl_storage_get_stream(edl_storage *s, const char *key, edl_storage_write_fn
     return rc ? rc : s->be->get_stream(s, key, write, arg, size_out ? size_out : &dummy);
 }
 
-typedef struct membuf {
-    char *data;
-    size_t len, cap, max;
-} membuf;
-
-static int membuf_write(void *arg, const void *buf, size_t len)
+/* A sink into a byte buffer whose max is the caller's max_bytes (0: an empty object only). */
+static int bytebuf_write(void *arg, const void *buf, size_t len)
 {
-    membuf *m = arg;
-    if (len > m->max - m->len)
-        return EDL_ETOOBIG;
-    if (m->len + len + 1 > m->cap) {
-        size_t ncap = m->cap ? m->cap : 4096;
-        while (ncap < m->len + len + 1)
-            ncap *= 2;
-        char *d = realloc(m->data, ncap);
-        if (!d)
-            return EDL_ENOMEM;
-        m->data = d;
-        m->cap = ncap;
-    }
-    memcpy(m->data + m->len, buf, len);
-    m->len += len;
-    return 0;
+    edl_bytebuf *b = arg;
+    return b->max == 0 && len ? EDL_ETOOBIG : edl_bytebuf_append(b, buf, len);
 }
 
 int edl_storage_get(edl_storage *s, const char *key, size_t max_bytes, void **data, size_t *len)
@@ -241,17 +223,16 @@ int edl_storage_get(edl_storage *s, const char *key, size_t max_bytes, void **da
         return EDL_EINVAL;
     *data = NULL;
     *len = 0;
-    membuf m = {.max = max_bytes};
-    int rc = edl_storage_get_stream(s, key, membuf_write, &m, NULL);
+    edl_bytebuf m = {.max = max_bytes};
+    int rc = edl_storage_get_stream(s, key, bytebuf_write, &m, NULL);
     if (rc == EDL_ETOOBIG)
         storage_fail(s, rc, "%s/%s is larger than the %zu bytes allowed", s->uri, key, max_bytes);
     if (rc == 0 && !m.data)
-        rc = membuf_write(&m, "", 0); /* an empty object is still a buffer */
+        rc = edl_bytebuf_append(&m, "", 0); /* an empty object is still a buffer */
     if (rc != 0) {
-        free(m.data);
+        edl_bytebuf_clear(&m);
         return rc;
     }
-    m.data[m.len] = '\0';
     *data = m.data;
     *len = m.len;
     return 0;

@@ -49,7 +49,7 @@ void harness_sleep_ms(int ms)
     }
 }
 
-edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args)
+edl_etcd_server *harness_etcd_open(int members, const char *const *extra_args)
 {
     edl_etcd_server_opts o = {
         .etcd_bin = EDL_ETCD_BIN,

@@ -48,9 +48,9 @@ int harness_free_port(void);
 /* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags
  * (NULL-terminated, may be NULL). Fails the test with the reason when etcd does not come up.
  * Free with edl_etcd_server_close(). */
-edl_etcd_server *harness_start_etcd(int members, const char *const *extra_args);
+edl_etcd_server *harness_etcd_open(int members, const char *const *extra_args);
 /* A cmocka teardown that frees the edl_etcd_server in *state: a test that stores its server
- * there (`s = *state = harness_start_etcd(...)`) cleans up even when an assertion fails. */
+ * there (`s = *state = harness_etcd_open(...)`) cleans up even when an assertion fails. */
 int harness_teardown_etcd(void **state);
 
 /* Run `etcdctl --endpoints=<endpoints> [--user=<user_pass>] <args>` with ETCDCTL_API=3.
@@ -69,7 +69,7 @@ int harness_etcdctl_out(char *out, size_t outlen, const char *endpoints, const c
  * from one background thread. */
 typedef struct harness_proxy harness_proxy;
 
-harness_proxy *harness_proxy_start(int target_port); /* NULL (and a message) on failure */
+harness_proxy *harness_proxy_open(int target_port); /* NULL (and a message) on failure */
 int harness_proxy_port(const harness_proxy *p);
 /* While frozen no byte moves in either direction and new connections are accepted but not
  * connected onward: a network partition. Takes effect before the call returns. */
@@ -80,7 +80,7 @@ void harness_proxy_drop(harness_proxy *p);
 void harness_proxy_set_target(harness_proxy *p, int target_port);
 /* Number of connections accepted so far. */
 int harness_proxy_accepted(harness_proxy *p);
-void harness_proxy_stop(harness_proxy *p); /* closes everything, joins, frees; NULL is fine */
+void harness_proxy_close(harness_proxy *p); /* closes everything, joins, frees; NULL is fine */
 
 /* ---- fake HTTP server ---------------------------------------------------------------- */
 
@@ -98,7 +98,7 @@ enum harness_http_mode {
     HTTP_HUGE,           /* chunked, body repeated for ever or up to the huge limit */
 };
 
-harness_http *harness_http_start(void); /* NULL (and a message) on failure */
+harness_http *harness_http_open(void); /* NULL (and a message) on failure */
 int harness_http_port(const harness_http *h);
 const char *harness_http_url(const harness_http *h); /* "http://127.0.0.1:P" */
 /* The reply for every path without its own (default: 200, "{}", HTTP_NORMAL). The body is
@@ -115,7 +115,7 @@ void harness_http_huge_limit(harness_http *h, size_t max_bytes);
 int harness_http_last_request(harness_http *h, char *path, size_t pathlen, char *body,
                               size_t bodylen);
 int harness_http_requests(harness_http *h);
-void harness_http_stop(harness_http *h); /* closes every connection, joins, frees */
+void harness_http_close(harness_http *h); /* closes every connection, joins, frees */
 
 /* ---- etcd clients (harness_client.c) --------------------------------------------------- */
 
@@ -163,7 +163,7 @@ typedef struct harness_s3 harness_s3;
 
 /* False when s3rver is not installed (run scripts/install-deps) and no endpoint is set. */
 bool harness_s3_available(void);
-harness_s3 *harness_s3_start(void); /* NULL (and the reason on stderr) on failure */
+harness_s3 *harness_s3_open(void); /* NULL (and the reason on stderr) on failure */
 const char *harness_s3_endpoint(const harness_s3 *h);
 int harness_s3_port(const harness_s3 *h); /* 0 for an external endpoint */
 bool harness_s3_external(const harness_s3 *h);
@@ -171,6 +171,6 @@ bool harness_s3_external(const harness_s3 *h);
 const char *harness_s3_uri(harness_s3 *h, const char *name, char *out, size_t outlen);
 /* A storage config for uri on this server (short retries so failure tests are quick). */
 void harness_s3_config(const harness_s3 *h, edl_storage_config *cfg, const char *uri);
-void harness_s3_stop(harness_s3 *h); /* kills the server, removes its data; NULL is fine */
+void harness_s3_close(harness_s3 *h); /* kills the server, removes its data; NULL is fine */
 
 #endif

@@ -50,7 +50,7 @@ char *harness_get(edl_etcd *c, const char *key, char *out, size_t outlen)
 void harness_open_etcd(int members, const char *const *extra_args, edl_etcd_server **srv,
                        edl_etcd **client)
 {
-    *srv = harness_start_etcd(members, extra_args);
+    *srv = harness_etcd_open(members, extra_args);
     *client = harness_client(edl_etcd_server_endpoints(*srv), 0);
 }
 
@@ -64,7 +64,7 @@ void harness_close_etcd(edl_etcd_server **srv, edl_etcd **client)
 
 edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy)
 {
-    *proxy = harness_proxy_start(edl_etcd_server_client_port(srv, 0));
+    *proxy = harness_proxy_open(edl_etcd_server_client_port(srv, 0));
     if (!*proxy)
         fail_msg("cannot start a proxy in front of etcd");
     char ep[64];
@@ -75,7 +75,7 @@ edl_etcd *harness_client_via_proxy(edl_etcd_server *srv, harness_proxy **proxy)
 void harness_close_proxied(edl_etcd *client, harness_proxy *proxy)
 {
     edl_etcd_close(client);
-    harness_proxy_stop(proxy);
+    harness_proxy_close(proxy);
 }
 
 edl_watch_event *harness_next_event(edl_watch *w, int timeout_ms)

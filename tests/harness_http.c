@@ -4,7 +4,7 @@
  * etcd never sends those, so this stand-in does. One thread accepts; each connection gets a
  * thread of its own, which keeps HTTP_HANG and HTTP_HUGE simple. Every wait polls the
  * connection together with a "stop" pipe that is written once and never drained, so that
- * harness_http_stop() wakes every thread at once and can join them all. */
+ * harness_http_close() wakes every thread at once and can join them all. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
@@ -435,7 +435,7 @@ static void set_reply(reply *r, const char *path, int status, const char *body, 
     r->mode = mode;
 }
 
-harness_http *harness_http_start(void)
+harness_http *harness_http_open(void)
 {
     harness_http *h = calloc(1, sizeof *h);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -535,7 +535,7 @@ int harness_http_requests(harness_http *h)
     return harness_http_last_request(h, NULL, 0, NULL, 0);
 }
 
-void harness_http_stop(harness_http *h)
+void harness_http_close(harness_http *h)
 {
     if (!h)
         return;

@@ -377,7 +377,7 @@ static int listen_loopback(int *port)
     return fd;
 }
 
-harness_proxy *harness_proxy_start(int target_port)
+harness_proxy *harness_proxy_open(int target_port)
 {
     harness_proxy *p = calloc(1, sizeof *p);
     if (!p)
@@ -444,7 +444,7 @@ void harness_proxy_set_target(harness_proxy *p, int target_port)
     pthread_mutex_unlock(&p->mu);
 }
 
-void harness_proxy_stop(harness_proxy *p)
+void harness_proxy_close(harness_proxy *p)
 {
     if (!p)
         return;

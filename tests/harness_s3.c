@@ -120,7 +120,7 @@ static void stop_child(harness_s3 *h)
     h->pid = 0;
 }
 
-harness_s3 *harness_s3_start(void)
+harness_s3 *harness_s3_open(void)
 {
     harness_s3 *h = calloc(1, sizeof *h);
     if (!h)
@@ -204,7 +204,7 @@ void harness_s3_config(const harness_s3 *h, edl_storage_config *cfg, const char 
     }
 }
 
-void harness_s3_stop(harness_s3 *h)
+void harness_s3_close(harness_s3 *h)
 {
     if (!h)
         return;

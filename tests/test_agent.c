@@ -1,6 +1,6 @@
 /* test_agent.c: edl-agent as a real process against a real etcd, with /bin/sh trainers.
  *
- * The job server is not part of these tests: each test writes the job's spec and cluster
+ * The job server is not part of these tests: each test writes the job's spec and generation
  * documents itself, exactly as a job server would (edl_spec_to_json, edl_generation_to_json), and
  * observes the pods/ and status/ keys, the trainers' environment files and pids, the agent's
  * exit code and its /metrics. Every wait is bounded. */
@@ -744,7 +744,7 @@ static void test_lost_lease_stops_trainer_and_reregisters(void **state)
     assert_int_equal(wait_exit(a, 5000), 4);
 }
 
-static void test_malformed_cluster_is_ignored(void **state)
+static void test_malformed_generation_is_ignored(void **state)
 {
     (void)state;
     const char *job = "malformed";
@@ -850,7 +850,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigint_while_waiting_exits_130, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigkilled_agent_takes_trainer_and_lease_expires, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lost_lease_stops_trainer_and_reregisters, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_malformed_cluster_is_ignored, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_generation_is_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_steps_reach_status_and_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_trainer_running, setup, teardown),
     };

@@ -38,14 +38,14 @@ static int setup(void **state)
     snprintf(fx->dir, sizeof fx->dir, "/tmp/edl-ckpt-XXXXXX");
     assert_non_null(mkdtemp(fx->dir));
     if (harness_s3_available())
-        fx->s3 = harness_s3_start();
+        fx->s3 = harness_s3_open();
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    harness_s3_stop(fx->s3);
+    harness_s3_close(fx->s3);
     harness_close_etcd(&fx->srv, &fx->cl);
     harness_rmtree(fx->dir);
     free(fx);
@@ -528,10 +528,10 @@ static void test_unreachable_store_is_a_clear_error_and_state_is_kept(void **sta
     snprintf(pl.uri, sizeof pl.uri, "s3://edl-test/down");
     snprintf(pl.job, sizeof pl.job, "down-%d", ++fx->seq);
     edl_storage_config_init(&pl.sc);
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_http_port(h));
-    harness_http_stop(h); /* nobody listens there now */
+    harness_http_close(h); /* nobody listens there now */
     pl.sc.endpoint = ep;
     pl.sc.access_key_id = pl.sc.secret_access_key = "k";
     pl.sc.max_retries = 1;

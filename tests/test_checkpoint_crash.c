@@ -48,14 +48,14 @@ static int setup(void **state)
     snprintf(fx->dir, sizeof fx->dir, "/tmp/edl-crash-XXXXXX");
     assert_non_null(mkdtemp(fx->dir));
     if (harness_s3_available())
-        fx->s3 = harness_s3_start();
+        fx->s3 = harness_s3_open();
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    harness_s3_stop(fx->s3);
+    harness_s3_close(fx->s3);
     harness_close_etcd(&fx->srv, &fx->cl);
     harness_rmtree(fx->dir);
     free(fx);

@@ -1,5 +1,6 @@
-/* test_core.c: libedlcore's plumbing: the error table, the strict JSON reader, child processes
- * (edl_spawn, edl_env_build) and the /metrics server with its Prometheus writer. */
+/* test_core.c: libedlcore's plumbing: the error table, the byte buffer, the strict JSON reader,
+ * child processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus
+ * writer. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -46,6 +47,31 @@ static void test_every_error_code_has_a_name_and_a_text(void **state)
     assert_string_equal(edl_err_name(-99), "EDL_E?");
     assert_string_equal(edl_strerror(-99), "unknown error");
     assert_string_equal(edl_err_name(EDL_EPEER), "EDL_EPEER");
+}
+
+static void test_byte_buffer_grows_to_its_bound_and_no_further(void **state)
+{
+    (void)state;
+    edl_bytebuf b = {.max = 10000};
+    char chunk[3000];
+    memset(chunk, 'x', sizeof chunk);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(edl_bytebuf_append(&b, chunk, sizeof chunk), 0);
+    assert_int_equal(b.len, 9000);
+    assert_int_equal(b.data[9000], '\0'); /* always NUL-terminated */
+    assert_true(b.cap <= 10001);           /* never past the bound, doubling or not */
+    assert_int_equal(edl_bytebuf_append(&b, chunk, sizeof chunk), EDL_ETOOBIG);
+    assert_true(b.overflow);
+    assert_int_equal(b.len, 9000); /* nothing appended */
+    assert_int_equal(edl_bytebuf_append(&b, chunk, 1000), 0); /* exactly up to the bound */
+    assert_int_equal(b.len, 10000);
+    edl_bytebuf_clear(&b);
+    assert_null(b.data);
+    assert_int_equal(b.max, 10000);
+    assert_int_equal(edl_bytebuf_append(&b, "", 0), 0); /* empty, but a buffer */
+    assert_non_null(b.data);
+    assert_string_equal(b.data, "");
+    edl_bytebuf_clear(&b);
 }
 
 /* ---- the JSON reader ------------------------------------------------------------------------ */
@@ -365,6 +391,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_error_code_has_a_name_and_a_text),
+        cmocka_unit_test(test_byte_buffer_grows_to_its_bound_and_no_further),
         cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),

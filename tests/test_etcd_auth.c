@@ -19,7 +19,7 @@ static int setup(void **state)
     (void)state;
     /* tokens that expire after 2 s, so renewal is exercised within the test */
     static const char *const args[] = {"--auth-token-ttl=2", NULL};
-    srv = harness_start_etcd(1, args);
+    srv = harness_etcd_open(1, args);
     const char *eps = edl_etcd_server_endpoints(srv);
     if (harness_etcdctl(eps, NULL, "user add root:rootpw") != 0 ||
         harness_etcdctl(eps, NULL, "user grant-role root root") != 0 ||

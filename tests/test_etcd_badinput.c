@@ -21,7 +21,7 @@ typedef struct fixture {
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
-    f->http = harness_http_start();
+    f->http = harness_http_open();
     assert_non_null(f->http);
     edl_etcd_config cfg;
     edl_etcd_config_init(&cfg);
@@ -38,7 +38,7 @@ static int teardown(void **state)
 {
     fixture *f = *state;
     edl_etcd_close(f->c);
-    harness_http_stop(f->http);
+    harness_http_close(f->http);
     free(f);
     return 0;
 }

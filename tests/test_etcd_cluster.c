@@ -16,7 +16,7 @@ static edl_etcd_server *srv;
 static int setup(void **state)
 {
     (void)state;
-    srv = harness_start_etcd(3, NULL);
+    srv = harness_etcd_open(3, NULL);
     return 0;
 }
 

@@ -90,7 +90,7 @@ static int start_capturing_stderr(const edl_etcd_server_opts *o, edl_etcd_server
 
 static void test_single_member_is_healthy_and_serves_put_get(void **state)
 {
-    edl_etcd_server *s = *state = harness_start_etcd(1, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(1, NULL);
     const char *ep = edl_etcd_server_endpoint(s, 0);
     assert_int_equal(edl_etcd_server_members(s), 1);
     assert_string_equal(edl_etcd_server_endpoints(s), ep);
@@ -105,7 +105,7 @@ static void test_single_member_is_healthy_and_serves_put_get(void **state)
 
 static void test_etcdctl_passes_user_and_shell_words(void **state)
 {
-    edl_etcd_server *s = *state = harness_start_etcd(1, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(1, NULL);
     const char *ep = edl_etcd_server_endpoint(s, 0);
     char out[256];
     assert_int_equal(harness_etcdctl(ep, NULL, "user add root:secret"), 0);
@@ -122,7 +122,7 @@ static void test_etcdctl_passes_user_and_shell_words(void **state)
 
 static void test_restart_keeps_data_and_ports(void **state)
 {
-    edl_etcd_server *s = *state = harness_start_etcd(1, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(1, NULL);
     char ep[64];
     snprintf(ep, sizeof ep, "%s", edl_etcd_server_endpoint(s, 0));
     pid_t before = edl_etcd_server_pid(s, 0);
@@ -141,7 +141,7 @@ static void test_restart_keeps_data_and_ports(void **state)
 
 static void test_kill_now_stops_at_once_and_restarts(void **state)
 {
-    edl_etcd_server *s = *state = harness_start_etcd(1, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(1, NULL);
     const char *ep = edl_etcd_server_endpoint(s, 0);
     assert_int_equal(harness_etcdctl(ep, NULL, "put survivor yes"), 0);
     int64_t t0 = harness_now_ms();
@@ -156,7 +156,7 @@ static void test_kill_now_stops_at_once_and_restarts(void **state)
 
 static void test_pause_freezes_member_until_resumed(void **state)
 {
-    edl_etcd_server *s = *state = harness_start_etcd(1, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(1, NULL);
     const char *ep = edl_etcd_server_endpoint(s, 0);
     assert_int_equal(edl_etcd_server_pause_member(s, 0, true), 0);
     assert_false(healthy(ep, 300));
@@ -172,7 +172,7 @@ static void test_pause_freezes_member_until_resumed(void **state)
 
 static void test_cluster_survives_losing_one_member(void **state)
 {
-    edl_etcd_server *s = *state = harness_start_etcd(3, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(3, NULL);
     char rest[160];
     assert_int_equal(edl_etcd_server_members(s), 3);
     for (int i = 0; i < 3; i++)
@@ -271,7 +271,7 @@ static void test_invalid_member_counts_are_rejected(void **state)
 static void test_free_removes_data_dir(void **state)
 {
     struct stat st;
-    edl_etcd_server *s = *state = harness_start_etcd(1, NULL);
+    edl_etcd_server *s = *state = harness_etcd_open(1, NULL);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", edl_etcd_server_data_dir(s));
     const char *log = edl_etcd_server_log_path(s, 0);

@@ -174,7 +174,7 @@ static void test_proxy_forwards_both_ways(void **state)
 {
     (void)state;
     echo_server *e = echo_start();
-    harness_proxy *p = harness_proxy_start(e->port);
+    harness_proxy *p = harness_proxy_open(e->port);
     assert_non_null(p);
     assert_int_not_equal(harness_proxy_port(p), e->port);
     int fd = connect_port(harness_proxy_port(p));
@@ -220,7 +220,7 @@ static void test_proxy_forwards_both_ways(void **state)
     assert_true(eof);
     close(fd);
     assert_int_equal(harness_proxy_accepted(p), 1);
-    harness_proxy_stop(p);
+    harness_proxy_close(p);
     echo_stop(e);
 }
 
@@ -228,7 +228,7 @@ static void test_proxy_freeze_holds_bytes_until_thaw(void **state)
 {
     (void)state;
     echo_server *e = echo_start();
-    harness_proxy *p = harness_proxy_start(e->port);
+    harness_proxy *p = harness_proxy_open(e->port);
     char buf[16] = {0};
     int old = connect_port(harness_proxy_port(p));
     assert_echo(old, "a");
@@ -251,7 +251,7 @@ static void test_proxy_freeze_holds_bytes_until_thaw(void **state)
     assert_int_equal(echo_accepted(e), 2);
     close(old);
     close(fresh);
-    harness_proxy_stop(p);
+    harness_proxy_close(p);
     echo_stop(e);
 }
 
@@ -259,7 +259,7 @@ static void test_proxy_drop_closes_every_connection(void **state)
 {
     (void)state;
     echo_server *e = echo_start();
-    harness_proxy *p = harness_proxy_start(e->port);
+    harness_proxy *p = harness_proxy_open(e->port);
     char buf[16];
     bool eof = false;
     int a = connect_port(harness_proxy_port(p)), b = connect_port(harness_proxy_port(p));
@@ -277,7 +277,7 @@ static void test_proxy_drop_closes_every_connection(void **state)
     close(a);
     close(b);
     close(c);
-    harness_proxy_stop(p);
+    harness_proxy_close(p);
     echo_stop(e);
 }
 
@@ -285,7 +285,7 @@ static void test_proxy_set_target_moves_new_connections_only(void **state)
 {
     (void)state;
     echo_server *e1 = echo_start(), *e2 = echo_start();
-    harness_proxy *p = harness_proxy_start(e1->port);
+    harness_proxy *p = harness_proxy_open(e1->port);
     int old = connect_port(harness_proxy_port(p));
     assert_echo(old, "1");
     harness_proxy_set_target(p, e2->port);
@@ -296,7 +296,7 @@ static void test_proxy_set_target_moves_new_connections_only(void **state)
     assert_int_equal(echo_accepted(e2), 1);
     close(old);
     close(fresh);
-    harness_proxy_stop(p);
+    harness_proxy_close(p);
     echo_stop(e1);
     echo_stop(e2);
 }
@@ -307,7 +307,7 @@ static void test_proxy_closes_client_when_target_refuses(void **state)
     echo_server *e = echo_start();
     int dead_port = e->port;
     echo_stop(e); /* nothing listens there now */
-    harness_proxy *p = harness_proxy_start(dead_port);
+    harness_proxy *p = harness_proxy_open(dead_port);
     char buf[4];
     bool eof = false;
     int fd = connect_port(harness_proxy_port(p));
@@ -317,7 +317,7 @@ static void test_proxy_closes_client_when_target_refuses(void **state)
     /* Stopping with a connection still open and frozen must not hang. */
     int held = connect_port(harness_proxy_port(p));
     harness_proxy_freeze(p, true);
-    harness_proxy_stop(p);
+    harness_proxy_close(p);
     close(held);
 }
 
@@ -376,7 +376,7 @@ static void url_for(const harness_http *h, const char *path, char *out, size_t l
 static void test_http_normal_reply_keeps_connection_alive(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     CURL *c = curl_easy_init();
     char url[128], path[64], body[128];
     fetch f;
@@ -402,13 +402,13 @@ static void test_http_normal_reply_keeps_connection_alive(void **state)
     harness_http_last_request(h, path, sizeof path, NULL, 0);
     assert_string_equal(path, "/v3/kv/put?x=1");
     curl_easy_cleanup(c);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 static void test_http_reply_per_path(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     CURL *c = curl_easy_init();
     char url[128];
     fetch f;
@@ -428,13 +428,13 @@ static void test_http_reply_per_path(void **state)
     assert_int_equal(f.status, 200);
     assert_string_equal(f.body, "{}"); /* the default reply */
     curl_easy_cleanup(c);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 static void test_http_truncated_reply_is_partial(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     CURL *c = curl_easy_init();
     fetch f;
     harness_http_reply(h, 200, "{\"kvs\":[{\"key\"", 14, HTTP_TRUNCATED);
@@ -443,13 +443,13 @@ static void test_http_truncated_reply_is_partial(void **state)
     assert_int_equal(f.len, 14);
     assert_int_equal(f.content_length, 114);
     curl_easy_cleanup(c);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 static void test_http_chunked_reply_and_open_stream(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     CURL *c = curl_easy_init();
     const char *lines = "{\"result\":{\"created\":true}}\n{\"result\":{\"events\":[]}}\n";
     fetch f;
@@ -468,13 +468,13 @@ static void test_http_chunked_reply_and_open_stream(void **state)
     assert_true(harness_now_ms() - t0 >= 350);
     assert_string_equal(f.body, lines); /* the lines came before the stream stalled */
     curl_easy_cleanup(c);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 static void test_http_close_without_reply_and_hang(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     CURL *c = curl_easy_init();
     fetch f;
     harness_http_reply(h, 200, "", 0, HTTP_CLOSE_NO_REPLY);
@@ -498,7 +498,7 @@ static void test_http_close_without_reply_and_hang(void **state)
         harness_sleep_ms(5);
     assert_int_equal(harness_http_requests(h), 3);
     t0 = harness_now_ms();
-    harness_http_stop(h);
+    harness_http_close(h);
     assert_true(harness_now_ms() - t0 < 1000);
     close(fd);
     curl_easy_cleanup(c);
@@ -507,7 +507,7 @@ static void test_http_close_without_reply_and_hang(void **state)
 static void test_http_huge_reply_streams_until_limit_or_client_leaves(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     CURL *c = curl_easy_init();
     fetch f;
     harness_http_reply(h, 200, "0123456789", 10, HTTP_HUGE);
@@ -527,13 +527,13 @@ static void test_http_huge_reply_streams_until_limit_or_client_leaves(void **sta
     assert_int_equal(f.rc, CURLE_WRITE_ERROR);
     assert_true(f.len >= (size_t)4 << 20);
     curl_easy_cleanup(c);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 static void test_http_pipelined_requests_on_one_connection(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     char buf[512] = {0}, path[64];
     const char *req = "POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\none"
                       "POST /b HTTP/1.1\r\ncontent-length: 3\r\nConnection: close\r\n\r\ntwo";
@@ -550,7 +550,7 @@ static void test_http_pipelined_requests_on_one_connection(void **state)
     assert_string_equal(path, "/b");
     assert_string_equal(buf, "two");
     close(fd);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 int main(void)

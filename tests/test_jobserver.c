@@ -103,7 +103,7 @@ static bool read_generation(const char *job, edl_generation *out)
         return false;
     char err[256];
     if (edl_generation_parse(buf, strlen(buf), out, err, sizeof err) != 0)
-        fail_msg("cluster document unreadable: %s", err);
+        fail_msg("generation document unreadable: %s", err);
     return true;
 }
 
@@ -342,7 +342,7 @@ static void test_bad_spec_leaves_job_intact(void **state)
         harness_sleep_ms(20);
     assert_null(c.spec_error);
     assert_int_equal(c.generation, 2);
-    /* a corrupt cluster document: the server refuses to guess and stays up */
+    /* a corrupt generation document: the server refuses to guess and stays up */
     harness_put(g_c, key(job, EDL_KEY_GENERATION, NULL), "{\"generation\":\"x\"");
     harness_sleep_ms(500);
     assert_int_equal(harness_wait_exit(js, 0), -1);

@@ -29,7 +29,7 @@ static int setup(void **state)
     snprintf(fx->dir, sizeof fx->dir, "/tmp/edl-storage-XXXXXX");
     assert_non_null(mkdtemp(fx->dir));
     if (harness_s3_available())
-        fx->s3 = harness_s3_start();
+        fx->s3 = harness_s3_open();
     *state = fx;
     return 0;
 }
@@ -37,7 +37,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *fx = *state;
-    harness_s3_stop(fx->s3);
+    harness_s3_close(fx->s3);
     harness_rmtree(fx->dir);
     free(fx);
     return 0;
@@ -358,9 +358,9 @@ static void test_s3_unreachable_is_a_clear_error(void **state)
     edl_storage_config cfg;
     edl_storage_config_init(&cfg);
     char ep[64];
-    harness_http *h = harness_http_start(); /* take a port, then free it: nobody listens */
+    harness_http *h = harness_http_open(); /* take a port, then free it: nobody listens */
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", harness_http_port(h));
-    harness_http_stop(h);
+    harness_http_close(h);
     cfg.uri = "s3://edl-test/unreachable";
     cfg.endpoint = ep;
     cfg.access_key_id = cfg.secret_access_key = "k";
@@ -396,7 +396,7 @@ static void test_s3_wrong_credentials_is_a_clear_error(void **state)
 static void test_s3_5xx_is_retried_then_reported(void **state)
 {
     (void)state;
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     const char *err = "<Error><Code>SlowDown</Code><Message>busy</Message></Error>";
     harness_http_reply(h, 503, err, strlen(err), HTTP_NORMAL);
     edl_storage_config cfg;
@@ -414,7 +414,7 @@ static void test_s3_5xx_is_retried_then_reported(void **state)
     harness_http_reply(h, 200, "", 0, HTTP_NORMAL);
     CHECK(s, edl_storage_put(s, "k", "v", 1));
     edl_storage_close(s);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 static void test_s3_failed_multipart_upload_is_aborted(void **state)
@@ -422,7 +422,7 @@ static void test_s3_failed_multipart_upload_is_aborted(void **state)
     (void)state;
     /* The stand-in answers every request on the object with an UploadId and no ETag: the
      * upload starts, the first part "succeeds" without an ETag, and the client must abort. */
-    harness_http *h = harness_http_start();
+    harness_http *h = harness_http_open();
     const char *init = "<InitiateMultipartUploadResult><UploadId>up-42</UploadId>"
                        "</InitiateMultipartUploadResult>";
     harness_http_reply(h, 200, init, strlen(init), HTTP_NORMAL);
@@ -443,7 +443,7 @@ static void test_s3_failed_multipart_upload_is_aborted(void **state)
     assert_string_equal(path, "/edl-test/mp/obj?uploadId=up-42");
     free(data);
     edl_storage_close(s);
-    harness_http_stop(h);
+    harness_http_close(h);
 }
 
 int main(void)

@@ -2,6 +2,7 @@
 #ifndef EDL_COMMON_H
 #define EDL_COMMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -43,6 +44,11 @@ const char *edl_strerror(int code);
 /* The code's name: "EDL_ETIMEDOUT" ("EDL_OK" for 0). Never NULL ("EDL_E?" when unknown). */
 const char *edl_err_name(int code);
 
+/* Write a message into a caller's error buffer (err NULL or errlen 0: nothing is written) and
+ * return code: how the functions that take (char *err, size_t errlen) report a problem. */
+int edl_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Milliseconds on CLOCK_MONOTONIC: what every deadline and timeout in edl is measured on. */
 int64_t edl_monotonic_ms(void);
 
@@ -63,6 +69,21 @@ static inline edl_buf edl_bytes(const void *p, size_t n)
     edl_buf b = {(const char *)p, n};
     return b;
 }
+
+/* A growable byte buffer for bytes that arrive in pieces (replies, streams), kept
+ * NUL-terminated after its bytes. At most max bytes (0: no bound), so hostile input cannot make
+ * it grow past what its reader allows. Zero-initialised it is empty. */
+typedef struct edl_bytebuf {
+    char *data;
+    size_t len, cap;
+    size_t max;
+    bool overflow; /* an append was refused for going past max */
+} edl_bytebuf;
+
+/* Append n bytes: EDL_ETOOBIG (overflow set, nothing appended) past max, EDL_ENOMEM. */
+int edl_bytebuf_append(edl_bytebuf *b, const void *p, size_t n);
+/* Free the bytes; the buffer is empty again (max stays). */
+void edl_bytebuf_clear(edl_bytebuf *b);
 
 #ifdef __cplusplus
 }

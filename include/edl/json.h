@@ -74,7 +74,7 @@ const cJSON *edl_json_array(edl_json_reader *r, const char *name, int max_items)
 const cJSON *edl_json_object(edl_json_reader *r, const char *name);
 
 /* cJSON_PrintUnformatted then cJSON_Delete: the document's text (malloc'ed) or NULL. */
-char *edl_json_print_free(cJSON *o);
+char *edl_json_print_consume(cJSON *o);
 
 #ifdef __cplusplus
 }
