@@ -195,6 +195,8 @@ static int fill_defaults(agent_opts *o)
         return bad("--addr '%s': expected an IPv4 address", o->addr);
     if (o->prefix[0] != '/')
         return bad("--prefix '%s': must start with '/'", o->prefix);
+    if (o->metrics_addr && !edl_metrics_addr_valid(o->metrics_addr))
+        return bad("--metrics-addr '%s': expected an IPv4 or IPv6 address", o->metrics_addr);
     if (o->port == 0 && (o->port = free_port(o->addr)) == 0)
         return bad("no free TCP port on %s for the trainer: give --port", o->addr);
     return 0;

@@ -687,6 +687,73 @@ static void shutdown_rest(launcher *l)
     l->n_kids = 0;
 }
 
+/* Signals arrive on a signalfd, read in the loop. */
+static int open_signals(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGHUP);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* The given etcd, or one of our own on loopback, and a client of it: 0 or an exit code. */
+static int open_etcd(launcher *l)
+{
+    if (l->o.etcd) {
+        l->endpoints = l->o.etcd;
+    } else {
+        edl_etcd_server_opts so = {.quiet = true};
+        int rc = edl_etcd_server_open(&so, &l->srv);
+        if (rc) {
+            fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
+                            "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
+                    edl_strerror(rc));
+            return EDL_EXIT_UNREACHABLE;
+        }
+        l->endpoints = edl_etcd_server_endpoints(l->srv);
+        say("started etcd at %s (data in %s, removed at exit)", l->endpoints,
+            edl_etcd_server_data_dir(l->srv));
+    }
+    if (edl_etcd_open_endpoints(l->endpoints, &l->c) != 0) {
+        fprintf(stderr, "edl run: bad etcd endpoints \"%s\"\n", l->endpoints);
+        return EDL_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The job in etcd, the state file, the watch and the job server; then the loop until the job
+ * ends. Returns the exit code. */
+static int run_job(launcher *l, bool *wrote_state)
+{
+    int rc = prepare_job(l);
+    if (rc)
+        return rc == EDL_ECONFLICT ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
+    if (cli_state_write(l->o.job, l->endpoints) != 0)
+        say("warning: could not write the state file for edl scale/status/stop");
+    else
+        *wrote_state = true;
+    edl_watch_opts wo = {.prefix = true};
+    if (edl_watch_open(l->c, edl_str(l->k.job), &wo, &l->w) != 0)
+        l->w = NULL; /* then it polls every 200 ms */
+    say("job %s: min %d, max %d, replicas %d; trainer: %s", l->o.job, l->o.spec.min,
+        l->o.spec.max, l->desired, l->o.trainer[0]);
+    if (start_jobserver(l) != 0) {
+        fprintf(stderr, "edl run: cannot start %s\n", l->js_bin);
+        return EDL_EXIT_USAGE;
+    }
+    rc = loop(l);
+    int ret = rc ? rc : job_exit_code(l);
+    say("job %s %s after %.1f s: generation %lld, exit code %d", l->o.job,
+        l->interrupted ? "interrupted" : edl_job_state_name(l->state),
+        (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret);
+    return ret;
+}
+
 int cli_run(int argc, char **argv)
 {
     launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .desired = 0};
@@ -702,65 +769,11 @@ int cli_run(int argc, char **argv)
     l.started_ms = edl_monotonic_ms();
     find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
-
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGHUP);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    l.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-
-    int ret = EDL_EXIT_SUCCEEDED;
+    l.sigfd = open_signals();
     bool wrote_state = false;
-    if (l.o.etcd) {
-        l.endpoints = l.o.etcd;
-    } else {
-        edl_etcd_server_opts so = {.quiet = true};
-        int rc = edl_etcd_server_open(&so, &l.srv);
-        if (rc) {
-            fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
-                            "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
-                    edl_strerror(rc));
-            ret = EDL_EXIT_UNREACHABLE;
-            goto out;
-        }
-        l.endpoints = edl_etcd_server_endpoints(l.srv);
-        say("started etcd at %s (data in %s, removed at exit)", l.endpoints,
-            edl_etcd_server_data_dir(l.srv));
-    }
-    if (edl_etcd_open_endpoints(l.endpoints, &l.c) != 0) {
-        fprintf(stderr, "edl run: bad etcd endpoints \"%s\"\n", l.endpoints);
-        ret = EDL_EXIT_USAGE;
-        goto out;
-    }
-    int rc = prepare_job(&l);
-    if (rc) {
-        ret = rc == EDL_ECONFLICT ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
-        goto out;
-    }
-    if (cli_state_write(l.o.job, l.endpoints) != 0)
-        say("warning: could not write the state file for edl scale/status/stop");
-    else
-        wrote_state = true;
-    edl_watch_opts wo = {.prefix = true};
-    if (edl_watch_open(l.c, edl_str(l.k.job), &wo, &l.w) != 0)
-        l.w = NULL; /* then it polls every 200 ms */
-    say("job %s: min %d, max %d, replicas %d; trainer: %s", l.o.job, l.o.spec.min, l.o.spec.max,
-        l.desired, l.o.trainer[0]);
-    if (start_jobserver(&l) != 0) {
-        fprintf(stderr, "edl run: cannot start %s\n", l.js_bin);
-        ret = EDL_EXIT_USAGE;
-        goto out;
-    }
-    rc = loop(&l);
-    ret = rc ? rc : job_exit_code(&l);
-    say("job %s %s after %.1f s: generation %lld, exit code %d", l.o.job,
-        l.interrupted ? "interrupted" : edl_job_state_name(l.state),
-        (double)(edl_monotonic_ms() - l.started_ms) / 1000.0, (long long)l.gen, ret);
-out:
+    int ret = open_etcd(&l);
+    if (!ret)
+        ret = run_job(&l, &wrote_state);
     shutdown_rest(&l);
     if (l.w)
         edl_watch_close(l.w);

@@ -792,11 +792,10 @@ int edl_coll_check(edl_comm *c)
 
 /* ---- collectives ------------------------------------------------------------------------ */
 
-static int run(edl_comm *c, enum coll_kind kind, const void *send, void *recv, size_t count,
-               edl_dtype dt, edl_redop op, int root)
+/* The arguments of a collective, checked before anything is sent (EDL_EINVAL, c->err set). */
+static int check_args(edl_comm *c, enum coll_kind kind, const void *send, const void *recv,
+                      size_t count, edl_dtype dt, edl_redop op, int root)
 {
-    if (!c)
-        return EDL_EINVAL;
     size_t es = edl_dtype_size(dt);
     const char *what = kind == COLL_BROADCAST ? "broadcast" : kind == COLL_ALLGATHER ? "allgather"
                        : kind == COLL_REDUCE_SCATTER ? "reduce_scatter" : "allreduce";
@@ -821,19 +820,29 @@ static int run(edl_comm *c, enum coll_kind kind, const void *send, void *recv, s
         coll_set_err(c, "%s: count %zu is too large", what, count);
         return EDL_EINVAL;
     }
-    if (kind == COLL_BROADCAST && c->rank == root && !send)
-        send = recv;
-    if (count && (!recv || (!send && (kind != COLL_BROADCAST || c->rank == root)))) {
+    if (count && (!recv || (!send && kind != COLL_BROADCAST))) {
         coll_set_err(c, "%s: NULL buffer for %zu elements", what, count);
         return EDL_EINVAL;
     }
+    return 0;
+}
+
+static int run(edl_comm *c, enum coll_kind kind, const void *send, void *recv, size_t count,
+               edl_dtype dt, edl_redop op, int root)
+{
+    if (!c)
+        return EDL_EINVAL;
+    if (kind == COLL_BROADCAST && c->rank == root && !send)
+        send = recv; /* the root broadcasts in place */
+    int rc = check_args(c, kind, send, recv, count, dt, op, root);
+    if (rc)
+        return rc;
     if (c->broken) {
         coll_set_err(c, "the communicator of generation %" PRId64 " is broken; call "
                      "edl_coll_check() to re-form it", c->gen);
         return EDL_EPEER;
     }
     coll_op o = {.kind = kind, .dt = dt, .op = op, .count = count, .root = root, .seq = ++c->seq};
-    int rc;
 #ifdef EDL_HAVE_NCCL
     if (c->nccl) {
         switch (kind) {

@@ -168,6 +168,13 @@ static bool listen_addr(const char *addr, int port, struct sockaddr_storage *ss,
     return false;
 }
 
+bool edl_metrics_addr_valid(const char *addr)
+{
+    struct sockaddr_storage ss;
+    bool v6;
+    return addr && listen_addr(addr, 0, &ss, &v6);
+}
+
 int edl_metrics_open(const edl_metrics_opts *o, edl_metrics_fn fn, void *arg,
                      edl_metrics_server **out)
 {

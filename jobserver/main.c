@@ -9,6 +9,7 @@
 
 #include "edl/job.h"
 #include "edl/log.h"
+#include "edl/metrics.h"
 #include "jobserver.h"
 
 static void usage(FILE *out)
@@ -109,6 +110,11 @@ int main(int argc, char **argv)
     if (!cfg.endpoints || !*cfg.endpoints || !cfg.job) {
         fprintf(stderr, "edl-jobserver: %s is required (see --help)\n",
                 !cfg.job ? "--job" : "--etcd");
+        return EDL_EXIT_USAGE;
+    }
+    if (cfg.metrics_addr && !edl_metrics_addr_valid(cfg.metrics_addr)) {
+        fprintf(stderr, "edl-jobserver: --metrics-addr %s: expected an IPv4 or IPv6 address\n",
+                cfg.metrics_addr);
         return EDL_EXIT_USAGE;
     }
     if (!edl_name_valid(cfg.job)) {

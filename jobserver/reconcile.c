@@ -298,30 +298,156 @@ static int publish_final(const js_observed *o, edl_job_state st, const char *rea
     return rc;
 }
 
+/* The same incarnation (pod name and lease) is in m[0..n). */
+static bool has_incarnation(const edl_member *m, size_t n, const edl_member *x)
+{
+    for (size_t j = 0; j < n; j++)
+        if (strcmp(m[j].pod, x->pod) == 0 && m[j].lease == x->lease)
+            return true;
+    return false;
+}
+
 /* Describe a membership change: "pod a left; pod b joined" (bounded). */
 static void describe_change(const edl_generation *c, const edl_member *m, size_t n, char *buf,
                             size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
-    for (size_t i = 0; i < c->n_members && used < len; i++) {
-        bool stays = false;
-        for (size_t j = 0; j < n; j++)
-            stays = stays || (strcmp(c->members[i].pod, m[j].pod) == 0 &&
-                              c->members[i].lease == m[j].lease);
-        if (!stays)
+    for (size_t i = 0; i < c->n_members && used < len; i++)
+        if (!has_incarnation(m, n, &c->members[i]))
             used += (size_t)snprintf(buf + used, len - used, "%spod %s left", used ? "; " : "",
                                      c->members[i].pod);
-    }
-    for (size_t j = 0; j < n && used < len; j++) {
-        bool was = false;
-        for (size_t i = 0; i < c->n_members; i++)
-            was = was || (strcmp(c->members[i].pod, m[j].pod) == 0 &&
-                          c->members[i].lease == m[j].lease);
-        if (!was)
+    for (size_t j = 0; j < n && used < len; j++)
+        if (!has_incarnation(c->members, c->n_members, &m[j]))
             used += (size_t)snprintf(buf + used, len - used, "%spod %s joined", used ? "; " : "",
                                      m[j].pod);
+}
+
+/* The membership the next generation would have. */
+typedef struct membership {
+    edl_member *members;
+    size_t n;
+    char **standbys;
+    size_t n_standbys;
+} membership;
+
+static void membership_clear(membership *ms)
+{
+    edl_members_free(ms->members, ms->n);
+    for (size_t i = 0; i < ms->n_standbys; i++)
+        free(ms->standbys[i]);
+    free(ms->standbys);
+    memset(ms, 0, sizeof *ms);
+}
+
+/* Who may be a member now: live workers that are not excluded (by `failures`, the exclusions in
+ * force for the next generation), ranked by the rank rule. *wake_excl: when the first exclusion
+ * ends (0: none). */
+static int next_membership(const js_observed *o, const edl_generation *failures,
+                           membership *ms, int64_t *wake_excl)
+{
+    edl_pod *cands = calloc(o->n_pods + 1, sizeof *cands);
+    if (!cands)
+        return EDL_ENOMEM;
+    size_t nc = 0;
+    *wake_excl = 0;
+    for (size_t i = 0; i < o->n_pods; i++) {
+        const edl_pod_failures *f = failures_of(failures, o->pods[i].name);
+        if (f && f->excluded_until > o->now_ms) {
+            int64_t at = o->mono_ms + (f->excluded_until - o->now_ms) + 1;
+            if (!*wake_excl || at < *wake_excl)
+                *wake_excl = at;
+            continue;
+        }
+        if (o->pods[i].role && strcmp(o->pods[i].role, "worker") != 0)
+            continue;
+        cands[nc++] = o->pods[i];
     }
+    const edl_generation *c = o->current;
+    int rc = edl_assign_ranks(c->members, c->n_members, cands, nc, o->spec->max, &ms->members,
+                              &ms->n, &ms->standbys, &ms->n_standbys);
+    free(cands);
+    return rc;
+}
+
+/* Why a new generation is published. */
+static void new_reason(const js_observed *o, const failure *fl, size_t nf, bool dead,
+                       edl_job_state st, const membership *ms, char *reason, size_t len)
+{
+    const edl_generation *c = o->current;
+    const edl_job_spec *sp = o->spec;
+    char why[REASON_MAX];
+    describe_change(c, ms->members, ms->n, why, sizeof why);
+    if (nf)
+        snprintf(reason, len, "restart %d of %d after %s", c->restarts + 1, sp->max_restarts,
+                 fl[0].what);
+    else if (dead)
+        snprintf(reason, len, "restart %d of %d: generation %lld declared dead by its trainers: "
+                 "%.200s", c->restarts + 1, sp->max_restarts, (long long)c->generation,
+                 o->gen_dead);
+    else if (st == EDL_JOB_WAITING)
+        snprintf(reason, len, "waiting: %zu of at least %d members%s%s", ms->n, sp->min,
+                 why[0] ? "; " : "", why);
+    else
+        snprintf(reason, len, "%s", why[0] ? why : "membership unchanged");
+}
+
+/* The next document: the current one with the new standbys (taken from ms), the failures in
+ * force (taken from failures when given), and, for a new generation, the new members (from
+ * ms), its number, state and reason. */
+static int compose_next(const js_observed *o, membership *ms, edl_generation *failures,
+                        bool restart, bool new_gen, edl_job_state st, const char *reason,
+                        js_decision *out)
+{
+    edl_generation *next = &out->next;
+    int rc = copy_current(o, next);
+    if (rc)
+        return rc;
+    if (failures) {
+        edl_generation none = {.failures = next->failures, .n_failures = next->n_failures};
+        edl_generation_clear(&none);
+        next->failures = failures->failures;
+        next->n_failures = failures->n_failures;
+        failures->failures = NULL;
+        failures->n_failures = 0;
+    }
+    if (restart) /* a failure or a dead group: either costs a restart */
+        next->restarts = o->current->restarts + 1;
+    /* Members change only with the generation: a refresh of details in the same generation
+     * (standbys, spec error) must not carry joins that are still settling. */
+    edl_generation old = {.standbys = next->standbys, .n_standbys = next->n_standbys};
+    if (new_gen) {
+        old.members = next->members;
+        old.n_members = next->n_members;
+        next->members = ms->members;
+        next->n_members = ms->n;
+        ms->members = NULL;
+        ms->n = 0;
+    }
+    edl_generation_clear(&old);
+    next->standbys = ms->standbys;
+    next->n_standbys = ms->n_standbys;
+    ms->standbys = NULL;
+    ms->n_standbys = 0;
+    if (!new_gen)
+        return 0;
+    next->generation = next_generation_number(o);
+    next->state = st;
+    out->new_generation = true;
+    return set_reason(next, reason);
+}
+
+/* Joins only: hold them until the settle window (from the first pending join) closes. True
+ * while it is open (*wake set). */
+static bool settling(const js_observed *o, js_memory *mem, int64_t *wake)
+{
+    if (!mem->joins_since_mono_ms)
+        mem->joins_since_mono_ms = o->mono_ms;
+    int64_t due = mem->joins_since_mono_ms + o->spec->settle_ms;
+    if (o->mono_ms >= due)
+        return false;
+    *wake = due;
+    return true;
 }
 
 /* Membership step: candidates, ranks, and whether to publish now, later, or not at all. */
@@ -329,122 +455,40 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
                                 size_t nf, bool dead, js_decision *out)
 {
     const edl_generation *c = o->current;
-    const edl_job_spec *sp = o->spec;
-    edl_generation tmp_fail = {0}; /* failures in force for the next generation */
-    int rc = 0;
-    if (nf && (rc = next_failures(o, fl, nf, &tmp_fail)) != 0)
-        goto out;
-    const edl_generation *fsrc = nf ? &tmp_fail : c;
-    edl_pod *cands = calloc(o->n_pods + 1, sizeof *cands);
-    if (!cands) {
-        rc = EDL_ENOMEM;
-        goto out;
-    }
-    size_t nc = 0;
+    edl_generation failures = {0}; /* the failures in force for the next generation */
+    membership ms = {0};
     int64_t wake_excl = 0;
-    for (size_t i = 0; i < o->n_pods; i++) {
-        const edl_pod_failures *f = failures_of(fsrc, o->pods[i].name);
-        if (f && f->excluded_until > o->now_ms) {
-            int64_t at = o->mono_ms + (f->excluded_until - o->now_ms) + 1;
-            if (!wake_excl || at < wake_excl)
-                wake_excl = at;
-            continue;
-        }
-        if (o->pods[i].role && strcmp(o->pods[i].role, "worker") != 0)
-            continue;
-        cands[nc++] = o->pods[i];
-    }
-    edl_member *m = NULL;
-    char **sb = NULL;
-    size_t n = 0, nsb = 0;
-    rc = edl_assign_ranks(c->members, c->n_members, cands, nc, sp->max, &m, &n, &sb, &nsb);
-    free(cands);
+    int rc = nf ? next_failures(o, fl, nf, &failures) : 0;
+    if (!rc)
+        rc = next_membership(o, nf ? &failures : c, &ms, &wake_excl);
     if (rc)
         goto out;
     bool lost = false;
-    for (size_t i = 0; i < c->n_members; i++) {
-        bool stays = false;
-        for (size_t j = 0; j < n; j++)
-            stays = stays || (strcmp(c->members[i].pod, m[j].pod) == 0 &&
-                              c->members[i].lease == m[j].lease);
-        lost = lost || !stays;
-    }
-    edl_job_state st = (int)n >= sp->min ? EDL_JOB_RUNNING : EDL_JOB_WAITING;
-    bool changed = !same_members(c, m, n);
+    for (size_t i = 0; i < c->n_members; i++)
+        lost = lost || !has_incarnation(ms.members, ms.n, &c->members[i]);
+    edl_job_state st = (int)ms.n >= o->spec->min ? EDL_JOB_RUNNING : EDL_JOB_WAITING;
+    bool changed = !same_members(c, ms.members, ms.n);
     bool new_gen = nf > 0 || dead || changed || st != c->state || c->generation == 0;
-    if (c->generation == 0 && n == 0)
+    if (c->generation == 0 && ms.n == 0)
         new_gen = false; /* nobody yet: nothing to publish */
-    char why[REASON_MAX];
-    describe_change(c, m, n, why, sizeof why);
-    if (new_gen && nf == 0 && !dead && !lost && changed) {
-        /* joins only: wait for the settle window to batch them */
-        if (!mem->joins_since_mono_ms)
-            mem->joins_since_mono_ms = o->mono_ms;
-        int64_t due = mem->joins_since_mono_ms + sp->settle_ms;
-        if (o->mono_ms < due) {
-            out->wake_mono_ms = due;
-            new_gen = false;
-            changed = false;
-        }
-    }
+    if (new_gen && nf == 0 && !dead && !lost && changed && settling(o, mem, &out->wake_mono_ms))
+        new_gen = false;
     if (new_gen || lost)
         mem->joins_since_mono_ms = 0;
-    bool details = !same_standbys(c, sb, nsb) || !same_str(c->spec_error, o->spec_error);
+    bool details = !same_standbys(c, ms.standbys, ms.n_standbys) ||
+                   !same_str(c->spec_error, o->spec_error);
     if (new_gen || (details && c->generation > 0)) {
-        rc = copy_current(o, &out->next);
-        if (!rc && nf) {
-            for (size_t i = 0; i < out->next.n_failures; i++)
-                free(out->next.failures[i].pod);
-            free(out->next.failures);
-            out->next.failures = tmp_fail.failures;
-            out->next.n_failures = tmp_fail.n_failures;
-            tmp_fail.failures = NULL;
-            tmp_fail.n_failures = 0;
-        }
-        if (!rc && (nf || dead)) /* a failure or a dead group: either costs a restart */
-            out->next.restarts = c->restarts + 1;
-        if (!rc) {
-            edl_members_free(out->next.members, out->next.n_members);
-            out->next.members = m;
-            out->next.n_members = n;
-            m = NULL;
-            for (size_t i = 0; i < out->next.n_standbys; i++)
-                free(out->next.standbys[i]);
-            free(out->next.standbys);
-            out->next.standbys = sb;
-            out->next.n_standbys = nsb;
-            sb = NULL;
-            nsb = 0;
-        }
-        if (!rc && new_gen) {
-            char reason[REASON_MAX + 200];
-            if (nf)
-                snprintf(reason, sizeof reason, "restart %d of %d after %s", c->restarts + 1,
-                         sp->max_restarts, fl[0].what);
-            else if (dead)
-                snprintf(reason, sizeof reason, "restart %d of %d: generation %lld declared dead "
-                         "by its trainers: %.200s", c->restarts + 1, sp->max_restarts,
-                         (long long)c->generation, o->gen_dead);
-            else if (st == EDL_JOB_WAITING)
-                snprintf(reason, sizeof reason, "waiting: %zu of at least %d members%s%s", n,
-                         sp->min, why[0] ? "; " : "", why);
-            else
-                snprintf(reason, sizeof reason, "%s", why[0] ? why : "membership unchanged");
-            rc = set_reason(&out->next, reason);
-            out->next.generation = next_generation_number(o);
-            out->next.state = st;
-            out->new_generation = true;
-        }
+        char reason[REASON_MAX + 200] = "";
+        if (new_gen)
+            new_reason(o, fl, nf, dead, st, &ms, reason, sizeof reason);
+        rc = compose_next(o, &ms, nf ? &failures : NULL, nf || dead, new_gen, st, reason, out);
         out->action = rc ? JS_NOTHING : JS_PUBLISH;
     }
     if (wake_excl && (!out->wake_mono_ms || wake_excl < out->wake_mono_ms))
         out->wake_mono_ms = wake_excl;
-    edl_members_free(m, n);
-    for (size_t i = 0; i < nsb; i++)
-        free(sb[i]);
-    free(sb);
 out:
-    edl_generation_clear(&tmp_fail);
+    membership_clear(&ms);
+    edl_generation_clear(&failures);
     return rc;
 }
 

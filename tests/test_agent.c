@@ -361,6 +361,10 @@ static void test_help_and_bad_options_exit_codes(void **state)
     assert_int_equal(run_status(bad_ttl), 2);
     const char *bad_name[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "a/b", "--", "true", NULL};
     assert_int_equal(run_status(bad_name), 2);
+    const char *bad_maddr[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "j",
+                               "--metrics-port", "9", "--metrics-addr", "localhost", "--", "true",
+                               NULL};
+    assert_int_equal(run_status(bad_maddr), 2);
 }
 
 static void test_unreachable_etcd_at_startup_exits_3(void **state)
@@ -783,7 +787,8 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
                           "echo 'step 5' >&$EDL_PROGRESS_FD; echo 'garbage' >&$EDL_PROGRESS_FD; "
                           "echo 'step -2' >&$EDL_PROGRESS_FD; echo 'step 7' >&$EDL_PROGRESS_FD; "
                           "exec sleep 60",
-                          (const char *[]){"--metrics-port", mp, NULL});
+                          (const char *[]){"--metrics-port", mp, "--metrics-addr", "127.0.0.1",
+                                           NULL});
     char k[256];
     edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
     assert_non_null(kv);

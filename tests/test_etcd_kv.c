@@ -275,6 +275,10 @@ static void test_endpoint_config_rejects_garbage(void **state)
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, "http://a:1/v3/kv"), EDL_EINVAL);
     assert_int_equal(edl_etcd_config_set_endpoints(&cfg, " , "), EDL_EINVAL);
     assert_int_equal(cfg.n_endpoints, 2); /* unchanged after each error */
+    cfg.cert_file = strdup("/x.pem"); /* a client certificate without its key */
+    edl_etcd *half = NULL;
+    assert_int_equal(edl_etcd_open(&cfg, &half), EDL_EINVAL);
+    assert_null(half);
     edl_etcd_config_clear(&cfg);
     edl_etcd *c;
     assert_int_equal(edl_etcd_open_endpoints("localhost:2379", &c), EDL_EINVAL);

@@ -453,7 +453,8 @@ static pid_t spawn_js_metrics(const char *job, const char *id, int port)
     char p[16];
     snprintf(p, sizeof p, "%d", port);
     const char *argv[] = {EDL_JOBSERVER_BIN, "--etcd", edl_etcd_server_endpoints(g_srv), "--job",
-                          job, "--id", id, "--ttl", "2", "--metrics-port", p, NULL};
+                          job, "--id", id, "--ttl", "2", "--metrics-port", p,
+                          "--metrics-addr", "127.0.0.1", NULL};
     pid_t pid = harness_spawn(argv, NULL);
     assert_true(pid > 0);
     return pid;
@@ -516,6 +517,10 @@ static void test_help_and_bad_options(void **state)
     assert_int_equal(harness_wait_exit(pid, 5000), 2);
     const char *ttl[] = {EDL_JOBSERVER_BIN, "--job", "x", "--ttl", "-1", NULL};
     pid = harness_spawn(ttl, "/dev/null");
+    assert_int_equal(harness_wait_exit(pid, 5000), 2);
+    const char *maddr[] = {EDL_JOBSERVER_BIN, "--etcd", "http://127.0.0.1:1", "--job", "x",
+                           "--metrics-port", "9", "--metrics-addr", "10.0.0.300", NULL};
+    pid = harness_spawn(maddr, "/dev/null");
     assert_int_equal(harness_wait_exit(pid, 5000), 2);
 }
 

@@ -490,10 +490,40 @@ static void test_new_generation_never_repeats_a_reported_one(void **state)
     world_free(&w);
 }
 
+/* Two pods join at once with one free place: one will be a member, the other a standby. While
+ * the settle window is open, the published generation keeps its members (a refreshed standby
+ * list must not carry the pending join into the running generation). */
+static void test_settling_joins_do_not_leak_into_the_running_generation(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 3);
+    form(&w, 2);
+    int64_t g = w.cur.generation;
+    add_pod(&w, 2);
+    add_pod(&w, 3);
+    js_decision d = step(&w);
+    if (d.action == JS_PUBLISH) {
+        assert_false(d.new_generation);
+        assert_int_equal(w.cur.generation, g);
+    }
+    members_are(&w, "p0 p1");
+    js_decision_clear(&d);
+    advance(&w, w.spec.settle_ms);
+    d = step(&w);
+    assert_true(d.new_generation);
+    members_are(&w, "p0 p1 p2");
+    assert_int_equal(w.cur.n_standbys, 1);
+    assert_string_equal(w.cur.standbys[0], "p3");
+    js_decision_clear(&d);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
+        cmocka_unit_test(test_settling_joins_do_not_leak_into_the_running_generation),
         cmocka_unit_test(test_first_generation_after_settle_window),
         cmocka_unit_test(test_scale_up_within_window_is_one_generation),
         cmocka_unit_test(test_loss_is_published_at_once),

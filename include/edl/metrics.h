@@ -54,6 +54,9 @@ typedef struct edl_metrics_opts {
     int port;         /* 0: a free port (edl_metrics_port says which) */
 } edl_metrics_opts;
 
+/* Whether addr is a listen address the server takes (an IPv4 or IPv6 literal): for checking a
+ * command line before anything starts. */
+bool edl_metrics_addr_valid(const char *addr);
 /* EDL_EINVAL for a bad address or port, EDL_EIO when it cannot listen (the port is taken). */
 int edl_metrics_open(const edl_metrics_opts *o, edl_metrics_fn fn, void *arg,
                      edl_metrics_server **out);
