@@ -49,7 +49,9 @@ int edl_election_try(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease, boo
             break;
         edl_range_result *rr = &r.results[r.n_results - 1].range;
         bool seen = rr->n_kvs > 0;
-        *won = r.succeeded;
+        /* The key under our own lease is our own earlier attempt, applied although its reply
+         * was lost: we lead (waiting for it to go away would wait for ever). */
+        *won = r.succeeded || (seen && rr->kvs[0].lease == lease);
         if (seen)
             take_leader(rr, leader);
         edl_txn_result_clear(&r);
@@ -126,12 +128,7 @@ int edl_election_campaign(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease
         }
         rc = wait_vacancy(c, key, seen, deadline);
         if (rc) {
-            if (leader && rc == EDL_ETIMEDOUT) {
-                edl_leader_clear(leader);
-                *leader = cur; /* who leads instead of us */
-            } else {
-                edl_leader_clear(&cur);
-            }
+            edl_leader_clear(&cur); /* someone else's term: never handed out as ours */
             return rc;
         }
     }

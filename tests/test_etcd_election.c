@@ -137,7 +137,7 @@ static void test_dead_leader_is_replaced_and_fenced(void **state)
     edl_etcd_lease_revoke(cl, l2);
 }
 
-static void test_campaign_times_out_and_names_the_leader(void **state)
+static void test_campaign_times_out_and_never_hands_out_another_term(void **state)
 {
     (void)state;
     int64_t l1 = grant(30), l2 = grant(30);
@@ -147,12 +147,34 @@ static void test_campaign_times_out_and_names_the_leader(void **state)
     assert_int_equal(edl_election_campaign(cl, edl_str("el4/leader"), edl_str("B"), l2, 500, &b), EDL_ETIMEDOUT);
     int64_t took = harness_now_ms() - t0;
     assert_true(took >= 450 && took < 2000);
-    assert_non_null(b.kv);
-    assert_string_equal(b.kv->value, "A");
+    assert_null(b.kv); /* A's term is not B's to resign: a loser holds nothing */
+    edl_leader seen = {0};
+    assert_int_equal(edl_election_leader(cl, edl_str("el4/leader"), &seen), 0);
+    assert_string_equal(seen.kv->value, "A");
+    edl_leader_clear(&seen);
     edl_leader_clear(&a);
     edl_leader_clear(&b);
     edl_etcd_lease_revoke(cl, l1);
     edl_etcd_lease_revoke(cl, l2);
+}
+
+/* Our campaign txn was applied but its reply lost (a time-out): the key is there under our own
+ * lease. The next attempt must see that we lead, not wait for our own key to go away. */
+static void test_own_key_from_a_lost_reply_is_our_leadership(void **state)
+{
+    (void)state;
+    int64_t l = grant(30);
+    edl_put_opts po = {.lease = l};
+    assert_int_equal(edl_etcd_put(cl, edl_str("el6/leader"), edl_str("me"), &po, NULL), 0);
+    edl_leader me = {0};
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_election_campaign(cl, edl_str("el6/leader"), edl_str("me"), l, 2000, &me), 0);
+    assert_true(harness_now_ms() - t0 < 1000);
+    assert_int_equal(me.kv->lease, l);
+    assert_int_equal(edl_election_proclaim(cl, &me, edl_str("me, leading")), 0); /* fenced: ours */
+    assert_int_equal(edl_election_resign(cl, &me), 0);
+    edl_leader_clear(&me);
+    edl_etcd_lease_revoke(cl, l);
 }
 
 static void test_campaign_without_live_lease_fails(void **state)
@@ -173,7 +195,8 @@ int main(void)
         cmocka_unit_test(test_first_candidate_wins_second_sees_leader),
         cmocka_unit_test(test_campaign_takes_over_at_once_after_resign),
         cmocka_unit_test(test_dead_leader_is_replaced_and_fenced),
-        cmocka_unit_test(test_campaign_times_out_and_names_the_leader),
+        cmocka_unit_test(test_campaign_times_out_and_never_hands_out_another_term),
+        cmocka_unit_test(test_own_key_from_a_lost_reply_is_our_leadership),
         cmocka_unit_test(test_campaign_without_live_lease_fails),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -231,6 +231,36 @@ static void test_leader_killed_standby_takes_over(void **state)
     edl_generation_clear(&c);
 }
 
+/* A standby that stops must not take the leader's key with it: it only ever resigns its own. */
+static void test_stopping_a_standby_leaves_the_leader_alone(void **state)
+{
+    (void)state;
+    const char *job = "standbystop";
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
+    pid_t a = spawn_js(job, "js-a", NULL);
+    char lead[64];
+    assert_string_equal(leader_of(job, lead, sizeof lead), "js-a");
+    edl_kv *before = NULL;
+    assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, EDL_KEY_LEADER, NULL)), &before, NULL), 0);
+    pid_t b = spawn_js(job, "js-b", NULL);
+    harness_sleep_ms(1500); /* several of the standby's campaign rounds time out */
+    stop_js(b);
+    edl_kv *after = NULL;
+    assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, EDL_KEY_LEADER, NULL)), &after, NULL), 0);
+    assert_string_equal(after->value, "js-a");
+    assert_int_equal(after->create_revision, before->create_revision); /* the same term */
+    edl_kv_free(before);
+    edl_kv_free(after);
+    pod p[1];
+    pod_join(job, &p[0], "w0", 10);
+    edl_generation c = {0};
+    wait_gen(job, 1, 1, 5000, &c); /* and it still leads */
+    assert_string_equal(c.leader, "js-a");
+    stop_js(a);
+    pod_leave(&p[0], true);
+    edl_generation_clear(&c);
+}
+
 static void test_paused_leader_is_fenced(void **state)
 {
     (void)state;
@@ -528,6 +558,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_and_bad_options),
+        cmocka_unit_test(test_stopping_a_standby_leaves_the_leader_alone),
         cmocka_unit_test(test_scale_up_within_settle_window_is_one_generation),
         cmocka_unit_test(test_leader_killed_standby_takes_over),
         cmocka_unit_test(test_paused_leader_is_fenced),

@@ -255,12 +255,15 @@ typedef struct edl_leader {
     edl_kv *kv; /* key, value (the leader's identity), create_revision, lease */
 } edl_leader;
 
-/* One attempt: create key under lease if absent. *won says whether we lead; leader (may be
- * NULL) receives the current leader either way. */
+/* One attempt: create key under lease if absent (or find it already under our lease). *won says
+ * whether we lead; leader (may be NULL) receives the current leader either way. */
 int edl_election_try(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease, bool *won,
                      edl_leader *leader);
-/* Campaign until we lead (0) or timeout_ms passes (EDL_ETIMEDOUT; -1: for ever), watching the
- * key so that a vacancy is taken at once. EDL_ELEASE if our lease is gone. */
+/* Campaign until we lead (0, *leader = our term) or timeout_ms passes (EDL_ETIMEDOUT; -1: for
+ * ever), watching the key so that a vacancy is taken at once. *leader is written only when we
+ * win (edl_election_leader says who leads otherwise), so it never holds another's term. The key
+ * found under our own lease is ours (an earlier attempt whose reply was lost): we lead.
+ * EDL_ELEASE if our lease is gone. */
 int edl_election_campaign(edl_etcd *c, edl_buf key, edl_buf value, int64_t lease, int timeout_ms,
                           edl_leader *leader);
 /* The current leader: EDL_ENOTFOUND when there is none. */
