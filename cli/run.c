@@ -585,7 +585,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
             o->spec.settle_ms = v;
             break;
         case 'm':
-            if (parse_long("--max-restarts", optarg, 0, INT_MAX, &v))
+            if (parse_long("--max-restarts", optarg, 0, EDL_RESTARTS_MAX, &v))
                 return -1;
             o->spec.max_restarts = (int)v;
             break;
@@ -620,7 +620,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
             o->spec.checkpoint_uri = strdup(optarg);
             break;
         case 'x':
-            if (parse_long("--exclude-after", optarg, 1, INT_MAX, &v))
+            if (parse_long("--exclude-after", optarg, 1, EDL_RESTARTS_MAX, &v))
                 return -1;
             o->spec.exclude_after = (int)v;
             break;

@@ -104,7 +104,7 @@ static void read_failure(edl_json_reader *r, void *item, size_t index)
     r->required = true;
     edl_json_str(r, "pod", EDL_NAME_MAX, &f->pod);
     r->required = false;
-    edl_json_int(r, "count", 0, INT_MAX, &f->count);
+    edl_json_int(r, "count", 0, EDL_RESTARTS_MAX, &f->count);
     edl_json_i64(r, "excluded_until", 0, EDL_GENERATION_MAX, &f->excluded_until);
 }
 
@@ -169,7 +169,7 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
     if (edl_json_enum(&r, "state", job_state_names, 5, &v))
         g.state = (edl_job_state)v;
     edl_json_str(&r, "reason", 4096, &g.reason);
-    edl_json_int(&r, "restarts", 0, INT_MAX, &g.restarts);
+    edl_json_int(&r, "restarts", 0, EDL_RESTARTS_MAX, &g.restarts);
     edl_json_str(&r, "spec_error", 4096, &g.spec_error);
     edl_json_str(&r, "leader", 256, &g.leader);
     edl_json_i64(&r, "published_ms", 0, EDL_GENERATION_MAX, &g.published_ms);

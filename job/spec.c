@@ -138,15 +138,21 @@ static char *exit_codes_format(const uint8_t bits[32])
 int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
 {
     if (s->min < 1)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: min is %d; it must be at least 1", s->min);
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: min is %d; it must be at least 1",
+                        s->min);
     if (s->max < s->min)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: min (%d) is greater than max (%d)", s->min, s->max);
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: min (%d) is greater than max (%d)",
+                        s->min, s->max);
     if (s->ttl_s < 1)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ttl_s is %lld; a lease TTL must be at least 1 second",
-                   (long long)s->ttl_s);
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ttl_s is %lld; a lease TTL must be at "
+                        "least 1 second", (long long)s->ttl_s);
     if (s->cooldown_max_ms < s->cooldown_ms)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: cooldown_max_ms (%lld) is below cooldown_ms (%lld)",
-                   (long long)s->cooldown_max_ms, (long long)s->cooldown_ms);
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: cooldown_max_ms (%lld) is below "
+                        "cooldown_ms (%lld)", (long long)s->cooldown_max_ms,
+                        (long long)s->cooldown_ms);
+    if (s->max_restarts < 0 || s->max_restarts > EDL_RESTARTS_MAX)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: max_restarts is %d; it must be 0..%d",
+                        s->max_restarts, EDL_RESTARTS_MAX);
     return 0;
 }
 
@@ -159,7 +165,7 @@ static void read_spec(edl_json_reader *r, edl_job_spec *s)
         s->max = s->min;
     edl_json_int(r, "replicas", -1, EDL_MEMBERS_MAX, &s->replicas);
     edl_json_i64(r, "settle_ms", 0, day, &s->settle_ms);
-    edl_json_int(r, "max_restarts", 0, INT_MAX, &s->max_restarts);
+    edl_json_int(r, "max_restarts", 0, EDL_RESTARTS_MAX, &s->max_restarts);
     int v = (int)s->restart_policy;
     if (edl_json_enum(r, "restart_policy", policy_names, 3, &v))
         s->restart_policy = (edl_restart_policy)v;
@@ -168,7 +174,7 @@ static void read_spec(edl_json_reader *r, edl_job_spec *s)
         edl_exit_codes_parse(codes, s->permanent_codes) != 0)
         edl_json_fail(r, EDL_ECONFIG, "permanent_exit_codes",
                       "must look like \"1-127,200\" (codes 0-255)");
-    edl_json_int(r, "exclude_after", 1, INT_MAX, &s->exclude_after);
+    edl_json_int(r, "exclude_after", 1, EDL_RESTARTS_MAX, &s->exclude_after);
     edl_json_i64(r, "cooldown_ms", 0, day, &s->cooldown_ms);
     edl_json_i64(r, "cooldown_max_ms", 0, day, &s->cooldown_max_ms);
     edl_json_i64(r, "progress_timeout_ms", 0, day, &s->progress_timeout_ms);

@@ -22,6 +22,11 @@
 
 #define LOG "jobserver"
 
+/* How far a pod's status may run ahead of the published generation and still count: it runs
+ * ahead only when the generation document was restored from an older copy, by a few
+ * generations. A status further ahead is ignored (reported once). */
+#define GENERATION_LEAD_MAX (INT64_C(1) << 20)
+
 typedef struct jobserver {
     const js_config *cfg;
     int sigfd;
@@ -168,6 +173,13 @@ static void read_status(jobserver *js, const edl_range_result *r, snapshot *s)
                 report_bad(js, kv, err);
                 break;
             }
+            if (s->status[p].generation > s->current.generation + GENERATION_LEAD_MAX) {
+                /* beyond anything a job server of this job published: corrupt, and following
+                 * it would soon run the numbers out */
+                report_bad(js, kv, "its generation is far ahead of the published one");
+                memset(&s->status[p], 0, sizeof s->status[p]);
+                break;
+            }
             s->has_status[p] = true;
             if (s->status[p].generation > s->max_status_gen)
                 s->max_status_gen = s->status[p].generation;
@@ -217,8 +229,6 @@ static int take_snapshot(jobserver *js, snapshot *s)
     s->revision = r.revision;
     read_spec(js, &r.results[0].range, s);
     rc = read_pods(js, &r.results[1].range, s);
-    if (!rc)
-        read_status(js, &r.results[2].range, s);
     const edl_range_result *cr = &r.results[3].range;
     if (!rc && cr->n_kvs) {
         s->current_mod = cr->kvs[0].mod_revision;
@@ -231,6 +241,8 @@ static int take_snapshot(jobserver *js, snapshot *s)
                           js->cfg->job, js->k.generation, s->current_error);
         }
     }
+    if (!rc)
+        read_status(js, &r.results[2].range, s); /* after the generation: bounded by it */
     if (!rc && s->current.generation > 0)
         read_dead(js, &r.results[4].range, s);
     edl_txn_result_clear(&r);
@@ -249,6 +261,18 @@ static int publish(jobserver *js, const snapshot *s, const js_decision *d)
         free(json);
         edl_txn_free(t);
         return EDL_ENOMEM;
+    }
+    /* Never write what this same code could not read back: that would stop the job for good. */
+    edl_generation check = {0};
+    char err[256];
+    int prc = edl_generation_parse(json, strlen(json), &check, err, sizeof err);
+    edl_generation_clear(&check);
+    if (prc) {
+        EDL_ERROR(LOG, "job %s: not publishing generation %lld: the document would not parse "
+                  "back (%s)", js->cfg->job, (long long)d->next.generation, err);
+        free(json);
+        edl_txn_free(t);
+        return EDL_EPROTO;
     }
     edl_txn_cmp_leader(t, &js->leader);
     if (s->current_mod)

@@ -197,7 +197,8 @@ static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl
             if (!(g->pod = strdup(fl[k].pod)))
                 return EDL_ENOMEM;
         }
-        g->count++;
+        if (g->count < EDL_RESTARTS_MAX) /* a document may hold up to the bound */
+            g->count++;
         if (g->count >= sp->exclude_after) {
             int64_t cd = sp->cooldown_ms;
             for (int e = sp->exclude_after; e < g->count && cd < sp->cooldown_max_ms; e++)

@@ -215,6 +215,8 @@ static void test_bad_specs_rejected_with_reason(void **state)
         {"{\"permanent_exit_codes\":\"1-999\"}", EDL_ECONFIG, "permanent_exit_codes"},
         {"{\"stopped\":\"yes\"}", EDL_EPROTO, "true or false"},
         {"{\"settle_ms\":-1}", EDL_ECONFIG, "settle_ms"},
+        {"{\"max_restarts\":2147483647}", EDL_ECONFIG, "max_restarts"},
+        {"{\"exclude_after\":2147483647}", EDL_ECONFIG, "exclude_after"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         edl_job_spec s;
@@ -292,6 +294,10 @@ static void test_bad_generation_documents_rejected(void **state)
         "{\"generation\":-1}",
         "",
         "{\"generation\":3,\"members\":[{\"pod\":\"a\",\"rank\":0,\"port\":70000}]}",
+        /* counters beyond what a job server writes: incremented, they would overflow */
+        "{\"generation\":3,\"restarts\":2147483647}",
+        "{\"generation\":3,\"failures\":[{\"pod\":\"a\",\"count\":2147483647}]}",
+        "{\"generation\":3,\"failures\":[{\"count\":1}]}", /* whose failures? */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         edl_generation c = {.generation = 5};

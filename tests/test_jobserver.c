@@ -261,6 +261,30 @@ static void test_stopping_a_standby_leaves_the_leader_alone(void **state)
     edl_generation_clear(&c);
 }
 
+/* A status from outside the range a job server ever publishes (here 2^52, the parser's bound)
+ * must not push the job's numbering past what its own parser reads back: it is ignored. */
+static void test_absurd_status_generation_does_not_freeze_the_job(void **state)
+{
+    (void)state;
+    const char *job = "absurd";
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
+    pid_t js = spawn_js(job, "js-a", NULL);
+    pod p[2];
+    pod_join(job, &p[0], "w0", 10);
+    edl_generation c = {0};
+    wait_gen(job, 1, 1, 5000, &c);
+    pod_status(job, &p[0], INT64_C(4503599627370496), "running", 0);
+    pod_join(job, &p[1], "w1", 10);
+    wait_gen(job, 2, 2, 5000, &c); /* read back by the same parser */
+    assert_int_equal(c.generation, 2);
+    pod_leave(&p[1], true);
+    wait_gen(job, 3, 1, 5000, &c);
+    assert_int_equal(c.generation, 3);
+    stop_js(js);
+    pod_leave(&p[0], true);
+    edl_generation_clear(&c);
+}
+
 static void test_paused_leader_is_fenced(void **state)
 {
     (void)state;
@@ -559,6 +583,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_and_bad_options),
         cmocka_unit_test(test_stopping_a_standby_leaves_the_leader_alone),
+        cmocka_unit_test(test_absurd_status_generation_does_not_freeze_the_job),
         cmocka_unit_test(test_scale_up_within_settle_window_is_one_generation),
         cmocka_unit_test(test_leader_killed_standby_takes_over),
         cmocka_unit_test(test_paused_leader_is_fenced),

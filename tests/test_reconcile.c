@@ -519,10 +519,36 @@ static void test_settling_joins_do_not_leak_into_the_running_generation(void **s
     world_free(&w);
 }
 
+/* Failure counts stop at the bound a document may hold: counting on never overflows, and what
+ * is published always parses back. */
+static void test_failure_count_saturates_at_its_bound(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 2);
+    w.spec.exclude_after = EDL_RESTARTS_MAX;
+    w.spec.max_restarts = EDL_RESTARTS_MAX;
+    form(&w, 2);
+    w.cur.failures = calloc(1, sizeof *w.cur.failures);
+    w.cur.failures[0] = (edl_pod_failures){.pod = strdup("p0"), .count = EDL_RESTARTS_MAX};
+    w.cur.n_failures = 1;
+    w.cur.restarts = 3;
+    set_status(&w, 0, EDL_TRAINER_EXITED, 1, 5);
+    js_decision d = step(&w); /* step() round-trips the document through its parser */
+    assert_int_equal(d.action, JS_PUBLISH);
+    assert_true(d.new_generation);
+    assert_int_equal(w.cur.n_failures, 1);
+    assert_int_equal(w.cur.failures[0].count, EDL_RESTARTS_MAX);
+    assert_int_equal(w.cur.restarts, 4);
+    js_decision_clear(&d);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
+        cmocka_unit_test(test_failure_count_saturates_at_its_bound),
         cmocka_unit_test(test_settling_joins_do_not_leak_into_the_running_generation),
         cmocka_unit_test(test_first_generation_after_settle_window),
         cmocka_unit_test(test_scale_up_within_window_is_one_generation),

@@ -33,6 +33,7 @@ extern "C" {
 #define EDL_DOC_MAX (1 << 20)     /* largest JSON document accepted from etcd */
 #define EDL_MEMBERS_MAX 100000    /* largest membership a generation may list */
 #define EDL_GENERATION_MAX (INT64_C(1) << 52) /* highest generation number a document may hold */
+#define EDL_RESTARTS_MAX 1000000  /* most restarts a job counts, and failures one pod counts */
 
 /* Job and pod names: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-'. Kubernetes pod
  * names (DNS subdomains) always qualify. */
@@ -117,7 +118,7 @@ typedef struct edl_job_spec {
     int max;                    /* most members; further pods wait as standbys (min) */
     int replicas;               /* pods the launcher/operator keeps running (-1: max) */
     int64_t settle_ms;          /* joins within this window form one generation (1000) */
-    int max_restarts;           /* restart budget of the whole job (10) */
+    int max_restarts;           /* restart budget of the whole job (10; <= EDL_RESTARTS_MAX) */
     edl_restart_policy restart_policy;
     uint8_t permanent_codes[32]; /* bit i: exit code i is permanent (EXIT_CODE policy); 1-127 */
     int exclude_after;          /* failures of one pod before it is excluded (2) */
