@@ -17,11 +17,18 @@ typedef struct cli_common {
     const char *prefix; /* --prefix (EDL_DEFAULT_PREFIX) */
 } cli_common;
 
-/* Directory of the state files that `edl run` leaves for other terminals:
- * $EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid>. */
+/* The most agents `edl run` starts on one machine. */
+#define CLI_LOCAL_AGENTS_MAX 1024
+
+/* state.c: the files `edl run` leaves for other terminals, in a private directory:
+ * $EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid> (see state.c). */
 void cli_state_dir(char *buf, size_t n);
-/* Write / remove <state dir>/<job>.endpoints (the local job's etcd endpoints). */
-int cli_state_write(const char *job, const char *endpoints);
+/* Write / read <state dir>/<job>.endpoints (the local job's etcd endpoints): 0, or an EDL_E*
+ * code with the reason in why (the directory is not private, the file is a link, ...). */
+int cli_state_write(const char *job, const char *endpoints, char *why, size_t whylen);
+int cli_state_read(const char *job, char *endpoints, size_t n, char *why, size_t whylen);
+/* Whether this machine runs the job under `edl run` (its state file is there). */
+bool cli_state_exists(const char *job);
 void cli_state_remove(const char *job);
 
 /* Connect to the job's etcd (resolving the endpoints as above). Prints why on failure. */

@@ -5,73 +5,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
-
-void cli_state_dir(char *buf, size_t n)
-{
-    const char *d = getenv("EDL_STATE_DIR"), *x = getenv("XDG_RUNTIME_DIR");
-    if (d && *d)
-        snprintf(buf, n, "%s", d);
-    else if (x && *x)
-        snprintf(buf, n, "%s/edl", x);
-    else
-        snprintf(buf, n, "/tmp/edl-%u", (unsigned)getuid());
-}
-
-static void state_path(const char *job, char *buf, size_t n)
-{
-    char dir[512];
-    cli_state_dir(dir, sizeof dir);
-    snprintf(buf, n, "%s/%s.endpoints", dir, job);
-}
-
-int cli_state_write(const char *job, const char *endpoints)
-{
-    char dir[512], path[700], tmp[720];
-    cli_state_dir(dir, sizeof dir);
-    mkdir(dir, 0700);
-    state_path(job, path, sizeof path);
-    snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return EDL_EIO;
-    fprintf(f, "%s\n", endpoints);
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return EDL_EIO;
-    }
-    return 0;
-}
-
-void cli_state_remove(const char *job)
-{
-    char path[700];
-    state_path(job, path, sizeof path);
-    unlink(path);
-}
+#include "edl/json.h"
 
 int cli_connect(const cli_common *co, const char *job, edl_etcd **out)
 {
-    char buf[4096], path[700];
+    char buf[4096];
     const char *ep = co->etcd;
     if (!ep || !*ep)
         ep = getenv("EDL_ETCD_ENDPOINTS");
     if (!ep || !*ep) {
-        state_path(job, path, sizeof path);
-        FILE *f = fopen(path, "r");
-        if (!f || !fgets(buf, sizeof buf, f)) {
-            if (f)
-                fclose(f);
+        char why[600];
+        if (cli_state_read(job, buf, sizeof buf, why, sizeof why) != 0) {
             fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
-                            "EDL_ETCD_ENDPOINTS (no local job of that name: %s)\n", job, path);
+                            "EDL_ETCD_ENDPOINTS (%s)\n", job, why);
             return EDL_EXIT_USAGE;
         }
-        fclose(f);
-        buf[strcspn(buf, "\r\n")] = '\0';
         ep = buf;
     }
     int rc = edl_etcd_open_endpoints(ep, out);
@@ -273,6 +225,11 @@ int cli_scale(int argc, char **argv)
                 EDL_MEMBERS_MAX, argv[i + 1]);
         return EDL_EXIT_USAGE;
     }
+    if (n > CLI_LOCAL_AGENTS_MAX && cli_state_exists(argv[i])) {
+        fprintf(stderr, "edl scale: job %s runs under edl run on this machine, which starts at "
+                        "most %d agents; nothing changed\n", argv[i], CLI_LOCAL_AGENTS_MAX);
+        return EDL_EXIT_USAGE;
+    }
     job_ctx j;
     int rc = job_open(&co, argv[i], &j);
     if (rc)
@@ -362,6 +319,7 @@ typedef struct job_view {
     size_t n_pods;
     edl_pod_status *st;
     bool *has_st;
+    size_t n_bad; /* keys under pods/ that are no valid pod name: ignored */
 } job_view;
 
 static void view_free(job_view *v)
@@ -393,6 +351,10 @@ static int read_pods(edl_etcd *c, const edl_job_keys *k, job_view *v)
     for (size_t i = 0; !rc && i < rp.n_kvs; i++) {
         edl_pod *p = &v->pods[v->n_pods];
         char err[256];
+        if (!edl_name_valid(rp.kvs[i].key + strlen(kp))) {
+            v->n_bad++; /* not a registration any agent writes */
+            continue;
+        }
         p->name = strdup(rp.kvs[i].key + strlen(kp));
         p->lease = rp.kvs[i].lease;
         if (!p->name || edl_pod_parse(rp.kvs[i].value, rp.kvs[i].value_len, p, err, sizeof err)) {
@@ -445,6 +407,8 @@ static void print_table(const char *job, const job_view *v)
         printf("spec: min %d, max %d, replicas %d%s\n", v->spec.min, v->spec.max,
                edl_spec_desired_pods(&v->spec),
                v->spec.stopped ? ", stop requested" : "");
+    if (v->n_bad)
+        printf("(%zu keys under pods/ are no valid pod name: ignored)\n", v->n_bad);
     printf("%-6s %-24s %-22s %-9s %-6s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER", "GEN",
            "STEP", "RESTARTS");
     for (size_t i = 0; i < v->n_pods; i++) {
@@ -469,22 +433,33 @@ static void print_table(const char *job, const job_view *v)
     }
 }
 
+/* A document of ours as a JSON value inside the output (null when absent). */
+static cJSON *json_doc(char *text)
+{
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    return o ? o : cJSON_CreateNull();
+}
+
+/* One JSON object, built as a tree: names that come from etcd keys are escaped like any string. */
 static void print_json(const job_view *v)
 {
-    char *gen = v->have_gen ? edl_generation_to_json(&v->gen) : NULL;
-    char *sp = v->have_spec ? edl_spec_to_json(&v->spec) : NULL;
-    printf("{\"spec\":%s,\"generation\":%s,\"pods\":[", sp ? sp : "null", gen ? gen : "null");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "spec", json_doc(v->have_spec ? edl_spec_to_json(&v->spec) : NULL));
+    cJSON_AddItemToObject(o, "generation",
+                          json_doc(v->have_gen ? edl_generation_to_json(&v->gen) : NULL));
+    cJSON *pods = cJSON_AddArrayToObject(o, "pods");
     for (size_t i = 0; i < v->n_pods; i++) {
-        char *p = edl_pod_to_json(&v->pods[i]);
-        char *s = v->has_st[i] ? edl_pod_status_to_json(&v->st[i]) : NULL;
-        printf("%s{\"name\":\"%s\",\"pod\":%s,\"status\":%s}", i ? "," : "", v->pods[i].name,
-               p ? p : "null", s ? s : "null");
-        free(p);
-        free(s);
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddStringToObject(p, "name", v->pods[i].name);
+        cJSON_AddItemToObject(p, "pod", json_doc(edl_pod_to_json(&v->pods[i])));
+        cJSON_AddItemToObject(p, "status", json_doc(v->has_st[i] ?
+                                                    edl_pod_status_to_json(&v->st[i]) : NULL));
+        cJSON_AddItemToArray(pods, p);
     }
-    printf("]}\n");
-    free(gen);
-    free(sp);
+    char *text = edl_json_print_consume(o);
+    printf("%s\n", text ? text : "null");
+    free(text);
 }
 
 int cli_status(int argc, char **argv)

@@ -27,7 +27,7 @@
 #include "edl/log.h"
 #include "edl/proc.h"
 
-#define MAX_KIDS 1024
+#define MAX_KIDS CLI_LOCAL_AGENTS_MAX
 #define LINE_MAX_BYTES 4096
 
 typedef struct child {
@@ -284,6 +284,11 @@ static void observe(launcher *l)
     edl_spec_init(&sp);
     if (cli_read_spec(l->c, &l->k, &sp, NULL) == 0) {
         int want = edl_spec_desired_pods(&sp);
+        if (want > MAX_KIDS) { /* written by someone else: the job goes on at the limit */
+            say("replicas %d: this launcher runs at most %d agents on one machine; keeping %d",
+                want, MAX_KIDS, MAX_KIDS);
+            want = MAX_KIDS;
+        }
         if (want != l->desired)
             say("replicas %d -> %d", l->desired, want);
         l->desired = want;
@@ -644,6 +649,12 @@ static int parse_run(int argc, char **argv, run_opts *o)
         fprintf(stderr, "edl run: --np MIN:MAX is required (see --help)\n");
         return -1;
     }
+    if (edl_spec_desired_pods(&o->spec) > MAX_KIDS) {
+        fprintf(stderr, "edl run: %d agents asked for (--replicas, else the MAX of --np); edl run "
+                        "starts at most %d on one machine\n", edl_spec_desired_pods(&o->spec),
+                MAX_KIDS);
+        return -1;
+    }
     if (!edl_name_valid(o->job)) {
         fprintf(stderr, "edl run: job name \"%s\" is not valid: use 1-128 of [A-Za-z0-9._-], "
                         "not starting with '.' or '-'\n", o->job);
@@ -733,8 +744,9 @@ static int run_job(launcher *l, bool *wrote_state)
     int rc = prepare_job(l);
     if (rc)
         return rc == EDL_ECONFLICT ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
-    if (cli_state_write(l->o.job, l->endpoints) != 0)
-        say("warning: could not write the state file for edl scale/status/stop");
+    char why[700];
+    if (cli_state_write(l->o.job, l->endpoints, why, sizeof why) != 0)
+        say("warning: no state file for edl scale/status/stop (pass them --etcd): %s", why);
     else
         *wrote_state = true;
     edl_watch_opts wo = {.prefix = true};

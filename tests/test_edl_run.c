@@ -25,6 +25,8 @@
 #include "edl/etcd.h"
 #include "harness.h"
 
+#include <cjson/cJSON.h>
+
 static edl_etcd_server *g_srv;
 static edl_etcd *g_c;
 static char g_dir[256];
@@ -270,6 +272,17 @@ static void test_scale_leave_kill_and_stop(void **state)
     assert_non_null(strstr(out, "replicas 2 -> 4"));
     wait_running_after(job, g1, 4, 20000, &c);
     assert_int_equal(c.generation, g1 + 1);
+
+    /* beyond what edl run starts on one machine: refused, and the job goes on untouched */
+    const char *scale_huge[] = {"scale", job, "1025", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, scale_huge), 2);
+    assert_non_null(strstr(out, "at most 1024"));
+    harness_sleep_ms(500);
+    int64_t g_before = c.generation;
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.generation, g_before);
+    assert_int_equal(c.n_members, 4);
+    assert_int_equal(c.state, EDL_JOB_RUNNING);
 
     /* edl status: a table with every rank */
     const char *st[] = {"status", job, NULL}; /* found through the state file */
@@ -551,6 +564,78 @@ static void test_usage_errors(void **state)
     assert_non_null(strstr(out, "no job \"nosuchjob\""));
     const char *unknown[] = {"frobnicate", NULL};
     assert_int_equal(edl_cmd(out, sizeof out, unknown), 2);
+    /* more agents than one machine's launcher starts: refused up front */
+    const char *too_many[] = {"run", "--np", "1:2000", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, too_many), 2);
+    assert_non_null(strstr(out, "at most 1024"));
+    const char *too_many_replicas[] = {"run", "--np", "2", "--replicas", "1025", "--", "true",
+                                       NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, too_many_replicas), 2);
+}
+
+/* `edl status --json` prints one valid JSON document whatever the keys in etcd hold. */
+static void test_status_json_is_json_whatever_etcd_holds(void **state)
+{
+    (void)state;
+    const char *job = "oddnames";
+    char k[256];
+    harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_SPEC, NULL, 0), "{\"min\":1}");
+    const char *pod = "{\"role\":\"worker\",\"addr\":\"127.0.0.1\",\"port\":1}";
+    harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_POD, "ok", 0), pod);
+    harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_POD, "a\"b\\c\n", 0), pod);
+    char out[8192];
+    const char *status[] = {"status", job, "--json", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, status), 0);
+    cJSON *o = cJSON_Parse(out);
+    if (!o)
+        fail_msg("edl status --json printed no valid JSON:\n%s", out);
+    const cJSON *pods = cJSON_GetObjectItemCaseSensitive(o, "pods");
+    assert_int_equal(cJSON_GetArraySize(pods), 1); /* the key that is no pod name is left out */
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(pods, 0), "name")
+                            ->valuestring, "ok");
+    cJSON_Delete(o);
+    const char *table[] = {"status", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, table), 0);
+    assert_non_null(strstr(out, "1 keys under pods/ are no valid pod name"));
+}
+
+/* The state files live in a directory only this user can use: a directory open to others, a
+ * link in its place, or a state file that is a link are refused, not followed. */
+static void test_state_directory_must_be_private(void **state)
+{
+    (void)state;
+    char saved[300], open_dir[300], link_dir[300], priv[300], file[400], target[400];
+    snprintf(saved, sizeof saved, "%s", getenv("EDL_STATE_DIR"));
+    snprintf(open_dir, sizeof open_dir, "%s/open-state", g_dir);
+    snprintf(priv, sizeof priv, "%s/private-state", g_dir);
+    snprintf(link_dir, sizeof link_dir, "%s/link-state", g_dir);
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    assert_int_equal(mkdir(priv, 0700), 0);
+    assert_int_equal(symlink(priv, link_dir), 0);
+    char out[4096];
+    const char *status[] = {"status", "sj", NULL};
+    setenv("EDL_STATE_DIR", open_dir, 1);
+    assert_int_equal(edl_cmd(out, sizeof out, status), 2);
+    assert_non_null(strstr(out, "not a private directory"));
+    /* edl run does not write there, says so, and runs the job all the same */
+    const char *run[] = {"run", "--job", "sj", "--np", "1", "--etcd", ep(), "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, run), 0);
+    assert_non_null(strstr(out, "warning: no state file"));
+    setenv("EDL_STATE_DIR", link_dir, 1);
+    assert_int_equal(edl_cmd(out, sizeof out, status), 2);
+    assert_non_null(strstr(out, "symbolic link"));
+    /* a private directory, but the state file is a link to somebody's file */
+    setenv("EDL_STATE_DIR", priv, 1);
+    snprintf(target, sizeof target, "%s/elsewhere", g_dir);
+    FILE *f = fopen(target, "w");
+    fprintf(f, "%s\n", ep());
+    fclose(f);
+    snprintf(file, sizeof file, "%s/sj.endpoints", priv);
+    assert_int_equal(symlink(target, file), 0);
+    assert_int_equal(edl_cmd(out, sizeof out, status), 2);
+    assert_non_null(strstr(out, "cannot be read"));
+    setenv("EDL_STATE_DIR", saved, 1);
 }
 
 int main(void)
@@ -558,6 +643,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inprocess_mlp_survives_scale_and_kill_without_restarts),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_state_directory_must_be_private),
+        cmocka_unit_test(test_status_json_is_json_whatever_etcd_holds),
         cmocka_unit_test(test_every_rank_gets_the_exact_environment),
         cmocka_unit_test(test_scale_leave_kill_and_stop),
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),

@@ -1,0 +1,112 @@
+/* state.c: the state files that `edl run` leaves for `edl scale/status/stop` in other
+ * terminals, in a directory only this user can use.
+ *
+ * The directory is $EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid>. Before it is
+ * used it must be a real directory (not a link), owned by this user, with no access for group or
+ * others: a predictable name in /tmp could otherwise be prepared by someone else to read, swap
+ * or redirect what we write. Files in it are opened without following links. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_state_dir(char *buf, size_t n)
+{
+    const char *d = getenv("EDL_STATE_DIR"), *x = getenv("XDG_RUNTIME_DIR");
+    if (d && *d)
+        snprintf(buf, n, "%s", d);
+    else if (x && *x)
+        snprintf(buf, n, "%s/edl", x);
+    else
+        snprintf(buf, n, "/tmp/edl-%u", (unsigned)getuid());
+}
+
+/* The state directory, created if asked and checked: 0, or EDL_EIO with the reason in why. */
+static int private_dir(bool create, char *dir, size_t n, char *why, size_t whylen)
+{
+    cli_state_dir(dir, n);
+    if (create && mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return edl_errf(why, whylen, EDL_EIO, "cannot create %s: %s", dir, strerror(errno));
+    struct stat st;
+    if (lstat(dir, &st) != 0)
+        return edl_errf(why, whylen, EDL_EIO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+        return edl_errf(why, whylen, EDL_EIO, "%s is not a private directory of this user (%s, "
+                        "owner %u, mode %03o): not using it; remove it or set EDL_STATE_DIR",
+                        dir, S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ?
+                        "a directory" : "not a directory", (unsigned)st.st_uid,
+                        (unsigned)(st.st_mode & 0777));
+    return 0;
+}
+
+static void state_path(const char *dir, const char *job, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/%s.endpoints", dir, job);
+}
+
+int cli_state_write(const char *job, const char *endpoints, char *why, size_t whylen)
+{
+    char dir[512], path[700], tmp[720];
+    int rc = private_dir(true, dir, sizeof dir, why, whylen);
+    if (rc)
+        return rc;
+    state_path(dir, job, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return edl_errf(why, whylen, EDL_EIO, "%s: %s", tmp, strerror(errno));
+    size_t len = strlen(endpoints);
+    bool ok = write(fd, endpoints, len) == (ssize_t)len && write(fd, "\n", 1) == 1;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) { /* rename replaces a link at path, never follows it */
+        int e = errno;
+        unlink(tmp);
+        return edl_errf(why, whylen, EDL_EIO, "%s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+int cli_state_read(const char *job, char *endpoints, size_t n, char *why, size_t whylen)
+{
+    char dir[512], path[700];
+    int rc = private_dir(false, dir, sizeof dir, why, whylen);
+    if (rc)
+        return rc;
+    state_path(dir, job, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return edl_errf(why, whylen, EDL_ENOTFOUND, errno == ENOENT ? "no local job of that name: "
+                        "%s" : "%s: cannot be read", path);
+    ssize_t got = read(fd, endpoints, n - 1);
+    close(fd);
+    if (got <= 0)
+        return edl_errf(why, whylen, EDL_EIO, "%s is empty or unreadable", path);
+    endpoints[got] = '\0';
+    endpoints[strcspn(endpoints, "\r\n")] = '\0';
+    return 0;
+}
+
+bool cli_state_exists(const char *job)
+{
+    char dir[512], path[700], why[8];
+    if (private_dir(false, dir, sizeof dir, why, sizeof why) != 0)
+        return false;
+    state_path(dir, job, path, sizeof path);
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+void cli_state_remove(const char *job)
+{
+    char dir[512], path[700], why[8];
+    if (private_dir(false, dir, sizeof dir, why, sizeof why) != 0)
+        return;
+    state_path(dir, job, path, sizeof path);
+    unlink(path);
+}
