@@ -71,7 +71,11 @@ static void key_path(edl_storage *s, const char *key, char *path, size_t len)
         path[0] = '\0';
 }
 
-/* mkdir -p of the directory part of path (not below the root's parent). */
+static int fsync_dir(const char *path);
+
+/* mkdir -p of the directory part of path (not below the root's parent). Every directory it
+ * creates is made durable (its parent is fsynced), or a crash could lose the directory of a
+ * file that was itself synced and renamed into it. */
 static int make_parents(edl_storage *s, char *path)
 {
     for (char *p = path + 1; *p; p++) {
@@ -80,6 +84,10 @@ static int make_parents(edl_storage *s, char *path)
         *p = '\0';
         int r = mkdir(path, 0755);
         int e = errno;
+        if (r == 0 && fsync_dir(path) != 0) {
+            r = -1;
+            e = errno;
+        }
         *p = '/';
         if (r != 0 && e != EEXIST)
             return storage_fail(s, errno_code(e), "cannot create directory for %s: %s", path,
@@ -88,6 +96,7 @@ static int make_parents(edl_storage *s, char *path)
     return 0;
 }
 
+/* fsync the directory that holds path (a new entry in it is durable once this returns). */
 static int fsync_dir(const char *path)
 {
     char dir[PATH_MAX];

@@ -265,6 +265,76 @@ static void test_file_put_leaves_no_temporary_files(void **state)
     edl_storage_close(s);
 }
 
+/* Run by the test below under strace: one put into a fresh directory tree, then exit. */
+static int put_once(const char *root, const char *key)
+{
+    char uri[400];
+    snprintf(uri, sizeof uri, "file://%s", root);
+    edl_storage_config cfg;
+    edl_storage_config_init(&cfg);
+    cfg.uri = uri;
+    edl_storage *s;
+    char err[256];
+    if (edl_storage_open(&cfg, &s, err, sizeof err) != 0)
+        return 1;
+    int rc = edl_storage_put(s, key, "x", 1);
+    edl_storage_close(s);
+    return rc ? 1 : 0;
+}
+
+/* Every directory a put creates is made durable: its parent is fsynced after the mkdir (seen
+ * with strace: mkdir(d) = 0, then open(parent of d, O_DIRECTORY) = N, then fsync(N) = 0). */
+static void test_file_put_makes_new_directories_durable(void **state)
+{
+    fixture *fx = *state;
+    if (access("/usr/bin/strace", X_OK) != 0) {
+        print_message("SKIP: strace is not installed (scripts/install-deps installs it)\n");
+        skip();
+    }
+    char root[300], log[400], self[300];
+    snprintf(root, sizeof root, "%s/durable", fx->dir);
+    snprintf(log, sizeof log, "%s/strace.log", fx->dir);
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = '\0';
+    const char *argv[] = {"/usr/bin/strace", "-f", "-qq", "-e", "trace=mkdir,openat,fsync",
+                          "-o", log, self, "--put-once", root, "a/b/c/obj", NULL};
+    assert_int_equal(harness_wait_exit(harness_spawn(argv, "/dev/null"), 30000), 0);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[1024], pending_parent[400] = "";
+    int dir_fd = -1, made = 0, synced = 0;
+    while (fgets(line, sizeof line, f)) {
+        char path[400];
+        int fd;
+        const char *m = strstr(line, "mkdir(\"");
+        if (m && sscanf(m, "mkdir(\"%399[^\"]\"", path) == 1 && strstr(line, ") = 0")) {
+            made++;
+            *strrchr(path, '/') = '\0'; /* the directory whose entry must be synced */
+            snprintf(pending_parent, sizeof pending_parent, "%s", path);
+            continue;
+        }
+        const char *o = strstr(line, "openat(AT_FDCWD, \"");
+        if (o && pending_parent[0] && strstr(line, "O_DIRECTORY") &&
+            sscanf(o, "openat(AT_FDCWD, \"%399[^\"]\"", path) == 1 &&
+            strcmp(path, pending_parent) == 0 && (m = strstr(line, ") = ")) &&
+            sscanf(m, ") = %d", &fd) == 1) {
+            dir_fd = fd;
+            continue;
+        }
+        if (dir_fd >= 0 && sscanf(strstr(line, "fsync(") ? strstr(line, "fsync(") : "",
+                                  "fsync(%d) = 0", &fd) == 1 && fd == dir_fd) {
+            synced++;
+            dir_fd = -1;
+            pending_parent[0] = '\0';
+        }
+    }
+    fclose(f);
+    print_message("%d directories created, %d made durable\n", made, synced);
+    assert_true(made >= 4); /* durable/, a/, b/, c/ */
+    assert_int_equal(synced, made);
+}
+
 static void test_bad_keys_and_uris_are_refused_with_reasons(void **state)
 {
     fixture *fx = *state;
@@ -446,10 +516,13 @@ static void test_s3_failed_multipart_upload_is_aborted(void **state)
     harness_http_close(h);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "--put-once") == 0)
+        return put_once(argv[2], argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_round_trip),
+        cmocka_unit_test(test_file_put_makes_new_directories_durable),
         cmocka_unit_test(test_file_put_leaves_no_temporary_files),
         cmocka_unit_test(test_bad_keys_and_uris_are_refused_with_reasons),
         cmocka_unit_test(test_s3_round_trip_with_multipart),
