@@ -813,6 +813,35 @@ static int load_one(edl_ckpt *ck, const ckpt_pointer_entry *e, edl_ckpt_manifest
     return 0;
 }
 
+/* The pointer's newest `bad` entries are corrupt (their load failed for good): drop them, so
+ * that the lineage goes on from the checkpoint that was loaded and saves after it commit again
+ * (else every save up to the corrupt one's step would be refused as "going back"). A txn on
+ * the revision that was read: when the pointer moved meanwhile (a newer commit), it stays. */
+static void drop_corrupt(edl_ckpt *ck, const edl_kv *kv, const ckpt_pointer *ptr, size_t bad)
+{
+    ckpt_pointer rest = {.entries = ptr->entries + bad + 1, .n = ptr->n - bad - 1};
+    const ckpt_pointer_entry *good = &ptr->entries[bad];
+    char *doc = ckpt_pointer_doc(ck->uri, &rest, good->step, good->generation, ck->keep);
+    edl_txn *t = doc ? edl_txn_new() : NULL;
+    edl_txn_result res = {0};
+    int rc = t ? 0 : EDL_ENOMEM;
+    if (!rc) {
+        edl_txn_cmp_mod(t, edl_str(ck->pointer_key), EDL_CMP_EQUAL, kv->mod_revision);
+        edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(ck->pointer_key), edl_str(doc), NULL);
+        rc = edl_etcd_txn(ck->etcd, t, &res);
+    }
+    if (!rc && res.succeeded)
+        EDL_WARN("checkpoint", "%zu corrupt checkpoint%s dropped from the pointer: it names %s "
+                 "(step %" PRId64 ") again, and saves after that step commit", bad,
+                 bad == 1 ? "" : "s", good->dir, good->step);
+    else
+        EDL_INFO("checkpoint", "the corrupt checkpoints stay in the pointer (%s)",
+                 rc ? edl_etcd_errmsg(ck->etcd) : "it changed meanwhile");
+    edl_txn_result_clear(&res);
+    edl_txn_free(t);
+    free(doc);
+}
+
 int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
 {
     if (!ck || !out)
@@ -826,7 +855,6 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
                     "(%s is absent): start from scratch", ck->job, ck->pointer_key);
     if (rc != 0)
         return rc;
-    edl_kv_free(kv);
     size_t used = 0;
     ck->errmsg[0] = '\0';
     for (size_t i = 0; i < ptr.n; i++) {
@@ -834,6 +862,8 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
         rc = load_one(ck, &ptr.entries[i], out, why, sizeof why);
         if (rc == 0) {
             (*out)->skipped = (int)i;
+            if (i > 0)
+                drop_corrupt(ck, kv, &ptr, i);
             break;
         }
         if (rc != EDL_EPROTO) { /* the store cannot be asked: no verdict on the checkpoint */
@@ -854,6 +884,7 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
         if (used >= sizeof ck->errmsg)
             used = sizeof ck->errmsg - 1;
     }
+    edl_kv_free(kv);
     ckpt_pointer_clear(&ptr);
     return rc;
 }

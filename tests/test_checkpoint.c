@@ -294,23 +294,39 @@ static void overwrite(const place *pl, const char *key, const void *data, size_t
     edl_storage_close(s);
 }
 
-static void corrupt_then_fall_back(place *pl)
+/* Flip one shard of step 3 (same size) and truncate the manifest of step 2. */
+static void corrupt_steps_3_and_2(place *pl)
 {
-    for (int step = 1; step <= 3; step++)
-        assert_int_equal(save_all(pl, 2, step, 5000, 3), 0);
-    /* step 3: one shard flipped (same size); step 2: manifest truncated */
     char *bad = pattern(10001, 999);
     overwrite(pl, "ckpt-0000000000000003-g7/rank-1/shard-1", bad, 10001);
     free(bad);
     overwrite(pl, "ckpt-0000000000000002-g7/manifest.json", "{\"format\":\"edl-checkpoint/1\",\"st",
               32);
+}
+
+static void corrupt_then_fall_back(place *pl)
+{
+    for (int step = 1; step <= 3; step++)
+        assert_int_equal(save_all(pl, 2, step, 5000, 3), 0);
+    corrupt_steps_3_and_2(pl);
     edl_ckpt *ck = open_ck(pl, 0, 2, 3);
     edl_ckpt_manifest *m = load_ok(ck);
     assert_int_equal(m->step, 1);
     assert_int_equal(m->skipped, 2);
     check_loaded(ck, m, 2, 1, 5000);
     edl_ckpt_manifest_free(m);
-    /* step 1 short by a byte as well: nothing intact is left, and the message says why */
+    /* training goes on from step 1, and its saves commit: the corrupt checkpoints left the
+     * pointer with the fallback (else every save up to step 3 would be refused as going back,
+     * and a crash now would lose everything since step 1) */
+    assert_int_equal(save_all(pl, 2, 2, 5000, 3), 0);
+    assert_int_equal(save_all(pl, 2, 3, 5000, 3), 0);
+    m = load_ok(ck);
+    assert_int_equal(m->step, 3);
+    assert_int_equal(m->skipped, 0);
+    check_loaded(ck, m, 2, 3, 5000);
+    edl_ckpt_manifest_free(m);
+    /* all three broken: nothing intact is left, and the message says why for each */
+    corrupt_steps_3_and_2(pl);
     overwrite(pl, "ckpt-0000000000000001-g7/rank-0/shard-0", "x", 1);
     assert_int_equal(edl_ckpt_load_latest(ck, &m), EDL_EPROTO);
     const char *msg = edl_ckpt_errmsg(ck);
