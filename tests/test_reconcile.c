@@ -529,6 +529,9 @@ static void test_failure_count_saturates_at_its_bound(void **state)
     w.spec.exclude_after = EDL_RESTARTS_MAX;
     w.spec.max_restarts = EDL_RESTARTS_MAX;
     form(&w, 2);
+    for (size_t i = 0; i < w.cur.n_failures; i++)
+        free(w.cur.failures[i].pod);
+    free(w.cur.failures);
     w.cur.failures = calloc(1, sizeof *w.cur.failures);
     w.cur.failures[0] = (edl_pod_failures){.pod = strdup("p0"), .count = EDL_RESTARTS_MAX};
     w.cur.n_failures = 1;
