@@ -237,6 +237,7 @@ typedef struct rdv_entry {
     uint64_t token;
     int64_t nccl_gen; /* the generation of the member's live NCCL communicator, or -1 */
     int nccl_rank;    /* its rank in that communicator */
+    bool nccl_broken; /* a collective failed on it */
 } rdv_entry;
 
 /* Read rank r's rendezvous entry into e (EDL_EPROTO, with c->err, when it is malformed). */
@@ -260,6 +261,7 @@ static int parse_entry(edl_comm *c, long r, const edl_kv *kv, rdv_entry *e)
     edl_json_i64(&rd, "nccl_generation", -1, EDL_GENERATION_MAX, &ngen);
     e->nccl_rank = -1;
     edl_json_int(&rd, "nccl_rank", -1, INT_MAX, &e->nccl_rank);
+    edl_json_bool(&rd, "nccl_broken", &e->nccl_broken);
     if (!rd.rc && (strlen(tok) != 16 || strspn(tok, "0123456789abcdef") != 16))
         edl_json_fail(&rd, EDL_EPROTO, "token", "must be 16 lowercase hex digits");
     if (!rd.rc) {
@@ -385,6 +387,9 @@ static int publish_entry(edl_comm *c, uint64_t token)
     cJSON_AddNumberToObject(o, "prev_rank", c->prev_rank);
     cJSON_AddNumberToObject(o, "nccl_generation", c->nccl ? (double)c->nccl_gen : -1);
     cJSON_AddNumberToObject(o, "nccl_rank", c->nccl ? c->nccl_rank : -1);
+#ifdef EDL_HAVE_NCCL
+    cJSON_AddBoolToObject(o, "nccl_broken", coll_nccl_is_broken(c->nccl));
+#endif
     v = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     int rc = EDL_ENOMEM;
@@ -467,17 +472,25 @@ static int open_nccl(edl_comm *c, const int *prev_rank)
     return rc;
 }
 
-/* The shrink fast path's table: every member's rank in the NCCL communicator of one earlier
+/* The table of the fast paths: every member's rank in the NCCL communicator of one earlier
  * generation, the one this process still holds; NULL when someone does not hold it (new, or
- * re-initialised since). Every member reads the same entries, so all of them shrink or none
- * does; coll_nccl_open decides the rest (order kept, same device) the same way everywhere. */
+ * re-initialised since). With every member at its old rank and nobody gone, coll_nccl_open
+ * keeps the communicator, which a failed collective rules out: then NULL too (all init afresh).
+ * Every member reads the same entries, so all of them take the same path; coll_nccl_open
+ * decides the rest (order kept, same device) the same way everywhere. */
 static int *shrink_table(const edl_comm *c, const rdv_entry *e)
 {
     if (!c->nccl)
         return NULL;
-    for (int i = 0; i < c->size; i++)
+    bool same = c->size == coll_nccl_size(c->nccl), broken = false;
+    for (int i = 0; i < c->size; i++) {
         if (e[i].nccl_gen != c->nccl_gen || e[i].nccl_rank < 0)
             return NULL;
+        same = same && e[i].nccl_rank == i;
+        broken = broken || e[i].nccl_broken;
+    }
+    if (same && broken)
+        return NULL;
     int *t = malloc(sizeof *t * (size_t)c->size);
     for (int i = 0; t && i < c->size; i++)
         t[i] = e[i].nccl_rank;

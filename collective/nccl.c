@@ -345,6 +345,30 @@ static int open_shrink(const coll_nccl_ctx *ctx, coll_nccl *prev, coll_nccl *n,
 }
 #endif
 
+/* The generation has prev's members at prev's ranks: there is nothing to rebuild (and NCCL
+ * refuses a shrink that excludes nobody: ncclInvalidArgument). Every member decides alike from
+ * the same prev_rank[]; the core passes none when any member's communicator is broken. */
+static int unchanged(const coll_nccl_ctx *ctx, const coll_nccl *prev)
+{
+    if (!prev || !prev->comm || prev->broken || !ctx->prev_rank || ctx->size != prev->size ||
+        prev->device != ctx->device || prev->rank != ctx->rank)
+        return 0;
+    for (int i = 0; i < ctx->size; i++)
+        if (ctx->prev_rank[i] != i)
+            return 0;
+    return 1;
+}
+
+int coll_nccl_size(const coll_nccl *n)
+{
+    return n ? n->size : 0;
+}
+
+int coll_nccl_is_broken(const coll_nccl *n)
+{
+    return n && n->broken;
+}
+
 static int check_ctx(const coll_nccl_ctx *ctx, char *msg, size_t len)
 {
     if (!ctx || ctx->size < 1 || ctx->rank < 0 || ctx->rank >= ctx->size || ctx->device < 0 ||
@@ -365,6 +389,10 @@ int coll_nccl_open(const coll_nccl_ctx *ctx, coll_nccl *prev, coll_nccl **out, c
     if (rc != 0 || !out) {
         coll_nccl_abort(prev);
         return rc != 0 ? rc : EDL_EINVAL;
+    }
+    if (unchanged(ctx, prev)) {
+        *out = prev; /* the same communicator serves the new generation */
+        return 0;
     }
     int64_t deadline = deadline_after(ctx->timeout_ms);
     coll_nccl *n = NULL;

@@ -31,13 +31,17 @@ typedef struct coll_nccl_ctx {
 
 /* 1 when a CUDA device can be used, else 0 (no driver, no device). */
 int coll_nccl_usable(void);
-/* Build the communicator of a generation. With prev and ctx->prev_rank, may shrink prev
- * (ncclCommShrink + NCCL_SHRINK_ABORT where NCCL >= 2.27); prev is then consumed (aborted)
- * in every case: the caller must not use it again. Otherwise a fresh unique id from rank 0
+/* Build the communicator of a generation. With prev and ctx->prev_rank: when the members and
+ * their ranks are unchanged, prev itself is returned (nothing to rebuild); else prev may be
+ * shrunk (ncclCommShrink + NCCL_SHRINK_ABORT where NCCL >= 2.27). prev is consumed in every
+ * case (returned, or aborted): the caller must not use it again. Otherwise a fresh unique id from rank 0
  * (kv "nccl-id") and a non-blocking ncclCommInitRankConfig polled against the deadline; a
  * stuck init is aborted. EDL_ETIMEDOUT, EDL_EPEER, EDL_EIO (CUDA/NCCL error; see *msg). */
 int coll_nccl_open(const coll_nccl_ctx *ctx, coll_nccl *prev, coll_nccl **out, char *msg,
                    size_t msg_len);
+/* The generation's size, and whether a collective failed on it (it must then be rebuilt). */
+int coll_nccl_size(const coll_nccl *n);
+int coll_nccl_is_broken(const coll_nccl *n);
 /* Abort (never destroy a possibly broken communicator) and free; NULL is fine. */
 void coll_nccl_abort(coll_nccl *n);
 
