@@ -145,12 +145,49 @@ static void refresh_spec(agent *a)
 
 /* ---- the trainer ------------------------------------------------------------------------------ */
 
+/* Publish the trainer's state, with a message for people ("" or NULL: none). */
+static void set_status_msg(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
+                           const char *msg)
+{
+    bool live = st == EDL_TRAINER_RUNNING || st == EDL_TRAINER_HUNG;
+    edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
+                        .pid = live ? a->tp.pid : 0,
+                        .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
+    snprintf(s.message, sizeof s.message, "%s", msg ? msg : "");
+    registry_status_set(a, &s);
+}
+
 static void set_status(agent *a, edl_trainer_state st, int64_t gen, int code, int sig)
 {
-    edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
-                        .pid = st == EDL_TRAINER_RUNNING ? a->tp.pid : 0,
-                        .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
-    registry_status_set(a, &s);
+    set_status_msg(a, st, gen, code, sig, NULL);
+}
+
+/* When a running trainer's wait in a collective passes the job's progress timeout (0: never). */
+static int64_t hang_due_ms(const agent *a)
+{
+    if (!trainer_running(&a->tp) || a->tp.stopping || !a->tp.blocked_since_ms ||
+        a->spec.progress_timeout_ms <= 0 || a->status.state != EDL_TRAINER_RUNNING ||
+        a->status.generation != a->run_gen)
+        return 0;
+    return a->tp.blocked_since_ms + a->spec.progress_timeout_ms;
+}
+
+/* A trainer blocked in one collective for longer than the progress timeout is hung (its peers
+ * may be too: in synchronous training everyone waits, so "nobody advances" alone proves
+ * nothing). The state sticks until the trainer exits or is re-formed; the job server restarts
+ * the generation. */
+static void check_hung(agent *a)
+{
+    int64_t due = hang_due_ms(a), now = edl_monotonic_ms();
+    if (!due || now < due)
+        return;
+    char msg[EDL_STATUS_MESSAGE_MAX];
+    snprintf(msg, sizeof msg, "blocked for %lld ms (progress timeout %lld ms) in %s",
+             (long long)(now - a->tp.blocked_since_ms), (long long)a->spec.progress_timeout_ms,
+             a->tp.blocked_what[0] ? a->tp.blocked_what : "a collective");
+    EDL_WARN("agent", "generation %lld: trainer %d hung: %s", (long long)a->run_gen,
+             (int)a->tp.pid, msg);
+    set_status_msg(a, EDL_TRAINER_HUNG, a->run_gen, 0, 0, msg);
 }
 
 static void send_generation(agent *a, int rank)
@@ -331,7 +368,7 @@ static int loop_timeout(agent *a)
         timeout = t;
     if (a->metrics && (t = edl_metrics_timeout_ms(a->metrics)) >= 0 && t < timeout)
         timeout = t;
-    return timeout;
+    return min_timeout(timeout, hang_due_ms(a));
 }
 
 /* One wake-up: wait for anything, handle it, then reconcile (cheap and idempotent, so it runs
@@ -365,6 +402,7 @@ static void loop_once(agent *a, int sfd)
     if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp) && trainer_running(&a->tp) &&
         a->status.state == EDL_TRAINER_RUNNING)
         set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    check_hung(a);
     if (fds[FD_CONTROL].revents)
         trainer_flush_control(&a->tp);
     if (a->metrics)

@@ -68,6 +68,8 @@ typedef struct trainer_proc {
     bool stopping;          /* the agent asked it to stop */
     int64_t kill_at_ms;     /* SIGKILL time while stopping (0: none yet / done) */
     int64_t step;           /* latest progress step (-1: none) */
+    int64_t blocked_since_ms; /* monotonic: when the collective it waits in began (0: none) */
+    char blocked_what[EDL_PROGRESS_WHAT_MAX + 1];
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
@@ -87,7 +89,7 @@ int trainer_tick(trainer_proc *t);
 /* Reap: 1 when the trainer ended (its wait status, and whether the agent had asked it to stop;
  * fds closed, state reset), else 0. */
 int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent);
-/* Read progress lines: 1 when the step changed. */
+/* Read progress lines: 1 when the step or the wait in a collective changed. */
 int trainer_read_progress(trainer_proc *t);
 /* Queue a control line and write what the pipe takes now. */
 int trainer_send_control(trainer_proc *t, const char *line);

@@ -23,7 +23,7 @@ static char *pod_json(const agent *a)
 {
     edl_pod p = {.role = a->o->role, .addr = a->o->addr, .port = a->o->port,
                  .metrics_port = a->metrics ? edl_metrics_port(a->metrics) : 0,
-                 .host = (char *)a->host, .pid = getpid()};
+                 .host = (char *)a->host, .pid = getpid(), .ttl_s = a->ttl_s};
     return edl_pod_to_json(&p);
 }
 
@@ -122,7 +122,8 @@ void registry_status_set(agent *a, const edl_pod_status *s)
 {
     bool only_step = s->generation == a->status.generation && s->state == a->status.state &&
                      s->pid == a->status.pid && s->exit_code == a->status.exit_code &&
-                     s->signal == a->status.signal && s->restarts == a->status.restarts;
+                     s->signal == a->status.signal && s->restarts == a->status.restarts &&
+                     strcmp(s->message, a->status.message) == 0;
     if (only_step && s->step == a->status.step)
         return;
     a->status = *s;

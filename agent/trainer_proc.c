@@ -78,6 +78,7 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     t->stopping = false;
     t->kill_at_ms = 0;
     t->step = -1;
+    t->blocked_since_ms = 0;
     t->line_len = 0;
     t->line_skip = false;
     return 0;
@@ -139,26 +140,40 @@ int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent)
     return 1;
 }
 
-/* One complete progress line: "step <N>". */
-static bool parse_step(const char *line, size_t len, int64_t *step)
+/* Take one complete progress line: a step (which also ends a wait), a wait in a collective
+ * (kept with when it began), or the end of one. 1 when something changed. */
+static int take_line(trainer_proc *t, const char *line, size_t len)
 {
-    if (len < 6 || strncmp(line, "step ", 5) != 0)
-        return false;
-    int64_t v = 0;
-    for (size_t i = 5; i < len; i++) {
-        if (line[i] < '0' || line[i] > '9' || v > (INT64_C(1) << 52))
-            return false;
-        v = v * 10 + (line[i] - '0');
+    edl_progress_line pl;
+    if (edl_progress_line_parse(line, len, &pl) != 0) {
+        EDL_DEBUG("agent", "malformed progress line ignored: %.*s", (int)len, line);
+        return 0;
     }
-    *step = v;
-    return true;
+    switch (pl.kind) {
+    case EDL_PROGRESS_STEP:
+        t->blocked_since_ms = 0;
+        if (t->step == pl.value)
+            return 0;
+        t->step = pl.value;
+        return 1;
+    case EDL_PROGRESS_BLOCKED:
+        t->blocked_since_ms = edl_monotonic_ms() - pl.value;
+        if (t->blocked_since_ms <= 0)
+            t->blocked_since_ms = 1;
+        snprintf(t->blocked_what, sizeof t->blocked_what, "%s", pl.what);
+        return 1;
+    case EDL_PROGRESS_UNBLOCKED:
+        t->blocked_since_ms = 0;
+        return 1;
+    }
+    return 0;
 }
 
 int trainer_read_progress(trainer_proc *t)
 {
     if (t->progress_fd < 0)
         return 0;
-    int64_t before = t->step;
+    int changed = 0;
     char buf[4096];
     for (;;) {
         ssize_t n = read(t->progress_fd, buf, sizeof buf);
@@ -178,19 +193,16 @@ int trainer_read_progress(trainer_proc *t)
                     t->line_skip = true; /* overlong: bounded, then ignored */
                 continue;
             }
-            int64_t step;
             size_t len = t->line_len;
             if (len && t->line[len - 1] == '\r')
                 len--;
-            if (!t->line_skip && parse_step(t->line, len, &step))
-                t->step = step;
-            else
-                EDL_DEBUG("agent", "malformed progress line ignored: %.*s", (int)len, t->line);
+            if (!t->line_skip)
+                changed |= take_line(t, t->line, len);
             t->line_len = 0;
             t->line_skip = false;
         }
     }
-    return t->step != before;
+    return changed;
 }
 
 void trainer_flush_control(trainer_proc *t)

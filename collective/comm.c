@@ -456,11 +456,17 @@ static int kv_wait_cb(void *arg, const char *name, char **value, size_t *len, in
     return rc;
 }
 
+static void nccl_waiting(void *arg)
+{
+    coll_note_wait(arg, -1);
+}
+
 static int open_nccl(edl_comm *c, const int *prev_rank)
 {
     coll_nccl_ctx ctx = {.rank = c->rank, .size = c->size, .generation = c->gen,
                          .device = c->device, .timeout_ms = c->rdv_timeout_ms,
                          .kv_put = kv_put_cb, .kv_wait = kv_wait_cb, .arg = c,
+                         .on_wait = nccl_waiting,
                          .prev_rank = prev_rank};
     coll_nccl *prev = c->nccl;
     c->nccl = NULL;
@@ -840,8 +846,54 @@ static int check_args(edl_comm *c, enum coll_kind kind, const void *send, const 
     return 0;
 }
 
+void coll_note_wait(edl_comm *c, int peer)
+{
+    if (c->wait_reported || !c->link || !c->call_start_ms)
+        return; /* reported already, no agent, or not in a call (the join has its deadline) */
+    int64_t waited = edl_monotonic_ms() - c->call_start_ms;
+    if (waited < COLL_WAIT_REPORT_MS)
+        return;
+    char what[EDL_PROGRESS_WHAT_MAX + 1], on[32] = "";
+    if (peer >= 0)
+        snprintf(on, sizeof on, ", waiting on rank %d", peer);
+    snprintf(what, sizeof what, "%s #%" PRIu64 " of generation %" PRId64 "%s",
+             coll_kind_name(c->call_kind), c->seq, c->gen, on);
+    edl_agent_link_report_blocked(c->link, waited, what);
+    c->wait_reported = true;
+}
+
+/* Every collective starts and ends here: the agent learns of long waits (coll_note_wait). */
+static void begin_call(edl_comm *c, enum coll_kind kind)
+{
+    c->call_start_ms = edl_monotonic_ms();
+    c->call_kind = kind;
+    c->wait_reported = false;
+}
+
+static int end_call(edl_comm *c, int rc)
+{
+    c->call_start_ms = 0;
+    if (c->wait_reported) {
+        edl_agent_link_report_unblocked(c->link);
+        c->wait_reported = false;
+    }
+    return rc;
+}
+
+static int run_call(edl_comm *c, enum coll_kind kind, const void *send, void *recv,
+                    size_t count, edl_dtype dt, edl_redop op, int root);
+
 static int run(edl_comm *c, enum coll_kind kind, const void *send, void *recv, size_t count,
                edl_dtype dt, edl_redop op, int root)
+{
+    if (!c)
+        return EDL_EINVAL;
+    begin_call(c, kind);
+    return end_call(c, run_call(c, kind, send, recv, count, dt, op, root));
+}
+
+static int run_call(edl_comm *c, enum coll_kind kind, const void *send, void *recv,
+                    size_t count, edl_dtype dt, edl_redop op, int root)
 {
     if (!c)
         return EDL_EINVAL;
@@ -920,8 +972,9 @@ int edl_barrier(edl_comm *c)
         return EDL_EPEER;
     }
     int32_t sum;
+    begin_call(c, COLL_BARRIER);
     int rc = cpu_barrier(c, &sum);
-    return rc ? coll_fail(c, rc) : 0;
+    return end_call(c, rc ? coll_fail(c, rc) : 0);
 }
 
 /* The CPU group, for state.c (host buffers even under NCCL). */
@@ -931,8 +984,9 @@ int coll_cpu_allreduce_host(edl_comm *c, const void *send, void *recv, size_t co
     if (c->broken)
         return EDL_EPEER;
     coll_op o = {.kind = COLL_ALLREDUCE, .dt = dt, .op = op, .count = count, .seq = ++c->seq};
+    begin_call(c, COLL_ALLREDUCE);
     int rc = coll_cpu_allreduce(c, &o, send, recv);
-    return rc ? coll_fail(c, rc) : 0;
+    return end_call(c, rc ? coll_fail(c, rc) : 0);
 }
 
 int coll_cpu_broadcast_host(edl_comm *c, void *buf, size_t bytes, int root)
@@ -941,6 +995,7 @@ int coll_cpu_broadcast_host(edl_comm *c, void *buf, size_t bytes, int root)
         return EDL_EPEER;
     coll_op o = {.kind = COLL_BROADCAST, .dt = EDL_UINT8, .count = bytes, .root = root,
                  .seq = ++c->seq};
+    begin_call(c, COLL_BROADCAST);
     int rc = coll_cpu_broadcast(c, &o, buf, buf);
-    return rc ? coll_fail(c, rc) : 0;
+    return end_call(c, rc ? coll_fail(c, rc) : 0);
 }

@@ -75,6 +75,9 @@ struct edl_comm {
     int rank, size;
     int *fds;             /* [size] sockets to each peer, -1 for self */
     uint64_t seq;
+    int64_t call_start_ms; /* when the collective in progress began (monotonic) */
+    int call_kind;        /* and which it is (enum coll_kind) */
+    bool wait_reported;   /* its wait was reported to the agent ("blocked"): say when it ends */
     bool broken;          /* a collective failed: only edl_coll_check() helps */
     bool dead_seen;       /* the generation's dead key was seen (no need to publish it) */
     edl_watch *dead_watch; /* on gen/<n>/dead */
@@ -108,6 +111,11 @@ struct edl_comm {
 
 /* comm.c */
 void coll_set_err(edl_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The collective in progress waits on peer (-1: unknown): after COLL_WAIT_REPORT_MS, tell the
+ * agent once per call (its hang detection; see edl_agent_link_report_blocked). Cheap: call it
+ * whenever the engine is about to sleep. */
+#define COLL_WAIT_REPORT_MS 1000
+void coll_note_wait(edl_comm *c, int peer);
 /* A collective failed: break the communicator, close every socket (so peers blocked on this
  * rank fail at once too) and publish the generation dead. Returns rc. */
 int coll_fail(edl_comm *c, int rc);
@@ -119,6 +127,7 @@ struct coll_blk *coll_plan(edl_comm *c, int nb); /* NULL: out of memory; not zer
 int coll_dead_announced(edl_comm *c);
 
 /* net.c */
+const char *coll_kind_name(int kind); /* "allreduce", ... */
 int coll_listen(edl_comm *c);
 void coll_close_peers(edl_comm *c);
 /* Connect the mesh of generation c->gen: to every lower rank, accept every higher one.

@@ -54,6 +54,8 @@ struct coll_nccl {
     int rank, size;     /* in the generation */
     int *to_nccl;       /* generation rank -> NCCL rank */
     int broken;         /* a collective failed: only coll_nccl_abort() is left */
+    void (*on_wait)(void *arg); /* ctx's: told while a collective waits */
+    void *arg;
 };
 
 /* ---- messages and time --------------------------------------------------------------------- */
@@ -170,6 +172,8 @@ static int new_handle(const coll_nccl_ctx *ctx, coll_nccl **out, char *msg, size
     n->rank = ctx->rank;
     n->size = ctx->size;
     n->to_nccl = map;
+    n->on_wait = ctx->on_wait;
+    n->arg = ctx->arg;
     for (int r = 0; r < ctx->size; r++)
         map[r] = r;
     cudaError_t e = cudaSetDevice(ctx->device);
@@ -391,6 +395,8 @@ int coll_nccl_open(const coll_nccl_ctx *ctx, coll_nccl *prev, coll_nccl **out, c
         return rc != 0 ? rc : EDL_EINVAL;
     }
     if (unchanged(ctx, prev)) {
+        prev->on_wait = ctx->on_wait;
+        prev->arg = ctx->arg;
         *out = prev; /* the same communicator serves the new generation */
         return 0;
     }
@@ -501,8 +507,11 @@ static int wait_done(coll_nccl *n, const char *call, int64_t deadline, int timeo
                 timeout_ms);
             return EDL_ETIMEDOUT;
         }
-        if (spins >= 64) /* the first polls spin: a small collective ends in microseconds */
+        if (spins >= 64) { /* the first polls spin: a small collective ends in microseconds */
+            if (n->on_wait)
+                n->on_wait(n->arg);
             nap(&ns);
+        }
     }
 }
 

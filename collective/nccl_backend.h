@@ -24,6 +24,9 @@ typedef struct coll_nccl_ctx {
      * (EDL_ETIMEDOUT) or the generation is superseded/dead (EDL_EPEER). */
     int (*kv_wait)(void *arg, const char *name, char **value, size_t *len, int timeout_ms);
     void *arg;
+    /* Called (with arg) while a collective waits for its result, between polls: the core
+     * reports long waits to the agent. May be NULL. */
+    void (*on_wait)(void *arg);
     /* Fast path: prev_rank[i] = the rank that member i had in the previous communicator `prev`
      * (every member a survivor of it, order kept or not), or NULL when someone is new. */
     const int *prev_rank;

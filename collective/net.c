@@ -302,7 +302,7 @@ int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t 
 
 /* ---- the message engine ---------------------------------------------------------------- */
 
-static const char *kind_name(int k)
+const char *coll_kind_name(int k)
 {
     switch (k) {
     case COLL_ALLREDUCE: return "allreduce";
@@ -328,15 +328,15 @@ static int check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr
         coll_set_err(c, "collectives do not match across ranks: rank %d called %s #%" PRIu64
                      " (count %" PRIu64 ", %s, %s, root %d) while rank %d called %s #%" PRIu64
                      " (count %zu, %s, %s, root %d) in generation %" PRId64,
-                     from, kind_name(h->kind), h->seq, h->count,
+                     from, coll_kind_name(h->kind), h->seq, h->count,
                      edl_dtype_name((edl_dtype)h->dtype), coll_redop_name((edl_redop)h->op),
-                     h->root, c->rank, kind_name(op->kind), op->seq, op->count,
+                     h->root, c->rank, coll_kind_name(op->kind), op->seq, op->count,
                      edl_dtype_name(op->dt), coll_redop_name(op->op), op->root, c->gen);
         return EDL_EPROTO;
     }
     if (h->len != rlen) {
         coll_set_err(c, "rank %d sent %u bytes where %zu were expected in %s #%" PRIu64, from,
-                     h->len, rlen, kind_name(op->kind), op->seq);
+                     h->len, rlen, coll_kind_name(op->kind), op->seq);
         return EDL_EPROTO;
     }
     return 0;
@@ -452,7 +452,7 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
                 } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
                     coll_set_err(c, "rank %d is gone (sending: %s) during %s #%" PRIu64
                                  " of generation %" PRId64, st->to, strerror(errno),
-                                 kind_name(op->kind), op->seq, c->gen);
+                                 coll_kind_name(op->kind), op->seq, c->gen);
                     return EDL_EPEER;
                 } else {
                     s_want = true;
@@ -484,7 +484,7 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
                     coll_set_err(c, "rank %d is gone (%s) during %s #%" PRIu64
                                  " of generation %" PRId64, st->from,
                                  n == 0 ? "connection closed" : strerror(errno),
-                                 kind_name(op->kind), op->seq, c->gen);
+                                 coll_kind_name(op->kind), op->seq, c->gen);
                     return EDL_EPEER;
                 }
                 r_want = n < 0;
@@ -525,10 +525,11 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
         int64_t left = last + c->timeout_ms - now;
         if (left <= 0) {
             coll_set_err(c, "no progress for %d ms in %s #%" PRIu64 " of generation %" PRId64
-                         " (waiting on rank %d)", c->timeout_ms, kind_name(op->kind), op->seq,
+                         " (waiting on rank %d)", c->timeout_ms, coll_kind_name(op->kind), op->seq,
                          c->gen, r_left ? st->from : st->to);
             return EDL_ETIMEDOUT;
         }
+        coll_note_wait(c, r_left ? st->from : st->to);
         struct pollfd pf[3];
         int np = 0;
         if (s_want)

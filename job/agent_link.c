@@ -97,19 +97,90 @@ void edl_agent_link_close(edl_agent_link *t)
     free(t);
 }
 
-int edl_agent_link_report_step(edl_agent_link *t, int64_t step)
+/* Write one progress line whole or not at all (shorter than PIPE_BUF); never blocks. */
+static int write_progress(edl_agent_link *t, const char *line, int n)
 {
-    if (!t || step < 0)
+    if (!t || n < 0)
         return EDL_EINVAL;
     if (t->progress_fd < 0)
         return 0;
-    char buf[40];
-    int n = snprintf(buf, sizeof buf, "step %lld\n", (long long)step);
-    /* A line shorter than PIPE_BUF is written whole or not at all. */
-    ssize_t w = write(t->progress_fd, buf, (size_t)n);
+    ssize_t w = write(t->progress_fd, line, (size_t)n);
     if (w < 0 && (errno == EAGAIN || errno == EINTR))
         return 0;
     return w == n ? 0 : EDL_EIO;
+}
+
+int edl_agent_link_report_step(edl_agent_link *t, int64_t step)
+{
+    if (step < 0)
+        return EDL_EINVAL;
+    char buf[40];
+    return write_progress(t, buf, snprintf(buf, sizeof buf, "step %lld\n", (long long)step));
+}
+
+int edl_agent_link_report_blocked(edl_agent_link *t, int64_t ms, const char *what)
+{
+    if (ms < 0 || !what)
+        return EDL_EINVAL;
+    char buf[EDL_PROGRESS_WHAT_MAX + 40];
+    int n = snprintf(buf, sizeof buf, "blocked %lld %.*s", (long long)ms, EDL_PROGRESS_WHAT_MAX,
+                     what);
+    for (int i = 0; i < n; i++)
+        if (buf[i] == '\n' || buf[i] == '\r')
+            buf[i] = ' '; /* one line, whatever the text */
+    buf[n++] = '\n';
+    return write_progress(t, buf, n);
+}
+
+int edl_agent_link_report_unblocked(edl_agent_link *t)
+{
+    return write_progress(t, "unblocked\n", 10);
+}
+
+/* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
+static int parse_count(const char *s, size_t len, int64_t *v)
+{
+    int64_t x = 0;
+    if (len == 0)
+        return EDL_EPROTO;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9' || x > EDL_GENERATION_MAX / 10)
+            return EDL_EPROTO;
+        x = x * 10 + (s[i] - '0');
+    }
+    if (x > EDL_GENERATION_MAX)
+        return EDL_EPROTO;
+    *v = x;
+    return 0;
+}
+
+int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len >= 5 && memcmp(line, "step ", 5) == 0) {
+        out->kind = EDL_PROGRESS_STEP;
+        return parse_count(line + 5, len - 5, &out->value);
+    }
+    if (len == 9 && memcmp(line, "unblocked", 9) == 0) {
+        out->kind = EDL_PROGRESS_UNBLOCKED;
+        return 0;
+    }
+    if (len < 8 || memcmp(line, "blocked ", 8) != 0)
+        return EDL_EPROTO;
+    const char *num = line + 8, *sp = memchr(num, ' ', len - 8);
+    size_t nlen = sp ? (size_t)(sp - num) : len - 8;
+    out->kind = EDL_PROGRESS_BLOCKED;
+    if (parse_count(num, nlen, &out->value))
+        return EDL_EPROTO;
+    size_t wlen = sp ? len - 8 - nlen - 1 : 0;
+    if (wlen > EDL_PROGRESS_WHAT_MAX)
+        return EDL_EPROTO;
+    for (size_t i = 0; i < wlen; i++)
+        if ((unsigned char)sp[1 + i] < 0x20)
+            return EDL_EPROTO; /* no control characters: the text reaches logs and JSON */
+    memcpy(out->what, sp ? sp + 1 : "", wlen);
+    out->what[wlen] = '\0';
+    return 0;
 }
 
 int edl_agent_link_fd(const edl_agent_link *t)

@@ -1,5 +1,6 @@
 /* pod.c: the two documents an agent writes under its lease (edl/job.h): the pod's registration
  * (pods/<pod>) and its trainer's status (status/<pod>). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,7 @@ int edl_pod_parse(const char *json, size_t len, edl_pod *out, char *err, size_t 
     edl_json_int(&r, "gpus", 0, 1024, &p.gpus);
     edl_json_str(&r, "host", 256, &p.host);
     edl_json_i64(&r, "pid", 0, INT32_MAX, &p.pid);
+    edl_json_i64(&r, "ttl_s", 0, 86400, &p.ttl_s);
     cJSON_Delete(root);
     if (r.rc) {
         edl_pod_clear(&p);
@@ -58,6 +60,8 @@ char *edl_pod_to_json(const edl_pod *p)
     if (p->host)
         cJSON_AddStringToObject(o, "host", p->host);
     cJSON_AddNumberToObject(o, "pid", (double)p->pid);
+    if (p->ttl_s)
+        cJSON_AddNumberToObject(o, "ttl_s", (double)p->ttl_s);
     return edl_json_print_consume(o);
 }
 
@@ -91,6 +95,9 @@ int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char
     edl_json_i64(&r, "pid", 0, INT32_MAX, &s.pid);
     edl_json_i64(&r, "step", -1, EDL_GENERATION_MAX, &s.step);
     edl_json_i64(&r, "restarts", 0, EDL_GENERATION_MAX, &s.restarts);
+    const char *msg = NULL;
+    if (edl_json_cstr(&r, "message", sizeof s.message - 1, &msg))
+        snprintf(s.message, sizeof s.message, "%s", msg);
     cJSON_Delete(root);
     if (r.rc)
         return r.rc;
@@ -113,5 +120,7 @@ char *edl_pod_status_to_json(const edl_pod_status *s)
         cJSON_AddNumberToObject(o, "pid", (double)s->pid);
     cJSON_AddNumberToObject(o, "step", (double)s->step);
     cJSON_AddNumberToObject(o, "restarts", (double)s->restarts);
+    if (s->message[0])
+        cJSON_AddStringToObject(o, "message", s->message);
     return edl_json_print_consume(o);
 }

@@ -15,7 +15,8 @@
 typedef struct failure {
     const char *pod;
     int code;      /* exit code, 128+signal, or -1 for a hang */
-    char what[160];
+    bool blamed;   /* counts against the pod (exclusion); not when it waited on a peer */
+    char what[320];
 } failure;
 
 void js_decision_clear(js_decision *d)
@@ -119,6 +120,37 @@ static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
 
 /* ---- trainer failures and success --------------------------------------------------------- */
 
+/* A member's status as a failure (false: it is no failure). A trainer's own message (its
+ * error file, why it hung) follows, cut to fit. */
+static bool describe_failure(const edl_member *mb, const edl_pod_status *s, failure *f)
+{
+    const char *msg = s->message[0] ? s->message : NULL;
+    int len = 0;
+    f->pod = mb->pod;
+    f->blamed = true;
+    if (s->state == EDL_TRAINER_EXITED) {
+        f->code = s->exit_code;
+        len = snprintf(f->what, sizeof f->what, "pod %s (rank %d) exited with code %d", mb->pod,
+                       mb->rank, s->exit_code);
+    } else if (s->state == EDL_TRAINER_SIGNALED) {
+        f->code = 128 + s->signal;
+        len = snprintf(f->what, sizeof f->what, "pod %s (rank %d) was killed by signal %d",
+                       mb->pod, mb->rank, s->signal);
+    } else if (s->state == EDL_TRAINER_HUNG) {
+        /* It waited on a peer inside a collective: the generation is stuck, not this pod's
+         * fault as far as anyone can tell, so it costs a restart but no exclusion. */
+        f->code = -1;
+        f->blamed = false;
+        len = snprintf(f->what, sizeof f->what, "pod %s (rank %d) hung", mb->pod, mb->rank);
+    } else {
+        return false;
+    }
+    if (msg && len > 0 && (size_t)len < sizeof f->what)
+        snprintf(f->what + len, sizeof f->what - (size_t)len, ": %.*s",
+                 (int)(sizeof f->what - (size_t)len), msg);
+    return true;
+}
+
 /* Collect failed members of the current generation; *all_done when every member exited 0. */
 static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, bool *all_done,
                                int64_t *wake)
@@ -133,27 +165,17 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
         if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation)
             continue;
         const edl_pod_status *s = &o->status[i];
-        if (s->state == EDL_TRAINER_EXITED && s->exit_code == 0) {
+        if (s->state == EDL_TRAINER_EXITED && s->exit_code == 0)
             done++;
-        } else if (s->state == EDL_TRAINER_EXITED) {
-            fl[n].pod = c->members[k].pod;
-            fl[n].code = s->exit_code;
-            snprintf(fl[n].what, sizeof fl[n].what, "pod %s (rank %d) exited with code %d",
-                     c->members[k].pod, c->members[k].rank, s->exit_code);
+        else if (describe_failure(&c->members[k], s, &fl[n]))
             n++;
-        } else if (s->state == EDL_TRAINER_SIGNALED) {
-            fl[n].pod = c->members[k].pod;
-            fl[n].code = 128 + s->signal;
-            snprintf(fl[n].what, sizeof fl[n].what, "pod %s (rank %d) was killed by signal %d",
-                     c->members[k].pod, c->members[k].rank, s->signal);
-            n++;
-        }
     }
     if (n == 0) {
         int h = find_hung(o, m, wake);
         if (h >= 0) {
             fl[0].pod = c->members[h].pod;
             fl[0].code = -1;
+            fl[0].blamed = true;
             snprintf(fl[0].what, sizeof fl[0].what,
                      "pod %s (rank %d) made no progress for %lld ms while others advanced",
                      c->members[h].pod, c->members[h].rank,
@@ -187,6 +209,8 @@ static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl
             return EDL_ENOMEM;
     }
     for (size_t k = 0; k < nf; k++) {
+        if (!fl[k].blamed)
+            continue;
         edl_pod_failures *g = NULL;
         for (size_t i = 0; i < next->n_failures; i++)
             if (strcmp(next->failures[i].pod, fl[k].pod) == 0)
@@ -493,6 +517,56 @@ out:
     return rc;
 }
 
+/* A member of the current generation whose pod is gone (its lease expired or it left). */
+static bool member_lost(const js_observed *o)
+{
+    const edl_generation *c = o->current;
+    for (size_t k = 0; k < c->n_members; k++)
+        if (pod_index(o, c->members[k].pod, c->members[k].lease) < 0)
+            return true;
+    return false;
+}
+
+/* When trainers exit because a peer vanished (torchrun-style trainers exit on a broken
+ * collective), the peer whose agent died reports nothing: its status stays "running" until its
+ * lease expires. Blaming the survivors would spend the restart budget and exclude healthy pods,
+ * so in restart mode the decision waits while a member still reports running, until it reports
+ * or its pod disappears (then it is a loss: see js_reconcile), at most its lease TTL (plus
+ * etcd's expiry check) from the first failure seen. True while holding (*wake set). In-process
+ * trainers keep running by design, so there a running status says nothing: no hold. */
+#define HOLD_MARGIN_MS 1000
+static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const failure *fl,
+                                  size_t nf, int64_t *wake)
+{
+    const edl_generation *c = o->current;
+    int64_t ttl_ms = 0;
+    bool exits = false;
+    for (size_t k = 0; k < nf; k++)
+        exits = exits || fl[k].code >= 0; /* a hang is no peer's loss: its agent reported it */
+    if (!exits || o->spec->mode != EDL_MODE_RESTART)
+        return false;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation ||
+            o->status[i].state != EDL_TRAINER_RUNNING)
+            continue;
+        int64_t t = (o->pods[i].ttl_s ? o->pods[i].ttl_s : o->spec->ttl_s) * 1000;
+        ttl_ms = t > ttl_ms ? t : ttl_ms;
+    }
+    if (!ttl_ms)
+        return false;
+    if (m->hold_gen != c->generation) {
+        m->hold_gen = c->generation;
+        m->hold_since_mono_ms = o->mono_ms;
+    }
+    int64_t due = m->hold_since_mono_ms + ttl_ms + HOLD_MARGIN_MS;
+    if (o->mono_ms >= due)
+        return false;
+    if (!*wake || due < *wake)
+        *wake = due;
+    return true;
+}
+
 static const failure *first_permanent(const edl_job_spec *sp, const failure *fl, size_t nf)
 {
     for (size_t i = 0; i < nf; i++)
@@ -519,11 +593,21 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     bool all_done = false;
     int64_t wake = 0;
     size_t nf = collect_failures(o, mem, fl, &all_done, &wake);
+    /* A member vanished: the failures of the others are the fallout of its loss (a new
+     * generation without it follows, costing no restart and blaming nobody). */
+    if (nf && member_lost(o))
+        nf = 0;
+    if (nf && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
+        out->wake_mono_ms = wake;
+        free(fl);
+        return 0;
+    }
     /* A generation its trainers declared dead (their collective group broke) with nobody
      * gone: re-form with the same members. A grace of one settle window (at least 1 s) lets the
      * usual signals (a trainer's exit, a lease's expiry) arrive first and name the cause. */
     bool dead = false;
-    if (o->gen_dead && c->generation > 0 && c->state == EDL_JOB_RUNNING && nf == 0) {
+    if (o->gen_dead && c->generation > 0 && c->state == EDL_JOB_RUNNING && nf == 0 &&
+        !member_lost(o)) {
         if (mem->dead_gen != c->generation) {
             mem->dead_gen = c->generation;
             mem->dead_since_mono_ms = o->mono_ms;

@@ -43,6 +43,8 @@ typedef struct js_memory {
     size_t n_progress;
     int64_t dead_gen;           /* the generation whose dead key was first seen at dead_since */
     int64_t dead_since_mono_ms;
+    int64_t hold_gen;           /* the generation whose failures wait for silent peers */
+    int64_t hold_since_mono_ms;
 } js_memory;
 
 typedef enum js_action {

@@ -10,7 +10,8 @@
  *                 EDL_TEST_MISMATCH=type); prints the error.
  * Event lines: "joined", "failed", "synced", "done" with key=value fields, flushed at once.
  * EDL_TEST_ELEMS: elements of the elastic state (default 1000); EDL_TEST_STEP_MS: a pause per
- * step. */
+ * step; EDL_TEST_STUCK_AT=S: in a first start (TORCHELASTIC_RESTART_COUNT 0) the last rank stops
+ * at step S for ever, outside any collective, so its peers wait inside one (a hang). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -281,6 +282,12 @@ static uint64_t hash64(const int64_t *w, size_t n)
     return h;
 }
 
+static bool stuck_here(int64_t step, int rank, int size)
+{
+    const char *at = getenv("EDL_TEST_STUCK_AT"), *rc = getenv("TORCHELASTIC_RESTART_COUNT");
+    return at && rc && strcmp(rc, "0") == 0 && size > 1 && rank == size - 1 && step == atol(at);
+}
+
 static int run_elastic(edl_comm *c, long steps)
 {
     const char *e = getenv("EDL_TEST_ELEMS"), *p = getenv("EDL_TEST_STEP_MS");
@@ -311,6 +318,9 @@ static int run_elastic(edl_comm *c, long steps)
             return 3;
         }
         int size = edl_coll_size(c), rank = edl_coll_rank(c);
+        if (stuck_here(step, rank, size))
+            for (;;)
+                sleep(3600);
         memset(g, 0, n * sizeof *g);
         for (int k = rank; k < 12; k += size)
             for (size_t i = 0; i < n; i++)

@@ -399,6 +399,43 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
     edl_generation_clear(&c);
 }
 
+/* One rank stops outside any collective while its peer waits inside one, with a collective
+ * timeout far away (10 min): only the hang detection can end it. The waiting rank's agent
+ * reports "hung" once the wait passes the progress timeout, the job server restarts the
+ * generation, and the job finishes. */
+static void test_rank_stuck_in_a_collective_is_a_hang(void **state)
+{
+    (void)state;
+    const char *job = "hang";
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--settle-ms", "300",
+                          "--progress-timeout-ms", "2000", "--grace-ms", "1000", NULL};
+    char script[600];
+    snprintf(script, sizeof script,
+             "EDL_COLL_TIMEOUT_MS=600000 EDL_TEST_STUCK_AT=5 EDL_TEST_STEP_MS=20 exec %s "
+             "elastic 40", EDL_COLL_WORKER);
+    int64_t t0 = harness_now_ms();
+    pid_t run = edl_run(job, opts, script);
+    assert_int_equal(harness_wait_exit(run, 60000), 0);
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(c.restarts, 1);
+    assert_int_equal(c.n_failures, 0); /* a hang blames nobody */
+    char log[300], line[1024];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    bool restarted = false;
+    while (fgets(line, sizeof line, f))
+        restarted = restarted || (strstr(line, "hung: blocked for") &&
+                                  strstr(line, "allreduce #") && strstr(line, "waiting on rank 1"));
+    fclose(f);
+    assert_true(restarted);
+    print_message("hang found and the job restarted and finished in %lld ms\n",
+                  (long long)(harness_now_ms() - t0));
+    edl_generation_clear(&c);
+}
+
 static void test_etcd_outage_does_not_kill_trainers(void **state)
 {
     (void)state;
@@ -649,8 +686,11 @@ int main(void)
         cmocka_unit_test(test_scale_leave_kill_and_stop),
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
         cmocka_unit_test(test_failing_trainer_restarted_excluded_then_job_fails),
+        cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
         cmocka_unit_test(test_etcd_outage_does_not_kill_trainers),
         cmocka_unit_test(test_example_trainer_survives_reformation),
     };
+    if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

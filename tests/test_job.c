@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edl/agent_link.h"
 #include "edl/job.h"
 
 /* Candidate pods p<i> with lease 100+i, join order as given. */
@@ -436,9 +437,41 @@ static void test_exit_codes_and_names_have_one_source(void **state)
     edl_spec_clear(&b);
 }
 
+static int progress(const char *line, edl_progress_line *pl)
+{
+    return edl_progress_line_parse(line, strlen(line), pl);
+}
+
+/* The progress lines a trainer writes, as the agent reads them; anything else is refused. */
+static void test_progress_lines(void **state)
+{
+    (void)state;
+    edl_progress_line pl;
+    assert_int_equal(progress("step 42", &pl), 0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_STEP);
+    assert_int_equal(pl.value, 42);
+    assert_int_equal(progress("blocked 1500 allreduce #9 of generation 2, waiting on rank 1", &pl),
+                     0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_BLOCKED);
+    assert_int_equal(pl.value, 1500);
+    assert_string_equal(pl.what, "allreduce #9 of generation 2, waiting on rank 1");
+    assert_int_equal(progress("blocked 7", &pl), 0);
+    assert_string_equal(pl.what, "");
+    assert_int_equal(progress("unblocked", &pl), 0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_UNBLOCKED);
+    char big[400];
+    snprintf(big, sizeof big, "blocked 5 %0*d", EDL_PROGRESS_WHAT_MAX + 1, 0);
+    const char *bad[] = {"", "step", "step ", "step -1", "step 1x", "step 99999999999999999999",
+                         "blocked", "blocked x y", "blocked 1 a\tb", "unblocked ", "hello", big};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (progress(bad[i], &pl) != EDL_EPROTO)
+            fail_msg("accepted: \"%s\"", bad[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_progress_lines),
         cmocka_unit_test(test_first_generation_ranks_in_join_order),
         cmocka_unit_test(test_leave_fills_hole_with_highest_rank),
         cmocka_unit_test(test_rank0_survives_scale_down),

@@ -119,6 +119,21 @@ static void advance(world *w, int64_t ms)
     w->mono += ms;
 }
 
+/* Decide a failure while other members still report running: the server first holds the
+ * decision for up to one lease TTL (plus 1 s), in case the failure is the fallout of a peer
+ * whose agent died; nobody vanishes here, so it then decides. */
+static js_decision step_past_hold(world *w)
+{
+    js_decision d = step(w);
+    if (d.action == JS_NOTHING && d.wake_mono_ms > w->mono) {
+        assert_true(d.wake_mono_ms - w->mono <= w->spec.ttl_s * 1000 + 1000);
+        advance(w, d.wake_mono_ms - w->mono);
+        js_decision_clear(&d);
+        d = step(w);
+    }
+    return d;
+}
+
 static void world_free(world *w)
 {
     edl_generation_clear(&w->cur);
@@ -308,7 +323,7 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     form(&w, 3);
     int64_t g = w.cur.generation;
     set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10);
-    js_decision d = step(&w);
+    js_decision d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.generation, g + 1); /* restart, same members */
     assert_int_equal(w.cur.restarts, 1);
@@ -316,7 +331,7 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     assert_non_null(strstr(w.cur.reason, "exited with code 3"));
     all_running(&w);
     set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10); /* second failure: excluded for 10 s */
-    d = step(&w);
+    d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 2);
     members_are(&w, "p0 p2");
@@ -335,13 +350,13 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     members_are(&w, "p0 p2 p1");
     all_running(&w);
     set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 0); /* third: excluded for 20 s (doubled) */
-    d = step(&w);
+    d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 3);
     assert_int_equal(w.cur.failures[0].excluded_until, w.now + 20000);
     all_running(&w);
     set_status(&w, 0, EDL_TRAINER_EXITED, 1, 0); /* budget of 3 spent */
-    d = step(&w);
+    d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
     assert_non_null(strstr(w.cur.reason, "restart budget of 3 spent"));
@@ -359,13 +374,13 @@ static void test_exit_code_policy(void **state)
     w.spec.restart_policy = EDL_RESTART_EXIT_CODE;
     form(&w, 2);
     set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, 0); /* 137: retryable */
-    js_decision d = step(&w);
+    js_decision d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
     assert_int_equal(w.cur.restarts, 1);
     all_running(&w);
     set_status(&w, 1, EDL_TRAINER_EXITED, 2, 0); /* 2: permanent */
-    d = step(&w);
+    d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
     assert_non_null(strstr(w.cur.reason, "permanent"));
@@ -380,7 +395,7 @@ static void test_never_policy_fails_at_once(void **state)
     w.spec.restart_policy = EDL_RESTART_NEVER;
     form(&w, 2);
     set_status(&w, 1, EDL_TRAINER_EXITED, 200, 0);
-    js_decision d = step(&w);
+    js_decision d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
     world_free(&w);
@@ -537,7 +552,7 @@ static void test_failure_count_saturates_at_its_bound(void **state)
     w.cur.n_failures = 1;
     w.cur.restarts = 3;
     set_status(&w, 0, EDL_TRAINER_EXITED, 1, 5);
-    js_decision d = step(&w); /* step() round-trips the document through its parser */
+    js_decision d = step_past_hold(&w); /* step() round-trips the document through its parser */
     assert_int_equal(d.action, JS_PUBLISH);
     assert_true(d.new_generation);
     assert_int_equal(w.cur.n_failures, 1);
@@ -547,10 +562,99 @@ static void test_failure_count_saturates_at_its_bound(void **state)
     world_free(&w);
 }
 
+/* A pod's agent dies (SIGKILL, node loss): its status keeps saying "running" until its lease
+ * expires, while its peers' trainers exit because their collective broke. The server holds the
+ * decision; when the silent pod's registration disappears it is a loss: a new generation
+ * without it, no restart spent, nobody blamed or excluded. */
+static void test_peer_loss_blames_nobody(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 2;
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 7); /* p0 is silent: still "running" */
+    set_status(&w, 2, EDL_TRAINER_EXITED, 1, 7);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* no generation with the silent p0 in it */
+    assert_true(d.wake_mono_ms > w.mono && d.wake_mono_ms <= w.mono + 3000);
+    js_decision_clear(&d);
+    advance(&w, 1500);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    remove_pod(&w, 0); /* its lease expired */
+    d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    members_are(&w, "p2 p1"); /* p2 takes the vacated rank 0: one rank changes, not two */
+    assert_int_equal(w.cur.restarts, 0);
+    assert_int_equal(w.cur.n_failures, 0);
+    assert_non_null(strstr(w.cur.reason, "pod p0 left"));
+    world_free(&w);
+}
+
+/* Nobody vanishes within the lease TTL (plus 1 s): the failures are real and decided then. */
+static void test_failure_hold_ends_after_the_ttl(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 2;
+    form(&w, 2);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 7);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 3000);
+    js_decision_clear(&d);
+    advance(&w, 2999);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    advance(&w, 1);
+    d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(w.cur.n_failures, 1);
+    assert_string_equal(w.cur.failures[0].pod, "p1");
+    world_free(&w);
+}
+
+/* A rank blocked in a collective past the progress timeout (its agent reports "hung"): the
+ * generation restarts at once (a restart is spent) but the pod is not blamed: it waited on a
+ * peer. The hang's message reaches the reason. */
+static void test_hung_rank_restarts_without_blame(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    set_status(&w, 0, EDL_TRAINER_HUNG, 0, 4);
+    snprintf(w.st[0].message, sizeof w.st[0].message,
+             "blocked for 3001 ms (progress timeout 3000 ms) in allreduce #9");
+    js_decision d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(w.cur.n_failures, 0);
+    members_are(&w, "p0 p1 p2");
+    assert_non_null(strstr(w.cur.reason, "pod p0 (rank 0) hung: blocked for 3001 ms"));
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
+        cmocka_unit_test(test_peer_loss_blames_nobody),
+        cmocka_unit_test(test_failure_hold_ends_after_the_ttl),
+        cmocka_unit_test(test_hung_rank_restarts_without_blame),
         cmocka_unit_test(test_failure_count_saturates_at_its_bound),
         cmocka_unit_test(test_settling_joins_do_not_leak_into_the_running_generation),
         cmocka_unit_test(test_first_generation_after_settle_window),

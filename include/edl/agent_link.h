@@ -2,7 +2,10 @@
  * process talks to the edl-agent that supervises it.
  *
  * The agent gives its trainer two pipes, named by environment variables:
- *   EDL_PROGRESS_FD  write end: the trainer writes "step <N>\n" after each finished step;
+ *   EDL_PROGRESS_FD  write end: the trainer writes one line per event (edl_progress_line):
+ *                    "step <N>" after each finished step; "blocked <MS> <what>" when a
+ *                    collective has been waiting on its peers for MS ms (libedlcoll writes it
+ *                    once per call, after a second); "unblocked" when that call returned;
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
@@ -42,6 +45,11 @@ void edl_agent_link_close(edl_agent_link *l);
 /* Report a finished step (non-negative). Never blocks: when the pipe is full the report is
  * dropped (the next one supersedes it). EDL_EIO when the agent is gone. */
 int edl_agent_link_report_step(edl_agent_link *l, int64_t step);
+/* Report that a collective call has waited on its peers for ms so far (what: "allreduce #12 of
+ * generation 3, waiting on rank 2"; cut to EDL_PROGRESS_WHAT_MAX), and that it returned. The
+ * agent turns a wait longer than the job's progress timeout into the trainer state "hung". */
+int edl_agent_link_report_blocked(edl_agent_link *l, int64_t ms, const char *what);
+int edl_agent_link_report_unblocked(edl_agent_link *l);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
  * link then takes its rank, world size and generation), 0 when none, <0 on error (EDL_EIO:
@@ -60,6 +68,21 @@ int64_t edl_agent_link_generation(const edl_agent_link *l); /* 0 when standalone
  * its parser (EDL_EPROTO for anything malformed). */
 char *edl_assignment_encode(const edl_assignment *a);
 int edl_assignment_parse(const char *line, size_t len, edl_assignment *out);
+
+/* One progress line (without its '\n'), as the agent reads it. */
+#define EDL_PROGRESS_WHAT_MAX 200
+typedef enum edl_progress_kind {
+    EDL_PROGRESS_STEP = 0, /* value: the step */
+    EDL_PROGRESS_BLOCKED,  /* value: ms waited so far; what: in which call */
+    EDL_PROGRESS_UNBLOCKED,
+} edl_progress_kind;
+typedef struct edl_progress_line {
+    edl_progress_kind kind;
+    int64_t value;
+    char what[EDL_PROGRESS_WHAT_MAX + 1];
+} edl_progress_line;
+/* EDL_EPROTO for anything malformed (numbers are bounded by EDL_GENERATION_MAX). */
+int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out);
 
 #ifdef __cplusplus
 }

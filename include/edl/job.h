@@ -167,6 +167,7 @@ typedef struct edl_pod {
     int gpus;
     char *host;
     int64_t pid;             /* the agent's pid */
+    int64_t ttl_s;           /* its lease's TTL: how long it may be silent (0: unknown) */
     int64_t lease;           /* from the key-value, not the JSON */
     int64_t create_revision; /* join order */
 } edl_pod;
@@ -184,8 +185,11 @@ typedef enum edl_trainer_state {
     EDL_TRAINER_EXITED,      /* exited by itself: exit_code */
     EDL_TRAINER_SIGNALED,    /* killed by a signal the agent did not send: signal */
     EDL_TRAINER_STOPPED,     /* stopped by the agent (generation change, leave) */
-    EDL_TRAINER_HUNG,        /* reserved for hang detection in the agent: not set yet */
+    EDL_TRAINER_HUNG,        /* blocked in a collective past the spec's progress timeout */
 } edl_trainer_state;
+
+/* The longest message a status carries (what the trainer's error file said, why it hung). */
+#define EDL_STATUS_MESSAGE_MAX 1024
 
 typedef struct edl_pod_status {
     int64_t generation;
@@ -195,6 +199,7 @@ typedef struct edl_pod_status {
     int64_t pid;       /* the trainer's pid while running */
     int64_t step;      /* last progress the trainer reported (-1: never) */
     int64_t restarts;  /* trainer starts by this agent so far, minus one */
+    char message[EDL_STATUS_MESSAGE_MAX]; /* "" or: the trainer's error, or why it hung */
 } edl_pod_status;
 
 const char *edl_trainer_state_name(edl_trainer_state s);
