@@ -11,7 +11,9 @@
  * Event lines: "joined", "failed", "synced", "done" with key=value fields, flushed at once.
  * EDL_TEST_ELEMS: elements of the elastic state (default 1000); EDL_TEST_STEP_MS: a pause per
  * step; EDL_TEST_STUCK_AT=S: in a first start (TORCHELASTIC_RESTART_COUNT 0) the last rank stops
- * at step S for ever, outside any collective, so its peers wait inside one (a hang). */
+ * at step S for ever, outside any collective, so its peers wait inside one (a hang);
+ * EDL_TEST_EXIT_ON_FAILURE=1: a failed collective ends the process with exit 1, as an
+ * unmodified torchrun trainer does, instead of re-forming in process. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -332,6 +334,8 @@ static int run_elastic(edl_comm *c, long steps)
                    " waited=%" PRId64 " err=%s\n", edl_coll_generation(c), rank, step, rc,
                    now_ms(), now_ms() - t0, edl_coll_errmsg(c));
             fflush(stdout);
+            if (getenv("EDL_TEST_EXIT_ON_FAILURE"))
+                return 1;
             continue;
         }
         for (size_t i = 0; i < n; i++)
