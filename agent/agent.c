@@ -193,7 +193,7 @@ static void check_hung(agent *a)
 static void send_generation(agent *a, int rank)
 {
     edl_assignment g;
-    if (agent_assignment(&a->generation, rank, &g) != 0)
+    if (agent_assignment(&a->generation, rank, a->master_port, &g) != 0)
         return;
     char *line = edl_assignment_encode(&g);
     if (line)
@@ -211,9 +211,13 @@ static void start_trainer(agent *a, int rank)
     int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd_endpoints = a->o->etcd,
-                              .prefix = a->o->prefix, .spec = &a->spec, .generation = &a->generation,
-                              .rank = rank, .restart_count = a->starts,
+                              .prefix = a->o->prefix, .role = a->o->role, .spec = &a->spec,
+                              .generation = &a->generation, .rank = rank,
+                              .master_port = a->master_port,
+                              .error_file = a->error_file[0] ? a->error_file : NULL,
                               .control_fd = AGENT_CONTROL_FD, .progress_fd = AGENT_PROGRESS_FD};
+        if (a->error_file[0])
+            unlink(a->error_file); /* what a failure writes there is this start's */
         rc = agent_env_build(&in, environ, &env);
         if (rc) {
             close(child_ctl);
@@ -246,14 +250,22 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
     if (by_agent) {
         EDL_INFO("agent", "trainer of generation %lld stopped", (long long)gen);
         set_status(a, EDL_TRAINER_STOPPED, gen, 0, 0);
+        return;
+    }
+    char msg[EDL_STATUS_MESSAGE_MAX] = "";
+    if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg) == 0)
+        EDL_WARN("agent", "trainer of generation %lld failed: %s", (long long)gen, msg);
+    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) {
+        EDL_INFO("agent", "trainer of generation %lld exited with code 0", (long long)gen);
+        set_status(a, EDL_TRAINER_EXITED, gen, 0, 0);
     } else if (WIFEXITED(wstatus)) {
         EDL_INFO("agent", "trainer of generation %lld exited with code %d; waiting for the job "
                  "server's decision", (long long)gen, WEXITSTATUS(wstatus));
-        set_status(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0);
+        set_status_msg(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0, msg);
     } else {
         EDL_WARN("agent", "trainer of generation %lld killed by signal %d; waiting for the job "
                  "server's decision", (long long)gen, WTERMSIG(wstatus));
-        set_status(a, EDL_TRAINER_SIGNALED, gen, 0, WTERMSIG(wstatus));
+        set_status_msg(a, EDL_TRAINER_SIGNALED, gen, 0, WTERMSIG(wstatus), msg);
     }
 }
 
@@ -262,6 +274,17 @@ const edl_member *agent_member(const agent *a)
     if (!a->have_generation || a->generation.state != EDL_JOB_RUNNING || !a->keeper)
         return NULL;
     return edl_generation_member(&a->generation, a->o->pod, a->lease);
+}
+
+/* The generation's MASTER_PORT is known (registry_master_port); else look again in 50 ms. */
+static bool master_known(agent *a, int rank)
+{
+    if (registry_master_port(a, rank) == 0) {
+        a->master_retry_ms = 0;
+        return true;
+    }
+    a->master_retry_ms = edl_monotonic_ms() + 50;
+    return false;
 }
 
 void agent_reconcile(agent *a)
@@ -291,6 +314,8 @@ void agent_reconcile(agent *a)
         /* In process mode the trainer keeps running whatever its new rank: it learns the rank
          * from the control line (its environment keeps the values it started with). */
         if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && a->tp.control_fd >= 0) {
+            if (!master_known(a, m->rank))
+                return;
             EDL_INFO("agent", "generation %lld: re-forming in process as rank %d (was %d)",
                      (long long)gen, m->rank, a->run_rank);
             a->run_gen = gen;
@@ -310,7 +335,8 @@ void agent_reconcile(agent *a)
         return;
     }
     if (m && gen > a->started_gen) {
-        start_trainer(a, m->rank);
+        if (master_known(a, m->rank))
+            start_trainer(a, m->rank);
         return;
     }
     if (!m && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
@@ -368,6 +394,7 @@ static int loop_timeout(agent *a)
         timeout = t;
     if (a->metrics && (t = edl_metrics_timeout_ms(a->metrics)) >= 0 && t < timeout)
         timeout = t;
+    timeout = min_timeout(timeout, a->master_retry_ms);
     return min_timeout(timeout, hang_due_ms(a));
 }
 
@@ -466,6 +493,7 @@ static void agent_free(agent *a)
     edl_job_keys_clear(&a->keys);
     free(a->k_pod);
     free(a->k_status);
+    agent_error_file_close(a);
 }
 
 static int connect_etcd(agent *a)
@@ -497,6 +525,7 @@ int agent_run(agent_opts *o)
     snprintf(a.host, sizeof a.host, "%s", o->host);
     if (make_keys(&a) != 0 || connect_etcd(&a) != 0)
         goto out;
+    agent_error_file_open(&a);
     if (o->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = o->metrics_addr, .port = o->metrics_port};
         if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0) {

@@ -5,6 +5,7 @@
  *   registry.c     etcd side: lease, pod and status keys, the watch on the published generation
  *   trainer_proc.c the trainer process: spawn, stop with grace, reap, progress and control pipes
  *   env.c          the environment a trainer gets
+ *   error_file.c   TORCHELASTIC_ERROR_FILE: the trainer's error, read back after a failure
  *   metrics.c      /metrics and /healthz */
 #ifndef EDL_AGENT_H
 #define EDL_AGENT_H
@@ -36,11 +37,12 @@ typedef struct agent_opts {
 /* ---- env.c ---------------------------------------------------------------------------- */
 
 typedef struct agent_env_input {
-    const char *job, *pod, *etcd_endpoints, *prefix;
+    const char *job, *pod, *etcd_endpoints, *prefix, *role;
     const edl_job_spec *spec;
     const edl_generation *generation; /* the generation the trainer starts for */
     int rank;                   /* this pod's rank in it */
-    int64_t restart_count;      /* starts by this agent before this one */
+    int master_port;            /* the generation's MASTER_PORT (registry_master_port) */
+    const char *error_file;     /* TORCHELASTIC_ERROR_FILE (NULL: none) */
     int control_fd, progress_fd;
 } agent_env_input;
 
@@ -48,7 +50,7 @@ typedef struct agent_env_input {
  * sets, then the agent's names. NULL-terminated, malloc'ed; free with edl_env_free(). */
 int agent_env_build(const agent_env_input *in, char *const *base, char ***out);
 /* This rank's assignment in a generation: what its control line says. */
-int agent_assignment(const edl_generation *g, int rank, edl_assignment *out);
+int agent_assignment(const edl_generation *g, int rank, int master_port, edl_assignment *out);
 
 /* The fds a trainer finds its pipes at (also in EDL_CONTROL_FD / EDL_PROGRESS_FD). */
 #define AGENT_CONTROL_FD 3
@@ -138,6 +140,11 @@ typedef struct agent {
     int run_rank;
     int64_t started_gen;      /* last generation a trainer was started for */
     int64_t starts;           /* trainer starts so far */
+    int64_t master_gen;       /* the generation master_port belongs to (0: none) */
+    int master_port;          /* its MASTER_PORT, picked by rank 0's agent */
+    int64_t master_retry_ms;  /* when to look for it again (0: not waiting) */
+    char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */
+    char error_file[300];
 
     agent_metrics m;
     edl_metrics_server *metrics;
@@ -146,7 +153,17 @@ typedef struct agent {
     int final_exit;           /* -1, or the exit code of a final job state */
 } agent;
 
+/* error_file.c: TORCHELASTIC_ERROR_FILE in a private directory of the agent's; read back (one
+ * line, cut to len) after a failure: 0, or EDL_ENOTFOUND when the trainer left nothing. */
+int agent_error_file_open(agent *a);
+void agent_error_file_close(agent *a);
+int agent_read_error_file(const char *path, char *out, size_t len);
+
 /* registry.c */
+/* The MASTER_PORT of the agent's current generation: rank 0's agent picks a free port on its
+ * address and publishes gen/<n>/master, the others read it. 0 with a->master_port set;
+ * EDL_ENOTFOUND while rank 0 has not published it yet (retry). */
+int registry_master_port(agent *a, int rank);
 int registry_register(agent *a);        /* grant, put pod + status, start keeper */
 void registry_lease_lost(agent *a);     /* drop the keeper, schedule re-registration */
 void registry_unregister(agent *a);     /* stop the keeper and revoke (leaving) */

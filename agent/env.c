@@ -13,7 +13,8 @@ static const char *const owned[] = {
     "EDL_ETCD_ENDPOINTS", "EDL_ETCD_PREFIX", "EDL_ELASTIC_MODE", "EDL_CHECKPOINT_URI",
     "EDL_CONTROL_FD", "EDL_PROGRESS_FD", "RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "PADDLE_TRAINER_ID",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
+    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "PADDLE_TRAINER_ID",
     "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
     "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", NULL};
 
@@ -79,7 +80,7 @@ static char *endpoints(const edl_generation *g)
     return s;
 }
 
-int agent_assignment(const edl_generation *g, int rank, edl_assignment *out)
+int agent_assignment(const edl_generation *g, int rank, int master_port, edl_assignment *out)
 {
     memset(out, 0, sizeof *out);
     if (rank < 0 || (size_t)rank >= g->n_members)
@@ -89,7 +90,7 @@ int agent_assignment(const edl_generation *g, int rank, edl_assignment *out)
     out->world_size = (int)g->n_members;
     snprintf(out->master_addr, sizeof out->master_addr, "%s",
              g->members[0].addr ? g->members[0].addr : "");
-    out->master_port = g->members[0].port;
+    out->master_port = master_port > 0 ? master_port : g->members[0].port;
     return 0;
 }
 
@@ -127,21 +128,29 @@ static void set_edl(strv *s, const agent_env_input *in)
     setf(s, "EDL_PROGRESS_FD", "%d", in->progress_fd);
 }
 
-/* The names of PyTorch's launcher (torchrun / torch.distributed.elastic). */
+/* The names of PyTorch's launcher (torchrun / torch.distributed.elastic). Each agent runs one
+ * worker, so a pod is a torchrun node: groups and ranks coincide. */
 static void set_torch(strv *s, const agent_env_input *in, const edl_assignment *a)
 {
     int local_rank, local_world;
     local_ranks(in->generation, in->rank, &local_rank, &local_world);
     setf(s, "RANK", "%d", in->rank);
     setf(s, "GROUP_RANK", "%d", in->rank);
+    setf(s, "GROUP_WORLD_SIZE", "%d", a->world_size);
+    setf(s, "ROLE_NAME", "%s", in->role ? in->role : "worker");
+    setf(s, "ROLE_RANK", "%d", in->rank);
+    setf(s, "ROLE_WORLD_SIZE", "%d", a->world_size);
     setf(s, "LOCAL_RANK", "%d", local_rank);
     setf(s, "LOCAL_WORLD_SIZE", "%d", local_world);
     setf(s, "WORLD_SIZE", "%d", a->world_size);
     setf(s, "MASTER_ADDR", "%s", a->master_addr);
     setf(s, "MASTER_PORT", "%d", a->master_port);
-    setf(s, "TORCHELASTIC_RESTART_COUNT", "%lld", (long long)in->restart_count);
+    /* as torchrun counts: restarts after failures (the job's), not every start */
+    setf(s, "TORCHELASTIC_RESTART_COUNT", "%d", in->generation->restarts);
     setf(s, "TORCHELASTIC_MAX_RESTARTS", "%d", in->spec->max_restarts);
     setf(s, "TORCHELASTIC_RUN_ID", "%s", in->job);
+    if (in->error_file)
+        setf(s, "TORCHELASTIC_ERROR_FILE", "%s", in->error_file);
 }
 
 /* The names of Paddle's launcher (paddle.distributed.launch). */
@@ -160,7 +169,7 @@ int agent_env_build(const agent_env_input *in, char *const *base, char ***out)
 {
     *out = NULL;
     edl_assignment a;
-    int rc = agent_assignment(in->generation, in->rank, &a);
+    int rc = agent_assignment(in->generation, in->rank, in->master_port, &a);
     char *eps = rc ? NULL : endpoints(in->generation);
     if (rc || !eps)
         return rc ? rc : EDL_ENOMEM;

@@ -67,23 +67,6 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out)
     return 0;
 }
 
-/* A free TCP port on addr (bind port 0); 0 when none can be had. */
-static int free_port(const char *addr)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
-        sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 static char *env_or(const char *name, const char *dflt)
 {
     const char *v = getenv(name);
@@ -197,7 +180,7 @@ static int fill_defaults(agent_opts *o)
         return bad("--prefix '%s': must start with '/'", o->prefix);
     if (o->metrics_addr && !edl_metrics_addr_valid(o->metrics_addr))
         return bad("--metrics-addr '%s': expected an IPv4 or IPv6 address", o->metrics_addr);
-    if (o->port == 0 && (o->port = free_port(o->addr)) == 0)
+    if (o->port == 0 && (o->port = edl_free_port(o->addr)) == 0)
         return bad("no free TCP port on %s for the trainer: give --port", o->addr);
     return 0;
 }

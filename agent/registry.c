@@ -17,6 +17,56 @@ static void etcd_failed(agent *a, const char *what)
     EDL_WARN("agent", "%s: %s", what, edl_etcd_errmsg(a->etcd));
 }
 
+/* ---- the generation's master port ---------------------------------------------------------- */
+
+/* torchrun gives every round a fresh MASTER_PORT (a port in TIME_WAIT or still held by a dying
+ * rank 0 of the last round must not stall the next one). Rank 0's agent picks a free port on
+ * its address and publishes it under gen/<n>/master (deleted with the generation); the others
+ * read it. Without a free port, rank 0's registered port is used. */
+int registry_master_port(agent *a, int rank)
+{
+    int64_t gen = a->generation.generation;
+    if (a->master_gen == gen)
+        return 0;
+    char *key = edl_job_key_gen(&a->keys, gen, EDL_GEN_MASTER);
+    if (!key)
+        return EDL_ENOMEM;
+    int rc, port = 0;
+    if (rank == 0) {
+        port = edl_free_port(a->o->addr);
+        if (!port)
+            port = a->generation.members[0].port;
+        char v[16];
+        snprintf(v, sizeof v, "%d", port);
+        if ((rc = edl_etcd_put(a->etcd, edl_str(key), edl_str(v), NULL, NULL)) != 0)
+            etcd_failed(a, "publishing the generation's master port");
+    } else {
+        edl_kv *kv = NULL;
+        rc = edl_etcd_get(a->etcd, edl_str(key), &kv, NULL);
+        if (rc == 0) {
+            char v[16] = "";
+            char *end;
+            if (kv->value_len < sizeof v)
+                memcpy(v, kv->value, kv->value_len);
+            long p = strtol(v, &end, 10);
+            if (!v[0] || *end || p < 1 || p > 65535) {
+                EDL_WARN("agent", "%s holds '%.15s', no port: using rank 0's port", key, v);
+                p = a->generation.members[0].port;
+            }
+            port = (int)p;
+        } else if (rc != EDL_ENOTFOUND) {
+            etcd_failed(a, "reading the generation's master port");
+        }
+        edl_kv_free(kv);
+    }
+    free(key);
+    if (rc == 0) {
+        a->master_gen = gen;
+        a->master_port = port;
+    }
+    return rc;
+}
+
 /* ---- registration ------------------------------------------------------------------------ */
 
 static char *pod_json(const agent *a)

@@ -409,12 +409,15 @@ static void print_table(const char *job, const job_view *v)
                v->spec.stopped ? ", stop requested" : "");
     if (v->n_bad)
         printf("(%zu keys under pods/ are no valid pod name: ignored)\n", v->n_bad);
-    printf("%-6s %-24s %-22s %-9s %-6s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER", "GEN",
-           "STEP", "RESTARTS");
+    printf("%-6s %-24s %-22s %-9s %-6s %-8s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER",
+           "GEN", "STEP", "RESTARTS", "METRICS");
     for (size_t i = 0; i < v->n_pods; i++) {
         const edl_pod *p = &v->pods[i];
         char rk[16], ep[300], state[32] = "-", gen[24] = "-", step[24] = "-", rs[24] = "-";
+        char metrics[300] = "-";
         snprintf(ep, sizeof ep, "%s:%d", p->addr, p->port);
+        if (p->metrics_port) /* the agent listens on every address unless told one */
+            snprintf(metrics, sizeof metrics, "http://%s:%d/metrics", p->addr, p->metrics_port);
         if (v->has_st[i]) {
             const edl_pod_status *s = &v->st[i];
             if (s->state == EDL_TRAINER_EXITED)
@@ -428,9 +431,12 @@ static void print_table(const char *job, const job_view *v)
                 snprintf(step, sizeof step, "%lld", (long long)s->step);
             snprintf(rs, sizeof rs, "%lld", (long long)s->restarts);
         }
-        printf("%-6s %-24s %-22s %-9s %-6s %-8s %s\n", role_of(v, p, rk, sizeof rk), p->name, ep,
-               state, gen, step, rs);
+        printf("%-6s %-24s %-22s %-9s %-6s %-8s %-8s %s\n", role_of(v, p, rk, sizeof rk),
+               p->name, ep, state, gen, step, rs, metrics);
     }
+    for (size_t i = 0; i < v->n_pods; i++) /* what trainers said (their error, why they hung) */
+        if (v->has_st[i] && v->st[i].message[0])
+            printf("%s: %s\n", v->pods[i].name, v->st[i].message);
 }
 
 /* A document of ours as a JSON value inside the output (null when absent). */

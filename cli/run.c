@@ -169,6 +169,9 @@ static void pump(launcher *l, child *k, bool eof)
     }
 }
 
+/* Where the agents and the job server of a local job serve /metrics (loopback: one machine). */
+#define LOCAL_METRICS_ADDR "127.0.0.1"
+
 static int start_agent(launcher *l)
 {
     if (l->n_kids >= MAX_KIDS)
@@ -177,8 +180,9 @@ static int start_agent(launcher *l)
     if (!k)
         return EDL_ENOMEM;
     snprintf(k->name, sizeof k->name, "%s-%d", l->o.job, l->next_index++);
-    char grace[32];
+    char grace[32], mport[16];
     snprintf(grace, sizeof grace, "%lld", (long long)l->o.grace_ms);
+    snprintf(mport, sizeof mport, "%d", edl_free_port(LOCAL_METRICS_ADDR));
     char *argv[64 + 1024];
     size_t a = 0;
     argv[a++] = l->agent_bin;
@@ -192,6 +196,12 @@ static int start_agent(launcher *l)
     argv[a++] = (char *)l->o.prefix;
     argv[a++] = "--grace-ms";
     argv[a++] = grace;
+    if (strcmp(mport, "0") != 0) { /* edl status shows where each agent's /metrics is */
+        argv[a++] = "--metrics-port";
+        argv[a++] = mport;
+        argv[a++] = "--metrics-addr";
+        argv[a++] = LOCAL_METRICS_ADDR;
+    }
     argv[a++] = "--";
     for (char **t = l->o.trainer; *t && a < sizeof argv / sizeof argv[0] - 1; t++)
         argv[a++] = *t;
@@ -210,8 +220,14 @@ static int start_jobserver(launcher *l)
     snprintf(l->js.name, sizeof l->js.name, "jobserver");
     char id[EDL_NAME_MAX + 32];
     snprintf(id, sizeof id, "%s-jobserver-%d", l->o.job, (int)getpid());
+    char mport[16];
+    int port = edl_free_port(LOCAL_METRICS_ADDR);
+    snprintf(mport, sizeof mport, "%d", port);
     char *argv[] = {l->js_bin, "--etcd", (char *)l->endpoints, "--job", (char *)l->o.job,
-                    "--prefix", (char *)l->o.prefix, "--id", id, "--ttl", "5", NULL};
+                    "--prefix", (char *)l->o.prefix, "--id", id, "--ttl", "5",
+                    "--metrics-port", mport, "--metrics-addr", LOCAL_METRICS_ADDR, NULL};
+    if (port)
+        say("job server metrics: http://%s:%d/metrics", LOCAL_METRICS_ADDR, port);
     return spawn(l, &l->js, argv);
 }
 

@@ -76,6 +76,13 @@ static int teardown(void **state)
 /* ---- helpers ------------------------------------------------------------------------------- */
 
 /* A key of the job: "spec", "generation", "pods/<pod>" or "status/<pod>". */
+/* What a fake rank 0's agent does for generation gen: publish its MASTER_PORT. */
+static void publish_master(const char *job, int64_t gen, const char *port)
+{
+    char k[256];
+    harness_put(cl, harness_job_key(k, sizeof k, job, EDL_KEY_GEN, EDL_GEN_MASTER, gen), port);
+}
+
 static char *key(const char *job, const char *what, char *buf, size_t len)
 {
     if (strncmp(what, "pods/", 5) == 0)
@@ -428,6 +435,10 @@ static void test_two_ranks_get_exact_environment(void **state)
     assert_true(wait_file(path_of("a", 1, "env", pa, sizeof pa), 5000));
     assert_true(wait_file(path_of("b", 1, "env", pb, sizeof pb), 5000));
     snprintf(ep, sizeof ep, "%s", edl_etcd_server_endpoints(srv));
+    char master[16], mkey[256], want_ctl[64];
+    assert_non_null(harness_get(cl, harness_job_key(mkey, sizeof mkey, job, EDL_KEY_GEN,
+                                                    EDL_GEN_MASTER, 1), master, sizeof master));
+    assert_true(atoi(master) > 0 && strcmp(master, "7202") != 0);
     struct { const char *path, *pod, *rank; } r[2] = {{pb, "b", "0"}, {pa, "a", "1"}};
     for (int i = 0; i < 2; i++) {
         const char *f = r[i].path;
@@ -449,7 +460,7 @@ static void test_two_ranks_get_exact_environment(void **state)
         assert_var(f, "LOCAL_WORLD_SIZE", "2");
         assert_var(f, "WORLD_SIZE", "2");
         assert_var(f, "MASTER_ADDR", "127.0.0.1");
-        assert_var(f, "MASTER_PORT", "7202");
+        assert_var(f, "MASTER_PORT", master); /* rank 0's agent picked it for generation 1 */
         assert_var(f, "TORCHELASTIC_RESTART_COUNT", "0");
         assert_var(f, "TORCHELASTIC_MAX_RESTARTS", "7");
         assert_var(f, "TORCHELASTIC_RUN_ID", job);
@@ -469,7 +480,8 @@ static void test_two_ranks_get_exact_environment(void **state)
     fclose(fc);
     assert_non_null(strstr(line, "\"generation\":1"));
     assert_non_null(strstr(line, "\"rank\":1"));
-    assert_non_null(strstr(line, "\"master_port\":7202"));
+    snprintf(want_ctl, sizeof want_ctl, "\"master_port\":%s", master);
+    assert_non_null(strstr(line, want_ctl));
     assert_non_null(strstr(line, "\"world_size\":2"));
     assert_non_null(strstr(line, "\"master_addr\":\"127.0.0.1\""));
     /* the endpoints have one source, the generation (PADDLE_TRAINER_ENDPOINTS above) */
@@ -496,6 +508,9 @@ static void test_new_generation_restarts_trainer(void **state)
     char k[256];
     harness_put(cl, key("restart", "pods/z", k, sizeof k), "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
+    harness_sleep_ms(300); /* a waits for its rank 0 (z, faked here) to publish MASTER_PORT */
+    assert_false(wait_file(path_of("a", 2, "env", p2, sizeof p2), 0));
+    publish_master(job, 2, "9123");
     assert_true(wait_file(path_of("a", 2, "env", p2, sizeof p2), 8000));
     long pid2 = read_long_file(path_of("a", 2, "pid", p1, sizeof p1));
     assert_true(pid2 > 0 && pid2 != pid1);
@@ -505,8 +520,8 @@ static void test_new_generation_restarts_trainer(void **state)
     assert_var(p2, "LOCAL_RANK", "0"); /* alone on its address */
     assert_var(p2, "LOCAL_WORLD_SIZE", "1");
     assert_var(p2, "MASTER_ADDR", "10.1.2.3");
-    assert_var(p2, "MASTER_PORT", "9000");
-    assert_var(p2, "TORCHELASTIC_RESTART_COUNT", "1");
+    assert_var(p2, "MASTER_PORT", "9123");
+    assert_var(p2, "TORCHELASTIC_RESTART_COUNT", "0"); /* a restart for a join, not a failure */
     edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 2000);
     assert_int_equal(st.pid, pid2);
     assert_int_equal(st.restarts, 1);
@@ -565,11 +580,13 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     assert_true(pid_alive((pid_t)pid1));
     /* a rank change keeps the process too: the new rank comes on the control pipe */
     publish(job, 3, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
+    publish_master(job, 3, "9124");
     st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 8000);
     assert_int_equal(st.pid, pid1);
     assert_int_equal(wait_lines(cf, 3, line, sizeof line), 3);
     assert_non_null(strstr(line, "\"generation\":3"));
     assert_non_null(strstr(line, "\"rank\":1"));
+    assert_non_null(strstr(line, "\"master_port\":9124"));
     publish_state(job, 3, EDL_JOB_FAILED);
     assert_int_equal(wait_exit(a, 8000), 1);
 }
@@ -743,7 +760,7 @@ static void test_lost_lease_stops_trainer_and_reregisters(void **state)
     assert_false(wait_file(path_of("a", 2, "env", p, sizeof p), 0));
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
-    assert_var(p, "TORCHELASTIC_RESTART_COUNT", "1");
+    assert_var(p, "TORCHELASTIC_RESTART_COUNT", "0"); /* no failure: torchrun would say 0 */
     publish_state(job, 2, EDL_JOB_STOPPED);
     assert_int_equal(wait_exit(a, 5000), 4);
 }

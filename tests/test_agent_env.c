@@ -44,16 +44,18 @@ static void test_environment_names_and_local_ranks(void **state)
                        {(char *)"p1", 1, (char *)"10.0.0.2", 7001, 2},
                        {(char *)"p2", 2, (char *)"10.0.0.1", 7002, 3},
                        {(char *)"p3", 3, (char *)"10.0.0.1", 7003, 4}};
-    edl_generation c = {.generation = 9, .state = EDL_JOB_RUNNING, .members = m, .n_members = 4};
+    edl_generation c = {.generation = 9, .state = EDL_JOB_RUNNING, .members = m, .n_members = 4,
+                        .restarts = 2};
     edl_job_spec s;
     edl_spec_init(&s);
     s.max_restarts = 3;
     s.mode = EDL_MODE_INPROCESS;
     char *base[] = {(char *)"PATH=/bin", (char *)"RANK=99", (char *)"EDL_CHECKPOINT_URI=s3://old",
-                    (char *)"KEEP=me", NULL};
+                    (char *)"KEEP=me", (char *)"TORCHELASTIC_ERROR_FILE=/old", NULL};
     agent_env_input in = {.job = "j", .pod = "p3", .etcd_endpoints = "http://e:2379",
-                          .prefix = "/edl/v1", .spec = &s, .generation = &c, .rank = 3,
-                          .restart_count = 2, .control_fd = 3, .progress_fd = 4};
+                          .prefix = "/edl/v1", .role = "worker", .spec = &s, .generation = &c,
+                          .rank = 3, .master_port = 41234, .error_file = "/run/e/error.json",
+                          .control_fd = 3, .progress_fd = 4};
     char **env;
     assert_int_equal(agent_env_build(&in, base, &env), 0);
     assert_var(env, "PATH", "/bin");
@@ -75,10 +77,15 @@ static void test_environment_names_and_local_ranks(void **state)
     assert_var(env, "LOCAL_WORLD_SIZE", "3");
     assert_var(env, "WORLD_SIZE", "4");
     assert_var(env, "MASTER_ADDR", "10.0.0.1");
-    assert_var(env, "MASTER_PORT", "7000");
-    assert_var(env, "TORCHELASTIC_RESTART_COUNT", "2");
+    assert_var(env, "MASTER_PORT", "41234"); /* the generation's own, not rank 0's pod port */
+    assert_var(env, "GROUP_WORLD_SIZE", "4");
+    assert_var(env, "ROLE_NAME", "worker");
+    assert_var(env, "ROLE_RANK", "3");
+    assert_var(env, "ROLE_WORLD_SIZE", "4");
+    assert_var(env, "TORCHELASTIC_RESTART_COUNT", "2"); /* the job's failure restarts */
     assert_var(env, "TORCHELASTIC_MAX_RESTARTS", "3");
     assert_var(env, "TORCHELASTIC_RUN_ID", "j");
+    assert_var(env, "TORCHELASTIC_ERROR_FILE", "/run/e/error.json");
     assert_var(env, "PADDLE_TRAINER_ID", "3");
     assert_var(env, "PADDLE_TRAINERS_NUM", "4");
     assert_var(env, "PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:7000,10.0.0.2:7001,10.0.0.1:7002,10.0.0.1:7003");
@@ -94,6 +101,12 @@ static void test_environment_names_and_local_ranks(void **state)
     assert_var(env, "LOCAL_RANK", "0");
     assert_var(env, "LOCAL_WORLD_SIZE", "1");
     assert_var(env, "EDL_CHECKPOINT_URI", "s3://bucket/ckpt");
+    edl_env_free(env);
+    in.master_port = 0; /* none published: rank 0's registered port */
+    in.error_file = NULL;
+    assert_int_equal(agent_env_build(&in, base, &env), 0);
+    assert_var(env, "MASTER_PORT", "7000");
+    assert_null(var(env, "TORCHELASTIC_ERROR_FILE")); /* the inherited one is not passed on */
     edl_env_free(env);
     in.rank = 4; /* not a rank of this generation */
     assert_int_equal(agent_env_build(&in, base, &env), EDL_EINVAL);

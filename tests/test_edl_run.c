@@ -224,6 +224,13 @@ static void test_every_rank_gets_the_exact_environment(void **state)
         assert_string_equal(env_value(path, "PADDLE_TRAINER_ENDPOINTS", v, sizeof v), eps);
         assert_string_equal(env_value(path, "LOCAL_WORLD_SIZE", v, sizeof v), "3");
         assert_string_equal(env_value(path, "LOCAL_RANK", v, sizeof v), want);
+        assert_string_equal(env_value(path, "GROUP_WORLD_SIZE", v, sizeof v), "3");
+        assert_string_equal(env_value(path, "ROLE_WORLD_SIZE", v, sizeof v), "3");
+        assert_string_equal(env_value(path, "ROLE_RANK", v, sizeof v), want);
+        assert_string_equal(env_value(path, "ROLE_NAME", v, sizeof v), "worker");
+        assert_string_equal(env_value(path, "TORCHELASTIC_RESTART_COUNT", v, sizeof v), "0");
+        assert_string_equal(env_value(path, "TORCHELASTIC_RUN_ID", v, sizeof v), "envjob");
+        assert_non_null(env_value(path, "TORCHELASTIC_ERROR_FILE", v, sizeof v));
         assert_non_null(env_value(path, "EDL_GENERATION", v, sizeof v));
         assert_non_null(env_value(path, "EDL_ETCD_ENDPOINTS", v, sizeof v));
         assert_non_null(env_value(path, "EDL_POD_ID", pods[r], sizeof pods[r]));
@@ -237,14 +244,72 @@ static void test_every_rank_gets_the_exact_environment(void **state)
             tok = strtok_r(NULL, ",", &save);
         assert_non_null(tok);
         assert_string_equal(tok, cur);
-        if (r == 0) { /* MASTER is rank 0's endpoint */
+        if (r == 0) { /* MASTER is rank 0's address, on a port of the generation's own */
             char m[128];
-            snprintf(m, sizeof m, "%s:%s", master_addr, master_port);
-            assert_string_equal(cur, m);
+            snprintf(m, sizeof m, "%s:", master_addr);
+            assert_memory_equal(cur, m, strlen(m));
+            assert_string_not_equal(cur + strlen(m), master_port);
         }
     }
     assert_string_not_equal(pods[0], pods[1]);
     assert_string_not_equal(pods[1], pods[2]);
+}
+
+/* What a failing trainer wrote to TORCHELASTIC_ERROR_FILE (torch's @record format) reaches the
+ * job's reason, the job server's log and `edl status`; TORCHELASTIC_RESTART_COUNT counts the
+ * job's failure restarts; every generation gets a MASTER_PORT of its own, the same on every
+ * rank. */
+static void test_trainer_error_file_restart_count_and_master_port(void **state)
+{
+    (void)state;
+    const char *job = "errjob";
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--settle-ms", "200", "--max-restarts",
+                          "1", "--exclude-after", "5", "--grace-ms", "1000", NULL};
+    char script[800];
+    snprintf(script, sizeof script,
+             "echo \"$EDL_GENERATION $MASTER_PORT $TORCHELASTIC_RESTART_COUNT\" >> %s/ports.$RANK; "
+             "if [ \"$RANK\" = 1 ]; then printf '{\"message\":{\"message\":\"ValueError: "
+             "bad batch (restart %%s)\",\"extraInfo\":{\"py_callstack\":\"Traceback\\\\n\"}}}' "
+             "\"$TORCHELASTIC_RESTART_COUNT\" > \"$TORCHELASTIC_ERROR_FILE\"; exit 1; fi; sleep 1",
+             g_dir);
+    pid_t run = edl_run(job, opts, script);
+    assert_int_equal(harness_wait_exit(run, 60000), 1); /* budget of 1 spent */
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(c.reason, "exited with code 1: ValueError: bad batch (restart 1)"));
+    const char *st[] = {"status", job, "--etcd", ep(), NULL};
+    char out[4096];
+    edl_cmd(out, sizeof out, st);
+    assert_non_null(strstr(out, "ValueError: bad batch (restart 1)"));
+    char log[300], line[1024];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    bool logged = false;
+    while (fgets(line, sizeof line, f))
+        logged = logged || (strstr(line, "jobserver") && strstr(line, "restart 1 of 1 after") &&
+                            strstr(line, "ValueError: bad batch (restart 0)"));
+    fclose(f);
+    assert_true(logged);
+    long gen[2][2], port[2][2], count[2][2];
+    for (int r = 0; r < 2; r++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/ports.%d", g_dir, r);
+        f = fopen(path, "r");
+        assert_non_null(f);
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(fscanf(f, "%ld %ld %ld", &gen[r][k], &port[r][k], &count[r][k]), 3);
+        fclose(f);
+    }
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(gen[0][k], gen[1][k]);
+        assert_int_equal(port[0][k], port[1][k]); /* one MASTER_PORT per generation */
+        assert_int_equal(count[0][k], k);          /* failure restarts so far */
+    }
+    assert_true(gen[0][1] > gen[0][0]);
+    assert_true(port[0][1] != port[0][0]); /* a fresh one each generation */
+    edl_generation_clear(&c);
 }
 
 /* ---- scaling, leaving, crashing, standbys ------------------------------------------------ */
@@ -264,6 +329,20 @@ static void test_scale_leave_kill_and_stop(void **state)
     edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
     int64_t g1 = c.generation;
+
+    /* edl status says where each agent serves /metrics, and it answers there */
+    const char *st_table[] = {"status", job, "--etcd", ep(), NULL};
+    char table[8192];
+    assert_int_equal(edl_cmd(table, sizeof table, st_table), 0);
+    int scraped = 0;
+    for (const char *m = table; (m = strstr(m, "http://127.0.0.1:")); m++) {
+        char body[16384];
+        int port = atoi(m + strlen("http://127.0.0.1:"));
+        assert_int_equal(harness_http_get(port, "/metrics", body, sizeof body), 200);
+        assert_non_null(strstr(body, "edl_agent_up 1") ? body : strstr(body, "edl_agent_up{"));
+        scraped++;
+    }
+    assert_int_equal(scraped, 2);
 
     /* scale 2 -> 4: the two joins form one generation */
     const char *scale4[] = {"scale", job, "4", "--etcd", ep(), NULL};
@@ -716,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
         cmocka_unit_test(test_failing_trainer_restarted_excluded_then_job_fails),
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
+        cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),
         cmocka_unit_test(test_peer_loss_spends_no_restart),
         cmocka_unit_test(test_etcd_outage_does_not_kill_trainers),
         cmocka_unit_test(test_example_trainer_survives_reformation),

@@ -52,6 +52,11 @@ int edl_errf(char *err, size_t errlen, int code, const char *fmt, ...)
 /* Milliseconds on CLOCK_MONOTONIC: what every deadline and timeout in edl is measured on. */
 int64_t edl_monotonic_ms(void);
 
+/* A TCP port free on this IPv4 address now (bind to port 0, then release; NULL or an
+ * unparsable address: any address); 0 when none can be had. Another process may take it
+ * before the caller's child binds it: callers must survive that. */
+int edl_free_port(const char *ipv4);
+
 /* A borrowed byte string: keys and values in etcd are binary-safe. */
 typedef struct edl_buf {
     const char *data;

@@ -64,6 +64,7 @@ typedef struct edl_job_keys {
 #define EDL_GEN_DEAD "dead"       /* the trainers declared generation n dead */
 #define EDL_GEN_CPU "cpu/"        /* cpu/<rank>: a rank's collective endpoint */
 #define EDL_GEN_NCCL_ID "nccl-id" /* the NCCL unique id of generation n */
+#define EDL_GEN_MASTER "master"   /* MASTER_PORT of generation n, picked by rank 0's agent */
 
 /* Build every key (prefix NULL: EDL_DEFAULT_PREFIX; trailing slashes are dropped). EDL_EINVAL
  * for an invalid job name, EDL_ENOMEM. */
