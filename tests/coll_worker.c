@@ -334,8 +334,10 @@ static int run_elastic(edl_comm *c, long steps)
                    " waited=%" PRId64 " err=%s\n", edl_coll_generation(c), rank, step, rc,
                    now_ms(), now_ms() - t0, edl_coll_errmsg(c));
             fflush(stdout);
-            if (getenv("EDL_TEST_EXIT_ON_FAILURE"))
-                return 1;
+            if (getenv("EDL_TEST_EXIT_ON_FAILURE")) {
+                step = -1; /* out of the loop, and reported as failed below */
+                break;
+            }
             continue;
         }
         for (size_t i = 0; i < n; i++)
@@ -346,14 +348,15 @@ static int run_elastic(edl_comm *c, long steps)
         if (pause)
             usleep((useconds_t)pause * 1000);
     }
-    printf("done gen=%" PRId64 " rank=%d size=%d step=%" PRId64 " hash=%016" PRIx64 " pid=%d\n",
-           edl_coll_generation(c), edl_coll_rank(c), edl_coll_size(c), step, hash64(w, n),
-           (int)getpid());
+    if (step >= 0)
+        printf("done gen=%" PRId64 " rank=%d size=%d step=%" PRId64 " hash=%016" PRIx64
+               " pid=%d\n", edl_coll_generation(c), edl_coll_rank(c), edl_coll_size(c), step,
+               hash64(w, n), (int)getpid());
     fflush(stdout);
     edl_coll_state_free(st);
     free(w);
     free(g);
-    return 0;
+    return step >= 0 ? 0 : 1;
 }
 
 static int run_mismatch(edl_comm *c)

@@ -539,6 +539,16 @@ static void test_peer_loss_spends_no_restart(void **state)
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_true(c.generation > g);
+    if (c.restarts != 0 || c.n_failures != 0) { /* say which decision spent it */
+        char log[300], line[1024];
+        snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+        FILE *f = fopen(log, "r");
+        while (f && fgets(line, sizeof line, f))
+            if (strstr(line, "jobserver") || strstr(line, "exited") || strstr(line, "signal"))
+                print_message("%s", line);
+        if (f)
+            fclose(f);
+    }
     assert_int_equal(c.restarts, 0);
     assert_int_equal(c.n_failures, 0);
     edl_generation_clear(&c);
