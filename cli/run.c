@@ -73,6 +73,7 @@ typedef struct launcher {
     int64_t started_ms;
     int width;                /* of the output prefix */
     char secret[PATH_MAX];    /* the job secret made for this run ("": none made) */
+    bool secret_tmpdir;       /* ... in a directory of its own */
 } launcher;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -765,7 +766,8 @@ static int prepare_secret(launcher *l)
     if ((f && *f) || (v && *v))
         return 0;
     char why[700];
-    if (cli_state_new_secret(l->o.job, l->secret, sizeof l->secret, why, sizeof why) != 0) {
+    if (cli_state_new_secret(l->o.job, l->secret, sizeof l->secret, &l->secret_tmpdir, why,
+                             sizeof why) != 0) {
         l->secret[0] = '\0';
         fprintf(stderr, "edl run: cannot make the job secret: %s\n", why);
         return EDL_EXIT_USAGE;
@@ -831,7 +833,7 @@ int cli_run(int argc, char **argv)
     if (wrote_state)
         cli_state_remove(l.o.job);
     if (l.secret[0])
-        unlink(l.secret);
+        cli_state_drop_secret(l.secret, l.secret_tmpdir);
     edl_etcd_close(l.c);
     edl_etcd_server_close(l.srv);
     edl_spec_clear(&l.o.spec);

@@ -112,12 +112,30 @@ void cli_state_remove(const char *job)
     unlink(path);
 }
 
-int cli_state_new_secret(const char *job, char *path, size_t n, char *why, size_t whylen)
+int cli_state_new_secret(const char *job, char *path, size_t n, bool *tmpdir, char *why,
+                         size_t whylen)
 {
     char dir[512];
-    int rc = private_dir(true, dir, sizeof dir, why, whylen);
-    if (rc)
-        return rc;
+    *tmpdir = private_dir(true, dir, sizeof dir, why, whylen) != 0;
+    if (*tmpdir) { /* the state directory is refused: a private one of our own instead */
+        snprintf(dir, sizeof dir, "/tmp/edl-secret-XXXXXX");
+        if (!mkdtemp(dir))
+            return edl_errf(why, whylen, EDL_EIO, "mkdtemp: %s", strerror(errno));
+    }
     snprintf(path, n, "%s/%s-%d.secret", dir, job, (int)getpid());
-    return edl_job_secret_generate(path, why, whylen);
+    int rc = edl_job_secret_generate(path, why, whylen);
+    if (rc && *tmpdir)
+        rmdir(dir);
+    return rc;
+}
+
+void cli_state_drop_secret(const char *path, bool tmpdir)
+{
+    unlink(path);
+    const char *slash = strrchr(path, '/');
+    if (tmpdir && slash) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+        rmdir(dir);
+    }
 }

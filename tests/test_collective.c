@@ -538,6 +538,47 @@ static void test_stranger_on_the_port_is_turned_away(void **state)
         close(s[i]);
 }
 
+/* The handshake's parsers (pure: what a fuzzer will call): round trip, every prefix asks for
+ * more, and a wrong magic, version or impossible numbers are refused with a reason. */
+static void test_handshake_frames_parse_strictly(void **state)
+{
+    (void)state;
+    coll_hello h = {.version = COLL_PROTO_VERSION, .generation = 7, .from = 2, .to = 0,
+                    .size = 3, .token = 0x0123456789abcdefull}, back;
+    memset(h.nonce, 0x11, sizeof h.nonce);
+    uint8_t buf[COLL_HELLO_BYTES];
+    char why[200];
+    coll_hello_encode(&h, buf);
+    for (size_t n = 0; n < sizeof buf; n++)
+        assert_int_equal(coll_hello_parse(buf, n, &back, why, sizeof why), 1);
+    assert_int_equal(coll_hello_parse(buf, sizeof buf, &back, why, sizeof why), 0);
+    assert_true(back.version == h.version && back.generation == 7 && back.from == 2 &&
+                back.to == 0 && back.size == 3 && back.token == h.token);
+    assert_memory_equal(back.nonce, h.nonce, sizeof h.nonce);
+    uint8_t bad[COLL_HELLO_BYTES];
+    memcpy(bad, buf, sizeof bad);
+    bad[0] ^= 1;
+    assert_int_equal(coll_hello_parse(bad, 4, &back, why, sizeof why), EDL_EPROTO);
+    memcpy(bad, buf, sizeof bad);
+    bad[4] = 1; /* version 1: the unauthenticated protocol */
+    assert_int_equal(coll_hello_parse(bad, 6, &back, why, sizeof why), EDL_EPROTO);
+    assert_non_null(strstr(why, "version 1"));
+    h.from = 3; /* not a rank of a group of 3 */
+    coll_hello_encode(&h, bad);
+    assert_int_equal(coll_hello_parse(bad, sizeof bad, &back, why, sizeof why), EDL_EPROTO);
+    uint8_t mac[EDL_SECRET_MAC_BYTES], nonce[COLL_NONCE_BYTES], f[64], m2[EDL_SECRET_MAC_BYTES];
+    memset(mac, 0x22, sizeof mac);
+    memset(nonce, 0x33, sizeof nonce);
+    coll_frame_encode(COLL_CHALLENGE_MAGIC, nonce, mac, f);
+    size_t fl = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
+    uint8_t n2[COLL_NONCE_BYTES];
+    assert_int_equal(coll_frame_parse(f, fl - 1, COLL_CHALLENGE_MAGIC, n2, m2), 1);
+    assert_int_equal(coll_frame_parse(f, fl, COLL_CHALLENGE_MAGIC, n2, m2), 0);
+    assert_memory_equal(n2, nonce, sizeof nonce);
+    assert_memory_equal(m2, mac, sizeof mac);
+    assert_int_equal(coll_frame_parse(f, fl, COLL_PROOF_MAGIC, NULL, m2), EDL_EPROTO);
+}
+
 /* The attack of issue 12: a stranger reads the endpoints and tokens in etcd and sends rank 2's
  * hello to rank 0 before rank 2 does (here rank 2 is slow: its first connection waits 1.5 s),
  * then a made-up proof; another sends rank 2's hello and then nothing. Rank 0 must turn both
@@ -736,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_mismatched_counts_and_types_fail_clearly),
         cmocka_unit_test(test_stranger_on_the_port_is_turned_away),
         cmocka_unit_test(test_rendezvous_timeout_names_the_missing_rank),
+        cmocka_unit_test(test_handshake_frames_parse_strictly),
         cmocka_unit_test(test_stranger_with_the_etcd_token_cannot_take_a_slot),
         cmocka_unit_test(test_peer_with_another_secret_is_refused),
         cmocka_unit_test(test_flood_of_strangers_cannot_stop_a_join),
