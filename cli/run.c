@@ -521,6 +521,10 @@ static const char run_usage[] =
     "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
     "  -h, --help                this text\n"
     "\n"
+    "The trainers' collective links are authenticated with a job secret made for this run (a\n"
+    "0600 file in the state directory, named by EDL_JOB_SECRET_FILE, removed at the end); a\n"
+    "secret already named by EDL_JOB_SECRET_FILE or EDL_JOB_SECRET is used instead.\n"
+    "\n"
     "Exit codes: 0 the job succeeded, 1 it failed, 2 usage error, 3 etcd could not be started\n"
     "or reached, 4 the job was stopped (edl stop), 130/143 interrupted by SIGINT/SIGTERM.\n";
 

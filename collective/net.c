@@ -250,10 +250,12 @@ static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int6
                      "resolve, '%s'", c->gen, j, ep);
         return EDL_EPROTO;
     }
-    int fd = -1, rc;
+    int fd = -1, rc, tries = 0;
     while ((rc = handshake_to(c, j, &sa, salen, token, deadline, &fd)) == EDL_EPEER &&
            edl_monotonic_ms() + 50 < deadline) {
-        EDL_INFO("coll", "generation %" PRId64 ": %s; trying again", c->gen, c->err);
+        if (tries++ == 0)
+            EDL_INFO("coll", "generation %" PRId64 ": %s; trying again every 50 ms", c->gen,
+                     c->err);
         usleep(50 * 1000);
     }
     if (rc) {
