@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -459,7 +460,8 @@ typedef struct launch {
  * not hand the job's agent pipes to the workers. */
 static pid_t spawn(char *const *argv, char *const *env, int out_fd, int listen_fd)
 {
-    static const char *const unset[] = {"EDL_CONTROL_FD", "EDL_PROGRESS_FD", NULL};
+    static const char *const unset[] = {"EDL_CONTROL_FD", "EDL_PROGRESS_FD", "EDL_JOB_SECRET_FILE",
+                                        NULL};
     char **envp = edl_env_build(NULL, unset, env);
     edl_spawn_opts so = {.argv = argv, .envp = envp, .out = out_fd >= 0 ? out_fd : EDL_SPAWN_NULL,
                          .fds = {{listen_fd, 3}}, .n_fds = listen_fd >= 0 ? 1 : 0};
@@ -595,6 +597,12 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
         return -1;
     l->n = n;
     l->out = pipefd[0];
+    char secret[80] = "EDL_JOB_SECRET=";
+    uint8_t key[32]; /* the group's links are authenticated: a secret for this launch */
+    if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key)
+        return -1;
+    for (size_t i = 0; i < sizeof key; i++)
+        snprintf(secret + strlen(secret), 3, "%02x", key[i]);
     for (int r = 0; r < n; r++) {
         char e[10][160];
         snprintf(e[0], sizeof e[0], "EDL_RANK=%d", r);
@@ -606,7 +614,7 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
         snprintf(e[6], sizeof e[6], "EDL_GENERATION=1");
         snprintf(e[7], sizeof e[7], "PADDLE_CURRENT_ENDPOINT=127.0.0.1:0");
         snprintf(e[8], sizeof e[8], "EDL_COLL_BACKEND=cpu"); /* whatever the caller's says */
-        char *env[10] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], NULL};
+        char *env[11] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], secret, NULL};
         if (is_ring)
             env[3] = NULL;
         char *argv[] = {self, "--worker", (char *)kind, "--sizes", sizes, "--budget", budget,

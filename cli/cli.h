@@ -30,6 +30,13 @@ int cli_state_read(const char *job, char *endpoints, size_t n, char *why, size_t
 /* Whether this machine runs the job under `edl run` (its state file is there). */
 bool cli_state_exists(const char *job);
 void cli_state_remove(const char *job);
+/* A fresh job secret for this run of `edl run`: <state dir>/<job>-<pid>.secret, 32 random
+ * bytes, mode 0600 (in a new private directory under /tmp, *tmpdir set, when the state
+ * directory is refused); its path in path. 0, or an EDL_E* code with the reason in why.
+ * cli_state_drop_secret() removes it (and that directory). */
+int cli_state_new_secret(const char *job, char *path, size_t n, bool *tmpdir, char *why,
+                         size_t whylen);
+void cli_state_drop_secret(const char *path, bool tmpdir);
 
 /* Connect to the job's etcd (resolving the endpoints as above). Prints why on failure. */
 int cli_connect(const cli_common *co, const char *job, edl_etcd **out);

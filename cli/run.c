@@ -26,6 +26,7 @@
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 #include "edl/proc.h"
+#include "edl/secret.h"
 
 #define MAX_KIDS CLI_LOCAL_AGENTS_MAX
 #define LINE_MAX_BYTES 4096
@@ -71,6 +72,8 @@ typedef struct launcher {
     int interrupted;          /* 0, or the signal that asked us to stop */
     int64_t started_ms;
     int width;                /* of the output prefix */
+    char secret[PATH_MAX];    /* the job secret made for this run ("": none made) */
+    bool secret_tmpdir;       /* ... in a directory of its own */
 } launcher;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -518,6 +521,10 @@ static const char run_usage[] =
     "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
     "  -h, --help                this text\n"
     "\n"
+    "The trainers' collective links are authenticated with a job secret made for this run (a\n"
+    "0600 file in the state directory, named by EDL_JOB_SECRET_FILE, removed at the end); a\n"
+    "secret already named by EDL_JOB_SECRET_FILE or EDL_JOB_SECRET is used instead.\n"
+    "\n"
     "Exit codes: 0 the job succeeded, 1 it failed, 2 usage error, 3 etcd could not be started\n"
     "or reached, 4 the job was stopped (edl stop), 130/143 interrupted by SIGINT/SIGTERM.\n";
 
@@ -753,6 +760,26 @@ static int open_etcd(launcher *l)
     return 0;
 }
 
+/* The job secret that authenticates the trainers' links (edl/secret.h): one from the
+ * environment is used as it is; otherwise a fresh one per run, in the private state directory,
+ * named to the agents (and through them the trainers) by EDL_JOB_SECRET_FILE and removed at
+ * the end of the run. */
+static int prepare_secret(launcher *l)
+{
+    const char *f = getenv(EDL_SECRET_FILE_ENV), *v = getenv(EDL_SECRET_ENV);
+    if ((f && *f) || (v && *v))
+        return 0;
+    char why[700];
+    if (cli_state_new_secret(l->o.job, l->secret, sizeof l->secret, &l->secret_tmpdir, why,
+                             sizeof why) != 0) {
+        l->secret[0] = '\0';
+        fprintf(stderr, "edl run: cannot make the job secret: %s\n", why);
+        return EDL_EXIT_USAGE;
+    }
+    setenv(EDL_SECRET_FILE_ENV, l->secret, 1);
+    return 0;
+}
+
 /* The job in etcd, the state file, the watch and the job server; then the loop until the job
  * ends. Returns the exit code. */
 static int run_job(launcher *l, bool *wrote_state)
@@ -765,6 +792,8 @@ static int run_job(launcher *l, bool *wrote_state)
         say("warning: no state file for edl scale/status/stop (pass them --etcd): %s", why);
     else
         *wrote_state = true;
+    if ((rc = prepare_secret(l)) != 0)
+        return rc;
     edl_watch_opts wo = {.prefix = true};
     if (edl_watch_open(l->c, edl_str(l->k.job), &wo, &l->w) != 0)
         l->w = NULL; /* then it polls every 200 ms */
@@ -807,6 +836,8 @@ int cli_run(int argc, char **argv)
         edl_watch_close(l.w);
     if (wrote_state)
         cli_state_remove(l.o.job);
+    if (l.secret[0])
+        cli_state_drop_secret(l.secret, l.secret_tmpdir);
     edl_etcd_close(l.c);
     edl_etcd_server_close(l.srv);
     edl_spec_clear(&l.o.spec);

@@ -1,5 +1,5 @@
 /* state.c: the state files that `edl run` leaves for `edl scale/status/stop` in other
- * terminals, in a directory only this user can use.
+ * terminals, and the job secret it makes for each run, in a directory only this user can use.
  *
  * The directory is $EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid>. Before it is
  * used it must be a real directory (not a link), owned by this user, with no access for group or
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "edl/secret.h"
 
 void cli_state_dir(char *buf, size_t n)
 {
@@ -109,4 +110,32 @@ void cli_state_remove(const char *job)
         return;
     state_path(dir, job, path, sizeof path);
     unlink(path);
+}
+
+int cli_state_new_secret(const char *job, char *path, size_t n, bool *tmpdir, char *why,
+                         size_t whylen)
+{
+    char dir[512];
+    *tmpdir = private_dir(true, dir, sizeof dir, why, whylen) != 0;
+    if (*tmpdir) { /* the state directory is refused: a private one of our own instead */
+        snprintf(dir, sizeof dir, "/tmp/edl-secret-XXXXXX");
+        if (!mkdtemp(dir))
+            return edl_errf(why, whylen, EDL_EIO, "mkdtemp: %s", strerror(errno));
+    }
+    snprintf(path, n, "%s/%s-%d.secret", dir, job, (int)getpid());
+    int rc = edl_job_secret_generate(path, why, whylen);
+    if (rc && *tmpdir)
+        rmdir(dir);
+    return rc;
+}
+
+void cli_state_drop_secret(const char *path, bool tmpdir)
+{
+    unlink(path);
+    const char *slash = strrchr(path, '/');
+    if (tmpdir && slash) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+        rmdir(dir);
+    }
 }

@@ -1,9 +1,10 @@
 /* comm.c: the elastic communicator. It joins one generation at a time: publish this rank's
  * endpoint under jobs/<job>/gen/<n>/cpu/<rank>, watch gen/<n>/ until every rank has, connect
- * the mesh, (NCCL: build the device communicator), confirm with a barrier. A failed collective
- * breaks the communicator, closes its sockets (so peers blocked on this rank fail at once) and
- * publishes gen/<n>/dead; edl_coll_check() then waits for the next generation from the agent's
- * control pipe and joins it. */
+ * the mesh (every link authenticated with the job secret), (NCCL: build the device
+ * communicator), check every link of the mesh. A failed collective breaks the communicator,
+ * closes its sockets (so peers blocked on this rank fail at once) and publishes gen/<n>/dead;
+ * edl_coll_check() then waits for the next generation from the agent's control pipe and joins
+ * it. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -529,9 +530,11 @@ static int join(edl_comm *c)
     c->dead_seen = false;
     free(c->fds);
     free(c->peer_local);
+    free(c->links);
     c->fds = malloc(sizeof *c->fds * (size_t)c->size);
     c->peer_local = calloc((size_t)c->size, sizeof *c->peer_local);
-    if (!c->fds || !c->peer_local)
+    c->links = calloc((size_t)c->size, sizeof *c->links);
+    if (!c->fds || !c->peer_local || !c->links)
         return EDL_ENOMEM;
     for (int i = 0; i < c->size; i++)
         c->fds[i] = -1;
@@ -569,15 +572,8 @@ static int join(edl_comm *c)
         rc = open_nccl(c, shrink);
 #endif
     free(shrink);
-    if (!rc && c->size > 1) { /* everyone is connected, with the right tokens */
-        int32_t sum = 0;
-        rc = cpu_barrier(c, &sum);
-        if (!rc && sum != c->size) {
-            coll_set_err(c, "generation %" PRId64 ": the first barrier counted %d ranks, not %d",
-                         c->gen, sum, c->size);
-            rc = EDL_EPROTO;
-        }
-    }
+    if (!rc && c->size > 1) /* every link of the mesh, not only those a barrier would use */
+        rc = coll_verify_links(c, deadline);
     return rc;
 }
 
@@ -687,6 +683,19 @@ static int configure(edl_comm *c, const edl_coll_options *o)
     return bad ? EDL_ECONFIG : 0;
 }
 
+/* The job secret, if the environment names one: a group of more than one rank needs it
+ * (coll_connect_mesh says so); a named secret that cannot be used is an error at once. */
+static int load_secret(edl_comm *c)
+{
+    char why[512];
+    int rc = edl_job_secret_load(&c->secret, why, sizeof why);
+    if (rc == EDL_ENOTFOUND)
+        return 0;
+    if (rc)
+        EDL_ERROR("coll", "%s", why);
+    return rc;
+}
+
 int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
 {
     if (!out)
@@ -700,7 +709,10 @@ int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
     c->prev_rank = -1;
     c->nccl_gen = -1;
     c->nccl_rank = -1;
+    edl_job_secret_init(&c->secret);
     int rc = configure(c, opts);
+    if (!rc)
+        rc = load_secret(c);
     if (!rc && opts && opts->link) {
         c->link = opts->link;
     } else if (!rc) {
@@ -772,6 +784,8 @@ void edl_coll_close(edl_comm *c)
         edl_agent_link_close(c->link);
     free(c->fds);
     free(c->peer_local);
+    free(c->links);
+    edl_job_secret_clear(&c->secret);
     edl_job_keys_clear(&c->keys);
     free(c->stage);
     free(c->work);

@@ -1,7 +1,7 @@
 /* internal.h: what the files of libedlcoll share. comm.c owns the communicator (generations,
  * etcd rendezvous, re-forming), net.c the TCP mesh and the message engine, algo.c the
- * collective algorithms on top of it, dtype.c the reduction kernels, state.c the commit /
- * restore / sync helper. */
+ * collective algorithms on top of it, auth.c the link handshake's frames and MACs, dtype.c the
+ * reduction kernels, state.c the commit / restore / sync helper. */
 #ifndef EDL_COLL_INTERNAL_H
 #define EDL_COLL_INTERNAL_H
 
@@ -12,6 +12,7 @@
 #include "edl/collective.h"
 #include "edl/etcd.h"
 #include "edl/job.h"
+#include "edl/secret.h"
 
 #ifdef EDL_HAVE_NCCL
 #include "nccl_backend.h"
@@ -21,7 +22,12 @@ typedef struct coll_nccl coll_nccl;
 
 #define COLL_MAGIC 0x43444c45u /* "EDLC" on the wire (little endian) */
 #define COLL_HELLO_MAGIC 0x48444c45u /* "EDLH" */
-#define COLL_PROTO_VERSION 1
+#define COLL_CHALLENGE_MAGIC 0x41444c45u /* "EDLA" */
+#define COLL_PROOF_MAGIC 0x50444c45u /* "EDLP" */
+#define COLL_READY_MAGIC 0x52444c45u /* "EDLR" */
+#define COLL_PROTO_VERSION 2 /* 2: every link authenticated with the job secret */
+#define COLL_NONCE_BYTES 16
+#define COLL_HELLO_BYTES 56
 
 enum coll_kind {
     COLL_ALLREDUCE = 1,
@@ -53,6 +59,48 @@ typedef struct coll_op {
     uint64_t seq;
 } coll_op;
 
+/* ---- the link handshake (auth.c: pure, no I/O) ------------------------------------------
+ * On every link of every generation (see docs/collective.md):
+ *   connector -> acceptor  hello     version, generation, from, to, size, token, nonce_c
+ *   acceptor -> connector  challenge nonce_a, MAC(CHALLENGE)
+ *   connector -> acceptor  proof     MAC(PROOF)
+ * and at the end of the join, each side of every link sends ready: MAC(READY_*). Every MAC is
+ * HMAC-SHA256 under the job secret of (tag, kind, job key prefix, hello, nonce_a). */
+typedef struct coll_hello {
+    uint16_t version;
+    int64_t generation;
+    int32_t from, to, size;
+    uint64_t token; /* the token the acceptor published for this generation */
+    uint8_t nonce[COLL_NONCE_BYTES]; /* the connector's */
+} coll_hello;
+
+/* A link's transcript: what every MAC on it is bound to. */
+typedef struct coll_link {
+    coll_hello h;
+    uint8_t nonce_a[COLL_NONCE_BYTES]; /* the acceptor's */
+} coll_link;
+
+enum coll_mac_kind {
+    COLL_MAC_CHALLENGE = 1,   /* from the acceptor */
+    COLL_MAC_PROOF,           /* from the connector */
+    COLL_MAC_READY_CONNECTOR, /* the join's link check, each way */
+    COLL_MAC_READY_ACCEPTOR,
+};
+
+void coll_hello_encode(const coll_hello *h, uint8_t out[COLL_HELLO_BYTES]);
+/* Parse the first len bytes of a hello: 0 = complete and well formed (*out set), 1 = a good
+ * prefix, more bytes needed, EDL_EPROTO (why set) = not an edl hello of this version or
+ * impossible numbers. Does not judge whether it fits this rank's generation. */
+int coll_hello_parse(const void *buf, size_t len, coll_hello *out, char *why, size_t whylen);
+/* The challenge (magic, nonce, MAC), proof and ready frames (magic, MAC). */
+size_t coll_frame_bytes(uint32_t magic);
+void coll_frame_encode(uint32_t magic, const uint8_t *nonce, const uint8_t *mac, uint8_t *out);
+/* 0 = complete (nonce, for a challenge, and mac set), 1 = more bytes needed, EDL_EPROTO. */
+int coll_frame_parse(const void *buf, size_t len, uint32_t magic, uint8_t *nonce, uint8_t *mac);
+/* The MAC of one frame of a link (job: the job's key prefix). 0, or EDL_EINVAL. */
+int coll_link_mac(const edl_job_secret *s, const char *job, const coll_link *l,
+                  enum coll_mac_kind kind, uint8_t out[EDL_SECRET_MAC_BYTES]);
+
 struct edl_comm {
     /* configuration */
     char backend[8];
@@ -69,11 +117,13 @@ struct edl_comm {
     edl_job_keys keys;    /* the job's keys (gen/<n>/... is the rendezvous) */
     char listen_addr[256];
     int lfd, lport;       /* one listening socket for the life of the process */
+    edl_job_secret secret; /* authenticates every link (len 0: none; only a group of one) */
 
     /* the current generation */
     int64_t gen;
     int rank, size;
     int *fds;             /* [size] sockets to each peer, -1 for self */
+    coll_link *links;     /* [size] each link's handshake transcript */
     uint64_t seq;
     int64_t call_start_ms; /* when the collective in progress began (monotonic) */
     int call_kind;        /* and which it is (enum coll_kind) */
@@ -130,10 +180,14 @@ int coll_dead_announced(edl_comm *c);
 const char *coll_kind_name(int kind); /* "allreduce", ... */
 int coll_listen(edl_comm *c);
 void coll_close_peers(edl_comm *c);
-/* Connect the mesh of generation c->gen: to every lower rank, accept every higher one.
- * eps[i]: "addr:port" of rank i, tokens[i]: the token rank i published. */
+/* Connect the mesh of generation c->gen: to every lower rank, accept every higher one, each
+ * link authenticated by the handshake. eps[i]: "addr:port" of rank i, tokens[i]: the token
+ * rank i published. */
 int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t my_token,
                       int64_t deadline_ms);
+/* The join's barrier: every rank sends an authenticated ready frame on every link and
+ * receives one on every link, so a bad link anywhere in the mesh fails the join. */
+int coll_verify_links(edl_comm *c, int64_t deadline_ms);
 /* Send slen bytes to `to` while receiving rlen bytes from `from` (either may be -1), each as
  * one message with a header made from op: a stream of one block. */
 int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,

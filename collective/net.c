@@ -1,7 +1,8 @@
 /* net.c: the TCP side of the CPU group. One listening socket per process (kept across
  * generations), a full mesh of connections per generation (each rank connects to the lower
- * ranks and accepts the higher ones; a hello proves the connector read this generation's
- * rendezvous data), and the engine: coll_stream_run moves a stream of blocks to one peer
+ * ranks and accepts the higher ones; each link is authenticated with the job secret by a
+ * challenge-response, and the join ends with a ready frame both ways on every link), and the
+ * engine: coll_stream_run moves a stream of blocks to one peer
  * while another comes in from another peer (a ring or chain step after step; coll_sendrecv is
  * one block each way), on non-blocking sockets, behind a header that the receiver checks. */
 #define _GNU_SOURCE
@@ -12,6 +13,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/rand.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,14 +26,6 @@
 #include "internal.h"
 
 #define SOCK_BUF_BYTES (4 << 20)
-
-typedef struct coll_hello {
-    uint32_t magic;
-    uint16_t version, pad;
-    int64_t generation;
-    int32_t from, to, size, pad2;
-    uint64_t token; /* the token the receiver published for this generation */
-} coll_hello;
 
 static void tune_socket(int fd)
 {
@@ -135,21 +129,56 @@ static int write_all(int fd, const void *buf, size_t len, int64_t deadline)
     return 0;
 }
 
-static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int64_t deadline)
+/* Read exactly len bytes from a non-blocking fd before the deadline: 0, EDL_EPEER when the
+ * connection closed or failed first, EDL_ETIMEDOUT. */
+static int read_all(int fd, void *buf, size_t len, int64_t deadline)
 {
-    struct sockaddr_storage sa;
-    socklen_t salen;
-    if (resolve(ep, &sa, &salen) != 0) {
-        coll_set_err(c, "generation %" PRId64 ": rank %d published an endpoint that does not "
-                     "resolve, '%s'", c->gen, j, ep);
-        return EDL_EPROTO;
+    char *p = buf;
+    while (len) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EINTR))
+            return EDL_EPEER;
+        int64_t left = deadline - edl_monotonic_ms();
+        if (left <= 0)
+            return EDL_ETIMEDOUT;
+        struct pollfd p1 = {.fd = fd, .events = POLLIN};
+        poll(&p1, 1, (int)left);
     }
-    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    return 0;
+}
+
+static int new_nonce(edl_comm *c, uint8_t nonce[COLL_NONCE_BYTES])
+{
+    if (RAND_bytes(nonce, COLL_NONCE_BYTES) == 1)
+        return 0;
+    coll_set_err(c, "no random bytes for a handshake nonce (OpenSSL RAND_bytes failed)");
+    return EDL_EIO;
+}
+
+static int mac_of(edl_comm *c, const coll_link *l, enum coll_mac_kind kind, uint8_t *out)
+{
+    int rc = coll_link_mac(&c->secret, c->keys.job, l, kind, out);
+    if (rc)
+        coll_set_err(c, "cannot compute a link MAC (no job secret?)");
+    return rc;
+}
+
+/* One connection to rank j and the connector's side of the handshake. EDL_EPEER when the
+ * connection closed before the challenge came (the acceptor dropped it: worth a retry). */
+static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, socklen_t salen,
+                        uint64_t token, int64_t deadline, int *out)
+{
+    int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return EDL_EIO;
     tune_socket(fd);
     set_nonblock(fd);
-    int rc = connect(fd, (struct sockaddr *)&sa, salen);
+    int rc = connect(fd, (const struct sockaddr *)sa, salen);
     if (rc != 0 && errno == EINPROGRESS) {
         int64_t left = deadline - edl_monotonic_ms();
         struct pollfd p1 = {.fd = fd, .events = POLLOUT};
@@ -161,53 +190,188 @@ static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int6
         else
             errno = err ? err : ETIMEDOUT;
     }
-    coll_hello h = {.magic = COLL_HELLO_MAGIC, .version = COLL_PROTO_VERSION,
-                    .generation = c->gen, .from = c->rank, .to = j, .size = c->size,
-                    .token = token};
-    if (rc != 0 || write_all(fd, &h, sizeof h, deadline) != 0) {
-        coll_set_err(c, "generation %" PRId64 ": cannot connect to rank %d at %s: %s", c->gen, j,
-                     ep, strerror(errno));
+    coll_link *l = &c->links[j];
+    *l = (coll_link){.h = {.version = COLL_PROTO_VERSION, .generation = c->gen,
+                           .from = c->rank, .to = j, .size = c->size, .token = token}};
+    uint8_t hello[COLL_HELLO_BYTES], ch[64], mac[EDL_SECRET_MAC_BYTES], want[EDL_SECRET_MAC_BYTES];
+    if (rc != 0) {
+        coll_set_err(c, "cannot connect to rank %d: %s", j, strerror(errno));
         close(fd);
-        return EDL_EPEER;
+        return EDL_ECLOSED; /* not retried */
+    }
+    if ((rc = new_nonce(c, l->h.nonce)) != 0) {
+        close(fd);
+        return rc;
+    }
+    coll_hello_encode(&l->h, hello);
+    size_t chlen = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
+    if ((rc = write_all(fd, hello, sizeof hello, deadline)) == 0)
+        rc = read_all(fd, ch, chlen, deadline);
+    if (rc == EDL_EIO)
+        rc = EDL_EPEER; /* reset: dropped by the acceptor, like a close */
+    if (rc) {
+        coll_set_err(c, "rank %d closed the connection before its challenge (%s)", j,
+                     edl_strerror(rc));
+    } else if (coll_frame_parse(ch, chlen, COLL_CHALLENGE_MAGIC, l->nonce_a, mac) != 0) {
+        coll_set_err(c, "rank %d answered the hello with something that is not a challenge of "
+                     "protocol version %d", j, COLL_PROTO_VERSION);
+        rc = EDL_EAUTH;
+    } else if ((rc = mac_of(c, l, COLL_MAC_CHALLENGE, want)) == 0 &&
+               !edl_job_secret_mac_equal(mac, want)) {
+        coll_set_err(c, "rank %d did not prove that it holds this job's secret (from %s): the "
+                     "processes were given different secrets, or its endpoint in etcd is not "
+                     "an edl process of this job", j, c->secret.source);
+        rc = EDL_EAUTH;
+    }
+    if (!rc && (rc = mac_of(c, l, COLL_MAC_PROOF, mac)) == 0) {
+        coll_frame_encode(COLL_PROOF_MAGIC, NULL, mac, ch);
+        if (write_all(fd, ch, coll_frame_bytes(COLL_PROOF_MAGIC), deadline) != 0) {
+            coll_set_err(c, "rank %d closed the connection during the handshake", j);
+            rc = EDL_EPEER;
+        }
+    }
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    *out = fd;
+    return 0;
+}
+
+/* Connect to rank j and authenticate. A connection the acceptor dropped before challenging it
+ * (it had too many unauthenticated connections: see accept_peers) is tried again until the
+ * deadline. */
+static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int64_t deadline)
+{
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    if (resolve(ep, &sa, &salen) != 0) {
+        coll_set_err(c, "generation %" PRId64 ": rank %d published an endpoint that does not "
+                     "resolve, '%s'", c->gen, j, ep);
+        return EDL_EPROTO;
+    }
+    int fd = -1, rc, tries = 0;
+    while ((rc = handshake_to(c, j, &sa, salen, token, deadline, &fd)) == EDL_EPEER &&
+           edl_monotonic_ms() + 50 < deadline) {
+        if (tries++ == 0)
+            EDL_INFO("coll", "generation %" PRId64 ": %s; trying again every 50 ms", c->gen,
+                     c->err);
+        usleep(50 * 1000);
+    }
+    if (rc) {
+        char why[sizeof c->err];
+        snprintf(why, sizeof why, "%s", c->err);
+        coll_set_err(c, "generation %" PRId64 ": rank %d at %s: %s", c->gen, j, ep, why);
+        return rc == EDL_EAUTH || rc == EDL_EIO ? rc : EDL_EPEER;
     }
     c->fds[j] = fd;
     return 0;
 }
 
+/* An accepted connection that has not proved itself yet. */
 typedef struct pending {
     int fd;
+    int64_t until;     /* its handshake deadline */
+    bool challenged;   /* the hello was good and the challenge sent: reading the proof */
     size_t got;
-    coll_hello h;
+    uint8_t buf[COLL_HELLO_BYTES];
+    coll_link link;
     char from[64];
 } pending;
 
-/* Judge a complete hello: 1 = taken, 0 = dropped (and why is logged). */
-static int judge_hello(edl_comm *c, pending *p, uint64_t my_token)
+/* Does a well-formed hello fit this rank's generation? (why it does not is logged) */
+static bool hello_fits(edl_comm *c, const pending *p, const coll_hello *h, uint64_t my_token)
 {
-    const coll_hello *h = &p->h;
-    if (h->magic != COLL_HELLO_MAGIC || h->version != COLL_PROTO_VERSION) {
-        EDL_WARN("coll", "a connection from %s did not start with an edl hello (a stranger, or "
-                 "another program on this port): closed", p->from);
-        return 0;
-    }
     if (h->generation != c->gen) {
         EDL_INFO("coll", "a connection from %s for generation %" PRId64 " while this rank is in "
                  "generation %" PRId64 ": closed", p->from, h->generation, c->gen);
-        return 0;
+        return false;
     }
-    if (h->to != c->rank || h->size != c->size || h->from <= c->rank || h->from >= c->size ||
-        h->token != my_token) {
+    if (h->to != c->rank || h->size != c->size || h->from <= c->rank || h->token != my_token) {
         EDL_WARN("coll", "a hello from %s does not fit generation %" PRId64 " (from rank %d to "
                  "rank %d of %d; this is rank %d of %d%s): closed", p->from, c->gen, h->from,
                  h->to, h->size, c->rank, c->size, h->token != my_token ? "; wrong token" : "");
-        return 0;
+        return false;
     }
     if (c->fds[h->from] >= 0) {
-        EDL_WARN("coll", "a second connection from rank %d (%s): closed", h->from, p->from);
+        EDL_WARN("coll", "a hello for rank %d from %s, which has already joined: closed",
+                 h->from, p->from);
+        return false;
+    }
+    return true;
+}
+
+/* The hello is complete: challenge the connector. false: drop it. */
+static bool send_challenge(edl_comm *c, pending *p, uint64_t my_token)
+{
+    char why[200];
+    int r = coll_hello_parse(p->buf, p->got, &p->link.h, why, sizeof why);
+    if (r < 0)
+        EDL_WARN("coll", "a connection from %s %s (a stranger, or another program on this "
+                 "port): closed", p->from, why);
+    if (r != 0 || !hello_fits(c, p, &p->link.h, my_token))
+        return false;
+    uint8_t mac[EDL_SECRET_MAC_BYTES], frame[64];
+    if (new_nonce(c, p->link.nonce_a) || mac_of(c, &p->link, COLL_MAC_CHALLENGE, mac))
+        return false;
+    coll_frame_encode(COLL_CHALLENGE_MAGIC, p->link.nonce_a, mac, frame);
+    size_t len = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
+    /* a fresh socket's buffer takes 52 bytes at once; a connection that cannot is dropped */
+    if (send(p->fd, frame, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
+        return false;
+    p->challenged = true;
+    p->got = 0;
+    return true;
+}
+
+/* The proof is complete: 1 = authenticated (the slot is taken), 0 = dropped. */
+static int check_proof(edl_comm *c, pending *p)
+{
+    uint8_t mac[EDL_SECRET_MAC_BYTES], want[EDL_SECRET_MAC_BYTES];
+    int from = p->link.h.from;
+    if (coll_frame_parse(p->buf, p->got, COLL_PROOF_MAGIC, NULL, mac) != 0 ||
+        mac_of(c, &p->link, COLL_MAC_PROOF, want) != 0 || !edl_job_secret_mac_equal(mac, want)) {
+        EDL_WARN("coll", "a connection from %s claiming rank %d failed authentication (its "
+                 "proof does not match this job's secret from %s; a stranger, or a process "
+                 "given another secret): closed", p->from, from, c->secret.source);
         return 0;
     }
-    c->fds[h->from] = p->fd;
+    if (c->fds[from] >= 0) {
+        EDL_WARN("coll", "a second authenticated connection for rank %d (%s): closed", from,
+                 p->from);
+        return 0;
+    }
+    c->fds[from] = p->fd;
+    c->links[from] = p->link;
     return 1;
+}
+
+/* Move one pending connection on: 1 = authenticated, 0 = still pending, -1 = drop it. */
+static int step_pending(edl_comm *c, pending *p, uint64_t my_token)
+{
+    size_t want = p->challenged ? coll_frame_bytes(COLL_PROOF_MAGIC) : COLL_HELLO_BYTES;
+    ssize_t n = recv(p->fd, p->buf + p->got, want - p->got, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    if (n <= 0) {
+        if (p->challenged)
+            EDL_WARN("coll", "a connection from %s claiming rank %d closed without answering "
+                     "the challenge (a stranger, or a process given another secret)", p->from,
+                     p->link.h.from);
+        return -1;
+    }
+    p->got += (size_t)n;
+    if (!p->challenged) {
+        coll_hello h;
+        char why[200];
+        if (p->got < want && coll_hello_parse(p->buf, p->got, &h, why, sizeof why) < 0) {
+            EDL_WARN("coll", "a connection from %s %s (a stranger, or another program on this "
+                     "port): closed", p->from, why);
+            return -1; /* no need to wait for the rest of a stranger's bytes */
+        }
+        return p->got < want ? 0 : send_challenge(c, p, my_token) ? 0 : -1;
+    }
+    return p->got < want ? 0 : check_proof(c, p) ? 1 : -1;
 }
 
 static void describe_peer(int fd, char *out, size_t len)
@@ -221,69 +385,115 @@ static void describe_peer(int fd, char *out, size_t len)
     snprintf(out, len, "%s:%s", host, port);
 }
 
-/* Accept until every higher rank has said hello. Connections that never say anything (a
- * port scanner) cost nothing but a slot until the deadline. */
+enum {
+    MAX_PENDING = 64,       /* unauthenticated connections held at once */
+    HANDSHAKE_MS = 3000,    /* a connection's time to complete the handshake */
+};
+
+static void drop_pending(pending *pend, int *np, int i)
+{
+    close(pend[i].fd);
+    memmove(pend + i, pend + i + 1, sizeof pend[0] * (size_t)(*np - i - 1));
+    (*np)--;
+}
+
+/* Take every connection waiting on the listening socket. At most MAX_PENDING unauthenticated
+ * connections are held; when full, the oldest goes. That, rather than refusing newcomers,
+ * is what lets a real peer in during a flood: strangers who hold silent connections (or
+ * connections that stop after the hello) are the old ones, while a real peer sends its hello
+ * with the connection, is read at once (below) and answers the challenge within a round
+ * trip, so it is displaced only if MAX_PENDING strangers connect within that round trip. And
+ * a connector whose connection is dropped before its challenge tries again (connect_peer).
+ * Refusing newcomers instead would let MAX_PENDING silent strangers lock a real peer out for
+ * a whole HANDSHAKE_MS at a time, again and again. */
+static int take_new(edl_comm *c, pending *pend, int *np, uint64_t my_token, int *evicted)
+{
+    int taken = 0;
+    for (;;) {
+        int fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            return taken;
+        if (*np == MAX_PENDING) {
+            drop_pending(pend, np, 0);
+            (*evicted)++;
+        }
+        pending *p = &pend[*np];
+        *p = (pending){.fd = fd, .until = edl_monotonic_ms() + HANDSHAKE_MS};
+        describe_peer(fd, p->from, sizeof p->from);
+        (*np)++;
+        int r = step_pending(c, p, my_token);
+        if (r != 0) {
+            if (r > 0)
+                taken++;
+            else
+                close(fd);
+            (*np)--;
+        }
+    }
+}
+
+/* Accept until every higher rank has connected and proved it holds the job secret, before the
+ * deadline (the join's). A stranger's attempt costs it a pending slot until it fails, its
+ * handshake deadline passes or newer connections push it out; it never takes or blocks a
+ * rank's slot. */
 static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
 {
-    int need = c->size - 1 - c->rank;
-    enum { MAXP = 256 };
-    pending pend[MAXP];
-    int np = 0, rc = 0;
+    int need = c->size - 1 - c->rank, np = 0, rc = 0, evicted = 0;
+    pending pend[MAX_PENDING];
     while (need > 0) {
-        int64_t left = deadline - edl_monotonic_ms();
+        int64_t now = edl_monotonic_ms(), left = deadline - now;
         if (left <= 0) {
-            coll_set_err(c, "generation %" PRId64 ": %d higher rank(s) did not connect in time",
-                         c->gen, need);
+            coll_set_err(c, "generation %" PRId64 ": %d higher rank(s) did not connect and "
+                         "authenticate in time", c->gen, need);
             rc = EDL_ETIMEDOUT;
             break;
         }
-        struct pollfd pf[MAXP + 1];
+        struct pollfd pf[MAX_PENDING + 2];
+        int dfd = c->dead_watch ? edl_watch_fd(c->dead_watch) : -1;
         pf[0] = (struct pollfd){.fd = c->lfd, .events = POLLIN};
+        pf[1] = (struct pollfd){.fd = dfd, .events = POLLIN};
         for (int i = 0; i < np; i++)
-            pf[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
-        int r = poll(pf, (nfds_t)np + 1, left > 50 ? 50 : (int)left);
+            pf[i + 2] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+        int r = poll(pf, (nfds_t)np + 2, left > 50 ? 50 : (int)left);
         if (r < 0 && errno != EINTR) {
             rc = EDL_EIO;
             break;
         }
-        if (pf[0].revents & POLLIN) {
-            for (;;) {
-                int fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-                if (fd < 0)
-                    break;
-                if (np == MAXP) { /* a flood: drop the oldest silent one */
-                    close(pend[0].fd);
-                    memmove(pend, pend + 1, sizeof pend[0] * (MAXP - 1));
-                    np--;
-                }
-                pend[np] = (pending){.fd = fd};
-                describe_peer(fd, pend[np].from, sizeof pend[np].from);
-                np++;
-            }
+        if (dfd >= 0 && (pf[1].revents & POLLIN) && coll_dead_announced(c)) {
+            rc = EDL_EPEER;
+            break;
         }
-        for (int i = 0; i < np; i++) {
-            pending *p = &pend[i];
-            ssize_t n = recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, 0);
-            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        int np_old = np;
+        for (int i = 0; i < np_old && i < np; i++) {
+            if (!(pf[i + 2].revents & (POLLIN | POLLERR | POLLHUP)))
                 continue;
-            bool drop = n <= 0;
-            if (n > 0 && (p->got += (size_t)n) == sizeof p->h) {
-                if (judge_hello(c, p, my_token)) { /* taken: out of the list, fd kept */
-                    need--;
-                    pend[i--] = pend[--np];
-                    continue;
-                }
-                drop = true;
-            } else if (n > 0 && p->got >= 4 && p->h.magic != COLL_HELLO_MAGIC) {
-                drop = true; /* no need to wait for the rest of a stranger's bytes */
-                judge_hello(c, p, my_token); /* logs why */
-            }
-            if (drop) {
-                close(p->fd);
-                pend[i--] = pend[--np];
+            int s = step_pending(c, &pend[i], my_token);
+            if (s > 0)
+                need--;
+            if (s != 0) { /* taken (its fd kept) or dropped; keep pf[] aligned */
+                if (s < 0)
+                    close(pend[i].fd);
+                memmove(pend + i, pend + i + 1, sizeof pend[0] * (size_t)(np - i - 1));
+                memmove(pf + i + 2, pf + i + 3, sizeof pf[0] * (size_t)(np - i - 1));
+                np--;
+                np_old--;
+                i--;
             }
         }
+        if (pf[0].revents & POLLIN)
+            need -= take_new(c, pend, &np, my_token, &evicted);
+        now = edl_monotonic_ms();
+        for (int i = 0; i < np; i++)
+            if (now >= pend[i].until) {
+                EDL_INFO("coll", "a connection from %s did not complete the handshake within "
+                         "%d ms: closed", pend[i].from, HANDSHAKE_MS);
+                drop_pending(pend, &np, i--);
+            }
     }
+    if (evicted)
+        EDL_WARN("coll", "generation %" PRId64 ": %d unauthenticated connection(s) were closed "
+                 "to make room for newer ones (more than %d at once: a flood?)", c->gen,
+                 evicted, MAX_PENDING);
     for (int i = 0; i < np; i++)
         close(pend[i].fd);
     return rc;
@@ -292,12 +502,97 @@ static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
 int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t my_token,
                       int64_t deadline_ms)
 {
+    if (!c->secret.len) {
+        coll_set_err(c, "a group of %d ranks needs the job secret to authenticate its links: "
+                     "set " EDL_SECRET_FILE_ENV " to a private file of at least %d random bytes, "
+                     "the same for every process of the job (edl run makes one)", c->size,
+                     EDL_SECRET_MIN_BYTES);
+        return EDL_ECONFIG;
+    }
     for (int j = 0; j < c->rank; j++) {
         int rc = connect_peer(c, j, eps[j], tokens[j], deadline_ms);
         if (rc)
             return rc;
     }
     return accept_peers(c, my_token, deadline_ms);
+}
+
+/* The ready frame this rank sends to peer p, or expects from it. */
+static int ready_frame(edl_comm *c, int p, bool mine, uint8_t *frame)
+{
+    bool connector = p < c->rank; /* this rank connected to p */
+    enum coll_mac_kind k = connector == mine ? COLL_MAC_READY_CONNECTOR : COLL_MAC_READY_ACCEPTOR;
+    uint8_t mac[EDL_SECRET_MAC_BYTES];
+    int rc = mac_of(c, &c->links[p], k, mac);
+    if (!rc)
+        coll_frame_encode(COLL_READY_MAGIC, NULL, mac, frame);
+    return rc;
+}
+
+static int link_broken(edl_comm *c, int p, const char *what)
+{
+    coll_set_err(c, "generation %" PRId64 ": the link between ranks %d and %d failed the join's "
+                 "check (%s)", c->gen, c->rank, p, what);
+    return EDL_EPEER;
+}
+
+int coll_verify_links(edl_comm *c, int64_t deadline_ms)
+{
+    int n = c->size, rc = 0;
+    size_t flen = coll_frame_bytes(COLL_READY_MAGIC);
+    uint8_t (*in)[64] = calloc((size_t)n, sizeof *in);
+    size_t *got = calloc((size_t)n, sizeof *got);
+    struct pollfd *pf = calloc((size_t)n, sizeof *pf);
+    int *who = calloc((size_t)n, sizeof *who);
+    if (!in || !got || !pf || !who)
+        rc = EDL_ENOMEM;
+    for (int p = 0; !rc && p < n; p++) {
+        uint8_t frame[64];
+        if (p == c->rank)
+            continue;
+        if ((rc = ready_frame(c, p, true, frame)) == 0 &&
+            write_all(c->fds[p], frame, flen, deadline_ms) != 0)
+            rc = link_broken(c, p, "cannot send on it");
+    }
+    for (int left = n - 1; !rc && left > 0;) {
+        int np = 0;
+        for (int p = 0; p < n; p++)
+            if (p != c->rank && got[p] < flen) {
+                pf[np] = (struct pollfd){.fd = c->fds[p], .events = POLLIN};
+                who[np++] = p;
+            }
+        int64_t wait = deadline_ms - edl_monotonic_ms();
+        if (wait <= 0) {
+            rc = link_broken(c, who[0], "no ready frame before the join's deadline");
+            break;
+        }
+        poll(pf, (nfds_t)np, (int)(wait > 1000 ? 1000 : wait));
+        for (int i = 0; !rc && i < np; i++) {
+            int p = who[i];
+            if (!pf[i].revents)
+                continue;
+            ssize_t r = recv(c->fds[p], in[p] + got[p], flen - got[p], 0);
+            if (r < 0 && (errno == EAGAIN || errno == EINTR))
+                continue;
+            if (r <= 0) {
+                rc = link_broken(c, p, r == 0 ? "rank closed it" : strerror(errno));
+                break;
+            }
+            if ((got[p] += (size_t)r) < flen)
+                continue;
+            uint8_t want[64], mac[EDL_SECRET_MAC_BYTES];
+            if ((rc = ready_frame(c, p, false, want)) == 0 &&
+                (coll_frame_parse(in[p], flen, COLL_READY_MAGIC, NULL, mac) != 0 ||
+                 !edl_job_secret_mac_equal(mac, want + 4)))
+                rc = link_broken(c, p, "its ready frame did not verify");
+            left--;
+        }
+    }
+    free(in);
+    free(got);
+    free(pf);
+    free(who);
+    return rc;
 }
 
 /* ---- the message engine ---------------------------------------------------------------- */

@@ -13,13 +13,15 @@
  * step; EDL_TEST_STUCK_AT=S: in a first start (TORCHELASTIC_RESTART_COUNT 0) the last rank stops
  * at step S for ever, outside any collective, so its peers wait inside one (a hang);
  * EDL_TEST_EXIT_ON_FAILURE=1: a failed collective ends the process with exit 1, as an
- * unmodified torchrun trainer does, instead of re-forming in process. */
+ * unmodified torchrun trainer does, instead of re-forming in process. EDL_TEST_CUT_LINK=N: a
+ * broken link (see __wrap_send below). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -368,6 +370,46 @@ static int run_mismatch(edl_comm *c)
                            type && r == 1 ? EDL_FLOAT32 : EDL_INT32, EDL_SUM);
     printf("mismatch rank=%d rc=%d err=%s\n", r, rc, edl_coll_errmsg(c));
     return rc ? 0 : 1;
+}
+
+/* ---- fault injection ------------------------------------------------------------------------ */
+
+/* This program is linked with --wrap=connect and --wrap=send, which reroute libedlcoll's own
+ * calls (libcurl's, in a shared library, are not affected). With EDL_TEST_CUT_LINK=N the first
+ * connection libedlcoll opens (this rank's link to rank 0) is shut down right after its N-th
+ * send: the handshake (hello, proof: N = 2) reaches rank 0, then the link is dead, as when a
+ * middlebox drops it or rank 0 holds a connection that is not this process. With
+ * EDL_TEST_CONNECT_DELAY_MS=M the first connection waits M ms first (a slow peer). */
+int __real_connect(int fd, const struct sockaddr *sa, socklen_t len);
+ssize_t __real_send(int fd, const void *buf, size_t len, int flags);
+static int cut_fd = -1, cut_sends;
+static bool cut_armed = true;
+
+int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len);
+int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+    static bool delayed;
+    const char *delay = getenv("EDL_TEST_CONNECT_DELAY_MS");
+    if (!delayed && delay) {
+        delayed = true;
+        usleep((useconds_t)atoi(delay) * 1000);
+    }
+    if (cut_armed && getenv("EDL_TEST_CUT_LINK")) {
+        cut_fd = fd;
+        cut_armed = false;
+    }
+    return __real_connect(fd, sa, len);
+}
+
+ssize_t __wrap_send(int fd, const void *buf, size_t len, int flags);
+ssize_t __wrap_send(int fd, const void *buf, size_t len, int flags)
+{
+    ssize_t n = __real_send(fd, buf, len, flags);
+    if (fd == cut_fd && ++cut_sends == atoi(getenv("EDL_TEST_CUT_LINK"))) {
+        shutdown(fd, SHUT_RDWR);
+        cut_fd = -1;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)

@@ -8,7 +8,11 @@
  *   - a stopped (hung) peer: the others time out, then all re-form once it is back;
  *   - a worker joining during training gets the state by broadcast;
  *   - mismatched collectives, a stranger on the port and a rendezvous that never completes
- *     give clear errors. */
+ *     give clear errors;
+ *   - links are authenticated with the job secret: a stranger who read the endpoints and
+ *     tokens in etcd cannot take a rank's slot, a flood of them cannot stop a join, a process
+ *     with another secret (or none) is refused with a clear error, and a broken link between
+ *     two ranks that no barrier step pairs fails the join itself. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,11 +22,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,7 +37,9 @@
 #include "edl/log.h"
 #include "edl/agent_link.h"
 #include "edl/proc.h"
+#include "edl/secret.h"
 #include "harness.h"
+#include "internal.h" /* the link protocol's encoder, for the strangers */
 
 #define MAXW 8
 
@@ -46,6 +54,7 @@ static edl_etcd *cl;
 static char dir[64];
 static int job_seq;
 static char job[64];
+static char secret_env[128], other_secret_env[128]; /* EDL_JOB_SECRET_FILE=... */
 
 static int setup(void **state)
 {
@@ -55,6 +64,15 @@ static int setup(void **state)
     harness_open_etcd(1, NULL, &srv, &cl);
     snprintf(dir, sizeof dir, "/tmp/edl-coll-XXXXXX");
     assert_non_null(mkdtemp(dir));
+    const char *names[2] = {"secret", "other-secret"};
+    char *envs[2] = {secret_env, other_secret_env};
+    for (int i = 0; i < 2; i++) {
+        char path[96], why[256];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (edl_job_secret_generate(path, why, sizeof why) != 0)
+            fail_msg("%s", why);
+        snprintf(envs[i], sizeof secret_env, EDL_SECRET_FILE_ENV "=%s", path);
+    }
     return 0;
 }
 
@@ -71,7 +89,8 @@ static void new_job(void)
     snprintf(job, sizeof job, "coll%d-%d", (int)getpid(), ++job_seq);
 }
 
-/* Start coll_worker as rank of size in generation gen; extra: "NAME=value" strings. */
+/* Start coll_worker as rank of size in generation gen; extra: "NAME=value" strings. Every
+ * worker gets the job's secret file unless extra names EDL_JOB_SECRET_FILE itself. */
 static void start(worker *w, const char *mode, const char *arg, int rank, int size,
                   int64_t gen, bool control, const char *const *extra)
 {
@@ -90,8 +109,14 @@ static void start(worker *w, const char *mode, const char *arg, int rank, int si
     const char *set[32] = {vars[0], vars[1], vars[2], vars[3], vars[4], vars[5],
                            "PADDLE_CURRENT_ENDPOINT=127.0.0.1:1", "EDL_LOG_LEVEL=info"};
     size_t n = 8;
-    for (int i = 0; extra && extra[i] && n < 31; i++)
+    bool own_secret = false;
+    for (int i = 0; extra && extra[i] && n < 31; i++) {
         set[n++] = extra[i];
+        own_secret |= strncmp(extra[i], EDL_SECRET_FILE_ENV "=", strlen(EDL_SECRET_FILE_ENV) + 1)
+                      == 0;
+    }
+    if (!own_secret)
+        set[n++] = secret_env;
     char **env = edl_env_build(NULL, NULL, (char *const *)set);
     assert_non_null(env);
     char *argv[] = {(char *)EDL_COLL_WORKER, (char *)mode, (char *)arg, NULL};
@@ -433,27 +458,69 @@ static void test_mismatched_counts_and_types_fail_clearly(void **state)
     mismatch("type");
 }
 
+/* What rank published in etcd for generation 1 of this job (what any reader of etcd sees):
+ * its port and token, waiting up to 10 s for the entry. */
+static void read_entry(int rank, int *port, uint64_t *token)
+{
+    char key[256], val[512], name[32];
+    snprintf(name, sizeof name, EDL_GEN_CPU "%d", rank);
+    harness_job_key(key, sizeof key, job, EDL_KEY_GEN, name, 1);
+    int64_t end = harness_now_ms() + 10000;
+    while (!harness_get(cl, key, val, sizeof val) && harness_now_ms() < end)
+        harness_sleep_ms(20);
+    const char *pp = strstr(val, "\"port\":"), *tp = strstr(val, "\"token\":\"");
+    assert_non_null(pp);
+    assert_non_null(tp);
+    *port = atoi(pp + 7);
+    *token = strtoull(tp + 9, NULL, 16);
+}
+
+static int connect_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* A stranger's connection carrying a well-formed hello of this protocol for rank `from` with
+ * the token from etcd: everything but the secret. */
+static int stranger_hello(int port, int from, int to, int size, uint64_t token)
+{
+    int fd = connect_to(port);
+    coll_hello h = {.version = COLL_PROTO_VERSION, .generation = 1, .from = from, .to = to,
+                    .size = size, .token = token};
+    memset(h.nonce, 0x5a, sizeof h.nonce);
+    uint8_t buf[COLL_HELLO_BYTES];
+    coll_hello_encode(&h, buf);
+    assert_int_equal(write(fd, buf, sizeof buf), (ssize_t)sizeof buf);
+    return fd;
+}
+
+static void expect_verified(worker *w, int n)
+{
+    for (int r = 0; r < n; r++) {
+        char line[256];
+        int st = finish(&w[r], 60000);
+        if (st != 0 || !wait_line(&w[r], "verify ok", line, sizeof line, 0))
+            dump(&w[r]);
+        assert_int_equal(st, 0);
+    }
+}
+
 static void test_stranger_on_the_port_is_turned_away(void **state)
 {
     (void)state;
     new_job();
     worker w[2];
     start(&w[0], "verify", NULL, 0, 2, 1, false, NULL);
-    char key[256], val[512];
-    harness_job_key(key, sizeof key, job, EDL_KEY_GEN, EDL_GEN_CPU "0", 1);
-    int64_t end = harness_now_ms() + 10000;
-    while (!harness_get(cl, key, val, sizeof val) && harness_now_ms() < end)
-        harness_sleep_ms(20);
-    const char *pp = strstr(val, "\"port\":");
-    assert_non_null(pp);
-    int port = atoi(pp + 7);
+    int port;
+    uint64_t token;
+    read_entry(0, &port, &token);
     int s[3];
-    for (int i = 0; i < 3; i++) { /* garbage, a half hello, a silent connection */
-        s[i] = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        assert_int_equal(connect(s[i], (struct sockaddr *)&a, sizeof a), 0);
-    }
+    for (int i = 0; i < 3; i++) /* garbage, a half hello, a silent connection */
+        s[i] = connect_to(port);
     assert_true(write(s[0], "GET / HTTP/1.0\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 46) > 0);
     assert_true(write(s[1], "EDLH", 4) == 4);
     harness_sleep_ms(200);
@@ -469,6 +536,215 @@ static void test_stranger_on_the_port_is_turned_away(void **state)
     free(log);
     for (int i = 0; i < 3; i++)
         close(s[i]);
+}
+
+/* The handshake's parsers (pure: what a fuzzer will call): round trip, every prefix asks for
+ * more, and a wrong magic, version or impossible numbers are refused with a reason. */
+static void test_handshake_frames_parse_strictly(void **state)
+{
+    (void)state;
+    coll_hello h = {.version = COLL_PROTO_VERSION, .generation = 7, .from = 2, .to = 0,
+                    .size = 3, .token = 0x0123456789abcdefull}, back;
+    memset(h.nonce, 0x11, sizeof h.nonce);
+    uint8_t buf[COLL_HELLO_BYTES];
+    char why[200];
+    coll_hello_encode(&h, buf);
+    for (size_t n = 0; n < sizeof buf; n++)
+        assert_int_equal(coll_hello_parse(buf, n, &back, why, sizeof why), 1);
+    assert_int_equal(coll_hello_parse(buf, sizeof buf, &back, why, sizeof why), 0);
+    assert_true(back.version == h.version && back.generation == 7 && back.from == 2 &&
+                back.to == 0 && back.size == 3 && back.token == h.token);
+    assert_memory_equal(back.nonce, h.nonce, sizeof h.nonce);
+    uint8_t bad[COLL_HELLO_BYTES];
+    memcpy(bad, buf, sizeof bad);
+    bad[0] ^= 1;
+    assert_int_equal(coll_hello_parse(bad, 4, &back, why, sizeof why), EDL_EPROTO);
+    memcpy(bad, buf, sizeof bad);
+    bad[4] = 1; /* version 1: the unauthenticated protocol */
+    assert_int_equal(coll_hello_parse(bad, 6, &back, why, sizeof why), EDL_EPROTO);
+    assert_non_null(strstr(why, "version 1"));
+    h.from = 3; /* not a rank of a group of 3 */
+    coll_hello_encode(&h, bad);
+    assert_int_equal(coll_hello_parse(bad, sizeof bad, &back, why, sizeof why), EDL_EPROTO);
+    uint8_t mac[EDL_SECRET_MAC_BYTES], nonce[COLL_NONCE_BYTES], f[64], m2[EDL_SECRET_MAC_BYTES];
+    memset(mac, 0x22, sizeof mac);
+    memset(nonce, 0x33, sizeof nonce);
+    coll_frame_encode(COLL_CHALLENGE_MAGIC, nonce, mac, f);
+    size_t fl = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
+    uint8_t n2[COLL_NONCE_BYTES];
+    assert_int_equal(coll_frame_parse(f, fl - 1, COLL_CHALLENGE_MAGIC, n2, m2), 1);
+    assert_int_equal(coll_frame_parse(f, fl, COLL_CHALLENGE_MAGIC, n2, m2), 0);
+    assert_memory_equal(n2, nonce, sizeof nonce);
+    assert_memory_equal(m2, mac, sizeof mac);
+    assert_int_equal(coll_frame_parse(f, fl, COLL_PROOF_MAGIC, NULL, m2), EDL_EPROTO);
+}
+
+/* The attack of issue 12: a stranger reads the endpoints and tokens in etcd and sends rank 2's
+ * hello to rank 0 before rank 2 does (here rank 2 is slow: its first connection waits 1.5 s),
+ * then a made-up proof; another sends rank 2's hello and then nothing. Rank 0 must turn both
+ * away and take the real rank 2. */
+static void test_stranger_with_the_etcd_token_cannot_take_a_slot(void **state)
+{
+    (void)state;
+    new_job();
+    static const char *const extra[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=15000",
+                                        "EDL_COLL_TIMEOUT_MS=5000", NULL};
+    static const char *const slow[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=15000",
+                                       "EDL_COLL_TIMEOUT_MS=5000",
+                                       "EDL_TEST_CONNECT_DELAY_MS=1500", NULL};
+    worker w[3];
+    for (int r = 0; r < 3; r++)
+        start(&w[r], "verify", NULL, r, 3, 1, false, r == 2 ? slow : extra);
+    int port, p2;
+    uint64_t token, t2;
+    read_entry(0, &port, &token);
+    read_entry(2, &p2, &t2); /* the rendezvous is complete: rank 0 is accepting */
+    int mute = stranger_hello(port, 2, 0, 3, token), liar = stranger_hello(port, 2, 0, 3, token);
+    uint8_t challenge[64], proof[64] = {0};
+    size_t clen = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
+    size_t got = 0;
+    struct pollfd pf = {.fd = liar, .events = POLLIN};
+    while (got < clen && poll(&pf, 1, 5000) == 1) {
+        ssize_t n = read(liar, challenge + got, clen - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    assert_int_equal(got, clen); /* a well-formed hello is challenged... */
+    uint8_t mac[EDL_SECRET_MAC_BYTES];
+    memset(mac, 0xa5, sizeof mac);
+    coll_frame_encode(COLL_PROOF_MAGIC, NULL, mac, proof);
+    size_t plen = coll_frame_bytes(COLL_PROOF_MAGIC);
+    assert_int_equal(write(liar, proof, plen), (ssize_t)plen); /* ...and fails */
+    expect_verified(w, 3);
+    char *log = slurp(w[0].log);
+    assert_non_null(strstr(log, "claiming rank 2 failed authentication"));
+    free(log);
+    close(liar);
+    close(mute);
+}
+
+/* A peer given another secret is refused, and both sides say why, within the join's time. */
+static void test_peer_with_another_secret_is_refused(void **state)
+{
+    (void)state;
+    new_job();
+    static const char *const extra[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=10000", NULL};
+    const char *const other[] = {other_secret_env, "EDL_COLL_RENDEZVOUS_TIMEOUT_MS=10000", NULL};
+    worker w[2];
+    int64_t t0 = harness_now_ms();
+    start(&w[0], "verify", NULL, 0, 2, 1, false, extra);
+    start(&w[1], "verify", NULL, 1, 2, 1, false, other);
+    for (int r = 0; r < 2; r++) {
+        int st = finish(&w[r], 30000);
+        if (st != 4)
+            dump(&w[r]);
+        assert_int_equal(st, 4); /* edl_coll_open failed */
+    }
+    print_message("both refused after %lld ms\n", (long long)(harness_now_ms() - t0));
+    char *log1 = slurp(w[1].log), *log0 = slurp(w[0].log);
+    assert_non_null(strstr(log1, "did not prove that it holds this job's secret"));
+    assert_non_null(strstr(log0, "without answering the challenge"));
+    free(log1);
+    free(log0);
+}
+
+/* 60 silent connections and 60 that send rank 1's hello with the etcd token and then nothing,
+ * more than rank 0 holds at once: the real rank 1 still joins. */
+static void test_flood_of_strangers_cannot_stop_a_join(void **state)
+{
+    (void)state;
+    new_job();
+    static const char *const extra[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=20000",
+                                        "EDL_COLL_TIMEOUT_MS=5000", NULL};
+    worker w[2];
+    start(&w[0], "verify", NULL, 0, 2, 1, false, extra);
+    int port;
+    uint64_t token;
+    read_entry(0, &port, &token);
+    enum { N = 120 };
+    int s[N];
+    for (int i = 0; i < N; i++)
+        s[i] = i % 2 ? connect_to(port) : stranger_hello(port, 1, 0, 2, token);
+    harness_sleep_ms(300);
+    int64_t t0 = harness_now_ms();
+    start(&w[1], "verify", NULL, 1, 2, 1, false, extra);
+    expect_verified(w, 2);
+    print_message("joined and verified %lld ms after the flood\n",
+                  (long long)(harness_now_ms() - t0));
+    for (int i = 0; i < N; i++)
+        close(s[i]);
+}
+
+/* With 3 ranks no barrier step pairs ranks 0 and 2 (recursive doubling folds 0 into 1), so a
+ * broken link between them once surfaced only at the first collective that used it. Rank 2's
+ * link to rank 0 is cut right after its handshake (coll_worker's EDL_TEST_CUT_LINK): the join
+ * itself must fail, on every rank, naming the link. */
+static void test_broken_link_between_far_ranks_fails_the_join(void **state)
+{
+    (void)state;
+    new_job();
+    static const char *const extra[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=10000",
+                                        "EDL_COLL_TIMEOUT_MS=3000", NULL};
+    static const char *const cut[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=10000",
+                                      "EDL_COLL_TIMEOUT_MS=3000", "EDL_TEST_CUT_LINK=2", NULL};
+    worker w[3];
+    for (int r = 0; r < 3; r++)
+        start(&w[r], "verify", NULL, r, 3, 1, false, r == 2 ? cut : extra);
+    int named = 0;
+    for (int r = 0; r < 3; r++) {
+        int st = finish(&w[r], 30000);
+        if (st != 4)
+            dump(&w[r]);
+        assert_int_equal(st, 4); /* edl_coll_open failed: no collective ever ran */
+        char *log = slurp(w[r].log);
+        named += strstr(log, "the link between ranks 0 and 2") ||
+                 strstr(log, "the link between ranks 2 and 0");
+        free(log);
+    }
+    assert_true(named >= 1);
+}
+
+/* No secret: a group of more than one rank is refused at once, naming the variable; a group of
+ * one needs none. A secret file others can read is refused too. */
+static void test_no_secret_is_a_clear_error(void **state)
+{
+    (void)state;
+    new_job();
+    static const char *const none[] = {EDL_SECRET_FILE_ENV "=", NULL};
+    worker w[2];
+    int64_t t0 = harness_now_ms();
+    for (int r = 0; r < 2; r++)
+        start(&w[r], "verify", NULL, r, 2, 1, false, none);
+    for (int r = 0; r < 2; r++) {
+        int st = finish(&w[r], 30000);
+        if (st != 4)
+            dump(&w[r]);
+        assert_int_equal(st, 4);
+        char *log = slurp(w[r].log);
+        assert_non_null(strstr(log, "needs the job secret"));
+        assert_non_null(strstr(log, EDL_SECRET_FILE_ENV));
+        free(log);
+    }
+    assert_true(harness_now_ms() - t0 < 10000);
+    new_job();
+    start(&w[0], "verify", NULL, 0, 1, 1, false, none);
+    expect_verified(w, 1);
+    char path[96], env[160];
+    snprintf(path, sizeof path, "%s/open-secret", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("0123456789abcdef0123456789abcdef0123456789abcdef", f);
+    fclose(f);
+    chmod(path, 0644);
+    snprintf(env, sizeof env, EDL_SECRET_FILE_ENV "=%s", path);
+    const char *const open_file[] = {env, NULL};
+    new_job();
+    start(&w[0], "verify", NULL, 0, 2, 1, false, open_file);
+    assert_int_equal(finish(&w[0], 30000), 4);
+    char *log = slurp(w[0].log);
+    assert_non_null(strstr(log, "readable or writable by group or others"));
+    free(log);
 }
 
 static void test_rendezvous_timeout_names_the_missing_rank(void **state)
@@ -501,6 +777,14 @@ int main(void)
         cmocka_unit_test(test_mismatched_counts_and_types_fail_clearly),
         cmocka_unit_test(test_stranger_on_the_port_is_turned_away),
         cmocka_unit_test(test_rendezvous_timeout_names_the_missing_rank),
+        cmocka_unit_test(test_handshake_frames_parse_strictly),
+        cmocka_unit_test(test_stranger_with_the_etcd_token_cannot_take_a_slot),
+        cmocka_unit_test(test_peer_with_another_secret_is_refused),
+        cmocka_unit_test(test_flood_of_strangers_cannot_stop_a_join),
+        cmocka_unit_test(test_broken_link_between_far_ranks_fails_the_join),
+        cmocka_unit_test(test_no_secret_is_a_clear_error),
     };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*stranger*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

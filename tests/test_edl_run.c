@@ -253,6 +253,15 @@ static void test_every_rank_gets_the_exact_environment(void **state)
     }
     assert_string_not_equal(pods[0], pods[1]);
     assert_string_not_equal(pods[1], pods[2]);
+    /* one job secret for the run, the same file for every rank, removed when the run ended */
+    char secret[512], other[512];
+    snprintf(path, sizeof path, "%s/env.0", g_dir);
+    assert_non_null(env_value(path, "EDL_JOB_SECRET_FILE", secret, sizeof secret));
+    for (int r = 1; r < 3; r++) {
+        snprintf(path, sizeof path, "%s/env.%d", g_dir, r);
+        assert_string_equal(env_value(path, "EDL_JOB_SECRET_FILE", other, sizeof other), secret);
+    }
+    assert_int_equal(access(secret, F_OK), -1);
 }
 
 /* What a failing trainer wrote to TORCHELASTIC_ERROR_FILE (torch's @record format) reaches the

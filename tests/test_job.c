@@ -10,9 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "edl/agent_link.h"
 #include "edl/job.h"
+#include "edl/secret.h"
 
 /* Candidate pods p<i> with lease 100+i, join order as given. */
 static edl_pod *pods(const char *const *names, size_t n)
@@ -468,10 +471,92 @@ static void test_progress_lines(void **state)
             fail_msg("accepted: \"%s\"", bad[i]);
 }
 
+/* ---- the job secret --------------------------------------------------------------------- */
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+static void test_secret_generated_loads_and_macs(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/edl-secret-XXXXXX", path[64], why[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/s", dir);
+    assert_int_equal(edl_job_secret_generate(path, why, sizeof why), 0);
+    assert_int_equal(edl_job_secret_generate(path, why, sizeof why), EDL_EIO); /* never reused */
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(st.st_size, 32);
+    edl_job_secret a, b;
+    edl_job_secret_init(&a);
+    edl_job_secret_init(&b);
+    setenv(EDL_SECRET_FILE_ENV, path, 1);
+    unsetenv(EDL_SECRET_ENV);
+    assert_int_equal(edl_job_secret_load(&a, why, sizeof why), 0);
+    assert_int_equal(a.len, 32);
+    unsetenv(EDL_SECRET_FILE_ENV);
+    setenv(EDL_SECRET_ENV, "0123456789abcdef0123456789abcdef", 1);
+    assert_int_equal(edl_job_secret_load(&b, why, sizeof why), 0);
+    uint8_t m1[EDL_SECRET_MAC_BYTES], m2[EDL_SECRET_MAC_BYTES], m3[EDL_SECRET_MAC_BYTES];
+    assert_int_equal(edl_job_secret_mac(&a, "msg", 3, m1), 0);
+    assert_int_equal(edl_job_secret_mac(&a, "msg", 3, m2), 0);
+    assert_int_equal(edl_job_secret_mac(&b, "msg", 3, m3), 0);
+    assert_true(edl_job_secret_mac_equal(m1, m2));
+    assert_false(edl_job_secret_mac_equal(m1, m3)); /* another secret, another MAC */
+    edl_job_secret_clear(&a);
+    assert_int_equal(a.len, 0);
+    assert_int_equal(edl_job_secret_mac(&a, "msg", 3, m1), EDL_EINVAL);
+    unsetenv(EDL_SECRET_ENV);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_secret_refuses_what_is_unsafe(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/edl-secret-XXXXXX", path[64], why[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/s", dir);
+    edl_job_secret s;
+    edl_job_secret_init(&s);
+    unsetenv(EDL_SECRET_FILE_ENV);
+    unsetenv(EDL_SECRET_ENV);
+    assert_int_equal(edl_job_secret_load(&s, why, sizeof why), EDL_ENOTFOUND);
+    assert_non_null(strstr(why, EDL_SECRET_FILE_ENV));
+    write_file(path, "0123456789abcdef0123456789abcdef", 0644); /* others can read it */
+    assert_int_equal(edl_job_secret_load_file(&s, path, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "group or others"));
+    write_file(path, "too short", 0600);
+    assert_int_equal(edl_job_secret_load_file(&s, path, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "holds 9 bytes"));
+    assert_int_equal(edl_job_secret_load_file(&s, dir, why, sizeof why), EDL_ECONFIG);
+    assert_int_equal(edl_job_secret_load_file(&s, "/nonexistent/x", why, sizeof why),
+                     EDL_ECONFIG);
+    setenv(EDL_SECRET_FILE_ENV, path, 1);
+    setenv(EDL_SECRET_ENV, "0123456789abcdef0123456789abcdef", 1);
+    assert_int_equal(edl_job_secret_load(&s, why, sizeof why), EDL_ECONFIG); /* both */
+    unsetenv(EDL_SECRET_FILE_ENV);
+    setenv(EDL_SECRET_ENV, "short", 1);
+    assert_int_equal(edl_job_secret_load(&s, why, sizeof why), EDL_ECONFIG);
+    assert_int_equal(s.len, 0); /* untouched on error */
+    unsetenv(EDL_SECRET_ENV);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_progress_lines),
+        cmocka_unit_test(test_secret_generated_loads_and_macs),
+        cmocka_unit_test(test_secret_refuses_what_is_unsafe),
         cmocka_unit_test(test_first_generation_ranks_in_join_order),
         cmocka_unit_test(test_leave_fills_hole_with_highest_rank),
         cmocka_unit_test(test_rank0_survives_scale_down),
