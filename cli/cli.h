@@ -29,6 +29,11 @@ void cli_state_dir(char *buf, size_t n);
  * code with the reason in why (the directory is not private, the file is a link, ...). */
 int cli_state_write(const char *job, const edl_etcd_config *etcd, char *why, size_t whylen);
 int cli_state_read(const char *job, edl_etcd_config *etcd, char *why, size_t whylen);
+/* A new directory (mode 0700) for the throwaway certificates of edl run's own etcd, in the state
+ * directory (else in $TMPDIR or /tmp when that is not private): its path in out. */
+int cli_state_tls_dir(const char *job, char *out, size_t n, char *why, size_t whylen);
+/* Delete the certificates (edl_etcd_tls_make's files) and the directory. */
+void cli_state_tls_remove(const char *dir);
 /* Whether this machine runs the job under `edl run` (its state file is there). */
 bool cli_state_exists(const char *job);
 void cli_state_remove(const char *job);

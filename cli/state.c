@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "edl/etcd_server.h"
 #include "edl/proc.h"
 
 void cli_state_dir(char *buf, size_t n)
@@ -44,6 +46,33 @@ static int private_dir(bool create, char *dir, size_t n, char *why, size_t whyle
                         "a directory" : "not a directory", (unsigned)st.st_uid,
                         (unsigned)(st.st_mode & 0777));
     return 0;
+}
+
+int cli_state_tls_dir(const char *job, char *out, size_t n, char *why, size_t whylen)
+{
+    char dir[512];
+    const char *tmp = getenv("TMPDIR");
+    int rc = private_dir(true, dir, sizeof dir, why, whylen);
+    if (rc)
+        snprintf(dir, sizeof dir, "%s", tmp && *tmp ? tmp : "/tmp");
+    snprintf(out, n, "%s/%s.tls.XXXXXX", dir, job);
+    if (!mkdtemp(out)) /* mode 0700 */
+        return edl_errf(why, whylen, EDL_EIO, "cannot create a directory %s: %s", out,
+                        strerror(errno));
+    return 0;
+}
+
+void cli_state_tls_remove(const char *dir)
+{
+    static const char *const files[] = {EDL_ETCD_TLS_CA, EDL_ETCD_TLS_SERVER_CERT,
+                                        EDL_ETCD_TLS_SERVER_KEY, EDL_ETCD_TLS_CLIENT_CERT,
+                                        EDL_ETCD_TLS_CLIENT_KEY};
+    char path[PATH_MAX];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
 }
 
 static void state_path(const char *dir, const char *job, char *buf, size_t n)
