@@ -719,11 +719,12 @@ int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
             EDL_ERROR("coll", "EDL_RANK=%d is not within EDL_WORLD_SIZE=%d", c->rank, c->size);
             rc = EDL_ECONFIG;
         } else {
+            char err[600] = "";
             rc = edl_job_keys_init(&c->keys, prefix && *prefix ? prefix : NULL, job);
             if (!rc)
-                rc = edl_etcd_open_endpoints(eps, &c->etcd);
+                rc = edl_etcd_open_env(&c->etcd, err, sizeof err); /* the agent's TLS and auth */
             if (rc)
-                EDL_ERROR("coll", "cannot use etcd at %s: %s", eps, edl_strerror(rc));
+                EDL_ERROR("coll", "cannot use etcd at %s: %s", eps, err[0] ? err : edl_strerror(rc));
         }
     } else {
         c->rank = 0; /* no rendezvous possible: a group of one */
