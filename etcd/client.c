@@ -64,6 +64,8 @@ void edl_etcd_config_clear(edl_etcd_config *cfg)
     free(cfg->cert_file);
     free(cfg->key_file);
     free(cfg->username);
+    if (cfg->password)
+        explicit_bzero(cfg->password, strlen(cfg->password));
     free(cfg->password);
     free(cfg->password_file);
     memset(cfg, 0, sizeof *cfg);
