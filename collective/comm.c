@@ -622,7 +622,7 @@ static int join_loop(edl_comm *c, bool first)
         }
         EDL_WARN("coll", "generation %" PRId64 ": joining failed: %s", c->gen, c->err);
         coll_close_peers(c);
-        if (rc == EDL_ENOMEM || rc == EDL_ECONFIG)
+        if (rc == EDL_ENOMEM || rc == EDL_ECONFIG || rc == EDL_EAUTH) /* no retry helps */
             return rc;
         publish_dead(c, c->err);
         c->broken = true;

@@ -1,7 +1,8 @@
 /* test_etcd_tls_programs.c: every program against an etcd that requires client certificates
  * and against one with auth on: the settings of edl/etcd.h's options (flags and EDL_ETCD_*),
  * passed on by the agent to its trainer (libedlcoll, checkpoints); a missing certificate or a
- * wrong password is exit code 3 with a message that names the endpoint; and `edl run`, whose
+ * wrong password is exit code 3 with a message that names the endpoint (libedlcoll: its open
+ * fails, naming it); and `edl run`, whose
  * own etcd is https with client certificates unless --insecure. */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -141,6 +142,14 @@ static void clear_env(void)
         unsetenv(names[i]);
 }
 
+/* Each test starts with no etcd settings in the environment, whatever a failed one left. */
+static int clean_env(void **state)
+{
+    (void)state;
+    clear_env();
+    return 0;
+}
+
 static edl_etcd *tls_client(void)
 {
     edl_etcd *c;
@@ -227,6 +236,23 @@ static void assert_refused(const char *const *argv, const char *endpoint, const 
                   (int)strcspn(line, "\n"), line);
 }
 
+/* libedlcoll in a trainer with no agent (a fixed generation, as bench/allreduce runs it) as
+ * rank 0 of 2: it publishes its rendezvous entry first, so etcd's refusal ends edl_coll_open
+ * at once. coll_worker's exit status and output. */
+static int coll_alone(char *out, size_t outlen)
+{
+    static const char *const vars[][2] = {
+        {"EDL_JOB_ID", "cj"}, {"EDL_RANK", "0"}, {"EDL_WORLD_SIZE", "2"},
+        {"EDL_GENERATION", "1"}, {"PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0"}};
+    for (size_t i = 0; i < 5; i++)
+        setenv(vars[i][0], vars[i][1], 1);
+    const char *argv[] = {EDL_COLL_WORKER, "verify", NULL};
+    int rc = run(argv, out, outlen, 60000);
+    for (size_t i = 0; i < 5; i++)
+        unsetenv(vars[i][0]);
+    return rc;
+}
+
 static void assert_all_refused(const char *endpoint, const char *what)
 {
     const char *agent[] = {EDL_AGENT_BIN, "--job", "rj", "--startup-timeout", "3", "--",
@@ -240,6 +266,11 @@ static void assert_all_refused(const char *endpoint, const char *what)
     assert_refused(status, endpoint, what);
     assert_refused(scale, endpoint, what);
     assert_refused(stop, endpoint, what);
+    char out[16384];
+    int rc = coll_alone(out, sizeof out); /* libedlcoll: edl_coll_open fails, naming etcd */
+    if (rc != 4 || !strstr(out, endpoint) || !strstr(out, "init failed"))
+        fail_msg("libedlcoll %s: exit %d, expected 4 naming %s:\n%s", what, rc, endpoint, out);
+    print_message("libedlcoll %s: %s", what, strstr(out, "init failed"));
 }
 
 static void test_missing_or_foreign_client_certificate_is_exit_3(void **state)
@@ -259,6 +290,9 @@ static void test_wrong_password_is_exit_3(void **state)
     setenv("EDL_ETCD_USER", "trainer", 1);
     setenv("EDL_ETCD_PASSWORD_FILE", path("wrong.pw"), 1);
     assert_all_refused(auth_ep(), "with a wrong password");
+    char msg[16384];
+    assert_int_equal(coll_alone(msg, sizeof msg), 4); /* a refusal no retry can change */
+    assert_non_null(strstr(msg, edl_strerror(EDL_EAUTH)));
     /* the right password (a flag overrides the environment) works */
     char out[8192];
     const char *st[] = {EDL_CLI_BIN, "status", "rj", "--password-file", path("right.pw"), NULL};
@@ -386,11 +420,11 @@ static void test_edl_run_checkpoints_over_tls_and_insecure_http(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_programs_work_over_client_certificates),
-        cmocka_unit_test(test_missing_or_foreign_client_certificate_is_exit_3),
-        cmocka_unit_test(test_wrong_password_is_exit_3),
-        cmocka_unit_test(test_edl_run_own_etcd_requires_client_certificates),
-        cmocka_unit_test(test_edl_run_checkpoints_over_tls_and_insecure_http),
+        cmocka_unit_test_setup(test_programs_work_over_client_certificates, clean_env),
+        cmocka_unit_test_setup(test_missing_or_foreign_client_certificate_is_exit_3, clean_env),
+        cmocka_unit_test_setup(test_wrong_password_is_exit_3, clean_env),
+        cmocka_unit_test_setup(test_edl_run_own_etcd_requires_client_certificates, clean_env),
+        cmocka_unit_test_setup(test_edl_run_checkpoints_over_tls_and_insecure_http, clean_env),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
