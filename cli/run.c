@@ -507,7 +507,8 @@ static const char run_usage[] =
     "Our own etcd requires TLS client certificates: a throwaway CA and certificates are made\n"
     "in a private (0700) directory, given to the job server and agents (and by them to the\n"
     "trainers as EDL_ETCD_CACERT/CERT/KEY), and deleted at the end. To use an etcd of yours\n"
-    "instead, give --etcd and, as it needs, the other flags below (default: EDL_ETCD_*):\n"
+    "instead, give --etcd (EDL_ETCD_ENDPOINTS alone does not) and, as it needs, the other\n"
+    "flags below (those default to their EDL_ETCD_* variables):\n"
     EDL_ETCD_OPTIONS_HELP
     "\n"
     "Exit codes: 0 the job succeeded, 1 it failed, 2 usage error, 3 etcd could not be started\n"
