@@ -113,9 +113,15 @@ static int wait_for_spec(agent *a, int sfd)
             }
             continue;
         }
+        if (rc == EDL_EAUTH) { /* waiting will not change the answer */
+            EDL_ERROR("agent", "%s; %s", edl_etcd_errmsg(a->etcd), edl_etcd_advice(rc));
+            edl_watch_close(w);
+            return EDL_EXIT_UNREACHABLE;
+        }
         if (!reached && edl_monotonic_ms() >= deadline) {
-            EDL_ERROR("agent", "etcd unreachable for %lld s at start-up: %s; check --etcd and that "
-                      "etcd runs", (long long)(a->o->startup_timeout_ms / 1000), edl_etcd_errmsg(a->etcd));
+            EDL_ERROR("agent", "etcd unreachable for %lld s at start-up: %s; %s",
+                      (long long)(a->o->startup_timeout_ms / 1000), edl_etcd_errmsg(a->etcd),
+                      edl_etcd_advice(rc));
             edl_watch_close(w);
             return EDL_EXIT_UNREACHABLE;
         }
@@ -210,7 +216,7 @@ static void start_trainer(agent *a, int rank)
     char **env = NULL;
     int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
     if (rc == 0) {
-        agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd_endpoints = a->o->etcd,
+        agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd = &a->o->etcd,
                               .prefix = a->o->prefix, .role = a->o->role, .spec = &a->spec,
                               .generation = &a->generation, .rank = rank,
                               .master_port = a->master_port,
@@ -498,16 +504,12 @@ static void agent_free(agent *a)
 
 static int connect_etcd(agent *a)
 {
-    edl_etcd_config cfg;
-    edl_etcd_config_init(&cfg);
+    edl_etcd_config cfg = a->o->etcd; /* borrowed: edl_etcd_open copies it */
     cfg.timeout_ms = 2000; /* short calls keep the loop responsive while etcd is away */
     cfg.connect_timeout_ms = 1000;
-    int rc = edl_etcd_config_set_endpoints(&cfg, a->o->etcd);
-    if (rc == 0)
-        rc = edl_etcd_open(&cfg, &a->etcd);
-    edl_etcd_config_clear(&cfg);
+    int rc = edl_etcd_open(&cfg, &a->etcd);
     if (rc)
-        EDL_ERROR("agent", "invalid etcd endpoints '%s': %s", a->o->etcd, edl_strerror(rc));
+        EDL_ERROR("agent", "invalid etcd settings: %s", edl_strerror(rc));
     return rc;
 }
 

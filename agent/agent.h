@@ -24,7 +24,7 @@
  * the agent left gracefully on signal N. */
 
 typedef struct agent_opts {
-    char *etcd;           /* comma-separated endpoints */
+    edl_etcd_config etcd; /* endpoints, TLS and auth: flags, else EDL_ETCD_* (checked) */
     char *job, *pod, *prefix, *addr, *role, *host;
     int64_t ttl_s;        /* 0: the spec's */
     int port, metrics_port;
@@ -37,7 +37,8 @@ typedef struct agent_opts {
 /* ---- env.c ---------------------------------------------------------------------------- */
 
 typedef struct agent_env_input {
-    const char *job, *pod, *etcd_endpoints, *prefix, *role;
+    const char *job, *pod, *prefix, *role;
+    const edl_etcd_config *etcd; /* passed on as EDL_ETCD_ENDPOINTS and the TLS/auth names */
     const edl_job_spec *spec;
     const edl_generation *generation; /* the generation the trainer starts for */
     int rank;                   /* this pod's rank in it */

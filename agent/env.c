@@ -10,7 +10,7 @@
 /* Names the agent sets (or removes): inherited values of these never reach the trainer. */
 static const char *const owned[] = {
     "EDL_JOB_ID", "EDL_POD_ID", "EDL_RANK", "EDL_WORLD_SIZE", "EDL_GENERATION",
-    "EDL_ETCD_ENDPOINTS", "EDL_ETCD_PREFIX", "EDL_ELASTIC_MODE", "EDL_CHECKPOINT_URI",
+    EDL_ETCD_ENV_NAMES, "EDL_ETCD_PREFIX", "EDL_ELASTIC_MODE", "EDL_CHECKPOINT_URI",
     "EDL_CONTROL_FD", "EDL_PROGRESS_FD", "RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
@@ -111,6 +111,19 @@ static void local_ranks(const edl_generation *g, int rank, int *local_rank, int 
         }
 }
 
+/* The etcd settings, so that libedlcoll and checkpoints connect as the agent does. */
+static void set_etcd(strv *s, const edl_etcd_config *cfg)
+{
+    char **env = NULL;
+    if (edl_etcd_config_env(cfg, &env) != 0) {
+        strv_push(s, NULL);
+        return;
+    }
+    for (char **e = env; *e; e++)
+        strv_push(s, strdup(*e));
+    edl_env_free(env);
+}
+
 /* edl's own names. */
 static void set_edl(strv *s, const agent_env_input *in)
 {
@@ -119,7 +132,7 @@ static void set_edl(strv *s, const agent_env_input *in)
     setf(s, "EDL_RANK", "%d", in->rank);
     setf(s, "EDL_WORLD_SIZE", "%zu", in->generation->n_members);
     setf(s, "EDL_GENERATION", "%lld", (long long)in->generation->generation);
-    setf(s, "EDL_ETCD_ENDPOINTS", "%s", in->etcd_endpoints);
+    set_etcd(s, in->etcd);
     setf(s, "EDL_ETCD_PREFIX", "%s", in->prefix);
     setf(s, "EDL_ELASTIC_MODE", "%s", edl_elastic_mode_name(in->spec->mode));
     if (in->spec->checkpoint_uri)

@@ -21,7 +21,7 @@ static const char usage_text[] =
     "generation this pod is a member of (see docs/agent.md).\n"
     "\n"
     "options:\n"
-    "  --etcd URLS          etcd endpoints, comma-separated (default: $EDL_ETCD_ENDPOINTS)\n"
+    EDL_ETCD_OPTIONS_HELP
     "  --job NAME           the job to join\n"
     "  --pod NAME           this pod's name (default: $EDL_POD_ID, else $HOSTNAME, else the host name)\n"
     "  --prefix PREFIX      etcd key prefix (default: /edl/v1)\n"
@@ -40,7 +40,8 @@ static const char usage_text[] =
     "  0        the job succeeded\n"
     "  1        the job failed\n"
     "  2        usage error or invalid configuration (options, job spec)\n"
-    "  3        etcd unreachable at start-up\n"
+    "  3        etcd unreachable at start-up, or it refused our TLS certificate or\n"
+    "           credentials (the message names the endpoint)\n"
     "  4        the job was stopped (edl stop)\n"
     "  128+N    left gracefully on signal N (SIGTERM: 143, SIGINT: 130)\n";
 
@@ -73,13 +74,13 @@ static char *env_or(const char *name, const char *dflt)
     return (v && *v) ? strdup(v) : dflt ? strdup(dflt) : NULL;
 }
 
-enum { O_ETCD = 256, O_JOB, O_POD, O_PREFIX, O_TTL, O_ADDR, O_PORT, O_MPORT, O_MADDR, O_GRACE,
+enum { O_JOB = 256, O_POD, O_PREFIX, O_TTL, O_ADDR, O_PORT, O_MPORT, O_MADDR, O_GRACE,
        O_ROLE, O_LOG, O_STARTUP, O_HELP };
 
 static int parse_args(int argc, char **argv, agent_opts *o)
 {
     static const struct option longs[] = {
-        {"etcd", required_argument, 0, O_ETCD}, {"job", required_argument, 0, O_JOB},
+        EDL_ETCD_LONG_OPTIONS, {"job", required_argument, 0, O_JOB},
         {"pod", required_argument, 0, O_POD}, {"prefix", required_argument, 0, O_PREFIX},
         {"ttl", required_argument, 0, O_TTL}, {"addr", required_argument, 0, O_ADDR},
         {"port", required_argument, 0, O_PORT}, {"metrics-port", required_argument, 0, O_MPORT},
@@ -88,12 +89,16 @@ static int parse_args(int argc, char **argv, agent_opts *o)
         {"log-level", required_argument, 0, O_LOG}, {"startup-timeout", required_argument, 0, O_STARTUP},
         {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     long long v;
-    int c;
+    int c, idx = 0;
+    char err[600];
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+h", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+h", longs, &idx)) != -1) {
         char **str = NULL;
         switch (c) {
-        case O_ETCD: str = &o->etcd; break;
+        case EDL_ETCD_OPT:
+            if (edl_etcd_config_set_option(&o->etcd, longs[idx].name, optarg, err, sizeof err))
+                return bad("%s", err);
+            break;
         case O_JOB: str = &o->job; break;
         case O_POD: str = &o->pod; break;
         case O_PREFIX: str = &o->prefix; break;
@@ -152,8 +157,11 @@ static int parse_args(int argc, char **argv, agent_opts *o)
 
 static int fill_defaults(agent_opts *o)
 {
-    char hn[256] = "";
-    if (!o->etcd && !(o->etcd = env_or("EDL_ETCD_ENDPOINTS", NULL)))
+    char hn[256] = "", err[600];
+    if (edl_etcd_config_from_env(&o->etcd, err, sizeof err) ||
+        edl_etcd_config_check(&o->etcd, err, sizeof err))
+        return bad("%s", err);
+    if (o->etcd.n_endpoints == 0)
         return bad("%s", "no etcd endpoints: give --etcd or set EDL_ETCD_ENDPOINTS");
     if (!o->job)
         return bad("%s", "--job is required");
@@ -187,7 +195,7 @@ static int fill_defaults(agent_opts *o)
 
 static void opts_free(agent_opts *o)
 {
-    free(o->etcd);
+    edl_etcd_config_clear(&o->etcd);
     free(o->job);
     free(o->pod);
     free(o->prefix);
@@ -201,6 +209,7 @@ int main(int argc, char **argv)
 {
     edl_log_setup_from_env();
     agent_opts o = {.grace_ms = 10000, .startup_timeout_ms = 30000};
+    edl_etcd_config_init(&o.etcd);
     int rc = parse_args(argc, argv, &o);
     if (rc == 0)
         rc = fill_defaults(&o);

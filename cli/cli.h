@@ -13,8 +13,9 @@
 
 /* Options every subcommand takes. */
 typedef struct cli_common {
-    const char *etcd;   /* --etcd, else $EDL_ETCD_ENDPOINTS, else the local job's state file */
-    const char *prefix; /* --prefix (EDL_DEFAULT_PREFIX) */
+    edl_etcd_config etcd; /* flags (edl/etcd.h), else EDL_ETCD_*, else the local job's state
+                           * file; cleared by cli_connect */
+    const char *prefix;   /* --prefix (EDL_DEFAULT_PREFIX) */
 } cli_common;
 
 /* The most agents `edl run` starts on one machine. */
@@ -23,10 +24,16 @@ typedef struct cli_common {
 /* state.c: the files `edl run` leaves for other terminals, in a private directory:
  * $EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid> (see state.c). */
 void cli_state_dir(char *buf, size_t n);
-/* Write / read <state dir>/<job>.endpoints (the local job's etcd endpoints): 0, or an EDL_E*
+/* Write / read <state dir>/<job>.endpoints: how to reach the local job's etcd (endpoints, TLS
+ * and auth, as EDL_ETCD_* lines); read fills only the settings still unset. 0, or an EDL_E*
  * code with the reason in why (the directory is not private, the file is a link, ...). */
-int cli_state_write(const char *job, const char *endpoints, char *why, size_t whylen);
-int cli_state_read(const char *job, char *endpoints, size_t n, char *why, size_t whylen);
+int cli_state_write(const char *job, const edl_etcd_config *etcd, char *why, size_t whylen);
+int cli_state_read(const char *job, edl_etcd_config *etcd, char *why, size_t whylen);
+/* A new directory (mode 0700) for the throwaway certificates of edl run's own etcd, in the state
+ * directory (else in $TMPDIR or /tmp when that is not private): its path in out. */
+int cli_state_tls_dir(const char *job, char *out, size_t n, char *why, size_t whylen);
+/* Delete the certificates (edl_etcd_tls_make's files) and the directory. */
+void cli_state_tls_remove(const char *dir);
 /* Whether this machine runs the job under `edl run` (its state file is there). */
 bool cli_state_exists(const char *job);
 void cli_state_remove(const char *job);
@@ -38,8 +45,11 @@ int cli_state_new_secret(const char *job, char *path, size_t n, bool *tmpdir, ch
                          size_t whylen);
 void cli_state_drop_secret(const char *path, bool tmpdir);
 
-/* Connect to the job's etcd (resolving the endpoints as above). Prints why on failure. */
-int cli_connect(const cli_common *co, const char *job, edl_etcd **out);
+/* Connect to the job's etcd (resolving the settings as above, then checked). Prints why on
+ * failure and returns an exit code. Clears co->etcd either way. */
+int cli_connect(cli_common *co, const char *job, edl_etcd **out);
+/* Hand one of edl/etcd.h's flags to co->etcd: 0, or -1 after printing why. */
+int cli_etcd_option(edl_etcd_config *etcd, const char *flag, const char *value);
 
 /* Read the spec (EDL_ENOTFOUND when the job does not exist); *mod: its mod_revision. */
 int cli_read_spec(edl_etcd *c, const edl_job_keys *k, edl_job_spec *spec, int64_t *mod);

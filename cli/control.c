@@ -11,27 +11,51 @@
 #include "cli.h"
 #include "edl/json.h"
 
-int cli_connect(const cli_common *co, const char *job, edl_etcd **out)
+/* What every control subcommand's --help adds: the etcd settings and the exit codes. */
+#define CONTROL_HELP                                                                            \
+    "\nOptions to reach the job's etcd (default: the local job's, when edl run runs it):\n"      \
+    EDL_ETCD_OPTIONS_HELP                                                                       \
+    "\nExit codes: 0 done, 1 no such job, 2 usage or invalid settings, 3 etcd unreachable or\n" \
+    "it refused our TLS certificate or credentials (the message names the endpoint).\n"
+
+int cli_etcd_option(edl_etcd_config *etcd, const char *flag, const char *value)
 {
-    char buf[4096];
-    const char *ep = co->etcd;
-    if (!ep || !*ep)
-        ep = getenv("EDL_ETCD_ENDPOINTS");
-    if (!ep || !*ep) {
-        char why[600];
-        if (cli_state_read(job, buf, sizeof buf, why, sizeof why) != 0) {
-            fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
-                            "EDL_ETCD_ENDPOINTS (%s)\n", job, why);
-            return EDL_EXIT_USAGE;
-        }
-        ep = buf;
+    char err[600];
+    if (edl_etcd_config_set_option(etcd, flag, value, err, sizeof err) == 0)
+        return 0;
+    fprintf(stderr, "edl: %s\n", err);
+    return -1;
+}
+
+/* The settings: flags, else the environment, else the local job's state file; checked. */
+static int resolve_etcd(edl_etcd_config *etcd, const char *job)
+{
+    char err[600], why[700];
+    if (edl_etcd_config_from_env(etcd, err, sizeof err) != 0) {
+        fprintf(stderr, "edl: %s\n", err);
+        return EDL_EXIT_USAGE;
     }
-    int rc = edl_etcd_open_endpoints(ep, out);
-    if (rc) {
-        fprintf(stderr, "edl: etcd endpoints \"%s\": %s\n", ep, edl_strerror(rc));
+    if (etcd->n_endpoints == 0 && cli_state_read(job, etcd, why, sizeof why) != 0) {
+        fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
+                        "EDL_ETCD_ENDPOINTS (%s)\n", job, why);
+        return EDL_EXIT_USAGE;
+    }
+    if (edl_etcd_config_check(etcd, err, sizeof err) != 0) {
+        fprintf(stderr, "edl: %s\n", err);
         return EDL_EXIT_USAGE;
     }
     return 0;
+}
+
+int cli_connect(cli_common *co, const char *job, edl_etcd **out)
+{
+    int rc = resolve_etcd(&co->etcd, job);
+    if (!rc && edl_etcd_open(&co->etcd, out) != 0) {
+        fprintf(stderr, "edl: invalid etcd settings for job \"%s\"\n", job);
+        rc = EDL_EXIT_USAGE;
+    }
+    edl_etcd_config_clear(&co->etcd);
+    return rc;
 }
 
 int cli_read_spec(edl_etcd *c, const edl_job_keys *k, edl_job_spec *spec, int64_t *mod)
@@ -113,16 +137,20 @@ static int parse_common(int argc, char **argv, const char *usage, cli_common *co
                         bool *wait)
 {
     static const struct option opts[] = {
-        {"etcd", required_argument, 0, 'e'}, {"prefix", required_argument, 0, 'p'},
+        EDL_ETCD_LONG_OPTIONS,               {"prefix", required_argument, 0, 'p'},
         {"json", no_argument, 0, 'J'},       {"no-wait", no_argument, 0, 'W'},
         {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
     };
     co->prefix = EDL_DEFAULT_PREFIX;
-    int ch;
+    edl_etcd_config_init(&co->etcd);
+    int ch, idx = 0;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
         switch (ch) {
-        case 'e': co->etcd = optarg; break;
+        case EDL_ETCD_OPT:
+            if (cli_etcd_option(&co->etcd, opts[idx].name, optarg))
+                goto bad;
+            break;
         case 'p': co->prefix = optarg; break;
         case 'J':
             if (!json)
@@ -134,13 +162,16 @@ static int parse_common(int argc, char **argv, const char *usage, cli_common *co
                 goto bad;
             *wait = false;
             break;
-        case 'h': printf("%s", usage); exit(0);
+        case 'h':
+            printf("%s%s", usage, CONTROL_HELP);
+            exit(0);
         default: goto bad;
         }
     }
     return optind;
 bad:
     fprintf(stderr, "%s", usage);
+    edl_etcd_config_clear(&co->etcd);
     return -1;
 }
 
@@ -151,14 +182,15 @@ typedef struct job_ctx {
     edl_etcd *c;
 } job_ctx;
 
-/* The name, keys and client; an exit code on failure (said why). */
-static int job_open(const cli_common *co, const char *name, job_ctx *j)
+/* The name, keys and client; an exit code on failure (said why). Clears co->etcd. */
+static int job_open(cli_common *co, const char *name, job_ctx *j)
 {
     memset(j, 0, sizeof *j);
     j->name = name;
     if (edl_job_keys_init(&j->k, co->prefix, name) != 0) {
         fprintf(stderr, "edl: job name \"%s\" is not valid: use 1-128 of [A-Za-z0-9._-], not "
                         "starting with '.' or '-'\n", name);
+        edl_etcd_config_clear(&co->etcd);
         return EDL_EXIT_USAGE;
     }
     int rc = cli_connect(co, name, &j->c);
@@ -182,6 +214,7 @@ static int open_job(int argc, char **argv, const char *usage, cli_common *co, bo
         return EDL_EXIT_USAGE;
     if (argc - i != 1) {
         fprintf(stderr, "%s", usage);
+        edl_etcd_config_clear(&co->etcd);
         return EDL_EXIT_USAGE;
     }
     return job_open(co, argv[i], j);
@@ -195,13 +228,32 @@ static int report_etcd_error(const job_ctx *j, int rc)
     }
     if (rc == EDL_ECONFIG)
         return EDL_EXIT_USAGE;
-    fprintf(stderr, "edl: job %s: %s (%s)\n", j->name, edl_strerror(rc), edl_etcd_errmsg(j->c));
+    fprintf(stderr, "edl: job %s: %s (%s)%s%s\n", j->name, edl_strerror(rc),
+            edl_etcd_errmsg(j->c), *edl_etcd_advice(rc) ? "; " : "", edl_etcd_advice(rc));
     return EDL_EXIT_UNREACHABLE;
 }
 
 static void set_replicas(edl_job_spec *s, void *arg)
 {
     s->replicas = *(int *)arg;
+}
+
+/* The replica count of `edl scale JOB N`: 0, or -1 after saying why. */
+static int scale_count(const char *job, const char *s, long *n)
+{
+    char *end;
+    *n = strtol(s, &end, 10);
+    if (!*s || *end || *n < 0 || *n > EDL_MEMBERS_MAX) {
+        fprintf(stderr, "edl scale: expected a replica count 0..%d, got \"%s\"\n",
+                EDL_MEMBERS_MAX, s);
+        return -1;
+    }
+    if (*n > CLI_LOCAL_AGENTS_MAX && cli_state_exists(job)) {
+        fprintf(stderr, "edl scale: job %s runs under edl run on this machine, which starts at "
+                        "most %d agents; nothing changed\n", job, CLI_LOCAL_AGENTS_MAX);
+        return -1;
+    }
+    return 0;
 }
 
 int cli_scale(int argc, char **argv)
@@ -211,23 +263,15 @@ int cli_scale(int argc, char **argv)
         "Sets how many pods the job should have. The launcher (edl run) or the operator starts\n"
         "or stops pods to match; pods beyond the spec's max wait as standbys.\n";
     cli_common co = {0};
+    long n = 0;
     int i = parse_common(argc, argv, usage, &co, NULL, NULL);
     if (i < 0)
         return EDL_EXIT_USAGE;
-    if (argc - i != 2) {
+    int bad = argc - i != 2;
+    if (bad)
         fprintf(stderr, "%s", usage);
-        return EDL_EXIT_USAGE;
-    }
-    char *end;
-    long n = strtol(argv[i + 1], &end, 10);
-    if (!*argv[i + 1] || *end || n < 0 || n > EDL_MEMBERS_MAX) {
-        fprintf(stderr, "edl scale: expected a replica count 0..%d, got \"%s\"\n",
-                EDL_MEMBERS_MAX, argv[i + 1]);
-        return EDL_EXIT_USAGE;
-    }
-    if (n > CLI_LOCAL_AGENTS_MAX && cli_state_exists(argv[i])) {
-        fprintf(stderr, "edl scale: job %s runs under edl run on this machine, which starts at "
-                        "most %d agents; nothing changed\n", argv[i], CLI_LOCAL_AGENTS_MAX);
+    if (bad || scale_count(argv[i], argv[i + 1], &n) != 0) {
+        edl_etcd_config_clear(&co.etcd);
         return EDL_EXIT_USAGE;
     }
     job_ctx j;

@@ -17,9 +17,10 @@ static void usage(FILE *out)
             "  stop JOB                                          stop the job\n"
             "\n"
             "Each command takes --help. scale, status and stop find a local job's etcd by itself;\n"
-            "elsewhere pass --etcd URLS or set EDL_ETCD_ENDPOINTS.\n"
-            "Exit codes: 0 success, 1 job failed or not found, 2 usage, 3 etcd unreachable,\n"
-            "4 job stopped.\n");
+            "elsewhere pass --etcd URLS (and --cacert, --cert, --key, --user, --password-file as\n"
+            "it needs) or set EDL_ETCD_ENDPOINTS (and EDL_ETCD_CACERT, ...).\n"
+            "Exit codes: 0 success, 1 job failed or not found, 2 usage, 3 etcd unreachable or it\n"
+            "refused our TLS certificate or credentials, 4 job stopped.\n");
 }
 
 int main(int argc, char **argv)

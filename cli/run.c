@@ -46,7 +46,8 @@ typedef struct child {
 typedef struct run_opts {
     edl_job_spec spec;
     const char *job;
-    const char *etcd;
+    edl_etcd_config etcd;     /* --etcd and its TLS/auth flags: an etcd of the user's */
+    bool insecure;            /* our own etcd on plain http */
     const char *prefix;
     int64_t grace_ms;
     char **trainer;           /* argv after "--" */
@@ -55,7 +56,9 @@ typedef struct run_opts {
 typedef struct launcher {
     run_opts o;
     edl_etcd_server *srv;
-    const char *endpoints;
+    char tls_dir[PATH_MAX];   /* our own etcd's throwaway certificates ("" for none) */
+    edl_etcd_config cfg;      /* how everyone reaches the job's etcd */
+    char **child_env;         /* the environment of the job server and agents: cfg as EDL_ETCD_* */
     edl_etcd *c;
     char agent_bin[PATH_MAX], js_bin[PATH_MAX];
     child js;
@@ -121,7 +124,8 @@ static int spawn(launcher *l, child *k, char **argv)
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0)
         return EDL_EIO;
-    edl_spawn_opts so = {.argv = argv, .out = p[1], .err = p[1], .new_group = true};
+    edl_spawn_opts so = {.argv = argv, .envp = l->child_env, .out = p[1], .err = p[1],
+                         .new_group = true};
     char err[512];
     pid_t pid;
     int rc = edl_spawn(&so, &pid, err, sizeof err);
@@ -189,8 +193,6 @@ static int start_agent(launcher *l)
     char *argv[64 + 1024];
     size_t a = 0;
     argv[a++] = l->agent_bin;
-    argv[a++] = "--etcd";
-    argv[a++] = (char *)l->endpoints;
     argv[a++] = "--job";
     argv[a++] = (char *)l->o.job;
     argv[a++] = "--pod";
@@ -226,9 +228,9 @@ static int start_jobserver(launcher *l)
     char mport[16];
     int port = edl_free_port(LOCAL_METRICS_ADDR);
     snprintf(mport, sizeof mport, "%d", port);
-    char *argv[] = {l->js_bin, "--etcd", (char *)l->endpoints, "--job", (char *)l->o.job,
-                    "--prefix", (char *)l->o.prefix, "--id", id, "--ttl", "5",
-                    "--metrics-port", mport, "--metrics-addr", LOCAL_METRICS_ADDR, NULL};
+    char *argv[] = {l->js_bin, "--job", (char *)l->o.job, "--prefix", (char *)l->o.prefix,
+                    "--id", id, "--ttl", "5", "--metrics-port", mport, "--metrics-addr",
+                    LOCAL_METRICS_ADDR, NULL};
     if (port)
         say("job server metrics: http://%s:%d/metrics", LOCAL_METRICS_ADDR, port);
     return spawn(l, &l->js, argv);
@@ -506,7 +508,7 @@ static const char run_usage[] =
     "  --np MIN:MAX              members the job trains with (a single N means N:N)\n"
     "  --replicas N              agents to start (default: MAX); beyond MAX they are standbys\n"
     "  --job NAME                job name (default: edl-job)\n"
-    "  --etcd URLS               use this etcd instead of starting one\n"
+    "  --insecure                start our own etcd on plain http, without TLS (for debugging)\n"
     "  --prefix PREFIX           etcd key prefix (default: " EDL_DEFAULT_PREFIX ")\n"
     "  --ttl SECONDS             agents' lease TTL: how long a crashed pod goes unnoticed (10)\n"
     "  --settle-ms MS            joins within this window form one generation (1000)\n"
@@ -521,12 +523,19 @@ static const char run_usage[] =
     "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
     "  -h, --help                this text\n"
     "\n"
+    "Our own etcd requires TLS client certificates: a throwaway CA and certificates are made\n"
+    "in a private (0700) directory, given to the job server and agents (and by them to the\n"
+    "trainers as EDL_ETCD_CACERT/CERT/KEY), and deleted at the end. To use an etcd of yours\n"
+    "instead, give --etcd (EDL_ETCD_ENDPOINTS alone does not) and, as it needs, the other\n"
+    "flags below (those default to their EDL_ETCD_* variables):\n"
+    EDL_ETCD_OPTIONS_HELP
     "The trainers' collective links are authenticated with a job secret made for this run (a\n"
     "0600 file in the state directory, named by EDL_JOB_SECRET_FILE, removed at the end); a\n"
     "secret already named by EDL_JOB_SECRET_FILE or EDL_JOB_SECRET is used instead.\n"
     "\n"
     "Exit codes: 0 the job succeeded, 1 it failed, 2 usage error, 3 etcd could not be started\n"
-    "or reached, 4 the job was stopped (edl stop), 130/143 interrupted by SIGINT/SIGTERM.\n";
+    "or reached, or refused our TLS certificate or credentials (the message names the\n"
+    "endpoint), 4 the job was stopped (edl stop), 130/143 interrupted by SIGINT/SIGTERM.\n";
 
 static int parse_np(const char *s, int *min, int *max)
 {
@@ -560,11 +569,36 @@ static int parse_long(const char *opt, const char *s, long lo, long hi, long *ou
     return 0;
 }
 
+/* The settings of an etcd of the user's (flags, else EDL_ETCD_*), or none with --insecure. */
+static int check_etcd_opts(run_opts *o)
+{
+    char err[600];
+    bool given = o->etcd.n_endpoints > 0;
+    if (o->insecure && given) {
+        fprintf(stderr, "edl run: --insecure is for our own etcd; with --etcd, the URL's scheme "
+                        "decides\n");
+        return -1;
+    }
+    if (!given && (o->etcd.ca_file || o->etcd.cert_file || o->etcd.key_file || o->etcd.username ||
+                   o->etcd.password_file)) {
+        fprintf(stderr, "edl run: --cacert, --cert, --key, --user and --password-file are for "
+                        "an etcd of yours (--etcd); our own makes its certificates\n");
+        return -1;
+    }
+    if (given && (edl_etcd_config_from_env(&o->etcd, err, sizeof err) ||
+                  edl_etcd_config_check(&o->etcd, err, sizeof err))) {
+        fprintf(stderr, "edl run: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_run(int argc, char **argv, run_opts *o)
 {
     static const struct option opts[] = {
         {"np", required_argument, 0, 'n'},          {"replicas", required_argument, 0, 'r'},
-        {"job", required_argument, 0, 'j'},         {"etcd", required_argument, 0, 'e'},
+        {"job", required_argument, 0, 'j'},         EDL_ETCD_LONG_OPTIONS,
+        {"insecure", no_argument, 0, 'I'},
         {"prefix", required_argument, 0, 'p'},      {"ttl", required_argument, 0, 't'},
         {"settle-ms", required_argument, 0, 's'},   {"max-restarts", required_argument, 0, 'm'},
         {"restart-policy", required_argument, 0, 'P'},
@@ -581,11 +615,16 @@ static int parse_run(int argc, char **argv, run_opts *o)
     o->prefix = EDL_DEFAULT_PREFIX;
     o->grace_ms = 10000;
     bool have_np = false;
-    int ch;
+    int ch, idx = 0;
     long v;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "+h", opts, &idx)) != -1) {
         switch (ch) {
+        case EDL_ETCD_OPT:
+            if (cli_etcd_option(&o->etcd, opts[idx].name, optarg))
+                return -1;
+            break;
+        case 'I': o->insecure = true; break;
         case 'n':
             if (parse_np(optarg, &o->spec.min, &o->spec.max)) {
                 fprintf(stderr, "edl run: --np %s: expected MIN:MAX or N, 1 <= MIN <= MAX\n",
@@ -600,7 +639,6 @@ static int parse_run(int argc, char **argv, run_opts *o)
             o->spec.replicas = (int)v;
             break;
         case 'j': o->job = optarg; break;
-        case 'e': o->etcd = optarg; break;
         case 'p': o->prefix = optarg; break;
         case 't':
             if (parse_long("--ttl", optarg, 1, 86400, &v))
@@ -672,6 +710,8 @@ static int parse_run(int argc, char **argv, run_opts *o)
         fprintf(stderr, "edl run: --np MIN:MAX is required (see --help)\n");
         return -1;
     }
+    if (check_etcd_opts(o) != 0)
+        return -1;
     if (edl_spec_desired_pods(&o->spec) > MAX_KIDS) {
         fprintf(stderr, "edl run: %d agents asked for (--replicas, else the MAX of --np); edl run "
                         "starts at most %d on one machine\n", edl_spec_desired_pods(&o->spec),
@@ -735,27 +775,19 @@ static int open_signals(void)
     return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
-/* The given etcd, or one of our own on loopback, and a client of it: 0 or an exit code. */
-static int open_etcd(launcher *l)
+/* Our own etcd's throwaway CA and certificates, in l->tls_dir: 0 or an exit code. */
+static int make_certs(launcher *l)
 {
-    if (l->o.etcd) {
-        l->endpoints = l->o.etcd;
-    } else {
-        edl_etcd_server_opts so = {.quiet = true};
-        int rc = edl_etcd_server_open(&so, &l->srv);
-        if (rc) {
-            fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
-                            "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
-                    edl_strerror(rc));
-            return EDL_EXIT_UNREACHABLE;
-        }
-        l->endpoints = edl_etcd_server_endpoints(l->srv);
-        say("started etcd at %s (data in %s, removed at exit)", l->endpoints,
-            edl_etcd_server_data_dir(l->srv));
+    char why[700];
+    int rc = cli_state_tls_dir(l->o.job, l->tls_dir, sizeof l->tls_dir, why, sizeof why);
+    if (rc) {
+        l->tls_dir[0] = '\0';
+        fprintf(stderr, "edl run: %s\n", why);
+        return EDL_EXIT_UNREACHABLE;
     }
-    if (edl_etcd_open_endpoints(l->endpoints, &l->c) != 0) {
-        fprintf(stderr, "edl run: bad etcd endpoints \"%s\"\n", l->endpoints);
-        return EDL_EXIT_USAGE;
+    if ((rc = edl_etcd_tls_make(l->tls_dir, 30, why, sizeof why)) != 0) {
+        fprintf(stderr, "edl run: certificates for our etcd: %s (or run with --insecure)\n", why);
+        return EDL_EXIT_UNREACHABLE;
     }
     return 0;
 }
@@ -780,6 +812,74 @@ static int prepare_secret(launcher *l)
     return 0;
 }
 
+/* A file of l->tls_dir (malloc'ed, NULL without TLS). */
+static char *tls_file(const launcher *l, const char *name)
+{
+    char *p = NULL;
+    if (l->tls_dir[0] && asprintf(&p, "%s/%s", l->tls_dir, name) < 0)
+        p = NULL;
+    return p;
+}
+
+/* Our own etcd on loopback, https with client certificates unless --insecure; l->cfg reaches
+ * it. 0 or an exit code. */
+static int start_own_etcd(launcher *l)
+{
+    int rc = l->o.insecure ? 0 : make_certs(l);
+    if (rc)
+        return rc;
+    l->cfg.ca_file = tls_file(l, EDL_ETCD_TLS_CA);
+    l->cfg.cert_file = tls_file(l, EDL_ETCD_TLS_CLIENT_CERT);
+    l->cfg.key_file = tls_file(l, EDL_ETCD_TLS_CLIENT_KEY);
+    char *srv_cert = tls_file(l, EDL_ETCD_TLS_SERVER_CERT);
+    char *srv_key = tls_file(l, EDL_ETCD_TLS_SERVER_KEY);
+    edl_etcd_server_opts so = {.quiet = true, .tls_cert_file = srv_cert, .tls_key_file = srv_key,
+                               .tls_ca_file = l->cfg.ca_file, .tls_client_cert_auth = !l->o.insecure,
+                               .tls_client_cert_file = l->cfg.cert_file,
+                               .tls_client_key_file = l->cfg.key_file};
+    rc = edl_etcd_server_open(&so, &l->srv);
+    free(srv_cert);
+    free(srv_key);
+    if (rc) {
+        fprintf(stderr, "edl run: could not start etcd (%s); is etcd installed "
+                        "(Debian: apt-get install etcd-server)? Or pass --etcd URL.\n",
+                edl_strerror(rc));
+        return EDL_EXIT_UNREACHABLE;
+    }
+    rc = edl_etcd_config_set_endpoints(&l->cfg, edl_etcd_server_endpoints(l->srv));
+    if (l->o.insecure)
+        say("started etcd at %s without TLS (--insecure; data in %s, removed at exit)",
+            edl_etcd_server_endpoints(l->srv), edl_etcd_server_data_dir(l->srv));
+    else
+        say("started etcd at %s, client certificates required (certificates in %s, data in "
+            "%s, both removed at exit)", edl_etcd_server_endpoints(l->srv), l->tls_dir,
+            edl_etcd_server_data_dir(l->srv));
+    return rc ? EDL_EXIT_UNREACHABLE : 0;
+}
+
+/* The given etcd, or one of our own on loopback; a client of it and the children's
+ * environment. 0 or an exit code. */
+static int open_etcd(launcher *l)
+{
+    static const char *const names[] = {EDL_ETCD_ENV_NAMES, NULL};
+    char **env = NULL;
+    int rc = 0;
+    if (l->o.etcd.n_endpoints > 0)
+        l->cfg = l->o.etcd; /* moved: o.etcd no longer owns it */
+    else
+        rc = start_own_etcd(l);
+    memset(&l->o.etcd, 0, sizeof l->o.etcd);
+    if (rc)
+        return rc;
+    if (edl_etcd_config_env(&l->cfg, &env) != 0 ||
+        !(l->child_env = edl_env_build(NULL, names, env)) || edl_etcd_open(&l->cfg, &l->c) != 0) {
+        fprintf(stderr, "edl run: cannot set up the etcd client\n");
+        rc = EDL_EXIT_USAGE;
+    }
+    edl_env_free(env);
+    return rc;
+}
+
 /* The job in etcd, the state file, the watch and the job server; then the loop until the job
  * ends. Returns the exit code. */
 static int run_job(launcher *l, bool *wrote_state)
@@ -788,12 +888,10 @@ static int run_job(launcher *l, bool *wrote_state)
     if (rc)
         return rc == EDL_ECONFLICT ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
     char why[700];
-    if (cli_state_write(l->o.job, l->endpoints, why, sizeof why) != 0)
+    if (cli_state_write(l->o.job, &l->cfg, why, sizeof why) != 0)
         say("warning: no state file for edl scale/status/stop (pass them --etcd): %s", why);
     else
         *wrote_state = true;
-    if ((rc = prepare_secret(l)) != 0)
-        return rc;
     edl_watch_opts wo = {.prefix = true};
     if (edl_watch_open(l->c, edl_str(l->k.job), &wo, &l->w) != 0)
         l->w = NULL; /* then it polls every 200 ms */
@@ -814,13 +912,17 @@ static int run_job(launcher *l, bool *wrote_state)
 int cli_run(int argc, char **argv)
 {
     launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .desired = 0};
+    edl_etcd_config_init(&l.o.etcd);
+    edl_etcd_config_init(&l.cfg);
     if (parse_run(argc, argv, &l.o) != 0) {
         edl_spec_clear(&l.o.spec);
+        edl_etcd_config_clear(&l.o.etcd);
         return EDL_EXIT_USAGE;
     }
     l.desired = edl_spec_desired_pods(&l.o.spec);
     if (edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
         edl_spec_clear(&l.o.spec);
+        edl_etcd_config_clear(&l.o.etcd);
         return EDL_EXIT_UNREACHABLE;
     }
     l.started_ms = edl_monotonic_ms();
@@ -828,7 +930,9 @@ int cli_run(int argc, char **argv)
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
     l.sigfd = open_signals();
     bool wrote_state = false;
-    int ret = open_etcd(&l);
+    int ret = prepare_secret(&l); /* first: the children's environment names it */
+    if (!ret)
+        ret = open_etcd(&l);
     if (!ret)
         ret = run_job(&l, &wrote_state);
     shutdown_rest(&l);
@@ -840,6 +944,11 @@ int cli_run(int argc, char **argv)
         cli_state_drop_secret(l.secret, l.secret_tmpdir);
     edl_etcd_close(l.c);
     edl_etcd_server_close(l.srv);
+    if (l.tls_dir[0])
+        cli_state_tls_remove(l.tls_dir);
+    edl_etcd_config_clear(&l.cfg);
+    edl_etcd_config_clear(&l.o.etcd);
+    edl_env_free(l.child_env);
     edl_spec_clear(&l.o.spec);
     edl_job_keys_clear(&l.k);
     close(l.sigfd);

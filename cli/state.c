@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 
 #include "cli.h"
 #include "edl/secret.h"
+#include "edl/etcd_server.h"
+#include "edl/proc.h"
 
 void cli_state_dir(char *buf, size_t n)
 {
@@ -46,24 +49,75 @@ static int private_dir(bool create, char *dir, size_t n, char *why, size_t whyle
     return 0;
 }
 
+int cli_state_tls_dir(const char *job, char *out, size_t n, char *why, size_t whylen)
+{
+    char dir[512];
+    const char *tmp = getenv("TMPDIR");
+    int rc = private_dir(true, dir, sizeof dir, why, whylen);
+    if (rc)
+        snprintf(dir, sizeof dir, "%s", tmp && *tmp ? tmp : "/tmp");
+    snprintf(out, n, "%s/%s.tls.XXXXXX", dir, job);
+    if (!mkdtemp(out)) /* mode 0700 */
+        return edl_errf(why, whylen, EDL_EIO, "cannot create a directory %s: %s", out,
+                        strerror(errno));
+    return 0;
+}
+
+void cli_state_tls_remove(const char *dir)
+{
+    static const char *const files[] = {EDL_ETCD_TLS_CA, EDL_ETCD_TLS_SERVER_CERT,
+                                        EDL_ETCD_TLS_SERVER_KEY, EDL_ETCD_TLS_CLIENT_CERT,
+                                        EDL_ETCD_TLS_CLIENT_KEY};
+    char path[PATH_MAX];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 static void state_path(const char *dir, const char *job, char *buf, size_t n)
 {
     snprintf(buf, n, "%s/%s.endpoints", dir, job);
 }
 
-int cli_state_write(const char *job, const char *endpoints, char *why, size_t whylen)
+/* The settings as text: one NAME=value line per environment name of edl/etcd.h. */
+static char *state_text(const edl_etcd_config *etcd)
+{
+    char **env = NULL, *text = NULL;
+    size_t len = 1;
+    if (edl_etcd_config_env(etcd, &env) != 0)
+        return NULL;
+    for (char **e = env; *e; e++)
+        len += strlen(*e) + 1;
+    if ((text = malloc(len)) != NULL) {
+        text[0] = '\0';
+        for (char **e = env; *e; e++)
+            strcat(strcat(text, *e), "\n");
+    }
+    edl_env_free(env);
+    return text;
+}
+
+int cli_state_write(const char *job, const edl_etcd_config *etcd, char *why, size_t whylen)
 {
     char dir[512], path[700], tmp[720];
     int rc = private_dir(true, dir, sizeof dir, why, whylen);
     if (rc)
         return rc;
+    char *text = state_text(etcd);
+    if (!text)
+        return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
     state_path(dir, job, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
+    if (fd < 0) {
+        free(text);
         return edl_errf(why, whylen, EDL_EIO, "%s: %s", tmp, strerror(errno));
-    size_t len = strlen(endpoints);
-    bool ok = write(fd, endpoints, len) == (ssize_t)len && write(fd, "\n", 1) == 1;
+    }
+    size_t len = strlen(text);
+    bool ok = write(fd, text, len) == (ssize_t)len;
+    free(text);
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) { /* rename replaces a link at path, never follows it */
         int e = errno;
@@ -73,9 +127,19 @@ int cli_state_write(const char *job, const char *endpoints, char *why, size_t wh
     return 0;
 }
 
-int cli_state_read(const char *job, char *endpoints, size_t n, char *why, size_t whylen)
+/* Split text into its lines: a NULL-terminated list pointing into text (which it changes). */
+static void split_lines(char *text, char **lines, size_t max)
 {
-    char dir[512], path[700];
+    size_t n = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\r\n", &save); l && n + 1 < max;
+         l = strtok_r(NULL, "\r\n", &save))
+        lines[n++] = l;
+    lines[n] = NULL;
+}
+
+int cli_state_read(const char *job, edl_etcd_config *etcd, char *why, size_t whylen)
+{
+    char dir[512], path[700], text[8192], *lines[16];
     int rc = private_dir(false, dir, sizeof dir, why, whylen);
     if (rc)
         return rc;
@@ -84,12 +148,15 @@ int cli_state_read(const char *job, char *endpoints, size_t n, char *why, size_t
     if (fd < 0)
         return edl_errf(why, whylen, EDL_ENOTFOUND, errno == ENOENT ? "no local job of that name: "
                         "%s" : "%s: cannot be read", path);
-    ssize_t got = read(fd, endpoints, n - 1);
+    ssize_t got = read(fd, text, sizeof text - 1);
     close(fd);
     if (got <= 0)
         return edl_errf(why, whylen, EDL_EIO, "%s is empty or unreadable", path);
-    endpoints[got] = '\0';
-    endpoints[strcspn(endpoints, "\r\n")] = '\0';
+    text[got] = '\0';
+    split_lines(text, lines, sizeof lines / sizeof lines[0]);
+    char err[600];
+    if (edl_etcd_config_from_entries(etcd, lines, err, sizeof err) != 0)
+        return edl_errf(why, whylen, EDL_EIO, "%s: %s", path, err);
     return 0;
 }
 

@@ -624,7 +624,7 @@ static int join_loop(edl_comm *c, bool first)
         }
         EDL_WARN("coll", "generation %" PRId64 ": joining failed: %s", c->gen, c->err);
         coll_close_peers(c);
-        if (rc == EDL_ENOMEM || rc == EDL_ECONFIG)
+        if (rc == EDL_ENOMEM || rc == EDL_ECONFIG || rc == EDL_EAUTH) /* no retry helps */
             return rc;
         publish_dead(c, c->err);
         c->broken = true;
@@ -737,11 +737,12 @@ int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
             EDL_ERROR("coll", "EDL_RANK=%d is not within EDL_WORLD_SIZE=%d", c->rank, c->size);
             rc = EDL_ECONFIG;
         } else {
+            char err[600] = "";
             rc = edl_job_keys_init(&c->keys, prefix && *prefix ? prefix : NULL, job);
             if (!rc)
-                rc = edl_etcd_open_endpoints(eps, &c->etcd);
+                rc = edl_etcd_open_env(&c->etcd, err, sizeof err); /* the agent's TLS and auth */
             if (rc)
-                EDL_ERROR("coll", "cannot use etcd at %s: %s", eps, edl_strerror(rc));
+                EDL_ERROR("coll", "cannot use etcd at %s: %s", eps, err[0] ? err : edl_strerror(rc));
         }
     } else {
         c->rank = 0; /* no rendezvous possible: a group of one */

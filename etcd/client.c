@@ -64,7 +64,10 @@ void edl_etcd_config_clear(edl_etcd_config *cfg)
     free(cfg->cert_file);
     free(cfg->key_file);
     free(cfg->username);
+    if (cfg->password)
+        explicit_bzero(cfg->password, strlen(cfg->password));
     free(cfg->password);
+    free(cfg->password_file);
     memset(cfg, 0, sizeof *cfg);
 }
 
@@ -167,7 +170,8 @@ int etcd_config_copy(edl_etcd_config *dst, const edl_etcd_config *src)
     }
     if (dup_opt(&dst->ca_file, src->ca_file) || dup_opt(&dst->cert_file, src->cert_file) ||
         dup_opt(&dst->key_file, src->key_file) || dup_opt(&dst->username, src->username) ||
-        dup_opt(&dst->password, src->password))
+        dup_opt(&dst->password, src->password) ||
+        dup_opt(&dst->password_file, src->password_file))
         goto nomem;
     return 0;
 nomem:
@@ -376,6 +380,14 @@ static bool tls_refused(CURLcode cc)
            cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_ISSUER_ERROR;
 }
 
+/* The server ended the TLS session with an alert about our certificate (none, or one it does
+ * not trust): with TLS 1.3 this comes after the handshake, as a failed read or send. */
+static bool tls_alert(const http_reply *r)
+{
+    return strstr(r->curl_err, "certificate required") || strstr(r->curl_err, "bad certificate") ||
+           strstr(r->curl_err, "unknown ca") || strstr(r->curl_err, "certificate unknown");
+}
+
 /* The request never reached a server: safe to send elsewhere whatever it is. */
 static bool not_sent(CURLcode cc)
 {
@@ -480,7 +492,7 @@ static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf ke
                              kl, ks, kr, (long long)c->cfg.max_response_bytes);
         *retry = not_sent(r->cc) || idempotent;
         int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT
-                   : tls_refused(r->cc)              ? EDL_EAUTH
+                   : tls_refused(r->cc) || tls_alert(r) ? EDL_EAUTH
                                                      : EDL_EUNAVAIL;
         return etcd_fail(c, code, "%s%s%s%s%s: %s%s", endpoint, path, kl, ks, kr,
                          r->curl_err[0] ? r->curl_err : curl_easy_strerror(r->cc),

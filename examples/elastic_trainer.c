@@ -167,9 +167,11 @@ static int ckpt_open(trainer *t)
     cfg.rank = 0;
     cfg.world_size = 1;
     cfg.keep = 3;
-    int rc = edl_etcd_open_endpoints(ep, &t->etcd);
+    int rc = edl_etcd_open_env(&t->etcd, err, sizeof err); /* as the agent connects */
     cfg.etcd = t->etcd;
-    if (!rc && (rc = edl_ckpt_open(&cfg, &t->ckpt, err, sizeof err)) != 0)
+    if (rc)
+        fprintf(stderr, "rank %d: etcd at %s: %s\n", t->rank, ep, err);
+    else if ((rc = edl_ckpt_open(&cfg, &t->ckpt, err, sizeof err)) != 0)
         fprintf(stderr, "rank %d: checkpoints at %s: %s\n", t->rank, uri, err);
     return rc;
 }

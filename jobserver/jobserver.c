@@ -538,6 +538,10 @@ static int campaign(jobserver *js)
             if (!rc)
                 rc = edl_lease_keeper_open(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
                                             &js->keeper);
+            if (rc == EDL_EAUTH) { /* retrying will not change the answer */
+                EDL_ERROR(LOG, "%s; %s", edl_etcd_errmsg(js->c), edl_etcd_advice(rc));
+                return rc;
+            }
             if (rc) {
                 js->m.etcd_errors++;
                 serve_http(js);
@@ -589,19 +593,21 @@ int js_run(const js_config *cfg, int sigfd)
             goto out;
         }
     }
-    int rc = edl_etcd_open_endpoints(cfg->endpoints, &js.c);
+    int rc = edl_etcd_open(cfg->etcd, &js.c);
     if (rc) {
-        EDL_ERROR(LOG, "etcd endpoints \"%s\": %s", cfg->endpoints, edl_strerror(rc));
+        EDL_ERROR(LOG, "etcd settings: %s", edl_strerror(rc));
         goto out;
     }
     exit_code = EDL_EXIT_SUCCEEDED;
-    while (!js.stop && campaign(&js) == 0) {
+    while (!js.stop && (rc = campaign(&js)) == 0) {
         if (lead(&js, &exit_code) == EDL_ELEASE) {
             edl_lease_keeper_close(js.keeper, false);
             js.keeper = NULL;
             js_memory_clear(&js.mem); /* a later term starts its windows afresh */
         }
     }
+    if (rc == EDL_EAUTH)
+        exit_code = EDL_EXIT_UNREACHABLE;
     if (js.leader.kv && js.keeper && !edl_lease_keeper_status(js.keeper))
         edl_election_resign(js.c, &js.leader);
     if (js.keeper)

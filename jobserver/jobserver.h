@@ -6,8 +6,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "edl/etcd.h"
+
 typedef struct js_config {
-    char *endpoints;   /* comma-separated etcd URLs */
+    const edl_etcd_config *etcd; /* endpoints, TLS and auth (checked) */
     char *job;
     char *prefix;      /* key prefix (EDL_DEFAULT_PREFIX) */
     char *id;          /* this replica's identity (hostname-pid) */
@@ -18,7 +20,8 @@ typedef struct js_config {
 } js_config;
 
 /* Runs until SIGTERM/SIGINT (returns 0 after resigning), or a bad configuration (returns
- * EDL_EXIT_USAGE); an unreachable etcd is retried for ever. With exit_when_done, the job's final
+ * EDL_EXIT_USAGE); an unreachable etcd is retried for ever, one that refuses our certificate or
+ * credentials is EDL_EXIT_UNREACHABLE. With exit_when_done, the job's final
  * state as an exit code (edl_job_exit_code). sigfd: a signalfd for SIGTERM and SIGINT. */
 int js_run(const js_config *cfg, int sigfd);
 

@@ -22,7 +22,7 @@ static void usage(FILE *out)
             "over within one lease TTL.\n"
             "\n"
             "Options:\n"
-            "  --etcd URLS         comma-separated etcd endpoints (default: $EDL_ETCD_ENDPOINTS)\n"
+            EDL_ETCD_OPTIONS_HELP
             "  --job NAME          the job to serve (default: $EDL_JOB_ID)\n"
             "  --prefix PREFIX     etcd key prefix (default: %s)\n"
             "  --id ID             this replica's name in the election (default: host-pid)\n"
@@ -34,8 +34,9 @@ static void usage(FILE *out)
             "  -h, --help          this text\n"
             "\n"
             "Exit codes: 0 stopped by SIGTERM/SIGINT (after resigning) or, with --exit-when-done,\n"
-            "the job succeeded; 1 the job failed; 2 usage or configuration error; 4 the job was\n"
-            "stopped (with --exit-when-done).\n",
+            "the job succeeded; 1 the job failed; 2 usage or configuration error; 3 etcd refused\n"
+            "our TLS certificate or credentials (the message names the endpoint; an unreachable\n"
+            "etcd is retried for ever); 4 the job was stopped (with --exit-when-done).\n",
             EDL_DEFAULT_PREFIX);
 }
 
@@ -49,10 +50,31 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/* One etcd flag; 0, or -1 after saying why. */
+static int etcd_option(edl_etcd_config *etcd, const char *flag, const char *value)
+{
+    char err[600];
+    if (edl_etcd_config_set_option(etcd, flag, value, err, sizeof err) == 0)
+        return 0;
+    fprintf(stderr, "edl-jobserver: %s\n", err);
+    return -1;
+}
+
+/* The etcd settings not given as flags from the environment, then checked. */
+static int etcd_settings(edl_etcd_config *etcd)
+{
+    char err[600];
+    if (edl_etcd_config_from_env(etcd, err, sizeof err) == 0 &&
+        edl_etcd_config_check(etcd, err, sizeof err) == 0)
+        return 0;
+    fprintf(stderr, "edl-jobserver: %s\n", err);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"etcd", required_argument, 0, 'e'},   {"job", required_argument, 0, 'j'},
+        EDL_ETCD_LONG_OPTIONS,                 {"job", required_argument, 0, 'j'},
         {"prefix", required_argument, 0, 'p'}, {"id", required_argument, 0, 'i'},
         {"ttl", required_argument, 0, 't'},    {"exit-when-done", no_argument, 0, 'x'},
         {"metrics-port", required_argument, 0, 'm'}, {"metrics-addr", required_argument, 0, 'M'},
@@ -60,14 +82,19 @@ int main(int argc, char **argv)
         {0, 0, 0, 0},
     };
     edl_log_setup_from_env();
-    js_config cfg = {.endpoints = getenv("EDL_ETCD_ENDPOINTS"), .job = getenv("EDL_JOB_ID"),
-                     .prefix = EDL_DEFAULT_PREFIX, .ttl_s = 10};
+    js_config cfg = {.job = getenv("EDL_JOB_ID"), .prefix = EDL_DEFAULT_PREFIX, .ttl_s = 10};
+    static edl_etcd_config etcd; /* static: still reachable on the early returns */
+    edl_etcd_config_init(&etcd);
+    cfg.etcd = &etcd;
     char idbuf[300];
-    int ch;
+    int ch, idx = 0;
     long v;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
         switch (ch) {
-        case 'e': cfg.endpoints = optarg; break;
+        case EDL_ETCD_OPT:
+            if (etcd_option(&etcd, opts[idx].name, optarg))
+                return EDL_EXIT_USAGE;
+            break;
         case 'j': cfg.job = optarg; break;
         case 'p': cfg.prefix = optarg; break;
         case 'i': cfg.id = optarg; break;
@@ -107,7 +134,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "edl-jobserver: unexpected argument \"%s\" (see --help)\n", argv[optind]);
         return EDL_EXIT_USAGE;
     }
-    if (!cfg.endpoints || !*cfg.endpoints || !cfg.job) {
+    if (etcd_settings(&etcd))
+        return EDL_EXIT_USAGE;
+    if (etcd.n_endpoints == 0 || !cfg.job) {
         fprintf(stderr, "edl-jobserver: %s is required (see --help)\n",
                 !cfg.job ? "--job" : "--etcd");
         return EDL_EXIT_USAGE;
@@ -141,5 +170,6 @@ int main(int argc, char **argv)
     }
     int rc = js_run(&cfg, sigfd);
     close(sigfd);
+    edl_etcd_config_clear(&etcd);
     return rc;
 }

@@ -52,7 +52,10 @@ static void test_environment_names_and_local_ranks(void **state)
     s.mode = EDL_MODE_INPROCESS;
     char *base[] = {(char *)"PATH=/bin", (char *)"RANK=99", (char *)"EDL_CHECKPOINT_URI=s3://old",
                     (char *)"KEEP=me", (char *)"TORCHELASTIC_ERROR_FILE=/old", NULL};
-    agent_env_input in = {.job = "j", .pod = "p3", .etcd_endpoints = "http://e:2379",
+    edl_etcd_config ec;
+    edl_etcd_config_init(&ec);
+    assert_int_equal(edl_etcd_config_set_endpoints(&ec, "http://e:2379"), 0);
+    agent_env_input in = {.job = "j", .pod = "p3", .etcd = &ec,
                           .prefix = "/edl/v1", .role = "worker", .spec = &s, .generation = &c,
                           .rank = 3, .master_port = 41234, .error_file = "/run/e/error.json",
                           .control_fd = 3, .progress_fd = 4};
@@ -110,6 +113,49 @@ static void test_environment_names_and_local_ranks(void **state)
     edl_env_free(env);
     in.rank = 4; /* not a rank of this generation */
     assert_int_equal(agent_env_build(&in, base, &env), EDL_EINVAL);
+    edl_spec_clear(&s);
+    edl_etcd_config_clear(&ec);
+}
+
+/* The agent's etcd TLS and auth settings reach the trainer under the names libedlcoll and the
+ * checkpoint code read (the password only as its file); inherited ones never do. */
+static void test_etcd_security_settings_are_passed_on(void **state)
+{
+    (void)state;
+    edl_member m[1] = {{(char *)"p0", 0, (char *)"10.0.0.1", 7000, 1}};
+    edl_generation g = {.generation = 1, .state = EDL_JOB_RUNNING, .members = m, .n_members = 1};
+    edl_job_spec s;
+    edl_spec_init(&s);
+    char *base[] = {(char *)"EDL_ETCD_CERT=/stale/cert", (char *)"EDL_ETCD_USER=intruder",
+                    (char *)"EDL_ETCD_PASSWORD_FILE=/stale/pw", NULL};
+    edl_etcd_config ec;
+    edl_etcd_config_init(&ec);
+    assert_int_equal(edl_etcd_config_set_endpoints(&ec, "https://a:2379,https://b:2379"), 0);
+    agent_env_input in = {.job = "j", .pod = "p0", .etcd = &ec, .prefix = "/edl/v1", .spec = &s,
+                          .generation = &g, .rank = 0, .control_fd = 3, .progress_fd = 4};
+    char **env;
+    assert_int_equal(agent_env_build(&in, base, &env), 0);
+    assert_var(env, "EDL_ETCD_ENDPOINTS", "https://a:2379,https://b:2379");
+    assert_null(var(env, "EDL_ETCD_CERT")); /* the agent has none: the inherited one goes */
+    assert_null(var(env, "EDL_ETCD_USER"));
+    assert_null(var(env, "EDL_ETCD_PASSWORD_FILE"));
+    edl_env_free(env);
+    ec.ca_file = strdup("/s/ca.crt");
+    ec.cert_file = strdup("/s/client.crt");
+    ec.key_file = strdup("/s/client.key");
+    ec.username = strdup("trainer");
+    ec.password = strdup("s3cret");
+    ec.password_file = strdup("/s/pw");
+    assert_int_equal(agent_env_build(&in, base, &env), 0);
+    assert_var(env, "EDL_ETCD_CACERT", "/s/ca.crt");
+    assert_var(env, "EDL_ETCD_CERT", "/s/client.crt");
+    assert_var(env, "EDL_ETCD_KEY", "/s/client.key");
+    assert_var(env, "EDL_ETCD_USER", "trainer");
+    assert_var(env, "EDL_ETCD_PASSWORD_FILE", "/s/pw");
+    for (size_t i = 0; env[i]; i++)
+        assert_null(strstr(env[i], "s3cret"));
+    edl_env_free(env);
+    edl_etcd_config_clear(&ec);
     edl_spec_clear(&s);
 }
 
@@ -240,6 +286,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_environment_names_and_local_ranks),
+        cmocka_unit_test(test_etcd_security_settings_are_passed_on),
         cmocka_unit_test(test_agent_link_standalone_does_nothing),
         cmocka_unit_test(test_agent_link_protocol_over_pipes),
         cmocka_unit_test(test_agent_link_drops_oversized_control_line),

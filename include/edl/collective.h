@@ -77,9 +77,11 @@ typedef struct edl_comm edl_comm;
 /* Join the current generation: rendezvous through etcd and connect to every peer. opts may be
  * NULL. Environment read: EDL_ETCD_ENDPOINTS, EDL_ETCD_PREFIX, EDL_JOB_ID, EDL_RANK,
  * EDL_WORLD_SIZE, EDL_GENERATION, EDL_CONTROL_FD, EDL_PROGRESS_FD, PADDLE_CURRENT_ENDPOINT
- * (the address to listen on), EDL_COLL_*. Without EDL_ETCD_ENDPOINTS: a group of one.
- * EDL_ECONFIG for a bad variable or back end, EDL_ETIMEDOUT when the rendezvous did not
- * complete in time. */
+ * (the address to listen on), EDL_COLL_*, and etcd's TLS and auth settings EDL_ETCD_CACERT,
+ * EDL_ETCD_CERT, EDL_ETCD_KEY, EDL_ETCD_USER, EDL_ETCD_PASSWORD_FILE (edl/etcd.h). Without
+ * EDL_ETCD_ENDPOINTS: a group of one. EDL_ECONFIG for a bad variable or back end,
+ * EDL_ETIMEDOUT when the rendezvous did not complete in time, EDL_EAUTH when etcd refused
+ * the certificate or credentials (the log names the endpoint). */
 int edl_coll_open(const edl_coll_options *opts, edl_comm **out);
 /* Leave: close every connection (abort an NCCL communicator) and free. */
 void edl_coll_close(edl_comm *c);

@@ -36,6 +36,7 @@ typedef struct edl_etcd_config {
     char *key_file;
     char *username;            /* auth: when set, a token is fetched and renewed on expiry */
     char *password;
+    char *password_file;       /* where password came from (edl_etcd_config_check reads it) */
 } edl_etcd_config;
 
 /* Fill with defaults and no endpoints. */
@@ -54,6 +55,61 @@ void edl_etcd_close(edl_etcd *c);
 const char *edl_etcd_errmsg(const edl_etcd *c);
 /* The endpoint the client now talks to. */
 const char *edl_etcd_endpoint(const edl_etcd *c);
+
+/* ---- the settings every program takes (etcd/options.c) ------------------------------------
+ *
+ * One table knows them: the flag, the environment variable and the config field. Programs put
+ * EDL_ETCD_LONG_OPTIONS in their getopt_long table, hand every EDL_ETCD_OPT they get to
+ * edl_etcd_config_set_option(), then call edl_etcd_config_from_env() (fills only what no flag
+ * set: flags override the environment) and edl_etcd_config_check(). */
+
+#define EDL_ETCD_OPT 0x4554 /* getopt_long's value for every entry of EDL_ETCD_LONG_OPTIONS */
+#define EDL_ETCD_LONG_OPTIONS                                                                   \
+    {"etcd", required_argument, 0, EDL_ETCD_OPT}, {"cacert", required_argument, 0, EDL_ETCD_OPT}, \
+    {"cert", required_argument, 0, EDL_ETCD_OPT}, {"key", required_argument, 0, EDL_ETCD_OPT},     \
+    {"user", required_argument, 0, EDL_ETCD_OPT},                                               \
+    {"password-file", required_argument, 0, EDL_ETCD_OPT}
+/* The environment that carries the same settings (what edl_etcd_config_env() sets). */
+#define EDL_ETCD_ENV_NAMES                                                                      \
+    "EDL_ETCD_ENDPOINTS", "EDL_ETCD_CACERT", "EDL_ETCD_CERT", "EDL_ETCD_KEY", "EDL_ETCD_USER",  \
+        "EDL_ETCD_PASSWORD_FILE"
+/* Their lines in a --help text. */
+#define EDL_ETCD_OPTIONS_HELP                                                                   \
+    "  --etcd URLS           etcd endpoints, comma-separated, http:// or https://\n"             \
+    "                        ($EDL_ETCD_ENDPOINTS)\n"                                           \
+    "  --cacert FILE         CA bundle that verifies etcd's certificate ($EDL_ETCD_CACERT)\n"    \
+    "  --cert FILE           TLS client certificate, PEM, with --key ($EDL_ETCD_CERT)\n"         \
+    "  --key FILE            the client certificate's private key ($EDL_ETCD_KEY)\n"             \
+    "  --user NAME           etcd user name, with --password-file ($EDL_ETCD_USER)\n"            \
+    "  --password-file FILE  the user's password: the file's one line\n"                        \
+    "                        ($EDL_ETCD_PASSWORD_FILE)\n"
+
+/* Set the setting of one flag ("etcd", "cacert", "cert", "key", "user", "password-file";
+ * with or without the leading "--"). EDL_EINVAL with the reason in err for an unknown flag or
+ * a bad endpoint list. */
+int edl_etcd_config_set_option(edl_etcd_config *cfg, const char *flag, const char *value,
+                               char *err, size_t errlen);
+/* Fill every setting still unset from EDL_ETCD_ENDPOINTS, EDL_ETCD_CACERT, EDL_ETCD_CERT,
+ * EDL_ETCD_KEY, EDL_ETCD_USER and EDL_ETCD_PASSWORD_FILE (empty variables count as unset). */
+int edl_etcd_config_from_env(edl_etcd_config *cfg, char *err, size_t errlen);
+/* The same from a NULL-terminated list of "NAME=value" entries (such as a file of them);
+ * entries of other names are ignored. */
+int edl_etcd_config_from_entries(edl_etcd_config *cfg, char *const *entries, char *err,
+                                 size_t errlen);
+/* Check the settings and finish them: certificate with key, user with a password file, every
+ * file readable (paths made absolute, so a child in another directory finds them), the
+ * password read from its file (one line, at most 1 KiB, a trailing newline dropped). Does not
+ * require endpoints. EDL_EINVAL (or EDL_ENOMEM) with the reason in err. */
+int edl_etcd_config_check(edl_etcd_config *cfg, char *err, size_t errlen);
+/* The settings as "NAME=value" environment entries for a child (never the password itself,
+ * only its file): NULL-terminated, malloc'ed, free with edl_env_free() (edl/proc.h). */
+int edl_etcd_config_env(const edl_etcd_config *cfg, char ***out);
+/* A client configured from the environment alone (from_env + check + open): what a trainer
+ * under an agent uses. EDL_ENOTFOUND when EDL_ETCD_ENDPOINTS is unset. */
+int edl_etcd_open_env(edl_etcd **out, char *err, size_t errlen);
+/* What to check after a call failed with rc ("" when there is nothing to say): the flags and
+ * variables that matter for an unreachable etcd or refused credentials. */
+const char *edl_etcd_advice(int rc);
 
 /* ---- key-values ------------------------------------------------------------------------ */
 

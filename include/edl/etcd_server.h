@@ -7,6 +7,7 @@
 #define EDL_ETCD_SERVER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -61,6 +62,20 @@ int edl_etcd_server_stop_member(edl_etcd_server *s, int i, bool kill_now);
 int edl_etcd_server_restart_member(edl_etcd_server *s, int i);
 /* Pause/resume member i with SIGSTOP/SIGCONT. */
 int edl_etcd_server_pause_member(edl_etcd_server *s, int i, bool pause);
+
+/* ---- a throwaway CA for a local etcd (etcd/certs.c) ---------------------------------------- */
+
+/* The files edl_etcd_tls_make() writes into its directory. */
+#define EDL_ETCD_TLS_CA "ca.crt"
+#define EDL_ETCD_TLS_SERVER_CERT "server.crt" /* SAN IP:127.0.0.1, DNS:localhost */
+#define EDL_ETCD_TLS_SERVER_KEY "server.key"
+#define EDL_ETCD_TLS_CLIENT_CERT "client.crt"
+#define EDL_ETCD_TLS_CLIENT_KEY "client.key"
+
+/* Make a CA and, signed by it, a server and a client certificate (EC P-256, valid for `days`)
+ * in dir, which should be private (0700): every file is 0600 and must not exist yet. The CA's
+ * key is not kept. 0, or an EDL_E* code with the reason in err. */
+int edl_etcd_tls_make(const char *dir, int days, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }
