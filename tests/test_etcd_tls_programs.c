@@ -419,6 +419,8 @@ static void test_edl_run_checkpoints_over_tls_and_insecure_http(void **state)
 
 int main(void)
 {
+    /* the trainers (coll_worker) form groups of two: they need the job's secret */
+    setenv("EDL_JOB_SECRET", "a test secret of test_etcd_tls_programs, 32+ bytes", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_programs_work_over_client_certificates, clean_env),
         cmocka_unit_test_setup(test_missing_or_foreign_client_certificate_is_exit_3, clean_env),
