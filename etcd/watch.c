@@ -185,8 +185,11 @@ static int events_parse(const cJSON *events, bool want_prev, watch_msg *m)
     const cJSON *it;
     cJSON_ArrayForEach(it, events) {
         int rc = event_parse(it, want_prev, &m->events[m->n_events]);
-        if (rc)
+        if (rc) {
+            while (m->n_events)
+                watch_event_free(m->events[--m->n_events]);
             return rc;
+        }
         m->n_events++;
     }
     return 0;
