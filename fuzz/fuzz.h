@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "edl/log.h"
 
 #define FUZZ_CHECK(cond)                                                                     \
@@ -38,6 +40,18 @@ static inline char *fuzz_cstr(const uint8_t *data, size_t size)
         memcpy(s, data, size);
     s[size] = '\0';
     return s;
+}
+
+/* The input is one JSON value and nothing after it but white space (cJSON's strict mode):
+ * what every document the strict reader (edl/json.h) takes must be. */
+static inline int fuzz_one_json(const uint8_t *data, size_t size)
+{
+    char *s = fuzz_cstr(data, size);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(s, size + 1, &end, 1);
+    cJSON_Delete(j);
+    free(s);
+    return j != NULL;
 }
 
 /* Two strings equal, or both NULL. */

@@ -1,9 +1,10 @@
 /* fuzz_agent_link.c: feeds every input to both ends of the agent <-> trainer protocol: as a
  * control line to the trainer's edl_assignment_parse (job/agent_link.c), and as bytes of the
  * progress pipe to the agent's trainer_progress_feed (agent/trainer_proc.c), whole and in
- * chunks. Asserts beyond "no crash": an assignment that parses encodes to a line that parses
- * to the same assignment; the step read does not depend on how the bytes were chunked, and
- * the partial line stays within its buffer. */
+ * chunks. Asserts beyond "no crash": a control line that parses is one JSON object and
+ * nothing more, and its assignment encodes to a line that parses to the same assignment; the
+ * step read does not depend on how the bytes were chunked, and the partial line stays within
+ * its buffer. */
 #include "fuzz.h"
 
 #include "agent.h"
@@ -14,6 +15,7 @@ static void control_line(const char *in, size_t len)
     edl_assignment a, b;
     if (edl_assignment_parse(in, len, &a) != 0)
         return;
+    FUZZ_CHECK(fuzz_one_json((const uint8_t *)in, len));
     FUZZ_CHECK(a.generation >= 1 && a.rank >= 0 && a.rank < a.world_size);
     char *line = edl_assignment_encode(&a);
     FUZZ_CHECK(line);

@@ -2,8 +2,8 @@
  * (storage/checkpoint_docs.c): the manifest, a rank's shard list (for the rank, step,
  * generation and world size the input itself names, so that the checks past them are
  * reached), the etcd pointer, and the input as a checkpoint directory name. Asserts beyond
- * "no crash": each document that parses is written back by its writer to a document that
- * parses and is written the same; a pointer rebuilt from its own history is the same pointer;
+ * "no crash": each document that parses is one JSON object with nothing after it, and is
+ * written back by its writer to a document that parses and is written the same; a pointer rebuilt from its own history is the same pointer;
  * a directory name that parses is the canonical name of what it parsed to. */
 #include "fuzz.h"
 
@@ -17,6 +17,7 @@ static void manifest(const char *in, size_t len)
     char err[256];
     if (edl_ckpt_manifest_parse(in, len, &a, err, sizeof err) != 0)
         return;
+    FUZZ_CHECK(fuzz_one_json((const uint8_t *)in, len));
     char *d1 = ckpt_manifest_doc(a);
     FUZZ_CHECK(d1);
     FUZZ_CHECK(edl_ckpt_manifest_parse(d1, strlen(d1), &b, err, sizeof err) == 0);
@@ -54,6 +55,7 @@ static void rank_doc(const char *in, size_t len)
     char err[256];
     if (ckpt_rank_doc_parse(in, len, (int)rank, &expect, &a, err, sizeof err) != 0)
         return;
+    FUZZ_CHECK(fuzz_one_json((const uint8_t *)in, len));
     char *d1 = ckpt_rank_doc(a, (int)rank);
     FUZZ_CHECK(d1);
     FUZZ_CHECK(ckpt_rank_doc_parse(d1, strlen(d1), (int)rank, a, &b, err, sizeof err) == 0);
@@ -71,6 +73,7 @@ static void pointer(const char *in, size_t len)
     char err[256];
     if (ckpt_pointer_parse(in, len, &a, err, sizeof err) != 0)
         return;
+    FUZZ_CHECK(fuzz_one_json((const uint8_t *)in, len));
     FUZZ_CHECK(a.n >= 1 && a.entries);
     ckpt_pointer older = {a.entries + 1, a.n - 1};
     char *d = ckpt_pointer_doc("file:///fuzz", &older, a.entries[0].step,
