@@ -163,6 +163,8 @@ typedef struct agent {
 int agent_error_file_open(agent *a);
 void agent_error_file_close(agent *a);
 int agent_read_error_file(const char *path, char *out, size_t len);
+/* The pure part: the message in a file's contents buf[0..n) (buf[n] must be '\0'). */
+int agent_error_message(const char *buf, size_t n, char *out, size_t len);
 
 /* registry.c */
 /* The MASTER_PORT of the agent's current generation: rank 0's agent picks a free port on its
