@@ -4,8 +4,7 @@
  * and the payload length it expects; coll_check_header judges the header against them.
  * Asserts beyond "no crash": a header is taken only when its magic, kind, type, count,
  * sequence number, reduction (where one applies), root (broadcast) and length match; a refusal
- * always says why (c->err). The hello is not fed here: it is being rewritten (HMAC), and its
- * target comes after (docs/fuzzing.md). */
+ * always says why (c->err). The link's handshake has its own target, fuzz_coll_hello.c. */
 #include "fuzz.h"
 
 #include "collective/internal.h"
