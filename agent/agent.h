@@ -94,6 +94,10 @@ int trainer_tick(trainer_proc *t);
 int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent);
 /* Read progress lines: 1 when the step or the wait in a collective changed. */
 int trainer_read_progress(trainer_proc *t);
+/* Take n bytes of the progress pipe: each complete line (edl_progress_line) updates the step
+ * or the wait; a partial line is kept for the next bytes. 1 when something changed. The pure
+ * part of trainer_read_progress. */
+int trainer_progress_feed(trainer_proc *t, const char *buf, size_t n);
 /* Queue a control line and write what the pipe takes now. */
 int trainer_send_control(trainer_proc *t, const char *line);
 void trainer_flush_control(trainer_proc *t);
@@ -159,6 +163,8 @@ typedef struct agent {
 int agent_error_file_open(agent *a);
 void agent_error_file_close(agent *a);
 int agent_read_error_file(const char *path, char *out, size_t len);
+/* The pure part: the message in a file's contents buf[0..n) (buf[n] must be '\0'). */
+int agent_error_message(const char *buf, size_t n, char *out, size_t len);
 
 /* registry.c */
 /* The MASTER_PORT of the agent's current generation: rank 0's agent picks a free port on its

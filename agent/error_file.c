@@ -47,6 +47,18 @@ static const char *message_of(const cJSON *root)
     return cJSON_IsString(m) ? m->valuestring : NULL;
 }
 
+int agent_error_message(const char *buf, size_t n, char *out, size_t len)
+{
+    cJSON *root = cJSON_ParseWithLength(buf, n);
+    const char *msg = root ? message_of(root) : NULL;
+    snprintf(out, len, "%s", msg ? msg : buf);
+    cJSON_Delete(root);
+    for (char *p = out; *p; p++) /* one line in logs, statuses and tables */
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = ' ';
+    return out[0] ? 0 : EDL_ENOTFOUND;
+}
+
 int agent_read_error_file(const char *path, char *out, size_t len)
 {
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -60,13 +72,7 @@ int agent_read_error_file(const char *path, char *out, size_t len)
         return EDL_ENOTFOUND;
     }
     buf[n] = '\0';
-    cJSON *root = cJSON_ParseWithLength(buf, (size_t)n);
-    const char *msg = root ? message_of(root) : NULL;
-    snprintf(out, len, "%s", msg ? msg : buf);
-    cJSON_Delete(root);
+    int rc = agent_error_message(buf, (size_t)n, out, len);
     free(buf);
-    for (char *p = out; *p; p++) /* one line in logs, statuses and tables */
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = ' ';
-    return out[0] ? 0 : EDL_ENOTFOUND;
+    return rc;
 }

@@ -169,6 +169,29 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
     return 0;
 }
 
+int trainer_progress_feed(trainer_proc *t, const char *buf, size_t n)
+{
+    int changed = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = buf[i];
+        if (ch != '\n') {
+            if (t->line_len < sizeof t->line - 1)
+                t->line[t->line_len++] = ch;
+            else
+                t->line_skip = true; /* overlong: bounded, then ignored */
+            continue;
+        }
+        size_t len = t->line_len;
+        if (len && t->line[len - 1] == '\r')
+            len--;
+        if (!t->line_skip)
+            changed |= take_line(t, t->line, len);
+        t->line_len = 0;
+        t->line_skip = false;
+    }
+    return changed;
+}
+
 int trainer_read_progress(trainer_proc *t)
 {
     if (t->progress_fd < 0)
@@ -184,23 +207,7 @@ int trainer_read_progress(trainer_proc *t)
                 close_fd(&t->progress_fd);
             break;
         }
-        for (ssize_t i = 0; i < n; i++) {
-            char ch = buf[i];
-            if (ch != '\n') {
-                if (t->line_len < sizeof t->line - 1)
-                    t->line[t->line_len++] = ch;
-                else
-                    t->line_skip = true; /* overlong: bounded, then ignored */
-                continue;
-            }
-            size_t len = t->line_len;
-            if (len && t->line[len - 1] == '\r')
-                len--;
-            if (!t->line_skip)
-                changed |= take_line(t, t->line, len);
-            t->line_len = 0;
-            t->line_skip = false;
-        }
+        changed |= trainer_progress_feed(t, buf, (size_t)n);
     }
     return changed;
 }

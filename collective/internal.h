@@ -192,6 +192,9 @@ int coll_verify_links(edl_comm *c, int64_t deadline_ms);
  * one message with a header made from op: a stream of one block. */
 int coll_sendrecv(edl_comm *c, const coll_op *op, int to, const void *sbuf, size_t slen,
                   int from, void *rbuf, size_t rlen);
+/* Judge a header received from rank `from` against the collective this rank runs (op) and
+ * the payload it expects (rlen): 0, or EDL_EPROTO with the mismatch in c->err. */
+int coll_check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr *h, size_t rlen);
 /* A stream on one link of a ring or chain: send block j goes to `to` while receive block j
  * comes from `from` (either may be -1), all behind one header. A received block lands in dst,
  * or with red in the stage and then dst = red op stage (scaled for an average with scale).

@@ -609,7 +609,7 @@ const char *coll_kind_name(int k)
     return "unknown";
 }
 
-static int check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr *h, size_t rlen)
+int coll_check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr *h, size_t rlen)
 {
     if (h->magic != COLL_MAGIC) {
         coll_set_err(c, "rank %d sent something that is not a collective message (magic "
@@ -788,7 +788,7 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
                 moved = true;
                 if (rh_done < sizeof rh) {
                     if ((rh_done += (size_t)n) == sizeof rh) {
-                        int rc = check_header(c, op, st->from, &rh, r_wire);
+                        int rc = coll_check_header(c, op, st->from, &rh, r_wire);
                         if (rc)
                             return rc;
                     }

@@ -38,6 +38,17 @@ cJSON *edl_json_parse_object(const char *json, size_t len, size_t max_len, const
         *rc = EDL_EPROTO;
         return NULL;
     }
+    /* one object and nothing after it but white space: two documents run together, or one
+     * with bytes appended, is not taken for its first part */
+    size_t at = end ? (size_t)(end - json) : len;
+    while (at < len && json[at] && strchr(" \t\r\n", json[at]))
+        at++;
+    if (at < len) {
+        cJSON_Delete(root);
+        edl_errf(err, errlen, 0, "%s: bytes after the JSON object, from byte %zu", doc, at);
+        *rc = EDL_EPROTO;
+        return NULL;
+    }
     *rc = 0;
     return root;
 }

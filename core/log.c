@@ -110,6 +110,7 @@ static void format_time(char *buf, size_t len)
 
 /* Format into stack when it fits, else into a malloc'd buffer (capped at LOG_MSG_MAX).
  * Returns the message; *heap is set when the caller must free it. */
+__attribute__((format(printf, 4, 0)))
 static char *format_message(char *stack, size_t stacklen, char **heap, const char *fmt, va_list ap)
 {
     va_list copy;

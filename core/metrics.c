@@ -138,6 +138,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                    MHD_RESPMEM_MUST_FREE);
 }
 
+__attribute__((format(printf, 2, 0)))
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;

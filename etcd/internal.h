@@ -63,5 +63,25 @@ int delete_req(cJSON *req, edl_buf key, const edl_delete_opts *o);
 int range_parse(const cJSON *resp, edl_range_result *r);
 int put_parse(const cJSON *resp, edl_put_result *r);
 int delete_parse(const cJSON *resp, edl_delete_result *r);
+/* A txn reply; expect_ops: the operations of the branch that ran. On failure r keeps what it
+ * parsed, for edl_txn_result_clear. */
+int txn_parse(const cJSON *resp, size_t expect_ops, edl_txn_result *r);
+
+/* One message of the watch stream (watch.c), decoded without touching the watch: the pure
+ * part, which the fuzzer feeds. */
+typedef struct watch_msg {
+    cJSON *root;               /* owns cancel_reason */
+    bool error;                /* the gateway's {"error":..}: the stream broke, reconnect */
+    bool created, canceled;
+    int64_t revision;          /* the header's */
+    int64_t compact_revision;  /* canceled: the oldest revision kept, 0 when not compacted */
+    const char *cancel_reason; /* canceled: never NULL */
+    edl_watch_event **events;  /* all of the message's events, or none */
+    size_t n_events;
+} watch_msg;
+/* 0, or an error (EDL_EPROTO, EDL_ENOMEM) with *why saying what was wrong. m (always to be
+ * cleared) keeps created when only the events were malformed. */
+int watch_msg_parse(const char *line, size_t len, bool want_prev, watch_msg *m, const char **why);
+void watch_msg_clear(watch_msg *m);
 
 #endif

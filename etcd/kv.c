@@ -448,7 +448,7 @@ void edl_txn_result_clear(edl_txn_result *r)
     memset(r, 0, sizeof *r);
 }
 
-static int txn_parse(const cJSON *resp, size_t expect_ops, edl_txn_result *r)
+int txn_parse(const cJSON *resp, size_t expect_ops, edl_txn_result *r)
 {
     int rc = header_revision(resp, &r->revision);
     if (!rc)

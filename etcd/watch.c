@@ -165,12 +165,69 @@ static void watch_fatal(edl_watch *w, int code, const char *why)
         push_simple(w, EDL_WATCH_ERROR, w->next_rev, 0, code);
 }
 
-static void handle_canceled(edl_watch *w, const cJSON *res)
+void watch_msg_clear(watch_msg *m)
 {
-    int64_t compact = 0;
-    json_i64(res, "compact_revision", &compact);
-    const cJSON *why = cJSON_GetObjectItemCaseSensitive(res, "cancel_reason");
-    const char *reason = cJSON_IsString(why) ? why->valuestring : "";
+    for (size_t i = 0; i < m->n_events; i++)
+        watch_event_free(m->events[i]);
+    free(m->events);
+    cJSON_Delete(m->root);
+    memset(m, 0, sizeof *m);
+}
+
+/* The events of a message; all or none (a message is one or more whole revisions). */
+static int events_parse(const cJSON *events, bool want_prev, watch_msg *m)
+{
+    int n = cJSON_GetArraySize(events);
+    if (n == 0)
+        return 0;
+    if (!(m->events = calloc((size_t)n, sizeof *m->events)))
+        return EDL_ENOMEM;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, events) {
+        int rc = event_parse(it, want_prev, &m->events[m->n_events]);
+        if (rc) {
+            while (m->n_events)
+                watch_event_free(m->events[--m->n_events]);
+            return rc;
+        }
+        m->n_events++;
+    }
+    return 0;
+}
+
+int watch_msg_parse(const char *line, size_t len, bool want_prev, watch_msg *m, const char **why)
+{
+    memset(m, 0, sizeof *m);
+    *why = "malformed stream message";
+    m->root = cJSON_ParseWithLength(line, len);
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(m->root, "result");
+    if (!cJSON_IsObject(res)) {
+        /* the gateway reports a broken stream as {"error":{...}}: reconnect */
+        m->error = cJSON_GetObjectItemCaseSensitive(m->root, "error") != NULL;
+        return m->error ? 0 : EDL_EPROTO;
+    }
+    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(res, "header");
+    *why = "bad header revision";
+    if (json_i64(cJSON_IsObject(hdr) ? hdr : NULL, "revision", &m->revision) != 0)
+        return EDL_EPROTO;
+    json_bool(res, "created", &m->created);
+    json_bool(res, "canceled", &m->canceled);
+    if (m->canceled) {
+        json_i64(res, "compact_revision", &m->compact_revision);
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(res, "cancel_reason");
+        m->cancel_reason = cJSON_IsString(r) ? r->valuestring : "";
+        return 0;
+    }
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(res, "events");
+    *why = "events is not an array";
+    if (events && !cJSON_IsArray(events))
+        return EDL_EPROTO;
+    *why = "malformed event in the stream";
+    return events ? events_parse(events, want_prev, m) : 0;
+}
+
+static void handle_canceled(edl_watch *w, int64_t compact, const char *reason)
+{
     w->restart = true;
     if (compact > 0) {
         EDL_WARN("etcd", "watch: revision %lld was compacted (oldest kept %lld); the caller re-reads",
@@ -189,80 +246,49 @@ static void handle_canceled(edl_watch *w, const cJSON *res)
     }
 }
 
+/* Hand a message's events to the caller, skipping a replay after reconnecting (revisions
+ * already delivered). False when stopping. */
+static bool deliver(edl_watch *w, watch_msg *m)
+{
+    for (size_t k = 0; k < m->n_events; k++) {
+        edl_watch_event *ev = m->events[k];
+        int64_t r = ev->revision;
+        if (r < w->next_rev)
+            continue; /* freed with the message */
+        m->events[k] = NULL; /* push owns it, even when it fails */
+        if (!push(w, ev))
+            return false;
+        if (k == m->n_events - 1 || m->events[k + 1]->revision != r)
+            w->next_rev = r + 1;
+    }
+    return true;
+}
+
 /* One stream message. Returns false to close the stream. */
 static bool handle_message(edl_watch *w, const char *line, size_t len)
 {
-    cJSON *j = cJSON_ParseWithLength(line, len);
-    const cJSON *res = cJSON_GetObjectItemCaseSensitive(j, "result");
-    if (!cJSON_IsObject(res)) {
-        /* the gateway reports a broken stream as {"error":{...}}: reconnect */
-        const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
-        if (!err)
-            watch_fatal(w, EDL_EPROTO, "malformed stream message");
-        cJSON_Delete(j);
-        return false;
-    }
-    bool created = false, canceled = false;
-    int64_t rev = 0;
-    json_bool(res, "created", &created);
-    json_bool(res, "canceled", &canceled);
-    const cJSON *hdr = cJSON_GetObjectItemCaseSensitive(res, "header");
-    if (json_i64(cJSON_IsObject(hdr) ? hdr : NULL, "revision", &rev) != 0) {
-        watch_fatal(w, EDL_EPROTO, "bad header revision");
-        cJSON_Delete(j);
-        return false;
-    }
-    if (canceled) {
-        handle_canceled(w, res);
-        cJSON_Delete(j);
-        return false;
-    }
-    if (created) {
-        if (w->next_rev == 0)
-            w->next_rev = rev + 1; /* "from now": everything after the creation */
-        mark_created(w, 0);
-    }
-    const cJSON *events = cJSON_GetObjectItemCaseSensitive(res, "events");
-    if (events && !cJSON_IsArray(events)) {
-        watch_fatal(w, EDL_EPROTO, "events is not an array");
-        cJSON_Delete(j);
-        return false;
-    }
-    /* Parse the whole message first: a message is one or more whole revisions. */
-    int n = events ? cJSON_GetArraySize(events) : 0;
-    edl_watch_event **evs = n ? calloc((size_t)n, sizeof *evs) : NULL;
-    int i = 0, rc = n && !evs ? EDL_ENOMEM : 0;
-    const cJSON *it;
-    if (!rc)
-        cJSON_ArrayForEach(it, events) {
-            if ((rc = event_parse(it, w->prev_kv, &evs[i])) != 0)
-                break;
-            i++;
+    watch_msg m;
+    const char *why;
+    int rc = watch_msg_parse(line, len, w->prev_kv, &m, &why);
+    bool ok = false;
+    if (!rc && m.canceled) {
+        handle_canceled(w, m.compact_revision, m.cancel_reason);
+    } else if (rc || !m.error) {
+        if (m.created) { /* also when its events are malformed: the stream was created */
+            if (w->next_rev == 0)
+                w->next_rev = m.revision + 1; /* "from now": everything after the creation */
+            mark_created(w, 0);
         }
-    cJSON_Delete(j);
-    bool ok = rc == 0;
-    for (int k = 0; k < i; k++) {
-        int64_t r = evs[k]->revision;
-        if (!ok || r < w->next_rev) { /* a replay after reconnecting: already delivered */
-            watch_event_free(evs[k]);
-            continue;
+        if (rc)
+            watch_fatal(w, rc, why);
+        else if ((ok = deliver(w, &m)) && m.n_events == 0 && !m.created) {
+            /* progress notification: nothing happened up to rev */
+            if (m.revision >= w->next_rev)
+                w->next_rev = m.revision + 1;
+            ok = push_simple(w, EDL_WATCH_PROGRESS, m.revision, 0, 0);
         }
-        if (!push(w, evs[k]))
-            ok = false;
-        else if (k == i - 1 || evs[k + 1]->revision != r)
-            w->next_rev = r + 1;
     }
-    free(evs);
-    if (rc) {
-        watch_fatal(w, rc, "malformed event in the stream");
-        return false;
-    }
-    if (ok && n == 0 && !created) {
-        /* progress notification: nothing happened up to rev */
-        if (rev >= w->next_rev)
-            w->next_rev = rev + 1;
-        ok = push_simple(w, EDL_WATCH_PROGRESS, rev, 0, 0);
-    }
+    watch_msg_clear(&m);
     return ok;
 }
 

@@ -101,6 +101,11 @@ int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char
     cJSON_Delete(root);
     if (r.rc)
         return r.rc;
+    /* an exit code or a signal means something only in its state, as the writer has it */
+    if (s.state != EDL_TRAINER_EXITED)
+        s.exit_code = 0;
+    if (s.state != EDL_TRAINER_SIGNALED)
+        s.signal = 0;
     *out = s;
     return 0;
 }

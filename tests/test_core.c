@@ -144,13 +144,21 @@ static void test_json_reader_checks_types_ranges_and_keeps_the_first_error(void 
         const char *msg;
     } bad[] = {{"{\"a\":", 100, EDL_EPROTO, "not valid JSON"},
                {"[1]", 100, EDL_EPROTO, "not a JSON object"},
-               {"{\"a\":1}", 3, EDL_ETOOBIG, "exceeds the 3-byte limit"}};
+               {"{\"a\":1}", 3, EDL_ETOOBIG, "exceeds the 3-byte limit"},
+               /* found by fuzz/fuzz_job_docs: two documents run together read as the first */
+               {"{\"a\":1}{\"a\":2}", 100, EDL_EPROTO, "bytes after the JSON object, from byte 7"},
+               {"{\"a\":1} x", 100, EDL_EPROTO, "bytes after the JSON object, from byte 8"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_null(edl_json_parse_object(bad[i].text, strlen(bad[i].text), bad[i].max, "doc",
                                           err, sizeof err, &rc));
         assert_int_equal(rc, bad[i].rc);
         assert_non_null(strstr(err, bad[i].msg));
     }
+    /* white space after the object is fine (a file written with a final newline) */
+    o = edl_json_parse_object("{\"a\":1}\r\n ", 10, 100, "doc", err, sizeof err, &rc);
+    assert_non_null(o);
+    assert_int_equal(rc, 0);
+    cJSON_Delete(o);
 }
 
 /* ---- child processes ----------------------------------------------------------------------- */

@@ -40,9 +40,10 @@ typedef struct edl_json_reader {
     bool required;    /* every field read from now on must be present ("is required") */
 } edl_json_reader;
 
-/* Parse text (not NUL-terminated, at most max_len bytes) that must hold one JSON object.
- * NULL with *rc and a message naming doc: EDL_ETOOBIG over max_len, EDL_EPROTO for text that
- * is not valid JSON ("not valid JSON near byte N") or not an object ("not a JSON object"),
+/* Parse text (not NUL-terminated, at most max_len bytes) that must hold one JSON object and
+ * nothing after it but white space. NULL with *rc and a message naming doc: EDL_ETOOBIG over
+ * max_len, EDL_EPROTO for text that is not valid JSON ("not valid JSON near byte N"), not an
+ * object ("not a JSON object") or followed by more ("bytes after the JSON object"),
  * EDL_EINVAL for NULL text. The caller frees the tree with cJSON_Delete. */
 cJSON *edl_json_parse_object(const char *json, size_t len, size_t max_len, const char *doc,
                              char *err, size_t errlen, int *rc);
