@@ -165,6 +165,22 @@ static int etcdctl_v(char *out, size_t outlen, const char *endpoints, const char
     return rc;
 }
 
+edl_etcd_server *harness_etcd_open_auth(const char *const *extra_args)
+{
+    edl_etcd_server *srv = harness_etcd_open(1, extra_args);
+    const char *eps = edl_etcd_server_endpoints(srv);
+    if (harness_etcdctl(eps, NULL, "user add root:rootpw") != 0 ||
+        harness_etcdctl(eps, NULL, "user grant-role root root") != 0 ||
+        harness_etcdctl(eps, NULL, "user add trainer:s3cret") != 0 ||
+        harness_etcdctl(eps, NULL, "role add edl") != 0 ||
+        harness_etcdctl(eps, NULL, "role grant-permission edl --prefix=true readwrite /edl/") != 0 ||
+        harness_etcdctl(eps, NULL, "user grant-role trainer edl") != 0 ||
+        harness_etcdctl(eps, NULL, "auth enable") != 0 ||
+        harness_etcdctl(eps, NULL, "get /edl/probe") == 0) /* refused without a user now */
+        fail_msg("could not turn on auth with etcdctl");
+    return srv;
+}
+
 int harness_etcdctl(const char *endpoints, const char *user_pass, const char *args_fmt, ...)
 {
     va_list ap;

@@ -32,6 +32,10 @@ pid_t harness_spawn(const char *const *argv, const char *log_path);
 int harness_wait_exit(pid_t pid, int timeout_ms);
 /* Send a signal; after SIGKILL also reap the child. */
 void harness_kill(pid_t pid, int sig);
+/* Run argv to its end (killed after timeout_ms) with its output in log_path (truncated first)
+ * and copied into out (NUL-terminated; out may be NULL): its exit status as above. */
+int harness_run(const char *const *argv, const char *log_path, int timeout_ms, char *out,
+                size_t outlen);
 
 /* ---- HTTP client and ports (harness_net.c) ------------------------------------------- */
 
@@ -49,6 +53,9 @@ int harness_free_port(void);
  * (NULL-terminated, may be NULL). Fails the test with the reason when etcd does not come up.
  * Free with edl_etcd_server_close(). */
 edl_etcd_server *harness_etcd_open(int members, const char *const *extra_args);
+/* One member with authentication on (extra_args as above): users root:rootpw (role root) and
+ * trainer:s3cret, whose role edl may read and write under /edl/. Fails the test otherwise. */
+edl_etcd_server *harness_etcd_open_auth(const char *const *extra_args);
 /* A cmocka teardown that frees the edl_etcd_server in *state: a test that stores its server
  * there (`s = *state = harness_etcd_open(...)`) cleans up even when an assertion fails. */
 int harness_teardown_etcd(void **state);

@@ -49,3 +49,23 @@ void harness_kill(pid_t pid, int sig)
     if (sig == SIGKILL)
         waitpid(pid, NULL, 0);
 }
+
+int harness_run(const char *const *argv, const char *log_path, int timeout_ms, char *out,
+                size_t outlen)
+{
+    unlink(log_path);
+    pid_t pid = harness_spawn(argv, log_path);
+    if (pid <= 0)
+        return -1;
+    int rc = harness_wait_exit(pid, timeout_ms);
+    if (rc == -1)
+        harness_kill(pid, SIGKILL);
+    if (out && outlen) {
+        FILE *f = fopen(log_path, "r");
+        size_t got = f ? fread(out, 1, outlen - 1, f) : 0;
+        out[got] = '\0';
+        if (f)
+            fclose(f);
+    }
+    return rc;
+}

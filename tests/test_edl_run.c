@@ -66,17 +66,21 @@ static int edl_cmd(char *out, size_t outlen, const char *const *args)
     argv[n] = NULL;
     char log[300];
     snprintf(log, sizeof log, "%s/cmd.out", g_dir);
-    unlink(log);
-    pid_t pid = harness_spawn(argv, log);
-    int rc = harness_wait_exit(pid, 60000);
-    if (out) {
-        FILE *f = fopen(log, "r");
-        size_t got = f ? fread(out, 1, outlen - 1, f) : 0;
-        out[got] = '\0';
-        if (f)
-            fclose(f);
-    }
-    return rc;
+    return harness_run(argv, log, 60000, out, outlen);
+}
+
+/* True when one line of the job's `edl run` log contains a, b and c (NULL: anything). */
+static bool log_has(const char *job, const char *a, const char *b, const char *c)
+{
+    char log[300], line[2048];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    FILE *f = fopen(log, "r");
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, a) && (!b || strstr(line, b)) && (!c || strstr(line, c));
+    if (f)
+        fclose(f);
+    return found;
 }
 
 /* Start `edl run` in the background (output appended to <dir>/<job>.log). */
@@ -291,21 +295,13 @@ static void test_trainer_error_file_restart_count_and_master_port(void **state)
     char out[4096];
     edl_cmd(out, sizeof out, st);
     assert_non_null(strstr(out, "ValueError: bad batch (restart 1)"));
-    char log[300], line[1024];
-    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
-    FILE *f = fopen(log, "r");
-    assert_non_null(f);
-    bool logged = false;
-    while (fgets(line, sizeof line, f))
-        logged = logged || (strstr(line, "jobserver") && strstr(line, "restart 1 of 1 after") &&
-                            strstr(line, "ValueError: bad batch (restart 0)"));
-    fclose(f);
-    assert_true(logged);
+    assert_true(log_has(job, "jobserver", "restart 1 of 1 after",
+                        "ValueError: bad batch (restart 0)"));
     long gen[2][2], port[2][2], count[2][2];
     for (int r = 0; r < 2; r++) {
         char path[300];
         snprintf(path, sizeof path, "%s/ports.%d", g_dir, r);
-        f = fopen(path, "r");
+        FILE *f = fopen(path, "r");
         assert_non_null(f);
         for (int k = 0; k < 2; k++)
             assert_int_equal(fscanf(f, "%ld %ld %ld", &gen[r][k], &port[r][k], &count[r][k]), 3);
@@ -509,16 +505,7 @@ static void test_rank_stuck_in_a_collective_is_a_hang(void **state)
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(c.restarts, 1);
     assert_int_equal(c.n_failures, 0); /* a hang blames nobody */
-    char log[300], line[1024];
-    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
-    FILE *f = fopen(log, "r");
-    assert_non_null(f);
-    bool restarted = false;
-    while (fgets(line, sizeof line, f))
-        restarted = restarted || (strstr(line, "hung: blocked for") &&
-                                  strstr(line, "allreduce #") && strstr(line, "waiting on rank 1"));
-    fclose(f);
-    assert_true(restarted);
+    assert_true(log_has(job, "hung: blocked for", "allreduce #", "waiting on rank 1"));
     print_message("hang found and the job restarted and finished in %lld ms\n",
                   (long long)(harness_now_ms() - t0));
     edl_generation_clear(&c);

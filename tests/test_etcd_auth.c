@@ -19,17 +19,7 @@ static int setup(void **state)
     (void)state;
     /* tokens that expire after 2 s, so renewal is exercised within the test */
     static const char *const args[] = {"--auth-token-ttl=2", NULL};
-    srv = harness_etcd_open(1, args);
-    const char *eps = edl_etcd_server_endpoints(srv);
-    if (harness_etcdctl(eps, NULL, "user add root:rootpw") != 0 ||
-        harness_etcdctl(eps, NULL, "user grant-role root root") != 0 ||
-        harness_etcdctl(eps, NULL, "user add trainer:s3cret") != 0 ||
-        harness_etcdctl(eps, NULL, "role add edl") != 0 ||
-        harness_etcdctl(eps, NULL, "role grant-permission edl --prefix=true readwrite /edl/") != 0 ||
-        harness_etcdctl(eps, NULL, "user grant-role trainer edl") != 0 ||
-        harness_etcdctl(eps, NULL, "auth enable") != 0 ||
-        harness_etcdctl(eps, NULL, "get /edl/probe") == 0) /* refused without a user now */
-        fail_msg("could not turn on auth with etcdctl");
+    srv = harness_etcd_open_auth(args);
     return 0;
 }
 

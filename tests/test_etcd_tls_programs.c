@@ -58,16 +58,7 @@ static void start_tls_etcd(void)
 
 static void start_auth_etcd(void)
 {
-    g_auth = harness_etcd_open(1, NULL);
-    const char *eps = edl_etcd_server_endpoints(g_auth);
-    if (harness_etcdctl(eps, NULL, "user add root:rootpw") != 0 ||
-        harness_etcdctl(eps, NULL, "user grant-role root root") != 0 ||
-        harness_etcdctl(eps, NULL, "user add trainer:s3cret") != 0 ||
-        harness_etcdctl(eps, NULL, "role add edl") != 0 ||
-        harness_etcdctl(eps, NULL, "role grant-permission edl --prefix=true readwrite /edl/") != 0 ||
-        harness_etcdctl(eps, NULL, "user grant-role trainer edl") != 0 ||
-        harness_etcdctl(eps, NULL, "auth enable") != 0)
-        fail_msg("could not turn on auth with etcdctl");
+    g_auth = harness_etcd_open_auth(NULL);
 }
 
 static int setup(void **state)
@@ -105,19 +96,7 @@ static const char *auth_ep(void)
 /* Run argv to its end (at most timeout_ms) with its output in out: the exit status. */
 static int run(const char *const *argv, char *out, size_t outlen, int timeout_ms)
 {
-    const char *log = path("cmd.out");
-    unlink(log);
-    pid_t pid = harness_spawn(argv, log);
-    assert_true(pid > 0);
-    int rc = harness_wait_exit(pid, timeout_ms);
-    if (rc == -1)
-        harness_kill(pid, SIGKILL);
-    FILE *f = fopen(log, "r");
-    size_t got = f ? fread(out, 1, outlen - 1, f) : 0;
-    out[got] = '\0';
-    if (f)
-        fclose(f);
-    return rc;
+    return harness_run(argv, path("cmd.out"), timeout_ms, out, outlen);
 }
 
 /* The client settings of the certificate-requiring etcd, in the environment (children inherit
