@@ -173,6 +173,20 @@ static void publish_dead(edl_comm *c, const char *reason)
     free(k);
 }
 
+/* This rank saw its group break and lives on, waiting to re-form: the job server tells the
+ * survivors of a dead generation from a silent member (whose agent may have died) by these. */
+static void publish_alive(edl_comm *c)
+{
+    if (!c->etcd || c->size <= 1)
+        return;
+    char name[32];
+    snprintf(name, sizeof name, "%s%d", EDL_GEN_ALIVE, c->rank);
+    char *k = gen_key(c, c->gen, name);
+    if (k && edl_etcd_put(c->etcd, edl_str(k), edl_str(""), NULL, NULL) != 0)
+        EDL_DEBUG("coll", "could not publish %s", k);
+    free(k);
+}
+
 int coll_fail(edl_comm *c, int rc)
 {
     if (c->broken)
@@ -182,6 +196,7 @@ int coll_fail(edl_comm *c, int rc)
     EDL_WARN("coll", "rank %d of generation %" PRId64 ": %s (%s); the group must re-form",
              c->rank, c->gen, c->err, edl_strerror(rc));
     publish_dead(c, c->err);
+    publish_alive(c);
     return rc;
 }
 

@@ -64,6 +64,7 @@ typedef struct snapshot {
     char current_error[512];
     int64_t max_status_gen;
     char *gen_dead; /* gen/<current>/dead, as trainers published it (NULL: none) */
+    bool *gen_alive; /* [current.n_members]: gen/<current>/alive/<rank> exists (NULL: none) */
 } snapshot;
 
 static int64_t wall_ms(void)
@@ -82,6 +83,7 @@ static void snapshot_free(snapshot *s)
     free(s->has_status);
     edl_generation_clear(&s->current);
     free(s->gen_dead);
+    free(s->gen_alive);
     memset(s, 0, sizeof *s);
 }
 
@@ -199,6 +201,20 @@ static void read_dead(jobserver *js, const edl_range_result *r, snapshot *s)
         if (edl_job_key_is_gen(&ki, s->current.generation, EDL_GEN_DEAD)) {
             size_t len = kv->value_len > 300 ? 300 : kv->value_len;
             s->gen_dead = strndup(kv->value, len);
+        }
+        size_t al = strlen(EDL_GEN_ALIVE);
+        if (ki.kind == EDL_KEY_GEN && ki.gen == s->current.generation && ki.name_len > al &&
+            ki.name_len < al + 12 && memcmp(ki.name, EDL_GEN_ALIVE, al) == 0) {
+            char digits[16];
+            memcpy(digits, ki.name + al, ki.name_len - al);
+            digits[ki.name_len - al] = '\0';
+            char *end;
+            long rank = strtol(digits, &end, 10);
+            if (*end || rank < 0 || (size_t)rank >= s->current.n_members)
+                continue; /* not one of ours: ignored */
+            if (!s->gen_alive && !(s->gen_alive = calloc(s->current.n_members, sizeof(bool))))
+                continue;
+            s->gen_alive[rank] = true;
         }
     }
 }
@@ -351,7 +367,7 @@ static int reconcile_once(jobserver *js, int64_t *wake, int *final_state)
             .pods = s.pods, .n_pods = s.n_pods, .status = s.status, .has_status = s.has_status,
             .current = &s.current, .max_status_gen = s.max_status_gen, .now_ms = wall_ms(),
             .mono_ms = edl_monotonic_ms(),
-            .leader_id = js->cfg->id, .gen_dead = s.gen_dead,
+            .leader_id = js->cfg->id, .gen_dead = s.gen_dead, .gen_alive = s.gen_alive,
         };
         js_decision d;
         rc = js_reconcile(&o, &js->mem, &d);

@@ -567,6 +567,28 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
     return true;
 }
 
+/* A dead generation whose survivors said they live on (gen/<n>/alive/<rank>, libedlcoll): a
+ * member that still reports running but never said so may be silent (its agent died with its
+ * trainer). Until it says so or its pod disappears (a loss, no restart: js_reconcile), wait, at
+ * most its lease TTL + 1 s from when the generation was declared dead. The time to wait until
+ * (0: nobody is silent). */
+static int64_t silent_until(const js_observed *o, int64_t dead_since)
+{
+    const edl_generation *c = o->current;
+    int64_t ttl_ms = 0;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        int r = c->members[k].rank;
+        if (i < 0 || (o->gen_alive && r >= 0 && (size_t)r < c->n_members && o->gen_alive[r]) ||
+            (o->has_status[i] && o->status[i].generation == c->generation &&
+             o->status[i].state != EDL_TRAINER_RUNNING))
+            continue;
+        int64_t t = (o->pods[i].ttl_s ? o->pods[i].ttl_s : o->spec->ttl_s) * 1000;
+        ttl_ms = t > ttl_ms ? t : ttl_ms;
+    }
+    return ttl_ms ? dead_since + ttl_ms + HOLD_MARGIN_MS : 0;
+}
+
 static const failure *first_permanent(const edl_job_spec *sp, const failure *fl, size_t nf)
 {
     for (size_t i = 0; i < nf; i++)
@@ -613,6 +635,9 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
             mem->dead_since_mono_ms = o->mono_ms;
         }
         int64_t due = mem->dead_since_mono_ms + (sp->settle_ms > 1000 ? sp->settle_ms : 1000);
+        int64_t silent = silent_until(o, mem->dead_since_mono_ms);
+        if (silent > due)
+            due = silent;
         if (o->mono_ms >= due)
             dead = true;
         else if (!wake || due < wake)

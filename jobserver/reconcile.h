@@ -28,6 +28,7 @@ typedef struct js_observed {
     int64_t mono_ms;            /* monotonic clock, for windows kept in memory */
     const char *leader_id;
     const char *gen_dead;       /* the current generation's gen/<n>/dead value (NULL: none) */
+    const bool *gen_alive;      /* [rank]: gen/<n>/alive/<rank> exists (NULL: none does) */
 } js_observed;
 
 typedef struct js_progress {

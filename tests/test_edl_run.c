@@ -511,26 +511,26 @@ static void test_rank_stuck_in_a_collective_is_a_hang(void **state)
     edl_generation_clear(&c);
 }
 
-/* A pod's agent is SIGKILLed (its trainer dies with it) while torchrun-style trainers, which
- * exit 1 when their collective breaks, run on the others. The survivors' exits are the fallout
- * of the loss: the job server waits for the silent pod's lease, publishes no generation that
- * still holds it, spends no restart and blames nobody; the job finishes. */
-static void test_peer_loss_spends_no_restart(void **state)
+/* A pod's agent is SIGKILLed (its trainer dies with it) while the others train. Restart mode:
+ * torchrun-style trainers exit 1 when their collective breaks; in-process mode: libedlcoll's
+ * trainers declare the generation dead and wait to re-form. Either way the survivors' reaction
+ * is the fallout of the loss: the job server waits for the silent pod's lease, publishes no
+ * generation that still holds it, spends no restart and blames nobody; the job finishes. */
+static void peer_loss_case(const char *job, const char *mode)
 {
-    (void)state;
-    const char *job = "loss";
+    char pod[64];
+    snprintf(pod, sizeof pod, "%s-2", job);
     const char *opts[] = {"--np", "3", "--etcd", ep(), "--settle-ms", "300", "--ttl", "2",
-                          "--grace-ms", "1000", NULL};
+                          "--grace-ms", "1000", "--elastic-mode", mode, NULL};
     char script[600];
-    snprintf(script, sizeof script,
-             "EDL_TEST_EXIT_ON_FAILURE=1 EDL_TEST_STEP_MS=40 exec %s elastic 150",
-             EDL_COLL_WORKER);
+    snprintf(script, sizeof script, "%sEDL_TEST_STEP_MS=40 exec %s elastic 150",
+             strcmp(mode, "restart") == 0 ? "EDL_TEST_EXIT_ON_FAILURE=1 " : "", EDL_COLL_WORKER);
     pid_t run = edl_run(job, opts, script);
     edl_generation c = {0};
     wait_running(job, 3, 20000, &c);
     int64_t g = c.generation;
     harness_sleep_ms(1000);
-    signal_agent(job, "loss-2", SIGKILL);
+    signal_agent(job, pod, SIGKILL);
     assert_int_equal(harness_wait_exit(run, 90000), 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
@@ -548,6 +548,18 @@ static void test_peer_loss_spends_no_restart(void **state)
     assert_int_equal(c.restarts, 0);
     assert_int_equal(c.n_failures, 0);
     edl_generation_clear(&c);
+}
+
+static void test_peer_loss_spends_no_restart(void **state)
+{
+    (void)state;
+    peer_loss_case("loss", "restart");
+}
+
+static void test_peer_loss_in_process_spends_no_restart(void **state)
+{
+    (void)state;
+    peer_loss_case("iploss", "inprocess");
 }
 
 static void test_etcd_outage_does_not_kill_trainers(void **state)
@@ -803,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
         cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),
         cmocka_unit_test(test_peer_loss_spends_no_restart),
+        cmocka_unit_test(test_peer_loss_in_process_spends_no_restart),
         cmocka_unit_test(test_etcd_outage_does_not_kill_trainers),
         cmocka_unit_test(test_example_trainer_survives_reformation),
     };

@@ -90,6 +90,7 @@ static void all_running(world *w)
 }
 
 static const char *g_dead; /* the current generation's dead key, as trainers published it */
+static const bool *g_alive; /* [rank]: its gen/<n>/alive/<rank> key (NULL: none) */
 
 /* Run the reconciler; when it publishes, the result becomes the current generation. */
 static js_decision step(world *w)
@@ -100,7 +101,8 @@ static js_decision step(world *w)
             max_status_gen = w->st[i].generation;
     js_observed o = {.spec = &w->spec, .pods = w->pods, .n_pods = w->n, .status = w->st,
                      .has_status = w->has, .current = &w->cur, .max_status_gen = max_status_gen,
-                     .now_ms = w->now, .mono_ms = w->mono, .leader_id = "js", .gen_dead = g_dead};
+                     .now_ms = w->now, .mono_ms = w->mono, .leader_id = "js", .gen_dead = g_dead,
+                     .gen_alive = g_alive};
     js_decision d;
     assert_int_equal(js_reconcile(&o, &w->mem, &d), 0);
     if (d.action == JS_PUBLISH) {
@@ -234,7 +236,9 @@ static void test_generation_declared_dead_reforms_same_members(void **state)
     form(&w, 3);
     int64_t g = w.cur.generation;
     int restarts = w.cur.restarts;
+    static const bool all_alive[3] = {true, true, true}; /* every rank said it lives on */
     g_dead = "{\"rank\":1,\"reason\":\"no progress for 1000 ms\"}";
+    g_alive = all_alive;
     js_decision d = step(&w);
     assert_int_equal(d.action, JS_NOTHING); /* the grace: a trainer's exit may still come */
     assert_true(d.wake_mono_ms > w.mono);
@@ -248,9 +252,46 @@ static void test_generation_declared_dead_reforms_same_members(void **state)
     members_are(&w, "p0 p1 p2");
     assert_non_null(strstr(w.cur.reason, "declared dead"));
     g_dead = NULL; /* the new generation has no dead key */
+    g_alive = NULL;
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
     js_decision_clear(&d);
+    world_free(&w);
+}
+
+/* In-process trainers declare their generation dead when a member's agent dies with its
+ * trainer; that member says nothing, and its status keeps saying "running". The survivors
+ * say they live on; the server waits for the silent one (at most its TTL + 1 s): its lease
+ * expires, and the loss is published, costing no restart and holding no silent member. */
+static void test_dead_generation_waits_for_its_silent_member(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 8);
+    w.spec.mode = EDL_MODE_INPROCESS;
+    w.spec.ttl_s = 3;
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    static const bool survivors[3] = {true, true, false}; /* rank 2 (p2) is silent */
+    g_dead = "{\"rank\":0,\"reason\":\"rank 2 is gone (connection closed)\"}";
+    g_alive = survivors;
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 4000); /* TTL + 1 s, not the 1 s grace */
+    js_decision_clear(&d);
+    advance(&w, 2000);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* no re-form that holds the silent p2 */
+    js_decision_clear(&d);
+    remove_pod(&w, 2); /* its lease expired */
+    d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.restarts, 0);
+    members_are(&w, "p0 p1");
+    g_dead = NULL;
+    g_alive = NULL;
     world_free(&w);
 }
 
@@ -653,6 +694,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
         cmocka_unit_test(test_peer_loss_blames_nobody),
+        cmocka_unit_test(test_dead_generation_waits_for_its_silent_member),
         cmocka_unit_test(test_failure_hold_ends_after_the_ttl),
         cmocka_unit_test(test_hung_rank_restarts_without_blame),
         cmocka_unit_test(test_failure_count_saturates_at_its_bound),

@@ -65,6 +65,7 @@ typedef struct edl_job_keys {
 #define EDL_GEN_CPU "cpu/"        /* cpu/<rank>: a rank's collective endpoint */
 #define EDL_GEN_NCCL_ID "nccl-id" /* the NCCL unique id of generation n */
 #define EDL_GEN_MASTER "master"   /* MASTER_PORT of generation n, picked by rank 0's agent */
+#define EDL_GEN_ALIVE "alive/"    /* alive/<rank>: that rank saw its group break and lives on */
 
 /* Build every key (prefix NULL: EDL_DEFAULT_PREFIX; trailing slashes are dropped). EDL_EINVAL
  * for an invalid job name, EDL_ENOMEM. */
