@@ -32,6 +32,8 @@ pid_t harness_spawn(const char *const *argv, const char *log_path);
 int harness_wait_exit(pid_t pid, int timeout_ms);
 /* Send a signal; after SIGKILL also reap the child. */
 void harness_kill(pid_t pid, int sig);
+/* The file's contents in buf (NUL-terminated, cut to len - 1; "" when unreadable): buf. */
+char *harness_read_file(const char *path, char *buf, size_t len);
 /* Run argv to its end (killed after timeout_ms) with its output in log_path (truncated first)
  * and copied into out (NUL-terminated; out may be NULL): its exit status as above. */
 int harness_run(const char *const *argv, const char *log_path, int timeout_ms, char *out,

@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "edl/common.h"
 #include "harness.h"
 
 /* HTTP/1.0-style request on a fresh connection; the whole reply into out. Returns its status. */
@@ -48,16 +49,7 @@ int harness_http_get(int port, const char *path, char *out, size_t outlen)
 
 int harness_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t len = sizeof sa;
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
+    int port = edl_free_port("127.0.0.1");
+    return port > 0 ? port : -1;
 }
 

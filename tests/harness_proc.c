@@ -50,6 +50,16 @@ void harness_kill(pid_t pid, int sig)
         waitpid(pid, NULL, 0);
 }
 
+char *harness_read_file(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return buf;
+}
+
 int harness_run(const char *const *argv, const char *log_path, int timeout_ms, char *out,
                 size_t outlen)
 {
@@ -60,12 +70,7 @@ int harness_run(const char *const *argv, const char *log_path, int timeout_ms, c
     int rc = harness_wait_exit(pid, timeout_ms);
     if (rc == -1)
         harness_kill(pid, SIGKILL);
-    if (out && outlen) {
-        FILE *f = fopen(log_path, "r");
-        size_t got = f ? fread(out, 1, outlen - 1, f) : 0;
-        out[got] = '\0';
-        if (f)
-            fclose(f);
-    }
+    if (out && outlen)
+        harness_read_file(log_path, out, outlen);
     return rc;
 }

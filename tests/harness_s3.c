@@ -38,19 +38,6 @@ struct harness_s3 {
     unsigned seq;
 };
 
-static int free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &alen) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 bool harness_s3_available(void)
 {
     if (getenv("EDL_TEST_S3_ENDPOINT") && getenv("EDL_TEST_S3_ENDPOINT")[0])
@@ -142,7 +129,7 @@ harness_s3 *harness_s3_open(void)
         return NULL;
     }
     for (int attempt = 0; attempt < 3; attempt++) {
-        h->port = free_port();
+        h->port = harness_free_port();
         h->pid = spawn_s3rver(h);
         if (h->pid < 0)
             break;

@@ -165,16 +165,6 @@ static void test_json_reader_checks_types_ranges_and_keeps_the_first_error(void 
 
 static char dir[] = "/tmp/edl-test-core-XXXXXX";
 
-static char *slurp(const char *path, char *buf, size_t len)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return buf;
-}
-
 static void test_spawn_places_fds_resets_signals_and_keeps_the_rest_out(void **state)
 {
     (void)state;
@@ -210,7 +200,7 @@ static void test_spawn_places_fds_resets_signals_and_keeps_the_rest_out(void **s
     close(p[1]);
     assert_int_equal(harness_wait_exit(pid, 5000), 0);
     close(stray);
-    slurp(log, out, sizeof out);
+    harness_read_file(log, out, sizeof out);
     print_message("%s", out);
     assert_non_null(strstr(out, "var=yes home=unset"));
     assert_non_null(strstr(out, "got=ping"));
