@@ -561,8 +561,9 @@ static int campaign(jobserver *js)
             if (rc) {
                 js->m.etcd_errors++;
                 serve_http(js);
-                EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying",
-                         edl_strerror(rc), edl_etcd_errmsg(js->c));
+                EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying (check --etcd "
+                         "and, for https, --cacert, --cert and --key)", edl_strerror(rc),
+                         edl_etcd_errmsg(js->c));
                 usleep((useconds_t)backoff * 1000);
                 backoff = backoff < 3000 ? backoff * 2 : 3000;
                 continue;
