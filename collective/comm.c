@@ -107,16 +107,11 @@ static int gen_entry(const edl_comm *c, const edl_kv *kv, long *rank)
         return GEN_OTHER;
     if (edl_job_key_is_gen(&ki, c->gen, EDL_GEN_DEAD))
         return GEN_DEAD;
-    size_t cl = strlen(EDL_GEN_CPU);
-    char digits[12];
-    if (ki.name_len <= cl || ki.name_len - cl >= sizeof digits ||
-        memcmp(ki.name, EDL_GEN_CPU, cl) != 0)
+    int r;
+    if (!edl_job_key_gen_rank(&ki, c->gen, EDL_GEN_CPU, &r))
         return GEN_OTHER;
-    memcpy(digits, ki.name + cl, ki.name_len - cl);
-    digits[ki.name_len - cl] = '\0';
-    char *end;
-    *rank = strtol(digits, &end, 10);
-    return *end || end == digits ? GEN_OTHER : GEN_CPU;
+    *rank = r;
+    return GEN_CPU;
 }
 
 /* The dead key appeared: say so (the trainers' reason) in c->err. */

@@ -148,3 +148,23 @@ bool edl_job_key_is_gen(const edl_job_key_info *info, int64_t gen, const char *n
     return info->kind == EDL_KEY_GEN && info->gen == gen && strlen(name) == info->name_len &&
            memcmp(info->name, name, info->name_len) == 0;
 }
+
+bool edl_job_key_gen_rank(const edl_job_key_info *info, int64_t gen, const char *prefix,
+                          int *rank)
+{
+    size_t pl = strlen(prefix), n = info->name_len - pl;
+    if (info->kind != EDL_KEY_GEN || info->gen != gen || info->name_len <= pl || n > 10 ||
+        memcmp(info->name, prefix, pl) != 0)
+        return false;
+    const char *d = info->name + pl;
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (d[i] < '0' || d[i] > '9' || (i == 0 && d[i] == '0' && n > 1))
+            return false;
+        v = v * 10 + (d[i] - '0');
+    }
+    if (v > INT32_MAX)
+        return false;
+    *rank = (int)v;
+    return true;
+}

@@ -202,15 +202,9 @@ static void read_dead(jobserver *js, const edl_range_result *r, snapshot *s)
             size_t len = kv->value_len > 300 ? 300 : kv->value_len;
             s->gen_dead = strndup(kv->value, len);
         }
-        size_t al = strlen(EDL_GEN_ALIVE);
-        if (ki.kind == EDL_KEY_GEN && ki.gen == s->current.generation && ki.name_len > al &&
-            ki.name_len < al + 12 && memcmp(ki.name, EDL_GEN_ALIVE, al) == 0) {
-            char digits[16];
-            memcpy(digits, ki.name + al, ki.name_len - al);
-            digits[ki.name_len - al] = '\0';
-            char *end;
-            long rank = strtol(digits, &end, 10);
-            if (*end || rank < 0 || (size_t)rank >= s->current.n_members)
+        int rank;
+        if (edl_job_key_gen_rank(&ki, s->current.generation, EDL_GEN_ALIVE, &rank)) {
+            if ((size_t)rank >= s->current.n_members)
                 continue; /* not one of ours: ignored */
             if (!s->gen_alive && !(s->gen_alive = calloc(s->current.n_members, sizeof(bool))))
                 continue;

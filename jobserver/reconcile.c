@@ -517,6 +517,13 @@ out:
     return rc;
 }
 
+/* How long pods[i] may stay silent before etcd drops it: its lease TTL (the spec's when the
+ * pod does not say). */
+static int64_t pod_ttl_ms(const js_observed *o, int i)
+{
+    return (o->pods[i].ttl_s ? o->pods[i].ttl_s : o->spec->ttl_s) * 1000;
+}
+
 /* A member of the current generation whose pod is gone (its lease expired or it left). */
 static bool member_lost(const js_observed *o)
 {
@@ -550,7 +557,7 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
         if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation ||
             o->status[i].state != EDL_TRAINER_RUNNING)
             continue;
-        int64_t t = (o->pods[i].ttl_s ? o->pods[i].ttl_s : o->spec->ttl_s) * 1000;
+        int64_t t = pod_ttl_ms(o, i);
         ttl_ms = t > ttl_ms ? t : ttl_ms;
     }
     if (!ttl_ms)
@@ -583,7 +590,7 @@ static int64_t silent_until(const js_observed *o, int64_t dead_since)
             (o->has_status[i] && o->status[i].generation == c->generation &&
              o->status[i].state != EDL_TRAINER_RUNNING))
             continue;
-        int64_t t = (o->pods[i].ttl_s ? o->pods[i].ttl_s : o->spec->ttl_s) * 1000;
+        int64_t t = pod_ttl_ms(o, i);
         ttl_ms = t > ttl_ms ? t : ttl_ms;
     }
     return ttl_ms ? dead_since + ttl_ms + HOLD_MARGIN_MS : 0;

@@ -387,6 +387,24 @@ static void test_keys_are_built_and_recognised_in_one_place(void **state)
     assert_true(edl_job_key_is_gen(&ki, 12, EDL_GEN_DEAD));
     assert_false(edl_job_key_is_gen(&ki, 11, EDL_GEN_DEAD));
     assert_false(edl_job_key_is_gen(&ki, 12, "dea"));
+    /* per-rank entries: canonical ranks only */
+    int rank = -1;
+    assert_false(edl_job_key_gen_rank(&ki, 12, EDL_GEN_ALIVE, &rank)); /* "dead" */
+    const char *ranked[][2] = {{"alive/3", "3"}, {"alive/0", "0"}, {"alive/2147483647", "max"},
+                               {"alive/", NULL}, {"alive/03", NULL}, {"alive/-1", NULL},
+                               {"alive/+1", NULL}, {"alive/2147483648", NULL}, {"alive/1x", NULL},
+                               {"cpu/3", NULL}};
+    for (size_t i = 0; i < sizeof ranked / sizeof ranked[0]; i++) {
+        char *key = edl_job_key_gen(&k, 12, ranked[i][0]);
+        assert_int_equal(edl_job_key_parse(&k, key, strlen(key), &ki), EDL_KEY_GEN);
+        bool ok = edl_job_key_gen_rank(&ki, 12, EDL_GEN_ALIVE, &rank);
+        if (ok != (ranked[i][1] != NULL))
+            fail_msg("%s: %s", ranked[i][0], ok ? "accepted" : "refused");
+        if (ok)
+            assert_int_equal(rank, strcmp(ranked[i][1], "max") ? atoi(ranked[i][1]) : INT32_MAX);
+        assert_false(edl_job_key_gen_rank(&ki, 11, EDL_GEN_ALIVE, &rank)); /* other generation */
+        free(key);
+    }
     assert_int_equal(edl_job_key_parse(&k, k.spec, strlen(k.spec), &ki), EDL_KEY_SPEC);
     assert_int_equal(edl_job_key_parse(&k, k.leader, strlen(k.leader), &ki), EDL_KEY_LEADER);
     assert_int_equal(edl_job_key_parse(&k, k.generation, strlen(k.generation), &ki),

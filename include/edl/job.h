@@ -101,6 +101,10 @@ edl_job_key_kind edl_job_key_parse(const edl_job_keys *k, const char *key, size_
                                    edl_job_key_info *out);
 /* True when info names this entry of generation n's rendezvous data. */
 bool edl_job_key_is_gen(const edl_job_key_info *info, int64_t gen, const char *name);
+/* True when info names a per-rank entry "<prefix><rank>" of generation n (prefix: EDL_GEN_CPU,
+ * EDL_GEN_ALIVE), the rank a canonical decimal below 2^31 in *rank. */
+bool edl_job_key_gen_rank(const edl_job_key_info *info, int64_t gen, const char *prefix,
+                          int *rank);
 
 /* ---- spec ------------------------------------------------------------------------------- */
 
