@@ -1,0 +1,80 @@
+/* edl/trainingjob.h: the TrainingJob resource (deploy/k8s/crd.yaml, group edl.dev, version
+ * v1alpha1) read into what edl runs: the job spec that goes to etcd (edl_job_spec), the pod
+ * template, and the settings the operator applies itself (suspend, cleanPodPolicy,
+ * ttlSecondsAfterFinished, activeDeadlineSeconds).
+ *
+ * One reader for both users of the manifest: the operator parses the objects the API server
+ * sends, `edl run -f job.yaml` parses the same manifest from a file (edl/yaml.h turns YAML into
+ * the same cJSON tree and a field path back into a line). The reader applies the CRD's
+ * defaults itself (a stand-in or an old API server may not have), never trusts its input, and
+ * names the offending field: field="spec.elastic.settleWindow", err="must be a duration like
+ * 1s or 500ms". */
+#ifndef EDL_TRAININGJOB_H
+#define EDL_TRAININGJOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "edl/job.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EDL_TJ_GROUP "edl.dev"
+#define EDL_TJ_VERSION "v1alpha1"
+#define EDL_TJ_API_VERSION "edl.dev/v1alpha1"
+#define EDL_TJ_KIND "TrainingJob"
+#define EDL_TJ_PLURAL "trainingjobs"
+#define EDL_TJ_LABEL_JOB "edl.dev/job"     /* on every pod of a job: its name */
+#define EDL_TJ_LABEL_ROLE "edl.dev/role"   /* "worker" (parameter servers, teachers later) */
+#define EDL_TJ_LABEL_INDEX "edl.dev/index" /* the pod's index: higher is newer */
+#define EDL_TJ_FINALIZER "edl.dev/etcd-cleanup"
+
+typedef enum edl_clean_pod_policy {
+    EDL_CLEAN_RUNNING = 0, /* delete the pods still running when the job ends (default) */
+    EDL_CLEAN_ALL,         /* delete every pod */
+    EDL_CLEAN_NONE,        /* keep them all */
+} edl_clean_pod_policy;
+
+typedef struct edl_trainingjob {
+    char *name, *ns, *uid;         /* metadata (ns: "default" when absent; uid may be NULL) */
+    int64_t generation;            /* metadata.generation (0 when absent) */
+    bool deleting;                 /* metadata.deletionTimestamp is set */
+    edl_job_spec spec;             /* replicas, min, max and the elastic settings */
+    bool suspend;
+    edl_clean_pod_policy clean_pod_policy;
+    int64_t ttl_after_finished_s;  /* -1: keep the job */
+    int64_t active_deadline_s;     /* -1: no deadline */
+    cJSON *pod_template;           /* a copy of spec.template (owned) */
+    char **command;                /* the first container's command then args (NULL-terminated,
+                                    * owned): what edl-agent wraps */
+    size_t n_command;
+} edl_trainingjob;
+
+/* Read a TrainingJob object. On a problem: EDL_EPROTO (wrong type, missing field) or
+ * EDL_ECONFIG (a value out of range, min > max, an unknown enum name), `field` receives its
+ * path ("spec.minReplicas", "spec.template.spec.containers[0].command") and `err` what is wrong
+ * with it (without the path); *out is left cleared. */
+int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
+                          char *err, size_t errlen);
+void edl_trainingjob_clear(edl_trainingjob *tj);
+
+/* A Kubernetes-style duration: one or more <number><unit>, unit ms, s, m or h ("1m30s",
+ * "500ms", "1.5s"); EDL_ECONFIG otherwise or when over 30 days. */
+int edl_duration_parse(const char *s, int64_t *ms);
+
+/* Fields of the manifest that only mean something on a cluster (spec.template's image,
+ * resources, nodeSelector, ...): calls report(arg, field path) for each one present, so that
+ * `edl run -f` can say it ignores them. */
+void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, const char *field),
+                                  void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
