@@ -179,6 +179,9 @@ void registry_watch_events(agent *a);
 void registry_status_set(agent *a, const edl_pod_status *s);
 void registry_status_flush(agent *a);   /* write if dirty and due */
 
+/* install.c: `edl-agent --install DIR`: copy this binary to DIR/edl-agent; an exit code. */
+int agent_install(const char *dir);
+
 /* agent.c */
 int agent_run(agent_opts *o);
 void agent_reconcile(agent *a);

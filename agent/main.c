@@ -16,9 +16,11 @@
 
 static const char usage_text[] =
     "usage: edl-agent --etcd URLS --job NAME [options] -- TRAINER [ARGS...]\n"
+    "       edl-agent --install DIR\n"
     "\n"
     "Registers this pod in a job under an etcd lease and runs TRAINER for every\n"
-    "generation this pod is a member of (see docs/agent.md).\n"
+    "generation this pod is a member of (see docs/agent.md). --install copies this\n"
+    "binary to DIR/edl-agent and exits (the operator's init container does that).\n"
     "\n"
     "options:\n"
     EDL_ETCD_OPTIONS_HELP
@@ -207,6 +209,8 @@ static void opts_free(agent_opts *o)
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--install") == 0)
+        return agent_install(argv[2]);
     edl_log_setup_from_env();
     agent_opts o = {.grace_ms = 10000, .startup_timeout_ms = 30000};
     edl_etcd_config_init(&o.etcd);
