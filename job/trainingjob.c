@@ -1,0 +1,579 @@
+/* trainingjob.c: the TrainingJob resource (edl/trainingjob.h, deploy/k8s/crd.yaml) read into the
+ * job spec, the pod template and the operator's own settings, with the CRD's defaults applied
+ * here (an old API server, or `edl run -f`, has not applied them).
+ *
+ * Every problem names the field by its path ("spec.template.spec.containers[0].args[2]") and
+ * says what is wrong without repeating the path, so that `edl run -f` can put the manifest's
+ * line in front and the operator can put the object's name. Bounds are those of the CRD, and
+ * never wider than what edl_spec_parse accepts back from etcd (a day for every duration), so a
+ * manifest that reads here never yields a spec the job server refuses. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edl/json.h"
+#include "edl/trainingjob.h"
+
+#define DAY_MS INT64_C(86400000)
+#define DURATION_MAX_MS (30 * DAY_MS)
+#define COMMAND_MAX 4096     /* elements of command + args */
+#define STRING_MAX 65536     /* one argument */
+
+typedef struct tj_ctx {
+    char *field;
+    size_t fieldlen;
+    char *err;
+    size_t errlen;
+    int rc;
+} tj_ctx;
+
+/* Record the first problem: field = pre.name (pre alone when name is NULL). */
+static bool fail(tj_ctx *c, int rc, const char *pre, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static bool fail(tj_ctx *c, int rc, const char *pre, const char *name, const char *fmt, ...)
+{
+    if (c->rc)
+        return false;
+    c->rc = rc;
+    if (c->field && c->fieldlen)
+        snprintf(c->field, c->fieldlen, "%s%s%s", pre, name && *pre ? "." : "", name ? name : "");
+    if (c->err && c->errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->errlen, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
+
+static void path_of(char *buf, size_t n, const char *pre, const char *name)
+{
+    snprintf(buf, n, "%s%s%s", pre, *pre ? "." : "", name);
+}
+
+/* The field when the context is still good and it is present (not null). */
+static const cJSON *field(tj_ctx *c, const cJSON *obj, const char *pre, const char *name,
+                          bool required)
+{
+    if (c->rc)
+        return NULL;
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (f && cJSON_IsNull(f))
+        f = NULL;
+    if (!f && required)
+        fail(c, EDL_EPROTO, pre, name, "is required");
+    return f;
+}
+
+static bool get_i64(tj_ctx *c, const cJSON *obj, const char *pre, const char *name, int64_t lo,
+                    int64_t hi, int64_t *out)
+{
+    const cJSON *f = field(c, obj, pre, name, false);
+    if (!f)
+        return false;
+    double d = cJSON_IsNumber(f) ? f->valuedouble : NAN;
+    if (!isfinite(d) || d != floor(d))
+        return fail(c, EDL_EPROTO, pre, name, "must be an integer");
+    if (d < (double)lo || d > (double)hi)
+        return fail(c, EDL_ECONFIG, pre, name, "is %.0f; it must be %lld..%lld", d,
+                    (long long)lo, (long long)hi);
+    *out = (int64_t)d;
+    return true;
+}
+
+static bool get_int(tj_ctx *c, const cJSON *obj, const char *pre, const char *name, int lo,
+                    int hi, int *out)
+{
+    int64_t v;
+    if (!get_i64(c, obj, pre, name, lo, hi, &v))
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool get_bool(tj_ctx *c, const cJSON *obj, const char *pre, const char *name, bool *out)
+{
+    const cJSON *f = field(c, obj, pre, name, false);
+    if (!f)
+        return false;
+    if (!cJSON_IsBool(f))
+        return fail(c, EDL_EPROTO, pre, name, "must be true or false");
+    *out = cJSON_IsTrue(f);
+    return true;
+}
+
+static bool get_str(tj_ctx *c, const cJSON *obj, const char *pre, const char *name,
+                    bool required, size_t max_len, const char **out)
+{
+    const cJSON *f = field(c, obj, pre, name, required);
+    if (!f)
+        return false;
+    if (!cJSON_IsString(f))
+        return fail(c, EDL_EPROTO, pre, name, "must be a string");
+    if (strlen(f->valuestring) > max_len)
+        return fail(c, EDL_ETOOBIG, pre, name, "is longer than %zu bytes", max_len);
+    *out = f->valuestring;
+    return true;
+}
+
+static bool get_enum(tj_ctx *c, const cJSON *obj, const char *pre, const char *name,
+                     const char *const *names, int n, int *out)
+{
+    const char *s = NULL;
+    if (!get_str(c, obj, pre, name, false, 64, &s))
+        return false;
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = i;
+            return true;
+        }
+    char list[160] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
+    return fail(c, EDL_ECONFIG, pre, name, "is \"%s\"; it must be one of %s", s, list);
+}
+
+static bool get_duration(tj_ctx *c, const cJSON *obj, const char *pre, const char *name,
+                         int64_t max_ms, int64_t *out)
+{
+    const char *s = NULL;
+    int64_t ms;
+    if (!get_str(c, obj, pre, name, false, 64, &s))
+        return false;
+    if (edl_duration_parse(s, &ms) != 0)
+        return fail(c, EDL_ECONFIG, pre, name, "is \"%s\"; it must be a duration like 1s, "
+                    "500ms or 1m30s", s);
+    if (ms > max_ms)
+        return fail(c, EDL_ECONFIG, pre, name, "is \"%s\"; it must be at most %lld hours", s,
+                    (long long)(max_ms / 3600000));
+    *out = ms;
+    return true;
+}
+
+static const cJSON *get_obj(tj_ctx *c, const cJSON *obj, const char *pre, const char *name,
+                            bool required)
+{
+    const cJSON *f = field(c, obj, pre, name, required);
+    if (f && !cJSON_IsObject(f)) {
+        fail(c, EDL_EPROTO, pre, name, "must be an object (a mapping)");
+        return NULL;
+    }
+    return f;
+}
+
+static const cJSON *get_arr(tj_ctx *c, const cJSON *obj, const char *pre, const char *name,
+                            bool required)
+{
+    const cJSON *f = field(c, obj, pre, name, required);
+    if (f && !cJSON_IsArray(f)) {
+        fail(c, EDL_EPROTO, pre, name, "must be a list");
+        return NULL;
+    }
+    return f;
+}
+
+/* ---- durations -------------------------------------------------------------------------- */
+
+int edl_duration_parse(const char *s, int64_t *ms)
+{
+    if (!s || !*s)
+        return EDL_ECONFIG;
+    int64_t total = 0;
+    const char *p = s;
+    while (*p) {
+        int64_t ip = 0, fp = 0, scale = 1;
+        const char *start = p;
+        for (; *p >= '0' && *p <= '9'; p++) {
+            if (ip > DURATION_MAX_MS) /* far past any bound; stop before overflow */
+                return EDL_ECONFIG;
+            ip = ip * 10 + (*p - '0');
+        }
+        if (p == start)
+            return EDL_ECONFIG;
+        if (*p == '.') {
+            const char *f = ++p;
+            for (; *p >= '0' && *p <= '9'; p++)
+                if (scale < 1000000000) { /* further digits are below a nanosecond */
+                    fp = fp * 10 + (*p - '0');
+                    scale *= 10;
+                }
+            if (p == f)
+                return EDL_ECONFIG;
+        }
+        int64_t unit;
+        if (p[0] == 'm' && p[1] == 's')
+            unit = 1, p += 2;
+        else if (*p == 's')
+            unit = 1000, p++;
+        else if (*p == 'm')
+            unit = 60000, p++;
+        else if (*p == 'h')
+            unit = 3600000, p++;
+        else
+            return EDL_ECONFIG;
+        if (ip > DURATION_MAX_MS / unit)
+            return EDL_ECONFIG;
+        total += ip * unit + fp * unit / scale;
+        if (total > DURATION_MAX_MS)
+            return EDL_ECONFIG;
+    }
+    *ms = total;
+    return 0;
+}
+
+/* ---- metadata ------------------------------------------------------------------------------ */
+
+/* A DNS-1123 subdomain of at most 63 characters: lower-case letters, digits, '-' and '.', each
+ * dot-separated label starting and ending with a letter or digit. Pod names are made from it. */
+static bool dns_name_valid(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
+        if (!alnum && ch != '-' && ch != '.')
+            return false;
+        bool edge = i == 0 || i == n - 1 || s[i - 1] == '.' || s[i + 1] == '.';
+        if (edge && !alnum)
+            return false;
+    }
+    return true;
+}
+
+static void read_metadata(tj_ctx *c, const cJSON *obj, edl_trainingjob *tj)
+{
+    const cJSON *md = get_obj(c, obj, "", "metadata", true);
+    const char *name = NULL, *ns = "default", *uid = NULL;
+    if (get_str(c, md, "metadata", "name", true, 253, &name) && !dns_name_valid(name))
+        fail(c, EDL_ECONFIG, "metadata", "name", "is \"%s\"; it must be at most 63 lower-case "
+             "letters, digits, '-' and '.', starting and ending with a letter or digit (pod "
+             "names are made from it)", name);
+    if (get_str(c, md, "metadata", "namespace", false, 63, &ns) && !dns_name_valid(ns))
+        fail(c, EDL_ECONFIG, "metadata", "namespace", "is \"%s\"; not a valid namespace", ns);
+    get_str(c, md, "metadata", "uid", false, 128, &uid);
+    get_i64(c, md, "metadata", "generation", 0, EDL_JSON_MAX_EXACT, &tj->generation);
+    const char *ts = NULL;
+    tj->deleting = get_str(c, md, "metadata", "deletionTimestamp", false, 64, &ts);
+    if (c->rc)
+        return;
+    tj->name = strdup(name);
+    tj->ns = strdup(ns);
+    tj->uid = uid ? strdup(uid) : NULL;
+    if (!tj->name || !tj->ns || (uid && !tj->uid))
+        fail(c, EDL_ENOMEM, "metadata", NULL, "out of memory");
+}
+
+/* ---- spec ------------------------------------------------------------------------------------ */
+
+static const char *const policy_names[] = {"OnFailure", "ExitCode", "Never"};
+static const char *const mode_names[] = {"Restart", "InProcess"};
+static const char *const clean_names[] = {"Running", "All", "None"}; /* edl_clean_pod_policy */
+
+static void read_exit_codes(tj_ctx *c, const cJSON *el, edl_job_spec *s)
+{
+    const char *pre = "spec.elastic";
+    const cJSON *codes = get_arr(c, el, pre, "permanentExitCodes", false);
+    if (!codes)
+        return;
+    uint8_t bits[32] = {0};
+    int i = 0;
+    for (const cJSON *it = codes->child; it && !c->rc; it = it->next, i++) {
+        char name[48];
+        snprintf(name, sizeof name, "permanentExitCodes[%d]", i);
+        double d = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+        if (!isfinite(d) || d != floor(d))
+            fail(c, EDL_EPROTO, pre, name, "must be an integer");
+        else if (d < 1 || d > 127)
+            fail(c, EDL_ECONFIG, pre, name, "is %.0f; an exit code that fails the job must be "
+                 "1..127 (128 and above are deaths by signal)", d);
+        else
+            bits[(int)d / 8] |= (uint8_t)(1u << ((int)d % 8));
+    }
+    if (!c->rc)
+        memcpy(s->permanent_codes, bits, sizeof bits);
+}
+
+static void read_elastic(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
+{
+    const char *pre = "spec.elastic";
+    const cJSON *el = get_obj(c, spec, "spec", "elastic", false);
+    if (!el)
+        return;
+    int v = (int)s->mode;
+    if (get_enum(c, el, pre, "mode", mode_names, 2, &v))
+        s->mode = (edl_elastic_mode)v;
+    get_duration(c, el, pre, "settleWindow", DAY_MS, &s->settle_ms);
+    get_i64(c, el, pre, "leaseTTLSeconds", 1, 86400, &s->ttl_s);
+    v = (int)s->restart_policy;
+    if (get_enum(c, el, pre, "restartPolicy", policy_names, 3, &v))
+        s->restart_policy = (edl_restart_policy)v;
+    get_int(c, el, pre, "maxRestarts", 0, EDL_RESTARTS_MAX, &s->max_restarts);
+    /* like `edl run --permanent-exit-codes`: accepted with any policy, used by ExitCode */
+    read_exit_codes(c, el, s);
+    get_duration(c, el, pre, "progressTimeout", DAY_MS, &s->progress_timeout_ms);
+    const char *ex = "spec.elastic.exclusion";
+    const cJSON *exc = get_obj(c, el, pre, "exclusion", false);
+    if (exc) {
+        get_int(c, exc, ex, "afterFailures", 1, EDL_RESTARTS_MAX, &s->exclude_after);
+        get_duration(c, exc, ex, "cooldown", DAY_MS, &s->cooldown_ms);
+        get_duration(c, exc, ex, "maxCooldown", DAY_MS, &s->cooldown_max_ms);
+    }
+}
+
+static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
+{
+    edl_job_spec *s = &tj->spec;
+    int replicas = 1, min = 1, max = 0;
+    get_int(c, spec, "spec", "replicas", 0, EDL_MEMBERS_MAX, &replicas);
+    get_int(c, spec, "spec", "minReplicas", 1, EDL_MEMBERS_MAX, &min);
+    if (!get_int(c, spec, "spec", "maxReplicas", 1, EDL_MEMBERS_MAX, &max))
+        max = replicas > min ? replicas : min;
+    s->replicas = replicas;
+    s->min = min;
+    s->max = max;
+    get_bool(c, spec, "spec", "suspend", &tj->suspend);
+    int v = EDL_CLEAN_RUNNING;
+    if (get_enum(c, spec, "spec", "cleanPodPolicy", clean_names, 3, &v))
+        tj->clean_pod_policy = (edl_clean_pod_policy)v;
+    get_i64(c, spec, "spec", "ttlSecondsAfterFinished", 0, INT32_MAX, &tj->ttl_after_finished_s);
+    get_i64(c, spec, "spec", "activeDeadlineSeconds", 1, EDL_JSON_MAX_EXACT / 1000,
+            &tj->active_deadline_s);
+    read_elastic(c, spec, s);
+    const cJSON *ck = get_obj(c, spec, "spec", "checkpoint", false);
+    const char *uri = NULL;
+    if (ck && get_str(c, ck, "spec.checkpoint", "uri", false, 4096, &uri) &&
+        !(s->checkpoint_uri = strdup(uri)))
+        fail(c, EDL_ENOMEM, "spec.checkpoint", "uri", "out of memory");
+}
+
+/* The rules between fields, in the manifest's words; edl_spec_validate checks the rest. */
+static void check_spec(tj_ctx *c, const edl_job_spec *s)
+{
+    if (c->rc)
+        return;
+    if (s->min > s->max) {
+        fail(c, EDL_ECONFIG, "spec", NULL, "minReplicas (%d) is greater than maxReplicas (%d)",
+             s->min, s->max);
+        return;
+    }
+    if (s->cooldown_max_ms < s->cooldown_ms) {
+        fail(c, EDL_ECONFIG, "spec.elastic.exclusion", NULL, "maxCooldown (%lld ms) is below "
+             "cooldown (%lld ms; maxCooldown defaults to 5m)", (long long)s->cooldown_max_ms,
+             (long long)s->cooldown_ms);
+        return;
+    }
+    char msg[256];
+    int rc = edl_spec_validate(s, msg, sizeof msg);
+    if (rc)
+        fail(c, rc, "spec", NULL, "%s", strncmp(msg, "spec: ", 6) == 0 ? msg + 6 : msg);
+}
+
+/* ---- the pod template --------------------------------------------------------------------- */
+
+/* Every element of a list of strings at pre.name, appended to tj->command. */
+static void add_strings(tj_ctx *c, const cJSON *arr, const char *pre, const char *name,
+                        edl_trainingjob *tj)
+{
+    int i = 0;
+    for (const cJSON *it = arr ? arr->child : NULL; it && !c->rc; it = it->next, i++) {
+        char el[64];
+        snprintf(el, sizeof el, "%s[%d]", name, i);
+        if (!cJSON_IsString(it)) {
+            fail(c, EDL_EPROTO, pre, el, "must be a string");
+        } else if (strlen(it->valuestring) > STRING_MAX) {
+            fail(c, EDL_ETOOBIG, pre, el, "is longer than %d bytes", STRING_MAX);
+        } else if (tj->n_command >= COMMAND_MAX) {
+            fail(c, EDL_ETOOBIG, pre, el, "command and args hold more than %d strings",
+                 COMMAND_MAX);
+        } else if (!(tj->command[tj->n_command] = strdup(it->valuestring))) {
+            fail(c, EDL_ENOMEM, pre, el, "out of memory");
+        } else {
+            tj->n_command++;
+        }
+    }
+}
+
+/* env: a list of {name, value} (valueFrom entries are the cluster's business). */
+static void check_env(tj_ctx *c, const cJSON *ctr, const char *pre)
+{
+    const cJSON *env = get_arr(c, ctr, pre, "env", false);
+    int i = 0;
+    for (const cJSON *e = env ? env->child : NULL; e && !c->rc; e = e->next, i++) {
+        char at[96];
+        const char *s = NULL;
+        snprintf(at, sizeof at, "%s.env[%d]", pre, i);
+        if (!cJSON_IsObject(e)) {
+            fail(c, EDL_EPROTO, at, NULL, "must be an object with name and value");
+            return;
+        }
+        if (get_str(c, e, at, "name", true, 4096, &s) && (!*s || strchr(s, '=')))
+            fail(c, EDL_ECONFIG, at, "name", "is \"%s\"; not a valid variable name", s);
+        get_str(c, e, at, "value", false, STRING_MAX, &s);
+    }
+}
+
+static void read_template(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
+{
+    const char *tp = "spec.template.spec", *cp = "spec.template.spec.containers[0]";
+    const cJSON *tmpl = get_obj(c, spec, "spec", "template", true);
+    const cJSON *ps = get_obj(c, tmpl, "spec.template", "spec", true);
+    const cJSON *ctrs = get_arr(c, ps, tp, "containers", true);
+    if (c->rc)
+        return;
+    if (!ctrs->child) {
+        fail(c, EDL_ECONFIG, tp, "containers", "is empty; the first container runs the trainer");
+        return;
+    }
+    const cJSON *ctr = ctrs->child;
+    if (!cJSON_IsObject(ctr)) {
+        fail(c, EDL_EPROTO, cp, NULL, "must be an object (a mapping)");
+        return;
+    }
+    const char *name = NULL;
+    get_str(c, ctr, cp, "name", true, 253, &name);
+    const cJSON *cmd = get_arr(c, ctr, cp, "command", false);
+    const cJSON *args = get_arr(c, ctr, cp, "args", false);
+    if (!c->rc && !cmd)
+        fail(c, EDL_EPROTO, cp, "command", "is required: edl-agent runs the trainer as its "
+             "child, so edl must know the command (an image's entrypoint is not visible to "
+             "it); give the trainer's command here, and args are appended to it");
+    else if (!c->rc && !cmd->child)
+        fail(c, EDL_ECONFIG, cp, "command", "is empty; give the trainer's command");
+    const char *wd = NULL;
+    get_str(c, ctr, cp, "workingDir", false, 4096, &wd);
+    check_env(c, ctr, cp);
+    if (c->rc)
+        return;
+    size_t n = (size_t)cJSON_GetArraySize(cmd) + (size_t)cJSON_GetArraySize(args);
+    tj->command = calloc((n < COMMAND_MAX ? n : COMMAND_MAX) + 1, sizeof *tj->command);
+    if (!tj->command) {
+        fail(c, EDL_ENOMEM, cp, NULL, "out of memory");
+        return;
+    }
+    add_strings(c, cmd, cp, "command", tj);
+    add_strings(c, args, cp, "args", tj);
+    if (!c->rc && !(tj->pod_template = cJSON_Duplicate(tmpl, true)))
+        fail(c, EDL_ENOMEM, "spec.template", NULL, "out of memory");
+}
+
+/* ---- the object ---------------------------------------------------------------------------- */
+
+static void check_type(tj_ctx *c, const cJSON *obj)
+{
+    const char *av = NULL, *kind = NULL;
+    if (get_str(c, obj, "", "apiVersion", true, 128, &av) && strcmp(av, EDL_TJ_API_VERSION))
+        fail(c, EDL_ECONFIG, "", "apiVersion", "is \"%s\"; a TrainingJob is "
+             EDL_TJ_API_VERSION, av);
+    if (get_str(c, obj, "", "kind", true, 128, &kind) && strcmp(kind, EDL_TJ_KIND))
+        fail(c, EDL_ECONFIG, "", "kind", "is \"%s\"; expected " EDL_TJ_KIND, kind);
+}
+
+int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
+                          char *err, size_t errlen)
+{
+    tj_ctx c = {field, fieldlen, err, errlen, 0};
+    edl_trainingjob tj = {0};
+    edl_spec_init(&tj.spec);
+    tj.ttl_after_finished_s = -1;
+    tj.active_deadline_s = -1;
+    tj.clean_pod_policy = EDL_CLEAN_RUNNING;
+    if (!cJSON_IsObject(obj)) {
+        fail(&c, EDL_EPROTO, "", NULL, "a TrainingJob must be an object (a mapping)");
+    } else {
+        check_type(&c, obj);
+        read_metadata(&c, obj, &tj);
+        const cJSON *spec = get_obj(&c, obj, "", "spec", true);
+        if (spec) {
+            read_spec(&c, spec, &tj);
+            check_spec(&c, &tj.spec);
+            read_template(&c, spec, &tj);
+        }
+    }
+    if (c.rc) {
+        edl_trainingjob_clear(&tj);
+        *out = tj;
+        return c.rc;
+    }
+    if (field && fieldlen)
+        field[0] = '\0';
+    *out = tj;
+    return 0;
+}
+
+void edl_trainingjob_clear(edl_trainingjob *tj)
+{
+    free(tj->name);
+    free(tj->ns);
+    free(tj->uid);
+    edl_spec_clear(&tj->spec);
+    cJSON_Delete(tj->pod_template);
+    for (size_t i = 0; tj->command && i < tj->n_command; i++)
+        free(tj->command[i]);
+    free(tj->command);
+    memset(tj, 0, sizeof *tj);
+}
+
+/* ---- fields only a cluster uses -------------------------------------------------------------- */
+
+static void report_keys(const cJSON *obj, const char *pre, const char *const *keep,
+                        void (*report)(void *, const char *), void *arg)
+{
+    for (const cJSON *it = cJSON_IsObject(obj) ? obj->child : NULL; it; it = it->next) {
+        bool kept = false;
+        for (const char *const *k = keep; *k && !kept; k++)
+            kept = strcmp(it->string, *k) == 0;
+        if (!kept && !cJSON_IsNull(it)) {
+            char path[512];
+            path_of(path, sizeof path, pre, it->string);
+            report(arg, path);
+        }
+    }
+}
+
+void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, const char *field),
+                                  void *arg)
+{
+    static const char *const none[] = {NULL};
+    static const char *const pod_keep[] = {"containers", NULL};
+    static const char *const ctr_keep[] = {"name", "command", "args", "env", "workingDir", NULL};
+    static const char *const spec_cluster[] = {"cleanPodPolicy", "ttlSecondsAfterFinished"};
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
+    if (cJSON_GetObjectItemCaseSensitive(md, "namespace"))
+        report(arg, "metadata.namespace");
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(obj, "spec");
+    for (size_t i = 0; i < sizeof spec_cluster / sizeof *spec_cluster; i++)
+        if (cJSON_GetObjectItemCaseSensitive(spec, spec_cluster[i])) {
+            char path[64];
+            path_of(path, sizeof path, "spec", spec_cluster[i]);
+            report(arg, path);
+        }
+    const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(spec, "template");
+    report_keys(cJSON_GetObjectItemCaseSensitive(tmpl, "metadata"), "spec.template.metadata",
+                none, report, arg);
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tmpl, "spec");
+    report_keys(ps, "spec.template.spec", pod_keep, report, arg);
+    const cJSON *ctrs = cJSON_GetObjectItemCaseSensitive(ps, "containers");
+    int i = 0;
+    for (const cJSON *ctr = cJSON_IsArray(ctrs) ? ctrs->child : NULL; ctr; ctr = ctr->next, i++) {
+        char pre[96];
+        snprintf(pre, sizeof pre, "spec.template.spec.containers[%d]", i);
+        if (i > 0) {
+            report(arg, pre);
+            continue;
+        }
+        report_keys(ctr, pre, ctr_keep, report, arg);
+        const cJSON *env = cJSON_GetObjectItemCaseSensitive(ctr, "env");
+        int j = 0;
+        for (const cJSON *e = cJSON_IsArray(env) ? env->child : NULL; e; e = e->next, j++)
+            if (cJSON_GetObjectItemCaseSensitive(e, "valueFrom")) {
+                char path[160];
+                snprintf(path, sizeof path, "%s.env[%d].valueFrom", pre, j);
+                report(arg, path);
+            }
+    }
+}
