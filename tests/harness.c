@@ -107,7 +107,7 @@ static char *etcdctl_command(const char *endpoints, const char *user_pass, const
 }
 
 /* Run `sh -c cmd`; with out != NULL capture its stdout there. Returns the exit status. */
-static int run_shell(const char *cmd, char *out, size_t outlen)
+int harness_shell(const char *cmd, char *out, size_t outlen)
 {
     int pfd[2] = {-1, -1}, status = 0;
     size_t used = 0;
@@ -159,7 +159,7 @@ static int etcdctl_v(char *out, size_t outlen, const char *endpoints, const char
     if (vasprintf(&args, fmt, ap) < 0)
         return -1;
     char *cmd = etcdctl_command(endpoints, user_pass, args);
-    int rc = run_shell(cmd, out, outlen);
+    int rc = harness_shell(cmd, out, outlen);
     free(cmd);
     free(args);
     return rc;

@@ -39,6 +39,10 @@ char *harness_read_file(const char *path, char *buf, size_t len);
 int harness_run(const char *const *argv, const char *log_path, int timeout_ms, char *out,
                 size_t outlen);
 
+/* Run a /bin/sh command line; its stdout into out (NUL-terminated; out may be NULL): the exit
+ * status as above, -1 when it could not be run. */
+int harness_shell(const char *cmd, char *out, size_t outlen);
+
 /* ---- HTTP client and ports (harness_net.c) ------------------------------------------- */
 
 /* Send req (raw bytes) on a fresh connection to 127.0.0.1:port and read the whole reply into
@@ -181,5 +185,33 @@ const char *harness_s3_uri(harness_s3 *h, const char *name, char *out, size_t ou
 /* A storage config for uri on this server (short retries so failure tests are quick). */
 void harness_s3_config(const harness_s3 *h, edl_storage_config *cfg, const char *uri);
 void harness_s3_close(harness_s3 *h); /* kills the server, removes its data; NULL is fine */
+
+/* ---- a stand-in Kubernetes cluster and the real kubectl (harness_k8s.c) ----------------- */
+
+/* tests/k8s_standin (an API server and kubelet stand-in, see its README) on a free loopback
+ * port, with its kubelet running pods as local processes under a fresh directory, and a
+ * kubeconfig for it. */
+typedef struct harness_k8s harness_k8s;
+
+/* False (with a message) when the real kubectl is not installed (scripts/install-deps). */
+bool harness_kubectl_available(void);
+/* extra_args: more k8s-standin flags (NULL-terminated, may be NULL). Fails the test when it
+ * does not come up. */
+harness_k8s *harness_k8s_open(const char *const *extra_args);
+const char *harness_k8s_kubeconfig(const harness_k8s *k);
+const char *harness_k8s_url(const harness_k8s *k);      /* "http://127.0.0.1:P" */
+const char *harness_k8s_dir(const harness_k8s *k);      /* a scratch directory of the test */
+/* Run the real kubectl with this kubeconfig; args_fmt is printf-formatted, then split by
+ * /bin/sh. Its stdout into out (may be NULL); its exit status. */
+int harness_kubectl(harness_k8s *k, char *out, size_t outlen, const char *args_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Wait until `kubectl get <what> -o jsonpath=<path>` prints want (timeout_ms); fails the test
+ * with the last output otherwise. */
+void harness_kubectl_wait(harness_k8s *k, const char *what, const char *jsonpath,
+                          const char *want, int timeout_ms);
+/* One of the stand-in's request counters (GET /standin/stats, e.g. "create pods"); 0 when
+ * absent. */
+long harness_k8s_stat(harness_k8s *k, const char *counter);
+void harness_k8s_close(harness_k8s *k); /* kills the stand-in and its pods; NULL is fine */
 
 #endif

@@ -1,0 +1,382 @@
+/* operator.c: the operator's event loop. It campaigns on a coordination.k8s.io Lease; the
+ * leader lists and watches TrainingJobs and their pods (informers: a cache each) and every
+ * job's keys in etcd, marks the jobs an event concerns, and reconciles each marked job
+ * (operator_job.c): level-triggered, from the caches and a fresh etcd snapshot, so any pass
+ * may run again after a crash, a restart or a takeover without doing anything twice. Jobs are
+ * kept in a table keyed by namespace/name; no other state is global. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "edl/metrics.h"
+#include "operator_internal.h"
+
+#define LOG "operator"
+
+/* ---- the job table ----------------------------------------------------------------------- */
+
+op_job *op_job_find(op *o, const char *ns, const char *name, bool create)
+{
+    for (size_t i = 0; i < o->n_jobs; i++)
+        if (strcmp(o->jobs[i]->ns, ns) == 0 && strcmp(o->jobs[i]->name, name) == 0)
+            return o->jobs[i];
+    if (!create)
+        return NULL;
+    if (o->n_jobs == o->cap_jobs) {
+        size_t cap = o->cap_jobs ? o->cap_jobs * 2 : 64;
+        op_job **n = realloc(o->jobs, cap * sizeof *n);
+        if (!n)
+            return NULL;
+        o->jobs = n;
+        o->cap_jobs = cap;
+    }
+    op_job *j = calloc(1, sizeof *j);
+    if (!j || !(j->ns = strdup(ns)) || !(j->name = strdup(name)) ||
+        !(j->etcd_name = op_etcd_job_name(ns, name)) ||
+        js_job_init(&j->etcd, o->c, o->cfg->prefix, j->etcd_name, o->cfg->id) != 0) {
+        if (j) {
+            free(j->ns);
+            free(j->name);
+            free(j->etcd_name);
+        }
+        free(j);
+        return NULL;
+    }
+    o->jobs[o->n_jobs++] = j;
+    return j;
+}
+
+static op_job *job_by_etcd_name(op *o, const char *etcd_name, size_t len)
+{
+    for (size_t i = 0; i < o->n_jobs; i++)
+        if (strlen(o->jobs[i]->etcd_name) == len && memcmp(o->jobs[i]->etcd_name, etcd_name, len) == 0)
+            return o->jobs[i];
+    return NULL;
+}
+
+void op_job_drop(op *o, op_job *j)
+{
+    for (size_t i = 0; i < o->n_jobs; i++) {
+        if (o->jobs[i] != j)
+            continue;
+        o->jobs[i] = o->jobs[--o->n_jobs];
+        break;
+    }
+    js_job_clear(&j->etcd);
+    free(j->ns);
+    free(j->name);
+    free(j->etcd_name);
+    free(j->spec_written);
+    free(j->reported_invalid);
+    free(j->pod_error);
+    free(j);
+}
+
+/* ---- events from the informers and from etcd --------------------------------------------- */
+
+static void drain_jobs(op *o)
+{
+    edl_k8s_event ev;
+    while (edl_k8s_informer_next(o->tjs, &ev, 0) == 0) {
+        if (ev.type == EDL_K8S_SYNCED) {
+            for (size_t i = 0; i < o->n_jobs; i++)
+                o->jobs[i]->dirty = true;
+            continue;
+        }
+        op_job *j = op_job_find(o, ev.ns ? ev.ns : "default", ev.name, ev.type != EDL_K8S_DELETED);
+        if (j)
+            j->dirty = true;
+    }
+}
+
+static void drain_pods(op *o)
+{
+    edl_k8s_event ev;
+    while (edl_k8s_informer_next(o->pods, &ev, 0) == 0) {
+        if (ev.type == EDL_K8S_SYNCED)
+            continue;
+        const char *job = op_label(ev.object, EDL_TJ_LABEL_JOB);
+        op_job *j = job && ev.ns ? op_job_find(o, ev.ns, job, false) : NULL;
+        if (j)
+            j->dirty = true;
+    }
+}
+
+/* "<prefix>/jobs/<etcd name>/..." → the job; events that cannot change a decision are skipped. */
+static void drain_etcd(op *o)
+{
+    edl_watch_event *ev;
+    size_t plen = strlen(o->jobs_prefix);
+    while (o->w && edl_watch_next(o->w, &ev, 0) == 0) {
+        if (ev->type == EDL_WATCH_ERROR) {
+            edl_watch_event_free(ev);
+            edl_watch_close(o->w);
+            o->w = NULL;
+            for (size_t i = 0; i < o->n_jobs; i++)
+                o->jobs[i]->dirty = true; /* events may have been missed */
+            break;
+        }
+        if ((ev->type == EDL_WATCH_PUT || ev->type == EDL_WATCH_DELETE) &&
+            ev->kv.key_len > plen && memcmp(ev->kv.key, o->jobs_prefix, plen) == 0) {
+            const char *name = ev->kv.key + plen;
+            const char *slash = memchr(name, '/', ev->kv.key_len - plen);
+            op_job *j = slash ? job_by_etcd_name(o, name, (size_t)(slash - name)) : NULL;
+            if (j && js_job_event_matters(&j->etcd, ev))
+                j->dirty = true;
+        }
+        edl_watch_event_free(ev);
+    }
+}
+
+/* ---- etcd: one lease for every job's term, one watch over every job ---------------------- */
+
+static int etcd_ready(op *o)
+{
+    if (o->keeper && edl_lease_keeper_status(o->keeper) != 0) {
+        EDL_WARN(LOG, "our etcd lease expired: every job's term with it");
+        edl_lease_keeper_close(o->keeper, false);
+        o->keeper = NULL;
+        for (size_t i = 0; i < o->n_jobs; i++)
+            edl_leader_clear(&o->jobs[i]->etcd.leader);
+    }
+    if (!o->keeper) {
+        int rc = edl_etcd_lease_grant(o->c, o->cfg->ttl_s, 0, &o->lease, NULL);
+        if (!rc)
+            rc = edl_lease_keeper_open(o->c, o->lease, o->cfg->ttl_s, NULL, NULL, &o->keeper);
+        if (rc) {
+            EDL_WARN(LOG, "etcd: no lease: %s (%s); retrying", edl_strerror(rc),
+                     edl_etcd_errmsg(o->c));
+            return rc;
+        }
+    }
+    if (!o->w) {
+        edl_watch_opts wo = {.prefix = true};
+        if (edl_watch_open(o->c, edl_str(o->jobs_prefix), &wo, &o->w) != 0)
+            o->w = NULL; /* passes still run on the informers' events and on wake times */
+    }
+    return 0;
+}
+
+/* ---- metrics (Prometheus text format) ---------------------------------------------------- */
+
+static void write_metrics(void *arg, edl_prom *p)
+{
+    const op *o = arg;
+    edl_k8s_stats ks;
+    edl_k8s_get_stats(o->k, &ks);
+    const char *labels[] = {"id", o->cfg->id, NULL};
+    p->labels = labels;
+    edl_prom_metric(p, "edl_operator_leader", "gauge", "1 while this replica leads.", o->leading);
+    edl_prom_metric(p, "edl_operator_jobs", "gauge", "TrainingJobs known.", (int64_t)o->n_jobs);
+    edl_prom_metric(p, "edl_operator_reconciles_total", "counter", "Job passes.", o->m.reconciles);
+    edl_prom_metric(p, "edl_operator_pods_created_total", "counter", "Pods created.",
+                    o->m.pods_created);
+    edl_prom_metric(p, "edl_operator_pods_deleted_total", "counter", "Pods deleted.",
+                    o->m.pods_deleted);
+    edl_prom_metric(p, "edl_operator_status_writes_total", "counter",
+                    "TrainingJob status updates.", o->m.status_writes);
+    edl_prom_metric(p, "edl_operator_events_total", "counter", "Events posted.", o->m.events);
+    edl_prom_metric(p, "edl_operator_api_errors_total", "counter",
+                    "Kubernetes API calls that failed.", o->m.api_errors);
+    edl_prom_metric(p, "edl_operator_api_requests_total", "counter",
+                    "Kubernetes API requests, retries included.", ks.requests);
+    p->labels = NULL;
+}
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+static bool signalled(op *o)
+{
+    struct signalfd_siginfo si;
+    while (read(o->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        EDL_INFO(LOG, "signal %u: stepping down and exiting", si.ssi_signo);
+        o->stop = true;
+    }
+    return o->stop;
+}
+
+/* Wait for fds or the timeout (ms), serving /metrics meanwhile. */
+static void wait_events(op *o, int timeout)
+{
+    struct pollfd pf[6] = {
+        {o->sigfd, POLLIN, 0},
+        {o->tjs ? edl_k8s_informer_fd(o->tjs) : -1, POLLIN, 0},
+        {o->pods ? edl_k8s_informer_fd(o->pods) : -1, POLLIN, 0},
+        {o->w ? edl_watch_fd(o->w) : -1, POLLIN, 0},
+        {o->keeper ? edl_lease_keeper_fd(o->keeper) : -1, POLLIN, 0},
+        {o->metrics ? edl_metrics_fd(o->metrics) : -1, POLLIN, 0},
+    };
+    int ht = o->metrics ? edl_metrics_timeout_ms(o->metrics) : -1;
+    if (ht >= 0 && (timeout < 0 || ht < timeout))
+        timeout = ht;
+    if (poll(pf, 6, timeout) < 0 && errno != EINTR)
+        usleep(10000);
+    if (o->metrics)
+        edl_metrics_serve(o->metrics);
+}
+
+/* Tick the election when due; false when we do not lead (any more). */
+static bool elect(op *o, int64_t *next_tick)
+{
+    if (edl_monotonic_ms() < *next_tick)
+        return o->leading;
+    bool leading = false;
+    int rc = edl_k8s_elector_tick(o->elector, &leading, next_tick);
+    if (rc && !o->leading)
+        EDL_WARN(LOG, "leader election: %s", edl_strerror(rc));
+    if (leading && !o->leading)
+        EDL_INFO(LOG, "%s leads the operator (Lease %s/%s)", o->cfg->id, o->cfg->lease_ns,
+                 o->cfg->lease_name);
+    bool was = o->leading;
+    o->leading = leading;
+    return leading || !was ? leading : false;
+}
+
+static int start_leading(op *o)
+{
+    char *tj_path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, o->cfg->ns, EDL_TJ_PLURAL, NULL,
+                                 NULL);
+    char *pod_path = edl_k8s_path(NULL, "v1", o->cfg->ns, "pods", NULL, NULL);
+    int rc = tj_path && pod_path ? 0 : EDL_ENOMEM;
+    if (!rc)
+        rc = edl_k8s_informer_open(o->k, tj_path, NULL, &o->tjs);
+    if (!rc)
+        rc = edl_k8s_informer_open(o->k, pod_path, EDL_TJ_LABEL_JOB, &o->pods);
+    free(tj_path);
+    free(pod_path);
+    return rc;
+}
+
+static int64_t pass_due(op *o)
+{
+    int64_t now = edl_monotonic_ms(), next = 0;
+    for (size_t i = 0; i < o->n_jobs; i++) {
+        op_job *j = o->jobs[i];
+        if (j->wake_ms && j->wake_ms <= now)
+            j->dirty = true;
+        else if (j->wake_ms && (!next || j->wake_ms < next))
+            next = j->wake_ms;
+    }
+    return next;
+}
+
+static void lead(op *o, int64_t *next_tick)
+{
+    int64_t etcd_retry = 0;
+    while (!signalled(o) && elect(o, next_tick)) {
+        drain_jobs(o);
+        drain_pods(o);
+        if (edl_monotonic_ms() >= etcd_retry && etcd_ready(o) != 0)
+            etcd_retry = edl_monotonic_ms() + 1000;
+        drain_etcd(o);
+        int64_t next = pass_due(o);
+        if (edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods))
+            op_reconcile_dirty(o);
+        next = pass_due(o);
+        int64_t now = edl_monotonic_ms();
+        int64_t until = *next_tick;
+        if (next && next < until)
+            until = next;
+        if (etcd_retry > now && etcd_retry < until)
+            until = etcd_retry;
+        bool any_dirty = false;
+        for (size_t i = 0; i < o->n_jobs && !any_dirty; i++)
+            any_dirty = o->jobs[i]->dirty;
+        wait_events(o, any_dirty ? 0 : until <= now ? 0 : (int)(until - now));
+    }
+}
+
+static int op_open(op *o)
+{
+    int rc = edl_k8s_open(o->cfg->k8s, &o->k);
+    if (rc) {
+        EDL_ERROR(LOG, "Kubernetes client: %s", edl_strerror(rc));
+        return rc;
+    }
+    if ((rc = edl_etcd_open(o->cfg->etcd, &o->c)) != 0) {
+        EDL_ERROR(LOG, "etcd settings: %s", edl_strerror(rc));
+        return rc;
+    }
+    edl_job_keys k;
+    if (edl_job_keys_init(&k, o->cfg->prefix, "x") != 0)
+        return EDL_ENOMEM;
+    size_t len = strlen(k.job) - 2; /* "<prefix>/jobs/x/" → "<prefix>/jobs/" */
+    o->jobs_prefix = strndup(k.job, len);
+    edl_job_keys_clear(&k);
+    edl_k8s_elector_opts eo = {.ns = o->cfg->lease_ns, .name = o->cfg->lease_name,
+                               .identity = o->cfg->id,
+                               .lease_duration_s = o->cfg->lease_duration_s,
+                               .renew_deadline_ms = o->cfg->renew_deadline_ms,
+                               .retry_period_ms = o->cfg->retry_period_ms};
+    if (!o->jobs_prefix || (rc = edl_k8s_elector_open(o->k, &eo, &o->elector)) != 0)
+        return rc ? rc : EDL_ENOMEM;
+    if (o->cfg->metrics_port > 0) {
+        edl_metrics_opts mo = {.addr = o->cfg->metrics_addr, .port = o->cfg->metrics_port};
+        if ((rc = edl_metrics_open(&mo, write_metrics, o, &o->metrics)) != 0) {
+            EDL_ERROR(LOG, "cannot serve /metrics on port %d: %s", o->cfg->metrics_port,
+                      edl_strerror(rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void op_close(op *o)
+{
+    while (o->n_jobs)
+        op_job_drop(o, o->jobs[0]);
+    free(o->jobs);
+    edl_k8s_informer_close(o->tjs);
+    edl_k8s_informer_close(o->pods);
+    if (o->w)
+        edl_watch_close(o->w);
+    if (o->keeper)
+        edl_lease_keeper_close(o->keeper, true); /* our terms end now: a standby goes on */
+    if (o->elector) {
+        if (o->leading)
+            edl_k8s_elector_release(o->elector);
+        edl_k8s_elector_close(o->elector);
+    }
+    edl_metrics_close(o->metrics);
+    edl_etcd_close(o->c);
+    edl_k8s_close(o->k);
+    free(o->jobs_prefix);
+}
+
+int op_run(const op_config *cfg, int sigfd)
+{
+    op o = {.cfg = cfg, .sigfd = sigfd};
+    int exit_code = EDL_EXIT_USAGE;
+    if (op_open(&o) != 0)
+        goto out;
+    EDL_INFO(LOG, "operator %s serving TrainingJobs of %s on %s; standing by for the Lease "
+             "%s/%s", cfg->id, cfg->ns ? cfg->ns : "every namespace", edl_k8s_server(o.k),
+             cfg->lease_ns, cfg->lease_name);
+    int64_t next_tick = 0;
+    while (!signalled(&o) && !elect(&o, &next_tick)) {
+        int64_t now = edl_monotonic_ms();
+        wait_events(&o, next_tick > now ? (int)(next_tick - now) : 0);
+    }
+    exit_code = EDL_EXIT_SUCCEEDED;
+    if (o.stop)
+        goto out;
+    if (start_leading(&o) != 0) {
+        EDL_ERROR(LOG, "cannot watch TrainingJobs and pods");
+        exit_code = EDL_EXIT_FAILED;
+        goto out;
+    }
+    lead(&o, &next_tick);
+    if (!o.stop) {
+        EDL_ERROR(LOG, "lost the leadership (Lease %s/%s): exiting so that a fresh replica "
+                  "stands by", cfg->lease_ns, cfg->lease_name);
+        exit_code = EDL_EXIT_FAILED;
+    }
+out:
+    op_close(&o);
+    return exit_code;
+}

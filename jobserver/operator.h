@@ -1,0 +1,70 @@
+/* operator.h: edl-jobserver --kubernetes, the operator of TrainingJob resources. One process
+ * serves every TrainingJob of a namespace (or of the cluster); its replicas elect a leader
+ * with a coordination.k8s.io Lease. For each job the leader keeps the worker pods, a headless
+ * Service and the job's Secret in line with the spec, writes the job's spec to etcd, runs the
+ * job's generation decision (job.c, the same pass as the job server of one job) and reports
+ * status, conditions and Events on the TrainingJob. docs/kubernetes.md tells the whole story. */
+#ifndef EDL_JOBSERVER_OPERATOR_H
+#define EDL_JOBSERVER_OPERATOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "edl/etcd.h"
+#include "edl/k8s.h"
+#include "edl/trainingjob.h"
+
+#define OP_DEFAULT_AGENT_IMAGE "ghcr.io/edl-dev/edl:0.1.0"
+
+typedef struct op_config {
+    const edl_etcd_config *etcd;  /* the operator's own etcd settings (checked) */
+    const edl_k8s_config *k8s;    /* where the API server is */
+    const char *ns;               /* the namespace served (NULL: every namespace) */
+    const char *prefix;           /* etcd key prefix */
+    const char *id;               /* this replica's identity (hostname-pid) */
+    int64_t ttl_s;                /* etcd lease of its terms on each job (10) */
+    const char *lease_ns;         /* the Lease of the election (namespace, name) */
+    const char *lease_name;
+    int lease_duration_s;         /* 15 */
+    int renew_deadline_ms;        /* 10000 */
+    int retry_period_ms;          /* 2000 */
+    const char *agent_image;      /* the init container that installs edl-agent */
+    const char *pod_etcd_endpoints; /* etcd as the pods reach it (NULL: the operator's) */
+    const char *etcd_tls_secret;  /* Secret with ca.crt, tls.crt, tls.key for pods (NULL) */
+    int metrics_port;             /* 0: no /metrics */
+    const char *metrics_addr;
+} op_config;
+
+/* Runs until SIGTERM/SIGINT (0) or the leadership is lost (1: the replica exits and is
+ * restarted, as client-go's operators do); EDL_EXIT_USAGE for a bad configuration. */
+int op_run(const op_config *cfg, int sigfd);
+
+/* ---- the objects the operator creates (operator_objects.c; pure, tested alone) ------------- */
+
+typedef struct op_pod_settings {
+    const char *etcd_job;      /* the job's name in etcd: "<namespace>.<name>" */
+    const char *prefix;        /* etcd key prefix (NULL: the default) */
+    const char *etcd_endpoints;
+    const char *etcd_tls_secret;
+    const char *agent_image;
+} op_pod_settings;
+
+/* The etcd job name of a TrainingJob: "<namespace>.<name>" (unique in a shared etcd). */
+char *op_etcd_job_name(const char *ns, const char *name);
+/* Pod "<name>-worker-<index>" of the job: the template with edl-agent wrapping the first
+ * container's command, the downward API, the job's Secret and etcd settings, owned by the job. */
+cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t index);
+/* The headless Service "<name>" selecting the job's pods (stable names). */
+cJSON *op_service_new(const edl_trainingjob *tj);
+/* The job's Secret "<name>-edl-secret" holding 32 fresh random bytes. */
+cJSON *op_secret_new(const edl_trainingjob *tj);
+char *op_secret_name(const char *job);
+/* An Event about the job: type "Normal" or "Warning", reason CamelCase. */
+cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,
+                    const char *message, const char *reporter);
+/* The ownerReferences entry naming the job as controller. */
+cJSON *op_owner_ref(const edl_trainingjob *tj);
+
+#endif

@@ -1,0 +1,639 @@
+/* operator_job.c: one pass over one TrainingJob, in the manner of a Kubernetes controller:
+ * read the job and its pods from the caches and the job from etcd (job.c), compare with what
+ * the spec asks, act, and write what was seen to the status. Safe to repeat: creations carry
+ * names that say their index and are put into the cache at once; a pass after a crash finds
+ * what the last one did and does only what is still missing.
+ *
+ * Order of one pass: the spec (invalid: a condition, nothing created) → deletion (finalizer:
+ * the job's etcd keys go, then the finalizer) → our finalizer → the job's etcd side (spec,
+ * generation) → the end (cleanPodPolicy, ttlSecondsAfterFinished), suspension, or the pods
+ * (failed ones replaced within the budget, scale up with new indices, scale down from the
+ * newest) → status and Events. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "edl/log.h"
+#include "operator_internal.h"
+
+#define LOG "operator"
+#define BACKOFF_MIN_MS 1000
+#define BACKOFF_MAX_MS 30000
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *op_label(const cJSON *obj, const char *key)
+{
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(md, "labels"), key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static void wake_in(op_job *j, int64_t ms)
+{
+    int64_t t = edl_monotonic_ms() + ms;
+    if (!j->wake_ms || t < j->wake_ms)
+        j->wake_ms = t;
+}
+
+static void post_event(op *o, const cJSON *tj, const char *type, const char *reason,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void post_event(op *o, const cJSON *tj, const char *type, const char *reason,
+                       const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON *ev = op_event_new(tj, type, reason, msg, o->cfg->id);
+    char *path = edl_k8s_path(NULL, "v1", edl_k8s_str(tj, "metadata.namespace"), "events",
+                              NULL, NULL);
+    if (ev && path && edl_k8s_create(o->k, path, ev, NULL) == 0)
+        o->m.events++;
+    else
+        o->m.api_errors++;
+    cJSON_Delete(ev);
+    free(path);
+}
+
+/* ---- the pods of one job ----------------------------------------------------------------- */
+
+typedef struct pod_view {
+    const cJSON *obj;
+    const char *name, *phase;
+    int64_t index;
+    bool terminating;
+} pod_view;
+
+typedef struct job_pods {
+    pod_view *p;
+    size_t n;
+    int live;          /* neither terminating nor ended */
+    int succeeded;
+} job_pods;
+
+static void pods_of(op *o, op_job *j, job_pods *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t cap = 256, n;
+    const cJSON **all = NULL;
+    for (;;) {
+        const cJSON **a = realloc(all, cap * sizeof *a);
+        if (!a)
+            break;
+        all = a;
+        n = edl_k8s_informer_list(o->pods, all, cap);
+        if (n <= cap)
+            break;
+        cap = n + 64;
+    }
+    if (!all)
+        return;
+    out->p = calloc(n + 1, sizeof *out->p);
+    for (size_t i = 0; out->p && i < n; i++) {
+        const char *job = op_label(all[i], EDL_TJ_LABEL_JOB);
+        const char *ns = edl_k8s_str(all[i], "metadata.namespace");
+        if (!job || !ns || strcmp(job, j->name) != 0 || strcmp(ns, j->ns) != 0)
+            continue;
+        pod_view *v = &out->p[out->n++];
+        v->obj = all[i];
+        v->name = edl_k8s_str(all[i], "metadata.name");
+        v->phase = edl_k8s_str(all[i], "status.phase");
+        const char *idx = op_label(all[i], EDL_TJ_LABEL_INDEX);
+        v->index = idx ? strtoll(idx, NULL, 10) : 0;
+        v->terminating = edl_k8s_str(all[i], "metadata.deletionTimestamp") != NULL;
+        if (v->index >= j->next_index)
+            j->next_index = v->index + 1;
+        bool ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
+        if (!v->terminating && !ended)
+            out->live++;
+        if (!v->terminating && v->phase && !strcmp(v->phase, "Succeeded"))
+            out->succeeded++;
+    }
+    free(all);
+}
+
+static int delete_pod(op *o, op_job *j, const pod_view *v)
+{
+    char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", v->name, NULL);
+    edl_k8s_reply r = {0};
+    int rc = path ? edl_k8s_delete(o->k, path, NULL, -1, &r) : EDL_ENOMEM;
+    free(path);
+    if (rc == 0 || rc == EDL_ENOTFOUND) {
+        o->m.pods_deleted += rc == 0;
+        const char *kind = edl_k8s_str(r.body, "kind");
+        if (rc == 0 && kind && strcmp(kind, "Pod") == 0)
+            edl_k8s_informer_store(o->pods, r.body, false); /* terminating: do not count it */
+        else
+            edl_k8s_informer_store(o->pods, v->obj, true);
+        rc = 0;
+    } else {
+        o->m.api_errors++;
+        EDL_WARN(LOG, "job %s/%s: deleting pod %s: %s (%s)", j->ns, j->name, v->name,
+                 edl_strerror(rc), r.message);
+    }
+    edl_k8s_reply_clear(&r);
+    return rc;
+}
+
+/* ---- pieces of a pass -------------------------------------------------------------------- */
+
+/* The spec cannot be read: say so once per message, create nothing. */
+static void report_invalid(op *o, op_job *j, const cJSON *obj, const char *field, const char *err)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s: %s", field, err);
+    if (!j->reported_invalid || strcmp(j->reported_invalid, msg) != 0) {
+        EDL_WARN(LOG, "job %s/%s is invalid: %s", j->ns, j->name, msg);
+        post_event(o, obj, "Warning", "InvalidSpec", "%s", msg);
+        free(j->reported_invalid);
+        j->reported_invalid = strdup(msg);
+    }
+}
+
+/* The job is being deleted: its etcd keys go, then our finalizer (the pods go with their owner
+ * through the garbage collector). */
+static void finalize(op *o, op_job *j, const cJSON *obj)
+{
+    const cJSON *fins = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "finalizers");
+    bool ours = false;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, fins) ours = ours || (cJSON_IsString(f) &&
+                                                !strcmp(f->valuestring, EDL_TJ_FINALIZER));
+    if (!ours)
+        return;
+    edl_delete_opts dp = {.prefix = true};
+    int rc = edl_etcd_delete(o->c, edl_str(j->etcd.k.job), &dp, NULL);
+    if (rc) {
+        EDL_WARN(LOG, "job %s/%s: removing its etcd keys: %s; retrying", j->ns, j->name,
+                 edl_strerror(rc));
+        wake_in(j, 1000);
+        return;
+    }
+    edl_leader_clear(&j->etcd.leader);
+    cJSON *patch = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(patch, "metadata");
+    cJSON *keep = cJSON_AddArrayToObject(md, "finalizers");
+    cJSON_ArrayForEach(f, fins) if (cJSON_IsString(f) && strcmp(f->valuestring, EDL_TJ_FINALIZER))
+        cJSON_AddItemToArray(keep, cJSON_CreateString(f->valuestring));
+    cJSON_AddStringToObject(md, "resourceVersion", edl_k8s_str(obj, "metadata.resourceVersion"));
+    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
+    edl_k8s_reply r = {0};
+    rc = edl_k8s_merge_patch(o->k, path, patch, &r);
+    if (rc == 0)
+        EDL_INFO(LOG, "job %s/%s deleted: its etcd keys are gone", j->ns, j->name);
+    else if (rc != EDL_ENOTFOUND)
+        wake_in(j, 500); /* 409: it changed; the next pass reads it again */
+    edl_k8s_reply_clear(&r);
+    cJSON_Delete(patch);
+    free(path);
+}
+
+/* Our finalizer on the job before anything of it exists. false: not yet (retry later). */
+static bool ensure_finalizer(op *o, op_job *j, const cJSON *obj)
+{
+    const cJSON *fins = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "finalizers");
+    const cJSON *f;
+    cJSON_ArrayForEach(f, fins) if (cJSON_IsString(f) && !strcmp(f->valuestring, EDL_TJ_FINALIZER))
+        return true;
+    cJSON *patch = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(patch, "metadata");
+    cJSON *list = fins ? cJSON_Duplicate(fins, true) : cJSON_CreateArray();
+    cJSON_AddItemToArray(list, cJSON_CreateString(EDL_TJ_FINALIZER));
+    cJSON_AddItemToObject(md, "finalizers", list);
+    cJSON_AddStringToObject(md, "resourceVersion", edl_k8s_str(obj, "metadata.resourceVersion"));
+    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
+    edl_k8s_reply r = {0};
+    int rc = edl_k8s_merge_patch(o->k, path, patch, &r);
+    if (rc == 0 && r.body)
+        edl_k8s_informer_store(o->tjs, r.body, false);
+    else if (rc)
+        wake_in(j, rc == EDL_ECONFLICT ? 100 : 1000);
+    edl_k8s_reply_clear(&r);
+    cJSON_Delete(patch);
+    free(path);
+    return rc == 0;
+}
+
+/* The job's etcd side: our term on it, the spec the TrainingJob asks, one generation pass. */
+static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
+{
+    if (!o->keeper)
+        return wake_in(j, 1000);
+    if (!j->etcd.leader.kv) {
+        bool won = false;
+        edl_leader l = {0};
+        int rc = edl_election_try(o->c, edl_str(j->etcd.k.leader), edl_str(o->cfg->id), o->lease,
+                                  &won, &l);
+        if (rc == 0 && won)
+            j->etcd.leader = l;
+        else
+            edl_leader_clear(&l); /* another term lives (a replica before us): wait for it */
+        if (!won)
+            return wake_in(j, 1000);
+    }
+    edl_job_spec want;
+    edl_spec_init(&want);
+    edl_spec_copy(&want, &tj->spec);
+    want.stopped = stop;
+    char *json = edl_spec_to_json(&want);
+    edl_spec_clear(&want);
+    if (json && (!j->spec_written || strcmp(json, j->spec_written) != 0)) {
+        if (edl_etcd_put(o->c, edl_str(j->etcd.k.spec), edl_str(json), NULL, NULL) == 0) {
+            free(j->spec_written);
+            j->spec_written = json;
+            json = NULL;
+        } else {
+            wake_in(j, 1000);
+        }
+    }
+    free(json);
+    int64_t wake = 0;
+    int state = -1;
+    if (js_job_pass(&j->etcd, &wake, &state) == EDL_ELEASE)
+        edl_leader_clear(&j->etcd.leader);
+    if (wake)
+        wake_in(j, wake - edl_monotonic_ms());
+}
+
+/* Create an object we own (Secret, Service); AlreadyExists counts as done. */
+static bool ensure_owned(op *o, op_job *j, const char *plural, cJSON *obj)
+{
+    char *path = edl_k8s_path(NULL, "v1", j->ns, plural, NULL, NULL);
+    edl_k8s_reply r = {0};
+    int rc = obj && path ? edl_k8s_create(o->k, path, obj, &r) : EDL_ENOMEM;
+    bool done = rc == 0 || (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists"));
+    if (!done) {
+        o->m.api_errors++;
+        EDL_WARN(LOG, "job %s/%s: creating its %s: %s (%s)", j->ns, j->name, plural,
+                 edl_strerror(rc), r.message);
+        wake_in(j, 2000);
+    }
+    edl_k8s_reply_clear(&r);
+    cJSON_Delete(obj);
+    free(path);
+    return done;
+}
+
+/* A pod could not be created: a condition and an Event (once per message), then back off. */
+static void pod_create_failed(op *o, op_job *j, const cJSON *obj, const char *pod,
+                              const edl_k8s_reply *r, int rc)
+{
+    char msg[700];
+    snprintf(msg, sizeof msg, "cannot create pod %s: %s", pod,
+             r->message[0] ? r->message : edl_strerror(rc));
+    if (!j->pod_error || strcmp(j->pod_error, msg) != 0) {
+        EDL_WARN(LOG, "job %s/%s: %s", j->ns, j->name, msg);
+        post_event(o, obj, "Warning", "PodCreateFailed", "%s", msg);
+        free(j->pod_error);
+        j->pod_error = strdup(msg);
+    }
+    j->pod_backoff_ms = j->pod_backoff_ms ? j->pod_backoff_ms * 2 : BACKOFF_MIN_MS;
+    if (j->pod_backoff_ms > BACKOFF_MAX_MS)
+        j->pod_backoff_ms = BACKOFF_MAX_MS;
+    wake_in(j, j->pod_backoff_ms);
+}
+
+static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj, int n)
+{
+    char *endpoints = NULL;
+    if (!o->cfg->pod_etcd_endpoints) {
+        /* the operator's own endpoints, as the pods must reach the same etcd */
+        size_t len = 1;
+        for (size_t i = 0; i < o->cfg->etcd->n_endpoints; i++)
+            len += strlen(o->cfg->etcd->endpoints[i]) + 1;
+        if ((endpoints = calloc(1, len)))
+            for (size_t i = 0; i < o->cfg->etcd->n_endpoints; i++)
+                strcat(strcat(endpoints, i ? "," : ""), o->cfg->etcd->endpoints[i]);
+    }
+    op_pod_settings s = {.etcd_job = j->etcd_name,
+                         .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
+                                                                              : NULL,
+                         .etcd_endpoints = o->cfg->pod_etcd_endpoints ? o->cfg->pod_etcd_endpoints
+                                                                      : endpoints ? endpoints : "",
+                         .etcd_tls_secret = o->cfg->etcd_tls_secret,
+                         .agent_image = o->cfg->agent_image};
+    char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
+    for (int i = 0; i < n && path; i++) {
+        cJSON *pod = op_pod_new(tj, &s, j->next_index);
+        const char *name = edl_k8s_str(pod, "metadata.name");
+        edl_k8s_reply r = {0};
+        int rc = edl_k8s_create(o->k, path, pod, &r);
+        if (rc == 0 && r.body) {
+            o->m.pods_created++;
+            edl_k8s_informer_store(o->pods, r.body, false); /* counted from now on */
+            post_event(o, obj, "Normal", "PodCreated", "created pod %s", name);
+            j->next_index++;
+            free(j->pod_error);
+            j->pod_error = NULL;
+            j->pod_backoff_ms = 0;
+        } else if (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists")) {
+            j->next_index++; /* a pod of that name exists that we have not seen yet */
+            i--;
+        } else {
+            o->m.api_errors++;
+            pod_create_failed(o, j, obj, name ? name : "?", &r, rc);
+            edl_k8s_reply_clear(&r);
+            cJSON_Delete(pod);
+            break;
+        }
+        edl_k8s_reply_clear(&r);
+        cJSON_Delete(pod);
+    }
+    free(path);
+    free(endpoints);
+}
+
+static int by_index_desc(const void *a, const void *b)
+{
+    const pod_view *x = a, *y = b;
+    return x->index < y->index ? 1 : x->index > y->index ? -1 : 0;
+}
+
+/* Failed pods are replaced (the failure counted); then scale to spec.replicas: new pods take
+ * the next indices, surplus pods go newest first (like `edl run`). Returns the failures. */
+static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
+                       job_pods *pods)
+{
+    int failures = 0;
+    for (size_t i = 0; i < pods->n; i++) {
+        pod_view *v = &pods->p[i];
+        if (v->terminating || !v->phase || strcmp(v->phase, "Failed") != 0)
+            continue;
+        const char *why = edl_k8s_str(v->obj, "status.reason");
+        post_event(o, obj, "Warning", "PodFailed", "pod %s failed%s%s; replacing it", v->name,
+                   why ? ": " : "", why ? why : "");
+        if (delete_pod(o, j, v) == 0)
+            failures++;
+    }
+    int have = pods->live + pods->succeeded;
+    int want = tj->spec.replicas;
+    if (have < want && pods->succeeded == 0) {
+        if (!j->pod_error || edl_monotonic_ms() >= j->wake_ms)
+            create_pods(o, j, tj, obj, want - have);
+    } else if (have > want) {
+        qsort(pods->p, pods->n, sizeof *pods->p, by_index_desc);
+        int surplus = have - want;
+        for (size_t i = 0; i < pods->n && surplus > 0; i++) {
+            pod_view *v = &pods->p[i];
+            bool ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
+            if (v->terminating || ended)
+                continue;
+            if (delete_pod(o, j, v) == 0)
+                surplus--;
+        }
+    }
+    return failures;
+}
+
+/* The job ended: its pods go per cleanPodPolicy, the job itself after its TTL. */
+static void finish(op *o, op_job *j, const edl_trainingjob *tj, job_pods *pods,
+                   int64_t completion_ms)
+{
+    for (size_t i = 0; i < pods->n && tj->clean_pod_policy != EDL_CLEAN_NONE; i++) {
+        pod_view *v = &pods->p[i];
+        bool running = !v->phase || !strcmp(v->phase, "Running") || !strcmp(v->phase, "Pending");
+        if (!v->terminating && (tj->clean_pod_policy == EDL_CLEAN_ALL || running))
+            delete_pod(o, j, v);
+    }
+    if (tj->ttl_after_finished_s < 0 || !completion_ms)
+        return;
+    int64_t left = completion_ms + tj->ttl_after_finished_s * 1000 - wall_ms();
+    if (left > 0)
+        return wake_in(j, left);
+    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
+    if (path && edl_k8s_delete(o->k, path, "Background", -1, NULL) == 0)
+        EDL_INFO(LOG, "job %s/%s: deleted %llds after it ended (ttlSecondsAfterFinished)",
+                 j->ns, j->name, (long long)tj->ttl_after_finished_s);
+    free(path);
+}
+
+/* ---- status and Events ------------------------------------------------------------------- */
+
+static op_state state_named(const char *s)
+{
+    for (int i = OP_CREATED; s && i <= OP_SUSPENDED; i++)
+        if (!strcmp(op_state_name((op_state)i), s))
+            return (op_state)i;
+    return OP_CREATED;
+}
+
+/* Events for what changed since the last pass (or since the status we found, after a start). */
+static void announce(op *o, op_job *j, const cJSON *obj, const op_view *v, int desired)
+{
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "status");
+    if (!j->primed) {
+        j->ev_generation = edl_k8s_int(st, "generation", 0);
+        j->ev_restarts = (int)edl_k8s_int(st, "restarts", 0);
+        j->ev_members = (size_t)edl_k8s_int(st, "memberCount", 0);
+        j->ev_state = state_named(edl_k8s_str(st, "state"));
+        j->primed = true;
+    }
+    const edl_generation *g = v->gen;
+    if (g && g->generation > j->ev_generation) {
+        if (g->n_members < j->ev_members && desired >= (int)j->ev_members)
+            post_event(o, obj, "Warning", "MemberLost", "generation %lld has %zu members, %zu "
+                       "before: %s", (long long)g->generation, g->n_members, j->ev_members,
+                       g->reason ? g->reason : "");
+        post_event(o, obj, "Normal", "GenerationPublished", "generation %lld: %zu members (%s)",
+                   (long long)g->generation, g->n_members, g->reason ? g->reason : "");
+        j->ev_generation = g->generation;
+        j->ev_members = g->n_members;
+    }
+    if (g && g->restarts > j->ev_restarts) {
+        post_event(o, obj, "Warning", "Restart", "restart %d of %d: %s", g->restarts,
+                   v->gen ? (int)edl_k8s_int(obj, "spec.elastic.maxRestarts", 10) : 0,
+                   g->reason ? g->reason : "");
+        j->ev_restarts = g->restarts;
+    }
+    if (v->state != j->ev_state && (v->state == OP_SUCCEEDED || v->state == OP_FAILED ||
+                                    v->state == OP_STOPPED || v->state == OP_SUSPENDED)) {
+        bool bad = v->state == OP_FAILED;
+        post_event(o, obj, bad ? "Warning" : "Normal", op_state_name(v->state), "the job %s%s%s",
+                   v->state == OP_SUCCEEDED ? "succeeded" : v->state == OP_FAILED ? "failed" :
+                   v->state == OP_STOPPED ? "was stopped" : "is suspended",
+                   v->message ? ": " : "", v->message ? v->message : "");
+    }
+    j->ev_state = v->state;
+}
+
+/* Write the status through /status when it changed (a merge patch; keys we no longer report
+ * are removed with null). */
+static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
+{
+    const cJSON *old = cJSON_GetObjectItemCaseSensitive(obj, "status");
+    cJSON *st = op_status_new(old, v, wall_ms());
+    if (!st || op_status_same(old, st)) {
+        cJSON_Delete(st);
+        return;
+    }
+    const cJSON *f;
+    cJSON_ArrayForEach(f, old) if (f->string && !cJSON_GetObjectItemCaseSensitive(st, f->string))
+        cJSON_AddNullToObject(st, f->string);
+    cJSON *patch = cJSON_CreateObject();
+    cJSON_AddItemToObject(patch, "status", st);
+    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name,
+                              "status");
+    edl_k8s_reply r = {0};
+    int rc = path ? edl_k8s_merge_patch(o->k, path, patch, &r) : EDL_ENOMEM;
+    if (rc == 0) {
+        o->m.status_writes++;
+        if (r.body)
+            edl_k8s_informer_store(o->tjs, r.body, false);
+    } else if (rc != EDL_ENOTFOUND) {
+        o->m.api_errors++;
+        EDL_WARN(LOG, "job %s/%s: writing the status: %s (%s)", j->ns, j->name,
+                 edl_strerror(rc), r.message);
+        wake_in(j, 1000);
+    }
+    edl_k8s_reply_clear(&r);
+    cJSON_Delete(patch);
+    free(path);
+}
+
+/* ---- one pass ---------------------------------------------------------------------------- */
+
+/* An end the operator itself decided (deadline, pod failures beyond the budget): it stays. */
+static const char *operator_failure(const cJSON *obj)
+{
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(
+                              cJSON_GetObjectItemCaseSensitive(obj, "status"), "conditions")) {
+        const char *t = edl_k8s_str(c, "type"), *s = edl_k8s_str(c, "status"),
+                   *r = edl_k8s_str(c, "reason");
+        if (t && s && r && !strcmp(t, "Failed") && !strcmp(s, "True") &&
+            (!strcmp(r, "DeadlineExceeded") || !strcmp(r, "BackoffLimitExceeded")))
+            return r;
+    }
+    return NULL;
+}
+
+static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob *tj)
+{
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "status");
+    int64_t now = wall_ms(), start_ms = 0, completion_ms = 0;
+    const char *t = edl_k8s_str(st, "startTime");
+    if (!t || edl_k8s_time_parse(t, &start_ms) != 0)
+        start_ms = now;
+    if ((t = edl_k8s_str(st, "completionTime")))
+        edl_k8s_time_parse(t, &completion_ms);
+    int pod_failures = (int)edl_k8s_int(st, "podFailures", 0);
+    const char *op_failed = operator_failure(obj);
+    char msg[600] = "";
+    if (!op_failed && tj->active_deadline_s > 0 && now - start_ms > tj->active_deadline_s * 1000) {
+        op_failed = "DeadlineExceeded";
+        snprintf(msg, sizeof msg, "the job ran longer than activeDeadlineSeconds (%llds)",
+                 (long long)tj->active_deadline_s);
+    }
+    etcd_pass(o, j, tj, op_failed != NULL);
+    op_state state = op_failed ? OP_FAILED : op_state_of(&j->etcd.current);
+    job_pods pods;
+    pods_of(o, j, &pods);
+    bool final = state == OP_SUCCEEDED || state == OP_FAILED || state == OP_STOPPED;
+    if (!final && tj->suspend) {
+        state = OP_SUSPENDED;
+        for (size_t i = 0; i < pods.n; i++)
+            if (!pods.p[i].terminating)
+                delete_pod(o, j, &pods.p[i]);
+    } else if (!final) {
+        j->have_secret = j->have_secret || ensure_owned(o, j, "secrets", op_secret_new(tj));
+        j->have_service = j->have_service || ensure_owned(o, j, "services", op_service_new(tj));
+        if (j->have_secret)
+            pod_failures += manage_pods(o, j, tj, obj, &pods);
+        if (pod_failures > tj->spec.max_restarts) {
+            op_failed = "BackoffLimitExceeded";
+            state = OP_FAILED;
+            final = true;
+            snprintf(msg, sizeof msg, "%d pods failed, more than maxRestarts (%d)", pod_failures,
+                     tj->spec.max_restarts);
+            wake_in(j, 0); /* the next pass stops the trainers through etcd */
+        }
+        if (tj->active_deadline_s > 0)
+            wake_in(j, start_ms + tj->active_deadline_s * 1000 - now + 10);
+    }
+    if (final) {
+        if (!completion_ms)
+            completion_ms = now;
+        finish(o, j, tj, &pods, completion_ms);
+    } else {
+        completion_ms = 0;
+    }
+    int replicas = 0;
+    for (size_t i = 0; i < pods.n; i++)
+        replicas += !pods.p[i].terminating;
+    char selector[300];
+    snprintf(selector, sizeof selector, "%s=%s", EDL_TJ_LABEL_JOB, tj->name);
+    const edl_generation *g = j->etcd.current.generation ? &j->etcd.current : NULL;
+    if (!msg[0] && g && g->reason)
+        snprintf(msg, sizeof msg, "%s", g->reason);
+    op_view v = {.state = state, .reason = op_failed, .message = msg[0] ? msg : NULL,
+                 .replicas = replicas, .selector = selector, .gen = g,
+                 .observed_generation = tj->generation, .start_ms = start_ms,
+                 .completion_ms = completion_ms, .pod_failures = pod_failures,
+                 .pod_error = j->pod_error};
+    announce(o, j, obj, &v, tj->spec.replicas);
+    write_status(o, j, obj, &v);
+    free(pods.p);
+}
+
+static void pass(op *o, op_job *j)
+{
+    j->dirty = false;
+    j->wake_ms = 0;
+    o->m.reconciles++;
+    const cJSON *obj = edl_k8s_informer_get(o->tjs, j->ns, j->name);
+    if (!obj) { /* gone: its keys went with our finalizer (or it never had any) */
+        op_job_drop(o, j);
+        return;
+    }
+    edl_trainingjob tj;
+    char field[256], err[512];
+    int rc = edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err);
+    if (edl_k8s_str(obj, "metadata.deletionTimestamp")) {
+        finalize(o, j, obj);
+    } else if (rc) {
+        report_invalid(o, j, obj, field, err);
+        char msg[800];
+        snprintf(msg, sizeof msg, "%s: %s", field, err);
+        char selector[300];
+        snprintf(selector, sizeof selector, "%s=%s", EDL_TJ_LABEL_JOB, j->name);
+        op_view v = {.state = OP_INVALID, .reason = "InvalidSpec", .message = msg,
+                     .selector = selector,
+                     .observed_generation = edl_k8s_int(obj, "metadata.generation", 0)};
+        write_status(o, j, obj, &v);
+    } else if (ensure_finalizer(o, j, obj)) {
+        free(j->reported_invalid);
+        j->reported_invalid = NULL;
+        obj = edl_k8s_informer_get(o->tjs, j->ns, j->name); /* the patched one */
+        if (obj)
+            pass_valid(o, j, obj, &tj);
+    }
+    if (!rc)
+        edl_trainingjob_clear(&tj);
+}
+
+void op_reconcile_dirty(op *o)
+{
+    for (size_t i = 0; i < o->n_jobs;) {
+        op_job *j = o->jobs[i];
+        if (!j->dirty) {
+            i++;
+            continue;
+        }
+        size_t before = o->n_jobs;
+        pass(o, j);
+        if (o->n_jobs == before)
+            i++; /* else j was dropped and another job took its slot */
+    }
+}

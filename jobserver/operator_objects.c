@@ -1,0 +1,278 @@
+/* operator_objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker
+ * pods, the headless Service, the job's Secret, Events), built from the parsed job. Pure: no
+ * API calls, so each object's shape is tested alone.
+ *
+ * How edl-agent runs inside an image we do not own: an init container from the operator's
+ * agent image copies the agent (`edl-agent --install`) into an emptyDir that the worker
+ * container mounts at /edl/bin; the worker's command becomes
+ * /edl/bin/edl-agent --job <ns>.<name> -- <the template's command and args>. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include <openssl/evp.h>
+
+#include "edl/k8s.h"
+#include "operator.h"
+
+#define AGENT_DIR "/edl/bin"
+#define SECRET_DIR "/edl/secret"
+#define ETCD_TLS_DIR "/edl/etcd"
+#define SECRET_KEY "job-secret"
+
+char *op_etcd_job_name(const char *ns, const char *name)
+{
+    size_t len = strlen(ns) + strlen(name) + 2;
+    char *s = malloc(len);
+    if (s)
+        snprintf(s, len, "%s.%s", ns, name);
+    return s;
+}
+
+char *op_secret_name(const char *job)
+{
+    size_t len = strlen(job) + sizeof "-edl-secret";
+    char *s = malloc(len);
+    if (s)
+        snprintf(s, len, "%s-edl-secret", job);
+    return s;
+}
+
+cJSON *op_owner_ref(const edl_trainingjob *tj)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "apiVersion", EDL_TJ_API_VERSION);
+    cJSON_AddStringToObject(o, "kind", EDL_TJ_KIND);
+    cJSON_AddStringToObject(o, "name", tj->name);
+    cJSON_AddStringToObject(o, "uid", tj->uid ? tj->uid : "");
+    cJSON_AddBoolToObject(o, "controller", true);
+    cJSON_AddBoolToObject(o, "blockOwnerDeletion", true);
+    return o;
+}
+
+/* metadata {name, namespace, labels (extra first, then the job's), ownerReferences} */
+static cJSON *owned_metadata(const edl_trainingjob *tj, const char *name, const cJSON *extra)
+{
+    cJSON *md = cJSON_CreateObject();
+    cJSON_AddStringToObject(md, "name", name);
+    cJSON_AddStringToObject(md, "namespace", tj->ns);
+    cJSON *labels = extra ? cJSON_Duplicate(extra, true) : cJSON_CreateObject();
+    cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_JOB);
+    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_JOB, tj->name);
+    cJSON_AddItemToObject(md, "labels", labels);
+    cJSON *refs = cJSON_AddArrayToObject(md, "ownerReferences");
+    cJSON_AddItemToArray(refs, op_owner_ref(tj));
+    return md;
+}
+
+static cJSON *env_value(const char *name, const char *value)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", name);
+    cJSON_AddStringToObject(e, "value", value);
+    return e;
+}
+
+static cJSON *env_field(const char *name, const char *field_path)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", name);
+    cJSON *ref = cJSON_AddObjectToObject(cJSON_AddObjectToObject(e, "valueFrom"), "fieldRef");
+    cJSON_AddStringToObject(ref, "fieldPath", field_path);
+    return e;
+}
+
+static void add_mount(cJSON *container, const char *name, const char *path, bool ro)
+{
+    cJSON *mounts = cJSON_GetObjectItemCaseSensitive(container, "volumeMounts");
+    if (!cJSON_IsArray(mounts)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(container, "volumeMounts");
+        mounts = cJSON_AddArrayToObject(container, "volumeMounts");
+    }
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "name", name);
+    cJSON_AddStringToObject(m, "mountPath", path);
+    cJSON_AddBoolToObject(m, "readOnly", ro);
+    cJSON_AddItemToArray(mounts, m);
+}
+
+static cJSON *array_of(cJSON *obj, const char *key)
+{
+    cJSON *a = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsArray(a)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
+        a = cJSON_AddArrayToObject(obj, key);
+    }
+    return a;
+}
+
+static void add_secret_volume(cJSON *volumes, const char *name, const char *secret)
+{
+    cJSON *v = cJSON_CreateObject();
+    cJSON_AddStringToObject(v, "name", name);
+    cJSON *sv = cJSON_AddObjectToObject(v, "secret");
+    cJSON_AddStringToObject(sv, "secretName", secret);
+    cJSON_AddNumberToObject(sv, "defaultMode", 0400); /* the job secret must be private */
+    cJSON_AddItemToArray(volumes, v);
+}
+
+/* The worker container: edl-agent in front of the template's command, edl's environment. */
+static void wrap_worker(cJSON *c, const edl_trainingjob *tj, const op_pod_settings *s)
+{
+    cJSON *cmd = cJSON_CreateArray();
+    cJSON_AddItemToArray(cmd, cJSON_CreateString(AGENT_DIR "/edl-agent"));
+    cJSON_AddItemToArray(cmd, cJSON_CreateString("--job"));
+    cJSON_AddItemToArray(cmd, cJSON_CreateString(s->etcd_job));
+    if (s->prefix) {
+        cJSON_AddItemToArray(cmd, cJSON_CreateString("--prefix"));
+        cJSON_AddItemToArray(cmd, cJSON_CreateString(s->prefix));
+    }
+    cJSON_AddItemToArray(cmd, cJSON_CreateString("--"));
+    for (size_t i = 0; i < tj->n_command; i++)
+        cJSON_AddItemToArray(cmd, cJSON_CreateString(tj->command[i]));
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "command");
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "args");
+    cJSON_AddItemToObject(c, "command", cmd);
+    cJSON *env = array_of(c, "env");
+    cJSON_AddItemToArray(env, env_field("EDL_POD_ID", "metadata.name"));
+    cJSON_AddItemToArray(env, env_field("POD_NAME", "metadata.name"));
+    cJSON_AddItemToArray(env, env_field("POD_IP", "status.podIP"));
+    cJSON_AddItemToArray(env, env_value("EDL_ETCD_ENDPOINTS", s->etcd_endpoints));
+    cJSON_AddItemToArray(env, env_value("EDL_JOB_SECRET_FILE", SECRET_DIR "/" SECRET_KEY));
+    if (s->etcd_tls_secret) {
+        cJSON_AddItemToArray(env, env_value("EDL_ETCD_CACERT", ETCD_TLS_DIR "/ca.crt"));
+        cJSON_AddItemToArray(env, env_value("EDL_ETCD_CERT", ETCD_TLS_DIR "/tls.crt"));
+        cJSON_AddItemToArray(env, env_value("EDL_ETCD_KEY", ETCD_TLS_DIR "/tls.key"));
+        add_mount(c, "edl-etcd-tls", ETCD_TLS_DIR, true);
+    }
+    add_mount(c, "edl-bin", AGENT_DIR, true);
+    add_mount(c, "edl-secret", SECRET_DIR, true);
+}
+
+static cJSON *install_container(const char *image)
+{
+    cJSON *ic = cJSON_CreateObject();
+    cJSON_AddStringToObject(ic, "name", "edl-agent-install");
+    cJSON_AddStringToObject(ic, "image", image);
+    cJSON *cmd = cJSON_AddArrayToObject(ic, "command");
+    cJSON_AddItemToArray(cmd, cJSON_CreateString("edl-agent"));
+    cJSON_AddItemToArray(cmd, cJSON_CreateString("--install"));
+    cJSON_AddItemToArray(cmd, cJSON_CreateString(AGENT_DIR));
+    add_mount(ic, "edl-bin", AGENT_DIR, false);
+    return ic;
+}
+
+cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t index)
+{
+    char name[300], idx[32];
+    snprintf(name, sizeof name, "%s-worker-%lld", tj->name, (long long)index);
+    snprintf(idx, sizeof idx, "%lld", (long long)index);
+    const cJSON *tmd = cJSON_GetObjectItemCaseSensitive(tj->pod_template, "metadata");
+    cJSON *pod = cJSON_CreateObject();
+    cJSON_AddStringToObject(pod, "apiVersion", "v1");
+    cJSON_AddStringToObject(pod, "kind", "Pod");
+    cJSON *md = owned_metadata(tj, name, cJSON_GetObjectItemCaseSensitive(tmd, "labels"));
+    cJSON *labels = cJSON_GetObjectItemCaseSensitive(md, "labels");
+    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_ROLE, "worker");
+    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_INDEX, idx);
+    const cJSON *ann = cJSON_GetObjectItemCaseSensitive(tmd, "annotations");
+    if (cJSON_IsObject(ann))
+        cJSON_AddItemToObject(md, "annotations", cJSON_Duplicate(ann, true));
+    cJSON_AddItemToObject(pod, "metadata", md);
+    cJSON *spec = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(tj->pod_template, "spec"), true);
+    if (!spec)
+        spec = cJSON_CreateObject();
+    cJSON_AddItemToObject(pod, "spec", spec);
+    /* the operator replaces pods itself, within the job's budget: the kubelet must not */
+    cJSON_DeleteItemFromObjectCaseSensitive(spec, "restartPolicy");
+    cJSON_AddStringToObject(spec, "restartPolicy", "Never");
+    cJSON_DeleteItemFromObjectCaseSensitive(spec, "hostname");
+    cJSON_DeleteItemFromObjectCaseSensitive(spec, "subdomain");
+    cJSON_AddStringToObject(spec, "hostname", name);
+    cJSON_AddStringToObject(spec, "subdomain", tj->name);
+    cJSON *inits = array_of(spec, "initContainers");
+    cJSON_InsertItemInArray(inits, 0, install_container(s->agent_image));
+    wrap_worker(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0), tj, s);
+    cJSON *volumes = array_of(spec, "volumes");
+    cJSON *bin = cJSON_CreateObject();
+    cJSON_AddStringToObject(bin, "name", "edl-bin");
+    cJSON_AddObjectToObject(bin, "emptyDir");
+    cJSON_AddItemToArray(volumes, bin);
+    char *secret = op_secret_name(tj->name);
+    add_secret_volume(volumes, "edl-secret", secret ? secret : "");
+    free(secret);
+    if (s->etcd_tls_secret)
+        add_secret_volume(volumes, "edl-etcd-tls", s->etcd_tls_secret);
+    return pod;
+}
+
+cJSON *op_service_new(const edl_trainingjob *tj)
+{
+    cJSON *svc = cJSON_CreateObject();
+    cJSON_AddStringToObject(svc, "apiVersion", "v1");
+    cJSON_AddStringToObject(svc, "kind", "Service");
+    cJSON_AddItemToObject(svc, "metadata", owned_metadata(tj, tj->name, NULL));
+    cJSON *spec = cJSON_AddObjectToObject(svc, "spec");
+    cJSON_AddStringToObject(spec, "clusterIP", "None");
+    cJSON_AddBoolToObject(spec, "publishNotReadyAddresses", true);
+    cJSON *sel = cJSON_AddObjectToObject(spec, "selector");
+    cJSON_AddStringToObject(sel, EDL_TJ_LABEL_JOB, tj->name);
+    return svc;
+}
+
+cJSON *op_secret_new(const edl_trainingjob *tj)
+{
+    unsigned char key[32];
+    if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key)
+        return NULL;
+    char b64[64];
+    EVP_EncodeBlock((unsigned char *)b64, key, sizeof key);
+    char *name = op_secret_name(tj->name);
+    if (!name)
+        return NULL;
+    cJSON *sec = cJSON_CreateObject();
+    cJSON_AddStringToObject(sec, "apiVersion", "v1");
+    cJSON_AddStringToObject(sec, "kind", "Secret");
+    cJSON_AddItemToObject(sec, "metadata", owned_metadata(tj, name, NULL));
+    cJSON_AddStringToObject(sec, "type", "Opaque");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(sec, "data"), SECRET_KEY, b64);
+    free(name);
+    return sec;
+}
+
+cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,
+                    const char *message, const char *reporter)
+{
+    const char *name = edl_k8s_str(tj_obj, "metadata.name");
+    const char *ns = edl_k8s_str(tj_obj, "metadata.namespace");
+    const char *uid = edl_k8s_str(tj_obj, "metadata.uid");
+    char gen[300], now[40];
+    snprintf(gen, sizeof gen, "%s.", name ? name : "trainingjob");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    edl_k8s_time((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, false, now, sizeof now);
+    cJSON *ev = cJSON_CreateObject();
+    cJSON_AddStringToObject(ev, "apiVersion", "v1");
+    cJSON_AddStringToObject(ev, "kind", "Event");
+    cJSON *md = cJSON_AddObjectToObject(ev, "metadata");
+    cJSON_AddStringToObject(md, "generateName", gen);
+    cJSON_AddStringToObject(md, "namespace", ns ? ns : "default");
+    cJSON *io = cJSON_AddObjectToObject(ev, "involvedObject");
+    cJSON_AddStringToObject(io, "apiVersion", EDL_TJ_API_VERSION);
+    cJSON_AddStringToObject(io, "kind", EDL_TJ_KIND);
+    cJSON_AddStringToObject(io, "name", name ? name : "");
+    cJSON_AddStringToObject(io, "namespace", ns ? ns : "default");
+    if (uid)
+        cJSON_AddStringToObject(io, "uid", uid);
+    cJSON_AddStringToObject(ev, "type", type);
+    cJSON_AddStringToObject(ev, "reason", reason);
+    cJSON_AddStringToObject(ev, "message", message);
+    cJSON_AddStringToObject(ev, "firstTimestamp", now);
+    cJSON_AddStringToObject(ev, "lastTimestamp", now);
+    cJSON_AddNumberToObject(ev, "count", 1);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(ev, "source"), "component", "edl-operator");
+    cJSON_AddStringToObject(ev, "reportingComponent", "edl.dev/operator");
+    cJSON_AddStringToObject(ev, "reportingInstance", reporter);
+    return ev;
+}

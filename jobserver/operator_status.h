@@ -1,0 +1,48 @@
+/* operator_status.h: the TrainingJob status the operator writes (operator_status.c). */
+#ifndef EDL_JOBSERVER_OPERATOR_STATUS_H
+#define EDL_JOBSERVER_OPERATOR_STATUS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "edl/job.h"
+
+/* status.state */
+typedef enum op_state {
+    OP_CREATED = 0, /* accepted; no generation yet */
+    OP_INVALID,     /* the spec is invalid: nothing is created */
+    OP_WAITING,     /* fewer than minReplicas members */
+    OP_RUNNING,
+    OP_RESTARTING,  /* a trainer failed; the next generation is forming */
+    OP_SUCCEEDED,
+    OP_FAILED,
+    OP_STOPPED,     /* `edl stop` */
+    OP_SUSPENDED,   /* spec.suspend: no pods */
+} op_state;
+
+const char *op_state_name(op_state s);
+/* The state an edl generation stands for (NULL or generation 0: Created). */
+op_state op_state_of(const edl_generation *g);
+
+/* What the operator knows of one job now. */
+typedef struct op_view {
+    op_state state;
+    const char *reason;       /* the current condition's reason (NULL: from the state) */
+    const char *message;      /* and message (NULL: none) */
+    int replicas;             /* worker pods that exist and are not being deleted */
+    const char *selector;     /* "edl.dev/job=<name>" */
+    const edl_generation *gen; /* the published generation (NULL: none) */
+    int64_t observed_generation;
+    int64_t start_ms, completion_ms; /* wall clock; 0: none */
+    int pod_failures;         /* pods that failed and were replaced */
+    const char *pod_error;    /* why pods cannot be created now (NULL: they can) */
+} op_view;
+
+/* The status object to write (caller frees), with conditions carried over from old_status
+ * (the status read; may be NULL). */
+cJSON *op_status_new(const cJSON *old_status, const op_view *v, int64_t now_ms);
+bool op_status_same(const cJSON *a, const cJSON *b);
+
+#endif

@@ -1,0 +1,262 @@
+/* test_operator.c: the TrainingJob operator (edl-jobserver --kubernetes) end to end, driven by
+ * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
+ * local processes (edl-agent installed by the init container, wrapping the example trainer),
+ * with a real etcd. Each test applies the CRD and a job and checks what a user would see. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "edl/etcd_server.h"
+#include "harness.h"
+
+typedef struct cluster {
+    edl_etcd_server *etcd;
+    harness_k8s *k;
+    pid_t op[2];
+    char ckpt[300];
+} cluster;
+
+static pid_t start_operator(cluster *c, const char *id)
+{
+    char log[400];
+    snprintf(log, sizeof log, "%s/operator-%s.log", harness_k8s_dir(c->k), id);
+    const char *argv[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--kubeconfig",
+                          harness_k8s_kubeconfig(c->k), "--etcd",
+                          edl_etcd_server_endpoints(c->etcd), "--id", id, "--ttl", "2",
+                          "--agent-image", "edl-test/agent:dev",
+                          "--leader-elect-lease-duration", "2s",
+                          "--leader-elect-renew-deadline", "1500ms",
+                          "--leader-elect-retry-period", "250ms", NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* etcd, the stand-in cluster with the CRD, and one operator. PATH gains the directory of
+ * edl-agent: the stand-in kubelet runs the init container's `edl-agent --install` from it. */
+static int setup(void **state)
+{
+    if (!harness_kubectl_available())
+        skip();
+    static char path[8192];
+    char agent_dir[512];
+    snprintf(agent_dir, sizeof agent_dir, "%s", EDL_AGENT_BIN);
+    *strrchr(agent_dir, '/') = '\0';
+    snprintf(path, sizeof path, "%s:%s", agent_dir, getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    setenv("PATH", path, 1);
+    cluster *c = calloc(1, sizeof *c);
+    *state = c;
+    c->etcd = harness_etcd_open(1, NULL);
+    c->k = harness_k8s_open(NULL);
+    snprintf(c->ckpt, sizeof c->ckpt, "%s/ckpt", harness_k8s_dir(c->k));
+    char out[4096];
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s/deploy/k8s/crd.yaml",
+                                     EDL_SOURCE_DIR), 0);
+    c->op[0] = start_operator(c, "op-a");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cluster *c = *state;
+    if (!c)
+        return 0;
+    for (int i = 0; i < 2; i++)
+        if (c->op[i] > 0)
+            harness_kill(c->op[i], SIGKILL);
+    harness_k8s_close(c->k);
+    edl_etcd_server_close(c->etcd);
+    free(c);
+    return 0;
+}
+
+/* Write a TrainingJob manifest running the example trainer; extra: more spec lines. */
+static void write_job(cluster *c, const char *file, const char *name, int replicas,
+                      const char *steps, const char *extra)
+{
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: %s\n"
+               "spec:\n  replicas: %d\n  minReplicas: 1\n  maxReplicas: 4\n"
+               "  elastic:\n    settleWindow: 300ms\n    leaseTTLSeconds: 3\n"
+               "  checkpoint:\n    uri: file://%s/%s\n%s"
+               "  template:\n    spec:\n      containers:\n      - name: trainer\n"
+               "        image: ghcr.io/edl-dev/edl-examples:0.1.0\n"
+               "        command: [\"%s\", \"--steps\", \"%s\", \"--step-ms\", \"20\"]\n",
+            name, replicas, c->ckpt, name, extra ? extra : "", EDL_EXAMPLE_TRAINER, steps);
+    fclose(f);
+}
+
+static void apply_job(cluster *c, const char *name, int replicas, const char *steps,
+                      const char *extra)
+{
+    char file[400], out[4096];
+    snprintf(file, sizeof file, "%s/%s.yaml", harness_k8s_dir(c->k), name);
+    write_job(c, file, name, replicas, steps, extra);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+}
+
+/* Names of the job's pods, space-separated, sorted. */
+static void live_pods(cluster *c, const char *job, char *out, size_t len)
+{
+    harness_kubectl(c->k, out, len, "get pods -l edl.dev/job=%s -o jsonpath='{range .items[*]}"
+                    "{.metadata.name}{\"\\n\"}{end}' | sort | tr '\\n' ' '", job);
+}
+
+static void test_kubectl_drives_a_job_from_apply_to_delete(void **state)
+{
+    cluster *c = *state;
+    char out[8192];
+    apply_job(c, "mnist", 2, "400", NULL);
+    harness_kubectl_wait(c->k, "tj mnist", "{.status.state}/{.status.memberCount}", "Running/2",
+                         30000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "get tj"), 0);
+    assert_non_null(strstr(out, "MEMBERS"));
+    assert_non_null(strstr(out, "mnist"));
+    assert_non_null(strstr(out, "Running"));
+    /* scale up, then down: new generations; the newest pod goes */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/mnist --replicas=3"), 0);
+    harness_kubectl_wait(c->k, "tj mnist", "{.status.memberCount}", "3", 30000);
+    harness_kubectl_wait(c->k, "tj mnist", "{.status.replicas}", "3", 5000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/mnist --replicas=2"), 0);
+    harness_kubectl_wait(c->k, "tj mnist", "{.status.memberCount}", "2", 30000);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=mnist", "{.items[*].metadata.name}",
+                         "mnist-worker-0 mnist-worker-1", 30000);
+    /* the trainer ends: the job succeeded */
+    harness_kubectl_wait(c->k, "tj mnist", "{.status.state}", "Succeeded", 90000);
+    harness_kubectl_wait(c->k, "tj mnist",
+                         "{.status.conditions[?(@.type==\"Succeeded\")].status}", "True", 5000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "get tj mnist"), 0);
+    assert_non_null(strstr(out, "Succeeded"));
+    /* delete: the pods and the job's etcd keys go */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj mnist --wait=true "
+                                     "--timeout=30s"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=mnist", "{.items[*].metadata.name}", "",
+                         30000);
+    char keys[4096];
+    harness_etcdctl_out(keys, sizeof keys, edl_etcd_server_endpoints(c->etcd), NULL,
+                        "get --prefix --keys-only /edl/v1/jobs/default.mnist/");
+    assert_string_equal(keys, "");
+}
+
+/* The pid of a pod's agent: the process whose environment says EDL_POD_ID=<pod>. */
+static pid_t agent_of(const char *pod)
+{
+    char want[300];
+    snprintf(want, sizeof want, "EDL_POD_ID=%s", pod);
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = -1;
+    while (d && (e = readdir(d)) && found < 0) {
+        char path[300], env[65536], cmd[4096];
+        pid_t pid = atoi(e->d_name);
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+        harness_read_file(path, cmd, sizeof cmd);
+        if (!strstr(cmd, "edl-agent"))
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1)
+            if (strcmp(env + i, want) == 0)
+                found = pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static void test_lost_pods_are_replaced_within_the_budget(void **state)
+{
+    cluster *c = *state;
+    char out[4096];
+    apply_job(c, "spot", 2, "100000", NULL);
+    harness_kubectl_wait(c->k, "tj spot", "{.status.state}/{.status.memberCount}", "Running/2",
+                         30000);
+    pid_t agent = agent_of("spot-worker-0");
+    assert_true(agent > 0);
+    kill(agent, SIGKILL); /* the pod fails: replaced, counted */
+    harness_kubectl_wait(c->k, "tj spot", "{.status.podFailures}", "1", 30000);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=spot", "{.items[*].metadata.name}",
+                         "spot-worker-1 spot-worker-2", 30000);
+    /* a pod deleted by a person is replaced too, and is no failure */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete pod spot-worker-1 "
+                                     "--wait=false"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=spot", "{.items[*].metadata.name}",
+                         "spot-worker-2 spot-worker-3", 30000);
+    harness_kubectl_wait(c->k, "tj spot", "{.status.state}/{.status.memberCount}", "Running/2",
+                         30000);
+    harness_kubectl_wait(c->k, "tj spot", "{.status.podFailures}", "1", 1000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj spot --wait=true "
+                                     "--timeout=30s"), 0);
+}
+
+static void test_invalid_job_gets_a_condition_and_nothing_is_created(void **state)
+{
+    cluster *c = *state;
+    char out[4096];
+    apply_job(c, "bad", 2, "10", "  minReplicas: 5\n");
+    harness_kubectl_wait(c->k, "tj bad",
+                         "{.status.conditions[?(@.type==\"Created\")].reason}", "InvalidSpec",
+                         20000);
+    harness_kubectl(c->k, out, sizeof out, "get tj bad -o jsonpath="
+                    "'{.status.conditions[?(@.type==\"Created\")].message}'");
+    assert_non_null(strstr(out, "spec"));
+    harness_kubectl(c->k, out, sizeof out, "get events -o jsonpath='{.items[*].reason}'");
+    assert_non_null(strstr(out, "InvalidSpec"));
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
+    /* fixed: it runs */
+    apply_job(c, "bad", 1, "10", NULL);
+    harness_kubectl_wait(c->k, "tj bad", "{.status.conditions[?(@.type==\"Created\")].status}",
+                         "True", 30000);
+    harness_kubectl_wait(c->k, "tj bad", "{.status.state}", "Succeeded", 60000);
+}
+
+static void test_standby_takes_over_mid_scale_and_nothing_is_done_twice(void **state)
+{
+    cluster *c = *state;
+    char out[4096];
+    c->op[1] = start_operator(c, "op-b");
+    apply_job(c, "big", 1, "100000", NULL);
+    harness_kubectl_wait(c->k, "tj big", "{.status.memberCount}", "1", 30000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/big --replicas=4"), 0);
+    harness_sleep_ms(30);
+    harness_kill(c->op[0], SIGKILL); /* mid-scale */
+    c->op[0] = -1;
+    harness_kubectl_wait(c->k, "tj big", "{.status.memberCount}", "4", 40000);
+    live_pods(c, "big", out, sizeof out);
+    assert_string_equal(out, "big-worker-0 big-worker-1 big-worker-2 big-worker-3 ");
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), 4);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj big --wait=true "
+                                     "--timeout=30s"), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_kubectl_drives_a_job_from_apply_to_delete, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_lost_pods_are_replaced_within_the_budget, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_invalid_job_gets_a_condition_and_nothing_is_created,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_standby_takes_over_mid_scale_and_nothing_is_done_twice, setup, teardown),
+    };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*standby*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
