@@ -1,0 +1,181 @@
+/* test_operator_objects.c: what the operator writes to Kubernetes, checked without a server:
+ * the worker pod made from a template (edl-agent wrapping the command, the downward API, the
+ * job's Secret, owned by the job), the Service, the Secret, Events, and the status with its
+ * conditions (transition times kept while a condition does not change). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "edl/k8s.h"
+#include "edl/trainingjob.h"
+#include "operator.h"
+#include "operator_status.h"
+
+static const char JOB[] =
+    "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","
+    "\"metadata\":{\"name\":\"mnist\",\"namespace\":\"team\",\"uid\":\"u-1\",\"generation\":3},"
+    "\"spec\":{\"replicas\":2,\"template\":{\"metadata\":{\"labels\":{\"app\":\"x\"}},"
+    "\"spec\":{\"restartPolicy\":\"Always\",\"containers\":[{\"name\":\"t\",\"image\":\"i\","
+    "\"command\":[\"python\",\"train.py\"],\"args\":[\"--lr\",\"0.1\"],"
+    "\"env\":[{\"name\":\"A\",\"value\":\"1\"}]}]}}}}";
+
+static void parse_job(edl_trainingjob *tj, cJSON **obj)
+{
+    *obj = cJSON_Parse(JOB);
+    char field[128], err[256];
+    assert_int_equal(edl_trainingjob_parse(*obj, tj, field, sizeof field, err, sizeof err), 0);
+}
+
+static const cJSON *find_named(const cJSON *arr, const char *name)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+        const char *n = edl_k8s_str(e, "name");
+        if (n && strcmp(n, name) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static void test_pod_wraps_the_command_in_the_agent(void **state)
+{
+    (void)state;
+    edl_trainingjob tj;
+    cJSON *obj;
+    parse_job(&tj, &obj);
+    op_pod_settings s = {.etcd_job = "team.mnist", .etcd_endpoints = "http://etcd:2379",
+                         .agent_image = "edl:1"};
+    cJSON *pod = op_pod_new(&tj, &s, 7);
+    assert_string_equal(edl_k8s_str(pod, "metadata.name"), "mnist-worker-7");
+    assert_string_equal(edl_k8s_str(pod, "metadata.namespace"), "team");
+    const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/job")->valuestring, "mnist");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/index")->valuestring, "7");
+    assert_string_equal(cJSON_GetObjectItem(labels, "app")->valuestring, "x");
+    const cJSON *ref = cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "ownerReferences"), 0);
+    assert_string_equal(edl_k8s_str(ref, "uid"), "u-1");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(ref, "controller")));
+    const cJSON *spec = cJSON_GetObjectItem(pod, "spec");
+    assert_string_equal(edl_k8s_str(spec, "restartPolicy"), "Never");
+    assert_string_equal(edl_k8s_str(spec, "subdomain"), "mnist");
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(spec, "containers"), 0);
+    char *cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
+    assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.mnist\",\"--\","
+                             "\"python\",\"train.py\",\"--lr\",\"0.1\"]");
+    free(cmd);
+    assert_null(cJSON_GetObjectItem(c, "args"));
+    const cJSON *env = cJSON_GetObjectItem(c, "env");
+    assert_non_null(find_named(env, "A"));
+    assert_string_equal(edl_k8s_str(find_named(env, "POD_IP"), "valueFrom.fieldRef.fieldPath"),
+                        "status.podIP");
+    assert_string_equal(edl_k8s_str(find_named(env, "EDL_ETCD_ENDPOINTS"), "value"),
+                        "http://etcd:2379");
+    const cJSON *init = cJSON_GetArrayItem(cJSON_GetObjectItem(spec, "initContainers"), 0);
+    assert_string_equal(edl_k8s_str(init, "image"), "edl:1");
+    const cJSON *vol = find_named(cJSON_GetObjectItem(spec, "volumes"), "edl-secret");
+    assert_string_equal(edl_k8s_str(vol, "secret.secretName"), "mnist-edl-secret");
+    assert_int_equal(edl_k8s_int(vol, "secret.defaultMode", 0), 0400);
+    cJSON_Delete(pod);
+    cJSON_Delete(obj);
+    edl_trainingjob_clear(&tj);
+}
+
+static void test_service_secret_and_event(void **state)
+{
+    (void)state;
+    edl_trainingjob tj;
+    cJSON *obj;
+    parse_job(&tj, &obj);
+    cJSON *svc = op_service_new(&tj);
+    assert_string_equal(edl_k8s_str(svc, "spec.clusterIP"), "None");
+    cJSON *a = op_secret_new(&tj), *b = op_secret_new(&tj);
+    const char *ka = edl_k8s_str(a, "data.job-secret"), *kb = edl_k8s_str(b, "data.job-secret");
+    assert_int_equal(strlen(ka), 44); /* 32 bytes in base64 */
+    assert_string_not_equal(ka, kb);
+    cJSON *ev = op_event_new(obj, "Warning", "PodCreateFailed", "quota", "op-1");
+    assert_string_equal(edl_k8s_str(ev, "involvedObject.kind"), "TrainingJob");
+    assert_string_equal(edl_k8s_str(ev, "involvedObject.uid"), "u-1");
+    assert_string_equal(edl_k8s_str(ev, "metadata.generateName"), "mnist.");
+    cJSON_Delete(svc);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(ev);
+    cJSON_Delete(obj);
+    edl_trainingjob_clear(&tj);
+}
+
+static const char *cond(const cJSON *st, const char *type, const char *field)
+{
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(st, "conditions"))
+        if (strcmp(edl_k8s_str(c, "type"), type) == 0)
+            return edl_k8s_str(c, field);
+    return NULL;
+}
+
+static void test_conditions_keep_their_transition_times(void **state)
+{
+    (void)state;
+    edl_generation g = {.generation = 4, .state = EDL_JOB_RUNNING, .restarts = 1};
+    op_view v = {.state = op_state_of(&g), .replicas = 2, .selector = "edl.dev/job=x",
+                 .gen = &g, .observed_generation = 2};
+    int64_t t0 = INT64_C(1795000000000);
+    cJSON *s1 = op_status_new(NULL, &v, t0);
+    assert_string_equal(edl_k8s_str(s1, "state"), "Running");
+    assert_string_equal(cond(s1, "Running", "status"), "True");
+    assert_string_equal(cond(s1, "Created", "reason"), "TrainingJobCreated");
+    assert_null(cond(s1, "Succeeded", "status")); /* never true: absent */
+    /* the same view later: nothing changes, not even the times */
+    cJSON *s2 = op_status_new(s1, &v, t0 + 60000);
+    assert_true(op_status_same(s1, s2));
+    /* success: Running turns False (new time), Succeeded appears */
+    g.state = EDL_JOB_SUCCEEDED;
+    v.state = op_state_of(&g);
+    cJSON *s3 = op_status_new(s2, &v, t0 + 120000);
+    assert_string_equal(cond(s3, "Running", "status"), "False");
+    assert_string_equal(cond(s3, "Succeeded", "status"), "True");
+    assert_string_not_equal(cond(s3, "Running", "lastTransitionTime"),
+                            cond(s1, "Running", "lastTransitionTime"));
+    assert_string_equal(cond(s3, "Created", "lastTransitionTime"),
+                        cond(s1, "Created", "lastTransitionTime"));
+    /* an invalid spec: Created False with the field in the message */
+    op_view bad = {.state = OP_INVALID, .message = "spec.minReplicas: too big",
+                   .selector = "edl.dev/job=x"};
+    cJSON *s4 = op_status_new(s3, &bad, t0 + 180000);
+    assert_string_equal(cond(s4, "Created", "status"), "False");
+    assert_string_equal(cond(s4, "Created", "reason"), "InvalidSpec");
+    assert_string_equal(cond(s4, "Created", "message"), "spec.minReplicas: too big");
+    cJSON_Delete(s1);
+    cJSON_Delete(s2);
+    cJSON_Delete(s3);
+    cJSON_Delete(s4);
+}
+
+static void test_states_of_generations(void **state)
+{
+    (void)state;
+    assert_int_equal(op_state_of(NULL), OP_CREATED);
+    edl_generation g = {.generation = 2, .state = EDL_JOB_WAITING, .reason = "restart 1 of 3"};
+    assert_int_equal(op_state_of(&g), OP_RESTARTING);
+    g.reason = "waiting for 2 members";
+    assert_int_equal(op_state_of(&g), OP_WAITING);
+    g.state = EDL_JOB_STOPPED;
+    assert_string_equal(op_state_name(op_state_of(&g)), "Stopped");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pod_wraps_the_command_in_the_agent),
+        cmocka_unit_test(test_service_secret_and_event),
+        cmocka_unit_test(test_conditions_keep_their_transition_times),
+        cmocka_unit_test(test_states_of_generations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
