@@ -67,8 +67,14 @@ struct fake {
     int end_streams;          /* end this many streams normally */
     int fail_streams;         /* break this many streams */
     int streams_open;
+    int stream_seq;           /* the newest stream's number: only it takes lines */
     bool stopping;
 };
+
+typedef struct stream_ctx {
+    fake *f;
+    int id;
+} stream_ctx;
 
 static void *uri_log(void *cls, const char *uri, struct MHD_Connection *c)
 {
@@ -93,12 +99,13 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
-    fake *f = cls;
+    stream_ctx *sc = cls;
+    fake *f = sc->f;
     ssize_t n = 0;
     pthread_mutex_lock(&f->mu);
     for (;;) {
-        if (f->stopping || f->fail_streams > 0) {
-            if (!f->stopping)
+        if (f->stopping || sc->id != f->stream_seq || f->fail_streams > 0) {
+            if (!f->stopping && sc->id == f->stream_seq)
                 f->fail_streams--;
             n = MHD_CONTENT_READER_END_WITH_ERROR;
             break;
@@ -136,11 +143,13 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
 
 static void stream_done(void *cls)
 {
-    fake *f = cls;
+    stream_ctx *sc = cls;
+    fake *f = sc->f;
     pthread_mutex_lock(&f->mu);
     f->streams_open--;
     pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
+    free(sc);
 }
 
 static void record(fake *f, const fake_req *r)
@@ -170,14 +179,21 @@ static enum MHD_Result answer(fake *f, struct MHD_Connection *c, fake_req *r)
     header_copy(c, "Authorization", r->auth, sizeof r->auth);
     header_copy(c, "Content-Type", r->content_type, sizeof r->content_type);
     header_copy(c, "User-Agent", r->user_agent, sizeof r->user_agent);
-    record(f, r);
     f->handler(f, r, &out);
     struct MHD_Response *resp;
+    stream_ctx *sc = NULL;
     if (out.stream) {
+        /* the newest stream before the request is seen: lines pushed after go to it */
+        sc = malloc(sizeof *sc);
+        assert_non_null(sc);
         pthread_mutex_lock(&f->mu);
         f->streams_open++;
+        *sc = (stream_ctx){f, ++f->stream_seq};
         pthread_mutex_unlock(&f->mu);
-        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_cb, f, stream_done);
+    }
+    record(f, r);
+    if (out.stream) {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_cb, sc, stream_done);
     } else {
         size_t n = out.body ? (out.body_len ? out.body_len : strlen(out.body)) : 0;
         resp = MHD_create_response_from_buffer(n, out.body ? out.body : (char *)"", MHD_RESPMEM_MUST_COPY);
@@ -254,7 +270,7 @@ static void fake_close(fake *f)
 
 /* Queue one line (a newline is added) for the watch stream. */
 static void fake_push(fake *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-__attribute__((unused)) static void fake_push(fake *f, const char *fmt, ...)
+static void fake_push(fake *f, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -277,7 +293,7 @@ __attribute__((unused)) static void fake_push(fake *f, const char *fmt, ...)
 }
 
 /* End (ok) or break (!ok) the current watch stream once its queued lines are sent. */
-__attribute__((unused)) static void fake_end_stream(fake *f, bool ok)
+static void fake_end_stream(fake *f, bool ok)
 {
     pthread_mutex_lock(&f->mu);
     if (ok)
@@ -305,7 +321,7 @@ static void fake_log(fake *f, int i, char *out, size_t len)
 }
 
 /* Wait until some request's line contains `what` (from request index `from`); its index. */
-__attribute__((unused)) static int fake_wait_request(fake *f, int from, const char *what, int timeout_ms)
+static int fake_wait_request(fake *f, int from, const char *what, int timeout_ms)
 {
     int64_t end = harness_now_ms() + timeout_ms;
     do {
@@ -329,7 +345,7 @@ static char *xstrdup(const char *s)
 }
 
 static char *xprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-__attribute__((unused)) static char *xprintf(const char *fmt, ...)
+static char *xprintf(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -780,6 +796,425 @@ static void test_reply_over_16mib_and_unreachable(void **state)
     assert_int_equal(edl_k8s_open(&bad, &k), EDL_EINVAL);
 }
 
+/* ---- informer ---------------------------------------------------------------------------- */
+
+typedef struct lw {
+    char *list_body;     /* what a list gets (owned; under the fake's lock) */
+    int list_status;
+    int watch_410;       /* answer this many watches with HTTP 410 */
+    int pages;           /* > 0: serve `pages` pages of 500 generated pods, with continue */
+} lw;
+
+static char *pod_json(const char *ns, const char *name, const char *rv)
+{
+    return xprintf("{\"kind\":\"Pod\",\"metadata\":{\"namespace\":\"%s\",\"name\":\"%s\",\"resourceVersion\":\"%s\"}}",
+                   ns, name, rv);
+}
+
+/* A PodList of rv with items "name:rv" in namespace ns. */
+static char *list_json(const char *rv, const char *const *items)
+{
+    char *s = xprintf("{\"kind\":\"PodList\",\"metadata\":{\"resourceVersion\":\"%s\"},\"items\":[", rv);
+    for (size_t i = 0; items && items[i]; i++) {
+        char name[64];
+        const char *colon = strchr(items[i], ':');
+        snprintf(name, sizeof name, "%.*s", (int)(colon - items[i]), items[i]);
+        char *pod = pod_json("ns", name, colon + 1), *next = xprintf("%s%s%s", s, i ? "," : "", pod);
+        free(pod);
+        free(s);
+        s = next;
+    }
+    char *done = xprintf("%s]}", s);
+    free(s);
+    return done;
+}
+
+static void set_list(fake *f, char *body)
+{
+    lw *s = f->state;
+    pthread_mutex_lock(&f->mu);
+    free(s->list_body);
+    s->list_body = body;
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* Page p (from "continue=p<N>") of s->pages pages of 500 pods each. */
+static char *page_json(const lw *s, const char *uri)
+{
+    const char *c = strstr(uri, "continue=p");
+    int p = c ? atoi(c + 10) : 0;
+    size_t cap = 600 * 120, o = 0;
+    char *b = malloc(cap);
+    assert_non_null(b);
+    o += (size_t)snprintf(b, cap, "{\"kind\":\"PodList\",\"metadata\":{\"resourceVersion\":\"777\"%s", p + 1 < s->pages ? ",\"continue\":\"p" : "");
+    if (p + 1 < s->pages)
+        o += (size_t)snprintf(b + o, cap - o, "%d\"", p + 1);
+    o += (size_t)snprintf(b + o, cap - o, "},\"items\":[");
+    for (int i = 0; i < 500; i++)
+        o += (size_t)snprintf(b + o, cap - o, "%s{\"metadata\":{\"namespace\":\"ns\",\"name\":\"pod-%d\",\"resourceVersion\":\"%d\"}}",
+                              i ? "," : "", p * 500 + i, p * 500 + i + 1);
+    snprintf(b + o, cap - o, "]}");
+    return b;
+}
+
+static void list_watch(fake *f, const fake_req *r, fake_reply *out)
+{
+    lw *s = f->state;
+    pthread_mutex_lock(&f->mu);
+    if (strstr(r->uri, "watch=1")) {
+        if (s->watch_410 > 0) {
+            s->watch_410--;
+            out->status = 410;
+            out->body = xstrdup("{\"kind\":\"Status\",\"status\":\"Failure\",\"reason\":\"Expired\",\"code\":410}");
+        } else {
+            out->stream = true;
+        }
+    } else if (s->pages) {
+        out->body = page_json(s, r->uri);
+    } else {
+        out->status = s->list_status ? s->list_status : 200;
+        out->body = xstrdup(s->list_body ? s->list_body : "{}");
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void expect_event(edl_k8s_informer *inf, edl_k8s_event_type type, const char *name)
+{
+    edl_k8s_event ev;
+    int rc = edl_k8s_informer_next(inf, &ev, 5000);
+    if (rc != 0) {
+        if (getenv("K8S_TEST_DEBUG"))
+            system("cat /tmp/k8s-test-debug.log >&2");
+        fail_msg("waiting for event %d %s: %s", type, name ? name : "", edl_strerror(rc));
+    }
+    if (ev.type != type || (name && (!ev.name || strcmp(ev.name, name))) || (!name && ev.name))
+        fail_msg("event %d %s, expected %d %s", ev.type, ev.name ? ev.name : "(none)", type, name ? name : "(none)");
+    if (name) {
+        assert_string_equal(ev.ns, "ns");
+        assert_string_equal(edl_k8s_str(ev.object, "metadata.name"), name);
+    }
+}
+
+static void expect_quiet(edl_k8s_informer *inf, int ms)
+{
+    edl_k8s_event ev;
+    int rc = edl_k8s_informer_next(inf, &ev, ms);
+    if (rc != EDL_ETIMEDOUT)
+        fail_msg("unexpected event %d %s (rc %d)", ev.type, ev.name ? ev.name : "", rc);
+}
+
+static const char *cached_rv(edl_k8s_informer *inf, const char *name)
+{
+    return edl_k8s_str(edl_k8s_informer_get(inf, "ns", name), "metadata.resourceVersion");
+}
+
+static bool fd_readable(int fd)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+}
+
+static void test_informer_list_watch_in_order_bookmark_moves_rv(void **state)
+{
+    (void)state;
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, list_json("10", (const char *[]){"a:5", "b:6", NULL}));
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", "edl.dev/job=x", &inf), 0);
+    assert_false(edl_k8s_informer_synced(inf));
+    expect_event(inf, EDL_K8S_ADDED, "a");
+    expect_event(inf, EDL_K8S_ADDED, "b");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    assert_true(edl_k8s_informer_synced(inf));
+    char line[2100];
+    fake_log(f, 0, line, sizeof line);
+    assert_string_equal(line, "GET /api/v1/namespaces/ns/pods?limit=500&labelSelector=edl.dev%2Fjob%3Dx");
+    int w = fake_wait_request(f, 1, "watch=1", 3000);
+    assert_true(w > 0);
+    fake_log(f, w, line, sizeof line);
+    assert_non_null(strstr(line, "GET /api/v1/namespaces/ns/pods?watch=1&resourceVersion=10&allowWatchBookmarks=true&timeoutSeconds="));
+    assert_non_null(strstr(line, "&labelSelector=edl.dev%2Fjob%3Dx"));
+    fake_push(f, "{\"type\":\"ADDED\",\"object\":%s}", "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"resourceVersion\":\"11\"}}");
+    fake_push(f, "{\"type\":\"MODIFIED\",\"object\":%s}", "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"a\",\"resourceVersion\":\"12\"}}");
+    fake_push(f, "{\"type\":\"DELETED\",\"object\":%s}", "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"b\",\"resourceVersion\":\"13\"}}");
+    fake_push(f, "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"Pod\",\"metadata\":{\"resourceVersion\":\"20\"}}}");
+    int64_t t0 = harness_now_ms();
+    while (!fd_readable(edl_k8s_informer_fd(inf)) && harness_now_ms() - t0 < 3000)
+        harness_sleep_ms(5);
+    assert_true(fd_readable(edl_k8s_informer_fd(inf)));
+    expect_event(inf, EDL_K8S_ADDED, "c");
+    expect_event(inf, EDL_K8S_MODIFIED, "a");
+    assert_string_equal(cached_rv(inf, "a"), "12");
+    expect_event(inf, EDL_K8S_DELETED, "b");
+    assert_null(edl_k8s_informer_get(inf, "ns", "b"));
+    const cJSON *objs[4];
+    assert_int_equal(edl_k8s_informer_list(inf, objs, 4), 2);
+    expect_quiet(inf, 100);
+    assert_false(fd_readable(edl_k8s_informer_fd(inf)));
+    /* the server ends the stream (its timeout): the next watch starts at the bookmark */
+    fake_end_stream(f, true);
+    w = fake_wait_request(f, w + 1, "watch=1", 3000);
+    assert_true(w > 0);
+    fake_log(f, w, line, sizeof line);
+    assert_non_null(strstr(line, "resourceVersion=20&"));
+    edl_k8s_stats st;
+    edl_k8s_get_stats(k, &st);
+    assert_int_equal(st.watches, 2);
+    assert_int_equal(st.relists, 0);
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+}
+
+static void test_informer_410_in_stream_and_as_reply_relists(void **state)
+{
+    (void)state;
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, list_json("10", (const char *[]){"a:5", "b:6", NULL}));
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    expect_event(inf, EDL_K8S_ADDED, "a");
+    expect_event(inf, EDL_K8S_ADDED, "b");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    int w = fake_wait_request(f, 1, "watch=1", 3000);
+    assert_true(w > 0);
+    /* in the stream: b vanished and c came while we were away; a is unchanged */
+    set_list(f, list_json("30", (const char *[]){"a:5", "c:25", NULL}));
+    fake_push(f, "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"status\":\"Failure\","
+                 "\"message\":\"too old resource version: 10 (25)\",\"reason\":\"Expired\",\"code\":410}}");
+    expect_event(inf, EDL_K8S_ADDED, "c");
+    expect_event(inf, EDL_K8S_DELETED, "b");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    assert_string_equal(cached_rv(inf, "a"), "5");
+    w = fake_wait_request(f, w + 1, "watch=1&resourceVersion=30&", 3000);
+    assert_true(w > 0);
+    /* as a reply: the stream ends, the re-watch is answered 410 */
+    pthread_mutex_lock(&f->mu);
+    s.watch_410 = 1;
+    pthread_mutex_unlock(&f->mu);
+    set_list(f, list_json("40", (const char *[]){"c:26", "d:39", NULL}));
+    fake_end_stream(f, true);
+    expect_event(inf, EDL_K8S_MODIFIED, "c");
+    expect_event(inf, EDL_K8S_ADDED, "d");
+    expect_event(inf, EDL_K8S_DELETED, "a");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    assert_true(fake_wait_request(f, w + 1, "watch=1&resourceVersion=40&", 3000) > 0);
+    edl_k8s_stats st;
+    edl_k8s_get_stats(k, &st);
+    assert_int_equal(st.relists, 2);
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+}
+
+static bool log_has(FILE *log, const char *what)
+{
+    fflush(log);
+    long n = ftell(log);
+    char *buf = calloc(1, (size_t)n + 1);
+    assert_non_null(buf);
+    rewind(log);
+    size_t got = fread(buf, 1, (size_t)n, log);
+    fseek(log, 0, SEEK_END);
+    bool has = got == (size_t)n && strstr(buf, what);
+    free(buf);
+    return has;
+}
+
+/* A bad line: logged, the stream dropped, a relist (nothing changed: just SYNCED), and the
+ * informer works on (an event after it arrives). */
+static int stream_seq(fake *f)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->stream_seq;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+/* Until a stream newer than `seq` is open (lines pushed before would go to the old one). */
+static void wait_new_stream(fake *f, int seq)
+{
+    int64_t t0 = harness_now_ms();
+    while (stream_seq(f) <= seq && harness_now_ms() - t0 < 5000)
+        harness_sleep_ms(5);
+    assert_true(stream_seq(f) > seq);
+}
+
+static void bad_then_recover(fake *f, edl_k8s_informer *inf, const char *line, const char *rv)
+{
+    int seq = stream_seq(f);
+    fake_push(f, "%s", line);
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    wait_new_stream(f, seq);
+    assert_string_equal(cached_rv(inf, "a"), "5");
+    assert_non_null(edl_k8s_informer_get(inf, "ns", "b"));
+    char *pod = pod_json("ns", "z", rv);
+    fake_push(f, "{\"type\":\"MODIFIED\",\"object\":%s}", pod);
+    free(pod);
+    expect_event(inf, EDL_K8S_MODIFIED, "z");
+}
+
+static void test_informer_bad_input_keeps_cache(void **state)
+{
+    (void)state;
+    FILE *log = getenv("K8S_TEST_DEBUG") ? fopen("/tmp/k8s-test-debug.log", "w+") : tmpfile();
+    assert_non_null(log);
+    if (getenv("K8S_TEST_DEBUG"))
+        edl_log_setup(EDL_LOG_DEBUG, EDL_LOG_PLAIN, log);
+    else
+    edl_log_setup(EDL_LOG_WARN, EDL_LOG_PLAIN, log);
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, list_json("10", (const char *[]){"a:5", "b:6", "z:1", NULL}));
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    expect_event(inf, EDL_K8S_ADDED, "a");
+    expect_event(inf, EDL_K8S_ADDED, "b");
+    expect_event(inf, EDL_K8S_ADDED, "z");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    wait_new_stream(f, 0); /* the first watch is open */
+    bad_then_recover(f, inf, "this is not JSON", "2");
+    assert_true(log_has(log, "not a JSON object (line: this is not JSON)"));
+    set_list(f, list_json("10", (const char *[]){"a:5", "b:6", "z:2", NULL}));
+    bad_then_recover(f, inf, "{\"type\":\"ADDED\"}", "3");
+    assert_true(log_has(log, "an event without an object"));
+    set_list(f, list_json("10", (const char *[]){"a:5", "b:6", "z:3", NULL}));
+    bad_then_recover(f, inf, "{\"type\":\"ADDED\",\"object\":{\"metadata\":{}}}", "4");
+    assert_true(log_has(log, "an object without metadata.name"));
+    /* a list that is not a list: refused, retried until it is one */
+    set_list(f, xstrdup("{\"kind\":\"PodList\",\"metadata\":{\"resourceVersion\":\"11\"},\"items\":{\"a\":1}}"));
+    fake_push(f, "[]");
+    int64_t t0 = harness_now_ms();
+    while (!log_has(log, "\"items\" is not a list") && harness_now_ms() - t0 < 3000)
+        harness_sleep_ms(10);
+    assert_true(log_has(log, "\"items\" is not a list"));
+    assert_string_equal(cached_rv(inf, "a"), "5");
+    set_list(f, list_json("10", (const char *[]){"a:5", "b:6", "z:4", NULL}));
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    /* a line over 16 MiB */
+    size_t n = (16u << 20) + 100;
+    char *pad = malloc(n + 1);
+    assert_non_null(pad);
+    memset(pad, 'x', n);
+    pad[n] = '\0';
+    char *huge = xprintf("{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"namespace\":\"ns\",\"name\":\"huge\"},\"pad\":\"%s\"}}", pad);
+    free(pad);
+    bad_then_recover(f, inf, huge, "5");
+    free(huge);
+    assert_true(log_has(log, "a line over 16 MiB"));
+    assert_null(edl_k8s_informer_get(inf, "ns", "huge"));
+    const cJSON *objs[8];
+    assert_int_equal(edl_k8s_informer_list(inf, objs, 8), 3);
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+    edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL);
+    fclose(log);
+}
+
+static void test_informer_store_writes_through(void **state)
+{
+    (void)state;
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, list_json("10", (const char *[]){"a:5", NULL}));
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    expect_event(inf, EDL_K8S_ADDED, "a");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    cJSON *c = cJSON_Parse("{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"resourceVersion\":\"50\"}}");
+    assert_int_equal(edl_k8s_informer_store(inf, c, false), 0);
+    cJSON_Delete(c); /* the cache keeps its own copy */
+    assert_string_equal(cached_rv(inf, "c"), "50");
+    cJSON *a = cJSON_Parse("{\"metadata\":{\"namespace\":\"ns\",\"name\":\"a\"}}");
+    assert_int_equal(edl_k8s_informer_store(inf, a, true), 0);
+    cJSON_Delete(a);
+    assert_null(edl_k8s_informer_get(inf, "ns", "a"));
+    cJSON *noname = cJSON_Parse("{\"metadata\":{}}");
+    assert_int_equal(edl_k8s_informer_store(inf, noname, false), EDL_EINVAL);
+    cJSON_Delete(noname);
+    assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
+    fake_push(f, "{\"type\":\"MODIFIED\",\"object\":%s}", "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"resourceVersion\":\"51\"}}");
+    expect_event(inf, EDL_K8S_MODIFIED, "c");
+    assert_string_equal(cached_rv(inf, "c"), "51");
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+}
+
+static void test_informer_close_is_prompt(void **state)
+{
+    (void)state;
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, list_json("10", (const char *[]){"a:5", NULL}));
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    /* in a quiet watch */
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
+    harness_sleep_ms(100);
+    int64_t t0 = harness_now_ms();
+    edl_k8s_informer_close(inf);
+    assert_true(harness_now_ms() - t0 < 1000);
+    /* backing off after failed lists */
+    pthread_mutex_lock(&f->mu);
+    s.list_status = 500;
+    pthread_mutex_unlock(&f->mu);
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    harness_sleep_ms(700);
+    t0 = harness_now_ms();
+    edl_k8s_informer_close(inf);
+    assert_true(harness_now_ms() - t0 < 1000);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+}
+
+static void test_informer_10000_objects_in_pages(void **state)
+{
+    (void)state;
+    lw s = {.pages = 20};
+    fake *f = fake_open(list_watch, &s);
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    edl_k8s_event ev;
+    int added = 0;
+    while (edl_k8s_informer_next(inf, &ev, 5000) == 0 && ev.type == EDL_K8S_ADDED)
+        added++;
+    assert_int_equal(ev.type, EDL_K8S_SYNCED);
+    assert_int_equal(added, 10000);
+    int64_t took = harness_now_ms() - t0;
+    assert_true(took < 8000);
+    assert_string_equal(cached_rv(inf, "pod-7777"), "7778");
+    assert_int_equal(edl_k8s_informer_list(inf, NULL, 0), 10000);
+    char line[2100];
+    fake_log(f, 19, line, sizeof line);
+    assert_string_equal(line, "GET /api/v1/namespaces/ns/pods?limit=500&continue=p19");
+    assert_true(fake_wait_request(f, 20, "watch=1&resourceVersion=777&", 3000) == 20);
+    /* a relist of the same 10,000 says only SYNCED */
+    pthread_mutex_lock(&f->mu);
+    s.watch_410 = 1;
+    pthread_mutex_unlock(&f->mu);
+    fake_end_stream(f, true);
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+}
+
 int main(void)
 {
     edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL);
@@ -794,6 +1229,12 @@ int main(void)
         cmocka_unit_test(test_retries_429_503_then_success_and_give_up),
         cmocka_unit_test(test_status_codes_and_reasons),
         cmocka_unit_test(test_reply_over_16mib_and_unreachable),
+        cmocka_unit_test(test_informer_list_watch_in_order_bookmark_moves_rv),
+        cmocka_unit_test(test_informer_410_in_stream_and_as_reply_relists),
+        cmocka_unit_test(test_informer_bad_input_keeps_cache),
+        cmocka_unit_test(test_informer_store_writes_through),
+        cmocka_unit_test(test_informer_close_is_prompt),
+        cmocka_unit_test(test_informer_10000_objects_in_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
