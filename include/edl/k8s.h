@@ -43,6 +43,7 @@ typedef struct edl_k8s_config {
     char *namespace;       /* the default namespace (in-cluster: the pod's own) */
     bool insecure_skip_tls_verify;
     int timeout_ms;        /* per request, not for watches (default 30000) */
+    int token_reread_ms;   /* how old a token read from token_file may get (0: 60000) */
 } edl_k8s_config;
 
 /* In-cluster: $KUBERNETES_SERVICE_HOST/PORT, /var/run/secrets/kubernetes.io/serviceaccount/

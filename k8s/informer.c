@@ -1,0 +1,667 @@
+/* informer.c: list then watch one collection, as client-go's reflector does, feeding a local
+ * cache that only the caller's thread touches.
+ *
+ * A thread of its own (own curl handle in a multi handle, so close wakes it at once) lists
+ * (in pages), then watches from the list's resourceVersion, line by line. It never touches the
+ * cache: it queues what it read (one event, or a whole list) and makes an eventfd readable;
+ * edl_k8s_informer_next applies one event at a time on the caller's thread. A watch that ends
+ * (the server's timeout) is opened again from the last resourceVersion (bookmarks move it); a
+ * 410, as a reply or an in-stream ERROR, relists, and the caller sees the difference (ADDED or
+ * MODIFIED for what changed, DELETED for what vanished, then SYNCED). Anything malformed is
+ * logged and answered by a relist after a back-off, never by a guess. */
+#define _GNU_SOURCE /* asprintf */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "internal.h"
+
+#define LIST_PAGE 500
+#define WATCH_TIMEOUT_S 300
+#define BACKOFF_MIN_MS 200
+#define BACKOFF_MAX_MS 5000
+#define MAX_QUEUED 65536
+#define Q_LIST 0 /* a queue item holding a whole list */
+
+typedef struct qitem {
+    int type;            /* EDL_K8S_ADDED.. or Q_LIST */
+    cJSON *obj;          /* the object, or the list's items (an array) */
+    struct qitem *next;
+} qitem;
+
+typedef struct pending {
+    edl_k8s_event_type type;
+    cJSON *obj;          /* owned; NULL for a DELETED of a cached object, and SYNCED */
+    char *key;
+} pending;
+
+typedef enum watch_end { W_ENDED, W_GONE, W_BROKEN, W_BAD, W_STOP } watch_end;
+
+struct edl_k8s_informer {
+    edl_k8s *k;
+    char *path, *selector; /* selector: escaped for a query */
+    pthread_t thread;
+    bool started;
+    CURL *h;
+    CURLM *multi;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int efd;
+    bool efd_set, stop;
+    qitem *head, *tail;
+    size_t queued;
+
+    /* the thread's */
+    char *rv;
+    edl_bytebuf line;
+    watch_end outcome;   /* what the stream's content decided */
+    bool got_event;
+
+    /* the caller's */
+    k8s_cache cache;
+    unsigned mark;
+    pending *pend;
+    size_t npend, ipend;
+    cJSON *dropped;      /* the last DELETED object, until the next call */
+    bool synced;
+};
+
+/* ---- the thread's side: queue, list, watch ------------------------------------------------ */
+
+static bool stopped(edl_k8s_informer *inf)
+{
+    pthread_mutex_lock(&inf->mu);
+    bool s = inf->stop;
+    pthread_mutex_unlock(&inf->mu);
+    return s;
+}
+
+/* Hand an item to the caller (obj owned from now on); waits while the queue is full. */
+static bool push(edl_k8s_informer *inf, int type, cJSON *obj)
+{
+    qitem *q = malloc(sizeof *q);
+    if (!q) {
+        cJSON_Delete(obj);
+        return false;
+    }
+    *q = (qitem){type, obj, NULL};
+    pthread_mutex_lock(&inf->mu);
+    while (inf->queued >= MAX_QUEUED && !inf->stop)
+        pthread_cond_wait(&inf->cv, &inf->mu);
+    if (inf->stop) {
+        pthread_mutex_unlock(&inf->mu);
+        cJSON_Delete(obj);
+        free(q);
+        return false;
+    }
+    if (inf->tail)
+        inf->tail->next = q;
+    else
+        inf->head = q;
+    inf->tail = q;
+    inf->queued++;
+    if (!inf->efd_set) {
+        uint64_t one = 1;
+        if (write(inf->efd, &one, sizeof one) < 0)
+            EDL_ERROR("k8s", "informer %s: cannot signal its fd", inf->path);
+        inf->efd_set = true;
+    }
+    pthread_cond_broadcast(&inf->cv);
+    pthread_mutex_unlock(&inf->mu);
+    return true;
+}
+
+static void wait_ms(edl_k8s_informer *inf, int ms)
+{
+    pthread_mutex_lock(&inf->mu);
+    if (!inf->stop)
+        k8s_cond_wait_ms(&inf->cv, &inf->mu, ms);
+    pthread_mutex_unlock(&inf->mu);
+}
+
+static k8s_conn conn_of(edl_k8s_informer *inf)
+{
+    return (k8s_conn){inf->h, inf->multi, &inf->mu, &inf->stop};
+}
+
+/* path?args[&labelSelector=..][&continue=..] (cont escaped here), malloc'ed. */
+static char *query(edl_k8s_informer *inf, const char *args, const char *cont)
+{
+    char *ec = cont ? curl_easy_escape(inf->h, cont, 0) : NULL;
+    char *s = NULL;
+    if (asprintf(&s, "%s?%s%s%s%s%s", inf->path, args, inf->selector ? "&labelSelector=" : "",
+                 inf->selector ? inf->selector : "", ec ? "&continue=" : "", ec ? ec : "") < 0)
+        s = NULL;
+    curl_free(ec);
+    return s;
+}
+
+/* One page's items, checked, moved onto items; its resourceVersion and continue token. */
+static const char *take_page(cJSON *body, cJSON *items, const char **rv, const char **cont)
+{
+    cJSON *page = cJSON_GetObjectItemCaseSensitive(body, "items");
+    *rv = edl_k8s_str(body, "metadata.resourceVersion");
+    *cont = edl_k8s_str(body, "metadata.continue");
+    if (!cJSON_IsObject(body))
+        return "the reply is not a JSON object";
+    if (!cJSON_IsArray(page) && !cJSON_IsNull(page) && page)
+        return "\"items\" is not a list";
+    if (!*rv || !**rv)
+        return "the list has no metadata.resourceVersion";
+    char key[512];
+    const cJSON *it;
+    cJSON_ArrayForEach(it, page) {
+        if (!k8s_object_key(it, key, sizeof key))
+            return "an item has no metadata.name";
+    }
+    while (cJSON_GetArraySize(page) > 0)
+        cJSON_AddItemToArray(items, cJSON_DetachItemFromArray(page, 0));
+    return NULL;
+}
+
+/* List every page; on success queue the items and remember the resourceVersion. */
+static int do_list(edl_k8s_informer *inf)
+{
+    cJSON *items = cJSON_CreateArray();
+    char *cont = NULL, args[32];
+    int rc = items ? 0 : EDL_ENOMEM;
+    snprintf(args, sizeof args, "limit=%d", LIST_PAGE);
+    while (!rc) {
+        char *path = query(inf, args, cont);
+        edl_k8s_reply r = {0};
+        k8s_conn c = conn_of(inf);
+        rc = path ? k8s_request_on(inf->k, &c, "GET", path, NULL, NULL, false, &r) : EDL_ENOMEM;
+        const char *why = NULL, *rv = NULL, *next = NULL;
+        if (!rc && r.status != 200)
+            rc = edl_k8s_status_code(r.status);
+        else if (!rc && (why = take_page(r.body, items, &rv, &next)))
+            rc = EDL_EPROTO;
+        if (rc && rc != EDL_ECLOSED)
+            EDL_WARN("k8s", "informer: list %s: %s%s%s", path ? path : inf->path,
+                     why ? why : edl_strerror(rc), r.message[0] ? ": " : "", r.message);
+        free(cont);
+        cont = NULL;
+        if (!rc && next && *next && !(cont = strdup(next)))
+            rc = EDL_ENOMEM;
+        if (!rc && !cont) {
+            free(inf->rv);
+            inf->rv = strdup(rv);
+            rc = inf->rv ? 0 : EDL_ENOMEM;
+        }
+        edl_k8s_reply_clear(&r);
+        free(path);
+        if (!cont)
+            break;
+    }
+    free(cont);
+    if (rc) {
+        cJSON_Delete(items);
+        return rc;
+    }
+    return push(inf, Q_LIST, items) ? 0 : EDL_ECLOSED;
+}
+
+static bool bad_line(edl_k8s_informer *inf, const char *why, const char *line, size_t len)
+{
+    EDL_WARN("k8s", "informer: watch %s: %s (line: %.*s%s); relisting", inf->path, why,
+             (int)(len < 120 ? len : 120), line, len > 120 ? "..." : "");
+    inf->outcome = W_BAD;
+    return false;
+}
+
+static void move_rv(edl_k8s_informer *inf, const cJSON *obj)
+{
+    const char *rv = edl_k8s_str(obj, "metadata.resourceVersion");
+    char *copy = rv && *rv ? strdup(rv) : NULL;
+    if (copy) {
+        free(inf->rv);
+        inf->rv = copy;
+    }
+}
+
+/* An in-stream ERROR: a Status. 410 (Expired, Gone) relists at once; others after a back-off. */
+static bool stream_error(edl_k8s_informer *inf, const cJSON *status)
+{
+    int64_t code = edl_k8s_int(status, "code", 0);
+    const char *msg = edl_k8s_str(status, "message");
+    if (code == 410) {
+        EDL_INFO("k8s", "informer: watch %s: resourceVersion %s expired (%s); relisting", inf->path,
+                 inf->rv, msg ? msg : "410");
+        inf->outcome = W_GONE;
+    } else {
+        EDL_WARN("k8s", "informer: watch %s: error %lld from the server: %s; relisting", inf->path,
+                 (long long)code, msg ? msg : "(no message)");
+        inf->outcome = W_BAD;
+    }
+    return false;
+}
+
+/* One line of the stream: false ends the stream (outcome says why). */
+static bool handle_line(edl_k8s_informer *inf, const char *line, size_t len)
+{
+    cJSON *j = cJSON_ParseWithLength(line, len);
+    const char *type = edl_k8s_str(j, "type");
+    cJSON *obj = cJSON_GetObjectItemCaseSensitive(j, "object");
+    bool ok = false;
+    char key[512];
+    int t = 0;
+    if (type)
+        t = !strcmp(type, "ADDED") ? EDL_K8S_ADDED : !strcmp(type, "MODIFIED") ? EDL_K8S_MODIFIED
+            : !strcmp(type, "DELETED") ? EDL_K8S_DELETED : 0;
+    if (!cJSON_IsObject(j))
+        ok = bad_line(inf, "not a JSON object", line, len);
+    else if (!type)
+        ok = bad_line(inf, "an event without a type", line, len);
+    else if (!cJSON_IsObject(obj))
+        ok = bad_line(inf, "an event without an object", line, len);
+    else if (!strcmp(type, "ERROR"))
+        ok = stream_error(inf, obj);
+    else if (!strcmp(type, "BOOKMARK"))
+        move_rv(inf, obj), ok = true;
+    else if (!t)
+        ok = bad_line(inf, "an event of an unknown type", line, len);
+    else if (!k8s_object_key(obj, key, sizeof key))
+        ok = bad_line(inf, "an object without metadata.name", line, len);
+    else {
+        move_rv(inf, obj);
+        inf->got_event = true;
+        ok = push(inf, t, cJSON_DetachItemViaPointer(j, obj));
+    }
+    cJSON_Delete(j);
+    return ok;
+}
+
+static size_t on_stream(char *ptr, size_t size, size_t nmemb, void *arg)
+{
+    edl_k8s_informer *inf = arg;
+    size_t n = size * nmemb, start = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ptr[i] != '\n')
+            continue;
+        const char *line = ptr + start;
+        size_t len = i - start;
+        if (inf->line.len) { /* complete the line held from the last piece */
+            if (edl_bytebuf_append(&inf->line, line, len) != 0)
+                goto too_big;
+            line = inf->line.data;
+            len = inf->line.len;
+        }
+        bool ok = len == 0 || handle_line(inf, line, len);
+        inf->line.len = 0;
+        start = i + 1;
+        if (!ok)
+            return 0;
+    }
+    if (start < n && edl_bytebuf_append(&inf->line, ptr + start, n - start) != 0)
+        goto too_big;
+    return n;
+too_big:
+    edl_bytebuf_clear(&inf->line); /* keeps max */
+    return bad_line(inf, "a line over 16 MiB", "", 0) ? n : 0;
+}
+
+static watch_end do_watch(edl_k8s_informer *inf)
+{
+    char args[512];
+    char *erv = curl_easy_escape(inf->h, inf->rv, 0);
+    snprintf(args, sizeof args, "watch=1&resourceVersion=%s&allowWatchBookmarks=true&timeoutSeconds=%d",
+             erv ? erv : "", WATCH_TIMEOUT_S + (int)(edl_monotonic_ms() % 60)); /* spread re-watches */
+    curl_free(erv);
+    char *path = query(inf, args, NULL);
+    if (!path)
+        return W_BROKEN;
+    inf->line.len = 0;
+    inf->outcome = W_ENDED;
+    inf->got_event = false;
+    k8s_xfer x = {.method = "GET", .path = path, .write = on_stream, .arg = inf,
+                  .timeout_ms = (WATCH_TIMEOUT_S + 90) * 1000L};
+    k8s_conn c = conn_of(inf);
+    atomic_fetch_add(&inf->k->watches, 1);
+    CURLcode cc = k8s_transfer(inf->k, &c, &x);
+    free(path);
+    if (stopped(inf))
+        return W_STOP;
+    if (inf->outcome != W_ENDED)
+        return inf->outcome;
+    if (x.status == 410)
+        return W_GONE;
+    if (cc != CURLE_OK || x.status != 200) {
+        EDL_WARN("k8s", "informer: watch %s from %s: %s", inf->path, inf->rv,
+                 cc != CURLE_OK ? (x.errbuf[0] ? x.errbuf : curl_easy_strerror(cc)) : "not HTTP 200");
+        return W_BROKEN;
+    }
+    return W_ENDED;
+}
+
+static void *informer_main(void *arg)
+{
+    edl_k8s_informer *inf = arg;
+    int backoff = BACKOFF_MIN_MS;
+    bool need_list = true, first = true;
+    while (!stopped(inf)) {
+        if (need_list) {
+            if (!first)
+                atomic_fetch_add(&inf->k->relists, 1);
+            first = false;
+            if (do_list(inf) != 0) {
+                wait_ms(inf, backoff);
+                backoff = backoff * 2 < BACKOFF_MAX_MS ? backoff * 2 : BACKOFF_MAX_MS;
+                continue;
+            }
+            need_list = false;
+        }
+        watch_end end = do_watch(inf);
+        if (inf->got_event || end == W_ENDED)
+            backoff = BACKOFF_MIN_MS; /* it worked for a while */
+        if (end == W_GONE || end == W_BAD)
+            need_list = true;
+        if (end == W_BROKEN || end == W_BAD) {
+            wait_ms(inf, backoff);
+            backoff = backoff * 2 < BACKOFF_MAX_MS ? backoff * 2 : BACKOFF_MAX_MS;
+        }
+    }
+    return NULL;
+}
+
+/* ---- the caller's side: events applied to the cache --------------------------------------- */
+
+static void event_of(edl_k8s_event *ev, edl_k8s_event_type type, const cJSON *obj)
+{
+    ev->type = type;
+    ev->object = obj;
+    ev->ns = edl_k8s_str(obj, "metadata.namespace");
+    ev->name = edl_k8s_str(obj, "metadata.name");
+}
+
+/* Apply an event whose object comes with it (owned). */
+static int apply(edl_k8s_informer *inf, edl_k8s_event_type type, cJSON *obj, edl_k8s_event *ev)
+{
+    char key[512];
+    cJSON *old = NULL;
+    if (!k8s_object_key(obj, key, sizeof key)) { /* checked by the thread already */
+        cJSON_Delete(obj);
+        return EDL_EPROTO;
+    }
+    if (type == EDL_K8S_DELETED) {
+        cJSON_Delete(k8s_cache_remove(&inf->cache, key));
+        inf->dropped = obj;
+    } else if (k8s_cache_put(&inf->cache, key, obj, &old) != 0) {
+        cJSON_Delete(obj);
+        return EDL_ENOMEM;
+    }
+    cJSON_Delete(old);
+    event_of(ev, type, obj);
+    return 0;
+}
+
+static bool same_version(const cJSON *a, const cJSON *b)
+{
+    const char *ra = edl_k8s_str(a, "metadata.resourceVersion"), *rb = edl_k8s_str(b, "metadata.resourceVersion");
+    return ra && rb && strcmp(ra, rb) == 0;
+}
+
+static int add_pending(edl_k8s_informer *inf, size_t cap, edl_k8s_event_type type, cJSON *obj,
+                       const char *key)
+{
+    pending *p = &inf->pend[inf->npend];
+    if (inf->npend >= cap || (key && !(p->key = strdup(key)))) {
+        cJSON_Delete(obj);
+        return EDL_ENOMEM;
+    }
+    p->type = type;
+    p->obj = obj;
+    inf->npend++;
+    return 0;
+}
+
+/* A whole list becomes pending events: what is new or changed, then what vanished, then
+ * SYNCED. Objects whose resourceVersion did not change produce nothing. */
+static int expand_list(edl_k8s_informer *inf, cJSON *items)
+{
+    size_t cap = (size_t)cJSON_GetArraySize(items) + inf->cache.count + 1;
+    int rc = 0;
+    if (!(inf->pend = calloc(cap, sizeof *inf->pend))) {
+        cJSON_Delete(items);
+        return EDL_ENOMEM;
+    }
+    inf->npend = inf->ipend = 0;
+    inf->mark++;
+    char key[512];
+    while (!rc && cJSON_GetArraySize(items) > 0) {
+        cJSON *it = cJSON_DetachItemFromArray(items, 0);
+        k8s_object_key(it, key, sizeof key);
+        k8s_entry *e = k8s_cache_find(&inf->cache, key);
+        if (e)
+            e->mark = inf->mark;
+        if (e && same_version(e->obj, it))
+            cJSON_Delete(it);
+        else
+            rc = add_pending(inf, cap, e ? EDL_K8S_MODIFIED : EDL_K8S_ADDED, it, NULL);
+    }
+    cJSON_Delete(items);
+    for (size_t i = 0; !rc && i < inf->cache.nbuckets; i++)
+        for (k8s_entry *e = inf->cache.buckets[i]; !rc && e; e = e->next)
+            if (e->mark != inf->mark)
+                rc = add_pending(inf, cap, EDL_K8S_DELETED, NULL, e->key);
+    return rc ? rc : add_pending(inf, cap, EDL_K8S_SYNCED, NULL, NULL);
+}
+
+static void free_pending(edl_k8s_informer *inf)
+{
+    for (size_t i = inf->ipend; i < inf->npend; i++)
+        cJSON_Delete(inf->pend[i].obj);
+    for (size_t i = 0; i < inf->npend; i++)
+        free(inf->pend[i].key);
+    free(inf->pend);
+    inf->pend = NULL;
+    inf->npend = inf->ipend = 0;
+}
+
+/* The next pending event of a relist: 0, or EDL_ETIMEDOUT when none is left. */
+static int next_pending(edl_k8s_informer *inf, edl_k8s_event *ev)
+{
+    while (inf->ipend < inf->npend) {
+        pending *p = &inf->pend[inf->ipend++];
+        if (p->type == EDL_K8S_SYNCED) {
+            inf->synced = true;
+            ev->type = EDL_K8S_SYNCED;
+            return 0;
+        }
+        if (p->obj) {
+            cJSON *obj = p->obj;
+            p->obj = NULL;
+            return apply(inf, p->type, obj, ev);
+        }
+        cJSON *gone = k8s_cache_remove(&inf->cache, p->key);
+        if (gone) { /* else a write-through delete came first: nothing to say */
+            inf->dropped = gone;
+            event_of(ev, EDL_K8S_DELETED, gone);
+            return 0;
+        }
+    }
+    free_pending(inf);
+    return EDL_ETIMEDOUT;
+}
+
+/* Take the next queued item, waiting up to timeout_ms. */
+static qitem *pop(edl_k8s_informer *inf, int timeout_ms)
+{
+    int64_t deadline = edl_monotonic_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    pthread_mutex_lock(&inf->mu);
+    while (!inf->head) {
+        int64_t left = deadline - edl_monotonic_ms();
+        if (left <= 0)
+            break;
+        k8s_cond_wait_ms(&inf->cv, &inf->mu, left);
+    }
+    qitem *q = inf->head;
+    if (q) {
+        inf->head = q->next;
+        if (!inf->head)
+            inf->tail = NULL;
+        inf->queued--;
+        pthread_cond_broadcast(&inf->cv); /* room again for a paused stream */
+    }
+    pthread_mutex_unlock(&inf->mu);
+    return q;
+}
+
+/* The fd stays readable while anything waits, queued or pending. */
+static void update_fd(edl_k8s_informer *inf)
+{
+    pthread_mutex_lock(&inf->mu);
+    if (inf->efd_set && !inf->head && inf->ipend >= inf->npend) {
+        uint64_t v;
+        if (read(inf->efd, &v, sizeof v) < 0)
+            EDL_DEBUG("k8s", "informer: eventfd already drained");
+        inf->efd_set = false;
+    }
+    pthread_mutex_unlock(&inf->mu);
+}
+
+int edl_k8s_informer_next(edl_k8s_informer *inf, edl_k8s_event *ev, int timeout_ms)
+{
+    memset(ev, 0, sizeof *ev);
+    cJSON_Delete(inf->dropped);
+    inf->dropped = NULL;
+    int rc = next_pending(inf, ev);
+    while (rc == EDL_ETIMEDOUT) {
+        qitem *q = pop(inf, timeout_ms);
+        if (!q)
+            break;
+        if (q->type == Q_LIST && (rc = expand_list(inf, q->obj)) == 0)
+            rc = next_pending(inf, ev); /* an empty relist still yields SYNCED */
+        else if (q->type != Q_LIST)
+            rc = apply(inf, (edl_k8s_event_type)q->type, q->obj, ev);
+        free(q);
+    }
+    update_fd(inf);
+    return rc;
+}
+
+/* ---- open, close and the cache's readers ------------------------------------------------- */
+
+static char *escape_selector(const char *sel)
+{
+    if (!sel || !*sel)
+        return NULL;
+    char *e = curl_easy_escape(NULL, sel, 0), *copy = e ? strdup(e) : NULL;
+    curl_free(e);
+    return copy;
+}
+
+int edl_k8s_informer_open(edl_k8s *k, const char *collection_path, const char *label_selector,
+                          edl_k8s_informer **out)
+{
+    *out = NULL;
+    if (!k || !collection_path || collection_path[0] != '/' || strchr(collection_path, '?'))
+        return EDL_EINVAL;
+    edl_k8s_informer *inf = calloc(1, sizeof *inf);
+    if (!inf)
+        return EDL_ENOMEM;
+    inf->k = k;
+    inf->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    inf->line.max = K8S_MAX_REPLY;
+    pthread_mutex_init(&inf->mu, NULL);
+    k8s_cond_init(&inf->cv);
+    inf->path = strdup(collection_path);
+    inf->selector = escape_selector(label_selector);
+    inf->h = curl_easy_init();
+    inf->multi = curl_multi_init();
+    int rc = inf->efd < 0 ? EDL_EIO : 0;
+    if (!rc && (!inf->path || !inf->h || !inf->multi || (label_selector && *label_selector && !inf->selector)))
+        rc = EDL_ENOMEM;
+    if (!rc && pthread_create(&inf->thread, NULL, informer_main, inf) != 0)
+        rc = EDL_ENOMEM;
+    inf->started = rc == 0;
+    if (rc) {
+        edl_k8s_informer_close(inf);
+        return rc;
+    }
+    *out = inf;
+    return 0;
+}
+
+void edl_k8s_informer_close(edl_k8s_informer *inf)
+{
+    if (!inf)
+        return;
+    pthread_mutex_lock(&inf->mu);
+    inf->stop = true;
+    pthread_cond_broadcast(&inf->cv);
+    pthread_mutex_unlock(&inf->mu);
+    if (inf->started) {
+        curl_multi_wakeup(inf->multi);
+        pthread_join(inf->thread, NULL);
+    }
+    for (qitem *q = inf->head, *next; q; q = next) {
+        next = q->next;
+        cJSON_Delete(q->obj);
+        free(q);
+    }
+    free_pending(inf);
+    k8s_cache_clear(&inf->cache);
+    cJSON_Delete(inf->dropped);
+    if (inf->multi)
+        curl_multi_cleanup(inf->multi);
+    curl_easy_cleanup(inf->h);
+    if (inf->efd >= 0)
+        close(inf->efd);
+    pthread_cond_destroy(&inf->cv);
+    pthread_mutex_destroy(&inf->mu);
+    edl_bytebuf_clear(&inf->line);
+    free(inf->rv);
+    free(inf->path);
+    free(inf->selector);
+    free(inf);
+}
+
+int edl_k8s_informer_fd(const edl_k8s_informer *inf)
+{
+    return inf->efd;
+}
+
+bool edl_k8s_informer_synced(const edl_k8s_informer *inf)
+{
+    return inf->synced;
+}
+
+const cJSON *edl_k8s_informer_get(const edl_k8s_informer *inf, const char *ns, const char *name)
+{
+    char key[512];
+    if (!k8s_key_of(ns, name, key, sizeof key))
+        return NULL;
+    const k8s_entry *e = k8s_cache_find(&inf->cache, key);
+    return e ? e->obj : NULL;
+}
+
+size_t edl_k8s_informer_list(const edl_k8s_informer *inf, const cJSON **objs, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < inf->cache.nbuckets; i++)
+        for (const k8s_entry *e = inf->cache.buckets[i]; e; e = e->next, n++)
+            if (n < max)
+                objs[n] = e->obj;
+    return n;
+}
+
+int edl_k8s_informer_store(edl_k8s_informer *inf, const cJSON *obj, bool deleted)
+{
+    char key[512];
+    if (!inf || !k8s_object_key(obj, key, sizeof key))
+        return EDL_EINVAL;
+    if (deleted) {
+        cJSON_Delete(k8s_cache_remove(&inf->cache, key));
+        return 0;
+    }
+    cJSON *copy = cJSON_Duplicate(obj, true), *old = NULL;
+    if (!copy || k8s_cache_put(&inf->cache, key, copy, &old) != 0) {
+        cJSON_Delete(copy);
+        return EDL_ENOMEM;
+    }
+    cJSON_Delete(old);
+    return 0;
+}
