@@ -7,6 +7,7 @@
 
 #include "edl/job.h"
 #include "edl/etcd.h"
+#include "edl/trainingjob.h"
 
 /* Exit codes: EDL_EXIT_* of edl/job.h (for run, the job's result; for status, scale and stop,
  * EDL_EXIT_FAILED means no such job). */
@@ -59,6 +60,18 @@ int cli_read_generation(edl_etcd *c, const edl_job_keys *k, edl_generation *g);
 typedef void (*cli_spec_edit)(edl_job_spec *spec, void *arg);
 int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void *arg,
                     edl_job_spec *before, edl_job_spec *after);
+
+/* manifest.c: `edl run -f FILE`: the file's first TrainingJob, its trainer command resolved
+ * (a bare name not on PATH: beside edl, or in its build tree's examples/), the first
+ * container's plain env values and workingDir. Problems are printed as FILE:LINE: FIELD: what
+ * (and the fields only a cluster uses as ignored); returns 0 or EDL_EXIT_USAGE. */
+typedef struct cli_manifest {
+    edl_trainingjob tj;
+    char **env;        /* "NAME=value" (NULL-terminated) */
+    char *working_dir; /* NULL: none */
+} cli_manifest;
+int cli_manifest_load(const char *path, cli_manifest *m);
+void cli_manifest_clear(cli_manifest *m);
 
 int cli_run(int argc, char **argv);
 int cli_scale(int argc, char **argv);

@@ -12,6 +12,7 @@ static void usage(FILE *out)
             "\n"
             "Commands:\n"
             "  run --np MIN:MAX [options] -- TRAINER [ARGS...]   run an elastic job on this machine\n"
+            "  run -f JOB.yaml [options]                         run a TrainingJob manifest here\n"
             "  scale JOB N                                       set the job's replica count\n"
             "  status JOB [--json]                               generation, members, ranks, trainers\n"
             "  stop JOB                                          stop the job\n"

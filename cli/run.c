@@ -50,7 +50,10 @@ typedef struct run_opts {
     bool insecure;            /* our own etcd on plain http */
     const char *prefix;
     int64_t grace_ms;
-    char **trainer;           /* argv after "--" */
+    char **trainer;           /* argv after "--", or the manifest's command */
+    const char *file;         /* -f: a TrainingJob manifest (NULL: none) */
+    cli_manifest m;           /* ... read from it */
+    int64_t deadline_s;       /* the manifest's activeDeadlineSeconds (-1: none) */
 } run_opts;
 
 typedef struct launcher {
@@ -77,6 +80,8 @@ typedef struct launcher {
     int width;                /* of the output prefix */
     char secret[PATH_MAX];    /* the job secret made for this run ("": none made) */
     bool secret_tmpdir;       /* ... in a directory of its own */
+    bool deadline_passed;     /* activeDeadlineSeconds passed: the job is stopped as failed */
+    bool deadline_stopped;    /* ... and the stop is in the spec */
 } launcher;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -440,6 +445,32 @@ static void on_signal(launcher *l)
     }
 }
 
+static void set_stopped(edl_job_spec *s, void *arg)
+{
+    (void)arg;
+    s->stopped = true;
+}
+
+/* The manifest's activeDeadlineSeconds, as the operator applies it: once the job has run this
+ * long it is stopped (trainers get SIGTERM and the grace period) and ends as failed. */
+static void check_deadline(launcher *l)
+{
+    if (l->o.deadline_s < 0 || l->final || l->interrupted || l->deadline_stopped ||
+        edl_monotonic_ms() - l->started_ms < l->o.deadline_s * 1000)
+        return;
+    if (!l->deadline_passed)
+        say("activeDeadlineSeconds (%lld s) passed: stopping the job; it ends as failed",
+            (long long)l->o.deadline_s);
+    l->deadline_passed = true;
+    edl_job_spec before, after;
+    edl_spec_init(&before);
+    edl_spec_init(&after);
+    if (cli_update_spec(l->c, &l->k, set_stopped, NULL, &before, &after) == 0)
+        l->deadline_stopped = true; /* else tried again on the next turn */
+    edl_spec_clear(&before);
+    edl_spec_clear(&after);
+}
+
 static int loop(launcher *l)
 {
     int rc = 0;
@@ -480,6 +511,7 @@ static int loop(launcher *l)
             observe(l);
         if (!rc)
             rc = match_replicas(l);
+        check_deadline(l);
         drop_exited(l);
         int64_t now = edl_monotonic_ms();
         for (size_t i = 0; i < l->n_kids; i++)
@@ -498,13 +530,23 @@ static int loop(launcher *l)
 
 static const char run_usage[] =
     "Usage: edl run --np MIN:MAX [options] -- TRAINER [ARGS...]\n"
+    "       edl run -f JOB.yaml [options]\n"
     "\n"
     "Runs an elastic job on this machine: its own etcd on a free loopback port (unless --etcd),\n"
     "a job server, and one agent per replica, each supervising one TRAINER process. Output is\n"
     "prefixed with the process name. Change the size from another terminal with\n"
     "`edl scale JOB N`; see it with `edl status JOB`; end it with `edl stop JOB`.\n"
     "\n"
+    "With -f, the job is the file's first TrainingJob (deploy/k8s/crd.yaml; docs/manifest.md):\n"
+    "its name is the job's, minReplicas:maxReplicas, replicas and the elastic settings are the\n"
+    "spec, the first container's command and args are the trainer (a bare name not on PATH is\n"
+    "looked for beside edl and in its build tree's examples/), its env values and workingDir\n"
+    "apply, and activeDeadlineSeconds fails the job when it passes. Fields only a cluster uses\n"
+    "(image, resources, volumes, ...) are named as ignored. Flags given beside -f override the\n"
+    "manifest; a trainer after -- is refused. A problem in it: FILE:LINE: FIELD: what, exit 2.\n"
+    "\n"
     "Options:\n"
+    "  -f, --file JOB.yaml       run the TrainingJob of this manifest\n"
     "  --np MIN:MAX              members the job trains with (a single N means N:N)\n"
     "  --replicas N              agents to start (default: MAX); beyond MAX they are standbys\n"
     "  --job NAME                job name (default: edl-job)\n"
@@ -593,35 +635,74 @@ static int check_etcd_opts(run_opts *o)
     return 0;
 }
 
+static const struct option run_options[] = {
+    {"np", required_argument, 0, 'n'},          {"replicas", required_argument, 0, 'r'},
+    {"job", required_argument, 0, 'j'},         EDL_ETCD_LONG_OPTIONS,
+    {"insecure", no_argument, 0, 'I'},
+    {"prefix", required_argument, 0, 'p'},      {"ttl", required_argument, 0, 't'},
+    {"settle-ms", required_argument, 0, 's'},   {"max-restarts", required_argument, 0, 'm'},
+    {"restart-policy", required_argument, 0, 'P'},
+    {"permanent-exit-codes", required_argument, 0, 'C'},
+    {"progress-timeout-ms", required_argument, 0, 'T'},
+    {"elastic-mode", required_argument, 0, 'M'},
+    {"checkpoint-uri", required_argument, 0, 'u'},
+    {"grace-ms", required_argument, 0, 'g'},    {"help", no_argument, 0, 'h'},
+    {"exclude-after", required_argument, 0, 'x'}, {"cooldown-ms", required_argument, 0, 'c'},
+    {"file", required_argument, 0, 'f'},
+    {0, 0, 0, 0},
+};
+
+/* -f FILE, wherever it is among the options (the manifest is read first; the other flags then
+ * override what it says). *help: --help was given. */
+static const char *find_file_flag(int argc, char **argv, bool *help)
+{
+    const char *file = NULL;
+    int ch, idx = 0;
+    opterr = 0;
+    optind = 0;
+    while ((ch = getopt_long(argc, argv, "+hf:", run_options, &idx)) != -1) {
+        if (ch == 'f')
+            file = optarg;
+        *help = *help || ch == 'h';
+    }
+    opterr = 1;
+    optind = 0;
+    return file;
+}
+
+/* The manifest's spec, job name and deadline, as if given by flags: 0 or -1 (printed). */
+static int apply_manifest(run_opts *o)
+{
+    if (cli_manifest_load(o->file, &o->m) != 0)
+        return -1;
+    if (edl_spec_copy(&o->spec, &o->m.tj.spec) != 0) {
+        fprintf(stderr, "edl run: out of memory\n");
+        return -1;
+    }
+    o->job = o->m.tj.name;
+    o->deadline_s = o->m.tj.active_deadline_s;
+    return 0;
+}
+
 static int parse_run(int argc, char **argv, run_opts *o)
 {
-    static const struct option opts[] = {
-        {"np", required_argument, 0, 'n'},          {"replicas", required_argument, 0, 'r'},
-        {"job", required_argument, 0, 'j'},         EDL_ETCD_LONG_OPTIONS,
-        {"insecure", no_argument, 0, 'I'},
-        {"prefix", required_argument, 0, 'p'},      {"ttl", required_argument, 0, 't'},
-        {"settle-ms", required_argument, 0, 's'},   {"max-restarts", required_argument, 0, 'm'},
-        {"restart-policy", required_argument, 0, 'P'},
-        {"permanent-exit-codes", required_argument, 0, 'C'},
-        {"progress-timeout-ms", required_argument, 0, 'T'},
-        {"elastic-mode", required_argument, 0, 'M'},
-        {"checkpoint-uri", required_argument, 0, 'u'},
-        {"grace-ms", required_argument, 0, 'g'},    {"help", no_argument, 0, 'h'},
-        {"exclude-after", required_argument, 0, 'x'}, {"cooldown-ms", required_argument, 0, 'c'},
-        {0, 0, 0, 0},
-    };
     edl_spec_init(&o->spec);
     o->job = "edl-job";
     o->prefix = EDL_DEFAULT_PREFIX;
     o->grace_ms = 10000;
-    bool have_np = false;
+    o->deadline_s = -1;
+    bool help = false;
+    o->file = find_file_flag(argc, argv, &help);
+    if (o->file && !help && apply_manifest(o) != 0)
+        return -1;
+    bool have_np = o->file != NULL;
     int ch, idx = 0;
     long v;
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "+h", opts, &idx)) != -1) {
+    while ((ch = getopt_long(argc, argv, "+hf:", run_options, &idx)) != -1) {
         switch (ch) {
+        case 'f': break; /* read above */
         case EDL_ETCD_OPT:
-            if (cli_etcd_option(&o->etcd, opts[idx].name, optarg))
+            if (cli_etcd_option(&o->etcd, run_options[idx].name, optarg))
                 return -1;
             break;
         case 'I': o->insecure = true; break;
@@ -723,6 +804,21 @@ static int parse_run(int argc, char **argv, run_opts *o)
                         "not starting with '.' or '-'\n", o->job);
         return -1;
     }
+    if (o->file) {
+        char err[256];
+        if (optind < argc) {
+            fprintf(stderr, "edl run: -f %s: the trainer's command comes from the manifest "
+                            "(spec.template.spec.containers[0].command and args); give none "
+                            "after the options\n", o->file);
+            return -1;
+        }
+        if (edl_spec_validate(&o->spec, err, sizeof err) != 0) {
+            fprintf(stderr, "edl run: -f %s with the flags given: %s\n", o->file, err);
+            return -1;
+        }
+        o->trainer = o->m.tj.command;
+        return 0;
+    }
     if (optind >= argc) {
         fprintf(stderr, "edl run: no trainer given: edl run --np MIN:MAX -- TRAINER [ARGS...]\n");
         return -1;
@@ -733,7 +829,9 @@ static int parse_run(int argc, char **argv, run_opts *o)
 
 static int job_exit_code(const launcher *l)
 {
-    return l->interrupted ? 128 + l->interrupted : edl_job_exit_code(l->state);
+    if (l->interrupted)
+        return 128 + l->interrupted;
+    return l->deadline_passed ? EDL_EXIT_FAILED : edl_job_exit_code(l->state);
 }
 
 static void shutdown_rest(launcher *l)
@@ -871,11 +969,14 @@ static int open_etcd(launcher *l)
     memset(&l->o.etcd, 0, sizeof l->o.etcd);
     if (rc)
         return rc;
-    if (edl_etcd_config_env(&l->cfg, &env) != 0 ||
-        !(l->child_env = edl_env_build(NULL, names, env)) || edl_etcd_open(&l->cfg, &l->c) != 0) {
+    /* the manifest's env values reach the trainers through the agents, as in a container */
+    char **base = l->o.m.env ? edl_env_build(NULL, NULL, l->o.m.env) : NULL;
+    if ((l->o.m.env && !base) || edl_etcd_config_env(&l->cfg, &env) != 0 ||
+        !(l->child_env = edl_env_build(base, names, env)) || edl_etcd_open(&l->cfg, &l->c) != 0) {
         fprintf(stderr, "edl run: cannot set up the etcd client\n");
         rc = EDL_EXIT_USAGE;
     }
+    edl_env_free(base);
     edl_env_free(env);
     return rc;
 }
@@ -909,6 +1010,28 @@ static int run_job(launcher *l, bool *wrote_state)
     return ret;
 }
 
+/* The manifest's workingDir: the launcher moves there, so that the agents and their trainers
+ * start there (the programs found so far are made absolute first). 0 or an exit code. */
+static int enter_working_dir(launcher *l)
+{
+    const char *wd = l->o.m.working_dir;
+    if (!wd)
+        return 0;
+    char *bins[] = {l->agent_bin, l->js_bin};
+    for (size_t i = 0; i < 2; i++) {
+        char real[PATH_MAX];
+        if (strchr(bins[i], '/') && bins[i][0] != '/' && realpath(bins[i], real))
+            snprintf(bins[i], PATH_MAX, "%s", real);
+    }
+    if (chdir(wd) != 0) {
+        fprintf(stderr, "edl run: %s: spec.template.spec.containers[0].workingDir %s: %s\n",
+                l->o.file, wd, strerror(errno));
+        return EDL_EXIT_USAGE;
+    }
+    say("trainers start in %s (workingDir)", wd);
+    return 0;
+}
+
 int cli_run(int argc, char **argv)
 {
     launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .desired = 0};
@@ -917,12 +1040,14 @@ int cli_run(int argc, char **argv)
     if (parse_run(argc, argv, &l.o) != 0) {
         edl_spec_clear(&l.o.spec);
         edl_etcd_config_clear(&l.o.etcd);
+        cli_manifest_clear(&l.o.m);
         return EDL_EXIT_USAGE;
     }
     l.desired = edl_spec_desired_pods(&l.o.spec);
     if (edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
         edl_spec_clear(&l.o.spec);
         edl_etcd_config_clear(&l.o.etcd);
+        cli_manifest_clear(&l.o.m);
         return EDL_EXIT_UNREACHABLE;
     }
     l.started_ms = edl_monotonic_ms();
@@ -930,7 +1055,9 @@ int cli_run(int argc, char **argv)
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
     l.sigfd = open_signals();
     bool wrote_state = false;
-    int ret = prepare_secret(&l); /* first: the children's environment names it */
+    int ret = enter_working_dir(&l);
+    if (!ret)
+        ret = prepare_secret(&l); /* before the children's environment, which names it */
     if (!ret)
         ret = open_etcd(&l);
     if (!ret)
@@ -951,6 +1078,7 @@ int cli_run(int argc, char **argv)
     edl_env_free(l.child_env);
     edl_spec_clear(&l.o.spec);
     edl_job_keys_clear(&l.k);
+    cli_manifest_clear(&l.o.m);
     close(l.sigfd);
     return ret;
 }

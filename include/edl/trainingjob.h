@@ -58,7 +58,8 @@ typedef struct edl_trainingjob {
 /* Read a TrainingJob object. On a problem: EDL_EPROTO (wrong type, missing field) or
  * EDL_ECONFIG (a value out of range, min > max, an unknown enum name), `field` receives its
  * path ("spec.minReplicas", "spec.template.spec.containers[0].command") and `err` what is wrong
- * with it (without the path); *out is left cleared. */
+ * with it (without the path); *out is left cleared. *out is written, not read: clear an
+ * edl_trainingjob that holds a job before parsing into it again. */
 int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
                           char *err, size_t errlen);
 void edl_trainingjob_clear(edl_trainingjob *tj);

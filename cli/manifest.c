@@ -1,0 +1,190 @@
+/* manifest.c: `edl run -f job.yaml`: the TrainingJob manifest a cluster would run, read for a
+ * run on this machine. The file's first TrainingJob is read with the operator's reader
+ * (edl/trainingjob.h); every problem is printed as FILE:LINE: FIELD: what, and every field that
+ * only a cluster can honour (image, resources, volumes, ...) is named as ignored, so that what
+ * runs here is never a silent approximation of the manifest.
+ *
+ * The trainer's command is the first container's command and args. A bare name is looked up
+ * as the container would (PATH); when it is not there, beside the `edl` binary and in the
+ * examples folder of its build tree (build/bin/edl -> build/examples/), so that a manifest
+ * written for an image with the trainer on its PATH runs unchanged from a build tree. */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "edl/proc.h"
+#include "edl/yaml.h"
+
+typedef struct reporter {
+    const edl_yaml *y;
+    size_t doc;
+} reporter;
+
+static void report_ignored(void *arg, const char *field)
+{
+    const reporter *r = arg;
+    fprintf(stderr, "edl run: %s:%d: ignoring %s (only meaningful on a cluster)\n",
+            edl_yaml_name(r->y), edl_yaml_line(r->y, r->doc, field), field);
+}
+
+static int field_error(const edl_yaml *y, size_t doc, const char *field, const char *err)
+{
+    fprintf(stderr, "edl run: %s:%d: %s%s%s\n", edl_yaml_name(y), edl_yaml_line(y, doc, field),
+            field, *field ? ": " : "", err);
+    return EDL_EXIT_USAGE;
+}
+
+/* The first TrainingJob of the file (others, and documents of other kinds, are named). */
+static int pick_document(const edl_yaml *y, size_t *doc)
+{
+    bool found = false;
+    for (size_t i = 0; i < edl_yaml_count(y); i++) {
+        const cJSON *d = edl_yaml_doc(y, i);
+        if (cJSON_IsNull(d))
+            continue; /* an empty document ("---" at the end) */
+        const cJSON *kind = cJSON_GetObjectItemCaseSensitive(d, "kind");
+        const char *k = cJSON_IsString(kind) ? kind->valuestring : NULL;
+        if (k && strcmp(k, EDL_TJ_KIND) == 0 && !found) {
+            found = true;
+            *doc = i;
+        } else {
+            fprintf(stderr, "edl run: %s:%d: skipping a document of kind %s%s\n",
+                    edl_yaml_name(y), edl_yaml_line(y, i, ""), k ? k : "(none)",
+                    found ? " (edl run runs the first TrainingJob only)" : "");
+        }
+    }
+    if (!found)
+        fprintf(stderr, "edl run: %s: no TrainingJob in it (a document with apiVersion: "
+                EDL_TJ_API_VERSION " and kind: " EDL_TJ_KIND ")\n", edl_yaml_name(y));
+    return found ? 0 : EDL_EXIT_USAGE;
+}
+
+/* The container's env entries with a plain value, as NAME=value. */
+static int read_env(const edl_trainingjob *tj, cli_manifest *m)
+{
+    const cJSON *ctr = cJSON_GetArrayItem(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tj->pod_template,
+                                                                           "spec"),
+                                         "containers"),
+        0);
+    const cJSON *env = cJSON_GetObjectItemCaseSensitive(ctr, "env");
+    const cJSON *wd = cJSON_GetObjectItemCaseSensitive(ctr, "workingDir");
+    if (cJSON_IsString(wd) && *wd->valuestring && !(m->working_dir = strdup(wd->valuestring)))
+        return EDL_ENOMEM;
+    size_t n = 0;
+    m->env = calloc((size_t)cJSON_GetArraySize(env) + 1, sizeof *m->env);
+    if (!m->env)
+        return EDL_ENOMEM;
+    for (const cJSON *e = cJSON_IsArray(env) ? env->child : NULL; e; e = e->next) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *value = cJSON_GetObjectItemCaseSensitive(e, "value");
+        if (cJSON_GetObjectItemCaseSensitive(e, "valueFrom") || !cJSON_IsString(name))
+            continue; /* reported as cluster-only */
+        if (asprintf(&m->env[n], "%s=%s", name->valuestring,
+                     cJSON_IsString(value) ? value->valuestring : "") < 0) {
+            m->env[n] = NULL;
+            return EDL_ENOMEM;
+        }
+        n++;
+    }
+    return 0;
+}
+
+/* A bare command not on PATH: beside this program, or in its build tree's examples folder.
+ * Returns the path found (malloc'ed) or NULL. */
+static char *find_beside_edl(const char *name)
+{
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0)
+        return NULL;
+    self[len] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    static const char *const dirs[] = {"", "/../examples"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        char cand[PATH_MAX + 64], real[PATH_MAX];
+        snprintf(cand, sizeof cand, "%s%s/%s", self, dirs[i], name);
+        if (access(cand, X_OK) == 0 && realpath(cand, real))
+            return strdup(real);
+    }
+    return NULL;
+}
+
+static int resolve_trainer(const edl_yaml *y, size_t doc, edl_trainingjob *tj)
+{
+    const char *field = "spec.template.spec.containers[0].command[0]";
+    char *cmd = tj->command[0];
+    if (strchr(cmd, '/'))
+        return 0; /* a path: resolved by the agent, from the working directory */
+    char *found = edl_spawn_resolve(cmd);
+    if (found) {
+        free(found);
+        return 0;
+    }
+    if (!(found = find_beside_edl(cmd))) {
+        char err[PATH_MAX + 128];
+        snprintf(err, sizeof err, "\"%s\" is not on PATH, nor beside edl; put the trainer on "
+                 "PATH or give its path", cmd);
+        return field_error(y, doc, field, err);
+    }
+    fprintf(stderr, "edl run: %s:%d: %s: \"%s\" is not on PATH; using %s\n", edl_yaml_name(y),
+            edl_yaml_line(y, doc, field), field, cmd, found);
+    free(cmd);
+    tj->command[0] = found;
+    return 0;
+}
+
+int cli_manifest_load(const char *path, cli_manifest *m)
+{
+    memset(m, 0, sizeof *m);
+    edl_yaml *y = NULL;
+    char err[1024], field[256];
+    int rc = edl_yaml_load_file(path, &y, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "edl run: %s\n", err);
+        return EDL_EXIT_USAGE;
+    }
+    size_t doc = 0;
+    rc = pick_document(y, &doc);
+    if (!rc && edl_trainingjob_parse(edl_yaml_doc(y, doc), &m->tj, field, sizeof field, err,
+                                     sizeof err) != 0)
+        rc = field_error(y, doc, field, err);
+    if (!rc && m->tj.suspend)
+        rc = field_error(y, doc, "spec.suspend", "is true: a suspended job runs no pods; set it "
+                         "to false to run the job");
+    if (!rc) {
+        reporter r = {y, doc};
+        edl_trainingjob_cluster_only(edl_yaml_doc(y, doc), report_ignored, &r);
+        rc = resolve_trainer(y, doc, &m->tj);
+    }
+    if (!rc && read_env(&m->tj, m) != 0) {
+        fprintf(stderr, "edl run: %s: out of memory\n", path);
+        rc = EDL_EXIT_USAGE;
+    }
+    if (!rc && m->tj.spec.replicas < m->tj.spec.min)
+        fprintf(stderr, "edl run: %s:%d: spec.replicas (%d) is below minReplicas (%d): the job "
+                "waits until `edl scale %s N` starts enough pods\n", path,
+                edl_yaml_line(y, doc, "spec.replicas"), m->tj.spec.replicas, m->tj.spec.min,
+                m->tj.name);
+    edl_yaml_free(y);
+    if (rc)
+        cli_manifest_clear(m);
+    return rc;
+}
+
+void cli_manifest_clear(cli_manifest *m)
+{
+    edl_trainingjob_clear(&m->tj);
+    for (char **e = m->env; e && *e; e++)
+        free(*e);
+    free(m->env);
+    free(m->working_dir);
+    memset(m, 0, sizeof *m);
+}
