@@ -882,11 +882,8 @@ static void expect_event(edl_k8s_informer *inf, edl_k8s_event_type type, const c
 {
     edl_k8s_event ev;
     int rc = edl_k8s_informer_next(inf, &ev, 5000);
-    if (rc != 0) {
-        if (getenv("K8S_TEST_DEBUG"))
-            system("cat /tmp/k8s-test-debug.log >&2");
+    if (rc != 0)
         fail_msg("waiting for event %d %s: %s", type, name ? name : "", edl_strerror(rc));
-    }
     if (ev.type != type || (name && (!ev.name || strcmp(ev.name, name))) || (!name && ev.name))
         fail_msg("event %d %s, expected %d %s", ev.type, ev.name ? ev.name : "(none)", type, name ? name : "(none)");
     if (name) {
@@ -1063,11 +1060,8 @@ static void bad_then_recover(fake *f, edl_k8s_informer *inf, const char *line, c
 static void test_informer_bad_input_keeps_cache(void **state)
 {
     (void)state;
-    FILE *log = getenv("K8S_TEST_DEBUG") ? fopen("/tmp/k8s-test-debug.log", "w+") : tmpfile();
+    FILE *log = tmpfile(); /* what the informer says about bad input */
     assert_non_null(log);
-    if (getenv("K8S_TEST_DEBUG"))
-        edl_log_setup(EDL_LOG_DEBUG, EDL_LOG_PLAIN, log);
-    else
     edl_log_setup(EDL_LOG_WARN, EDL_LOG_PLAIN, log);
     lw s = {0};
     fake *f = fake_open(list_watch, &s);
@@ -1215,6 +1209,222 @@ static void test_informer_10000_objects_in_pages(void **state)
     fake_close(f);
 }
 
+/* ---- leader election ---------------------------------------------------------------------- */
+
+#define LEASES "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+
+typedef struct lease_srv {
+    cJSON *lease;      /* the stored Lease, or NULL */
+    int rv;
+    int put_409;       /* answer this many PUTs 409 whatever they carry */
+    int post_409;
+    bool fail;         /* 500 to everything */
+    int writes;
+} lease_srv;
+
+static char *status_body(int code, const char *reason)
+{
+    return xprintf("{\"kind\":\"Status\",\"status\":\"Failure\",\"reason\":\"%s\",\"code\":%d}", reason, code);
+}
+
+static void store_lease(lease_srv *s, cJSON *l)
+{
+    cJSON *md = cJSON_GetObjectItemCaseSensitive(l, "metadata");
+    char rv[16];
+    snprintf(rv, sizeof rv, "%d", ++s->rv);
+    cJSON_DeleteItemFromObjectCaseSensitive(md, "resourceVersion");
+    cJSON_AddStringToObject(md, "resourceVersion", rv);
+    cJSON_Delete(s->lease);
+    s->lease = l;
+    s->writes++;
+}
+
+static void lease_write(lease_srv *s, const fake_req *r, fake_reply *out)
+{
+    cJSON *l = cJSON_ParseWithLength(r->body ? r->body : "", r->body_len);
+    assert_non_null(l);
+    bool post = strcmp(r->method, "POST") == 0;
+    const char *rv = edl_k8s_str(l, "metadata.resourceVersion");
+    if (post && (s->lease || s->post_409 > 0)) {
+        s->post_409 -= s->post_409 > 0;
+        out->status = 409, out->body = status_body(409, "AlreadyExists");
+    } else if (!post && s->put_409 > 0) {
+        s->put_409--;
+        out->status = 409, out->body = status_body(409, "Conflict");
+    } else if (!post && !s->lease) {
+        out->status = 404, out->body = status_body(404, "NotFound");
+    } else if (!post && (!rv || strcmp(rv, edl_k8s_str(s->lease, "metadata.resourceVersion")))) {
+        out->status = 409, out->body = status_body(409, "Conflict");
+    } else {
+        store_lease(s, l);
+        out->status = post ? 201 : 200;
+        out->body = cJSON_PrintUnformatted(s->lease);
+        return;
+    }
+    cJSON_Delete(l);
+}
+
+static void lease_handler(fake *f, const fake_req *r, fake_reply *out)
+{
+    lease_srv *s = f->state;
+    pthread_mutex_lock(&f->mu);
+    if (s->fail) {
+        out->status = 500, out->body = status_body(500, "InternalError");
+    } else if (!strcmp(r->method, "GET") && !strcmp(r->uri, LEASES "/lead")) {
+        if (s->lease)
+            out->body = cJSON_PrintUnformatted(s->lease);
+        else
+            out->status = 404, out->body = status_body(404, "NotFound");
+    } else if ((!strcmp(r->method, "POST") && !strcmp(r->uri, LEASES)) ||
+               (!strcmp(r->method, "PUT") && !strcmp(r->uri, LEASES "/lead"))) {
+        lease_write(s, r, out);
+    } else {
+        out->status = 400, out->body = status_body(400, "BadRequest");
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* A field of the stored lease's spec, copied. */
+static void lease_field(fake *f, const char *field, char *out, size_t len)
+{
+    lease_srv *s = f->state;
+    pthread_mutex_lock(&f->mu);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s->lease, "spec"), field);
+    if (cJSON_IsString(v))
+        snprintf(out, len, "%s", v->valuestring);
+    else if (cJSON_IsNumber(v))
+        snprintf(out, len, "%g", v->valuedouble);
+    else
+        snprintf(out, len, "(none)");
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* Make the stored lease's renewTime `ago_s` seconds old. */
+static void age_lease(fake *f, int ago_s)
+{
+    lease_srv *s = f->state;
+    char t[40];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    edl_k8s_time(((int64_t)ts.tv_sec - ago_s) * 1000, true, t, sizeof t);
+    pthread_mutex_lock(&f->mu);
+    cJSON *spec = cJSON_GetObjectItemCaseSensitive(s->lease, "spec");
+    cJSON_ReplaceItemInObjectCaseSensitive(spec, "renewTime", cJSON_CreateString(t));
+    pthread_mutex_unlock(&f->mu);
+}
+
+static bool tick(edl_k8s_elector *e)
+{
+    bool leading = false;
+    int64_t next = 0, now = edl_monotonic_ms();
+    assert_int_equal(edl_k8s_elector_tick(e, &leading, &next), 0);
+    assert_true(next >= now + 1000 && next <= now + 1100 + 1000);
+    return leading;
+}
+
+static void test_elector_acquire_renew_standby_takeover_release(void **state)
+{
+    (void)state;
+    lease_srv s = {0};
+    fake *f = fake_open(lease_handler, &s);
+    edl_k8s *k = client_for(f);
+    edl_k8s_elector_opts oa = {"ns", "lead", "replica-a", 15, 10000, 1000}, ob = oa;
+    ob.identity = "replica-b";
+    edl_k8s_elector *a, *b;
+    assert_int_equal(edl_k8s_elector_open(k, &oa, &a), 0);
+    assert_int_equal(edl_k8s_elector_open(k, &ob, &b), 0);
+    char v[64], renew1[64], renew2[64];
+    /* absent: created, held by a */
+    assert_true(tick(a));
+    lease_field(f, "holderIdentity", v, sizeof v);
+    assert_string_equal(v, "replica-a");
+    lease_field(f, "leaseTransitions", v, sizeof v);
+    assert_string_equal(v, "0");
+    lease_field(f, "leaseDurationSeconds", v, sizeof v);
+    assert_string_equal(v, "15");
+    lease_field(f, "renewTime", renew1, sizeof renew1);
+    int64_t ms;
+    assert_int_equal(edl_k8s_time_parse(renew1, &ms), 0);
+    assert_int_equal(strlen(renew1), strlen("2026-11-23T13:45:00.123456Z"));
+    /* renewed: a write carrying the resourceVersion read */
+    harness_sleep_ms(20);
+    assert_true(tick(a));
+    lease_field(f, "renewTime", renew2, sizeof renew2);
+    assert_true(strcmp(renew2, renew1) > 0);
+    assert_int_equal(s.writes, 2);
+    /* b does not take a lease that has not expired, and does not write */
+    assert_false(tick(b));
+    assert_int_equal(s.writes, 2);
+    /* expired: b takes it */
+    age_lease(f, 20);
+    assert_true(tick(b));
+    lease_field(f, "holderIdentity", v, sizeof v);
+    assert_string_equal(v, "replica-b");
+    lease_field(f, "leaseTransitions", v, sizeof v);
+    assert_string_equal(v, "1");
+    /* a sees it and steps down at once */
+    assert_false(tick(a));
+    /* expired again, but another replica writes first: 409, not leading */
+    age_lease(f, 20);
+    pthread_mutex_lock(&f->mu);
+    s.put_409 = 1;
+    pthread_mutex_unlock(&f->mu);
+    assert_false(tick(a));
+    lease_field(f, "holderIdentity", v, sizeof v);
+    assert_string_equal(v, "replica-b");
+    /* b releases: no holder, 1 s; a takes it at the next tick */
+    assert_true(tick(b));
+    assert_int_equal(edl_k8s_elector_release(b), 0);
+    lease_field(f, "holderIdentity", v, sizeof v);
+    assert_string_equal(v, "");
+    lease_field(f, "leaseDurationSeconds", v, sizeof v);
+    assert_string_equal(v, "1");
+    assert_true(tick(a));
+    lease_field(f, "leaseTransitions", v, sizeof v);
+    assert_string_equal(v, "2");
+    /* a release by a non-holder changes nothing */
+    int writes = s.writes;
+    assert_int_equal(edl_k8s_elector_release(b), 0);
+    assert_int_equal(s.writes, writes);
+    edl_k8s_elector_close(a);
+    edl_k8s_elector_close(b);
+    edl_k8s_close(k);
+    fake_close(f);
+    cJSON_Delete(s.lease);
+}
+
+static void test_elector_create_race_and_renew_deadline(void **state)
+{
+    (void)state;
+    lease_srv s = {.post_409 = 1};
+    fake *f = fake_open(lease_handler, &s);
+    edl_k8s *k = client_for(f);
+    edl_k8s_elector_opts o = {"ns", "lead", "replica-a", 15, 2500, 1000};
+    edl_k8s_elector *a;
+    assert_int_equal(edl_k8s_elector_open(k, &o, &a), 0);
+    assert_false(tick(a)); /* someone else created it first */
+    assert_true(tick(a));
+    /* the API server fails: still leading within the renew deadline, then not */
+    pthread_mutex_lock(&f->mu);
+    s.fail = true;
+    pthread_mutex_unlock(&f->mu);
+    bool leading;
+    int64_t next;
+    assert_int_equal(edl_k8s_elector_tick(a, &leading, &next), EDL_ESERVER); /* retried: ~1.5 s */
+    assert_true(leading);
+    assert_int_equal(edl_k8s_elector_tick(a, &leading, &next), EDL_ESERVER); /* 3 s > 2.5 s */
+    assert_false(leading);
+    /* back: it leads again (the lease is still its own) */
+    pthread_mutex_lock(&f->mu);
+    s.fail = false;
+    pthread_mutex_unlock(&f->mu);
+    assert_true(tick(a));
+    edl_k8s_elector_close(a);
+    edl_k8s_close(k);
+    fake_close(f);
+    cJSON_Delete(s.lease);
+}
+
 int main(void)
 {
     edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL);
@@ -1235,6 +1445,8 @@ int main(void)
         cmocka_unit_test(test_informer_store_writes_through),
         cmocka_unit_test(test_informer_close_is_prompt),
         cmocka_unit_test(test_informer_10000_objects_in_pages),
+        cmocka_unit_test(test_elector_acquire_renew_standby_takeover_release),
+        cmocka_unit_test(test_elector_create_race_and_renew_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
