@@ -20,6 +20,7 @@
 
 #include <microhttpd.h>
 
+#include "edl/etcd_server.h"
 #include "edl/k8s.h"
 #include "edl/log.h"
 #include "harness.h"
@@ -233,7 +234,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return answer(cls, c, r);
 }
 
-static fake *fake_open(fake_handler h, void *state)
+/* An HTTP server, or HTTPS with the PEM certificate and key given (kept by the caller). */
+static fake *fake_open_tls(fake_handler h, void *state, const char *cert, const char *key)
 {
     fake *f = calloc(1, sizeof *f);
     assert_non_null(f);
@@ -241,14 +243,26 @@ static fake *fake_open(fake_handler h, void *state)
     pthread_cond_init(&f->cv, NULL);
     f->handler = h;
     f->state = state;
-    f->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
-                            NULL, on_request, f, MHD_OPTION_URI_LOG_CALLBACK, uri_log, NULL,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-                            MHD_OPTION_SOCK_ADDR, NULL, MHD_OPTION_END);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION;
+    if (cert)
+        f->d = MHD_start_daemon(flags | MHD_USE_TLS, 0, NULL, NULL, on_request, f,
+                                MHD_OPTION_URI_LOG_CALLBACK, uri_log, NULL,
+                                MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                                MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+                                MHD_OPTION_END);
+    else
+        f->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, f, MHD_OPTION_URI_LOG_CALLBACK,
+                                uri_log, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                                MHD_OPTION_END);
     assert_non_null(f->d);
     const union MHD_DaemonInfo *i = MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_BIND_PORT);
-    snprintf(f->url, sizeof f->url, "http://127.0.0.1:%u", (unsigned)i->port);
+    snprintf(f->url, sizeof f->url, "%s://127.0.0.1:%u", cert ? "https" : "http", (unsigned)i->port);
     return f;
+}
+
+static fake *fake_open(fake_handler h, void *state)
+{
+    return fake_open_tls(h, state, NULL, NULL);
 }
 
 static void fake_close(fake *f)
@@ -794,6 +808,64 @@ static void test_reply_over_16mib_and_unreachable(void **state)
     edl_k8s_close(k);
     edl_k8s_config bad = {.server = (char *)"ftp://x"};
     assert_int_equal(edl_k8s_open(&bad, &k), EDL_EINVAL);
+}
+
+static char *slurp(const char *dir, const char *name)
+{
+    char path[1024], *buf = malloc(16384);
+    assert_non_null(buf);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    harness_read_file(path, buf, 16384);
+    assert_true(strlen(buf) > 0);
+    return buf;
+}
+
+static void test_tls_ca_data_file_insecure_and_client_cert_data(void **state)
+{
+    (void)state;
+    char *dir = make_tmpdir(), err[256], path[1024];
+    harness_rmtree(dir); /* edl_etcd_tls_make wants to create it */
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(edl_etcd_tls_make(dir, 1, err, sizeof err), 0);
+    char *cert = slurp(dir, EDL_ETCD_TLS_SERVER_CERT), *key = slurp(dir, EDL_ETCD_TLS_SERVER_KEY);
+    char *ca = slurp(dir, EDL_ETCD_TLS_CA), *ccert = slurp(dir, EDL_ETCD_TLS_CLIENT_CERT),
+         *ckey = slurp(dir, EDL_ETCD_TLS_CLIENT_KEY);
+    script sc = {{0}};
+    fake *f = fake_open_tls(scripted, &sc, cert, key);
+    edl_k8s *k;
+    edl_k8s_reply r;
+    /* CA as data, client certificate and key as data */
+    edl_k8s_config c = {.server = f->url, .ca_data = ca, .cert_data = ccert, .key_data = ckey};
+    assert_int_equal(edl_k8s_open(&c, &k), 0);
+    assert_int_equal(edl_k8s_get(k, "/api/v1/pods", &r), 0);
+    assert_int_equal(r.status, 200);
+    edl_k8s_reply_clear(&r);
+    edl_k8s_close(k);
+    /* CA as a file */
+    snprintf(path, sizeof path, "%s/%s", dir, EDL_ETCD_TLS_CA);
+    edl_k8s_config cf = {.server = f->url, .ca_file = path};
+    assert_int_equal(edl_k8s_open(&cf, &k), 0);
+    assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0);
+    edl_k8s_close(k);
+    /* the system's CAs do not know it: refused, not retried */
+    edl_k8s_config none = {.server = f->url};
+    assert_int_equal(edl_k8s_open(&none, &k), 0);
+    assert_int_equal(edl_k8s_get(k, "/api/v1/pods", &r), EDL_EAUTH);
+    assert_true(strlen(r.message) > 0);
+    edl_k8s_reply_clear(&r);
+    edl_k8s_stats st;
+    edl_k8s_get_stats(k, &st);
+    assert_int_equal(st.retries, 0);
+    edl_k8s_close(k);
+    /* unless told not to check */
+    none.insecure_skip_tls_verify = true;
+    assert_int_equal(edl_k8s_open(&none, &k), 0);
+    assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(cert), free(key), free(ca), free(ccert), free(ckey);
+    harness_rmtree(dir);
+    free(dir);
 }
 
 /* ---- informer ---------------------------------------------------------------------------- */
@@ -1439,6 +1511,7 @@ int main(void)
         cmocka_unit_test(test_retries_429_503_then_success_and_give_up),
         cmocka_unit_test(test_status_codes_and_reasons),
         cmocka_unit_test(test_reply_over_16mib_and_unreachable),
+        cmocka_unit_test(test_tls_ca_data_file_insecure_and_client_cert_data),
         cmocka_unit_test(test_informer_list_watch_in_order_bookmark_moves_rv),
         cmocka_unit_test(test_informer_410_in_stream_and_as_reply_relists),
         cmocka_unit_test(test_informer_bad_input_keeps_cache),

@@ -136,7 +136,8 @@ typedef struct edl_k8s_informer edl_k8s_informer;
  * thread of its own with its own connection does the HTTP; the cache changes only in
  * edl_k8s_informer_next, on the caller's thread, so what the caller reads is stable between
  * calls. A broken watch re-watches from the last resourceVersion seen; a 410 (as a reply or
- * an in-stream ERROR) relists; failures back off (200 ms doubling to 5 s). */
+ * an in-stream ERROR) relists; failures back off (200 ms doubling to 5 s). It uses k (token,
+ * counters) from its thread: close it before k. */
 int edl_k8s_informer_open(edl_k8s *k, const char *collection_path, const char *label_selector,
                           edl_k8s_informer **out);
 void edl_k8s_informer_close(edl_k8s_informer *inf);
