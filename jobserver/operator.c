@@ -232,9 +232,8 @@ static bool elect(op *o, int64_t *next_tick)
     if (leading && !o->leading)
         EDL_INFO(LOG, "%s leads the operator (Lease %s/%s)", o->cfg->id, o->cfg->lease_ns,
                  o->cfg->lease_name);
-    bool was = o->leading;
     o->leading = leading;
-    return leading || !was ? leading : false;
+    return leading;
 }
 
 static int start_leading(op *o)

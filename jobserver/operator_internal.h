@@ -33,6 +33,7 @@ typedef struct op_job {
     char *reported_invalid;   /* the InvalidSpec message last announced */
     char *pod_error;          /* why pods cannot be created (NULL: they can) */
     int64_t pod_backoff_ms;   /* the next wait before creating again after an error */
+    int64_t pod_retry_ms;     /* monotonic: no creation before then */
 } op_job;
 
 typedef struct op {

@@ -302,6 +302,7 @@ static void pod_create_failed(op *o, op_job *j, const cJSON *obj, const char *po
     j->pod_backoff_ms = j->pod_backoff_ms ? j->pod_backoff_ms * 2 : BACKOFF_MIN_MS;
     if (j->pod_backoff_ms > BACKOFF_MAX_MS)
         j->pod_backoff_ms = BACKOFF_MAX_MS;
+    j->pod_retry_ms = edl_monotonic_ms() + j->pod_backoff_ms;
     wake_in(j, j->pod_backoff_ms);
 }
 
@@ -380,8 +381,10 @@ static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
     int have = pods->live + pods->succeeded;
     int want = tj->spec.replicas;
     if (have < want && pods->succeeded == 0) {
-        if (!j->pod_error || edl_monotonic_ms() >= j->wake_ms)
+        if (edl_monotonic_ms() >= j->pod_retry_ms)
             create_pods(o, j, tj, obj, want - have);
+        else
+            wake_in(j, j->pod_retry_ms - edl_monotonic_ms());
     } else if (have > want) {
         qsort(pods->p, pods->n, sizeof *pods->p, by_index_desc);
         int surplus = have - want;
@@ -452,8 +455,7 @@ static void announce(op *o, op_job *j, const cJSON *obj, const op_view *v, int d
         j->ev_members = g->n_members;
     }
     if (g && g->restarts > j->ev_restarts) {
-        post_event(o, obj, "Warning", "Restart", "restart %d of %d: %s", g->restarts,
-                   v->gen ? (int)edl_k8s_int(obj, "spec.elastic.maxRestarts", 10) : 0,
+        post_event(o, obj, "Warning", "Restart", "%d restarts: %s", g->restarts,
                    g->reason ? g->reason : "");
         j->ev_restarts = g->restarts;
     }
