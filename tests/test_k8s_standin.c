@@ -1,0 +1,635 @@
+/* test_k8s_standin.c: the stand-in Kubernetes API server and kubelet (tests/k8s_standin/)
+ * that the operator's tests run against: driven by the real kubectl 1.31 where it is installed
+ * (scripts/install-deps puts it in tests/.kube/bin) and by libcurl for exact replies. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+typedef struct standin {
+    pid_t pid;
+    int port;
+    char dir[256], kubeconfig[320], cache[320], url[64];
+} standin;
+
+/* ---- the server and its clients ------------------------------------------------------- */
+
+static bool have_kubectl(void)
+{
+    return access(EDL_KUBECTL_BIN, X_OK) == 0;
+}
+
+/* Start k8s-standin with extra flags (NULL-terminated); fails the test if it does not come up. */
+static void standin_start(standin *s, const char *const *extra)
+{
+    char ready[320], port[16], log[320], root[300];
+    const char *argv[24] = {EDL_K8S_STANDIN_BIN, "--port", "0", "--ready-file", ready};
+    int n = 5;
+    snprintf(s->dir, sizeof s->dir, "/tmp/edl-k8s-standin-XXXXXX");
+    assert_non_null(mkdtemp(s->dir));
+    snprintf(ready, sizeof ready, "%s/port", s->dir);
+    snprintf(log, sizeof log, "%s/standin.log", s->dir);
+    snprintf(root, sizeof root, "%s/kubelet", s->dir);
+    mkdir(root, 0755);
+    argv[n++] = "--kubelet-root";
+    argv[n++] = root;
+    for (int i = 0; extra && extra[i] && n < 22; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    s->pid = harness_spawn(argv, log);
+    assert_true(s->pid > 0);
+    for (int i = 0; i < 500 && !s->port; i++) {
+        harness_sleep_ms(10);
+        s->port = atoi(harness_read_file(ready, port, sizeof port));
+    }
+    if (!s->port)
+        fail_msg("k8s-standin did not come up (log: %s)", log);
+    snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
+    snprintf(s->kubeconfig, sizeof s->kubeconfig, "%s/kubeconfig", s->dir);
+    snprintf(s->cache, sizeof s->cache, "%s/kube-cache", s->dir);
+    FILE *f = fopen(s->kubeconfig, "w");
+    assert_non_null(f);
+    fprintf(f, "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster: {server: '%s'}\n"
+               "contexts:\n- name: s\n  context: {cluster: s, user: u, namespace: default}\n"
+               "current-context: s\nusers:\n- name: u\n  user: {}\n", s->url);
+    fclose(f);
+}
+
+/* SIGTERM: the stand-in kills its pods and exits 0. */
+static void standin_stop(standin *s)
+{
+    kill(s->pid, SIGTERM);
+    assert_int_equal(harness_wait_exit(s->pid, 5000), 0);
+    harness_rmtree(s->dir);
+}
+
+typedef struct buf {
+    char *data;
+    size_t len;
+} buf;
+
+static size_t collect(char *p, size_t size, size_t n, void *arg)
+{
+    buf *b = arg;
+    b->data = realloc(b->data, b->len + size * n + 1);
+    memcpy(b->data + b->len, p, size * n);
+    b->len += size * n;
+    b->data[b->len] = '\0';
+    return size * n;
+}
+
+/* One request; the reply body in *out (free it; may be NULL). Returns the HTTP status. */
+static long api_full(const standin *s, const char *method, const char *path, const char *ctype,
+                     const char *body, size_t body_len, const char *token, long timeout_ms,
+                     char **out)
+{
+    CURL *c = curl_easy_init();
+    char url[2048], auth[128];
+    struct curl_slist *h = NULL;
+    buf b = {calloc(1, 1), 0};
+    snprintf(url, sizeof url, "%s%s", s->url, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    if (ctype) {
+        char ct[128];
+        snprintf(ct, sizeof ct, "Content-Type: %s", ctype);
+        h = curl_slist_append(h, ct);
+    }
+    if (token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        h = curl_slist_append(h, auth);
+    }
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+    }
+    long code = 0;
+    CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_OK || rc == CURLE_OPERATION_TIMEDOUT)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    if (out)
+        *out = b.data;
+    else
+        free(b.data);
+    return code;
+}
+
+static long api(const standin *s, const char *method, const char *path, const char *ctype,
+                const char *body, cJSON **json)
+{
+    char *out;
+    long code = api_full(s, method, path, ctype, body, body ? strlen(body) : 0, NULL, 5000, &out);
+    if (json) {
+        *json = cJSON_Parse(out);
+        if (!*json)
+            fail_msg("%s %s: %ld and not JSON: %.300s", method, path, code, out);
+    }
+    free(out);
+    return code;
+}
+
+static const char *str_at(const cJSON *j, const char *a, const char *b, const char *c)
+{
+    const cJSON *x = cJSON_GetObjectItem(j, a);
+    if (b)
+        x = cJSON_GetObjectItem(x, b);
+    if (c)
+        x = cJSON_GetObjectItem(x, c);
+    return cJSON_IsString(x) ? x->valuestring : NULL;
+}
+
+static double num_at(const cJSON *j, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItem(cJSON_GetObjectItem(j, a), b);
+    return cJSON_IsNumber(x) ? x->valuedouble : -1;
+}
+
+/* kubectl --kubeconfig ... args...: its exit status (-1 when killed at timeout_ms). */
+static int kubectl(const standin *s, char *out, size_t outlen, int timeout_ms, const char *a1, ...)
+{
+    const char *argv[32] = {EDL_KUBECTL_BIN, "--kubeconfig", s->kubeconfig, "--cache-dir", s->cache};
+    char log[320];
+    int n = 5;
+    va_list ap;
+    va_start(ap, a1);
+    for (const char *a = a1; a && n < 31; a = va_arg(ap, const char *))
+        argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    snprintf(log, sizeof log, "%s/kubectl.out", s->dir);
+    return harness_run(argv, log, timeout_ms, out, outlen);
+}
+
+static char *write_tmp(const standin *s, const char *name, const char *text, char *path, size_t len)
+{
+    snprintf(path, len, "%s/%s", s->dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* Poll GET path until .a.b equals want (or fail after timeout_ms). */
+static cJSON *wait_for(const standin *s, const char *path, const char *a, const char *b,
+                       const char *want, int timeout_ms)
+{
+    int64_t until = harness_now_ms() + timeout_ms;
+    for (;;) {
+        cJSON *j = NULL;
+        api(s, "GET", path, NULL, NULL, &j);
+        const char *v = str_at(j, a, b, NULL);
+        if (v && !strcmp(v, want))
+            return j;
+        if (harness_now_ms() > until)
+            fail_msg("%s: %s.%s is %s, not %s", path, a, b, v ? v : "(none)", want);
+        cJSON_Delete(j);
+        harness_sleep_ms(50);
+    }
+}
+
+static const char TJ_PATH[] = "/apis/edl.dev/v1alpha1/namespaces/default/trainingjobs";
+
+static int setup(void **state)
+{
+    standin *s = calloc(1, sizeof *s);
+    static const char *const extra[] = {"--history", "200", "--bookmark-ms", "200", NULL};
+    standin_start(s, extra);
+    *state = s;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    standin *s = *state;
+    standin_stop(s);
+    free(s);
+    return 0;
+}
+
+/* ---- the API: CRDs, subresources, conflicts, watches -------------------------------- */
+
+static void create_crd(standin *s)
+{
+    char out[8192];
+    if (!have_kubectl()) {
+        /* the same CRD through the API, so the rest still runs */
+        print_message("kubectl not found at %s (scripts/install-deps): kubectl checks skipped\n",
+                      EDL_KUBECTL_BIN);
+        return;
+    }
+    /* plain apply: kubectl validates through ?fieldValidation=Strict on the server */
+    int rc = kubectl(s, out, sizeof out, 20000, "apply", "-f", EDL_CRD_YAML, NULL);
+    if (rc != 0)
+        fail_msg("kubectl apply -f %s: %s", EDL_CRD_YAML, out);
+}
+
+static void test_kubectl_applies_the_crd_and_a_trainingjob(void **state)
+{
+    standin *s = *state;
+    char out[8192], path[400];
+    create_crd(s);
+    if (!have_kubectl())
+        skip();
+    cJSON *disc;
+    assert_int_equal(api(s, "GET", "/apis/edl.dev/v1alpha1", NULL, NULL, &disc), 200);
+    char *text = cJSON_PrintUnformatted(disc);
+    assert_non_null(strstr(text, "\"trainingjobs/scale\""));
+    assert_non_null(strstr(text, "\"shortNames\":[\"tj\"]"));
+    free(text);
+    cJSON_Delete(disc);
+    write_tmp(s, "tj.yaml",
+              "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: demo}\n"
+              "spec:\n  replicas: 2\n  template:\n    spec:\n      containers:\n"
+              "        - {name: trainer, image: edl, command: [sleep, '1']}\n",
+              path, sizeof path);
+    assert_int_equal(kubectl(s, out, sizeof out, 20000, "apply", "-f", path, NULL), 0);
+    assert_int_equal(kubectl(s, out, sizeof out, 20000, "get", "tj", NULL), 0);
+    assert_non_null(strstr(out, "DESIRED"));
+    assert_non_null(strstr(out, "STATE"));
+    assert_non_null(strstr(out, "demo   2 "));
+    cJSON *tj;
+    assert_int_equal(api(s, "GET", "/apis/edl.dev/v1alpha1/namespaces/default/trainingjobs/demo", NULL, NULL, &tj), 200);
+    assert_string_equal(str_at(tj, "spec", "cleanPodPolicy", NULL), "Running"); /* defaults */
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(tj, "spec"), "elastic")); /* no parent, no nested defaults */
+    assert_true(num_at(tj, "metadata", "generation") == 1);
+    cJSON_Delete(tj);
+    assert_int_equal(kubectl(s, out, sizeof out, 20000, "scale", "tj/demo", "--replicas=3", NULL), 0);
+    assert_int_equal(api(s, "GET", "/apis/edl.dev/v1alpha1/namespaces/default/trainingjobs/demo/scale", NULL, NULL, &tj), 200);
+    assert_string_equal(str_at(tj, "kind", NULL, NULL), "Scale");
+    assert_true(num_at(tj, "spec", "replicas") == 3);
+    cJSON_Delete(tj);
+    assert_int_equal(api(s, "GET", "/apis/edl.dev/v1alpha1/namespaces/default/trainingjobs/demo", NULL, NULL, &tj), 200);
+    assert_true(num_at(tj, "spec", "replicas") == 3);
+    assert_true(num_at(tj, "metadata", "generation") == 2);
+    cJSON_Delete(tj);
+    assert_int_equal(kubectl(s, out, sizeof out, 20000, "get", "tj", "demo", "-o", "yaml", NULL), 0);
+    assert_non_null(strstr(out, "kind: TrainingJob"));
+    assert_int_equal(kubectl(s, out, sizeof out, 20000, "apply", "--server-side", "-f", path, NULL), 0);
+    assert_non_null(strstr(out, "serverside-applied"));
+}
+
+static void ensure_tj(standin *s, const char *name)
+{
+    char body[1024];
+    if (!have_kubectl()) { /* without kubectl the CRD comes through the API from the test */
+        char crd[] = "{\"apiVersion\":\"apiextensions.k8s.io/v1\",\"kind\":\"CustomResourceDefinition\","
+                     "\"metadata\":{\"name\":\"trainingjobs.edl.dev\"},\"spec\":{\"group\":\"edl.dev\","
+                     "\"scope\":\"Namespaced\",\"names\":{\"plural\":\"trainingjobs\",\"kind\":\"TrainingJob\","
+                     "\"shortNames\":[\"tj\"]},\"versions\":[{\"name\":\"v1alpha1\",\"served\":true,\"storage\":true,"
+                     "\"subresources\":{\"status\":{},\"scale\":{\"specReplicasPath\":\".spec.replicas\","
+                     "\"statusReplicasPath\":\".status.replicas\",\"labelSelectorPath\":\".status.selector\"}},"
+                     "\"schema\":{\"openAPIV3Schema\":{\"type\":\"object\",\"properties\":{\"spec\":{\"type\":"
+                     "\"object\",\"x-kubernetes-preserve-unknown-fields\":true},\"status\":{\"type\":\"object\","
+                     "\"x-kubernetes-preserve-unknown-fields\":true}}}}}]}}";
+        api(s, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", "application/json", crd, NULL);
+    }
+    snprintf(body, sizeof body,
+             "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\",\"metadata\":{\"name\":\"%s\"},"
+             "\"spec\":{\"replicas\":1,\"template\":{\"spec\":{\"containers\":[{\"name\":\"t\"}]}}}}",
+             name);
+    long code = api(s, "POST", TJ_PATH, "application/json", body, NULL);
+    assert_true(code == 201 || code == 409);
+}
+
+static void test_status_and_spec_writes_stay_apart(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    char path[256];
+    ensure_tj(s, "apart");
+    snprintf(path, sizeof path, "%s/apart/status", TJ_PATH);
+    assert_int_equal(api(s, "PATCH", path, "application/merge-patch+json",
+                         "{\"spec\":{\"replicas\":7},\"status\":{\"state\":\"Running\"}}", &j), 200);
+    assert_true(num_at(j, "spec", "replicas") == 1);
+    assert_string_equal(str_at(j, "status", "state", NULL), "Running");
+    assert_true(num_at(j, "metadata", "generation") == 1);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/apart", TJ_PATH);
+    assert_int_equal(api(s, "PATCH", path, "application/merge-patch+json",
+                         "{\"spec\":{\"replicas\":4},\"status\":{\"state\":\"Failed\"}}", &j), 200);
+    assert_true(num_at(j, "spec", "replicas") == 4);
+    assert_string_equal(str_at(j, "status", "state", NULL), "Running");
+    assert_true(num_at(j, "metadata", "generation") == 2);
+    cJSON_Delete(j);
+    /* a label is metadata: no new generation; a JSON patch works too */
+    assert_int_equal(api(s, "PATCH", path, "application/json-patch+json",
+                         "[{\"op\":\"add\",\"path\":\"/metadata/labels\",\"value\":{\"a\":\"b\"}}]", &j), 200);
+    assert_true(num_at(j, "metadata", "generation") == 2);
+    cJSON_Delete(j);
+    /* strategic merge patch is not for custom resources (415, like the real server) */
+    assert_int_equal(api(s, "PATCH", path, "application/strategic-merge-patch+json", "{}", &j), 415);
+    cJSON_Delete(j);
+}
+
+static void test_stale_resource_version_put_conflicts(void **state)
+{
+    standin *s = *state;
+    cJSON *j, *after;
+    char path[256];
+    ensure_tj(s, "stale");
+    snprintf(path, sizeof path, "%s/stale", TJ_PATH);
+    assert_int_equal(api(s, "GET", path, NULL, NULL, &j), 200);
+    char *rv = strdup(str_at(j, "metadata", "resourceVersion", NULL));
+    cJSON_SetValuestring(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "metadata"), "resourceVersion"), "2");
+    char *body = cJSON_PrintUnformatted(j);
+    assert_int_equal(api(s, "PUT", path, "application/json", body, &after), 409);
+    assert_string_equal(str_at(after, "reason", NULL, NULL), "Conflict");
+    assert_string_equal(str_at(after, "kind", NULL, NULL), "Status");
+    cJSON_Delete(after);
+    assert_int_equal(api(s, "GET", path, NULL, NULL, &after), 200);
+    assert_string_equal(str_at(after, "metadata", "resourceVersion", NULL), rv);
+    cJSON_Delete(after);
+    free(body);
+    free(rv);
+    cJSON_Delete(j);
+}
+
+static void test_watch_history_expiry_bookmarks_and_labels(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    char *out, path[512];
+    assert_int_equal(api(s, "GET", "/api/v1/namespaces/default/configmaps", NULL, NULL, &j), 200);
+    char *rv = strdup(str_at(j, "metadata", "resourceVersion", NULL));
+    cJSON_Delete(j);
+    api(s, "POST", "/api/v1/namespaces/default/configmaps", "application/json",
+        "{\"metadata\":{\"name\":\"w-a\",\"labels\":{\"app\":\"a\"}}}", NULL);
+    api(s, "POST", "/api/v1/namespaces/default/configmaps", "application/json",
+        "{\"metadata\":{\"name\":\"w-b\",\"labels\":{\"app\":\"b\"}}}", NULL);
+    /* from rv: both creations come from the history, only app=a passes the selector */
+    snprintf(path, sizeof path, "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=%s"
+             "&labelSelector=app%%3Da&allowWatchBookmarks=true&timeoutSeconds=1", rv);
+    assert_int_equal(api_full(s, "GET", path, NULL, NULL, 0, NULL, 3000, &out), 200);
+    assert_non_null(strstr(out, "{\"type\":\"ADDED\""));
+    assert_non_null(strstr(out, "\"name\":\"w-a\""));
+    assert_null(strstr(out, "\"name\":\"w-b\""));
+    assert_non_null(strstr(out, "{\"type\":\"BOOKMARK\""));
+    free(out);
+    /* after the history is dropped, a watch from an old version is told to relist */
+    assert_int_equal(api(s, "POST", "/standin/expire", NULL, NULL, NULL), 200);
+    snprintf(path, sizeof path, "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=%s", rv);
+    assert_int_equal(api(s, "GET", path, NULL, NULL, &j), 410);
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "Expired");
+    cJSON_Delete(j);
+    free(rv);
+}
+
+static void test_finalizers_hold_a_deletion(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    static const char p[] = "/api/v1/namespaces/default/configmaps/held";
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/configmaps", "application/json",
+                         "{\"metadata\":{\"name\":\"held\",\"finalizers\":[\"edl.dev/x\"]}}", NULL), 201);
+    assert_int_equal(api(s, "DELETE", p, NULL, NULL, &j), 200);
+    assert_non_null(str_at(j, "metadata", "deletionTimestamp", NULL));
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "GET", p, NULL, NULL, NULL), 200);
+    assert_int_equal(api(s, "PATCH", p, "application/merge-patch+json",
+                         "{\"metadata\":{\"finalizers\":null}}", NULL), 200);
+    assert_int_equal(api(s, "GET", p, NULL, NULL, &j), 404);
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "NotFound");
+    cJSON_Delete(j);
+}
+
+static void create_owned(standin *s, const char *name, const char *owner_uid)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"metadata\":{\"name\":\"%s\",\"ownerReferences\":[{\"apiVersion\":\"v1\",\"kind\":"
+             "\"ConfigMap\",\"name\":\"owner\",\"uid\":\"%s\",\"controller\":true}]}}",
+             name, owner_uid);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/configmaps", "application/json", body, NULL), 201);
+}
+
+static void test_owner_deletion_cascades_unless_orphaned(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    static const char cms[] = "/api/v1/namespaces/default/configmaps";
+    for (int orphan = 0; orphan < 2; orphan++) {
+        assert_int_equal(api(s, "POST", cms, "application/json", "{\"metadata\":{\"name\":\"owner\"}}", &j), 201);
+        char *uid = strdup(str_at(j, "metadata", "uid", NULL));
+        cJSON_Delete(j);
+        create_owned(s, "dep", uid);
+        assert_int_equal(api(s, "DELETE", "/api/v1/namespaces/default/configmaps/owner", "application/json",
+                             orphan ? "{\"propagationPolicy\":\"Orphan\"}" : "{}", NULL), 200);
+        long code = api(s, "GET", "/api/v1/namespaces/default/configmaps/dep", NULL, NULL, &j);
+        if (orphan) {
+            assert_int_equal(code, 200);
+            const cJSON *refs = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "metadata"), "ownerReferences");
+            assert_int_equal(cJSON_GetArraySize(refs), 0); /* the reference to the owner is gone */
+            api(s, "DELETE", "/api/v1/namespaces/default/configmaps/dep", NULL, NULL, NULL);
+        } else {
+            assert_int_equal(code, 404);
+        }
+        cJSON_Delete(j);
+        free(uid);
+    }
+}
+
+static void test_bad_requests_get_statuses_and_change_nothing(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    static const char cms[] = "/api/v1/namespaces/default/configmaps";
+    assert_int_equal(api(s, "GET", cms, NULL, NULL, &j), 200);
+    char *rv = strdup(str_at(j, "metadata", "resourceVersion", NULL));
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "POST", cms, "application/json", "{\"metadata\":{\"name\":", &j), 400);
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "BadRequest");
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "POST", cms, "text/plain", "{\"metadata\":{\"name\":\"x\"}}", &j), 415);
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "POST", cms, "application/json", "{\"metadata\":{\"name\":\"Bad_Name\"}}", &j), 422);
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "Invalid");
+    assert_non_null(strstr(str_at(j, "message", NULL, NULL), "RFC 1123"));
+    cJSON_Delete(j);
+    size_t big = 4u << 20;
+    char *huge = malloc(big);
+    memset(huge, ' ', big);
+    huge[0] = '{';
+    huge[big - 1] = '}';
+    char *out;
+    assert_int_equal(api_full(s, "POST", cms, "application/json", huge, big, NULL, 10000, &out), 413);
+    free(out);
+    free(huge);
+    assert_int_equal(api(s, "GET", "/api/v1/namespaces/default/nothings", NULL, NULL, &j), 404);
+    assert_int_equal((int)cJSON_GetObjectItem(j, "code")->valuedouble, 404);
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "GET", "/apis/edl.dev/v1alpha1/namespaces/nope/trainingjobs/x", NULL, NULL, NULL), 404);
+    assert_int_equal(api(s, "GET", cms, NULL, NULL, &j), 200);
+    assert_string_equal(str_at(j, "metadata", "resourceVersion", NULL), rv);
+    cJSON_Delete(j);
+    free(rv);
+}
+
+/* ---- the kubelet ----------------------------------------------------------------------- */
+
+static const char POD_FMT[] =
+    "{\"metadata\":{\"name\":\"%s\",\"labels\":{\"edl.dev/job\":\"k\"}},\"spec\":{"
+    "\"restartPolicy\":\"Never\",\"terminationGracePeriodSeconds\":%d,"
+    "\"containers\":[{\"name\":\"c\",\"image\":\"none\",\"command\":[\"sh\",\"-c\"],\"args\":[\"%s\"],"
+    "\"env\":[{\"name\":\"ME\",\"valueFrom\":{\"fieldRef\":{\"fieldPath\":\"metadata.name\"}}},"
+    "{\"name\":\"JOB\",\"valueFrom\":{\"fieldRef\":{\"fieldPath\":\"metadata.labels['edl.dev/job']\"}}},"
+    "{\"name\":\"TOKEN\",\"valueFrom\":{\"secretKeyRef\":{\"name\":\"creds\",\"key\":\"token\"}}},"
+    "{\"name\":\"HELLO\",\"value\":\"hi-$(ME)\"}],"
+    "\"volumeMounts\":[{\"name\":\"creds\",\"mountPath\":\"/etc/creds\"}]}],"
+    "\"volumes\":[{\"name\":\"creds\",\"secret\":{\"secretName\":\"creds\"}}]}}";
+
+static void create_pod(standin *s, const char *name, int grace, const char *script)
+{
+    char body[4096];
+    snprintf(body, sizeof body, POD_FMT, name, grace, script);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/pods", "application/json", body, NULL), 201);
+}
+
+static void test_kubelet_runs_a_pod_with_downward_env_and_a_secret_volume(void **state)
+{
+    standin *s = *state;
+    char out[8192];
+    long code = api(s, "POST", "/api/v1/namespaces/default/secrets", "application/json",
+                    "{\"metadata\":{\"name\":\"creds\"},\"stringData\":{\"token\":\"s3cret\"}}", NULL);
+    assert_true(code == 201 || code == 409);
+    create_pod(s, "ok", 30, "echo me=$ME job=$JOB token=$TOKEN file=$(cat /etc/creds/token) $(HELLO)");
+    create_pod(s, "bad", 30, "exit 3");
+    cJSON *j = wait_for(s, "/api/v1/namespaces/default/pods/ok", "status", "phase", "Succeeded", 10000);
+    assert_string_equal(str_at(j, "spec", "nodeName", NULL), "standin-node");
+    assert_string_equal(str_at(j, "status", "podIP", NULL), "127.0.0.1");
+    cJSON_Delete(j);
+    j = wait_for(s, "/api/v1/namespaces/default/pods/bad", "status", "phase", "Failed", 10000);
+    cJSON *cs = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "status"), "containerStatuses"), 0);
+    assert_true(num_at(cJSON_GetObjectItem(cs, "state"), "terminated", "exitCode") == 3);
+    assert_string_equal(str_at(cs, "state", "terminated", "reason"), "Error");
+    cJSON_Delete(j);
+    char *log;
+    assert_int_equal(api_full(s, "GET", "/api/v1/namespaces/default/pods/ok/log", NULL, NULL, 0, NULL, 5000, &log), 200);
+    assert_non_null(strstr(log, "me=ok job=k token=s3cret file=s3cret hi-ok"));
+    free(log);
+    if (have_kubectl()) {
+        assert_int_equal(kubectl(s, out, sizeof out, 20000, "logs", "ok", NULL), 0);
+        assert_non_null(strstr(out, "token=s3cret"));
+        assert_int_equal(kubectl(s, out, sizeof out, 20000, "get", "pods", "-l", "edl.dev/job=k", NULL), 0);
+        assert_non_null(strstr(out, "READY"));
+        assert_non_null(strstr(out, "Completed"));
+        assert_non_null(strstr(out, "Error"));
+    }
+}
+
+static void test_graceful_delete_sends_sigterm_then_sigkill(void **state)
+{
+    standin *s = *state;
+    char out[8192];
+    cJSON *j;
+    create_pod(s, "stubborn", 3, "trap 'echo got-term' TERM; while true; do sleep 0.05; done");
+    cJSON_Delete(wait_for(s, "/api/v1/namespaces/default/pods/stubborn", "status", "phase", "Running", 10000));
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(api(s, "DELETE", "/api/v1/namespaces/default/pods/stubborn", NULL, NULL, &j), 200);
+    assert_non_null(str_at(j, "metadata", "deletionTimestamp", NULL));
+    cJSON_Delete(j);
+    if (have_kubectl()) { /* kubectl get -w with a label selector (it runs until killed) */
+        kubectl(s, out, sizeof out, 1500, "get", "pods", "-l", "edl.dev/job=k", "-w", NULL);
+        assert_non_null(strstr(out, "stubborn"));
+        assert_non_null(strstr(out, "Terminating"));
+    }
+    while (api(s, "GET", "/api/v1/namespaces/default/pods/stubborn", NULL, NULL, NULL) == 200) {
+        assert_true(harness_now_ms() - t0 < 8000);
+        harness_sleep_ms(50);
+    }
+    int64_t took = harness_now_ms() - t0;
+    assert_true(took >= 2900); /* it ignored SIGTERM: SIGKILL came after the 3 s grace */
+    char path[600], text[4096];
+    snprintf(path, sizeof path, "ls %s/kubelet/default_stubborn_*/c.log", s->dir);
+    FILE *p = popen(path, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(path, sizeof path, p));
+    pclose(p);
+    path[strcspn(path, "\n")] = '\0';
+    assert_non_null(strstr(harness_read_file(path, text, sizeof text), "got-term"));
+}
+
+/* ---- test-only endpoints and flags ------------------------------------------------------ */
+
+static void test_injected_fault_fails_a_create_and_stats_count_it(void **state)
+{
+    standin *s = *state;
+    cJSON *j, *stats;
+    assert_int_equal(api(s, "POST", "/standin/faults", "application/json",
+                         "{\"verb\":\"create\",\"resource\":\"configmaps\",\"namespace\":\"default\","
+                         "\"code\":403,\"reason\":\"Forbidden\",\"message\":\"exceeded quota: q\",\"count\":1}", NULL), 201);
+    assert_int_equal(api(s, "GET", "/standin/stats", NULL, NULL, &stats), 200);
+    cJSON *c = cJSON_GetObjectItem(stats, "create configmaps");
+    double before = cJSON_IsNumber(c) ? c->valuedouble : 0;
+    cJSON_Delete(stats);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/configmaps", "application/json",
+                         "{\"metadata\":{\"name\":\"quota\"}}", &j), 403);
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "Forbidden");
+    assert_string_equal(str_at(j, "message", NULL, NULL), "exceeded quota: q");
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/configmaps", "application/json",
+                         "{\"metadata\":{\"name\":\"quota\"}}", NULL), 201);
+    assert_int_equal(api(s, "GET", "/standin/stats", NULL, NULL, &stats), 200);
+    assert_true(cJSON_GetObjectItem(stats, "create configmaps")->valuedouble == before + 2);
+    cJSON_Delete(stats);
+    assert_int_equal(api(s, "DELETE", "/standin/faults", NULL, NULL, NULL), 200);
+}
+
+static void test_token_and_gone_in_stream(void **state)
+{
+    standin t = {0};
+    static const char *const extra[] = {"--token", "tok", "--gone-in-stream", "--kubelet-mode", "off", NULL};
+    char *out;
+    (void)state;
+    standin_start(&t, extra);
+    assert_int_equal(api_full(&t, "GET", "/api/v1/namespaces", NULL, NULL, 0, NULL, 5000, &out), 401);
+    assert_non_null(strstr(out, "\"reason\":\"Unauthorized\""));
+    free(out);
+    assert_int_equal(api_full(&t, "POST", "/standin/expire", NULL, NULL, 0, "tok", 5000, NULL), 200);
+    assert_int_equal(api_full(&t, "GET", "/api/v1/namespaces?watch=1&resourceVersion=1", NULL, NULL,
+                              0, "tok", 5000, &out), 200);
+    assert_memory_equal(out, "{\"type\":\"ERROR\"", 15);
+    assert_non_null(strstr(out, "\"code\":410"));
+    free(out);
+    standin_stop(&t);
+}
+
+int main(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kubectl_applies_the_crd_and_a_trainingjob),
+        cmocka_unit_test(test_status_and_spec_writes_stay_apart),
+        cmocka_unit_test(test_stale_resource_version_put_conflicts),
+        cmocka_unit_test(test_watch_history_expiry_bookmarks_and_labels),
+        cmocka_unit_test(test_finalizers_hold_a_deletion),
+        cmocka_unit_test(test_owner_deletion_cascades_unless_orphaned),
+        cmocka_unit_test(test_bad_requests_get_statuses_and_change_nothing),
+        cmocka_unit_test(test_kubelet_runs_a_pod_with_downward_env_and_a_secret_volume),
+        cmocka_unit_test(test_graceful_delete_sends_sigterm_then_sigkill),
+        cmocka_unit_test(test_injected_fault_fails_a_create_and_stats_count_it),
+        cmocka_unit_test(test_token_and_gone_in_stream),
+    };
+    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    curl_global_cleanup();
+    return rc;
+}
