@@ -262,8 +262,10 @@ static si_result do_write(si_server *srv, struct MHD_Connection *c, route *rt, c
     const char *ctype = header(c, "Content-Type");
     if (!is_json(ctype))
         return si_fail(415, "UnsupportedMediaType", NULL, NULL,
-                       "the body of the request was in an unknown format - accepted media types "
-                       "include: application/json (the stand-in reads JSON only)");
+                       "the body of the request was in an unknown format (%s) - accepted media "
+                       "types include: application/json (k8s-standin reads neither YAML nor "
+                       "protobuf)",
+                       ctype ? ctype : "no Content-Type");
     cJSON *obj = cJSON_ParseWithLength(body, len);
     if (!cJSON_IsObject(obj)) {
         cJSON_Delete(obj);

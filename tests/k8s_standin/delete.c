@@ -63,6 +63,8 @@ static si_resource *resource_of(si_server *srv, const cJSON *obj)
 static void collect_garbage(si_server *srv, const char *uid, bool orphan)
 {
     size_t n;
+    if (!si_store_is_owner(&srv->store, uid))
+        return;
     si_obj **deps = dependents(srv, uid, &n);
     for (size_t i = 0; i < n; i++) {
         const cJSON *d = deps[i]->json;

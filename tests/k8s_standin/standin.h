@@ -91,6 +91,8 @@ typedef struct si_watch {
 } si_watch;
 
 typedef struct si_entry si_entry;
+struct owner_ref;
+#define SI_OWNER_BUCKETS 4096
 
 typedef struct si_store {
     pthread_mutex_t mu;
@@ -104,6 +106,7 @@ typedef struct si_store {
     si_resource *resources;
     bool closing;
     uint64_t next_ip;
+    struct owner_ref *owners[SI_OWNER_BUCKETS];
 } si_store;
 
 void si_obj_unref(si_obj *o);
@@ -120,6 +123,8 @@ void si_store_remove(si_store *s, si_resource *r, const char *ns, const char *na
  * namespace and name; free the array (not the objects) with free(). */
 si_obj **si_store_list(si_store *s, const si_resource *r, const char *ns, size_t *n);
 void si_store_expire(si_store *s);
+/* Whether some stored object names uid among its ownerReferences. */
+bool si_store_is_owner(si_store *s, const char *uid);
 /* Start a watch from rv (0 = ADDED for every object first). -410 when rv is older than the
  * history; the watch is registered either way only on success. limit 0 = unbounded. */
 int si_watch_start(si_store *s, si_watch *w, uint64_t rv, bool from_list, size_t limit);

@@ -15,6 +15,55 @@ struct si_entry {
     si_obj *obj;
 };
 
+/* The owner index: how many stored objects name each uid in their ownerReferences, so that
+ * deleting an object nobody owns skips the garbage collector's scan (10,000 pods). */
+typedef struct owner_ref {
+    struct owner_ref *next;
+    char *uid;
+    long count;
+} owner_ref;
+
+static owner_ref **owner_slot(si_store *s, const char *uid)
+{
+    size_t h = 2166136261u;
+    for (const char *p = uid; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    owner_ref **pp = &s->owners[h % SI_OWNER_BUCKETS];
+    while (*pp && strcmp((*pp)->uid, uid))
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static void index_owners(si_store *s, const cJSON *obj, long delta)
+{
+    const cJSON *ref;
+    cJSON_ArrayForEach(ref, si_get(obj, "metadata.ownerReferences"))
+    {
+        const char *uid = si_str(ref, "uid");
+        if (!uid)
+            continue;
+        owner_ref **pp = owner_slot(s, uid);
+        if (!*pp) {
+            if (delta < 0)
+                continue;
+            *pp = calloc(1, sizeof **pp);
+            (*pp)->uid = strdup(uid);
+        }
+        (*pp)->count += delta;
+        if ((*pp)->count <= 0) {
+            owner_ref *gone = *pp;
+            *pp = gone->next;
+            free(gone->uid);
+            free(gone);
+        }
+    }
+}
+
+bool si_store_is_owner(si_store *s, const char *uid)
+{
+    return *owner_slot(s, uid) != NULL;
+}
+
 void si_obj_unref(si_obj *o)
 {
     if (o && __atomic_sub_fetch(&o->refs, 1, __ATOMIC_ACQ_REL) == 0) {
@@ -197,8 +246,10 @@ si_obj *si_store_put(si_store *s, si_resource *r, cJSON *json)
     o->refs = 1;
     o->json = json;
     si_entry **pp = find_slot(s, r, ns ? ns : "", name ? name : "");
+    index_owners(s, json, 1);
     if (*pp) {
         si_obj *old = (*pp)->obj;
+        index_owners(s, old->json, -1);
         (*pp)->obj = o;
         record(s, SI_MODIFIED, r, o, old->json);
         si_obj_unref(old);
@@ -223,6 +274,7 @@ void si_store_remove(si_store *s, si_resource *r, const char *ns, const char *na
         return;
     *pp = e->next;
     s->count--;
+    index_owners(s, e->obj->json, -1);
     cJSON *json = cJSON_Duplicate(e->obj->json, true);
     stamp_rv(s, json);
     si_obj *o = calloc(1, sizeof *o);
@@ -347,6 +399,12 @@ void si_store_free(si_store *s)
             free(e);
         }
     free(s->buckets);
+    for (size_t i = 0; i < SI_OWNER_BUCKETS; i++)
+        for (owner_ref *o = s->owners[i], *next; o; o = next) {
+            next = o->next;
+            free(o->uid);
+            free(o);
+        }
     si_store_expire(s);
     free(s->ring);
     for (si_resource *r = s->resources, *next; r; r = next) {
