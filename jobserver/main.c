@@ -196,7 +196,7 @@ int main(int argc, char **argv)
     int ch, idx = 0;
     long v;
     while ((ch = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
-        if (ch >= OPT_K8S) {
+        if (ch >= OPT_K8S && ch <= OPT_TLSSECRET) {
             if (k8s_option(&ko, ch, opts[idx].name, optarg))
                 return EDL_EXIT_USAGE;
             continue;
