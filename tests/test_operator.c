@@ -225,6 +225,58 @@ static void test_invalid_job_gets_a_condition_and_nothing_is_created(void **stat
     harness_kubectl_wait(c->k, "tj bad", "{.status.state}", "Succeeded", 60000);
 }
 
+/* Refusals a person must see: a pod the API server will not create (quota), and a template
+ * without a command (edl cannot wrap an image's entrypoint it does not know). */
+static void test_refused_pods_and_bad_templates_show_in_conditions_and_events(void **state)
+{
+    cluster *c = *state;
+    char out[8192], faults[512];
+    snprintf(faults, sizeof faults, "curl -s -X POST -d '{\"verb\":\"create\",\"resource\":"
+             "\"pods\",\"code\":403,\"reason\":\"Forbidden\",\"message\":\"exceeded quota: "
+             "pods=0\",\"count\":-1}' %s/standin/faults >/dev/null", harness_k8s_url(c->k));
+    assert_int_equal(harness_shell(faults, NULL, 0), 0);
+    apply_job(c, "quota", 1, "10", NULL);
+    harness_kubectl_wait(c->k, "tj quota",
+                         "{.status.conditions[?(@.type==\"Created\")].reason}",
+                         "PodCreateFailed", 20000);
+    harness_kubectl(c->k, out, sizeof out, "get tj quota -o jsonpath="
+                    "'{.status.conditions[?(@.type==\"Created\")].message}'");
+    assert_non_null(strstr(out, "exceeded quota"));
+    harness_kubectl(c->k, out, sizeof out, "describe tj quota");
+    assert_non_null(strstr(out, "PodCreateFailed"));
+    /* the quota lifted: created within the back-off, the condition clears, the job runs */
+    snprintf(faults, sizeof faults, "curl -s -X DELETE %s/standin/faults >/dev/null",
+             harness_k8s_url(c->k));
+    assert_int_equal(harness_shell(faults, NULL, 0), 0);
+    harness_kubectl_wait(c->k, "tj quota",
+                         "{.status.conditions[?(@.type==\"Created\")].status}", "True", 40000);
+    harness_kubectl_wait(c->k, "tj quota", "{.status.state}", "Succeeded", 60000);
+    /* a template without a command: nothing created, the field named */
+    char file[400];
+    snprintf(file, sizeof file, "%s/nocmd.yaml", harness_k8s_dir(c->k));
+    FILE *f = fopen(file, "w");
+    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: nocmd}\n"
+               "spec:\n  template:\n    spec:\n      containers: [{name: t, image: x}]\n");
+    fclose(f);
+    long before = harness_k8s_stat(c->k, "create pods");
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+    harness_kubectl_wait(c->k, "tj nocmd",
+                         "{.status.conditions[?(@.type==\"Created\")].reason}", "InvalidSpec",
+                         20000);
+    harness_kubectl(c->k, out, sizeof out, "get tj nocmd -o jsonpath="
+                    "'{.status.conditions[?(@.type==\"Created\")].message}'");
+    assert_non_null(strstr(out, "containers[0].command"));
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), before);
+    /* a wrong type never gets past the API server's schema: kubectl says so */
+    f = fopen(file, "w");
+    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: typo}\n"
+               "spec:\n  replicas: two\n  template:\n    spec:\n      containers: [{name: t, "
+               "command: [x]}]\n");
+    fclose(f);
+    assert_int_not_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s 2>&1", file), 0);
+    assert_non_null(strstr(out, "replicas"));
+}
+
 static void test_standby_takes_over_mid_scale_and_nothing_is_done_twice(void **state)
 {
     cluster *c = *state;
@@ -253,6 +305,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_invalid_job_gets_a_condition_and_nothing_is_created,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_refused_pods_and_bad_templates_show_in_conditions_and_events, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_standby_takes_over_mid_scale_and_nothing_is_done_twice, setup, teardown),
     };
