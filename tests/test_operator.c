@@ -148,8 +148,9 @@ static void test_kubectl_drives_a_job_from_apply_to_delete(void **state)
     assert_string_equal(keys, "");
 }
 
-/* The pid of a pod's agent: the process whose environment says EDL_POD_ID=<pod>. */
-static pid_t agent_of(const char *pod)
+/* The pid of a pod's process whose command line has `exe` in it and whose environment says
+ * EDL_POD_ID=<pod> (the agent, or its trainer). */
+static pid_t process_of(const char *pod, const char *exe)
 {
     char want[300];
     snprintf(want, sizeof want, "EDL_POD_ID=%s", pod);
@@ -163,7 +164,7 @@ static pid_t agent_of(const char *pod)
             continue;
         snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
         harness_read_file(path, cmd, sizeof cmd);
-        if (!strstr(cmd, "edl-agent"))
+        if (!strstr(cmd, exe))
             continue;
         snprintf(path, sizeof path, "/proc/%d/environ", pid);
         FILE *f = fopen(path, "r");
@@ -186,7 +187,7 @@ static void test_lost_pods_are_replaced_within_the_budget(void **state)
     apply_job(c, "spot", 2, "100000", NULL);
     harness_kubectl_wait(c->k, "tj spot", "{.status.state}/{.status.memberCount}", "Running/2",
                          30000);
-    pid_t agent = agent_of("spot-worker-0");
+    pid_t agent = process_of("spot-worker-0", "edl-agent");
     assert_true(agent > 0);
     kill(agent, SIGKILL); /* the pod fails: replaced, counted */
     harness_kubectl_wait(c->k, "tj spot", "{.status.podFailures}", "1", 30000);
@@ -201,6 +202,40 @@ static void test_lost_pods_are_replaced_within_the_budget(void **state)
                          30000);
     harness_kubectl_wait(c->k, "tj spot", "{.status.podFailures}", "1", 1000);
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj spot --wait=true "
+                                     "--timeout=30s"), 0);
+}
+
+/* InProcess: removing one pod re-forms the survivors in place: their trainers keep running. */
+static void test_inprocess_survivors_keep_running_when_a_pod_goes(void **state)
+{
+    cluster *c = *state;
+    char out[4096], file[400];
+    snprintf(file, sizeof file, "%s/inproc.yaml", harness_k8s_dir(c->k));
+    FILE *f = fopen(file, "w");
+    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: inproc}\n"
+               "spec:\n  replicas: 3\n  minReplicas: 2\n  maxReplicas: 3\n"
+               "  elastic: {mode: InProcess, settleWindow: 300ms, leaseTTLSeconds: 3}\n"
+               "  template:\n    spec:\n      containers:\n      - name: t\n        image: x\n"
+               "        command: [\"%s\", \"--steps\", \"1000000\", \"--step-ms\", \"20\"]\n",
+            EDL_EXAMPLE_MLP);
+    fclose(f);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+    harness_kubectl_wait(c->k, "tj inproc", "{.status.state}/{.status.memberCount}", "Running/3",
+                         30000);
+    pid_t t0 = process_of("inproc-worker-0", "elastic_mlp");
+    pid_t t1 = process_of("inproc-worker-1", "elastic_mlp");
+    assert_true(t0 > 0 && t1 > 0);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete pod inproc-worker-2 "
+                                     "--wait=false"), 0);
+    /* replaced by a new pod, and the group grows back to three */
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=inproc", "{.items[*].metadata.name}",
+                         "inproc-worker-0 inproc-worker-1 inproc-worker-3", 30000);
+    harness_kubectl_wait(c->k, "tj inproc", "{.status.state}/{.status.memberCount}", "Running/3",
+                         30000);
+    assert_int_equal(process_of("inproc-worker-0", "elastic_mlp"), t0);
+    assert_int_equal(process_of("inproc-worker-1", "elastic_mlp"), t1);
+    harness_kubectl_wait(c->k, "tj inproc", "{.status.restarts}", "0", 1000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj inproc --wait=true "
                                      "--timeout=30s"), 0);
 }
 
@@ -303,6 +338,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_lost_pods_are_replaced_within_the_budget, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_inprocess_survivors_keep_running_when_a_pod_goes,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_job_gets_a_condition_and_nothing_is_created,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
