@@ -71,7 +71,6 @@ void op_job_drop(op *o, op_job *j)
     free(j->ns);
     free(j->name);
     free(j->etcd_name);
-    free(j->spec_written);
     free(j->reported_invalid);
     free(j->pod_error);
     free(j);
@@ -236,6 +235,13 @@ static bool elect(op *o, int64_t *next_tick)
     return leading;
 }
 
+/* What the operator reads of a pod; the rest (the spec: most of a pod) is not kept. */
+static const char *const POD_FIELDS[] = {"apiVersion", "kind", "metadata.name",
+                                         "metadata.namespace", "metadata.uid",
+                                         "metadata.resourceVersion", "metadata.labels",
+                                         "metadata.deletionTimestamp", "status.phase",
+                                         "status.reason", NULL};
+
 static int start_leading(op *o)
 {
     char *tj_path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, o->cfg->ns, EDL_TJ_PLURAL, NULL,
@@ -245,7 +251,8 @@ static int start_leading(op *o)
     if (!rc)
         rc = edl_k8s_informer_open(o->k, tj_path, NULL, &o->tjs);
     if (!rc)
-        rc = edl_k8s_informer_open(o->k, pod_path, EDL_TJ_LABEL_JOB, &o->pods);
+        rc = edl_k8s_informer_open_trimmed(o->k, pod_path, EDL_TJ_LABEL_JOB, POD_FIELDS,
+                                           &o->pods);
     free(tj_path);
     free(pod_path);
     return rc;
@@ -264,9 +271,29 @@ static int64_t pass_due(op *o)
     return next;
 }
 
+/* One line when the caches first hold everything, and one when each job has had its pass. */
+static void report_start(op *o, int64_t since, bool *synced, bool *passed)
+{
+    if (!*synced) {
+        const cJSON *one[1];
+        size_t pods = edl_k8s_informer_list(o->pods, one, 0);
+        EDL_INFO(LOG, "listed %zu TrainingJobs and %zu pods in %lld ms", o->n_jobs, pods,
+                 (long long)(edl_monotonic_ms() - since));
+        *synced = true;
+        return;
+    }
+    for (size_t i = 0; i < o->n_jobs; i++)
+        if (o->jobs[i]->dirty)
+            return;
+    EDL_INFO(LOG, "every job passed once, %lld ms after taking the lead",
+             (long long)(edl_monotonic_ms() - since));
+    *passed = true;
+}
+
 static void lead(op *o, int64_t *next_tick)
 {
-    int64_t etcd_retry = 0;
+    int64_t etcd_retry = 0, since = edl_monotonic_ms();
+    bool synced = false, passed = false;
     while (!signalled(o) && elect(o, next_tick)) {
         drain_jobs(o);
         drain_pods(o);
@@ -274,8 +301,13 @@ static void lead(op *o, int64_t *next_tick)
             etcd_retry = edl_monotonic_ms() + 1000;
         drain_etcd(o);
         int64_t next = pass_due(o);
-        if (edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods))
+        if (edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods)) {
+            if (!synced)
+                report_start(o, since, &synced, &passed);
             op_reconcile_dirty(o);
+            if (!passed)
+                report_start(o, since, &synced, &passed);
+        }
         next = pass_due(o);
         int64_t now = edl_monotonic_ms();
         int64_t until = *next_tick;

@@ -24,7 +24,6 @@ typedef struct op_job {
     int64_t wake_ms;          /* monotonic: pass again by then (0: only on events) */
     bool have_secret, have_service;
     int64_t next_index;       /* the next pod index (beyond every index seen) */
-    char *spec_written;       /* the spec JSON last written to etcd */
     bool primed;              /* the ev_* below hold what the status said or we announced */
     int64_t ev_generation;
     int ev_restarts;

@@ -43,6 +43,7 @@ typedef enum watch_end { W_ENDED, W_GONE, W_BROKEN, W_BAD, W_STOP } watch_end;
 struct edl_k8s_informer {
     edl_k8s *k;
     char *path, *selector; /* selector: escaped for a query */
+    const char *const *keep; /* the fields kept of each object (NULL: all; the caller's) */
     pthread_t thread;
     bool started;
     CURL *h;
@@ -140,7 +141,8 @@ static char *query(edl_k8s_informer *inf, const char *args, const char *cont)
 }
 
 /* One page's items, checked, moved onto items; its resourceVersion and continue token. */
-static const char *take_page(cJSON *body, cJSON *items, const char **rv, const char **cont)
+static const char *take_page(edl_k8s_informer *inf, cJSON *body, cJSON *items, const char **rv,
+                             const char **cont)
 {
     cJSON *page = cJSON_GetObjectItemCaseSensitive(body, "items");
     *rv = edl_k8s_str(body, "metadata.resourceVersion");
@@ -157,8 +159,16 @@ static const char *take_page(cJSON *body, cJSON *items, const char **rv, const c
         if (!k8s_object_key(it, key, sizeof key))
             return "an item has no metadata.name";
     }
-    while (cJSON_GetArraySize(page) > 0)
-        cJSON_AddItemToArray(items, cJSON_DetachItemFromArray(page, 0));
+    while (cJSON_GetArraySize(page) > 0) {
+        cJSON *it0 = cJSON_DetachItemFromArray(page, 0);
+        if (inf->keep) {
+            cJSON *trimmed = k8s_trim(it0, inf->keep);
+            cJSON_Delete(it0);
+            if (!(it0 = trimmed))
+                return "out of memory";
+        }
+        cJSON_AddItemToArray(items, it0);
+    }
     return NULL;
 }
 
@@ -177,7 +187,7 @@ static int do_list(edl_k8s_informer *inf)
         const char *why = NULL, *rv = NULL, *next = NULL;
         if (!rc && r.status != 200)
             rc = edl_k8s_status_code(r.status);
-        else if (!rc && (why = take_page(r.body, items, &rv, &next)))
+        else if (!rc && (why = take_page(inf, r.body, items, &rv, &next)))
             rc = EDL_EPROTO;
         if (rc && rc != EDL_ECLOSED)
             EDL_WARN("k8s", "informer: list %s: %s%s%s", path ? path : inf->path,
@@ -268,7 +278,13 @@ static bool handle_line(edl_k8s_informer *inf, const char *line, size_t len)
     else {
         move_rv(inf, obj);
         inf->got_event = true;
-        ok = push(inf, t, cJSON_DetachItemViaPointer(j, obj));
+        cJSON *kept = cJSON_DetachItemViaPointer(j, obj);
+        if (inf->keep) {
+            cJSON *trimmed = k8s_trim(kept, inf->keep);
+            cJSON_Delete(kept);
+            kept = trimmed;
+        }
+        ok = kept && push(inf, t, kept);
     }
     cJSON_Delete(j);
     return ok;
@@ -556,6 +572,13 @@ static char *escape_selector(const char *sel)
 int edl_k8s_informer_open(edl_k8s *k, const char *collection_path, const char *label_selector,
                           edl_k8s_informer **out)
 {
+    return edl_k8s_informer_open_trimmed(k, collection_path, label_selector, NULL, out);
+}
+
+int edl_k8s_informer_open_trimmed(edl_k8s *k, const char *collection_path,
+                                  const char *label_selector, const char *const *keep,
+                                  edl_k8s_informer **out)
+{
     *out = NULL;
     if (!k || !collection_path || collection_path[0] != '/' || strchr(collection_path, '?'))
         return EDL_EINVAL;
@@ -563,6 +586,7 @@ int edl_k8s_informer_open(edl_k8s *k, const char *collection_path, const char *l
     if (!inf)
         return EDL_ENOMEM;
     inf->k = k;
+    inf->keep = keep;
     inf->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     inf->line.max = K8S_MAX_REPLY;
     pthread_mutex_init(&inf->mu, NULL);
@@ -657,7 +681,7 @@ int edl_k8s_informer_store(edl_k8s_informer *inf, const cJSON *obj, bool deleted
         cJSON_Delete(k8s_cache_remove(&inf->cache, key));
         return 0;
     }
-    cJSON *copy = cJSON_Duplicate(obj, true), *old = NULL;
+    cJSON *copy = inf->keep ? k8s_trim(obj, inf->keep) : cJSON_Duplicate(obj, true), *old = NULL;
     if (!copy || k8s_cache_put(&inf->cache, key, copy, &old) != 0) {
         cJSON_Delete(copy);
         return EDL_ENOMEM;

@@ -88,6 +88,8 @@ typedef struct k8s_cache {
 /* The key of an object ("ns/name", or "name" when cluster-scoped) into buf; false when the
  * object has no metadata.name or the key does not fit. */
 bool k8s_object_key(const cJSON *obj, char *buf, size_t len);
+/* A copy of obj with only the fields at the dotted paths in keep (object.c); NULL: no memory. */
+cJSON *k8s_trim(const cJSON *obj, const char *const *keep);
 bool k8s_key_of(const char *ns, const char *name, char *buf, size_t len);
 k8s_entry *k8s_cache_find(const k8s_cache *c, const char *key);
 /* Put obj (owned from now on) under key, replacing and returning the old object (caller

@@ -134,3 +134,41 @@ int edl_k8s_time_parse(const char *s, int64_t *wall_ms)
     *wall_ms = ((int64_t)t - (int64_t)offset_min * 60) * 1000 + ms;
     return 0;
 }
+
+/* Copy the field at a dotted path from src into dst, creating the objects on the way. */
+static int copy_path(const cJSON *src, cJSON *dst, const char *path)
+{
+    char part[128];
+    const char *dot = strchr(path, '.');
+    size_t n = dot ? (size_t)(dot - path) : strlen(path);
+    if (n == 0 || n >= sizeof part)
+        return 0;
+    memcpy(part, path, n);
+    part[n] = '\0';
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(src, part);
+    if (!v)
+        return 0;
+    cJSON *have = cJSON_GetObjectItemCaseSensitive(dst, part);
+    if (!dot) {
+        if (have)
+            return 0;
+        cJSON *copy = cJSON_Duplicate(v, true);
+        return copy && cJSON_AddItemToObject(dst, part, copy) ? 0 : EDL_ENOMEM;
+    }
+    if (!cJSON_IsObject(v))
+        return 0;
+    if (!have && !(have = cJSON_AddObjectToObject(dst, part)))
+        return EDL_ENOMEM;
+    return cJSON_IsObject(have) ? copy_path(v, have, dot + 1) : 0;
+}
+
+cJSON *k8s_trim(const cJSON *obj, const char *const *keep)
+{
+    cJSON *out = cJSON_CreateObject();
+    for (size_t i = 0; out && keep[i]; i++)
+        if (copy_path(obj, out, keep[i]) != 0) {
+            cJSON_Delete(out);
+            return NULL;
+        }
+    return out;
+}

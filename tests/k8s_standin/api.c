@@ -138,14 +138,30 @@ static int parse_selectors(struct MHD_Connection *c, si_selector **labels, si_se
     return -1;
 }
 
+/* limit and continue: one page of the list. The stand-in's token is the offset of the next
+ * item in the current list (the real server's is a snapshot at the first page's
+ * resourceVersion); an object created or deleted between two pages may shift the rest by one,
+ * which an informer's relist absorbs. */
+static void page_args(struct MHD_Connection *c, long *from, long *limit)
+{
+    const char *lim = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *cont = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "continue");
+    *limit = lim ? strtol(lim, NULL, 10) : 0;
+    *from = cont && strncmp(cont, "offset-", 7) == 0 ? strtol(cont + 7, NULL, 10) : 0;
+    if (*from < 0 || *limit < 0)
+        *from = *limit = 0;
+}
+
 static int do_list(si_server *srv, struct MHD_Connection *c, route *rt)
 {
     si_selector *labels, *fields;
     int rc = parse_selectors(c, &labels, &fields);
     if (rc != -1)
         return rc;
+    long from, limit;
+    page_args(c, &from, &limit);
     pthread_mutex_lock(&srv->store.mu);
-    cJSON *list = si_list_json(srv, rt->r, rt->ns, labels, fields);
+    cJSON *list = si_list_page(srv, rt->r, rt->ns, labels, fields, from, limit);
     if (wants_table(c)) {
         cJSON *t = si_table(rt->r, cJSON_GetObjectItem(list, "items"),
                             si_str(list, "metadata.resourceVersion"), include_mode(c), true);

@@ -507,6 +507,12 @@ si_result si_put_scale(si_server *srv, si_resource *r, const char *ns, const cha
 cJSON *si_list_json(si_server *srv, si_resource *r, const char *ns, const si_selector *labels,
                     const si_selector *fields)
 {
+    return si_list_page(srv, r, ns, labels, fields, 0, 0);
+}
+
+cJSON *si_list_page(si_server *srv, si_resource *r, const char *ns, const si_selector *labels,
+                    const si_selector *fields, long from, long limit)
+{
     char av[300], rv[32];
     size_t n;
     si_obj **all = si_store_list(&srv->store, r, r->namespaced ? ns : "", &n);
@@ -517,9 +523,21 @@ cJSON *si_list_json(si_server *srv, si_resource *r, const char *ns, const si_sel
     snprintf(rv, sizeof rv, "%llu", (unsigned long long)srv->store.rv);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(list, "metadata"), "resourceVersion", rv);
     items = cJSON_AddArrayToObject(list, "items");
-    for (size_t i = 0; i < n; i++)
-        if (si_selector_match(labels, all[i]->json) && si_selector_match(fields, all[i]->json))
+    long matched = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!si_selector_match(labels, all[i]->json) || !si_selector_match(fields, all[i]->json))
+            continue;
+        if (matched >= from && (limit <= 0 || matched < from + limit))
             cJSON_AddItemToArray(items, cJSON_Duplicate(all[i]->json, true));
+        matched++;
+    }
     free(all);
+    if (limit > 0 && matched > from + limit) {
+        char token[64];
+        snprintf(token, sizeof token, "offset-%ld", from + limit);
+        cJSON *md = cJSON_GetObjectItem(list, "metadata");
+        cJSON_AddStringToObject(md, "continue", token);
+        cJSON_AddNumberToObject(md, "remainingItemCount", (double)(matched - from - limit));
+    }
     return list;
 }

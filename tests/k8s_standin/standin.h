@@ -240,6 +240,10 @@ si_result si_put_scale(si_server *srv, si_resource *r, const char *ns, const cha
                        cJSON *scale, const si_req_opts *o);
 cJSON *si_list_json(si_server *srv, si_resource *r, const char *ns, const si_selector *labels,
                     const si_selector *fields);
+/* One page of it: items [from, from + limit) of those that match (limit 0: all), with
+ * metadata.continue ("offset-<n>") and remainingItemCount when more follow. */
+cJSON *si_list_page(si_server *srv, si_resource *r, const char *ns, const si_selector *labels,
+                    const si_selector *fields, long from, long limit);
 
 /* delete.c */
 typedef struct si_delete_opts {
