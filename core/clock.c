@@ -1,4 +1,6 @@
-/* clock.c: the monotonic clock on which every edl deadline, timeout and latency is measured. */
+/* clock.c: the monotonic clock on which every edl deadline, timeout and latency is measured,
+ * and condition variables that wait on it (a wall-clock jump must not cut or stretch a wait). */
+#include <pthread.h>
 #include <time.h>
 
 #include "edl/common.h"
@@ -8,4 +10,23 @@ int64_t edl_monotonic_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void edl_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+void edl_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t ns = ts.tv_nsec + (ms > 0 ? ms : 0) * 1000000;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_cond_timedwait(cv, mu, &ts);
 }

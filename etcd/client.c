@@ -17,24 +17,7 @@
 #define DEFAULT_CONNECT_TIMEOUT_MS 1000
 #define DEFAULT_MAX_RESPONSE (64u << 20)
 
-void etcd_cond_init(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
 
-void etcd_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t ns = ts.tv_nsec + (ms > 0 ? ms : 0) * 1000000;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(cv, mu, &ts);
-}
 
 /* ---- configuration --------------------------------------------------------------------- */
 

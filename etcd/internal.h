@@ -20,10 +20,6 @@ struct edl_etcd {
     char errmsg[1024];
 };
 
-/* Condition variables on the monotonic clock, so that waits survive wall-clock jumps. */
-void etcd_cond_init(pthread_cond_t *cv);
-/* Wait on cv (mu held) for at most ms milliseconds; spurious and early wake-ups are normal. */
-void etcd_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
 int etcd_config_copy(edl_etcd_config *dst, const edl_etcd_config *src);
 
 /* POST req (consumed) to path and parse the JSON reply into *resp. key names the key in error

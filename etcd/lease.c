@@ -157,7 +157,7 @@ static bool keeper_wait(edl_lease_keeper *k, int64_t until)
         int64_t now = edl_monotonic_ms();
         if (now >= until)
             break;
-        etcd_cond_wait_ms(&k->cv, &k->mu, until - now);
+        edl_cond_wait_ms(&k->cv, &k->mu, until - now);
     }
     bool stop = k->stop;
     pthread_mutex_unlock(&k->mu);
@@ -217,7 +217,7 @@ int edl_lease_keeper_open(edl_etcd *c, int64_t lease, int64_t ttl_s, edl_lease_l
         return rc;
     }
     pthread_mutex_init(&k->mu, NULL);
-    etcd_cond_init(&k->cv);
+    edl_cond_init(&k->cv);
     if (pthread_create(&k->thread, NULL, keeper_main, k) != 0) {
         edl_etcd_close(k->conn);
         close(k->efd);

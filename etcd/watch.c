@@ -441,7 +441,7 @@ static void *watch_main(void *arg)
         /* wait before the next try, waking at once on stop */
         pthread_mutex_lock(&w->mu);
         if (!w->stop)
-            etcd_cond_wait_ms(&w->cv, &w->mu, backoff);
+            edl_cond_wait_ms(&w->cv, &w->mu, backoff);
         pthread_mutex_unlock(&w->mu);
         backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
@@ -472,7 +472,7 @@ static void watch_destroy(edl_watch *w)
 static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_opts *o)
 {
     pthread_mutex_init(&w->mu, NULL);
-    etcd_cond_init(&w->cv);
+    edl_cond_init(&w->cv);
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     w->line.max = (size_t)c->cfg.max_response_bytes;
     w->prev_kv = o->prev_kv;
@@ -522,7 +522,7 @@ int edl_watch_open(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
     int64_t deadline = edl_monotonic_ms() + c->cfg.timeout_ms;
     pthread_mutex_lock(&w->mu);
     while (!w->ever_created && !w->start_error && edl_monotonic_ms() < deadline)
-        etcd_cond_wait_ms(&w->cv, &w->mu, deadline - edl_monotonic_ms()); /* woken by mark_created */
+        edl_cond_wait_ms(&w->cv, &w->mu, deadline - edl_monotonic_ms()); /* woken by mark_created */
     rc = w->ever_created ? 0 : w->start_error ? w->start_error : EDL_EUNAVAIL;
     pthread_mutex_unlock(&w->mu);
     if (rc) {
@@ -546,7 +546,7 @@ int edl_watch_next(edl_watch *w, edl_watch_event **ev, int timeout_ms)
             pthread_mutex_unlock(&w->mu);
             return EDL_ETIMEDOUT;
         }
-        etcd_cond_wait_ms(&w->cv, &w->mu, left > 1000 ? 1000 : left);
+        edl_cond_wait_ms(&w->cv, &w->mu, left > 1000 ? 1000 : left);
     }
     ev_node *n = w->head;
     w->head = n->next;

@@ -119,7 +119,7 @@ static void wait_ms(edl_k8s_informer *inf, int ms)
 {
     pthread_mutex_lock(&inf->mu);
     if (!inf->stop)
-        k8s_cond_wait_ms(&inf->cv, &inf->mu, ms);
+        edl_cond_wait_ms(&inf->cv, &inf->mu, ms);
     pthread_mutex_unlock(&inf->mu);
 }
 
@@ -511,7 +511,7 @@ static qitem *pop(edl_k8s_informer *inf, int timeout_ms)
         int64_t left = deadline - edl_monotonic_ms();
         if (left <= 0)
             break;
-        k8s_cond_wait_ms(&inf->cv, &inf->mu, left);
+        edl_cond_wait_ms(&inf->cv, &inf->mu, left);
     }
     qitem *q = inf->head;
     if (q) {
@@ -590,7 +590,7 @@ int edl_k8s_informer_open_trimmed(edl_k8s *k, const char *collection_path,
     inf->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     inf->line.max = K8S_MAX_REPLY;
     pthread_mutex_init(&inf->mu, NULL);
-    k8s_cond_init(&inf->cv);
+    edl_cond_init(&inf->cv);
     inf->path = strdup(collection_path);
     inf->selector = escape_selector(label_selector);
     inf->h = curl_easy_init();

@@ -66,10 +66,6 @@ int k8s_read_file(const char *path, size_t max, char **out);
  * NUL-terminated malloc'ed copy. EDL_EPROTO when not base64, EDL_ENOMEM. */
 int k8s_b64_decode(const char *in, size_t n, char **out, size_t *outlen);
 
-/* Condition variables on the monotonic clock. */
-void k8s_cond_init(pthread_cond_t *cv);
-void k8s_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
-
 /* ---- the informer's cache (cache.c): objects keyed by "ns/name" ------------------------ */
 
 typedef struct k8s_entry {

@@ -22,12 +22,16 @@ typedef struct cluster {
     edl_etcd_server *etcd;
     harness_k8s *k;
     pid_t op[2];
+    int metrics_port[2];
     char ckpt[300];
 } cluster;
 
 static pid_t start_operator(cluster *c, const char *id)
 {
-    char log[400];
+    char log[400], port[16];
+    int slot = id[3] == 'a' ? 0 : 1;
+    c->metrics_port[slot] = harness_free_port();
+    snprintf(port, sizeof port, "%d", c->metrics_port[slot]);
     snprintf(log, sizeof log, "%s/operator-%s.log", harness_k8s_dir(c->k), id);
     const char *argv[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--kubeconfig",
                           harness_k8s_kubeconfig(c->k), "--etcd",
@@ -35,7 +39,8 @@ static pid_t start_operator(cluster *c, const char *id)
                           "--agent-image", "edl-test/agent:dev",
                           "--leader-elect-lease-duration", "2s",
                           "--leader-elect-renew-deadline", "1500ms",
-                          "--leader-elect-retry-period", "250ms", NULL};
+                          "--leader-elect-retry-period", "250ms", "--metrics-port", port,
+                          "--metrics-addr", "127.0.0.1", NULL};
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
@@ -130,6 +135,17 @@ static void test_kubectl_drives_a_job_from_apply_to_delete(void **state)
     assert_non_null(strstr(out, "MEMBERS"));
     assert_non_null(strstr(out, "mnist"));
     assert_non_null(strstr(out, "Running"));
+    /* what an HPA reads: the scale subresource with the pods' selector */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "get --raw /apis/edl.dev/v1alpha1/"
+                                     "namespaces/default/trainingjobs/mnist/scale"), 0);
+    assert_non_null(strstr(out, "\"selector\":\"edl.dev/job=mnist\""));
+    /* the operator's Prometheus metrics */
+    static char metrics[65536];
+    assert_int_equal(harness_http_get(c->metrics_port[0], "/metrics", metrics, sizeof metrics),
+                     200);
+    assert_non_null(strstr(metrics, "edl_operator_leader{id=\"op-a\"} 1"));
+    assert_non_null(strstr(metrics, "edl_operator_jobs{id=\"op-a\"} 1"));
+    assert_non_null(strstr(metrics, "edl_operator_pods_created_total{id=\"op-a\"} 2"));
     /* scale up, then down: new generations; the newest pod goes */
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/mnist --replicas=3"), 0);
     harness_kubectl_wait(c->k, "tj mnist", "{.status.memberCount}", "3", 30000);
@@ -210,6 +226,36 @@ static void test_lost_pods_are_replaced_within_the_budget(void **state)
     harness_kubectl_wait(c->k, "tj spot", "{.status.podFailures}", "1", 1000);
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj spot --wait=true "
                                      "--timeout=30s"), 0);
+}
+
+/* suspend deletes the pods and keeps the job; resuming creates them again; the job ends and
+ * ttlSecondsAfterFinished deletes it, with its etcd keys. */
+static void test_suspend_resume_and_ttl_after_finished(void **state)
+{
+    cluster *c = *state;
+    char out[4096], keys[4096];
+    apply_job(c, "pause", 2, "150", "  ttlSecondsAfterFinished: 1\n");
+    harness_kubectl_wait(c->k, "tj pause", "{.status.state}/{.status.memberCount}", "Running/2",
+                         30000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj pause --type=merge "
+                                     "-p '{\"spec\":{\"suspend\":true}}'"), 0);
+    harness_kubectl_wait(c->k, "tj pause", "{.status.state}", "Suspended", 20000);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=pause", "{.items[*].metadata.name}", "",
+                         30000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj pause --type=merge "
+                                     "-p '{\"spec\":{\"suspend\":false}}'"), 0);
+    harness_kubectl_wait(c->k, "tj pause", "{.status.state}/{.status.memberCount}", "Running/2",
+                         30000);
+    /* it resumes from its checkpoint, succeeds, and is deleted a second later */
+    harness_kubectl_wait(c->k, "tj pause", "{.status.state}", "Succeeded", 60000);
+    int64_t end = harness_now_ms() + 20000;
+    while (harness_now_ms() < end &&
+           harness_kubectl(c->k, out, sizeof out, "get tj pause 2>/dev/null") == 0)
+        harness_sleep_ms(200);
+    assert_int_not_equal(harness_kubectl(c->k, out, sizeof out, "get tj pause 2>/dev/null"), 0);
+    harness_etcdctl_out(keys, sizeof keys, edl_etcd_server_endpoints(c->etcd), NULL,
+                        "get --prefix --keys-only /edl/v1/jobs/default.pause/");
+    assert_string_equal(keys, "");
 }
 
 /* InProcess: removing one pod re-forms the survivors in place: their trainers keep running. */
@@ -344,6 +390,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kubectl_drives_a_job_from_apply_to_delete, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_lost_pods_are_replaced_within_the_budget, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_suspend_resume_and_ttl_after_finished, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_inprocess_survivors_keep_running_when_a_pod_goes,
                                         setup, teardown),

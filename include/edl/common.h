@@ -2,6 +2,7 @@
 #ifndef EDL_COMMON_H
 #define EDL_COMMON_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,6 +52,10 @@ int edl_errf(char *err, size_t errlen, int code, const char *fmt, ...)
 
 /* Milliseconds on CLOCK_MONOTONIC: what every deadline and timeout in edl is measured on. */
 int64_t edl_monotonic_ms(void);
+/* A condition variable that waits on CLOCK_MONOTONIC, and a wait of at most ms on it (spurious
+ * wake-ups included: callers re-check their condition). */
+void edl_cond_init(pthread_cond_t *cv);
+void edl_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
 
 /* A TCP port free on this IPv4 address now (bind to port 0, then release; NULL or an
  * unparsable address: any address); 0 when none can be had. Another process may take it
