@@ -300,23 +300,23 @@ static void lead(op *o, int64_t *next_tick)
         if (edl_monotonic_ms() >= etcd_retry && etcd_ready(o) != 0)
             etcd_retry = edl_monotonic_ms() + 1000;
         drain_etcd(o);
-        int64_t next = pass_due(o);
-        if (edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods)) {
+        pass_due(o);
+        bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
+        if (ready) {
             if (!synced)
                 report_start(o, since, &synced, &passed);
             op_reconcile_dirty(o);
             if (!passed)
                 report_start(o, since, &synced, &passed);
         }
-        next = pass_due(o);
-        int64_t now = edl_monotonic_ms();
+        int64_t next = pass_due(o), now = edl_monotonic_ms();
         int64_t until = *next_tick;
         if (next && next < until)
             until = next;
         if (etcd_retry > now && etcd_retry < until)
             until = etcd_retry;
-        bool any_dirty = false;
-        for (size_t i = 0; i < o->n_jobs && !any_dirty; i++)
+        bool any_dirty = false; /* (until the caches are full, passes wait for their events) */
+        for (size_t i = 0; ready && i < o->n_jobs && !any_dirty; i++)
             any_dirty = o->jobs[i]->dirty;
         wait_events(o, any_dirty ? 0 : until <= now ? 0 : (int)(until - now));
     }

@@ -11,6 +11,7 @@
  * newest) → status and Events. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -669,6 +670,7 @@ void op_reconcile_dirty(op *o)
         return;
     pod_index idx;
     pod_index_build(o, &idx);
+    size_t passes = 0;
     for (size_t i = 0; i < o->n_jobs;) {
         op_job *j = o->jobs[i];
         if (!j->dirty) {
@@ -677,8 +679,13 @@ void op_reconcile_dirty(op *o)
         }
         size_t before = o->n_jobs;
         pass(o, j, &idx);
+        passes++;
         if (o->n_jobs == before)
             i++; /* else j was dropped and another job took its slot */
     }
     free(idx.pods);
+    /* after a large round (a start, a relist, many pods at once) give the freed heap back: the
+     * informers' threads parse in arenas of their own, which otherwise keep their peak */
+    if (passes >= 100)
+        malloc_trim(0);
 }

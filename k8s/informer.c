@@ -159,8 +159,8 @@ static const char *take_page(edl_k8s_informer *inf, cJSON *body, cJSON *items, c
         if (!k8s_object_key(it, key, sizeof key))
             return "an item has no metadata.name";
     }
-    while (cJSON_GetArraySize(page) > 0) {
-        cJSON *it0 = cJSON_DetachItemFromArray(page, 0);
+    while (page && page->child) { /* (GetArraySize walks the list: quadratic over a page) */
+        cJSON *it0 = cJSON_DetachItemViaPointer(page, page->child);
         if (inf->keep) {
             cJSON *trimmed = k8s_trim(it0, inf->keep);
             cJSON_Delete(it0);
@@ -446,8 +446,8 @@ static int expand_list(edl_k8s_informer *inf, cJSON *items)
     inf->npend = inf->ipend = 0;
     inf->mark++;
     char key[512];
-    while (!rc && cJSON_GetArraySize(items) > 0) {
-        cJSON *it = cJSON_DetachItemFromArray(items, 0);
+    while (!rc && items->child) { /* (GetArraySize walks the list: quadratic over 10,000) */
+        cJSON *it = cJSON_DetachItemViaPointer(items, items->child);
         k8s_object_key(it, key, sizeof key);
         k8s_entry *e = k8s_cache_find(&inf->cache, key);
         if (e)

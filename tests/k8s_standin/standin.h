@@ -107,6 +107,13 @@ typedef struct si_store {
     bool closing;
     uint64_t next_ip;
     struct owner_ref *owners[SI_OWNER_BUCKETS];
+    struct {                /* the last sorted list, kept while nothing is written (paging) */
+        si_entry **entries;
+        size_t n;
+        const si_resource *res;
+        char *ns;
+        uint64_t rv;        /* 0: none */
+    } list_cache;
 } si_store;
 
 void si_obj_unref(si_obj *o);
