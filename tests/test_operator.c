@@ -246,13 +246,17 @@ static void test_suspend_resume_and_ttl_after_finished(void **state)
                                      "-p '{\"spec\":{\"suspend\":false}}'"), 0);
     harness_kubectl_wait(c->k, "tj pause", "{.status.state}/{.status.memberCount}", "Running/2",
                          30000);
-    /* it resumes from its checkpoint, succeeds, and is deleted a second later */
-    harness_kubectl_wait(c->k, "tj pause", "{.status.state}", "Succeeded", 60000);
-    int64_t end = harness_now_ms() + 20000;
+    /* it resumes from its checkpoint, succeeds, and is deleted a second later (too soon, maybe,
+     * to see its state: its Events stay) */
+    int64_t end = harness_now_ms() + 90000;
     while (harness_now_ms() < end &&
            harness_kubectl(c->k, out, sizeof out, "get tj pause 2>/dev/null") == 0)
         harness_sleep_ms(200);
     assert_int_not_equal(harness_kubectl(c->k, out, sizeof out, "get tj pause 2>/dev/null"), 0);
+    harness_kubectl(c->k, out, sizeof out, "get events --field-selector involvedObject.name=pause "
+                    "-o jsonpath='{.items[*].reason}'");
+    assert_non_null(strstr(out, "Suspended"));
+    assert_non_null(strstr(out, "Succeeded"));
     harness_etcdctl_out(keys, sizeof keys, edl_etcd_server_endpoints(c->etcd), NULL,
                         "get --prefix --keys-only /edl/v1/jobs/default.pause/");
     assert_string_equal(keys, "");
@@ -275,8 +279,12 @@ static void test_inprocess_survivors_keep_running_when_a_pod_goes(void **state)
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
     harness_kubectl_wait(c->k, "tj inproc", "{.status.state}/{.status.memberCount}", "Running/3",
                          30000);
-    pid_t t0 = process_of("inproc-worker-0", "elastic_mlp");
-    pid_t t1 = process_of("inproc-worker-1", "elastic_mlp");
+    pid_t t0 = -1, t1 = -1; /* the generation is out: the agents start their trainers */
+    for (int64_t end = harness_now_ms() + 10000; (t0 < 0 || t1 < 0) && harness_now_ms() < end;
+         harness_sleep_ms(100)) {
+        t0 = process_of("inproc-worker-0", "elastic_mlp");
+        t1 = process_of("inproc-worker-1", "elastic_mlp");
+    }
     assert_true(t0 > 0 && t1 > 0);
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete pod inproc-worker-2 "
                                      "--wait=false"), 0);
