@@ -23,7 +23,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -46,12 +45,6 @@ typedef struct bench {
 
 static int64_t now_ms(void) { return edl_monotonic_ms(); }
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void die(const char *what)
 {
@@ -203,7 +196,7 @@ static int64_t wait_registered(bench *b, edl_job_keys *k, const char *pod)
         edl_kv_free(kv);
         if (rc == 0) {
             free(key);
-            return wall_ms();
+            return edl_wall_ms();
         }
     }
     die("the new pod's agent did not register");
@@ -220,7 +213,7 @@ static int64_t wait_pod(bench *b, const char *pod)
         int rc = edl_k8s_get(b->k, path, &r);
         edl_k8s_reply_clear(&r);
         if (rc == 0)
-            return wall_ms();
+            return edl_wall_ms();
     }
     die("the operator did not create the pod");
     return 0;
@@ -250,9 +243,9 @@ static void bench_scale(bench *b, int trials)
         snprintf(pod, sizeof pod, "scale-worker-%d", n - 1);
         long r0 = operator_requests(b);
         snprintf(args, sizeof args, "scale tj/scale --replicas=%d", n);
-        int64_t t0 = wall_ms();
+        int64_t t0 = edl_wall_ms();
         kubectl(b, args);
-        int64_t t_scaled = wall_ms(); /* kubectl returned: the API server has the new spec */
+        int64_t t_scaled = edl_wall_ms(); /* kubectl returned: the API server has the new spec */
         int64_t t_created = wait_pod(b, pod);
         int64_t t_reg = wait_registered(b, &k, pod);
         int64_t t_gen = wait_members(b, &k, (size_t)n);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "edl/etcd.h"
 #include "edl/job.h"
@@ -39,12 +38,6 @@ typedef struct snapshot {
     bool *gen_alive; /* [current.n_members]: gen/<current>/alive/<rank> exists (NULL: none) */
 } snapshot;
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void snapshot_free(snapshot *s)
 {
@@ -343,8 +336,8 @@ int js_job_pass(js_job *j, int64_t *wake, int *final_state)
             .spec = j->have_spec ? &j->spec : NULL,
             .spec_error = s.spec_present && s.spec_error[0] ? s.spec_error : NULL,
             .pods = s.pods, .n_pods = s.n_pods, .status = s.status, .has_status = s.has_status,
-            .current = &s.current, .max_status_gen = s.max_status_gen, .now_ms = wall_ms(),
-            .mono_ms = edl_monotonic_ms(),
+            .current = &s.current, .max_status_gen = s.max_status_gen,
+            .now_ms = edl_wall_ms(), .mono_ms = edl_monotonic_ms(),
             .leader_id = j->id, .gen_dead = s.gen_dead, .gen_alive = s.gen_alive,
         };
         js_decision d;

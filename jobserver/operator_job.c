@@ -14,7 +14,6 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "edl/log.h"
 #include "operator_internal.h"
@@ -23,12 +22,6 @@
 #define BACKOFF_MIN_MS 1000
 #define BACKOFF_MAX_MS 30000
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 const char *op_label(const cJSON *obj, const char *key)
 {
@@ -447,7 +440,7 @@ static void finish(op *o, op_job *j, const edl_trainingjob *tj, job_pods *pods,
     }
     if (tj->ttl_after_finished_s < 0 || !completion_ms)
         return;
-    int64_t left = completion_ms + tj->ttl_after_finished_s * 1000 - wall_ms();
+    int64_t left = completion_ms + tj->ttl_after_finished_s * 1000 - edl_wall_ms();
     if (left > 0)
         return wake_in(j, left);
     char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
@@ -510,7 +503,7 @@ static void announce(op *o, op_job *j, const cJSON *obj, const op_view *v, int d
 static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
 {
     const cJSON *old = cJSON_GetObjectItemCaseSensitive(obj, "status");
-    cJSON *st = op_status_new(old, v, wall_ms());
+    cJSON *st = op_status_new(old, v, edl_wall_ms());
     if (!st || op_status_same(old, st)) {
         cJSON_Delete(st);
         return;
@@ -560,7 +553,7 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
                        const pod_index *idx)
 {
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "status");
-    int64_t now = wall_ms(), start_ms = 0, completion_ms = 0;
+    int64_t now = edl_wall_ms(), start_ms = 0, completion_ms = 0;
     const char *t = edl_k8s_str(st, "startTime");
     if (!t || edl_k8s_time_parse(t, &start_ms) != 0)
         start_ms = now;

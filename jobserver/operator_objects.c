@@ -249,9 +249,7 @@ cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,
     const char *uid = edl_k8s_str(tj_obj, "metadata.uid");
     char gen[300], now[40];
     snprintf(gen, sizeof gen, "%s.", name ? name : "trainingjob");
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    edl_k8s_time((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, false, now, sizeof now);
+    edl_k8s_time(edl_wall_ms(), false, now, sizeof now);
     cJSON *ev = cJSON_CreateObject();
     cJSON_AddStringToObject(ev, "apiVersion", "v1");
     cJSON_AddStringToObject(ev, "kind", "Event");

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "edl/log.h"
 #include "internal.h"
@@ -22,12 +21,6 @@ struct edl_k8s_elector {
     int64_t last_renew_ms; /* monotonic: our last successful write as the holder */
 };
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static bool put_field(cJSON *obj, const char *key, cJSON *v)
 {
@@ -43,7 +36,7 @@ static bool put_field(cJSON *obj, const char *key, cJSON *v)
 static bool fill_spec(cJSON *spec, const char *holder, int duration_s, bool acquired)
 {
     char now[40];
-    edl_k8s_time(wall_ms(), true, now, sizeof now);
+    edl_k8s_time(edl_wall_ms(), true, now, sizeof now);
     int64_t transitions = edl_k8s_int(spec, "leaseTransitions", 0);
     bool ok = put_field(spec, "holderIdentity", cJSON_CreateString(holder)) &&
               put_field(spec, "leaseDurationSeconds", cJSON_CreateNumber(duration_s)) &&
@@ -82,7 +75,7 @@ static bool expired(const cJSON *spec, int dflt_s)
         renew = edl_k8s_str(spec, "acquireTime");
     if (!renew || edl_k8s_time_parse(renew, &at) != 0)
         return true; /* a lease that never says when it was renewed holds nothing */
-    return at + dur * 1000 < wall_ms();
+    return at + dur * 1000 < edl_wall_ms();
 }
 
 /* One read and at most one write: 0 when we hold the lease now, HELD_BY_OTHER, EDL_ECONFLICT

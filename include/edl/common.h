@@ -52,6 +52,9 @@ int edl_errf(char *err, size_t errlen, int code, const char *fmt, ...)
 
 /* Milliseconds on CLOCK_MONOTONIC: what every deadline and timeout in edl is measured on. */
 int64_t edl_monotonic_ms(void);
+/* Milliseconds since the epoch (CLOCK_REALTIME): for times written into documents (published
+ * at, renewTime, Event timestamps), never for measuring an interval. */
+int64_t edl_wall_ms(void);
 /* A condition variable that waits on CLOCK_MONOTONIC, and a wait of at most ms on it (spurious
  * wake-ups included: callers re-check their condition). */
 void edl_cond_init(pthread_cond_t *cv);
