@@ -33,6 +33,7 @@
 #include "edl/k8s.h"
 #include "edl/log.h"
 #include "edl/proc.h"
+#include "proc_usage.h"
 
 typedef struct bench {
     edl_etcd_server *srv;
@@ -297,32 +298,6 @@ static void create_jobs(bench *b, int jobs, int pods)
     free(path);
 }
 
-/* VmRSS in KiB and utime+stime in clock ticks of a process. */
-static void proc_usage(pid_t pid, long *rss_kib, long *ticks)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    *rss_kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            *rss_kib = atol(line + 6);
-    if (f)
-        fclose(f);
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    f = fopen(path, "r");
-    *ticks = 0;
-    if (f && fgets(line, sizeof line, f)) {
-        char *p = strrchr(line, ')');
-        unsigned long ut = 0, st = 0;
-        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
-                        &st) == 2)
-            *ticks = (long)(ut + st);
-    }
-    if (f)
-        fclose(f);
-}
-
 /* Until the operator's metric reaches at least want (or the timeout): ms waited, -1 timed out. */
 static int64_t wait_metric(const char *name, double want, int timeout_ms)
 {
@@ -375,9 +350,9 @@ static void bench_many(bench *b, int jobs, int pods)
     printf("many: %d pods created in %.1f s\n", jobs * pods, (double)(now_ms() - t0) / 1000);
     sleep(3); /* the last status writes */
     long rss0, tk0, rss1, tk1;
-    proc_usage(b->op, &rss0, &tk0);
+    proc_usage(b->op, &tk0, &rss0);
     sleep(10);
-    proc_usage(b->op, &rss1, &tk1);
+    proc_usage(b->op, &tk1, &rss1);
     long hz = sysconf(_SC_CLK_TCK);
     printf("many: operator RSS managing %d jobs of %d pods  %7.1f MiB  (goal < 100 MiB)\n",
            jobs, pods, (double)rss1 / 1024);
@@ -401,7 +376,7 @@ static void bench_many(bench *b, int jobs, int pods)
     printf("many:   and the first pass over every job        %7ld ms  (etcd: a term and a "
            "snapshot per job)\n", passed - listed);
     long rss2, tk2;
-    proc_usage(b->op, &rss2, &tk2);
+    proc_usage(b->op, &tk2, &rss2);
     printf("many: RSS of the restarted operator               %7.1f MiB\n", (double)rss2 / 1024);
     kill(b->op, SIGTERM);
     waitpid(b->op, NULL, 0);

@@ -31,6 +31,7 @@
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 #include "edl/proc.h"
+#include "proc_usage.h"
 #include "reconcile.h"
 
 #define MAX_AGENTS 256
@@ -248,32 +249,6 @@ static void run_size(bench *b, int n)
     snprintf(note, sizeof note, "SIGKILL -> survivors running; the lease expires %d-%d ms after "
              "the kill (last renewal up to TTL/3 before it)", b->ttl * 2000 / 3, b->ttl * 1000);
     report(n, "kill", killv, t, note);
-}
-
-/* utime+stime of a process in clock ticks, and its resident set in KiB. */
-static void proc_usage(pid_t pid, long *ticks, long *rss_kib)
-{
-    char path[64], buf[2048];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    *ticks = 0;
-    if (f && fgets(buf, sizeof buf, f)) {
-        char *p = strrchr(buf, ')');
-        unsigned long ut = 0, st = 0;
-        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
-                        &st) == 2)
-            *ticks = (long)(ut + st);
-    }
-    if (f)
-        fclose(f);
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    f = fopen(path, "r");
-    *rss_kib = 0;
-    while (f && fgets(buf, sizeof buf, f))
-        if (sscanf(buf, "VmRSS: %ld", rss_kib) == 1)
-            break;
-    if (f)
-        fclose(f);
 }
 
 static void idle_cost(bench *b, int seconds)
