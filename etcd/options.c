@@ -164,21 +164,31 @@ int edl_etcd_config_check(edl_etcd_config *cfg, char *err, size_t errlen)
     return rc;
 }
 
-/* "EDL_ETCD_ENDPOINTS=a,b" (malloc'ed). */
-static char *endpoints_entry(const edl_etcd_config *cfg)
+char *edl_etcd_config_endpoints(const edl_etcd_config *cfg)
 {
-    size_t len = strlen("EDL_ETCD_ENDPOINTS=") + 1;
+    size_t len = 1;
     for (size_t i = 0; i < cfg->n_endpoints; i++)
         len += strlen(cfg->endpoints[i]) + 1;
     char *s = malloc(len);
     if (!s)
         return NULL;
-    strcpy(s, "EDL_ETCD_ENDPOINTS=");
+    s[0] = '\0';
     for (size_t i = 0; i < cfg->n_endpoints; i++) {
         if (i)
             strcat(s, ",");
         strcat(s, cfg->endpoints[i]);
     }
+    return s;
+}
+
+/* "EDL_ETCD_ENDPOINTS=a,b" (malloc'ed). */
+static char *endpoints_entry(const edl_etcd_config *cfg)
+{
+    char *list = edl_etcd_config_endpoints(cfg), *s = NULL;
+    size_t len = list ? strlen("EDL_ETCD_ENDPOINTS=") + strlen(list) + 1 : 0;
+    if (list && (s = malloc(len)))
+        snprintf(s, len, "EDL_ETCD_ENDPOINTS=%s", list);
+    free(list);
     return s;
 }
 

@@ -38,11 +38,13 @@ op_job *op_job_find(op *o, const char *ns, const char *name, bool create)
     op_job *j = calloc(1, sizeof *j);
     if (!j || !(j->ns = strdup(ns)) || !(j->name = strdup(name)) ||
         !(j->etcd_name = op_etcd_job_name(ns, name)) ||
+        !(j->selector = op_selector(name)) ||
         js_job_init(&j->etcd, o->c, o->cfg->prefix, j->etcd_name, o->cfg->id) != 0) {
         if (j) {
             free(j->ns);
             free(j->name);
             free(j->etcd_name);
+            free(j->selector);
         }
         free(j);
         return NULL;
@@ -71,6 +73,7 @@ void op_job_drop(op *o, op_job *j)
     free(j->ns);
     free(j->name);
     free(j->etcd_name);
+    free(j->selector);
     free(j->reported_invalid);
     free(j->pod_error);
     free(j);
@@ -344,7 +347,10 @@ static int op_open(op *o)
                                .lease_duration_s = o->cfg->lease_duration_s,
                                .renew_deadline_ms = o->cfg->renew_deadline_ms,
                                .retry_period_ms = o->cfg->retry_period_ms};
-    if (!o->jobs_prefix || (rc = edl_k8s_elector_open(o->k, &eo, &o->elector)) != 0)
+    o->pod_etcd_endpoints = o->cfg->pod_etcd_endpoints ? strdup(o->cfg->pod_etcd_endpoints)
+                                                       : edl_etcd_config_endpoints(o->cfg->etcd);
+    if (!o->jobs_prefix || !o->pod_etcd_endpoints ||
+        (rc = edl_k8s_elector_open(o->k, &eo, &o->elector)) != 0)
         return rc ? rc : EDL_ENOMEM;
     if (o->cfg->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = o->cfg->metrics_addr, .port = o->cfg->metrics_port};
@@ -377,6 +383,7 @@ static void op_close(op *o)
     edl_etcd_close(o->c);
     edl_k8s_close(o->k);
     free(o->jobs_prefix);
+    free(o->pod_etcd_endpoints);
 }
 
 int op_run(const op_config *cfg, int sigfd)

@@ -61,6 +61,8 @@ cJSON *op_service_new(const edl_trainingjob *tj);
 /* The job's Secret "<name>-edl-secret" holding 32 fresh random bytes. */
 cJSON *op_secret_new(const edl_trainingjob *tj);
 char *op_secret_name(const char *job);
+/* "edl.dev/job=<job>": the label selector of a job's pods (its status.selector). */
+char *op_selector(const char *job);
 /* An Event about the job: type "Normal" or "Warning", reason CamelCase. */
 cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,
                     const char *message, const char *reporter);

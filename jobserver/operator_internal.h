@@ -19,6 +19,7 @@
 typedef struct op_job {
     char *ns, *name;
     char *etcd_name;          /* "<ns>.<name>" */
+    char *selector;           /* "edl.dev/job=<name>": its pods (status.selector) */
     js_job etcd;              /* the job's etcd side */
     bool dirty;               /* an event concerns it: pass over it */
     int64_t wake_ms;          /* monotonic: pass again by then (0: only on events) */
@@ -48,6 +49,7 @@ typedef struct op {
     edl_lease_keeper *keeper;
     edl_watch *w;             /* every job's keys */
     char *jobs_prefix;        /* "<prefix>/jobs/" */
+    char *pod_etcd_endpoints; /* etcd as pods reach it: --pod-etcd, else the operator's own */
     op_job **jobs;
     size_t n_jobs, cap_jobs;
     edl_metrics_server *metrics;

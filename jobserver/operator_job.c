@@ -38,6 +38,12 @@ static void wake_in(op_job *j, int64_t ms)
         j->wake_ms = t;
 }
 
+/* The job's own path, or its subresource's (sub NULL: the object); malloc'ed, NULL: no memory. */
+static char *tj_path(const op_job *j, const char *sub)
+{
+    return edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, sub);
+}
+
 static void post_event(op *o, const cJSON *tj, const char *type, const char *reason,
                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static void post_event(op *o, const cJSON *tj, const char *type, const char *reason,
@@ -66,6 +72,7 @@ typedef struct pod_view {
     const char *name, *phase;
     int64_t index;
     bool terminating;
+    bool ended;        /* phase Succeeded or Failed */
 } pod_view;
 
 typedef struct job_pods {
@@ -144,8 +151,8 @@ static void pods_of(op_job *j, const pod_index *idx, job_pods *out)
         v->terminating = edl_k8s_str(v->obj, "metadata.deletionTimestamp") != NULL;
         if (v->index >= j->next_index)
             j->next_index = v->index + 1;
-        bool ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
-        if (!v->terminating && !ended)
+        v->ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
+        if (!v->terminating && !v->ended)
             out->live++;
         if (!v->terminating && v->phase && !strcmp(v->phase, "Succeeded"))
             out->succeeded++;
@@ -190,16 +197,39 @@ static void report_invalid(op *o, op_job *j, const cJSON *obj, const char *field
     }
 }
 
+static const cJSON *finalizers_of(const cJSON *obj)
+{
+    return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(obj, "metadata"),
+                                            "finalizers");
+}
+
+static bool is_ours(const cJSON *finalizer)
+{
+    return cJSON_IsString(finalizer) && strcmp(finalizer->valuestring, EDL_TJ_FINALIZER) == 0;
+}
+
+/* Set the job's finalizers to list (consumed), fenced by the resourceVersion read: 409 when the
+ * job changed since. The reply in *r (clear it). */
+static int patch_finalizers(op *o, op_job *j, const cJSON *obj, cJSON *list, edl_k8s_reply *r)
+{
+    cJSON *patch = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(patch, "metadata");
+    cJSON_AddItemToObject(md, "finalizers", list);
+    cJSON_AddStringToObject(md, "resourceVersion", edl_k8s_str(obj, "metadata.resourceVersion"));
+    char *path = tj_path(j, NULL);
+    int rc = path ? edl_k8s_merge_patch(o->k, path, patch, r) : EDL_ENOMEM;
+    cJSON_Delete(patch);
+    free(path);
+    return rc;
+}
+
 /* The job is being deleted: its etcd keys go, then our finalizer (the pods go with their owner
  * through the garbage collector). */
 static void finalize(op *o, op_job *j, const cJSON *obj)
 {
-    const cJSON *fins = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "finalizers");
+    const cJSON *f, *fins = finalizers_of(obj);
     bool ours = false;
-    const cJSON *f;
-    cJSON_ArrayForEach(f, fins) ours = ours || (cJSON_IsString(f) &&
-                                                !strcmp(f->valuestring, EDL_TJ_FINALIZER));
+    cJSON_ArrayForEach(f, fins) ours = ours || is_ours(f);
     if (!ours)
         return;
     edl_delete_opts dp = {.prefix = true};
@@ -211,48 +241,33 @@ static void finalize(op *o, op_job *j, const cJSON *obj)
         return;
     }
     edl_leader_clear(&j->etcd.leader);
-    cJSON *patch = cJSON_CreateObject();
-    cJSON *md = cJSON_AddObjectToObject(patch, "metadata");
-    cJSON *keep = cJSON_AddArrayToObject(md, "finalizers");
-    cJSON_ArrayForEach(f, fins) if (cJSON_IsString(f) && strcmp(f->valuestring, EDL_TJ_FINALIZER))
+    cJSON *keep = cJSON_CreateArray();
+    cJSON_ArrayForEach(f, fins) if (cJSON_IsString(f) && !is_ours(f))
         cJSON_AddItemToArray(keep, cJSON_CreateString(f->valuestring));
-    cJSON_AddStringToObject(md, "resourceVersion", edl_k8s_str(obj, "metadata.resourceVersion"));
-    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
     edl_k8s_reply r = {0};
-    rc = edl_k8s_merge_patch(o->k, path, patch, &r);
+    rc = patch_finalizers(o, j, obj, keep, &r);
     if (rc == 0)
         EDL_INFO(LOG, "job %s/%s deleted: its etcd keys are gone", j->ns, j->name);
     else if (rc != EDL_ENOTFOUND)
         wake_in(j, 500); /* 409: it changed; the next pass reads it again */
     edl_k8s_reply_clear(&r);
-    cJSON_Delete(patch);
-    free(path);
 }
 
 /* Our finalizer on the job before anything of it exists. false: not yet (retry later). */
 static bool ensure_finalizer(op *o, op_job *j, const cJSON *obj)
 {
-    const cJSON *fins = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "finalizers");
-    const cJSON *f;
-    cJSON_ArrayForEach(f, fins) if (cJSON_IsString(f) && !strcmp(f->valuestring, EDL_TJ_FINALIZER))
+    const cJSON *f, *fins = finalizers_of(obj);
+    cJSON_ArrayForEach(f, fins) if (is_ours(f))
         return true;
-    cJSON *patch = cJSON_CreateObject();
-    cJSON *md = cJSON_AddObjectToObject(patch, "metadata");
     cJSON *list = fins ? cJSON_Duplicate(fins, true) : cJSON_CreateArray();
     cJSON_AddItemToArray(list, cJSON_CreateString(EDL_TJ_FINALIZER));
-    cJSON_AddItemToObject(md, "finalizers", list);
-    cJSON_AddStringToObject(md, "resourceVersion", edl_k8s_str(obj, "metadata.resourceVersion"));
-    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
     edl_k8s_reply r = {0};
-    int rc = edl_k8s_merge_patch(o->k, path, patch, &r);
+    int rc = patch_finalizers(o, j, obj, list, &r);
     if (rc == 0 && r.body)
         edl_k8s_informer_store(o->tjs, r.body, false);
     else if (rc)
         wake_in(j, rc == EDL_ECONFLICT ? 100 : 1000);
     edl_k8s_reply_clear(&r);
-    cJSON_Delete(patch);
-    free(path);
     return rc == 0;
 }
 
@@ -336,21 +351,10 @@ static void pod_create_failed(op *o, op_job *j, const cJSON *obj, const char *po
 
 static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj, int n)
 {
-    char *endpoints = NULL;
-    if (!o->cfg->pod_etcd_endpoints) {
-        /* the operator's own endpoints, as the pods must reach the same etcd */
-        size_t len = 1;
-        for (size_t i = 0; i < o->cfg->etcd->n_endpoints; i++)
-            len += strlen(o->cfg->etcd->endpoints[i]) + 1;
-        if ((endpoints = calloc(1, len)))
-            for (size_t i = 0; i < o->cfg->etcd->n_endpoints; i++)
-                strcat(strcat(endpoints, i ? "," : ""), o->cfg->etcd->endpoints[i]);
-    }
     op_pod_settings s = {.etcd_job = j->etcd_name,
                          .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
                                                                               : NULL,
-                         .etcd_endpoints = o->cfg->pod_etcd_endpoints ? o->cfg->pod_etcd_endpoints
-                                                                      : endpoints ? endpoints : "",
+                         .etcd_endpoints = o->pod_etcd_endpoints,
                          .etcd_tls_secret = o->cfg->etcd_tls_secret,
                          .agent_image = o->cfg->agent_image};
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
@@ -381,7 +385,6 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
         cJSON_Delete(pod);
     }
     free(path);
-    free(endpoints);
 }
 
 static int by_index_desc(const void *a, const void *b)
@@ -418,8 +421,7 @@ static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
         int surplus = have - want;
         for (size_t i = 0; i < pods->n && surplus > 0; i++) {
             pod_view *v = &pods->p[i];
-            bool ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
-            if (v->terminating || ended)
+            if (v->terminating || v->ended)
                 continue;
             if (delete_pod(o, j, v) == 0)
                 surplus--;
@@ -443,7 +445,7 @@ static void finish(op *o, op_job *j, const edl_trainingjob *tj, job_pods *pods,
     int64_t left = completion_ms + tj->ttl_after_finished_s * 1000 - edl_wall_ms();
     if (left > 0)
         return wake_in(j, left);
-    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name, NULL);
+    char *path = tj_path(j, NULL);
     if (path && edl_k8s_delete(o->k, path, "Background", -1, NULL) == 0)
         EDL_INFO(LOG, "job %s/%s: deleted %llds after it ended (ttlSecondsAfterFinished)",
                  j->ns, j->name, (long long)tj->ttl_after_finished_s);
@@ -513,8 +515,7 @@ static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
         cJSON_AddNullToObject(st, f->string);
     cJSON *patch = cJSON_CreateObject();
     cJSON_AddItemToObject(patch, "status", st);
-    char *path = edl_k8s_path(EDL_TJ_GROUP, EDL_TJ_VERSION, j->ns, EDL_TJ_PLURAL, j->name,
-                              "status");
+    char *path = tj_path(j, "status");
     edl_k8s_reply r = {0};
     int rc = path ? edl_k8s_merge_patch(o->k, path, patch, &r) : EDL_ENOMEM;
     if (rc == 0) {
@@ -603,13 +604,11 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
     int replicas = 0;
     for (size_t i = 0; i < pods.n; i++)
         replicas += !pods.p[i].terminating;
-    char selector[300];
-    snprintf(selector, sizeof selector, "%s=%s", EDL_TJ_LABEL_JOB, tj->name);
     const edl_generation *g = j->etcd.current.generation ? &j->etcd.current : NULL;
     if (!msg[0] && g && g->reason)
         snprintf(msg, sizeof msg, "%s", g->reason);
     op_view v = {.state = state, .reason = op_failed, .message = msg[0] ? msg : NULL,
-                 .replicas = replicas, .selector = selector, .gen = g,
+                 .replicas = replicas, .selector = j->selector, .gen = g,
                  .observed_generation = tj->generation, .start_ms = start_ms,
                  .completion_ms = completion_ms, .pod_failures = pod_failures,
                  .pod_error = j->pod_error};
@@ -637,10 +636,8 @@ static void pass(op *o, op_job *j, const pod_index *idx)
         report_invalid(o, j, obj, field, err);
         char msg[800];
         snprintf(msg, sizeof msg, "%s: %s", field, err);
-        char selector[300];
-        snprintf(selector, sizeof selector, "%s=%s", EDL_TJ_LABEL_JOB, j->name);
         op_view v = {.state = OP_INVALID, .reason = "InvalidSpec", .message = msg,
-                     .selector = selector,
+                     .selector = j->selector,
                      .observed_generation = edl_k8s_int(obj, "metadata.generation", 0)};
         write_status(o, j, obj, &v);
     } else if (ensure_finalizer(o, j, obj)) {

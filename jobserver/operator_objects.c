@@ -30,6 +30,15 @@ char *op_etcd_job_name(const char *ns, const char *name)
     return s;
 }
 
+char *op_selector(const char *job)
+{
+    size_t len = strlen(job) + sizeof EDL_TJ_LABEL_JOB + 1;
+    char *s = malloc(len);
+    if (s)
+        snprintf(s, len, "%s=%s", EDL_TJ_LABEL_JOB, job);
+    return s;
+}
+
 char *op_secret_name(const char *job)
 {
     size_t len = strlen(job) + sizeof "-edl-secret";

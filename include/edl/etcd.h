@@ -101,6 +101,9 @@ int edl_etcd_config_from_entries(edl_etcd_config *cfg, char *const *entries, cha
  * password read from its file (one line, at most 1 KiB, a trailing newline dropped). Does not
  * require endpoints. EDL_EINVAL (or EDL_ENOMEM) with the reason in err. */
 int edl_etcd_config_check(edl_etcd_config *cfg, char *err, size_t errlen);
+/* The endpoints as one comma-separated list ("http://a:2379,http://b:2379"), the form of
+ * --etcd and EDL_ETCD_ENDPOINTS; malloc'ed, NULL when out of memory. */
+char *edl_etcd_config_endpoints(const edl_etcd_config *cfg);
 /* The settings as "NAME=value" environment entries for a child (never the password itself,
  * only its file): NULL-terminated, malloc'ed, free with edl_env_free() (edl/proc.h). */
 int edl_etcd_config_env(const edl_etcd_config *cfg, char ***out);
