@@ -37,3 +37,8 @@ void edl_bytebuf_clear(edl_bytebuf *b)
     b->len = b->cap = 0;
     b->overflow = false;
 }
+
+size_t edl_bytebuf_curl_write(char *ptr, size_t size, size_t nmemb, void *bytebuf)
+{
+    return edl_bytebuf_append(bytebuf, ptr, size * nmemb) == 0 ? size * nmemb : 0;
+}

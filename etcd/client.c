@@ -272,12 +272,6 @@ const char *etcd_key_str(edl_buf key, char *out, size_t outlen)
 
 /* ---- transport --------------------------------------------------------------------------- */
 
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
-{
-    /* returning short aborts the transfer: a reply over the cap is refused, not buffered */
-    return edl_bytebuf_append(arg, ptr, size * nmemb) == 0 ? size * nmemb : 0;
-}
-
 void etcd_curl_common(edl_etcd *c, CURL *h)
 {
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -344,7 +338,7 @@ static void http_post(edl_etcd *c, const char *endpoint, const char *path, const
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, edl_bytebuf_curl_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &r->body);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, r->curl_err);

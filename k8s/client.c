@@ -219,12 +219,6 @@ static void curl_tls(edl_k8s *k, CURL *h)
 
 /* ---- one exchange ------------------------------------------------------------------------- */
 
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *arg)
-{
-    /* returning short aborts the transfer: a reply over the bound is refused, not buffered */
-    return edl_bytebuf_append(arg, ptr, size * nmemb) == 0 ? size * nmemb : 0;
-}
-
 bool k8s_stopped(const k8s_conn *c)
 {
     if (!c->stop)
@@ -307,7 +301,7 @@ CURLcode k8s_transfer(edl_k8s *k, const k8s_conn *c, k8s_xfer *x)
         curl_easy_setopt(h, CURLOPT_USERAGENT, "edl-operator/0.1");
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
-        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, x->write ? x->write : on_body);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, x->write ? x->write : edl_bytebuf_curl_write);
         curl_easy_setopt(h, CURLOPT_WRITEDATA, x->write ? x->arg : &x->buf);
         curl_tls(k, h);
         set_method(h, x->method, x->body);

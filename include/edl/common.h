@@ -97,6 +97,10 @@ typedef struct edl_bytebuf {
 int edl_bytebuf_append(edl_bytebuf *b, const void *p, size_t n);
 /* Free the bytes; the buffer is empty again (max stays). */
 void edl_bytebuf_clear(edl_bytebuf *b);
+/* libcurl's CURLOPT_WRITEFUNCTION into the edl_bytebuf given as CURLOPT_WRITEDATA: a short
+ * count (which aborts the transfer) when the reply would go past max, so it is refused, not
+ * buffered. */
+size_t edl_bytebuf_curl_write(char *ptr, size_t size, size_t nmemb, void *bytebuf);
 
 #ifdef __cplusplus
 }
