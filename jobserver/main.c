@@ -51,9 +51,8 @@ static void usage(FILE *out)
             "  --leader-elect-retry-period D           (default: 2s)\n"
             "  --agent-image IMAGE the init container image that installs edl-agent into pods\n"
             "                      (default: %s)\n"
-            "  --pod-etcd URLS     etcd as the pods reach it (default: --etcd)\n"
-            "  --etcd-tls-secret NAME  a Secret (ca.crt, tls.crt, tls.key) mounted into pods for\n"
-            "                      their etcd client certificate\n"
+            "  --pod-etcd URLS     etcd as the pods reach it (default: --etcd); the pods get the\n"
+            "                      operator's --cacert/--cert/--key through each job's Secret\n"
             "\n"
             "Exit codes: 0 stopped by SIGTERM/SIGINT (after resigning) or, with --exit-when-done,\n"
             "the job succeeded; 1 the job failed; 2 usage or configuration error; 3 etcd refused\n"
@@ -140,7 +139,7 @@ static int run_operator(k8s_options *ko, const js_config *cfg, int sigfd)
 }
 
 enum { OPT_K8S = 1000, OPT_KUBECONFIG, OPT_CONTEXT, OPT_NS, OPT_ALLNS, OPT_LNAME, OPT_LNS,
-       OPT_LDUR, OPT_LRENEW, OPT_LRETRY, OPT_IMAGE, OPT_PODETCD, OPT_TLSSECRET };
+       OPT_LDUR, OPT_LRENEW, OPT_LRETRY, OPT_IMAGE, OPT_PODETCD };
 
 static const struct option LONG_OPTIONS[] = {
     EDL_ETCD_LONG_OPTIONS,                 {"job", required_argument, 0, 'j'},
@@ -157,7 +156,6 @@ static const struct option LONG_OPTIONS[] = {
     {"leader-elect-renew-deadline", required_argument, 0, OPT_LRENEW},
     {"leader-elect-retry-period", required_argument, 0, OPT_LRETRY},
     {"agent-image", required_argument, 0, OPT_IMAGE}, {"pod-etcd", required_argument, 0, OPT_PODETCD},
-    {"etcd-tls-secret", required_argument, 0, OPT_TLSSECRET},
     {0, 0, 0, 0},
 };
 
@@ -177,7 +175,6 @@ static int k8s_option(k8s_options *ko, int ch, const char *name, const char *val
     case OPT_LRETRY: return duration_option(name, value, &ko->retry_ms);
     case OPT_IMAGE: ko->op.agent_image = value; return 0;
     case OPT_PODETCD: ko->op.pod_etcd_endpoints = value; return 0;
-    case OPT_TLSSECRET: ko->op.etcd_tls_secret = value; return 0;
     }
     return -1;
 }
@@ -196,7 +193,7 @@ int main(int argc, char **argv)
     int ch, idx = 0;
     long v;
     while ((ch = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
-        if (ch >= OPT_K8S && ch <= OPT_TLSSECRET) {
+        if (ch >= OPT_K8S && ch <= OPT_PODETCD) {
             if (k8s_option(&ko, ch, opts[idx].name, optarg))
                 return EDL_EXIT_USAGE;
             continue;

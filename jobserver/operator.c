@@ -336,6 +336,11 @@ static int op_open(op *o)
         EDL_ERROR(LOG, "etcd settings: %s", edl_strerror(rc));
         return rc;
     }
+    char err[512];
+    if ((rc = op_etcd_tls_load(&o->etcd_tls, o->cfg->etcd, err, sizeof err)) != 0) {
+        EDL_ERROR(LOG, "etcd TLS files for the pods: %s", err);
+        return rc;
+    }
     edl_job_keys k;
     if (edl_job_keys_init(&k, o->cfg->prefix, "x") != 0)
         return EDL_ENOMEM;
@@ -384,6 +389,7 @@ static void op_close(op *o)
     edl_k8s_close(o->k);
     free(o->jobs_prefix);
     free(o->pod_etcd_endpoints);
+    op_etcd_tls_clear(&o->etcd_tls);
 }
 
 int op_run(const op_config *cfg, int sigfd)

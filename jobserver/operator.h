@@ -32,7 +32,6 @@ typedef struct op_config {
     int retry_period_ms;          /* 2000 */
     const char *agent_image;      /* the init container that installs edl-agent */
     const char *pod_etcd_endpoints; /* etcd as the pods reach it (NULL: the operator's) */
-    const char *etcd_tls_secret;  /* Secret with ca.crt, tls.crt, tls.key for pods (NULL) */
     int metrics_port;             /* 0: no /metrics */
     const char *metrics_addr;
 } op_config;
@@ -43,11 +42,17 @@ int op_run(const op_config *cfg, int sigfd);
 
 /* ---- the objects the operator creates (operator_objects.c; pure, tested alone) ------------- */
 
+/* The operator's own etcd TLS files (--cacert, --cert, --key), base64-encoded: each job's
+ * Secret carries them to its pods, in the job's own namespace (NULL: that file is not used). */
+typedef struct op_etcd_tls {
+    char *ca, *cert, *key;
+} op_etcd_tls;
+
 typedef struct op_pod_settings {
     const char *etcd_job;      /* the job's name in etcd: "<namespace>.<name>" */
     const char *prefix;        /* etcd key prefix (NULL: the default) */
     const char *etcd_endpoints;
-    const char *etcd_tls_secret;
+    const op_etcd_tls *etcd_tls; /* which files the job's Secret holds (NULL: none) */
     const char *agent_image;
 } op_pod_settings;
 
@@ -58,8 +63,12 @@ char *op_etcd_job_name(const char *ns, const char *name);
 cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t index);
 /* The headless Service "<name>" selecting the job's pods (stable names). */
 cJSON *op_service_new(const edl_trainingjob *tj);
-/* The job's Secret "<name>-edl-secret" holding 32 fresh random bytes. */
-cJSON *op_secret_new(const edl_trainingjob *tj);
+/* The job's Secret "<name>-edl-secret": 32 fresh random bytes (the collective's key) and the
+ * etcd TLS files of tls (NULL: none). */
+cJSON *op_secret_new(const edl_trainingjob *tj, const op_etcd_tls *tls);
+/* Reads the operator's etcd TLS files into tls (each at most 64 KiB); 0 or EDL_EINVAL with err. */
+int op_etcd_tls_load(op_etcd_tls *tls, const edl_etcd_config *etcd, char *err, size_t errlen);
+void op_etcd_tls_clear(op_etcd_tls *tls);
 char *op_secret_name(const char *job);
 /* "edl.dev/job=<job>": the label selector of a job's pods (its status.selector). */
 char *op_selector(const char *job);

@@ -50,6 +50,7 @@ typedef struct op {
     edl_watch *w;             /* every job's keys */
     char *jobs_prefix;        /* "<prefix>/jobs/" */
     char *pod_etcd_endpoints; /* etcd as pods reach it: --pod-etcd, else the operator's own */
+    op_etcd_tls etcd_tls;     /* the operator's etcd TLS files, for each job's Secret */
     op_job **jobs;
     size_t n_jobs, cap_jobs;
     edl_metrics_server *metrics;

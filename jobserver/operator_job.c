@@ -355,7 +355,7 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
                          .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
                                                                               : NULL,
                          .etcd_endpoints = o->pod_etcd_endpoints,
-                         .etcd_tls_secret = o->cfg->etcd_tls_secret,
+                         .etcd_tls = &o->etcd_tls,
                          .agent_image = o->cfg->agent_image};
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
     for (int i = 0; i < n && path; i++) {
@@ -579,7 +579,7 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
             if (!pods.p[i].terminating)
                 delete_pod(o, j, &pods.p[i]);
     } else if (!final) {
-        j->have_secret = j->have_secret || ensure_owned(o, j, "secrets", op_secret_new(tj));
+        j->have_secret = j->have_secret || ensure_owned(o, j, "secrets", op_secret_new(tj, &o->etcd_tls));
         j->have_service = j->have_service || ensure_owned(o, j, "services", op_service_new(tj));
         if (j->have_secret)
             pod_failures += manage_pods(o, j, tj, obj, &pods);

@@ -1,11 +1,14 @@
 /* operator_objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker
  * pods, the headless Service, the job's Secret, Events), built from the parsed job. Pure: no
- * API calls, so each object's shape is tested alone.
+ * API calls (it reads the operator's etcd TLS files once, at start), so each object's shape is
+ * tested alone.
  *
  * How edl-agent runs inside an image we do not own: an init container from the operator's
  * agent image copies the agent (`edl-agent --install`) into an emptyDir that the worker
  * container mounts at /edl/bin; the worker's command becomes
  * /edl/bin/edl-agent --job <ns>.<name> -- <the template's command and args>. */
+#include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +21,23 @@
 
 #define AGENT_DIR "/edl/bin"
 #define SECRET_DIR "/edl/secret"
-#define ETCD_TLS_DIR "/edl/etcd"
 #define SECRET_KEY "job-secret"
+#define TLS_FILE_MAX (64 << 10)
+
+/* The etcd TLS files in the job's Secret: its key, the pods' variable naming the file. */
+static const struct {
+    const char *key, *env;
+    size_t off;
+} TLS_FILES[] = {
+    {"etcd-ca.crt", "EDL_ETCD_CACERT", offsetof(op_etcd_tls, ca)},
+    {"etcd-tls.crt", "EDL_ETCD_CERT", offsetof(op_etcd_tls, cert)},
+    {"etcd-tls.key", "EDL_ETCD_KEY", offsetof(op_etcd_tls, key)},
+};
+
+static char *tls_file(const op_etcd_tls *tls, size_t i)
+{
+    return tls ? *(char *const *)((const char *)tls + TLS_FILES[i].off) : NULL;
+}
 
 char *op_etcd_job_name(const char *ns, const char *name)
 {
@@ -149,12 +167,12 @@ static void wrap_worker(cJSON *c, const edl_trainingjob *tj, const op_pod_settin
     cJSON_AddItemToArray(env, env_field("POD_IP", "status.podIP"));
     cJSON_AddItemToArray(env, env_value("EDL_ETCD_ENDPOINTS", s->etcd_endpoints));
     cJSON_AddItemToArray(env, env_value("EDL_JOB_SECRET_FILE", SECRET_DIR "/" SECRET_KEY));
-    if (s->etcd_tls_secret) {
-        cJSON_AddItemToArray(env, env_value("EDL_ETCD_CACERT", ETCD_TLS_DIR "/ca.crt"));
-        cJSON_AddItemToArray(env, env_value("EDL_ETCD_CERT", ETCD_TLS_DIR "/tls.crt"));
-        cJSON_AddItemToArray(env, env_value("EDL_ETCD_KEY", ETCD_TLS_DIR "/tls.key"));
-        add_mount(c, "edl-etcd-tls", ETCD_TLS_DIR, true);
-    }
+    for (size_t i = 0; i < sizeof TLS_FILES / sizeof TLS_FILES[0]; i++)
+        if (tls_file(s->etcd_tls, i)) {
+            char path[64];
+            snprintf(path, sizeof path, SECRET_DIR "/%s", TLS_FILES[i].key);
+            cJSON_AddItemToArray(env, env_value(TLS_FILES[i].env, path));
+        }
     add_mount(c, "edl-bin", AGENT_DIR, true);
     add_mount(c, "edl-secret", SECRET_DIR, true);
 }
@@ -211,8 +229,6 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t i
     char *secret = op_secret_name(tj->name);
     add_secret_volume(volumes, "edl-secret", secret ? secret : "");
     free(secret);
-    if (s->etcd_tls_secret)
-        add_secret_volume(volumes, "edl-etcd-tls", s->etcd_tls_secret);
     return pod;
 }
 
@@ -230,7 +246,7 @@ cJSON *op_service_new(const edl_trainingjob *tj)
     return svc;
 }
 
-cJSON *op_secret_new(const edl_trainingjob *tj)
+cJSON *op_secret_new(const edl_trainingjob *tj, const op_etcd_tls *tls)
 {
     unsigned char key[32];
     if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key)
@@ -245,9 +261,60 @@ cJSON *op_secret_new(const edl_trainingjob *tj)
     cJSON_AddStringToObject(sec, "kind", "Secret");
     cJSON_AddItemToObject(sec, "metadata", owned_metadata(tj, name, NULL));
     cJSON_AddStringToObject(sec, "type", "Opaque");
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(sec, "data"), SECRET_KEY, b64);
+    cJSON *data = cJSON_AddObjectToObject(sec, "data");
+    cJSON_AddStringToObject(data, SECRET_KEY, b64);
+    for (size_t i = 0; i < sizeof TLS_FILES / sizeof TLS_FILES[0]; i++)
+        if (tls_file(tls, i))
+            cJSON_AddStringToObject(data, TLS_FILES[i].key, tls_file(tls, i));
     free(name);
     return sec;
+}
+
+static int load_base64(char **out, const char *path, char *err, size_t errlen)
+{
+    if (!path)
+        return 0;
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = malloc(TLS_FILE_MAX + 1);
+    size_t n = f && buf ? fread(buf, 1, TLS_FILE_MAX + 1, f) : 0;
+    int bad = !f || !buf || ferror(f) || n == 0 || n > TLS_FILE_MAX;
+    int e = errno;
+    if (f)
+        fclose(f);
+    if (bad) {
+        free(buf);
+        return edl_errf(err, errlen, EDL_EINVAL, "%s: %s", path,
+                        !f ? strerror(e) : n > TLS_FILE_MAX ? "larger than 64 KiB"
+                                         : n == 0 ? "empty" : "cannot be read");
+    }
+    *out = malloc(4 * ((n + 2) / 3) + 1);
+    if (*out)
+        EVP_EncodeBlock((unsigned char *)*out, buf, (int)n);
+    free(buf);
+    return *out ? 0 : edl_errf(err, errlen, EDL_ENOMEM, "out of memory");
+}
+
+int op_etcd_tls_load(op_etcd_tls *tls, const edl_etcd_config *etcd, char *err, size_t errlen)
+{
+    *tls = (op_etcd_tls){0};
+    int rc = load_base64(&tls->ca, etcd->ca_file, err, errlen);
+    if (!rc)
+        rc = load_base64(&tls->cert, etcd->cert_file, err, errlen);
+    if (!rc)
+        rc = load_base64(&tls->key, etcd->key_file, err, errlen);
+    if (rc)
+        op_etcd_tls_clear(tls);
+    return rc;
+}
+
+void op_etcd_tls_clear(op_etcd_tls *tls)
+{
+    if (tls->key)
+        explicit_bzero(tls->key, strlen(tls->key));
+    free(tls->ca);
+    free(tls->cert);
+    free(tls->key);
+    *tls = (op_etcd_tls){0};
 }
 
 cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,

@@ -1,6 +1,7 @@
 /* test_operator_objects.c: what the operator writes to Kubernetes, checked without a server:
  * the worker pod made from a template (edl-agent wrapping the command, the downward API, the
- * job's Secret, owned by the job), the Service, the Secret, Events, and the status with its
+ * job's Secret, owned by the job), the Service, the Secret (with the operator's etcd TLS
+ * files), Events, and the status with its
  * conditions (transition times kept while a condition does not change). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -94,10 +96,11 @@ static void test_service_secret_and_event(void **state)
     parse_job(&tj, &obj);
     cJSON *svc = op_service_new(&tj);
     assert_string_equal(edl_k8s_str(svc, "spec.clusterIP"), "None");
-    cJSON *a = op_secret_new(&tj), *b = op_secret_new(&tj);
+    cJSON *a = op_secret_new(&tj, NULL), *b = op_secret_new(&tj, NULL);
     const char *ka = edl_k8s_str(a, "data.job-secret"), *kb = edl_k8s_str(b, "data.job-secret");
     assert_int_equal(strlen(ka), 44); /* 32 bytes in base64 */
     assert_string_not_equal(ka, kb);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(a, "data")), 1);
     cJSON *ev = op_event_new(obj, "Warning", "PodCreateFailed", "quota", "op-1");
     assert_string_equal(edl_k8s_str(ev, "involvedObject.kind"), "TrainingJob");
     assert_string_equal(edl_k8s_str(ev, "involvedObject.uid"), "u-1");
@@ -169,11 +172,68 @@ static void test_states_of_generations(void **state)
     assert_string_equal(op_state_name(op_state_of(&g)), "Stopped");
 }
 
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The operator's etcd CA and client certificate reach the pods through the job's own Secret
+ * (a Secret of another namespace cannot be mounted); bad files are refused, naming them. */
+static void test_etcd_tls_files_travel_in_the_job_secret(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/edl-tls-XXXXXX", ca[64], cert[64], key[64], err[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ca, sizeof ca, "%s/ca.crt", dir);
+    snprintf(cert, sizeof cert, "%s/tls.crt", dir);
+    snprintf(key, sizeof key, "%s/tls.key", dir);
+    write_file(ca, "CA");
+    write_file(cert, "CERT");
+    edl_etcd_config etcd = {.ca_file = ca, .cert_file = cert, .key_file = key};
+    op_etcd_tls tls;
+    assert_int_equal(op_etcd_tls_load(&tls, &etcd, err, sizeof err), EDL_EINVAL);
+    assert_non_null(strstr(err, key)); /* missing */
+    write_file(key, "");
+    assert_int_equal(op_etcd_tls_load(&tls, &etcd, err, sizeof err), EDL_EINVAL);
+    assert_non_null(strstr(err, "empty"));
+    write_file(key, "KEY");
+    assert_int_equal(op_etcd_tls_load(&tls, &etcd, err, sizeof err), 0);
+    edl_trainingjob tj;
+    cJSON *obj;
+    parse_job(&tj, &obj);
+    cJSON *sec = op_secret_new(&tj, &tls);
+    const cJSON *data = cJSON_GetObjectItem(sec, "data"); /* keys hold dots: no paths */
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(data, "etcd-ca.crt")), "Q0E=");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(data, "etcd-tls.crt")),
+                        "Q0VSVA==");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(data, "etcd-tls.key")), "S0VZ");
+    op_pod_settings s = {.etcd_job = "team.mnist", .etcd_endpoints = "https://etcd:2379",
+                         .etcd_tls = &tls, .agent_image = "edl:1"};
+    cJSON *pod = op_pod_new(&tj, &s, 0);
+    const cJSON *c = cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"), "containers"), 0);
+    const cJSON *env = cJSON_GetObjectItem(c, "env");
+    assert_string_equal(edl_k8s_str(find_named(env, "EDL_ETCD_CACERT"), "value"),
+                        "/edl/secret/etcd-ca.crt");
+    assert_string_equal(edl_k8s_str(find_named(env, "EDL_ETCD_KEY"), "value"),
+                        "/edl/secret/etcd-tls.key");
+    cJSON_Delete(pod);
+    cJSON_Delete(sec);
+    cJSON_Delete(obj);
+    edl_trainingjob_clear(&tj);
+    op_etcd_tls_clear(&tls);
+    unlink(ca), unlink(cert), unlink(key), rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pod_wraps_the_command_in_the_agent),
         cmocka_unit_test(test_service_secret_and_event),
+        cmocka_unit_test(test_etcd_tls_files_travel_in_the_job_secret),
         cmocka_unit_test(test_conditions_keep_their_transition_times),
         cmocka_unit_test(test_states_of_generations),
     };
