@@ -122,13 +122,24 @@ void harness_kubectl_wait(harness_k8s *k, const char *what, const char *jsonpath
              out, timeout_ms, want);
 }
 
-long harness_k8s_stat(harness_k8s *k, const char *counter)
+/* GET a test-only endpoint of the stand-in, parsed. */
+static cJSON *standin_json(harness_k8s *k, const char *path)
 {
     static char body[1 << 16];
-    if (harness_http_get(k->port, "/standin/stats", body, sizeof body) != 200)
-        fail_msg("GET /standin/stats failed");
+    if (harness_http_get(k->port, path, body, sizeof body) != 200)
+        fail_msg("GET %s failed", path);
     const char *json = strstr(body, "\r\n\r\n");
-    cJSON *j = cJSON_Parse(json ? json + 4 : body);
+    return cJSON_Parse(json ? json + 4 : body);
+}
+
+cJSON *harness_k8s_access(harness_k8s *k)
+{
+    return standin_json(k, "/standin/access");
+}
+
+long harness_k8s_stat(harness_k8s *k, const char *counter)
+{
+    cJSON *j = standin_json(k, "/standin/stats");
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, counter);
     long n = cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
     cJSON_Delete(j);

@@ -1,7 +1,9 @@
 /* test_operator.c: the TrainingJob operator (edl-jobserver --kubernetes) end to end, driven by
  * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
  * local processes (edl-agent installed by the init container, wrapping the example trainer),
- * with a real etcd. Each test applies the CRD and a job and checks what a user would see. */
+ * with a real etcd. Each test applies the CRD and a job and checks what a user would see. The
+ * last one checks the Helm chart's RBAC against every request the operator made in them all:
+ * each allowed, no rule unused. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <setjmp.h>
@@ -16,7 +18,11 @@
 #include <cmocka.h>
 
 #include "edl/etcd_server.h"
+#include "edl/yaml.h"
 #include "harness.h"
+
+static cJSON *operator_access; /* {"<verb> <group>/<resource>": count} over every e2e test */
+static int e2e_done, e2e_total; /* end-to-end tests run, and there are */
 
 typedef struct cluster {
     edl_etcd_server *etcd;
@@ -70,6 +76,28 @@ static int setup(void **state)
     return 0;
 }
 
+/* What the operator asked of the API server in this test, added to operator_access. */
+static void keep_operator_access(harness_k8s *k)
+{
+    static const char me[] = "edl-operator ";
+    if (!operator_access)
+        operator_access = cJSON_CreateObject();
+    cJSON *all = harness_k8s_access(k);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, all) {
+        if (strncmp(e->string, me, sizeof me - 1) != 0)
+            continue;
+        const char *what = e->string + sizeof me - 1;
+        cJSON *had = cJSON_GetObjectItemCaseSensitive(operator_access, what);
+        if (had)
+            cJSON_SetNumberValue(had, had->valuedouble + e->valuedouble);
+        else
+            cJSON_AddNumberToObject(operator_access, what, e->valuedouble);
+    }
+    cJSON_Delete(all);
+    e2e_done++;
+}
+
 static int teardown(void **state)
 {
     cluster *c = *state;
@@ -83,6 +111,7 @@ static int teardown(void **state)
     for (int i = 0; i < 2; i++)
         if (c->op[i] > 0 && (status[i] = harness_wait_exit(c->op[i], 15000)) == -1)
             harness_kill(c->op[i], SIGKILL);
+    keep_operator_access(c->k);
     harness_k8s_close(c->k);
     edl_etcd_server_close(c->etcd);
     free(c);
@@ -392,6 +421,69 @@ static void test_standby_takes_over_mid_scale_and_nothing_is_done_twice(void **s
                                      "--timeout=30s"), 0);
 }
 
+/* Every "<verb> <group>/<resource>" that the rules of the chart's Roles and ClusterRoles grant
+ * (chart rendered with the real helm). */
+static cJSON *chart_grants(void)
+{
+    char file[] = "/tmp/edl-rbac-XXXXXX", cmd[1024], err[256], out[4096];
+    int fd = mkstemp(file);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s/tests/.kube/bin/helm template t %s/charts/edl --show-only "
+             "templates/rbac.yaml > %s 2>&1", EDL_SOURCE_DIR, EDL_SOURCE_DIR, file);
+    if (harness_shell(cmd, out, sizeof out) != 0)
+        fail_msg("helm template: %s", harness_read_file(file, out, sizeof out));
+    edl_yaml *y;
+    if (edl_yaml_load_file(file, &y, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    unlink(file);
+    cJSON *grants = cJSON_CreateObject();
+    for (size_t d = 0; d < edl_yaml_count(y); d++) {
+        const cJSON *doc = edl_yaml_doc(y, d), *rule, *g, *r, *v;
+        const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "kind"));
+        if (!kind || (strcmp(kind, "Role") && strcmp(kind, "ClusterRole")))
+            continue;
+        cJSON_ArrayForEach(rule, cJSON_GetObjectItem(doc, "rules"))
+            cJSON_ArrayForEach(g, cJSON_GetObjectItem(rule, "apiGroups"))
+                cJSON_ArrayForEach(r, cJSON_GetObjectItem(rule, "resources"))
+                    cJSON_ArrayForEach(v, cJSON_GetObjectItem(rule, "verbs")) {
+                        snprintf(cmd, sizeof cmd, "%s %s/%s", v->valuestring, g->valuestring,
+                                 r->valuestring);
+                        cJSON_AddTrueToObject(grants, cmd);
+                    }
+    }
+    edl_yaml_free(y);
+    return grants;
+}
+
+/* The chart's RBAC against what the operator did in every test above: least privilege that
+ * still works. A request no rule allows would be refused (403) in a cluster; a rule no request
+ * used is privilege the operator does not need. */
+static void test_the_charts_rbac_allows_each_request_and_no_more(void **state)
+{
+    (void)state;
+    if (e2e_done < e2e_total || access(EDL_SOURCE_DIR "/tests/.kube/bin/helm", X_OK) != 0)
+        skip(); /* filtered, or no helm: not every request was seen */
+    cJSON *grants = chart_grants();
+    const cJSON *e;
+    char missing[2048] = "", unused[2048] = "";
+    cJSON_ArrayForEach(e, operator_access)
+        if (!cJSON_GetObjectItemCaseSensitive(grants, e->string))
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " [%s]",
+                     e->string);
+    cJSON_ArrayForEach(e, grants)
+        if (!cJSON_GetObjectItemCaseSensitive(operator_access, e->string))
+            snprintf(unused + strlen(unused), sizeof unused - strlen(unused), " [%s]",
+                     e->string);
+    if (missing[0] || unused[0])
+        fail_msg("chart RBAC: not allowed:%s; never used:%s", missing[0] ? missing : " none",
+                 unused[0] ? unused : " none");
+    assert_true(cJSON_GetArraySize(grants) >= 10);
+    cJSON_Delete(grants);
+    cJSON_Delete(operator_access);
+    operator_access = NULL;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -409,7 +501,9 @@ int main(void)
             test_refused_pods_and_bad_templates_show_in_conditions_and_events, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_standby_takes_over_mid_scale_and_nothing_is_done_twice, setup, teardown),
+        cmocka_unit_test(test_the_charts_rbac_allows_each_request_and_no_more),
     };
+    e2e_total = (int)(sizeof tests / sizeof tests[0]) - 1; /* all but the RBAC check */
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*standby*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

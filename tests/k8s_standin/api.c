@@ -417,6 +417,37 @@ static int route_request(si_server *srv, struct MHD_Connection *c, const char *u
     return -1;
 }
 
+/* What an authorizer would be asked, by client (the User-Agent's product): the request itself,
+ * and, for an object whose ownerReferences set blockOwnerDeletion, `update` on each owner's
+ * finalizers subresource (the OwnerReferencesPermissionEnforcement admission plugin's check). */
+static void record_access(si_server *srv, struct MHD_Connection *c, const route *rt,
+                          const char *resource, const char *body, size_t len)
+{
+    const char *ua = header(c, "User-Agent");
+    char agent[64], key[400];
+    snprintf(agent, sizeof agent, "%.*s", ua ? (int)strcspn(ua, "/ ") : 1, ua ? ua : "-");
+    snprintf(key, sizeof key, "%s %s %s/%s", agent, rt->verb, rt->group, resource);
+    si_stats_count(srv->access, "", key);
+    if (strcmp(rt->verb, "create") && strcmp(rt->verb, "update"))
+        return;
+    cJSON *obj = body ? cJSON_ParseWithLength(body, len) : NULL;
+    const cJSON *ref;
+    cJSON_ArrayForEach(ref, si_get(obj, "metadata.ownerReferences")) {
+        if (!cJSON_IsTrue(cJSON_GetObjectItem(ref, "blockOwnerDeletion")))
+            continue;
+        pthread_mutex_lock(&srv->store.mu);
+        const si_resource *owner = si_resource_by_kind(&srv->store, si_str(ref, "apiVersion"),
+                                                       si_str(ref, "kind"));
+        if (owner)
+            snprintf(key, sizeof key, "%s update %s/%s/finalizers", agent, owner->group,
+                     owner->plural);
+        pthread_mutex_unlock(&srv->store.mu);
+        if (owner)
+            si_stats_count(srv->access, "", key);
+    }
+    cJSON_Delete(obj);
+}
+
 int si_api_handle(si_server *srv, struct MHD_Connection *c, const char *url, const char *method,
                   const char *body, size_t len)
 {
@@ -427,6 +458,7 @@ int si_api_handle(si_server *srv, struct MHD_Connection *c, const char *url, con
     char resource[200];
     snprintf(resource, sizeof resource, "%s%s%s", rt.plural, rt.sub[0] ? "/" : "", rt.sub);
     si_stats_count(srv->stats, rt.verb, resource);
+    record_access(srv, c, &rt, resource, body, len);
     int delay_ms;
     cJSON *fault = si_faults_check(srv->faults, rt.verb, resource, rt.ns, rt.name, &delay_ms);
     if (delay_ms > 0)

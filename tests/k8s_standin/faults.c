@@ -154,7 +154,7 @@ void si_stats_free(si_stats *st)
 void si_stats_count(si_stats *st, const char *verb, const char *resource)
 {
     char key[256];
-    snprintf(key, sizeof key, "%s %s", verb, resource);
+    snprintf(key, sizeof key, "%s%s%s", verb, *verb ? " " : "", resource);
     pthread_mutex_lock(&st->mu);
     stat_entry **pp = &st->list;
     for (; *pp && strcmp((*pp)->key, key); pp = &(*pp)->next)

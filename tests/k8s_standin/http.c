@@ -75,7 +75,8 @@ static cJSON *version_json(void)
     return v;
 }
 
-/* POST/DELETE /standin/faults, GET/DELETE /standin/stats, POST /standin/expire. */
+/* POST/DELETE /standin/faults, GET/DELETE /standin/stats, GET /standin/access, POST
+ * /standin/expire. */
 static int standin_endpoint(si_server *srv, struct MHD_Connection *c, const char *url,
                             const char *method, conn_ctx *cc)
 {
@@ -98,6 +99,8 @@ static int standin_endpoint(si_server *srv, struct MHD_Connection *c, const char
     }
     if (!strcmp(url, "/standin/stats") && (!strcmp(method, "GET") || !strcmp(method, "DELETE")))
         return si_send_json(c, 200, si_stats_json(srv->stats, method[0] == 'D'), NULL);
+    if (!strcmp(url, "/standin/access") && !strcmp(method, "GET"))
+        return si_send_json(c, 200, si_stats_json(srv->access, false), NULL);
     if (!strcmp(url, "/standin/expire") && !strcmp(method, "POST")) {
         char rv[32];
         pthread_mutex_lock(&srv->store.mu);

@@ -27,7 +27,7 @@ static const char USAGE[] =
     "  --ready-file F        write the port number to F once listening\n"
     "  --help                this text\n"
     "Test-only endpoints: POST/DELETE /standin/faults, GET/DELETE /standin/stats,\n"
-    "POST /standin/expire (see tests/k8s_standin/README.md).\n";
+    "GET /standin/access, POST /standin/expire (see tests/k8s_standin/README.md).\n";
 
 static int parse_flags(int argc, char **argv, si_config *cfg)
 {
@@ -135,6 +135,7 @@ int main(int argc, char **argv)
     si_store_init(&srv.store, (size_t)srv.cfg.history);
     srv.faults = si_faults_new();
     srv.stats = si_stats_new();
+    srv.access = si_stats_new();
     si_resources_init(&srv);
     seed(&srv);
     int rc = 1;
@@ -154,6 +155,7 @@ int main(int argc, char **argv)
     }
     si_faults_free(srv.faults);
     si_stats_free(srv.stats);
+    si_stats_free(srv.access);
     si_store_free(&srv.store);
     return rc;
 }

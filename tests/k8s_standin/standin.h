@@ -195,6 +195,7 @@ typedef struct si_server {
     si_store store;
     si_faults *faults;
     si_stats *stats;
+    si_stats *access; /* "<agent> <verb> <group>/<resource>": what RBAC would have to allow */
     si_kubelet *kubelet;
     struct MHD_Daemon *mhd;
     int listen_fd, port;
