@@ -165,10 +165,11 @@ static void warn_if_elsewhere(const char *installed, const char *dir)
     while (n > 1 && dir[n - 1] == '/')
         n--;
     snprintf(want, sizeof want, "%.*s/lib/", (int)n, dir);
-    if (!*interp || strncmp(interp, want, strlen(want)) == 0)
+    const char *slash = strrchr(interp, '/');
+    if (!slash || strncmp(interp, want, strlen(want)) == 0)
         return;
     /* /edl/bin/lib/ld-linux-x86-64.so.2: the agent expects DIR at /edl/bin */
-    int at = (int)(strrchr(interp, '/') - interp);
+    int at = (int)(slash - interp);
     while (at > 0 && interp[at - 1] != '/')
         at--;
     fprintf(stderr, "edl-agent --install: warning: the installed agent's loader is %s: it runs "
