@@ -6,7 +6,8 @@
  * and libraries from /edl/bin/lib, and those files in lib/. Then DIR/lib/ gets the bundle's
  * lib/ and DIR/edl-agent its agent, which runs in any x86-64 Linux image, even one without a
  * C library. Without a bundle (a build tree: the stand-in kubelet of the tests runs pods as
- * host processes) this very binary (/proc/self/exe) is copied to DIR/edl-agent.
+ * host processes) this very binary (/proc/self/exe) is copied to DIR/edl-agent. Where no /proc
+ * is mounted (a plain chroot), the path this binary was started by stands for /proc/self/exe.
  *
  * Every file is written to a temporary name, then renamed, and the agent comes last: a
  * half-installed agent is never started. */
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -75,15 +77,26 @@ static int copy_file(const char *src, const char *dst, mode_t mode)
     return rc;
 }
 
+/* This binary's path into out: /proc/self/exe, or where no /proc is mounted (a plain chroot)
+ * the path it was started by. False when neither is known. */
+static bool self_path(char out[PATH_MAX])
+{
+    ssize_t n = readlink("/proc/self/exe", out, PATH_MAX - 1);
+    if (n > 0) {
+        out[n] = '\0';
+        return true;
+    }
+    const char *execfn = (const char *)getauxval(AT_EXECFN);
+    return execfn && realpath(execfn, out);
+}
+
 /* The bundle next to this binary (<its dir>/../lib/edl/agent, holding edl-agent and lib/) into
  * out, without symbolic links: true when there is one. */
 static bool find_bundle(char out[PATH_MAX])
 {
     char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    if (!self_path(self))
         return false;
-    self[n] = '\0';
     char *slash = strrchr(self, '/');
     if (!slash)
         return false;
@@ -185,7 +198,8 @@ int agent_install(const char *dir)
         return 2;
     }
     if (!find_bundle(bundle)) {
-        if (copy_file("/proc/self/exe", dst, 0755) != 0)
+        char self[PATH_MAX];
+        if (copy_file(self_path(self) ? self : "/proc/self/exe", dst, 0755) != 0)
             return 1;
         printf("edl-agent: installed %s (this binary: it needs its shared libraries where it "
                "runs)\n", dst);
