@@ -222,6 +222,9 @@ void harness_k8s_close(harness_k8s *k); /* kills the stand-in and its pods; NULL
 void harness_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The path of a program on PATH into out: false when there is none. */
 bool harness_which(const char *name, char *out, size_t len);
+/* Why chrooted agents cannot run here (not root, no chroot; built with sanitizers, which read
+ * /proc, no unshare --mount-proc to give the root one), or NULL when they can. */
+const char *harness_chroot_missing(void);
 /* True when /bin/busybox is a static binary (Debian's busybox-static). */
 bool harness_busybox_static(void);
 /* Make at dir a root holding nothing but that busybox (/bin/busybox, /bin/sh) and /tmp. */

@@ -1,8 +1,8 @@
 /* harness_chroot.c: jobs whose agents run inside another root filesystem, by chroot (which
  * shares the host's network, so they reach etcd and the job server on loopback): the portable
  * agent injected as the Kubernetes operator injects it into images we do not own
- * (tests/test_agent_injection.c, tests/test_images.c). Plain chroot only: no mounts, so no
- * more than CAP_SYS_CHROOT is needed and nothing is left behind. */
+ * (tests/test_agent_injection.c, tests/test_images.c). Plain chroot: no mounts, so no more
+ * than CAP_SYS_CHROOT is needed and nothing is left behind (a sanitized build aside, below). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,21 +57,90 @@ bool harness_busybox_static(void)
 
 void harness_busybox_root(const char *dir)
 {
-    harness_sh("set -e; mkdir -p '%s/bin' '%s/tmp'; chmod 1777 '%s/tmp'; cp /bin/busybox '%s/bin/'; "
-               "ln -s busybox '%s/bin/sh'", dir, dir, dir, dir, dir);
+    harness_sh("set -e; mkdir -p '%s/bin' '%s/tmp'; chmod 1777 '%s/tmp'; "
+               "cp /bin/busybox '%s/bin/'; ln -s busybox '%s/bin/sh'", dir, dir, dir, dir, dir);
+}
+
+/* Sanitizers read their options and the process's threads from /proc, which a plain chroot
+ * lacks: in a sanitized build the root gets a /proc of its own (unshare --mount-proc, in a mount
+ * namespace that ends with the process), and the sanitizer options pass into the bare
+ * environment. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+const char *harness_chroot_missing(void)
+{
+    char path[256];
+    if (geteuid() != 0)
+        return "needs root (chroot)";
+    if (!harness_which("chroot", path, sizeof path) || !harness_which("env", path, sizeof path))
+        return "needs chroot and env (coreutils)";
+    if (SANITIZED && harness_shell("d=$(mktemp -d) && unshare --mount-proc=\"$d\" true; "
+                                   "rc=$?; rmdir \"$d\"; exit $rc", NULL, 0) != 0)
+        return "needs, built with sanitizers, unshare --mount-proc (they read /proc)";
+    return NULL;
+}
+
+/* A command line `env -i VARS... [unshare --mount-proc=ROOT/proc] chroot --userspec=USER ROOT`,
+ * to which the command in the root is appended. */
+typedef struct chroot_cmd {
+    const char *argv[48];
+    int n;
+    char env[256], unshare[256], chroot[256], user[64], proc[600], san[2][1024];
+} chroot_cmd;
+
+static void chroot_cmd_init(chroot_cmd *c, const char *root, const char *user, const char *path)
+{
+    c->n = 0;
+    c->argv[c->n++] = which("env", c->env, sizeof c->env);
+    c->argv[c->n++] = "-i";
+    c->argv[c->n++] = path;
+    c->argv[c->n++] = "HOME=/";
+    const char *names[2] = {"ASAN_OPTIONS", "UBSAN_OPTIONS"};
+    for (int i = 0; SANITIZED && i < 2; i++)
+        if (getenv(names[i])) {
+            snprintf(c->san[i], sizeof c->san[i], "%s=%s", names[i], getenv(names[i]));
+            c->argv[c->n++] = c->san[i];
+        }
+    if (SANITIZED) {
+        harness_sh("mkdir -p '%s/proc'", root);
+        snprintf(c->proc, sizeof c->proc, "--mount-proc=%s/proc", root);
+        c->argv[c->n++] = which("unshare", c->unshare, sizeof c->unshare);
+        c->argv[c->n++] = c->proc;
+    }
+    snprintf(c->user, sizeof c->user, "--userspec=%s", user);
+    c->argv[c->n++] = which("chroot", c->chroot, sizeof c->chroot);
+    c->argv[c->n++] = c->user;
+    c->argv[c->n++] = root;
+}
+
+static void chroot_cmd_add(chroot_cmd *c, const char *arg)
+{
+    assert_true(c->n < (int)(sizeof c->argv / sizeof c->argv[0]) - 1);
+    c->argv[c->n++] = arg;
+    c->argv[c->n] = NULL;
 }
 
 void harness_chroot_install(const char *image, const char *root, const char *log, char *out,
                             size_t len)
 {
-    char env[256], chroot[256];
     /* the emptyDir: the kubelet makes it (mode 0777) and mounts it in both containers */
     harness_sh("set -e; mkdir -p '%s/edl/bin' '%s/edl'; chmod 0777 '%s/edl/bin'", image, root,
                image);
-    const char *argv[] = {which("env", env, sizeof env), "-i", "PATH=/usr/local/bin",
-                          which("chroot", chroot, sizeof chroot), "--userspec=65532:65532", image,
-                          "edl-agent", "--install", "/edl/bin", NULL};
-    int rc = harness_run(argv, log, 20000, out, len);
+    chroot_cmd c;
+    chroot_cmd_init(&c, image, "65532:65532", "PATH=/usr/local/bin");
+    const char *cmd[] = {"edl-agent", "--install", "/edl/bin"};
+    for (size_t i = 0; i < 3; i++)
+        chroot_cmd_add(&c, cmd[i]);
+    int rc = harness_run(c.argv, log, 20000, out, len);
     if (rc != 0)
         fail_msg("edl-agent --install in %s exited %d:\n%s", image, rc, out);
     harness_sh("set -e; rm -rf '%s/edl/bin'; mv '%s/edl/bin' '%s/edl/bin'", root, image, root);
@@ -81,14 +150,15 @@ void harness_chroot_install(const char *image, const char *root, const char *log
 static pid_t start_agent(const harness_chroot_job *j, const char *job, const char *pod,
                          const char *script)
 {
-    char log[512], env[256], chroot[256], user[64];
+    char log[512];
     snprintf(log, sizeof log, "%s/%s.%s.log", j->log_dir, job, pod);
-    snprintf(user, sizeof user, "--userspec=%s", j->userspec);
-    const char *argv[] = {which("env", env, sizeof env), "-i", "PATH=/usr/local/bin:/usr/bin:/bin",
-                          "HOME=/", which("chroot", chroot, sizeof chroot), user, j->root,
-                          j->agent, "--etcd", edl_etcd_server_endpoints(j->srv), "--job", job,
-                          "--pod", pod, "--grace-ms", "1000", "--", "/bin/sh", "-c", script, NULL};
-    pid_t pid = harness_spawn(argv, log);
+    chroot_cmd c;
+    chroot_cmd_init(&c, j->root, j->userspec, "PATH=/usr/local/bin:/usr/bin:/bin");
+    const char *cmd[] = {j->agent, "--etcd", edl_etcd_server_endpoints(j->srv), "--job", job,
+                         "--pod", pod, "--grace-ms", "1000", "--", "/bin/sh", "-c", script};
+    for (size_t i = 0; i < sizeof cmd / sizeof cmd[0]; i++)
+        chroot_cmd_add(&c, cmd[i]);
+    pid_t pid = harness_spawn(c.argv, log);
     assert_true(pid > 0);
     return pid;
 }
@@ -111,8 +181,8 @@ void harness_chroot_run(const harness_chroot_job *j, const char *job, const char
 {
     char k[256], log[512], buf[8192], err[256];
     /* every container runtime gives a container /dev/null (the agent's children's stdin) */
-    harness_sh("set -e; mkdir -p '%s/dev'; [ -e '%s/dev/null' ] || mknod -m 0666 '%s/dev/null' c 1 3",
-               j->root, j->root, j->root);
+    harness_sh("set -e; mkdir -p '%s/dev'; [ -e '%s/dev/null' ] || "
+               "mknod -m 0666 '%s/dev/null' c 1 3", j->root, j->root, j->root);
     harness_put(j->client, harness_job_key(k, sizeof k, job, EDL_KEY_SPEC, NULL, 0),
                 "{\"min\":2,\"max\":2,\"settle_ms\":100,\"max_restarts\":0}");
     snprintf(log, sizeof log, "%s/%s.jobserver.log", j->log_dir, job);

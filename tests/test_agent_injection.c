@@ -10,7 +10,8 @@
  * the installed /edl/bin/edl-agent chrooted in "worker" as user 1000, against a real etcd and
  * the real edl-jobserver on the host's loopback (harness_chroot.c).
  *
- * Needs root (chroot), busybox-static and patchelf: exits 77 (skipped) without them. */
+ * Needs root (chroot), busybox-static and patchelf, and in a sanitized build unshare (see
+ * harness_chroot.c): exits 77 (skipped) without them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,14 +111,13 @@ static void test_trainer_exit_code_reaches_the_job(void **state)
 static const char *missing(void)
 {
     char path[256];
-    if (geteuid() != 0)
-        return "needs root (chroot)";
+    const char *why = harness_chroot_missing();
+    if (why)
+        return why;
     if (!harness_busybox_static())
         return "needs Debian's busybox-static, a static /bin/busybox (scripts/install-deps)";
     if (!harness_which("patchelf", path, sizeof path))
         return "needs patchelf (scripts/install-deps)";
-    if (!harness_which("chroot", path, sizeof path))
-        return "needs chroot (coreutils)";
     return NULL;
 }
 
