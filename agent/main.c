@@ -19,8 +19,10 @@ static const char usage_text[] =
     "       edl-agent --install DIR\n"
     "\n"
     "Registers this pod in a job under an etcd lease and runs TRAINER for every\n"
-    "generation this pod is a member of (see docs/agent.md). --install copies this\n"
-    "binary to DIR/edl-agent and exits (the operator's init container does that).\n"
+    "generation this pod is a member of (see docs/agent.md). --install copies the agent\n"
+    "to DIR/edl-agent and exits (the operator's init container does that, DIR being\n"
+    "/edl/bin): in the images, the portable bundle of PREFIX/lib/edl/agent (the agent\n"
+    "and, in DIR/lib, its own loader and libraries), else this very binary.\n"
     "\n"
     "options:\n"
     EDL_ETCD_OPTIONS_HELP

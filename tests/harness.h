@@ -1,5 +1,6 @@
 /* harness.h: what every edl test needs besides cmocka: time, a real etcd, etcdctl, a TCP proxy
- * that can freeze or drop connections, and a fake HTTP server that answers badly on purpose.
+ * that can freeze or drop connections, a fake HTTP server that answers badly on purpose, and
+ * agents run by chroot in other root filesystems.
  *
  * Test files include <cmocka.h> themselves (after <stdarg.h>, <stddef.h>, <setjmp.h>); the
  * harness functions that "fail the test" do so with cmocka's fail_msg(). Nothing here keeps
@@ -216,5 +217,54 @@ long harness_k8s_stat(harness_k8s *k, const char *counter);
  * frees it. */
 struct cJSON *harness_k8s_access(harness_k8s *k);
 void harness_k8s_close(harness_k8s *k); /* kills the stand-in and its pods; NULL is fine */
+
+/* ---- agents in other roots, by chroot (harness_chroot.c) -------------------------------- */
+
+/* Run a /bin/sh command line made from fmt; fails the test (naming the command) unless it
+ * exits 0. */
+void harness_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The path of a program on PATH into out: false when there is none. */
+bool harness_which(const char *name, char *out, size_t len);
+/* Why chrooted agents cannot run here (not root, no chroot; built with sanitizers, which read
+ * /proc, no unshare --mount-proc to give the root one), or NULL when they can. */
+const char *harness_chroot_missing(void);
+/* True when /bin/busybox is a static binary (Debian's busybox-static). */
+bool harness_busybox_static(void);
+/* Make at dir a root holding nothing but that busybox (/bin/busybox, /bin/sh) and /tmp. */
+void harness_busybox_root(const char *dir);
+/* The operator's init container: `env -i PATH=/usr/local/bin chroot --userspec=65532:65532
+ * IMAGE edl-agent --install /edl/bin`, IMAGE being the root of an agent image (IMAGE/edl/bin,
+ * made if missing, mode 0777, stands for the emptyDir); what it installed then becomes
+ * ROOT/edl/bin, as the volume that both containers mount. Its output (logged to log) into out;
+ * fails the test unless it exits 0. */
+void harness_chroot_install(const char *image, const char *root, const char *log, char *out,
+                            size_t len);
+
+typedef struct harness_chroot_job {
+    edl_etcd_server *srv;     /* the job's etcd, on the host */
+    struct edl_etcd *client;  /* a client of it */
+    const char *root;         /* where the agents run (chroot) */
+    const char *agent;        /* the agent's path inside root, e.g. /edl/bin/edl-agent */
+    const char *userspec;     /* their user, e.g. "1000:1000" (chroot --userspec) */
+    const char *log_dir;      /* logs: <log_dir>/<job>.<pod>.log, <job>.jobserver.log */
+} harness_chroot_job;
+
+/* A trainer for any root, busybox-only or a distribution's: writes its environment and
+ * "uid=<its uid>" to /tmp/<job>.<pod>.env in the root, then exits 0. */
+#define HARNESS_CHROOT_ENV_SCRIPT                                                              \
+    "b=$(command -v busybox); f=/tmp/$EDL_JOB_ID.$EDL_POD_ID; "                                \
+    "{ $b env; echo uid=$($b id -u); } > $f.tmp && $b mv $f.tmp $f.env"
+/* Run job with the pods w0 and w1 (spec: min = max = 2, no restarts): the real job server on
+ * the host, and for each pod `env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ chroot
+ * --userspec=USER ROOT AGENT --etcd ... --job JOB --pod wN -- /bin/sh -c SCRIPT` (ROOT gets a
+ * /dev/null, as every container has). Fails the test, with the agent's log, unless both agents
+ * exit want; the job's final generation into g (edl_generation_clear it). */
+void harness_chroot_run(const harness_chroot_job *j, const char *job, const char *script,
+                        int want, edl_generation *g);
+/* After a successful run of HARNESS_CHROOT_ENV_SCRIPT: each trainer ran as uid, with the rank
+ * that g gives its pod, WORLD_SIZE 2, MASTER_ADDR 127.0.0.1 and a MASTER_PORT, its job and pod
+ * names, and no LD_ variable. */
+void harness_chroot_check_env(const harness_chroot_job *j, const char *job,
+                              const edl_generation *g, const char *uid);
 
 #endif
