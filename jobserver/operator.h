@@ -16,7 +16,7 @@
 #include "edl/k8s.h"
 #include "edl/trainingjob.h"
 
-#define OP_DEFAULT_AGENT_IMAGE "ghcr.io/edl-dev/edl:0.1.0"
+#define OP_DEFAULT_AGENT_IMAGE "ghcr.io/edl-dev/edl-agent:0.1.0"
 
 typedef struct op_config {
     const edl_etcd_config *etcd;  /* the operator's own etcd settings (checked) */
