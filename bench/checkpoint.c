@@ -121,7 +121,7 @@ static int bench_store(run *r, const char *label)
         edl_ckpt_close(ck);
         return rc;
     }
-    snprintf(what, sizeof what, "%s checkpoint save (SHA-256, commit)", label);
+    snprintf(what, sizeof what, "%s checkpoint save (XXH3, commit)", label);
     line(what, r->size, t_save);
 
     t0 = now_s();
@@ -142,7 +142,7 @@ static int bench_store(run *r, const char *label)
         return rc;
     }
     edl_ckpt_manifest_free(m);
-    snprintf(what, sizeof what, "%s checkpoint load (read, SHA-256 verify)", label);
+    snprintf(what, sizeof what, "%s checkpoint load (read, XXH3 verify)", label);
     line(what, got, t_load);
 
     fill_shards(r, sh, 2);

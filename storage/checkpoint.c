@@ -16,7 +16,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -621,6 +620,26 @@ static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 
 /* ---- the worker ------------------------------------------------------------------------ */
 
+/* The store shows the bytes as it writes them: the digest is taken in the same pass. */
+static void digest_observe(void *arg, const void *data, size_t len)
+{
+    ckpt_hasher_update(arg, data, len); /* fails only without a state, which init excluded */
+}
+
+/* Store one shard and record its XXH3-128 digest, computed while it is written. */
+static int put_shard(edl_ckpt *ck, const pending_shard *s, edl_ckpt_shard_info *info)
+{
+    ckpt_hasher h;
+    int rc = ckpt_hasher_init(&h, EDL_CKPT_XXH3_128);
+    if (rc == 0)
+        rc = edl_storage_put_observed(ck->bg, info->key, s->data, s->len, digest_observe, &h);
+    if (rc == 0)
+        rc = ckpt_hasher_final(&h, info->digest);
+    info->hash = EDL_CKPT_XXH3_128;
+    ckpt_hasher_clear(&h);
+    return rc;
+}
+
 static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 {
     edl_ckpt_manifest mine = {.step = p->step, .generation = p->generation,
@@ -640,8 +659,7 @@ static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
             break;
         }
         mine.n_shards++;
-        rc = ckpt_sha256_hex(s->data, s->len, info->sha256);
-        if (rc == 0 && (rc = edl_storage_put(ck->bg, info->key, s->data, s->len)) != 0)
+        if ((rc = put_shard(ck, s, info)) != 0)
             edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
                  edl_storage_errmsg(ck->bg));
         release_shard(s); /* uploaded: give the memory back before the next one */
@@ -706,7 +724,7 @@ static void *worker_main(void *arg)
 /* ---- load ------------------------------------------------------------------------------ */
 
 typedef struct hash_sink {
-    EVP_MD_CTX *md;
+    ckpt_hasher h;
     bool keep;        /* read_shard: keep the bytes */
     edl_bytebuf data; /* grown as bytes arrive, never sized from the manifest */
     uint64_t len, max;
@@ -717,20 +735,21 @@ static int hash_write(void *arg, const void *data, size_t len)
     hash_sink *h = arg;
     if (len > h->max - h->len) /* more bytes than the manifest says: stop at once */
         return EDL_ETOOBIG;
-    if (EVP_DigestUpdate(h->md, data, len) != 1)
-        return EDL_ENOMEM;
-    int rc = h->keep ? edl_bytebuf_append(&h->data, data, len) : 0;
+    int rc = ckpt_hasher_update(&h->h, data, len);
+    if (rc == 0 && h->keep)
+        rc = edl_bytebuf_append(&h->data, data, len);
     if (rc == 0)
         h->len += len;
     return rc;
 }
 
-/* Fetch shard s and check its size and hash; with keep, hand the bytes to the caller. */
+/* Fetch shard s and check its size and digest (whichever algorithm its manifest names) as
+ * the bytes arrive; with keep, hand the bytes to the caller. */
 static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, char *err,
                        size_t errlen)
 {
-    hash_sink h = {.md = EVP_MD_CTX_new(), .max = s->size, .keep = keep != NULL};
-    int rc = h.md && EVP_DigestInit_ex(h.md, EVP_sha256(), NULL) == 1 ? 0 : EDL_ENOMEM;
+    hash_sink h = {.max = s->size, .keep = keep != NULL};
+    int rc = ckpt_hasher_init(&h.h, s->hash);
     if (rc == 0) {
         rc = edl_storage_get_stream(ck->fg, s->key, hash_write, &h, NULL);
         if (rc == EDL_ETOOBIG)
@@ -744,18 +763,11 @@ static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, 
     if (rc == 0 && h.len != s->size)
         rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
                       "lists %" PRIu64, s->key, h.len, s->size);
-    if (rc == 0) {
-        unsigned char md[EVP_MAX_MD_SIZE];
-        unsigned int mdlen = 0;
-        char hex[65];
-        EVP_DigestFinal_ex(h.md, md, &mdlen);
-        for (unsigned i = 0; i < 32 && mdlen == 32; i++)
-            snprintf(hex + 2 * i, 3, "%02x", md[i]);
-        if (mdlen != 32 || strcmp(hex, s->sha256) != 0)
-            rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is corrupt: its SHA-256 is not the one "
-                      "in the manifest", s->key);
-    }
-    EVP_MD_CTX_free(h.md);
+    char hex[65];
+    if (rc == 0 && (rc = ckpt_hasher_final(&h.h, hex)) == 0 && strcmp(hex, s->digest) != 0)
+        rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is corrupt: its %s digest is not the "
+                      "one in the manifest", s->key, ckpt_hash_name(s->hash));
+    ckpt_hasher_clear(&h.h);
     if (rc == 0 && keep && !h.data.data)
         rc = edl_bytebuf_append(&h.data, "", 0); /* an empty shard is still a buffer */
     if (rc == 0 && keep)

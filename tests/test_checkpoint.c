@@ -352,6 +352,80 @@ static void test_s3_corrupt_shard_and_truncated_manifest_are_skipped(void **stat
     corrupt_then_fall_back(&pl);
 }
 
+/* ---- checkpoints written before XXH3 ------------------------------------------------------ */
+
+/* Two NIST test vectors and their SHA-256: the shards of a checkpoint as edl wrote it before
+ * XXH3 (format /1, "sha256" per shard), laid out by hand so no SHA-256 code is needed here. */
+#define V1_A "abc"
+#define V1_A_SUM "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+#define V1_B "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+#define V1_B_SUM "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+
+static void put_v1_checkpoint(const place *pl, int step)
+{
+    char dir[64], key[128], doc[2048];
+    snprintf(dir, sizeof dir, "ckpt-%016d-g1", step);
+    snprintf(key, sizeof key, "%s/rank-0/shard-0", dir);
+    overwrite(pl, key, V1_A, strlen(V1_A));
+    snprintf(key, sizeof key, "%s/rank-0/shard-1", dir);
+    overwrite(pl, key, V1_B, strlen(V1_B));
+    int n = snprintf(doc, sizeof doc,
+        "{\n\t\"format\":\t\"edl-checkpoint/1\",\n\t\"step\":\t%d,\n\t\"generation\":\t1,\n"
+        "\t\"world_size\":\t1,\n\t\"dir\":\t\"%s\",\n\t\"metadata\":\t{\"lr\":0.1},\n"
+        "\t\"shards\":\t[{\"rank\":0,\"index\":0,\"name\":\"model\",\"key\":\"%s/rank-0/shard-0\","
+        "\"size\":3,\"sha256\":\"" V1_A_SUM "\"},{\"rank\":0,\"index\":1,\"name\":\"optim\","
+        "\"key\":\"%s/rank-0/shard-1\",\"size\":56,\"sha256\":\"" V1_B_SUM "\"}]\n}",
+        step, dir, dir, dir);
+    snprintf(key, sizeof key, "%s/manifest.json", dir);
+    overwrite(pl, key, doc, (size_t)n);
+}
+
+static void check_v1_loaded(edl_ckpt *ck, int step)
+{
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, step);
+    assert_int_equal(m->n_shards, 2);
+    const char *want[] = {V1_A, V1_B};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(m->shards[i].hash, EDL_CKPT_SHA256);
+        void *data;
+        size_t len;
+        assert_int_equal(edl_ckpt_read_shard(ck, m, i, &data, &len), 0);
+        assert_int_equal(len, strlen(want[i]));
+        assert_memory_equal(data, want[i], len);
+        free(data);
+    }
+    edl_ckpt_manifest_free(m);
+}
+
+static void test_checkpoints_with_sha256_still_load_and_new_ones_use_xxh3(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "v1");
+    put_v1_checkpoint(&pl, 1);
+    put_v1_checkpoint(&pl, 2);
+    overwrite(&pl, "ckpt-0000000000000002-g1/rank-0/shard-1", V1_A V1_B, strlen(V1_B)); /* bad */
+    char key[256];
+    harness_job_key(key, sizeof key, pl.job, EDL_KEY_CHECKPOINT, NULL, 0);
+    harness_put(fx->cl, key, "{\"step\":2,\"generation\":1,\"dir\":\"ckpt-0000000000000002-g1\","
+                "\"history\":[{\"step\":2,\"generation\":1,\"dir\":\"ckpt-0000000000000002-g1\"},"
+                "{\"step\":1,\"generation\":1,\"dir\":\"ckpt-0000000000000001-g1\"}]}");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    check_v1_loaded(ck, 1); /* step 2's SHA-256 does not match: it falls back to step 1 */
+    /* a new save on top of the old lineage: XXH3-128, and both kinds load side by side */
+    edl_ckpt_shard sh = {.name = "model", .data = V1_B, .len = strlen(V1_B)};
+    assert_int_equal(edl_ckpt_save(ck, 3, 1, &sh, 1, NULL), 0);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 3);
+    assert_int_equal(m->shards[0].hash, EDL_CKPT_XXH3_128);
+    assert_int_equal(strlen(m->shards[0].digest), 32);
+    edl_ckpt_manifest_free(m);
+    overwrite(&pl, "ckpt-0000000000000003-g1/rank-0/shard-0", V1_A V1_B, strlen(V1_B));
+    check_v1_loaded(ck, 1); /* XXH3 caught the flipped bytes; step 1 (SHA-256) still loads */
+    edl_ckpt_close(ck);
+}
+
 static void test_hostile_manifests_are_refused_with_reasons(void **state)
 {
     (void)state;
@@ -368,8 +442,24 @@ static void test_hostile_manifests_are_refused_with_reasons(void **state)
     assert_int_equal(edl_ckpt_manifest_parse(good, strlen(good), &m, err, sizeof err), 0);
     assert_int_equal(m->n_shards, 1);
     assert_int_equal(m->shards[0].size, 10);
+    assert_int_equal(m->shards[0].hash, EDL_CKPT_SHA256);
+    edl_ckpt_manifest_free(m);
+#define HEAD2 "{\"format\":\"edl-checkpoint/2\",\"step\":5,\"generation\":1,\"world_size\":2," \
+              "\"dir\":\"ckpt-0000000000000005-g1\",\"shards\":[{\"rank\":0,\"index\":0,\"name\":" \
+              "\"m\",\"key\":\"" KEY0 "\",\"size\":10,"
+    const char *good2 =
+        HEAD2 "\"hash\":\"xxh3-128\",\"digest\":\"0123456789abcdef0123456789abcdef\"}]}";
+    assert_int_equal(edl_ckpt_manifest_parse(good2, strlen(good2), &m, err, sizeof err), 0);
+    assert_int_equal(m->shards[0].hash, EDL_CKPT_XXH3_128);
+    assert_string_equal(m->shards[0].digest, "0123456789abcdef0123456789abcdef");
     edl_ckpt_manifest_free(m);
     struct { const char *doc, *why; } cases[] = {
+        {HEAD2 "\"hash\":\"md5\",\"digest\":\"0123456789abcdef0123456789abcdef\"}]}", "no known"},
+        {HEAD2 "\"hash\":\"xxh3-128\",\"digest\":\"" "0123456789abcdef0123456789abcdef"
+               "0123456789abcdef0123456789abcdef\"}]}", "not 32 lowercase hex"},
+        {HEAD2 "\"hash\":\"xxh3-128\"}]}", "\"digest\""},
+        {HEAD2 "\"digest\":\"0123456789abcdef0123456789abcdef\"}]}", "\"sha256\""},
+        {"{\"format\":\"edl-checkpoint/3\"}", "format"},
         {"", "not valid JSON"},
         {"[1,2]", "not a JSON object"},
         {"{\"format\":\"other/1\"}", "format"},
@@ -593,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_step_never_goes_backwards),
         cmocka_unit_test(test_file_corrupt_shard_and_truncated_manifest_are_skipped),
         cmocka_unit_test(test_s3_corrupt_shard_and_truncated_manifest_are_skipped),
+        cmocka_unit_test(test_checkpoints_with_sha256_still_load_and_new_ones_use_xxh3),
         cmocka_unit_test(test_hostile_manifests_are_refused_with_reasons),
         cmocka_unit_test(test_pointer_race_between_two_writers_never_goes_back),
         cmocka_unit_test(test_commit_waits_for_every_rank_then_times_out),

@@ -1,9 +1,11 @@
 /* edl/checkpoint.h: checkpoints on remote storage that elastic pods save and reload.
  *
  * A checkpoint is a directory <uri>/ckpt-<step>-g<generation>/ of shards plus a manifest
- * (manifest.json: step, generation, world size, every shard with its size and SHA-256, the
- * caller's metadata). It becomes visible only when the pointer <prefix>/jobs/<job>/checkpoint
- * in etcd is advanced by a txn that refuses to go backwards in step; so no crash at any moment
+ * (manifest.json: step, generation, world size, every shard with its size and digest, the
+ * caller's metadata). A shard's digest is XXH3-128, computed while its bytes are written (and
+ * checked while they are read); checkpoints written before XXH3 carry SHA-256 and still
+ * load. A checkpoint becomes visible only when the pointer <prefix>/jobs/<job>/checkpoint in
+ * etcd is advanced by a txn that refuses to go backwards in step; so no crash at any moment
  * leaves the job without a complete checkpoint.
  *
  * Save (every rank, concurrently):
@@ -16,7 +18,7 @@
  * caller is blocked only for the copy and learns the outcome from edl_ckpt_wait().
  *
  * Load: follow the pointer, read the manifest, verify every shard's size and (by default)
- * SHA-256; when the newest is incomplete or corrupt, fall back to the previous committed one
+ * digest; when the newest is incomplete or corrupt, fall back to the previous committed one
  * (the pointer keeps the last `keep`) with a warning in the log. Any rank may read any shard:
  * loading in another world size than the save is the caller's re-sharding choice. */
 #ifndef EDL_CHECKPOINT_H
@@ -45,7 +47,7 @@ typedef struct edl_ckpt_config {
     int committer_rank;       /* the rank that writes the manifest and the pointer (0) */
     int keep;                 /* committed checkpoints kept, older ones deleted (3; >= 1) */
     int64_t commit_timeout_ms; /* how long the committer waits for other ranks' shards (600000) */
-    bool verify_on_load;      /* hash every shard in edl_ckpt_load_latest (true by init) */
+    bool verify_on_load;      /* digest every shard in edl_ckpt_load_latest (true by init) */
     const edl_storage_config *storage; /* options for the store (NULL: defaults + AWS_* env);
                                           its uri field is ignored */
 } edl_ckpt_config;
@@ -100,13 +102,20 @@ int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt
 
 /* ---- load ------------------------------------------------------------------------------ */
 
+/* How a shard's bytes are checked. */
+typedef enum edl_ckpt_hash {
+    EDL_CKPT_XXH3_128 = 0, /* "xxh3-128": every new checkpoint */
+    EDL_CKPT_SHA256,       /* "sha256": checkpoints written before XXH3 (loaded, not written) */
+} edl_ckpt_hash;
+
 typedef struct edl_ckpt_shard_info {
     int rank;             /* the rank that saved it */
     int index;            /* its position in that rank's shard list */
     char *name;           /* the caller's label ("" when none) */
     char *key;            /* storage key, relative to the URI */
     uint64_t size;
-    char sha256[65];      /* lowercase hex */
+    edl_ckpt_hash hash;   /* the algorithm of digest */
+    char digest[65];      /* lowercase hex: 32 digits (XXH3-128) or 64 (SHA-256) */
 } edl_ckpt_shard_info;
 
 typedef struct edl_ckpt_manifest {
@@ -127,7 +136,7 @@ typedef struct edl_ckpt_manifest {
 int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out);
 void edl_ckpt_manifest_free(edl_ckpt_manifest *m);
 
-/* Read shard i of m into a new buffer (caller frees), checking its size and SHA-256
+/* Read shard i of m into a new buffer (caller frees), checking its size and digest
  * (EDL_EPROTO when they do not match). */
 int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void **data,
                         size_t *len);
