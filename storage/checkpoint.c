@@ -7,7 +7,8 @@
  * for a reader; garbage left by a crash is deleted by a later commit.
  *
  * Saves run on one background thread per edl_ckpt with a storage handle of its own, so the
- * caller's thread only copies its buffers. */
+ * caller's thread only copies its buffers, into staging memory the handle keeps
+ * (checkpoint_stage.c). */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
 #include "edl/job.h"
@@ -38,8 +39,9 @@ typedef struct pending_shard {
 struct edl_ckpt_pending {
     edl_ckpt *ck;
     int64_t step, generation;
-    pending_shard *shards;
+    pending_shard *shards; /* data: the caller's (handed over) or in stage (copied) */
     size_t n;
+    ckpt_stage *stage; /* the staging area of the copied shards (NULL: none copied) */
     char *metadata;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -61,6 +63,7 @@ struct edl_ckpt {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     edl_ckpt_pending *head, *tail;
+    ckpt_stages stages;  /* staging memory, kept and reused by every save */
     bool stopping;
     char errmsg[1024];
 };
@@ -105,6 +108,7 @@ static void ckpt_free(edl_ckpt *ck)
     free(ck->uri);
     free(ck->job);
     free(ck->pointer_key);
+    ckpt_stages_clear(&ck->stages);
     free(ck);
 }
 
@@ -134,6 +138,7 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
+    ckpt_stages_init(&ck->stages);
     edl_job_keys keys;
     ck->uri = strdup(cfg->uri);
     ck->job = strdup(cfg->job);
@@ -205,10 +210,15 @@ static void release_shard(pending_shard *s)
 {
     if (s->free_fn)
         s->free_fn(s->data, s->free_arg);
-    else
-        free(s->data);
     s->data = NULL;
     s->free_fn = NULL;
+}
+
+/* The staging area goes back to the handle, for the next save. */
+static void release_stage(edl_ckpt_pending *p)
+{
+    ckpt_stage_give(&p->ck->stages, p->stage);
+    p->stage = NULL;
 }
 
 static void pending_unref(edl_ckpt_pending *p)
@@ -222,6 +232,7 @@ static void pending_unref(edl_ckpt_pending *p)
         release_shard(&p->shards[i]);
         free(p->shards[i].name);
     }
+    release_stage(p);
     free(p->shards);
     free(p->metadata);
     pthread_mutex_destroy(&p->mu);
@@ -241,6 +252,52 @@ static bool metadata_ok(const char *json)
     bool ok = cJSON_IsObject(o);
     cJSON_Delete(o);
     return ok;
+}
+
+/* Round a shard's place in the staging area up to a cache line. */
+static size_t stage_len(size_t len)
+{
+    return (len + 63) / 64 * 64;
+}
+
+/* Take the handed-over shards as they are and copy the others into one staging area: the copy
+ * is the only time the training step waits for (the memory was faulted in by an earlier save
+ * or edl_ckpt_stage_reserve). */
+static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard *shards)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < p->n; i++)
+        need += shards[i].free_fn ? 0 : stage_len(shards[i].len);
+    char *mem = NULL;
+    if (need && !(p->stage = ckpt_stage_take(&ck->stages, need, &mem)))
+        return EDL_ENOMEM;
+    for (size_t i = 0; i < p->n; i++) {
+        pending_shard *s = &p->shards[i];
+        s->len = shards[i].len;
+        if (shards[i].free_fn) {
+            s->data = (void *)shards[i].data;
+            s->free_fn = shards[i].free_fn;
+            s->free_arg = shards[i].free_arg;
+            continue;
+        }
+        s->data = mem;
+        memcpy(mem, shards[i].data, shards[i].len);
+        mem += stage_len(shards[i].len);
+    }
+    return 0;
+}
+
+int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes)
+{
+    if (!ck)
+        return EDL_EINVAL;
+    char *mem;
+    ckpt_stage *a = bytes ? ckpt_stage_take(&ck->stages, bytes, &mem) : NULL;
+    if (bytes && !a)
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory for %zu bytes of "
+                        "checkpoint staging", bytes);
+    ckpt_stage_give(&ck->stages, a);
+    return 0;
 }
 
 int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
@@ -280,26 +337,9 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
     p->generation = generation;
     p->n = n_shards;
     bool nomem = metadata_json && !(p->metadata = strdup(metadata_json));
-    /* The copy is the only time the training step waits for. */
-    for (size_t i = 0; i < n_shards && !nomem; i++) {
-        pending_shard *s = &p->shards[i];
-        if (!(s->name = strdup(shards[i].name ? shards[i].name : "")))
-            nomem = true;
-        else if (shards[i].free_fn) {
-            s->data = (void *)shards[i].data;
-            s->free_fn = shards[i].free_fn;
-            s->free_arg = shards[i].free_arg;
-        } else if ((s->data = malloc(shards[i].len ? shards[i].len : 1)))
-            memcpy(s->data, shards[i].data, shards[i].len);
-        else
-            nomem = true;
-        s->len = shards[i].len;
-    }
-    if (nomem) {
-        /* handed-over buffers stay the caller's on failure */
-        for (size_t i = 0; i < n_shards; i++)
-            if (p->shards[i].free_fn)
-                p->shards[i].data = NULL, p->shards[i].free_fn = NULL;
+    for (size_t i = 0; i < n_shards && !nomem; i++)
+        nomem = !(p->shards[i].name = strdup(shards[i].name ? shards[i].name : ""));
+    if (nomem || stage_shards(ck, p, shards) != 0) {
         p->refs = 1;
         pending_unref(p);
         return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory to copy the shards");
@@ -359,11 +399,28 @@ void edl_ckpt_save_free(edl_ckpt_pending *p)
         pending_unref(p);
 }
 
+static void borrowed(void *data, void *arg)
+{
+    (void)data, (void)arg;
+}
+
 int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
                   size_t n_shards, const char *metadata_json)
 {
+    if (!ck || (n_shards && !shards))
+        return EDL_EINVAL;
+    /* The caller waits for the upload, so its buffers stay as they are: lend them, no copy. */
+    edl_ckpt_shard *lent = malloc((n_shards ? n_shards : 1) * sizeof *lent);
+    if (!lent)
+        return EDL_ENOMEM;
+    for (size_t i = 0; i < n_shards; i++) {
+        lent[i] = shards[i];
+        if (!lent[i].free_fn)
+            lent[i].free_fn = borrowed;
+    }
     edl_ckpt_pending *p;
-    int rc = edl_ckpt_save_async(ck, step, generation, shards, n_shards, metadata_json, &p);
+    int rc = edl_ckpt_save_async(ck, step, generation, lent, n_shards, metadata_json, &p);
+    free(lent);
     if (rc != 0)
         return rc;
     rc = edl_ckpt_wait(p, -1);
@@ -662,7 +719,7 @@ static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
         if ((rc = put_shard(ck, s, info)) != 0)
             edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
                  edl_storage_errmsg(ck->bg));
-        release_shard(s); /* uploaded: give the memory back before the next one */
+        release_shard(s); /* uploaded: a handed-over buffer goes back before the next one */
     }
     char *doc = rc == 0 ? ckpt_rank_doc(&mine, ck->rank) : NULL;
     if (rc == 0 && !doc)
@@ -686,6 +743,7 @@ static void run_save(edl_ckpt *ck, edl_ckpt_pending *p)
     char dir[64];
     ckpt_dir_name(p->step, p->generation, dir, sizeof dir);
     int rc = upload_rank(ck, p, dir);
+    release_stage(p); /* the next save may copy into it while this one commits */
     if (rc == 0 && ck->rank == ck->committer)
         rc = commit(ck, p, dir);
     if (rc != 0 && rc != EDL_ECONFLICT)

@@ -6,6 +6,7 @@
 #include "edl/checkpoint.h"
 
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <xxhash.h>
 
 /* The documents this code writes (shards with "hash" and "digest"), and those of checkpoints
@@ -67,5 +68,19 @@ int ckpt_hasher_init(ckpt_hasher *h, edl_ckpt_hash alg);
 int ckpt_hasher_update(ckpt_hasher *h, const void *data, size_t len);
 int ckpt_hasher_final(ckpt_hasher *h, char out[65]);
 void ckpt_hasher_clear(ckpt_hasher *h);
+
+/* Staging memory for copied shards (checkpoint_stage.c): areas kept by a handle, mapped and
+ * faulted in once, reused by later saves. take: a free area of at least bytes, busy until
+ * given back, its memory in *mem (NULL without memory); give: free again (NULL is fine). */
+typedef struct ckpt_stage ckpt_stage;
+typedef struct ckpt_stages {
+    pthread_mutex_t mu;
+    ckpt_stage *list;
+} ckpt_stages;
+
+void ckpt_stages_init(ckpt_stages *st);
+ckpt_stage *ckpt_stage_take(ckpt_stages *st, size_t bytes, char **mem);
+void ckpt_stage_give(ckpt_stages *st, ckpt_stage *a);
+void ckpt_stages_clear(ckpt_stages *st); /* every area given back */
 
 #endif

@@ -15,7 +15,8 @@
  *      checks them and the shards' sizes, writes manifest.json, then advances the pointer,
  *      and deletes checkpoints older than the newest `keep`.
  * The caller's buffers are copied (or handed over) and uploaded by a background thread; the
- * caller is blocked only for the copy and learns the outcome from edl_ckpt_wait().
+ * caller is blocked only for the copy, into staging memory that the handle keeps and reuses
+ * (allocated and faulted once), and learns the outcome from edl_ckpt_wait().
  *
  * Load: follow the pointer, read the manifest, verify every shard's size and (by default)
  * digest; when the newest is incomplete or corrupt, fall back to the previous committed one
@@ -68,9 +69,10 @@ typedef struct edl_ckpt_shard {
     const char *name;   /* the caller's label ("model", "optim"; may be NULL): "._-" letters */
     const void *data;
     size_t len;
-    /* NULL: the data is copied before edl_ckpt_save_async returns. Otherwise the checkpoint
-     * takes the buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded;
-     * the caller must not touch it in between. */
+    /* NULL: the data is copied (into the handle's staging memory) before edl_ckpt_save_async
+     * returns; edl_ckpt_save lends it instead (no copy). Otherwise the checkpoint takes the
+     * buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded; the caller
+     * must not touch it in between. */
     void (*free_fn)(void *data, void *arg);
     void *free_arg;
 } edl_ckpt_shard;
@@ -96,9 +98,16 @@ bool edl_ckpt_save_done(edl_ckpt_pending *sv);
 const char *edl_ckpt_save_errmsg(edl_ckpt_pending *sv); /* valid once done, until freed */
 /* Release the handle; a save still running goes on and frees itself when finished. */
 void edl_ckpt_save_free(edl_ckpt_pending *sv);
-/* Save and wait: edl_ckpt_save_async + edl_ckpt_wait(-1) + free; errmsg via edl_ckpt_errmsg. */
+/* Save and wait: edl_ckpt_save_async + edl_ckpt_wait(-1) + free; errmsg via edl_ckpt_errmsg.
+ * The shards are not copied: the caller's buffers are used as they are until it returns. */
 int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
                   size_t n_shards, const char *metadata_json);
+
+/* Allocate and fault in staging memory for `bytes` of copied shards now, so that not even the
+ * first edl_ckpt_save_async pays for it (optional: a save allocates what it lacks). Staging is
+ * kept until edl_ckpt_close and reused by every later save that fits; a save queued while
+ * another still uploads from it gets a second area, also kept. */
+int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes);
 
 /* ---- load ------------------------------------------------------------------------------ */
 
