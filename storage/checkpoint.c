@@ -58,7 +58,9 @@ struct edl_ckpt {
     int64_t commit_timeout_ms;
     bool verify;
     edl_etcd *etcd;
-    edl_storage *fg, *bg;  /* caller's thread; worker thread */
+    edl_storage *fg, *bg;  /* caller's thread; worker thread (= up[0]) */
+    edl_storage **up;      /* one per shard upload in flight: parallel_shards handles */
+    int n_up;
     pthread_t worker;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -97,6 +99,7 @@ void edl_ckpt_config_init(edl_ckpt_config *cfg)
     cfg->keep = 3;
     cfg->commit_timeout_ms = 600000;
     cfg->verify_on_load = true;
+    cfg->parallel_shards = 4;
 }
 
 static void *worker_main(void *arg);
@@ -104,7 +107,9 @@ static void *worker_main(void *arg);
 static void ckpt_free(edl_ckpt *ck)
 {
     edl_storage_close(ck->fg);
-    edl_storage_close(ck->bg);
+    for (int i = 0; ck->up && i < ck->n_up; i++)
+        edl_storage_close(ck->up[i]);
+    free(ck->up);
     free(ck->uri);
     free(ck->job);
     free(ck->pointer_key);
@@ -135,6 +140,9 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
                     cfg->committer_rank, cfg->world_size, CKPT_MAX_WORLD);
     if (cfg->keep < 1 || cfg->keep > 1000)
         return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint keep=%d: keep 1..1000", cfg->keep);
+    if (cfg->parallel_shards < 0 || cfg->parallel_shards > 64)
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint parallel_shards=%d: 1..64 (0: 4)",
+                        cfg->parallel_shards);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
@@ -163,8 +171,12 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
         edl_storage_config_init(&sc);
     sc.uri = cfg->uri;
     int rc = edl_storage_open(&sc, &ck->fg, errbuf, errlen);
-    if (rc == 0)
-        rc = edl_storage_open(&sc, &ck->bg, errbuf, errlen);
+    int lanes = cfg->parallel_shards ? cfg->parallel_shards : 4;
+    if (rc == 0 && !(ck->up = calloc((size_t)lanes, sizeof *ck->up)))
+        rc = EDL_ENOMEM;
+    for (; rc == 0 && ck->n_up < lanes; ck->n_up++)
+        rc = edl_storage_open(&sc, &ck->up[ck->n_up], errbuf, errlen);
+    ck->bg = rc == 0 ? ck->up[0] : NULL;
     if (rc != 0) {
         ckpt_free(ck);
         return rc;
@@ -684,12 +696,12 @@ static void digest_observe(void *arg, const void *data, size_t len)
 }
 
 /* Store one shard and record its XXH3-128 digest, computed while it is written. */
-static int put_shard(edl_ckpt *ck, const pending_shard *s, edl_ckpt_shard_info *info)
+static int put_shard(edl_storage *st, const pending_shard *s, edl_ckpt_shard_info *info)
 {
     ckpt_hasher h;
     int rc = ckpt_hasher_init(&h, EDL_CKPT_XXH3_128);
     if (rc == 0)
-        rc = edl_storage_put_observed(ck->bg, info->key, s->data, s->len, digest_observe, &h);
+        rc = edl_storage_put_observed(st, info->key, s->data, s->len, digest_observe, &h);
     if (rc == 0)
         rc = ckpt_hasher_final(&h, info->digest);
     info->hash = EDL_CKPT_XXH3_128;
@@ -697,6 +709,69 @@ static int put_shard(edl_ckpt *ck, const pending_shard *s, edl_ckpt_shard_info *
     return rc;
 }
 
+/* A rank's shards, uploaded by up to n_up lanes at once: each lane takes the next shard not yet
+ * taken and stores it through its own storage handle. */
+typedef struct upload {
+    edl_ckpt *ck;
+    edl_ckpt_pending *p;
+    edl_ckpt_manifest *mine;
+    pthread_mutex_t mu;
+    size_t next;      /* the next shard to take */
+    int rc;           /* the first failure; later shards are not started */
+} upload;
+
+typedef struct upload_lane {
+    upload *u;
+    edl_storage *st;
+    pthread_t thread;
+} upload_lane;
+
+static void *upload_lane_main(void *arg)
+{
+    upload_lane *l = arg;
+    upload *u = l->u;
+    for (;;) {
+        pthread_mutex_lock(&u->mu);
+        size_t i = u->next++;
+        bool go = i < u->p->n && u->rc == 0;
+        pthread_mutex_unlock(&u->mu);
+        if (!go)
+            break;
+        int rc = put_shard(l->st, &u->p->shards[i], &u->mine->shards[i]);
+        pthread_mutex_lock(&u->mu); /* one at a time: a free_fn need not be thread-safe */
+        if (rc != 0 && u->rc == 0) {
+            u->rc = rc;
+            edl_errf(u->p->errmsg, sizeof u->p->errmsg, rc, "checkpoint %s, rank %d: %s",
+                     u->mine->dir, u->ck->rank, edl_storage_errmsg(l->st));
+        }
+        release_shard(&u->p->shards[i]); /* uploaded: a handed-over buffer goes back now */
+        pthread_mutex_unlock(&u->mu);
+    }
+    return NULL;
+}
+
+/* Upload every shard of the save, parallel_shards at a time (the worker is one lane). */
+static int upload_shards(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *mine)
+{
+    upload u = {.ck = ck, .p = p, .mine = mine};
+    upload_lane lanes[64];
+    int n = p->n < (size_t)ck->n_up ? (int)p->n : ck->n_up, started = 1;
+    if (n == 0)
+        return 0;
+    pthread_mutex_init(&u.mu, NULL);
+    for (int k = 0; k < n; k++)
+        lanes[k] = (upload_lane){.u = &u, .st = ck->up[k]};
+    for (; started < n; started++) /* a lane that cannot start leaves its share to the others */
+        if (pthread_create(&lanes[started].thread, NULL, upload_lane_main, &lanes[started]) != 0)
+            break;
+    upload_lane_main(&lanes[0]);
+    for (int k = 1; k < started; k++)
+        pthread_join(lanes[k].thread, NULL);
+    pthread_mutex_destroy(&u.mu);
+    return u.rc;
+}
+
+/* This rank's part of the save: its shards, then done.json listing them with their digests. */
 static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 {
     edl_ckpt_manifest mine = {.step = p->step, .generation = p->generation,
@@ -704,23 +779,20 @@ static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
     mine.shards = calloc(p->n ? p->n : 1, sizeof *mine.shards);
     int rc = mine.shards ? 0 : EDL_ENOMEM;
     for (size_t i = 0; i < p->n && rc == 0; i++) {
-        pending_shard *s = &p->shards[i];
         edl_ckpt_shard_info *info = &mine.shards[i];
         info->rank = ck->rank;
         info->index = (int)i;
-        info->name = s->name;
-        info->size = s->len;
+        info->name = p->shards[i].name;
+        info->size = p->shards[i].len;
         if (asprintf(&info->key, "%s/rank-%d/shard-%zu", dir, ck->rank, i) < 0) {
             info->key = NULL;
             rc = EDL_ENOMEM;
             break;
         }
         mine.n_shards++;
-        if ((rc = put_shard(ck, s, info)) != 0)
-            edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
-                 edl_storage_errmsg(ck->bg));
-        release_shard(s); /* uploaded: a handed-over buffer goes back before the next one */
     }
+    if (rc == 0)
+        rc = upload_shards(ck, p, &mine);
     char *doc = rc == 0 ? ckpt_rank_doc(&mine, ck->rank) : NULL;
     if (rc == 0 && !doc)
         rc = EDL_ENOMEM;

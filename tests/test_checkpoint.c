@@ -739,7 +739,20 @@ static void test_wrong_credentials_is_a_clear_error(void **state)
     edl_ckpt_shard sh = {.data = "x", .len = 1};
     assert_int_equal(edl_ckpt_save(ck, 1, 1, &sh, 1, NULL), EDL_EAUTH);
     assert_non_null(strstr(edl_ckpt_errmsg(ck), "credentials"));
+    /* six handed-over shards on four upload lanes: the save fails with the store's reason, and
+     * every buffer goes back once, uploaded or not */
+    int freed = 0;
+    edl_ckpt_shard six[6];
+    for (int i = 0; i < 6; i++)
+        six[i] = (edl_ckpt_shard){.data = pattern(1000, (unsigned)i), .len = 1000,
+                                  .free_fn = count_free, .free_arg = &freed};
+    edl_ckpt_pending *p;
+    assert_int_equal(edl_ckpt_save_async(ck, 2, 1, six, 6, NULL, &p), 0);
+    assert_int_equal(edl_ckpt_wait(p, 30000), EDL_EAUTH);
+    assert_non_null(strstr(edl_ckpt_save_errmsg(p), "credentials"));
+    edl_ckpt_save_free(p);
     edl_ckpt_close(ck);
+    assert_int_equal(freed, 6);
 }
 
 int main(void)

@@ -49,14 +49,16 @@ typedef struct edl_ckpt_config {
     int keep;                 /* committed checkpoints kept, older ones deleted (3; >= 1) */
     int64_t commit_timeout_ms; /* how long the committer waits for other ranks' shards (600000) */
     bool verify_on_load;      /* digest every shard in edl_ckpt_load_latest (true by init) */
+    int parallel_shards;      /* a rank's shards uploaded at once, each through a store handle
+                                 of its own (4; 0 means 4; 1: one after another; <= 64) */
     const edl_storage_config *storage; /* options for the store (NULL: defaults + AWS_* env);
                                           its uri field is ignored */
 } edl_ckpt_config;
 
 void edl_ckpt_config_init(edl_ckpt_config *cfg);
 
-/* Validate the config and open the store (twice: one handle for the caller's thread, one for
- * the uploader). errbuf (may be NULL) receives the reason of a failure. */
+/* Validate the config and open the store (a handle for the caller's thread and one for each
+ * upload in flight). errbuf (may be NULL) receives the reason of a failure. */
 int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size_t errlen);
 /* Waits for every queued save to finish (they keep their own deadlines), then frees. */
 void edl_ckpt_close(edl_ckpt *ck);
@@ -71,8 +73,8 @@ typedef struct edl_ckpt_shard {
     size_t len;
     /* NULL: the data is copied (into the handle's staging memory) before edl_ckpt_save_async
      * returns; edl_ckpt_save lends it instead (no copy). Otherwise the checkpoint takes the
-     * buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded; the caller
-     * must not touch it in between. */
+     * buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded (from one of
+     * its upload threads, one call at a time); the caller must not touch it in between. */
     void (*free_fn)(void *data, void *arg);
     void *free_arg;
 } edl_ckpt_shard;
