@@ -7,7 +7,8 @@
  * for a reader; garbage left by a crash is deleted by a later commit.
  *
  * Saves run on one background thread per edl_ckpt with a storage handle of its own, so the
- * caller's thread only copies its buffers. */
+ * caller's thread only copies its buffers, into staging memory the handle keeps
+ * (checkpoint_stage.c). */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
 #include "edl/job.h"
@@ -16,7 +17,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,8 +39,9 @@ typedef struct pending_shard {
 struct edl_ckpt_pending {
     edl_ckpt *ck;
     int64_t step, generation;
-    pending_shard *shards;
+    pending_shard *shards; /* data: the caller's (handed over) or in stage (copied) */
     size_t n;
+    ckpt_stage *stage; /* the staging area of the copied shards (NULL: none copied) */
     char *metadata;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -57,11 +58,14 @@ struct edl_ckpt {
     int64_t commit_timeout_ms;
     bool verify;
     edl_etcd *etcd;
-    edl_storage *fg, *bg;  /* caller's thread; worker thread */
+    edl_storage *fg, *bg;  /* caller's thread; worker thread (= up[0]) */
+    edl_storage **up;      /* one per shard upload in flight: parallel_shards handles */
+    int n_up;
     pthread_t worker;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     edl_ckpt_pending *head, *tail;
+    ckpt_stages stages;  /* staging memory, kept and reused by every save */
     bool stopping;
     char errmsg[1024];
 };
@@ -95,6 +99,7 @@ void edl_ckpt_config_init(edl_ckpt_config *cfg)
     cfg->keep = 3;
     cfg->commit_timeout_ms = 600000;
     cfg->verify_on_load = true;
+    cfg->parallel_shards = 4;
 }
 
 static void *worker_main(void *arg);
@@ -102,10 +107,13 @@ static void *worker_main(void *arg);
 static void ckpt_free(edl_ckpt *ck)
 {
     edl_storage_close(ck->fg);
-    edl_storage_close(ck->bg);
+    for (int i = 0; ck->up && i < ck->n_up; i++)
+        edl_storage_close(ck->up[i]);
+    free(ck->up);
     free(ck->uri);
     free(ck->job);
     free(ck->pointer_key);
+    ckpt_stages_clear(&ck->stages);
     free(ck);
 }
 
@@ -132,9 +140,13 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
                     cfg->committer_rank, cfg->world_size, CKPT_MAX_WORLD);
     if (cfg->keep < 1 || cfg->keep > 1000)
         return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint keep=%d: keep 1..1000", cfg->keep);
+    if (cfg->parallel_shards < 0 || cfg->parallel_shards > 64)
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint parallel_shards=%d: 1..64 (0: 4)",
+                        cfg->parallel_shards);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
+    ckpt_stages_init(&ck->stages);
     edl_job_keys keys;
     ck->uri = strdup(cfg->uri);
     ck->job = strdup(cfg->job);
@@ -159,8 +171,12 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
         edl_storage_config_init(&sc);
     sc.uri = cfg->uri;
     int rc = edl_storage_open(&sc, &ck->fg, errbuf, errlen);
-    if (rc == 0)
-        rc = edl_storage_open(&sc, &ck->bg, errbuf, errlen);
+    int lanes = cfg->parallel_shards ? cfg->parallel_shards : 4;
+    if (rc == 0 && !(ck->up = calloc((size_t)lanes, sizeof *ck->up)))
+        rc = EDL_ENOMEM;
+    for (; rc == 0 && ck->n_up < lanes; ck->n_up++)
+        rc = edl_storage_open(&sc, &ck->up[ck->n_up], errbuf, errlen);
+    ck->bg = rc == 0 ? ck->up[0] : NULL;
     if (rc != 0) {
         ckpt_free(ck);
         return rc;
@@ -206,10 +222,15 @@ static void release_shard(pending_shard *s)
 {
     if (s->free_fn)
         s->free_fn(s->data, s->free_arg);
-    else
-        free(s->data);
     s->data = NULL;
     s->free_fn = NULL;
+}
+
+/* The staging area goes back to the handle, for the next save. */
+static void release_stage(edl_ckpt_pending *p)
+{
+    ckpt_stage_give(&p->ck->stages, p->stage);
+    p->stage = NULL;
 }
 
 static void pending_unref(edl_ckpt_pending *p)
@@ -223,6 +244,7 @@ static void pending_unref(edl_ckpt_pending *p)
         release_shard(&p->shards[i]);
         free(p->shards[i].name);
     }
+    release_stage(p);
     free(p->shards);
     free(p->metadata);
     pthread_mutex_destroy(&p->mu);
@@ -242,6 +264,52 @@ static bool metadata_ok(const char *json)
     bool ok = cJSON_IsObject(o);
     cJSON_Delete(o);
     return ok;
+}
+
+/* Round a shard's place in the staging area up to a cache line. */
+static size_t stage_len(size_t len)
+{
+    return (len + 63) / 64 * 64;
+}
+
+/* Take the handed-over shards as they are and copy the others into one staging area: the copy
+ * is the only time the training step waits for (the memory was faulted in by an earlier save
+ * or edl_ckpt_stage_reserve). */
+static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard *shards)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < p->n; i++)
+        need += shards[i].free_fn ? 0 : stage_len(shards[i].len);
+    char *mem = NULL;
+    if (need && !(p->stage = ckpt_stage_take(&ck->stages, need, &mem)))
+        return EDL_ENOMEM;
+    for (size_t i = 0; i < p->n; i++) {
+        pending_shard *s = &p->shards[i];
+        s->len = shards[i].len;
+        if (shards[i].free_fn) {
+            s->data = (void *)shards[i].data;
+            s->free_fn = shards[i].free_fn;
+            s->free_arg = shards[i].free_arg;
+            continue;
+        }
+        s->data = mem;
+        memcpy(mem, shards[i].data, shards[i].len);
+        mem += stage_len(shards[i].len);
+    }
+    return 0;
+}
+
+int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes)
+{
+    if (!ck)
+        return EDL_EINVAL;
+    char *mem;
+    ckpt_stage *a = bytes ? ckpt_stage_take(&ck->stages, bytes, &mem) : NULL;
+    if (bytes && !a)
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory for %zu bytes of "
+                        "checkpoint staging", bytes);
+    ckpt_stage_give(&ck->stages, a);
+    return 0;
 }
 
 int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
@@ -281,26 +349,9 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
     p->generation = generation;
     p->n = n_shards;
     bool nomem = metadata_json && !(p->metadata = strdup(metadata_json));
-    /* The copy is the only time the training step waits for. */
-    for (size_t i = 0; i < n_shards && !nomem; i++) {
-        pending_shard *s = &p->shards[i];
-        if (!(s->name = strdup(shards[i].name ? shards[i].name : "")))
-            nomem = true;
-        else if (shards[i].free_fn) {
-            s->data = (void *)shards[i].data;
-            s->free_fn = shards[i].free_fn;
-            s->free_arg = shards[i].free_arg;
-        } else if ((s->data = malloc(shards[i].len ? shards[i].len : 1)))
-            memcpy(s->data, shards[i].data, shards[i].len);
-        else
-            nomem = true;
-        s->len = shards[i].len;
-    }
-    if (nomem) {
-        /* handed-over buffers stay the caller's on failure */
-        for (size_t i = 0; i < n_shards; i++)
-            if (p->shards[i].free_fn)
-                p->shards[i].data = NULL, p->shards[i].free_fn = NULL;
+    for (size_t i = 0; i < n_shards && !nomem; i++)
+        nomem = !(p->shards[i].name = strdup(shards[i].name ? shards[i].name : ""));
+    if (nomem || stage_shards(ck, p, shards) != 0) {
         p->refs = 1;
         pending_unref(p);
         return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory to copy the shards");
@@ -360,11 +411,28 @@ void edl_ckpt_save_free(edl_ckpt_pending *p)
         pending_unref(p);
 }
 
+static void borrowed(void *data, void *arg)
+{
+    (void)data, (void)arg;
+}
+
 int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
                   size_t n_shards, const char *metadata_json)
 {
+    if (!ck || (n_shards && !shards))
+        return EDL_EINVAL;
+    /* The caller waits for the upload, so its buffers stay as they are: lend them, no copy. */
+    edl_ckpt_shard *lent = malloc((n_shards ? n_shards : 1) * sizeof *lent);
+    if (!lent)
+        return EDL_ENOMEM;
+    for (size_t i = 0; i < n_shards; i++) {
+        lent[i] = shards[i];
+        if (!lent[i].free_fn)
+            lent[i].free_fn = borrowed;
+    }
     edl_ckpt_pending *p;
-    int rc = edl_ckpt_save_async(ck, step, generation, shards, n_shards, metadata_json, &p);
+    int rc = edl_ckpt_save_async(ck, step, generation, lent, n_shards, metadata_json, &p);
+    free(lent);
     if (rc != 0)
         return rc;
     rc = edl_ckpt_wait(p, -1);
@@ -621,6 +689,89 @@ static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 
 /* ---- the worker ------------------------------------------------------------------------ */
 
+/* The store shows the bytes as it writes them: the digest is taken in the same pass. */
+static void digest_observe(void *arg, const void *data, size_t len)
+{
+    ckpt_hasher_update(arg, data, len); /* fails only without a state, which init excluded */
+}
+
+/* Store one shard and record its XXH3-128 digest, computed while it is written. */
+static int put_shard(edl_storage *st, const pending_shard *s, edl_ckpt_shard_info *info)
+{
+    ckpt_hasher h;
+    int rc = ckpt_hasher_init(&h, EDL_CKPT_XXH3_128);
+    if (rc == 0)
+        rc = edl_storage_put_observed(st, info->key, s->data, s->len, digest_observe, &h);
+    if (rc == 0)
+        rc = ckpt_hasher_final(&h, info->digest);
+    info->hash = EDL_CKPT_XXH3_128;
+    ckpt_hasher_clear(&h);
+    return rc;
+}
+
+/* A rank's shards, uploaded by up to n_up lanes at once: each lane takes the next shard not yet
+ * taken and stores it through its own storage handle. */
+typedef struct upload {
+    edl_ckpt *ck;
+    edl_ckpt_pending *p;
+    edl_ckpt_manifest *mine;
+    pthread_mutex_t mu;
+    size_t next;      /* the next shard to take */
+    int rc;           /* the first failure; later shards are not started */
+} upload;
+
+typedef struct upload_lane {
+    upload *u;
+    edl_storage *st;
+    pthread_t thread;
+} upload_lane;
+
+static void *upload_lane_main(void *arg)
+{
+    upload_lane *l = arg;
+    upload *u = l->u;
+    for (;;) {
+        pthread_mutex_lock(&u->mu);
+        size_t i = u->next++;
+        bool go = i < u->p->n && u->rc == 0;
+        pthread_mutex_unlock(&u->mu);
+        if (!go)
+            break;
+        int rc = put_shard(l->st, &u->p->shards[i], &u->mine->shards[i]);
+        pthread_mutex_lock(&u->mu); /* one at a time: a free_fn need not be thread-safe */
+        if (rc != 0 && u->rc == 0) {
+            u->rc = rc;
+            edl_errf(u->p->errmsg, sizeof u->p->errmsg, rc, "checkpoint %s, rank %d: %s",
+                     u->mine->dir, u->ck->rank, edl_storage_errmsg(l->st));
+        }
+        release_shard(&u->p->shards[i]); /* uploaded: a handed-over buffer goes back now */
+        pthread_mutex_unlock(&u->mu);
+    }
+    return NULL;
+}
+
+/* Upload every shard of the save, parallel_shards at a time (the worker is one lane). */
+static int upload_shards(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *mine)
+{
+    upload u = {.ck = ck, .p = p, .mine = mine};
+    upload_lane lanes[64];
+    int n = p->n < (size_t)ck->n_up ? (int)p->n : ck->n_up, started = 1;
+    if (n == 0)
+        return 0;
+    pthread_mutex_init(&u.mu, NULL);
+    for (int k = 0; k < n; k++)
+        lanes[k] = (upload_lane){.u = &u, .st = ck->up[k]};
+    for (; started < n; started++) /* a lane that cannot start leaves its share to the others */
+        if (pthread_create(&lanes[started].thread, NULL, upload_lane_main, &lanes[started]) != 0)
+            break;
+    upload_lane_main(&lanes[0]);
+    for (int k = 1; k < started; k++)
+        pthread_join(lanes[k].thread, NULL);
+    pthread_mutex_destroy(&u.mu);
+    return u.rc;
+}
+
+/* This rank's part of the save: its shards, then done.json listing them with their digests. */
 static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 {
     edl_ckpt_manifest mine = {.step = p->step, .generation = p->generation,
@@ -628,24 +779,20 @@ static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
     mine.shards = calloc(p->n ? p->n : 1, sizeof *mine.shards);
     int rc = mine.shards ? 0 : EDL_ENOMEM;
     for (size_t i = 0; i < p->n && rc == 0; i++) {
-        pending_shard *s = &p->shards[i];
         edl_ckpt_shard_info *info = &mine.shards[i];
         info->rank = ck->rank;
         info->index = (int)i;
-        info->name = s->name;
-        info->size = s->len;
+        info->name = p->shards[i].name;
+        info->size = p->shards[i].len;
         if (asprintf(&info->key, "%s/rank-%d/shard-%zu", dir, ck->rank, i) < 0) {
             info->key = NULL;
             rc = EDL_ENOMEM;
             break;
         }
         mine.n_shards++;
-        rc = ckpt_sha256_hex(s->data, s->len, info->sha256);
-        if (rc == 0 && (rc = edl_storage_put(ck->bg, info->key, s->data, s->len)) != 0)
-            edl_errf(p->errmsg, sizeof p->errmsg, rc, "checkpoint %s, rank %d: %s", dir, ck->rank,
-                 edl_storage_errmsg(ck->bg));
-        release_shard(s); /* uploaded: give the memory back before the next one */
     }
+    if (rc == 0)
+        rc = upload_shards(ck, p, &mine);
     char *doc = rc == 0 ? ckpt_rank_doc(&mine, ck->rank) : NULL;
     if (rc == 0 && !doc)
         rc = EDL_ENOMEM;
@@ -668,6 +815,7 @@ static void run_save(edl_ckpt *ck, edl_ckpt_pending *p)
     char dir[64];
     ckpt_dir_name(p->step, p->generation, dir, sizeof dir);
     int rc = upload_rank(ck, p, dir);
+    release_stage(p); /* the next save may copy into it while this one commits */
     if (rc == 0 && ck->rank == ck->committer)
         rc = commit(ck, p, dir);
     if (rc != 0 && rc != EDL_ECONFLICT)
@@ -706,7 +854,7 @@ static void *worker_main(void *arg)
 /* ---- load ------------------------------------------------------------------------------ */
 
 typedef struct hash_sink {
-    EVP_MD_CTX *md;
+    ckpt_hasher h;
     bool keep;        /* read_shard: keep the bytes */
     edl_bytebuf data; /* grown as bytes arrive, never sized from the manifest */
     uint64_t len, max;
@@ -717,20 +865,21 @@ static int hash_write(void *arg, const void *data, size_t len)
     hash_sink *h = arg;
     if (len > h->max - h->len) /* more bytes than the manifest says: stop at once */
         return EDL_ETOOBIG;
-    if (EVP_DigestUpdate(h->md, data, len) != 1)
-        return EDL_ENOMEM;
-    int rc = h->keep ? edl_bytebuf_append(&h->data, data, len) : 0;
+    int rc = ckpt_hasher_update(&h->h, data, len);
+    if (rc == 0 && h->keep)
+        rc = edl_bytebuf_append(&h->data, data, len);
     if (rc == 0)
         h->len += len;
     return rc;
 }
 
-/* Fetch shard s and check its size and hash; with keep, hand the bytes to the caller. */
+/* Fetch shard s and check its size and digest (whichever algorithm its manifest names) as
+ * the bytes arrive; with keep, hand the bytes to the caller. */
 static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, char *err,
                        size_t errlen)
 {
-    hash_sink h = {.md = EVP_MD_CTX_new(), .max = s->size, .keep = keep != NULL};
-    int rc = h.md && EVP_DigestInit_ex(h.md, EVP_sha256(), NULL) == 1 ? 0 : EDL_ENOMEM;
+    hash_sink h = {.max = s->size, .keep = keep != NULL};
+    int rc = ckpt_hasher_init(&h.h, s->hash);
     if (rc == 0) {
         rc = edl_storage_get_stream(ck->fg, s->key, hash_write, &h, NULL);
         if (rc == EDL_ETOOBIG)
@@ -744,18 +893,11 @@ static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, 
     if (rc == 0 && h.len != s->size)
         rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
                       "lists %" PRIu64, s->key, h.len, s->size);
-    if (rc == 0) {
-        unsigned char md[EVP_MAX_MD_SIZE];
-        unsigned int mdlen = 0;
-        char hex[65];
-        EVP_DigestFinal_ex(h.md, md, &mdlen);
-        for (unsigned i = 0; i < 32 && mdlen == 32; i++)
-            snprintf(hex + 2 * i, 3, "%02x", md[i]);
-        if (mdlen != 32 || strcmp(hex, s->sha256) != 0)
-            rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is corrupt: its SHA-256 is not the one "
-                      "in the manifest", s->key);
-    }
-    EVP_MD_CTX_free(h.md);
+    char hex[65];
+    if (rc == 0 && (rc = ckpt_hasher_final(&h.h, hex)) == 0 && strcmp(hex, s->digest) != 0)
+        rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is corrupt: its %s digest is not the "
+                      "one in the manifest", s->key, ckpt_hash_name(s->hash));
+    ckpt_hasher_clear(&h.h);
     if (rc == 0 && keep && !h.data.data)
         rc = edl_bytebuf_append(&h.data, "", 0); /* an empty shard is still a buffer */
     if (rc == 0 && keep)

@@ -3,14 +3,16 @@
  * Every document comes back from remote storage or etcd, where anything may have happened to
  * it (truncation, another program, a hostile writer), so every field is checked for type and
  * range before it is used: integers must be exact, sizes and counts bounded, keys valid and
- * inside the checkpoint's own directory, checksums 64 hex digits. */
+ * inside the checkpoint's own directory, digests of a known algorithm and its length in hex.
+ *
+ * A shard names its digest as "hash": "xxh3-128" (or "sha256") and "digest": "<hex>"; shards of
+ * checkpoints written before XXH3 (format /1) carry "sha256": "<64 hex>" instead, and load. */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
 #include "edl/json.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,17 +43,6 @@ bool ckpt_dir_parse(const char *name, size_t len, int64_t *step, int64_t *genera
     return true;
 }
 
-int ckpt_sha256_hex(const void *data, size_t len, char out[65])
-{
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-    if (EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
-        return EDL_ENOMEM;
-    for (unsigned i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
-    return 0;
-}
-
 /* ---- reading ------------------------------------------------------------------------- */
 
 /* A malformed document: the message, and EDL_EPROTO. */
@@ -72,14 +63,42 @@ static bool label_valid(const char *s)
     return true;
 }
 
-static bool hex64(const char *s)
+static bool hex_of(const char *s, size_t len)
 {
-    if (!s || strlen(s) != 64)
+    if (!s || strlen(s) != len)
         return false;
-    for (int i = 0; i < 64; i++)
+    for (size_t i = 0; i < len; i++)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
             return false;
     return true;
+}
+
+/* The shard's digest: "hash" and "digest", or the "sha256" of a checkpoint before XXH3. */
+static int parse_digest(edl_json_reader *r, edl_ckpt_shard_info *s)
+{
+    const char *alg = NULL, *sum = NULL;
+    r->required = false;
+    edl_json_cstr(r, "hash", 32, &alg);
+    r->required = true;
+    if (r->rc)
+        return reader_rc(r);
+    if (!alg) {
+        s->hash = EDL_CKPT_SHA256;
+        edl_json_cstr(r, "sha256", 64, &sum);
+    } else if (!ckpt_hash_parse(alg, &s->hash)) {
+        return bad(r->err, r->errlen, "%s: \"hash\" names no known algorithm (xxh3-128, "
+                   "sha256)", r->doc);
+    } else {
+        edl_json_cstr(r, "digest", 64, &sum);
+    }
+    if (r->rc)
+        return reader_rc(r);
+    size_t n = ckpt_hash_hex_len(s->hash);
+    if (!hex_of(sum, n))
+        return bad(r->err, r->errlen, "%s: \"%s\" is not %zu lowercase hex digits", r->doc,
+                   alg ? "digest" : "sha256", n);
+    memcpy(s->digest, sum, n + 1);
+    return 0;
 }
 
 void edl_ckpt_manifest_free(edl_ckpt_manifest *m)
@@ -101,7 +120,7 @@ static int parse_shard(edl_json_reader *r, const edl_ckpt_manifest *m, int rank,
                        edl_ckpt_shard_info *s)
 {
     int64_t rk = rank, idx = 0, size = 0;
-    const char *name = NULL, *key = NULL, *sum = NULL;
+    const char *name = NULL, *key = NULL;
     r->required = rank < 0; /* in a rank's own document, its shards may leave "rank" out */
     edl_json_i64(r, "rank", rank < 0 ? 0 : rank, rank < 0 ? m->world_size - 1 : rank, &rk);
     r->required = true;
@@ -109,7 +128,6 @@ static int parse_shard(edl_json_reader *r, const edl_ckpt_manifest *m, int rank,
     edl_json_i64(r, "size", 0, (int64_t)CKPT_MAX_SHARD_SIZE, &size);
     edl_json_cstr(r, "name", 128, &name);
     edl_json_cstr(r, "key", 512, &key);
-    edl_json_cstr(r, "sha256", 64, &sum);
     if (r->rc)
         return reader_rc(r);
     size_t dlen = strlen(m->dir);
@@ -119,12 +137,12 @@ static int parse_shard(edl_json_reader *r, const edl_ckpt_manifest *m, int rank,
         return bad(r->err, r->errlen, "%s: \"key\" is not a valid storage key", r->doc);
     if (strncmp(key, m->dir, dlen) != 0 || key[dlen] != '/')
         return bad(r->err, r->errlen, "%s: \"key\" is outside %s", r->doc, m->dir);
-    if (!hex64(sum))
-        return bad(r->err, r->errlen, "%s: \"sha256\" is not 64 lowercase hex digits", r->doc);
+    int rc = parse_digest(r, s);
+    if (rc)
+        return rc;
     s->rank = (int)rk;
     s->index = (int)idx;
     s->size = (uint64_t)size;
-    memcpy(s->sha256, sum, 65);
     return (s->name = strdup(name)) && (s->key = strdup(key)) ? 0 : EDL_ENOMEM;
 }
 
@@ -160,14 +178,17 @@ static int parse_shards(edl_json_reader *root, edl_ckpt_manifest *m, int rank)
     return 0;
 }
 
-/* The fields every document shares: format, step, generation, world_size, dir. */
-static int parse_common(edl_json_reader *r, const char *format, edl_ckpt_manifest *m)
+/* The fields every document shares: format (this code's or the one before, old_format),
+ * step, generation, world_size, dir. */
+static int parse_common(edl_json_reader *r, const char *format, const char *old_format,
+                        edl_ckpt_manifest *m)
 {
     const char *f = NULL, *d = NULL;
     r->required = true;
     edl_json_cstr(r, "format", 64, &f);
-    if (!r->rc && (!f || strcmp(f, format) != 0))
-        return bad(r->err, r->errlen, "%s: \"format\" is not \"%s\"", r->doc, format);
+    if (!r->rc && (!f || (strcmp(f, format) != 0 && strcmp(f, old_format) != 0)))
+        return bad(r->err, r->errlen, "%s: \"format\" is neither \"%s\" nor \"%s\"", r->doc,
+                   format, old_format);
     edl_json_i64(r, "step", 0, CKPT_MAX_STEP, &m->step);
     edl_json_i64(r, "generation", 0, CKPT_MAX_STEP, &m->generation);
     edl_json_int(r, "world_size", 1, CKPT_MAX_WORLD, &m->world_size);
@@ -211,7 +232,7 @@ int edl_ckpt_manifest_parse(const char *json, size_t len, edl_ckpt_manifest **ou
     if (!root)
         return rc;
     edl_json_reader r = {root, "manifest", err, errlen, 0};
-    rc = parse_common(&r, CKPT_FORMAT, m);
+    rc = parse_common(&r, CKPT_FORMAT, CKPT_FORMAT_V1, m);
     if (rc == 0)
         rc = parse_shards(&r, m, -1);
     r.required = false;
@@ -241,7 +262,7 @@ int ckpt_rank_doc_parse(const char *json, size_t len, int rank, const edl_ckpt_m
         return rc;
     edl_json_reader r = {root, "rank document", err, errlen, 0};
     int64_t rk = -1;
-    rc = parse_common(&r, CKPT_RANK_FORMAT, m);
+    rc = parse_common(&r, CKPT_RANK_FORMAT, CKPT_RANK_FORMAT_V1, m);
     if (rc == 0)
         edl_json_i64(&r, "rank", 0, CKPT_MAX_WORLD, &rk);
     if (rc == 0 && (r.rc || rk != rank))
@@ -295,7 +316,8 @@ static bool add_shards(cJSON *o, const edl_ckpt_manifest *m, int rank)
         cJSON_AddStringToObject(e, "name", s->name ? s->name : "");
         cJSON_AddStringToObject(e, "key", s->key);
         cJSON_AddNumberToObject(e, "size", (double)s->size);
-        cJSON_AddStringToObject(e, "sha256", s->sha256);
+        cJSON_AddStringToObject(e, "hash", ckpt_hash_name(s->hash));
+        cJSON_AddStringToObject(e, "digest", s->digest);
     }
     return true;
 }

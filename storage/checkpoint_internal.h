@@ -5,8 +5,16 @@
 
 #include "edl/checkpoint.h"
 
-#define CKPT_FORMAT "edl-checkpoint/1"
-#define CKPT_RANK_FORMAT "edl-checkpoint-rank/1"
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <xxhash.h>
+
+/* The documents this code writes (shards with "hash" and "digest"), and those of checkpoints
+ * written before XXH3 (shards with "sha256"), which it still reads. */
+#define CKPT_FORMAT "edl-checkpoint/2"
+#define CKPT_RANK_FORMAT "edl-checkpoint-rank/2"
+#define CKPT_FORMAT_V1 "edl-checkpoint/1"
+#define CKPT_RANK_FORMAT_V1 "edl-checkpoint-rank/1"
 #define CKPT_MAX_STEP 9007199254740991LL  /* 2^53 - 1: exact in every JSON reader */
 #define CKPT_MAX_WORLD 65536
 #define CKPT_MAX_SHARDS 1000000
@@ -43,7 +51,36 @@ char *ckpt_pointer_doc(const char *uri, const ckpt_pointer *old, int64_t step, i
                        int keep);
 void ckpt_pointer_clear(ckpt_pointer *p);
 
-/* SHA-256 of a buffer as lowercase hex (OpenSSL EVP). */
-int ckpt_sha256_hex(const void *data, size_t len, char out[65]);
+/* Digests of shards (checkpoint_hash.c): "xxh3-128" for new checkpoints, "sha256" for old. */
+const char *ckpt_hash_name(edl_ckpt_hash alg);
+size_t ckpt_hash_hex_len(edl_ckpt_hash alg);
+bool ckpt_hash_parse(const char *name, edl_ckpt_hash *alg);
+
+/* A digest computed as bytes stream by: init, update (any number of times), final (lowercase
+ * hex of ckpt_hash_hex_len digits), clear (also after a failed init). */
+typedef struct ckpt_hasher {
+    edl_ckpt_hash alg;
+    XXH3_state_t *xxh;
+    EVP_MD_CTX *md;
+} ckpt_hasher;
+
+int ckpt_hasher_init(ckpt_hasher *h, edl_ckpt_hash alg);
+int ckpt_hasher_update(ckpt_hasher *h, const void *data, size_t len);
+int ckpt_hasher_final(ckpt_hasher *h, char out[65]);
+void ckpt_hasher_clear(ckpt_hasher *h);
+
+/* Staging memory for copied shards (checkpoint_stage.c): areas kept by a handle, mapped and
+ * faulted in once, reused by later saves. take: a free area of at least bytes, busy until
+ * given back, its memory in *mem (NULL without memory); give: free again (NULL is fine). */
+typedef struct ckpt_stage ckpt_stage;
+typedef struct ckpt_stages {
+    pthread_mutex_t mu;
+    ckpt_stage *list;
+} ckpt_stages;
+
+void ckpt_stages_init(ckpt_stages *st);
+ckpt_stage *ckpt_stage_take(ckpt_stages *st, size_t bytes, char **mem);
+void ckpt_stage_give(ckpt_stages *st, ckpt_stage *a);
+void ckpt_stages_clear(ckpt_stages *st); /* every area given back */
 
 #endif

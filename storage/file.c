@@ -118,7 +118,7 @@ static int fsync_dir(const char *path)
 static int write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
-        ssize_t w = write(fd, p, n > IO_CHUNK * 64 ? IO_CHUNK * 64 : n);
+        ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0)
@@ -132,11 +132,16 @@ static int write_all(int fd, const char *p, size_t n)
 /* Write the whole source to fd; on failure the message is set. */
 static int write_source(edl_storage *s, int fd, storage_source *src, const char *tmp)
 {
-    if (!src->read) {
-        if (write_all(fd, src->buf, src->len) != 0)
+    /* A buffer goes in pieces, each shown to the observer just before it is written, while
+     * it is still in the cache. */
+    for (size_t off = 0; !src->read && off < src->len; off += IO_CHUNK) {
+        size_t n = src->len - off < IO_CHUNK ? src->len - off : IO_CHUNK;
+        storage_source_observe(src, src->buf + off, n);
+        if (write_all(fd, src->buf + off, n) != 0)
             return storage_fail(s, errno_code(errno), "cannot write %s: %s", tmp, strerror(errno));
-        return 0;
     }
+    if (!src->read)
+        return 0;
     char *chunk = malloc(IO_CHUNK);
     if (!chunk)
         return EDL_ENOMEM;

@@ -16,7 +16,13 @@ typedef struct storage_source {
     size_t len;
     edl_storage_read_fn read;
     void *arg;
+    edl_storage_observe_fn observe; /* buffers only (edl_storage_put_observed); may be NULL */
+    void *observe_arg;
 } storage_source;
+
+/* Show len bytes at p to the source's observer (if any). A back end calls it once for every
+ * byte of a buffer source, in order, just before writing or first sending it. */
+void storage_source_observe(const storage_source *src, const void *p, size_t len);
 
 /* Fill dst with up to cap bytes from a stream source, looping until cap bytes or the end.
  * Returns the count or a negative EDL_E* code (the source's own, or EDL_EIO). */

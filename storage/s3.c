@@ -768,6 +768,7 @@ static int mp_next_part(multipart *m, part_slot *sl, storage_source *src, const 
             return 0;
         data = src->buf + *consumed;
         len = src->len - *consumed < m->st->part_size ? src->len - *consumed : m->st->part_size;
+        storage_source_observe(src, data, len);
     } else if (first) {
         memcpy(sl->own, first, first_len); /* the part read to decide single vs multipart */
         data = sl->own;
@@ -925,9 +926,12 @@ static int put_multipart(edl_storage *s, const char *key, storage_source *src, c
 static int s3_put(edl_storage *s, const char *key, storage_source *src)
 {
     s3_store *st = s->impl;
+    if (!src->read && src->len <= st->part_size) {
+        storage_source_observe(src, src->buf, src->len);
+        return put_single(s, key, src->buf, src->len);
+    }
     if (!src->read)
-        return src->len <= st->part_size ? put_single(s, key, src->buf, src->len)
-                                         : put_multipart(s, key, src, NULL, 0);
+        return put_multipart(s, key, src, NULL, 0);
     /* A stream: read one part's worth to learn whether it fits a single PUT. */
     char *first = malloc(st->part_size);
     if (!first)

@@ -53,6 +53,12 @@ int storage_list_add(char ***keys, size_t *n, size_t *cap, const char *key, size
     return 0;
 }
 
+void storage_source_observe(const storage_source *src, const void *p, size_t len)
+{
+    if (src->observe && len)
+        src->observe(src->observe_arg, p, len);
+}
+
 ssize_t storage_source_fill(edl_storage *s, storage_source *src, char *dst, size_t cap)
 {
     size_t got = 0;
@@ -184,10 +190,17 @@ const char *edl_storage_uri(const edl_storage *s)
 
 int edl_storage_put(edl_storage *s, const char *key, const void *data, size_t len)
 {
+    return edl_storage_put_observed(s, key, data, len, NULL, NULL);
+}
+
+int edl_storage_put_observed(edl_storage *s, const char *key, const void *data, size_t len,
+                             edl_storage_observe_fn observe, void *arg)
+{
     if (!s || (!data && len))
         return EDL_EINVAL;
     int rc = check_key(s, key);
-    storage_source src = {.buf = data ? data : "", .len = len};
+    storage_source src = {.buf = data ? data : "", .len = len, .observe = observe,
+                          .observe_arg = arg};
     return rc ? rc : s->be->put(s, key, &src);
 }
 

@@ -1,8 +1,9 @@
 /* test_checkpoint.c: checkpoints (edl/checkpoint.h) against a real etcd and both stores:
  * multi-rank round trips read back in another world size, keep-K deletion, steps that never go
  * back, corrupt shards and truncated manifests detected and skipped, hostile manifests refused,
- * the pointer race between writers, a missing rank, and clear errors for an unreachable store
- * and wrong credentials. */
+ * the pointer race between writers, a missing rank, staging memory reused by asynchronous saves,
+ * checkpoints written before XXH3 (SHA-256) that still load, and clear errors for an
+ * unreachable store and wrong credentials. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -352,6 +353,80 @@ static void test_s3_corrupt_shard_and_truncated_manifest_are_skipped(void **stat
     corrupt_then_fall_back(&pl);
 }
 
+/* ---- checkpoints written before XXH3 ------------------------------------------------------ */
+
+/* Two NIST test vectors and their SHA-256: the shards of a checkpoint as edl wrote it before
+ * XXH3 (format /1, "sha256" per shard), laid out by hand so no SHA-256 code is needed here. */
+#define V1_A "abc"
+#define V1_A_SUM "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+#define V1_B "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+#define V1_B_SUM "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+
+static void put_v1_checkpoint(const place *pl, int step)
+{
+    char dir[64], key[128], doc[2048];
+    snprintf(dir, sizeof dir, "ckpt-%016d-g1", step);
+    snprintf(key, sizeof key, "%s/rank-0/shard-0", dir);
+    overwrite(pl, key, V1_A, strlen(V1_A));
+    snprintf(key, sizeof key, "%s/rank-0/shard-1", dir);
+    overwrite(pl, key, V1_B, strlen(V1_B));
+    int n = snprintf(doc, sizeof doc,
+        "{\n\t\"format\":\t\"edl-checkpoint/1\",\n\t\"step\":\t%d,\n\t\"generation\":\t1,\n"
+        "\t\"world_size\":\t1,\n\t\"dir\":\t\"%s\",\n\t\"metadata\":\t{\"lr\":0.1},\n"
+        "\t\"shards\":\t[{\"rank\":0,\"index\":0,\"name\":\"model\",\"key\":\"%s/rank-0/shard-0\","
+        "\"size\":3,\"sha256\":\"" V1_A_SUM "\"},{\"rank\":0,\"index\":1,\"name\":\"optim\","
+        "\"key\":\"%s/rank-0/shard-1\",\"size\":56,\"sha256\":\"" V1_B_SUM "\"}]\n}",
+        step, dir, dir, dir);
+    snprintf(key, sizeof key, "%s/manifest.json", dir);
+    overwrite(pl, key, doc, (size_t)n);
+}
+
+static void check_v1_loaded(edl_ckpt *ck, int step)
+{
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, step);
+    assert_int_equal(m->n_shards, 2);
+    const char *want[] = {V1_A, V1_B};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(m->shards[i].hash, EDL_CKPT_SHA256);
+        void *data;
+        size_t len;
+        assert_int_equal(edl_ckpt_read_shard(ck, m, i, &data, &len), 0);
+        assert_int_equal(len, strlen(want[i]));
+        assert_memory_equal(data, want[i], len);
+        free(data);
+    }
+    edl_ckpt_manifest_free(m);
+}
+
+static void test_checkpoints_with_sha256_still_load_and_new_ones_use_xxh3(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "v1");
+    put_v1_checkpoint(&pl, 1);
+    put_v1_checkpoint(&pl, 2);
+    overwrite(&pl, "ckpt-0000000000000002-g1/rank-0/shard-1", V1_A V1_B, strlen(V1_B)); /* bad */
+    char key[256];
+    harness_job_key(key, sizeof key, pl.job, EDL_KEY_CHECKPOINT, NULL, 0);
+    harness_put(fx->cl, key, "{\"step\":2,\"generation\":1,\"dir\":\"ckpt-0000000000000002-g1\","
+                "\"history\":[{\"step\":2,\"generation\":1,\"dir\":\"ckpt-0000000000000002-g1\"},"
+                "{\"step\":1,\"generation\":1,\"dir\":\"ckpt-0000000000000001-g1\"}]}");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    check_v1_loaded(ck, 1); /* step 2's SHA-256 does not match: it falls back to step 1 */
+    /* a new save on top of the old lineage: XXH3-128, and both kinds load side by side */
+    edl_ckpt_shard sh = {.name = "model", .data = V1_B, .len = strlen(V1_B)};
+    assert_int_equal(edl_ckpt_save(ck, 3, 1, &sh, 1, NULL), 0);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 3);
+    assert_int_equal(m->shards[0].hash, EDL_CKPT_XXH3_128);
+    assert_int_equal(strlen(m->shards[0].digest), 32);
+    edl_ckpt_manifest_free(m);
+    overwrite(&pl, "ckpt-0000000000000003-g1/rank-0/shard-0", V1_A V1_B, strlen(V1_B));
+    check_v1_loaded(ck, 1); /* XXH3 caught the flipped bytes; step 1 (SHA-256) still loads */
+    edl_ckpt_close(ck);
+}
+
 static void test_hostile_manifests_are_refused_with_reasons(void **state)
 {
     (void)state;
@@ -368,8 +443,24 @@ static void test_hostile_manifests_are_refused_with_reasons(void **state)
     assert_int_equal(edl_ckpt_manifest_parse(good, strlen(good), &m, err, sizeof err), 0);
     assert_int_equal(m->n_shards, 1);
     assert_int_equal(m->shards[0].size, 10);
+    assert_int_equal(m->shards[0].hash, EDL_CKPT_SHA256);
+    edl_ckpt_manifest_free(m);
+#define HEAD2 "{\"format\":\"edl-checkpoint/2\",\"step\":5,\"generation\":1,\"world_size\":2," \
+              "\"dir\":\"ckpt-0000000000000005-g1\",\"shards\":[{\"rank\":0,\"index\":0,\"name\":" \
+              "\"m\",\"key\":\"" KEY0 "\",\"size\":10,"
+    const char *good2 =
+        HEAD2 "\"hash\":\"xxh3-128\",\"digest\":\"0123456789abcdef0123456789abcdef\"}]}";
+    assert_int_equal(edl_ckpt_manifest_parse(good2, strlen(good2), &m, err, sizeof err), 0);
+    assert_int_equal(m->shards[0].hash, EDL_CKPT_XXH3_128);
+    assert_string_equal(m->shards[0].digest, "0123456789abcdef0123456789abcdef");
     edl_ckpt_manifest_free(m);
     struct { const char *doc, *why; } cases[] = {
+        {HEAD2 "\"hash\":\"md5\",\"digest\":\"0123456789abcdef0123456789abcdef\"}]}", "no known"},
+        {HEAD2 "\"hash\":\"xxh3-128\",\"digest\":\"" "0123456789abcdef0123456789abcdef"
+               "0123456789abcdef0123456789abcdef\"}]}", "not 32 lowercase hex"},
+        {HEAD2 "\"hash\":\"xxh3-128\"}]}", "\"digest\""},
+        {HEAD2 "\"digest\":\"0123456789abcdef0123456789abcdef\"}]}", "\"sha256\""},
+        {"{\"format\":\"edl-checkpoint/3\"}", "format"},
         {"", "not valid JSON"},
         {"[1,2]", "not a JSON object"},
         {"{\"format\":\"other/1\"}", "format"},
@@ -537,6 +628,74 @@ static void test_async_save_takes_handed_over_buffers(void **state)
     edl_ckpt_close(ck);
 }
 
+/* The bytes stored under key are exactly want (read past the checkpoint layer, whose digest
+ * is taken from whatever was written and so cannot tell whether staging was mixed up). */
+static void stored_equal(const place *pl, const char *key, const char *want, size_t len)
+{
+    edl_storage *s;
+    edl_storage_config c = pl->sc;
+    c.uri = pl->uri;
+    assert_int_equal(edl_storage_open(&c, &s, NULL, 0), 0);
+    void *got;
+    size_t n;
+    assert_int_equal(edl_storage_get(s, key, len + 1, &got, &n), 0);
+    assert_int_equal(n, len);
+    assert_memory_equal(got, want, len);
+    free(got);
+    edl_storage_close(s);
+}
+
+static void test_staging_is_reused_and_queued_saves_keep_their_own_bytes(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "stage");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 5);
+    assert_int_equal(edl_ckpt_stage_reserve(ck, 3u << 20), 0);
+    /* three saves queued at once: the first copies into the reserved area, the others (queued
+     * while it is busy) into areas of their own; the caller refills its buffers in between */
+    size_t len[3] = {3u << 20, 5u << 20, 1u << 20};
+    char *want[3];
+    edl_ckpt_pending *p[3];
+    char *buf = malloc(5u << 20);
+    for (int i = 0; i < 3; i++) {
+        want[i] = pattern(len[i], 50 + (unsigned)i);
+        memcpy(buf, want[i], len[i]);
+        edl_ckpt_shard sh[2] = {{.name = "a", .data = buf, .len = len[i] / 2},
+                                {.name = "b", .data = buf + len[i] / 2, .len = len[i] - len[i] / 2}};
+        assert_int_equal(edl_ckpt_save_async(ck, i + 1, 1, sh, 2, NULL, &p[i]), 0);
+        memset(buf, 0xee, 5u << 20);
+    }
+    free(buf);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(edl_ckpt_wait(p[i], 30000), 0);
+        edl_ckpt_save_free(p[i]);
+        char key[128];
+        snprintf(key, sizeof key, "ckpt-%016d-g1/rank-0/shard-0", i + 1);
+        stored_equal(&pl, key, want[i], len[i] / 2);
+        snprintf(key, sizeof key, "ckpt-%016d-g1/rank-0/shard-1", i + 1);
+        stored_equal(&pl, key, want[i] + len[i] / 2, len[i] - len[i] / 2);
+    }
+    /* and again, one at a time: every save reuses what the first ones left */
+    for (int i = 0; i < 3; i++) {
+        edl_ckpt_shard sh = {.name = "a", .data = want[i], .len = len[i]};
+        assert_int_equal(edl_ckpt_save_async(ck, 10 + i, 1, &sh, 1, NULL, &p[0]), 0);
+        assert_int_equal(edl_ckpt_wait(p[0], 30000), 0);
+        edl_ckpt_save_free(p[0]);
+    }
+    edl_ckpt_manifest *m = load_ok(ck);
+    void *data;
+    size_t n;
+    assert_int_equal(edl_ckpt_read_shard(ck, m, 0, &data, &n), 0);
+    assert_int_equal(n, len[2]);
+    assert_memory_equal(data, want[2], n);
+    free(data);
+    edl_ckpt_manifest_free(m);
+    for (int i = 0; i < 3; i++)
+        free(want[i]);
+    edl_ckpt_close(ck);
+}
+
 static void test_unreachable_store_is_a_clear_error_and_state_is_kept(void **state)
 {
     (void)state;
@@ -580,7 +739,20 @@ static void test_wrong_credentials_is_a_clear_error(void **state)
     edl_ckpt_shard sh = {.data = "x", .len = 1};
     assert_int_equal(edl_ckpt_save(ck, 1, 1, &sh, 1, NULL), EDL_EAUTH);
     assert_non_null(strstr(edl_ckpt_errmsg(ck), "credentials"));
+    /* six handed-over shards on four upload lanes: the save fails with the store's reason, and
+     * every buffer goes back once, uploaded or not */
+    int freed = 0;
+    edl_ckpt_shard six[6];
+    for (int i = 0; i < 6; i++)
+        six[i] = (edl_ckpt_shard){.data = pattern(1000, (unsigned)i), .len = 1000,
+                                  .free_fn = count_free, .free_arg = &freed};
+    edl_ckpt_pending *p;
+    assert_int_equal(edl_ckpt_save_async(ck, 2, 1, six, 6, NULL, &p), 0);
+    assert_int_equal(edl_ckpt_wait(p, 30000), EDL_EAUTH);
+    assert_non_null(strstr(edl_ckpt_save_errmsg(p), "credentials"));
+    edl_ckpt_save_free(p);
     edl_ckpt_close(ck);
+    assert_int_equal(freed, 6);
 }
 
 int main(void)
@@ -593,10 +765,12 @@ int main(void)
         cmocka_unit_test(test_step_never_goes_backwards),
         cmocka_unit_test(test_file_corrupt_shard_and_truncated_manifest_are_skipped),
         cmocka_unit_test(test_s3_corrupt_shard_and_truncated_manifest_are_skipped),
+        cmocka_unit_test(test_checkpoints_with_sha256_still_load_and_new_ones_use_xxh3),
         cmocka_unit_test(test_hostile_manifests_are_refused_with_reasons),
         cmocka_unit_test(test_pointer_race_between_two_writers_never_goes_back),
         cmocka_unit_test(test_commit_waits_for_every_rank_then_times_out),
         cmocka_unit_test(test_async_save_takes_handed_over_buffers),
+        cmocka_unit_test(test_staging_is_reused_and_queued_saves_keep_their_own_bytes),
         cmocka_unit_test(test_unreachable_store_is_a_clear_error_and_state_is_kept),
         cmocka_unit_test(test_wrong_credentials_is_a_clear_error),
     };

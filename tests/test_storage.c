@@ -1,8 +1,8 @@
 /* test_storage.c: the storage API (edl/storage.h) on both back ends: round trips from buffers
- * and streams, multipart uploads, listing, atomic replacement on a filesystem, and the errors
- * a person must be able to act on (bad keys and URIs, unreachable store, wrong credentials,
- * 5xx replies retried, a failed multipart upload aborted). The S3 cases run against a real
- * s3rver on loopback (or EDL_TEST_S3_ENDPOINT). */
+ * and streams, an observed put seeing every byte once in order, multipart uploads, listing,
+ * atomic replacement on a filesystem, and the errors a person must be able to act on (bad
+ * keys and URIs, unreachable store, wrong credentials, 5xx replies retried, a failed multipart
+ * upload aborted). The S3 cases run against a real s3rver on loopback (or EDL_TEST_S3_ENDPOINT). */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -148,6 +148,13 @@ static int sink_write(void *arg, const void *buf, size_t len)
     return 0;
 }
 
+/* An observer of a put (edl_storage_put_observed): what it saw, in order, into a sink. */
+static void observe_into(void *arg, const void *buf, size_t len)
+{
+    assert_true(len > 0);
+    sink_write(arg, buf, len);
+}
+
 /* The whole API on one store: the same checks for both back ends. */
 static void round_trip(edl_storage *s, size_t big)
 {
@@ -162,7 +169,11 @@ static void round_trip(edl_storage *s, size_t big)
     assert_int_equal(len, 5);
     assert_memory_equal(got, "hello", 5);
     free(got);
-    CHECK(s, edl_storage_put(s, "a/one", "replaced", 8)); /* overwrite */
+    sink seen_small = {.fail_after = -1};
+    CHECK(s, edl_storage_put_observed(s, "a/one", "replaced", 8, observe_into, &seen_small));
+    assert_int_equal(seen_small.len, 8); /* overwrite; one PUT on S3 */
+    assert_memory_equal(seen_small.data, "replaced", 8);
+    free(seen_small.data);
     CHECK(s, edl_storage_stat_key(s, "a/one", &st));
     assert_int_equal(st.size, 8);
     CHECK(s, edl_storage_put(s, "a/empty", NULL, 0));
@@ -176,7 +187,11 @@ static void round_trip(edl_storage *s, size_t big)
 
     /* big: a buffer put and a stream put, both larger than one part on S3 */
     char *data = pattern(big, 7);
-    CHECK(s, edl_storage_put(s, "b/big", data, big));
+    sink seen = {.fail_after = -1};
+    CHECK(s, edl_storage_put_observed(s, "b/big", data, big, observe_into, &seen));
+    assert_int_equal(seen.len, big); /* every byte once, in order */
+    assert_memory_equal(seen.data, data, big);
+    free(seen.data);
     piecewise pw = {data, big, 0};
     CHECK(s, edl_storage_put_stream(s, "b/streamed", piece_read, &pw));
     const char *bigkeys[] = {"b/big", "b/streamed"};

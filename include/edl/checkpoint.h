@@ -1,9 +1,11 @@
 /* edl/checkpoint.h: checkpoints on remote storage that elastic pods save and reload.
  *
  * A checkpoint is a directory <uri>/ckpt-<step>-g<generation>/ of shards plus a manifest
- * (manifest.json: step, generation, world size, every shard with its size and SHA-256, the
- * caller's metadata). It becomes visible only when the pointer <prefix>/jobs/<job>/checkpoint
- * in etcd is advanced by a txn that refuses to go backwards in step; so no crash at any moment
+ * (manifest.json: step, generation, world size, every shard with its size and digest, the
+ * caller's metadata). A shard's digest is XXH3-128, computed while its bytes are written (and
+ * checked while they are read); checkpoints written before XXH3 carry SHA-256 and still
+ * load. A checkpoint becomes visible only when the pointer <prefix>/jobs/<job>/checkpoint in
+ * etcd is advanced by a txn that refuses to go backwards in step; so no crash at any moment
  * leaves the job without a complete checkpoint.
  *
  * Save (every rank, concurrently):
@@ -13,10 +15,11 @@
  *      checks them and the shards' sizes, writes manifest.json, then advances the pointer,
  *      and deletes checkpoints older than the newest `keep`.
  * The caller's buffers are copied (or handed over) and uploaded by a background thread; the
- * caller is blocked only for the copy and learns the outcome from edl_ckpt_wait().
+ * caller is blocked only for the copy, into staging memory that the handle keeps and reuses
+ * (allocated and faulted once), and learns the outcome from edl_ckpt_wait().
  *
  * Load: follow the pointer, read the manifest, verify every shard's size and (by default)
- * SHA-256; when the newest is incomplete or corrupt, fall back to the previous committed one
+ * digest; when the newest is incomplete or corrupt, fall back to the previous committed one
  * (the pointer keeps the last `keep`) with a warning in the log. Any rank may read any shard:
  * loading in another world size than the save is the caller's re-sharding choice. */
 #ifndef EDL_CHECKPOINT_H
@@ -45,15 +48,17 @@ typedef struct edl_ckpt_config {
     int committer_rank;       /* the rank that writes the manifest and the pointer (0) */
     int keep;                 /* committed checkpoints kept, older ones deleted (3; >= 1) */
     int64_t commit_timeout_ms; /* how long the committer waits for other ranks' shards (600000) */
-    bool verify_on_load;      /* hash every shard in edl_ckpt_load_latest (true by init) */
+    bool verify_on_load;      /* digest every shard in edl_ckpt_load_latest (true by init) */
+    int parallel_shards;      /* a rank's shards uploaded at once, each through a store handle
+                                 of its own (4; 0 means 4; 1: one after another; <= 64) */
     const edl_storage_config *storage; /* options for the store (NULL: defaults + AWS_* env);
                                           its uri field is ignored */
 } edl_ckpt_config;
 
 void edl_ckpt_config_init(edl_ckpt_config *cfg);
 
-/* Validate the config and open the store (twice: one handle for the caller's thread, one for
- * the uploader). errbuf (may be NULL) receives the reason of a failure. */
+/* Validate the config and open the store (a handle for the caller's thread and one for each
+ * upload in flight). errbuf (may be NULL) receives the reason of a failure. */
 int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size_t errlen);
 /* Waits for every queued save to finish (they keep their own deadlines), then frees. */
 void edl_ckpt_close(edl_ckpt *ck);
@@ -66,9 +71,10 @@ typedef struct edl_ckpt_shard {
     const char *name;   /* the caller's label ("model", "optim"; may be NULL): "._-" letters */
     const void *data;
     size_t len;
-    /* NULL: the data is copied before edl_ckpt_save_async returns. Otherwise the checkpoint
-     * takes the buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded;
-     * the caller must not touch it in between. */
+    /* NULL: the data is copied (into the handle's staging memory) before edl_ckpt_save_async
+     * returns; edl_ckpt_save lends it instead (no copy). Otherwise the checkpoint takes the
+     * buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded (from one of
+     * its upload threads, one call at a time); the caller must not touch it in between. */
     void (*free_fn)(void *data, void *arg);
     void *free_arg;
 } edl_ckpt_shard;
@@ -94,11 +100,24 @@ bool edl_ckpt_save_done(edl_ckpt_pending *sv);
 const char *edl_ckpt_save_errmsg(edl_ckpt_pending *sv); /* valid once done, until freed */
 /* Release the handle; a save still running goes on and frees itself when finished. */
 void edl_ckpt_save_free(edl_ckpt_pending *sv);
-/* Save and wait: edl_ckpt_save_async + edl_ckpt_wait(-1) + free; errmsg via edl_ckpt_errmsg. */
+/* Save and wait: edl_ckpt_save_async + edl_ckpt_wait(-1) + free; errmsg via edl_ckpt_errmsg.
+ * The shards are not copied: the caller's buffers are used as they are until it returns. */
 int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
                   size_t n_shards, const char *metadata_json);
 
+/* Allocate and fault in staging memory for `bytes` of copied shards now, so that not even the
+ * first edl_ckpt_save_async pays for it (optional: a save allocates what it lacks). Staging is
+ * kept until edl_ckpt_close and reused by every later save that fits; a save queued while
+ * another still uploads from it gets a second area, also kept. */
+int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes);
+
 /* ---- load ------------------------------------------------------------------------------ */
+
+/* How a shard's bytes are checked. */
+typedef enum edl_ckpt_hash {
+    EDL_CKPT_XXH3_128 = 0, /* "xxh3-128": every new checkpoint */
+    EDL_CKPT_SHA256,       /* "sha256": checkpoints written before XXH3 (loaded, not written) */
+} edl_ckpt_hash;
 
 typedef struct edl_ckpt_shard_info {
     int rank;             /* the rank that saved it */
@@ -106,7 +125,8 @@ typedef struct edl_ckpt_shard_info {
     char *name;           /* the caller's label ("" when none) */
     char *key;            /* storage key, relative to the URI */
     uint64_t size;
-    char sha256[65];      /* lowercase hex */
+    edl_ckpt_hash hash;   /* the algorithm of digest */
+    char digest[65];      /* lowercase hex: 32 digits (XXH3-128) or 64 (SHA-256) */
 } edl_ckpt_shard_info;
 
 typedef struct edl_ckpt_manifest {
@@ -127,7 +147,7 @@ typedef struct edl_ckpt_manifest {
 int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out);
 void edl_ckpt_manifest_free(edl_ckpt_manifest *m);
 
-/* Read shard i of m into a new buffer (caller frees), checking its size and SHA-256
+/* Read shard i of m into a new buffer (caller frees), checking its size and digest
  * (EDL_EPROTO when they do not match). */
 int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void **data,
                         size_t *len);

@@ -74,6 +74,15 @@ const char *edl_storage_uri(const edl_storage *s);
 /* Store len bytes under key, replacing any object there. */
 int edl_storage_put(edl_storage *s, const char *key, const void *data, size_t len);
 
+/* Sees the bytes of a put once each, in order, as they are written or sent: a digest computed
+ * in the same pass as the write, not in a second pass over the buffer. */
+typedef void (*edl_storage_observe_fn)(void *arg, const void *buf, size_t len);
+/* edl_storage_put that shows every byte to observe (may be NULL) just before it is written
+ * (file://, in pieces of 1 MiB) or first sent (s3://, one part at a time; a retried request
+ * is not shown again). */
+int edl_storage_put_observed(edl_storage *s, const char *key, const void *data, size_t len,
+                             edl_storage_observe_fn observe, void *arg);
+
 /* A source of bytes: fill buf with up to len bytes, return how many (0 = end) or a negative
  * EDL_E* code to abort the put. */
 typedef ssize_t (*edl_storage_read_fn)(void *arg, void *buf, size_t len);
