@@ -466,7 +466,34 @@ static int read_pointer(edl_ckpt *ck, edl_kv **kv, ckpt_pointer *p, char *err, s
     return 0;
 }
 
-/* Wait until every rank's done.json is there and agrees; assemble the whole shard list. */
+/* One poll of rank r's done.json: 0 and *out when it is there and agrees; EDL_ENOTFOUND while
+ * it is not there or does not parse yet (some stores, s3rver among them, show an object while
+ * its PUT is still streaming in), with the reason in why; another error from the store. */
+static int poll_rank(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *all, int r,
+                     edl_ckpt_manifest **out, char *why, size_t whylen)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s/rank-%d/done.json", all->dir, r);
+    void *doc;
+    size_t len;
+    int rc = edl_storage_get(ck->bg, key, CKPT_MAX_DOC, &doc, &len);
+    if (rc == EDL_ENOTFOUND)
+        return rc;
+    if (rc != 0)
+        return edl_errf(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
+                        edl_storage_errmsg(ck->bg));
+    char reason[256];
+    rc = ckpt_rank_doc_parse(doc, len, r, all, out, reason, sizeof reason);
+    free(doc);
+    if (rc != 0) {
+        snprintf(why, whylen, "%s/%s is unusable: %s", ck->uri, key, reason);
+        return EDL_ENOTFOUND;
+    }
+    return 0;
+}
+
+/* Wait until every rank's done.json is there and agrees; assemble the whole shard list. A
+ * document that stays unusable until the deadline fails the commit with its reason. */
 static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *all)
 {
     edl_ckpt_manifest **got = calloc((size_t)ck->world_size, sizeof *got);
@@ -474,37 +501,27 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
         return EDL_ENOMEM;
     int64_t deadline = edl_monotonic_ms() + ck->commit_timeout_ms, wait = POLL_MIN_MS;
     int missing = ck->world_size, rc = 0;
+    char why[512] = "";
     while (rc == 0 && missing > 0) {
+        why[0] = '\0';
         for (int r = 0; r < ck->world_size && rc == 0; r++) {
             if (got[r])
                 continue;
-            char key[128], why[256];
-            snprintf(key, sizeof key, "%s/rank-%d/done.json", all->dir, r);
-            void *doc;
-            size_t len;
-            rc = edl_storage_get(ck->bg, key, CKPT_MAX_DOC, &doc, &len);
-            if (rc == EDL_ENOTFOUND) {
-                rc = 0;
-                continue;
-            }
-            if (rc != 0) {
-                rc = edl_errf(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s", all->dir,
-                          edl_storage_errmsg(ck->bg));
-                break;
-            }
-            rc = ckpt_rank_doc_parse(doc, len, r, all, &got[r], why, sizeof why);
-            free(doc);
-            if (rc != 0)
-                rc = edl_errf(p->errmsg, sizeof p->errmsg, rc, "commit of %s: %s/%s is unusable: %s",
-                          all->dir, ck->uri, key, why);
-            else
+            rc = poll_rank(ck, p, all, r, &got[r], why, sizeof why);
+            if (rc == 0)
                 missing--;
+            else if (rc == EDL_ENOTFOUND)
+                rc = 0;
         }
         if (rc == 0 && missing > 0) {
             if (edl_monotonic_ms() + wait > deadline) {
-                rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ETIMEDOUT, "commit of %s: %d of %d "
-                          "ranks had not finished their shards after %" PRId64 " ms",
-                          all->dir, missing, ck->world_size, ck->commit_timeout_ms);
+                if (why[0])
+                    rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_EPROTO, "commit of %s: %s",
+                                  all->dir, why);
+                else
+                    rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ETIMEDOUT, "commit of %s: %d "
+                                  "of %d ranks had not finished their shards after %" PRId64
+                                  " ms", all->dir, missing, ck->world_size, ck->commit_timeout_ms);
                 break;
             }
             sleep_ms(wait);
