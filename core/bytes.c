@@ -1,7 +1,12 @@
 /* bytes.c: the growable byte buffer of edl/common.h, for bytes that arrive in pieces. It grows
- * by doubling as the bytes come, never from a size someone announced, and never past its bound. */
+ * by doubling as the bytes come, never from a size someone announced, and never past its bound.
+ * Also the bounded reader of a whole small file (manifests, certificates). */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "edl/common.h"
 
@@ -41,4 +46,50 @@ void edl_bytebuf_clear(edl_bytebuf *b)
 size_t edl_bytebuf_curl_write(char *ptr, size_t size, size_t nmemb, void *bytebuf)
 {
     return edl_bytebuf_append(bytebuf, ptr, size * nmemb) == 0 ? size * nmemb : 0;
+}
+
+int edl_file_read(const char *path, size_t max, char **out, size_t *len, char *err,
+                  size_t errlen)
+{
+    *out = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return edl_errf(err, errlen, EDL_EIO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        close(fd);
+        return S_ISREG(st.st_mode)
+                   ? edl_errf(err, errlen, EDL_ETOOBIG, "%s: %lld bytes; at most %zu are read",
+                              path, (long long)st.st_size, max)
+                   : edl_errf(err, errlen, EDL_EIO, "%s: not a regular file", path);
+    }
+    /* read up to one byte past the limit: a file that grew since fstat is still refused */
+    char *buf = malloc(max + 1);
+    size_t got = 0;
+    ssize_t n = 0;
+    while (buf && got <= max &&
+           ((n = read(fd, buf + got, max + 1 - got)) > 0 || (n < 0 && errno == EINTR)))
+        got += n > 0 ? (size_t)n : 0;
+    int e = errno;
+    close(fd);
+    int rc = 0;
+    if (!buf)
+        rc = edl_errf(err, errlen, EDL_ENOMEM, "%s: out of memory", path);
+    else if (n < 0)
+        rc = edl_errf(err, errlen, EDL_EIO, "%s: %s", path, strerror(e));
+    else if (got > max)
+        rc = edl_errf(err, errlen, EDL_ETOOBIG, "%s: more than %zu bytes", path, max);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[got] = '\0';
+    *out = buf;
+    *len = got;
+    return 0;
 }

@@ -11,15 +11,12 @@
 #include "edl/yaml.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <yaml.h>
 
@@ -449,38 +446,10 @@ int edl_yaml_load(const char *name, const char *text, size_t len, edl_yaml **out
 int edl_yaml_load_file(const char *path, edl_yaml **out, char *err, size_t errlen)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return edl_errf(err, errlen, EDL_EIO, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode) || (size_t)st.st_size > YAML_FILE_MAX) {
-        close(fd);
-        return S_ISREG(st.st_mode)
-                   ? edl_errf(err, errlen, EDL_ETOOBIG, "%s: %lld bytes; at most %zu are read",
-                              path, (long long)st.st_size, YAML_FILE_MAX)
-                   : edl_errf(err, errlen, EDL_EIO, "%s: not a regular file", path);
-    }
-    /* read up to one byte past the limit: a file that grew since fstat is still refused */
-    char *buf = malloc(YAML_FILE_MAX + 1);
-    size_t len = 0;
-    ssize_t n = 0;
-    while (buf && len <= YAML_FILE_MAX &&
-           ((n = read(fd, buf + len, YAML_FILE_MAX + 1 - len)) > 0 || (n < 0 && errno == EINTR)))
-        len += n > 0 ? (size_t)n : 0;
-    int e = errno;
-    close(fd);
-    int rc;
-    if (!buf)
-        rc = edl_errf(err, errlen, EDL_ENOMEM, "%s: out of memory", path);
-    else if (n < 0)
-        rc = edl_errf(err, errlen, EDL_EIO, "%s: %s", path, strerror(e));
-    else if (len > YAML_FILE_MAX)
-        rc = edl_errf(err, errlen, EDL_ETOOBIG, "%s: more than %zu bytes", path, YAML_FILE_MAX);
-    else
+    char *buf;
+    size_t len;
+    int rc = edl_file_read(path, YAML_FILE_MAX, &buf, &len, err, errlen);
+    if (rc == 0)
         rc = edl_yaml_load(path, buf, len, out, err, errlen);
     free(buf);
     return rc;

@@ -66,7 +66,8 @@ cJSON *op_service_new(const edl_trainingjob *tj);
 /* The job's Secret "<name>-edl-secret": 32 fresh random bytes (the collective's key) and the
  * etcd TLS files of tls (NULL: none). */
 cJSON *op_secret_new(const edl_trainingjob *tj, const op_etcd_tls *tls);
-/* Reads the operator's etcd TLS files into tls (each at most 64 KiB); 0 or EDL_EINVAL with err. */
+/* Reads the operator's etcd TLS files into tls (each at most 64 KiB, not empty); 0, or an
+ * error with err naming the file. */
 int op_etcd_tls_load(op_etcd_tls *tls, const edl_etcd_config *etcd, char *err, size_t errlen);
 void op_etcd_tls_clear(op_etcd_tls *tls);
 char *op_secret_name(const char *job);

@@ -7,7 +7,6 @@
  * agent image copies the agent (`edl-agent --install`) into an emptyDir that the worker
  * container mounts at /edl/bin; the worker's command becomes
  * /edl/bin/edl-agent --job <ns>.<name> -- <the template's command and args>. */
-#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,24 +273,19 @@ static int load_base64(char **out, const char *path, char *err, size_t errlen)
 {
     if (!path)
         return 0;
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf = malloc(TLS_FILE_MAX + 1);
-    size_t n = f && buf ? fread(buf, 1, TLS_FILE_MAX + 1, f) : 0;
-    int bad = !f || !buf || ferror(f) || n == 0 || n > TLS_FILE_MAX;
-    int e = errno;
-    if (f)
-        fclose(f);
-    if (bad) {
-        free(buf);
-        return edl_errf(err, errlen, EDL_EINVAL, "%s: %s", path,
-                        !f ? strerror(e) : n > TLS_FILE_MAX ? "larger than 64 KiB"
-                                         : n == 0 ? "empty" : "cannot be read");
-    }
-    *out = malloc(4 * ((n + 2) / 3) + 1);
-    if (*out)
-        EVP_EncodeBlock((unsigned char *)*out, buf, (int)n);
+    char *buf;
+    size_t n;
+    int rc = edl_file_read(path, TLS_FILE_MAX, &buf, &n, err, errlen);
+    if (rc != 0 && rc != EDL_ENOMEM)
+        rc = EDL_EINVAL; /* a bad setting of the operator, whatever the file's fault */
+    if (rc == 0 && n == 0)
+        rc = edl_errf(err, errlen, EDL_EINVAL, "%s: empty", path);
+    if (rc == 0 && (*out = malloc(4 * ((n + 2) / 3) + 1)))
+        EVP_EncodeBlock((unsigned char *)*out, (unsigned char *)buf, (int)n);
+    else if (rc == 0)
+        rc = edl_errf(err, errlen, EDL_ENOMEM, "out of memory");
     free(buf);
-    return *out ? 0 : edl_errf(err, errlen, EDL_ENOMEM, "out of memory");
+    return rc;
 }
 
 int op_etcd_tls_load(op_etcd_tls *tls, const edl_etcd_config *etcd, char *err, size_t errlen)

@@ -26,6 +26,8 @@
 
 #define POINTER_TRIES 64
 #define POLL_MIN_MS 50
+#define PARALLEL_SHARDS 4      /* edl_ckpt_config.parallel_shards when 0 */
+#define PARALLEL_SHARDS_MAX 64
 #define POLL_MAX_MS 1000
 
 typedef struct pending_shard {
@@ -99,7 +101,7 @@ void edl_ckpt_config_init(edl_ckpt_config *cfg)
     cfg->keep = 3;
     cfg->commit_timeout_ms = 600000;
     cfg->verify_on_load = true;
-    cfg->parallel_shards = 4;
+    cfg->parallel_shards = PARALLEL_SHARDS;
 }
 
 static void *worker_main(void *arg);
@@ -140,9 +142,9 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
                     cfg->committer_rank, cfg->world_size, CKPT_MAX_WORLD);
     if (cfg->keep < 1 || cfg->keep > 1000)
         return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint keep=%d: keep 1..1000", cfg->keep);
-    if (cfg->parallel_shards < 0 || cfg->parallel_shards > 64)
-        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint parallel_shards=%d: 1..64 (0: 4)",
-                        cfg->parallel_shards);
+    if (cfg->parallel_shards < 0 || cfg->parallel_shards > PARALLEL_SHARDS_MAX)
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint parallel_shards=%d: 1..%d (0: %d)",
+                        cfg->parallel_shards, PARALLEL_SHARDS_MAX, PARALLEL_SHARDS);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
@@ -171,7 +173,7 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
         edl_storage_config_init(&sc);
     sc.uri = cfg->uri;
     int rc = edl_storage_open(&sc, &ck->fg, errbuf, errlen);
-    int lanes = cfg->parallel_shards ? cfg->parallel_shards : 4;
+    int lanes = cfg->parallel_shards ? cfg->parallel_shards : PARALLEL_SHARDS;
     if (rc == 0 && !(ck->up = calloc((size_t)lanes, sizeof *ck->up)))
         rc = EDL_ENOMEM;
     for (; rc == 0 && ck->n_up < lanes; ck->n_up++)
@@ -771,7 +773,7 @@ static void *upload_lane_main(void *arg)
 static int upload_shards(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *mine)
 {
     upload u = {.ck = ck, .p = p, .mine = mine};
-    upload_lane lanes[64];
+    upload_lane lanes[PARALLEL_SHARDS_MAX];
     int n = p->n < (size_t)ck->n_up ? (int)p->n : ck->n_up, started = 1;
     if (n == 0)
         return 0;

@@ -102,6 +102,13 @@ void edl_bytebuf_clear(edl_bytebuf *b);
  * buffered. */
 size_t edl_bytebuf_curl_write(char *ptr, size_t size, size_t nmemb, void *bytebuf);
 
+/* Read the whole regular file at path, at most max bytes, into *out (NUL-terminated after its
+ * bytes; the caller frees it) and *len. EDL_EIO when it cannot be read or is not a regular
+ * file, EDL_ETOOBIG when it holds more than max bytes (even if it grew since it was opened),
+ * EDL_ENOMEM; err says which, naming the file. */
+int edl_file_read(const char *path, size_t max, char **out, size_t *len, char *err,
+                  size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif
