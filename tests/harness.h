@@ -136,6 +136,10 @@ void harness_http_close(harness_http *h); /* closes every connection, joins, fre
 struct edl_etcd;
 /* A client for the endpoints (timeout_ms 0: the default); fails the test on error. */
 struct edl_etcd *harness_client(const char *endpoints, int timeout_ms);
+/* The same over TLS: the CA that verifies etcd, the client certificate and key (each may be
+ * NULL). */
+struct edl_etcd *harness_tls_client(const char *endpoints, int timeout_ms, const char *ca_file,
+                                    const char *cert_file, const char *key_file);
 /* Put a C-string value; fails the test (with the client's message) on error. */
 void harness_put(struct edl_etcd *c, const char *key, const char *value);
 /* The value of key into out, or NULL when absent; fails the test on other errors. */

@@ -12,11 +12,20 @@
 
 edl_etcd *harness_client(const char *endpoints, int timeout_ms)
 {
+    return harness_tls_client(endpoints, timeout_ms, NULL, NULL, NULL);
+}
+
+edl_etcd *harness_tls_client(const char *endpoints, int timeout_ms, const char *ca_file,
+                             const char *cert_file, const char *key_file)
+{
     edl_etcd_config cfg;
     edl_etcd_config_init(&cfg);
     if (timeout_ms > 0)
         cfg.timeout_ms = timeout_ms;
     int rc = edl_etcd_config_set_endpoints(&cfg, endpoints);
+    cfg.ca_file = ca_file ? strdup(ca_file) : NULL;
+    cfg.cert_file = cert_file ? strdup(cert_file) : NULL;
+    cfg.key_file = key_file ? strdup(key_file) : NULL;
     edl_etcd *c = NULL;
     if (rc == 0)
         rc = edl_etcd_open(&cfg, &c);

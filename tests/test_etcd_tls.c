@@ -74,17 +74,8 @@ static int teardown(void **state)
 
 static edl_etcd *tls_client(const char *ca, const char *cert, const char *key)
 {
-    edl_etcd_config cfg;
-    edl_etcd_config_init(&cfg);
-    assert_int_equal(edl_etcd_config_set_endpoints(&cfg, edl_etcd_server_endpoints(srv)), 0);
-    cfg.timeout_ms = 1500;
-    cfg.ca_file = ca ? strdup(path(ca)) : NULL;
-    cfg.cert_file = cert ? strdup(path(cert)) : NULL;
-    cfg.key_file = key ? strdup(path(key)) : NULL;
-    edl_etcd *c;
-    assert_int_equal(edl_etcd_open(&cfg, &c), 0);
-    edl_etcd_config_clear(&cfg);
-    return c;
+    return harness_tls_client(edl_etcd_server_endpoints(srv), 1500, ca ? path(ca) : NULL,
+                              cert ? path(cert) : NULL, key ? path(key) : NULL);
 }
 
 static void test_endpoints_are_https(void **state)

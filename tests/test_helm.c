@@ -213,17 +213,7 @@ static edl_etcd *client_of(const int ports[][3], const char *dir, bool with_cert
     snprintf(ca, sizeof ca, "%s/client/ca.crt", dir);
     snprintf(cert, sizeof cert, "%s/client/tls.crt", dir);
     snprintf(key, sizeof key, "%s/client/tls.key", dir);
-    edl_etcd_config cfg;
-    edl_etcd_config_init(&cfg);
-    assert_int_equal(edl_etcd_config_set_endpoints(&cfg, eps), 0);
-    cfg.timeout_ms = 3000;
-    cfg.ca_file = strdup(ca);
-    cfg.cert_file = with_cert ? strdup(cert) : NULL;
-    cfg.key_file = with_cert ? strdup(key) : NULL;
-    edl_etcd *c;
-    assert_int_equal(edl_etcd_open(&cfg, &c), 0);
-    edl_etcd_config_clear(&cfg);
-    return c;
+    return harness_tls_client(eps, 3000, ca, with_cert ? cert : NULL, with_cert ? key : NULL);
 }
 
 /* The certificates the chart generates, mounted as its StatefulSet mounts them, with every flag
