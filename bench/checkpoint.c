@@ -281,6 +281,8 @@ int main(int argc, char **argv)
     int shards = 8;
     const char *dir = NULL, *s3_endpoint = NULL;
     bool no_s3 = false;
+    size_t part_size = 0;
+    int parallel_parts = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
             size = strtoull(argv[++i], NULL, 0);
@@ -290,6 +292,10 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (strcmp(argv[i], "--s3-endpoint") == 0 && i + 1 < argc)
             s3_endpoint = argv[++i];
+        else if (strcmp(argv[i], "--part-size") == 0 && i + 1 < argc)
+            part_size = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--parallel-parts") == 0 && i + 1 < argc)
+            parallel_parts = atoi(argv[++i]);
         else if (strcmp(argv[i], "--no-s3") == 0)
             no_s3 = true;
         else {
@@ -370,6 +376,10 @@ int main(int argc, char **argv)
                  t_curl);
         edl_storage_config_init(&r.sc);
         r.sc.endpoint = endpoint;
+        if (part_size)
+            r.sc.part_size = part_size;
+        if (parallel_parts)
+            r.sc.parallel_parts = parallel_parts;
         if (!s3_endpoint)
             r.sc.access_key_id = r.sc.secret_access_key = "S3RVER";
         r.uri = "s3://edl-bench/ckpt";

@@ -16,7 +16,12 @@
  *      and deletes checkpoints older than the newest `keep`.
  * The caller's buffers are copied (or handed over) and uploaded by a background thread; the
  * caller is blocked only for the copy, into staging memory that the handle keeps and reuses
- * (allocated and faulted once), and learns the outcome from edl_ckpt_wait().
+ * (allocated and faulted once), made by several threads at memory speed, and learns the
+ * outcome from edl_ckpt_wait(). With snapshot_in_background it is not blocked even for the
+ * copy: the copy overlaps the caller's next forward and backward passes (as CheckFreq
+ * pipelines its snapshot), and edl_ckpt_snapshot_wait() before the optimizer writes the
+ * buffers is the only wait. CUDA device buffers are staged through pinned host memory with
+ * asynchronous copies (edl_ckpt_shard.device).
  *
  * Load: follow the pointer, read the manifest, verify every shard's size and (by default)
  * digest; when the newest is incomplete or corrupt, fall back to the previous committed one
@@ -52,7 +57,15 @@ typedef struct edl_ckpt_config {
     int parallel_shards;      /* a rank's shards uploaded at once, each through a store handle
                                  of its own (4; 0 means 4; 1: one after another; <= 64) */
     const edl_storage_config *storage; /* options for the store (NULL: defaults + AWS_* env);
-                                          its uri field is ignored */
+                                          its uri field is ignored; a multipart_threshold of 0
+                                          becomes 1 GiB: one PUT per shard, several shards in
+                                          flight, up to that size */
+    int copy_threads;         /* threads copying shards into staging (0: the host's cores, at
+                                 most 8; the calling thread is one of them) */
+    bool snapshot_in_background; /* false: edl_ckpt_save_async returns once the copied shards
+                                    are copied. true: it returns at once and the copy runs on
+                                    the checkpoint's threads; the caller may read its buffers
+                                    but must not write them before edl_ckpt_snapshot_wait() */
 } edl_ckpt_config;
 
 void edl_ckpt_config_init(edl_ckpt_config *cfg);
@@ -77,6 +90,12 @@ typedef struct edl_ckpt_shard {
      * its upload threads, one call at a time); the caller must not touch it in between. */
     void (*free_fn)(void *data, void *arg);
     void *free_arg;
+    /* data is CUDA device memory: it is always copied, with cudaMemcpyAsync into pinned staging
+     * on a stream of the checkpoint's (free_fn must be NULL). The copy waits for nothing the
+     * caller queued on its own streams: synchronize them (or the device) before saving. Fails
+     * with EDL_ENOTSUP in a build without CUDA, EDL_EUNAVAIL where no CUDA runtime or device
+     * answers. */
+    bool device;
 } edl_ckpt_shard;
 
 typedef struct edl_ckpt_pending edl_ckpt_pending;
@@ -95,6 +114,11 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
  *   EDL_ETIMEDOUT   the committer gave up waiting for the other ranks (commit_timeout_ms);
  *   others          from the store or etcd; edl_ckpt_save_errmsg() says what and where. */
 int edl_ckpt_wait(edl_ckpt_pending *sv, int64_t timeout_ms);
+/* Wait up to timeout_ms (-1: for ever) until every copied shard of the save is in staging:
+ * from then on the caller may write its buffers again. 0 at once for a save that copied
+ * nothing or copied before edl_ckpt_save_async returned; EDL_ETIMEDOUT while copying; the
+ * save's error when the copy failed (the save then fails too). */
+int edl_ckpt_snapshot_wait(edl_ckpt_pending *sv, int64_t timeout_ms);
 /* Nonzero once the save is finished (never blocks). */
 bool edl_ckpt_save_done(edl_ckpt_pending *sv);
 const char *edl_ckpt_save_errmsg(edl_ckpt_pending *sv); /* valid once done, until freed */

@@ -51,8 +51,10 @@ typedef struct edl_storage_config {
     int64_t connect_timeout_ms;    /* one connection attempt (3000) */
     int max_retries;               /* retries of one request after a 5xx or a network error (4) */
     int64_t retry_base_ms;         /* first back-off, doubled each retry, jittered (200) */
-    size_t part_size;              /* objects larger than this go up in parts of it (16 MiB;
-                                      at least 5 MiB, S3's minimum) */
+    size_t part_size;              /* a multipart upload's parts (16 MiB; at least 5 MiB,
+                                      S3's minimum) */
+    size_t multipart_threshold;    /* objects larger than this go up in parts (0: part_size;
+                                      at most 5 GiB, S3's largest single PUT) */
     int parallel_parts;            /* parts in flight at once (4) */
 } edl_storage_config;
 
