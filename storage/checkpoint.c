@@ -929,6 +929,7 @@ typedef struct hash_sink {
     ckpt_hasher h;
     bool keep;        /* read_shard: keep the bytes */
     edl_bytebuf data; /* grown as bytes arrive, never sized from the manifest */
+    char *into;       /* read_shard_into: the caller's buffer (max bytes fit) */
     uint64_t len, max;
 } hash_sink;
 
@@ -938,7 +939,9 @@ static int hash_write(void *arg, const void *data, size_t len)
     if (len > h->max - h->len) /* more bytes than the manifest says: stop at once */
         return EDL_ETOOBIG;
     int rc = ckpt_hasher_update(&h->h, data, len);
-    if (rc == 0 && h->keep)
+    if (rc == 0 && h->into)
+        memcpy(h->into + h->len, data, len);
+    else if (rc == 0 && h->keep)
         rc = edl_bytebuf_append(&h->data, data, len);
     if (rc == 0)
         h->len += len;
@@ -946,11 +949,12 @@ static int hash_write(void *arg, const void *data, size_t len)
 }
 
 /* Fetch shard s and check its size and digest (whichever algorithm its manifest names) as
- * the bytes arrive; with keep, hand the bytes to the caller. */
-static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, char *err,
-                       size_t errlen)
+ * the bytes arrive; with keep, hand the bytes to the caller in a new buffer; with into, write
+ * them there (it holds s->size bytes). */
+static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, void *into,
+                       char *err, size_t errlen)
 {
-    hash_sink h = {.max = s->size, .keep = keep != NULL};
+    hash_sink h = {.max = s->size, .keep = keep != NULL, .into = into};
     int rc = ckpt_hasher_init(&h.h, s->hash);
     if (rc == 0) {
         rc = edl_storage_get_stream(ck->fg, s->key, hash_write, &h, NULL);
@@ -1006,7 +1010,7 @@ static int load_one(edl_ckpt *ck, const ckpt_pointer_entry *e, edl_ckpt_manifest
         rc = edl_errf(why, whylen, EDL_EPROTO, "%s/%s is for another step or generation", ck->uri, key);
     for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
         if (ck->verify) {
-            rc = fetch_shard(ck, &m->shards[i], NULL, why, whylen);
+            rc = fetch_shard(ck, &m->shards[i], NULL, NULL, why, whylen);
             continue;
         }
         edl_storage_stat st;
@@ -1110,10 +1114,22 @@ int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void
         return EDL_EINVAL;
     *data = NULL;
     *len = 0;
-    int rc = fetch_shard(ck, &m->shards[i], data, ck->errmsg, sizeof ck->errmsg);
+    int rc = fetch_shard(ck, &m->shards[i], data, NULL, ck->errmsg, sizeof ck->errmsg);
     if (rc == 0)
         *len = (size_t)m->shards[i].size;
     return rc;
+}
+
+int edl_ckpt_read_shard_into(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void *dst,
+                             size_t cap)
+{
+    if (!ck || !m || i >= m->n_shards || (!dst && m->shards[i].size))
+        return EDL_EINVAL;
+    if (m->shards[i].size > cap)
+        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ETOOBIG, "shard %s holds %" PRIu64
+                        " bytes, more than the %zu of the buffer given", m->shards[i].key,
+                        m->shards[i].size, cap);
+    return fetch_shard(ck, &m->shards[i], NULL, dst, ck->errmsg, sizeof ck->errmsg);
 }
 
 long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index)

@@ -776,6 +776,45 @@ static void test_snapshots_in_the_background_and_on_many_threads_keep_their_byte
     edl_ckpt_close(ck);
 }
 
+/* A shard read into the caller's own buffer: the bytes, a buffer too small (refused before
+ * anything is read), and a shard changed on the store (caught by its digest). */
+static void test_a_shard_reads_into_the_callers_buffer_with_its_digest_checked(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "into");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    size_t len = (3u << 20) + 5;
+    char *want = pattern(len, 9);
+    edl_ckpt_shard sh[2] = {{.name = "empty", .data = "", .len = 0},
+                            {.name = "w", .data = want, .len = len}};
+    assert_int_equal(edl_ckpt_save(ck, 1, 1, sh, 2, NULL), 0);
+    edl_ckpt_manifest *m = load_ok(ck);
+    char *buf = malloc(len + 10);
+    assert_int_equal(edl_ckpt_read_shard_into(ck, m, 0, NULL, 0), 0);
+    assert_int_equal(edl_ckpt_read_shard_into(ck, m, 1, buf, len + 10), 0);
+    assert_memory_equal(buf, want, len);
+    memset(buf, 0x5a, len + 10);
+    assert_int_equal(edl_ckpt_read_shard_into(ck, m, 1, buf, len - 1), EDL_ETOOBIG);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "more than the"));
+    assert_int_equal((unsigned char)buf[0], 0x5a);
+    assert_int_equal(edl_ckpt_read_shard_into(ck, m, 2, buf, len), EDL_EINVAL);
+    /* one byte changed in the middle of the stored shard */
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", pl.uri + strlen("file://"), m->shards[1].key);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, (long)(len / 2), SEEK_SET);
+    fputc(want[len / 2] ^ 1, f);
+    fclose(f);
+    assert_int_equal(edl_ckpt_read_shard_into(ck, m, 1, buf, len), EDL_EPROTO);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "corrupt"));
+    edl_ckpt_manifest_free(m);
+    free(buf);
+    free(want);
+    edl_ckpt_close(ck);
+}
+
 /* A device shard where no CUDA answers (this build without CUDA, or no runtime or GPU on the
  * host), or that is host memory after all: a clear error, and the handle saves on as before. */
 static void test_device_shards_without_cuda_and_bad_copy_options_are_clear_errors(void **state)
@@ -895,6 +934,7 @@ int main(void)
         cmocka_unit_test(test_staging_is_reused_and_queued_saves_keep_their_own_bytes),
         cmocka_unit_test(test_snapshots_in_the_background_and_on_many_threads_keep_their_bytes),
         cmocka_unit_test(test_device_shards_without_cuda_and_bad_copy_options_are_clear_errors),
+        cmocka_unit_test(test_a_shard_reads_into_the_callers_buffer_with_its_digest_checked),
         cmocka_unit_test(test_unreachable_store_is_a_clear_error_and_state_is_kept),
         cmocka_unit_test(test_wrong_credentials_is_a_clear_error),
     };

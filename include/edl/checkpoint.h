@@ -175,6 +175,12 @@ void edl_ckpt_manifest_free(edl_ckpt_manifest *m);
  * (EDL_EPROTO when they do not match). */
 int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void **data,
                         size_t *len);
+/* Read shard i of m into the caller's buffer of cap bytes (a model's own memory, allocated
+ * once: no page faults, no copy out of a new buffer), checking size and digest as the bytes
+ * arrive. EDL_ETOOBIG when the shard is larger than cap (nothing read); after EDL_EPROTO the
+ * buffer holds whatever arrived. */
+int edl_ckpt_read_shard_into(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void *dst,
+                             size_t cap);
 /* The index in m of the shard (rank, index), or -1. */
 long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index);
 
