@@ -2,11 +2,11 @@
  *
  * Fresh memory costs a page fault per page on first touch, which on some machines is slower
  * than the disk: copying 1 GiB into new malloc'd memory stalled training for seconds. So a
- * checkpoint handle keeps its staging areas for its whole life: an area is mapped (with
- * transparent huge pages where the kernel allows them) and faulted in once, then reused by
- * every later save that fits, and the caller's stall is the memcpy alone. A save that needs
- * more than a free area holds replaces it with a larger one; a save queued while the previous
- * one still uploads from its area gets a second area, also kept. */
+ * checkpoint handle keeps its staging areas for its whole life: an area is mapped and faulted
+ * in once, then reused by every later save that fits, and the caller's stall is the copy
+ * alone. A save that needs more than a free area holds replaces it with a larger one; a save
+ * queued while the previous one still uploads from its area gets a second area, also kept.
+ * An area that has held a device shard is pinned (registered with CUDA) until it is unmapped. */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
 
@@ -14,7 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define STAGE_ROUND (2u << 20) /* a huge page: areas are whole ones */
+#define STAGE_ROUND (2u << 20) /* areas are whole 2 MiB */
 
 struct ckpt_stage {
     char *mem;
@@ -30,13 +30,21 @@ void ckpt_stages_init(ckpt_stages *st)
     st->list = NULL;
 }
 
-/* Map cap bytes and fault every page in now, so that no later copy pays for it. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it with EINVAL */
+#endif
+
+/* Map cap bytes and fault every page in now, so that no later copy pays for it: in one call
+ * where the kernel can (MADV_POPULATE_WRITE: 0.3 s a GiB here, against 1.2 s touching page by
+ * page), else page by page. No transparent huge pages: asking for them made the first fault-in
+ * up to 7x slower here (compaction), for no faster copy afterwards. */
 static char *map_faulted(size_t cap)
 {
     void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    madvise(p, cap, MADV_HUGEPAGE); /* fewer faults and TLB misses; fine when refused */
+    if (madvise(p, cap, MADV_POPULATE_WRITE) == 0)
+        return p;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (size_t off = 0; off < cap; off += page)
         ((volatile char *)p)[off] = 0;
