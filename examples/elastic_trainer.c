@@ -22,6 +22,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <stdint.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,19 +187,20 @@ static int ckpt_load(trainer *t, long *step, double w[D])
     if (rc == EDL_ENOTFOUND)
         return 0;
     long i = rc ? -1 : edl_ckpt_find_shard(m, 0, 0);
-    void *data = NULL;
-    size_t len = 0;
-    if (!rc && (i < 0 || (rc = edl_ckpt_read_shard(t->ckpt, m, (size_t)i, &data, &len)) != 0 ||
-                len != sizeof(double) * D))
-        rc = rc ? rc : EDL_EPROTO;
+    if (!rc && (i < 0 || m->shards[i].size != sizeof(double) * D)) {
+        fprintf(stderr, "rank %d: checkpoint step %" PRId64 " holds no weights of this model\n",
+                t->rank, m->step);
+        rc = EDL_EPROTO;
+    } else if (!rc) /* straight into the weights, size and digest checked */
+        rc = edl_ckpt_read_shard_into(t->ckpt, m, (size_t)i, w, sizeof(double) * D);
     if (!rc) {
-        memcpy(w, data, sizeof(double) * D);
         *step = (long)m->step;
     } else {
         fprintf(stderr, "rank %d: loading the latest checkpoint: %s (%s)\n", t->rank,
                 edl_strerror(rc), edl_ckpt_errmsg(t->ckpt));
+        for (int j = 0; j < D; j++)
+            w[j] = 0; /* a failed read may have left part of a shard */
     }
-    free(data);
     edl_ckpt_manifest_free(m);
     return rc;
 }
