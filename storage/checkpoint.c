@@ -23,12 +23,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define POINTER_TRIES 64
 #define POLL_MIN_MS 50
 #define PARALLEL_SHARDS 4      /* edl_ckpt_config.parallel_shards when 0 */
 #define PARALLEL_SHARDS_MAX 64
 #define POLL_MAX_MS 1000
+#define COPY_THREADS_DEFAULT_MAX 8 /* copy_threads 0: the host's cores, up to this */
+#define COPY_THREADS_MAX 64
+#define SINGLE_PUT_MAX (1ull << 30) /* multipart_threshold 0: one PUT per shard up to this */
 
 typedef struct pending_shard {
     char *name;
@@ -44,6 +48,7 @@ struct edl_ckpt_pending {
     pending_shard *shards; /* data: the caller's (handed over) or in stage (copied) */
     size_t n;
     ckpt_stage *stage; /* the staging area of the copied shards (NULL: none copied) */
+    ckpt_snapshot *snap; /* their copy into it (NULL: none copied) */
     char *metadata;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -59,6 +64,8 @@ struct edl_ckpt {
     int rank, world_size, committer, keep;
     int64_t commit_timeout_ms;
     bool verify;
+    int copy_threads;
+    bool background; /* snapshot_in_background */
     edl_etcd *etcd;
     edl_storage *fg, *bg;  /* caller's thread; worker thread (= up[0]) */
     edl_storage **up;      /* one per shard upload in flight: parallel_shards handles */
@@ -106,6 +113,12 @@ void edl_ckpt_config_init(edl_ckpt_config *cfg)
 
 static void *worker_main(void *arg);
 
+static int default_copy_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > COPY_THREADS_DEFAULT_MAX ? COPY_THREADS_DEFAULT_MAX : (int)n;
+}
+
 static void ckpt_free(edl_ckpt *ck)
 {
     edl_storage_close(ck->fg);
@@ -145,6 +158,10 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     if (cfg->parallel_shards < 0 || cfg->parallel_shards > PARALLEL_SHARDS_MAX)
         return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint parallel_shards=%d: 1..%d (0: %d)",
                         cfg->parallel_shards, PARALLEL_SHARDS_MAX, PARALLEL_SHARDS);
+    if (cfg->copy_threads < 0 || cfg->copy_threads > COPY_THREADS_MAX)
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint copy_threads=%d: 1..%d (0: the "
+                        "host's cores, at most %d)", cfg->copy_threads, COPY_THREADS_MAX,
+                        COPY_THREADS_DEFAULT_MAX);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
@@ -165,6 +182,8 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     ck->keep = cfg->keep;
     ck->commit_timeout_ms = cfg->commit_timeout_ms > 0 ? cfg->commit_timeout_ms : 600000;
     ck->verify = cfg->verify_on_load;
+    ck->copy_threads = cfg->copy_threads ? cfg->copy_threads : default_copy_threads();
+    ck->background = cfg->snapshot_in_background;
     ck->etcd = cfg->etcd;
     edl_storage_config sc;
     if (cfg->storage)
@@ -172,6 +191,8 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     else
         edl_storage_config_init(&sc);
     sc.uri = cfg->uri;
+    if (!sc.multipart_threshold) /* shards in flight are the parallel streams already */
+        sc.multipart_threshold = SINGLE_PUT_MAX;
     int rc = edl_storage_open(&sc, &ck->fg, errbuf, errlen);
     int lanes = cfg->parallel_shards ? cfg->parallel_shards : PARALLEL_SHARDS;
     if (rc == 0 && !(ck->up = calloc((size_t)lanes, sizeof *ck->up)))
@@ -246,6 +267,7 @@ static void pending_unref(edl_ckpt_pending *p)
         release_shard(&p->shards[i]);
         free(p->shards[i].name);
     }
+    ckpt_snapshot_free(p->snap); /* its threads write into the stage */
     release_stage(p);
     free(p->shards);
     free(p->metadata);
@@ -274,18 +296,28 @@ static size_t stage_len(size_t len)
     return (len + 63) / 64 * 64;
 }
 
-/* Take the handed-over shards as they are and copy the others into one staging area: the copy
- * is the only time the training step waits for (the memory was faulted in by an earlier save
- * or edl_ckpt_stage_reserve). */
-static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard *shards)
+/* Take the handed-over shards as they are and copy the others into one staging area (pinned
+ * when a device shard is among them): the copy is the only time the training step waits for,
+ * and not even that in the background (the memory was faulted in by an earlier save or
+ * edl_ckpt_stage_reserve). */
+static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard *shards,
+                        char *err, size_t errlen)
 {
-    size_t need = 0;
-    for (size_t i = 0; i < p->n; i++)
+    size_t need = 0, n_copies = 0;
+    bool device = false;
+    for (size_t i = 0; i < p->n; i++) {
         need += shards[i].free_fn ? 0 : stage_len(shards[i].len);
+        n_copies += !shards[i].free_fn;
+        device |= shards[i].device;
+    }
     char *mem = NULL;
     if (need && !(p->stage = ckpt_stage_take(&ck->stages, need, &mem)))
-        return EDL_ENOMEM;
-    for (size_t i = 0; i < p->n; i++) {
+        return edl_errf(err, errlen, EDL_ENOMEM, "no memory for %zu bytes of staging", need);
+    int rc = device ? ckpt_stage_pin(p->stage, err, errlen) : 0;
+    ckpt_copy *copies = calloc(n_copies ? n_copies : 1, sizeof *copies);
+    if (rc == 0 && !copies)
+        rc = edl_errf(err, errlen, EDL_ENOMEM, "no memory to copy the shards");
+    for (size_t i = 0, c = 0; rc == 0 && i < p->n; i++) {
         pending_shard *s = &p->shards[i];
         s->len = shards[i].len;
         if (shards[i].free_fn) {
@@ -295,10 +327,14 @@ static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard 
             continue;
         }
         s->data = mem;
-        memcpy(mem, shards[i].data, shards[i].len);
+        copies[c++] = (ckpt_copy){mem, shards[i].data, shards[i].len, shards[i].device};
         mem += stage_len(shards[i].len);
     }
-    return 0;
+    if (rc == 0 && n_copies)
+        rc = ckpt_snapshot_start(copies, n_copies, ck->copy_threads, ck->background, &p->snap,
+                                 err, errlen);
+    free(copies);
+    return rc;
 }
 
 int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes)
@@ -329,11 +365,15 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
     if (!metadata_ok(metadata_json))
         return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "checkpoint metadata must be a "
                     "JSON object under 1 MiB");
-    for (size_t i = 0; i < n_shards; i++)
+    for (size_t i = 0; i < n_shards; i++) {
         if ((shards[i].name && shards[i].name[0] && !label_ok(shards[i].name)) ||
             (!shards[i].data && shards[i].len))
             return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "shard %zu: the name must be "
                         "letters, digits and \"._-\" and the data non-NULL", i);
+        if (shards[i].device && shards[i].free_fn)
+            return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "shard %zu: a device shard "
+                            "is always copied, so it cannot be handed over (free_fn)", i);
+    }
     edl_ckpt_pending *p = calloc(1, sizeof *p);
     if (!p || !(p->shards = calloc(n_shards ? n_shards : 1, sizeof *p->shards))) {
         free(p);
@@ -353,10 +393,13 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
     bool nomem = metadata_json && !(p->metadata = strdup(metadata_json));
     for (size_t i = 0; i < n_shards && !nomem; i++)
         nomem = !(p->shards[i].name = strdup(shards[i].name ? shards[i].name : ""));
-    if (nomem || stage_shards(ck, p, shards) != 0) {
+    int rc = nomem ? EDL_ENOMEM : stage_shards(ck, p, shards, ck->errmsg, sizeof ck->errmsg);
+    if (rc != 0) {
+        if (nomem)
+            snprintf(ck->errmsg, sizeof ck->errmsg, "no memory to queue the save");
         p->refs = 1;
         pending_unref(p);
-        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory to copy the shards");
+        return rc;
     }
     pthread_mutex_lock(&ck->mu);
     if (ck->tail)
@@ -394,6 +437,11 @@ int edl_ckpt_wait(edl_ckpt_pending *p, int64_t timeout_ms)
     return rc;
 }
 
+int edl_ckpt_snapshot_wait(edl_ckpt_pending *p, int64_t timeout_ms)
+{
+    return p ? ckpt_snapshot_wait(p->snap, timeout_ms) : EDL_EINVAL;
+}
+
 bool edl_ckpt_save_done(edl_ckpt_pending *p)
 {
     pthread_mutex_lock(&p->mu);
@@ -429,7 +477,7 @@ int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt
         return EDL_ENOMEM;
     for (size_t i = 0; i < n_shards; i++) {
         lent[i] = shards[i];
-        if (!lent[i].free_fn)
+        if (!lent[i].free_fn && !lent[i].device)
             lent[i].free_fn = borrowed;
     }
     edl_ckpt_pending *p;
@@ -833,7 +881,12 @@ static void run_save(edl_ckpt *ck, edl_ckpt_pending *p)
 {
     char dir[64];
     ckpt_dir_name(p->step, p->generation, dir, sizeof dir);
-    int rc = upload_rank(ck, p, dir);
+    int rc = ckpt_snapshot_wait(p->snap, -1);
+    if (rc != 0)
+        snprintf(p->errmsg, sizeof p->errmsg, "copying the shards into staging: %s",
+                 ckpt_snapshot_errmsg(p->snap));
+    else
+        rc = upload_rank(ck, p, dir);
     release_stage(p); /* the next save may copy into it while this one commits */
     if (rc == 0 && ck->rank == ck->committer)
         rc = commit(ck, p, dir);

@@ -82,5 +82,36 @@ void ckpt_stages_init(ckpt_stages *st);
 ckpt_stage *ckpt_stage_take(ckpt_stages *st, size_t bytes, char **mem);
 void ckpt_stage_give(ckpt_stages *st, ckpt_stage *a);
 void ckpt_stages_clear(ckpt_stages *st); /* every area given back */
+/* Pin a busy area for CUDA's asynchronous copies (once: it stays pinned while it is kept). */
+int ckpt_stage_pin(ckpt_stage *a, char *err, size_t errlen);
+
+/* The snapshot of a save (checkpoint_copy.c): copies into staging, the host ones split over
+ * threads, the device ones queued on a CUDA stream. start: in the foreground, returns once
+ * everything is copied (or failed); in the background, at once. *out is set even when start
+ * fails (free it). wait: 0, EDL_ETIMEDOUT, or the copy's error (errmsg says what). free:
+ * joins the copying threads first. */
+typedef struct ckpt_copy {
+    char *dst;
+    const void *src;
+    size_t len;
+    bool device;
+} ckpt_copy;
+
+typedef struct ckpt_snapshot ckpt_snapshot;
+int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool background,
+                        ckpt_snapshot **out, char *err, size_t errlen);
+int ckpt_snapshot_wait(ckpt_snapshot *s, int64_t timeout_ms);
+const char *ckpt_snapshot_errmsg(const ckpt_snapshot *s);
+void ckpt_snapshot_free(ckpt_snapshot *s);
+
+/* CUDA (checkpoint_cuda.c; the runtime is loaded at first use). copy_async queues a device to
+ * host copy on *stream (created on first use); sync waits for the stream; EDL_ENOTSUP in a
+ * build without CUDA, EDL_EUNAVAIL without a runtime or a device. */
+int ckpt_cuda_copy_async(void **stream, void *dst, const void *src, size_t len, char *err,
+                         size_t errlen);
+int ckpt_cuda_sync(void *stream, char *err, size_t errlen);
+void ckpt_cuda_stream_free(void *stream);
+int ckpt_cuda_pin(void *mem, size_t len, char *err, size_t errlen);
+void ckpt_cuda_unpin(void *mem);
 
 #endif

@@ -20,6 +20,7 @@ struct ckpt_stage {
     char *mem;
     size_t cap;
     bool busy;
+    bool pinned; /* registered with CUDA (unpinned before it is unmapped) */
     ckpt_stage *next;
 };
 
@@ -42,14 +43,23 @@ static char *map_faulted(size_t cap)
     return p;
 }
 
+static void stage_unmap(ckpt_stage *a)
+{
+    if (a->pinned)
+        ckpt_cuda_unpin(a->mem);
+    if (a->mem)
+        munmap(a->mem, a->cap);
+    a->mem = NULL;
+    a->pinned = false;
+}
+
 /* Give a busy area at least bytes of faulted memory (its old bytes are not kept). */
 static int stage_grow(ckpt_stage *a, size_t bytes)
 {
     if (a->cap >= bytes)
         return 0;
     size_t cap = (bytes + STAGE_ROUND - 1) / STAGE_ROUND * STAGE_ROUND;
-    if (a->mem)
-        munmap(a->mem, a->cap);
+    stage_unmap(a);
     a->mem = map_faulted(cap);
     a->cap = a->mem ? cap : 0;
     return a->mem ? 0 : EDL_ENOMEM;
@@ -111,9 +121,17 @@ void ckpt_stages_clear(ckpt_stages *st)
     while (st->list) {
         ckpt_stage *a = st->list;
         st->list = a->next;
-        if (a->mem)
-            munmap(a->mem, a->cap);
+        stage_unmap(a);
         free(a);
     }
     pthread_mutex_destroy(&st->mu);
+}
+
+int ckpt_stage_pin(ckpt_stage *a, char *err, size_t errlen)
+{
+    if (a->pinned)
+        return 0;
+    int rc = ckpt_cuda_pin(a->mem, a->cap, err, errlen);
+    a->pinned = rc == 0;
+    return rc;
 }

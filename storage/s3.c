@@ -3,12 +3,12 @@
  * Requests are signed by libcurl itself (CURLOPT_AWS_SIGV4), so no crypto is written here.
  * Two details make that portable across libcurl versions: every request carries
  * x-amz-content-sha256 (UNSIGNED-PAYLOAD: S3 requires the header, libcurl signs what it says,
- * and the checkpoint layer checks SHA-256 of every shard itself), and query strings are
+ * and the checkpoint layer checks a digest of every shard itself), and query strings are
  * built already canonical (sorted, percent-encoded, "uploads=") because libcurl before 8.x
  * signs the query exactly as given.
  *
- * Objects up to part_size go up in one PUT; larger ones as a multipart upload whose parts are
- * sent parallel_parts at a time on one libcurl multi handle, the upload being aborted when any
+ * A buffer up to multipart_threshold (a stream up to part_size) goes up in one PUT; a larger
+ * one as a multipart upload whose parts are sent parallel_parts at a time on one libcurl multi handle, the upload being aborted when any
  * part fails for good. 5xx replies and connection errors are retried with jittered back-off. */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -25,6 +25,7 @@
 #define MAX_XML_BODY (16u << 20)    /* a list page is ~1000 keys, far below this */
 #define MAX_PARTS 10000             /* S3's limit */
 #define MIN_PART_SIZE (5u << 20)    /* S3's minimum for all parts but the last */
+#define MAX_SINGLE_PUT (5ull << 30) /* S3's largest object in one PUT */
 #define MAX_BACKOFF_MS 10000
 
 typedef struct s3_store {
@@ -39,6 +40,7 @@ typedef struct s3_store {
     int64_t timeout_ms, connect_timeout_ms, retry_base_ms;
     int max_retries, parallel;
     size_t part_size;
+    size_t threshold; /* a buffer larger than this goes up in parts */
     CURL *easy;      /* kept for its connection: sequential requests reuse it */
 } s3_store;
 
@@ -211,6 +213,9 @@ static int s3_open(edl_storage *s, const edl_storage_config *cfg, const char *re
     if (st->parallel > 64)
         st->parallel = 64;
     st->part_size = cfg->part_size >= MIN_PART_SIZE ? cfg->part_size : MIN_PART_SIZE;
+    st->threshold = cfg->multipart_threshold ? cfg->multipart_threshold : st->part_size;
+    if (st->threshold > MAX_SINGLE_PUT)
+        st->threshold = MAX_SINGLE_PUT;
     if (!(st->easy = curl_easy_init()))
         return EDL_ENOMEM;
     return 0;
@@ -926,7 +931,7 @@ static int put_multipart(edl_storage *s, const char *key, storage_source *src, c
 static int s3_put(edl_storage *s, const char *key, storage_source *src)
 {
     s3_store *st = s->impl;
-    if (!src->read && src->len <= st->part_size) {
+    if (!src->read && src->len <= st->threshold) {
         storage_source_observe(src, src->buf, src->len);
         return put_single(s, key, src->buf, src->len);
     }

@@ -2,6 +2,8 @@
  * multi-rank round trips read back in another world size, keep-K deletion, steps that never go
  * back, corrupt shards and truncated manifests detected and skipped, hostile manifests refused,
  * the pointer race between writers, a missing rank, staging memory reused by asynchronous saves,
+ * snapshots copied in the background and on several threads, device shards refused clearly
+ * where no CUDA answers (test_checkpoint_cuda stages real ones where a GPU is),
  * checkpoints written before XXH3 (SHA-256) that still load, and clear errors for an
  * unreachable store and wrong credentials. */
 #define _GNU_SOURCE
@@ -696,6 +698,126 @@ static void test_staging_is_reused_and_queued_saves_keep_their_own_bytes(void **
     edl_ckpt_close(ck);
 }
 
+static edl_ckpt *open_ck_copying(const place *pl, bool background, int threads)
+{
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = pl->uri;
+    cfg.etcd = fx->cl;
+    cfg.job = pl->job;
+    cfg.keep = 5;
+    cfg.storage = &pl->sc;
+    cfg.snapshot_in_background = background;
+    cfg.copy_threads = threads;
+    edl_ckpt *ck;
+    char err[512];
+    int rc = edl_ckpt_open(&cfg, &ck, err, sizeof err);
+    if (rc != 0)
+        fail_msg("edl_ckpt_open(%s): %s: %s", pl->uri, edl_strerror(rc), err);
+    return ck;
+}
+
+/* Shards of odd sizes, 40 MiB in all: the copy is split over three threads at byte offsets
+ * that fall inside shards, not at their edges. */
+#define SNAP_SHARDS 3
+static const size_t snap_len[SNAP_SHARDS] = {(17u << 20) + 1, (13u << 20) - 7, (10u << 20) + 6};
+
+static void check_snapshot_saves(const place *pl, bool background)
+{
+    edl_ckpt *ck = open_ck_copying(pl, background, 3);
+    size_t total = 0;
+    for (int i = 0; i < SNAP_SHARDS; i++)
+        total += snap_len[i];
+    char *buf = malloc(total);
+    for (int step = 1; step <= 2; step++) { /* the second reuses the first one's staging */
+        char *want = pattern(total, 70 + (unsigned)step);
+        memcpy(buf, want, total);
+        edl_ckpt_shard sh[SNAP_SHARDS];
+        for (size_t i = 0, off = 0; i < SNAP_SHARDS; off += snap_len[i], i++)
+            sh[i] = (edl_ckpt_shard){.name = "s", .data = buf + off, .len = snap_len[i]};
+        edl_ckpt_pending *p;
+        assert_int_equal(edl_ckpt_save_async(ck, step, 1, sh, SNAP_SHARDS, NULL, &p), 0);
+        assert_int_equal(edl_ckpt_snapshot_wait(p, 30000), 0);
+        memset(buf, 0xee, total); /* the optimizer step: the saved bytes must not change */
+        assert_int_equal(edl_ckpt_wait(p, 30000), 0);
+        assert_int_equal(edl_ckpt_snapshot_wait(p, 0), 0);
+        edl_ckpt_save_free(p);
+        for (size_t i = 0, off = 0; i < SNAP_SHARDS; off += snap_len[i], i++) {
+            char key[128];
+            snprintf(key, sizeof key, "ckpt-%016d-g1/rank-0/shard-%zu", step, i);
+            stored_equal(pl, key, want + off, snap_len[i]);
+        }
+        free(want);
+    }
+    free(buf);
+    edl_ckpt_close(ck);
+}
+
+static void test_snapshots_in_the_background_and_on_many_threads_keep_their_bytes(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "snap-bg");
+    check_snapshot_saves(&pl, true);
+    file_place(&pl, "snap-fg");
+    check_snapshot_saves(&pl, false);
+    /* a save that copies nothing has no snapshot to wait for */
+    edl_ckpt *ck = open_ck_copying(&pl, true, 0);
+    int freed = 0;
+    edl_ckpt_shard own = {.data = pattern(100, 3), .len = 100, .free_fn = count_free,
+                          .free_arg = &freed};
+    edl_ckpt_pending *p;
+    assert_int_equal(edl_ckpt_save_async(ck, 9, 1, &own, 1, NULL, &p), 0);
+    assert_int_equal(edl_ckpt_snapshot_wait(p, 0), 0);
+    assert_int_equal(edl_ckpt_wait(p, 30000), 0);
+    edl_ckpt_save_free(p);
+    assert_int_equal(freed, 1);
+    assert_int_equal(edl_ckpt_snapshot_wait(NULL, 0), EDL_EINVAL);
+    edl_ckpt_close(ck);
+}
+
+/* A device shard where no CUDA answers (this build without CUDA, or no runtime or GPU on the
+ * host), or that is host memory after all: a clear error, and the handle saves on as before. */
+static void test_device_shards_without_cuda_and_bad_copy_options_are_clear_errors(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "device");
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = pl.uri;
+    cfg.etcd = fx->cl;
+    cfg.job = pl.job;
+    cfg.copy_threads = 65;
+    edl_ckpt *ck;
+    char err[512];
+    assert_int_equal(edl_ckpt_open(&cfg, &ck, err, sizeof err), EDL_EINVAL);
+    assert_non_null(strstr(err, "copy_threads=65"));
+
+    ck = open_ck_copying(&pl, false, 2);
+    char host[4096];
+    memset(host, 7, sizeof host);
+    edl_ckpt_shard dev = {.name = "w", .data = host, .len = sizeof host, .device = true};
+    edl_ckpt_pending *p = (edl_ckpt_pending *)&dev;
+    int rc = edl_ckpt_save_async(ck, 1, 1, &dev, 1, NULL, &p);
+    print_message("device shard of host memory: %s: %s\n", edl_strerror(rc), edl_ckpt_errmsg(ck));
+    assert_true(rc == EDL_ENOTSUP || rc == EDL_EUNAVAIL || rc == EDL_EINVAL);
+    assert_null(p);
+    assert_true(strstr(edl_ckpt_errmsg(ck), "CUDA") || strstr(edl_ckpt_errmsg(ck), "device"));
+    dev.free_fn = count_free;
+    assert_int_equal(edl_ckpt_save_async(ck, 1, 1, &dev, 1, NULL, &p), EDL_EINVAL);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "handed over"));
+    assert_int_equal(edl_ckpt_save(ck, 1, 1, &dev, 1, NULL), EDL_EINVAL);
+    /* nothing was queued or committed: the next save is the first checkpoint */
+    edl_ckpt_shard ok = {.name = "w", .data = host, .len = sizeof host};
+    assert_int_equal(edl_ckpt_save(ck, 2, 1, &ok, 1, NULL), 0);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 2);
+    assert_int_equal(m->n_shards, 1);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+}
+
 static void test_unreachable_store_is_a_clear_error_and_state_is_kept(void **state)
 {
     (void)state;
@@ -771,6 +893,8 @@ int main(void)
         cmocka_unit_test(test_commit_waits_for_every_rank_then_times_out),
         cmocka_unit_test(test_async_save_takes_handed_over_buffers),
         cmocka_unit_test(test_staging_is_reused_and_queued_saves_keep_their_own_bytes),
+        cmocka_unit_test(test_snapshots_in_the_background_and_on_many_threads_keep_their_bytes),
+        cmocka_unit_test(test_device_shards_without_cuda_and_bad_copy_options_are_clear_errors),
         cmocka_unit_test(test_unreachable_store_is_a_clear_error_and_state_is_kept),
         cmocka_unit_test(test_wrong_credentials_is_a_clear_error),
     };

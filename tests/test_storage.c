@@ -532,6 +532,33 @@ static void test_s3_failed_multipart_upload_is_aborted(void **state)
     harness_http_close(h);
 }
 
+/* Under multipart_threshold a buffer goes up in one PUT even when it is several parts long
+ * (the checkpoint's shards do: several of them are in flight already). */
+static void test_s3_buffer_under_the_multipart_threshold_is_one_put(void **state)
+{
+    (void)state;
+    harness_http *h = harness_http_open();
+    harness_http_reply(h, 200, "", 0, HTTP_NORMAL);
+    edl_storage_config cfg;
+    edl_storage_config_init(&cfg);
+    cfg.uri = "s3://edl-test/one";
+    cfg.endpoint = harness_http_url(h);
+    cfg.access_key_id = cfg.secret_access_key = "k";
+    cfg.part_size = 5u << 20;
+    cfg.multipart_threshold = 12u << 20;
+    edl_storage *s = open_ok(&cfg);
+    size_t big = 11u << 20;
+    char *data = pattern(big, 4);
+    CHECK(s, edl_storage_put(s, "obj", data, big));
+    assert_int_equal(harness_http_requests(h), 1);
+    char path[512];
+    harness_http_last_request(h, path, sizeof path, NULL, 0);
+    assert_string_equal(path, "/edl-test/one/obj");
+    free(data);
+    edl_storage_close(s);
+    harness_http_close(h);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--put-once") == 0)
@@ -547,6 +574,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_s3_wrong_credentials_is_a_clear_error),
         cmocka_unit_test(test_s3_5xx_is_retried_then_reported),
         cmocka_unit_test(test_s3_failed_multipart_upload_is_aborted),
+        cmocka_unit_test(test_s3_buffer_under_the_multipart_threshold_is_one_put),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

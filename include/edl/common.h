@@ -31,7 +31,8 @@ extern "C" {
     X(ECONFIG, -13, "invalid configuration")                                                   \
     X(ECLOSED, -14, "closed")                          /* the object was stopped or closed */  \
     X(EIO, -15, "I/O error")                           /* files, pipes, processes */           \
-    X(EPEER, -16, "a peer failed or the generation is over (re-form the group)")
+    X(EPEER, -16, "a peer failed or the generation is over (re-form the group)")              \
+    X(ENOTSUP, -17, "not supported by this build")     /* e.g. CUDA buffers without CUDA */
 
 enum {
     EDL_OK = 0,

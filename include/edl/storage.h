@@ -53,8 +53,9 @@ typedef struct edl_storage_config {
     int64_t retry_base_ms;         /* first back-off, doubled each retry, jittered (200) */
     size_t part_size;              /* a multipart upload's parts (16 MiB; at least 5 MiB,
                                       S3's minimum) */
-    size_t multipart_threshold;    /* objects larger than this go up in parts (0: part_size;
-                                      at most 5 GiB, S3's largest single PUT) */
+    size_t multipart_threshold;    /* a buffer larger than this goes up in parts, a smaller
+                                      one in one PUT (0: part_size; at most 5 GiB, S3's
+                                      largest PUT); a stream goes in parts past part_size */
     int parallel_parts;            /* parts in flight at once (4) */
 } edl_storage_config;
 
