@@ -17,13 +17,14 @@
  * our median over the bound's, then both medians with their spread (max - min, in percent of
  * the median, printed "±").
  * Then how long asynchronous saves block the caller, beside the save's wall time (until
- * edl_ckpt_wait returns): the first save (it allocates the handle's staging memory); saves that
- * reuse it (the copy only: its GB/s beside a memcpy into pre-faulted memory on one thread and on
- * as many threads as the checkpoint copies with); saves with snapshot_in_background in a
- * training-like loop (save_async, a pass reading every byte as forward and backward would,
- * edl_ckpt_snapshot_wait, a pass writing every word as the optimizer would: blocked is the time
- * inside save_async and snapshot_wait, after a warm-up save; the step's time is printed beside
- * one without a save); one save with the buffers handed over (free_fn: no copy).
+ * edl_ckpt_wait returns), as medians of --repeat saves: the first save (alone: it allocates the
+ * handle's staging memory); saves that reuse it (the copy only: its GB/s beside a memcpy into
+ * pre-faulted memory on one thread and on as many threads as the checkpoint copies with); saves
+ * with snapshot_in_background in a training-like loop (save_async, a pass reading every byte as
+ * forward and backward would, edl_ckpt_snapshot_wait, a pass writing every word as the optimizer
+ * would: blocked is the time inside save_async and snapshot_wait, after a warm-up save; the
+ * step's time is printed beside one without a save); one save with the buffers handed over
+ * (free_fn: no copy).
  * Memory: the state (--size), at most one staging area of that size, and about one shard. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -132,11 +133,11 @@ static void ratio_line(const char *what, const series *ours, const series *bound
 {
     double o = median(ours), b = median(bound);
     if (bound->n == 0) {
-        printf("%-44s   --    (median of %d; ours %.*f %s ±%.0f%%, bound failed)\n", what,
+        printf("%-46s   --    (median of %d; ours %.*f %s ±%.0f%%, bound failed)\n", what,
                ours->n, prec, o, unit, spread(ours));
         return;
     }
-    printf("%-44s %5.2fx  (median of %d; ours %.*f %s ±%.0f%%, bound %.*f ±%.0f%%)\n", what,
+    printf("%-46s %5.2fx  (median of %d; ours %.*f %s ±%.0f%%, bound %.*f ±%.0f%%)\n", what,
            o / b, ours->n, prec, o, unit, spread(ours), prec, b, spread(bound));
 }
 
@@ -147,9 +148,9 @@ static void stall_line(const char *label, const char *what, const series *blocke
     char w[96];
     snprintf(w, sizeof w, "%s %s", label, what);
     double b = median(blocked), t = median(total);
-    printf("%-44s %8.3f s blocked of %.3f s total (%.1f%%)", w, b, t, 100.0 * b / t);
+    printf("%-46s %6.3f s blocked of %.3f s total (%.1f%%)", w, b, t, 100.0 * b / t);
     if (blocked->n > 1)
-        printf(" (median of %d; blocked ±%.0f%%)", blocked->n, spread(blocked));
+        printf(" (median of %d, ±%.0f%%)", blocked->n, spread(blocked));
     printf("%s\n", tail ? tail : "");
 }
 
@@ -201,8 +202,10 @@ static void add_shard_file(const char *path, const struct stat *st, void *arg)
 {
     file_list *fl = arg;
     const char *base = strrchr(path, '/');
+    if (strncmp(base ? base + 1 : path, "shard-", 6) != 0)
+        return;
     char **grown = realloc(fl->paths, (fl->n + 1) * sizeof *grown);
-    if (strncmp(base ? base + 1 : path, "shard-", 6) != 0 || !grown)
+    if (!grown)
         return;
     fl->paths = grown;
     if ((fl->paths[fl->n] = strdup(path)) != NULL) {
@@ -727,7 +730,8 @@ static pid_t start_s3rver(const char *datadir, int port)
         return -1;
     }
     char url[128];
-    snprintf(url, sizeof url, "curl -s -o /dev/null -f 'http://127.0.0.1:%d/edl-bench?list-type=2'", port);
+    snprintf(url, sizeof url, "curl -s -o /dev/null -f 'http://127.0.0.1:%d/edl-bench?list-type=2'",
+             port);
     for (int i = 0; i < 200; i++) {
         if (system(url) == 0)
             return pid;
