@@ -1,22 +1,41 @@
-/* bench/checkpoint.c: checkpoint save and load throughput next to the store's own speed.
+/* bench/checkpoint.c: checkpoint save and load throughput beside bounds measured in the same run.
  *
- *   checkpoint [--size BYTES] [--shards N] [--dir PATH] [--s3-endpoint URL | --no-s3]
+ *   checkpoint [--size BYTES[K|M|G]] [--shards N] [--repeat N] [--dir PATH]
+ *              [--s3-endpoint URL | --no-s3] [--part-size BYTES[K|M|G]] [--parallel-parts N]
  *
  * Saves and loads --size bytes (default 1 GiB) in --shards shards (8) through edl/checkpoint.h,
- * with its own loopback etcd. file:// (under --dir, default $TMPDIR) is printed next to
- * `dd ... conv=fsync` of the same size to the same directory; s3:// next to a plain `curl -T`
- * of the same bytes to the same server. The S3 server is --s3-endpoint (bucket edl-bench must
- * exist; AWS_* credentials), or else an s3rver started from tests/.s3rver (scripts/install-deps).
- * Last, the training stall of asynchronous saves: how long save_async blocks the caller against
- * the save's total time, for the first save (which allocates the handle's staging memory), the
- * next one (which reuses it: the stall is the copy, printed in GB/s beside a plain memcpy of
- * the same bytes into pre-faulted memory) and one with the buffers handed over. One line per
- * figure. */
+ * with its own loopback etcd, on file:// (under --dir, default $TMPDIR) and on s3:// (the server
+ * at --s3-endpoint, whose bucket edl-bench must exist, with AWS_* credentials; or else an s3rver
+ * started from tests/.s3rver, see scripts/install-deps). Each throughput is measured --repeat
+ * times (3), alternating with its bound on the same number of bytes (bound, ours, bound, ...):
+ *   file:// save   `dd conv=fsync` into the same directory;
+ *   file:// load   read(2) in 1 MiB chunks, into one reused buffer, of the checkpoint's own
+ *                  shard files;
+ *   s3:// save     `curl -T` (one PUT) to the same server;  s3:// load  `curl` GET of that object.
+ * Every timed read, the bound's and ours, starts from a cold page cache: each file under the
+ * bench's directory is fsynced and dropped (POSIX_FADV_DONTNEED) first. One line per figure:
+ * our median over the bound's, then both medians with their spread (max - min, in percent of
+ * the median, printed "±").
+ * Then how long asynchronous saves block the caller, beside the save's wall time (until
+ * edl_ckpt_wait returns), as medians of --repeat saves: the first save (alone: it allocates the
+ * handle's staging memory); saves that reuse it (the copy only: its GB/s beside a memcpy into
+ * pre-faulted memory on one thread and on as many threads as the checkpoint copies with); saves
+ * with snapshot_in_background in a training-like loop (save_async, a pass reading every byte as
+ * forward and backward would, edl_ckpt_snapshot_wait, a pass writing every word as the optimizer
+ * would: blocked is the time inside save_async and snapshot_wait, after a warm-up save; the
+ * step's time is printed beside one without a save); one save with the buffers handed over
+ * (free_fn: no copy).
+ * Memory: the state (--size), at most one staging area of that size, and about one shard. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +51,11 @@
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 
+#define MAX_REPEAT 50
+#define MAX_SHARDS 256
+#define MAX_COPY_THREADS 8 /* edl_ckpt_config.copy_threads = 0: the host's cores, at most 8 */
+#define READ_CHUNK (1u << 20)
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -46,12 +70,6 @@ static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
     return 0;
 }
 
-static void line(const char *what, size_t bytes, double secs)
-{
-    printf("%-44s %8.1f MiB/s  (%.0f MiB in %.2f s)\n", what, bytes / 1048576.0 / secs,
-           bytes / 1048576.0, secs);
-}
-
 /* Run a shell command and time it; -1 when it failed. */
 static double timed_shell(const char *cmd)
 {
@@ -64,6 +82,228 @@ static double timed_shell(const char *cmd)
     return now_s() - t0;
 }
 
+static double mib_s(uint64_t bytes, double secs)
+{
+    return (double)bytes / 1048576.0 / secs;
+}
+
+/* ---- figures: repeated measurements, their median and spread ---------------------------- */
+
+typedef struct series {
+    double v[MAX_REPEAT];
+    int n;
+} series;
+
+static void add(series *s, double v)
+{
+    if (s->n < MAX_REPEAT)
+        s->v[s->n++] = v;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const series *s)
+{
+    if (s->n == 0)
+        return 0;
+    double v[MAX_REPEAT];
+    memcpy(v, s->v, (size_t)s->n * sizeof *v);
+    qsort(v, (size_t)s->n, sizeof *v, cmp_double);
+    return s->n % 2 ? v[s->n / 2] : (v[s->n / 2 - 1] + v[s->n / 2]) / 2;
+}
+
+/* max - min in percent of the median. */
+static double spread(const series *s)
+{
+    double lo = s->n ? s->v[0] : 0, hi = lo, med = median(s);
+    for (int i = 1; i < s->n; i++) {
+        lo = s->v[i] < lo ? s->v[i] : lo;
+        hi = s->v[i] > hi ? s->v[i] : hi;
+    }
+    return med > 0 ? 100.0 * (hi - lo) / med : 0;
+}
+
+/* "<what>  0.97x  (median of 3; ours 612 MiB/s ±8%, bound 630 ±12%)": higher is better. */
+static void ratio_line(const char *what, const series *ours, const series *bound, const char *unit,
+                       int prec)
+{
+    double o = median(ours), b = median(bound);
+    if (bound->n == 0) {
+        printf("%-46s   --    (median of %d; ours %.*f %s ±%.0f%%, bound failed)\n", what,
+               ours->n, prec, o, unit, spread(ours));
+        return;
+    }
+    printf("%-46s %5.2fx  (median of %d; ours %.*f %s ±%.0f%%, bound %.*f ±%.0f%%)\n", what,
+           o / b, ours->n, prec, o, unit, spread(ours), prec, b, spread(bound));
+}
+
+/* "<label> <what>  0.110 s blocked of 2.300 s total (4.8%)" with medians, then tail. */
+static void stall_line(const char *label, const char *what, const series *blocked,
+                       const series *total, const char *tail)
+{
+    char w[96];
+    snprintf(w, sizeof w, "%s %s", label, what);
+    double b = median(blocked), t = median(total);
+    printf("%-46s %6.3f s blocked of %.3f s total (%.1f%%)", w, b, t, 100.0 * b / t);
+    if (blocked->n > 1)
+        printf(" (median of %d, ±%.0f%%)", blocked->n, spread(blocked));
+    printf("%s\n", tail ? tail : "");
+}
+
+/* ---- files: the page cache and the plain sequential read -------------------------------- */
+
+typedef void (*visit_fn)(const char *path, const struct stat *st, void *arg);
+
+/* fn for every regular file under dir (symbolic links not followed). */
+static void walk_tree(const char *dir, visit_fn fn, void *arg)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char p[PATH_MAX];
+        struct stat st;
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+            (size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= sizeof p ||
+            lstat(p, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode))
+            walk_tree(p, fn, arg);
+        else if (S_ISREG(st.st_mode))
+            fn(p, &st, arg);
+    }
+    closedir(d);
+}
+
+/* Write the file's dirty pages out, then drop all its pages from the page cache. */
+static void evict_file(const char *path, const struct stat *st, void *arg)
+{
+    (void)st, (void)arg;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    fsync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+}
+
+typedef struct file_list {
+    char **paths;
+    size_t n;
+    uint64_t bytes;
+} file_list;
+
+static void add_shard_file(const char *path, const struct stat *st, void *arg)
+{
+    file_list *fl = arg;
+    const char *base = strrchr(path, '/');
+    if (strncmp(base ? base + 1 : path, "shard-", 6) != 0)
+        return;
+    char **grown = realloc(fl->paths, (fl->n + 1) * sizeof *grown);
+    if (!grown)
+        return;
+    fl->paths = grown;
+    if ((fl->paths[fl->n] = strdup(path)) != NULL) {
+        fl->n++;
+        fl->bytes += (uint64_t)st->st_size;
+    }
+}
+
+static void file_list_free(file_list *fl)
+{
+    for (size_t i = 0; i < fl->n; i++)
+        free(fl->paths[i]);
+    free(fl->paths);
+}
+
+/* read(2) every file through in READ_CHUNK pieces into one buffer: seconds, -1 on failure. */
+static double seq_read(const file_list *fl, uint64_t *bytes)
+{
+    char *buf = malloc(READ_CHUNK);
+    uint64_t got = 0;
+    bool ok = buf != NULL;
+    double t0 = now_s();
+    for (size_t i = 0; ok && i < fl->n; i++) {
+        int fd = open(fl->paths[i], O_RDONLY | O_CLOEXEC);
+        ssize_t n = 0;
+        while (fd >= 0 && (n = read(fd, buf, READ_CHUNK)) > 0)
+            got += (uint64_t)n;
+        ok = fd >= 0 && n == 0;
+        if (fd >= 0)
+            close(fd);
+    }
+    double t = now_s() - t0;
+    free(buf);
+    *bytes = got;
+    return ok ? t : -1;
+}
+
+/* ---- memcpy: the bound of the staging copy ---------------------------------------------- */
+
+/* The checkpoint's copy threads by default (copy_threads = 0). */
+static int copy_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_COPY_THREADS ? MAX_COPY_THREADS : (int)n;
+}
+
+typedef struct copy_part {
+    char *const *src;
+    int n_src;
+    char *dst;
+    size_t off, len;
+} copy_part;
+
+/* Copy bytes [off, off+len) of every source buffer into the same bytes of dst. */
+static void *copy_range(void *arg)
+{
+    copy_part *c = arg;
+    for (int i = 0; i < c->n_src; i++) {
+        memcpy(c->dst + c->off, c->src[i] + c->off, c->len);
+        __asm__ volatile("" : : "r"(c->dst) : "memory"); /* the copy is not optimised away */
+    }
+    return NULL;
+}
+
+/* memcpy of every shard by `threads` threads (the caller one of them), each a slice of each
+ * shard, into pre-faulted memory of one shard's size (reused) that asks for huge pages as the
+ * staging does. GB/s; 0 on failure. */
+static double memcpy_speed(char *const *bufs, int shards, size_t per, int threads)
+{
+    char *dst = mmap(NULL, per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (dst == MAP_FAILED)
+        return 0;
+    madvise(dst, per, MADV_HUGEPAGE);
+    memset(dst, 1, per);
+    copy_part parts[MAX_COPY_THREADS];
+    pthread_t tid[MAX_COPY_THREADS];
+    size_t slice = (per / (size_t)threads + 4095) & ~(size_t)4095;
+    for (int t = 0; t < threads; t++) {
+        size_t off = (size_t)t * slice < per ? (size_t)t * slice : per;
+        parts[t] = (copy_part){bufs, shards, dst, off, per - off < slice ? per - off : slice};
+    }
+    int started = 0;
+    double t0 = now_s();
+    while (started + 1 < threads &&
+           pthread_create(&tid[started], NULL, copy_range, &parts[started + 1]) == 0)
+        started++;
+    for (int t = started + 1; t < threads; t++) /* threads that did not start: done here */
+        copy_range(&parts[t]);
+    copy_range(&parts[0]);
+    for (int t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
+    double secs = now_s() - t0;
+    munmap(dst, per);
+    return (double)per * shards / secs / 1e9;
+}
+
+/* ---- the checkpoint ---------------------------------------------------------------------- */
+
 typedef struct run {
     edl_etcd *etcd;
     const char *uri;
@@ -71,19 +311,33 @@ typedef struct run {
     edl_storage_config sc;
     size_t size;
     int shards;
+    int repeat;
     char **bufs;
+    int64_t step;          /* the last step saved: every save takes the next one */
+    const char *root;      /* the bench's directory: evicted before every timed read */
+    const char *files;     /* file://: the checkpoint's local directory (else NULL) */
+    const char *save_cmd;  /* the save's bound: a shell command writing size bytes */
+    const char *save_what; /* its label */
+    const char *load_cmd;  /* s3://: the load's bound (file:// reads the shard files) */
+    const char *load_what;
 } run;
 
-static edl_ckpt *open_ck(run *r, bool verify)
+static size_t shard_len(const run *r)
+{
+    return r->size / (size_t)r->shards;
+}
+
+static edl_ckpt *open_ck(run *r, bool in_background)
 {
     edl_ckpt_config cfg;
     edl_ckpt_config_init(&cfg);
     cfg.uri = r->uri;
     cfg.etcd = r->etcd;
     cfg.job = r->job;
-    cfg.keep = 1;
-    cfg.verify_on_load = verify;
+    cfg.keep = 1; /* the disk holds one checkpoint (and the one being saved) */
+    cfg.verify_on_load = false; /* edl_ckpt_read_shard verifies each shard as it reads it */
     cfg.storage = &r->sc;
+    cfg.snapshot_in_background = in_background;
     edl_ckpt *ck;
     char err[512];
     if (edl_ckpt_open(&cfg, &ck, err, sizeof err) != 0) {
@@ -99,27 +353,143 @@ static void keep_buffer(void *data, void *arg)
     (void)data, (void)arg;
 }
 
-static void fill_shards(run *r, edl_ckpt_shard *sh, int64_t step)
+static void fill_state(run *r)
 {
-    size_t per = r->size / (size_t)r->shards;
     for (int i = 0; i < r->shards; i++) {
         uint64_t *p = (uint64_t *)r->bufs[i];
-        for (size_t k = 0; k < per / 8; k++)
-            p[k] = (uint64_t)step * 0x9E3779B97F4A7C15ull ^ (k * 0xBF58476D1CE4E5B9ull + (uint64_t)i);
-        sh[i] = (edl_ckpt_shard){.name = "shard", .data = r->bufs[i], .len = per};
+        for (size_t k = 0; k < shard_len(r) / 8; k++)
+            p[k] = k * 0x9E3779B97F4A7C15ull ^ (uint64_t)i * 0xBF58476D1CE4E5B9ull;
     }
 }
 
-/* One asynchronous save of step: the time the caller is blocked and the save's wall time. */
-static int async_save(edl_ckpt *ck, run *r, edl_ckpt_shard *sh, int64_t step, bool hand_over,
-                      double *t_stall, double *t_total)
+static void make_shards(const run *r, edl_ckpt_shard *sh, bool hand_over)
 {
-    fill_shards(r, sh, step);
-    for (int i = 0; hand_over && i < r->shards; i++)
-        sh[i].free_fn = keep_buffer;
+    for (int i = 0; i < r->shards; i++)
+        sh[i] = (edl_ckpt_shard){.name = "shard", .data = r->bufs[i], .len = shard_len(r),
+                                 .free_fn = hand_over ? keep_buffer : NULL};
+}
+
+/* A synchronous save of the next step (the buffers lent, no copy): seconds, -1 on failure. */
+static double save_once(edl_ckpt *ck, run *r, const char *label)
+{
+    edl_ckpt_shard sh[MAX_SHARDS];
+    make_shards(r, sh, false);
+    double t0 = now_s();
+    if (edl_ckpt_save(ck, ++r->step, 1, sh, (size_t)r->shards, NULL) != 0) {
+        fprintf(stderr, "checkpoint bench: save on %s: %s\n", label, edl_ckpt_errmsg(ck));
+        return -1;
+    }
+    return now_s() - t0;
+}
+
+/* load_latest, then read (and verify) every shard: seconds, -1 on failure. */
+static double load_once(edl_ckpt *ck, const char *label, uint64_t *bytes)
+{
+    double t0 = now_s();
+    edl_ckpt_manifest *m = NULL;
+    int rc = edl_ckpt_load_latest(ck, &m);
+    bool loaded = rc == 0;
+    *bytes = 0;
+    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
+        void *data;
+        size_t len;
+        if ((rc = edl_ckpt_read_shard(ck, m, i, &data, &len)) == 0)
+            *bytes += len;
+        free(data);
+    }
+    double t = now_s() - t0;
+    if (rc != 0)
+        fprintf(stderr, "checkpoint bench: load on %s: %s\n", label, edl_ckpt_errmsg(ck));
+    if (loaded)
+        edl_ckpt_manifest_free(m);
+    return rc == 0 ? t : -1;
+}
+
+/* ---- throughput: ours alternating with the bound ----------------------------------------- */
+
+/* The save, each repeat after its bound: one ratio line. */
+static int save_series(edl_ckpt *ck, run *r, const char *label)
+{
+    series ours = {0}, bound = {0};
+    for (int k = 0; k < r->repeat; k++) {
+        double t = timed_shell(r->save_cmd);
+        if (t > 0)
+            add(&bound, mib_s(r->size, t));
+        if ((t = save_once(ck, r, label)) < 0)
+            return -1;
+        add(&ours, mib_s(r->size, t));
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s save / %s", label, r->save_what);
+    ratio_line(what, &ours, &bound, "MiB/s", 0);
+    return 0;
+}
+
+/* The shard files of the newest checkpoint in the file:// store's directory. */
+static int shard_files(edl_ckpt *ck, const run *r, file_list *fl)
+{
+    edl_ckpt_manifest *m;
+    if (edl_ckpt_load_latest(ck, &m) != 0) {
+        fprintf(stderr, "checkpoint bench: load: %s\n", edl_ckpt_errmsg(ck));
+        return -1;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%s", r->files, m->dir);
+    edl_ckpt_manifest_free(m);
+    walk_tree(dir, add_shard_file, fl);
+    if (fl->bytes != r->size)
+        fprintf(stderr, "checkpoint bench: the shard files under %s hold %llu bytes, not %zu\n",
+                dir, (unsigned long long)fl->bytes, r->size);
+    return 0;
+}
+
+/* The load's bound once, from a cold page cache: seconds (-1 on failure) and bytes read. */
+static double load_bound(const run *r, const file_list *fl, uint64_t *bytes)
+{
+    walk_tree(r->root, evict_file, NULL);
+    if (!r->load_cmd)
+        return seq_read(fl, bytes);
+    *bytes = r->size;
+    return timed_shell(r->load_cmd);
+}
+
+/* The load, each repeat after its bound, both from a cold page cache: one ratio line. */
+static int load_series(edl_ckpt *ck, run *r, const char *label)
+{
+    file_list fl = {0};
+    if (!r->load_cmd && shard_files(ck, r, &fl) != 0)
+        return -1;
+    series ours = {0}, bound = {0};
+    int rc = 0;
+    for (int k = 0; rc == 0 && k < r->repeat; k++) {
+        uint64_t bytes;
+        double t = load_bound(r, &fl, &bytes);
+        if (t > 0)
+            add(&bound, mib_s(bytes, t));
+        walk_tree(r->root, evict_file, NULL);
+        if ((t = load_once(ck, label, &bytes)) < 0)
+            rc = -1;
+        else
+            add(&ours, mib_s(bytes, t));
+    }
+    file_list_free(&fl);
+    char what[96];
+    snprintf(what, sizeof what, "%s load / %s", label, r->load_what);
+    if (rc == 0)
+        ratio_line(what, &ours, &bound, "MiB/s", 0);
+    return rc;
+}
+
+/* ---- the stall of asynchronous saves ----------------------------------------------------- */
+
+/* One asynchronous save of the next step: the time the caller is blocked and the wall time. */
+static int async_save(edl_ckpt *ck, run *r, bool hand_over, double *t_stall, double *t_total)
+{
+    edl_ckpt_shard sh[MAX_SHARDS];
+    make_shards(r, sh, hand_over);
     edl_ckpt_pending *p;
     double t0 = now_s();
-    int rc = edl_ckpt_save_async(ck, step, 1, sh, (size_t)r->shards, NULL, &p);
+    int rc = edl_ckpt_save_async(ck, ++r->step, 1, sh, (size_t)r->shards, NULL, &p);
     *t_stall = now_s() - t0;
     if (rc != 0) {
         fprintf(stderr, "checkpoint bench: async save: %s\n", edl_ckpt_errmsg(ck));
@@ -133,99 +503,195 @@ static int async_save(edl_ckpt *ck, run *r, edl_ckpt_shard *sh, int64_t step, bo
     return rc;
 }
 
-/* "blocked of total (%)", and the copy's speed when gbs > 0. */
-static void stall_line(const char *label, const char *what, double t_stall, double t_total,
-                       double gbs)
+/* The copy's GB/s beside memcpy on as many threads as the checkpoint's copy, and on one. */
+static void copy_lines(const char *label, const series *copy, const series *mem_n,
+                       const series *mem_1, int threads)
 {
-    char w[96];
-    snprintf(w, sizeof w, "%s %s", label, what);
-    printf("%-44s %8.3f s blocked of %.3f s total (%.1f%%)", w, t_stall, t_total,
-           100.0 * t_stall / t_total);
-    if (gbs > 0)
-        printf(", copy %.2f GB/s", gbs);
-    printf("\n");
-}
-
-/* A plain memcpy of the shards into pre-faulted memory (one shard's worth, reused), with
- * transparent huge pages asked for or not: the bound of the staging copy (which asks for
- * them), measured in the same run. GB/s. */
-static double memcpy_speed(const run *r, bool huge)
-{
-    size_t per = r->size / (size_t)r->shards;
-    char *dst = mmap(NULL, per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (dst == MAP_FAILED)
-        return 0;
-    if (huge)
-        madvise(dst, per, MADV_HUGEPAGE);
-    memset(dst, 1, per);
-    double t0 = now_s();
-    for (int i = 0; i < r->shards; i++) {
-        memcpy(dst, r->bufs[i], per);
-        __asm__ volatile("" : : "r"(dst) : "memory"); /* the copy is not optimised away */
+    char what[96];
+    if (threads > 1) {
+        snprintf(what, sizeof what, "%s copy / memcpy, %d threads", label, threads);
+        ratio_line(what, copy, mem_n, "GB/s", 2);
     }
-    double t = now_s() - t0;
-    munmap(dst, per);
-    return (double)r->size / t / 1e9;
+    snprintf(what, sizeof what, "%s copy / memcpy, 1 thread", label);
+    ratio_line(what, copy, mem_1, "GB/s", 2);
 }
 
-/* Save (sync, no copy), load + read every shard, then asynchronous saves for the stall. */
+/* The caller's copy: the first save (it allocates the staging), then saves that reuse it,
+ * each after its bounds (memcpy on one thread and on copy_threads()). */
+static int stall_reused(edl_ckpt *ck, run *r, const char *label)
+{
+    series blocked = {0}, total = {0}, copy = {0}, mem_1 = {0}, mem_n = {0};
+    int threads = copy_threads();
+    double b, t, gbs;
+    int rc = async_save(ck, r, false, &b, &t);
+    if (rc != 0)
+        return rc;
+    add(&blocked, b);
+    add(&total, t);
+    stall_line(label, "async save, first (allocates staging)", &blocked, &total, NULL);
+    blocked.n = total.n = 0;
+    for (int k = 0; rc == 0 && k < r->repeat; k++) {
+        if ((gbs = memcpy_speed(r->bufs, r->shards, shard_len(r), 1)) > 0)
+            add(&mem_1, gbs);
+        if (threads > 1 && (gbs = memcpy_speed(r->bufs, r->shards, shard_len(r), threads)) > 0)
+            add(&mem_n, gbs);
+        if ((rc = async_save(ck, r, false, &b, &t)) == 0) {
+            add(&blocked, b);
+            add(&total, t);
+            add(&copy, (double)r->size / b / 1e9);
+        }
+    }
+    if (rc != 0)
+        return rc;
+    stall_line(label, "async save, staging reused", &blocked, &total, NULL);
+    copy_lines(label, &copy, &mem_n, &mem_1, threads);
+    return 0;
+}
+
+static volatile uint64_t forward_sum; /* keeps the forward pass's reads live */
+
+/* Forward and backward: read every byte of the state. */
+static void forward_backward(const run *r)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < r->shards; i++) {
+        const uint64_t *p = (const uint64_t *)r->bufs[i];
+        for (size_t k = 0; k < shard_len(r) / 8; k++)
+            sum += p[k];
+    }
+    forward_sum += sum;
+}
+
+/* The optimizer: write every word of the state. */
+static void optimizer(run *r)
+{
+    for (int i = 0; i < r->shards; i++) {
+        uint64_t *p = (uint64_t *)r->bufs[i];
+        for (size_t k = 0; k < shard_len(r) / 8; k++)
+            p[k] += 1;
+    }
+}
+
+/* A training step without a save: seconds. */
+static double train_step(run *r)
+{
+    double t0 = now_s();
+    forward_backward(r);
+    optimizer(r);
+    return now_s() - t0;
+}
+
+/* A training step that saves the next step with the snapshot in the background: save_async,
+ * forward and backward, snapshot_wait, optimizer; then wait for the save. Blocked is the time
+ * inside save_async and snapshot_wait, total the save's wall time, step the step's. */
+static int pipelined_save(edl_ckpt *ck, run *r, double *blocked, double *total, double *step)
+{
+    edl_ckpt_shard sh[MAX_SHARDS];
+    make_shards(r, sh, false);
+    edl_ckpt_pending *p;
+    double t0 = now_s();
+    int rc = edl_ckpt_save_async(ck, ++r->step, 1, sh, (size_t)r->shards, NULL, &p);
+    double t_async = now_s() - t0;
+    if (rc != 0) {
+        fprintf(stderr, "checkpoint bench: pipelined save: %s\n", edl_ckpt_errmsg(ck));
+        return rc;
+    }
+    forward_backward(r);
+    double t1 = now_s();
+    int snap = edl_ckpt_snapshot_wait(p, -1);
+    double t_snap = now_s() - t1;
+    optimizer(r);
+    *step = now_s() - t0;
+    rc = edl_ckpt_wait(p, -1);
+    *total = now_s() - t0;
+    *blocked = t_async + t_snap;
+    if (rc == 0 && snap != 0)
+        rc = snap;
+    if (rc != 0)
+        fprintf(stderr, "checkpoint bench: pipelined save: %s\n", edl_ckpt_save_errmsg(p));
+    edl_ckpt_save_free(p);
+    return rc;
+}
+
+/* Pipelined saves on a handle of their own (snapshot_in_background), after a warm-up save
+ * that allocates its staging; each after a step without a save, for reference. */
+static int stall_pipelined(run *r, const char *label)
+{
+    edl_ckpt *ck = open_ck(r, true);
+    series blocked = {0}, total = {0}, with = {0}, without = {0};
+    double b, t, s;
+    int rc = pipelined_save(ck, r, &b, &t, &s);
+    for (int k = 0; rc == 0 && k < r->repeat; k++) {
+        add(&without, train_step(r));
+        if ((rc = pipelined_save(ck, r, &b, &t, &s)) == 0) {
+            add(&blocked, b);
+            add(&total, t);
+            add(&with, s);
+        }
+    }
+    edl_ckpt_close(ck);
+    if (rc == 0) {
+        char tail[96];
+        snprintf(tail, sizeof tail, "; step %.3f s (%.3f s without)", median(&with),
+                 median(&without));
+        stall_line(label, "async save, pipelined", &blocked, &total, tail);
+    }
+    return rc;
+}
+
+/* One save with the buffers handed over (free_fn): no copy. */
+static int stall_handed_over(run *r, const char *label)
+{
+    edl_ckpt *ck = open_ck(r, false);
+    series blocked = {0}, total = {0};
+    double b, t;
+    int rc = async_save(ck, r, true, &b, &t);
+    edl_ckpt_close(ck);
+    if (rc == 0) {
+        add(&blocked, b);
+        add(&total, t);
+        stall_line(label, "async save, handed over", &blocked, &total, NULL);
+    }
+    return rc;
+}
+
+/* Every figure of one store. Each handle is closed before the next opens: one staging area
+ * of --size at most is held at a time. */
 static int bench_store(run *r, const char *label)
 {
-    edl_ckpt_shard sh[256];
-    char what[96];
-    fill_shards(r, sh, 1);
     edl_ckpt *ck = open_ck(r, false);
-    double t0 = now_s();
-    int rc = edl_ckpt_save(ck, 1, 1, sh, (size_t)r->shards, NULL); /* lends the buffers */
-    double t_save = now_s() - t0;
-    if (rc != 0) {
-        fprintf(stderr, "checkpoint bench: save on %s: %s\n", label, edl_ckpt_errmsg(ck));
-        edl_ckpt_close(ck);
-        return rc;
-    }
-    snprintf(what, sizeof what, "%s checkpoint save (XXH3, commit)", label);
-    line(what, r->size, t_save);
-
-    t0 = now_s();
-    edl_ckpt_manifest *m;
-    rc = edl_ckpt_load_latest(ck, &m);
-    size_t got = 0;
-    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
-        void *data;
-        size_t len;
-        rc = edl_ckpt_read_shard(ck, m, i, &data, &len);
-        got += len;
-        free(data);
-    }
-    double t_load = now_s() - t0;
-    if (rc != 0) {
-        fprintf(stderr, "checkpoint bench: load on %s: %s\n", label, edl_ckpt_errmsg(ck));
-        edl_ckpt_close(ck);
-        return rc;
-    }
-    edl_ckpt_manifest_free(m);
-    snprintf(what, sizeof what, "%s checkpoint load (read, XXH3 verify)", label);
-    line(what, got, t_load);
-
-    /* asynchronous saves: the first allocates the handle's staging, the second reuses it */
-    double t_stall, t_total;
-    rc = async_save(ck, r, sh, 2, false, &t_stall, &t_total);
+    int rc = save_series(ck, r, label);
     if (rc == 0)
-        stall_line(label, "async save, first (allocates staging)", t_stall, t_total, 0);
-    double memcpy_small = rc == 0 ? memcpy_speed(r, false) : 0;
-    double memcpy_huge = rc == 0 ? memcpy_speed(r, true) : 0;
-    if (rc == 0 && (rc = async_save(ck, r, sh, 3, false, &t_stall, &t_total)) == 0) {
-        stall_line(label, "async save, staging reused", t_stall, t_total, r->size / t_stall / 1e9);
-        snprintf(what, sizeof what, "%s  (memcpy into pre-faulted memory)", label);
-        printf("%-44s %8.2f GB/s (4 KiB pages), %.2f GB/s (huge pages)\n", what, memcpy_small,
-               memcpy_huge);
-    }
-
-    /* the same with the buffers handed over (free_fn): no copy at all */
-    if (rc == 0 && (rc = async_save(ck, r, sh, 4, true, &t_stall, &t_total)) == 0)
-        stall_line(label, "async save, handed over", t_stall, t_total, 0);
+        rc = load_series(ck, r, label);
+    if (rc == 0)
+        rc = stall_reused(ck, r, label);
     edl_ckpt_close(ck);
+    if (rc == 0)
+        rc = stall_pipelined(r, label);
+    if (rc == 0)
+        rc = stall_handed_over(r, label);
     return rc;
+}
+
+/* ---- the stores -------------------------------------------------------------------------- */
+
+static void bench_file(run *r)
+{
+    char dd[1200], dir[600], uri[700];
+    snprintf(dd, sizeof dd, "dd if=/dev/zero of=%s/dd.bin bs=1M count=%zu iflag=count_bytes "
+             "conv=fsync status=none", r->root, r->size);
+    snprintf(dir, sizeof dir, "%s/ckpt", r->root);
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    r->uri = uri;
+    r->job = "bench-file";
+    r->files = dir;
+    r->save_cmd = dd;
+    r->save_what = "dd conv=fsync";
+    r->load_cmd = NULL;
+    r->load_what = "sequential read";
+    edl_storage_config_init(&r->sc);
+    bench_store(r, "file://");
+    r->files = NULL;
 }
 
 static int free_port(void)
@@ -264,7 +730,8 @@ static pid_t start_s3rver(const char *datadir, int port)
         return -1;
     }
     char url[128];
-    snprintf(url, sizeof url, "curl -s -o /dev/null -f 'http://127.0.0.1:%d/edl-bench?list-type=2'", port);
+    snprintf(url, sizeof url, "curl -s -o /dev/null -f 'http://127.0.0.1:%d/edl-bench?list-type=2'",
+             port);
     for (int i = 0; i < 200; i++) {
         if (system(url) == 0)
             return pid;
@@ -275,45 +742,177 @@ static pid_t start_s3rver(const char *datadir, int port)
     return -1;
 }
 
-int main(int argc, char **argv)
+typedef struct opts {
+    size_t size, part_size;
+    int shards, repeat, parallel_parts;
+    const char *dir, *s3_endpoint;
+    bool no_s3;
+} opts;
+
+/* The bounds (curl PUT of dd's file as curl.bin, curl GET of it) and our store's options. */
+static void bench_s3_at(run *r, const opts *o, const char *endpoint)
 {
-    size_t size = 1ull << 30;
-    int shards = 8;
-    const char *dir = NULL, *s3_endpoint = NULL;
-    bool no_s3 = false;
-    size_t part_size = 0;
-    int parallel_parts = 0;
+    const char *ak = o->s3_endpoint ? getenv("AWS_ACCESS_KEY_ID") : "S3RVER";
+    const char *sk = o->s3_endpoint ? getenv("AWS_SECRET_ACCESS_KEY") : "S3RVER";
+    const char *region = getenv("AWS_REGION") ? getenv("AWS_REGION") : "us-east-1";
+    char curl[600], put[1600], get[1600], bin[600];
+    snprintf(curl, sizeof curl, "curl -sS -f -o /dev/null --aws-sigv4 'aws:amz:%s:s3' "
+             "--user '%s:%s' -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD'", region,
+             ak ? ak : "", sk ? sk : "");
+    snprintf(bin, sizeof bin, "%s/dd.bin", r->root);
+    snprintf(put, sizeof put, "%s -T %s '%s/edl-bench/curl.bin'", curl, bin, endpoint);
+    snprintf(get, sizeof get, "%s '%s/edl-bench/curl.bin'", curl, endpoint);
+    r->save_cmd = put;
+    r->save_what = "curl -T (one PUT)";
+    r->load_cmd = get;
+    r->load_what = "curl GET";
+    edl_storage_config_init(&r->sc);
+    r->sc.endpoint = endpoint;
+    if (o->part_size)
+        r->sc.part_size = o->part_size;
+    if (o->parallel_parts)
+        r->sc.parallel_parts = o->parallel_parts;
+    if (!o->s3_endpoint)
+        r->sc.access_key_id = r->sc.secret_access_key = "S3RVER";
+    r->uri = "s3://edl-bench/ckpt";
+    r->job = "bench-s3";
+    file_list dd = {.paths = (char *[]){bin}, .n = 1}; /* curl -T reads it from the page cache */
+    uint64_t ignored;
+    seq_read(&dd, &ignored);
+    bench_store(r, "s3://");
+}
+
+static void bench_s3(run *r, const opts *o)
+{
+    char endpoint[256], s3dir[600];
+    pid_t pid = -1;
+    if (o->no_s3) {
+        printf("s3:// skipped (--no-s3)\n");
+        return;
+    }
+    if (o->s3_endpoint) {
+        snprintf(endpoint, sizeof endpoint, "%s", o->s3_endpoint);
+    } else {
+        snprintf(s3dir, sizeof s3dir, "%s/s3rver", r->root);
+        mkdir(s3dir, 0700);
+        int port = free_port();
+        if ((pid = start_s3rver(s3dir, port)) < 0) {
+            printf("s3:// skipped: no --s3-endpoint and no s3rver in tests/.s3rver\n");
+            return;
+        }
+        snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", port);
+    }
+    bench_s3_at(r, o, endpoint);
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+}
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+static void usage(FILE *f, const char *argv0)
+{
+    fprintf(f, "usage: %s [--size BYTES[K|M|G] (1G)] [--shards N (8)] [--repeat N (3)]\n"
+            "       [--dir PATH ($TMPDIR)] [--s3-endpoint URL | --no-s3]\n"
+            "       [--part-size BYTES[K|M|G]] [--parallel-parts N]\n", argv0);
+}
+
+/* BYTES with an optional binary suffix K, M or G ("8G"). */
+static bool parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    if (end == s || errno != 0 || s[0] == '-')
+        return false;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    end += shift != 0;
+    if (*end != '\0' || v > (SIZE_MAX >> shift))
+        return false;
+    *out = (size_t)v << shift;
+    return true;
+}
+
+static bool parse_int(const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno != 0 || v < INT_MIN || v > INT_MAX)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+/* One option with its value v (NULL when none follows): false when unknown or malformed. */
+static bool parse_opt(const char *a, const char *v, opts *o)
+{
+    if (!v)
+        return false;
+    if (strcmp(a, "--size") == 0)
+        return parse_size(v, &o->size);
+    if (strcmp(a, "--part-size") == 0)
+        return parse_size(v, &o->part_size);
+    if (strcmp(a, "--shards") == 0)
+        return parse_int(v, &o->shards);
+    if (strcmp(a, "--repeat") == 0)
+        return parse_int(v, &o->repeat);
+    if (strcmp(a, "--parallel-parts") == 0)
+        return parse_int(v, &o->parallel_parts);
+    if (strcmp(a, "--dir") == 0)
+        o->dir = v;
+    else if (strcmp(a, "--s3-endpoint") == 0)
+        o->s3_endpoint = v;
+    else
+        return false;
+    return true;
+}
+
+/* -1: go on; else the exit status (0 after --help, 2 for a bad option). */
+static int parse_args(int argc, char **argv, opts *o)
+{
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
-            size = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--shards") == 0 && i + 1 < argc)
-            shards = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
-            dir = argv[++i];
-        else if (strcmp(argv[i], "--s3-endpoint") == 0 && i + 1 < argc)
-            s3_endpoint = argv[++i];
-        else if (strcmp(argv[i], "--part-size") == 0 && i + 1 < argc)
-            part_size = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--parallel-parts") == 0 && i + 1 < argc)
-            parallel_parts = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--no-s3") == 0)
-            no_s3 = true;
-        else {
-            fprintf(stderr, "usage: %s [--size BYTES (1 GiB)] [--shards N (8)] [--dir PATH] "
-                    "[--s3-endpoint URL | --no-s3]\n", argv[0]);
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout, argv[0]);
+            return 0;
+        }
+        if (strcmp(argv[i], "--no-s3") == 0) {
+            o->no_s3 = true;
+        } else if (!parse_opt(argv[i], i + 1 < argc ? argv[i + 1] : NULL, o)) {
+            usage(stderr, argv[0]);
             return 2;
+        } else {
+            i++;
         }
     }
-    if (shards < 1 || shards > 256 || size < (size_t)shards * 8) {
-        fprintf(stderr, "checkpoint bench: --shards 1..256 and --size of at least 8 bytes each\n");
+    if (o->shards < 1 || o->shards > MAX_SHARDS || o->size < (size_t)o->shards * 8 ||
+        o->repeat < 1 || o->repeat > MAX_REPEAT) {
+        fprintf(stderr, "checkpoint bench: --shards 1..%d, --size of at least 8 bytes each, "
+                "--repeat 1..%d\n", MAX_SHARDS, MAX_REPEAT);
         return 2;
     }
-    size = size / ((size_t)shards * 8) * ((size_t)shards * 8);
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.size = 1ull << 30, .shards = 8, .repeat = 3};
+    int status = parse_args(argc, argv, &o);
+    if (status >= 0)
+        return status;
+    size_t size = o.size / ((size_t)o.shards * 8) * ((size_t)o.shards * 8);
     edl_log_setup(EDL_LOG_WARN, EDL_LOG_PLAIN, NULL);
     setvbuf(stdout, NULL, _IOLBF, 0); /* children (dd, curl, s3rver) must not repeat our lines */
     const char *tmp = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
     char root[512];
-    snprintf(root, sizeof root, "%s/edl-bench-ckpt-XXXXXX", dir ? dir : tmp);
+    snprintf(root, sizeof root, "%s/edl-bench-ckpt-XXXXXX", o.dir ? o.dir : tmp);
     if (!mkdtemp(root)) {
         fprintf(stderr, "checkpoint bench: mkdtemp %s: %s\n", root, strerror(errno));
         return 1;
@@ -326,71 +925,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "checkpoint bench: cannot start etcd (install etcd-server)\n");
         return 1;
     }
-    run r = {.etcd = etcd, .size = size, .shards = shards};
-    r.bufs = calloc((size_t)shards, sizeof *r.bufs);
-    for (int i = 0; i < shards; i++)
-        r.bufs[i] = malloc(size / (size_t)shards);
-    printf("checkpoint bench: %.0f MiB in %d shards\n", size / 1048576.0, shards);
-
-    /* file:// next to dd */
-    char cmd[1200], uri[600], bin[600];
-    snprintf(cmd, sizeof cmd, "dd if=/dev/zero of=%s/dd.bin bs=1M count=%zu conv=fsync "
-             "status=none", root, size >> 20 ? size >> 20 : 1);
-    double t_dd = timed_shell(cmd);
-    snprintf(bin, sizeof bin, "%s/dd.bin", root);
-    if (t_dd > 0)
-        line("file:// dd conv=fsync (the disk's own speed)", (size >> 20 ? size >> 20 : 1) << 20,
-             t_dd);
-    snprintf(uri, sizeof uri, "file://%s/ckpt", root);
-    r.uri = uri;
-    r.job = "bench-file";
-    edl_storage_config_init(&r.sc);
-    bench_store(&r, "file://");
-
-    /* s3:// next to curl -T */
-    char s3dir[600], endpoint[256];
-    pid_t s3pid = -1;
-    if (no_s3) {
-        printf("s3:// skipped (--no-s3)\n");
-    } else if (s3_endpoint) {
-        snprintf(endpoint, sizeof endpoint, "%s", s3_endpoint);
-    } else {
-        snprintf(s3dir, sizeof s3dir, "%s/s3rver", root);
-        mkdir(s3dir, 0700);
-        int port = free_port();
-        s3pid = start_s3rver(s3dir, port);
-        snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", port);
-    }
-    if (!no_s3 && !s3_endpoint && s3pid < 0) {
-        printf("s3:// skipped: no --s3-endpoint and no s3rver in tests/.s3rver\n");
-    } else if (!no_s3) {
-        const char *ak = s3_endpoint ? getenv("AWS_ACCESS_KEY_ID") : "S3RVER";
-        const char *sk = s3_endpoint ? getenv("AWS_SECRET_ACCESS_KEY") : "S3RVER";
-        const char *region = getenv("AWS_REGION") ? getenv("AWS_REGION") : "us-east-1";
-        snprintf(cmd, sizeof cmd, "curl -sS -f -o /dev/null --aws-sigv4 'aws:amz:%s:s3' "
-                 "--user '%s:%s' -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -T %s "
-                 "'%s/edl-bench/curl.bin'", region, ak ? ak : "", sk ? sk : "", bin, endpoint);
-        double t_curl = timed_shell(cmd);
-        if (t_curl > 0)
-            line("s3:// curl -T (one PUT, same server)", (size >> 20 ? size >> 20 : 1) << 20,
-                 t_curl);
-        edl_storage_config_init(&r.sc);
-        r.sc.endpoint = endpoint;
-        if (part_size)
-            r.sc.part_size = part_size;
-        if (parallel_parts)
-            r.sc.parallel_parts = parallel_parts;
-        if (!s3_endpoint)
-            r.sc.access_key_id = r.sc.secret_access_key = "S3RVER";
-        r.uri = "s3://edl-bench/ckpt";
-        r.job = "bench-s3";
-        bench_store(&r, "s3://");
-    }
-    if (s3pid > 0) {
-        kill(s3pid, SIGKILL);
-        waitpid(s3pid, NULL, 0);
-    }
-    for (int i = 0; i < shards; i++)
+    run r = {.etcd = etcd, .size = size, .shards = o.shards, .repeat = o.repeat, .root = root};
+    r.bufs = calloc((size_t)o.shards, sizeof *r.bufs);
+    for (int i = 0; r.bufs && i < o.shards; i++)
+        if (!(r.bufs[i] = malloc(shard_len(&r)))) {
+            fprintf(stderr, "checkpoint bench: cannot allocate %zu bytes\n", size);
+            return 1;
+        }
+    fill_state(&r);
+    printf("checkpoint bench: %.0f MiB in %d shards, %d copy threads; figures: median of %d, "
+           "± (max - min) in %% of it\n", size / 1048576.0, o.shards, copy_threads(), o.repeat);
+    bench_file(&r);
+    bench_s3(&r, &o);
+    for (int i = 0; i < o.shards; i++)
         free(r.bufs[i]);
     free(r.bufs);
     edl_etcd_close(etcd);
