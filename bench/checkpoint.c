@@ -382,20 +382,19 @@ static double save_once(edl_ckpt *ck, run *r, const char *label)
     return now_s() - t0;
 }
 
-/* load_latest, then read (and verify) every shard: seconds, -1 on failure. */
-static double load_once(edl_ckpt *ck, const char *label, uint64_t *bytes)
+/* load_latest, then read (and verify) every shard into the state buffers (as a trainer loads
+ * into its model's memory): seconds, -1 on failure. */
+static double load_once(edl_ckpt *ck, run *r, const char *label, uint64_t *bytes)
 {
     double t0 = now_s();
     edl_ckpt_manifest *m = NULL;
     int rc = edl_ckpt_load_latest(ck, &m);
     bool loaded = rc == 0;
     *bytes = 0;
+    size_t per = r->size / (size_t)r->shards;
     for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
-        void *data;
-        size_t len;
-        if ((rc = edl_ckpt_read_shard(ck, m, i, &data, &len)) == 0)
-            *bytes += len;
-        free(data);
+        if ((rc = edl_ckpt_read_shard_into(ck, m, i, r->bufs[i % (size_t)r->shards], per)) == 0)
+            *bytes += m->shards[i].size;
     }
     double t = now_s() - t0;
     if (rc != 0)
@@ -467,7 +466,7 @@ static int load_series(edl_ckpt *ck, run *r, const char *label)
         if (t > 0)
             add(&bound, mib_s(bytes, t));
         walk_tree(r->root, evict_file, NULL);
-        if ((t = load_once(ck, label, &bytes)) < 0)
+        if ((t = load_once(ck, r, label, &bytes)) < 0)
             rc = -1;
         else
             add(&ours, mib_s(bytes, t));
