@@ -418,13 +418,7 @@ int edl_ckpt_wait(edl_ckpt_pending *p, int64_t timeout_ms)
     if (!p)
         return EDL_EINVAL;
     struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms >= 0) {
-        dl.tv_sec += (time_t)(timeout_ms / 1000);
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L)
-            dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-    }
+    ckpt_deadline(&dl, CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&p->mu);
     while (!p->done) {
         if (timeout_ms < 0)

@@ -156,18 +156,23 @@ int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool bac
     return rc;
 }
 
+void ckpt_deadline(struct timespec *dl, clockid_t clk, int64_t timeout_ms)
+{
+    clock_gettime(clk, dl);
+    if (timeout_ms < 0)
+        return;
+    dl->tv_sec += (time_t)(timeout_ms / 1000);
+    dl->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl->tv_nsec >= 1000000000L)
+        dl->tv_sec++, dl->tv_nsec -= 1000000000L;
+}
+
 int ckpt_snapshot_wait(ckpt_snapshot *s, int64_t timeout_ms)
 {
     if (!s)
         return 0;
     struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    if (timeout_ms >= 0) {
-        dl.tv_sec += (time_t)(timeout_ms / 1000);
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L)
-            dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-    }
+    ckpt_deadline(&dl, CLOCK_REALTIME, timeout_ms);
     pthread_mutex_lock(&s->mu);
     int rc = 0;
     while (s->running > 0 && rc == 0) {

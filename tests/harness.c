@@ -202,3 +202,23 @@ int harness_etcdctl_out(char *out, size_t outlen, const char *endpoints, const c
     va_end(ap);
     return rc;
 }
+
+void harness_stored_equal(const edl_storage_config *sc, const char *uri, const char *key,
+                          const void *want, size_t len)
+{
+    edl_storage_config c;
+    if (sc)
+        c = *sc;
+    else
+        edl_storage_config_init(&c);
+    c.uri = uri;
+    edl_storage *s;
+    assert_int_equal(edl_storage_open(&c, &s, NULL, 0), 0);
+    void *got;
+    size_t n;
+    assert_int_equal(edl_storage_get(s, key, len + 1, &got, &n), 0);
+    assert_int_equal(n, len);
+    assert_memory_equal(got, want, len);
+    free(got);
+    edl_storage_close(s);
+}

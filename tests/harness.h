@@ -190,6 +190,10 @@ const char *harness_s3_uri(harness_s3 *h, const char *name, char *out, size_t ou
 /* A storage config for uri on this server (short retries so failure tests are quick). */
 void harness_s3_config(const harness_s3 *h, edl_storage_config *cfg, const char *uri);
 void harness_s3_close(harness_s3 *h); /* kills the server, removes its data; NULL is fine */
+/* The object under key at uri (any store; sc may be NULL for the defaults) is exactly want:
+ * read past the checkpoint layer, whose digest is taken from whatever was written. */
+void harness_stored_equal(const edl_storage_config *sc, const char *uri, const char *key,
+                          const void *want, size_t len);
 
 /* ---- a stand-in Kubernetes cluster and the real kubectl (harness_k8s.c) ----------------- */
 

@@ -85,24 +85,35 @@ static void s3_place(place *pl, const char *name)
     pl->s3 = true;
 }
 
+/* The defaults, at pl, with this test's etcd and a 20 s commit timeout. */
+static void config_at(const place *pl, edl_ckpt_config *cfg)
+{
+    edl_ckpt_config_init(cfg);
+    cfg->uri = pl->uri;
+    cfg->etcd = fx->cl;
+    cfg->job = pl->job;
+    cfg->commit_timeout_ms = 20000;
+    cfg->storage = &pl->sc;
+}
+
+static edl_ckpt *open_cfg(const edl_ckpt_config *cfg)
+{
+    edl_ckpt *ck;
+    char err[512];
+    int rc = edl_ckpt_open(cfg, &ck, err, sizeof err);
+    if (rc != 0)
+        fail_msg("edl_ckpt_open(%s): %s: %s", cfg->uri, edl_strerror(rc), err);
+    return ck;
+}
+
 static edl_ckpt *open_ck(const place *pl, int rank, int world, int keep)
 {
     edl_ckpt_config cfg;
-    edl_ckpt_config_init(&cfg);
-    cfg.uri = pl->uri;
-    cfg.etcd = fx->cl;
-    cfg.job = pl->job;
+    config_at(pl, &cfg);
     cfg.rank = rank;
     cfg.world_size = world;
     cfg.keep = keep;
-    cfg.commit_timeout_ms = 20000;
-    cfg.storage = &pl->sc;
-    edl_ckpt *ck;
-    char err[512];
-    int rc = edl_ckpt_open(&cfg, &ck, err, sizeof err);
-    if (rc != 0)
-        fail_msg("edl_ckpt_open(%s): %s: %s", pl->uri, edl_strerror(rc), err);
-    return ck;
+    return open_cfg(&cfg);
 }
 
 static char *pattern(size_t n, unsigned seed)
@@ -571,14 +582,10 @@ static void test_commit_waits_for_every_rank_then_times_out(void **state)
     place pl;
     file_place(&pl, "missing");
     edl_ckpt_config cfg;
-    edl_ckpt_config_init(&cfg);
-    cfg.uri = pl.uri;
-    cfg.etcd = fx->cl;
-    cfg.job = pl.job;
+    config_at(&pl, &cfg);
     cfg.world_size = 2;
     cfg.commit_timeout_ms = 400;
-    edl_ckpt *ck;
-    assert_int_equal(edl_ckpt_open(&cfg, &ck, NULL, 0), 0);
+    edl_ckpt *ck = open_cfg(&cfg);
     edl_ckpt_shard sh = {.data = "x", .len = 1};
     int64_t t0 = harness_now_ms();
     assert_int_equal(edl_ckpt_save(ck, 1, 1, &sh, 1, NULL), EDL_ETIMEDOUT);
@@ -630,21 +637,11 @@ static void test_async_save_takes_handed_over_buffers(void **state)
     edl_ckpt_close(ck);
 }
 
-/* The bytes stored under key are exactly want (read past the checkpoint layer, whose digest
- * is taken from whatever was written and so cannot tell whether staging was mixed up). */
+/* The bytes stored under key are exactly want (staging mixed up would not be caught by the
+ * digest, which is taken from whatever was written). */
 static void stored_equal(const place *pl, const char *key, const char *want, size_t len)
 {
-    edl_storage *s;
-    edl_storage_config c = pl->sc;
-    c.uri = pl->uri;
-    assert_int_equal(edl_storage_open(&c, &s, NULL, 0), 0);
-    void *got;
-    size_t n;
-    assert_int_equal(edl_storage_get(s, key, len + 1, &got, &n), 0);
-    assert_int_equal(n, len);
-    assert_memory_equal(got, want, len);
-    free(got);
-    edl_storage_close(s);
+    harness_stored_equal(&pl->sc, pl->uri, key, want, len);
 }
 
 static void test_staging_is_reused_and_queued_saves_keep_their_own_bytes(void **state)
@@ -701,20 +698,11 @@ static void test_staging_is_reused_and_queued_saves_keep_their_own_bytes(void **
 static edl_ckpt *open_ck_copying(const place *pl, bool background, int threads)
 {
     edl_ckpt_config cfg;
-    edl_ckpt_config_init(&cfg);
-    cfg.uri = pl->uri;
-    cfg.etcd = fx->cl;
-    cfg.job = pl->job;
+    config_at(pl, &cfg);
     cfg.keep = 5;
-    cfg.storage = &pl->sc;
     cfg.snapshot_in_background = background;
     cfg.copy_threads = threads;
-    edl_ckpt *ck;
-    char err[512];
-    int rc = edl_ckpt_open(&cfg, &ck, err, sizeof err);
-    if (rc != 0)
-        fail_msg("edl_ckpt_open(%s): %s: %s", pl->uri, edl_strerror(rc), err);
-    return ck;
+    return open_cfg(&cfg);
 }
 
 /* Shards of odd sizes, 40 MiB in all: the copy is split over three threads at byte offsets
@@ -823,10 +811,7 @@ static void test_device_shards_without_cuda_and_bad_copy_options_are_clear_error
     place pl;
     file_place(&pl, "device");
     edl_ckpt_config cfg;
-    edl_ckpt_config_init(&cfg);
-    cfg.uri = pl.uri;
-    cfg.etcd = fx->cl;
-    cfg.job = pl.job;
+    config_at(&pl, &cfg);
     cfg.copy_threads = 65;
     edl_ckpt *ck;
     char err[512];

@@ -93,22 +93,6 @@ static char *pattern(size_t n, unsigned seed)
     return p;
 }
 
-static void stored_equal(const char *uri, const char *key, const char *want, size_t len)
-{
-    edl_storage_config c;
-    edl_storage_config_init(&c);
-    c.uri = uri;
-    edl_storage *s;
-    assert_int_equal(edl_storage_open(&c, &s, NULL, 0), 0);
-    void *got;
-    size_t n;
-    assert_int_equal(edl_storage_get(s, key, len + 1, &got, &n), 0);
-    assert_int_equal(n, len);
-    assert_memory_equal(got, want, len);
-    free(got);
-    edl_storage_close(s);
-}
-
 static void test_device_shards_are_snapshotted_through_pinned_staging(void **state)
 {
     (void)state;
@@ -147,9 +131,9 @@ static void test_device_shards_are_snapshotted_through_pinned_staging(void **sta
         edl_ckpt_save_free(p);
         char key[128];
         snprintf(key, sizeof key, "ckpt-%016d-g1/rank-0/shard-0", step);
-        stored_equal(uri, key, want_d, dlen);
+        harness_stored_equal(NULL, uri, key, want_d, dlen);
         snprintf(key, sizeof key, "ckpt-%016d-g1/rank-0/shard-1", step);
-        stored_equal(uri, key, want_h, hlen);
+        harness_stored_equal(NULL, uri, key, want_h, hlen);
         free(want_d);
         free(want_h);
     }
