@@ -37,3 +37,21 @@ void edl_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms)
     ts.tv_nsec = ns % 1000000000;
     pthread_cond_timedwait(cv, mu, &ts);
 }
+
+bool edl_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ms)
+{
+    if (deadline_ms < 0) {
+        pthread_cond_wait(cv, mu);
+        return true;
+    }
+    int64_t left = deadline_ms - edl_monotonic_ms();
+    if (left <= 0)
+        return false;
+    edl_cond_wait_ms(cv, mu, left);
+    return true;
+}
+
+int64_t edl_deadline_ms(int64_t timeout_ms)
+{
+    return timeout_ms < 0 ? -1 : edl_monotonic_ms() + timeout_ms;
+}

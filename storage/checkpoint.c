@@ -67,9 +67,10 @@ struct edl_ckpt {
     int copy_threads;
     bool background; /* snapshot_in_background */
     edl_etcd *etcd;
-    edl_storage *fg, *bg;  /* caller's thread; worker thread (= up[0]) */
+    edl_storage *fg, *bg;  /* caller's thread (= down[0]); worker thread (= up[0]) */
     edl_storage **up;      /* one per shard upload in flight: parallel_shards handles */
-    int n_up;
+    edl_storage **down;    /* one per shard read at once by the caller's thread: as many */
+    int n_up;              /* handles in up, and in down */
     pthread_t worker;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -121,10 +122,12 @@ static int default_copy_threads(void)
 
 static void ckpt_free(edl_ckpt *ck)
 {
-    edl_storage_close(ck->fg);
     for (int i = 0; ck->up && i < ck->n_up; i++)
         edl_storage_close(ck->up[i]);
+    for (int i = 0; ck->down && i < ck->n_up; i++)
+        edl_storage_close(ck->down[i]);
     free(ck->up);
+    free(ck->down);
     free(ck->uri);
     free(ck->job);
     free(ck->pointer_key);
@@ -193,23 +196,21 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     sc.uri = cfg->uri;
     if (!sc.multipart_threshold) /* shards in flight are the parallel streams already */
         sc.multipart_threshold = SINGLE_PUT_MAX;
-    int rc = edl_storage_open(&sc, &ck->fg, errbuf, errlen);
-    int lanes = cfg->parallel_shards ? cfg->parallel_shards : PARALLEL_SHARDS;
-    if (rc == 0 && !(ck->up = calloc((size_t)lanes, sizeof *ck->up)))
+    int lanes = cfg->parallel_shards ? cfg->parallel_shards : PARALLEL_SHARDS, rc = 0;
+    if (!(ck->up = calloc((size_t)lanes, sizeof *ck->up)) ||
+        !(ck->down = calloc((size_t)lanes, sizeof *ck->down)))
         rc = EDL_ENOMEM;
     for (; rc == 0 && ck->n_up < lanes; ck->n_up++)
-        rc = edl_storage_open(&sc, &ck->up[ck->n_up], errbuf, errlen);
+        if ((rc = edl_storage_open(&sc, &ck->up[ck->n_up], errbuf, errlen)) == 0)
+            rc = edl_storage_open(&sc, &ck->down[ck->n_up], errbuf, errlen);
     ck->bg = rc == 0 ? ck->up[0] : NULL;
+    ck->fg = rc == 0 ? ck->down[0] : NULL;
     if (rc != 0) {
         ckpt_free(ck);
         return rc;
     }
     pthread_mutex_init(&ck->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&ck->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    edl_cond_init(&ck->cv);
     if (pthread_create(&ck->worker, NULL, worker_main, ck) != 0) {
         pthread_mutex_destroy(&ck->mu);
         pthread_cond_destroy(&ck->cv);
@@ -380,11 +381,7 @@ int edl_ckpt_save_async(edl_ckpt *ck, int64_t step, int64_t generation, const ed
         return EDL_ENOMEM;
     }
     pthread_mutex_init(&p->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    edl_cond_init(&p->cv);
     p->refs = 2;
     p->ck = ck;
     p->step = step;
@@ -417,14 +414,9 @@ int edl_ckpt_wait(edl_ckpt_pending *p, int64_t timeout_ms)
 {
     if (!p)
         return EDL_EINVAL;
-    struct timespec dl;
-    ckpt_deadline(&dl, CLOCK_MONOTONIC, timeout_ms);
+    int64_t deadline = edl_deadline_ms(timeout_ms);
     pthread_mutex_lock(&p->mu);
-    while (!p->done) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&p->cv, &p->mu);
-        else if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT)
-            break;
+    while (!p->done && edl_cond_wait_until(&p->cv, &p->mu, deadline)) {
     }
     int rc = p->done ? p->rc : EDL_ETIMEDOUT;
     pthread_mutex_unlock(&p->mu);
@@ -770,66 +762,100 @@ static int put_shard(edl_storage *st, const pending_shard *s, edl_ckpt_shard_inf
     return rc;
 }
 
-/* A rank's shards, uploaded by up to n_up lanes at once: each lane takes the next shard not yet
- * taken and stores it through its own storage handle. */
+/* Items 0..n-1 (shards to upload or read), run by up to n_st lanes at once: each lane takes
+ * the next item not yet taken and runs fn on it with a store handle of its own; the calling
+ * thread is one lane. The first failure stops the items not yet started; fn records its own
+ * error text. */
+typedef int (*lane_fn)(void *ctx, edl_storage *st, size_t i);
+
+typedef struct lanes {
+    lane_fn fn;
+    void *ctx;
+    size_t n;
+    pthread_mutex_t mu;
+    size_t next;      /* the next item to take */
+    int rc;           /* the first failure */
+} lanes;
+
+typedef struct lane {
+    lanes *ls;
+    edl_storage *st;
+    pthread_t thread;
+} lane;
+
+static void *lane_main(void *arg)
+{
+    lane *l = arg;
+    lanes *ls = l->ls;
+    for (;;) {
+        pthread_mutex_lock(&ls->mu);
+        size_t i = ls->next++;
+        bool go = i < ls->n && ls->rc == 0;
+        pthread_mutex_unlock(&ls->mu);
+        if (!go)
+            break;
+        int rc = ls->fn(ls->ctx, l->st, i);
+        pthread_mutex_lock(&ls->mu);
+        if (rc != 0 && ls->rc == 0)
+            ls->rc = rc;
+        pthread_mutex_unlock(&ls->mu);
+    }
+    return NULL;
+}
+
+static int run_lanes(edl_storage **st, int n_st, size_t n, lane_fn fn, void *ctx)
+{
+    lanes ls = {.fn = fn, .ctx = ctx, .n = n};
+    lane l[PARALLEL_SHARDS_MAX];
+    int k = n < (size_t)n_st ? (int)n : n_st, started = 1;
+    if (k == 0)
+        return 0;
+    pthread_mutex_init(&ls.mu, NULL);
+    for (int j = 0; j < k; j++)
+        l[j] = (lane){.ls = &ls, .st = st[j]};
+    for (; started < k; started++) /* a lane that cannot start leaves its share to the others */
+        if (pthread_create(&l[started].thread, NULL, lane_main, &l[started]) != 0)
+            break;
+    lane_main(&l[0]);
+    for (int j = 1; j < started; j++)
+        pthread_join(l[j].thread, NULL);
+    pthread_mutex_destroy(&ls.mu);
+    return ls.rc;
+}
+
+/* Uploading a rank's shards: the first failure's text, and the handed-over buffers given back
+ * one at a time (a free_fn need not be thread-safe). */
 typedef struct upload {
     edl_ckpt *ck;
     edl_ckpt_pending *p;
     edl_ckpt_manifest *mine;
     pthread_mutex_t mu;
-    size_t next;      /* the next shard to take */
-    int rc;           /* the first failure; later shards are not started */
+    bool failed;
 } upload;
 
-typedef struct upload_lane {
-    upload *u;
-    edl_storage *st;
-    pthread_t thread;
-} upload_lane;
-
-static void *upload_lane_main(void *arg)
+static int upload_one(void *ctx, edl_storage *st, size_t i)
 {
-    upload_lane *l = arg;
-    upload *u = l->u;
-    for (;;) {
-        pthread_mutex_lock(&u->mu);
-        size_t i = u->next++;
-        bool go = i < u->p->n && u->rc == 0;
-        pthread_mutex_unlock(&u->mu);
-        if (!go)
-            break;
-        int rc = put_shard(l->st, &u->p->shards[i], &u->mine->shards[i]);
-        pthread_mutex_lock(&u->mu); /* one at a time: a free_fn need not be thread-safe */
-        if (rc != 0 && u->rc == 0) {
-            u->rc = rc;
-            edl_errf(u->p->errmsg, sizeof u->p->errmsg, rc, "checkpoint %s, rank %d: %s",
-                     u->mine->dir, u->ck->rank, edl_storage_errmsg(l->st));
-        }
-        release_shard(&u->p->shards[i]); /* uploaded: a handed-over buffer goes back now */
-        pthread_mutex_unlock(&u->mu);
+    upload *u = ctx;
+    int rc = put_shard(st, &u->p->shards[i], &u->mine->shards[i]);
+    pthread_mutex_lock(&u->mu);
+    if (rc != 0 && !u->failed) {
+        u->failed = true;
+        edl_errf(u->p->errmsg, sizeof u->p->errmsg, rc, "checkpoint %s, rank %d: %s",
+                 u->mine->dir, u->ck->rank, edl_storage_errmsg(st));
     }
-    return NULL;
+    release_shard(&u->p->shards[i]); /* uploaded: a handed-over buffer goes back now */
+    pthread_mutex_unlock(&u->mu);
+    return rc;
 }
 
 /* Upload every shard of the save, parallel_shards at a time (the worker is one lane). */
 static int upload_shards(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *mine)
 {
     upload u = {.ck = ck, .p = p, .mine = mine};
-    upload_lane lanes[PARALLEL_SHARDS_MAX];
-    int n = p->n < (size_t)ck->n_up ? (int)p->n : ck->n_up, started = 1;
-    if (n == 0)
-        return 0;
     pthread_mutex_init(&u.mu, NULL);
-    for (int k = 0; k < n; k++)
-        lanes[k] = (upload_lane){.u = &u, .st = ck->up[k]};
-    for (; started < n; started++) /* a lane that cannot start leaves its share to the others */
-        if (pthread_create(&lanes[started].thread, NULL, upload_lane_main, &lanes[started]) != 0)
-            break;
-    upload_lane_main(&lanes[0]);
-    for (int k = 1; k < started; k++)
-        pthread_join(lanes[k].thread, NULL);
+    int rc = run_lanes(ck->up, ck->n_up, p->n, upload_one, &u);
     pthread_mutex_destroy(&u.mu);
-    return u.rc;
+    return rc;
 }
 
 /* This rank's part of the save: its shards, then done.json listing them with their digests. */
@@ -945,20 +971,20 @@ static int hash_write(void *arg, const void *data, size_t len)
 /* Fetch shard s and check its size and digest (whichever algorithm its manifest names) as
  * the bytes arrive; with keep, hand the bytes to the caller in a new buffer; with into, write
  * them there (it holds s->size bytes). */
-static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, void *into,
+static int fetch_shard(edl_storage *st, const edl_ckpt_shard_info *s, void **keep, void *into,
                        char *err, size_t errlen)
 {
     hash_sink h = {.max = s->size, .keep = keep != NULL, .into = into};
     int rc = ckpt_hasher_init(&h.h, s->hash);
     if (rc == 0) {
-        rc = edl_storage_get_stream(ck->fg, s->key, hash_write, &h, NULL);
+        rc = edl_storage_get_stream(st, s->key, hash_write, &h, NULL);
         if (rc == EDL_ETOOBIG)
             rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is larger than the %" PRIu64 " bytes its "
                       "manifest lists", s->key, s->size);
         else if (rc == EDL_ENOTFOUND)
             rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s is missing", s->key);
         else if (rc != 0)
-            edl_errf(err, errlen, rc, "%s", edl_storage_errmsg(ck->fg));
+            edl_errf(err, errlen, rc, "%s", edl_storage_errmsg(st));
     }
     if (rc == 0 && h.len != s->size)
         rc = edl_errf(err, errlen, EDL_EPROTO, "shard %s holds %" PRIu64 " bytes, its manifest "
@@ -974,6 +1000,42 @@ static int fetch_shard(edl_ckpt *ck, const edl_ckpt_shard_info *s, void **keep, 
         *keep = h.data.data;
     else
         edl_bytebuf_clear(&h.data);
+    return rc;
+}
+
+/* Shards read (and verified) by lanes: into the caller's buffers, or only digested (dst NULL
+ * with verify). The first failure's text goes to err. */
+typedef struct shard_reads {
+    const edl_ckpt_manifest *m;
+    const edl_ckpt_read *r; /* NULL: every shard of m, digested only */
+    pthread_mutex_t mu;
+    bool failed;
+    char *err;
+    size_t errlen;
+} shard_reads;
+
+static int read_one(void *ctx, edl_storage *st, size_t i)
+{
+    shard_reads *rd = ctx;
+    char err[512];
+    const edl_ckpt_shard_info *s = &rd->m->shards[rd->r ? rd->r[i].index : i];
+    int rc = fetch_shard(st, s, NULL, rd->r ? rd->r[i].dst : NULL, err, sizeof err);
+    pthread_mutex_lock(&rd->mu);
+    if (rc != 0 && !rd->failed) {
+        rd->failed = true;
+        snprintf(rd->err, rd->errlen, "%s", err);
+    }
+    pthread_mutex_unlock(&rd->mu);
+    return rc;
+}
+
+static int read_lanes(edl_ckpt *ck, const edl_ckpt_manifest *m, const edl_ckpt_read *r,
+                      size_t n, char *err, size_t errlen)
+{
+    shard_reads rd = {.m = m, .r = r, .err = err, .errlen = errlen};
+    pthread_mutex_init(&rd.mu, NULL);
+    int rc = run_lanes(ck->down, ck->n_up, n, read_one, &rd);
+    pthread_mutex_destroy(&rd.mu);
     return rc;
 }
 
@@ -1002,11 +1064,9 @@ static int load_one(edl_ckpt *ck, const ckpt_pointer_entry *e, edl_ckpt_manifest
         return rc;
     if (m->step != e->step || m->generation != e->generation)
         rc = edl_errf(why, whylen, EDL_EPROTO, "%s/%s is for another step or generation", ck->uri, key);
-    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
-        if (ck->verify) {
-            rc = fetch_shard(ck, &m->shards[i], NULL, NULL, why, whylen);
-            continue;
-        }
+    if (rc == 0 && ck->verify)
+        rc = read_lanes(ck, m, NULL, m->n_shards, why, whylen);
+    for (size_t i = 0; rc == 0 && !ck->verify && i < m->n_shards; i++) {
         edl_storage_stat st;
         rc = edl_storage_stat_key(ck->fg, m->shards[i].key, &st);
         if (rc == EDL_ENOTFOUND)
@@ -1108,7 +1168,7 @@ int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void
         return EDL_EINVAL;
     *data = NULL;
     *len = 0;
-    int rc = fetch_shard(ck, &m->shards[i], data, NULL, ck->errmsg, sizeof ck->errmsg);
+    int rc = fetch_shard(ck->fg, &m->shards[i], data, NULL, ck->errmsg, sizeof ck->errmsg);
     if (rc == 0)
         *len = (size_t)m->shards[i].size;
     return rc;
@@ -1117,13 +1177,25 @@ int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void
 int edl_ckpt_read_shard_into(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void *dst,
                              size_t cap)
 {
-    if (!ck || !m || i >= m->n_shards || (!dst && m->shards[i].size))
+    edl_ckpt_read one = {.index = i, .dst = dst, .cap = cap};
+    return edl_ckpt_read_shards_into(ck, m, &one, 1);
+}
+
+int edl_ckpt_read_shards_into(edl_ckpt *ck, const edl_ckpt_manifest *m,
+                              const edl_ckpt_read *reads, size_t n)
+{
+    if (!ck || !m || (n && !reads))
         return EDL_EINVAL;
-    if (m->shards[i].size > cap)
-        return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ETOOBIG, "shard %s holds %" PRIu64
-                        " bytes, more than the %zu of the buffer given", m->shards[i].key,
-                        m->shards[i].size, cap);
-    return fetch_shard(ck, &m->shards[i], NULL, dst, ck->errmsg, sizeof ck->errmsg);
+    for (size_t k = 0; k < n; k++) {
+        if (reads[k].index >= m->n_shards || (!reads[k].dst && m->shards[reads[k].index].size))
+            return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "read %zu: no shard %zu "
+                            "in the manifest, or no buffer", k, reads[k].index);
+        if (m->shards[reads[k].index].size > reads[k].cap)
+            return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ETOOBIG, "shard %s holds %" PRIu64
+                            " bytes, more than the %zu of the buffer given", m->shards[reads[k].index].key,
+                            m->shards[reads[k].index].size, reads[k].cap);
+    }
+    return read_lanes(ck, m, reads, n, ck->errmsg, sizeof ck->errmsg);
 }
 
 long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index)

@@ -123,7 +123,7 @@ int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool bac
     memcpy(s->copies, copies, n * sizeof *copies);
     s->n = n;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    edl_cond_init(&s->cv);
     *out = s;
     int rc = queue_device(s, err, errlen);
     if (rc != 0) {
@@ -156,33 +156,15 @@ int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool bac
     return rc;
 }
 
-void ckpt_deadline(struct timespec *dl, clockid_t clk, int64_t timeout_ms)
-{
-    clock_gettime(clk, dl);
-    if (timeout_ms < 0)
-        return;
-    dl->tv_sec += (time_t)(timeout_ms / 1000);
-    dl->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl->tv_nsec >= 1000000000L)
-        dl->tv_sec++, dl->tv_nsec -= 1000000000L;
-}
-
 int ckpt_snapshot_wait(ckpt_snapshot *s, int64_t timeout_ms)
 {
     if (!s)
         return 0;
-    struct timespec dl;
-    ckpt_deadline(&dl, CLOCK_REALTIME, timeout_ms);
+    int64_t deadline = edl_deadline_ms(timeout_ms);
     pthread_mutex_lock(&s->mu);
-    int rc = 0;
-    while (s->running > 0 && rc == 0) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&s->cv, &s->mu);
-        else
-            rc = pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT ? EDL_ETIMEDOUT : 0;
+    while (s->running > 0 && edl_cond_wait_until(&s->cv, &s->mu, deadline)) {
     }
-    if (s->running == 0)
-        rc = s->rc;
+    int rc = s->running > 0 ? EDL_ETIMEDOUT : s->rc;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

@@ -7,7 +7,6 @@
 
 #include <openssl/evp.h>
 #include <pthread.h>
-#include <time.h>
 #include <xxhash.h>
 
 /* The documents this code writes (shards with "hash" and "digest"), and those of checkpoints
@@ -99,9 +98,6 @@ typedef struct ckpt_copy {
 } ckpt_copy;
 
 typedef struct ckpt_snapshot ckpt_snapshot;
-/* The absolute time timeout_ms from now on clock clk (for pthread_cond_timedwait); timeout_ms
- * < 0 leaves now. */
-void ckpt_deadline(struct timespec *dl, clockid_t clk, int64_t timeout_ms);
 int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool background,
                         ckpt_snapshot **out, char *err, size_t errlen);
 int ckpt_snapshot_wait(ckpt_snapshot *s, int64_t timeout_ms);

@@ -787,6 +787,21 @@ static void test_a_shard_reads_into_the_callers_buffer_with_its_digest_checked(v
     assert_non_null(strstr(edl_ckpt_errmsg(ck), "more than the"));
     assert_int_equal((unsigned char)buf[0], 0x5a);
     assert_int_equal(edl_ckpt_read_shard_into(ck, m, 2, buf, len), EDL_EINVAL);
+    /* several at once (on parallel_shards lanes): every index and size is checked first */
+    char *more = malloc(len);
+    edl_ckpt_read rd[3] = {{.index = 1, .dst = buf, .cap = len}, {.index = 0, .dst = NULL},
+                           {.index = 1, .dst = more, .cap = len}};
+    assert_int_equal(edl_ckpt_read_shards_into(ck, m, rd, 3), 0);
+    assert_memory_equal(buf, want, len);
+    assert_memory_equal(more, want, len);
+    memset(more, 0x5a, len);
+    rd[0].cap = len - 1;
+    assert_int_equal(edl_ckpt_read_shards_into(ck, m, rd, 3), EDL_ETOOBIG);
+    assert_int_equal((unsigned char)more[0], 0x5a); /* refused before anything was read */
+    rd[0].cap = len;
+    rd[1].index = 7;
+    assert_int_equal(edl_ckpt_read_shards_into(ck, m, rd, 3), EDL_EINVAL);
+    free(more);
     /* one byte changed in the middle of the stored shard */
     char path[600];
     snprintf(path, sizeof path, "%s/%s", pl.uri + strlen("file://"), m->shards[1].key);

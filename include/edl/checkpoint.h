@@ -54,8 +54,9 @@ typedef struct edl_ckpt_config {
     int keep;                 /* committed checkpoints kept, older ones deleted (3; >= 1) */
     int64_t commit_timeout_ms; /* how long the committer waits for other ranks' shards (600000) */
     bool verify_on_load;      /* digest every shard in edl_ckpt_load_latest (true by init) */
-    int parallel_shards;      /* a rank's shards uploaded at once, each through a store handle
-                                 of its own (4; 0 means 4; 1: one after another; <= 64) */
+    int parallel_shards;      /* a rank's shards uploaded (and read, and verified) at once, each
+                                 through a store handle of its own (4; 0 means 4; 1: one after
+                                 another; <= 64) */
     const edl_storage_config *storage; /* options for the store (NULL: defaults + AWS_* env);
                                           its uri field is ignored; a multipart_threshold of 0
                                           becomes 1 GiB: one PUT per shard, several shards in
@@ -181,6 +182,16 @@ int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void
  * buffer holds whatever arrived. */
 int edl_ckpt_read_shard_into(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void *dst,
                              size_t cap);
+/* Several shards at once, each into its own buffer: parallel_shards of them read at a time,
+ * each through a store handle of its own (as saves upload them). 0, or the first failure
+ * (edl_ckpt_errmsg names the shard); every index and size is checked before anything is read. */
+typedef struct edl_ckpt_read {
+    size_t index; /* the shard's index in the manifest */
+    void *dst;
+    size_t cap;
+} edl_ckpt_read;
+int edl_ckpt_read_shards_into(edl_ckpt *ck, const edl_ckpt_manifest *m,
+                              const edl_ckpt_read *reads, size_t n);
 /* The index in m of the shard (rank, index), or -1. */
 long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index);
 

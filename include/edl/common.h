@@ -60,6 +60,12 @@ int64_t edl_wall_ms(void);
  * wake-ups included: callers re-check their condition). */
 void edl_cond_init(pthread_cond_t *cv);
 void edl_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
+/* One wait on cv until the deadline (edl_monotonic_ms; -1: none, wait for a signal): false,
+ * without waiting, once the deadline has passed. For loops of
+ *   while (!ready && edl_cond_wait_until(cv, mu, deadline)) {} */
+bool edl_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ms);
+/* The deadline timeout_ms from now (-1 for a negative timeout: none). */
+int64_t edl_deadline_ms(int64_t timeout_ms);
 
 /* A TCP port free on this IPv4 address now (bind to port 0, then release; NULL or an
  * unparsable address: any address); 0 when none can be had. Another process may take it
