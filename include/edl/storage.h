@@ -3,6 +3,8 @@
  *   file:///path          a shared filesystem (a Kubernetes PersistentVolume: NFS, CephFS).
  *                          Every put is atomic: temporary file, fsync, rename, fsync of the
  *                          directory, so a reader sees the old object or the whole new one.
+ *                          Write-back is streamed in 8 MiB windows, dropped from the page
+ *                          cache behind the writer.
  *   s3://bucket[/prefix]   any S3-compatible store (AWS S3, MinIO, Ceph RGW) through libcurl,
  *                          signed with libcurl's own AWS SigV4 (CURLOPT_AWS_SIGV4). Large
  *                          objects go up as multipart uploads whose parts are sent concurrently
