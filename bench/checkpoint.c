@@ -335,7 +335,7 @@ static edl_ckpt *open_ck(run *r, bool in_background)
     cfg.etcd = r->etcd;
     cfg.job = r->job;
     cfg.keep = 1; /* the disk holds one checkpoint (and the one being saved) */
-    cfg.verify_on_load = false; /* edl_ckpt_read_shard verifies each shard as it reads it */
+    cfg.verify_on_load = false; /* the reads verify every shard as they read it */
     cfg.storage = &r->sc;
     cfg.snapshot_in_background = in_background;
     edl_ckpt *ck;
@@ -383,7 +383,7 @@ static double save_once(edl_ckpt *ck, run *r, const char *label)
 }
 
 /* load_latest, then read (and verify) every shard into the state buffers (as a trainer loads
- * into its model's memory): seconds, -1 on failure. */
+ * into its model's memory), parallel_shards at a time: seconds, -1 on failure. */
 static double load_once(edl_ckpt *ck, run *r, const char *label, uint64_t *bytes)
 {
     double t0 = now_s();
@@ -392,10 +392,14 @@ static double load_once(edl_ckpt *ck, run *r, const char *label, uint64_t *bytes
     bool loaded = rc == 0;
     *bytes = 0;
     size_t per = r->size / (size_t)r->shards;
-    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
-        if ((rc = edl_ckpt_read_shard_into(ck, m, i, r->bufs[i % (size_t)r->shards], per)) == 0)
-            *bytes += m->shards[i].size;
+    edl_ckpt_read *rd = rc == 0 ? calloc(m->n_shards + 1, sizeof *rd) : NULL;
+    for (size_t i = 0; rd && i < m->n_shards; i++) {
+        rd[i] = (edl_ckpt_read){.index = i, .dst = r->bufs[i % (size_t)r->shards], .cap = per};
+        *bytes += m->shards[i].size;
     }
+    if (rc == 0)
+        rc = rd ? edl_ckpt_read_shards_into(ck, m, rd, m->n_shards) : EDL_ENOMEM;
+    free(rd);
     double t = now_s() - t0;
     if (rc != 0)
         fprintf(stderr, "checkpoint bench: load on %s: %s\n", label, edl_ckpt_errmsg(ck));
