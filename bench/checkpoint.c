@@ -2,6 +2,7 @@
  *
  *   checkpoint [--size BYTES[K|M|G]] [--shards N] [--repeat N] [--dir PATH]
  *              [--s3-endpoint URL | --no-s3] [--part-size BYTES[K|M|G]] [--parallel-parts N]
+ *              [--copy-threads N]
  *
  * Saves and loads --size bytes (default 1 GiB) in --shards shards (8) through edl/checkpoint.h,
  * with its own loopback etcd, on file:// (under --dir, default $TMPDIR) and on s3:// (the server
@@ -245,9 +246,13 @@ static double seq_read(const file_list *fl, uint64_t *bytes)
 
 /* ---- memcpy: the bound of the staging copy ---------------------------------------------- */
 
-/* The checkpoint's copy threads by default (copy_threads = 0). */
+static int copy_threads_opt; /* --copy-threads (0: the checkpoint's default) */
+
+/* The checkpoint's copy threads: --copy-threads, else its default (copy_threads = 0). */
 static int copy_threads(void)
 {
+    if (copy_threads_opt)
+        return copy_threads_opt;
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > MAX_COPY_THREADS ? MAX_COPY_THREADS : (int)n;
 }
@@ -338,6 +343,7 @@ static edl_ckpt *open_ck(run *r, bool in_background)
     cfg.verify_on_load = false; /* the reads verify every shard as they read it */
     cfg.storage = &r->sc;
     cfg.snapshot_in_background = in_background;
+    cfg.copy_threads = copy_threads_opt;
     edl_ckpt *ck;
     char err[512];
     if (edl_ckpt_open(&cfg, &ck, err, sizeof err) != 0) {
@@ -818,7 +824,7 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f, "usage: %s [--size BYTES[K|M|G] (1G)] [--shards N (8)] [--repeat N (3)]\n"
             "       [--dir PATH ($TMPDIR)] [--s3-endpoint URL | --no-s3]\n"
-            "       [--part-size BYTES[K|M|G]] [--parallel-parts N]\n", argv0);
+            "       [--part-size BYTES[K|M|G]] [--parallel-parts N] [--copy-threads N]\n", argv0);
 }
 
 /* BYTES with an optional binary suffix K, M or G ("8G"). */
@@ -869,6 +875,8 @@ static bool parse_opt(const char *a, const char *v, opts *o)
         return parse_int(v, &o->repeat);
     if (strcmp(a, "--parallel-parts") == 0)
         return parse_int(v, &o->parallel_parts);
+    if (strcmp(a, "--copy-threads") == 0)
+        return parse_int(v, &copy_threads_opt) && copy_threads_opt <= 64;
     if (strcmp(a, "--dir") == 0)
         o->dir = v;
     else if (strcmp(a, "--s3-endpoint") == 0)
