@@ -679,7 +679,8 @@ static int configure(edl_comm *c, const edl_coll_options *o)
     c->device = o && o->device >= 0 ? o->device : (int)env_num("LOCAL_RANK", 0, 0, 1024, &bad);
     c->seg_bytes = (size_t)env_num("EDL_COLL_SEGMENT_BYTES", 512 << 10, 64, 64 << 20, &bad);
     c->small_bytes = (size_t)env_num("EDL_COLL_SMALL_BYTES", 256 << 10, 0, 64 << 20, &bad);
-    c->block_bytes = (size_t)env_num("EDL_COLL_BLOCK_BYTES", 512 << 10, 8, 1 << 30, &bad);
+    c->block_bytes = (size_t)env_num("EDL_COLL_BLOCK_BYTES",
+                                     (long)coll_default_block(coll_host_get()), 8, 1 << 30, &bad);
     c->io_bytes = (size_t)env_num("EDL_COLL_IO_BYTES", 4 << 20, 64, 1 << 30, &bad);
     c->window_bytes = (size_t)env_num("EDL_COLL_WINDOW_BYTES", 0, 0, 1 << 30, &bad);
     const char *addr = getenv("EDL_COLL_ADDR"), *cur = getenv("PADDLE_CURRENT_ENDPOINT");

@@ -241,4 +241,17 @@ int coll_cpu_allreduce_host(edl_comm *c, const void *send, void *recv, size_t co
                             edl_dtype dt, edl_redop op);
 int coll_cpu_broadcast_host(edl_comm *c, void *buf, size_t bytes, int root);
 
+/* The host (host.c): cores this process may use, one core's L2 (l2_known false: sysfs did not
+ * say, and 1 MiB is assumed), read once. The default window of a link between ranks on this host
+ * (for local_ranks of them) and the default block of the sliced ring allreduce follow from them. */
+typedef struct coll_host {
+    int cores;
+    size_t l2_bytes;
+    bool l2_known;
+} coll_host;
+
+const coll_host *coll_host_get(void);
+size_t coll_local_window(const coll_host *h, int local_ranks);
+size_t coll_default_block(const coll_host *h);
+
 #endif

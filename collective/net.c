@@ -643,18 +643,15 @@ int coll_check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr *
  * touch, and keeping the whole ring's in-flight data in cache matters more than anything else:
  * on the 2-core test machine, ring allreduces of 16-64 MiB ran 2-3 times faster with 512 KiB in
  * flight per host than with 4 MiB socket buffers left to fill, and fell off a cliff past about
- * 600 KiB (bench/allreduce, docs/bench-allreduce.md). So a link to this host gets a share of
- * 512 KiB; a link to another host gets 4 MiB, a bandwidth-delay product that covers 25-100 Gb/s
- * at tens of microseconds. */
+ * 600 KiB (bench/allreduce, docs/bench-allreduce.md). So a link to this host gets its share of
+ * the host's cache (coll_local_window: host.c); a link to another host gets 4 MiB, a
+ * bandwidth-delay product that covers 25-100 Gb/s at tens of microseconds. */
 static size_t coll_window(const edl_comm *c, int to, int from)
 {
     if (c->window_bytes)
         return c->window_bytes;
     bool local = (to < 0 || c->peer_local[to]) && (from < 0 || c->peer_local[from]);
-    if (!local)
-        return 4u << 20;
-    size_t w = ((512u << 10) / (size_t)(c->local_ranks > 0 ? c->local_ranks : 1)) & ~(size_t)4095;
-    return w < (64u << 10) ? 64u << 10 : w;
+    return local ? coll_local_window(coll_host_get(), c->local_ranks) : 4u << 20;
 }
 
 /* Bytes of send block j that may go now: a block that forwards received data can only go as

@@ -747,6 +747,32 @@ static void test_no_secret_is_a_clear_error(void **state)
     free(log);
 }
 
+/* The engine's buffers follow the host: a local link's window is a quarter of a core's L2 per
+ * core its ranks can use, shared when ranks outnumber cores; a block is half the L2. On the
+ * 2-core, 1 MiB-L2 machine these are the windows measured best there (512 KiB in flight over
+ * the host) and its 512 KiB block. */
+static void test_buffers_follow_the_hosts_cores_and_l2(void **state)
+{
+    (void)state;
+    coll_host two = {.cores = 2, .l2_bytes = 1u << 20, .l2_known = true};
+    assert_int_equal(coll_local_window(&two, 1), 256u << 10);
+    assert_int_equal(coll_local_window(&two, 2), 256u << 10);
+    assert_int_equal(coll_local_window(&two, 4), 128u << 10);
+    assert_int_equal(coll_local_window(&two, 3), (((1u << 20) / 4 * 2 / 3) & ~4095u));
+    assert_int_equal(coll_local_window(&two, 64), 64u << 10); /* never below 64 KiB */
+    assert_int_equal(coll_default_block(&two), 512u << 10);
+    coll_host big = {.cores = 16, .l2_bytes = 2u << 20, .l2_known = true};
+    assert_int_equal(coll_local_window(&big, 8), 512u << 10);
+    assert_int_equal(coll_local_window(&big, 32), 256u << 10);
+    assert_int_equal(coll_default_block(&big), 1u << 20);
+    /* this host, as read from sysfs and the affinity mask */
+    const coll_host *h = coll_host_get();
+    print_message("this host: %d cores, L2 %zu KiB%s\n", h->cores, h->l2_bytes >> 10,
+                  h->l2_known ? "" : " (assumed: sysfs does not say)");
+    assert_true(h->cores >= 1);
+    assert_true(h->l2_bytes >= (64u << 10) && h->l2_bytes <= (64u << 20));
+}
+
 static void test_rendezvous_timeout_names_the_missing_rank(void **state)
 {
     (void)state;
@@ -777,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_mismatched_counts_and_types_fail_clearly),
         cmocka_unit_test(test_stranger_on_the_port_is_turned_away),
         cmocka_unit_test(test_rendezvous_timeout_names_the_missing_rank),
+        cmocka_unit_test(test_buffers_follow_the_hosts_cores_and_l2),
         cmocka_unit_test(test_handshake_frames_parse_strictly),
         cmocka_unit_test(test_stranger_with_the_etcd_token_cannot_take_a_slot),
         cmocka_unit_test(test_peer_with_another_secret_is_refused),
