@@ -309,7 +309,7 @@ static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard 
     for (size_t i = 0; i < p->n; i++) {
         need += shards[i].free_fn ? 0 : stage_len(shards[i].len);
         n_copies += !shards[i].free_fn;
-        device |= shards[i].device;
+        device |= shards[i].device && shards[i].len; /* nothing to copy from an empty one */
     }
     char *mem = NULL;
     if (need && !(p->stage = ckpt_stage_take(&ck->stages, need, &mem)))
@@ -328,7 +328,8 @@ static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard 
             continue;
         }
         s->data = mem;
-        copies[c++] = (ckpt_copy){mem, shards[i].data, shards[i].len, shards[i].device};
+        copies[c++] = (ckpt_copy){mem, shards[i].data, shards[i].len,
+                                  shards[i].device && shards[i].len};
         mem += stage_len(shards[i].len);
     }
     if (rc == 0 && n_copies)

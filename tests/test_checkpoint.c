@@ -847,12 +847,16 @@ static void test_device_shards_without_cuda_and_bad_copy_options_are_clear_error
     assert_int_equal(edl_ckpt_save_async(ck, 1, 1, &dev, 1, NULL, &p), EDL_EINVAL);
     assert_non_null(strstr(edl_ckpt_errmsg(ck), "handed over"));
     assert_int_equal(edl_ckpt_save(ck, 1, 1, &dev, 1, NULL), EDL_EINVAL);
-    /* nothing was queued or committed: the next save is the first checkpoint */
+    /* an empty device shard has nothing to copy: it saves anywhere */
+    edl_ckpt_shard empty = {.name = "e", .data = NULL, .len = 0, .device = true};
+    assert_int_equal(edl_ckpt_save(ck, 1, 1, &empty, 1, NULL), 0);
+    /* nothing else was queued or committed: the next save is the second checkpoint */
     edl_ckpt_shard ok = {.name = "w", .data = host, .len = sizeof host};
     assert_int_equal(edl_ckpt_save(ck, 2, 1, &ok, 1, NULL), 0);
     edl_ckpt_manifest *m = load_ok(ck);
     assert_int_equal(m->step, 2);
     assert_int_equal(m->n_shards, 1);
+    assert_int_equal(m->shards[0].size, sizeof host);
     edl_ckpt_manifest_free(m);
     edl_ckpt_close(ck);
 }
