@@ -13,7 +13,7 @@
  *            Every byte goes through cache (no memory traffic: the loopback's own cost); the
  *            best of two loops and three limits on the bytes in flight (none, 512 KiB, 256 KiB
  *            over the ring) counts; it runs before and after the others, and the best figure
- *            at the size or any smaller one is the ceiling
+ *            at any size is every size's ceiling (the most the loopback carried)
  *   edl      n copies of this program (--worker edl) calling edl_allreduce() in place, joined
  *            through an etcd this program starts (only when built with libedlcoll)
  *   gloo     allreduce_gloo (allreduce_gloo.cc), every algorithm; the best per size is shown
@@ -1089,8 +1089,8 @@ int main(int argc, char **argv)
            "link; GB/s comparable to busbw;\n"
            "  through cache, no memory traffic; the best of two loops and three limits on the "
            "bytes in flight (named),\n"
-           "  measured before and after the others for each n; the best at the size or a smaller "
-           "one counts.\n"
+           "  measured before and after the others for each n; its best at any size is the "
+           "ceiling of every size.\n"
            "  from memory: the same ring streaming from one big buffer into another (for "
            "reference).\n"
            "  gloo: the fastest of %s; mpi: Open MPI, ob1 PML over TCP BTL only.\n"
