@@ -3,10 +3,11 @@
  *
  *   allreduce [--np 2,3,4] [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
  *             [--only edl,gloo,mpi,ceiling] [--gloo-algos ring,...] [--all-algos]
- *             [--mpi-heap-reuse]
+ *             [--mpi-heap-reuse] [--runs 3]
  *
  * The orchestrator (this program) runs, for each n, every implementation over all sizes, one
- * after another, then prints their lines side by side:
+ * after another (edl, Gloo and MPI --runs times, interleaved: each figure is the median launch,
+ * with the launches' spread), then prints their lines side by side:
  *   ceiling  n copies of this program (--worker ceiling) in a TCP ring on 127.0.0.1: each streams
  *            to its next neighbour what a ring allreduce moves per link while receiving as much
  *            from its previous one, all links at once; a ring allreduce's busbw cannot exceed it.
@@ -63,7 +64,10 @@ typedef struct opts {
     bool all_algos;
     bool mpi_heap_reuse;
     const char *gloo_algos;
+    int runs;          /* launches of edl, Gloo and MPI per n: the median counts */
 } opts;
+
+#define MAX_RUNS 9
 
 /* One figure, as a driver reported it. */
 typedef struct figure {
@@ -73,7 +77,9 @@ typedef struct figure {
 } figure;
 
 typedef struct results {
-    figure best[N_IMPL][AR_MAX_SIZES];
+    figure best[N_IMPL][AR_MAX_SIZES]; /* edl, gloo, mpi: the median run's; ceiling: the best */
+    figure run[N_IMPL][MAX_RUNS][AR_MAX_SIZES]; /* each run's best (gloo: best algorithm) */
+    double spread[N_IMPL][AR_MAX_SIZES]; /* (slowest - fastest run) / median, in %; -1: one run */
     figure from_memory[AR_MAX_SIZES]; /* the ceiling's ring streaming from and to memory */
     figure gloo[8][AR_MAX_SIZES]; /* every Gloo algorithm, for --all-algos */
     char gloo_algo[8][32];
@@ -737,9 +743,12 @@ static void fmt_cell(const results *r, int impl, int s, const opts *o, int n, ch
         return;
     }
     double alg = (double)o->sizes[s] / (double)f->ns;
+    char spread[24] = "";
+    if (impl != IMPL_CEIL && r->spread[impl][s] >= 0)
+        snprintf(spread, sizeof spread, " ±%2.0f%%", r->spread[impl][s]);
     fmt_time(f->ns, t, sizeof t);
-    snprintf(buf, len, "%-22s %s %5.2f/%5.2f GB/s%s", label, t, alg, busbw(o->sizes[s], f->ns, n),
-             f->wrong ? " WRONG RESULT" : "");
+    snprintf(buf, len, "%-22s %s%s %5.2f/%5.2f GB/s%s", label, t, spread, alg,
+             busbw(o->sizes[s], f->ns, n), f->wrong ? " WRONG RESULT" : "");
 }
 
 static bool usable(const figure *f)
@@ -881,57 +890,100 @@ static void run_gloo(launch *l, int n, const opts *o, results *r)
     }
 }
 
+/* Launch one implementation for n processes and collect its figures into r->best. */
+static void run_impl(results *r, const opts *o, int impl, int n, const char *etcd_ep,
+                     const char *edl_missing)
+{
+    launch l = {0};
+    char *msg = r->failed[impl];
+    size_t len = sizeof r->failed[impl];
+    int rc = 0;
+    char prog[4200];
+    switch (impl) {
+    case IMPL_CEIL:
+        rc = launch_workers(&l, "ceiling", n, o, NULL);
+        break;
+    case IMPL_EDL:
+        if (edl_missing) {
+            snprintf(msg, len, "%s", edl_missing);
+            return;
+        }
+        rc = launch_workers(&l, "edl", n, o, etcd_ep);
+        break;
+    case IMPL_GLOO:
+        snprintf(prog, sizeof prog, "%s/allreduce_gloo", EDL_BENCH_DIR);
+        if (access(prog, X_OK))
+            snprintf(msg, len, "not built (install libgloo-dev)");
+        else
+            run_gloo(&l, n, o, r);
+        return;
+    case IMPL_MPI:
+        snprintf(prog, sizeof prog, "%s/allreduce_mpi", EDL_BENCH_DIR);
+        if (access(prog, X_OK)) {
+            snprintf(msg, len, "not built (install libopenmpi-dev)");
+            return;
+        }
+        if (!in_path("mpirun")) {
+            snprintf(msg, len, "mpirun not in PATH (install openmpi-bin)");
+            return;
+        }
+        rc = launch_mpi(&l, n, o);
+        break;
+    }
+    if (rc)
+        snprintf(msg, len, "cannot start: %s", strerror(errno));
+    else
+        collect(&l, impl, o, r);
+}
+
+static int cmp_figure_ns(const void *a, const void *b)
+{
+    const figure *x = a, *y = b;
+    return (x->ns > y->ns) - (x->ns < y->ns);
+}
+
+/* Each size's median run becomes the figure, with the runs' spread beside it. */
+static void take_medians(results *r, const opts *o, int impl)
+{
+    for (int s = 0; s < o->n_sizes; s++) {
+        figure f[MAX_RUNS];
+        int k = 0;
+        for (int run = 0; run < o->runs; run++)
+            if (r->run[impl][run][s].ns && !r->run[impl][run][s].wrong)
+                f[k++] = r->run[impl][run][s];
+        r->spread[impl][s] = -1;
+        if (k == 0)
+            continue; /* best keeps the last run's (a wrong figure, or none) */
+        qsort(f, (size_t)k, sizeof f[0], cmp_figure_ns);
+        r->best[impl][s] = f[k / 2];
+        if (k > 1)
+            r->spread[impl][s] = 100.0 * (double)(f[k - 1].ns - f[0].ns) / (double)f[k / 2].ns;
+    }
+}
+
 static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_missing)
 {
     results *r = calloc(1, sizeof *r);
     /* The ceiling runs first and last and the faster of the two counts per size: on a shared
-     * machine one launch can land in a busy moment, and a ceiling must not be that low. */
-    static const int order[] = {IMPL_CEIL, IMPL_EDL, IMPL_GLOO, IMPL_MPI, IMPL_CEIL};
-    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
-        int impl = order[k];
-        if (!o->use[impl])
-            continue;
-        launch l = {0};
-        char *msg = r->failed[impl];
-        size_t len = sizeof r->failed[impl];
-        int rc = 0;
-        char prog[4200];
-        switch (impl) {
-        case IMPL_CEIL:
-            rc = launch_workers(&l, "ceiling", n, o, NULL);
-            break;
-        case IMPL_EDL:
-            if (edl_missing) {
-                snprintf(msg, len, "%s", edl_missing);
+     * machine one launch can land in a busy moment, and a ceiling must not be that low. In
+     * between, --runs rounds of edl, Gloo and MPI, interleaved so that drift hits them alike;
+     * each figure is the median round, with the spread of the rounds beside it. */
+    static const int rivals[] = {IMPL_EDL, IMPL_GLOO, IMPL_MPI};
+    if (o->use[IMPL_CEIL])
+        run_impl(r, o, IMPL_CEIL, n, etcd_ep, edl_missing);
+    for (int run = 0; run < o->runs; run++)
+        for (size_t k = 0; k < sizeof rivals / sizeof rivals[0]; k++) {
+            int impl = rivals[k];
+            if (!o->use[impl])
                 continue;
-            }
-            rc = launch_workers(&l, "edl", n, o, etcd_ep);
-            break;
-        case IMPL_GLOO:
-            snprintf(prog, sizeof prog, "%s/allreduce_gloo", EDL_BENCH_DIR);
-            if (access(prog, X_OK))
-                snprintf(msg, len, "not built (install libgloo-dev)");
-            else
-                run_gloo(&l, n, o, r);
-            continue;
-        case IMPL_MPI:
-            snprintf(prog, sizeof prog, "%s/allreduce_mpi", EDL_BENCH_DIR);
-            if (access(prog, X_OK)) {
-                snprintf(msg, len, "not built (install libopenmpi-dev)");
-                continue;
-            }
-            if (!in_path("mpirun")) {
-                snprintf(msg, len, "mpirun not in PATH (install openmpi-bin)");
-                continue;
-            }
-            rc = launch_mpi(&l, n, o);
-            break;
+            memset(r->best[impl], 0, sizeof r->best[impl]);
+            run_impl(r, o, impl, n, etcd_ep, edl_missing);
+            memcpy(r->run[impl][run], r->best[impl], sizeof r->best[impl]);
         }
-        if (rc)
-            snprintf(msg, len, "cannot start: %s", strerror(errno));
-        else
-            collect(&l, impl, o, r);
-    }
+    for (size_t k = 0; k < sizeof rivals / sizeof rivals[0]; k++)
+        take_medians(r, o, rivals[k]);
+    if (o->use[IMPL_CEIL])
+        run_impl(r, o, IMPL_CEIL, n, etcd_ep, edl_missing);
     print_n(r, o, n);
     free(r);
 }
@@ -951,8 +1003,11 @@ static void usage(FILE *f)
         "  --all-algos        also print every Gloo algorithm's figure\n"
         "  --mpi-heap-reuse   run Open MPI with glibc's mmap off (MALLOC_MMAP_MAX_=0), so its\n"
         "                     per-call temporary buffer is reused from the heap\n"
+        "  --runs K           launches of edl, Gloo and MPI per n, interleaved; each figure is\n"
+        "                     the median, ±spread (slowest - fastest, %% of it) beside it\n"
+        "                     (default 3; 1 with --quick; at most %d)\n"
         "Prints one line per (n, size); see docs/bench-allreduce.md.\n",
-        MAX_NP, AR_MIN_CALLS);
+        MAX_NP, AR_MIN_CALLS, MAX_RUNS);
 }
 
 static int bad(const char *what, const char *arg)
@@ -967,7 +1022,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"np", 1, 0, 'n'},      {"sizes", 1, 0, 's'},      {"max-size", 1, 0, 'm'},
         {"budget", 1, 0, 'b'},  {"quick", 0, 0, 'q'},      {"only", 1, 0, 'o'},
         {"gloo-algos", 1, 0, 'g'}, {"all-algos", 0, 0, 'a'}, {"mpi-heap-reuse", 0, 0, 'r'},
-        {"help", 0, 0, 'h'},
+        {"runs", 1, 0, 'k'},    {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     *o = (opts){.np = {2, 3, 4}, .n_np = 3, .budget = 0.3,
                 .gloo_algos = "ring,ring_chunked,halving_doubling,bcube,new_ring,new_bcube"};
@@ -975,7 +1030,7 @@ static int parse_opts(int argc, char **argv, opts *o)
     for (int i = 0; i < N_IMPL; i++)
         o->use[i] = true;
     size_t max_size = 0;
-    bool quick = false, sizes_given = false, budget_given = false;
+    bool quick = false, sizes_given = false, budget_given = false, runs_given = false;
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         char *e;
@@ -1033,6 +1088,12 @@ static int parse_opts(int argc, char **argv, opts *o)
         case 'r':
             o->mpi_heap_reuse = true;
             break;
+        case 'k':
+            o->runs = (int)strtol(optarg, &e, 10);
+            if (*e || o->runs < 1 || o->runs > MAX_RUNS)
+                return bad("--runs (1 to 9)", optarg);
+            runs_given = true;
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -1047,6 +1108,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         o->n_sizes = parse_sizes("1K,64K,1M,16M", o->sizes, AR_MAX_SIZES);
     if (quick && !budget_given)
         o->budget = 0.05;
+    if (!runs_given)
+        o->runs = quick ? 1 : 3;
     int k = 0;
     for (int i = 0; i < o->n_sizes; i++)
         if (!max_size || o->sizes[i] <= max_size)
@@ -1085,6 +1148,8 @@ int main(int argc, char **argv)
            "each batch;\n"
            "  %.2g s of calls per size, at least %d, after a warm-up); algbw = bytes/time, busbw = "
            "algbw*2(n-1)/n (GB/s).\n"
+           "  edl, gloo, mpi: the median of %d interleaved launches, ± (slowest - fastest) in %% of "
+           "it when more than one.\n"
            "  ceiling: every link of a TCP ring streams at once what a ring allreduce moves per "
            "link; GB/s comparable to busbw;\n"
            "  through cache, no memory traffic; the best of two loops and three limits on the "
@@ -1095,7 +1160,8 @@ int main(int argc, char **argv)
            "reference).\n"
            "  gloo: the fastest of %s; mpi: Open MPI, ob1 PML over TCP BTL only.\n"
            "  memcpy one thread, 64 MiB: %.1f GB/s\n",
-           sysconf(_SC_NPROCESSORS_ONLN), o.budget, AR_MIN_CALLS, o.gloo_algos, memcpy_gbs());
+           sysconf(_SC_NPROCESSORS_ONLN), o.budget, AR_MIN_CALLS, o.runs, o.gloo_algos,
+           memcpy_gbs());
     fflush(stdout);
     for (int i = 0; i < o.n_np; i++)
         run_n(&o, o.np[i], srv ? edl_etcd_server_endpoint(srv, 0) : NULL, edl_missing);
