@@ -609,6 +609,9 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
         return -1;
     for (size_t i = 0; i < sizeof key; i++)
         snprintf(secret + strlen(secret), 3, "%02x", key[i]);
+    static int launches; /* a job of its own per launch: a second one under the same id would
+                          * find the first one's rendezvous entries in etcd */
+    launches++;
     for (int r = 0; r < n; r++) {
         char e[10][160];
         snprintf(e[0], sizeof e[0], "EDL_RANK=%d", r);
@@ -616,7 +619,7 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
         snprintf(e[2], sizeof e[2], "EDL_BENCH_RING_PORTS=%s", ports);
         snprintf(e[3], sizeof e[3], "EDL_ETCD_ENDPOINTS=%s", etcd_ep ? etcd_ep : "");
         snprintf(e[4], sizeof e[4], "EDL_ETCD_PREFIX=/edl/v1");
-        snprintf(e[5], sizeof e[5], "EDL_JOB_ID=bench-%d-%d", (int)getpid(), n);
+        snprintf(e[5], sizeof e[5], "EDL_JOB_ID=bench-%d-%d-%d", (int)getpid(), n, launches);
         snprintf(e[6], sizeof e[6], "EDL_GENERATION=1");
         snprintf(e[7], sizeof e[7], "PADDLE_CURRENT_ENDPOINT=127.0.0.1:0");
         snprintf(e[8], sizeof e[8], "EDL_COLL_BACKEND=cpu"); /* whatever the caller's says */
