@@ -332,11 +332,12 @@ static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard 
                                   shards[i].device && shards[i].len};
         mem += stage_len(shards[i].len);
     }
-    if (rc == 0 && n_copies)
-        rc = ckpt_snapshot_start(copies, n_copies, ck->copy_threads, ck->background, &p->snap,
-                                 err, errlen);
-    free(copies);
-    return rc;
+    if (rc != 0 || !n_copies) {
+        free(copies);
+        return rc;
+    }
+    return ckpt_snapshot_start(copies, n_copies, ck->copy_threads, ck->background, &p->snap, err,
+                               errlen);
 }
 
 int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes)
@@ -765,17 +766,22 @@ static int put_shard(edl_storage *st, const pending_shard *s, edl_ckpt_shard_inf
 
 /* Items 0..n-1 (shards to upload or read), run by up to n_st lanes at once: each lane takes
  * the next item not yet taken and runs fn on it with a store handle of its own; the calling
- * thread is one lane. The first failure stops the items not yet started; fn records its own
- * error text. */
-typedef int (*lane_fn)(void *ctx, edl_storage *st, size_t i);
+ * thread is one lane. The first failure stops the items not yet started, and its text (what
+ * fn wrote into err) is the one kept. done (may be NULL) runs after each item, one call at a
+ * time. */
+typedef int (*lane_fn)(void *ctx, edl_storage *st, size_t i, char *err, size_t errlen);
+typedef void (*lane_done_fn)(void *ctx, size_t i);
 
 typedef struct lanes {
     lane_fn fn;
+    lane_done_fn done;
     void *ctx;
     size_t n;
     pthread_mutex_t mu;
     size_t next;      /* the next item to take */
     int rc;           /* the first failure */
+    char *err;        /* its text */
+    size_t errlen;
 } lanes;
 
 typedef struct lane {
@@ -795,18 +801,24 @@ static void *lane_main(void *arg)
         pthread_mutex_unlock(&ls->mu);
         if (!go)
             break;
-        int rc = ls->fn(ls->ctx, l->st, i);
+        char err[1024] = "";
+        int rc = ls->fn(ls->ctx, l->st, i, err, sizeof err);
         pthread_mutex_lock(&ls->mu);
-        if (rc != 0 && ls->rc == 0)
+        if (rc != 0 && ls->rc == 0) {
             ls->rc = rc;
+            snprintf(ls->err, ls->errlen, "%s", err);
+        }
+        if (ls->done)
+            ls->done(ls->ctx, i);
         pthread_mutex_unlock(&ls->mu);
     }
     return NULL;
 }
 
-static int run_lanes(edl_storage **st, int n_st, size_t n, lane_fn fn, void *ctx)
+static int run_lanes(edl_storage **st, int n_st, size_t n, lane_fn fn, lane_done_fn done,
+                     void *ctx, char *err, size_t errlen)
 {
-    lanes ls = {.fn = fn, .ctx = ctx, .n = n};
+    lanes ls = {.fn = fn, .done = done, .ctx = ctx, .n = n, .err = err, .errlen = errlen};
     lane l[PARALLEL_SHARDS_MAX];
     int k = n < (size_t)n_st ? (int)n : n_st, started = 1;
     if (k == 0)
@@ -824,39 +836,37 @@ static int run_lanes(edl_storage **st, int n_st, size_t n, lane_fn fn, void *ctx
     return ls.rc;
 }
 
-/* Uploading a rank's shards: the first failure's text, and the handed-over buffers given back
- * one at a time (a free_fn need not be thread-safe). */
+/* Uploading a rank's shards. */
 typedef struct upload {
     edl_ckpt *ck;
     edl_ckpt_pending *p;
     edl_ckpt_manifest *mine;
-    pthread_mutex_t mu;
-    bool failed;
 } upload;
 
-static int upload_one(void *ctx, edl_storage *st, size_t i)
+static int upload_one(void *ctx, edl_storage *st, size_t i, char *err, size_t errlen)
 {
     upload *u = ctx;
     int rc = put_shard(st, &u->p->shards[i], &u->mine->shards[i]);
-    pthread_mutex_lock(&u->mu);
-    if (rc != 0 && !u->failed) {
-        u->failed = true;
-        edl_errf(u->p->errmsg, sizeof u->p->errmsg, rc, "checkpoint %s, rank %d: %s",
-                 u->mine->dir, u->ck->rank, edl_storage_errmsg(st));
-    }
-    release_shard(&u->p->shards[i]); /* uploaded: a handed-over buffer goes back now */
-    pthread_mutex_unlock(&u->mu);
+    if (rc != 0)
+        edl_errf(err, errlen, rc, "checkpoint %s, rank %d: %s", u->mine->dir, u->ck->rank,
+                 edl_storage_errmsg(st));
     return rc;
+}
+
+/* Uploaded: a handed-over buffer goes back now (one at a time: a free_fn need not be
+ * thread-safe). */
+static void upload_done(void *ctx, size_t i)
+{
+    upload *u = ctx;
+    release_shard(&u->p->shards[i]);
 }
 
 /* Upload every shard of the save, parallel_shards at a time (the worker is one lane). */
 static int upload_shards(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *mine)
 {
     upload u = {.ck = ck, .p = p, .mine = mine};
-    pthread_mutex_init(&u.mu, NULL);
-    int rc = run_lanes(ck->up, ck->n_up, p->n, upload_one, &u);
-    pthread_mutex_destroy(&u.mu);
-    return rc;
+    return run_lanes(ck->up, ck->n_up, p->n, upload_one, upload_done, &u, p->errmsg,
+                     sizeof p->errmsg);
 }
 
 /* This rank's part of the save: its shards, then done.json listing them with their digests. */
@@ -1004,40 +1014,25 @@ static int fetch_shard(edl_storage *st, const edl_ckpt_shard_info *s, void **kee
     return rc;
 }
 
-/* Shards read (and verified) by lanes: into the caller's buffers, or only digested (dst NULL
- * with verify). The first failure's text goes to err. */
+/* Shards read (and verified) by lanes: into the caller's buffers, or only digested (r NULL:
+ * every shard of m). The first failure's text goes to err. */
 typedef struct shard_reads {
     const edl_ckpt_manifest *m;
-    const edl_ckpt_read *r; /* NULL: every shard of m, digested only */
-    pthread_mutex_t mu;
-    bool failed;
-    char *err;
-    size_t errlen;
+    const edl_ckpt_read *r;
 } shard_reads;
 
-static int read_one(void *ctx, edl_storage *st, size_t i)
+static int read_one(void *ctx, edl_storage *st, size_t i, char *err, size_t errlen)
 {
     shard_reads *rd = ctx;
-    char err[512];
     const edl_ckpt_shard_info *s = &rd->m->shards[rd->r ? rd->r[i].index : i];
-    int rc = fetch_shard(st, s, NULL, rd->r ? rd->r[i].dst : NULL, err, sizeof err);
-    pthread_mutex_lock(&rd->mu);
-    if (rc != 0 && !rd->failed) {
-        rd->failed = true;
-        snprintf(rd->err, rd->errlen, "%s", err);
-    }
-    pthread_mutex_unlock(&rd->mu);
-    return rc;
+    return fetch_shard(st, s, NULL, rd->r ? rd->r[i].dst : NULL, err, errlen);
 }
 
 static int read_lanes(edl_ckpt *ck, const edl_ckpt_manifest *m, const edl_ckpt_read *r,
                       size_t n, char *err, size_t errlen)
 {
-    shard_reads rd = {.m = m, .r = r, .err = err, .errlen = errlen};
-    pthread_mutex_init(&rd.mu, NULL);
-    int rc = run_lanes(ck->down, ck->n_up, n, read_one, &rd);
-    pthread_mutex_destroy(&rd.mu);
-    return rc;
+    shard_reads rd = {.m = m, .r = r};
+    return run_lanes(ck->down, ck->n_up, n, read_one, NULL, &rd, err, errlen);
 }
 
 /* Load and verify one committed checkpoint. EDL_EPROTO (with why) when it is incomplete or

@@ -65,7 +65,7 @@ static void finish(ckpt_snapshot *s, int rc, const char *err)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The device copies are done once their stream is: the last slice's thread waits for it. */
+/* The device copies are done once their stream is: slice 0's thread waits for it. */
 static void run_slice(slice *sl, bool syncs_device)
 {
     ckpt_snapshot *s = sl->snap;
@@ -111,15 +111,15 @@ static void split(ckpt_snapshot *s, size_t host_bytes, int k)
                                .to = t == k - 1 ? host_bytes : host_bytes / (size_t)k * (size_t)(t + 1)};
 }
 
-int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool background,
+int ckpt_snapshot_start(ckpt_copy *copies, size_t n, int threads, bool background,
                         ckpt_snapshot **out, char *err, size_t errlen)
 {
     ckpt_snapshot *s = calloc(1, sizeof *s);
-    if (!s || !(s->copies = malloc((n ? n : 1) * sizeof *copies))) {
-        free(s);
+    if (!s) {
+        free(copies);
         return edl_errf(err, errlen, EDL_ENOMEM, "no memory for the checkpoint's copy");
     }
-    memcpy(s->copies, copies, n * sizeof *copies);
+    s->copies = copies;
     s->n = n;
     pthread_mutex_init(&s->mu, NULL);
     edl_cond_init(&s->cv);

@@ -86,10 +86,11 @@ void ckpt_stages_clear(ckpt_stages *st); /* every area given back */
 int ckpt_stage_pin(ckpt_stage *a, char *err, size_t errlen);
 
 /* The snapshot of a save (checkpoint_copy.c): copies into staging, the host ones split over
- * threads, the device ones queued on a CUDA stream. start: in the foreground, returns once
- * everything is copied (or failed); in the background, at once. *out is set even when start
- * fails (free it). wait: 0, EDL_ETIMEDOUT, or the copy's error (errmsg says what). free:
- * joins the copying threads first. */
+ * threads, the device ones queued on a CUDA stream. start takes copies (an array from malloc,
+ * freed with the snapshot, or at once when no snapshot could be made); in the foreground it
+ * returns once everything is copied (or failed), in the background at once. *out is set
+ * whenever a snapshot was made, even when start then fails (free it). wait: 0, EDL_ETIMEDOUT,
+ * or the copy's error (errmsg says what). free: joins the copying threads first. */
 typedef struct ckpt_copy {
     char *dst;
     const void *src;
@@ -98,7 +99,7 @@ typedef struct ckpt_copy {
 } ckpt_copy;
 
 typedef struct ckpt_snapshot ckpt_snapshot;
-int ckpt_snapshot_start(const ckpt_copy *copies, size_t n, int threads, bool background,
+int ckpt_snapshot_start(ckpt_copy *copies, size_t n, int threads, bool background,
                         ckpt_snapshot **out, char *err, size_t errlen);
 int ckpt_snapshot_wait(ckpt_snapshot *s, int64_t timeout_ms);
 const char *ckpt_snapshot_errmsg(const ckpt_snapshot *s);
