@@ -54,7 +54,8 @@
 
 #define MAX_REPEAT 50
 #define MAX_SHARDS 256
-#define MAX_COPY_THREADS 8 /* edl_ckpt_config.copy_threads = 0: the host's cores, at most 8 */
+#define DEFAULT_COPY_THREADS_MAX 8 /* as edl_ckpt_config.copy_threads = 0: the CPUs, at most 8 */
+#define COPY_THREADS_MAX 64        /* edl_ckpt_config.copy_threads's own bound */
 #define READ_CHUNK (1u << 20)
 
 static double now_s(void)
@@ -246,15 +247,17 @@ static double seq_read(const file_list *fl, uint64_t *bytes)
 
 /* ---- memcpy: the bound of the staging copy ---------------------------------------------- */
 
-static int copy_threads_opt; /* --copy-threads (0: the checkpoint's default) */
+static int copy_threads_opt; /* --copy-threads (0: as the checkpoint's default) */
 
-/* The checkpoint's copy threads: --copy-threads, else its default (copy_threads = 0). */
+/* The copy threads of the checkpoints under test and of the memcpy bound: --copy-threads, else
+ * what copy_threads = 0 gives (the CPUs this process may use, at most 8). Handed to the
+ * checkpoint explicitly, so that both sides copy on the same number of threads. */
 static int copy_threads(void)
 {
     if (copy_threads_opt)
         return copy_threads_opt;
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > MAX_COPY_THREADS ? MAX_COPY_THREADS : (int)n;
+    int n = edl_cpu_count();
+    return n > DEFAULT_COPY_THREADS_MAX ? DEFAULT_COPY_THREADS_MAX : n;
 }
 
 typedef struct copy_part {
@@ -276,17 +279,16 @@ static void *copy_range(void *arg)
 }
 
 /* memcpy of every shard by `threads` threads (the caller one of them), each a slice of each
- * shard, into pre-faulted memory of one shard's size (reused) that asks for huge pages as the
- * staging does. GB/s; 0 on failure. */
+ * shard, into pre-faulted memory of one shard's size (reused), as the staging is (4 KiB pages:
+ * it does not ask for huge pages). GB/s; 0 on failure. */
 static double memcpy_speed(char *const *bufs, int shards, size_t per, int threads)
 {
     char *dst = mmap(NULL, per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (dst == MAP_FAILED)
         return 0;
-    madvise(dst, per, MADV_HUGEPAGE);
     memset(dst, 1, per);
-    copy_part parts[MAX_COPY_THREADS];
-    pthread_t tid[MAX_COPY_THREADS];
+    copy_part parts[COPY_THREADS_MAX];
+    pthread_t tid[COPY_THREADS_MAX];
     size_t slice = (per / (size_t)threads + 4095) & ~(size_t)4095;
     for (int t = 0; t < threads; t++) {
         size_t off = (size_t)t * slice < per ? (size_t)t * slice : per;
@@ -343,7 +345,7 @@ static edl_ckpt *open_ck(run *r, bool in_background)
     cfg.verify_on_load = false; /* the reads verify every shard as they read it */
     cfg.storage = &r->sc;
     cfg.snapshot_in_background = in_background;
-    cfg.copy_threads = copy_threads_opt;
+    cfg.copy_threads = copy_threads();
     edl_ckpt *ck;
     char err[512];
     if (edl_ckpt_open(&cfg, &ck, err, sizeof err) != 0) {
@@ -876,7 +878,8 @@ static bool parse_opt(const char *a, const char *v, opts *o)
     if (strcmp(a, "--parallel-parts") == 0)
         return parse_int(v, &o->parallel_parts);
     if (strcmp(a, "--copy-threads") == 0)
-        return parse_int(v, &copy_threads_opt) && copy_threads_opt <= 64;
+        return parse_int(v, &copy_threads_opt) && copy_threads_opt >= 1 &&
+               copy_threads_opt <= COPY_THREADS_MAX;
     if (strcmp(a, "--dir") == 0)
         o->dir = v;
     else if (strcmp(a, "--s3-endpoint") == 0)

@@ -5,13 +5,13 @@
  * the host instead of staying what suited that machine. */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "edl/proc.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define FALLBACK_L2 (1u << 20) /* the test VM's, where the shares below were measured */
 #define MIN_WINDOW (64u << 10)
@@ -78,12 +78,7 @@ static size_t l2_bytes(void)
 
 static void host_read(void)
 {
-    cpu_set_t set;
-    host.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-    if (host.cores < 1)
-        host.cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (host.cores < 1)
-        host.cores = 1;
+    host.cores = edl_cpu_count();
     host.l2_bytes = l2_bytes();
     host.l2_known = host.l2_bytes != 0;
     if (!host.l2_known)

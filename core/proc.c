@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,4 +233,13 @@ int edl_spawn(const edl_spawn_opts *o, pid_t *pid_out, char *err, size_t errlen)
     if (pid_out)
         *pid_out = pid;
     return 0;
+}
+
+int edl_cpu_count(void)
+{
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (n < 1)
+        n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n;
 }

@@ -13,6 +13,7 @@
 #include "checkpoint_internal.h"
 #include "edl/job.h"
 #include "edl/log.h"
+#include "edl/proc.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -23,14 +24,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #define POINTER_TRIES 64
 #define POLL_MIN_MS 50
 #define PARALLEL_SHARDS 4      /* edl_ckpt_config.parallel_shards when 0 */
 #define PARALLEL_SHARDS_MAX 64
 #define POLL_MAX_MS 1000
-#define COPY_THREADS_DEFAULT_MAX 8 /* copy_threads 0: the host's cores, up to this */
+#define COPY_THREADS_DEFAULT_MAX 8 /* copy_threads 0: the CPUs this process may use, up to this */
 #define COPY_THREADS_MAX 64
 #define SINGLE_PUT_MAX (1ull << 30) /* multipart_threshold 0: one PUT per shard up to this */
 
@@ -116,8 +116,8 @@ static void *worker_main(void *arg);
 
 static int default_copy_threads(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > COPY_THREADS_DEFAULT_MAX ? COPY_THREADS_DEFAULT_MAX : (int)n;
+    int n = edl_cpu_count();
+    return n > COPY_THREADS_DEFAULT_MAX ? COPY_THREADS_DEFAULT_MAX : n;
 }
 
 static void ckpt_free(edl_ckpt *ck)
@@ -163,8 +163,8 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
                         cfg->parallel_shards, PARALLEL_SHARDS_MAX, PARALLEL_SHARDS);
     if (cfg->copy_threads < 0 || cfg->copy_threads > COPY_THREADS_MAX)
         return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint copy_threads=%d: 1..%d (0: the "
-                        "host's cores, at most %d)", cfg->copy_threads, COPY_THREADS_MAX,
-                        COPY_THREADS_DEFAULT_MAX);
+                        "CPUs this process may use, at most %d)", cfg->copy_threads,
+                        COPY_THREADS_MAX, COPY_THREADS_DEFAULT_MAX);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;

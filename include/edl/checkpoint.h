@@ -61,8 +61,8 @@ typedef struct edl_ckpt_config {
                                           its uri field is ignored; a multipart_threshold of 0
                                           becomes 1 GiB: one PUT per shard, several shards in
                                           flight, up to that size */
-    int copy_threads;         /* threads copying shards into staging (0: the host's cores, at
-                                 most 8; the calling thread is one of them) */
+    int copy_threads;         /* threads copying shards into staging (0: the CPUs this process
+                                 may use, at most 8; the calling thread is one of them) */
     bool snapshot_in_background; /* false: edl_ckpt_save_async returns once the copied shards
                                     are copied. true: it returns at once and the copy runs on
                                     the checkpoint's threads; the caller may read its buffers

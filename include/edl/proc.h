@@ -9,7 +9,7 @@
  * are allowed), and a failed exec is reported to the caller, not only to the child's stderr.
  *
  * PR_SET_PDEATHSIG fires when the *thread* that forked ends: spawn from a thread that lives as
- * long as the child should. */
+ * long as the child should. Also: the CPUs this process may use (edl_cpu_count). */
 #ifndef EDL_PROC_H
 #define EDL_PROC_H
 
@@ -56,6 +56,10 @@ bool edl_die_with_parent(pid_t parent);
 /* argv[0] resolved as exec would (a name with no '/' searched in $PATH, default
  * /usr/local/bin:/usr/bin:/bin): a malloc'ed path to an executable file, or NULL. */
 char *edl_spawn_resolve(const char *prog);
+
+/* The CPUs this process may run on: its affinity mask (which a container's cpuset or taskset
+ * narrows), else the online CPUs; at least 1. What sizes its threads and buffers. */
+int edl_cpu_count(void);
 
 #ifdef __cplusplus
 }
