@@ -1183,13 +1183,15 @@ int edl_ckpt_read_shards_into(edl_ckpt *ck, const edl_ckpt_manifest *m,
     if (!ck || !m || (n && !reads))
         return EDL_EINVAL;
     for (size_t k = 0; k < n; k++) {
-        if (reads[k].index >= m->n_shards || (!reads[k].dst && m->shards[reads[k].index].size))
+        const edl_ckpt_shard_info *s = reads[k].index < m->n_shards ? &m->shards[reads[k].index]
+                                                                     : NULL;
+        if (!s || (!reads[k].dst && s->size))
             return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_EINVAL, "read %zu: no shard %zu "
                             "in the manifest, or no buffer", k, reads[k].index);
-        if (m->shards[reads[k].index].size > reads[k].cap)
+        if (s->size > reads[k].cap)
             return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ETOOBIG, "shard %s holds %" PRIu64
-                            " bytes, more than the %zu of the buffer given", m->shards[reads[k].index].key,
-                            m->shards[reads[k].index].size, reads[k].cap);
+                            " bytes, more than the %zu of the buffer given", s->key, s->size,
+                            reads[k].cap);
     }
     return read_lanes(ck, m, reads, n, ck->errmsg, sizeof ck->errmsg);
 }

@@ -140,7 +140,8 @@ static int write_all(int fd, const char *p, size_t n)
 
 typedef struct flusher {
     int fd;
-    off_t done, started, written; /* [done, started) written back or going; [started, written) not yet */
+    /* [done, started): being written back; [started, written): not started yet */
+    off_t done, started, written;
 } flusher;
 
 static void flush_ahead(flusher *f, size_t n)

@@ -8,8 +8,9 @@
  * signs the query exactly as given.
  *
  * A buffer up to multipart_threshold (a stream up to part_size) goes up in one PUT; a larger
- * one as a multipart upload whose parts are sent parallel_parts at a time on one libcurl multi handle, the upload being aborted when any
- * part fails for good. 5xx replies and connection errors are retried with jittered back-off. */
+ * one as a multipart upload whose parts are sent parallel_parts at a time on one libcurl multi
+ * handle, the upload being aborted when any part fails for good. 5xx replies and connection
+ * errors are retried with jittered back-off. */
 #define _GNU_SOURCE
 #include "internal.h"
 

@@ -479,6 +479,15 @@ static void test_s3_wrong_credentials_is_a_clear_error(void **state)
     edl_storage_close(s);
 }
 
+/* A store on the HTTP stand-in h (any credentials: it checks none). */
+static void standin_config(edl_storage_config *cfg, harness_http *h, const char *uri)
+{
+    edl_storage_config_init(cfg);
+    cfg->uri = uri;
+    cfg->endpoint = harness_http_url(h);
+    cfg->access_key_id = cfg->secret_access_key = "k";
+}
+
 static void test_s3_5xx_is_retried_then_reported(void **state)
 {
     (void)state;
@@ -486,10 +495,7 @@ static void test_s3_5xx_is_retried_then_reported(void **state)
     const char *err = "<Error><Code>SlowDown</Code><Message>busy</Message></Error>";
     harness_http_reply(h, 503, err, strlen(err), HTTP_NORMAL);
     edl_storage_config cfg;
-    edl_storage_config_init(&cfg);
-    cfg.uri = "s3://edl-test/retry";
-    cfg.endpoint = harness_http_url(h);
-    cfg.access_key_id = cfg.secret_access_key = "k";
+    standin_config(&cfg, h, "s3://edl-test/retry");
     cfg.max_retries = 3;
     cfg.retry_base_ms = 10;
     edl_storage *s = open_ok(&cfg);
@@ -513,10 +519,7 @@ static void test_s3_failed_multipart_upload_is_aborted(void **state)
                        "</InitiateMultipartUploadResult>";
     harness_http_reply(h, 200, init, strlen(init), HTTP_NORMAL);
     edl_storage_config cfg;
-    edl_storage_config_init(&cfg);
-    cfg.uri = "s3://edl-test/mp";
-    cfg.endpoint = harness_http_url(h);
-    cfg.access_key_id = cfg.secret_access_key = "k";
+    standin_config(&cfg, h, "s3://edl-test/mp");
     cfg.part_size = 5u << 20;
     cfg.parallel_parts = 1;
     edl_storage *s = open_ok(&cfg);
@@ -540,10 +543,7 @@ static void test_s3_buffer_under_the_multipart_threshold_is_one_put(void **state
     harness_http *h = harness_http_open();
     harness_http_reply(h, 200, "", 0, HTTP_NORMAL);
     edl_storage_config cfg;
-    edl_storage_config_init(&cfg);
-    cfg.uri = "s3://edl-test/one";
-    cfg.endpoint = harness_http_url(h);
-    cfg.access_key_id = cfg.secret_access_key = "k";
+    standin_config(&cfg, h, "s3://edl-test/one");
     cfg.part_size = 5u << 20;
     cfg.multipart_threshold = 12u << 20;
     edl_storage *s = open_ok(&cfg);

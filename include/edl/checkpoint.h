@@ -86,7 +86,8 @@ typedef struct edl_ckpt_shard {
     const void *data;
     size_t len;
     /* NULL: the data is copied (into the handle's staging memory) before edl_ckpt_save_async
-     * returns; edl_ckpt_save lends it instead (no copy). Otherwise the checkpoint takes the
+     * returns, or after it with snapshot_in_background (see edl_ckpt_snapshot_wait);
+     * edl_ckpt_save lends host data instead (no copy). Otherwise the checkpoint takes the
      * buffer as it is (no copy) and calls free_fn(data, free_arg) once uploaded (from one of
      * its upload threads, one call at a time); the caller must not touch it in between. */
     void (*free_fn)(void *data, void *arg);
@@ -126,7 +127,7 @@ const char *edl_ckpt_save_errmsg(edl_ckpt_pending *sv); /* valid once done, unti
 /* Release the handle; a save still running goes on and frees itself when finished. */
 void edl_ckpt_save_free(edl_ckpt_pending *sv);
 /* Save and wait: edl_ckpt_save_async + edl_ckpt_wait(-1) + free; errmsg via edl_ckpt_errmsg.
- * The shards are not copied: the caller's buffers are used as they are until it returns. */
+ * Host shards are not copied: the caller's buffers are used as they are until it returns. */
 int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt_shard *shards,
                   size_t n_shards, const char *metadata_json);
 
