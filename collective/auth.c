@@ -4,75 +4,37 @@
  * bind each frame to the job, the generation, both ranks, both nonces and its direction. */
 #include <string.h>
 
+#include "edl/wire.h"
 #include "internal.h"
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* hello: magic(4) version(2) pad(2) generation(8) from(4) to(4) size(4) pad(4) token(8)
  * nonce(16) */
 void coll_hello_encode(const coll_hello *h, uint8_t out[COLL_HELLO_BYTES])
 {
     memset(out, 0, COLL_HELLO_BYTES);
-    put32(out, COLL_HELLO_MAGIC);
-    put16(out + 4, h->version);
-    put64(out + 8, (uint64_t)h->generation);
-    put32(out + 16, (uint32_t)h->from);
-    put32(out + 20, (uint32_t)h->to);
-    put32(out + 24, (uint32_t)h->size);
-    put64(out + 32, h->token);
+    edl_put32(out, COLL_HELLO_MAGIC);
+    edl_put16(out + 4, h->version);
+    edl_put64(out + 8, (uint64_t)h->generation);
+    edl_put32(out + 16, (uint32_t)h->from);
+    edl_put32(out + 20, (uint32_t)h->to);
+    edl_put32(out + 24, (uint32_t)h->size);
+    edl_put64(out + 32, h->token);
     memcpy(out + 40, h->nonce, COLL_NONCE_BYTES);
 }
 
 int coll_hello_parse(const void *buf, size_t len, coll_hello *out, char *why, size_t whylen)
 {
     const uint8_t *p = buf;
-    if (len >= 4 && get32(p) != COLL_HELLO_MAGIC)
+    if (len >= 4 && edl_get32(p) != COLL_HELLO_MAGIC)
         return edl_errf(why, whylen, EDL_EPROTO, "did not start with an edl hello");
-    if (len >= 6 && get16(p + 4) != COLL_PROTO_VERSION)
+    if (len >= 6 && edl_get16(p + 4) != COLL_PROTO_VERSION)
         return edl_errf(why, whylen, EDL_EPROTO, "speaks edl link protocol version %u, this "
-                        "process version %u", get16(p + 4), COLL_PROTO_VERSION);
+                        "process version %u", edl_get16(p + 4), COLL_PROTO_VERSION);
     if (len < COLL_HELLO_BYTES)
         return 1;
-    coll_hello h = {.version = get16(p + 4), .generation = (int64_t)get64(p + 8),
-                    .from = (int32_t)get32(p + 16), .to = (int32_t)get32(p + 20),
-                    .size = (int32_t)get32(p + 24), .token = get64(p + 32)};
+    coll_hello h = {.version = edl_get16(p + 4), .generation = (int64_t)edl_get64(p + 8),
+                    .from = (int32_t)edl_get32(p + 16), .to = (int32_t)edl_get32(p + 20),
+                    .size = (int32_t)edl_get32(p + 24), .token = edl_get64(p + 32)};
     memcpy(h.nonce, p + 40, COLL_NONCE_BYTES);
     if (h.generation < 0 || h.from < 0 || h.to < 0 || h.size < 1 || h.from >= h.size ||
         h.to >= h.size)
@@ -90,7 +52,7 @@ size_t coll_frame_bytes(uint32_t magic)
 
 void coll_frame_encode(uint32_t magic, const uint8_t *nonce, const uint8_t *mac, uint8_t *out)
 {
-    put32(out, magic);
+    edl_put32(out, magic);
     size_t off = 4;
     if (magic == COLL_CHALLENGE_MAGIC) {
         memcpy(out + off, nonce, COLL_NONCE_BYTES);
@@ -102,7 +64,7 @@ void coll_frame_encode(uint32_t magic, const uint8_t *nonce, const uint8_t *mac,
 int coll_frame_parse(const void *buf, size_t len, uint32_t magic, uint8_t *nonce, uint8_t *mac)
 {
     const uint8_t *p = buf;
-    if (len >= 4 && get32(p) != magic)
+    if (len >= 4 && edl_get32(p) != magic)
         return EDL_EPROTO;
     if (len < coll_frame_bytes(magic))
         return 1;
@@ -128,7 +90,7 @@ int coll_link_mac(const edl_job_secret *s, const char *job, const coll_link *l,
     memcpy(msg, tag, sizeof tag - 1);
     n += sizeof tag - 1;
     msg[n++] = (uint8_t)kind;
-    put32(msg + n, (uint32_t)jl);
+    edl_put32(msg + n, (uint32_t)jl);
     n += 4;
     memcpy(msg + n, job, jl);
     n += jl;

@@ -1,0 +1,139 @@
+/* ps.h: the parameter server (libedlps): sparse and dense tables split over servers, updated
+ * on the server by an optimizer, reached by trainers through a client that batches requests
+ * per server, de-duplicates keys and talks to every server at once.
+ *
+ * A table is cut into `shards` virtual shards (default 1,024): a sparse key belongs to shard
+ * mix(key) % shards, a dense element to the shard whose range of the array holds it. Shards
+ * are spread over the servers by rendezvous hashing on the servers' names (edl_ps_shard_owner),
+ * so that adding or removing one of S servers moves about 1/S of them, not half.
+ * Links are authenticated with the per-job secret (edl/secret.h), as the collective's are.
+ * The wire protocol and its limits are in docs/ps.md. */
+#ifndef EDL_PS_H
+#define EDL_PS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "edl/common.h"
+#include "edl/secret.h"
+
+#define EDL_PS_DEFAULT_SHARDS 1024
+#define EDL_PS_MAX_SHARDS 65536
+#define EDL_PS_MAX_TABLES 256     /* table ids 0..255 */
+#define EDL_PS_MAX_DIM 4096       /* floats per sparse row */
+#define EDL_PS_MAX_DENSE (1u << 30) /* floats in one dense table */
+#define EDL_PS_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes of one request or reply body */
+
+/* ---- tables -------------------------------------------------------------------------------- */
+
+typedef enum edl_ps_table_kind { EDL_PS_DENSE = 1, EDL_PS_SPARSE = 2 } edl_ps_table_kind;
+typedef enum edl_ps_optimizer { EDL_PS_SGD = 1, EDL_PS_ADAGRAD = 2, EDL_PS_ADAM = 3 } edl_ps_optimizer;
+typedef enum edl_ps_init { EDL_PS_INIT_ZERO = 1, EDL_PS_INIT_UNIFORM = 2 } edl_ps_init;
+
+/* What a table is; every client that uses a table passes the same. A server refuses a create
+ * whose config differs from the table it holds under that id. */
+typedef struct edl_ps_table_config {
+    edl_ps_table_kind kind;
+    uint32_t dim;           /* sparse: floats per row (1..EDL_PS_MAX_DIM); dense: 1 */
+    uint64_t size;          /* dense: floats in the table (1..EDL_PS_MAX_DENSE); sparse: 0 */
+    uint32_t shards;        /* virtual shards (1..EDL_PS_MAX_SHARDS) */
+    edl_ps_optimizer optimizer;
+    float lr, beta1, beta2, eps; /* beta1/beta2: Adam only; eps: Adagrad and Adam */
+    edl_ps_init init;       /* values of a row or element before its first update */
+    float init_scale;       /* uniform: in [-init_scale, init_scale) */
+    uint64_t seed;          /* the initial values are a function of (seed, key, column): the
+                               same whichever server creates the row */
+} edl_ps_table_config;
+
+/* Defaults: sparse, dim 8, 1,024 shards, SGD with lr 0.01, beta1 0.9, beta2 0.999, eps 1e-8,
+ * uniform init with scale 0.01, seed 0. */
+void edl_ps_table_config_init(edl_ps_table_config *cfg);
+/* 0, or EDL_EINVAL with the first bad field named in why. */
+int edl_ps_table_config_check(const edl_ps_table_config *cfg, char *why, size_t whylen);
+
+/* ---- sharding ------------------------------------------------------------------------------ */
+
+/* The shard of a sparse key; of a dense element. */
+uint32_t edl_ps_key_shard(uint64_t key, uint32_t shards);
+uint32_t edl_ps_dense_shard(uint64_t index, uint64_t size, uint32_t shards);
+/* The first element of dense shard s, and its length. */
+uint64_t edl_ps_dense_shard_start(uint64_t size, uint32_t shards, uint32_t s);
+uint64_t edl_ps_dense_shard_len(uint64_t size, uint32_t shards, uint32_t s);
+/* The server (index into names) that owns shard s: the highest hash of (name, s). Names are
+ * the servers' stable identities (pod names); n >= 1. */
+int edl_ps_shard_owner(const char *const *names, int n, uint32_t s);
+
+/* ---- the server ---------------------------------------------------------------------------- */
+
+typedef struct edl_ps_server edl_ps_server;
+
+typedef struct edl_ps_server_options {
+    const char *listen_addr;  /* default 127.0.0.1 */
+    int port;                 /* 0: any free port (edl_ps_server_port says which) */
+    int threads;              /* event loops; default min(edl_cpu_count(), 4) */
+    const char *job;          /* bound into the link MACs: the job id (default "edl") */
+    const edl_job_secret *secret; /* required: links are always authenticated */
+    uint32_t max_message;     /* default EDL_PS_DEFAULT_MAX_MESSAGE */
+    int max_connections;      /* default 1024 */
+    int handshake_timeout_ms; /* a connection that has not authenticated by then is closed
+                                 (default 5,000) */
+} edl_ps_server_options;
+
+/* Bind and listen (the server does not serve until edl_ps_server_start). 0, or EDL_ECONFIG /
+ * EDL_EIO with the reason in why. */
+int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char *why,
+                       size_t whylen);
+int edl_ps_server_port(const edl_ps_server *s);
+/* Start the event loops on threads of their own; returns at once. */
+int edl_ps_server_start(edl_ps_server *s);
+/* Ask the loops to stop (async-signal-safe) and, in _close, wait for them and free all. */
+void edl_ps_server_stop(edl_ps_server *s);
+void edl_ps_server_close(edl_ps_server *s);
+
+/* What a server holds, for tests, metrics and the memory bound. */
+typedef struct edl_ps_server_stats {
+    uint64_t tables, rows, bytes;   /* rows: sparse rows; bytes: table memory */
+    uint64_t requests, errors, connections, rejected; /* rejected: links that failed the
+                                                          handshake or broke the protocol */
+} edl_ps_server_stats;
+void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out);
+
+/* ---- the client ---------------------------------------------------------------------------- */
+
+typedef struct edl_ps_client edl_ps_client;
+
+typedef struct edl_ps_client_options {
+    const char *const *endpoints; /* "host:port" of every server */
+    const char *const *names;     /* their identities for the shard map (NULL: the endpoints) */
+    int n_servers;
+    const char *job;              /* as the servers' (default "edl") */
+    const edl_job_secret *secret; /* required */
+    int timeout_ms;               /* one call's limit (default 30,000) */
+    uint32_t max_message;         /* default EDL_PS_DEFAULT_MAX_MESSAGE */
+} edl_ps_client_options;
+
+/* Connect to and authenticate with every server. One client per thread. 0, or EDL_EUNAVAIL /
+ * EDL_EAUTH / EDL_EPROTO with the reason in why. */
+int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char *why,
+                       size_t whylen);
+void edl_ps_client_close(edl_ps_client *c);
+/* The last failure of a call, for people: which server, what happened. */
+const char *edl_ps_client_errmsg(const edl_ps_client *c);
+
+/* Create a table on every server, or check that the one there has this config. */
+int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg);
+/* Rows of n keys (duplicates allowed) into out, n * dim floats, in the keys' order. */
+int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       float *out);
+/* Gradients of n keys (n * dim floats); the gradients of a repeated key are summed first and
+ * the sum is applied once. Returns once every server has applied its part. */
+int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       const float *grads);
+/* Elements [off, off + n) of a dense table into out; gradients of the same range. */
+int edl_ps_pull_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *out);
+int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
+                      const float *grads);
+/* Totals over every server (tables counts distinct ids once per server). */
+int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out);
+
+#endif

@@ -1,0 +1,852 @@
+/* client.c: the trainer's side of the parameter server. One authenticated connection per
+ * server. A call de-duplicates its keys (a pull fetches each key once; a push sums the
+ * gradients of a repeated key and sends the sum once), orders them by owning server and then
+ * by shard (the server locks a shard once per run of its keys), and talks to every server at
+ * once: requests go out and replies come in on all links in one poll loop, each reply read
+ * straight into its place where it can be. A link that fails or times out is closed and the
+ * call fails, naming the server; the client is then unusable for that server (re-routing on a
+ * new generation is the elastic part, not built yet: see docs/ps.md). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "edl/wire.h"
+#include "internal.h"
+
+#define SOCK_BUF_BYTES (4 << 20)
+
+typedef struct ps_link {
+    int fd;
+    char *ep, *name;
+    /* the request of the call in progress */
+    uint8_t hdr[PS_HDR_BYTES], pre[8];
+    struct iovec iov[4];
+    int niov;
+    size_t left;        /* request bytes still to send */
+    uint8_t want_type;  /* the reply type that means success */
+    /* its reply */
+    uint8_t rhdr[PS_HDR_BYTES];
+    size_t rgot;        /* bytes of header + body read */
+    ps_hdr rh;
+    uint8_t rpre[8];
+    size_t npre;        /* bytes of a success body that go to rpre, the rest to dst */
+    uint8_t *dst;       /* where a success body (after npre) goes; NULL: body buffer */
+    size_t dst_len;
+    uint8_t *body;      /* error replies and bodies without a dst */
+    size_t body_cap;
+    bool busy;
+    /* scratch of the call: this server's share */
+    size_t first, count; /* sparse: its keys in the sorted order */
+    uint8_t *seg;        /* dense: its segments, then (push) their values */
+    size_t seg_cap;
+    uint32_t nseg;
+    uint64_t total;
+} ps_link;
+
+typedef struct client_table {
+    bool known;
+    edl_ps_table_config cfg;
+    int *owner; /* per shard: the link */
+} client_table;
+
+struct edl_ps_client {
+    int n;
+    ps_link *links;
+    char job[256];
+    edl_job_secret secret;
+    int timeout_ms;
+    uint32_t max_message, next_id;
+    client_table tables[EDL_PS_MAX_TABLES];
+    /* scratch, kept between calls */
+    uint64_t *ukeys, *skeys, *hkeys;
+    uint32_t *uidx, *rank, *hslot, *order, *tmp, *cnt;
+    float *rows;
+    size_t ucap, hcap, rows_cap, cnt_cap;
+    char err[1024];
+};
+
+static int fail(edl_ps_client *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(edl_ps_client *c, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static void *grow(void *p, size_t *cap, size_t want, size_t elem)
+{
+    if (want <= *cap)
+        return p;
+    size_t n = *cap ? *cap : 256;
+    while (n < want)
+        n *= 2;
+    void *q = realloc(p, n * elem);
+    if (q)
+        *cap = n;
+    return q;
+}
+
+/* ---- blocking I/O for the handshake -------------------------------------------------------- */
+
+static int wait_fd(int fd, short ev, int64_t deadline)
+{
+    struct pollfd p = {.fd = fd, .events = ev};
+    int64_t left = deadline - edl_monotonic_ms();
+    if (left <= 0)
+        return EDL_ETIMEDOUT;
+    int n = poll(&p, 1, (int)left);
+    return n > 0 ? 0 : n == 0 ? EDL_ETIMEDOUT : EDL_EIO;
+}
+
+static int io_full(int fd, void *buf, size_t len, bool out, int64_t deadline)
+{
+    for (size_t done = 0; done < len;) {
+        ssize_t n = out ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, (char *)buf + done, len - done, MSG_DONTWAIT);
+        if (n > 0) {
+            done += (size_t)n;
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            return EDL_EPEER;
+        } else {
+            int rc = wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int dial(const char *ep, int64_t deadline, int *out)
+{
+    char host[256];
+    const char *colon = strrchr(ep, ':');
+    if (!colon || colon == ep || (size_t)(colon - ep) >= sizeof host)
+        return EDL_EINVAL;
+    memcpy(host, ep, (size_t)(colon - ep));
+    host[colon - ep] = '\0';
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
+        return EDL_EINVAL;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), rc = 0;
+    int one = 1, buf = SOCK_BUF_BYTES;
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return EDL_EIO;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (errno != EINPROGRESS || (rc = wait_fd(fd, POLLOUT, deadline)) != 0 ||
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0)
+            rc = rc ? rc : EDL_EUNAVAIL;
+    }
+    freeaddrinfo(res);
+    if (rc)
+        close(fd);
+    else
+        *out = fd;
+    return rc;
+}
+
+/* An error frame whose header is in h16: its message into c->err. */
+static int read_error_frame(edl_ps_client *c, ps_link *l, const uint8_t *h16, int64_t deadline)
+{
+    ps_hdr h;
+    char why[256], msg[PS_MAX_ERROR + 1] = "";
+    uint8_t body[PS_MAX_ERROR + 4];
+    if (ps_hdr_parse(h16, sizeof body, &h, why, sizeof why) == 0 && h.type == PS_REPLY &&
+        h.len == 0)
+        return 0; /* the link is open */
+    if (ps_hdr_parse(h16, sizeof body, &h, why, sizeof why) != 0 || h.type != PS_ERROR ||
+        h.len < 4)
+        return fail(c, EDL_EPROTO, "server %s: not a parameter server (an unexpected answer "
+                    "to the handshake)", l->ep);
+    if (io_full(l->fd, body, h.len, false, deadline) != 0)
+        return fail(c, EDL_EPROTO, "server %s closed the link during the handshake", l->ep);
+    memcpy(msg, body + 4, h.len - 4);
+    int code = (int32_t)edl_get32(body);
+    return fail(c, code < 0 && code >= -64 ? code : EDL_ESERVER, "server %s refused the link: "
+                "%s", l->ep, msg);
+}
+
+static int handshake(edl_ps_client *c, ps_link *l, int64_t deadline)
+{
+    uint8_t nc[PS_NONCE_BYTES], ns[PS_NONCE_BYTES], buf[PS_CHALLENGE_BYTES];
+    uint8_t mac[EDL_SECRET_MAC_BYTES], want[EDL_SECRET_MAC_BYTES], proof[PS_PROOF_BYTES];
+    char why[256];
+    if (RAND_bytes(nc, sizeof nc) != 1)
+        return fail(c, EDL_EIO, "no random bytes for the handshake");
+    ps_hello_encode(nc, buf);
+    if (io_full(l->fd, buf, PS_HELLO_BYTES, true, deadline) != 0 ||
+        io_full(l->fd, buf, PS_HDR_BYTES, false, deadline) != 0)
+        return fail(c, EDL_EPROTO, "server %s did not answer the handshake", l->ep);
+    if (edl_get32(buf) == PS_FRAME_MAGIC)
+        return read_error_frame(c, l, buf, deadline) ?: fail(c, EDL_EPROTO, "server %s: an "
+                                "empty answer to the hello", l->ep);
+    if (io_full(l->fd, buf + PS_HDR_BYTES, sizeof buf - PS_HDR_BYTES, false, deadline) != 0 ||
+        ps_challenge_parse(buf, sizeof buf, ns, mac, why, sizeof why) != 0)
+        return fail(c, EDL_EPROTO, "server %s: a bad challenge (%s)", l->ep, why);
+    if (ps_link_mac(&c->secret, c->job, PS_MAC_SERVER, nc, ns, want) != 0 ||
+        !edl_job_secret_mac_equal(mac, want))
+        return fail(c, EDL_EAUTH, "server %s does not hold this job's secret (another job's "
+                    "server, or a stranger on its port)", l->ep);
+    ps_link_mac(&c->secret, c->job, PS_MAC_CLIENT, nc, ns, mac);
+    ps_proof_encode(mac, proof);
+    if (io_full(l->fd, proof, sizeof proof, true, deadline) != 0 ||
+        io_full(l->fd, buf, PS_HDR_BYTES, false, deadline) != 0)
+        return fail(c, EDL_EPROTO, "server %s closed the link after the proof", l->ep);
+    return read_error_frame(c, l, buf, deadline);
+}
+
+/* ---- a call on every link at once ---------------------------------------------------------- */
+
+static void link_break(ps_link *l)
+{
+    if (l->fd >= 0)
+        close(l->fd);
+    l->fd = -1;
+    l->busy = false;
+}
+
+/* Queue a request on l: header, then up to three pieces of body. */
+static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint32_t table,
+                         const void *a, size_t alen, const void *b, size_t blen,
+                         const void *d, size_t dlen)
+{
+    ps_hdr h = {.type = type, .table = (uint16_t)table, .id = ++c->next_id,
+                .len = (uint32_t)(alen + blen + dlen)};
+    ps_hdr_encode(&h, l->hdr);
+    l->niov = 0;
+    l->iov[l->niov++] = (struct iovec){l->hdr, PS_HDR_BYTES};
+    const void *p[3] = {a, b, d};
+    size_t n[3] = {alen, blen, dlen};
+    for (int i = 0; i < 3; i++)
+        if (n[i])
+            l->iov[l->niov++] = (struct iovec){(void *)p[i], n[i]};
+    l->left = PS_HDR_BYTES + h.len;
+    l->want_type = (uint8_t)(type | PS_REPLY);
+    l->rgot = 0;
+    l->busy = true;
+}
+
+static int link_send(ps_link *l)
+{
+    struct msghdr mh = {.msg_iov = l->iov, .msg_iovlen = (size_t)l->niov};
+    ssize_t n = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0)
+        return errno == EAGAIN || errno == EINTR ? 0 : EDL_EPEER;
+    l->left -= (size_t)n;
+    while (n > 0 && l->niov > 0) { /* drop what went out */
+        size_t k = (size_t)n < l->iov[0].iov_len ? (size_t)n : l->iov[0].iov_len;
+        l->iov[0].iov_base = (char *)l->iov[0].iov_base + k;
+        l->iov[0].iov_len -= k;
+        n -= (ssize_t)k;
+        if (l->iov[0].iov_len == 0)
+            memmove(l->iov, l->iov + 1, sizeof *l->iov * (size_t)--l->niov);
+    }
+    return 0;
+}
+
+/* Where byte `at` of the reply body goes, and how many bytes of it fit there. */
+static uint8_t *body_place(ps_link *l, size_t at, size_t *room)
+{
+    bool ok = l->rh.type == l->want_type && l->dst;
+    if (ok && at < l->npre) {
+        *room = l->npre - at;
+        return l->rpre + at;
+    }
+    if (ok) {
+        *room = l->rh.len - at;
+        return l->dst + (at - l->npre);
+    }
+    *room = l->rh.len - at;
+    return l->body + at;
+}
+
+/* Read what has come. 1 when the reply is whole, 0 when more is to come, < 0 on failure. */
+static int link_recv(edl_ps_client *c, ps_link *l)
+{
+    char why[256];
+    for (;;) {
+        uint8_t *p;
+        size_t room;
+        if (l->rgot < PS_HDR_BYTES) {
+            p = l->rhdr + l->rgot;
+            room = PS_HDR_BYTES - l->rgot;
+        } else {
+            size_t at = l->rgot - PS_HDR_BYTES;
+            if (at == l->rh.len)
+                return 1;
+            p = body_place(l, at, &room);
+        }
+        ssize_t n = recv(l->fd, p, room, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            return fail(c, EDL_EPEER, "server %s closed the link (%s)", l->ep,
+                        n == 0 ? "end of stream" : strerror(errno));
+        if (n < 0)
+            return 0;
+        l->rgot += (size_t)n;
+        if (l->rgot == PS_HDR_BYTES) {
+            int rc = ps_hdr_parse(l->rhdr, c->max_message, &l->rh, why, sizeof why);
+            bool ok = l->rh.type == l->want_type && (!l->dst || l->rh.len == l->npre + l->dst_len);
+            if (rc == 0 && !ok && l->rh.type != PS_ERROR)
+                rc = edl_errf(why, sizeof why, EDL_EPROTO, "a reply of type %u and %u bytes",
+                              l->rh.type, l->rh.len);
+            if (rc)
+                return fail(c, EDL_EPROTO, "server %s: %s", l->ep, why);
+            if ((!l->dst || l->rh.type != l->want_type) &&
+                !(l->body = grow(l->body, &l->body_cap, l->rh.len + 1, 1)))
+                return fail(c, EDL_ENOMEM, "out of memory for a reply of %u bytes", l->rh.len);
+        }
+    }
+}
+
+/* The outcome of l's whole reply: 0, or the server's error. */
+static int link_outcome(edl_ps_client *c, ps_link *l, int rc)
+{
+    if (l->rh.type != PS_ERROR || rc)
+        return rc;
+    char msg[PS_MAX_ERROR + 1] = "";
+    int code = l->rh.len >= 4 ? (int32_t)edl_get32(l->body) : EDL_ESERVER;
+    size_t ml = l->rh.len >= 4 ? l->rh.len - 4 : 0;
+    memcpy(msg, l->body + 4, ml < PS_MAX_ERROR ? ml : PS_MAX_ERROR);
+    return fail(c, code < 0 && code >= -64 ? code : EDL_ESERVER, "server %s: %s", l->ep, msg);
+}
+
+/* One link's turn in the poll loop: 1 when its reply is whole, 0 when more is to come, < 0
+ * (with c->err set and the link closed) when it failed. */
+static int link_step(edl_ps_client *c, ps_link *l)
+{
+    int rc = l->left ? link_send(l) : 0;
+    if (rc < 0)
+        rc = fail(c, EDL_EPEER, "server %s is gone (sending: %s)", l->ep, strerror(errno));
+    else
+        rc = link_recv(c, l);
+    if (rc < 0)
+        link_break(l);
+    return rc;
+}
+
+/* Run the queued requests of every busy link to their replies. The first failure is the
+ * call's (its message kept); the other links still finish, so their streams stay in step. */
+static int run_links(edl_ps_client *c)
+{
+    int64_t deadline = edl_monotonic_ms() + c->timeout_ms;
+    struct pollfd pf[c->n];
+    char first_err[sizeof c->err];
+    int first = 0, busy;
+    for (;;) {
+        busy = 0;
+        for (int i = 0; i < c->n; i++) {
+            ps_link *l = &c->links[i];
+            busy += l->busy;
+            pf[i] = (struct pollfd){.fd = l->busy ? l->fd : -1,
+                                    .events = (short)(POLLIN | (l->left ? POLLOUT : 0))};
+        }
+        int64_t left = deadline - edl_monotonic_ms();
+        if (!busy || left <= 0 || poll(pf, (nfds_t)c->n, (int)left) == 0)
+            break;
+        for (int i = 0; i < c->n; i++) {
+            ps_link *l = &c->links[i];
+            int rc = l->busy && pf[i].revents ? link_step(c, l) : 0;
+            if (rc == 1) {
+                l->busy = false;
+                rc = link_outcome(c, l, 0);
+            }
+            if (rc < 0 && !first) {
+                first = rc;
+                memcpy(first_err, c->err, sizeof first_err);
+            }
+        }
+    }
+    for (int i = 0; i < c->n; i++) /* out of time */
+        if (c->links[i].busy) {
+            if (!first) {
+                first = fail(c, EDL_ETIMEDOUT, "server %s did not answer within %d ms",
+                             c->links[i].ep, c->timeout_ms);
+                memcpy(first_err, c->err, sizeof first_err);
+            }
+            link_break(&c->links[i]);
+        }
+    if (first)
+        memcpy(c->err, first_err, sizeof c->err);
+    return first;
+}
+
+/* A link that can take a call: open, no call left half done. */
+static int link_usable(edl_ps_client *c, ps_link *l)
+{
+    if (l->fd < 0)
+        return fail(c, EDL_EPEER, "the link to server %s broke in an earlier call; the "
+                    "client must be reopened", l->ep);
+    return 0;
+}
+
+static void link_expect(ps_link *l, size_t npre, void *dst, size_t dst_len)
+{
+    l->npre = npre;
+    l->dst = dst;
+    l->dst_len = dst_len;
+}
+
+/* Every link must be usable before a call starts. */
+static int links_usable(edl_ps_client *c)
+{
+    for (int i = 0; i < c->n; i++)
+        if (link_usable(c, &c->links[i]) != 0)
+            return EDL_EPEER;
+    return 0;
+}
+
+static const client_table *known_table(edl_ps_client *c, uint32_t table, edl_ps_table_kind kind)
+{
+    if (table >= EDL_PS_MAX_TABLES || !c->tables[table].known) {
+        fail(c, EDL_EINVAL, "table %u: call edl_ps_create_table on this client first", table);
+        return NULL;
+    }
+    if (c->tables[table].cfg.kind != kind) {
+        fail(c, EDL_EINVAL, "table %u is %s", table,
+             kind == EDL_PS_SPARSE ? "dense" : "sparse");
+        return NULL;
+    }
+    return &c->tables[table];
+}
+
+/* ---- open, close, create ------------------------------------------------------------------- */
+
+static int open_links(edl_ps_client *c, const edl_ps_client_options *o, char *why,
+                      size_t whylen)
+{
+    int64_t deadline = edl_monotonic_ms() + c->timeout_ms;
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        l->fd = -1;
+        l->ep = strdup(o->endpoints[i]);
+        l->name = strdup(o->names ? o->names[i] : o->endpoints[i]);
+        if (!l->ep || !l->name)
+            return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
+        int rc = dial(l->ep, deadline, &l->fd);
+        if (rc)
+            return edl_errf(why, whylen, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
+                            "cannot connect to parameter server %s: %s", l->ep,
+                            rc == EDL_EINVAL ? "not host:port" : rc == EDL_ETIMEDOUT
+                            ? "timed out" : "refused or unreachable");
+        if ((rc = handshake(c, l, deadline)) != 0)
+            return edl_errf(why, whylen, rc, "%s", c->err);
+    }
+    return 0;
+}
+
+int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char *why,
+                       size_t whylen)
+{
+    if (!o || !o->secret || o->secret->len == 0)
+        return edl_errf(why, whylen, EDL_ECONFIG, "the parameter-server client needs the job "
+                        "secret (EDL_JOB_SECRET_FILE)");
+    if (o->n_servers < 1 || o->n_servers > 4096 || !o->endpoints)
+        return edl_errf(why, whylen, EDL_EINVAL, "%d servers (1..4096)", o->n_servers);
+    if (strlen(o->job ? o->job : "") >= 256)
+        return edl_errf(why, whylen, EDL_EINVAL, "a job id over 255 bytes");
+    edl_ps_client *c = calloc(1, sizeof *c);
+    if (!c || !(c->links = calloc((size_t)o->n_servers, sizeof *c->links))) {
+        free(c);
+        return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
+    }
+    c->n = o->n_servers;
+    snprintf(c->job, sizeof c->job, "%s", o->job && *o->job ? o->job : "edl");
+    c->secret = *o->secret;
+    c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 30000;
+    c->max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
+    int rc = open_links(c, o, why, whylen);
+    if (rc) {
+        edl_ps_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void edl_ps_client_close(edl_ps_client *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; c->links && i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (l->fd >= 0)
+            close(l->fd);
+        free(l->ep);
+        free(l->name);
+        free(l->body);
+        free(l->seg);
+    }
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
+        free(c->tables[i].owner);
+    free(c->links);
+    free(c->ukeys), free(c->skeys), free(c->hkeys), free(c->uidx), free(c->rank);
+    free(c->hslot), free(c->order), free(c->tmp), free(c->cnt), free(c->rows);
+    edl_job_secret_clear(&c->secret);
+    free(c);
+}
+
+const char *edl_ps_client_errmsg(const edl_ps_client *c)
+{
+    return c ? c->err : "no client";
+}
+
+static int owner_map(edl_ps_client *c, client_table *t)
+{
+    const char *names[c->n];
+    for (int i = 0; i < c->n; i++)
+        names[i] = c->links[i].name;
+    free(t->owner);
+    if (!(t->owner = malloc(t->cfg.shards * sizeof *t->owner)))
+        return fail(c, EDL_ENOMEM, "out of memory");
+    for (uint32_t s = 0; s < t->cfg.shards; s++)
+        t->owner[s] = edl_ps_shard_owner(names, c->n, s);
+    return 0;
+}
+
+int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg)
+{
+    char why[256];
+    if (table >= EDL_PS_MAX_TABLES)
+        return fail(c, EDL_EINVAL, "table id %u (0..%d)", table, EDL_PS_MAX_TABLES - 1);
+    if (edl_ps_table_config_check(cfg, why, sizeof why) != 0)
+        return fail(c, EDL_EINVAL, "table %u: %s", table, why);
+    if (links_usable(c) != 0)
+        return EDL_EPEER;
+    uint8_t body[PS_CONFIG_BYTES];
+    ps_config_encode(cfg, body);
+    for (int i = 0; i < c->n; i++) {
+        link_request(c, &c->links[i], PS_CREATE, table, body, sizeof body, NULL, 0, NULL, 0);
+        link_expect(&c->links[i], 0, NULL, 0);
+    }
+    int rc = run_links(c);
+    if (rc)
+        return rc;
+    c->tables[table].cfg = *cfg;
+    c->tables[table].known = true;
+    return owner_map(c, &c->tables[table]);
+}
+
+int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
+{
+    if (links_usable(c) != 0)
+        return EDL_EPEER;
+    for (int i = 0; i < c->n; i++) {
+        link_request(c, &c->links[i], PS_STATS, 0, NULL, 0, NULL, 0, NULL, 0);
+        link_expect(&c->links[i], 0, NULL, 0);
+    }
+    int rc = run_links(c);
+    if (rc)
+        return rc;
+    *out = (edl_ps_server_stats){0};
+    for (int i = 0; i < c->n; i++) {
+        edl_ps_server_stats s;
+        if (c->links[i].rh.len != PS_STATS_BYTES)
+            return fail(c, EDL_EPROTO, "server %s: stats of %u bytes", c->links[i].ep,
+                        c->links[i].rh.len);
+        ps_stats_parse(c->links[i].body, &s);
+        out->tables += s.tables, out->rows += s.rows, out->bytes += s.bytes;
+        out->requests += s.requests, out->errors += s.errors;
+        out->connections += s.connections, out->rejected += s.rejected;
+    }
+    return 0;
+}
+
+/* ---- sparse -------------------------------------------------------------------------------- */
+
+static bool realloc_to(void **p, size_t bytes)
+{
+    void *q = realloc(*p, bytes);
+    if (q)
+        *p = q;
+    return q != NULL;
+}
+
+/* The per-key scratch of a call of n keys, a hash of hc slots and ncnt counters. */
+static int sparse_scratch(edl_ps_client *c, size_t n, size_t hc, size_t ncnt)
+{
+    bool ok = true;
+    if (n > c->ucap) {
+        size_t cap = 256;
+        while (cap < n)
+            cap *= 2;
+        ok = realloc_to((void **)&c->ukeys, cap * 8) && realloc_to((void **)&c->skeys, cap * 8) &&
+             realloc_to((void **)&c->uidx, cap * 4) && realloc_to((void **)&c->rank, cap * 4) &&
+             realloc_to((void **)&c->order, cap * 4) && realloc_to((void **)&c->tmp, cap * 4);
+        c->ucap = ok ? cap : c->ucap;
+    }
+    if (ok && hc > c->hcap) {
+        ok = realloc_to((void **)&c->hkeys, hc * 8) && realloc_to((void **)&c->hslot, hc * 4);
+        c->hcap = ok ? hc : c->hcap;
+    }
+    if (ok && ncnt > c->cnt_cap) {
+        ok = realloc_to((void **)&c->cnt, ncnt * 4);
+        c->cnt_cap = ok ? ncnt : c->cnt_cap;
+    }
+    return ok ? 0 : fail(c, EDL_ENOMEM, "out of memory for a call of %zu keys", n);
+}
+
+/* Each distinct key once (c->ukeys, *nu of them; c->uidx[i]: keys[i]'s), then ordered by owner
+ * and shard: c->rank[u] is its place, c->skeys the keys in that order, and every link's
+ * first and count say its share. */
+static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *keys, size_t n,
+                       size_t *nu_out)
+{
+    size_t hc = 16, nu = 0, shards = t->cfg.shards;
+    while (hc < 2 * n)
+        hc *= 2;
+    int rc = sparse_scratch(c, n, hc, (shards > (size_t)c->n ? shards : (size_t)c->n) + 1);
+    if (rc)
+        return rc;
+    memset(c->hslot, 0, hc * sizeof *c->hslot);
+    for (size_t i = 0; i < n; i++) {
+        size_t j = ps_mix64(keys[i]) & (hc - 1);
+        while (c->hslot[j] && c->hkeys[j] != keys[i])
+            j = (j + 1) & (hc - 1);
+        if (!c->hslot[j]) {
+            c->hkeys[j] = keys[i];
+            c->ukeys[nu] = keys[i];
+            c->hslot[j] = (uint32_t)++nu;
+        }
+        c->uidx[i] = c->hslot[j] - 1;
+    }
+    /* counting sort by shard, then (stable) by owner */
+    memset(c->cnt, 0, (shards + 1) * sizeof *c->cnt);
+    for (size_t u = 0; u < nu; u++)
+        c->cnt[(c->tmp[u] = edl_ps_key_shard(c->ukeys[u], (uint32_t)shards)) + 1]++;
+    for (size_t s = 0; s < shards; s++)
+        c->cnt[s + 1] += c->cnt[s];
+    for (size_t u = 0; u < nu; u++)
+        c->order[c->cnt[c->tmp[u]]++] = (uint32_t)u;
+    memset(c->cnt, 0, ((size_t)c->n + 1) * sizeof *c->cnt);
+    for (size_t u = 0; u < nu; u++)
+        c->cnt[t->owner[c->tmp[u]] + 1]++;
+    for (int i = 0; i < c->n; i++) {
+        c->cnt[i + 1] += c->cnt[i];
+        c->links[i].first = c->cnt[i];
+        c->links[i].count = c->cnt[i + 1] - c->cnt[i];
+    }
+    for (size_t k = 0; k < nu; k++) {
+        uint32_t u = c->order[k];
+        c->rank[u] = c->cnt[t->owner[c->tmp[u]]]++;
+        c->skeys[c->rank[u]] = c->ukeys[u];
+    }
+    *nu_out = nu;
+    return 0;
+}
+
+static int rows_scratch(edl_ps_client *c, size_t floats)
+{
+    if (!(c->rows = grow(c->rows, &c->rows_cap, floats ? floats : 1, sizeof(float))))
+        return fail(c, EDL_ENOMEM, "out of memory for %zu floats", floats);
+    return 0;
+}
+
+static int check_size(edl_ps_client *c, const ps_link *l, uint64_t bytes, const char *what)
+{
+    if (bytes <= c->max_message)
+        return 0;
+    return fail(c, EDL_ETOOBIG, "a %s of %zu keys for server %s takes %llu bytes, over "
+                "max_message (%u): send fewer keys per call", what, l->count, l->ep,
+                (unsigned long long)bytes, c->max_message);
+}
+
+static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push)
+{
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (!l->count)
+            continue;
+        uint64_t req = 8 + 8 * (uint64_t)l->count + (push ? 4 * (uint64_t)l->count * dim : 0);
+        uint64_t rep = push ? 0 : 8 + 4 * (uint64_t)l->count * dim;
+        int rc = check_size(c, l, req > rep ? req : rep, push ? "push" : "pull");
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (!l->count)
+            continue;
+        float *rows = c->rows + l->first * dim;
+        size_t rbytes = l->count * dim * sizeof(float);
+        edl_put32(l->pre, (uint32_t)l->count);
+        edl_put32(l->pre + 4, push ? dim : 0);
+        link_request(c, l, push ? PS_PUSH_SPARSE : PS_PULL_SPARSE, table, l->pre, 8,
+                     c->skeys + l->first, l->count * 8, push ? rows : NULL, push ? rbytes : 0);
+        link_expect(l, push ? 0 : 8, push ? NULL : rows, push ? 0 : rbytes);
+    }
+    int rc = run_links(c);
+    for (int i = 0; rc == 0 && !push && i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (l->count && (edl_get32(l->rpre) != l->count || edl_get32(l->rpre + 4) != dim))
+            rc = fail(c, EDL_EPROTO, "server %s answered %u rows of %u floats for %zu of %u",
+                      l->ep, edl_get32(l->rpre), edl_get32(l->rpre + 4), l->count, dim);
+    }
+    return rc;
+}
+
+int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       float *out)
+{
+    const client_table *t = known_table(c, table, EDL_PS_SPARSE);
+    size_t nu, dim = t ? t->cfg.dim : 0;
+    int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
+    if (rc || n == 0)
+        return rc;
+    if ((rc = plan_sparse(c, t, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
+        (rc = sparse_call(c, table, (uint32_t)dim, false)))
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        memcpy(out + i * dim, c->rows + (size_t)c->rank[c->uidx[i]] * dim, dim * sizeof *out);
+    return 0;
+}
+
+int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       const float *grads)
+{
+    const client_table *t = known_table(c, table, EDL_PS_SPARSE);
+    size_t nu, dim = t ? t->cfg.dim : 0;
+    int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
+    if (rc || n == 0)
+        return rc;
+    if ((rc = plan_sparse(c, t, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)))
+        return rc;
+    memset(c->rows, 0, nu * dim * sizeof *c->rows);
+    for (size_t i = 0; i < n; i++) { /* a repeated key's gradients are summed */
+        float *dst = c->rows + (size_t)c->rank[c->uidx[i]] * dim;
+        for (size_t j = 0; j < dim; j++)
+            dst[j] += grads[i * dim + j];
+    }
+    return sparse_call(c, table, (uint32_t)dim, true);
+}
+
+/* ---- dense --------------------------------------------------------------------------------- */
+
+/* Cut [off, off + n) at shard boundaries; each piece goes to its owner's segment list (a piece
+ * that continues the owner's last segment extends it). Every link's values are then a run of
+ * c->rows starting at its `first`. */
+static int plan_dense(edl_ps_client *c, const client_table *t, uint64_t off, uint64_t n)
+{
+    const edl_ps_table_config *cfg = &t->cfg;
+    for (int i = 0; i < c->n; i++)
+        c->links[i].nseg = 0, c->links[i].total = 0;
+    uint32_t s0 = edl_ps_dense_shard(off, cfg->size, cfg->shards);
+    uint32_t s1 = edl_ps_dense_shard(off + n - 1, cfg->size, cfg->shards);
+    for (uint32_t s = s0; s <= s1; s++) {
+        uint64_t a = edl_ps_dense_shard_start(cfg->size, cfg->shards, s);
+        uint64_t b = a + edl_ps_dense_shard_len(cfg->size, cfg->shards, s);
+        a = a > off ? a : off;
+        b = b < off + n ? b : off + n;
+        if (a >= b)
+            continue;
+        ps_link *l = &c->links[t->owner[s]];
+        uint64_t lo, len;
+        if (l->nseg && (ps_segment_get(l->seg, l->nseg - 1, &lo, &len), lo + len == a)) {
+            ps_segment_put(l->seg, l->nseg - 1, lo, len + (b - a));
+        } else {
+            if (!(l->seg = grow(l->seg, &l->seg_cap, 16 * ((size_t)l->nseg + 1), 1)))
+                return fail(c, EDL_ENOMEM, "out of memory");
+            ps_segment_put(l->seg, l->nseg++, a, b - a);
+        }
+        l->total += b - a;
+    }
+    size_t first = 0;
+    for (int i = 0; i < c->n; i++) {
+        c->links[i].first = first;
+        c->links[i].count = c->links[i].total; /* for check_size's message */
+        first += c->links[i].total;
+    }
+    return rows_scratch(c, n);
+}
+
+/* Between the caller's range and the links' runs of c->rows, one way or the other. */
+static void dense_move(edl_ps_client *c, uint64_t off, float *range, bool to_rows)
+{
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        float *run = c->rows + l->first;
+        for (uint32_t k = 0; k < l->nseg; k++) {
+            uint64_t a, len;
+            ps_segment_get(l->seg, k, &a, &len);
+            if (to_rows)
+                memcpy(run, range + (a - off), len * sizeof *run);
+            else
+                memcpy(range + (a - off), run, len * sizeof *run);
+            run += len;
+        }
+    }
+}
+
+static int dense_call(edl_ps_client *c, uint32_t table, bool push)
+{
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        int rc = l->nseg ? check_size(c, l, 8 + 16 * (uint64_t)l->nseg + 4 * l->total,
+                                      push ? "dense push" : "dense pull") : 0;
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (!l->nseg)
+            continue;
+        size_t vbytes = l->total * sizeof(float);
+        edl_put32(l->pre, l->nseg);
+        edl_put32(l->pre + 4, 0);
+        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, table, l->pre, 8, l->seg,
+                     16 * (size_t)l->nseg, push ? c->rows + l->first : NULL, push ? vbytes : 0);
+        link_expect(l, 0, push ? NULL : c->rows + l->first, push ? 0 : vbytes);
+    }
+    return run_links(c);
+}
+
+static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *range,
+                    bool push)
+{
+    const client_table *t = known_table(c, table, EDL_PS_DENSE);
+    int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
+    if (rc || n == 0)
+        return rc;
+    if (off > t->cfg.size || n > t->cfg.size - off)
+        return fail(c, EDL_EINVAL, "[%llu, %llu) is outside dense table %u (%llu floats)",
+                    (unsigned long long)off, (unsigned long long)(off + n), table,
+                    (unsigned long long)t->cfg.size);
+    if ((rc = plan_dense(c, t, off, n)))
+        return rc;
+    if (push)
+        dense_move(c, off, range, true);
+    if ((rc = dense_call(c, table, push)) == 0 && !push)
+        dense_move(c, off, range, false);
+    return rc;
+}
+
+int edl_ps_pull_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *out)
+{
+    return dense_op(c, table, off, n, out, false);
+}
+
+int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
+                      const float *grads)
+{
+    return dense_op(c, table, off, n, (float *)grads, true);
+}

@@ -1,0 +1,162 @@
+/* main.c: the edl-ps command: options, the job secret, then a parameter server that serves
+ * until SIGTERM or SIGINT. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "edl/ps.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: edl-ps [options]\n"
+            "\n"
+            "Serves parameter-server tables (sparse rows and dense arrays, updated in place by\n"
+            "SGD, Adagrad or Adam) to the job's trainers over TCP. Every link proves the job\n"
+            "secret first: it comes from $EDL_JOB_SECRET_FILE (or $EDL_JOB_SECRET).\n"
+            "\n"
+            "Options:\n"
+            "  --listen-addr ADDR  the address to listen on, IPv4 or IPv6 (default: 127.0.0.1)\n"
+            "  --port P            the port (default: $PADDLE_PORT, else 0: any free port)\n"
+            "  --job NAME          the job id bound into every link (default: $EDL_JOB_ID, else\n"
+            "                      edl)\n"
+            "  --secret-file PATH  the job secret (default: $EDL_JOB_SECRET_FILE)\n"
+            "  --threads N         event loops (default: the CPUs this process may use, at\n"
+            "                      most 4)\n"
+            "  --max-message BYTES the largest request or reply body (default: %u)\n"
+            "  --max-connections N (default: 1024)\n"
+            "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
+            "  -h, --help          this text\n"
+            "\n"
+            "Once listening it prints 'edl-ps: serving on ADDR:PORT' on stdout.\n"
+            "Exit codes: 0 stopped by SIGTERM/SIGINT; 1 the server failed; 2 usage or\n"
+            "configuration error.\n",
+            EDL_PS_DEFAULT_MAX_MESSAGE);
+}
+
+static int number(const char *opt, const char *arg, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (!*arg || *end || v < lo || v > hi) {
+        fprintf(stderr, "edl-ps: %s '%s': want an integer in %ld..%ld\n", opt, arg, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+typedef struct ps_args {
+    edl_ps_server_options o;
+    const char *secret_file;
+} ps_args;
+
+static int parse_args(int argc, char **argv, ps_args *a)
+{
+    static const struct option opts[] = {
+        {"listen-addr", 1, 0, 'a'}, {"port", 1, 0, 'p'},      {"job", 1, 0, 'j'},
+        {"secret-file", 1, 0, 's'}, {"threads", 1, 0, 't'},   {"max-message", 1, 0, 'm'},
+        {"max-connections", 1, 0, 'c'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *port = getenv("PADDLE_PORT");
+    edl_log_level level;
+    long v;
+    if (edl_log_setup_from_env() != 0)
+        return 2;
+    a->o.job = getenv("EDL_JOB_ID");
+    if (port && *port && number("$PADDLE_PORT", port, 0, 65535, &v) == 0)
+        a->o.port = (int)v;
+    else if (port && *port)
+        return 2;
+    for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+        int bad = 0;
+        switch (c) {
+        case 'a': a->o.listen_addr = optarg; break;
+        case 'p': bad = number("--port", optarg, 0, 65535, &v), a->o.port = (int)v; break;
+        case 'j': a->o.job = optarg; break;
+        case 's': a->secret_file = optarg; break;
+        case 't': bad = number("--threads", optarg, 1, 64, &v), a->o.threads = (int)v; break;
+        case 'm':
+            bad = number("--max-message", optarg, 4096, 1L << 30, &v);
+            a->o.max_message = (uint32_t)v;
+            break;
+        case 'c':
+            bad = number("--max-connections", optarg, 1, 1 << 20, &v);
+            a->o.max_connections = (int)v;
+            break;
+        case 'l':
+            if (edl_log_level_parse(optarg, &level) != 0) {
+                fprintf(stderr, "edl-ps: --log-level '%s': debug, info, warn or error\n", optarg);
+                return 2;
+            }
+            edl_log_setup(level, EDL_LOG_PLAIN, NULL);
+            break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return 2;
+        }
+        if (bad)
+            return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "edl-ps: unexpected argument '%s' (try --help)\n", argv[optind]);
+        return 2;
+    }
+    return 0;
+}
+
+static int load_secret(const ps_args *a, edl_job_secret *s)
+{
+    char why[512];
+    int rc = a->secret_file ? edl_job_secret_load_file(s, a->secret_file, why, sizeof why)
+                            : edl_job_secret_load(s, why, sizeof why);
+    if (rc == EDL_ENOTFOUND)
+        snprintf(why, sizeof why, "no job secret: set EDL_JOB_SECRET_FILE or --secret-file "
+                 "(links to the parameter server are always authenticated)");
+    if (rc)
+        fprintf(stderr, "edl-ps: %s\n", why);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    ps_args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    edl_job_secret secret;
+    edl_job_secret_init(&secret);
+    if (load_secret(&a, &secret) != 0)
+        return 2;
+    a.o.secret = &secret;
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before the loops start: they inherit it */
+    edl_ps_server *s;
+    char why[512];
+    if ((rc = edl_ps_server_open(&a.o, &s, why, sizeof why)) != 0) {
+        fprintf(stderr, "edl-ps: %s\n", why);
+        edl_job_secret_clear(&secret);
+        return rc == EDL_ECONFIG ? 2 : 1;
+    }
+    edl_job_secret_clear(&secret);
+    if (edl_ps_server_start(s) != 0) {
+        fprintf(stderr, "edl-ps: cannot start the event loops\n");
+        edl_ps_server_close(s);
+        return 1;
+    }
+    printf("edl-ps: serving on %s:%d\n", a.o.listen_addr ? a.o.listen_addr : "127.0.0.1",
+           edl_ps_server_port(s));
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    EDL_INFO("ps", "%s: stopping", strsignal(sig));
+    edl_ps_server_close(s);
+    return 0;
+}

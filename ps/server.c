@@ -1,0 +1,654 @@
+/* server.c: the parameter server's network side. A few event loops (one epoll each, on threads
+ * of their own) share the listening socket (EPOLLEXCLUSIVE: one loop takes each connection)
+ * and serve their connections to the end: a link first proves the job secret (handshake of
+ * internal.h), then sends frames, each answered in order. A connection holds at most one
+ * request and one reply at a time: it is not read while its reply waits to go out, so a slow
+ * reader cannot make the server queue without bound, and its input buffer grows with the bytes
+ * that have arrived, not with the length a header announces. Requests reach the tables
+ * (table.c) whose shards have locks of their own: loops never wait for each other on a table.
+ * A broken frame (bad magic, over max_message) closes the link after an error frame; a bad
+ * request in a good frame gets an error reply and the link goes on. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "edl/log.h"
+#include "edl/proc.h"
+#include "edl/wire.h"
+#include "internal.h"
+
+#define PS_MAX_THREADS 64
+#define SOCK_BUF_BYTES (4 << 20)
+#define IN_STEP (1u << 20) /* the input buffer grows by at most this beyond what arrived */
+
+struct edl_ps_server {
+    edl_ps_server_options o;
+    char job[256], addr[256];
+    edl_job_secret secret;
+    int lfd, port, stop_fd, nthreads;
+    pthread_t th[PS_MAX_THREADS];
+    bool started;
+    pthread_mutex_t create_mu;
+    ps_table *_Atomic tables[EDL_PS_MAX_TABLES];
+    atomic_uint_fast64_t requests, errors, connections, rejected;
+    atomic_int live;
+};
+
+enum conn_state { C_HELLO, C_PROOF, C_READY };
+
+typedef struct ps_conn {
+    int fd;
+    enum conn_state state;
+    uint8_t nc[PS_NONCE_BYTES], ns[PS_NONCE_BYTES];
+    uint8_t *in;
+    size_t in_have, in_cap;
+    bool have_hdr;
+    ps_hdr hdr;
+    uint8_t *out;
+    size_t out_len, out_off, out_cap;
+    bool closing; /* close once the output is out */
+    int64_t deadline; /* of the handshake */
+    struct ps_conn *prev, *next;
+} ps_conn;
+
+typedef struct ps_loop {
+    edl_ps_server *s;
+    int ep;
+    ps_conn *conns;
+} ps_loop;
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+/* Room for n more bytes of output; NULL when out of memory. */
+static uint8_t *out_reserve(ps_conn *c, size_t n)
+{
+    if (c->out_len + n > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 4096;
+        while (cap < c->out_len + n)
+            cap *= 2;
+        uint8_t *p = realloc(c->out, cap);
+        if (!p)
+            return NULL;
+        c->out = p;
+        c->out_cap = cap;
+    }
+    uint8_t *at = c->out + c->out_len;
+    c->out_len += n;
+    return at;
+}
+
+static void reply_error(ps_conn *c, const ps_hdr *h, int code,
+                        const char *msg)
+{
+    size_t ml = strnlen(msg, PS_MAX_ERROR);
+    ps_hdr r = {.type = PS_ERROR, .table = h ? h->table : 0, .id = h ? h->id : 0,
+                .len = (uint32_t)(4 + ml)};
+    uint8_t *p = out_reserve(c, PS_HDR_BYTES + r.len);
+    if (!p) {
+        c->closing = true;
+        return;
+    }
+    ps_hdr_encode(&r, p);
+    edl_put32(p + PS_HDR_BYTES, (uint32_t)code);
+    memcpy(p + PS_HDR_BYTES + 4, msg, ml);
+}
+
+/* A reply's header and body space (len bytes); NULL (and an error reply) when out of memory. */
+static uint8_t *reply_begin(ps_conn *c, const ps_hdr *h, uint32_t len)
+{
+    uint8_t *p = out_reserve(c, PS_HDR_BYTES + (size_t)len);
+    if (!p) {
+        reply_error(c, h, EDL_ENOMEM, "out of memory for the reply");
+        return NULL;
+    }
+    ps_hdr r = {.type = (uint8_t)(h->type | PS_REPLY), .table = h->table, .id = h->id,
+                .len = len};
+    ps_hdr_encode(&r, p);
+    return p + PS_HDR_BYTES;
+}
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+static int create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_config *cfg,
+                        char *why, size_t whylen)
+{
+    pthread_mutex_lock(&s->create_mu);
+    ps_table *t = atomic_load(&s->tables[id]);
+    int rc = 0;
+    if (t && !ps_config_equal(ps_table_config(t), cfg))
+        rc = edl_errf(why, whylen, EDL_ECONFLICT, "table %u exists on this server with another "
+                      "config (kind, dim, size, shards, optimizer or init differ)", id);
+    else if (!t && (rc = ps_table_new(cfg, &t)) == 0)
+        atomic_store(&s->tables[id], t);
+    else if (rc)
+        edl_errf(why, whylen, rc, "no memory for table %u", id);
+    pthread_mutex_unlock(&s->create_mu);
+    return rc;
+}
+
+/* The table of a request, of the kind it needs. */
+static ps_table *table_for(edl_ps_server *s, const ps_request *r, edl_ps_table_kind kind,
+                           char *why, size_t whylen)
+{
+    ps_table *t = atomic_load(&s->tables[r->h.table]);
+    if (!t)
+        edl_errf(why, whylen, EDL_ENOTFOUND, "no table %u on this server (create it first)",
+                 r->h.table);
+    else if (ps_table_config(t)->kind != kind)
+        edl_errf(why, whylen, EDL_EINVAL, "table %u is %s", r->h.table,
+                 kind == EDL_PS_SPARSE ? "dense" : "sparse");
+    else
+        return t;
+    return NULL;
+}
+
+static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
+                        size_t whylen)
+{
+    ps_table *t = table_for(s, r, EDL_PS_SPARSE, why, whylen);
+    if (!t)
+        return EDL_ENOTFOUND;
+    uint32_t dim = ps_table_config(t)->dim;
+    if (r->h.type == PS_PUSH_SPARSE) {
+        if (r->dim != dim)
+            return edl_errf(why, whylen, EDL_EINVAL, "a push of rows of %u floats to table %u, "
+                            "whose rows have %u", r->dim, r->h.table, dim);
+        int rc = ps_table_push_sparse(t, r->keys, r->n, r->values);
+        if (rc == 0)
+            reply_begin(c, &r->h, 0);
+        return rc;
+    }
+    uint64_t len = 8 + 4 * (uint64_t)r->n * dim;
+    if (len > s->o.max_message)
+        return edl_errf(why, whylen, EDL_ETOOBIG, "a pull of %u rows of %u floats would "
+                        "answer %llu bytes, over max_message %u", r->n, dim,
+                        (unsigned long long)len, s->o.max_message);
+    uint8_t *p = reply_begin(c, &r->h, (uint32_t)len);
+    if (!p)
+        return 0;
+    edl_put32(p, r->n);
+    edl_put32(p + 4, dim);
+    int rc = ps_table_pull_sparse(t, r->keys, r->n, (float *)(void *)(p + 8));
+    if (rc)
+        c->out_len -= PS_HDR_BYTES + len;
+    return rc;
+}
+
+static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
+                       size_t whylen)
+{
+    ps_table *t = table_for(s, r, EDL_PS_DENSE, why, whylen);
+    if (!t)
+        return EDL_ENOTFOUND;
+    uint64_t size = ps_table_config(t)->size;
+    for (uint32_t i = 0; i < r->nseg; i++) {
+        uint64_t off, cnt;
+        ps_segment_get(r->segs, i, &off, &cnt);
+        if (off + cnt > size)
+            return edl_errf(why, whylen, EDL_EINVAL, "dense segment %u, [%llu, %llu), is past "
+                            "the end of table %u (%llu floats)", i, (unsigned long long)off,
+                            (unsigned long long)(off + cnt), r->h.table,
+                            (unsigned long long)size);
+    }
+    bool push = r->h.type == PS_PUSH_DENSE;
+    if (!push && 4 * r->total > s->o.max_message)
+        return edl_errf(why, whylen, EDL_ETOOBIG, "a pull of %llu floats is over max_message "
+                        "%u bytes", (unsigned long long)r->total, s->o.max_message);
+    uint8_t *p = reply_begin(c, &r->h, push ? 0 : (uint32_t)(4 * r->total));
+    if (!p)
+        return 0;
+    uint64_t done = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < r->nseg && rc == 0; i++) {
+        uint64_t off, cnt;
+        ps_segment_get(r->segs, i, &off, &cnt);
+        rc = push ? ps_table_push_dense(t, off, cnt, r->values + 4 * done)
+                  : ps_table_pull_dense(t, off, cnt, (float *)(void *)(p + 4 * done));
+        done += cnt;
+    }
+    if (rc)
+        c->out_len -= PS_HDR_BYTES + (push ? 0 : 4 * r->total);
+    return rc;
+}
+
+static int serve_stats(edl_ps_server *s, ps_conn *c, const ps_request *r)
+{
+    edl_ps_server_stats st;
+    edl_ps_server_get_stats(s, &st);
+    uint8_t *p = reply_begin(c, &r->h, PS_STATS_BYTES);
+    if (p)
+        ps_stats_encode(&st, p);
+    return 0;
+}
+
+static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *body)
+{
+    char why[PS_MAX_ERROR] = "";
+    ps_request r;
+    atomic_fetch_add(&s->requests, 1);
+    int rc = ps_request_parse(h, body, &r, why, sizeof why);
+    if (rc == 0) {
+        switch (h->type) {
+        case PS_CREATE:
+            if ((rc = create_table(s, h->table, &r.cfg, why, sizeof why)) == 0)
+                reply_begin(c, h, 0);
+            break;
+        case PS_PULL_SPARSE:
+        case PS_PUSH_SPARSE: rc = serve_sparse(s, c, &r, why, sizeof why); break;
+        case PS_PULL_DENSE:
+        case PS_PUSH_DENSE: rc = serve_dense(s, c, &r, why, sizeof why); break;
+        default: rc = serve_stats(s, c, &r); break;
+        }
+    }
+    if (rc) {
+        atomic_fetch_add(&s->errors, 1);
+        if (!why[0])
+            snprintf(why, sizeof why, "%s", edl_strerror(rc));
+        reply_error(c, h, rc, why);
+    }
+}
+
+/* ---- the handshake ------------------------------------------------------------------------- */
+
+static void refuse(edl_ps_server *s, ps_conn *c, int code, const char *why)
+{
+    EDL_WARN("ps", "refused a connection: %s", why);
+    atomic_fetch_add(&s->rejected, 1);
+    reply_error(c, NULL, code, why);
+    c->closing = true;
+}
+
+static void on_hello(edl_ps_server *s, ps_conn *c)
+{
+    char why[256];
+    uint8_t mac[EDL_SECRET_MAC_BYTES];
+    if (ps_hello_parse(c->in, c->in_have, c->nc, why, sizeof why) != 0)
+        return refuse(s, c, EDL_EPROTO, why);
+    uint8_t *p = out_reserve(c, PS_CHALLENGE_BYTES);
+    if (!p || RAND_bytes(c->ns, PS_NONCE_BYTES) != 1 ||
+        ps_link_mac(&s->secret, s->job, PS_MAC_SERVER, c->nc, c->ns, mac) != 0) {
+        c->closing = true;
+        return;
+    }
+    ps_challenge_encode(c->ns, mac, p);
+    c->state = C_PROOF;
+}
+
+static void on_proof(edl_ps_server *s, ps_conn *c)
+{
+    char why[256];
+    uint8_t got[EDL_SECRET_MAC_BYTES], want[EDL_SECRET_MAC_BYTES];
+    if (ps_proof_parse(c->in, c->in_have, got, why, sizeof why) != 0)
+        return refuse(s, c, EDL_EPROTO, why);
+    if (ps_link_mac(&s->secret, s->job, PS_MAC_CLIENT, c->nc, c->ns, want) != 0 ||
+        !edl_job_secret_mac_equal(got, want))
+        return refuse(s, c, EDL_EAUTH, "authentication failed: the client does not hold this "
+                      "job's secret (or serves another job)");
+    c->state = C_READY;
+    c->deadline = -1;
+    reply_begin(c, &(ps_hdr){.type = 0}, 0); /* the link is open: an empty reply of type 0 */
+}
+
+/* ---- input --------------------------------------------------------------------------------- */
+
+static size_t conn_need(const ps_conn *c)
+{
+    switch (c->state) {
+    case C_HELLO: return PS_HELLO_BYTES;
+    case C_PROOF: return PS_PROOF_BYTES;
+    default: return PS_HDR_BYTES + (c->have_hdr ? c->hdr.len : 0);
+    }
+}
+
+/* One whole message is in c->in: act on it. */
+static void conn_message(edl_ps_server *s, ps_conn *c)
+{
+    char why[256];
+    if (c->state == C_HELLO) {
+        on_hello(s, c);
+    } else if (c->state == C_PROOF) {
+        on_proof(s, c);
+    } else if (!c->have_hdr) {
+        int rc = ps_hdr_parse(c->in, s->o.max_message, &c->hdr, why, sizeof why);
+        if (rc) {
+            refuse(s, c, rc, why);
+            return;
+        }
+        c->have_hdr = true;
+        if (c->hdr.len > 0)
+            return; /* now the body */
+    }
+    if (c->state == C_READY && c->have_hdr) {
+        serve(s, c, &c->hdr, c->in + PS_HDR_BYTES);
+        c->have_hdr = false;
+    }
+    c->in_have = 0;
+    if (c->in_cap > 2 * IN_STEP) { /* give back what a big request took */
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+}
+
+static int grow_in(ps_conn *c, size_t need)
+{
+    size_t cap = c->in_have + IN_STEP < need ? c->in_have + IN_STEP : need;
+    if (cap <= c->in_cap)
+        return 0;
+    cap = cap < 2 * c->in_cap ? (2 * c->in_cap < need ? 2 * c->in_cap : need) : cap;
+    uint8_t *p = realloc(c->in, cap);
+    if (!p)
+        return EDL_ENOMEM;
+    c->in = p;
+    c->in_cap = cap;
+    return 0;
+}
+
+/* Read and act until the socket is empty or a reply waits. -1: close the connection. */
+static int conn_read(edl_ps_server *s, ps_conn *c)
+{
+    while (!c->closing && c->out_off == c->out_len) {
+        size_t need = conn_need(c);
+        if (c->in_have < need) {
+            if (grow_in(c, need) != 0)
+                return -1;
+            ssize_t n = recv(c->fd, c->in + c->in_have, c->in_cap - c->in_have, 0);
+            if (n == 0)
+                return -1;
+            if (n < 0)
+                return errno == EAGAIN || errno == EINTR ? 0 : -1;
+            c->in_have += (size_t)n;
+            continue;
+        }
+        conn_message(s, c);
+    }
+    return 0;
+}
+
+/* ---- connections --------------------------------------------------------------------------- */
+
+static void conn_close(ps_loop *l, ps_conn *c)
+{
+    epoll_ctl(l->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    free(c->in);
+    free(c->out);
+    free(c);
+    atomic_fetch_sub(&l->s->live, 1);
+}
+
+/* Send what waits; then wait for input again, or for room to send more. -1: close. */
+static int conn_flush(ps_loop *l, ps_conn *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            break;
+        if (n <= 0)
+            return -1;
+        c->out_off += (size_t)n;
+    }
+    bool pending = c->out_off < c->out_len;
+    if (!pending) {
+        c->out_off = c->out_len = 0;
+        if (c->closing)
+            return -1;
+    }
+    struct epoll_event ev = {.events = pending ? EPOLLOUT : EPOLLIN, .data.ptr = c};
+    epoll_ctl(l->ep, EPOLL_CTL_MOD, c->fd, &ev);
+    return 0;
+}
+
+static void tune_socket(int fd)
+{
+    int one = 1, buf = SOCK_BUF_BYTES;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+static void accept_all(ps_loop *l)
+{
+    edl_ps_server *s = l->s;
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        ps_conn *c = NULL;
+        if (atomic_fetch_add(&s->live, 1) >= s->o.max_connections || !(c = calloc(1, sizeof *c))) {
+            atomic_fetch_sub(&s->live, 1);
+            atomic_fetch_add(&s->rejected, 1);
+            EDL_WARN("ps", "refused a connection: %d open, the limit (max_connections)",
+                     s->o.max_connections);
+            close(fd);
+            continue;
+        }
+        tune_socket(fd);
+        *c = (ps_conn){.fd = fd, .state = C_HELLO,
+                       .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms,
+                       .next = l->conns};
+        if (l->conns)
+            l->conns->prev = c;
+        l->conns = c;
+        atomic_fetch_add(&s->connections, 1);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        epoll_ctl(l->ep, EPOLL_CTL_ADD, fd, &ev);
+    }
+}
+
+static void sweep_handshakes(ps_loop *l)
+{
+    int64_t now = edl_monotonic_ms();
+    for (ps_conn *c = l->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->state != C_READY && c->deadline >= 0 && now > c->deadline) {
+            atomic_fetch_add(&l->s->rejected, 1);
+            EDL_WARN("ps", "closed a connection that did not authenticate within %d ms",
+                     l->s->o.handshake_timeout_ms);
+            conn_close(l, c);
+        }
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    ps_loop *l = arg;
+    edl_ps_server *s = l->s;
+    static char stop_tag;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = NULL}, evs[64];
+    epoll_ctl(l->ep, EPOLL_CTL_ADD, s->lfd, &ev);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &stop_tag};
+    epoll_ctl(l->ep, EPOLL_CTL_ADD, s->stop_fd, &ev);
+    for (bool stop = false; !stop;) {
+        int n = epoll_wait(l->ep, evs, 64, 250);
+        for (int i = 0; i < n; i++) {
+            ps_conn *c = evs[i].data.ptr;
+            if (evs[i].data.ptr == &stop_tag) {
+                stop = true;
+            } else if (!c) {
+                accept_all(l);
+            } else if ((evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) ||
+                       conn_read(s, c) != 0 || conn_flush(l, c) != 0) {
+                conn_close(l, c);
+            }
+        }
+        sweep_handshakes(l);
+    }
+    while (l->conns)
+        conn_close(l, l->conns);
+    close(l->ep);
+    free(l);
+    return NULL;
+}
+
+/* ---- the handle ---------------------------------------------------------------------------- */
+
+static int listen_on(edl_ps_server *s, char *why, size_t whylen)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->o.port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    if (getaddrinfo(s->addr, port, &hints, &res) != 0 || !res)
+        return edl_errf(why, whylen, EDL_ECONFIG, "cannot resolve the address to listen on, "
+                        "'%s'", s->addr);
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd >= 0)
+        tune_socket(fd);
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 512) != 0) {
+        int e = errno;
+        freeaddrinfo(res);
+        if (fd >= 0)
+            close(fd);
+        return edl_errf(why, whylen, EDL_EIO, "cannot listen on %s:%d: %s", s->addr, s->o.port,
+                        strerror(e));
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    s->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                             : ((struct sockaddr_in *)&sa)->sin_port);
+    s->lfd = fd;
+    return 0;
+}
+
+static int check_options(const edl_ps_server_options *o, char *why, size_t whylen)
+{
+    if (!o || !o->secret || o->secret->len == 0)
+        return edl_errf(why, whylen, EDL_ECONFIG, "the parameter server needs the job secret "
+                        "(EDL_JOB_SECRET_FILE): its links are always authenticated");
+    if (o->port < 0 || o->port > 65535 || o->threads < 0 || o->threads > PS_MAX_THREADS ||
+        o->max_connections < 0 || o->handshake_timeout_ms < 0 ||
+        (o->max_message && o->max_message < 4096))
+        return edl_errf(why, whylen, EDL_ECONFIG, "bad server options: port %d (0..65535), "
+                        "threads %d (0..%d), max_connections %d, max_message %u (>= 4096)",
+                        o->port, o->threads, PS_MAX_THREADS, o->max_connections,
+                        o->max_message);
+    if (strlen(o->job ? o->job : "") >= 256 || strlen(o->listen_addr ? o->listen_addr : "") >= 256)
+        return edl_errf(why, whylen, EDL_ECONFIG, "job id or listen address over 255 bytes");
+    return 0;
+}
+
+int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char *why,
+                       size_t whylen)
+{
+    int rc = check_options(o, why, whylen);
+    if (rc)
+        return rc;
+    edl_ps_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
+    s->o = *o;
+    int cpus = edl_cpu_count();
+    s->nthreads = o->threads ? o->threads : (cpus < 4 ? cpus : 4);
+    s->o.max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
+    s->o.max_connections = o->max_connections ? o->max_connections : 1024;
+    s->o.handshake_timeout_ms = o->handshake_timeout_ms ? o->handshake_timeout_ms : 5000;
+    snprintf(s->job, sizeof s->job, "%s", o->job && *o->job ? o->job : "edl");
+    snprintf(s->addr, sizeof s->addr, "%s", o->listen_addr && *o->listen_addr ? o->listen_addr
+                                                                             : "127.0.0.1");
+    s->secret = *o->secret;
+    s->o.secret = &s->secret;
+    pthread_mutex_init(&s->create_mu, NULL);
+    s->lfd = -1;
+    s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->stop_fd < 0)
+        rc = edl_errf(why, whylen, EDL_EIO, "eventfd: %s", strerror(errno));
+    if (rc || (rc = listen_on(s, why, whylen)) != 0) {
+        edl_ps_server_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int edl_ps_server_port(const edl_ps_server *s)
+{
+    return s ? s->port : -1;
+}
+
+int edl_ps_server_start(edl_ps_server *s)
+{
+    for (int i = 0; i < s->nthreads; i++) {
+        ps_loop *l = calloc(1, sizeof *l);
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        if (l && ep >= 0)
+            *l = (ps_loop){.s = s, .ep = ep};
+        if (!l || ep < 0 || pthread_create(&s->th[i], NULL, loop_main, l) != 0) {
+            free(l);
+            if (ep >= 0)
+                close(ep);
+            s->nthreads = i; /* close joins the loops that run */
+            edl_ps_server_stop(s);
+            return EDL_EIO;
+        }
+        s->started = true;
+    }
+    return 0;
+}
+
+void edl_ps_server_stop(edl_ps_server *s)
+{
+    uint64_t one = 1;
+    if (s && s->stop_fd >= 0 && write(s->stop_fd, &one, sizeof one) < 0) {
+        /* the counter is full: a stop is already pending */
+    }
+}
+
+void edl_ps_server_close(edl_ps_server *s)
+{
+    if (!s)
+        return;
+    edl_ps_server_stop(s);
+    for (int i = 0; s->started && i < s->nthreads; i++)
+        pthread_join(s->th[i], NULL);
+    if (s->lfd >= 0)
+        close(s->lfd);
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
+        ps_table_free(atomic_load(&s->tables[i]));
+    pthread_mutex_destroy(&s->create_mu);
+    edl_job_secret_clear(&s->secret);
+    free(s);
+}
+
+void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out)
+{
+    *out = (edl_ps_server_stats){.requests = atomic_load(&s->requests),
+                                 .errors = atomic_load(&s->errors),
+                                 .connections = atomic_load(&s->connections),
+                                 .rejected = atomic_load(&s->rejected)};
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
+        ps_table *t = atomic_load(&s->tables[i]);
+        uint64_t rows, bytes;
+        if (!t)
+            continue;
+        ps_table_stats(t, &rows, &bytes);
+        out->tables++;
+        out->rows += rows;
+        out->bytes += bytes;
+    }
+}

@@ -1,0 +1,98 @@
+/* shard.c: what a table is (its config and the checks on it) and where its parts live: a
+ * sparse key's shard, a dense element's shard, and which server owns a shard (rendezvous
+ * hashing: each shard goes to the server whose (name, shard) hash is highest, so removing a
+ * server moves only its own shards and adding one takes about 1/(S+1) from the others). */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+void edl_ps_table_config_init(edl_ps_table_config *cfg)
+{
+    *cfg = (edl_ps_table_config){.kind = EDL_PS_SPARSE, .dim = 8, .size = 0,
+                                 .shards = EDL_PS_DEFAULT_SHARDS, .optimizer = EDL_PS_SGD,
+                                 .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                 .init = EDL_PS_INIT_UNIFORM, .init_scale = 0.01f, .seed = 0};
+}
+
+static bool finite_in(float v, float lo, float hi)
+{
+    return isfinite(v) && v >= lo && v <= hi;
+}
+
+int edl_ps_table_config_check(const edl_ps_table_config *c, char *why, size_t whylen)
+{
+    if (c->kind != EDL_PS_DENSE && c->kind != EDL_PS_SPARSE)
+        return edl_errf(why, whylen, EDL_EINVAL, "table kind %d (dense 1, sparse 2)", c->kind);
+    if (c->kind == EDL_PS_SPARSE && (c->dim < 1 || c->dim > EDL_PS_MAX_DIM || c->size != 0))
+        return edl_errf(why, whylen, EDL_EINVAL, "a sparse table needs dim 1..%d and size 0 "
+                        "(dim %u, size %llu)", EDL_PS_MAX_DIM, c->dim,
+                        (unsigned long long)c->size);
+    if (c->kind == EDL_PS_DENSE && (c->dim != 1 || c->size < 1 || c->size > EDL_PS_MAX_DENSE))
+        return edl_errf(why, whylen, EDL_EINVAL, "a dense table needs size 1..%u and dim 1 "
+                        "(size %llu, dim %u)", EDL_PS_MAX_DENSE, (unsigned long long)c->size,
+                        c->dim);
+    if (c->shards < 1 || c->shards > EDL_PS_MAX_SHARDS)
+        return edl_errf(why, whylen, EDL_EINVAL, "shards %u (1..%d)", c->shards,
+                        EDL_PS_MAX_SHARDS);
+    if (c->optimizer < EDL_PS_SGD || c->optimizer > EDL_PS_ADAM)
+        return edl_errf(why, whylen, EDL_EINVAL, "optimizer %d (sgd 1, adagrad 2, adam 3)",
+                        c->optimizer);
+    if (!finite_in(c->lr, 0, 1e6f) || !finite_in(c->beta1, 0, 0.999999f) ||
+        !finite_in(c->beta2, 0, 0.999999f) || !finite_in(c->eps, 0, 1))
+        return edl_errf(why, whylen, EDL_EINVAL, "lr %g, beta1 %g, beta2 %g, eps %g: lr must "
+                        "be finite and >= 0, betas in [0, 1), eps in [0, 1]", (double)c->lr,
+                        (double)c->beta1, (double)c->beta2, (double)c->eps);
+    if ((c->init != EDL_PS_INIT_ZERO && c->init != EDL_PS_INIT_UNIFORM) ||
+        !finite_in(c->init_scale, 0, 1e6f))
+        return edl_errf(why, whylen, EDL_EINVAL, "init %d with scale %g (zero 1, uniform 2; "
+                        "scale finite and >= 0)", c->init, (double)c->init_scale);
+    return 0;
+}
+
+uint32_t edl_ps_key_shard(uint64_t key, uint32_t shards)
+{
+    return (uint32_t)(ps_mix64(key) % shards);
+}
+
+/* Shards 0..r-1 hold q+1 elements, the others q (q = size / shards, r = size % shards). */
+uint64_t edl_ps_dense_shard_start(uint64_t size, uint32_t shards, uint32_t s)
+{
+    uint64_t q = size / shards, r = size % shards;
+    return q * s + (s < r ? s : r);
+}
+
+uint64_t edl_ps_dense_shard_len(uint64_t size, uint32_t shards, uint32_t s)
+{
+    return size / shards + (s < size % shards);
+}
+
+uint32_t edl_ps_dense_shard(uint64_t index, uint64_t size, uint32_t shards)
+{
+    uint64_t q = size / shards, r = size % shards;
+    if (index < r * (q + 1))
+        return (uint32_t)(index / (q + 1));
+    return (uint32_t)(r + (index - r * (q + 1)) / q);
+}
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then mixed */
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return ps_mix64(h);
+}
+
+int edl_ps_shard_owner(const char *const *names, int n, uint32_t s)
+{
+    int best = 0;
+    uint64_t top = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t w = ps_mix64(name_hash(names[i]) ^ ps_mix64(s + 0x9e3779b97f4a7c15ull));
+        if (i == 0 || w > top || (w == top && strcmp(names[i], names[best]) < 0)) {
+            top = w;
+            best = i;
+        }
+    }
+    return best;
+}

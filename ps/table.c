@@ -1,0 +1,352 @@
+/* table.c: a server's tables. Each of a table's virtual shards has its own lock and storage:
+ *   sparse: an open-addressing hash of keys to rows in one growing array; a row is its dim
+ *           weights followed by its optimizer state, created on first touch;
+ *   dense:  the shard's range of the array, with the optimizer's state beside it in arrays of
+ *           its own, allocated on the first touch of the shard.
+ * Optimizers (applied here, on the server, one update per pushed gradient):
+ *   SGD      w -= lr g
+ *   Adagrad  s += g^2; w -= lr g / (sqrt(s) + eps)
+ *   Adam     m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; per row (per element in dense
+ *            tables) p1 *= b1, p2 *= b2; w -= lr sqrt(1-p2) / (1-p1) m / (sqrt(v) + eps)
+ * Initial values are a function of (seed, key, column), so a row is born the same on any
+ * server: a reference computed in one process agrees with the servers bit for bit. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edl/wire.h"
+#include "internal.h"
+
+typedef struct sparse_shard {
+    pthread_mutex_t mu;
+    uint64_t *keys;   /* slots */
+    uint32_t *slot;   /* row index + 1 per slot; 0: empty */
+    size_t cap;       /* slots, a power of two */
+    float *rows;
+    size_t nrows, rows_cap;
+} sparse_shard;
+
+typedef struct dense_shard {
+    pthread_mutex_t mu;
+    float *w, *s1, *s2, *p1, *p2; /* weights; Adagrad s1; Adam m = s1, v = s2, powers */
+} dense_shard;
+
+struct ps_table {
+    edl_ps_table_config cfg;
+    size_t stride; /* floats per sparse row */
+    sparse_shard *sp;
+    dense_shard *dn;
+};
+
+static size_t state_floats(const edl_ps_table_config *c, size_t dim)
+{
+    switch (c->optimizer) {
+    case EDL_PS_ADAGRAD: return dim;
+    case EDL_PS_ADAM: return 2 * dim + 2;
+    default: return 0;
+    }
+}
+
+static float initial(const edl_ps_table_config *c, uint64_t key, uint32_t col)
+{
+    if (c->init == EDL_PS_INIT_ZERO)
+        return 0;
+    uint64_t h = ps_mix64(c->seed ^ ps_mix64(key) ^ ps_mix64(col + 0x632be59bd9b4e019ull));
+    float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+    return (2 * u - 1) * c->init_scale;
+}
+
+int ps_table_new(const edl_ps_table_config *cfg, ps_table **out)
+{
+    ps_table *t = calloc(1, sizeof *t);
+    if (!t)
+        return EDL_ENOMEM;
+    t->cfg = *cfg;
+    t->stride = cfg->dim + state_floats(cfg, cfg->dim);
+    if (cfg->kind == EDL_PS_SPARSE)
+        t->sp = calloc(cfg->shards, sizeof *t->sp);
+    else
+        t->dn = calloc(cfg->shards, sizeof *t->dn);
+    if (!t->sp && !t->dn) {
+        free(t);
+        return EDL_ENOMEM;
+    }
+    for (uint32_t s = 0; s < cfg->shards; s++)
+        pthread_mutex_init(t->sp ? &t->sp[s].mu : &t->dn[s].mu, NULL);
+    *out = t;
+    return 0;
+}
+
+void ps_table_free(ps_table *t)
+{
+    if (!t)
+        return;
+    for (uint32_t s = 0; s < t->cfg.shards; s++) {
+        if (t->sp) {
+            free(t->sp[s].keys);
+            free(t->sp[s].slot);
+            free(t->sp[s].rows);
+            pthread_mutex_destroy(&t->sp[s].mu);
+        } else {
+            dense_shard *d = &t->dn[s];
+            free(d->w);
+            free(d->s1);
+            free(d->s2);
+            free(d->p1);
+            free(d->p2);
+            pthread_mutex_destroy(&d->mu);
+        }
+    }
+    free(t->sp);
+    free(t->dn);
+    free(t);
+}
+
+const edl_ps_table_config *ps_table_config(const ps_table *t)
+{
+    return &t->cfg;
+}
+
+/* ---- optimizers ---------------------------------------------------------------------------- */
+
+/* One row of n weights w with its state (layout of state_floats) and gradient g (wire bytes). */
+static void apply_row(const edl_ps_table_config *c, float *w, float *st, const uint8_t *g,
+                      size_t n)
+{
+    float lr = c->lr;
+    if (c->optimizer == EDL_PS_SGD) {
+        for (size_t i = 0; i < n; i++) {
+            float gi;
+            memcpy(&gi, g + 4 * i, 4);
+            w[i] -= lr * gi;
+        }
+    } else if (c->optimizer == EDL_PS_ADAGRAD) {
+        for (size_t i = 0; i < n; i++) {
+            float gi;
+            memcpy(&gi, g + 4 * i, 4);
+            st[i] += gi * gi;
+            w[i] -= lr * gi / (sqrtf(st[i]) + c->eps);
+        }
+    } else {
+        float *m = st, *v = st + n, *pw = st + 2 * n;
+        pw[0] *= c->beta1;
+        pw[1] *= c->beta2;
+        float lr_t = lr * sqrtf(1 - pw[1]) / (1 - pw[0]);
+        for (size_t i = 0; i < n; i++) {
+            float gi;
+            memcpy(&gi, g + 4 * i, 4);
+            m[i] = c->beta1 * m[i] + (1 - c->beta1) * gi;
+            v[i] = c->beta2 * v[i] + (1 - c->beta2) * gi * gi;
+            w[i] -= lr_t * m[i] / (sqrtf(v[i]) + c->eps);
+        }
+    }
+}
+
+/* ---- sparse -------------------------------------------------------------------------------- */
+
+static int sparse_grow_slots(sparse_shard *s)
+{
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    uint64_t *keys = malloc(cap * sizeof *keys);
+    uint32_t *slot = calloc(cap, sizeof *slot);
+    if (!keys || !slot) {
+        free(keys);
+        free(slot);
+        return EDL_ENOMEM;
+    }
+    for (size_t i = 0; i < s->cap; i++) {
+        if (!s->slot[i])
+            continue;
+        size_t j = ps_mix64(s->keys[i] ^ 0x5bd1e995u) & (cap - 1);
+        while (slot[j])
+            j = (j + 1) & (cap - 1);
+        keys[j] = s->keys[i];
+        slot[j] = s->slot[i];
+    }
+    free(s->keys);
+    free(s->slot);
+    s->keys = keys;
+    s->slot = slot;
+    s->cap = cap;
+    return 0;
+}
+
+/* The row of key, created (initial weights, zero state, Adam powers 1) when absent; NULL when
+ * out of memory. Under the shard's lock. */
+static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key)
+{
+    if (s->cap) {
+        size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
+        for (; s->slot[j]; j = (j + 1) & (s->cap - 1))
+            if (s->keys[j] == key)
+                return s->rows + (size_t)(s->slot[j] - 1) * t->stride;
+    }
+    if ((s->nrows + 1) * 10 > s->cap * 7 && sparse_grow_slots(s) != 0)
+        return NULL;
+    if (s->nrows == s->rows_cap) {
+        size_t cap = s->rows_cap ? s->rows_cap * 2 : 16;
+        float *rows = cap < UINT32_MAX ? realloc(s->rows, cap * t->stride * sizeof *rows) : NULL;
+        if (!rows)
+            return NULL;
+        s->rows = rows;
+        s->rows_cap = cap;
+    }
+    size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
+    while (s->slot[j])
+        j = (j + 1) & (s->cap - 1);
+    float *row = s->rows + s->nrows * t->stride;
+    s->keys[j] = key;
+    s->slot[j] = (uint32_t)++s->nrows;
+    for (uint32_t i = 0; i < t->cfg.dim; i++)
+        row[i] = initial(&t->cfg, key, i);
+    memset(row + t->cfg.dim, 0, (t->stride - t->cfg.dim) * sizeof *row);
+    if (t->cfg.optimizer == EDL_PS_ADAM)
+        row[t->stride - 2] = row[t->stride - 1] = 1;
+    return row;
+}
+
+/* Runs of keys of one shard are handled under one lock (the client sends keys by shard). */
+static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
+                       const uint8_t *grads)
+{
+    size_t dim = t->cfg.dim;
+    sparse_shard *held = NULL;
+    int rc = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        uint64_t key = edl_get64(keys + 8 * (size_t)i);
+        sparse_shard *s = &t->sp[edl_ps_key_shard(key, t->cfg.shards)];
+        if (s != held) {
+            if (held)
+                pthread_mutex_unlock(&held->mu);
+            pthread_mutex_lock(&s->mu);
+            held = s;
+        }
+        float *row = sparse_row(t, s, key);
+        if (!row)
+            rc = EDL_ENOMEM;
+        else if (grads)
+            apply_row(&t->cfg, row, row + dim, grads + 4 * dim * i, dim);
+        else
+            memcpy(out + dim * i, row, dim * sizeof *out);
+    }
+    if (held)
+        pthread_mutex_unlock(&held->mu);
+    return rc;
+}
+
+int ps_table_pull_sparse(ps_table *t, const uint8_t *keys, uint32_t n, float *out)
+{
+    return sparse_each(t, keys, n, out, NULL);
+}
+
+int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *grads)
+{
+    return sparse_each(t, keys, n, NULL, grads);
+}
+
+/* ---- dense --------------------------------------------------------------------------------- */
+
+static int dense_alloc(const ps_table *t, dense_shard *d, uint32_t s)
+{
+    const edl_ps_table_config *c = &t->cfg;
+    uint64_t start = edl_ps_dense_shard_start(c->size, c->shards, s);
+    size_t n = edl_ps_dense_shard_len(c->size, c->shards, s), b = (n ? n : 1) * sizeof(float);
+    d->w = malloc(b);
+    if (c->optimizer != EDL_PS_SGD)
+        d->s1 = calloc(1, b);
+    if (c->optimizer == EDL_PS_ADAM) {
+        d->s2 = calloc(1, b);
+        d->p1 = malloc(b);
+        d->p2 = malloc(b);
+    }
+    bool ok = d->w && (c->optimizer == EDL_PS_SGD || d->s1) &&
+              (c->optimizer != EDL_PS_ADAM || (d->s2 && d->p1 && d->p2));
+    if (!ok) {
+        free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2);
+        *d = (dense_shard){.mu = d->mu};
+        return EDL_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        d->w[i] = initial(c, start + i, 0);
+        if (d->p1)
+            d->p1[i] = d->p2[i] = 1;
+    }
+    return 0;
+}
+
+/* The elements [i, i + n) of one dense shard: Adam's powers per element, so a push of part of
+ * a table moves only what it touches. */
+static void dense_apply(const edl_ps_table_config *c, dense_shard *d, size_t i, size_t n,
+                        const uint8_t *g)
+{
+    if (c->optimizer != EDL_PS_ADAM) {
+        apply_row(c, d->w + i, d->s1 ? d->s1 + i : NULL, g, n);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        float st[4] = {d->s1[i + k], d->s2[i + k], d->p1[i + k], d->p2[i + k]};
+        apply_row(c, d->w + i + k, st, g + 4 * k, 1);
+        d->s1[i + k] = st[0], d->s2[i + k] = st[1], d->p1[i + k] = st[2], d->p2[i + k] = st[3];
+    }
+}
+
+static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const uint8_t *grads)
+{
+    const edl_ps_table_config *c = &t->cfg;
+    uint64_t done = 0;
+    while (done < n) {
+        uint64_t at = off + done;
+        uint32_t s = edl_ps_dense_shard(at, c->size, c->shards);
+        uint64_t start = edl_ps_dense_shard_start(c->size, c->shards, s);
+        uint64_t len = edl_ps_dense_shard_len(c->size, c->shards, s) - (at - start);
+        len = len < n - done ? len : n - done;
+        dense_shard *d = &t->dn[s];
+        pthread_mutex_lock(&d->mu);
+        int rc = d->w ? 0 : dense_alloc(t, d, s);
+        if (rc == 0 && grads)
+            dense_apply(c, d, at - start, len, grads + 4 * done);
+        else if (rc == 0)
+            memcpy(out + done, d->w + (at - start), len * sizeof *out);
+        pthread_mutex_unlock(&d->mu);
+        if (rc)
+            return rc;
+        done += len;
+    }
+    return 0;
+}
+
+int ps_table_pull_dense(ps_table *t, uint64_t off, uint64_t n, float *out)
+{
+    return dense_each(t, off, n, out, NULL);
+}
+
+int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *grads)
+{
+    return dense_each(t, off, n, NULL, grads);
+}
+
+void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
+{
+    uint64_t r = 0, b = 0;
+    size_t per_elem = 1 + state_floats(&t->cfg, 1); /* the dense arrays of dense_alloc */
+    for (uint32_t s = 0; s < t->cfg.shards; s++) {
+        if (t->sp) {
+            sparse_shard *x = &t->sp[s];
+            pthread_mutex_lock(&x->mu);
+            r += x->nrows;
+            b += x->cap * (sizeof *x->keys + sizeof *x->slot) +
+                 x->rows_cap * t->stride * sizeof(float);
+            pthread_mutex_unlock(&x->mu);
+        } else {
+            dense_shard *d = &t->dn[s];
+            pthread_mutex_lock(&d->mu);
+            if (d->w)
+                b += edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, s) * per_elem *
+                     sizeof(float);
+            pthread_mutex_unlock(&d->mu);
+        }
+    }
+    *rows = r;
+    *bytes = b;
+}

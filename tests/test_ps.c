@@ -1,0 +1,670 @@
+/* test_ps.c: the parameter server (libedlps, edl-ps): tables and optimizers against a reference
+ * computed here in one process, dense tables split over servers, the shard map's balance and
+ * movement, the handshake and the job secret, hostile input on the port (the server answers
+ * with an error and goes on serving others), a silent connection, the edl-ps program, and a
+ * server killed under a client. Servers run in this process (threads) or as edl-ps processes;
+ * every link is real TCP on 127.0.0.1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/rand.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "edl/ps.h"
+#include "edl/wire.h"
+#include "harness.h"
+#include "internal.h" /* ps/: the wire format, to speak it badly on purpose */
+
+#define MAX_SERVERS 4
+
+typedef struct cluster {
+    edl_job_secret secret;
+    edl_ps_server *srv[MAX_SERVERS];
+    char eps[MAX_SERVERS][64];
+    const char *ep[MAX_SERVERS];
+    int n;
+} cluster;
+
+static void secret_fill(edl_job_secret *s, uint8_t byte)
+{
+    edl_job_secret_init(s);
+    memset(s->key, byte, 32);
+    s->len = 32;
+}
+
+static void cluster_open(cluster *k, int n, const edl_ps_server_options *extra)
+{
+    memset(k, 0, sizeof *k);
+    secret_fill(&k->secret, 0x5a);
+    k->n = n;
+    for (int i = 0; i < n; i++) {
+        edl_ps_server_options o = extra ? *extra : (edl_ps_server_options){0};
+        char why[256];
+        o.secret = &k->secret;
+        o.threads = o.threads ? o.threads : 2;
+        o.job = "job-a";
+        if (edl_ps_server_open(&o, &k->srv[i], why, sizeof why) != 0)
+            fail_msg("server %d: %s", i, why);
+        assert_int_equal(edl_ps_server_start(k->srv[i]), 0);
+        snprintf(k->eps[i], sizeof k->eps[i], "127.0.0.1:%d", edl_ps_server_port(k->srv[i]));
+        k->ep[i] = k->eps[i];
+    }
+}
+
+static void cluster_close(cluster *k)
+{
+    for (int i = 0; i < k->n; i++)
+        edl_ps_server_close(k->srv[i]);
+}
+
+static edl_ps_client *client_open(const cluster *k, int timeout_ms)
+{
+    edl_ps_client_options o = {.endpoints = k->ep, .n_servers = k->n, .job = "job-a",
+                               .secret = &k->secret, .timeout_ms = timeout_ms};
+    edl_ps_client *c = NULL;
+    char why[512];
+    if (edl_ps_client_open(&o, &c, why, sizeof why) != 0)
+        fail_msg("client: %s", why);
+    return c;
+}
+
+static void ok(edl_ps_client *c, int rc)
+{
+    if (rc != 0)
+        fail_msg("%s (%s)", edl_ps_client_errmsg(c), edl_err_name(rc));
+}
+
+/* ---- the reference: the optimizers written out again, one process, no sharding ----------- */
+
+typedef struct ref_row {
+    float w[8], s1[8], s2[8], p1, p2;
+} ref_row;
+
+static void ref_apply(const edl_ps_table_config *c, ref_row *r, const float *g, int dim)
+{
+    if (c->optimizer == EDL_PS_ADAM) {
+        r->p1 *= c->beta1;
+        r->p2 *= c->beta2;
+    }
+    float lr_t = c->lr * sqrtf(1 - r->p2) / (1 - r->p1);
+    for (int j = 0; j < dim; j++) {
+        if (c->optimizer == EDL_PS_SGD) {
+            r->w[j] -= c->lr * g[j];
+        } else if (c->optimizer == EDL_PS_ADAGRAD) {
+            r->s1[j] += g[j] * g[j];
+            r->w[j] -= c->lr * g[j] / (sqrtf(r->s1[j]) + c->eps);
+        } else {
+            r->s1[j] = c->beta1 * r->s1[j] + (1 - c->beta1) * g[j];
+            r->s2[j] = c->beta2 * r->s2[j] + (1 - c->beta2) * g[j] * g[j];
+            r->w[j] -= lr_t * r->s1[j] / (sqrtf(r->s2[j]) + c->eps);
+        }
+    }
+}
+
+static void assert_close(float got, float want, const char *what, int i)
+{
+    if (fabsf(got - want) > 1e-5f * (1 + fabsf(want)))
+        fail_msg("%s %d: %.9g, the reference %.9g", what, i, (double)got, (double)want);
+}
+
+static uint64_t rnd64(void)
+{
+    uint64_t v;
+    RAND_bytes((uint8_t *)&v, sizeof v);
+    return v;
+}
+
+/* Rounds of pulls and pushes of random keys from a pool (repeats in every batch) on a sparse
+ * table of three servers; every pulled row equals the reference's. */
+static void run_sparse_against_reference(edl_ps_optimizer opt)
+{
+    enum { POOL = 300, BATCH = 200, DIM = 4, ROUNDS = 20 };
+    cluster k;
+    cluster_open(&k, 3, NULL);
+    edl_ps_client *c = client_open(&k, 10000);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = DIM;
+    cfg.optimizer = opt;
+    cfg.lr = 0.05f;
+    cfg.seed = 7;
+    cfg.shards = 64;
+    ok(c, edl_ps_create_table(c, 3, &cfg));
+    static uint64_t pool[POOL];
+    static ref_row ref[POOL];
+    static float rows[POOL * DIM];
+    for (int i = 0; i < POOL; i++)
+        pool[i] = rnd64();
+    ok(c, edl_ps_pull_sparse(c, 3, pool, POOL, rows)); /* rows are born on first touch */
+    for (int i = 0; i < POOL; i++) {
+        memset(&ref[i], 0, sizeof ref[i]);
+        memcpy(ref[i].w, rows + i * DIM, sizeof(float) * DIM);
+        ref[i].p1 = ref[i].p2 = 1;
+        assert_true(fabsf(rows[i * DIM]) <= cfg.init_scale);
+    }
+    for (int round = 0; round < ROUNDS; round++) {
+        uint64_t keys[BATCH];
+        int idx[BATCH];
+        float g[BATCH * DIM], sum[POOL][DIM];
+        bool touched[POOL] = {false};
+        memset(sum, 0, sizeof sum);
+        for (int b = 0; b < BATCH; b++) {
+            idx[b] = (int)(rnd64() % (POOL / 3)); /* a third of the pool: many repeats */
+            keys[b] = pool[idx[b]];
+            touched[idx[b]] = true;
+            for (int j = 0; j < DIM; j++)
+                sum[idx[b]][j] += g[b * DIM + j] = (float)((int)(rnd64() % 2001) - 1000) / 1000;
+        }
+        ok(c, edl_ps_push_sparse(c, 3, keys, BATCH, g));
+        for (int i = 0; i < POOL; i++)
+            if (touched[i])
+                ref_apply(&cfg, &ref[i], sum[i], DIM);
+        ok(c, edl_ps_pull_sparse(c, 3, keys, BATCH, g)); /* in the keys' order, repeats too */
+        for (int b = 0; b < BATCH; b++)
+            for (int j = 0; j < DIM; j++)
+                assert_close(g[b * DIM + j], ref[idx[b]].w[j], "row", b);
+    }
+    edl_ps_server_stats st;
+    ok(c, edl_ps_stats(c, &st));
+    assert_int_equal(st.rows, POOL); /* each key lives on one server, once */
+    assert_int_equal(st.tables, 3);
+    edl_ps_client_close(c);
+    cluster_close(&k);
+}
+
+static void test_sgd_rows_match_the_reference(void **state)
+{
+    (void)state;
+    run_sparse_against_reference(EDL_PS_SGD);
+}
+
+static void test_adagrad_rows_match_the_reference(void **state)
+{
+    (void)state;
+    run_sparse_against_reference(EDL_PS_ADAGRAD);
+}
+
+static void test_adam_rows_match_the_reference(void **state)
+{
+    (void)state;
+    run_sparse_against_reference(EDL_PS_ADAM);
+}
+
+/* A row's first values depend on (seed, key, column) only: one server or three, the same. */
+static void test_rows_are_born_alike_on_any_server(void **state)
+{
+    (void)state;
+    cluster one, three;
+    cluster_open(&one, 1, NULL);
+    cluster_open(&three, 3, NULL);
+    edl_ps_client *a = client_open(&one, 10000), *b = client_open(&three, 10000);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    ok(a, edl_ps_create_table(a, 0, &cfg));
+    ok(b, edl_ps_create_table(b, 0, &cfg));
+    uint64_t keys[100];
+    float ra[100 * 8], rb[100 * 8];
+    for (int i = 0; i < 100; i++)
+        keys[i] = rnd64();
+    ok(a, edl_ps_pull_sparse(a, 0, keys, 100, ra));
+    ok(b, edl_ps_pull_sparse(b, 0, keys, 100, rb));
+    assert_memory_equal(ra, rb, sizeof ra);
+    assert_true(ra[0] != ra[1] && ra[0] != ra[8]); /* not a constant */
+    edl_ps_client_close(a);
+    edl_ps_client_close(b);
+    cluster_close(&one);
+    cluster_close(&three);
+}
+
+/* A dense table of 10,007 floats in 64 shards over 3 servers, Adam, pushed in overlapping
+ * ranges: every element equals the reference's. */
+static void test_dense_tables_split_over_servers_match_the_reference(void **state)
+{
+    (void)state;
+    enum { SIZE = 10007 };
+    cluster k;
+    cluster_open(&k, 3, NULL);
+    edl_ps_client *c = client_open(&k, 10000);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.kind = EDL_PS_DENSE;
+    cfg.dim = 1;
+    cfg.size = SIZE;
+    cfg.shards = 64;
+    cfg.optimizer = EDL_PS_ADAM;
+    cfg.lr = 0.01f;
+    ok(c, edl_ps_create_table(c, 9, &cfg));
+    static float w[SIZE], g[SIZE];
+    static ref_row ref[SIZE];
+    ok(c, edl_ps_pull_dense(c, 9, 0, SIZE, w));
+    for (int i = 0; i < SIZE; i++)
+        ref[i] = (ref_row){.w = {w[i]}, .p1 = 1, .p2 = 1};
+    const uint64_t ranges[][2] = {{0, SIZE}, {100, 5000}, {9000, 1007}, {157, 1}, {0, SIZE}};
+    for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+        uint64_t off = ranges[r][0], n = ranges[r][1];
+        for (uint64_t i = 0; i < n; i++)
+            g[i] = (float)((int)(rnd64() % 201) - 100) / 100;
+        ok(c, edl_ps_push_dense(c, 9, off, n, g));
+        for (uint64_t i = 0; i < n; i++)
+            ref_apply(&cfg, &ref[off + i], &g[i], 1);
+    }
+    ok(c, edl_ps_pull_dense(c, 9, 0, SIZE, w));
+    for (int i = 0; i < SIZE; i++)
+        assert_close(w[i], ref[i].w[0], "element", i);
+    float part[10];
+    ok(c, edl_ps_pull_dense(c, 9, 4990, 10, part));
+    assert_memory_equal(part, w + 4990, sizeof part);
+    assert_int_equal(edl_ps_pull_dense(c, 9, SIZE - 5, 10, part), EDL_EINVAL);
+    assert_non_null(strstr(edl_ps_client_errmsg(c), "outside dense table 9"));
+    edl_ps_client_close(c);
+    cluster_close(&k);
+}
+
+/* ---- the shard map ------------------------------------------------------------------------ */
+
+static void owners(const char *const *names, int n, int *out)
+{
+    for (uint32_t s = 0; s < EDL_PS_DEFAULT_SHARDS; s++)
+        out[s] = edl_ps_shard_owner(names, n, s);
+}
+
+/* 1,024 shards: balanced within 25 % over 4 servers; a fifth server takes about 1/5 of the
+ * shards, all of them from the others (none moves between the old four); removing a server
+ * moves its shards only; dense shards tile the table. */
+static void test_shard_map_is_balanced_and_moves_one_in_s_plus_one(void **state)
+{
+    (void)state;
+    const char *names[] = {"ps-0", "ps-1", "ps-2", "ps-3", "ps-4"};
+    static int four[EDL_PS_DEFAULT_SHARDS], five[EDL_PS_DEFAULT_SHARDS],
+        three[EDL_PS_DEFAULT_SHARDS];
+    owners(names, 4, four);
+    owners(names, 5, five);
+    owners(names + 1, 3, three); /* ps-0 leaves */
+    int per[5] = {0}, moved = 0;
+    for (int s = 0; s < EDL_PS_DEFAULT_SHARDS; s++) {
+        per[four[s]]++;
+        if (five[s] != four[s]) {
+            moved++;
+            assert_int_equal(five[s], 4); /* only to the newcomer */
+        }
+        if (four[s] != 0)
+            assert_int_equal(three[s] + 1, four[s]); /* a survivor keeps its shards */
+    }
+    for (int i = 0; i < 4; i++)
+        assert_true(per[i] > 1024 / 4 * 3 / 4 && per[i] < 1024 / 4 * 5 / 4);
+    print_message("adding a fifth server moves %d of 1024 shards (%.1f %%; ideal 20 %%)\n",
+                  moved, 100.0 * moved / 1024);
+    assert_true(moved > 1024 / 5 * 3 / 4 && moved < 1024 / 5 * 5 / 4);
+    uint64_t next = 0;
+    for (uint32_t s = 0; s < 64; s++) {
+        assert_int_equal(edl_ps_dense_shard_start(10007, 64, s), next);
+        next += edl_ps_dense_shard_len(10007, 64, s);
+        assert_int_equal(edl_ps_dense_shard(next - 1, 10007, 64), s);
+    }
+    assert_int_equal(next, 10007);
+}
+
+/* ---- the secret, configs, limits ---------------------------------------------------------- */
+
+static void test_a_client_without_the_secret_is_refused(void **state)
+{
+    (void)state;
+    cluster k;
+    cluster_open(&k, 1, NULL);
+    edl_job_secret other;
+    secret_fill(&other, 0x11);
+    edl_ps_client *c = NULL;
+    char why[512];
+    edl_ps_client_options o = {.endpoints = k.ep, .n_servers = 1, .job = "job-a",
+                               .secret = &other, .timeout_ms = 5000};
+    assert_int_equal(edl_ps_client_open(&o, &c, why, sizeof why), EDL_EAUTH);
+    assert_non_null(strstr(why, "does not hold this job's secret"));
+    o.secret = &k.secret;
+    o.job = "job-b"; /* the right secret, another job: the MACs bind the job id */
+    assert_int_equal(edl_ps_client_open(&o, &c, why, sizeof why), EDL_EAUTH);
+    o.job = "job-a";
+    assert_int_equal(edl_ps_client_open(&o, &c, why, sizeof why), 0);
+    edl_ps_server_stats st;
+    ok(c, edl_ps_stats(c, &st));
+    assert_true(st.connections >= 3);
+    edl_ps_client_close(c);
+    cluster_close(&k);
+}
+
+static void test_a_table_keeps_its_config_and_calls_are_checked(void **state)
+{
+    (void)state;
+    cluster k;
+    edl_ps_server_options so = {.max_message = 64 << 10};
+    cluster_open(&k, 2, &so);
+    edl_ps_client *c = client_open(&k, 5000);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    ok(c, edl_ps_create_table(c, 1, &cfg));
+    ok(c, edl_ps_create_table(c, 1, &cfg)); /* the same again: fine */
+    cfg.dim = 16;
+    assert_int_equal(edl_ps_create_table(c, 1, &cfg), EDL_ECONFLICT);
+    assert_non_null(strstr(edl_ps_client_errmsg(c), "another config"));
+    cfg.dim = 0;
+    assert_int_equal(edl_ps_create_table(c, 2, &cfg), EDL_EINVAL);
+    assert_int_equal(edl_ps_create_table(c, 256, &cfg), EDL_EINVAL);
+    float row[8];
+    uint64_t key = 1;
+    assert_int_equal(edl_ps_pull_sparse(c, 5, &key, 1, row), EDL_EINVAL); /* not created */
+    assert_int_equal(edl_ps_pull_dense(c, 1, 0, 1, row), EDL_EINVAL);      /* sparse */
+    /* a pull whose reply would pass max_message (64 KiB) is refused before it is sent */
+    static uint64_t keys[8192];
+    static float out[8192 * 8];
+    for (int i = 0; i < 8192; i++)
+        keys[i] = (uint64_t)i;
+    assert_int_equal(edl_ps_pull_sparse(c, 1, keys, 8192, out), EDL_ETOOBIG);
+    assert_non_null(strstr(edl_ps_client_errmsg(c), "max_message"));
+    ok(c, edl_ps_pull_sparse(c, 1, keys, 1000, out)); /* and the client still works */
+    edl_ps_client_close(c);
+    cluster_close(&k);
+}
+
+/* ---- hostile input ------------------------------------------------------------------------ */
+
+static int raw_connect(const cluster *k)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(
+                                (uint16_t)edl_ps_server_port(k->srv[0])),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+static void raw_recv(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, (char *)p + got, n - got, 0);
+        if (r <= 0)
+            fail_msg("the server closed or stalled after %zu of %zu bytes", got, n);
+        got += (size_t)r;
+    }
+}
+
+/* The next frame on fd: its header, and its body (an error's message) into msg. */
+static ps_hdr raw_frame(int fd, char *msg, size_t msglen)
+{
+    uint8_t h[PS_HDR_BYTES], body[1024];
+    ps_hdr hdr;
+    char why[256];
+    raw_recv(fd, h, sizeof h);
+    assert_int_equal(ps_hdr_parse(h, sizeof body, &hdr, why, sizeof why), 0);
+    raw_recv(fd, body, hdr.len);
+    if (msg)
+        snprintf(msg, msglen, "%.*s", hdr.type == PS_ERROR ? (int)hdr.len - 4 : 0,
+                 (char *)body + 4);
+    return hdr;
+}
+
+static bool raw_closed(int fd)
+{
+    char b;
+    return recv(fd, &b, 1, 0) == 0;
+}
+
+/* A link through the handshake, as a client would do it. */
+static int raw_link(const cluster *k)
+{
+    int fd = raw_connect(k);
+    uint8_t nc[PS_NONCE_BYTES] = {1}, ns[PS_NONCE_BYTES], buf[PS_CHALLENGE_BYTES];
+    uint8_t mac[EDL_SECRET_MAC_BYTES];
+    char why[256];
+    ps_hello_encode(nc, buf);
+    raw_send(fd, buf, PS_HELLO_BYTES);
+    raw_recv(fd, buf, PS_CHALLENGE_BYTES);
+    assert_int_equal(ps_challenge_parse(buf, sizeof buf, ns, mac, why, sizeof why), 0);
+    ps_link_mac(&k->secret, "job-a", PS_MAC_CLIENT, nc, ns, mac);
+    ps_proof_encode(mac, buf);
+    raw_send(fd, buf, PS_PROOF_BYTES);
+    assert_int_equal(raw_frame(fd, NULL, 0).type, PS_REPLY); /* open */
+    return fd;
+}
+
+static void raw_request(int fd, uint8_t type, uint16_t table, const void *body, uint32_t len)
+{
+    uint8_t h[PS_HDR_BYTES];
+    ps_hdr_encode(&(ps_hdr){.type = type, .table = table, .id = 9, .len = len}, h);
+    raw_send(fd, h, sizeof h);
+    if (len)
+        raw_send(fd, body, len);
+}
+
+/* A bad request in a good frame: an error reply naming the problem, and the link goes on. */
+static void expect_error(int fd, uint8_t type, uint16_t table, const void *body, uint32_t len,
+                         const char *text)
+{
+    char msg[600];
+    raw_request(fd, type, table, body, len);
+    ps_hdr h = raw_frame(fd, msg, sizeof msg);
+    assert_int_equal(h.type, PS_ERROR);
+    if (!strstr(msg, text))
+        fail_msg("error '%s' does not say '%s'", msg, text);
+}
+
+static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
+{
+    (void)state;
+    cluster k;
+    cluster_open(&k, 1, NULL);
+    edl_ps_client *c = client_open(&k, 5000);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    ok(c, edl_ps_create_table(c, 0, &cfg));
+    int fd = raw_link(&k);
+    uint8_t b[64] = {0};
+    edl_put32(b, 0xffffffffu); /* 4 billion keys in 8 bytes */
+    expect_error(fd, PS_PULL_SPARSE, 0, b, 8, "needs");
+    expect_error(fd, PS_PUSH_SPARSE, 0, b, 8, "rows of 0 floats");
+    edl_put32(b, 1);
+    edl_put32(b + 4, 3); /* a push of dim 3 to a table of dim 8 */
+    expect_error(fd, PS_PUSH_SPARSE, 0, b, 8 + 8 + 12, "whose rows have 8");
+    edl_put32(b, 1);
+    expect_error(fd, PS_PULL_SPARSE, 7, b, 16, "no table 7");
+    expect_error(fd, PS_PULL_SPARSE, 300, b, 16, "table id 300");
+    edl_put32(b, 0); /* no segments: a well-formed dense request */
+    expect_error(fd, PS_PULL_DENSE, 0, b, 8, "is sparse");
+    edl_put32(b, 0x10000000u); /* 2^28 segments in 24 bytes */
+    expect_error(fd, PS_PULL_DENSE, 0, b, 24, "segments in 24 bytes");
+    expect_error(fd, 77, 0, b, 4, "unknown request type 77");
+    expect_error(fd, PS_CREATE, 0, b, 12, "table config of 12 bytes");
+    memset(b, 0xff, PS_CONFIG_BYTES);
+    expect_error(fd, PS_CREATE, 1, b, PS_CONFIG_BYTES, "table kind");
+    expect_error(fd, PS_STATS, 0, b, 3, "with a body");
+    edl_put32(b, 1); /* and a good one on the same link */
+    edl_put32(b + 4, 0);
+    edl_put64(b + 8, 42);
+    raw_request(fd, PS_PULL_SPARSE, 0, b, 16);
+    ps_hdr h = raw_frame(fd, NULL, 0);
+    assert_int_equal(h.type, PS_PULL_SPARSE | PS_REPLY);
+    assert_int_equal(h.len, 8 + 8 * 4);
+    close(fd);
+    uint64_t key = 42;
+    float row[8];
+    ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
+    edl_ps_client_close(c);
+    cluster_close(&k);
+}
+
+static void test_broken_frames_and_strangers_are_cut_off_and_others_served(void **state)
+{
+    (void)state;
+    cluster k;
+    edl_ps_server_options so = {.max_message = 1 << 20, .handshake_timeout_ms = 300};
+    cluster_open(&k, 1, &so);
+    edl_ps_client *c = client_open(&k, 5000);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    ok(c, edl_ps_create_table(c, 0, &cfg));
+    char msg[600];
+    /* a frame announcing 2 GiB: an error frame and the end of the link, nothing allocated */
+    int fd = raw_link(&k);
+    uint8_t h[PS_HDR_BYTES];
+    ps_hdr_encode(&(ps_hdr){.type = PS_PULL_SPARSE, .len = 0x80000000u}, h);
+    raw_send(fd, h, sizeof h);
+    assert_int_equal(raw_frame(fd, msg, sizeof msg).type, PS_ERROR);
+    assert_non_null(strstr(msg, "over the limit"));
+    assert_true(raw_closed(fd));
+    close(fd);
+    /* garbage instead of a frame */
+    fd = raw_link(&k);
+    raw_send(fd, "GET / HTTP/1.1\r\n\r\n", 18);
+    assert_int_equal(raw_frame(fd, msg, sizeof msg).type, PS_ERROR);
+    assert_non_null(strstr(msg, "out of step"));
+    close(fd);
+    /* a stranger speaking HTTP from the first byte; one of another version */
+    fd = raw_connect(&k);
+    raw_send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
+    assert_int_equal(raw_frame(fd, msg, sizeof msg).type, PS_ERROR);
+    assert_non_null(strstr(msg, "not an edl parameter-server handshake"));
+    close(fd);
+    fd = raw_connect(&k);
+    uint8_t hello[PS_HELLO_BYTES] = {0};
+    ps_hello_encode(hello + 8, hello);
+    edl_put16(hello + 4, 99);
+    raw_send(fd, hello, sizeof hello);
+    raw_frame(fd, msg, sizeof msg);
+    assert_non_null(strstr(msg, "version 99"));
+    close(fd);
+    /* a truncated request, then silence: the client's link is unaffected */
+    fd = raw_link(&k);
+    ps_hdr_encode(&(ps_hdr){.type = PS_PULL_SPARSE, .len = 1000}, h);
+    raw_send(fd, h, sizeof h);
+    raw_send(fd, "abc", 3);
+    /* a silent connection is closed after the handshake timeout */
+    int silent = raw_connect(&k);
+    int64_t t0 = harness_now_ms();
+    assert_true(raw_closed(silent));
+    assert_true(harness_now_ms() - t0 < 3000);
+    close(silent);
+    uint64_t key = 5;
+    float row[8];
+    ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
+    close(fd);
+    edl_ps_server_stats st;
+    ok(c, edl_ps_stats(c, &st));
+    assert_true(st.rejected >= 5);
+    edl_ps_client_close(c);
+    cluster_close(&k);
+}
+
+/* ---- edl-ps, the program ------------------------------------------------------------------ */
+
+static char dir[] = "/tmp/edl-test-ps-XXXXXX";
+
+/* Start edl-ps on a free port with the secret in a file; its log in dir/<name>.log. */
+static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
+{
+    char log[256], portarg[16], line[4096];
+    *port = harness_free_port();
+    snprintf(portarg, sizeof portarg, "%d", *port);
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    const char *argv[] = {EDL_PS_BIN, "--port", portarg, "--secret-file", secret_file,
+                          "--job", "job-a", "--threads", "2", NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    for (int64_t end = harness_now_ms() + 10000; harness_now_ms() < end; harness_sleep_ms(20))
+        if (harness_read_file(log, line, sizeof line) && strstr(line, "serving on"))
+            return pid;
+    fail_msg("edl-ps did not start: %s", harness_read_file(log, line, sizeof line));
+    return -1;
+}
+
+static void test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name(void **state)
+{
+    (void)state;
+    char path[256], out[4096], log[256];
+    snprintf(path, sizeof path, "%s/secret", dir);
+    snprintf(log, sizeof log, "%s/run.log", dir);
+    assert_int_equal(edl_job_secret_generate(path, out, sizeof out), 0);
+    const char *help[] = {EDL_PS_BIN, "--help", NULL}, *bare[] = {EDL_PS_BIN, NULL};
+    assert_int_equal(harness_run(help, log, 5000, out, sizeof out), 0);
+    assert_non_null(strstr(out, "--secret-file"));
+    assert_int_equal(harness_run(bare, log, 5000, out, sizeof out), 2); /* no secret */
+    int p1, p2;
+    pid_t a = start_edl_ps("a", path, &p1), b = start_edl_ps("b", path, &p2);
+    char e1[32], e2[32];
+    snprintf(e1, sizeof e1, "127.0.0.1:%d", p1);
+    snprintf(e2, sizeof e2, "127.0.0.1:%d", p2);
+    const char *eps[] = {e1, e2};
+    edl_job_secret s;
+    edl_job_secret_init(&s);
+    assert_int_equal(edl_job_secret_load_file(&s, path, out, sizeof out), 0);
+    edl_ps_client_options o = {.endpoints = eps, .n_servers = 2, .job = "job-a", .secret = &s,
+                               .timeout_ms = 5000};
+    edl_ps_client *c;
+    assert_int_equal(edl_ps_client_open(&o, &c, out, sizeof out), 0);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    ok(c, edl_ps_create_table(c, 0, &cfg));
+    uint64_t keys[64];
+    float rows[64 * 8];
+    for (int i = 0; i < 64; i++)
+        keys[i] = (uint64_t)i * 7919;
+    ok(c, edl_ps_pull_sparse(c, 0, keys, 64, rows));
+    harness_kill(b, SIGKILL); /* and reaped */
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_ps_pull_sparse(c, 0, keys, 64, rows), EDL_EPEER);
+    assert_true(harness_now_ms() - t0 < 4000); /* no hang until the timeout */
+    if (!strstr(edl_ps_client_errmsg(c), e2))
+        fail_msg("the error does not name the dead server %s: %s", e2, edl_ps_client_errmsg(c));
+    edl_ps_client_close(c);
+    harness_kill(a, SIGTERM);
+    assert_int_equal(harness_wait_exit(a, 5000), 0);
+    edl_job_secret_clear(&s);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_rmtree(dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sgd_rows_match_the_reference),
+        cmocka_unit_test(test_adagrad_rows_match_the_reference),
+        cmocka_unit_test(test_adam_rows_match_the_reference),
+        cmocka_unit_test(test_rows_are_born_alike_on_any_server),
+        cmocka_unit_test(test_dense_tables_split_over_servers_match_the_reference),
+        cmocka_unit_test(test_shard_map_is_balanced_and_moves_one_in_s_plus_one),
+        cmocka_unit_test(test_a_client_without_the_secret_is_refused),
+        cmocka_unit_test(test_a_table_keeps_its_config_and_calls_are_checked),
+        cmocka_unit_test(test_bad_requests_get_errors_and_the_link_goes_on),
+        cmocka_unit_test(test_broken_frames_and_strangers_are_cut_off_and_others_served),
+        cmocka_unit_test(test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name),
+    };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*secret*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
