@@ -1,0 +1,456 @@
+/* ps.c: the parameter server's throughput beside the loopback bound, measured in the same run.
+ *
+ *   ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M] [--dense 16M] [--seconds 2]
+ *      [--quick]
+ *
+ * For each W x S (workers x servers): S edl-ps processes (build/bin/edl-ps, 127.0.0.1, a job
+ * secret in a temporary file) and W worker processes, each an edl_ps_client on every server.
+ *   bound        W receiver processes each connected to S sender processes (plain TCP, 4 MiB
+ *                socket buffers, 1 MiB writes from a buffer in cache), all streams at once:
+ *                the bytes per second the loopback carries in one direction with this
+ *                topology. No parameter server moves its heavy direction faster.
+ *   sparse pull  batches of --batch random keys of a --keys key space (every row created by a
+ *                warm-up pull first), rows of --dim floats: keys/s over all workers; its
+ *                payload is the rows (4 dim bytes a key)
+ *   sparse push  the same keys with gradients (SGD on the server): payload 8 + 4 dim a key
+ *   dense pull   the whole dense table of --dense floats (split over 1,024 shards), GB/s
+ *   dense push   its gradients (SGD), GB/s
+ * Each line: the rate, the payload GB/s and its share of the bound. See docs/ps.md. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "edl/proc.h"
+#include "edl/ps.h"
+
+#define MAX_PROCS 8
+#define CHUNK (1u << 20)
+
+typedef struct opts {
+    int pairs[8][2], n_pairs;
+    uint32_t dim, batch;
+    uint64_t keys, dense;
+    double seconds;
+} opts;
+
+enum { PH_SPULL, PH_SPUSH, PH_DPULL, PH_DPUSH, N_PHASES };
+static const char *const phase_names[N_PHASES] = {"sparse pull", "sparse push", "dense pull",
+                                                  "dense push"};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "ps: %s\n", what);
+    exit(1);
+}
+
+/* ---- the loopback bound ---------------------------------------------------------------------- */
+
+static void tune(int fd)
+{
+    int one = 1, buf = 4 << 20;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+static int listen_any(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    tune(fd);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 64) ||
+        getsockname(fd, (struct sockaddr *)&a, &l))
+        die("cannot listen on 127.0.0.1");
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* A sender: accept w connections, then write to all of them until they close. */
+static void bound_sender(int lfd, int w)
+{
+    static char buf[CHUNK];
+    struct pollfd pf[MAX_PROCS];
+    for (int i = 0; i < w; i++) {
+        pf[i] = (struct pollfd){.fd = accept(lfd, NULL, NULL), .events = POLLOUT};
+        tune(pf[i].fd);
+    }
+    for (int open = w; open > 0;) {
+        poll(pf, (nfds_t)w, 1000);
+        for (int i = 0; i < w; i++)
+            if (pf[i].fd >= 0 && pf[i].revents &&
+                send(pf[i].fd, buf, sizeof buf, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+                errno != EAGAIN) {
+                close(pf[i].fd);
+                pf[i].fd = -1;
+                open--;
+            }
+    }
+    _exit(0);
+}
+
+/* A receiver: read from s senders for `seconds`; the bytes go to fd out. */
+static void bound_receiver(const int *ports, int s, double seconds, int out)
+{
+    static char buf[CHUNK];
+    struct pollfd pf[MAX_PROCS];
+    for (int i = 0; i < s; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ports[i]),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        tune(fd);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a))
+            die("bound: connect");
+        pf[i] = (struct pollfd){.fd = fd, .events = POLLIN};
+    }
+    double t0 = now_s(), bytes = 0;
+    while (now_s() - t0 < seconds) {
+        poll(pf, (nfds_t)s, 100);
+        for (int i = 0; i < s; i++) {
+            ssize_t n = pf[i].revents ? recv(pf[i].fd, buf, sizeof buf, MSG_DONTWAIT) : 0;
+            bytes += n > 0 ? (double)n : 0;
+        }
+    }
+    double rate = bytes / (now_s() - t0);
+    if (write(out, &rate, sizeof rate) != sizeof rate)
+        _exit(1);
+    _exit(0);
+}
+
+static double measure_bound(int w, int s, double seconds)
+{
+    int ports[MAX_PROCS], lfd[MAX_PROCS], res[2];
+    pid_t kids[2 * MAX_PROCS];
+    int nk = 0;
+    if (pipe(res))
+        die("pipe");
+    for (int i = 0; i < s; i++)
+        lfd[i] = listen_any(&ports[i]);
+    for (int i = 0; i < s; i++)
+        if ((kids[nk++] = fork()) == 0)
+            bound_sender(lfd[i], w);
+    for (int i = 0; i < w; i++)
+        if ((kids[nk++] = fork()) == 0)
+            bound_receiver(ports, s, seconds, res[1]);
+    double total = 0, r;
+    for (int i = 0; i < w; i++)
+        if (read(res[0], &r, sizeof r) == sizeof r)
+            total += r;
+    for (int i = 0; i < nk; i++)
+        waitpid(kids[i], NULL, 0);
+    for (int i = 0; i < s; i++)
+        close(lfd[i]);
+    close(res[0]);
+    close(res[1]);
+    return total;
+}
+
+/* ---- servers ----------------------------------------------------------------------------------- */
+
+/* Start edl-ps; its "serving on" line gives the port. */
+static pid_t start_server(const char *secret_file, char *ep, size_t eplen)
+{
+    int out[2];
+    if (pipe(out))
+        die("pipe");
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        execl(EDL_BIN_DIR "/edl-ps", "edl-ps", "--secret-file", secret_file, "--job", "bench",
+              "--log-level", "error", (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[256] = "";
+    FILE *f = fdopen(out[0], "r");
+    if (!f || !fgets(line, sizeof line, f) || !strstr(line, "serving on "))
+        die("edl-ps did not start (is it built? cmake --build build --target edl-ps)");
+    snprintf(ep, eplen, "%s", strstr(line, "serving on ") + 11);
+    ep[strcspn(ep, "\n")] = '\0';
+    fclose(f);
+    return pid;
+}
+
+/* ---- workers ----------------------------------------------------------------------------------- */
+
+typedef struct worker_io {
+    int go, res; /* read a byte to start a phase; write its rate */
+} worker_io;
+
+static uint64_t key_of(uint64_t i)
+{
+    return i * 0x9e3779b97f4a7c15ull + 1; /* ids spread over the 64-bit space */
+}
+
+static double run_sparse(edl_ps_client *c, const opts *o, bool push, double seconds,
+                         unsigned *seed)
+{
+    uint64_t *keys = malloc(o->batch * sizeof *keys);
+    float *rows = calloc((size_t)o->batch * o->dim, sizeof *rows);
+    double t0 = now_s(), n = 0;
+    for (size_t i = 0; i < (size_t)o->batch * o->dim; i++)
+        rows[i] = 1e-4f;
+    while (now_s() - t0 < seconds) {
+        uint64_t base = (uint64_t)rand_r(seed) << 16 ^ (uint64_t)rand_r(seed);
+        for (uint32_t j = 0; j < o->batch; j++)
+            keys[j] = key_of((base + (uint64_t)j * 7919) % o->keys);
+        int rc = push ? edl_ps_push_sparse(c, 0, keys, o->batch, rows)
+                      : edl_ps_pull_sparse(c, 0, keys, o->batch, rows);
+        if (rc)
+            die(edl_ps_client_errmsg(c));
+        n += o->batch;
+    }
+    double rate = n / (now_s() - t0);
+    free(keys);
+    free(rows);
+    return rate;
+}
+
+static double run_dense(edl_ps_client *c, const opts *o, bool push, double seconds)
+{
+    float *v = calloc(o->dense, sizeof *v);
+    double t0 = now_s(), n = 0;
+    while (now_s() - t0 < seconds) {
+        int rc = push ? edl_ps_push_dense(c, 1, 0, o->dense, v)
+                      : edl_ps_pull_dense(c, 1, 0, o->dense, v);
+        if (rc)
+            die(edl_ps_client_errmsg(c));
+        n += (double)o->dense;
+    }
+    free(v);
+    return n / (now_s() - t0);
+}
+
+static edl_ps_client *worker_client(const char *const *eps, int s, const char *secret_file,
+                                    const opts *o)
+{
+    edl_job_secret sec;
+    char why[512];
+    edl_job_secret_init(&sec);
+    if (edl_job_secret_load_file(&sec, secret_file, why, sizeof why))
+        die(why);
+    edl_ps_client_options co = {.endpoints = eps, .n_servers = s, .job = "bench",
+                                .secret = &sec, .timeout_ms = 60000};
+    edl_ps_client *c;
+    if (edl_ps_client_open(&co, &c, why, sizeof why))
+        die(why);
+    edl_job_secret_clear(&sec);
+    edl_ps_table_config sp, dn;
+    edl_ps_table_config_init(&sp);
+    sp.dim = o->dim;
+    dn = sp;
+    dn.kind = EDL_PS_DENSE, dn.dim = 1, dn.size = o->dense;
+    if (edl_ps_create_table(c, 0, &sp) || edl_ps_create_table(c, 1, &dn))
+        die(edl_ps_client_errmsg(c));
+    return c;
+}
+
+static void worker(int idx, const char *const *eps, int s, const char *secret_file,
+                   const opts *o, worker_io io)
+{
+    edl_ps_client *c = worker_client(eps, s, secret_file, o);
+    unsigned seed = 12345u + (unsigned)idx;
+    if (idx == 0) { /* warm-up: every row of the key space exists before the timing */
+        uint64_t *keys = malloc(o->batch * sizeof *keys);
+        float *rows = malloc((size_t)o->batch * o->dim * sizeof *rows);
+        for (uint64_t k = 0; k < o->keys; k += o->batch) {
+            uint32_t n = (uint32_t)(o->keys - k < o->batch ? o->keys - k : o->batch);
+            for (uint32_t j = 0; j < n; j++)
+                keys[j] = key_of(k + j);
+            if (edl_ps_pull_sparse(c, 0, keys, n, rows))
+                die(edl_ps_client_errmsg(c));
+        }
+        free(keys);
+        free(rows);
+    }
+    for (int ph = 0; ph < N_PHASES; ph++) {
+        char b;
+        double r = 0;
+        if (write(io.res, &r, sizeof r) != sizeof r || read(io.go, &b, 1) != 1)
+            _exit(1);
+        r = ph <= PH_SPUSH ? run_sparse(c, o, ph == PH_SPUSH, o->seconds, &seed)
+                           : run_dense(c, o, ph == PH_DPUSH, o->seconds);
+        if (write(io.res, &r, sizeof r) != sizeof r)
+            _exit(1);
+    }
+    edl_ps_client_close(c);
+    _exit(0);
+}
+
+/* What the servers hold once every row of the key space exists: bytes a row, rows a GiB. */
+static void report_memory(const char *const *eps, int s, const char *secret_file,
+                          const opts *o)
+{
+    edl_ps_client *c = worker_client(eps, s, secret_file, o);
+    edl_ps_server_stats st;
+    if (edl_ps_stats(c, &st))
+        die(edl_ps_client_errmsg(c));
+    double dense = 4.0 * (double)o->dense, per = ((double)st.bytes - dense) / (double)st.rows;
+    printf("  memory: %llu rows of %u floats (SGD) in %.1f MiB besides the dense table: %.0f "
+           "bytes a row, %.1f M rows a GiB\n", (unsigned long long)st.rows, o->dim,
+           ((double)st.bytes - dense) / (1 << 20), per, (1 << 30) / per / 1e6);
+    edl_ps_client_close(c);
+}
+
+/* ---- one W x S --------------------------------------------------------------------------------- */
+
+static void print_line(int w, int s, int ph, double rate, const opts *o, double bound)
+{
+    double payload = ph == PH_SPULL   ? rate * 4.0 * o->dim
+                     : ph == PH_SPUSH ? rate * (8.0 + 4.0 * o->dim)
+                                      : rate * 4.0;
+    char r[64];
+    if (ph <= PH_SPUSH)
+        snprintf(r, sizeof r, "%.2f M keys/s", rate / 1e6);
+    else
+        snprintf(r, sizeof r, "%.2f GB/s", rate * 4 / 1e9);
+    printf("%d x %-13d %-12s %-16s %8.2f %12.2f %8.0f %%\n", w, s, phase_names[ph], r,
+           payload / 1e9, bound / 1e9, 100 * payload / bound);
+}
+
+static void run_pair(int w, int s, const opts *o, const char *secret_file)
+{
+    double bound = measure_bound(w, s, o->seconds);
+    pid_t srv[MAX_PROCS], wk[MAX_PROCS];
+    char eps_buf[MAX_PROCS][128];
+    const char *eps[MAX_PROCS];
+    for (int i = 0; i < s; i++) {
+        srv[i] = start_server(secret_file, eps_buf[i], sizeof eps_buf[i]);
+        eps[i] = eps_buf[i];
+    }
+    worker_io io[MAX_PROCS];
+    int res[MAX_PROCS];
+    for (int i = 0; i < w; i++) {
+        int g[2], r[2];
+        if (pipe(g) || pipe(r))
+            die("pipe");
+        if ((wk[i] = fork()) == 0)
+            worker(i, eps, s, secret_file, o, (worker_io){.go = g[0], .res = r[1]});
+        io[i] = (worker_io){.go = g[1]};
+        res[i] = r[0];
+    }
+    for (int ph = 0; ph < N_PHASES; ph++) {
+        double r, total = 0;
+        for (int i = 0; i < w; i++) /* all ready */
+            if (read(res[i], &r, sizeof r) != sizeof r)
+                die("a worker failed (its message is above)");
+        for (int i = 0; i < w; i++)
+            if (write(io[i].go, "g", 1) != 1)
+                die("a worker is gone");
+        for (int i = 0; i < w; i++) {
+            if (read(res[i], &r, sizeof r) != sizeof r)
+                die("a worker failed (its message is above)");
+            total += r;
+        }
+        print_line(w, s, ph, total, o, bound);
+        fflush(stdout);
+    }
+    for (int i = 0; i < w; i++)
+        waitpid(wk[i], NULL, 0);
+    report_memory(eps, s, secret_file, o);
+    for (int i = 0; i < s; i++) {
+        kill(srv[i], SIGTERM);
+        waitpid(srv[i], NULL, 0);
+    }
+}
+
+/* ---- options ----------------------------------------------------------------------------------- */
+
+static uint64_t parse_count(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double m = *end == 'K' ? 1e3 : *end == 'M' ? 1 << 20 : *end == 'G' ? 1 << 30 : 1;
+    if (v <= 0 || (*end && !strchr("KMG", *end)) || (*end && end[1]))
+        die("bad count (try --help)");
+    return (uint64_t)(v * (*end == 'K' ? 1024 : m));
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "Usage: ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M]\n"
+               "          [--dense 16M] [--seconds 2] [--quick]\n"
+               "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
+               "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
+               "a 1M-float dense table.\n");
+}
+
+static void parse_opts(int argc, char **argv, opts *o)
+{
+    static const struct option lo[] = {
+        {"pairs", 1, 0, 'p'}, {"dim", 1, 0, 'd'},     {"batch", 1, 0, 'b'}, {"keys", 1, 0, 'k'},
+        {"dense", 1, 0, 'D'}, {"seconds", 1, 0, 's'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    *o = (opts){.pairs = {{1, 1}, {2, 2}}, .n_pairs = 2, .dim = 16, .batch = 10000,
+                .keys = 1 << 20, .dense = 16 << 20, .seconds = 2};
+    for (int c; (c = getopt_long(argc, argv, "h", lo, NULL)) != -1;) {
+        switch (c) {
+        case 'p':
+            o->n_pairs = 0;
+            for (char *t = strtok(optarg, ","); t && o->n_pairs < 8; t = strtok(NULL, ",")) {
+                int w, s;
+                if (sscanf(t, "%dx%d", &w, &s) != 2 || w < 1 || s < 1 || w > MAX_PROCS ||
+                    s > MAX_PROCS)
+                    die("--pairs: WxS with 1..8 each, e.g. 1x1,2x2");
+                o->pairs[o->n_pairs][0] = w, o->pairs[o->n_pairs++][1] = s;
+            }
+            break;
+        case 'd': o->dim = (uint32_t)parse_count(optarg); break;
+        case 'b': o->batch = (uint32_t)parse_count(optarg); break;
+        case 'k': o->keys = parse_count(optarg); break;
+        case 'D': o->dense = parse_count(optarg); break;
+        case 's': o->seconds = atof(optarg); break;
+        case 'q':
+            *o = (opts){.pairs = {{1, 1}}, .n_pairs = 1, .dim = 16, .batch = 10000,
+                        .keys = 100000, .dense = 1 << 20, .seconds = 0.5};
+            break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); exit(2);
+        }
+    }
+    if (o->dim < 1 || o->dim > EDL_PS_MAX_DIM || o->batch < 1 || o->seconds <= 0 ||
+        o->dense > EDL_PS_MAX_DENSE || o->keys < o->batch)
+        die("bad --dim, --batch, --keys, --dense or --seconds (try --help)");
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    parse_opts(argc, argv, &o);
+    char dir[] = "/tmp/edl-bench-ps-XXXXXX", secret[64], why[256];
+    if (!mkdtemp(dir))
+        die("mkdtemp");
+    snprintf(secret, sizeof secret, "%s/secret", dir);
+    if (edl_job_secret_generate(secret, why, sizeof why))
+        die(why);
+    printf("bench/ps: edl-ps on 127.0.0.1, %d CPUs; rows of %u floats, batches of %u keys from "
+           "%llu, a dense table of %llu floats; %.1f s a figure\n", edl_cpu_count(), o.dim,
+           o.batch, (unsigned long long)o.keys, (unsigned long long)o.dense, o.seconds);
+    printf("%-17s %-12s %-16s %8s %12s %10s\n", "workers x servers", "what", "rate",
+           "GB/s", "bound GB/s", "of bound");
+    for (int i = 0; i < o.n_pairs; i++)
+        run_pair(o.pairs[i][0], o.pairs[i][1], &o, secret);
+    unlink(secret);
+    rmdir(dir);
+    return 0;
+}

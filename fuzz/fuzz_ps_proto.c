@@ -1,0 +1,99 @@
+/* fuzz_ps_proto.c: feeds every input to the parameter server's wire parsers (ps/proto.c) as a
+ * peer would send it. The first byte picks what the rest is: 0 a frame (header, then body)
+ * that, when it parses, is also served by fresh tables (a sparse one of dim 4 and a dense one
+ * of 4,096 floats, both SGD) as the server would; 1 a hello, 2 a challenge, 3 a proof, 4 a
+ * table config. Asserts beyond "no crash": a refusal always says why; a request that parses
+ * has counts that agree with its length and arrays inside its body; a config that parses
+ * passes the config check and encodes back to the same bytes. */
+#include "fuzz.h"
+
+#include "ps/internal.h"
+
+static void serve(const ps_request *r, const uint8_t *body, uint32_t len)
+{
+    edl_ps_table_config sc, dc;
+    edl_ps_table_config_init(&sc);
+    sc.dim = 4;
+    sc.shards = 16;
+    dc = sc;
+    dc.kind = EDL_PS_DENSE, dc.dim = 1, dc.size = 4096;
+    ps_table *sp, *dn;
+    FUZZ_CHECK(ps_table_new(&sc, &sp) == 0 && ps_table_new(&dc, &dn) == 0);
+    static float out[1 << 16];
+    int rc = 0;
+    if (r->h.type == PS_PULL_SPARSE && (uint64_t)r->n * 4 <= sizeof out / sizeof *out)
+        rc = ps_table_pull_sparse(sp, r->keys, r->n, out);
+    else if (r->h.type == PS_PUSH_SPARSE && r->dim == 4)
+        rc = ps_table_push_sparse(sp, r->keys, r->n, r->values);
+    uint64_t done = 0;
+    for (uint32_t i = 0; (r->h.type == PS_PULL_DENSE || r->h.type == PS_PUSH_DENSE) &&
+                         i < r->nseg && rc == 0; i++) {
+        uint64_t off, cnt;
+        ps_segment_get(r->segs, i, &off, &cnt);
+        if (off + cnt <= 4096 && r->h.type == PS_PUSH_DENSE)
+            rc = ps_table_push_dense(dn, off, cnt, r->values + 4 * done);
+        else if (off + cnt <= 4096)
+            rc = ps_table_pull_dense(dn, off, cnt, out);
+        done += cnt;
+    }
+    FUZZ_CHECK(rc == 0);
+    FUZZ_CHECK(!r->values || (r->values >= body && r->values <= body + len));
+    ps_table_free(sp);
+    ps_table_free(dn);
+}
+
+static void frame(const uint8_t *data, size_t size)
+{
+    char why[512] = "";
+    ps_hdr h;
+    if (size < PS_HDR_BYTES)
+        return;
+    int rc = ps_hdr_parse(data, 1 << 20, &h, why, sizeof why);
+    FUZZ_CHECK(rc == 0 || why[0]);
+    if (rc || h.len != size - PS_HDR_BYTES)
+        return;
+    ps_request r;
+    uint8_t *body = malloc(h.len ? h.len : 1); /* the server's bodies are heap-aligned */
+    memcpy(body, data + PS_HDR_BYTES, h.len);
+    why[0] = '\0';
+    rc = ps_request_parse(&h, body, &r, why, sizeof why);
+    FUZZ_CHECK(rc == 0 || why[0]);
+    if (rc == 0 && (h.type == PS_PULL_SPARSE || h.type == PS_PUSH_SPARSE))
+        FUZZ_CHECK(8 + 8 * (uint64_t)r.n + (r.values ? 4 * (uint64_t)r.n * r.dim : 0) == h.len);
+    if (rc == 0 && (h.type == PS_PULL_DENSE || h.type == PS_PUSH_DENSE))
+        FUZZ_CHECK(8 + 16 * (uint64_t)r.nseg + (r.values ? 4 * r.total : 0) == h.len);
+    if (rc == 0)
+        serve(&r, body, h.len);
+    free(body);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_log_setup();
+    if (size < 1)
+        return 0;
+    uint8_t nonce[PS_NONCE_BYTES], mac[EDL_SECRET_MAC_BYTES], again[PS_CONFIG_BYTES];
+    char why[256] = "";
+    const uint8_t *p = data + 1;
+    size_t n = size - 1;
+    int rc = 0;
+    edl_ps_table_config cfg;
+    switch (data[0]) {
+    case 0: frame(p, n); return 0;
+    case 1: rc = ps_hello_parse(p, n, nonce, why, sizeof why); break;
+    case 2: rc = ps_challenge_parse(p, n, nonce, mac, why, sizeof why); break;
+    case 3: rc = ps_proof_parse(p, n, mac, why, sizeof why); break;
+    case 4:
+        if (n != PS_CONFIG_BYTES)
+            return 0;
+        if ((rc = ps_config_parse(p, &cfg, why, sizeof why)) == 0) {
+            FUZZ_CHECK(edl_ps_table_config_check(&cfg, why, sizeof why) == 0);
+            ps_config_encode(&cfg, again);
+            FUZZ_CHECK(memcmp(again, p, 3) == 0 && memcmp(again + 4, p + 4, 44) == 0);
+        }
+        break;
+    default: return 0;
+    }
+    FUZZ_CHECK(rc == 0 || (rc == EDL_EPROTO && why[0]));
+    return 0;
+}
