@@ -31,7 +31,7 @@ typedef struct ps_link {
     char *ep, *name;
     /* the request of the call in progress */
     uint8_t hdr[PS_HDR_BYTES], pre[8];
-    struct iovec iov[4];
+    struct iovec iov[6];
     int niov;
     size_t left;        /* request bytes still to send */
     uint8_t want_type;  /* the reply type that means success */
@@ -75,6 +75,8 @@ struct edl_ps_client {
     size_t ucap, hcap, rows_cap, cnt_cap;
     char err[1024];
 };
+
+static const ps_call_mode plain_call = {0};
 
 static int fail(edl_ps_client *c, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -226,21 +228,19 @@ static void link_break(ps_link *l)
     l->busy = false;
 }
 
-/* Queue a request on l: header, then up to three pieces of body. */
-static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint32_t table,
-                         const void *a, size_t alen, const void *b, size_t blen,
-                         const void *d, size_t dlen)
+/* Queue a request on l: the header, then the body in up to four pieces. */
+static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint8_t flags,
+                         uint32_t table, const struct iovec *parts, int nparts)
 {
-    ps_hdr h = {.type = type, .table = (uint16_t)table, .id = ++c->next_id,
-                .len = (uint32_t)(alen + blen + dlen)};
-    ps_hdr_encode(&h, l->hdr);
+    ps_hdr h = {.type = type, .flags = flags, .table = (uint16_t)table, .id = ++c->next_id};
     l->niov = 0;
     l->iov[l->niov++] = (struct iovec){l->hdr, PS_HDR_BYTES};
-    const void *p[3] = {a, b, d};
-    size_t n[3] = {alen, blen, dlen};
-    for (int i = 0; i < 3; i++)
-        if (n[i])
-            l->iov[l->niov++] = (struct iovec){(void *)p[i], n[i]};
+    for (int i = 0; i < nparts; i++)
+        if (parts[i].iov_len) {
+            l->iov[l->niov++] = parts[i];
+            h.len += (uint32_t)parts[i].iov_len;
+        }
+    ps_hdr_encode(&h, l->hdr);
     l->left = PS_HDR_BYTES + h.len;
     l->want_type = (uint8_t)(type | PS_REPLY);
     l->rgot = 0;
@@ -536,7 +536,8 @@ int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_con
     uint8_t body[PS_CONFIG_BYTES];
     ps_config_encode(cfg, body);
     for (int i = 0; i < c->n; i++) {
-        link_request(c, &c->links[i], PS_CREATE, table, body, sizeof body, NULL, 0, NULL, 0);
+        link_request(c, &c->links[i], PS_CREATE, 0, table, &(struct iovec){body, sizeof body},
+                     1);
         link_expect(&c->links[i], 0, NULL, 0);
     }
     int rc = run_links(c);
@@ -552,7 +553,7 @@ int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
     if (links_usable(c) != 0)
         return EDL_EPEER;
     for (int i = 0; i < c->n; i++) {
-        link_request(c, &c->links[i], PS_STATS, 0, NULL, 0, NULL, 0, NULL, 0);
+        link_request(c, &c->links[i], PS_STATS, 0, 0, NULL, 0);
         link_expect(&c->links[i], 0, NULL, 0);
     }
     int rc = run_links(c);
@@ -671,13 +672,15 @@ static int check_size(edl_ps_client *c, const ps_link *l, uint64_t bytes, const 
                 (unsigned long long)bytes, c->max_message);
 }
 
-static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push)
+static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push,
+                       const ps_call_mode *m)
 {
     for (int i = 0; i < c->n; i++) {
         ps_link *l = &c->links[i];
         if (!l->count)
             continue;
-        uint64_t req = 8 + 8 * (uint64_t)l->count + (push ? 4 * (uint64_t)l->count * dim : 0);
+        uint64_t req = m->len + 8 + 8 * (uint64_t)l->count +
+                       (push ? 4 * (uint64_t)l->count * dim : 0);
         uint64_t rep = push ? 0 : 8 + 4 * (uint64_t)l->count * dim;
         int rc = check_size(c, l, req > rep ? req : rep, push ? "push" : "pull");
         if (rc)
@@ -691,8 +694,10 @@ static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push
         size_t rbytes = l->count * dim * sizeof(float);
         edl_put32(l->pre, (uint32_t)l->count);
         edl_put32(l->pre + 4, push ? dim : 0);
-        link_request(c, l, push ? PS_PUSH_SPARSE : PS_PULL_SPARSE, table, l->pre, 8,
-                     c->skeys + l->first, l->count * 8, push ? rows : NULL, push ? rbytes : 0);
+        struct iovec parts[] = {{(void *)m->prefix, m->len}, {l->pre, 8},
+                                {c->skeys + l->first, l->count * 8},
+                                {push ? rows : NULL, push ? rbytes : 0}};
+        link_request(c, l, push ? PS_PUSH_SPARSE : PS_PULL_SPARSE, m->flags, table, parts, 4);
         link_expect(l, push ? 0 : 8, push ? NULL : rows, push ? 0 : rbytes);
     }
     int rc = run_links(c);
@@ -714,15 +719,15 @@ int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
     if (rc || n == 0)
         return rc;
     if ((rc = plan_sparse(c, t, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
-        (rc = sparse_call(c, table, (uint32_t)dim, false)))
+        (rc = sparse_call(c, table, (uint32_t)dim, false, &plain_call)))
         return rc;
     for (size_t i = 0; i < n; i++)
         memcpy(out + i * dim, c->rows + (size_t)c->rank[c->uidx[i]] * dim, dim * sizeof *out);
     return 0;
 }
 
-int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
-                       const float *grads)
+int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t *keys,
+                               size_t n, const float *grads, const ps_call_mode *m)
 {
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
     size_t nu, dim = t ? t->cfg.dim : 0;
@@ -737,7 +742,13 @@ int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
         for (size_t j = 0; j < dim; j++)
             dst[j] += grads[i * dim + j];
     }
-    return sparse_call(c, table, (uint32_t)dim, true);
+    return sparse_call(c, table, (uint32_t)dim, true, m);
+}
+
+int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       const float *grads)
+{
+    return ps_client_push_sparse_mode(c, table, keys, n, grads, &plain_call);
 }
 
 /* ---- dense --------------------------------------------------------------------------------- */
@@ -797,11 +808,11 @@ static void dense_move(edl_ps_client *c, uint64_t off, float *range, bool to_row
     }
 }
 
-static int dense_call(edl_ps_client *c, uint32_t table, bool push)
+static int dense_call(edl_ps_client *c, uint32_t table, bool push, const ps_call_mode *m)
 {
     for (int i = 0; i < c->n; i++) {
         ps_link *l = &c->links[i];
-        int rc = l->nseg ? check_size(c, l, 8 + 16 * (uint64_t)l->nseg + 4 * l->total,
+        int rc = l->nseg ? check_size(c, l, m->len + 8 + 16 * (uint64_t)l->nseg + 4 * l->total,
                                       push ? "dense push" : "dense pull") : 0;
         if (rc)
             return rc;
@@ -813,15 +824,17 @@ static int dense_call(edl_ps_client *c, uint32_t table, bool push)
         size_t vbytes = l->total * sizeof(float);
         edl_put32(l->pre, l->nseg);
         edl_put32(l->pre + 4, 0);
-        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, table, l->pre, 8, l->seg,
-                     16 * (size_t)l->nseg, push ? c->rows + l->first : NULL, push ? vbytes : 0);
+        struct iovec parts[] = {{(void *)m->prefix, m->len}, {l->pre, 8},
+                                {l->seg, 16 * (size_t)l->nseg},
+                                {push ? c->rows + l->first : NULL, push ? vbytes : 0}};
+        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, m->flags, table, parts, 4);
         link_expect(l, 0, push ? NULL : c->rows + l->first, push ? 0 : vbytes);
     }
     return run_links(c);
 }
 
 static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *range,
-                    bool push)
+                    bool push, const ps_call_mode *m)
 {
     const client_table *t = known_table(c, table, EDL_PS_DENSE);
     int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
@@ -835,18 +848,102 @@ static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, 
         return rc;
     if (push)
         dense_move(c, off, range, true);
-    if ((rc = dense_call(c, table, push)) == 0 && !push)
+    if ((rc = dense_call(c, table, push, m)) == 0 && !push)
         dense_move(c, off, range, false);
     return rc;
 }
 
 int edl_ps_pull_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *out)
 {
-    return dense_op(c, table, off, n, out, false);
+    return dense_op(c, table, off, n, out, false, &plain_call);
+}
+
+int ps_client_push_dense_mode(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
+                              const float *grads, const ps_call_mode *m)
+{
+    return dense_op(c, table, off, n, (float *)grads, true, m);
 }
 
 int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
                       const float *grads)
 {
-    return dense_op(c, table, off, n, (float *)grads, true);
+    return dense_op(c, table, off, n, (float *)grads, true, &plain_call);
+}
+
+/* ---- the modes' calls ---------------------------------------------------------------------- */
+
+const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t table)
+{
+    return table < EDL_PS_MAX_TABLES && c->tables[table].known ? &c->tables[table].cfg : NULL;
+}
+
+int ps_client_barrier(edl_ps_client *c, uint64_t token, uint64_t step, uint32_t trainers,
+                      bool *applied, uint64_t *done)
+{
+    uint8_t body[PS_BARRIER_BYTES] = {0};
+    edl_put64(body, token);
+    edl_put64(body + 8, step);
+    edl_put32(body + 16, trainers);
+    if (links_usable(c) != 0)
+        return EDL_EPEER;
+    for (int i = 0; i < c->n; i++) {
+        link_request(c, &c->links[i], PS_BARRIER, 0, 0, &(struct iovec){body, sizeof body}, 1);
+        link_expect(&c->links[i], 0, NULL, 0);
+    }
+    int rc = run_links(c);
+    *applied = true;
+    *done = UINT64_MAX;
+    for (int i = 0; rc == 0 && i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (l->rh.len != PS_BARRIER_REPLY_BYTES)
+            return fail(c, EDL_EPROTO, "server %s: a barrier reply of %u bytes", l->ep,
+                        l->rh.len);
+        *applied &= edl_get32(l->body) == 1;
+        uint64_t d = edl_get64(l->body + 8);
+        *done = d < *done ? d : *done;
+    }
+    return rc;
+}
+
+/* One round of GEO pulls on every link; *more when a server had rows left. */
+static int geo_round(edl_ps_client *c, uint32_t table, uint32_t trainer, uint32_t dim,
+                     void (*fn)(void *, uint64_t, const float *), void *arg, bool *more)
+{
+    uint32_t max = (c->max_message - PS_GEO_PULL_PREFIX) / (8 + 4 * dim);
+    uint8_t body[PS_GEO_PULL_BYTES];
+    edl_put32(body, trainer);
+    edl_put32(body + 4, max);
+    for (int i = 0; i < c->n; i++) {
+        link_request(c, &c->links[i], PS_GEO_PULL, 0, table,
+                     &(struct iovec){body, sizeof body}, 1);
+        link_expect(&c->links[i], 0, NULL, 0);
+    }
+    int rc = run_links(c);
+    *more = false;
+    for (int i = 0; rc == 0 && i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        const uint8_t *b = l->body;
+        uint32_t n = l->rh.len >= PS_GEO_PULL_PREFIX ? edl_get32(b) : 0;
+        if (l->rh.len < PS_GEO_PULL_PREFIX || edl_get32(b + 4) != dim ||
+            l->rh.len != PS_GEO_PULL_PREFIX + (uint64_t)n * (8 + 4 * dim))
+            return fail(c, EDL_EPROTO, "server %s: a GEO reply of %u bytes", l->ep, l->rh.len);
+        *more |= edl_get32(b + 8) != 0;
+        const uint8_t *keys = b + PS_GEO_PULL_PREFIX, *rows = keys + 8 * (size_t)n;
+        float row[EDL_PS_MAX_DIM];
+        for (uint32_t k = 0; k < n; k++) {
+            memcpy(row, rows + 4 * (size_t)dim * k, 4 * (size_t)dim);
+            fn(arg, edl_get64(keys + 8 * (size_t)k), row);
+        }
+    }
+    return rc;
+}
+
+int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
+                       void (*fn)(void *arg, uint64_t key, const float *row), void *arg)
+{
+    const client_table *t = known_table(c, table, EDL_PS_SPARSE);
+    int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
+    for (bool more = true; rc == 0 && more;)
+        rc = geo_round(c, table, trainer, t->cfg.dim, fn, arg, &more);
+    return rc;
 }

@@ -45,21 +45,35 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
                 uint8_t *out);
 
 /* ---- frames --------------------------------------------------------------------------------
- * header: magic "EDLP"(4) type(1) 0(1) table(2) id(4) body length(4), then the body. A reply
- * has the request's type | PS_REPLY (or PS_ERROR), table and id. Bodies (little-endian):
+ * header: magic "EDLP"(4) type(1) flags(1) table(2) id(4) body length(4), then the body. A
+ * reply has the request's type | PS_REPLY (or PS_ERROR), table and id. Bodies (little-endian):
  *   CREATE       table config (PS_CONFIG_BYTES)                  -> empty
  *   PULL_SPARSE  n(4) 0(4) keys(8n)                               -> n(4) dim(4) rows(4 n dim)
  *   PUSH_SPARSE  n(4) dim(4) keys(8n) gradients(4 n dim)          -> empty
  *   PULL_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg         -> values(4 sum count)
  *   PUSH_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg values  -> empty
  *   STATS        empty                                            -> 7 counters(8 each)
- *   ERROR        code(4, an EDL_E* value) message(len - 4, at most PS_MAX_ERROR) */
+ *   BARRIER      token(8) step(8) trainers(4) 0(4)                -> applied(4) 0(4) done(8)
+ *   GEO_PULL     trainer(4) max rows(4)              -> n(4) dim(4) more(4) 0(4) keys rows
+ *   ERROR        code(4, an EDL_E* value) message(len - 4, at most PS_MAX_ERROR)
+ * Flags, on pushes only: PS_F_SYNC (sync mode: the body starts with token(8) step(8), and the
+ * gradients wait for the step's barrier) or PS_F_GEO (sparse: the body starts with trainer(4)
+ * 0(4), and the values are deltas, added as they are). */
 #define PS_FRAME_MAGIC 0x504c4445u /* "EDLP" */
 #define PS_HDR_BYTES 16
 #define PS_CONFIG_BYTES 48
 #define PS_STATS_BYTES 56
 #define PS_MAX_ERROR 512
 #define PS_REPLY 0x80
+#define PS_F_SYNC 1
+#define PS_F_GEO 2
+#define PS_SYNC_PREFIX 16
+#define PS_GEO_PREFIX 8
+#define PS_BARRIER_BYTES 24
+#define PS_BARRIER_REPLY_BYTES 16
+#define PS_GEO_PULL_BYTES 8
+#define PS_GEO_PULL_PREFIX 16
+#define PS_MAX_SYNC_TRAINERS 65536
 
 enum ps_type {
     PS_CREATE = 1,
@@ -68,11 +82,13 @@ enum ps_type {
     PS_PULL_DENSE = 4,
     PS_PUSH_DENSE = 5,
     PS_STATS = 6,
+    PS_BARRIER = 7,
+    PS_GEO_PULL = 8,
     PS_ERROR = 0xff,
 };
 
 typedef struct ps_hdr {
-    uint8_t type;
+    uint8_t type, flags;
     uint16_t table;
     uint32_t id, len;
 } ps_hdr;
@@ -91,7 +107,10 @@ typedef struct ps_request {
     uint32_t nseg;           /* dense: segments */
     const uint8_t *segs;
     uint64_t total;          /* dense: elements over all segments */
-    const uint8_t *values;   /* PUSH_*: gradients */
+    const uint8_t *values;   /* PUSH_*: gradients (GEO: deltas) */
+    uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step */
+    uint32_t trainers;       /* BARRIER: trainers in the step */
+    uint32_t trainer, max;   /* PS_F_GEO pushes and GEO_PULL: the trainer; GEO_PULL: rows */
 } ps_request;
 
 /* 0, or EDL_EPROTO / EDL_ETOOBIG / EDL_EINVAL with the reason in why. */
@@ -122,6 +141,60 @@ int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uin
 int ps_table_pull_dense(ps_table *t, uint64_t off, uint64_t n, float *out);
 int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *grads);
 void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes);
+/* GEO (cfg.geo_trainers > 0): add n deltas of `trainer` and mark their rows changed for every
+ * other trainer; take (and unmark) up to max rows changed for `trainer` since it last took,
+ * their keys (little-endian) and rows; *more when some are left. */
+int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *deltas,
+                     uint32_t trainer);
+uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t *keys,
+                           float *rows, bool *more);
+/* A row for its only user (no lock: the trainer's own tables), created when asked; NULL when
+ * absent or out of memory. */
+float *ps_table_row(ps_table *t, uint64_t key, bool create);
+/* fn on every shard's rows under its lock: sparse, n rows of `stride` floats with their keys;
+ * dense, the n elements from `start` (keys NULL, stride 1). Stops at fn's first nonzero. */
+typedef int (*ps_rows_fn)(void *arg, const uint64_t *keys, uint64_t start, float *rows,
+                          size_t n, size_t stride);
+int ps_table_foreach(ps_table *t, ps_rows_fn fn, void *arg);
+/* Push every row (sparse) or element (dense) of sum, an SGD table without state, into target
+ * as one gradient: a sync step's gradients, summed, applied once. */
+int ps_table_apply_to(ps_table *sum, ps_table *target);
+
+/* ---- the client's calls for the modes (client.c, used by trainer.c) ---------------------------- */
+typedef struct ps_call_mode {
+    uint8_t flags;       /* PS_F_SYNC or PS_F_GEO; 0: a plain call */
+    uint8_t prefix[PS_SYNC_PREFIX];
+    size_t len;          /* of the prefix */
+} ps_call_mode;
+int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t *keys,
+                               size_t n, const float *grads, const ps_call_mode *m);
+int ps_client_push_dense_mode(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
+                              const float *grads, const ps_call_mode *m);
+/* Every server's sync barrier of step: *applied when every server has applied it; *done the
+ * least of their applied steps. */
+int ps_client_barrier(edl_ps_client *c, uint64_t token, uint64_t step, uint32_t trainers,
+                      bool *applied, uint64_t *done);
+/* The rows changed for trainer since its last GEO pull, from every server, each handed to
+ * fn(arg, key, row) (dim floats). */
+int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
+                       void (*fn)(void *arg, uint64_t key, const float *row), void *arg);
+/* The config a client knows a table by (after edl_ps_create_table); NULL otherwise. */
+const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t table);
+
+/* ---- sync mode (sync.c) --------------------------------------------------------------------- */
+#define PS_SYNC_POLL_MS 200 /* a waiting barrier is answered "not yet" after this */
+typedef struct ps_sync ps_sync;
+int ps_sync_new(ps_sync **out);
+void ps_sync_free(ps_sync *y);
+/* A PS_F_SYNC push into its step's sums. EDL_ECONFLICT (why) for another step. */
+int ps_sync_push(ps_sync *y, const ps_table *target, const ps_request *r, char *why,
+                 size_t whylen);
+/* A trainer at the barrier of r->step (UINT64_MAX: only asks where the server is): 1 the step
+ * is applied (answer now), 2 this arrival completed it and the sums were applied (answer, and
+ * wake the waiting), 0 wait, < 0 an error (why). *done: the steps applied. */
+int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, uint64_t *done,
+                   char *why, size_t whylen);
+bool ps_sync_applied(ps_sync *y, uint64_t step, uint64_t *done);
 
 /* splitmix64's finaliser: the key's hash for shards and initial values. */
 static inline uint64_t ps_mix64(uint64_t x)

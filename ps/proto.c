@@ -125,7 +125,7 @@ void ps_hdr_encode(const ps_hdr *h, uint8_t out[PS_HDR_BYTES])
 {
     edl_put32(out, PS_FRAME_MAGIC);
     out[4] = h->type;
-    out[5] = 0;
+    out[5] = h->flags;
     edl_put16(out + 6, h->table);
     edl_put32(out + 8, h->id);
     edl_put32(out + 12, h->len);
@@ -136,7 +136,7 @@ int ps_hdr_parse(const uint8_t *p, uint32_t max_body, ps_hdr *out, char *why, si
     if (edl_get32(p) != PS_FRAME_MAGIC)
         return edl_errf(why, whylen, EDL_EPROTO, "a frame that does not start with the "
                         "parameter server's magic (the stream is out of step)");
-    ps_hdr h = {.type = p[4], .table = edl_get16(p + 6), .id = edl_get32(p + 8),
+    ps_hdr h = {.type = p[4], .flags = p[5], .table = edl_get16(p + 6), .id = edl_get32(p + 8),
                 .len = edl_get32(p + 12)};
     if (h.len > max_body)
         return edl_errf(why, whylen, EDL_ETOOBIG, "a frame of %u bytes, over the limit of %u "
@@ -209,11 +209,70 @@ static int parse_dense(const ps_hdr *h, const uint8_t *b, ps_request *r, char *w
     return 0;
 }
 
+static int parse_barrier(const ps_hdr *h, const uint8_t *b, ps_request *r, char *why,
+                         size_t whylen)
+{
+    if (h->type == PS_BARRIER) {
+        if (h->len != PS_BARRIER_BYTES)
+            return edl_errf(why, whylen, EDL_EPROTO, "a barrier of %u bytes, not %d", h->len,
+                            PS_BARRIER_BYTES);
+        r->token = edl_get64(b);
+        r->step = edl_get64(b + 8);
+        r->trainers = edl_get32(b + 16);
+        if (r->trainers < 1 || r->trainers > PS_MAX_SYNC_TRAINERS)
+            return edl_errf(why, whylen, EDL_EPROTO, "a barrier of %u trainers (1..%d)",
+                            r->trainers, PS_MAX_SYNC_TRAINERS);
+        return 0;
+    }
+    if (h->len != PS_GEO_PULL_BYTES)
+        return edl_errf(why, whylen, EDL_EPROTO, "a GEO pull of %u bytes, not %d", h->len,
+                        PS_GEO_PULL_BYTES);
+    r->trainer = edl_get32(b);
+    r->max = edl_get32(b + 4);
+    if (r->trainer >= EDL_PS_MAX_GEO_TRAINERS || r->max < 1)
+        return edl_errf(why, whylen, EDL_EPROTO, "a GEO pull for trainer %u of at most %u rows "
+                        "(trainers 0..%d, at least one row)", r->trainer, r->max,
+                        EDL_PS_MAX_GEO_TRAINERS - 1);
+    return 0;
+}
+
+/* A push's mode prefix (PS_F_SYNC, PS_F_GEO): read into r, and its length into *pre. */
+static int parse_prefix(const ps_hdr *h, const uint8_t *b, ps_request *r, size_t *pre,
+                        char *why, size_t whylen)
+{
+    bool push = h->type == PS_PUSH_SPARSE || h->type == PS_PUSH_DENSE;
+    *pre = 0;
+    if (!h->flags)
+        return 0;
+    if (!push || (h->flags != PS_F_SYNC && h->flags != PS_F_GEO) ||
+        (h->flags == PS_F_GEO && h->type != PS_PUSH_SPARSE))
+        return edl_errf(why, whylen, EDL_EPROTO, "flags %#x on a request of type %u (sync: "
+                        "pushes; GEO: sparse pushes)", h->flags, h->type);
+    *pre = h->flags == PS_F_SYNC ? PS_SYNC_PREFIX : PS_GEO_PREFIX;
+    if (h->len < *pre)
+        return edl_errf(why, whylen, EDL_EPROTO, "a %s push of %u bytes",
+                        h->flags == PS_F_SYNC ? "sync" : "GEO", h->len);
+    if (h->flags == PS_F_SYNC) {
+        r->token = edl_get64(b);
+        r->step = edl_get64(b + 8);
+    } else if ((r->trainer = edl_get32(b)) >= EDL_PS_MAX_GEO_TRAINERS) {
+        return edl_errf(why, whylen, EDL_EPROTO, "a GEO push from trainer %u (0..%d)",
+                        r->trainer, EDL_PS_MAX_GEO_TRAINERS - 1);
+    }
+    return 0;
+}
+
 int ps_request_parse(const ps_hdr *h, const uint8_t *body, ps_request *out, char *why,
                      size_t whylen)
 {
     ps_request r = {.h = *h};
-    int rc = 0;
+    size_t pre;
+    int rc = parse_prefix(h, body, &r, &pre, why, whylen);
+    if (rc)
+        return rc;
+    ps_hdr in = *h; /* the body after the prefix */
+    in.len -= (uint32_t)pre;
+    body += pre;
     switch (h->type) {
     case PS_CREATE:
         if (h->len != PS_CONFIG_BYTES)
@@ -222,13 +281,15 @@ int ps_request_parse(const ps_hdr *h, const uint8_t *body, ps_request *out, char
         rc = ps_config_parse(body, &r.cfg, why, whylen);
         break;
     case PS_PULL_SPARSE:
-    case PS_PUSH_SPARSE: rc = parse_sparse(h, body, &r, why, whylen); break;
+    case PS_PUSH_SPARSE: rc = parse_sparse(&in, body, &r, why, whylen); break;
     case PS_PULL_DENSE:
-    case PS_PUSH_DENSE: rc = parse_dense(h, body, &r, why, whylen); break;
+    case PS_PUSH_DENSE: rc = parse_dense(&in, body, &r, why, whylen); break;
     case PS_STATS:
         if (h->len != 0)
             return edl_errf(why, whylen, EDL_EPROTO, "a stats request with a body");
         break;
+    case PS_BARRIER:
+    case PS_GEO_PULL: rc = parse_barrier(h, body, &r, why, whylen); break;
     default:
         return edl_errf(why, whylen, EDL_EPROTO, "unknown request type %u", h->type);
     }
@@ -248,6 +309,7 @@ void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]
     out[0] = (uint8_t)c->kind;
     out[1] = (uint8_t)c->optimizer;
     out[2] = (uint8_t)c->init;
+    out[3] = (uint8_t)c->geo_trainers;
     edl_put32(out + 4, c->dim);
     edl_put64(out + 8, c->size);
     edl_put32(out + 16, c->shards);
@@ -261,7 +323,7 @@ void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]
 
 int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_t whylen)
 {
-    edl_ps_table_config c = {.kind = p[0], .optimizer = p[1], .init = p[2],
+    edl_ps_table_config c = {.kind = p[0], .optimizer = p[1], .init = p[2], .geo_trainers = p[3],
                              .dim = edl_get32(p + 4), .size = edl_get64(p + 8),
                              .shards = edl_get32(p + 16), .lr = get_float(p + 20),
                              .beta1 = get_float(p + 24), .beta2 = get_float(p + 28),

@@ -43,6 +43,8 @@ struct edl_ps_server {
     bool started;
     pthread_mutex_t create_mu;
     ps_table *_Atomic tables[EDL_PS_MAX_TABLES];
+    ps_sync *sync;
+    int wake_fd[PS_MAX_THREADS]; /* per loop: a sync step is done, answer the waiting */
     atomic_uint_fast64_t requests, errors, connections, rejected;
     atomic_int live;
 };
@@ -61,12 +63,16 @@ typedef struct ps_conn {
     size_t out_len, out_off, out_cap;
     bool closing; /* close once the output is out */
     int64_t deadline; /* of the handshake */
+    bool parked;      /* at a sync barrier: not read until it is answered */
+    ps_hdr park_hdr;
+    uint64_t park_step;
+    int64_t park_since;
     struct ps_conn *prev, *next;
 } ps_conn;
 
 typedef struct ps_loop {
     edl_ps_server *s;
-    int ep;
+    int ep, wake_fd;
     ps_conn *conns;
 } ps_loop;
 
@@ -161,12 +167,19 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
     ps_table *t = table_for(s, r, EDL_PS_SPARSE, why, whylen);
     if (!t)
         return EDL_ENOTFOUND;
-    uint32_t dim = ps_table_config(t)->dim;
+    uint32_t dim = ps_table_config(t)->dim, geo = ps_table_config(t)->geo_trainers;
     if (r->h.type == PS_PUSH_SPARSE) {
         if (r->dim != dim)
             return edl_errf(why, whylen, EDL_EINVAL, "a push of rows of %u floats to table %u, "
                             "whose rows have %u", r->dim, r->h.table, dim);
-        int rc = ps_table_push_sparse(t, r->keys, r->n, r->values);
+        if ((r->h.flags == PS_F_GEO) != (geo > 0) || (geo && r->trainer >= geo))
+            return edl_errf(why, whylen, EDL_EINVAL, "a %s push to table %u, %s", r->h.flags ==
+                            PS_F_GEO ? "GEO" : "plain", r->h.table, geo ? "a GEO table of "
+                            "geo_trainers trainers (a GEO push from one of them)"
+                            : "not a GEO table");
+        int rc = r->h.flags == PS_F_SYNC ? ps_sync_push(s->sync, t, r, why, whylen)
+                 : geo ? ps_table_geo_add(t, r->keys, r->n, r->values, r->trainer)
+                       : ps_table_push_sparse(t, r->keys, r->n, r->values);
         if (rc == 0)
             reply_begin(c, &r->h, 0);
         return rc;
@@ -204,6 +217,12 @@ static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *
                             (unsigned long long)size);
     }
     bool push = r->h.type == PS_PUSH_DENSE;
+    if (push && r->h.flags == PS_F_SYNC) {
+        int rc = ps_sync_push(s->sync, t, r, why, whylen);
+        if (rc == 0)
+            reply_begin(c, &r->h, 0);
+        return rc;
+    }
     if (!push && 4 * r->total > s->o.max_message)
         return edl_errf(why, whylen, EDL_ETOOBIG, "a pull of %llu floats is over max_message "
                         "%u bytes", (unsigned long long)r->total, s->o.max_message);
@@ -222,6 +241,77 @@ static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *
     if (rc)
         c->out_len -= PS_HDR_BYTES + (push ? 0 : 4 * r->total);
     return rc;
+}
+
+static int serve_geo_pull(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
+                          size_t whylen)
+{
+    ps_table *t = table_for(s, r, EDL_PS_SPARSE, why, whylen);
+    if (!t)
+        return EDL_ENOTFOUND;
+    const edl_ps_table_config *cfg = ps_table_config(t);
+    if (r->trainer >= cfg->geo_trainers)
+        return edl_errf(why, whylen, EDL_EINVAL, "a GEO pull for trainer %u from table %u, "
+                        "which tracks %u trainers", r->trainer, r->h.table, cfg->geo_trainers);
+    size_t per = 8 + 4 * (size_t)cfg->dim;
+    uint32_t max = (s->o.max_message - PS_GEO_PULL_PREFIX) / per;
+    max = r->max < max ? r->max : max;
+    uint8_t *p = reply_begin(c, &r->h, (uint32_t)(PS_GEO_PULL_PREFIX + max * per));
+    if (!p)
+        return 0;
+    uint8_t *keys = p + PS_GEO_PULL_PREFIX;
+    bool more;
+    uint32_t n = ps_table_geo_take(t, r->trainer, max, keys, (float *)(void *)(keys + 8 *
+                                   (size_t)max), &more);
+    if (n < max) /* the rows follow the keys that came: close the gap */
+        memmove(keys + 8 * (size_t)n, keys + 8 * (size_t)max, n * (per - 8));
+    uint32_t len = (uint32_t)(PS_GEO_PULL_PREFIX + n * per);
+    c->out_len -= (max - n) * per;
+    edl_put32(p - 4, len); /* the header's length */
+    edl_put32(p, n);
+    edl_put32(p + 4, cfg->dim);
+    edl_put32(p + 8, more);
+    edl_put32(p + 12, 0);
+    return 0;
+}
+
+static void reply_barrier(ps_conn *c, const ps_hdr *h, bool applied, uint64_t done)
+{
+    uint8_t *p = reply_begin(c, h, PS_BARRIER_REPLY_BYTES);
+    if (p) {
+        edl_put32(p, applied);
+        edl_put32(p + 4, 0);
+        edl_put64(p + 8, done);
+    }
+}
+
+static void wake_loops(edl_ps_server *s)
+{
+    uint64_t one = 1;
+    for (int i = 0; i < s->nthreads; i++)
+        if (write(s->wake_fd[i], &one, sizeof one) < 0) {
+            /* full: a wake is pending anyway */
+        }
+}
+
+static int serve_barrier(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
+                         size_t whylen)
+{
+    uint64_t done;
+    int rc = ps_sync_arrive(s->sync, s->tables, r, &done, why, whylen);
+    if (rc < 0)
+        return rc;
+    if (rc == 0) { /* wait for the others: answered by resume_parked */
+        c->parked = true;
+        c->park_hdr = r->h;
+        c->park_step = r->step;
+        c->park_since = edl_monotonic_ms();
+        return 0;
+    }
+    reply_barrier(c, &r->h, true, done);
+    if (rc == 2)
+        wake_loops(s);
+    return 0;
 }
 
 static int serve_stats(edl_ps_server *s, ps_conn *c, const ps_request *r)
@@ -250,6 +340,8 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
         case PS_PUSH_SPARSE: rc = serve_sparse(s, c, &r, why, sizeof why); break;
         case PS_PULL_DENSE:
         case PS_PUSH_DENSE: rc = serve_dense(s, c, &r, why, sizeof why); break;
+        case PS_BARRIER: rc = serve_barrier(s, c, &r, why, sizeof why); break;
+        case PS_GEO_PULL: rc = serve_geo_pull(s, c, &r, why, sizeof why); break;
         default: rc = serve_stats(s, c, &r); break;
         }
     }
@@ -360,7 +452,7 @@ static int grow_in(ps_conn *c, size_t need)
 /* Read and act until the socket is empty or a reply waits. -1: close the connection. */
 static int conn_read(edl_ps_server *s, ps_conn *c)
 {
-    while (!c->closing && c->out_off == c->out_len) {
+    while (!c->closing && !c->parked && c->out_off == c->out_len) {
         size_t need = conn_need(c);
         if (c->in_have < need) {
             if (grow_in(c, need) != 0)
@@ -414,9 +506,30 @@ static int conn_flush(ps_loop *l, ps_conn *c)
         if (c->closing)
             return -1;
     }
-    struct epoll_event ev = {.events = pending ? EPOLLOUT : EPOLLIN, .data.ptr = c};
+    uint32_t events = c->parked ? 0 : pending ? EPOLLOUT : EPOLLIN;
+    struct epoll_event ev = {.events = events, .data.ptr = c};
     epoll_ctl(l->ep, EPOLL_CTL_MOD, c->fd, &ev);
     return 0;
+}
+
+/* Answer the barriers that wait here: applied, or "not yet" after PS_SYNC_POLL_MS (the
+ * trainer asks again, with the trainer count of its generation then). */
+static void resume_parked(ps_loop *l)
+{
+    int64_t now = edl_monotonic_ms();
+    for (ps_conn *c = l->conns, *next; c; c = next) {
+        next = c->next;
+        uint64_t done;
+        if (!c->parked)
+            continue;
+        bool applied = ps_sync_applied(l->s->sync, c->park_step, &done);
+        if (!applied && now - c->park_since < PS_SYNC_POLL_MS)
+            continue;
+        c->parked = false;
+        reply_barrier(c, &c->park_hdr, applied, done);
+        if (conn_flush(l, c) != 0 || conn_read(l->s, c) != 0 || conn_flush(l, c) != 0)
+            conn_close(l, c);
+    }
 }
 
 static void tune_socket(int fd)
@@ -479,12 +592,19 @@ static void *loop_main(void *arg)
     epoll_ctl(l->ep, EPOLL_CTL_ADD, s->lfd, &ev);
     ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &stop_tag};
     epoll_ctl(l->ep, EPOLL_CTL_ADD, s->stop_fd, &ev);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &l->wake_fd};
+    epoll_ctl(l->ep, EPOLL_CTL_ADD, l->wake_fd, &ev);
     for (bool stop = false; !stop;) {
         int n = epoll_wait(l->ep, evs, 64, 250);
         for (int i = 0; i < n; i++) {
             ps_conn *c = evs[i].data.ptr;
+            uint64_t drained;
             if (evs[i].data.ptr == &stop_tag) {
                 stop = true;
+            } else if (evs[i].data.ptr == &l->wake_fd) {
+                if (read(l->wake_fd, &drained, sizeof drained) < 0) {
+                    /* already drained */
+                }
             } else if (!c) {
                 accept_all(l);
             } else if ((evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) ||
@@ -493,6 +613,7 @@ static void *loop_main(void *arg)
             }
         }
         sweep_handshakes(l);
+        resume_parked(l);
     }
     while (l->conns)
         conn_close(l, l->conns);
@@ -573,9 +694,16 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
     s->o.secret = &s->secret;
     pthread_mutex_init(&s->create_mu, NULL);
     s->lfd = -1;
+    for (int i = 0; i < PS_MAX_THREADS; i++)
+        s->wake_fd[i] = -1;
     s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->stop_fd < 0)
+    for (int i = 0; i < s->nthreads && s->stop_fd >= 0; i++)
+        if ((s->wake_fd[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+            rc = EDL_EIO;
+    if (s->stop_fd < 0 || rc)
         rc = edl_errf(why, whylen, EDL_EIO, "eventfd: %s", strerror(errno));
+    if (rc == 0 && ps_sync_new(&s->sync) != 0)
+        rc = edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
     if (rc || (rc = listen_on(s, why, whylen)) != 0) {
         edl_ps_server_close(s);
         return rc;
@@ -595,7 +723,7 @@ int edl_ps_server_start(edl_ps_server *s)
         ps_loop *l = calloc(1, sizeof *l);
         int ep = epoll_create1(EPOLL_CLOEXEC);
         if (l && ep >= 0)
-            *l = (ps_loop){.s = s, .ep = ep};
+            *l = (ps_loop){.s = s, .ep = ep, .wake_fd = s->wake_fd[i]};
         if (!l || ep < 0 || pthread_create(&s->th[i], NULL, loop_main, l) != 0) {
             free(l);
             if (ep >= 0)
@@ -628,6 +756,10 @@ void edl_ps_server_close(edl_ps_server *s)
         close(s->lfd);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
+    for (int i = 0; i < PS_MAX_THREADS; i++)
+        if (s->wake_fd[i] >= 0)
+            close(s->wake_fd[i]);
+    ps_sync_free(s->sync);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
         ps_table_free(atomic_load(&s->tables[i]));
     pthread_mutex_destroy(&s->create_mu);

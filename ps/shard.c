@@ -47,6 +47,10 @@ int edl_ps_table_config_check(const edl_ps_table_config *c, char *why, size_t wh
         !finite_in(c->init_scale, 0, 1e6f))
         return edl_errf(why, whylen, EDL_EINVAL, "init %d with scale %g (zero 1, uniform 2; "
                         "scale finite and >= 0)", c->init, (double)c->init_scale);
+    if (c->geo_trainers > EDL_PS_MAX_GEO_TRAINERS ||
+        (c->geo_trainers && c->kind != EDL_PS_SPARSE))
+        return edl_errf(why, whylen, EDL_EINVAL, "geo_trainers %u: 0, or 1..%d on a sparse "
+                        "table", c->geo_trainers, EDL_PS_MAX_GEO_TRAINERS);
     return 0;
 }
 

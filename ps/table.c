@@ -18,13 +18,23 @@
 #include "edl/wire.h"
 #include "internal.h"
 
+/* GEO: which rows changed since each trainer's last GEO pull: a bit per trainer per row, and
+ * per trainer the list of those rows (a row is listed once however often it changes). */
+typedef struct geo_shard {
+    uint64_t *mask;                          /* per row */
+    uint32_t *list[EDL_PS_MAX_GEO_TRAINERS]; /* row indexes */
+    size_t n[EDL_PS_MAX_GEO_TRAINERS], cap[EDL_PS_MAX_GEO_TRAINERS];
+} geo_shard;
+
 typedef struct sparse_shard {
     pthread_mutex_t mu;
     uint64_t *keys;   /* slots */
     uint32_t *slot;   /* row index + 1 per slot; 0: empty */
     size_t cap;       /* slots, a power of two */
     float *rows;
+    uint64_t *rowkey; /* per row: its key (iteration: sync apply, GEO pulls) */
     size_t nrows, rows_cap;
+    geo_shard *geo;   /* GEO tables only */
 } sparse_shard;
 
 typedef struct dense_shard {
@@ -87,6 +97,12 @@ void ps_table_free(ps_table *t)
             free(t->sp[s].keys);
             free(t->sp[s].slot);
             free(t->sp[s].rows);
+            free(t->sp[s].rowkey);
+            for (int i = 0; t->sp[s].geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
+                free(t->sp[s].geo->list[i]);
+            if (t->sp[s].geo)
+                free(t->sp[s].geo->mask);
+            free(t->sp[s].geo);
             pthread_mutex_destroy(&t->sp[s].mu);
         } else {
             dense_shard *d = &t->dn[s];
@@ -172,6 +188,29 @@ static int sparse_grow_slots(sparse_shard *s)
     return 0;
 }
 
+/* Room for twice the rows (and their keys and GEO bits). */
+static int sparse_grow_rows(const ps_table *t, sparse_shard *s)
+{
+    size_t cap = s->rows_cap ? s->rows_cap * 2 : 16;
+    if (cap >= UINT32_MAX)
+        return EDL_ENOMEM;
+    float *rows = realloc(s->rows, cap * t->stride * sizeof *rows);
+    if (rows)
+        s->rows = rows;
+    uint64_t *rk = rows ? realloc(s->rowkey, cap * sizeof *rk) : NULL;
+    if (rk)
+        s->rowkey = rk;
+    if (rk && t->cfg.geo_trainers && !s->geo)
+        s->geo = calloc(1, sizeof *s->geo);
+    uint64_t *mask = rk && s->geo ? realloc(s->geo->mask, cap * sizeof *mask) : NULL;
+    if (mask)
+        s->geo->mask = mask;
+    if (!rows || !rk || (t->cfg.geo_trainers && !mask))
+        return EDL_ENOMEM; /* what grew stays grown: rows_cap is the least of them */
+    s->rows_cap = cap;
+    return 0;
+}
+
 /* The row of key, created (initial weights, zero state, Adam powers 1) when absent; NULL when
  * out of memory. Under the shard's lock. */
 static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key)
@@ -184,19 +223,16 @@ static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key)
     }
     if ((s->nrows + 1) * 10 > s->cap * 7 && sparse_grow_slots(s) != 0)
         return NULL;
-    if (s->nrows == s->rows_cap) {
-        size_t cap = s->rows_cap ? s->rows_cap * 2 : 16;
-        float *rows = cap < UINT32_MAX ? realloc(s->rows, cap * t->stride * sizeof *rows) : NULL;
-        if (!rows)
-            return NULL;
-        s->rows = rows;
-        s->rows_cap = cap;
-    }
+    if (s->nrows == s->rows_cap && sparse_grow_rows(t, s) != 0)
+        return NULL;
     size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
     while (s->slot[j])
         j = (j + 1) & (s->cap - 1);
     float *row = s->rows + s->nrows * t->stride;
     s->keys[j] = key;
+    s->rowkey[s->nrows] = key;
+    if (s->geo)
+        s->geo->mask[s->nrows] = 0;
     s->slot[j] = (uint32_t)++s->nrows;
     for (uint32_t i = 0; i < t->cfg.dim; i++)
         row[i] = initial(&t->cfg, key, i);
@@ -326,6 +362,130 @@ int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *gr
     return dense_each(t, off, n, NULL, grads);
 }
 
+/* ---- GEO ----------------------------------------------------------------------------------- */
+
+static int geo_mark(geo_shard *g, uint32_t row, uint32_t trainer, uint32_t trainers)
+{
+    for (uint32_t u = 0; u < trainers; u++) {
+        if (u == trainer || g->mask[row] >> u & 1)
+            continue;
+        if (g->n[u] == g->cap[u]) {
+            size_t cap = g->cap[u] ? 2 * g->cap[u] : 64;
+            uint32_t *l = realloc(g->list[u], cap * sizeof *l);
+            if (!l)
+                return EDL_ENOMEM;
+            g->list[u] = l;
+            g->cap[u] = cap;
+        }
+        g->list[u][g->n[u]++] = row;
+        g->mask[row] |= 1ull << u;
+    }
+    return 0;
+}
+
+int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *deltas,
+                     uint32_t trainer)
+{
+    size_t dim = t->cfg.dim;
+    int rc = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        uint64_t key = edl_get64(keys + 8 * (size_t)i);
+        sparse_shard *s = &t->sp[edl_ps_key_shard(key, t->cfg.shards)];
+        pthread_mutex_lock(&s->mu);
+        float *row = sparse_row(t, s, key);
+        if (!row) {
+            rc = EDL_ENOMEM;
+        } else {
+            for (size_t j = 0; j < dim; j++) {
+                float d;
+                memcpy(&d, deltas + 4 * (dim * i + j), 4);
+                row[j] += d;
+            }
+            rc = geo_mark(s->geo, (uint32_t)((row - s->rows) / t->stride), trainer,
+                          t->cfg.geo_trainers);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return rc;
+}
+
+uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t *keys,
+                           float *rows, bool *more)
+{
+    size_t dim = t->cfg.dim;
+    uint32_t got = 0;
+    *more = false;
+    for (uint32_t sh = 0; sh < t->cfg.shards; sh++) {
+        sparse_shard *s = &t->sp[sh];
+        pthread_mutex_lock(&s->mu);
+        geo_shard *g = s->geo;
+        while (g && g->n[trainer] && got < max) {
+            uint32_t row = g->list[trainer][--g->n[trainer]];
+            g->mask[row] &= ~(1ull << trainer);
+            edl_put64(keys + 8 * (size_t)got, s->rowkey[row]);
+            memcpy(rows + dim * got++, s->rows + (size_t)row * t->stride, dim * sizeof *rows);
+        }
+        *more |= g && g->n[trainer] > 0;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return got;
+}
+
+/* ---- for single owners: the trainer's merge buffers and local copies ------------------------ */
+
+float *ps_table_row(ps_table *t, uint64_t key, bool create)
+{
+    sparse_shard *s = &t->sp[edl_ps_key_shard(key, t->cfg.shards)];
+    if (!create) {
+        if (!s->cap)
+            return NULL;
+        size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
+        for (; s->slot[j]; j = (j + 1) & (s->cap - 1))
+            if (s->keys[j] == key)
+                return s->rows + (size_t)(s->slot[j] - 1) * t->stride;
+        return NULL;
+    }
+    return sparse_row(t, s, key);
+}
+
+int ps_table_foreach(ps_table *t, ps_rows_fn fn, void *arg)
+{
+    int rc = 0;
+    for (uint32_t sh = 0; sh < t->cfg.shards && rc == 0; sh++) {
+        if (t->sp) {
+            sparse_shard *s = &t->sp[sh];
+            pthread_mutex_lock(&s->mu);
+            if (s->nrows)
+                rc = fn(arg, s->rowkey, 0, s->rows, s->nrows, t->stride);
+            pthread_mutex_unlock(&s->mu);
+        } else if (t->dn[sh].w) {
+            dense_shard *d = &t->dn[sh];
+            pthread_mutex_lock(&d->mu);
+            rc = fn(arg, NULL, edl_ps_dense_shard_start(t->cfg.size, t->cfg.shards, sh), d->w,
+                    edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh), 1);
+            pthread_mutex_unlock(&d->mu);
+        }
+    }
+    return rc;
+}
+
+/* ---- sync: a step's summed gradients -------------------------------------------------------- */
+
+static int push_rows(void *target, const uint64_t *keys, uint64_t start, float *rows,
+                     size_t n, size_t stride)
+{
+    (void)stride; /* SGD without state: the rows are the wire's gradient layout */
+    if (keys)
+        return ps_table_push_sparse(target, (const uint8_t *)keys, (uint32_t)n,
+                                    (const uint8_t *)rows);
+    return ps_table_push_dense(target, start, n, (const uint8_t *)rows);
+}
+
+int ps_table_apply_to(ps_table *sum, ps_table *target)
+{
+    return ps_table_foreach(sum, push_rows, target);
+}
+
 void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
 {
     uint64_t r = 0, b = 0;
@@ -336,7 +496,8 @@ void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
             pthread_mutex_lock(&x->mu);
             r += x->nrows;
             b += x->cap * (sizeof *x->keys + sizeof *x->slot) +
-                 x->rows_cap * t->stride * sizeof(float);
+                 x->rows_cap * (t->stride * sizeof(float) + sizeof *x->rowkey +
+                                (x->geo ? sizeof *x->geo->mask : 0));
             pthread_mutex_unlock(&x->mu);
         } else {
             dense_shard *d = &t->dn[s];

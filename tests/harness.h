@@ -275,4 +275,27 @@ void harness_chroot_run(const harness_chroot_job *j, const char *job, const char
 void harness_chroot_check_env(const harness_chroot_job *j, const char *job,
                               const edl_generation *g, const char *uid);
 
+/* ---- parameter servers in this process (harness_ps.c) ------------------------------------ */
+
+#include "edl/ps.h"
+
+#define HARNESS_PS_MAX 4
+/* n servers (threads of this process) on free loopback ports, serving job "job-a" with a
+ * fixed secret; extra options (NULL: defaults) apply to each. Fails the test on error. */
+typedef struct harness_ps {
+    edl_job_secret secret;
+    edl_ps_server *srv[HARNESS_PS_MAX];
+    char eps[HARNESS_PS_MAX][64];
+    const char *ep[HARNESS_PS_MAX];
+    int n;
+} harness_ps;
+
+void harness_ps_secret(edl_job_secret *s, uint8_t byte); /* 32 bytes of `byte` */
+void harness_ps_open(harness_ps *k, int n, const edl_ps_server_options *extra);
+void harness_ps_close(harness_ps *k);
+/* A client of all of k's servers; fails the test on error. */
+edl_ps_client *harness_ps_client(const harness_ps *k, int timeout_ms);
+/* Fails the test with the client's message when rc != 0. */
+void harness_ps_ok(edl_ps_client *c, int rc);
+
 #endif

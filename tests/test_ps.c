@@ -25,65 +25,6 @@
 #include "harness.h"
 #include "internal.h" /* ps/: the wire format, to speak it badly on purpose */
 
-#define MAX_SERVERS 4
-
-typedef struct cluster {
-    edl_job_secret secret;
-    edl_ps_server *srv[MAX_SERVERS];
-    char eps[MAX_SERVERS][64];
-    const char *ep[MAX_SERVERS];
-    int n;
-} cluster;
-
-static void secret_fill(edl_job_secret *s, uint8_t byte)
-{
-    edl_job_secret_init(s);
-    memset(s->key, byte, 32);
-    s->len = 32;
-}
-
-static void cluster_open(cluster *k, int n, const edl_ps_server_options *extra)
-{
-    memset(k, 0, sizeof *k);
-    secret_fill(&k->secret, 0x5a);
-    k->n = n;
-    for (int i = 0; i < n; i++) {
-        edl_ps_server_options o = extra ? *extra : (edl_ps_server_options){0};
-        char why[256];
-        o.secret = &k->secret;
-        o.threads = o.threads ? o.threads : 2;
-        o.job = "job-a";
-        if (edl_ps_server_open(&o, &k->srv[i], why, sizeof why) != 0)
-            fail_msg("server %d: %s", i, why);
-        assert_int_equal(edl_ps_server_start(k->srv[i]), 0);
-        snprintf(k->eps[i], sizeof k->eps[i], "127.0.0.1:%d", edl_ps_server_port(k->srv[i]));
-        k->ep[i] = k->eps[i];
-    }
-}
-
-static void cluster_close(cluster *k)
-{
-    for (int i = 0; i < k->n; i++)
-        edl_ps_server_close(k->srv[i]);
-}
-
-static edl_ps_client *client_open(const cluster *k, int timeout_ms)
-{
-    edl_ps_client_options o = {.endpoints = k->ep, .n_servers = k->n, .job = "job-a",
-                               .secret = &k->secret, .timeout_ms = timeout_ms};
-    edl_ps_client *c = NULL;
-    char why[512];
-    if (edl_ps_client_open(&o, &c, why, sizeof why) != 0)
-        fail_msg("client: %s", why);
-    return c;
-}
-
-static void ok(edl_ps_client *c, int rc)
-{
-    if (rc != 0)
-        fail_msg("%s (%s)", edl_ps_client_errmsg(c), edl_err_name(rc));
-}
-
 /* ---- the reference: the optimizers written out again, one process, no sharding ----------- */
 
 typedef struct ref_row {
@@ -129,9 +70,9 @@ static uint64_t rnd64(void)
 static void run_sparse_against_reference(edl_ps_optimizer opt)
 {
     enum { POOL = 300, BATCH = 200, DIM = 4, ROUNDS = 20 };
-    cluster k;
-    cluster_open(&k, 3, NULL);
-    edl_ps_client *c = client_open(&k, 10000);
+    harness_ps k;
+    harness_ps_open(&k, 3, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 10000);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
     cfg.dim = DIM;
@@ -139,13 +80,13 @@ static void run_sparse_against_reference(edl_ps_optimizer opt)
     cfg.lr = 0.05f;
     cfg.seed = 7;
     cfg.shards = 64;
-    ok(c, edl_ps_create_table(c, 3, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 3, &cfg));
     static uint64_t pool[POOL];
     static ref_row ref[POOL];
     static float rows[POOL * DIM];
     for (int i = 0; i < POOL; i++)
         pool[i] = rnd64();
-    ok(c, edl_ps_pull_sparse(c, 3, pool, POOL, rows)); /* rows are born on first touch */
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 3, pool, POOL, rows)); /* rows are born on first touch */
     for (int i = 0; i < POOL; i++) {
         memset(&ref[i], 0, sizeof ref[i]);
         memcpy(ref[i].w, rows + i * DIM, sizeof(float) * DIM);
@@ -165,21 +106,21 @@ static void run_sparse_against_reference(edl_ps_optimizer opt)
             for (int j = 0; j < DIM; j++)
                 sum[idx[b]][j] += g[b * DIM + j] = (float)((int)(rnd64() % 2001) - 1000) / 1000;
         }
-        ok(c, edl_ps_push_sparse(c, 3, keys, BATCH, g));
+        harness_ps_ok(c, edl_ps_push_sparse(c, 3, keys, BATCH, g));
         for (int i = 0; i < POOL; i++)
             if (touched[i])
                 ref_apply(&cfg, &ref[i], sum[i], DIM);
-        ok(c, edl_ps_pull_sparse(c, 3, keys, BATCH, g)); /* in the keys' order, repeats too */
+        harness_ps_ok(c, edl_ps_pull_sparse(c, 3, keys, BATCH, g)); /* in the keys' order, repeats too */
         for (int b = 0; b < BATCH; b++)
             for (int j = 0; j < DIM; j++)
                 assert_close(g[b * DIM + j], ref[idx[b]].w[j], "row", b);
     }
     edl_ps_server_stats st;
-    ok(c, edl_ps_stats(c, &st));
+    harness_ps_ok(c, edl_ps_stats(c, &st));
     assert_int_equal(st.rows, POOL); /* each key lives on one server, once */
     assert_int_equal(st.tables, 3);
     edl_ps_client_close(c);
-    cluster_close(&k);
+    harness_ps_close(&k);
 }
 
 static void test_sgd_rows_match_the_reference(void **state)
@@ -204,26 +145,26 @@ static void test_adam_rows_match_the_reference(void **state)
 static void test_rows_are_born_alike_on_any_server(void **state)
 {
     (void)state;
-    cluster one, three;
-    cluster_open(&one, 1, NULL);
-    cluster_open(&three, 3, NULL);
-    edl_ps_client *a = client_open(&one, 10000), *b = client_open(&three, 10000);
+    harness_ps one, three;
+    harness_ps_open(&one, 1, NULL);
+    harness_ps_open(&three, 3, NULL);
+    edl_ps_client *a = harness_ps_client(&one, 10000), *b = harness_ps_client(&three, 10000);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
-    ok(a, edl_ps_create_table(a, 0, &cfg));
-    ok(b, edl_ps_create_table(b, 0, &cfg));
+    harness_ps_ok(a, edl_ps_create_table(a, 0, &cfg));
+    harness_ps_ok(b, edl_ps_create_table(b, 0, &cfg));
     uint64_t keys[100];
     float ra[100 * 8], rb[100 * 8];
     for (int i = 0; i < 100; i++)
         keys[i] = rnd64();
-    ok(a, edl_ps_pull_sparse(a, 0, keys, 100, ra));
-    ok(b, edl_ps_pull_sparse(b, 0, keys, 100, rb));
+    harness_ps_ok(a, edl_ps_pull_sparse(a, 0, keys, 100, ra));
+    harness_ps_ok(b, edl_ps_pull_sparse(b, 0, keys, 100, rb));
     assert_memory_equal(ra, rb, sizeof ra);
     assert_true(ra[0] != ra[1] && ra[0] != ra[8]); /* not a constant */
     edl_ps_client_close(a);
     edl_ps_client_close(b);
-    cluster_close(&one);
-    cluster_close(&three);
+    harness_ps_close(&one);
+    harness_ps_close(&three);
 }
 
 /* A dense table of 10,007 floats in 64 shards over 3 servers, Adam, pushed in overlapping
@@ -232,9 +173,9 @@ static void test_dense_tables_split_over_servers_match_the_reference(void **stat
 {
     (void)state;
     enum { SIZE = 10007 };
-    cluster k;
-    cluster_open(&k, 3, NULL);
-    edl_ps_client *c = client_open(&k, 10000);
+    harness_ps k;
+    harness_ps_open(&k, 3, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 10000);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
     cfg.kind = EDL_PS_DENSE;
@@ -243,10 +184,10 @@ static void test_dense_tables_split_over_servers_match_the_reference(void **stat
     cfg.shards = 64;
     cfg.optimizer = EDL_PS_ADAM;
     cfg.lr = 0.01f;
-    ok(c, edl_ps_create_table(c, 9, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 9, &cfg));
     static float w[SIZE], g[SIZE];
     static ref_row ref[SIZE];
-    ok(c, edl_ps_pull_dense(c, 9, 0, SIZE, w));
+    harness_ps_ok(c, edl_ps_pull_dense(c, 9, 0, SIZE, w));
     for (int i = 0; i < SIZE; i++)
         ref[i] = (ref_row){.w = {w[i]}, .p1 = 1, .p2 = 1};
     const uint64_t ranges[][2] = {{0, SIZE}, {100, 5000}, {9000, 1007}, {157, 1}, {0, SIZE}};
@@ -254,20 +195,20 @@ static void test_dense_tables_split_over_servers_match_the_reference(void **stat
         uint64_t off = ranges[r][0], n = ranges[r][1];
         for (uint64_t i = 0; i < n; i++)
             g[i] = (float)((int)(rnd64() % 201) - 100) / 100;
-        ok(c, edl_ps_push_dense(c, 9, off, n, g));
+        harness_ps_ok(c, edl_ps_push_dense(c, 9, off, n, g));
         for (uint64_t i = 0; i < n; i++)
             ref_apply(&cfg, &ref[off + i], &g[i], 1);
     }
-    ok(c, edl_ps_pull_dense(c, 9, 0, SIZE, w));
+    harness_ps_ok(c, edl_ps_pull_dense(c, 9, 0, SIZE, w));
     for (int i = 0; i < SIZE; i++)
         assert_close(w[i], ref[i].w[0], "element", i);
     float part[10];
-    ok(c, edl_ps_pull_dense(c, 9, 4990, 10, part));
+    harness_ps_ok(c, edl_ps_pull_dense(c, 9, 4990, 10, part));
     assert_memory_equal(part, w + 4990, sizeof part);
     assert_int_equal(edl_ps_pull_dense(c, 9, SIZE - 5, 10, part), EDL_EINVAL);
     assert_non_null(strstr(edl_ps_client_errmsg(c), "outside dense table 9"));
     edl_ps_client_close(c);
-    cluster_close(&k);
+    harness_ps_close(&k);
 }
 
 /* ---- the shard map ------------------------------------------------------------------------ */
@@ -319,10 +260,10 @@ static void test_shard_map_is_balanced_and_moves_one_in_s_plus_one(void **state)
 static void test_a_client_without_the_secret_is_refused(void **state)
 {
     (void)state;
-    cluster k;
-    cluster_open(&k, 1, NULL);
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
     edl_job_secret other;
-    secret_fill(&other, 0x11);
+    harness_ps_secret(&other, 0x11);
     edl_ps_client *c = NULL;
     char why[512];
     edl_ps_client_options o = {.endpoints = k.ep, .n_servers = 1, .job = "job-a",
@@ -335,23 +276,23 @@ static void test_a_client_without_the_secret_is_refused(void **state)
     o.job = "job-a";
     assert_int_equal(edl_ps_client_open(&o, &c, why, sizeof why), 0);
     edl_ps_server_stats st;
-    ok(c, edl_ps_stats(c, &st));
+    harness_ps_ok(c, edl_ps_stats(c, &st));
     assert_true(st.connections >= 3);
     edl_ps_client_close(c);
-    cluster_close(&k);
+    harness_ps_close(&k);
 }
 
 static void test_a_table_keeps_its_config_and_calls_are_checked(void **state)
 {
     (void)state;
-    cluster k;
+    harness_ps k;
     edl_ps_server_options so = {.max_message = 64 << 10};
-    cluster_open(&k, 2, &so);
-    edl_ps_client *c = client_open(&k, 5000);
+    harness_ps_open(&k, 2, &so);
+    edl_ps_client *c = harness_ps_client(&k, 5000);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
-    ok(c, edl_ps_create_table(c, 1, &cfg));
-    ok(c, edl_ps_create_table(c, 1, &cfg)); /* the same again: fine */
+    harness_ps_ok(c, edl_ps_create_table(c, 1, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 1, &cfg)); /* the same again: fine */
     cfg.dim = 16;
     assert_int_equal(edl_ps_create_table(c, 1, &cfg), EDL_ECONFLICT);
     assert_non_null(strstr(edl_ps_client_errmsg(c), "another config"));
@@ -369,14 +310,14 @@ static void test_a_table_keeps_its_config_and_calls_are_checked(void **state)
         keys[i] = (uint64_t)i;
     assert_int_equal(edl_ps_pull_sparse(c, 1, keys, 8192, out), EDL_ETOOBIG);
     assert_non_null(strstr(edl_ps_client_errmsg(c), "max_message"));
-    ok(c, edl_ps_pull_sparse(c, 1, keys, 1000, out)); /* and the client still works */
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 1, keys, 1000, out)); /* and the client still works */
     edl_ps_client_close(c);
-    cluster_close(&k);
+    harness_ps_close(&k);
 }
 
 /* ---- hostile input ------------------------------------------------------------------------ */
 
-static int raw_connect(const cluster *k)
+static int raw_connect(const harness_ps *k)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(
@@ -426,7 +367,7 @@ static bool raw_closed(int fd)
 }
 
 /* A link through the handshake, as a client would do it. */
-static int raw_link(const cluster *k)
+static int raw_link(const harness_ps *k)
 {
     int fd = raw_connect(k);
     uint8_t nc[PS_NONCE_BYTES] = {1}, ns[PS_NONCE_BYTES], buf[PS_CHALLENGE_BYTES];
@@ -467,12 +408,12 @@ static void expect_error(int fd, uint8_t type, uint16_t table, const void *body,
 static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
 {
     (void)state;
-    cluster k;
-    cluster_open(&k, 1, NULL);
-    edl_ps_client *c = client_open(&k, 5000);
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 5000);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
-    ok(c, edl_ps_create_table(c, 0, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &cfg));
     int fd = raw_link(&k);
     uint8_t b[64] = {0};
     edl_put32(b, 0xffffffffu); /* 4 billion keys in 8 bytes */
@@ -503,21 +444,21 @@ static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
     close(fd);
     uint64_t key = 42;
     float row[8];
-    ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
     edl_ps_client_close(c);
-    cluster_close(&k);
+    harness_ps_close(&k);
 }
 
 static void test_broken_frames_and_strangers_are_cut_off_and_others_served(void **state)
 {
     (void)state;
-    cluster k;
+    harness_ps k;
     edl_ps_server_options so = {.max_message = 1 << 20, .handshake_timeout_ms = 300};
-    cluster_open(&k, 1, &so);
-    edl_ps_client *c = client_open(&k, 5000);
+    harness_ps_open(&k, 1, &so);
+    edl_ps_client *c = harness_ps_client(&k, 5000);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
-    ok(c, edl_ps_create_table(c, 0, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &cfg));
     char msg[600];
     /* a frame announcing 2 GiB: an error frame and the end of the link, nothing allocated */
     int fd = raw_link(&k);
@@ -561,13 +502,13 @@ static void test_broken_frames_and_strangers_are_cut_off_and_others_served(void 
     close(silent);
     uint64_t key = 5;
     float row[8];
-    ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
     close(fd);
     edl_ps_server_stats st;
-    ok(c, edl_ps_stats(c, &st));
+    harness_ps_ok(c, edl_ps_stats(c, &st));
     assert_true(st.rejected >= 5);
     edl_ps_client_close(c);
-    cluster_close(&k);
+    harness_ps_close(&k);
 }
 
 /* ---- edl-ps, the program ------------------------------------------------------------------ */
@@ -618,12 +559,12 @@ static void test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_nam
     assert_int_equal(edl_ps_client_open(&o, &c, out, sizeof out), 0);
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
-    ok(c, edl_ps_create_table(c, 0, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &cfg));
     uint64_t keys[64];
     float rows[64 * 8];
     for (int i = 0; i < 64; i++)
         keys[i] = (uint64_t)i * 7919;
-    ok(c, edl_ps_pull_sparse(c, 0, keys, 64, rows));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, keys, 64, rows));
     harness_kill(b, SIGKILL); /* and reaped */
     int64_t t0 = harness_now_ms();
     assert_int_equal(edl_ps_pull_sparse(c, 0, keys, 64, rows), EDL_EPEER);

@@ -23,6 +23,7 @@
 #define EDL_PS_MAX_DIM 4096       /* floats per sparse row */
 #define EDL_PS_MAX_DENSE (1u << 30) /* floats in one dense table */
 #define EDL_PS_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes of one request or reply body */
+#define EDL_PS_MAX_GEO_TRAINERS 64
 
 /* ---- tables -------------------------------------------------------------------------------- */
 
@@ -43,6 +44,8 @@ typedef struct edl_ps_table_config {
     float init_scale;       /* uniform: in [-init_scale, init_scale) */
     uint64_t seed;          /* the initial values are a function of (seed, key, column): the
                                same whichever server creates the row */
+    uint32_t geo_trainers;  /* GEO mode (sparse tables): the trainers whose changes the server
+                               tracks (1..EDL_PS_MAX_GEO_TRAINERS); 0 for the other modes */
 } edl_ps_table_config;
 
 /* Defaults: sparse, dim 8, 1,024 shards, SGD with lr 0.01, beta1 0.9, beta2 0.999, eps 1e-8,
@@ -135,5 +138,66 @@ int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n
                       const float *grads);
 /* Totals over every server (tables counts distinct ids once per server). */
 int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out);
+
+/* ---- the trainer's side of the update modes --------------------------------------------------
+ *   sync        every step, the gradients of all trainers are summed on the servers and applied
+ *               once, at the step's barrier (edl_ps_trainer_step), which follows the generation:
+ *               edl_ps_trainer_set_trainers with the new count lets a step finish without a
+ *               trainer that left.
+ *   async       pushes return at once; a sender thread sends what is queued, the gradients of a
+ *               key queued more than once summed first; the servers apply on arrival.
+ *   half_async  the trainer's threads push into one merge buffer; at edl_ps_trainer_step the
+ *               last of `threads` to arrive sends it and all go on once it is applied; trainers
+ *               never wait for each other.
+ *   geo         the trainer trains a local copy of the rows it pulls (SGD with the table's lr)
+ *               and keeps the last synced copy; every geo_every steps it pushes, for each row it
+ *               changed, (local - synced) / trainers, adds that to its synced copy, and pulls
+ *               the rows the other trainers changed, moving its local copy by (server - synced).
+ *               Sparse tables created with geo_trainers = trainers; dense tables are pushed at
+ *               once, as in async.
+ * What each guarantees when trainers or servers come and go: docs/ps.md. */
+typedef enum edl_ps_mode {
+    EDL_PS_MODE_SYNC = 1,
+    EDL_PS_MODE_ASYNC = 2,
+    EDL_PS_MODE_HALF_ASYNC = 3,
+    EDL_PS_MODE_GEO = 4,
+} edl_ps_mode;
+
+/* "sync", "async", "half_async" (or "half-async"), "geo". 0 or EDL_EINVAL. */
+int edl_ps_mode_parse(const char *s, edl_ps_mode *out);
+const char *edl_ps_mode_name(edl_ps_mode m);
+
+typedef struct edl_ps_trainer edl_ps_trainer;
+
+typedef struct edl_ps_trainer_options {
+    edl_ps_mode mode;
+    int trainer_id, trainers; /* this trainer's index, and how many (the generation's) */
+    int threads;              /* half_async: the threads that push and step (default 1) */
+    int geo_every;            /* geo: steps between syncs (default 10) */
+} edl_ps_trainer_options;
+
+/* The trainer's side on an open client (borrowed: close the trainer first). The tables must
+ * have been created on this client. 0, or EDL_EINVAL / an error of the servers (why). */
+int edl_ps_trainer_open(edl_ps_client *c, const edl_ps_trainer_options *o,
+                        edl_ps_trainer **out, char *why, size_t whylen);
+/* Pushes everything still queued (edl_ps_trainer_flush), then frees. */
+int edl_ps_trainer_close(edl_ps_trainer *t);
+const char *edl_ps_trainer_errmsg(const edl_ps_trainer *t);
+/* As the client's, in the trainer's mode. Thread-safe in async and half_async; one thread in
+ * sync and geo. */
+int edl_ps_trainer_pull_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t *keys,
+                               size_t n, float *out);
+int edl_ps_trainer_push_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t *keys,
+                               size_t n, const float *grads);
+int edl_ps_trainer_pull_dense(edl_ps_trainer *t, uint32_t table, uint64_t off, uint64_t n,
+                              float *out);
+int edl_ps_trainer_push_dense(edl_ps_trainer *t, uint32_t table, uint64_t off, uint64_t n,
+                              const float *grads);
+/* The end of a training step (of this thread's batch, in half_async). */
+int edl_ps_trainer_step(edl_ps_trainer *t);
+/* Every push so far is applied on the servers (geo: the local changes are pushed now). */
+int edl_ps_trainer_flush(edl_ps_trainer *t);
+/* A new generation: this trainer's index and the trainer count (sync barriers, geo deltas). */
+int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers);
 
 #endif

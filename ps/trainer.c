@@ -1,0 +1,580 @@
+/* trainer.c: the update modes on the trainer's side (edl_ps_trainer, see ps.h). The buffers
+ * that merge gradients (async, half_async) and the GEO local copies are tables of table.c kept
+ * here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
+ * table whose rows hold the local copy and then the synced copy. The client is used by one
+ * thread at a time (client_mu): the caller's pulls and the async sender take turns. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edl/wire.h"
+#include "internal.h"
+
+#define SEND_CHUNK 65536 /* rows of one push of a merge buffer */
+
+struct edl_ps_trainer {
+    edl_ps_client *c;
+    edl_ps_trainer_options o;
+    uint64_t token, step;
+    pthread_mutex_t client_mu;
+    pthread_mutex_t mu; /* merge buffers, the sender's state, the half_async barrier */
+    pthread_cond_t cv;
+    ps_table *merge[EDL_PS_MAX_TABLES];
+    bool queued, sending, stop, has_sender;
+    pthread_t sender;
+    int send_rc;
+    uint64_t round;
+    int arrived;
+    ps_table *local[EDL_PS_MAX_TABLES]; /* geo */
+    char err[1024];
+};
+
+int edl_ps_mode_parse(const char *s, edl_ps_mode *out)
+{
+    static const struct { const char *name; edl_ps_mode m; } names[] = {
+        {"sync", EDL_PS_MODE_SYNC}, {"async", EDL_PS_MODE_ASYNC},
+        {"half_async", EDL_PS_MODE_HALF_ASYNC}, {"half-async", EDL_PS_MODE_HALF_ASYNC},
+        {"geo", EDL_PS_MODE_GEO}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].m;
+            return 0;
+        }
+    return EDL_EINVAL;
+}
+
+const char *edl_ps_mode_name(edl_ps_mode m)
+{
+    switch (m) {
+    case EDL_PS_MODE_SYNC: return "sync";
+    case EDL_PS_MODE_ASYNC: return "async";
+    case EDL_PS_MODE_HALF_ASYNC: return "half_async";
+    case EDL_PS_MODE_GEO: return "geo";
+    }
+    return "unknown";
+}
+
+const char *edl_ps_trainer_errmsg(const edl_ps_trainer *t)
+{
+    return t ? t->err : "no trainer";
+}
+
+/* A client call's outcome: its message kept on failure. */
+static int took(edl_ps_trainer *t, int rc)
+{
+    if (rc)
+        snprintf(t->err, sizeof t->err, "%s", edl_ps_client_errmsg(t->c));
+    return rc;
+}
+
+static const edl_ps_table_config *table_of(edl_ps_trainer *t, uint32_t table)
+{
+    const edl_ps_table_config *cfg = ps_client_table(t->c, table);
+    if (!cfg)
+        snprintf(t->err, sizeof t->err, "table %u: create it on the client first", table);
+    return cfg;
+}
+
+/* A table of table.c shaped like `table`: a merge buffer, or (width 2) a GEO local copy. */
+static ps_table *own_table(edl_ps_trainer *t, uint32_t table, uint32_t width)
+{
+    const edl_ps_table_config *cfg = table_of(t, table);
+    if (!cfg)
+        return NULL;
+    edl_ps_table_config c = *cfg;
+    c.dim = cfg->dim * width;
+    c.optimizer = EDL_PS_SGD;
+    c.lr = -1; /* a push adds */
+    c.init = EDL_PS_INIT_ZERO;
+    c.geo_trainers = 0;
+    ps_table *own = NULL;
+    if (ps_table_new(&c, &own) != 0)
+        snprintf(t->err, sizeof t->err, "out of memory for table %u's buffer", table);
+    return own;
+}
+
+/* ---- sending a buffer of summed gradients ----------------------------------------------------- */
+
+typedef struct gather {
+    edl_ps_trainer *t;
+    uint32_t table, dim;
+    uint64_t *keys, start; /* start: dense, the run's first element */
+    float *vals;
+    size_t n, cap;
+    const ps_call_mode *mode;
+    int rc;
+} gather;
+
+static int gather_push(gather *g)
+{
+    int rc = 0;
+    if (g->n && !g->keys)
+        rc = ps_client_push_dense_mode(g->t->c, g->table, g->start, g->n, g->vals, g->mode);
+    else if (g->n)
+        rc = ps_client_push_sparse_mode(g->t->c, g->table, g->keys, g->n, g->vals, g->mode);
+    g->n = 0;
+    return took(g->t, rc);
+}
+
+static int gather_room(gather *g, size_t more, bool keys)
+{
+    if (g->n + more <= g->cap)
+        return 0;
+    size_t cap = g->cap ? g->cap : 1024;
+    while (cap < g->n + more)
+        cap *= 2;
+    float *v = realloc(g->vals, cap * g->dim * sizeof *v);
+    if (v)
+        g->vals = v;
+    uint64_t *k = keys && v ? realloc(g->keys, cap * sizeof *k) : NULL;
+    if (k)
+        g->keys = k;
+    if (!v || (keys && !k))
+        return EDL_ENOMEM;
+    g->cap = cap;
+    return 0;
+}
+
+/* foreach callback: sparse rows go out SEND_CHUNK at a time; dense runs while contiguous. */
+static int gather_rows(void *arg, const uint64_t *keys, uint64_t start, float *rows, size_t n,
+                       size_t stride)
+{
+    gather *g = arg;
+    int rc;
+    if (!keys && g->n && g->start + g->n != start && (rc = gather_push(g)))
+        return rc;
+    if (!keys && !g->n)
+        g->start = start;
+    if (gather_room(g, n, keys != NULL)) {
+        snprintf(g->t->err, sizeof g->t->err, "out of memory sending table %u", g->table);
+        return EDL_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (keys)
+            g->keys[g->n] = keys[i];
+        memcpy(g->vals + g->n++ * g->dim, rows + i * stride, g->dim * sizeof *rows);
+        if (keys && g->n == SEND_CHUNK && (rc = gather_push(g)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Every row of buf through fn (which gathers into g) into pushes; frees g's arrays. */
+static int send_table(ps_table *buf, ps_rows_fn fn, void *fn_arg, gather *g)
+{
+    int rc = ps_table_foreach(buf, fn, fn_arg);
+    if (rc == 0)
+        rc = gather_push(g);
+    free(g->keys);
+    free(g->vals);
+    return rc;
+}
+
+/* Send merge buffers taken from the trainer (under client_mu); frees them. */
+static int send_merged(edl_ps_trainer *t, ps_table **bufs)
+{
+    static const ps_call_mode plain = {0};
+    int rc = 0;
+    pthread_mutex_lock(&t->client_mu);
+    for (uint32_t i = 0; i < EDL_PS_MAX_TABLES; i++) {
+        gather g = {.t = t, .table = i, .mode = &plain};
+        if (bufs[i] && rc == 0) {
+            g.dim = ps_client_table(t->c, i)->dim;
+            rc = send_table(bufs[i], gather_rows, &g, &g);
+        }
+        ps_table_free(bufs[i]);
+        bufs[i] = NULL;
+    }
+    pthread_mutex_unlock(&t->client_mu);
+    return rc;
+}
+
+/* ---- async: the sender thread ---------------------------------------------------------------- */
+
+static void take_merged(edl_ps_trainer *t, ps_table **bufs)
+{
+    memcpy(bufs, t->merge, sizeof t->merge);
+    memset(t->merge, 0, sizeof t->merge);
+    t->queued = false;
+}
+
+static void *sender_main(void *arg)
+{
+    edl_ps_trainer *t = arg;
+    ps_table *bufs[EDL_PS_MAX_TABLES];
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (!t->stop && !t->queued)
+            pthread_cond_wait(&t->cv, &t->mu);
+        if (!t->queued)
+            break;
+        take_merged(t, bufs);
+        t->sending = true;
+        pthread_mutex_unlock(&t->mu);
+        int rc = send_merged(t, bufs);
+        pthread_mutex_lock(&t->mu);
+        t->sending = false;
+        t->send_rc = t->send_rc ? t->send_rc : rc;
+        pthread_cond_broadcast(&t->cv);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+/* Add gradients to the merge buffer of `table`. */
+static int merge_push(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, size_t n,
+                      uint64_t off, const float *grads)
+{
+    const edl_ps_table_config *cfg = table_of(t, table);
+    if (!cfg)
+        return EDL_EINVAL;
+    pthread_mutex_lock(&t->mu);
+    int rc = t->send_rc;
+    if (rc == 0 && !t->merge[table] && !(t->merge[table] = own_table(t, table, 1)))
+        rc = EDL_ENOMEM;
+    if (rc == 0 && keys)
+        rc = ps_table_push_sparse(t->merge[table], (const uint8_t *)keys, (uint32_t)n,
+                                  (const uint8_t *)grads);
+    else if (rc == 0)
+        rc = ps_table_push_dense(t->merge[table], off, n, (const uint8_t *)grads);
+    if (rc == 0) {
+        t->queued = true;
+        pthread_cond_broadcast(&t->cv);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ---- half_async: the threads' barrier -------------------------------------------------------- */
+
+static int half_async_step(edl_ps_trainer *t)
+{
+    pthread_mutex_lock(&t->mu);
+    uint64_t round = t->round;
+    if (++t->arrived < t->o.threads) {
+        while (t->round == round)
+            pthread_cond_wait(&t->cv, &t->mu);
+    } else {
+        ps_table *bufs[EDL_PS_MAX_TABLES];
+        take_merged(t, bufs);
+        pthread_mutex_unlock(&t->mu);
+        int rc = send_merged(t, bufs);
+        pthread_mutex_lock(&t->mu);
+        t->send_rc = t->send_rc ? t->send_rc : rc;
+        t->arrived = 0;
+        t->round++;
+        pthread_cond_broadcast(&t->cv);
+    }
+    int rc = t->send_rc;
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ---- sync -------------------------------------------------------------------------------------- */
+
+static ps_call_mode sync_mode(const edl_ps_trainer *t)
+{
+    ps_call_mode m = {.flags = PS_F_SYNC, .len = PS_SYNC_PREFIX};
+    edl_put64(m.prefix, t->token);
+    edl_put64(m.prefix + 8, t->step);
+    return m;
+}
+
+/* Wait at the barrier of `step` until every server has applied it (each "not yet" answer is
+ * followed by the question again, with the trainer count in force then). */
+static int sync_barrier(edl_ps_trainer *t, uint64_t step, uint64_t *done)
+{
+    bool applied = false;
+    int rc = 0;
+    while (rc == 0 && !applied) {
+        pthread_mutex_lock(&t->mu);
+        uint32_t trainers = (uint32_t)t->o.trainers;
+        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_lock(&t->client_mu);
+        rc = took(t, ps_client_barrier(t->c, t->token, step, trainers, &applied, done));
+        pthread_mutex_unlock(&t->client_mu);
+        if (step == UINT64_MAX)
+            break;
+    }
+    return rc;
+}
+
+/* ---- geo --------------------------------------------------------------------------------------- */
+
+/* The local rows of keys (fetched from the servers, local = synced = theirs, when new). */
+static int geo_rows(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, size_t n)
+{
+    const edl_ps_table_config *cfg = table_of(t, table);
+    if (!cfg)
+        return EDL_EINVAL;
+    if (!t->local[table] && !(t->local[table] = own_table(t, table, 2)))
+        return EDL_ENOMEM;
+    size_t dim = cfg->dim, nm = 0;
+    uint64_t *miss = malloc((n ? n : 1) * sizeof *miss);
+    float *rows = malloc((n ? n : 1) * dim * sizeof *rows);
+    int rc = miss && rows ? 0 : EDL_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!ps_table_row(t->local[table], keys[i], false))
+            miss[nm++] = keys[i];
+    if (rc == 0 && nm)
+        rc = took(t, edl_ps_pull_sparse(t->c, table, miss, nm, rows));
+    for (size_t i = 0; rc == 0 && i < nm; i++) {
+        if (ps_table_row(t->local[table], miss[i], false))
+            continue; /* a key repeated in the call: its row came with its first place */
+        float *row = ps_table_row(t->local[table], miss[i], true);
+        if (!row) {
+            rc = EDL_ENOMEM;
+            break;
+        }
+        memcpy(row, rows + i * dim, dim * sizeof *row);
+        memcpy(row + dim, rows + i * dim, dim * sizeof *row);
+    }
+    free(miss);
+    free(rows);
+    return rc;
+}
+
+typedef struct geo_ctx {
+    edl_ps_trainer *t;
+    uint32_t dim;
+    gather *g;
+    ps_table *local;
+} geo_ctx;
+
+/* foreach callback: the delta (local - synced) / trainers of every changed row, added to the
+ * synced copy and gathered for the push. */
+static int geo_deltas(void *arg, const uint64_t *keys, uint64_t start, float *rows, size_t n,
+                      size_t stride)
+{
+    (void)start;
+    geo_ctx *x = arg;
+    float inv = 1.0f / (float)x->t->o.trainers, delta[EDL_PS_MAX_DIM];
+    for (size_t i = 0; i < n; i++) {
+        float *local = rows + i * stride, *synced = local + x->dim;
+        bool changed = false;
+        for (uint32_t j = 0; j < x->dim; j++) {
+            delta[j] = (local[j] - synced[j]) * inv;
+            changed |= delta[j] != 0;
+        }
+        if (!changed)
+            continue;
+        for (uint32_t j = 0; j < x->dim; j++)
+            synced[j] += delta[j];
+        int rc = gather_rows(x->g, keys + i, 0, delta, 1, x->dim);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* A row another trainer changed: local += server - synced; synced = server. */
+static void geo_take(void *arg, uint64_t key, const float *server)
+{
+    geo_ctx *x = arg;
+    float *row = ps_table_row(x->local, key, false);
+    for (uint32_t j = 0; row && j < x->dim; j++) {
+        row[j] += server[j] - row[x->dim + j];
+        row[x->dim + j] = server[j];
+    }
+}
+
+static int geo_sync(edl_ps_trainer *t)
+{
+    ps_call_mode m = {.flags = PS_F_GEO, .len = PS_GEO_PREFIX};
+    edl_put32(m.prefix, (uint32_t)t->o.trainer_id);
+    int rc = 0;
+    for (uint32_t i = 0; i < EDL_PS_MAX_TABLES && rc == 0; i++) {
+        if (!t->local[i])
+            continue;
+        uint32_t dim = ps_client_table(t->c, i)->dim;
+        gather g = {.t = t, .table = i, .dim = dim, .mode = &m};
+        geo_ctx x = {.t = t, .dim = dim, .g = &g, .local = t->local[i]};
+        rc = send_table(t->local[i], geo_deltas, &x, &g);
+        if (rc == 0)
+            rc = took(t, ps_client_geo_pull(t->c, i, (uint32_t)t->o.trainer_id, geo_take, &x));
+    }
+    return rc;
+}
+
+static int geo_push(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, size_t n,
+                    const float *grads)
+{
+    int rc = geo_rows(t, table, keys, n);
+    const edl_ps_table_config *cfg = ps_client_table(t->c, table);
+    for (size_t i = 0; rc == 0 && i < n; i++) { /* local SGD */
+        float *row = ps_table_row(t->local[table], keys[i], false);
+        for (uint32_t j = 0; j < cfg->dim; j++)
+            row[j] -= cfg->lr * grads[i * cfg->dim + j];
+    }
+    return rc;
+}
+
+/* ---- the calls --------------------------------------------------------------------------------- */
+
+int edl_ps_trainer_open(edl_ps_client *c, const edl_ps_trainer_options *o,
+                        edl_ps_trainer **out, char *why, size_t whylen)
+{
+    if (!c || !o || o->mode < EDL_PS_MODE_SYNC || o->mode > EDL_PS_MODE_GEO ||
+        o->trainers < 1 || o->trainer_id < 0 || o->trainer_id >= o->trainers ||
+        o->threads < 0 || o->geo_every < 0 ||
+        (o->mode == EDL_PS_MODE_GEO && o->trainers > EDL_PS_MAX_GEO_TRAINERS))
+        return edl_errf(why, whylen, EDL_EINVAL, "trainer options: mode %d, trainer %d of %d, "
+                        "%d threads, geo_every %d (geo: at most %d trainers)",
+                        o ? (int)o->mode : 0, o ? o->trainer_id : 0, o ? o->trainers : 0,
+                        o ? o->threads : 0, o ? o->geo_every : 0, EDL_PS_MAX_GEO_TRAINERS);
+    edl_ps_trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
+    *t = (edl_ps_trainer){.c = c, .o = *o};
+    t->o.threads = o->threads ? o->threads : 1;
+    t->o.geo_every = o->geo_every ? o->geo_every : 10;
+    pthread_mutex_init(&t->client_mu, NULL);
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    int rc = 0;
+    if (o->mode == EDL_PS_MODE_SYNC) { /* a token of its own; the step the servers are at */
+        t->token = ps_mix64((uint64_t)edl_monotonic_ms() ^ (uint64_t)(uintptr_t)t ^
+                            ((uint64_t)o->trainer_id << 48));
+        rc = sync_barrier(t, UINT64_MAX, &t->step);
+    } else if (o->mode == EDL_PS_MODE_ASYNC) {
+        rc = pthread_create(&t->sender, NULL, sender_main, t) ? EDL_EIO : 0;
+        t->has_sender = rc == 0;
+    }
+    if (rc) {
+        edl_errf(why, whylen, rc, "%s", t->err[0] ? t->err : "cannot start the sender");
+        edl_ps_trainer_close(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+int edl_ps_trainer_close(edl_ps_trainer *t)
+{
+    if (!t)
+        return 0;
+    int rc = edl_ps_trainer_flush(t);
+    if (t->has_sender) {
+        pthread_mutex_lock(&t->mu);
+        t->stop = true;
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->sender, NULL);
+    }
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
+        ps_table_free(t->merge[i]);
+        ps_table_free(t->local[i]);
+    }
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    pthread_mutex_destroy(&t->client_mu);
+    free(t);
+    return rc;
+}
+
+int edl_ps_trainer_pull_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t *keys,
+                               size_t n, float *out)
+{
+    if (t->o.mode == EDL_PS_MODE_GEO) {
+        int rc = geo_rows(t, table, keys, n);
+        uint32_t dim = rc ? 0 : ps_client_table(t->c, table)->dim;
+        for (size_t i = 0; rc == 0 && i < n; i++)
+            memcpy(out + i * dim, ps_table_row(t->local[table], keys[i], false),
+                   dim * sizeof *out);
+        return rc;
+    }
+    pthread_mutex_lock(&t->client_mu);
+    int rc = took(t, edl_ps_pull_sparse(t->c, table, keys, n, out));
+    pthread_mutex_unlock(&t->client_mu);
+    return rc;
+}
+
+int edl_ps_trainer_pull_dense(edl_ps_trainer *t, uint32_t table, uint64_t off, uint64_t n,
+                              float *out)
+{
+    pthread_mutex_lock(&t->client_mu);
+    int rc = took(t, edl_ps_pull_dense(t->c, table, off, n, out));
+    pthread_mutex_unlock(&t->client_mu);
+    return rc;
+}
+
+/* A push in sync mode, or a dense one in geo mode: sent now. */
+static int push_now(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, size_t n,
+                    uint64_t off, const float *grads)
+{
+    ps_call_mode m = t->o.mode == EDL_PS_MODE_SYNC ? sync_mode(t) : (ps_call_mode){0};
+    pthread_mutex_lock(&t->client_mu);
+    int rc = keys ? ps_client_push_sparse_mode(t->c, table, keys, n, grads, &m)
+                  : ps_client_push_dense_mode(t->c, table, off, n, grads, &m);
+    pthread_mutex_unlock(&t->client_mu);
+    return took(t, rc);
+}
+
+int edl_ps_trainer_push_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t *keys,
+                               size_t n, const float *grads)
+{
+    if (!table_of(t, table))
+        return EDL_EINVAL;
+    switch (t->o.mode) {
+    case EDL_PS_MODE_SYNC: return push_now(t, table, keys, n, 0, grads);
+    case EDL_PS_MODE_GEO: return geo_push(t, table, keys, n, grads);
+    default: return merge_push(t, table, keys, n, 0, grads);
+    }
+}
+
+int edl_ps_trainer_push_dense(edl_ps_trainer *t, uint32_t table, uint64_t off, uint64_t n,
+                              const float *grads)
+{
+    if (!table_of(t, table))
+        return EDL_EINVAL;
+    if (t->o.mode == EDL_PS_MODE_SYNC || t->o.mode == EDL_PS_MODE_GEO)
+        return push_now(t, table, NULL, n, off, grads);
+    return merge_push(t, table, NULL, n, off, grads);
+}
+
+int edl_ps_trainer_step(edl_ps_trainer *t)
+{
+    uint64_t done;
+    int rc = 0;
+    switch (t->o.mode) {
+    case EDL_PS_MODE_SYNC:
+        if ((rc = sync_barrier(t, t->step, &done)) == 0)
+            t->step++;
+        return rc;
+    case EDL_PS_MODE_HALF_ASYNC: return half_async_step(t);
+    case EDL_PS_MODE_GEO: return ++t->step % (uint64_t)t->o.geo_every ? 0 : geo_sync(t);
+    default: return 0;
+    }
+}
+
+int edl_ps_trainer_flush(edl_ps_trainer *t)
+{
+    if (t->o.mode == EDL_PS_MODE_GEO)
+        return geo_sync(t);
+    if (t->o.mode == EDL_PS_MODE_HALF_ASYNC) { /* what no step has sent yet */
+        ps_table *bufs[EDL_PS_MAX_TABLES];
+        pthread_mutex_lock(&t->mu);
+        take_merged(t, bufs);
+        pthread_mutex_unlock(&t->mu);
+        return send_merged(t, bufs);
+    }
+    pthread_mutex_lock(&t->mu);
+    while (t->has_sender && (t->queued || t->sending))
+        pthread_cond_wait(&t->cv, &t->mu);
+    int rc = t->send_rc;
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers)
+{
+    if (trainers < 1 || trainer_id < 0 || trainer_id >= trainers ||
+        (t->o.mode == EDL_PS_MODE_GEO && trainers > EDL_PS_MAX_GEO_TRAINERS))
+        return EDL_EINVAL;
+    pthread_mutex_lock(&t->mu);
+    t->o.trainer_id = trainer_id;
+    t->o.trainers = trainers;
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}

@@ -1,0 +1,563 @@
+/* test_ps_modes.c: the parameter server's four update modes (edl_ps_trainer), each against a
+ * reference computed here in one process: sync (every trainer's gradients summed and applied
+ * once per step, Adam on the server; the barrier follows the trainer count), async and
+ * half_async (every gradient applied exactly once: SGD is linear, so the result is the initial
+ * value minus lr times the sum of all gradients, in any order and any merging), half_async
+ * trainers never waiting for each other, and GEO (the local copies and the servers' rows equal
+ * the protocol played out on arrays). Trainers are threads of this process with clients of
+ * their own; servers are in-process too; links are real TCP. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define POOL 64
+#define DIM 4
+#define DENSE 1000
+
+static uint64_t pool_key(int i)
+{
+    return (uint64_t)i * 0x9e3779b97f4a7c15ull + 17;
+}
+
+/* A gradient that depends on (trainer, step, position, column) only. */
+static float grad(int tr, int step, int j, int d)
+{
+    return (float)(((tr + 1) * 31 + (step + 2) * 17 + (j + 3) * 7 + (d + 1) * 5) % 23 - 11) / 11;
+}
+
+typedef struct ref_row {
+    float w[DIM], m[DIM], v[DIM], p1, p2;
+} ref_row;
+
+static void ref_adam(const edl_ps_table_config *c, ref_row *r, const float *g, int dim)
+{
+    r->p1 *= c->beta1;
+    r->p2 *= c->beta2;
+    float lr_t = c->lr * sqrtf(1 - r->p2) / (1 - r->p1);
+    for (int j = 0; j < dim; j++) {
+        r->m[j] = c->beta1 * r->m[j] + (1 - c->beta1) * g[j];
+        r->v[j] = c->beta2 * r->v[j] + (1 - c->beta2) * g[j] * g[j];
+        r->w[j] -= lr_t * r->m[j] / (sqrtf(r->v[j]) + c->eps);
+    }
+}
+
+static bool near(float got, float want)
+{
+    return fabsf(got - want) <= 2e-5f * (1 + fabsf(want));
+}
+
+static void tables(edl_ps_client *c, edl_ps_optimizer opt, uint32_t geo)
+{
+    edl_ps_table_config sp, dn;
+    edl_ps_table_config_init(&sp);
+    sp.dim = DIM;
+    sp.shards = 64;
+    sp.optimizer = opt;
+    sp.lr = 0.05f;
+    sp.geo_trainers = geo;
+    dn = sp;
+    dn.kind = EDL_PS_DENSE, dn.dim = 1, dn.size = DENSE, dn.optimizer = EDL_PS_SGD;
+    dn.geo_trainers = 0;
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &sp));
+    harness_ps_ok(c, edl_ps_create_table(c, 1, &dn));
+}
+
+static void pull_all(edl_ps_client *c, float *rows, float *dense)
+{
+    uint64_t keys[POOL];
+    for (int i = 0; i < POOL; i++)
+        keys[i] = pool_key(i);
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, keys, POOL, rows));
+    if (dense)
+        harness_ps_ok(c, edl_ps_pull_dense(c, 1, 0, DENSE, dense));
+}
+
+/* ---- trainers on threads ------------------------------------------------------------------- */
+
+typedef struct run {
+    harness_ps *k;
+    edl_ps_mode mode;
+    int id, trainers, threads, steps, leave_after; /* leave_after: stop after so many steps */
+    edl_ps_trainer *t;
+    edl_ps_client *c;
+    int rc;
+    char err[512];
+    float after[16][POOL * DIM]; /* sync: the rows after each step, as this trainer saw them */
+} run;
+
+static void run_fail(run *r, int rc, const char *what)
+{
+    if (!r->rc) {
+        r->rc = rc;
+        snprintf(r->err, sizeof r->err, "trainer %d %s: %s", r->id, what,
+                 r->t ? edl_ps_trainer_errmsg(r->t) : edl_ps_client_errmsg(r->c));
+    }
+}
+
+/* The keys and gradients of (trainer, step): 16 keys of the pool, a repeated one among them. */
+static void batch(int tr, int step, uint64_t *keys, float *g)
+{
+    for (int j = 0; j < 16; j++) {
+        keys[j] = pool_key((tr * 7 + step * 3 + j * 5) % POOL);
+        for (int d = 0; d < DIM; d++)
+            g[j * DIM + d] = grad(tr, step, j, d);
+    }
+    keys[15] = keys[0];
+}
+
+static void *sync_trainer(void *arg)
+{
+    run *r = arg;
+    uint64_t keys[16];
+    float g[16 * DIM], dg[DENSE];
+    for (int s = 0; s < r->steps && !r->rc; s++) {
+        if (s == r->leave_after)
+            return NULL; /* leaves: no push, no barrier */
+        batch(r->id, s, keys, g);
+        for (int i = 0; i < DENSE; i++)
+            dg[i] = grad(r->id, s, i, 0);
+        int rc = edl_ps_trainer_push_sparse(r->t, 0, keys, 16, g);
+        if (!rc)
+            rc = edl_ps_trainer_push_dense(r->t, 1, 0, DENSE, dg);
+        if (!rc)
+            rc = edl_ps_trainer_step(r->t);
+        if (!rc)
+            pull_all(r->c, r->after[s], NULL);
+        if (rc)
+            run_fail(r, rc, "step");
+    }
+    return NULL;
+}
+
+static void open_run(run *r, harness_ps *k, edl_ps_mode mode, int id, int trainers)
+{
+    char why[512];
+    r->k = k, r->mode = mode, r->id = id, r->trainers = trainers;
+    r->c = harness_ps_client(k, 10000);
+    tables(r->c, mode == EDL_PS_MODE_SYNC ? EDL_PS_ADAM : EDL_PS_SGD,
+           mode == EDL_PS_MODE_GEO ? (uint32_t)trainers : 0);
+    edl_ps_trainer_options o = {.mode = mode, .trainer_id = id, .trainers = trainers,
+                                .threads = r->threads, .geo_every = 2};
+    if (edl_ps_trainer_open(r->c, &o, &r->t, why, sizeof why) != 0)
+        fail_msg("trainer %d: %s", id, why);
+}
+
+static void close_run(run *r)
+{
+    if (edl_ps_trainer_close(r->t) != 0 && !r->rc)
+        run_fail(r, -1, "close");
+    edl_ps_client_close(r->c);
+    if (r->rc)
+        fail_msg("%s", r->err);
+}
+
+/* The sync reference: per step, the gradients of the trainers in the step summed per key, then
+ * one Adam update per key (sparse) and one SGD update per element (dense). */
+static void sync_reference(const edl_ps_table_config *sp, ref_row *ref, float *dense,
+                           int trainers_at(int step), int steps, float (*after)[POOL * DIM])
+{
+    for (int s = 0; s < steps; s++) {
+        float sum[POOL][DIM] = {{0}};
+        bool touched[POOL] = {false};
+        for (int tr = 0; tr < trainers_at(s); tr++) {
+            uint64_t keys[16];
+            float g[16 * DIM];
+            batch(tr, s, keys, g);
+            for (int j = 0; j < 16; j++) {
+                int i = 0;
+                while (pool_key(i) != keys[j])
+                    i++;
+                touched[i] = true;
+                for (int d = 0; d < DIM; d++)
+                    sum[i][d] += g[j * DIM + d];
+            }
+            for (int e = 0; e < DENSE; e++)
+                dense[e] -= 0.05f * grad(tr, s, e, 0);
+        }
+        for (int i = 0; i < POOL; i++) {
+            if (touched[i])
+                ref_adam(sp, &ref[i], sum[i], DIM);
+            memcpy(after[s] + i * DIM, ref[i].w, sizeof ref[i].w);
+        }
+    }
+}
+
+static int three(int step)
+{
+    (void)step;
+    return 3;
+}
+
+static int three_then_two(int step)
+{
+    return step < 2 ? 3 : 2;
+}
+
+static void check_sync(harness_ps *k, run *runs, int n, int (*trainers_at)(int), int steps)
+{
+    static float init[POOL * DIM], dense[DENSE], after[16][POOL * DIM], got_dense[DENSE];
+    static ref_row ref[POOL];
+    /* the initial values, from a fresh server: they are a function of (seed, key, column) */
+    harness_ps fresh;
+    harness_ps_open(&fresh, 1, NULL);
+    edl_ps_client *f = harness_ps_client(&fresh, 10000);
+    tables(f, EDL_PS_ADAM, 0);
+    pull_all(f, init, dense);
+    edl_ps_client_close(f);
+    harness_ps_close(&fresh);
+    edl_ps_table_config sp;
+    edl_ps_table_config_init(&sp);
+    sp.lr = 0.05f;
+    for (int i = 0; i < POOL; i++) {
+        ref[i] = (ref_row){.p1 = 1, .p2 = 1};
+        memcpy(ref[i].w, init + i * DIM, sizeof ref[i].w);
+    }
+    sync_reference(&sp, ref, dense, trainers_at, steps, after);
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < steps && s < runs[r].leave_after; s++)
+            for (int e = 0; e < POOL * DIM; e++)
+                if (!near(runs[r].after[s][e], after[s][e]))
+                    fail_msg("trainer %d after step %d, float %d: %.9g, the reference %.9g",
+                             r, s, e, (double)runs[r].after[s][e], (double)after[s][e]);
+    edl_ps_client *c = harness_ps_client(k, 10000);
+    tables(c, EDL_PS_ADAM, 0);
+    harness_ps_ok(c, edl_ps_pull_dense(c, 1, 0, DENSE, got_dense));
+    for (int e = 0; e < DENSE; e++)
+        if (!near(got_dense[e], dense[e]))
+            fail_msg("dense %d: %.9g, the reference %.9g", e, (double)got_dense[e],
+                     (double)dense[e]);
+    edl_ps_client_close(c);
+}
+
+static void test_sync_applies_the_sum_of_every_trainers_gradients_once_a_step(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    static run runs[3];
+    pthread_t th[3];
+    memset(runs, 0, sizeof runs);
+    for (int i = 0; i < 3; i++) {
+        runs[i].steps = 6;
+        runs[i].leave_after = 1000;
+        open_run(&runs[i], &k, EDL_PS_MODE_SYNC, i, 3);
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, sync_trainer, &runs[i]);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+        close_run(&runs[i]);
+    check_sync(&k, runs, 3, three, 6);
+    harness_ps_close(&k);
+}
+
+/* Trainer 2 leaves after two steps; the others wait at step 2's barrier until they are told
+ * the new count (as an agent would on the next generation), then the step completes with
+ * their gradients alone. */
+static void test_sync_barrier_follows_the_trainer_count_when_one_leaves(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    static run runs[3];
+    pthread_t th[3];
+    memset(runs, 0, sizeof runs);
+    for (int i = 0; i < 3; i++) {
+        runs[i].steps = 4;
+        runs[i].leave_after = i == 2 ? 2 : 1000;
+        open_run(&runs[i], &k, EDL_PS_MODE_SYNC, i, 3);
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, sync_trainer, &runs[i]);
+    pthread_join(th[2], NULL);
+    harness_sleep_ms(500); /* the survivors wait at step 2 */
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_ps_trainer_set_trainers(runs[0].t, 0, 2), 0);
+    assert_int_equal(edl_ps_trainer_set_trainers(runs[1].t, 1, 2), 0);
+    pthread_join(th[0], NULL);
+    pthread_join(th[1], NULL);
+    print_message("the survivors finished two more steps %lld ms after the new count\n",
+                  (long long)(harness_now_ms() - t0));
+    assert_true(harness_now_ms() - t0 < 2000);
+    for (int i = 0; i < 3; i++)
+        close_run(&runs[i]);
+    check_sync(&k, runs, 2, three_then_two, 4);
+    harness_ps_close(&k);
+}
+
+/* ---- async and half_async: every gradient once ----------------------------------------------- */
+
+typedef struct pusher {
+    run *r;
+    int thread, batches;
+    bool step; /* half_async: a step after every batch */
+} pusher;
+
+static void *push_batches(void *arg)
+{
+    pusher *p = arg;
+    uint64_t keys[16];
+    float g[16 * DIM], dg[DENSE];
+    for (int b = 0; b < p->batches && !p->r->rc; b++) {
+        int tag = p->r->id * 100 + p->thread * 10;
+        batch(tag, b, keys, g);
+        for (int i = 0; i < DENSE; i++)
+            dg[i] = grad(tag, b, i, 0);
+        int rc = edl_ps_trainer_push_sparse(p->r->t, 0, keys, 16, g);
+        if (!rc)
+            rc = edl_ps_trainer_push_dense(p->r->t, 1, 0, DENSE, dg);
+        if (!rc && p->step)
+            rc = edl_ps_trainer_step(p->r->t);
+        if (rc)
+            run_fail(p->r, rc, "push");
+    }
+    return NULL;
+}
+
+/* SGD is linear: after every gradient is applied once, w = w0 - lr * (sum of gradients). */
+static void check_linear(harness_ps *k, const float *init, const float *dinit, run *runs,
+                         int n, int batches)
+{
+    static float want[POOL * DIM], got[POOL * DIM], dwant[DENSE], dgot[DENSE];
+    memcpy(want, init, sizeof want);
+    memcpy(dwant, dinit, sizeof dwant);
+    for (int r = 0; r < n; r++)
+        for (int th = 0; th < runs[r].threads; th++)
+            for (int b = 0; b < batches; b++) {
+                uint64_t keys[16];
+                float g[16 * DIM];
+                int tag = runs[r].id * 100 + th * 10;
+                batch(tag, b, keys, g);
+                for (int j = 0; j < 16; j++) {
+                    int i = 0;
+                    while (pool_key(i) != keys[j])
+                        i++;
+                    for (int d = 0; d < DIM; d++)
+                        want[i * DIM + d] -= 0.05f * g[j * DIM + d];
+                }
+                for (int e = 0; e < DENSE; e++)
+                    dwant[e] -= 0.05f * grad(tag, b, e, 0);
+            }
+    edl_ps_client *c = harness_ps_client(k, 10000);
+    tables(c, EDL_PS_SGD, 0);
+    pull_all(c, got, dgot);
+    for (int e = 0; e < POOL * DIM; e++)
+        if (fabsf(got[e] - want[e]) > 1e-4f)
+            fail_msg("row float %d: %.9g, want %.9g (a gradient lost or applied twice?)", e,
+                     (double)got[e], (double)want[e]);
+    for (int e = 0; e < DENSE; e++)
+        if (fabsf(dgot[e] - dwant[e]) > 1e-4f)
+            fail_msg("dense %d: %.9g, want %.9g", e, (double)dgot[e], (double)dwant[e]);
+    edl_ps_client_close(c);
+}
+
+static void run_merging_mode(edl_ps_mode mode, bool b_first)
+{
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    static float init[POOL * DIM], dinit[DENSE];
+    edl_ps_client *c = harness_ps_client(&k, 10000);
+    tables(c, EDL_PS_SGD, 0);
+    pull_all(c, init, dinit);
+    edl_ps_client_close(c);
+    static run runs[2];
+    memset(runs, 0, sizeof runs);
+    runs[0].threads = 2; /* trainer 0: two threads; trainer 1: one */
+    runs[1].threads = 1;
+    for (int i = 0; i < 2; i++)
+        open_run(&runs[i], &k, mode, i, 2);
+    pusher ps[3] = {{&runs[0], 0, 20, mode == EDL_PS_MODE_HALF_ASYNC},
+                    {&runs[0], 1, 20, mode == EDL_PS_MODE_HALF_ASYNC},
+                    {&runs[1], 0, 20, mode == EDL_PS_MODE_HALF_ASYNC}};
+    pthread_t th[3];
+    if (b_first) { /* trainer 1 runs all its steps before trainer 0 starts: no waiting */
+        pthread_create(&th[2], NULL, push_batches, &ps[2]);
+        pthread_join(th[2], NULL);
+        assert_int_equal(edl_ps_trainer_flush(runs[1].t), 0);
+    }
+    for (int i = 0; i < 3; i++)
+        if (!b_first || i < 2)
+            pthread_create(&th[i], NULL, push_batches, &ps[i]);
+    for (int i = 0; i < 3; i++)
+        if (!b_first || i < 2)
+            pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        close_run(&runs[i]); /* flushes */
+    check_linear(&k, init, dinit, runs, 2, 20);
+    harness_ps_close(&k);
+}
+
+static void test_async_applies_every_gradient_exactly_once(void **state)
+{
+    (void)state;
+    run_merging_mode(EDL_PS_MODE_ASYNC, false);
+}
+
+static void test_half_async_merges_threads_and_never_waits_for_other_trainers(void **state)
+{
+    (void)state;
+    run_merging_mode(EDL_PS_MODE_HALF_ASYNC, true);
+}
+
+/* ---- GEO ------------------------------------------------------------------------------------ */
+
+typedef struct geo_ref {
+    float server[POOL][DIM];
+    float local[2][POOL][DIM], synced[2][POOL][DIM];
+    bool known[2][POOL], changed[2][POOL];
+} geo_ref;
+
+static int pool_index(uint64_t key)
+{
+    int i = 0;
+    while (pool_key(i) != key)
+        i++;
+    return i;
+}
+
+static void geo_ref_sync(geo_ref *g, int t, int trainers)
+{
+    float inv = 1.0f / (float)trainers;
+    for (int i = 0; i < POOL; i++) {
+        if (!g->known[t][i])
+            continue;
+        float delta[DIM];
+        bool any = false;
+        for (int d = 0; d < DIM; d++) {
+            delta[d] = (g->local[t][i][d] - g->synced[t][i][d]) * inv;
+            any |= delta[d] != 0;
+        }
+        if (!any)
+            continue;
+        for (int d = 0; d < DIM; d++) {
+            g->synced[t][i][d] += delta[d];
+            g->server[i][d] += delta[d];
+        }
+        for (int u = 0; u < trainers; u++)
+            g->changed[u][i] |= u != t;
+    }
+    for (int i = 0; i < POOL; i++) {
+        if (!g->changed[t][i])
+            continue;
+        g->changed[t][i] = false;
+        for (int d = 0; g->known[t][i] && d < DIM; d++) {
+            g->local[t][i][d] += g->server[i][d] - g->synced[t][i][d];
+            g->synced[t][i][d] = g->server[i][d];
+        }
+    }
+}
+
+/* Two trainers, in turns on one thread, every step: pull their batch's rows, push gradients,
+ * step (a GEO sync every 2 steps). Their local copies and the servers' rows follow the
+ * reference; a trainer's rows move by what the other pushed. */
+static void test_geo_local_copies_and_servers_follow_the_protocol(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    static geo_ref g;
+    static float init[POOL * DIM];
+    memset(&g, 0, sizeof g);
+    edl_ps_client *c = harness_ps_client(&k, 10000);
+    tables(c, EDL_PS_SGD, 2);
+    pull_all(c, init, NULL);
+    memcpy(g.server, init, sizeof g.server);
+    static run runs[2];
+    memset(runs, 0, sizeof runs);
+    for (int i = 0; i < 2; i++)
+        open_run(&runs[i], &k, EDL_PS_MODE_GEO, i, 2);
+    for (int s = 0; s < 8; s++)
+        for (int t = 0; t < 2; t++) {
+            uint64_t keys[16];
+            float gr[16 * DIM], rows[16 * DIM];
+            batch(t, s, keys, gr);
+            harness_ps_ok(runs[t].c, edl_ps_trainer_pull_sparse(runs[t].t, 0, keys, 16, rows));
+            for (int j = 0; j < 16; j++) {
+                int i = pool_index(keys[j]);
+                if (!g.known[t][i]) {
+                    g.known[t][i] = true;
+                    memcpy(g.local[t][i], g.server[i], sizeof g.local[t][i]);
+                    memcpy(g.synced[t][i], g.server[i], sizeof g.synced[t][i]);
+                }
+                for (int d = 0; d < DIM; d++)
+                    if (!near(rows[j * DIM + d], g.local[t][i][d]))
+                        fail_msg("step %d trainer %d key %d: local %.9g, reference %.9g", s, t,
+                                 i, (double)rows[j * DIM + d], (double)g.local[t][i][d]);
+            }
+            harness_ps_ok(runs[t].c, edl_ps_trainer_push_sparse(runs[t].t, 0, keys, 16, gr));
+            for (int j = 0; j < 16; j++)
+                for (int d = 0; d < DIM; d++)
+                    g.local[t][pool_index(keys[j])][d] -= 0.05f * gr[j * DIM + d];
+            if (edl_ps_trainer_step(runs[t].t) != 0)
+                fail_msg("step: %s", edl_ps_trainer_errmsg(runs[t].t));
+            if ((s + 1) % 2 == 0)
+                geo_ref_sync(&g, t, 2);
+        }
+    static float server[POOL * DIM];
+    pull_all(c, server, NULL);
+    for (int i = 0; i < POOL; i++)
+        for (int d = 0; d < DIM; d++)
+            if (!near(server[i * DIM + d], g.server[i][d]))
+                fail_msg("server key %d: %.9g, reference %.9g", i, (double)server[i * DIM + d],
+                         (double)g.server[i][d]);
+    for (int i = 0; i < 2; i++) {
+        runs[i].rc = 0;
+        edl_ps_trainer_close(runs[i].t); /* a last sync; not in the reference */
+        edl_ps_client_close(runs[i].c);
+    }
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+static void test_modes_have_names_and_bad_options_are_refused(void **state)
+{
+    (void)state;
+    edl_ps_mode m;
+    assert_int_equal(edl_ps_mode_parse("half-async", &m), 0);
+    assert_int_equal(m, EDL_PS_MODE_HALF_ASYNC);
+    assert_string_equal(edl_ps_mode_name(EDL_PS_MODE_GEO), "geo");
+    assert_int_equal(edl_ps_mode_parse("bulk", &m), EDL_EINVAL);
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 5000);
+    edl_ps_trainer *t;
+    char why[256];
+    edl_ps_trainer_options o = {.mode = EDL_PS_MODE_SYNC, .trainer_id = 3, .trainers = 2};
+    assert_int_equal(edl_ps_trainer_open(c, &o, &t, why, sizeof why), EDL_EINVAL);
+    o = (edl_ps_trainer_options){.mode = EDL_PS_MODE_GEO, .trainer_id = 0, .trainers = 65};
+    assert_int_equal(edl_ps_trainer_open(c, &o, &t, why, sizeof why), EDL_EINVAL);
+    o.trainers = 2;
+    assert_int_equal(edl_ps_trainer_open(c, &o, &t, why, sizeof why), 0);
+    uint64_t key = 1;
+    float row[8];
+    assert_int_equal(edl_ps_trainer_push_sparse(t, 4, &key, 1, row), EDL_EINVAL);
+    assert_non_null(strstr(edl_ps_trainer_errmsg(t), "create it on the client first"));
+    assert_int_equal(edl_ps_trainer_close(t), 0);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sync_applies_the_sum_of_every_trainers_gradients_once_a_step),
+        cmocka_unit_test(test_sync_barrier_follows_the_trainer_count_when_one_leaves),
+        cmocka_unit_test(test_async_applies_every_gradient_exactly_once),
+        cmocka_unit_test(test_half_async_merges_threads_and_never_waits_for_other_trainers),
+        cmocka_unit_test(test_geo_local_copies_and_servers_follow_the_protocol),
+        cmocka_unit_test(test_modes_have_names_and_bad_options_are_refused),
+    };
+    if (getenv("EDL_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
