@@ -877,8 +877,8 @@ const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t tabl
     return table < EDL_PS_MAX_TABLES && c->tables[table].known ? &c->tables[table].cfg : NULL;
 }
 
-int ps_client_barrier(edl_ps_client *c, uint64_t token, uint64_t step, uint32_t trainers,
-                      bool *applied, uint64_t *done)
+int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+                      uint32_t trainers, bool *applied, uint64_t *done)
 {
     uint8_t body[PS_BARRIER_BYTES] = {0};
     edl_put64(body, token);
@@ -887,7 +887,8 @@ int ps_client_barrier(edl_ps_client *c, uint64_t token, uint64_t step, uint32_t 
     if (links_usable(c) != 0)
         return EDL_EPEER;
     for (int i = 0; i < c->n; i++) {
-        link_request(c, &c->links[i], PS_BARRIER, 0, 0, &(struct iovec){body, sizeof body}, 1);
+        link_request(c, &c->links[i], PS_BARRIER, 0, space, &(struct iovec){body, sizeof body},
+                     1);
         link_expect(&c->links[i], 0, NULL, 0);
     }
     int rc = run_links(c);
@@ -901,6 +902,19 @@ int ps_client_barrier(edl_ps_client *c, uint64_t token, uint64_t step, uint32_t 
         *applied &= edl_get32(l->body) == 1;
         uint64_t d = edl_get64(l->body + 8);
         *done = d < *done ? d : *done;
+    }
+    return rc;
+}
+
+int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+                           uint32_t (*trainers)(void *arg), void *arg, uint64_t *done)
+{
+    bool applied = false;
+    int rc = 0;
+    while (rc == 0 && !applied) {
+        rc = ps_client_barrier(c, space, token, step, trainers(arg), &applied, done);
+        if (step == UINT64_MAX)
+            break;
     }
     return rc;
 }

@@ -170,10 +170,15 @@ int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t 
                                size_t n, const float *grads, const ps_call_mode *m);
 int ps_client_push_dense_mode(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
                               const float *grads, const ps_call_mode *m);
-/* Every server's sync barrier of step: *applied when every server has applied it; *done the
+/* Every server's barrier of step in space (PS_SPACE_*): *applied when every server has applied it; *done the
  * least of their applied steps. */
-int ps_client_barrier(edl_ps_client *c, uint64_t token, uint64_t step, uint32_t trainers,
-                      bool *applied, uint64_t *done);
+int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+                      uint32_t trainers, bool *applied, uint64_t *done);
+/* Ask the barrier of step again until every server has applied it (each "not yet" answer, after
+ * PS_SYNC_POLL_MS, is followed by the question again with trainers(arg), the count in force
+ * then); step UINT64_MAX asks once where the servers are. *done as ps_client_barrier's. */
+int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+                           uint32_t (*trainers)(void *arg), void *arg, uint64_t *done);
 /* The rows changed for trainer since its last GEO pull, from every server, each handed to
  * fn(arg, key, row) (dim floats). */
 int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
@@ -183,6 +188,9 @@ const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t tabl
 
 /* ---- sync mode (sync.c) --------------------------------------------------------------------- */
 #define PS_SYNC_POLL_MS 200 /* a waiting barrier is answered "not yet" after this */
+/* A BARRIER's table field names its space: sync mode's steps, or the workers' own barrier
+ * (edl_fleet_barrier_worker), counted apart. */
+enum { PS_SPACE_STEPS = 0, PS_SPACE_WORKERS = 1, PS_BARRIER_SPACES = 2 };
 typedef struct ps_sync ps_sync;
 int ps_sync_new(ps_sync **out);
 void ps_sync_free(ps_sync *y);
@@ -190,8 +198,9 @@ void ps_sync_free(ps_sync *y);
 int ps_sync_push(ps_sync *y, const ps_table *target, const ps_request *r, char *why,
                  size_t whylen);
 /* A trainer at the barrier of r->step (UINT64_MAX: only asks where the server is): 1 the step
- * is applied (answer now), 2 this arrival completed it and the sums were applied (answer, and
- * wake the waiting), 0 wait, < 0 an error (why). *done: the steps applied. */
+ * is applied (answer now), 2 this arrival completed it and the sums were applied to tables
+ * (NULL: a barrier without sums) (answer, and wake the waiting), 0 wait, < 0 an error (why).
+ * *done: the steps applied. */
 int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, uint64_t *done,
                    char *why, size_t whylen);
 bool ps_sync_applied(ps_sync *y, uint64_t step, uint64_t *done);

@@ -43,7 +43,7 @@ struct edl_ps_server {
     bool started;
     pthread_mutex_t create_mu;
     ps_table *_Atomic tables[EDL_PS_MAX_TABLES];
-    ps_sync *sync;
+    ps_sync *sync[PS_BARRIER_SPACES]; /* sync steps (with sums); the workers' barrier */
     int wake_fd[PS_MAX_THREADS]; /* per loop: a sync step is done, answer the waiting */
     atomic_uint_fast64_t requests, errors, connections, rejected;
     atomic_int live;
@@ -177,7 +177,7 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
                             PS_F_GEO ? "GEO" : "plain", r->h.table, geo ? "a GEO table of "
                             "geo_trainers trainers (a GEO push from one of them)"
                             : "not a GEO table");
-        int rc = r->h.flags == PS_F_SYNC ? ps_sync_push(s->sync, t, r, why, whylen)
+        int rc = r->h.flags == PS_F_SYNC ? ps_sync_push(s->sync[PS_SPACE_STEPS], t, r, why, whylen)
                  : geo ? ps_table_geo_add(t, r->keys, r->n, r->values, r->trainer)
                        : ps_table_push_sparse(t, r->keys, r->n, r->values);
         if (rc == 0)
@@ -218,7 +218,7 @@ static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *
     }
     bool push = r->h.type == PS_PUSH_DENSE;
     if (push && r->h.flags == PS_F_SYNC) {
-        int rc = ps_sync_push(s->sync, t, r, why, whylen);
+        int rc = ps_sync_push(s->sync[PS_SPACE_STEPS], t, r, why, whylen);
         if (rc == 0)
             reply_begin(c, &r->h, 0);
         return rc;
@@ -298,7 +298,11 @@ static int serve_barrier(edl_ps_server *s, ps_conn *c, const ps_request *r, char
                          size_t whylen)
 {
     uint64_t done;
-    int rc = ps_sync_arrive(s->sync, s->tables, r, &done, why, whylen);
+    if (r->h.table >= PS_BARRIER_SPACES)
+        return edl_errf(why, whylen, EDL_EPROTO, "barrier space %u (0: sync steps, 1: the "
+                        "workers' barrier)", r->h.table);
+    int rc = ps_sync_arrive(s->sync[r->h.table], r->h.table == PS_SPACE_STEPS ? s->tables : NULL,
+                           r, &done, why, whylen);
     if (rc < 0)
         return rc;
     if (rc == 0) { /* wait for the others: answered by resume_parked */
@@ -522,7 +526,7 @@ static void resume_parked(ps_loop *l)
         uint64_t done;
         if (!c->parked)
             continue;
-        bool applied = ps_sync_applied(l->s->sync, c->park_step, &done);
+        bool applied = ps_sync_applied(l->s->sync[c->park_hdr.table], c->park_step, &done);
         if (!applied && now - c->park_since < PS_SYNC_POLL_MS)
             continue;
         c->parked = false;
@@ -702,7 +706,7 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
             rc = EDL_EIO;
     if (s->stop_fd < 0 || rc)
         rc = edl_errf(why, whylen, EDL_EIO, "eventfd: %s", strerror(errno));
-    if (rc == 0 && ps_sync_new(&s->sync) != 0)
+    if (rc == 0 && (ps_sync_new(&s->sync[0]) != 0 || ps_sync_new(&s->sync[1]) != 0))
         rc = edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
     if (rc || (rc = listen_on(s, why, whylen)) != 0) {
         edl_ps_server_close(s);
@@ -759,7 +763,8 @@ void edl_ps_server_close(edl_ps_server *s)
     for (int i = 0; i < PS_MAX_THREADS; i++)
         if (s->wake_fd[i] >= 0)
             close(s->wake_fd[i]);
-    ps_sync_free(s->sync);
+    ps_sync_free(s->sync[0]);
+    ps_sync_free(s->sync[1]);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
         ps_table_free(atomic_load(&s->tables[i]));
     pthread_mutex_destroy(&s->create_mu);

@@ -139,7 +139,7 @@ int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, u
                       (unsigned long long)y->collect);
     } else if ((rc = arrive(y, r->token)) == 0 && y->narrived >= r->trainers) {
         for (int i = 0; i < EDL_PS_MAX_TABLES && rc == 0; i++) { /* the step is complete */
-            ps_table *t = atomic_load(&tables[i]);
+            ps_table *t = tables ? atomic_load(&tables[i]) : NULL;
             if (y->sums[i] && t)
                 rc = ps_table_apply_to(y->sums[i], t);
             ps_table_free(y->sums[i]);

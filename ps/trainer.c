@@ -281,22 +281,23 @@ static ps_call_mode sync_mode(const edl_ps_trainer *t)
     return m;
 }
 
-/* Wait at the barrier of `step` until every server has applied it (each "not yet" answer is
- * followed by the question again, with the trainer count in force then). */
+static uint32_t trainer_count(void *arg)
+{
+    edl_ps_trainer *t = arg;
+    pthread_mutex_lock(&t->mu);
+    uint32_t n = (uint32_t)t->o.trainers;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+/* Wait at the barrier of `step` until every server has applied it. The client is held for the
+ * whole wait: in sync mode only this thread uses it. */
 static int sync_barrier(edl_ps_trainer *t, uint64_t step, uint64_t *done)
 {
-    bool applied = false;
-    int rc = 0;
-    while (rc == 0 && !applied) {
-        pthread_mutex_lock(&t->mu);
-        uint32_t trainers = (uint32_t)t->o.trainers;
-        pthread_mutex_unlock(&t->mu);
-        pthread_mutex_lock(&t->client_mu);
-        rc = took(t, ps_client_barrier(t->c, t->token, step, trainers, &applied, done));
-        pthread_mutex_unlock(&t->client_mu);
-        if (step == UINT64_MAX)
-            break;
-    }
+    pthread_mutex_lock(&t->client_mu);
+    int rc = took(t, ps_client_wait_barrier(t->c, PS_SPACE_STEPS, t->token, step,
+                                            trainer_count, t, done));
+    pthread_mutex_unlock(&t->client_mu);
     return rc;
 }
 

@@ -200,4 +200,42 @@ int edl_ps_trainer_flush(edl_ps_trainer *t);
 /* A new generation: this trainer's index and the trainer count (sync barriers, geo deltas). */
 int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers);
 
+/* ---- roles, as Paddle's Fleet gives them ------------------------------------------------------
+ * edl_fleet_init reads the environment that Paddle's launchers (and edl's agent) give a
+ * parameter-server job's processes:
+ *   TRAINING_ROLE                  TRAINER or PSERVER
+ *   PADDLE_PSERVERS_IP_PORT_LIST   the servers, "ip:port,ip:port"
+ *   PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID   workers, and this worker's index
+ *   POD_IP, PADDLE_PORT            where this server listens
+ *   EDL_JOB_ID                     the job bound into the links (default "edl")
+ *   EDL_JOB_SECRET_FILE            the job secret (or EDL_JOB_SECRET)
+ *   EDL_PS_MODE                    sync, async (default), half_async or geo
+ *   EDL_PS_GEO_EVERY               GEO: steps between syncs (default 10)
+ *   EDL_PS_THREADS                 half_async: the trainer threads (default 1) */
+typedef struct edl_fleet edl_fleet;
+
+/* 0, or EDL_ECONFIG with the variable at fault named in why. */
+int edl_fleet_init(edl_fleet **out, char *why, size_t whylen);
+void edl_fleet_free(edl_fleet *f); /* stops the worker first if it runs */
+bool edl_fleet_is_worker(const edl_fleet *f);
+bool edl_fleet_is_server(const edl_fleet *f);
+int edl_fleet_worker_index(const edl_fleet *f);
+int edl_fleet_worker_num(const edl_fleet *f);
+int edl_fleet_server_num(const edl_fleet *f);
+const char *edl_fleet_server_endpoint(const edl_fleet *f, int i); /* NULL when out of range */
+edl_ps_mode edl_fleet_mode(const edl_fleet *f);
+/* A worker: connect to every server and open the trainer of the mode. Create the tables on
+ * edl_fleet_client() before the first push. 0, or an error with the reason in why. */
+int edl_fleet_init_worker(edl_fleet *f, char *why, size_t whylen);
+edl_ps_client *edl_fleet_client(edl_fleet *f);
+edl_ps_trainer *edl_fleet_trainer(edl_fleet *f);
+/* Every worker waits here until all edl_fleet_worker_num() have arrived (through the servers,
+ * counted apart from sync mode's steps). */
+int edl_fleet_barrier_worker(edl_fleet *f);
+/* Flush the trainer and close it and the client. */
+int edl_fleet_stop_worker(edl_fleet *f);
+/* A server: listen on POD_IP:PADDLE_PORT and serve until SIGTERM or SIGINT (blocked in the
+ * calling thread while it waits). 0, or an error with the reason in why. */
+int edl_fleet_run_server(edl_fleet *f, char *why, size_t whylen);
+
 #endif
