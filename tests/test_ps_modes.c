@@ -13,6 +13,7 @@
 #include <cmocka.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -547,6 +548,127 @@ static void test_modes_have_names_and_bad_options_are_refused(void **state)
     harness_ps_close(&k);
 }
 
+/* ---- roles from the environment, and the CTR example ----------------------------------------- */
+
+static void test_fleet_reads_paddles_environment_and_names_what_is_wrong(void **state)
+{
+    (void)state;
+    edl_fleet *f = NULL;
+    char why[512];
+    unsetenv("TRAINING_ROLE");
+    setenv("EDL_JOB_SECRET", "0123456789abcdef0123456789abcdef", 1);
+    assert_int_equal(edl_fleet_init(&f, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "TRAINING_ROLE"));
+    setenv("TRAINING_ROLE", "TRAINER", 1);
+    setenv("PADDLE_TRAINERS_NUM", "3", 1);
+    setenv("PADDLE_TRAINER_ID", "3", 1); /* out of range */
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:1,127.0.0.1:2", 1);
+    assert_int_equal(edl_fleet_init(&f, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "PADDLE_TRAINER_ID='3'"));
+    setenv("PADDLE_TRAINER_ID", "2", 1);
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:1,nocolon", 1);
+    assert_int_equal(edl_fleet_init(&f, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "'nocolon' is not ip:port"));
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:1,127.0.0.1:2", 1);
+    setenv("EDL_PS_MODE", "bulk", 1);
+    assert_int_equal(edl_fleet_init(&f, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "EDL_PS_MODE='bulk'"));
+    setenv("EDL_PS_MODE", "geo", 1);
+    assert_int_equal(edl_fleet_init(&f, why, sizeof why), 0);
+    assert_true(edl_fleet_is_worker(f));
+    assert_int_equal(edl_fleet_worker_index(f), 2);
+    assert_int_equal(edl_fleet_worker_num(f), 3);
+    assert_int_equal(edl_fleet_server_num(f), 2);
+    assert_string_equal(edl_fleet_server_endpoint(f, 1), "127.0.0.1:2");
+    assert_null(edl_fleet_server_endpoint(f, 2));
+    assert_int_equal(edl_fleet_mode(f), EDL_PS_MODE_GEO);
+    assert_int_equal(edl_fleet_init_worker(f, why, sizeof why), EDL_EUNAVAIL); /* no servers */
+    edl_fleet_free(f);
+    const char *vars[] = {"TRAINING_ROLE", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID",
+                          "PADDLE_PSERVERS_IP_PORT_LIST", "EDL_PS_MODE", "EDL_JOB_SECRET"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+static char dir[] = "/tmp/edl-test-ps-modes-XXXXXX";
+
+/* "test AUC x logloss y" in a ctr log: the AUC, or -1. */
+static double ctr_auc(const char *log)
+{
+    char buf[8192];
+    const char *p = strstr(harness_read_file(log, buf, sizeof buf), "test AUC ");
+    return p ? atof(p + 9) : -1;
+}
+
+/* The CTR example with 2 servers and 2 workers as processes, their roles from Paddle's
+ * environment: worker 0's test AUC. */
+static double run_ctr(const char *mode, const char *secret)
+{
+    static const char *const args[] = {EDL_EXAMPLE_CTR, "--examples", "60000", "--test",
+                                       "20000", NULL};
+    char list[64], log[256], port[2][16], id[8];
+    int p0 = harness_free_port(), p1 = harness_free_port();
+    snprintf(port[0], sizeof port[0], "%d", p0);
+    snprintf(port[1], sizeof port[1], "%d", p1);
+    snprintf(list, sizeof list, "127.0.0.1:%d,127.0.0.1:%d", p0, p1);
+    setenv("EDL_JOB_SECRET_FILE", secret, 1);
+    setenv("EDL_PS_MODE", mode, 1);
+    setenv("PADDLE_TRAINERS_NUM", "2", 1);
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", list, 1);
+    setenv("TRAINING_ROLE", "PSERVER", 1);
+    pid_t srv[2], wk[2];
+    for (int i = 0; i < 2; i++) {
+        setenv("PADDLE_PORT", port[i], 1);
+        snprintf(log, sizeof log, "%s/%s-server%d.log", dir, mode, i);
+        srv[i] = harness_spawn(args, log);
+    }
+    harness_sleep_ms(300);
+    setenv("TRAINING_ROLE", "TRAINER", 1);
+    for (int i = 0; i < 2; i++) {
+        snprintf(id, sizeof id, "%d", i);
+        setenv("PADDLE_TRAINER_ID", id, 1);
+        snprintf(log, sizeof log, "%s/%s-worker%d.log", dir, mode, i);
+        wk[i] = harness_spawn(args, log);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(harness_wait_exit(wk[i], 60000), 0);
+    for (int i = 0; i < 2; i++) {
+        harness_kill(srv[i], SIGTERM);
+        assert_int_equal(harness_wait_exit(srv[i], 5000), 0);
+    }
+    const char *vars[] = {"EDL_JOB_SECRET_FILE", "EDL_PS_MODE", "PADDLE_TRAINERS_NUM",
+                          "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", "PADDLE_PORT",
+                          "PADDLE_TRAINER_ID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    snprintf(log, sizeof log, "%s/%s-worker0.log", dir, mode);
+    return ctr_auc(log);
+}
+
+/* The same model trained in one process, then on servers in each mode: as good, give or take
+ * what the mode's staleness costs (GEO: its trainers' local copies). */
+static void test_ctr_example_learns_as_well_on_servers_in_every_mode(void **state)
+{
+    (void)state;
+    char secret[256], log[256], why[256];
+    snprintf(secret, sizeof secret, "%s/secret", dir);
+    snprintf(log, sizeof log, "%s/local.log", dir);
+    assert_int_equal(edl_job_secret_generate(secret, why, sizeof why), 0);
+    const char *local[] = {EDL_EXAMPLE_CTR, "--local", "--examples", "60000", "--test", "20000",
+                           NULL};
+    assert_int_equal(harness_run(local, log, 60000, NULL, 0), 0);
+    double want = ctr_auc(log);
+    print_message("local: AUC %.4f\n", want);
+    assert_true(want > 0.70);
+    const char *modes[] = {"sync", "async", "half_async", "geo"};
+    for (int m = 0; m < 4; m++) {
+        double auc = run_ctr(modes[m], secret);
+        print_message("%s: AUC %.4f\n", modes[m], auc);
+        if (auc < want - (m == 3 ? 0.03 : 0.01))
+            fail_msg("%s: AUC %.4f, the local model's %.4f", modes[m], auc, want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -556,8 +678,14 @@ int main(void)
         cmocka_unit_test(test_half_async_merges_threads_and_never_waits_for_other_trainers),
         cmocka_unit_test(test_geo_local_copies_and_servers_follow_the_protocol),
         cmocka_unit_test(test_modes_have_names_and_bad_options_are_refused),
+        cmocka_unit_test(test_fleet_reads_paddles_environment_and_names_what_is_wrong),
+        cmocka_unit_test(test_ctr_example_learns_as_well_on_servers_in_every_mode),
     };
     if (getenv("EDL_TEST_FILTER"))
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    if (!mkdtemp(dir))
+        return 1;
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    harness_rmtree(dir);
+    return rc;
 }

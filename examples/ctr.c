@@ -1,0 +1,517 @@
+/* ctr.c: click-through-rate training on the parameter server: logistic regression plus
+ * embeddings over 13 dense and 26 sparse slots, on click data drawn from a planted model (so
+ * the best AUC and logloss are known: the planted model's own, printed beside the learned).
+ *
+ *   ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B] [--threads T] [--seed S]
+ *
+ * Roles come from the environment, as Paddle's launchers (and edl's agent) set them
+ * (edl_fleet, see ps.h): TRAINING_ROLE=PSERVER serves the tables; TRAINING_ROLE=TRAINER trains
+ * its share of the examples (example i goes to worker i mod PADDLE_TRAINERS_NUM) in
+ * EDL_PS_MODE (sync, async, half_async, geo), and worker 0 evaluates the servers' model on the
+ * test set once every worker is done. --local trains the same model in this one process, with
+ * no servers: the reference for the accuracy and for the examples per second.
+ *
+ * The model: logit = bias + w . x + sum over slots of lr[key] + v . mean over slots of
+ * emb[key]; tables 0 (lr, sparse, 1 float), 1 (emb, sparse, 8 floats), 2 (dense: w, bias, v),
+ * Adagrad on the servers (GEO: the trainers' local SGD on the sparse tables). */
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "edl/ps.h"
+
+#define NDENSE 13
+#define NSLOT 26
+#define EMB 8
+#define VOCAB 5000
+#define NPARAM (NDENSE + 1 + EMB) /* the dense table: w, bias, v */
+#define T_LR 0
+#define T_EMB 1
+#define T_DENSE 2
+
+typedef struct opts {
+    bool local;
+    long examples, test, epochs, batch, threads;
+    uint64_t seed;
+} opts;
+
+typedef struct example {
+    float x[NDENSE], y, planted; /* planted: the true model's logit */
+    uint64_t key[NSLOT];
+} example;
+
+/* ---- the data ------------------------------------------------------------------------------ */
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static float unit(uint64_t h) /* [0, 1) */
+{
+    return (float)(h >> 40) / 16777216.0f;
+}
+
+static float sigmoid(float z)
+{
+    return 1 / (1 + expf(-z));
+}
+
+/* Example i of the stream drawn with seed (tests draw from another part of the stream). */
+static void make_example(uint64_t seed, uint64_t i, example *e)
+{
+    uint64_t h = mix(seed * 0x9e3779b97f4a7c15ull + i);
+    float logit = -1.0f;
+    for (int d = 0; d < NDENSE; d++) {
+        e->x[d] = 2 * unit(h = mix(h + 1)) - 1;
+        logit += (2 * unit(mix(seed ^ (0x1000u + (unsigned)d))) - 1) * e->x[d];
+    }
+    for (int s = 0; s < NSLOT; s++) {
+        float u = unit(h = mix(h + 1));
+        uint64_t id = (uint64_t)(VOCAB * u * u); /* skewed: a few ids are common */
+        e->key[s] = (uint64_t)(s + 1) << 32 | id;
+        if (s % 2 == 0) /* half of the slots carry signal */
+            logit += 0.6f * (2 * unit(mix(seed ^ e->key[s])) - 1);
+    }
+    e->planted = logit;
+    e->y = unit(mix(h + 7)) < sigmoid(logit) ? 1.0f : 0.0f;
+}
+
+/* ---- the model, on pulled rows ------------------------------------------------------------ */
+
+/* Forward and backward for one example: rows lr[NSLOT], emb[NSLOT][EMB], dense[NPARAM]; adds
+ * the gradients (scaled by `scale`) into glr, gemb, gdense. Returns the predicted probability. */
+static float example_grad(const example *e, const float *lr, const float *emb,
+                          const float *dense, float scale, float *glr, float *gemb,
+                          float *gdense)
+{
+    float pooled[EMB] = {0}, z = dense[NDENSE];
+    for (int d = 0; d < NDENSE; d++)
+        z += dense[d] * e->x[d];
+    for (int s = 0; s < NSLOT; s++) {
+        z += lr[s];
+        for (int k = 0; k < EMB; k++)
+            pooled[k] += emb[s * EMB + k] / NSLOT;
+    }
+    for (int k = 0; k < EMB; k++)
+        z += dense[NDENSE + 1 + k] * pooled[k];
+    float p = sigmoid(z), g = (p - e->y) * scale;
+    if (!glr)
+        return p;
+    for (int d = 0; d < NDENSE; d++)
+        gdense[d] += g * e->x[d];
+    gdense[NDENSE] += g;
+    for (int k = 0; k < EMB; k++)
+        gdense[NDENSE + 1 + k] += g * pooled[k];
+    for (int s = 0; s < NSLOT; s++) {
+        glr[s] = g;
+        for (int k = 0; k < EMB; k++)
+            gemb[s * EMB + k] = g * dense[NDENSE + 1 + k] / NSLOT;
+    }
+    return p;
+}
+
+/* ---- evaluation ----------------------------------------------------------------------------- */
+
+typedef struct scored {
+    float p;
+    float y;
+} scored;
+
+static int by_score(const void *a, const void *b)
+{
+    float x = ((const scored *)a)->p, y = ((const scored *)b)->p;
+    return (x > y) - (x < y);
+}
+
+/* AUC (ties share their ranks' mean) and mean logloss. */
+static void auc_logloss(scored *s, long n, double *auc, double *logloss)
+{
+    qsort(s, (size_t)n, sizeof *s, by_score);
+    double pos = 0, rank_sum = 0, ll = 0;
+    for (long i = 0, j; i < n; i = j) {
+        for (j = i; j < n && s[j].p == s[i].p; j++)
+            ;
+        double mean_rank = (double)(i + j + 1) / 2; /* ranks are 1-based */
+        for (long k = i; k < j; k++) {
+            double p = fmin(fmax(s[k].p, 1e-7), 1 - 1e-7);
+            ll -= s[k].y ? log(p) : log(1 - p);
+            if (s[k].y) {
+                pos++;
+                rank_sum += mean_rank;
+            }
+        }
+    }
+    *auc = (rank_sum - pos * (pos + 1) / 2) / (pos * ((double)n - pos));
+    *logloss = ll / (double)n;
+}
+
+/* Probabilities of n examples under a model. */
+typedef int (*predict_fn)(void *model, const example *e, long n, float *p);
+
+static int evaluate(const opts *o, predict_fn predict, void *model, const char *who,
+                    double seconds, long trained, long threads)
+{
+    enum { CHUNK = 1000 };
+    scored *learned = malloc((size_t)o->test * sizeof *learned);
+    scored *planted = malloc((size_t)o->test * sizeof *planted);
+    example *e = malloc(CHUNK * sizeof *e);
+    float p[CHUNK];
+    int rc = 0;
+    for (long i = 0; i < o->test && rc == 0; i += CHUNK) {
+        long n = o->test - i < CHUNK ? o->test - i : CHUNK;
+        for (long k = 0; k < n; k++)
+            make_example(o->seed, (uint64_t)(o->examples + i + k), &e[k]);
+        rc = predict(model, e, n, p);
+        for (long k = 0; k < n; k++) {
+            learned[i + k] = (scored){p[k], e[k].y};
+            planted[i + k] = (scored){sigmoid(e[k].planted), e[k].y};
+        }
+    }
+    double auc, ll, pauc, pll;
+    auc_logloss(learned, o->test, &auc, &ll);
+    auc_logloss(planted, o->test, &pauc, &pll);
+    if (rc == 0)
+        printf("ctr: %s: test AUC %.4f logloss %.4f (the planted model: AUC %.4f logloss "
+               "%.4f); %.0f examples/s per trainer thread\n", who, auc, ll, pauc, pll,
+               (double)trained / seconds / (double)threads);
+    fflush(stdout);
+    free(learned);
+    free(planted);
+    free(e);
+    return rc;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- local: the same model in this process --------------------------------------------------- */
+
+typedef struct local_model {
+    float *lr, *emb, dense[NPARAM]; /* indexed by slot * VOCAB + id */
+    float *alr, *aemb, adense[NPARAM]; /* Adagrad's sums of squares */
+    float *glr, *gemb;              /* a batch's gradients, summed per key */
+    uint8_t *in_batch;              /* per key: in touched */
+    size_t *touched, ntouched;
+} local_model;
+
+static size_t key_index(uint64_t key)
+{
+    return (size_t)((key >> 32) - 1) * VOCAB + (size_t)(key & 0xffffffffu);
+}
+
+static void adagrad(float *w, float *acc, const float *g, int n)
+{
+    for (int i = 0; i < n; i++) {
+        acc[i] += g[i] * g[i];
+        w[i] -= 0.05f * g[i] / (sqrtf(acc[i]) + 1e-8f);
+    }
+}
+
+static void local_rows(const local_model *m, const example *e, float *lr, float *emb)
+{
+    for (int s = 0; s < NSLOT; s++) {
+        size_t k = key_index(e->key[s]);
+        lr[s] = m->lr[k];
+        memcpy(emb + s * EMB, m->emb + k * EMB, sizeof(float) * EMB);
+    }
+}
+
+static int local_predict(void *arg, const example *e, long n, float *p)
+{
+    local_model *m = arg;
+    for (long i = 0; i < n; i++) {
+        float lr[NSLOT], emb[NSLOT * EMB];
+        local_rows(m, &e[i], lr, emb);
+        p[i] = example_grad(&e[i], lr, emb, m->dense, 0, NULL, NULL, NULL);
+    }
+    return 0;
+}
+
+/* One batch, as the servers see it: each key's gradients summed over the batch, then one
+ * Adagrad update per key and one for the dense part. */
+static void local_batch(local_model *m, const opts *o, long first)
+{
+    float gdense[NPARAM] = {0};
+    for (long i = first; i < first + o->batch; i++) {
+        example e;
+        float lr[NSLOT], emb[NSLOT * EMB], glr[NSLOT], gemb[NSLOT * EMB];
+        make_example(o->seed, (uint64_t)i, &e);
+        local_rows(m, &e, lr, emb);
+        example_grad(&e, lr, emb, m->dense, 1.0f / (float)o->batch, glr, gemb, gdense);
+        for (int s = 0; s < NSLOT; s++) {
+            size_t k = key_index(e.key[s]);
+            if (!m->in_batch[k]) {
+                m->in_batch[k] = 1;
+                m->touched[m->ntouched++] = k;
+            }
+            m->glr[k] += glr[s];
+            for (int j = 0; j < EMB; j++)
+                m->gemb[k * EMB + j] += gemb[s * EMB + j];
+        }
+    }
+    for (size_t t = 0; t < m->ntouched; t++) {
+        size_t k = m->touched[t];
+        adagrad(&m->lr[k], &m->alr[k], &m->glr[k], 1);
+        adagrad(m->emb + k * EMB, m->aemb + k * EMB, m->gemb + k * EMB, EMB);
+        m->glr[k] = 0;
+        m->in_batch[k] = 0;
+        memset(m->gemb + k * EMB, 0, sizeof(float) * EMB);
+    }
+    m->ntouched = 0;
+    adagrad(m->dense, m->adense, gdense, NPARAM);
+}
+
+static int run_local(const opts *o)
+{
+    size_t rows = (size_t)NSLOT * VOCAB;
+    local_model m = {.lr = calloc(rows, 4), .emb = calloc(rows * EMB, 4),
+                     .alr = calloc(rows, 4), .aemb = calloc(rows * EMB, 4),
+                     .glr = calloc(rows, 4), .gemb = calloc(rows * EMB, 4),
+                     .in_batch = calloc(rows, 1),
+                     .touched = calloc((size_t)o->batch * NSLOT, sizeof(size_t))};
+    for (size_t i = 0; i < rows * EMB; i++) /* as the servers' uniform init: +-0.01 */
+        m.emb[i] = 0.01f * (2 * unit(mix(o->seed ^ i)) - 1);
+    double t0 = now_s();
+    long trained = 0;
+    for (long ep = 0; ep < o->epochs; ep++)
+        for (long b = 0; b + o->batch <= o->examples; b += o->batch, trained += o->batch)
+            local_batch(&m, o, b);
+    int rc = evaluate(o, local_predict, &m, "local, one process", now_s() - t0, trained, 1);
+    free(m.lr), free(m.emb), free(m.alr), free(m.aemb), free(m.glr), free(m.gemb);
+    free(m.touched), free(m.in_batch);
+    return rc;
+}
+
+/* ---- on the parameter server ---------------------------------------------------------------- */
+
+typedef struct ps_worker {
+    edl_fleet *f;
+    const opts *o;
+    long thread, steps, trained;
+    int rc;
+} ps_worker;
+
+static void tables(edl_ps_table_config cfg[3], edl_ps_mode mode, int workers)
+{
+    for (int t = 0; t < 3; t++) {
+        edl_ps_table_config_init(&cfg[t]);
+        cfg[t].optimizer = EDL_PS_ADAGRAD;
+        cfg[t].lr = 0.05f;
+        cfg[t].seed = 11;
+    }
+    cfg[T_LR].dim = 1;
+    cfg[T_LR].init = EDL_PS_INIT_ZERO;
+    cfg[T_EMB].dim = EMB;
+    cfg[T_DENSE].kind = EDL_PS_DENSE;
+    cfg[T_DENSE].dim = 1;
+    cfg[T_DENSE].size = NPARAM;
+    cfg[T_DENSE].init = EDL_PS_INIT_ZERO;
+    if (mode == EDL_PS_MODE_GEO) /* the trainers train local copies with SGD */
+        for (int t = T_LR; t <= T_EMB; t++) {
+            cfg[t].geo_trainers = (uint32_t)workers;
+            cfg[t].optimizer = EDL_PS_SGD;
+            cfg[t].lr = 10.0f;
+        }
+}
+
+/* Pull the rows of n examples' keys: lr[n * NSLOT], emb[n * NSLOT * EMB], dense. */
+static int pull_rows(edl_ps_trainer *t, edl_ps_client *c, const example *e, long n,
+                     uint64_t *keys, float *lr, float *emb, float *dense)
+{
+    for (long i = 0; i < n; i++)
+        memcpy(keys + i * NSLOT, e[i].key, sizeof e[i].key);
+    size_t nk = (size_t)n * NSLOT;
+    int rc = t ? edl_ps_trainer_pull_sparse(t, T_LR, keys, nk, lr)
+               : edl_ps_pull_sparse(c, T_LR, keys, nk, lr);
+    if (rc == 0)
+        rc = t ? edl_ps_trainer_pull_sparse(t, T_EMB, keys, nk, emb)
+               : edl_ps_pull_sparse(c, T_EMB, keys, nk, emb);
+    if (rc == 0)
+        rc = t ? edl_ps_trainer_pull_dense(t, T_DENSE, 0, NPARAM, dense)
+               : edl_ps_pull_dense(c, T_DENSE, 0, NPARAM, dense);
+    return rc;
+}
+
+static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *rows)
+{
+    const opts *o = w->o;
+    edl_ps_trainer *t = edl_fleet_trainer(w->f);
+    long b = o->batch, nw = edl_fleet_worker_num(w->f), wi = edl_fleet_worker_index(w->f);
+    long first = ((step * nw + wi) * o->threads + w->thread) * b;
+    float *lr = rows, *emb = lr + b * NSLOT, *glr = emb + b * NSLOT * EMB;
+    float *gemb = glr + b * NSLOT, dense[NPARAM], gdense[NPARAM] = {0};
+    for (long i = 0; i < b; i++)
+        make_example(o->seed, (uint64_t)((first + i) % o->examples), &e[i]);
+    int rc = pull_rows(t, NULL, e, b, keys, lr, emb, dense);
+    for (long i = 0; rc == 0 && i < b; i++)
+        example_grad(&e[i], lr + i * NSLOT, emb + i * NSLOT * EMB, dense, 1.0f / (float)b,
+                     glr + i * NSLOT, gemb + i * NSLOT * EMB, gdense);
+    if (rc == 0) /* repeated keys: the client sums their gradients */
+        rc = edl_ps_trainer_push_sparse(t, T_LR, keys, (size_t)b * NSLOT, glr);
+    if (rc == 0)
+        rc = edl_ps_trainer_push_sparse(t, T_EMB, keys, (size_t)b * NSLOT, gemb);
+    if (rc == 0)
+        rc = edl_ps_trainer_push_dense(t, T_DENSE, 0, NPARAM, gdense);
+    if (rc == 0)
+        rc = edl_ps_trainer_step(t);
+    return rc;
+}
+
+static void *ps_thread(void *arg)
+{
+    ps_worker *w = arg;
+    long b = w->o->batch;
+    example *e = malloc((size_t)b * sizeof *e);
+    uint64_t *keys = malloc((size_t)b * NSLOT * sizeof *keys);
+    float *rows = malloc((size_t)b * NSLOT * (1 + EMB) * 2 * sizeof *rows);
+    for (long ep = 0; ep < w->o->epochs && w->rc == 0; ep++)
+        for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b)
+            w->rc = ps_step(w, ep * w->steps + s, e, keys, rows);
+    if (w->rc)
+        fprintf(stderr, "ctr: worker %d thread %ld: %s\n", edl_fleet_worker_index(w->f),
+                w->thread, edl_ps_trainer_errmsg(edl_fleet_trainer(w->f)));
+    free(e);
+    free(keys);
+    free(rows);
+    return NULL;
+}
+
+static int ps_predict(void *arg, const example *e, long n, float *p)
+{
+    edl_ps_client *c = arg;
+    uint64_t *keys = malloc((size_t)n * NSLOT * sizeof *keys);
+    float *lr = malloc((size_t)n * NSLOT * (1 + EMB) * sizeof *lr), *emb = lr + n * NSLOT;
+    float dense[NPARAM];
+    int rc = pull_rows(NULL, c, e, n, keys, lr, emb, dense);
+    for (long i = 0; rc == 0 && i < n; i++)
+        p[i] = example_grad(&e[i], lr + i * NSLOT, emb + i * NSLOT * EMB, dense, 0, NULL, NULL,
+                            NULL);
+    if (rc)
+        fprintf(stderr, "ctr: evaluating: %s\n", edl_ps_client_errmsg(c));
+    free(keys);
+    free(lr);
+    return rc;
+}
+
+static int train_on_servers(edl_fleet *f, const opts *o)
+{
+    long nw = edl_fleet_worker_num(f), steps = o->examples / (nw * o->threads * o->batch);
+    ps_worker w[64];
+    pthread_t th[64];
+    double t0 = now_s();
+    for (long i = 0; i < o->threads; i++) {
+        w[i] = (ps_worker){.f = f, .o = o, .thread = i, .steps = steps};
+        pthread_create(&th[i], NULL, ps_thread, &w[i]);
+    }
+    long trained = 0;
+    int rc = 0;
+    for (long i = 0; i < o->threads; i++) {
+        pthread_join(th[i], NULL);
+        trained += w[i].trained;
+        rc = rc ? rc : w[i].rc;
+    }
+    if (rc == 0)
+        rc = edl_ps_trainer_flush(edl_fleet_trainer(f));
+    double seconds = now_s() - t0;
+    if (rc == 0)
+        rc = edl_fleet_barrier_worker(f); /* every worker's updates are in */
+    if (rc == 0 && edl_fleet_worker_index(f) == 0) {
+        char who[128];
+        snprintf(who, sizeof who, "%s, %ld workers x %ld threads, %d servers",
+                 edl_ps_mode_name(edl_fleet_mode(f)), nw, o->threads, edl_fleet_server_num(f));
+        rc = evaluate(o, ps_predict, edl_fleet_client(f), who, seconds, trained, o->threads);
+    }
+    return rc;
+}
+
+static int run_fleet(const opts *o)
+{
+    edl_fleet *f;
+    char why[512];
+    int rc = edl_fleet_init(&f, why, sizeof why);
+    if (rc == 0 && edl_fleet_is_server(f))
+        rc = edl_fleet_run_server(f, why, sizeof why);
+    else if (rc == 0 && (rc = edl_fleet_init_worker(f, why, sizeof why)) == 0) {
+        edl_ps_table_config cfg[3];
+        tables(cfg, edl_fleet_mode(f), edl_fleet_worker_num(f));
+        for (int t = 0; t < 3 && rc == 0; t++)
+            rc = edl_ps_create_table(edl_fleet_client(f), (uint32_t)t, &cfg[t]);
+        if (rc)
+            snprintf(why, sizeof why, "%s", edl_ps_client_errmsg(edl_fleet_client(f)));
+        if (rc == 0 && (rc = train_on_servers(f, o)) != 0)
+            snprintf(why, sizeof why, "training failed (above)");
+        int stop = edl_fleet_stop_worker(f);
+        rc = rc ? rc : stop;
+    }
+    if (rc)
+        fprintf(stderr, "ctr: %s\n", why);
+    edl_fleet_free(f);
+    return rc ? 1 : 0;
+}
+
+/* ---- options -------------------------------------------------------------------------------- */
+
+static void usage(FILE *out)
+{
+    fprintf(out, "Usage: ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B]\n"
+                 "           [--threads T] [--seed S]\n"
+                 "CTR training (logistic regression plus embeddings, 13 dense and 26 sparse\n"
+                 "slots) on click data from a planted model. The role comes from TRAINING_ROLE\n"
+                 "(TRAINER or PSERVER) and the rest of Paddle's environment (see the file's\n"
+                 "header); --local trains the same model in this process, with no servers.\n"
+                 "Defaults: 200000 examples, 50000 test, 1 epoch, batches of 256, 1 thread\n"
+                 "(half_async and async: more share the trainer), seed 1.\n");
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    static const struct option lo[] = {
+        {"local", 0, 0, 'l'}, {"examples", 1, 0, 'n'}, {"test", 1, 0, 't'},
+        {"epochs", 1, 0, 'e'}, {"batch", 1, 0, 'b'}, {"threads", 1, 0, 'T'},
+        {"seed", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (opts){.examples = 200000, .test = 50000, .epochs = 1, .batch = 256, .threads = 1,
+                .seed = 1};
+    for (int c; (c = getopt_long(argc, argv, "h", lo, NULL)) != -1;) {
+        long v = optarg ? atol(optarg) : 0;
+        switch (c) {
+        case 'l': o->local = true; break;
+        case 'n': o->examples = v; break;
+        case 't': o->test = v; break;
+        case 'e': o->epochs = v; break;
+        case 'b': o->batch = v; break;
+        case 'T': o->threads = v; break;
+        case 's': o->seed = (uint64_t)v; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return 2;
+        }
+    }
+    if (o->examples < 1 || o->test < 2 || o->epochs < 1 || o->batch < 1 || o->batch > 4096 ||
+        o->threads < 1 || o->threads > 64) {
+        fprintf(stderr, "ctr: want examples >= 1, test >= 2, epochs >= 1, batch 1..4096, "
+                        "threads 1..64 (try --help)\n");
+        return 2;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    return o.local ? run_local(&o) : run_fleet(&o);
+}
