@@ -158,7 +158,7 @@ static void auc_logloss(scored *s, long n, double *auc, double *logloss)
 typedef int (*predict_fn)(void *model, const example *e, long n, float *p);
 
 static int evaluate(const opts *o, predict_fn predict, void *model, const char *who,
-                    double seconds, long trained, long threads)
+                    double seconds, long trained, long threads, double bytes_per_example)
 {
     enum { CHUNK = 1000 };
     scored *learned = malloc((size_t)o->test * sizeof *learned);
@@ -181,8 +181,9 @@ static int evaluate(const opts *o, predict_fn predict, void *model, const char *
     auc_logloss(planted, o->test, &pauc, &pll);
     if (rc == 0)
         printf("ctr: %s: test AUC %.4f logloss %.4f (the planted model: AUC %.4f logloss "
-               "%.4f); %.0f examples/s per trainer thread\n", who, auc, ll, pauc, pll,
-               (double)trained / seconds / (double)threads);
+               "%.4f); %.0f examples/s per trainer thread; %.0f bytes sent per example\n", who,
+               auc, ll, pauc, pll, (double)trained / seconds / (double)threads,
+               bytes_per_example);
     fflush(stdout);
     free(learned);
     free(planted);
@@ -289,7 +290,7 @@ static int run_local(const opts *o)
     for (long ep = 0; ep < o->epochs; ep++)
         for (long b = 0; b + o->batch <= o->examples; b += o->batch, trained += o->batch)
             local_batch(&m, o, b);
-    int rc = evaluate(o, local_predict, &m, "local, one process", now_s() - t0, trained, 1);
+    int rc = evaluate(o, local_predict, &m, "local, one process", now_s() - t0, trained, 1, 0);
     free(m.lr), free(m.emb), free(m.alr), free(m.aemb), free(m.glr), free(m.gemb);
     free(m.touched), free(m.in_batch);
     return rc;
@@ -426,13 +427,16 @@ static int train_on_servers(edl_fleet *f, const opts *o)
     if (rc == 0)
         rc = edl_ps_trainer_flush(edl_fleet_trainer(f));
     double seconds = now_s() - t0;
+    uint64_t sent, received;
+    edl_ps_client_traffic(edl_fleet_client(f), &sent, &received);
     if (rc == 0)
         rc = edl_fleet_barrier_worker(f); /* every worker's updates are in */
     if (rc == 0 && edl_fleet_worker_index(f) == 0) {
         char who[128];
         snprintf(who, sizeof who, "%s, %ld workers x %ld threads, %d servers",
                  edl_ps_mode_name(edl_fleet_mode(f)), nw, o->threads, edl_fleet_server_num(f));
-        rc = evaluate(o, ps_predict, edl_fleet_client(f), who, seconds, trained, o->threads);
+        rc = evaluate(o, ps_predict, edl_fleet_client(f), who, seconds, trained, o->threads,
+                      (double)sent / (double)trained);
     }
     return rc;
 }

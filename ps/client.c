@@ -67,6 +67,7 @@ struct edl_ps_client {
     edl_job_secret secret;
     int timeout_ms;
     uint32_t max_message, next_id;
+    uint64_t sent, received; /* bytes of frames, both ways, since open */
     client_table tables[EDL_PS_MAX_TABLES];
     /* scratch, kept between calls */
     uint64_t *ukeys, *skeys, *hkeys;
@@ -247,13 +248,14 @@ static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint8_t fla
     l->busy = true;
 }
 
-static int link_send(ps_link *l)
+static int link_send(edl_ps_client *c, ps_link *l)
 {
     struct msghdr mh = {.msg_iov = l->iov, .msg_iovlen = (size_t)l->niov};
     ssize_t n = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0)
         return errno == EAGAIN || errno == EINTR ? 0 : EDL_EPEER;
     l->left -= (size_t)n;
+    c->sent += (uint64_t)n;
     while (n > 0 && l->niov > 0) { /* drop what went out */
         size_t k = (size_t)n < l->iov[0].iov_len ? (size_t)n : l->iov[0].iov_len;
         l->iov[0].iov_base = (char *)l->iov[0].iov_base + k;
@@ -304,6 +306,7 @@ static int link_recv(edl_ps_client *c, ps_link *l)
         if (n < 0)
             return 0;
         l->rgot += (size_t)n;
+        c->received += (uint64_t)n;
         if (l->rgot == PS_HDR_BYTES) {
             int rc = ps_hdr_parse(l->rhdr, c->max_message, &l->rh, why, sizeof why);
             bool ok = l->rh.type == l->want_type && (!l->dst || l->rh.len == l->npre + l->dst_len);
@@ -335,7 +338,7 @@ static int link_outcome(edl_ps_client *c, ps_link *l, int rc)
  * (with c->err set and the link closed) when it failed. */
 static int link_step(edl_ps_client *c, ps_link *l)
 {
-    int rc = l->left ? link_send(l) : 0;
+    int rc = l->left ? link_send(c, l) : 0;
     if (rc < 0)
         rc = fail(c, EDL_EPEER, "server %s is gone (sending: %s)", l->ep, strerror(errno));
     else
@@ -509,6 +512,12 @@ void edl_ps_client_close(edl_ps_client *c)
 const char *edl_ps_client_errmsg(const edl_ps_client *c)
 {
     return c ? c->err : "no client";
+}
+
+void edl_ps_client_traffic(const edl_ps_client *c, uint64_t *sent, uint64_t *received)
+{
+    *sent = c->sent;
+    *received = c->received;
 }
 
 static int owner_map(edl_ps_client *c, client_table *t)

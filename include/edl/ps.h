@@ -123,6 +123,8 @@ void edl_ps_client_close(edl_ps_client *c);
 /* The last failure of a call, for people: which server, what happened. */
 const char *edl_ps_client_errmsg(const edl_ps_client *c);
 
+/* Bytes of requests sent and replies received since open (the handshakes not counted). */
+void edl_ps_client_traffic(const edl_ps_client *c, uint64_t *sent, uint64_t *received);
 /* Create a table on every server, or check that the one there has this config. */
 int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg);
 /* Rows of n keys (duplicates allowed) into out, n * dim floats, in the keys' order. */
