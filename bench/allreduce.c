@@ -1,25 +1,37 @@
-/* allreduce.c: float32 sum allreduce of edl's CPU back end next to Gloo, Open MPI over TCP and
- * the loopback ceiling, for n processes on this host, one line per (n, size).
+/* allreduce.c: float32 collectives of edl's CPU back end next to Gloo, Open MPI over TCP and
+ * the loopback ceiling, for n processes on this host, one line per (collective, n, size).
  *
- *   allreduce [--np 2,3,4] [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
+ *   allreduce [--collective allreduce,allgather,reduce_scatter|all] [--np 2,3,4]
+ *             [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
  *             [--only edl,gloo,mpi,ceiling] [--gloo-algos ring,...] [--all-algos]
  *             [--mpi-heap-reuse] [--runs 3]
  *
- * The orchestrator (this program) runs, for each n, every implementation over all sizes, one
- * after another (edl, Gloo and MPI --runs times, interleaved: each figure is the median launch,
- * with the launches' spread), then prints their lines side by side:
+ * Collectives (default allreduce; each gets a table of its own): allreduce (sum, in place),
+ * allgather, reduce_scatter (sum), the last two out of place. A size is the full buffer per
+ * rank, as nccl-tests count it: allreduce's buffer, allgather's output, reduce_scatter's input;
+ * the last two cut it into n parts of whole floats, rounded down (allreduce_timing.h).
+ * algbw = size / time; busbw = algbw times the share of the buffer a ring sends per link:
+ * 2(n-1)/n for allreduce, (n-1)/n for the others (ring_passes(), which also sizes the
+ * ceiling's stream).
+ *
+ * The orchestrator (this program) runs, for each collective and n, every implementation over
+ * all sizes, one after another (edl, Gloo and MPI --runs times, interleaved: each figure is
+ * the median launch, with the launches' spread), then prints their lines side by side:
  *   ceiling  n copies of this program (--worker ceiling) in a TCP ring on 127.0.0.1: each streams
- *            to its next neighbour what a ring allreduce moves per link while receiving as much
- *            from its previous one, all links at once; a ring allreduce's busbw cannot exceed it.
- *            Every byte goes through cache (no memory traffic: the loopback's own cost); the
- *            best of two loops and three limits on the bytes in flight (none, 512 KiB, 256 KiB
- *            over the ring) counts; it runs before and after the others, and the best figure
- *            at any size is every size's ceiling (the most the loopback carried)
- *   edl      n copies of this program (--worker edl) calling edl_allreduce() in place, joined
- *            through an etcd this program starts (only when built with libedlcoll)
- *   gloo     allreduce_gloo (allreduce_gloo.cc), every algorithm; the best per size is shown
+ *            to its next neighbour what a ring of the collective moves per link while
+ *            receiving as much from its previous one, all links at once; a ring's busbw cannot
+ *            exceed it. Every byte goes through cache (no memory traffic: the loopback's own
+ *            cost); the best of two loops and three limits on the bytes in flight (none,
+ *            512 KiB, 256 KiB over the ring) counts; it runs before and after the others, and
+ *            the best figure at any size is every size's ceiling (the most the loopback carried)
+ *   edl      n copies of this program (--worker edl) calling edl_allreduce() in place,
+ *            edl_allgather() or edl_reduce_scatter(), joined through an etcd this program
+ *            starts (only when built with libedlcoll)
+ *   gloo     allreduce_gloo (allreduce_gloo.cc), every algorithm Gloo has for the collective;
+ *            the best per size is shown
  *   mpi      allreduce_mpi under mpirun, forced onto TCP (ob1 PML, tcp,self BTLs, lo only)
- * Every figure is timed by allreduce_timing.h. See docs/bench-allreduce.md. */
+ * Every worker and driver takes --collective; every figure is timed, and its first call's
+ * result checked, by allreduce_timing.h. See docs/bench-allreduce.md. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
