@@ -1,25 +1,37 @@
-/* allreduce.c: float32 sum allreduce of edl's CPU back end next to Gloo, Open MPI over TCP and
- * the loopback ceiling, for n processes on this host, one line per (n, size).
+/* allreduce.c: float32 collectives of edl's CPU back end next to Gloo, Open MPI over TCP and
+ * the loopback ceiling, for n processes on this host, one line per (collective, n, size).
  *
- *   allreduce [--np 2,3,4] [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
+ *   allreduce [--collective allreduce,allgather,reduce_scatter|all] [--np 2,3,4]
+ *             [--sizes 1K..256M | --max-size 64M] [--budget 0.3] [--quick]
  *             [--only edl,gloo,mpi,ceiling] [--gloo-algos ring,...] [--all-algos]
  *             [--mpi-heap-reuse] [--runs 3]
  *
- * The orchestrator (this program) runs, for each n, every implementation over all sizes, one
- * after another (edl, Gloo and MPI --runs times, interleaved: each figure is the median launch,
- * with the launches' spread), then prints their lines side by side:
+ * Collectives (default allreduce; each gets a table of its own): allreduce (sum, in place),
+ * allgather, reduce_scatter (sum), the last two out of place. A size is the full buffer per
+ * rank, as nccl-tests count it: allreduce's buffer, allgather's output, reduce_scatter's input;
+ * the last two cut it into n parts of whole floats, rounded down (allreduce_timing.h).
+ * algbw = size / time; busbw = algbw times the share of the buffer a ring sends per link:
+ * 2(n-1)/n for allreduce, (n-1)/n for the others (ring_passes(), which also sizes the
+ * ceiling's stream).
+ *
+ * The orchestrator (this program) runs, for each collective and n, every implementation over
+ * all sizes, one after another (edl, Gloo and MPI --runs times, interleaved: each figure is
+ * the median launch, with the launches' spread), then prints their lines side by side:
  *   ceiling  n copies of this program (--worker ceiling) in a TCP ring on 127.0.0.1: each streams
- *            to its next neighbour what a ring allreduce moves per link while receiving as much
- *            from its previous one, all links at once; a ring allreduce's busbw cannot exceed it.
- *            Every byte goes through cache (no memory traffic: the loopback's own cost); the
- *            best of two loops and three limits on the bytes in flight (none, 512 KiB, 256 KiB
- *            over the ring) counts; it runs before and after the others, and the best figure
- *            at any size is every size's ceiling (the most the loopback carried)
- *   edl      n copies of this program (--worker edl) calling edl_allreduce() in place, joined
- *            through an etcd this program starts (only when built with libedlcoll)
- *   gloo     allreduce_gloo (allreduce_gloo.cc), every algorithm; the best per size is shown
+ *            to its next neighbour what a ring of the collective moves per link while
+ *            receiving as much from its previous one, all links at once; a ring's busbw cannot
+ *            exceed it. Every byte goes through cache (no memory traffic: the loopback's own
+ *            cost); the best of two loops and three limits on the bytes in flight (none,
+ *            512 KiB, 256 KiB over the ring) counts; it runs before and after the others, and
+ *            the best figure at any size is every size's ceiling (the most the loopback carried)
+ *   edl      n copies of this program (--worker edl) calling edl_allreduce() in place,
+ *            edl_allgather() or edl_reduce_scatter(), joined through an etcd this program
+ *            starts (only when built with libedlcoll)
+ *   gloo     allreduce_gloo (allreduce_gloo.cc), every algorithm Gloo has for the collective;
+ *            the best per size is shown
  *   mpi      allreduce_mpi under mpirun, forced onto TCP (ob1 PML, tcp,self BTLs, lo only)
- * Every figure is timed by allreduce_timing.h. See docs/bench-allreduce.md. */
+ * Every worker and driver takes --collective; every figure is timed, and its first call's
+ * result checked, by allreduce_timing.h. See docs/bench-allreduce.md. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -63,8 +75,10 @@ typedef struct opts {
     bool use[N_IMPL];
     bool all_algos;
     bool mpi_heap_reuse;
-    const char *gloo_algos;
+    const char *gloo_algos; /* NULL: every algorithm of each collective */
     int runs;          /* launches of edl, Gloo and MPI per n: the median counts */
+    int colls[AR_N_COLL]; /* the collectives, in the order given */
+    int n_colls;
 } opts;
 
 #define MAX_RUNS 9
@@ -77,6 +91,7 @@ typedef struct figure {
 } figure;
 
 typedef struct results {
+    int coll; /* the collective, AR_ALLREDUCE, ... */
     figure best[N_IMPL][AR_MAX_SIZES]; /* edl, gloo, mpi: the median run's; ceiling: the best */
     figure run[N_IMPL][MAX_RUNS][AR_MAX_SIZES]; /* each run's best (gloo: best algorithm) */
     double spread[N_IMPL][AR_MAX_SIZES]; /* (slowest - fastest run) / median, in %; -1: one run */
@@ -147,16 +162,40 @@ static const char *size_str(size_t v, char *buf, size_t len)
     return buf;
 }
 
-/* Bytes a ring allreduce of `bytes` sends on each link: 2(n-1)/n of it. */
-static size_t link_bytes(size_t bytes, int n)
+/* ---- bytes per link: the one place that knows what a ring of each collective moves --------- */
+
+/* A ring sends (n-1)/n of the full buffer over each link per pass: allreduce makes two
+ * (reduce-scatter, then allgather), allgather and reduce_scatter one. */
+static int ring_passes(int coll)
 {
-    return bytes / (size_t)n * (size_t)(2 * (n - 1));
+    return coll == AR_ALLREDUCE ? 2 : 1;
+}
+
+/* Bytes a ring `coll` of a full buffer of `full` bytes per rank sends on each link. */
+static size_t link_bytes(int coll, size_t full, int n)
+{
+    return full / (size_t)n * (size_t)(ring_passes(coll) * (n - 1));
+}
+
+/* GB/s of the full buffer a call moved (size asked: ar_bytes() says what it moved) */
+static double algbw(int coll, size_t size, int64_t ns, int n)
+{
+    return (double)ar_bytes(coll, size, n) / (double)ns; /* bytes/ns = GB/s */
+}
+
+/* busbw as nccl-tests define it: algbw times the share of the buffer a ring sends per link,
+ * 2(n-1)/n for allreduce, (n-1)/n for allgather and reduce_scatter; so a ring's busbw and the
+ * ceiling's GB/s (link bytes over time) compare directly. */
+static double busbw(int coll, size_t size, int64_t ns, int n)
+{
+    return algbw(coll, size, ns, n) * ring_passes(coll) * (n - 1) / n;
 }
 
 /* ---- the ceiling worker: a TCP ring --------------------------------------------------------- */
 
 typedef struct ring {
     int n;
+    int coll; /* the collective whose link bytes it streams */
     int next, prev; /* sockets: we send to next and receive from prev */
     size_t window; /* 0: as far ahead as the socket buffers take; else at most this many bytes
                     * sent beyond those received */
@@ -235,7 +274,7 @@ fail:
 static int ring_stream(void *p, size_t count)
 {
     ring *g = p;
-    size_t len = link_bytes(count * sizeof(float), g->n);
+    size_t len = link_bytes(g->coll, count * sizeof(float) * ar_parts(g->coll, g->n), g->n);
     if (g->memory)
         return ring_exchange(g, g->sbuf, g->rbuf, len, g->window, 0);
     return ring_exchange(g, g->hot_s, g->hot_r, len, g->window, HOT_BYTES);
@@ -298,10 +337,12 @@ static int ceiling_connect(ring *g, int rank)
 
 static int worker_ceiling(ar_driver *d, const size_t *sizes, int n_sizes, double budget)
 {
-    ring g = {.n = d->size};
+    ring g = {.n = d->size, .coll = d->coll};
     size_t max = 0;
-    for (int i = 0; i < n_sizes; i++)
-        max = link_bytes(sizes[i], d->size) > max ? link_bytes(sizes[i], d->size) : max;
+    for (int i = 0; i < n_sizes; i++) {
+        size_t len = link_bytes(d->coll, ar_bytes(d->coll, sizes[i], d->size), d->size);
+        max = len > max ? len : max;
+    }
     g.hot_s = ar_alloc_touched(HOT_BYTES);
     g.hot_r = ar_alloc_touched(HOT_BYTES);
     g.sbuf = ar_alloc_touched(max);
@@ -313,9 +354,9 @@ static int worker_ceiling(ar_driver *d, const size_t *sizes, int n_sizes, double
     if (ceiling_connect(&g, d->rank))
         return 1;
     d->ctx = &g;
-    d->buf = (float *)g.hot_s;
+    d->send = d->recv = (float *)g.hot_s; /* not used: it reduces nothing */
     d->verify = 0;
-    d->allreduce = ring_stream;
+    d->run = ring_stream;
     d->max_i64 = ring_max;
     d->barrier = ring_barrier;
     /* What the loopback itself costs: every byte sent comes from, and every byte received
@@ -358,7 +399,7 @@ static int worker_ceiling(ar_driver *d, const size_t *sizes, int n_sizes, double
 #ifdef EDL_HAVE_COLL
 typedef struct edl_ctx {
     edl_comm *c;
-    float *buf;
+    const ar_driver *d;
 } edl_ctx;
 
 static int edl_fail(edl_ctx *e, const char *what, int rc)
@@ -368,11 +409,23 @@ static int edl_fail(edl_ctx *e, const char *what, int rc)
     return -1;
 }
 
+/* allreduce in place; allgather and reduce_scatter from send to recv. */
 static int edl_run(void *p, size_t count)
 {
     edl_ctx *e = p;
-    int rc = edl_allreduce(e->c, e->buf, e->buf, count, EDL_FLOAT32, EDL_SUM);
-    return rc ? edl_fail(e, "edl_allreduce", rc) : 0;
+    float *s = e->d->send, *r = e->d->recv;
+    int rc;
+    switch (e->d->coll) {
+    case AR_ALLGATHER:
+        rc = edl_allgather(e->c, s, r, count, EDL_FLOAT32);
+        break;
+    case AR_REDUCE_SCATTER:
+        rc = edl_reduce_scatter(e->c, s, r, count, EDL_FLOAT32, EDL_SUM);
+        break;
+    default:
+        rc = edl_allreduce(e->c, r, r, count, EDL_FLOAT32, EDL_SUM);
+    }
+    return rc ? edl_fail(e, ar_coll_name(e->d->coll), rc) : 0;
 }
 
 static int edl_max(void *p, int64_t *v, int n)
@@ -391,55 +444,58 @@ static int edl_bar(void *p)
 
 static int worker_edl(ar_driver *d, const size_t *sizes, int n_sizes, double budget)
 {
-    edl_ctx e = {0};
+    edl_ctx e = {.d = d};
     size_t max = 0;
     for (int i = 0; i < n_sizes; i++)
         max = sizes[i] > max ? sizes[i] : max;
-    e.buf = ar_alloc_touched(max);
+    bool no_mem = ar_alloc_bufs(d, max) != 0;
     int rc = edl_coll_open(NULL, &e.c);
     if (rc) {
         fprintf(stderr, "allreduce: edl worker %d: edl_coll_open: %s\n", d->rank,
                 edl_strerror(rc));
         return 1;
     }
-    if (!e.buf || edl_coll_size(e.c) != d->size) {
+    if (no_mem || edl_coll_size(e.c) != d->size) {
         fprintf(stderr, "allreduce: edl worker %d: %s\n", d->rank,
-                e.buf ? "the communicator's size is not EDL_WORLD_SIZE" : "out of memory");
+                no_mem ? "out of memory" : "the communicator's size is not EDL_WORLD_SIZE");
         return 1;
     }
     d->ctx = &e;
-    d->buf = e.buf;
     d->verify = 1;
-    d->allreduce = edl_run;
+    d->run = edl_run;
     d->max_i64 = edl_max;
     d->barrier = edl_bar;
     for (int i = 0; i < n_sizes && !rc; i++)
         rc = ar_measure(d, "edl", edl_coll_backend(e.c), sizes[i], budget);
     edl_coll_close(e.c);
-    free(e.buf);
+    ar_free_bufs(d);
     return rc ? 1 : 0;
 }
 #endif
 
-/* allreduce --worker ceiling|edl --sizes BYTES,... --budget S; EDL_RANK, EDL_WORLD_SIZE. */
+/* allreduce --worker ceiling|edl --collective C --sizes BYTES,... --budget S; EDL_RANK,
+ * EDL_WORLD_SIZE. */
 static int worker_main(int argc, char **argv)
 {
     size_t sizes[AR_MAX_SIZES];
     int n_sizes = -1;
     double budget = 0;
     const char *kind = NULL;
+    ar_driver d = {0};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--worker"))
             kind = argv[i + 1];
+        else if (!strcmp(argv[i], "--collective"))
+            d.coll = ar_coll_parse(argv[i + 1]);
         else if (!strcmp(argv[i], "--sizes"))
             n_sizes = ar_parse_sizes(argv[i + 1], sizes, AR_MAX_SIZES);
         else if (!strcmp(argv[i], "--budget"))
             budget = atof(argv[i + 1]);
     }
-    ar_driver d = {0};
     d.rank = getenv("EDL_RANK") ? atoi(getenv("EDL_RANK")) : -1;
     d.size = getenv("EDL_WORLD_SIZE") ? atoi(getenv("EDL_WORLD_SIZE")) : 0;
-    if (!kind || n_sizes <= 0 || budget <= 0 || d.rank < 0 || d.size < 2 || d.rank >= d.size) {
+    if (!kind || n_sizes <= 0 || budget <= 0 || d.rank < 0 || d.size < 2 || d.rank >= d.size ||
+        d.coll < 0) {
         fprintf(stderr, "allreduce: a worker is started by the orchestrator only\n");
         return 2;
     }
@@ -574,8 +630,9 @@ static void sizes_arg(const opts *o, char *buf, size_t len)
         k += (size_t)snprintf(buf + k, len - k, "%s%zu", i ? "," : "", o->sizes[i]);
 }
 
-/* n copies of this program as workers of `kind`. */
-static int launch_workers(launch *l, const char *kind, int n, const opts *o, const char *etcd_ep)
+/* n copies of this program as workers of `kind`, for collective `coll`. */
+static int launch_workers(launch *l, const char *kind, int coll, int n, const opts *o,
+                          const char *etcd_ep)
 {
     char sizes[512], budget[32];
     /* this very binary, even if a rebuild has replaced the file since it started */
@@ -626,8 +683,8 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
         char *env[11] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], secret, NULL};
         if (is_ring)
             env[3] = NULL;
-        char *argv[] = {self, "--worker", (char *)kind, "--sizes", sizes, "--budget", budget,
-                        NULL};
+        char *argv[] = {self, "--worker", (char *)kind, "--collective",
+                        (char *)ar_coll_name(coll), "--sizes", sizes, "--budget", budget, NULL};
         l->pid[r] = spawn(argv, env, r == 0 ? pipefd[1] : -1, is_ring ? lfd[r] : -1);
     }
     close(pipefd[1]);
@@ -636,7 +693,8 @@ static int launch_workers(launch *l, const char *kind, int n, const opts *o, con
     return 0;
 }
 
-static int launch_gloo(launch *l, int n, const opts *o, const char *algo, const char *store)
+static int launch_gloo(launch *l, int coll, int n, const opts *o, const char *algo,
+                       const char *store)
 {
     char sizes[512], budget[32], prog[4200];
     sizes_arg(o, sizes, sizeof sizes);
@@ -653,14 +711,14 @@ static int launch_gloo(launch *l, int n, const opts *o, const char *algo, const 
         snprintf(size, sizeof size, "%d", n);
         char *argv[] = {prog, "--rank", rank, "--size", size, "--store", (char *)store,
                         "--sizes", sizes, "--budget", budget, "--algos", (char *)algo,
-                        NULL};
+                        "--collective", (char *)ar_coll_name(coll), NULL};
         l->pid[r] = spawn(argv, NULL, r == 0 ? pipefd[1] : -1, -1);
     }
     close(pipefd[1]);
     return 0;
 }
 
-static int launch_mpi(launch *l, int n, const opts *o)
+static int launch_mpi(launch *l, int coll, int n, const opts *o)
 {
     char sizes[512], budget[32], prog[4200], np[16];
     sizes_arg(o, sizes, sizeof sizes);
@@ -686,7 +744,8 @@ static int launch_mpi(launch *l, int n, const opts *o)
         argv[k++] = "-x";
         argv[k++] = "MALLOC_TRIM_THRESHOLD_=4294967296";
     }
-    char *rest[] = {prog, "--sizes", sizes, "--budget", budget, NULL};
+    char *rest[] = {prog, "--sizes", sizes, "--budget", budget, "--collective",
+                    (char *)ar_coll_name(coll), NULL};
     memcpy(argv + k, rest, sizeof rest);
     /* mpirun sends every rank's stdout to its own; only rank 0 prints */
     l->pid[0] = spawn(argv, NULL, pipefd[1], -1);
@@ -708,6 +767,19 @@ static bool in_path(const char *prog)
     return false;
 }
 
+/* Whether the comma-separated `list` names `item`. */
+static bool in_list(const char *list, const char *item)
+{
+    size_t len = strlen(item);
+    for (const char *p = list; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == len && !strncmp(p, item, len))
+            return true;
+        p += k + (p[k] == ',');
+    }
+    return false;
+}
+
 static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
 {
     (void)st, (void)f, (void)w;
@@ -715,11 +787,6 @@ static int rm_entry(const char *p, const struct stat *st, int f, struct FTW *w)
 }
 
 /* ---- report --------------------------------------------------------------------------------- */
-
-static double busbw(size_t bytes, int64_t ns, int n)
-{
-    return (double)bytes / (double)ns * 2.0 * (n - 1) / n; /* bytes/ns = GB/s */
-}
 
 static void fmt_time(int64_t ns, char *buf, size_t len)
 {
@@ -745,13 +812,13 @@ static void fmt_cell(const results *r, int impl, int s, const opts *o, int n, ch
         snprintf(buf, len, "%-22s %s", label, r->failed[impl][0] ? r->failed[impl] : "n/a");
         return;
     }
-    double alg = (double)o->sizes[s] / (double)f->ns;
     char spread[24] = "";
     if (impl != IMPL_CEIL && r->spread[impl][s] >= 0)
         snprintf(spread, sizeof spread, " ±%2.0f%%", r->spread[impl][s]);
     fmt_time(f->ns, t, sizeof t);
-    snprintf(buf, len, "%-22s %s%s %5.2f/%5.2f GB/s%s", label, t, spread, alg,
-             busbw(o->sizes[s], f->ns, n), f->wrong ? " WRONG RESULT" : "");
+    snprintf(buf, len, "%-22s %s%s %5.2f/%5.2f GB/s%s", label, t, spread,
+             algbw(r->coll, o->sizes[s], f->ns, n), busbw(r->coll, o->sizes[s], f->ns, n),
+             f->wrong ? " WRONG RESULT" : "");
 }
 
 static bool usable(const figure *f)
@@ -759,11 +826,121 @@ static bool usable(const figure *f)
     return f->ns && !f->wrong;
 }
 
+/* An upper bound: the best GB/s the ceiling's ring reached at any size in this run, the most
+ * the loopback carried; *at: the size it came from. Taking only this size or smaller ones (as
+ * before) let a low 16 MiB launch cap 16 MiB at what 64 KiB reached, and edl passed it. Small
+ * calls stay far below it: that is their latency, which no bandwidth bound measures. */
+static const figure *ceiling_best(const results *r, const opts *o, int n, double *bw, int *at)
+{
+    const figure *c = NULL;
+    *bw = 0;
+    for (int t = 0; t < o->n_sizes; t++) {
+        const figure *f = &r->best[IMPL_CEIL][t];
+        double v = f->ns ? busbw(r->coll, o->sizes[t], f->ns, n) : 0;
+        if (v > *bw) {
+            *bw = v;
+            c = f;
+            *at = t;
+        }
+    }
+    return c;
+}
+
+/* " ceiling(eager,...,at 64MiB) 2.88 GB/s | from memory 2.10 GB/s |" */
+static size_t fmt_ceiling(const results *r, const opts *o, int n, int s, char *line, size_t len)
+{
+    double bw;
+    int at = s;
+    const figure *c = ceiling_best(r, o, n, &bw, &at);
+    size_t k = 0;
+    if (c) {
+        char where[48] = "", fsz[32];
+        if (at != s)
+            snprintf(where, sizeof where, ",at %s", size_str(o->sizes[at], fsz, sizeof fsz));
+        k += (size_t)snprintf(line, len, " ceiling(%s%s) %5.2f GB/s |", c->algo, where, bw);
+    }
+    const figure *m = &r->from_memory[s];
+    if (m->ns)
+        k += (size_t)snprintf(line + k, len - k, " from memory %5.2f GB/s |",
+                              busbw(r->coll, o->sizes[s], m->ns, n));
+    else
+        k += (size_t)snprintf(line + k, len - k, " ceiling %s |",
+                              r->failed[IMPL_CEIL][0] ? r->failed[IMPL_CEIL] : "n/a");
+    return k;
+}
+
+/* " edl/gloo 1.88x | of ceiling: edl 80% gloo 43% mpi 60% | edl of from-memory 83%" */
+static size_t fmt_ratios(const results *r, const opts *o, int n, int s, char *line, size_t len)
+{
+    const figure *e = &r->best[IMPL_EDL][s], *g = &r->best[IMPL_GLOO][s];
+    size_t k = 0;
+    if (usable(e) && usable(g))
+        k += (size_t)snprintf(line, len, " edl/gloo %.2fx", (double)g->ns / (double)e->ns);
+    else
+        k += (size_t)snprintf(line, len, " edl/gloo n/a");
+    double ceil_bw = 0;
+    int at;
+    ceiling_best(r, o, n, &ceil_bw, &at);
+    k += (size_t)snprintf(line + k, len - k, " | of ceiling:");
+    for (int i = 0; i < IMPL_CEIL; i++) {
+        const figure *f = &r->best[i][s];
+        if (!o->use[i])
+            continue;
+        double pct = usable(f) && ceil_bw > 0
+                         ? 100.0 * busbw(r->coll, o->sizes[s], f->ns, n) / ceil_bw : 0;
+        if (pct > 0)
+            k += (size_t)snprintf(line + k, len - k, " %s %.0f%%%s", impl_names[i], pct,
+                                  pct > 100 ? " (ABOVE: no bound)" : "");
+        else
+            k += (size_t)snprintf(line + k, len - k, " %s n/a", impl_names[i]);
+    }
+    const figure *mem = &r->from_memory[s];
+    if (usable(e) && mem->ns)
+        k += (size_t)snprintf(line + k, len - k, " | edl of from-memory %.0f%%",
+                              100.0 * (double)mem->ns / (double)e->ns);
+    return k;
+}
+
+/* --all-algos: every Gloo algorithm's figure at size s. */
+static void print_gloo_algos(const results *r, const opts *o, int n, int s, const char *sz)
+{
+    for (int a = 0; o->all_algos && a < r->n_gloo; a++) {
+        const figure *f = &r->gloo[a][s];
+        if (!f->ns)
+            continue;
+        char t[24];
+        fmt_time(f->ns, t, sizeof t);
+        printf("  gloo-algo n=%d %-6s %-16s %s %5.2f/%5.2f GB/s%s\n", n, sz, f->algo, t,
+               algbw(r->coll, o->sizes[s], f->ns, n), busbw(r->coll, o->sizes[s], f->ns, n),
+               f->wrong ? " WRONG RESULT" : "");
+    }
+}
+
+/* Sizes that do not cut into n parts of whole floats: what the calls moved instead. */
+static void print_rounding(const results *r, const opts *o, int n)
+{
+    char line[1024], a[32];
+    size_t k = (size_t)snprintf(line, sizeof line, "  %s n=%d: parts rounded down to whole "
+                                "floats, GB/s count what moved:", ar_coll_name(r->coll), n);
+    bool any = false;
+    for (int s = 0; s < o->n_sizes && k < sizeof line; s++) {
+        size_t moved = ar_bytes(r->coll, o->sizes[s], n);
+        if (moved == o->sizes[s])
+            continue;
+        k += (size_t)snprintf(line + k, sizeof line - k, " %s %zu B;",
+                              size_str(o->sizes[s], a, sizeof a), moved);
+        any = true;
+    }
+    if (any)
+        puts(line);
+}
+
 static void print_n(const results *r, const opts *o, int n)
 {
+    print_rounding(r, o, n);
     for (int s = 0; s < o->n_sizes; s++) {
         char sz[32], line[1024];
-        size_t k = (size_t)snprintf(line, sizeof line, "allreduce n=%d %-6s ", n,
+        size_t k = (size_t)snprintf(line, sizeof line, "%s n=%d %-6s ", ar_coll_name(r->coll), n,
                                     size_str(o->sizes[s], sz, sizeof sz));
         for (int i = 0; i < IMPL_CEIL; i++) {
             if (!o->use[i])
@@ -772,74 +949,11 @@ static void print_n(const results *r, const opts *o, int n)
             fmt_cell(r, i, s, o, n, cell, sizeof cell);
             k += (size_t)snprintf(line + k, sizeof line - k, " %s |", cell);
         }
-        /* An upper bound: the best busbw the ceiling's ring reached at any size in this run,
-         * the most the loopback carried. Taking only this size or smaller ones (as before)
-         * let a low 16 MiB launch cap 16 MiB at what 64 KiB reached, and edl passed it. Small
-         * calls stay far below it: that is their latency, which no bandwidth bound measures. */
-        const figure *c = &r->best[IMPL_CEIL][s];
-        double ceil_bw = 0;
-        size_t from = 0;
-        for (int t = 0; t < o->n_sizes; t++) {
-            const figure *f = &r->best[IMPL_CEIL][t];
-            double bw = f->ns ? busbw(o->sizes[t], f->ns, n) : 0;
-            if (bw > ceil_bw) {
-                ceil_bw = bw;
-                c = f;
-                from = o->sizes[t];
-            }
-        }
-        if (o->use[IMPL_CEIL]) {
-            char at[48] = "";
-            if (ceil_bw > 0 && from != o->sizes[s]) {
-                char fsz[32];
-                snprintf(at, sizeof at, ",at %s", size_str(from, fsz, sizeof fsz));
-            }
-            if (ceil_bw > 0)
-                k += (size_t)snprintf(line + k, sizeof line - k, " ceiling(%s%s) %5.2f GB/s |",
-                                      c->algo, at, ceil_bw);
-            const figure *m = &r->from_memory[s];
-            if (m->ns)
-                k += (size_t)snprintf(line + k, sizeof line - k, " from memory %5.2f GB/s |",
-                                      busbw(o->sizes[s], m->ns, n));
-            else
-                k += (size_t)snprintf(line + k, sizeof line - k, " ceiling %s |",
-                                      r->failed[IMPL_CEIL][0] ? r->failed[IMPL_CEIL] : "n/a");
-        }
-        const figure *e = &r->best[IMPL_EDL][s], *g = &r->best[IMPL_GLOO][s];
-        if (usable(e) && usable(g))
-            k += (size_t)snprintf(line + k, sizeof line - k, " edl/gloo %.2fx",
-                                  (double)g->ns / (double)e->ns);
-        else
-            k += (size_t)snprintf(line + k, sizeof line - k, " edl/gloo n/a");
-        k += (size_t)snprintf(line + k, sizeof line - k, " | of ceiling:");
-        for (int i = 0; i < IMPL_CEIL; i++) {
-            const figure *f = &r->best[i][s];
-            if (!o->use[i])
-                continue;
-            double pct =
-                usable(f) && ceil_bw > 0 ? 100.0 * busbw(o->sizes[s], f->ns, n) / ceil_bw : 0;
-            if (pct > 0)
-                k += (size_t)snprintf(line + k, sizeof line - k, " %s %.0f%%%s", impl_names[i],
-                                      pct, pct > 100 ? " (ABOVE: no bound)" : "");
-            else
-                k += (size_t)snprintf(line + k, sizeof line - k, " %s n/a", impl_names[i]);
-        }
-        const figure *mem = &r->from_memory[s];
-        if (usable(e) && mem->ns)
-            k += (size_t)snprintf(line + k, sizeof line - k, " | edl of from-memory %.0f%%",
-                                  100.0 * busbw(o->sizes[s], e->ns, n) /
-                                      busbw(o->sizes[s], mem->ns, n));
+        if (o->use[IMPL_CEIL])
+            k += fmt_ceiling(r, o, n, s, line + k, sizeof line - k);
+        fmt_ratios(r, o, n, s, line + k, sizeof line - k);
         puts(line);
-        for (int a = 0; o->all_algos && a < r->n_gloo; a++) {
-            const figure *f = &r->gloo[a][s];
-            if (!f->ns)
-                continue;
-            char t[24];
-            fmt_time(f->ns, t, sizeof t);
-            printf("  gloo-algo n=%d %-6s %-16s %s %5.2f/%5.2f GB/s%s\n", n, sz, f->algo, t,
-                   (double)o->sizes[s] / (double)f->ns, busbw(o->sizes[s], f->ns, n),
-                   f->wrong ? " WRONG RESULT" : "");
-        }
+        print_gloo_algos(r, o, n, s, sz);
         int conns = -1;
         if (s == o->n_sizes - 1 &&
             sscanf(r->info[IMPL_MPI], "tcp_connections_opened %d", &conns) == 1)
@@ -874,23 +988,31 @@ static double memcpy_gbs(void)
  * 100 times slower after the algorithm classes had run (15 s for 16 MiB at n=4). */
 static void run_gloo(launch *l, int n, const opts *o, results *r)
 {
-    for (const char *p = o->gloo_algos; *p;) {
+    int launched = 0;
+    for (const char *p = ar_gloo_algos(r->coll); *p; launched++) {
         char algo[32], store[] = "/tmp/edl-bench-gloo-XXXXXX";
         size_t len = strcspn(p, ",");
         snprintf(algo, sizeof algo, "%.*s", (int)len, p);
         p += len + (p[len] == ',');
+        if (o->gloo_algos && !in_list(o->gloo_algos, algo)) {
+            launched--;
+            continue;
+        }
         if (!mkdtemp(store)) {
             snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "cannot create %s: %s", store,
                      strerror(errno));
             return;
         }
-        if (launch_gloo(l, n, o, algo, store))
+        if (launch_gloo(l, r->coll, n, o, algo, store))
             snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "cannot start: %s",
                      strerror(errno));
         else
             collect(l, IMPL_GLOO, o, r);
         nftw(store, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
     }
+    if (!launched)
+        snprintf(r->failed[IMPL_GLOO], sizeof r->failed[0], "n/a (--gloo-algos: none of %s)",
+                 ar_gloo_algos(r->coll));
 }
 
 /* Launch one implementation for n processes and collect its figures into r->best. */
@@ -904,14 +1026,14 @@ static void run_impl(results *r, const opts *o, int impl, int n, const char *etc
     char prog[4200];
     switch (impl) {
     case IMPL_CEIL:
-        rc = launch_workers(&l, "ceiling", n, o, NULL);
+        rc = launch_workers(&l, "ceiling", r->coll, n, o, NULL);
         break;
     case IMPL_EDL:
         if (edl_missing) {
             snprintf(msg, len, "%s", edl_missing);
             return;
         }
-        rc = launch_workers(&l, "edl", n, o, etcd_ep);
+        rc = launch_workers(&l, "edl", r->coll, n, o, etcd_ep);
         break;
     case IMPL_GLOO:
         snprintf(prog, sizeof prog, "%s/allreduce_gloo", EDL_BENCH_DIR);
@@ -930,7 +1052,7 @@ static void run_impl(results *r, const opts *o, int impl, int n, const char *etc
             snprintf(msg, len, "mpirun not in PATH (install openmpi-bin)");
             return;
         }
-        rc = launch_mpi(&l, n, o);
+        rc = launch_mpi(&l, r->coll, n, o);
         break;
     }
     if (rc)
@@ -964,9 +1086,14 @@ static void take_medians(results *r, const opts *o, int impl)
     }
 }
 
-static void run_n(const opts *o, int n, const char *etcd_ep, const char *edl_missing)
+static void run_n(const opts *o, int coll, int n, const char *etcd_ep, const char *edl_missing)
 {
     results *r = calloc(1, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "allreduce: out of memory\n");
+        return;
+    }
+    r->coll = coll;
     /* The ceiling runs first and last and the faster of the two counts per size: on a shared
      * machine one launch can land in a busy moment, and a ceiling must not be that low. In
      * between, --runs rounds of edl, Gloo and MPI, interleaved so that drift hits them alike;
@@ -995,22 +1122,30 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: allreduce [options]\n"
+        "  --collective LIST  some of allreduce,allgather,reduce_scatter, or all (default\n"
+        "                     allreduce); each gets its own table\n"
         "  --np LIST          process counts, e.g. 2,3,4 (default; each 2..%d)\n"
-        "  --sizes LIST       bytes per rank: 1K,64K,1M or a range 1K..256M (powers of 4);\n"
-        "                     suffixes K, M, G (KiB...), multiples of 4 (default 1K..256M)\n"
+        "  --sizes LIST       bytes of the full buffer per rank (allreduce's buffer, allgather's\n"
+        "                     output, reduce_scatter's input): 1K,64K,1M or a range 1K..256M\n"
+        "                     (powers of 4); suffixes K, M, G (KiB...), multiples of 4 (default\n"
+        "                     1K..256M). allgather and reduce_scatter cut it into n parts of\n"
+        "                     whole floats, rounded down (at least 4n bytes)\n"
         "  --max-size SIZE    drop the sizes above SIZE\n"
         "  --budget SECONDS   timed calls per size: as many as fit (default 0.3, at least %d)\n"
         "  --quick            sizes 1K,64K,1M,16M and a 0.05 s budget: a smoke run\n"
         "  --only LIST        some of edl,gloo,mpi,ceiling (default: all)\n"
-        "  --gloo-algos LIST  ring,ring_chunked,halving_doubling,bcube,new_ring,new_bcube (all)\n"
+        "  --gloo-algos LIST  run only these of Gloo's algorithms (default: every one of each\n"
+        "                     collective): allreduce %s;\n"
+        "                     allgather %s; reduce_scatter %s\n"
         "  --all-algos        also print every Gloo algorithm's figure\n"
         "  --mpi-heap-reuse   run Open MPI with glibc's mmap off (MALLOC_MMAP_MAX_=0), so its\n"
         "                     per-call temporary buffer is reused from the heap\n"
         "  --runs K           launches of edl, Gloo and MPI per n, interleaved; each figure is\n"
         "                     the median, ±spread (slowest - fastest, %% of it) beside it\n"
         "                     (default 3; 1 with --quick; at most %d)\n"
-        "Prints one line per (n, size); see docs/bench-allreduce.md.\n",
-        MAX_NP, AR_MIN_CALLS, MAX_RUNS);
+        "Prints one line per (collective, n, size); see docs/bench-allreduce.md.\n",
+        MAX_NP, AR_MIN_CALLS, ar_gloo_algos(AR_ALLREDUCE), ar_gloo_algos(AR_ALLGATHER),
+        ar_gloo_algos(AR_REDUCE_SCATTER), MAX_RUNS);
 }
 
 static int bad(const char *what, const char *arg)
@@ -1019,94 +1154,83 @@ static int bad(const char *what, const char *arg)
     return 2;
 }
 
-static int parse_opts(int argc, char **argv, opts *o)
+static int parse_np(const char *arg, opts *o)
 {
-    static const struct option lo[] = {
-        {"np", 1, 0, 'n'},      {"sizes", 1, 0, 's'},      {"max-size", 1, 0, 'm'},
-        {"budget", 1, 0, 'b'},  {"quick", 0, 0, 'q'},      {"only", 1, 0, 'o'},
-        {"gloo-algos", 1, 0, 'g'}, {"all-algos", 0, 0, 'a'}, {"mpi-heap-reuse", 0, 0, 'r'},
-        {"runs", 1, 0, 'k'},    {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
-    *o = (opts){.np = {2, 3, 4}, .n_np = 3, .budget = 0.3,
-                .gloo_algos = "ring,ring_chunked,halving_doubling,bcube,new_ring,new_bcube"};
-    o->n_sizes = parse_sizes("1K..256M", o->sizes, AR_MAX_SIZES);
+    char *e;
+    o->n_np = 0;
+    for (const char *p = arg; *p; p = *e ? e + 1 : e) {
+        long v = strtol(p, &e, 10);
+        if (e == p || v < 2 || v > MAX_NP || (*e && *e != ',') || o->n_np == MAX_NP)
+            return bad("--np", arg);
+        o->np[o->n_np++] = (int)v;
+    }
+    return 0;
+}
+
+static int parse_only(const char *arg, opts *o)
+{
     for (int i = 0; i < N_IMPL; i++)
-        o->use[i] = true;
-    size_t max_size = 0;
-    bool quick = false, sizes_given = false, budget_given = false, runs_given = false;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        char *e;
-        const char *end;
-        switch (c) {
-        case 'n':
-            o->n_np = 0;
-            for (const char *p = optarg; *p; p = *e ? e + 1 : e) {
-                long v = strtol(p, &e, 10);
-                if (e == p || v < 2 || v > MAX_NP || (*e && *e != ',') || o->n_np == MAX_NP)
-                    return bad("--np", optarg);
-                o->np[o->n_np++] = (int)v;
-            }
-            break;
-        case 's':
-            o->n_sizes = parse_sizes(optarg, o->sizes, AR_MAX_SIZES);
-            if (o->n_sizes <= 0)
-                return bad("--sizes", optarg);
-            sizes_given = true;
-            break;
-        case 'm':
-            if (parse_size(optarg, &end, &max_size) || *end)
-                return bad("--max-size", optarg);
-            break;
-        case 'b':
-            o->budget = strtod(optarg, &e);
-            if (*e || !(o->budget > 0 && o->budget <= 60))
-                return bad("--budget (seconds, 0 to 60)", optarg);
-            budget_given = true;
-            break;
-        case 'q':
-            quick = true;
-            break;
-        case 'o':
-            for (int i = 0; i < N_IMPL; i++)
-                o->use[i] = false;
-            for (const char *p = optarg; *p;) {
-                size_t len = strcspn(p, ",");
-                int i = 0;
-                while (i < N_IMPL && (strlen(impl_names[i]) != len ||
-                                      strncmp(p, impl_names[i], len)))
-                    i++;
-                if (i == N_IMPL)
-                    return bad("--only (edl,gloo,mpi,ceiling)", optarg);
-                o->use[i] = true;
-                p += len + (p[len] == ',');
-            }
-            break;
-        case 'g':
-            o->gloo_algos = optarg;
-            break;
-        case 'a':
-            o->all_algos = true;
-            break;
-        case 'r':
-            o->mpi_heap_reuse = true;
-            break;
-        case 'k':
-            o->runs = (int)strtol(optarg, &e, 10);
-            if (*e || o->runs < 1 || o->runs > MAX_RUNS)
-                return bad("--runs (1 to 9)", optarg);
-            runs_given = true;
-            break;
-        case 'h':
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
+        o->use[i] = in_list(arg, impl_names[i]);
+    for (const char *p = arg; *p;) {
+        size_t len = strcspn(p, ",");
+        int i = 0;
+        while (i < N_IMPL && (strlen(impl_names[i]) != len || strncmp(p, impl_names[i], len)))
+            i++;
+        if (i == N_IMPL)
+            return bad("--only (edl,gloo,mpi,ceiling)", arg);
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+/* "all" or a list of collectives, each at most once, run in the order given. */
+static int parse_colls(const char *arg, opts *o)
+{
+    o->n_colls = 0;
+    if (!strcmp(arg, "all")) {
+        for (int c = 0; c < AR_N_COLL; c++)
+            o->colls[o->n_colls++] = c;
+        return 0;
+    }
+    for (const char *p = arg; *p;) {
+        char name[32];
+        size_t len = strcspn(p, ",");
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+        int c = ar_coll_parse(name);
+        for (int i = 0; c >= 0 && i < o->n_colls; i++)
+            c = o->colls[i] == c ? -1 : c;
+        if (c < 0 || o->n_colls == AR_N_COLL)
+            return bad("--collective (allreduce,allgather,reduce_scatter or all; each once)",
+                       arg);
+        o->colls[o->n_colls++] = c;
+    }
+    return o->n_colls ? 0 : bad("--collective", arg);
+}
+
+/* Every name of --gloo-algos is an algorithm of one of the collectives asked for. */
+static int check_gloo_algos(const opts *o)
+{
+    for (const char *p = o->gloo_algos; p && *p;) {
+        char name[32];
+        size_t len = strcspn(p, ",");
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+        bool known = false;
+        for (int c = 0; c < o->n_colls; c++)
+            known |= in_list(ar_gloo_algos(o->colls[c]), name);
+        if (!known) {
+            fprintf(stderr, "allreduce: --gloo-algos: no collective asked for has %s\n", name);
             return 2;
         }
     }
-    if (optind < argc)
-        return bad("argument", argv[optind]);
+    return 0;
+}
+
+/* Defaults that depend on other options, --max-size, and sizes every collective can cut. */
+static int finish_opts(opts *o, size_t max_size, bool quick, bool sizes_given,
+                       bool budget_given, bool runs_given)
+{
     if (quick && !sizes_given)
         o->n_sizes = parse_sizes("1K,64K,1M,16M", o->sizes, AR_MAX_SIZES);
     if (quick && !budget_given)
@@ -1122,7 +1246,147 @@ static int parse_opts(int argc, char **argv, opts *o)
         fprintf(stderr, "allreduce: no size left under --max-size\n");
         return 2;
     }
-    return 0;
+    for (int c = 0; c < o->n_colls; c++)
+        for (int i = 0; i < o->n_np; i++)
+            for (int s = 0; s < o->n_sizes; s++)
+                if (!ar_count(o->colls[c], o->sizes[s], o->np[i])) {
+                    fprintf(stderr, "allreduce: %s at n=%d needs sizes of at least %d bytes "
+                            "(a float per rank), not %zu\n", ar_coll_name(o->colls[c]),
+                            o->np[i], 4 * o->np[i], o->sizes[s]);
+                    return 2;
+                }
+    return check_gloo_algos(o);
+}
+
+static int parse_opts(int argc, char **argv, opts *o)
+{
+    static const struct option lo[] = {
+        {"np", 1, 0, 'n'},      {"sizes", 1, 0, 's'},      {"max-size", 1, 0, 'm'},
+        {"budget", 1, 0, 'b'},  {"quick", 0, 0, 'q'},      {"only", 1, 0, 'o'},
+        {"gloo-algos", 1, 0, 'g'}, {"all-algos", 0, 0, 'a'}, {"mpi-heap-reuse", 0, 0, 'r'},
+        {"runs", 1, 0, 'k'},    {"collective", 1, 0, 'c'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    *o = (opts){.np = {2, 3, 4}, .n_np = 3, .budget = 0.3, .colls = {AR_ALLREDUCE},
+                .n_colls = 1};
+    o->n_sizes = parse_sizes("1K..256M", o->sizes, AR_MAX_SIZES);
+    for (int i = 0; i < N_IMPL; i++)
+        o->use[i] = true;
+    size_t max_size = 0;
+    bool quick = false, sizes_given = false, budget_given = false, runs_given = false;
+    int c, rc = 0;
+    while (!rc && (c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        char *e;
+        const char *end;
+        switch (c) {
+        case 'n':
+            rc = parse_np(optarg, o);
+            break;
+        case 's':
+            o->n_sizes = parse_sizes(optarg, o->sizes, AR_MAX_SIZES);
+            rc = o->n_sizes <= 0 ? bad("--sizes", optarg) : 0;
+            sizes_given = true;
+            break;
+        case 'm':
+            if (parse_size(optarg, &end, &max_size) || *end)
+                rc = bad("--max-size", optarg);
+            break;
+        case 'b':
+            o->budget = strtod(optarg, &e);
+            if (*e || !(o->budget > 0 && o->budget <= 60))
+                rc = bad("--budget (seconds, 0 to 60)", optarg);
+            budget_given = true;
+            break;
+        case 'q':
+            quick = true;
+            break;
+        case 'o':
+            rc = parse_only(optarg, o);
+            break;
+        case 'g':
+            o->gloo_algos = optarg;
+            break;
+        case 'a':
+            o->all_algos = true;
+            break;
+        case 'r':
+            o->mpi_heap_reuse = true;
+            break;
+        case 'k':
+            o->runs = (int)strtol(optarg, &e, 10);
+            if (*e || o->runs < 1 || o->runs > MAX_RUNS)
+                rc = bad("--runs (1 to 9)", optarg);
+            runs_given = true;
+            break;
+        case 'c':
+            rc = parse_colls(optarg, o);
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (rc)
+        return rc;
+    if (optind < argc)
+        return bad("argument", argv[optind]);
+    return finish_opts(o, max_size, quick, sizes_given, budget_given, runs_given);
+}
+
+static void print_header(const opts *o)
+{
+    printf("bench/allreduce: float32 collectives, n processes on this host (%ld cores), loopback "
+           "TCP.\n"
+           "  size: the full buffer per rank (allreduce's buffer, allgather's output, "
+           "reduce_scatter's input).\n"
+           "  time: median over batches of the slowest rank's mean time per call (a barrier before "
+           "each batch;\n"
+           "  %.2g s of calls per size, at least %d, after a warm-up); algbw = size/time, busbw = "
+           "algbw * the share\n"
+           "  of the buffer a ring sends per link (GB/s; per collective below).\n"
+           "  edl, gloo, mpi: the median of %d interleaved launches, ± (slowest - fastest) in %% of "
+           "it when more than one.\n"
+           "  ceiling: every link of a TCP ring streams at once what a ring of the collective "
+           "moves per link; GB/s\n"
+           "  comparable to busbw; through cache, no memory traffic; the best of two loops and "
+           "three limits on the\n"
+           "  bytes in flight (named), measured before and after the others for each n; its best "
+           "at any size is the\n"
+           "  ceiling of every size. from memory: the same ring streaming from one big buffer into "
+           "another (reference).\n"
+           "  gloo: the fastest correct algorithm; mpi: Open MPI, ob1 PML over TCP BTL only.\n"
+           "  memcpy one thread, 64 MiB: %.1f GB/s\n",
+           sysconf(_SC_NPROCESSORS_ONLN), o->budget, AR_MIN_CALLS, o->runs, memcpy_gbs());
+    fflush(stdout);
+}
+
+/* "== allgather: ..." before the collective's lines. */
+static void print_title(const opts *o, int coll)
+{
+    static const char *const what[AR_N_COLL] = {
+        "float32 sum, in place",
+        "float32, out of place: each rank sends a part of size/n, receives the n parts",
+        "float32 sum, out of place (Gloo's in place): each rank sends n parts of size/n, "
+        "receives its part's sum"};
+    char algos[128] = "", share[8];
+    size_t k = 0;
+    for (const char *p = ar_gloo_algos(coll); *p && k < sizeof algos;) {
+        char name[32];
+        size_t len = strcspn(p, ",");
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+        if (!o->gloo_algos || in_list(o->gloo_algos, name))
+            k += (size_t)snprintf(algos + k, sizeof algos - k, "%s%s", k ? "," : "", name);
+    }
+    share[0] = 0;
+    if (ring_passes(coll) > 1)
+        snprintf(share, sizeof share, "%d", ring_passes(coll));
+    printf("\n== %s: %s.\n   busbw = algbw*%s(n-1)/n; the ceiling's ring streams %s(n-1)/n x size "
+           "per link; gloo: %s.\n",
+           ar_coll_name(coll), what[coll], share, share, k ? algos : "none");
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
@@ -1146,28 +1410,13 @@ int main(int argc, char **argv)
 #else
     edl_missing = "n/a (built without libedlcoll)";
 #endif
-    printf("allreduce: float32 sum, in place, n processes on this host (%ld cores), loopback TCP.\n"
-           "  time: median over batches of the slowest rank's mean time per call (a barrier before "
-           "each batch;\n"
-           "  %.2g s of calls per size, at least %d, after a warm-up); algbw = bytes/time, busbw = "
-           "algbw*2(n-1)/n (GB/s).\n"
-           "  edl, gloo, mpi: the median of %d interleaved launches, ± (slowest - fastest) in %% of "
-           "it when more than one.\n"
-           "  ceiling: every link of a TCP ring streams at once what a ring allreduce moves per "
-           "link; GB/s comparable to busbw;\n"
-           "  through cache, no memory traffic; the best of two loops and three limits on the "
-           "bytes in flight (named),\n"
-           "  measured before and after the others for each n; its best at any size is the "
-           "ceiling of every size.\n"
-           "  from memory: the same ring streaming from one big buffer into another (for "
-           "reference).\n"
-           "  gloo: the fastest of %s; mpi: Open MPI, ob1 PML over TCP BTL only.\n"
-           "  memcpy one thread, 64 MiB: %.1f GB/s\n",
-           sysconf(_SC_NPROCESSORS_ONLN), o.budget, AR_MIN_CALLS, o.runs, o.gloo_algos,
-           memcpy_gbs());
-    fflush(stdout);
-    for (int i = 0; i < o.n_np; i++)
-        run_n(&o, o.np[i], srv ? edl_etcd_server_endpoint(srv, 0) : NULL, edl_missing);
+    print_header(&o);
+    for (int c = 0; c < o.n_colls; c++) {
+        print_title(&o, o.colls[c]);
+        for (int i = 0; i < o.n_np; i++)
+            run_n(&o, o.colls[c], o.np[i], srv ? edl_etcd_server_endpoint(srv, 0) : NULL,
+                  edl_missing);
+    }
     edl_etcd_server_close(srv);
     return 0;
 }

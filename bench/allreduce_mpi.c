@@ -1,7 +1,8 @@
-/* allreduce_mpi.c: Open MPI's MPI_Allreduce (float32 sum, MPI_IN_PLACE) for bench/allreduce.
+/* allreduce_mpi.c: Open MPI's collectives, float32 (sum where they reduce), for bench/allreduce:
+ * MPI_Allreduce (MPI_IN_PLACE), MPI_Allgather, MPI_Reduce_scatter_block.
  *
  *   mpirun -np N --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
- *       allreduce_mpi --sizes 1024,4096 [--budget 0.3]
+ *       allreduce_mpi --sizes 1024,4096 [--budget 0.3] [--collective allreduce]
  *
  * Timed by allreduce_timing.h. The orchestrator forces the ob1 PML with only the TCP BTL (the
  * UCX PML or the vader BTL would move the data through shared memory); as a check, rank 0 also
@@ -20,12 +21,24 @@
 
 #include "allreduce_timing.h"
 
-static int mpi_allreduce(void *ctx, size_t count)
+/* One call of d->coll: count as ar_count() gives it. */
+static int mpi_run(void *ctx, size_t count)
 {
-    int rc = MPI_Allreduce(MPI_IN_PLACE, ((float **)ctx)[0], (int)count, MPI_FLOAT, MPI_SUM,
-                           MPI_COMM_WORLD);
+    const ar_driver *d = ctx;
+    int k = (int)count, rc;
+    const char *what;
+    if (d->coll == AR_ALLGATHER) {
+        what = "MPI_Allgather";
+        rc = MPI_Allgather(d->send, k, MPI_FLOAT, d->recv, k, MPI_FLOAT, MPI_COMM_WORLD);
+    } else if (d->coll == AR_REDUCE_SCATTER) {
+        what = "MPI_Reduce_scatter_block";
+        rc = MPI_Reduce_scatter_block(d->send, d->recv, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else {
+        what = "MPI_Allreduce";
+        rc = MPI_Allreduce(MPI_IN_PLACE, d->recv, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
     if (rc != MPI_SUCCESS)
-        fprintf(stderr, "allreduce_mpi: MPI_Allreduce of %zu floats failed (%d)\n", count, rc);
+        fprintf(stderr, "allreduce_mpi: %s of %zu floats failed (%d)\n", what, count, rc);
     return rc == MPI_SUCCESS ? 0 : -1;
 }
 
@@ -82,32 +95,35 @@ int main(int argc, char **argv)
     size_t sizes[AR_MAX_SIZES];
     int n_sizes = -1;
     double budget = 0.3;
+    int coll = AR_ALLREDUCE;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--sizes"))
             n_sizes = ar_parse_sizes(argv[i + 1], sizes, AR_MAX_SIZES);
         else if (!strcmp(argv[i], "--budget"))
             budget = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--collective"))
+            coll = ar_coll_parse(argv[i + 1]);
     }
-    if (n_sizes <= 0 || budget <= 0) {
-        fprintf(stderr, "usage: allreduce_mpi --sizes BYTES,BYTES... [--budget SECONDS]\n");
+    if (n_sizes <= 0 || budget <= 0 || coll < 0) {
+        fprintf(stderr, "usage: allreduce_mpi --sizes BYTES,BYTES... [--budget SECONDS] "
+                        "[--collective allreduce|allgather|reduce_scatter]\n");
         return 2;
     }
     MPI_Init(&argc, &argv);
     int before = tcp_connections();
-    ar_driver d = {0};
+    ar_driver d = {.coll = coll};
     MPI_Comm_rank(MPI_COMM_WORLD, &d.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d.size);
     size_t max = 0;
     for (int i = 0; i < n_sizes; i++)
         max = sizes[i] > max ? sizes[i] : max;
-    d.buf = ar_alloc_touched(max);
-    if (!d.buf) {
-        fprintf(stderr, "allreduce_mpi: cannot allocate %zu bytes\n", max);
+    if (ar_alloc_bufs(&d, max)) {
+        fprintf(stderr, "allreduce_mpi: cannot allocate the buffers for %zu bytes\n", max);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    d.ctx = &d.buf;
+    d.ctx = &d;
     d.verify = 1;
-    d.allreduce = mpi_allreduce;
+    d.run = mpi_run;
     d.max_i64 = mpi_max;
     d.barrier = mpi_barrier;
     int rc = 0;
@@ -115,7 +131,7 @@ int main(int argc, char **argv)
         rc = ar_measure(&d, "mpi", "-", sizes[i], budget);
     if (d.rank == 0)
         printf("I mpi tcp_connections_opened %d\n", tcp_connections() - before);
-    free(d.buf);
+    ar_free_bufs(&d);
     if (rc)
         MPI_Abort(MPI_COMM_WORLD, 1);
     MPI_Finalize();

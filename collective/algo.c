@@ -170,13 +170,21 @@ int coll_cpu_broadcast(edl_comm *c, const coll_op *op, const void *send, void *r
     return chain_broadcast(c, op, root ? (const char *)send : (const char *)recv, recv, bytes);
 }
 
+/* Out of place, a block larger than the sliced allreduce's (c->block_bytes, cache-sized) goes
+ * out straight from send and is copied into recv piece by piece as it goes (coll_blk.copy),
+ * while it is in cache: a copy up front cost a pass over memory before the first byte moved
+ * (bench/allreduce --collective allgather, 2 cores: 12-17 % faster at n = 2 from 16 MiB, 3-6 %
+ * at n = 3, no change at n = 4). Smaller blocks, and send and recv that overlap without being
+ * in place, keep the copy up front (for 512 KiB blocks at n = 2 it was 5 % faster). */
 int coll_cpu_allgather(edl_comm *c, const coll_op *op, const void *send, void *recv)
 {
     int n = c->size, r = c->rank;
     size_t bytes = op->count * edl_dtype_size(op->dt);
-    char *dst = recv;
-    if (send != dst + (size_t)r * bytes)
-        memmove(dst + (size_t)r * bytes, send, bytes);
+    char *dst = recv, *mine = dst + (size_t)r * bytes;
+    const char *s = send;
+    bool apart = (s + bytes <= dst || s >= dst + (size_t)n * bytes) && bytes > c->block_bytes;
+    if (s != mine && (n == 1 || !apart))
+        memmove(mine, send, bytes);
     if (n == 1)
         return 0;
     coll_blk *b = coll_plan(c, n - 1);
@@ -186,6 +194,10 @@ int coll_cpu_allgather(edl_comm *c, const coll_op *op, const void *send, void *r
         b[j] = (coll_blk){.src = dst + (size_t)((r - j + n) % n) * bytes, .slen = bytes,
                           .dst = dst + (size_t)((r - j - 1 + n) % n) * bytes, .rlen = bytes,
                           .dep = j - 1, .wait_sent = -1};
+    if (s != mine && apart) {
+        b[0].src = s;
+        b[0].copy = mine;
+    }
     coll_stream st = {.to = (r + 1) % n, .from = (r - 1 + n) % n, .b = b, .nb = n - 1};
     return coll_stream_run(c, op, &st);
 }

@@ -201,10 +201,12 @@ int coll_check_header(edl_comm *c, const coll_op *op, int from, const coll_hdr *
  * A send block with dep >= 0 forwards receive block dep: it goes out only as far as that has
  * been received (and reduced). A receive block with wait_sent >= 0 shares its buffer with
  * data that send block wait_sent carries: it is written only as far as that has gone out.
- * Sends stay at most a window ahead of receives (coll_window). */
+ * Sends stay at most a window ahead of receives (coll_window). A send block with copy also
+ * lands there, slen bytes, each piece copied right after it went out (from cache). */
 typedef struct coll_blk {
     const char *src; /* send block j: slen bytes */
     size_t slen;
+    char *copy;      /* NULL, or where the bytes sent also go */
     char *dst;       /* receive block j: rlen bytes */
     const char *red;
     size_t rlen;

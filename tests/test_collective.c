@@ -265,8 +265,10 @@ static void test_collectives_match_reference_world_sizes_1_to_5(void **state)
 /* The ring streams at every size: no latency path, allreduce slices of n blocks of 1000 bytes
  * (many slices, and short last ones with empty blocks), 100-byte reduction chunks, 64-byte
  * socket calls and at most 1000 bytes sent ahead of those received, so blocks are forwarded
- * while they arrive, element boundaries fall inside calls, the window binds all the time, and
- * with 5 ranks the reduce-scatter reuses its work halves (wait_sent). */
+ * while they arrive, element boundaries fall inside calls, the window binds all the time,
+ * allgather's own block (over the 1000-byte block) goes out from send and is copied into recv
+ * a piece at a time as it goes, and with 5 ranks the reduce-scatter reuses its work halves
+ * (wait_sent). */
 static void test_ring_algorithms_with_tiny_segments(void **state)
 {
     (void)state;
