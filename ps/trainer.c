@@ -1,7 +1,7 @@
 /* trainer.c: the update modes on the trainer's side (edl_ps_trainer, see ps.h). The buffers
  * that merge gradients (async, half_async) and the GEO local copies are tables of table.c kept
  * here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
- * table whose rows hold the local copy and then the synced copy. The client is used by one
+ * table whose rows hold the local copy, the synced copy and a mark: touched since the sync. The client is used by one
  * thread at a time (client_mu): the caller's pulls and the async sender take turns. */
 #include <pthread.h>
 #include <stdio.h>
@@ -76,14 +76,15 @@ static const edl_ps_table_config *table_of(edl_ps_trainer *t, uint32_t table)
     return cfg;
 }
 
-/* A table of table.c shaped like `table`: a merge buffer, or (width 2) a GEO local copy. */
-static ps_table *own_table(edl_ps_trainer *t, uint32_t table, uint32_t width)
+/* A table of table.c shaped like `table`, its rows `width` times as wide plus `extra` floats:
+ * a merge buffer (1, 0), or a GEO local copy (2, 1: local, synced, touched since the sync). */
+static ps_table *own_table(edl_ps_trainer *t, uint32_t table, uint32_t width, uint32_t extra)
 {
     const edl_ps_table_config *cfg = table_of(t, table);
     if (!cfg)
         return NULL;
     edl_ps_table_config c = *cfg;
-    c.dim = cfg->dim * width;
+    c.dim = cfg->dim * width + extra;
     c.optimizer = EDL_PS_SGD;
     c.lr = -1; /* a push adds */
     c.init = EDL_PS_INIT_ZERO;
@@ -231,7 +232,7 @@ static int merge_push(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, s
         return EDL_EINVAL;
     pthread_mutex_lock(&t->mu);
     int rc = t->send_rc;
-    if (rc == 0 && !t->merge[table] && !(t->merge[table] = own_table(t, table, 1)))
+    if (rc == 0 && !t->merge[table] && !(t->merge[table] = own_table(t, table, 1, 0)))
         rc = EDL_ENOMEM;
     if (rc == 0 && keys)
         rc = ps_table_push_sparse(t->merge[table], (const uint8_t *)keys, (uint32_t)n,
@@ -309,7 +310,7 @@ static int geo_rows(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, siz
     const edl_ps_table_config *cfg = table_of(t, table);
     if (!cfg)
         return EDL_EINVAL;
-    if (!t->local[table] && !(t->local[table] = own_table(t, table, 2)))
+    if (!t->local[table] && !(t->local[table] = own_table(t, table, 2, 1)))
         return EDL_ENOMEM;
     size_t dim = cfg->dim, nm = 0;
     uint64_t *miss = malloc((n ? n : 1) * sizeof *miss);
@@ -330,6 +331,7 @@ static int geo_rows(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, siz
         }
         memcpy(row, rows + i * dim, dim * sizeof *row);
         memcpy(row + dim, rows + i * dim, dim * sizeof *row);
+        row[2 * dim] = 0;
     }
     free(miss);
     free(rows);
@@ -343,8 +345,9 @@ typedef struct geo_ctx {
     ps_table *local;
 } geo_ctx;
 
-/* foreach callback: the delta (local - synced) / trainers of every changed row, added to the
- * synced copy and gathered for the push. */
+/* foreach callback: the delta (local - synced) / trainers of every row touched since the last
+ * sync, added to the synced copy and gathered for the push. The rest of a row's change stays
+ * local until the row is touched again (so a row is sent once per sync in which it trained). */
 static int geo_deltas(void *arg, const uint64_t *keys, uint64_t start, float *rows, size_t n,
                       size_t stride)
 {
@@ -352,8 +355,11 @@ static int geo_deltas(void *arg, const uint64_t *keys, uint64_t start, float *ro
     geo_ctx *x = arg;
     float inv = 1.0f / (float)x->t->o.trainers, delta[EDL_PS_MAX_DIM];
     for (size_t i = 0; i < n; i++) {
-        float *local = rows + i * stride, *synced = local + x->dim;
+        float *local = rows + i * stride, *synced = local + x->dim, *touched = synced + x->dim;
         bool changed = false;
+        if (!*touched)
+            continue;
+        *touched = 0;
         for (uint32_t j = 0; j < x->dim; j++) {
             delta[j] = (local[j] - synced[j]) * inv;
             changed |= delta[j] != 0;
@@ -369,13 +375,17 @@ static int geo_deltas(void *arg, const uint64_t *keys, uint64_t start, float *ro
     return 0;
 }
 
-/* A row another trainer changed: local += server - synced; synced = server. */
+/* A row another trainer changed: local moves by (server - synced), computed as server plus
+ * this trainer's own change since the sync, so that a row it did not change becomes exactly
+ * the server's (local += server - synced would leave rounding behind, a "change" that would go
+ * back to the servers at the next sync, and back and forth between the trainers for ever). */
 static void geo_take(void *arg, uint64_t key, const float *server)
 {
     geo_ctx *x = arg;
     float *row = ps_table_row(x->local, key, false);
     for (uint32_t j = 0; row && j < x->dim; j++) {
-        row[j] += server[j] - row[x->dim + j];
+        float own = row[j] - row[x->dim + j];
+        row[j] = own == 0 ? server[j] : server[j] + own;
         row[x->dim + j] = server[j];
     }
 }
@@ -407,6 +417,7 @@ static int geo_push(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, siz
         float *row = ps_table_row(t->local[table], keys[i], false);
         for (uint32_t j = 0; j < cfg->dim; j++)
             row[j] -= cfg->lr * grads[i * cfg->dim + j];
+        row[2 * cfg->dim] = 1; /* touched */
     }
     return rc;
 }

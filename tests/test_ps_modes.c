@@ -415,7 +415,7 @@ static void test_half_async_merges_threads_and_never_waits_for_other_trainers(vo
 typedef struct geo_ref {
     float server[POOL][DIM];
     float local[2][POOL][DIM], synced[2][POOL][DIM];
-    bool known[2][POOL], changed[2][POOL];
+    bool known[2][POOL], changed[2][POOL], touched[2][POOL];
 } geo_ref;
 
 static int pool_index(uint64_t key)
@@ -430,8 +430,9 @@ static void geo_ref_sync(geo_ref *g, int t, int trainers)
 {
     float inv = 1.0f / (float)trainers;
     for (int i = 0; i < POOL; i++) {
-        if (!g->known[t][i])
-            continue;
+        if (!g->known[t][i] || !g->touched[t][i])
+            continue; /* only the rows trained since the last sync go */
+        g->touched[t][i] = false;
         float delta[DIM];
         bool any = false;
         for (int d = 0; d < DIM; d++) {
@@ -451,8 +452,9 @@ static void geo_ref_sync(geo_ref *g, int t, int trainers)
         if (!g->changed[t][i])
             continue;
         g->changed[t][i] = false;
-        for (int d = 0; g->known[t][i] && d < DIM; d++) {
-            g->local[t][i][d] += g->server[i][d] - g->synced[t][i][d];
+        for (int d = 0; g->known[t][i] && d < DIM; d++) { /* local += server - synced */
+            float own = g->local[t][i][d] - g->synced[t][i][d];
+            g->local[t][i][d] = own == 0 ? g->server[i][d] : g->server[i][d] + own;
             g->synced[t][i][d] = g->server[i][d];
         }
     }
@@ -496,9 +498,11 @@ static void test_geo_local_copies_and_servers_follow_the_protocol(void **state)
                                  i, (double)rows[j * DIM + d], (double)g.local[t][i][d]);
             }
             harness_ps_ok(runs[t].c, edl_ps_trainer_push_sparse(runs[t].t, 0, keys, 16, gr));
-            for (int j = 0; j < 16; j++)
+            for (int j = 0; j < 16; j++) {
+                g.touched[t][pool_index(keys[j])] = true;
                 for (int d = 0; d < DIM; d++)
                     g.local[t][pool_index(keys[j])][d] -= 0.05f * gr[j * DIM + d];
+            }
             if (edl_ps_trainer_step(runs[t].t) != 0)
                 fail_msg("step: %s", edl_ps_trainer_errmsg(runs[t].t));
             if ((s + 1) % 2 == 0)
