@@ -15,9 +15,15 @@
  *   sparse push  the same keys with gradients (SGD on the server): payload 8 + 4 dim a key
  *   dense pull   the whole dense table of --dense floats (split over 1,024 shards), GB/s
  *   dense push   its gradients (SGD), GB/s
- * Each line: the rate, the payload GB/s and its share of the bound. See docs/ps.md. */
+ * Each line: the rate, the payload GB/s and its share of the bound.
+ *
+ * Then the modes (--ctr-examples N, 0: skip): examples/ctr (logistic regression plus embeddings,
+ * 13 dense and 26 sparse slots) trained in one process (--local), then on edl-ps in each mode
+ * with each W x S, one thread per worker: test AUC and logloss, examples/s per trainer thread
+ * against the local figure, and bytes sent per example against async's. See docs/ps.md. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -43,6 +49,7 @@ typedef struct opts {
     uint32_t dim, batch;
     uint64_t keys, dense;
     double seconds;
+    long ctr_examples;
 } opts;
 
 enum { PH_SPULL, PH_SPUSH, PH_DPULL, PH_DPUSH, N_PHASES };
@@ -374,6 +381,116 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
     }
 }
 
+/* ---- the modes, on examples/ctr ------------------------------------------------------------------ */
+
+typedef struct ctr_result {
+    double auc, logloss, rate, bytes;
+} ctr_result;
+
+/* Run argv with env added; its stdout's "ctr: ...: test AUC" line into r. */
+static int run_ctr(char *const *argv, char *const *env, ctr_result *r, bool wait_it, pid_t *pid)
+{
+    int out[2];
+    if (pipe(out))
+        die("pipe");
+    if ((*pid = fork()) == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        for (int i = 0; env[i]; i++)
+            putenv(env[i]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(out[1]);
+    char line[1024];
+    FILE *f = fdopen(out[0], "r");
+    int found = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, "test AUC") && r) {
+            const char *p = strstr(line, "test AUC");
+            sscanf(p, "test AUC %lf logloss %lf", &r->auc, &r->logloss);
+            p = strstr(line, "); ");
+            sscanf(p ? p + 3 : "", "%lf examples/s per trainer thread; %lf", &r->rate, &r->bytes);
+            found = 1;
+        }
+    if (f)
+        fclose(f);
+    if (wait_it)
+        waitpid(*pid, NULL, 0);
+    return found;
+}
+
+static void run_mode(const opts *o, const char *secret, const char *mode, int w, int s,
+                     ctr_result *r)
+{
+    char eps[MAX_PROCS][128], list[1024] = "", nw[16], id[MAX_PROCS][32], n[32];
+    pid_t srv[MAX_PROCS], wk[MAX_PROCS];
+    for (int i = 0; i < s; i++) {
+        srv[i] = start_server(secret, eps[i], sizeof eps[i]);
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? "," : "", eps[i]);
+    }
+    char e_list[1100], e_mode[64], e_secret[128], e_num[48];
+    snprintf(e_list, sizeof e_list, "PADDLE_PSERVERS_IP_PORT_LIST=%s", list);
+    snprintf(e_mode, sizeof e_mode, "EDL_PS_MODE=%s", mode);
+    snprintf(e_secret, sizeof e_secret, "EDL_JOB_SECRET_FILE=%s", secret);
+    snprintf(nw, sizeof nw, "%d", w);
+    snprintf(e_num, sizeof e_num, "PADDLE_TRAINERS_NUM=%s", nw);
+    snprintf(n, sizeof n, "%ld", o->ctr_examples);
+    char *argv[] = {EDL_CTR_BIN, "--examples", n, NULL};
+    *r = (ctr_result){0};
+    for (int i = w - 1; i >= 0; i--) { /* worker 0 last: its output is read to the end */
+        snprintf(id[i], sizeof id[i], "PADDLE_TRAINER_ID=%d", i);
+        char *env[] = {"TRAINING_ROLE=TRAINER", "EDL_JOB_ID=bench", e_list, e_mode, e_secret,
+                       e_num, id[i], NULL};
+        if (i > 0 && (wk[i] = fork()) == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 1);
+            for (int k = 0; env[k]; k++)
+                putenv(env[k]);
+            execv(argv[0], argv);
+            _exit(127);
+        }
+        if (i == 0 && !run_ctr(argv, env, r, true, &wk[0]))
+            fprintf(stderr, "ps: ctr %s %dx%d printed no result\n", mode, w, s);
+    }
+    for (int i = 1; i < w; i++)
+        waitpid(wk[i], NULL, 0);
+    for (int i = 0; i < s; i++) {
+        kill(srv[i], SIGTERM);
+        waitpid(srv[i], NULL, 0);
+    }
+}
+
+static void run_modes(const opts *o, const char *secret)
+{
+    static const char *const modes[] = {"sync", "async", "half_async", "geo"};
+    char n[32];
+    snprintf(n, sizeof n, "%ld", o->ctr_examples);
+    char *largv[] = {EDL_CTR_BIN, "--local", "--examples", n, NULL}, *noenv[] = {NULL};
+    ctr_result local = {0}, r[4];
+    pid_t pid;
+    if (!run_ctr(largv, noenv, &local, true, &pid))
+        die("examples/ctr --local printed no result (is it built?)");
+    printf("\nmodes: examples/ctr, %ld examples, batches of 256, one thread a worker\n",
+           o->ctr_examples);
+    printf("%-10s %-6s %7s %8s %16s %9s %14s %9s\n", "mode", "W x S", "AUC", "logloss",
+           "examples/s/thr", "of local", "bytes/example", "of async");
+    printf("%-10s %-6s %7.4f %8.4f %16.0f %9s %14s %9s\n", "local", "-", local.auc,
+           local.logloss, local.rate, "1.00", "-", "-");
+    for (int p = 0; p < o->n_pairs; p++) {
+        for (int m = 0; m < 4; m++)
+            run_mode(o, secret, modes[m], o->pairs[p][0], o->pairs[p][1], &r[m]);
+        for (int m = 0; m < 4; m++) {
+            char ws[16];
+            snprintf(ws, sizeof ws, "%dx%d", o->pairs[p][0], o->pairs[p][1]);
+            printf("%-10s %-6s %7.4f %8.4f %16.0f %9.2f %14.0f %9.2f\n", modes[m], ws, r[m].auc,
+                   r[m].logloss, r[m].rate, r[m].rate / local.rate, r[m].bytes,
+                   r[m].bytes / r[1].bytes);
+        }
+        fflush(stdout);
+    }
+}
+
 /* ---- options ----------------------------------------------------------------------------------- */
 
 static uint64_t parse_count(const char *s)
@@ -389,10 +506,10 @@ static uint64_t parse_count(const char *s)
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M]\n"
-               "          [--dense 16M] [--seconds 2] [--quick]\n"
+               "          [--dense 16M] [--seconds 2] [--ctr-examples 200000] [--quick]\n"
                "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
                "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
-               "a 1M-float dense table.\n");
+               "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes.\n");
 }
 
 static void parse_opts(int argc, char **argv, opts *o)
@@ -400,9 +517,9 @@ static void parse_opts(int argc, char **argv, opts *o)
     static const struct option lo[] = {
         {"pairs", 1, 0, 'p'}, {"dim", 1, 0, 'd'},     {"batch", 1, 0, 'b'}, {"keys", 1, 0, 'k'},
         {"dense", 1, 0, 'D'}, {"seconds", 1, 0, 's'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"ctr-examples", 1, 0, 'c'}, {0, 0, 0, 0}};
     *o = (opts){.pairs = {{1, 1}, {2, 2}}, .n_pairs = 2, .dim = 16, .batch = 10000,
-                .keys = 1 << 20, .dense = 16 << 20, .seconds = 2};
+                .keys = 1 << 20, .dense = 16 << 20, .seconds = 2, .ctr_examples = 200000};
     for (int c; (c = getopt_long(argc, argv, "h", lo, NULL)) != -1;) {
         switch (c) {
         case 'p':
@@ -420,15 +537,18 @@ static void parse_opts(int argc, char **argv, opts *o)
         case 'k': o->keys = parse_count(optarg); break;
         case 'D': o->dense = parse_count(optarg); break;
         case 's': o->seconds = atof(optarg); break;
+        case 'c': o->ctr_examples = atol(optarg); break;
         case 'q':
             *o = (opts){.pairs = {{1, 1}}, .n_pairs = 1, .dim = 16, .batch = 10000,
-                        .keys = 100000, .dense = 1 << 20, .seconds = 0.5};
+                        .keys = 100000, .dense = 1 << 20, .seconds = 0.5,
+                        .ctr_examples = 20000};
             break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
     }
     if (o->dim < 1 || o->dim > EDL_PS_MAX_DIM || o->batch < 1 || o->seconds <= 0 ||
+        o->ctr_examples < 0 ||
         o->dense > EDL_PS_MAX_DENSE || o->keys < o->batch)
         die("bad --dim, --batch, --keys, --dense or --seconds (try --help)");
 }
@@ -450,6 +570,8 @@ int main(int argc, char **argv)
            "GB/s", "bound GB/s", "of bound");
     for (int i = 0; i < o.n_pairs; i++)
         run_pair(o.pairs[i][0], o.pairs[i][1], &o, secret);
+    if (o.ctr_examples > 0)
+        run_modes(&o, secret);
     unlink(secret);
     rmdir(dir);
     return 0;

@@ -151,6 +151,9 @@ uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t 
 /* A row for its only user (no lock: the trainer's own tables), created when asked; NULL when
  * absent or out of memory. */
 float *ps_table_row(ps_table *t, uint64_t key, bool create);
+/* Empty a merge buffer for its next round, keeping its memory: no rows (sparse), zeros (dense;
+ * for tables whose optimizer has no state). */
+void ps_table_reset(ps_table *t);
 /* fn on every shard's rows under its lock: sparse, n rows of `stride` floats with their keys;
  * dense, the n elements from `start` (keys NULL, stride 1). Stops at fn's first nonzero. */
 typedef int (*ps_rows_fn)(void *arg, const uint64_t *keys, uint64_t start, float *rows,

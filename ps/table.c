@@ -26,10 +26,15 @@ typedef struct geo_shard {
     size_t n[EDL_PS_MAX_GEO_TRAINERS], cap[EDL_PS_MAX_GEO_TRAINERS];
 } geo_shard;
 
+/* A slot of a shard's hash: a key and its row, together (one cache miss a probe). */
+typedef struct slot {
+    uint64_t key;
+    uint32_t row1;    /* row index + 1; 0: empty */
+} slot;
+
 typedef struct sparse_shard {
     pthread_mutex_t mu;
-    uint64_t *keys;   /* slots */
-    uint32_t *slot;   /* row index + 1 per slot; 0: empty */
+    slot *slots;
     size_t cap;       /* slots, a power of two */
     float *rows;
     uint64_t *rowkey; /* per row: its key (iteration: sync apply, GEO pulls) */
@@ -94,8 +99,7 @@ void ps_table_free(ps_table *t)
         return;
     for (uint32_t s = 0; s < t->cfg.shards; s++) {
         if (t->sp) {
-            free(t->sp[s].keys);
-            free(t->sp[s].slot);
+            free(t->sp[s].slots);
             free(t->sp[s].rows);
             free(t->sp[s].rowkey);
             for (int i = 0; t->sp[s].geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
@@ -161,29 +165,27 @@ static void apply_row(const edl_ps_table_config *c, float *w, float *st, const u
 
 /* ---- sparse -------------------------------------------------------------------------------- */
 
+/* The slot of a key's hash h (edl_ps_key_shard's mix, its high bits: the low ones chose the
+ * shard): where the key is, or the empty slot where it goes. */
+static size_t find_slot(const slot *slots, size_t cap, uint64_t key, uint64_t h)
+{
+    size_t j = (size_t)(h >> 24 ^ h >> 48) & (cap - 1);
+    while (slots[j].row1 && slots[j].key != key)
+        j = (j + 1) & (cap - 1);
+    return j;
+}
+
 static int sparse_grow_slots(sparse_shard *s)
 {
     size_t cap = s->cap ? s->cap * 2 : 64;
-    uint64_t *keys = malloc(cap * sizeof *keys);
-    uint32_t *slot = calloc(cap, sizeof *slot);
-    if (!keys || !slot) {
-        free(keys);
-        free(slot);
+    slot *slots = calloc(cap, sizeof *slots);
+    if (!slots)
         return EDL_ENOMEM;
-    }
-    for (size_t i = 0; i < s->cap; i++) {
-        if (!s->slot[i])
-            continue;
-        size_t j = ps_mix64(s->keys[i] ^ 0x5bd1e995u) & (cap - 1);
-        while (slot[j])
-            j = (j + 1) & (cap - 1);
-        keys[j] = s->keys[i];
-        slot[j] = s->slot[i];
-    }
-    free(s->keys);
-    free(s->slot);
-    s->keys = keys;
-    s->slot = slot;
+    for (size_t i = 0; i < s->cap; i++)
+        if (s->slots[i].row1)
+            slots[find_slot(slots, cap, s->slots[i].key, ps_mix64(s->slots[i].key))] = s->slots[i];
+    free(s->slots);
+    s->slots = slots;
     s->cap = cap;
     return 0;
 }
@@ -211,29 +213,31 @@ static int sparse_grow_rows(const ps_table *t, sparse_shard *s)
     return 0;
 }
 
+/* The row of key (hash h = ps_mix64(key)), or NULL when absent. */
+static float *sparse_find(const ps_table *t, const sparse_shard *s, uint64_t key, uint64_t h)
+{
+    if (!s->cap)
+        return NULL;
+    const slot *x = &s->slots[find_slot(s->slots, s->cap, key, h)];
+    return x->row1 ? s->rows + (size_t)(x->row1 - 1) * t->stride : NULL;
+}
+
 /* The row of key, created (initial weights, zero state, Adam powers 1) when absent; NULL when
  * out of memory. Under the shard's lock. */
-static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key)
+static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key, uint64_t h)
 {
-    if (s->cap) {
-        size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
-        for (; s->slot[j]; j = (j + 1) & (s->cap - 1))
-            if (s->keys[j] == key)
-                return s->rows + (size_t)(s->slot[j] - 1) * t->stride;
-    }
+    float *row = sparse_find(t, s, key, h);
+    if (row)
+        return row;
     if ((s->nrows + 1) * 10 > s->cap * 7 && sparse_grow_slots(s) != 0)
         return NULL;
     if (s->nrows == s->rows_cap && sparse_grow_rows(t, s) != 0)
         return NULL;
-    size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
-    while (s->slot[j])
-        j = (j + 1) & (s->cap - 1);
-    float *row = s->rows + s->nrows * t->stride;
-    s->keys[j] = key;
+    row = s->rows + s->nrows * t->stride;
     s->rowkey[s->nrows] = key;
     if (s->geo)
         s->geo->mask[s->nrows] = 0;
-    s->slot[j] = (uint32_t)++s->nrows;
+    s->slots[find_slot(s->slots, s->cap, key, h)] = (slot){key, (uint32_t)++s->nrows};
     for (uint32_t i = 0; i < t->cfg.dim; i++)
         row[i] = initial(&t->cfg, key, i);
     memset(row + t->cfg.dim, 0, (t->stride - t->cfg.dim) * sizeof *row);
@@ -250,19 +254,21 @@ static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
     sparse_shard *held = NULL;
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
-        uint64_t key = edl_get64(keys + 8 * (size_t)i);
-        sparse_shard *s = &t->sp[edl_ps_key_shard(key, t->cfg.shards)];
+        uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
+        sparse_shard *s = &t->sp[h % t->cfg.shards]; /* edl_ps_key_shard */
         if (s != held) {
             if (held)
                 pthread_mutex_unlock(&held->mu);
             pthread_mutex_lock(&s->mu);
             held = s;
         }
-        float *row = sparse_row(t, s, key);
+        float *row = sparse_row(t, s, key, h);
         if (!row)
             rc = EDL_ENOMEM;
         else if (grads)
             apply_row(&t->cfg, row, row + dim, grads + 4 * dim * i, dim);
+        else if (dim == 1) /* no call for one float */
+            out[i] = row[0];
         else
             memcpy(out + dim * i, row, dim * sizeof *out);
     }
@@ -389,10 +395,10 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
     size_t dim = t->cfg.dim;
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
-        uint64_t key = edl_get64(keys + 8 * (size_t)i);
-        sparse_shard *s = &t->sp[edl_ps_key_shard(key, t->cfg.shards)];
+        uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
+        sparse_shard *s = &t->sp[h % t->cfg.shards];
         pthread_mutex_lock(&s->mu);
-        float *row = sparse_row(t, s, key);
+        float *row = sparse_row(t, s, key, h);
         if (!row) {
             rc = EDL_ENOMEM;
         } else {
@@ -435,17 +441,24 @@ uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t 
 
 float *ps_table_row(ps_table *t, uint64_t key, bool create)
 {
-    sparse_shard *s = &t->sp[edl_ps_key_shard(key, t->cfg.shards)];
-    if (!create) {
-        if (!s->cap)
-            return NULL;
-        size_t j = ps_mix64(key ^ 0x5bd1e995u) & (s->cap - 1);
-        for (; s->slot[j]; j = (j + 1) & (s->cap - 1))
-            if (s->keys[j] == key)
-                return s->rows + (size_t)(s->slot[j] - 1) * t->stride;
-        return NULL;
+    uint64_t h = ps_mix64(key);
+    sparse_shard *s = &t->sp[h % t->cfg.shards];
+    return create ? sparse_row(t, s, key, h) : sparse_find(t, s, key, h);
+}
+
+void ps_table_reset(ps_table *t)
+{
+    for (uint32_t sh = 0; sh < t->cfg.shards; sh++) {
+        if (t->sp) {
+            sparse_shard *s = &t->sp[sh];
+            if (s->cap)
+                memset(s->slots, 0, s->cap * sizeof *s->slots);
+            s->nrows = 0;
+        } else if (t->dn[sh].w) {
+            memset(t->dn[sh].w, 0, edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh) *
+                                        sizeof(float));
+        }
     }
-    return sparse_row(t, s, key);
 }
 
 int ps_table_foreach(ps_table *t, ps_rows_fn fn, void *arg)
@@ -495,7 +508,7 @@ void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
             sparse_shard *x = &t->sp[s];
             pthread_mutex_lock(&x->mu);
             r += x->nrows;
-            b += x->cap * (sizeof *x->keys + sizeof *x->slot) +
+            b += x->cap * sizeof *x->slots +
                  x->rows_cap * (t->stride * sizeof(float) + sizeof *x->rowkey +
                                 (x->geo ? sizeof *x->geo->mask : 0));
             pthread_mutex_unlock(&x->mu);

@@ -20,7 +20,7 @@ struct edl_ps_trainer {
     pthread_mutex_t client_mu;
     pthread_mutex_t mu; /* merge buffers, the sender's state, the half_async barrier */
     pthread_cond_t cv;
-    ps_table *merge[EDL_PS_MAX_TABLES];
+    ps_table *merge[EDL_PS_MAX_TABLES], *spare[EDL_PS_MAX_TABLES]; /* spare: sent, emptied */
     bool queued, sending, stop, has_sender;
     pthread_t sender;
     int send_rc;
@@ -85,6 +85,7 @@ static ps_table *own_table(edl_ps_trainer *t, uint32_t table, uint32_t width, ui
         return NULL;
     edl_ps_table_config c = *cfg;
     c.dim = cfg->dim * width + extra;
+    c.shards = 1; /* one owner at a time (t->mu, or the trainer's thread): one lock a call */
     c.optimizer = EDL_PS_SGD;
     c.lr = -1; /* a push adds */
     c.init = EDL_PS_INIT_ZERO;
@@ -172,7 +173,7 @@ static int send_table(ps_table *buf, ps_rows_fn fn, void *fn_arg, gather *g)
     return rc;
 }
 
-/* Send merge buffers taken from the trainer (under client_mu); frees them. */
+/* Send merge buffers taken from the trainer (under client_mu) and empty them. */
 static int send_merged(edl_ps_trainer *t, ps_table **bufs)
 {
     static const ps_call_mode plain = {0};
@@ -184,8 +185,8 @@ static int send_merged(edl_ps_trainer *t, ps_table **bufs)
             g.dim = ps_client_table(t->c, i)->dim;
             rc = send_table(bufs[i], gather_rows, &g, &g);
         }
-        ps_table_free(bufs[i]);
-        bufs[i] = NULL;
+        if (bufs[i])
+            ps_table_reset(bufs[i]);
     }
     pthread_mutex_unlock(&t->client_mu);
     return rc;
@@ -193,31 +194,36 @@ static int send_merged(edl_ps_trainer *t, ps_table **bufs)
 
 /* ---- async: the sender thread ---------------------------------------------------------------- */
 
-static void take_merged(edl_ps_trainer *t, ps_table **bufs)
+/* Send what is queued: called, and returns, with t->mu held (released while sending). The
+ * buffers sent are emptied and kept as the spares for the round after next. */
+static int send_queued(edl_ps_trainer *t)
 {
-    memcpy(bufs, t->merge, sizeof t->merge);
-    memset(t->merge, 0, sizeof t->merge);
+    ps_table *bufs[EDL_PS_MAX_TABLES];
+    memcpy(bufs, t->merge, sizeof bufs);
+    memcpy(t->merge, t->spare, sizeof bufs);
+    memset(t->spare, 0, sizeof t->spare);
     t->queued = false;
+    t->sending = true;
+    pthread_mutex_unlock(&t->mu);
+    int rc = send_merged(t, bufs);
+    pthread_mutex_lock(&t->mu);
+    memcpy(t->spare, bufs, sizeof bufs);
+    t->sending = false;
+    t->send_rc = t->send_rc ? t->send_rc : rc;
+    pthread_cond_broadcast(&t->cv);
+    return rc;
 }
 
 static void *sender_main(void *arg)
 {
     edl_ps_trainer *t = arg;
-    ps_table *bufs[EDL_PS_MAX_TABLES];
     pthread_mutex_lock(&t->mu);
     for (;;) {
         while (!t->stop && !t->queued)
             pthread_cond_wait(&t->cv, &t->mu);
         if (!t->queued)
             break;
-        take_merged(t, bufs);
-        t->sending = true;
-        pthread_mutex_unlock(&t->mu);
-        int rc = send_merged(t, bufs);
-        pthread_mutex_lock(&t->mu);
-        t->sending = false;
-        t->send_rc = t->send_rc ? t->send_rc : rc;
-        pthread_cond_broadcast(&t->cv);
+        send_queued(t);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -257,12 +263,7 @@ static int half_async_step(edl_ps_trainer *t)
         while (t->round == round)
             pthread_cond_wait(&t->cv, &t->mu);
     } else {
-        ps_table *bufs[EDL_PS_MAX_TABLES];
-        take_merged(t, bufs);
-        pthread_mutex_unlock(&t->mu);
-        int rc = send_merged(t, bufs);
-        pthread_mutex_lock(&t->mu);
-        t->send_rc = t->send_rc ? t->send_rc : rc;
+        send_queued(t);
         t->arrived = 0;
         t->round++;
         pthread_cond_broadcast(&t->cv);
@@ -476,6 +477,7 @@ int edl_ps_trainer_close(edl_ps_trainer *t)
     }
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table_free(t->merge[i]);
+        ps_table_free(t->spare[i]);
         ps_table_free(t->local[i]);
     }
     pthread_cond_destroy(&t->cv);
@@ -564,14 +566,9 @@ int edl_ps_trainer_flush(edl_ps_trainer *t)
 {
     if (t->o.mode == EDL_PS_MODE_GEO)
         return geo_sync(t);
-    if (t->o.mode == EDL_PS_MODE_HALF_ASYNC) { /* what no step has sent yet */
-        ps_table *bufs[EDL_PS_MAX_TABLES];
-        pthread_mutex_lock(&t->mu);
-        take_merged(t, bufs);
-        pthread_mutex_unlock(&t->mu);
-        return send_merged(t, bufs);
-    }
     pthread_mutex_lock(&t->mu);
+    if (t->o.mode == EDL_PS_MODE_HALF_ASYNC && t->queued) /* what no step has sent yet */
+        send_queued(t);
     while (t->has_sender && (t->queued || t->sending))
         pthread_cond_wait(&t->cv, &t->mu);
     int rc = t->send_rc;
