@@ -337,6 +337,7 @@ static void print_line(int w, int s, int ph, double rate, const opts *o, double 
 
 static void run_pair(int w, int s, const opts *o, const char *secret_file)
 {
+    fflush(stdout); /* the children must not inherit unwritten output */
     double bound = measure_bound(w, s, o->seconds);
     pid_t srv[MAX_PROCS], wk[MAX_PROCS];
     char eps_buf[MAX_PROCS][128];
@@ -423,6 +424,7 @@ static int run_ctr(char *const *argv, char *const *env, ctr_result *r, bool wait
 static void run_mode(const opts *o, const char *secret, const char *mode, int w, int s,
                      ctr_result *r)
 {
+    fflush(stdout);
     char eps[MAX_PROCS][128], list[1024] = "", nw[16], id[MAX_PROCS][32], n[32];
     pid_t srv[MAX_PROCS], wk[MAX_PROCS];
     for (int i = 0; i < s; i++) {
@@ -463,6 +465,7 @@ static void run_mode(const opts *o, const char *secret, const char *mode, int w,
 
 static void run_modes(const opts *o, const char *secret)
 {
+    fflush(stdout);
     static const char *const modes[] = {"sync", "async", "half_async", "geo"};
     char n[32];
     snprintf(n, sizeof n, "%ld", o->ctr_examples);

@@ -853,12 +853,19 @@ static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, 
         return fail(c, EDL_EINVAL, "[%llu, %llu) is outside dense table %u (%llu floats)",
                     (unsigned long long)off, (unsigned long long)(off + n), table,
                     (unsigned long long)t->cfg.size);
-    if ((rc = plan_dense(c, t, off, n)))
-        return rc;
-    if (push)
-        dense_move(c, off, range, true);
-    if ((rc = dense_call(c, table, push, m)) == 0 && !push)
-        dense_move(c, off, range, false);
+    /* a range too big for one message per server goes in pieces (each element is in one
+     * piece, so a push still applies each gradient once); max_message / 8 floats leaves room
+     * for the segments of up to EDL_PS_MAX_SHARDS shards */
+    uint64_t piece = c->max_message / 8;
+    for (uint64_t done = 0; rc == 0 && done < n; done += piece) {
+        uint64_t len = n - done < piece ? n - done : piece;
+        if ((rc = plan_dense(c, t, off + done, len)))
+            return rc;
+        if (push)
+            dense_move(c, off + done, range + done, true);
+        if ((rc = dense_call(c, table, push, m)) == 0 && !push)
+            dense_move(c, off + done, range + done, false);
+    }
     return rc;
 }
 

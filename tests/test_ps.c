@@ -311,6 +311,27 @@ static void test_a_table_keeps_its_config_and_calls_are_checked(void **state)
     assert_int_equal(edl_ps_pull_sparse(c, 1, keys, 8192, out), EDL_ETOOBIG);
     assert_non_null(strstr(edl_ps_client_errmsg(c), "max_message"));
     harness_ps_ok(c, edl_ps_pull_sparse(c, 1, keys, 1000, out)); /* and the client still works */
+    /* a dense range bigger than a message goes in pieces: each element pulled and updated once */
+    edl_ps_client *small;
+    char why[256];
+    edl_ps_client_options co = {.endpoints = k.ep, .n_servers = k.n, .job = "job-a",
+                                .secret = &k.secret, .timeout_ms = 5000, .max_message = 64 << 10};
+    assert_int_equal(edl_ps_client_open(&co, &small, why, sizeof why), 0);
+    edl_ps_table_config dn;
+    edl_ps_table_config_init(&dn);
+    dn.kind = EDL_PS_DENSE, dn.dim = 1, dn.size = 100000, dn.init = EDL_PS_INIT_ZERO;
+    dn.lr = 1;
+    harness_ps_ok(small, edl_ps_create_table(small, 7, &dn));
+    static float big[100000];
+    for (int i = 0; i < 100000; i++)
+        big[i] = (float)(i % 7);
+    harness_ps_ok(small, edl_ps_push_dense(small, 7, 0, 100000, big));
+    memset(big, 0, sizeof big);
+    harness_ps_ok(small, edl_ps_pull_dense(small, 7, 0, 100000, big));
+    for (int i = 0; i < 100000; i++)
+        if (big[i] != -(float)(i % 7))
+            fail_msg("element %d: %g after one push of %d with lr 1", i, (double)big[i], i % 7);
+    edl_ps_client_close(small);
     edl_ps_client_close(c);
     harness_ps_close(&k);
 }

@@ -127,14 +127,17 @@ const char *edl_ps_client_errmsg(const edl_ps_client *c);
 void edl_ps_client_traffic(const edl_ps_client *c, uint64_t *sent, uint64_t *received);
 /* Create a table on every server, or check that the one there has this config. */
 int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg);
-/* Rows of n keys (duplicates allowed) into out, n * dim floats, in the keys' order. */
+/* Rows of n keys (duplicates allowed) into out, n * dim floats, in the keys' order. A call
+ * whose share for one server would pass max_message fails (EDL_ETOOBIG) before sending:
+ * pull fewer keys per call (pushes are not cut, so that a key's gradients stay one update). */
 int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
                        float *out);
 /* Gradients of n keys (n * dim floats); the gradients of a repeated key are summed first and
  * the sum is applied once. Returns once every server has applied its part. */
 int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
                        const float *grads);
-/* Elements [off, off + n) of a dense table into out; gradients of the same range. */
+/* Elements [off, off + n) of a dense table into out; gradients of the same range. A range
+ * bigger than max_message / 8 floats goes in pieces of that size. */
 int edl_ps_pull_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *out);
 int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
                       const float *grads);
