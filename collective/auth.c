@@ -82,22 +82,9 @@ int coll_frame_parse(const void *buf, size_t len, uint32_t magic, uint8_t *nonce
 int coll_link_mac(const edl_job_secret *s, const char *job, const coll_link *l,
                   enum coll_mac_kind kind, uint8_t out[EDL_SECRET_MAC_BYTES])
 {
-    static const char tag[] = "edl-coll-link-v2";
-    uint8_t msg[1024], hello[COLL_HELLO_BYTES];
-    size_t jl = strlen(job), n = 0;
-    if (jl > sizeof msg - 128)
-        return EDL_EINVAL;
-    memcpy(msg, tag, sizeof tag - 1);
-    n += sizeof tag - 1;
-    msg[n++] = (uint8_t)kind;
-    edl_put32(msg + n, (uint32_t)jl);
-    n += 4;
-    memcpy(msg + n, job, jl);
-    n += jl;
-    coll_hello_encode(&l->h, hello);
-    memcpy(msg + n, hello, sizeof hello);
-    n += sizeof hello;
-    memcpy(msg + n, l->nonce_a, COLL_NONCE_BYTES);
-    n += COLL_NONCE_BYTES;
-    return edl_job_secret_mac(s, msg, n, out);
+    uint8_t transcript[COLL_HELLO_BYTES + COLL_NONCE_BYTES];
+    coll_hello_encode(&l->h, transcript);
+    memcpy(transcript + COLL_HELLO_BYTES, l->nonce_a, COLL_NONCE_BYTES);
+    return edl_job_secret_link_mac(s, "edl-coll-link-v2", (uint8_t)kind, job, transcript,
+                                   sizeof transcript, out);
 }

@@ -1,6 +1,7 @@
 /* secret.c: the per-job secret (edl/secret.h): loaded in this one place from a private file or
  * the environment, generated for `edl run`, and the HMAC-SHA256 that proves a process holds it
- * (OpenSSL's libcrypto). The key is wiped when cleared. */
+ * (OpenSSL's libcrypto), with the one layout of a link's MAC input that the collective mesh and
+ * the parameter server share. The key is wiped when cleared. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "edl/secret.h"
+#include "edl/wire.h"
 
 void edl_job_secret_init(edl_job_secret *s)
 {
@@ -127,6 +129,25 @@ int edl_job_secret_mac(const edl_job_secret *s, const void *msg, size_t len,
         outlen != EDL_SECRET_MAC_BYTES)
         return EDL_EINVAL;
     return 0;
+}
+
+int edl_job_secret_link_mac(const edl_job_secret *s, const char *tag, uint8_t kind,
+                            const char *job, const void *transcript, size_t len,
+                            uint8_t out[EDL_SECRET_MAC_BYTES])
+{
+    uint8_t msg[1024];
+    size_t tl = strlen(tag), jl = strlen(job), n = 0;
+    if (tl + 1 + 4 + jl + len > sizeof msg)
+        return EDL_EINVAL;
+    memcpy(msg, tag, tl);
+    n += tl;
+    msg[n++] = kind;
+    edl_put32(msg + n, (uint32_t)jl);
+    n += 4;
+    memcpy(msg + n, job, jl);
+    n += jl;
+    memcpy(msg + n, transcript, len);
+    return edl_job_secret_mac(s, msg, n + len, out);
 }
 
 bool edl_job_secret_mac_equal(const uint8_t a[EDL_SECRET_MAC_BYTES],

@@ -100,23 +100,11 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
                 const uint8_t nc[PS_NONCE_BYTES], const uint8_t ns[PS_NONCE_BYTES],
                 uint8_t *out)
 {
-    static const char tag[] = "edl-ps-link-v1";
-    uint8_t msg[512];
-    size_t jl = strlen(job), n = 0;
-    if (jl > sizeof msg - 64)
-        return EDL_EINVAL;
-    memcpy(msg, tag, sizeof tag - 1);
-    n += sizeof tag - 1;
-    msg[n++] = (uint8_t)dir;
-    edl_put32(msg + n, (uint32_t)jl);
-    n += 4;
-    memcpy(msg + n, job, jl);
-    n += jl;
-    memcpy(msg + n, nc, PS_NONCE_BYTES);
-    n += PS_NONCE_BYTES;
-    memcpy(msg + n, ns, PS_NONCE_BYTES);
-    n += PS_NONCE_BYTES;
-    return edl_job_secret_mac(s, msg, n, out);
+    uint8_t transcript[2 * PS_NONCE_BYTES];
+    memcpy(transcript, nc, PS_NONCE_BYTES);
+    memcpy(transcript + PS_NONCE_BYTES, ns, PS_NONCE_BYTES);
+    return edl_job_secret_link_mac(s, "edl-ps-link-v1", (uint8_t)dir, job, transcript,
+                                   sizeof transcript, out);
 }
 
 /* ---- frames -------------------------------------------------------------------------------- */

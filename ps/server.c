@@ -145,28 +145,28 @@ static int create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_config
     return rc;
 }
 
-/* The table of a request, of the kind it needs. */
-static ps_table *table_for(edl_ps_server *s, const ps_request *r, edl_ps_table_kind kind,
-                           char *why, size_t whylen)
+/* The table of a request, of the kind it needs: 0, or EDL_ENOTFOUND / EDL_EINVAL (why). */
+static int table_for(edl_ps_server *s, const ps_request *r, edl_ps_table_kind kind,
+                     ps_table **out, char *why, size_t whylen)
 {
     ps_table *t = atomic_load(&s->tables[r->h.table]);
     if (!t)
-        edl_errf(why, whylen, EDL_ENOTFOUND, "no table %u on this server (create it first)",
-                 r->h.table);
-    else if (ps_table_config(t)->kind != kind)
-        edl_errf(why, whylen, EDL_EINVAL, "table %u is %s", r->h.table,
-                 kind == EDL_PS_SPARSE ? "dense" : "sparse");
-    else
-        return t;
-    return NULL;
+        return edl_errf(why, whylen, EDL_ENOTFOUND, "no table %u on this server (create it "
+                        "first)", r->h.table);
+    if (ps_table_config(t)->kind != kind)
+        return edl_errf(why, whylen, EDL_EINVAL, "table %u is %s", r->h.table,
+                        kind == EDL_PS_SPARSE ? "dense" : "sparse");
+    *out = t;
+    return 0;
 }
 
 static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
                         size_t whylen)
 {
-    ps_table *t = table_for(s, r, EDL_PS_SPARSE, why, whylen);
-    if (!t)
-        return EDL_ENOTFOUND;
+    ps_table *t = NULL;
+    int found = table_for(s, r, EDL_PS_SPARSE, &t, why, whylen);
+    if (found)
+        return found;
     uint32_t dim = ps_table_config(t)->dim, geo = ps_table_config(t)->geo_trainers;
     if (r->h.type == PS_PUSH_SPARSE) {
         if (r->dim != dim)
@@ -203,9 +203,10 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
 static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
                        size_t whylen)
 {
-    ps_table *t = table_for(s, r, EDL_PS_DENSE, why, whylen);
-    if (!t)
-        return EDL_ENOTFOUND;
+    ps_table *t = NULL;
+    int found = table_for(s, r, EDL_PS_DENSE, &t, why, whylen);
+    if (found)
+        return found;
     uint64_t size = ps_table_config(t)->size;
     for (uint32_t i = 0; i < r->nseg; i++) {
         uint64_t off, cnt;
@@ -246,9 +247,10 @@ static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *
 static int serve_geo_pull(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
                           size_t whylen)
 {
-    ps_table *t = table_for(s, r, EDL_PS_SPARSE, why, whylen);
-    if (!t)
-        return EDL_ENOTFOUND;
+    ps_table *t = NULL;
+    int found = table_for(s, r, EDL_PS_SPARSE, &t, why, whylen);
+    if (found)
+        return found;
     const edl_ps_table_config *cfg = ps_table_config(t);
     if (r->trainer >= cfg->geo_trainers)
         return edl_errf(why, whylen, EDL_EINVAL, "a GEO pull for trainer %u from table %u, "

@@ -239,21 +239,28 @@ static void check_sync(harness_ps *k, run *runs, int n, int (*trainers_at)(int),
     edl_ps_client_close(c);
 }
 
+/* Three sync trainers on two servers for `steps` steps, trainer 2 leaving after leave_after;
+ * the threads are started, not joined. */
+static void start_sync(harness_ps *k, run *runs, pthread_t *th, int steps, int leave_after)
+{
+    harness_ps_open(k, 2, NULL);
+    memset(runs, 0, 3 * sizeof *runs);
+    for (int i = 0; i < 3; i++) {
+        runs[i].steps = steps;
+        runs[i].leave_after = i == 2 ? leave_after : 1000;
+        open_run(&runs[i], k, EDL_PS_MODE_SYNC, i, 3);
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_create(&th[i], NULL, sync_trainer, &runs[i]);
+}
+
 static void test_sync_applies_the_sum_of_every_trainers_gradients_once_a_step(void **state)
 {
     (void)state;
     harness_ps k;
-    harness_ps_open(&k, 2, NULL);
     static run runs[3];
     pthread_t th[3];
-    memset(runs, 0, sizeof runs);
-    for (int i = 0; i < 3; i++) {
-        runs[i].steps = 6;
-        runs[i].leave_after = 1000;
-        open_run(&runs[i], &k, EDL_PS_MODE_SYNC, i, 3);
-    }
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, sync_trainer, &runs[i]);
+    start_sync(&k, runs, th, 6, 1000);
     for (int i = 0; i < 3; i++)
         pthread_join(th[i], NULL);
     for (int i = 0; i < 3; i++)
@@ -269,17 +276,9 @@ static void test_sync_barrier_follows_the_trainer_count_when_one_leaves(void **s
 {
     (void)state;
     harness_ps k;
-    harness_ps_open(&k, 2, NULL);
     static run runs[3];
     pthread_t th[3];
-    memset(runs, 0, sizeof runs);
-    for (int i = 0; i < 3; i++) {
-        runs[i].steps = 4;
-        runs[i].leave_after = i == 2 ? 2 : 1000;
-        open_run(&runs[i], &k, EDL_PS_MODE_SYNC, i, 3);
-    }
-    for (int i = 0; i < 3; i++)
-        pthread_create(&th[i], NULL, sync_trainer, &runs[i]);
+    start_sync(&k, runs, th, 4, 2);
     pthread_join(th[2], NULL);
     harness_sleep_ms(500); /* the survivors wait at step 2 */
     int64_t t0 = harness_now_ms();

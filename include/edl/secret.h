@@ -44,6 +44,13 @@ int edl_job_secret_generate(const char *path, char *why, size_t whylen);
 /* HMAC-SHA256 of msg under the secret into out. 0, EDL_EINVAL without a secret. */
 int edl_job_secret_mac(const edl_job_secret *s, const void *msg, size_t len,
                        uint8_t out[EDL_SECRET_MAC_BYTES]);
+/* The MAC that binds a link's frame to the job: HMAC-SHA256 of tag, kind (the frame's
+ * direction or purpose), the job id's length (4 bytes, little-endian) and the job id, then the
+ * link's transcript (what both ends said: their hellos, their nonces). EDL_EINVAL without a
+ * secret or when it all passes 1 KiB. Every authenticated link of a job uses it. */
+int edl_job_secret_link_mac(const edl_job_secret *s, const char *tag, uint8_t kind,
+                            const char *job, const void *transcript, size_t len,
+                            uint8_t out[EDL_SECRET_MAC_BYTES]);
 /* Constant-time comparison of two MACs: true when equal. */
 bool edl_job_secret_mac_equal(const uint8_t a[EDL_SECRET_MAC_BYTES],
                               const uint8_t b[EDL_SECRET_MAC_BYTES]);
