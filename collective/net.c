@@ -738,7 +738,7 @@ int coll_stream_run(edl_comm *c, const coll_op *op, const coll_stream *st)
                 if (n > 0) {
                     size_t h = sizeof sh - sh_done < (size_t)n ? sizeof sh - sh_done : (size_t)n;
                     sh_done += h;
-                    if (st->b[sj].copy && (size_t)n > h)
+                    if ((size_t)n > h && st->b[sj].copy) /* data went: sj is a block */
                         memcpy(st->b[sj].copy + soff, st->b[sj].src + soff, (size_t)n - h);
                     soff += (size_t)n - h;
                     s_data += (size_t)n - h;
