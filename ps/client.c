@@ -74,6 +74,11 @@ struct edl_ps_client {
     uint32_t *uidx, *rank, *hslot, *order, *tmp, *cnt;
     float *rows;
     size_t ucap, hcap, rows_cap, cnt_cap;
+    /* the last sparse plan's keys: a call with the same keys on a table of as many shards
+     * (a pull then its push, or the same batch on two tables) reuses the plan */
+    uint64_t *plan_keys;
+    size_t plan_n, plan_nu, plan_cap;
+    uint32_t plan_shards; /* 0: no plan kept (a dense call reuses the links' first/count) */
     char err[1024];
 };
 
@@ -505,6 +510,7 @@ void edl_ps_client_close(edl_ps_client *c)
     free(c->links);
     free(c->ukeys), free(c->skeys), free(c->hkeys), free(c->uidx), free(c->rank);
     free(c->hslot), free(c->order), free(c->tmp), free(c->cnt), free(c->rows);
+    free(c->plan_keys);
     edl_job_secret_clear(&c->secret);
     free(c);
 }
@@ -623,6 +629,11 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *
                        size_t *nu_out)
 {
     size_t hc = 16, nu = 0, shards = t->cfg.shards;
+    if (c->plan_shards == shards && c->plan_n == n && !memcmp(c->plan_keys, keys, n * 8)) {
+        *nu_out = c->plan_nu; /* the owner maps of tables of as many shards are the same */
+        return 0;
+    }
+    c->plan_shards = 0;
     while (hc < 2 * n)
         hc *= 2;
     int rc = sparse_scratch(c, n, hc, (shards > (size_t)c->n ? shards : (size_t)c->n) + 1);
@@ -662,6 +673,14 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *
         c->skeys[c->rank[u]] = c->ukeys[u];
     }
     *nu_out = nu;
+    uint64_t *kept = grow(c->plan_keys, &c->plan_cap, n, 8);
+    if (kept) { /* else no plan is kept, and the old array stays for close to free */
+        c->plan_keys = kept;
+        memcpy(c->plan_keys, keys, n * 8);
+        c->plan_n = n;
+        c->plan_nu = nu;
+        c->plan_shards = (uint32_t)shards;
+    }
     return 0;
 }
 
@@ -768,6 +787,7 @@ int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
 static int plan_dense(edl_ps_client *c, const client_table *t, uint64_t off, uint64_t n)
 {
     const edl_ps_table_config *cfg = &t->cfg;
+    c->plan_shards = 0; /* the links' first and count are about to change */
     for (int i = 0; i < c->n; i++)
         c->links[i].nseg = 0, c->links[i].total = 0;
     uint32_t s0 = edl_ps_dense_shard(off, cfg->size, cfg->shards);
