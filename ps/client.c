@@ -4,8 +4,9 @@
  * by shard (the server locks a shard once per run of its keys), and talks to every server at
  * once: requests go out and replies come in on all links in one poll loop, each reply read
  * straight into its place where it can be. A link that fails or times out is closed and the
- * call fails, naming the server; the client is then unusable for that server (re-routing on a
- * new generation is the elastic part, not built yet: see docs/ps.md). */
+ * call fails, naming the server. With elastic servers (a `servers` source of maps), a call
+ * whose part a server refused (moved, busy) or whose link broke re-routes on a newer map and
+ * sends again only the parts that were not applied, until its timeout. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netdb.h>
@@ -46,6 +47,7 @@ typedef struct ps_link {
     uint8_t *body;      /* error replies and bodies without a dst */
     size_t body_cap;
     bool busy;
+    int rc;             /* the outcome of its part of the last call */
     /* scratch of the call: this server's share */
     size_t first, count; /* sparse: its keys in the sorted order */
     uint8_t *seg;        /* dense: its segments, then (push) their values */
@@ -79,6 +81,11 @@ struct edl_ps_client {
     uint64_t *plan_keys;
     size_t plan_n, plan_nu, plan_cap;
     uint32_t plan_shards; /* 0: no plan kept (a dense call reuses the links' first/count) */
+    /* elastic servers */
+    int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
+    void *servers_arg;
+    int64_t gen;          /* the map the links follow */
+    int64_t deadline;     /* of the call in progress (monotonic ms; 0: none) */
     char err[1024];
 };
 
@@ -251,6 +258,7 @@ static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint8_t fla
     l->want_type = (uint8_t)(type | PS_REPLY);
     l->rgot = 0;
     l->busy = true;
+    l->rc = 0;
 }
 
 static int link_send(edl_ps_client *c, ps_link *l)
@@ -379,6 +387,8 @@ static int run_links(edl_ps_client *c)
                 l->busy = false;
                 rc = link_outcome(c, l, 0);
             }
+            if (rc < 0)
+                l->rc = rc;
             if (rc < 0 && !first) {
                 first = rc;
                 memcpy(first_err, c->err, sizeof first_err);
@@ -392,6 +402,7 @@ static int run_links(edl_ps_client *c)
                              c->links[i].ep, c->timeout_ms);
                 memcpy(first_err, c->err, sizeof first_err);
             }
+            c->links[i].rc = EDL_ETIMEDOUT;
             link_break(&c->links[i]);
         }
     if (first)
@@ -403,8 +414,9 @@ static int run_links(edl_ps_client *c)
 static int link_usable(edl_ps_client *c, ps_link *l)
 {
     if (l->fd < 0)
-        return fail(c, EDL_EPEER, "the link to server %s broke in an earlier call; the "
-                    "client must be reopened", l->ep);
+        return fail(c, EDL_EPEER, "the link to server %s broke in an earlier call; %s", l->ep,
+                    c->servers ? "no newer map of servers has replaced it yet"
+                               : "the client must be reopened");
     return 0;
 }
 
@@ -415,9 +427,11 @@ static void link_expect(ps_link *l, size_t npre, void *dst, size_t dst_len)
     l->dst_len = dst_len;
 }
 
-/* Every link must be usable before a call starts. */
+/* Every link must be usable before a call starts (and none has an outcome yet). */
 static int links_usable(edl_ps_client *c)
 {
+    for (int i = 0; i < c->n; i++)
+        c->links[i].rc = 0;
     for (int i = 0; i < c->n; i++)
         if (link_usable(c, &c->links[i]) != 0)
             return EDL_EPEER;
@@ -440,6 +454,20 @@ static const client_table *known_table(edl_ps_client *c, uint32_t table, edl_ps_
 
 /* ---- open, close, create ------------------------------------------------------------------- */
 
+/* Connect and authenticate l (c->err says why not). */
+static int link_open(edl_ps_client *c, ps_link *l, int64_t deadline)
+{
+    int rc = dial(l->ep, deadline, &l->fd);
+    if (rc)
+        return fail(c, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
+                    "cannot connect to parameter server %s: %s", l->ep, rc == EDL_EINVAL
+                    ? "not host:port" : rc == EDL_ETIMEDOUT ? "timed out"
+                    : "refused or unreachable");
+    if ((rc = handshake(c, l, deadline)) != 0)
+        link_break(l);
+    return rc;
+}
+
 static int open_links(edl_ps_client *c, const edl_ps_client_options *o, char *why,
                       size_t whylen)
 {
@@ -451,13 +479,8 @@ static int open_links(edl_ps_client *c, const edl_ps_client_options *o, char *wh
         l->name = strdup(o->names ? o->names[i] : o->endpoints[i]);
         if (!l->ep || !l->name)
             return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
-        int rc = dial(l->ep, deadline, &l->fd);
+        int rc = link_open(c, l, deadline);
         if (rc)
-            return edl_errf(why, whylen, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
-                            "cannot connect to parameter server %s: %s", l->ep,
-                            rc == EDL_EINVAL ? "not host:port" : rc == EDL_ETIMEDOUT
-                            ? "timed out" : "refused or unreachable");
-        if ((rc = handshake(c, l, deadline)) != 0)
             return edl_errf(why, whylen, rc, "%s", c->err);
     }
     return 0;
@@ -483,6 +506,9 @@ int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char
     c->secret = *o->secret;
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 30000;
     c->max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
+    c->servers = o->servers;
+    c->servers_arg = o->servers_arg;
+    c->gen = o->generation;
     int rc = open_links(c, o, why, whylen);
     if (rc) {
         edl_ps_client_close(c);
@@ -492,19 +518,22 @@ int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char
     return 0;
 }
 
+static void link_free(ps_link *l)
+{
+    if (l->fd >= 0)
+        close(l->fd);
+    free(l->ep);
+    free(l->name);
+    free(l->body);
+    free(l->seg);
+}
+
 void edl_ps_client_close(edl_ps_client *c)
 {
     if (!c)
         return;
-    for (int i = 0; c->links && i < c->n; i++) {
-        ps_link *l = &c->links[i];
-        if (l->fd >= 0)
-            close(l->fd);
-        free(l->ep);
-        free(l->name);
-        free(l->body);
-        free(l->seg);
-    }
+    for (int i = 0; c->links && i < c->n; i++)
+        link_free(&c->links[i]);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
         free(c->tables[i].owner);
     free(c->links);
@@ -539,13 +568,142 @@ static int owner_map(edl_ps_client *c, client_table *t)
     return 0;
 }
 
-int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg)
+/* ---- elastic servers: following the map ----------------------------------------------------- */
+
+/* A failure that another try may mend: a server busy for a moment, or (following a map) one
+ * that does not serve the data any more or whose link broke. */
+static bool retryable(const edl_ps_client *c, int rc)
 {
-    char why[256];
-    if (table >= EDL_PS_MAX_TABLES)
-        return fail(c, EDL_EINVAL, "table id %u (0..%d)", table, EDL_PS_MAX_TABLES - 1);
-    if (edl_ps_table_config_check(cfg, why, sizeof why) != 0)
-        return fail(c, EDL_EINVAL, "table %u: %s", table, why);
+    return rc == EDL_EBUSY ||
+           (c->servers && (rc == EDL_EMOVED || rc == EDL_EPEER || rc == EDL_EUNAVAIL));
+}
+
+/* A call's deadline, shared by the tries (and the nested calls of a retry) of one call. */
+static bool call_begin(edl_ps_client *c)
+{
+    if (c->deadline)
+        return false;
+    c->deadline = edl_monotonic_ms() + c->timeout_ms;
+    return true;
+}
+
+static void call_end(edl_ps_client *c, bool own)
+{
+    if (own)
+        c->deadline = 0;
+}
+
+/* Create every table this client knows on a link just opened. */
+static int link_tables(edl_ps_client *c, ps_link *l)
+{
+    for (uint32_t id = 0; id < EDL_PS_MAX_TABLES; id++) {
+        if (!c->tables[id].known)
+            continue;
+        uint8_t body[PS_CONFIG_BYTES];
+        ps_config_encode(&c->tables[id].cfg, body);
+        link_request(c, l, PS_CREATE, 0, id, &(struct iovec){body, sizeof body}, 1);
+        link_expect(l, 0, NULL, 0);
+        int rc = run_links(c);
+        if (rc) {
+            link_break(l);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Open the links that are down (a server back, or new in the map). */
+static void relink(edl_ps_client *c)
+{
+    int64_t deadline = edl_monotonic_ms() + 2000;
+    for (int i = 0; i < c->n; i++)
+        if (c->links[i].fd < 0 && link_open(c, &c->links[i], deadline) == 0)
+            link_tables(c, &c->links[i]);
+}
+
+/* Links for map m: those to the same server (name and endpoint) are kept. */
+static int apply_map(edl_ps_client *c, const edl_ps_servers *m)
+{
+    ps_link *links = calloc((size_t)m->n, sizeof *links);
+    bool ok = links != NULL;
+    for (int i = 0; ok && i < m->n; i++) {
+        links[i].fd = -1;
+        ok = (links[i].ep = strdup(m->endpoints[i])) && (links[i].name = strdup(m->names[i]));
+    }
+    if (!ok) {
+        for (int i = 0; links && i < m->n; i++)
+            link_free(&links[i]);
+        free(links);
+        return fail(c, EDL_ENOMEM, "out of memory for a map of %d servers", m->n);
+    }
+    for (int i = 0; i < m->n; i++)
+        for (int j = 0; j < c->n; j++) {
+            ps_link *o = &c->links[j];
+            if (o->fd < 0 || strcmp(o->ep, links[i].ep) || strcmp(o->name, links[i].name))
+                continue;
+            ps_link nl = *o;
+            nl.ep = links[i].ep, nl.name = links[i].name;
+            o->ep = links[i].ep = NULL, o->name = links[i].name = NULL; /* swapped below */
+            links[i] = nl;
+            *o = (ps_link){.fd = -1, .ep = o->ep, .name = o->name};
+            break;
+        }
+    for (int j = 0; j < c->n; j++)
+        link_free(&c->links[j]);
+    free(c->links);
+    c->links = links;
+    c->n = m->n;
+    c->gen = m->generation;
+    c->plan_shards = 0;
+    for (int id = 0; id < EDL_PS_MAX_TABLES; id++)
+        if (c->tables[id].known && owner_map(c, &c->tables[id]) != 0)
+            return EDL_ENOMEM;
+    relink(c);
+    return 0;
+}
+
+/* Between two tries of a call: wait a moment, follow a newer map if there is one, reopen the
+ * links that are down. 0: try again; rc when the call's time is up. */
+static int settle(edl_ps_client *c, int rc)
+{
+    if (edl_monotonic_ms() >= c->deadline)
+        return rc;
+    char err[sizeof c->err];
+    memcpy(err, c->err, sizeof err);
+    nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+    edl_ps_servers m;
+    if (c->servers && c->servers(c->servers_arg, c->gen, &m) == 1 && m.generation > c->gen &&
+        m.n >= 1 && m.n <= EDL_PS_MAX_SERVERS) {
+        int r = apply_map(c, &m);
+        if (r)
+            return r;
+    }
+    relink(c);
+    memcpy(c->err, err, sizeof err); /* the failure that is being mended */
+    return 0;
+}
+
+/* After a try that failed: 1 and the keys (or elements) of the parts that servers refused
+ * in a way another try may mend in *count; 0 when no part was sent; the error of a part that
+ * failed for good. */
+static int refused_parts(edl_ps_client *c, size_t *count)
+{
+    bool any = false;
+    *count = 0;
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (!l->count || !l->rc)
+            continue;
+        if (!retryable(c, l->rc))
+            return l->rc;
+        any = true;
+        *count += l->count;
+    }
+    return any;
+}
+
+static int create_once(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg)
+{
     if (links_usable(c) != 0)
         return EDL_EPEER;
     uint8_t body[PS_CONFIG_BYTES];
@@ -563,7 +721,22 @@ int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_con
     return owner_map(c, &c->tables[table]);
 }
 
-int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
+int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg)
+{
+    char why[256];
+    if (table >= EDL_PS_MAX_TABLES)
+        return fail(c, EDL_EINVAL, "table id %u (0..%d)", table, EDL_PS_MAX_TABLES - 1);
+    if (edl_ps_table_config_check(cfg, why, sizeof why) != 0)
+        return fail(c, EDL_EINVAL, "table %u: %s", table, why);
+    bool own = call_begin(c);
+    int rc;
+    while ((rc = create_once(c, table, cfg)) && retryable(c, rc) && !(rc = settle(c, rc))) {
+    }
+    call_end(c, own);
+    return rc;
+}
+
+static int stats_once(edl_ps_client *c, edl_ps_server_stats *out)
 {
     if (links_usable(c) != 0)
         return EDL_EPEER;
@@ -584,8 +757,20 @@ int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
         out->tables += s.tables, out->rows += s.rows, out->bytes += s.bytes;
         out->requests += s.requests, out->errors += s.errors;
         out->connections += s.connections, out->rejected += s.rejected;
+        out->shards_in += s.shards_in, out->shards_out += s.shards_out;
+        out->shards_lost += s.shards_lost;
     }
     return 0;
+}
+
+int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
+{
+    bool own = call_begin(c);
+    int rc;
+    while ((rc = stats_once(c, out)) && retryable(c, rc) && !(rc = settle(c, rc))) {
+    }
+    call_end(c, own);
+    return rc;
 }
 
 /* ---- sparse -------------------------------------------------------------------------------- */
@@ -738,8 +923,8 @@ static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push
     return rc;
 }
 
-int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
-                       float *out)
+static int pull_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                            float *out)
 {
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
     size_t nu, dim = t ? t->cfg.dim : 0;
@@ -754,8 +939,20 @@ int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
     return 0;
 }
 
-int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t *keys,
-                               size_t n, const float *grads, const ps_call_mode *m)
+int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                       float *out)
+{
+    bool own = call_begin(c);
+    int rc;
+    while ((rc = pull_sparse_once(c, table, keys, n, out)) && retryable(c, rc) &&
+           !(rc = settle(c, rc))) {
+    }
+    call_end(c, own);
+    return rc;
+}
+
+static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
+                            const float *grads, const ps_call_mode *m)
 {
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
     size_t nu, dim = t ? t->cfg.dim : 0;
@@ -771,6 +968,57 @@ int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t 
             dst[j] += grads[i * dim + j];
     }
     return sparse_call(c, table, (uint32_t)dim, true, m);
+}
+
+/* The keys and summed gradients of the parts servers refused (count of them), for the next
+ * try: only what was not applied is sent again. */
+static int refused_sparse(edl_ps_client *c, size_t count, size_t dim, uint64_t **keys,
+                          float **grads)
+{
+    uint64_t *k = malloc(count * 8);
+    float *g = malloc(count * dim * sizeof *g);
+    if (!k || !g) {
+        free(k), free(g);
+        return fail(c, EDL_ENOMEM, "out of memory to send %zu keys again", count);
+    }
+    size_t at = 0;
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (!l->count || !l->rc)
+            continue;
+        memcpy(k + at, c->skeys + l->first, l->count * 8);
+        memcpy(g + at * dim, c->rows + l->first * dim, l->count * dim * sizeof *g);
+        at += l->count;
+    }
+    *keys = k;
+    *grads = g;
+    return 0;
+}
+
+int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t *keys,
+                               size_t n, const float *grads, const ps_call_mode *m)
+{
+    bool own = call_begin(c);
+    uint64_t *k2 = NULL;
+    float *g2 = NULL;
+    size_t count;
+    int rc;
+    while ((rc = push_sparse_once(c, table, keys, n, grads, m)) && retryable(c, rc)) {
+        int r = refused_parts(c, &count);
+        uint64_t *nk = NULL;
+        float *ng = NULL;
+        if (r == 1 && (r = refused_sparse(c, count, c->tables[table].cfg.dim, &nk, &ng)) == 0) {
+            free(k2), free(g2);
+            keys = k2 = nk, grads = g2 = ng, n = count;
+        }
+        if (r < 0 || (rc = settle(c, rc)) != 0) {
+            rc = r < 0 ? r : rc;
+            break;
+        }
+    }
+    free(k2), free(g2);
+    call_end(c, own);
+    return rc;
 }
 
 int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
@@ -862,11 +1110,71 @@ static int dense_call(edl_ps_client *c, uint32_t table, bool push, const ps_call
     return run_links(c);
 }
 
+static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
+                       float *range, bool push, const ps_call_mode *m);
+
+/* The segments and values of the parts of a dense push that servers refused, pushed again
+ * (each segment on its own, re-routed). */
+static int dense_push_refused(edl_ps_client *c, uint32_t table, size_t count, int rc,
+                              const ps_call_mode *m)
+{
+    size_t nseg = 0;
+    for (int i = 0; i < c->n; i++)
+        nseg += c->links[i].count && c->links[i].rc ? c->links[i].nseg : 0;
+    uint64_t *seg = malloc(nseg * 16 + 1);
+    float *vals = malloc(count * sizeof *vals + 1), *v = vals;
+    if (!seg || !vals) {
+        free(seg), free(vals);
+        return fail(c, EDL_ENOMEM, "out of memory to send %zu floats again", count);
+    }
+    size_t k = 0;
+    for (int i = 0; i < c->n; i++) {
+        ps_link *l = &c->links[i];
+        if (!l->count || !l->rc)
+            continue;
+        memcpy(vals + (v - vals), c->rows + l->first, l->total * sizeof *vals);
+        v += l->total;
+        for (uint32_t j = 0; j < l->nseg; j++, k++)
+            ps_segment_get(l->seg, j, &seg[2 * k], &seg[2 * k + 1]);
+    }
+    rc = settle(c, rc);
+    v = vals;
+    for (size_t j = 0; rc == 0 && j < nseg; v += seg[2 * j + 1], j++)
+        rc = dense_piece(c, table, seg[2 * j], seg[2 * j + 1], v, true, m);
+    free(seg), free(vals);
+    return rc;
+}
+
+/* One piece of a dense call, tried until it is applied, fails for good or the call's time is
+ * up. */
+static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
+                       float *range, bool push, const ps_call_mode *m)
+{
+    const client_table *t = &c->tables[table];
+    for (;;) {
+        int rc = links_usable(c) ? EDL_EPEER : plan_dense(c, t, off, n);
+        if (rc == 0 && push)
+            dense_move(c, off, range, true);
+        if (rc == 0 && (rc = dense_call(c, table, push, m)) == 0 && !push)
+            dense_move(c, off, range, false);
+        if (rc == 0 || !retryable(c, rc))
+            return rc;
+        size_t count;
+        int r = push ? refused_parts(c, &count) : 0;
+        if (r < 0)
+            return r;
+        if (r == 1)
+            return dense_push_refused(c, table, count, rc, m);
+        if ((rc = settle(c, rc)) != 0)
+            return rc;
+    }
+}
+
 static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *range,
                     bool push, const ps_call_mode *m)
 {
     const client_table *t = known_table(c, table, EDL_PS_DENSE);
-    int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
+    int rc = !t ? EDL_EINVAL : 0;
     if (rc || n == 0)
         return rc;
     if (off > t->cfg.size || n > t->cfg.size - off)
@@ -877,15 +1185,11 @@ static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, 
      * piece, so a push still applies each gradient once); max_message / 8 floats leaves room
      * for the segments of up to EDL_PS_MAX_SHARDS shards */
     uint64_t piece = c->max_message / 8;
-    for (uint64_t done = 0; rc == 0 && done < n; done += piece) {
-        uint64_t len = n - done < piece ? n - done : piece;
-        if ((rc = plan_dense(c, t, off + done, len)))
-            return rc;
-        if (push)
-            dense_move(c, off + done, range + done, true);
-        if ((rc = dense_call(c, table, push, m)) == 0 && !push)
-            dense_move(c, off + done, range + done, false);
-    }
+    bool own = call_begin(c);
+    for (uint64_t done = 0; rc == 0 && done < n; done += piece)
+        rc = dense_piece(c, table, off + done, n - done < piece ? n - done : piece, range + done,
+                         push, m);
+    call_end(c, own);
     return rc;
 }
 
@@ -913,8 +1217,8 @@ const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t tabl
     return table < EDL_PS_MAX_TABLES && c->tables[table].known ? &c->tables[table].cfg : NULL;
 }
 
-int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
-                      uint32_t trainers, bool *applied, uint64_t *done)
+static int barrier_once(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+                        uint32_t trainers, bool *applied, uint64_t *done)
 {
     uint8_t body[PS_BARRIER_BYTES] = {0};
     edl_put64(body, token);
@@ -939,6 +1243,18 @@ int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t
         uint64_t d = edl_get64(l->body + 8);
         *done = d < *done ? d : *done;
     }
+    return rc;
+}
+
+int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+                      uint32_t trainers, bool *applied, uint64_t *done)
+{
+    bool own = call_begin(c);
+    int rc;
+    while ((rc = barrier_once(c, space, token, step, trainers, applied, done)) &&
+           retryable(c, rc) && !(rc = settle(c, rc))) {
+    }
+    call_end(c, own);
     return rc;
 }
 
@@ -970,9 +1286,11 @@ static int geo_round(edl_ps_client *c, uint32_t table, uint32_t trainer, uint32_
     }
     int rc = run_links(c);
     *more = false;
-    for (int i = 0; rc == 0 && i < c->n; i++) {
+    for (int i = 0; i < c->n; i++) { /* the rows a server took out are delivered, always */
         ps_link *l = &c->links[i];
         const uint8_t *b = l->body;
+        if (l->rc)
+            continue;
         uint32_t n = l->rh.len >= PS_GEO_PULL_PREFIX ? edl_get32(b) : 0;
         if (l->rh.len < PS_GEO_PULL_PREFIX || edl_get32(b + 4) != dim ||
             l->rh.len != PS_GEO_PULL_PREFIX + (uint64_t)n * (8 + 4 * dim))
@@ -992,8 +1310,37 @@ int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
                        void (*fn)(void *arg, uint64_t key, const float *row), void *arg)
 {
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
-    int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
-    for (bool more = true; rc == 0 && more;)
-        rc = geo_round(c, table, trainer, t->cfg.dim, fn, arg, &more);
+    if (!t)
+        return EDL_EINVAL;
+    bool own = call_begin(c), more = true;
+    int rc;
+    do {
+        more = true;
+        rc = links_usable(c) ? EDL_EPEER : 0;
+        while (rc == 0 && more)
+            rc = geo_round(c, table, trainer, t->cfg.dim, fn, arg, &more);
+    } while (rc && retryable(c, rc) && !(rc = settle(c, rc)));
+    call_end(c, own);
     return rc;
+}
+
+/* ---- server to server ---------------------------------------------------------------------- */
+
+int ps_client_put_shard(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg,
+                        uint32_t shard, int64_t gen, const uint8_t *blob, size_t len)
+{
+    ps_link *l = &c->links[0];
+    if (links_usable(c) != 0)
+        return EDL_EPEER;
+    if (PS_PUT_PREFIX + len > c->max_message)
+        return fail(c, EDL_ETOOBIG, "shard %u of table %u takes %zu bytes, over max_message "
+                    "(%u)", shard, table, len, c->max_message);
+    uint8_t pre[PS_PUT_PREFIX] = {0};
+    edl_put64(pre, (uint64_t)gen);
+    edl_put32(pre + 8, shard);
+    ps_config_encode(cfg, pre + 16);
+    struct iovec parts[] = {{pre, sizeof pre}, {(void *)blob, len}};
+    link_request(c, l, PS_PUT_SHARD, 0, table, parts, 2);
+    link_expect(l, 0, NULL, 0);
+    return run_links(c);
 }

@@ -55,6 +55,8 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  *   STATS        empty                                            -> 7 counters(8 each)
  *   BARRIER      token(8) step(8) trainers(4) 0(4)                -> applied(4) 0(4) done(8)
  *   GEO_PULL     trainer(4) max rows(4)              -> n(4) dim(4) more(4) 0(4) keys rows
+ *   PUT_SHARD    map generation(8) shard(4) 0(4) table config(PS_CONFIG_BYTES) the shard's
+ *                bytes (server to server: a shard handed to its new owner)  -> empty
  *   ERROR        code(4, an EDL_E* value) message(len - 4, at most PS_MAX_ERROR)
  * Flags, on pushes only: PS_F_SYNC (sync mode: the body starts with token(8) step(8), and the
  * gradients wait for the step's barrier) or PS_F_GEO (sparse: the body starts with trainer(4)
@@ -62,7 +64,8 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
 #define PS_FRAME_MAGIC 0x504c4445u /* "EDLP" */
 #define PS_HDR_BYTES 16
 #define PS_CONFIG_BYTES 48
-#define PS_STATS_BYTES 56
+#define PS_STATS_BYTES 80
+#define PS_PUT_PREFIX (16 + PS_CONFIG_BYTES)
 #define PS_MAX_ERROR 512
 #define PS_REPLY 0x80
 #define PS_F_SYNC 1
@@ -84,6 +87,7 @@ enum ps_type {
     PS_STATS = 6,
     PS_BARRIER = 7,
     PS_GEO_PULL = 8,
+    PS_PUT_SHARD = 9,
     PS_ERROR = 0xff,
 };
 
@@ -111,6 +115,8 @@ typedef struct ps_request {
     uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step */
     uint32_t trainers;       /* BARRIER: trainers in the step */
     uint32_t trainer, max;   /* PS_F_GEO pushes and GEO_PULL: the trainer; GEO_PULL: rows */
+    uint64_t gen;            /* PUT_SHARD: the sender's map generation */
+    uint32_t shard;          /* PUT_SHARD (cfg: its table; values, total: its bytes) */
 } ps_request;
 
 /* 0, or EDL_EPROTO / EDL_ETOOBIG / EDL_EINVAL with the reason in why. */
@@ -148,6 +154,14 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
                      uint32_t trainer);
 uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t *keys,
                            float *rows, bool *more);
+/* Moving a shard (elastic servers): its rows and optimizer state (and GEO change bits) as
+ * bytes, malloc'ed (drop: and the shard emptied, under the same lock); those bytes into an
+ * empty shard s of another server's table (EDL_EPROTO with why for bytes that do not fit
+ * this table or shard; the shard stays empty); a shard emptied. */
+int ps_table_shard_export(ps_table *t, uint32_t s, bool drop, uint8_t **out, size_t *len);
+int ps_table_shard_import(ps_table *t, uint32_t s, const uint8_t *p, size_t len, char *why,
+                          size_t whylen);
+void ps_table_shard_drop(ps_table *t, uint32_t s);
 /* A row for its only user (no lock: the trainer's own tables), created when asked; NULL when
  * absent or out of memory. */
 float *ps_table_row(ps_table *t, uint64_t key, bool create);
@@ -186,6 +200,10 @@ int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uin
  * fn(arg, key, row) (dim floats). */
 int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
                        void (*fn)(void *arg, uint64_t key, const float *row), void *arg);
+/* Hand shard `shard` of a table (its bytes from ps_table_shard_export) to the one server of
+ * c, under map gen. 0 once it has it; EDL_EBUSY / EDL_EMOVED when it cannot take it now. */
+int ps_client_put_shard(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg,
+                        uint32_t shard, int64_t gen, const uint8_t *blob, size_t len);
 /* The config a client knows a table by (after edl_ps_create_table); NULL otherwise. */
 const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t table);
 
@@ -207,6 +225,9 @@ int ps_sync_push(ps_sync *y, const ps_table *target, const ps_request *r, char *
 int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, uint64_t *done,
                    char *why, size_t whylen);
 bool ps_sync_applied(ps_sync *y, uint64_t step, uint64_t *done);
+/* Shard sh of table id stops being served here mid-step: the step's sums for it so far are
+ * applied to target now (early rather than lost; they leave with the shard's rows). */
+void ps_sync_flush_shard(ps_sync *y, uint16_t id, ps_table *target, uint32_t sh);
 
 /* splitmix64's finaliser: the key's hash for shards and initial values. */
 static inline uint64_t ps_mix64(uint64_t x)

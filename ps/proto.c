@@ -250,6 +250,24 @@ static int parse_prefix(const ps_hdr *h, const uint8_t *b, ps_request *r, size_t
     return 0;
 }
 
+/* PUT_SHARD: gen(8) shard(4) 0(4) config then the shard's bytes (ps_table_shard_export's). */
+static int parse_put_shard(const ps_hdr *h, const uint8_t *b, ps_request *r, char *why,
+                           size_t whylen)
+{
+    if (h->len < PS_PUT_PREFIX)
+        return edl_errf(why, whylen, EDL_EPROTO, "a shard hand-over of %u bytes (at least %d)",
+                        h->len, PS_PUT_PREFIX);
+    r->gen = edl_get64(b);
+    r->shard = edl_get32(b + 8);
+    int rc = ps_config_parse(b + 16, &r->cfg, why, whylen);
+    if (rc == 0 && r->shard >= r->cfg.shards)
+        rc = edl_errf(why, whylen, EDL_EPROTO, "shard %u of a table of %u", r->shard,
+                      r->cfg.shards);
+    r->values = b + PS_PUT_PREFIX;
+    r->total = h->len - PS_PUT_PREFIX;
+    return rc;
+}
+
 int ps_request_parse(const ps_hdr *h, const uint8_t *body, ps_request *out, char *why,
                      size_t whylen)
 {
@@ -278,6 +296,7 @@ int ps_request_parse(const ps_hdr *h, const uint8_t *body, ps_request *out, char
         break;
     case PS_BARRIER:
     case PS_GEO_PULL: rc = parse_barrier(h, body, &r, why, whylen); break;
+    case PS_PUT_SHARD: rc = parse_put_shard(h, body, &r, why, whylen); break;
     default:
         return edl_errf(why, whylen, EDL_EPROTO, "unknown request type %u", h->type);
     }
@@ -333,15 +352,17 @@ bool ps_config_equal(const edl_ps_table_config *a, const edl_ps_table_config *b)
 
 void ps_stats_encode(const edl_ps_server_stats *s, uint8_t out[PS_STATS_BYTES])
 {
-    const uint64_t v[7] = {s->tables, s->rows, s->bytes, s->requests, s->errors,
-                           s->connections, s->rejected};
-    for (int i = 0; i < 7; i++)
+    const uint64_t v[PS_STATS_BYTES / 8] = {s->tables, s->rows, s->bytes, s->requests,
+                                            s->errors, s->connections, s->rejected,
+                                            s->shards_in, s->shards_out, s->shards_lost};
+    for (int i = 0; i < PS_STATS_BYTES / 8; i++)
         edl_put64(out + 8 * i, v[i]);
 }
 
 void ps_stats_parse(const uint8_t *p, edl_ps_server_stats *out)
 {
-    *out = (edl_ps_server_stats){edl_get64(p), edl_get64(p + 8), edl_get64(p + 16),
-                                 edl_get64(p + 24), edl_get64(p + 32), edl_get64(p + 40),
-                                 edl_get64(p + 48)};
+    uint64_t v[PS_STATS_BYTES / 8];
+    for (int i = 0; i < PS_STATS_BYTES / 8; i++)
+        v[i] = edl_get64(p + 8 * i);
+    *out = (edl_ps_server_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
 }

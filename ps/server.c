@@ -29,25 +29,10 @@
 #include "edl/proc.h"
 #include "edl/wire.h"
 #include "internal.h"
+#include "server.h"
 
-#define PS_MAX_THREADS 64
 #define SOCK_BUF_BYTES (4 << 20)
 #define IN_STEP (1u << 20) /* the input buffer grows by at most this beyond what arrived */
-
-struct edl_ps_server {
-    edl_ps_server_options o;
-    char job[256], addr[256];
-    edl_job_secret secret;
-    int lfd, port, stop_fd, nthreads;
-    pthread_t th[PS_MAX_THREADS];
-    bool started;
-    pthread_mutex_t create_mu;
-    ps_table *_Atomic tables[EDL_PS_MAX_TABLES];
-    ps_sync *sync[PS_BARRIER_SPACES]; /* sync steps (with sums); the workers' barrier */
-    int wake_fd[PS_MAX_THREADS]; /* per loop: a sync step is done, answer the waiting */
-    atomic_uint_fast64_t requests, errors, connections, rejected;
-    atomic_int live;
-};
 
 enum conn_state { C_HELLO, C_PROOF, C_READY };
 
@@ -128,19 +113,22 @@ static uint8_t *reply_begin(ps_conn *c, const ps_hdr *h, uint32_t len)
 
 /* ---- requests ------------------------------------------------------------------------------ */
 
-static int create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_config *cfg,
-                        char *why, size_t whylen)
+int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_config *cfg,
+                           char *why, size_t whylen)
 {
     pthread_mutex_lock(&s->create_mu);
     ps_table *t = atomic_load(&s->tables[id]);
     int rc = 0;
-    if (t && !ps_config_equal(ps_table_config(t), cfg))
+    if (t && !ps_config_equal(ps_table_config(t), cfg)) {
         rc = edl_errf(why, whylen, EDL_ECONFLICT, "table %u exists on this server with another "
                       "config (kind, dim, size, shards, optimizer or init differ)", id);
-    else if (!t && (rc = ps_table_new(cfg, &t)) == 0)
-        atomic_store(&s->tables[id], t);
-    else if (rc)
+    } else if (!t && ((rc = ps_table_new(cfg, &t)) != 0 ||
+                      (rc = ps_elastic_table_new(s, id, t)) != 0)) {
+        ps_table_free(t);
         edl_errf(why, whylen, rc, "no memory for table %u", id);
+    } else if (!atomic_load(&s->tables[id])) {
+        atomic_store(&s->tables[id], t);
+    }
     pthread_mutex_unlock(&s->create_mu);
     return rc;
 }
@@ -165,7 +153,7 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
 {
     ps_table *t = NULL;
     int found = table_for(s, r, EDL_PS_SPARSE, &t, why, whylen);
-    if (found)
+    if (found || (found = ps_route_check(s, r, t, why, whylen)) != 0)
         return found;
     uint32_t dim = ps_table_config(t)->dim, geo = ps_table_config(t)->geo_trainers;
     if (r->h.type == PS_PUSH_SPARSE) {
@@ -217,6 +205,8 @@ static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *
                             (unsigned long long)(off + cnt), r->h.table,
                             (unsigned long long)size);
     }
+    if ((found = ps_route_check(s, r, t, why, whylen)) != 0)
+        return found;
     bool push = r->h.type == PS_PUSH_DENSE;
     if (push && r->h.flags == PS_F_SYNC) {
         int rc = ps_sync_push(s->sync[PS_SPACE_STEPS], t, r, why, whylen);
@@ -330,6 +320,20 @@ static int serve_stats(edl_ps_server *s, ps_conn *c, const ps_request *r)
     return 0;
 }
 
+/* The requests that touch tables (under the read side of s->route). */
+static int serve_data(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
+                      size_t whylen)
+{
+    switch (r->h.type) {
+    case PS_PULL_SPARSE:
+    case PS_PUSH_SPARSE: return serve_sparse(s, c, r, why, whylen);
+    case PS_PULL_DENSE:
+    case PS_PUSH_DENSE: return serve_dense(s, c, r, why, whylen);
+    case PS_BARRIER: return serve_barrier(s, c, r, why, whylen);
+    default: return serve_geo_pull(s, c, r, why, whylen);
+    }
+}
+
 static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *body)
 {
     char why[PS_MAX_ERROR] = "";
@@ -339,16 +343,18 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
     if (rc == 0) {
         switch (h->type) {
         case PS_CREATE:
-            if ((rc = create_table(s, h->table, &r.cfg, why, sizeof why)) == 0)
+            if ((rc = ps_server_create_table(s, h->table, &r.cfg, why, sizeof why)) == 0)
                 reply_begin(c, h, 0);
             break;
-        case PS_PULL_SPARSE:
-        case PS_PUSH_SPARSE: rc = serve_sparse(s, c, &r, why, sizeof why); break;
-        case PS_PULL_DENSE:
-        case PS_PUSH_DENSE: rc = serve_dense(s, c, &r, why, sizeof why); break;
-        case PS_BARRIER: rc = serve_barrier(s, c, &r, why, sizeof why); break;
-        case PS_GEO_PULL: rc = serve_geo_pull(s, c, &r, why, sizeof why); break;
-        default: rc = serve_stats(s, c, &r); break;
+        case PS_PUT_SHARD:
+            if ((rc = ps_serve_put_shard(s, &r, why, sizeof why)) == 0)
+                reply_begin(c, h, 0);
+            break;
+        case PS_STATS: rc = serve_stats(s, c, &r); break;
+        default:
+            pthread_rwlock_rdlock(&s->route);
+            rc = serve_data(s, c, &r, why, sizeof why);
+            pthread_rwlock_unlock(&s->route);
         }
     }
     if (rc) {
@@ -693,12 +699,14 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
     s->o.max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
     s->o.max_connections = o->max_connections ? o->max_connections : 1024;
     s->o.handshake_timeout_ms = o->handshake_timeout_ms ? o->handshake_timeout_ms : 5000;
+    s->o.handover_timeout_ms = o->handover_timeout_ms > 0 ? o->handover_timeout_ms : 10000;
     snprintf(s->job, sizeof s->job, "%s", o->job && *o->job ? o->job : "edl");
     snprintf(s->addr, sizeof s->addr, "%s", o->listen_addr && *o->listen_addr ? o->listen_addr
                                                                              : "127.0.0.1");
     s->secret = *o->secret;
     s->o.secret = &s->secret;
     pthread_mutex_init(&s->create_mu, NULL);
+    ps_elastic_init(s);
     s->lfd = -1;
     for (int i = 0; i < PS_MAX_THREADS; i++)
         s->wake_fd[i] = -1;
@@ -758,6 +766,7 @@ void edl_ps_server_close(edl_ps_server *s)
     edl_ps_server_stop(s);
     for (int i = 0; s->started && i < s->nthreads; i++)
         pthread_join(s->th[i], NULL);
+    ps_elastic_close(s);
     if (s->lfd >= 0)
         close(s->lfd);
     if (s->stop_fd >= 0)
@@ -779,7 +788,10 @@ void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out)
     *out = (edl_ps_server_stats){.requests = atomic_load(&s->requests),
                                  .errors = atomic_load(&s->errors),
                                  .connections = atomic_load(&s->connections),
-                                 .rejected = atomic_load(&s->rejected)};
+                                 .rejected = atomic_load(&s->rejected),
+                                 .shards_in = atomic_load(&s->shards_in),
+                                 .shards_out = atomic_load(&s->shards_out),
+                                 .shards_lost = atomic_load(&s->shards_lost)};
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table *t = atomic_load(&s->tables[i]);
         uint64_t rows, bytes;

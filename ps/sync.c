@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edl/wire.h"
 #include "internal.h"
 
 struct ps_sync {
@@ -79,10 +80,28 @@ static int add_push(ps_table *sum, const ps_request *r)
     return rc;
 }
 
+/* A server with nothing of a step pending (it joined, or lost its state) takes the trainers'
+ * step as its own. Under the write lock. */
+static void adopt(ps_sync *y, uint64_t step)
+{
+    bool sums = false;
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
+        sums |= y->sums[i] != NULL;
+    if (step != UINT64_MAX && step > y->collect && !y->narrived && !sums)
+        y->collect = y->done = step;
+}
+
 int ps_sync_push(ps_sync *y, const ps_table *target, const ps_request *r, char *why,
                  size_t whylen)
 {
     pthread_rwlock_rdlock(&y->lock);
+    if (r->step > y->collect) {
+        pthread_rwlock_unlock(&y->lock);
+        pthread_rwlock_wrlock(&y->lock);
+        adopt(y, r->step);
+        pthread_rwlock_unlock(&y->lock);
+        pthread_rwlock_rdlock(&y->lock);
+    }
     int rc = 0;
     ps_table *sum = NULL;
     if (r->step != y->collect)
@@ -128,6 +147,7 @@ int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, u
 {
     pthread_rwlock_wrlock(&y->lock);
     int rc = 0;
+    adopt(y, r->step);
     if (r->step == UINT64_MAX || r->step < y->done) { /* where are we / already applied */
         *done = y->done;
         pthread_rwlock_unlock(&y->lock);
@@ -155,4 +175,23 @@ int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, u
     *done = y->done;
     pthread_rwlock_unlock(&y->lock);
     return rc;
+}
+
+void ps_sync_flush_shard(ps_sync *y, uint16_t id, ps_table *target, uint32_t sh)
+{
+    pthread_rwlock_wrlock(&y->lock);
+    ps_table *sum = y->sums[id];
+    uint8_t *p = NULL;
+    size_t len;
+    if (sum && ps_table_shard_export(sum, sh, true, &p, &len) == 0) {
+        const edl_ps_table_config *c = ps_table_config(sum);
+        uint32_t n = edl_get32(p);
+        if (c->kind == EDL_PS_SPARSE && n) /* SGD without state: rows are gradients */
+            ps_table_push_sparse(target, p + 16, n, p + 16 + 8 * (size_t)n);
+        else if (n)
+            ps_table_push_dense(target, edl_ps_dense_shard_start(c->size, c->shards, sh), n,
+                                p + 8);
+    }
+    free(p);
+    pthread_rwlock_unlock(&y->lock);
 }

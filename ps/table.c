@@ -93,30 +93,19 @@ int ps_table_new(const edl_ps_table_config *cfg, ps_table **out)
     return 0;
 }
 
+static void sparse_free_shard(sparse_shard *s);
+static void dense_free_shard(dense_shard *d);
+
 void ps_table_free(ps_table *t)
 {
     if (!t)
         return;
     for (uint32_t s = 0; s < t->cfg.shards; s++) {
-        if (t->sp) {
-            free(t->sp[s].slots);
-            free(t->sp[s].rows);
-            free(t->sp[s].rowkey);
-            for (int i = 0; t->sp[s].geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
-                free(t->sp[s].geo->list[i]);
-            if (t->sp[s].geo)
-                free(t->sp[s].geo->mask);
-            free(t->sp[s].geo);
-            pthread_mutex_destroy(&t->sp[s].mu);
-        } else {
-            dense_shard *d = &t->dn[s];
-            free(d->w);
-            free(d->s1);
-            free(d->s2);
-            free(d->p1);
-            free(d->p2);
-            pthread_mutex_destroy(&d->mu);
-        }
+        if (t->sp)
+            sparse_free_shard(&t->sp[s]);
+        else
+            dense_free_shard(&t->dn[s]);
+        pthread_mutex_destroy(t->sp ? &t->sp[s].mu : &t->dn[s].mu);
     }
     free(t->sp);
     free(t->dn);
@@ -399,22 +388,30 @@ int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *gr
 
 /* ---- GEO ----------------------------------------------------------------------------------- */
 
+/* Row changed for trainer u (listed once). */
+static int geo_mark_one(geo_shard *g, uint32_t row, uint32_t u)
+{
+    if (g->mask[row] >> u & 1)
+        return 0;
+    if (g->n[u] == g->cap[u]) {
+        size_t cap = g->cap[u] ? 2 * g->cap[u] : 64;
+        uint32_t *l = realloc(g->list[u], cap * sizeof *l);
+        if (!l)
+            return EDL_ENOMEM;
+        g->list[u] = l;
+        g->cap[u] = cap;
+    }
+    g->list[u][g->n[u]++] = row;
+    g->mask[row] |= 1ull << u;
+    return 0;
+}
+
+/* Row changed by `trainer`: changed for every other. */
 static int geo_mark(geo_shard *g, uint32_t row, uint32_t trainer, uint32_t trainers)
 {
-    for (uint32_t u = 0; u < trainers; u++) {
-        if (u == trainer || g->mask[row] >> u & 1)
-            continue;
-        if (g->n[u] == g->cap[u]) {
-            size_t cap = g->cap[u] ? 2 * g->cap[u] : 64;
-            uint32_t *l = realloc(g->list[u], cap * sizeof *l);
-            if (!l)
-                return EDL_ENOMEM;
-            g->list[u] = l;
-            g->cap[u] = cap;
-        }
-        g->list[u][g->n[u]++] = row;
-        g->mask[row] |= 1ull << u;
-    }
+    for (uint32_t u = 0; u < trainers; u++)
+        if (u != trainer && geo_mark_one(g, row, u) != 0)
+            return EDL_ENOMEM;
     return 0;
 }
 
@@ -552,4 +549,155 @@ void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
     }
     *rows = r;
     *bytes = b;
+}
+
+/* ---- moving a shard: its bytes out of one server and into another ---------------------------
+ * sparse: n(4) stride(4) geo(4) 0(4) keys(8 n) rows(4 n stride) [GEO change bits(8 n)]
+ * dense:  elements(4, 0: never touched) arrays(4) the arrays w, s1, s2, p1, p2 that the
+ *         optimizer has (4 elements each) */
+
+static size_t dense_arrays(const edl_ps_table_config *c)
+{
+    return c->optimizer == EDL_PS_ADAM ? 5 : c->optimizer == EDL_PS_ADAGRAD ? 2 : 1;
+}
+
+static void sparse_free_shard(sparse_shard *s)
+{
+    free(s->slots), free(s->rows), free(s->rowkey);
+    for (int i = 0; s->geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
+        free(s->geo->list[i]);
+    if (s->geo)
+        free(s->geo->mask);
+    free(s->geo);
+    *s = (sparse_shard){.mu = s->mu};
+}
+
+static void dense_free_shard(dense_shard *d)
+{
+    free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2);
+    *d = (dense_shard){.mu = d->mu};
+}
+
+static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *len)
+{
+    size_t n = s->nrows, geo = s->geo != NULL;
+    *len = 16 + n * (8 + 4 * t->stride + 8 * geo);
+    uint8_t *p = malloc(*len), *q = p + 16;
+    if (!p)
+        return NULL;
+    edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)t->stride);
+    edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, 0);
+    memcpy(q, s->rowkey, 8 * n);
+    memcpy(q + 8 * n, s->rows, 4 * n * t->stride);
+    if (geo)
+        memcpy(q + 8 * n + 4 * n * t->stride, s->geo->mask, 8 * n);
+    return p;
+}
+
+static uint8_t *dense_export(const ps_table *t, const dense_shard *d, uint32_t sh, size_t *len)
+{
+    size_t n = d->w ? edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh) : 0;
+    size_t na = dense_arrays(&t->cfg);
+    float *arr[5] = {d->w, d->s1, d->s2, d->p1, d->p2};
+    *len = 8 + 4 * n * na;
+    uint8_t *p = malloc(*len);
+    if (!p)
+        return NULL;
+    edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)na);
+    for (size_t a = 0; a < na && n; a++)
+        memcpy(p + 8 + 4 * n * a, arr[a], 4 * n);
+    return p;
+}
+
+int ps_table_shard_export(ps_table *t, uint32_t sh, bool drop, uint8_t **out, size_t *len)
+{
+    pthread_mutex_t *mu = t->sp ? &t->sp[sh].mu : &t->dn[sh].mu;
+    pthread_mutex_lock(mu);
+    *out = t->sp ? sparse_export(t, &t->sp[sh], len) : dense_export(t, &t->dn[sh], sh, len);
+    if (*out && drop && t->sp)
+        sparse_free_shard(&t->sp[sh]);
+    else if (*out && drop)
+        dense_free_shard(&t->dn[sh]);
+    pthread_mutex_unlock(mu);
+    return *out ? 0 : EDL_ENOMEM;
+}
+
+static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_t *p, size_t len,
+                         char *why, size_t whylen)
+{
+    uint64_t n = edl_get32(p), stride = edl_get32(p + 4), geo = edl_get32(p + 8);
+    if (stride != t->stride || geo != (t->cfg.geo_trainers > 0) ||
+        len != 16 + n * (8 + 4 * stride + 8 * geo))
+        return edl_errf(why, whylen, EDL_EPROTO, "a sparse shard of %llu rows of %llu floats "
+                        "in %zu bytes, for a table of rows of %zu", (unsigned long long)n,
+                        (unsigned long long)stride, len, t->stride);
+    const uint8_t *keys = p + 16, *rows = keys + 8 * n, *mask = rows + 4 * n * stride;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t key = edl_get64(keys + 8 * i), h = ps_mix64(key);
+        if (h % t->cfg.shards != sh || sparse_find(t, s, key, h))
+            return edl_errf(why, whylen, EDL_EPROTO, "key %llu %s shard %u",
+                            (unsigned long long)key, h % t->cfg.shards != sh ? "is not of"
+                            : "comes twice in", sh);
+        float *row = sparse_row(t, s, key, h);
+        if (!row)
+            return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
+        memcpy(row, rows + 4 * stride * i, 4 * stride);
+        uint32_t r = (uint32_t)((row - s->rows) / t->stride);
+        for (uint32_t u = 0; geo && u < t->cfg.geo_trainers; u++)
+            if (edl_get64(mask + 8 * i) >> u & 1 && geo_mark_one(s->geo, r, u) != 0)
+                return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
+    }
+    return 0;
+}
+
+static int dense_import(ps_table *t, dense_shard *d, uint32_t sh, const uint8_t *p, size_t len,
+                        char *why, size_t whylen)
+{
+    uint64_t n = edl_get32(p), na = edl_get32(p + 4);
+    uint64_t want = edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh);
+    if ((n != 0 && n != want) || na != dense_arrays(&t->cfg) || len != 8 + 4 * n * na)
+        return edl_errf(why, whylen, EDL_EPROTO, "a dense shard of %llu elements in %llu arrays "
+                        "(%zu bytes), for a shard of %llu in %zu", (unsigned long long)n,
+                        (unsigned long long)na, len, (unsigned long long)want,
+                        dense_arrays(&t->cfg));
+    if (n == 0)
+        return 0;
+    if (dense_alloc(t, d, sh) != 0)
+        return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
+    float *arr[5] = {d->w, d->s1, d->s2, d->p1, d->p2};
+    for (size_t a = 0; a < na; a++)
+        memcpy(arr[a], p + 8 + 4 * n * a, 4 * n);
+    return 0;
+}
+
+int ps_table_shard_import(ps_table *t, uint32_t sh, const uint8_t *p, size_t len, char *why,
+                          size_t whylen)
+{
+    if (len < (t->sp ? 16u : 8u))
+        return edl_errf(why, whylen, EDL_EPROTO, "a shard of %zu bytes", len);
+    pthread_mutex_t *mu = t->sp ? &t->sp[sh].mu : &t->dn[sh].mu;
+    pthread_mutex_lock(mu);
+    int rc;
+    if (t->sp) {
+        sparse_free_shard(&t->sp[sh]);
+        if ((rc = sparse_import(t, &t->sp[sh], sh, p, len, why, whylen)) != 0)
+            sparse_free_shard(&t->sp[sh]);
+    } else {
+        dense_free_shard(&t->dn[sh]);
+        if ((rc = dense_import(t, &t->dn[sh], sh, p, len, why, whylen)) != 0)
+            dense_free_shard(&t->dn[sh]);
+    }
+    pthread_mutex_unlock(mu);
+    return rc;
+}
+
+void ps_table_shard_drop(ps_table *t, uint32_t sh)
+{
+    pthread_mutex_t *mu = t->sp ? &t->sp[sh].mu : &t->dn[sh].mu;
+    pthread_mutex_lock(mu);
+    if (t->sp)
+        sparse_free_shard(&t->sp[sh]);
+    else
+        dense_free_shard(&t->dn[sh]);
+    pthread_mutex_unlock(mu);
 }

@@ -32,7 +32,9 @@ extern "C" {
     X(ECLOSED, -14, "closed")                          /* the object was stopped or closed */  \
     X(EIO, -15, "I/O error")                           /* files, pipes, processes */           \
     X(EPEER, -16, "a peer failed or the generation is over (re-form the group)")              \
-    X(ENOTSUP, -17, "not supported by this build")     /* e.g. CUDA buffers without CUDA */
+    X(ENOTSUP, -17, "not supported by this build")     /* e.g. CUDA buffers without CUDA */ \
+    X(EMOVED, -18, "not served here: the data moved (re-route on a newer map)")                \
+    X(EBUSY, -19, "busy for a moment: try again")      /* e.g. a shard being handed over */
 
 enum {
     EDL_OK = 0,

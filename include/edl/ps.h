@@ -11,6 +11,7 @@
 #ifndef EDL_PS_H
 #define EDL_PS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -80,6 +81,9 @@ typedef struct edl_ps_server_options {
     int max_connections;      /* default 1024 */
     int handshake_timeout_ms; /* a connection that has not authenticated by then is closed
                                  (default 5,000) */
+    int handover_timeout_ms;  /* elastic: a shard that becomes this server's and that no
+                                 server hands over by then starts again from its initial
+                                 values, counted in shards_lost (default 10,000) */
 } edl_ps_server_options;
 
 /* Bind and listen (the server does not serve until edl_ps_server_start). 0, or EDL_ECONFIG /
@@ -93,11 +97,46 @@ int edl_ps_server_start(edl_ps_server *s);
 void edl_ps_server_stop(edl_ps_server *s);
 void edl_ps_server_close(edl_ps_server *s);
 
+/* ---- elastic servers -----------------------------------------------------------------------
+ * The servers of a job and their numbered map: who they are (names, for edl_ps_shard_owner)
+ * and where (endpoints). The job server publishes one with each generation; the servers and
+ * the clients follow it:
+ *   - a server serves the shards it owns in the newest map it has been given; a request for a
+ *     shard it does not own is refused whole with EDL_EMOVED (the client re-routes on a newer
+ *     map), and for a shard it owns but has not received yet with EDL_EBUSY (the client asks
+ *     again shortly): a request is applied whole or not at all;
+ *   - a server that holds a shard it no longer owns hands it to the owner (server to server),
+ *     then forgets it; one that is not in the map at all is leaving: once it has handed every
+ *     shard over it is drained (edl_ps_server_drained) and may exit;
+ *   - a server that was in the map before and comes to own a shard waits handover_timeout_ms
+ *     for it (its old owner is handing it over), then, when the old owner is dead, starts it
+ *     from initial values (shards_lost). So does a server that joins a running job: `joining`.
+ * Without a map a server serves every shard (a fixed set of servers). */
+typedef struct edl_ps_servers {
+    int64_t generation;           /* grows with every change */
+    int n;                        /* 1..EDL_PS_MAX_SERVERS */
+    const char *const *names;     /* stable identities (pod names) */
+    const char *const *endpoints; /* "host:port" */
+} edl_ps_servers;
+#define EDL_PS_MAX_SERVERS 1024
+
+/* Follow a map (ignored unless newer than the last). self: this server's name, absent from a
+ * map that it leaves. joining: the first map of a server that joins a job whose servers hold
+ * data already (its shards come from them). 0, EDL_EINVAL (a map that makes no sense), or
+ * EDL_ENOMEM. */
+int edl_ps_server_set_map(edl_ps_server *s, const edl_ps_servers *m, const char *self,
+                          bool joining);
+/* True when the server holds no shard it does not own (a leaving server: it may exit). */
+bool edl_ps_server_drained(edl_ps_server *s);
+
 /* What a server holds, for tests, metrics and the memory bound. */
 typedef struct edl_ps_server_stats {
     uint64_t tables, rows, bytes;   /* rows: sparse rows; bytes: table memory */
     uint64_t requests, errors, connections, rejected; /* rejected: links that failed the
                                                           handshake or broke the protocol */
+    uint64_t shards_in, shards_out; /* (table, shard)s received from and handed to servers */
+    uint64_t shards_lost; /* shards this server came to own that nobody handed over within
+                             handover_timeout_ms: they started again from initial values */
 } edl_ps_server_stats;
 void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out);
 
@@ -113,6 +152,14 @@ typedef struct edl_ps_client_options {
     const edl_job_secret *secret; /* required */
     int timeout_ms;               /* one call's limit (default 30,000) */
     uint32_t max_message;         /* default EDL_PS_DEFAULT_MAX_MESSAGE */
+    /* Elastic servers (NULL: a fixed set). The endpoints above are map `generation`; when a
+     * server refuses a request (moved, busy) or its link breaks, the client asks servers()
+     * for a newer map: 1 and *out filled (valid until the next call) when it has one, 0 when
+     * not yet, < 0 on error. It re-routes, and sends again only what was not applied, until
+     * the call's timeout. */
+    int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
+    void *servers_arg;
+    int64_t generation;
 } edl_ps_client_options;
 
 /* Connect to and authenticate with every server. One client per thread. 0, or EDL_EUNAVAIL /

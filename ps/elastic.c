@@ -1,0 +1,410 @@
+/* elastic.c: a server's place in a changing set of servers. The map (edl_ps_servers) says who
+ * owns each shard (edl_ps_shard_owner over the names); this server keeps, per table and shard,
+ * whether it owns it and whether the shard's data is here (PS_SH_*), refuses requests for
+ * shards it does not serve (server.c asks ps_route_check under the read side of s->route),
+ * and a mover thread hands the shards it holds but no longer owns to their owners
+ * (PUT_SHARD), then forgets them. A shard it comes to own waits for its old owner's hand-over
+ * up to handover_timeout_ms, then starts from initial values (its old owner died).
+ * Map changes and hand-overs take s->route for writing: a request is served whole under one
+ * map, never half. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "edl/log.h"
+#include "edl/proc.h"
+#include "edl/wire.h"
+#include "internal.h"
+#include "server.h"
+
+#define MOVER_TICK_MS 50
+
+void ps_elastic_init(edl_ps_server *s)
+{
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init(&a);
+    /* map changes must not starve behind a stream of requests */
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->route, &a);
+    pthread_rwlockattr_destroy(&a);
+    pthread_mutex_init(&s->mover_mu, NULL);
+    pthread_cond_init(&s->mover_cv, NULL);
+    s->self = -1;
+}
+
+static void free_map(edl_ps_server *s)
+{
+    for (int i = 0; i < s->nserv; i++)
+        free(s->names[i]), free(s->eps[i]);
+    free(s->names), free(s->eps);
+    s->names = s->eps = NULL;
+    s->nserv = 0;
+}
+
+void ps_elastic_close(edl_ps_server *s)
+{
+    if (s->mover_started) {
+        pthread_mutex_lock(&s->mover_mu);
+        s->mover_stop = true;
+        pthread_cond_signal(&s->mover_cv);
+        pthread_mutex_unlock(&s->mover_mu);
+        pthread_join(s->mover, NULL);
+    }
+    free_map(s);
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
+        free(s->own[i]);
+    pthread_rwlock_destroy(&s->route);
+    pthread_mutex_destroy(&s->mover_mu);
+    pthread_cond_destroy(&s->mover_cv);
+}
+
+static bool mine(const edl_ps_server *s, uint32_t shard)
+{
+    return s->self >= 0 &&
+           edl_ps_shard_owner((const char *const *)s->names, s->nserv, shard) == s->self;
+}
+
+/* ---- the states --------------------------------------------------------------------------- */
+
+static void set_pending(edl_ps_server *s, uint16_t id, uint8_t *st)
+{
+    *st = PS_SH_PENDING;
+    s->pending_until[id] = edl_monotonic_ms() + s->o.handover_timeout_ms;
+}
+
+int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t)
+{
+    uint32_t n = ps_table_config(t)->shards;
+    pthread_rwlock_wrlock(&s->route);
+    int rc = 0;
+    if (s->mapped && !s->own[id]) {
+        uint8_t *own = malloc(n);
+        for (uint32_t sh = 0; own && sh < n; sh++) {
+            own[sh] = PS_SH_AWAY;
+            if (mine(s, sh) && s->joining)
+                set_pending(s, id, &own[sh]);
+            else if (mine(s, sh))
+                own[sh] = PS_SH_OWN;
+        }
+        s->own[id] = own;
+        rc = own ? 0 : EDL_ENOMEM;
+    }
+    pthread_rwlock_unlock(&s->route);
+    return rc;
+}
+
+/* One shard under a new map. A shard that stops being served here has its sync step's sums
+ * so far applied first (they go with it, as part of its rows). */
+static void follow(edl_ps_server *s, uint16_t id, ps_table *t, uint32_t sh)
+{
+    uint8_t *st = &s->own[id][sh];
+    bool owned = mine(s, sh);
+    if (owned && *st == PS_SH_AWAY)
+        set_pending(s, id, st);
+    else if (owned && *st == PS_SH_HELD)
+        *st = PS_SH_OWN;
+    else if (!owned && *st == PS_SH_OWN) {
+        ps_sync_flush_shard(s->sync[PS_SPACE_STEPS], id, t, sh);
+        *st = PS_SH_HELD;
+    } else if (!owned && *st == PS_SH_PENDING)
+        *st = PS_SH_AWAY; /* whoever holds it hands it to its owner now */
+}
+
+static int copy_map(edl_ps_server *s, const edl_ps_servers *m, const char *self)
+{
+    char **names = calloc((size_t)m->n, sizeof *names), **eps = calloc((size_t)m->n, sizeof *eps);
+    bool ok = names && eps;
+    for (int i = 0; ok && i < m->n; i++)
+        ok = (names[i] = strdup(m->names[i])) && (eps[i] = strdup(m->endpoints[i]));
+    if (!ok) {
+        for (int i = 0; names && eps && i < m->n; i++)
+            free(names[i]), free(eps[i]);
+        free(names), free(eps);
+        return EDL_ENOMEM;
+    }
+    free_map(s);
+    s->names = names, s->eps = eps, s->nserv = m->n, s->self = -1;
+    for (int i = 0; self && i < m->n; i++)
+        if (strcmp(names[i], self) == 0)
+            s->self = i;
+    return 0;
+}
+
+static int check_map(const edl_ps_servers *m)
+{
+    if (!m || m->n < 1 || m->n > EDL_PS_MAX_SERVERS || !m->names || !m->endpoints)
+        return EDL_EINVAL;
+    for (int i = 0; i < m->n; i++) {
+        if (!m->names[i] || !*m->names[i] || !m->endpoints[i] || !*m->endpoints[i])
+            return EDL_EINVAL;
+        for (int j = 0; j < i; j++)
+            if (strcmp(m->names[i], m->names[j]) == 0)
+                return EDL_EINVAL;
+    }
+    return 0;
+}
+
+static void *mover_main(void *arg);
+
+int edl_ps_server_set_map(edl_ps_server *s, const edl_ps_servers *m, const char *self,
+                          bool joining)
+{
+    if (check_map(m) != 0)
+        return EDL_EINVAL;
+    pthread_rwlock_wrlock(&s->route);
+    int rc = 0;
+    if (s->mapped && m->generation <= s->gen)
+        goto out;
+    bool first = !s->mapped;
+    if ((rc = copy_map(s, m, self)) != 0)
+        goto out;
+    s->gen = m->generation;
+    s->joining = first ? joining : s->joining;
+    for (uint16_t id = 0; id < EDL_PS_MAX_TABLES; id++) {
+        ps_table *t = atomic_load(&s->tables[id]);
+        uint32_t n = t ? ps_table_config(t)->shards : 0;
+        if (t && first && !(s->own[id] = calloc(n, 1))) /* a fixed set's tables: all here */
+            rc = EDL_ENOMEM;
+        for (uint32_t sh = 0; s->own[id] && sh < n; sh++)
+            follow(s, id, t, sh);
+    }
+    s->mapped = true;
+    EDL_INFO("ps", "map %lld: %d servers, %s", (long long)m->generation, m->n,
+             s->self >= 0 ? "this one among them" : "this one leaving");
+out:
+    pthread_rwlock_unlock(&s->route);
+    pthread_mutex_lock(&s->mover_mu);
+    if (!s->mover_started && rc == 0)
+        s->mover_started = pthread_create(&s->mover, NULL, mover_main, s) == 0;
+    pthread_cond_signal(&s->mover_cv);
+    pthread_mutex_unlock(&s->mover_mu);
+    return rc;
+}
+
+bool edl_ps_server_drained(edl_ps_server *s)
+{
+    bool held = false;
+    pthread_rwlock_rdlock(&s->route);
+    for (int id = 0; id < EDL_PS_MAX_TABLES && !held; id++) {
+        ps_table *t = atomic_load(&s->tables[id]);
+        for (uint32_t sh = 0; t && s->own[id] && sh < ps_table_config(t)->shards; sh++)
+            held |= s->own[id][sh] == PS_SH_HELD;
+    }
+    pthread_rwlock_unlock(&s->route);
+    return !held;
+}
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+static int refuse(const edl_ps_server *s, uint8_t st, uint16_t id, uint32_t sh, char *why,
+                  size_t whylen)
+{
+    if (st == PS_SH_PENDING)
+        return edl_errf(why, whylen, EDL_EBUSY, "shard %u of table %u is on its way to this "
+                        "server (map %lld): ask again", sh, id, (long long)s->gen);
+    return edl_errf(why, whylen, EDL_EMOVED, "shard %u of table %u is not served here in map "
+                    "%lld", sh, id, (long long)s->gen);
+}
+
+int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, char *why,
+                   size_t whylen)
+{
+    const uint8_t *own = s->own[r->h.table];
+    if (!s->mapped || !own)
+        return 0;
+    const edl_ps_table_config *c = ps_table_config(t);
+    if (c->kind == EDL_PS_SPARSE) {
+        for (uint32_t i = 0; i < r->n; i++) {
+            uint32_t sh = edl_ps_key_shard(edl_get64(r->keys + 8 * (size_t)i), c->shards);
+            if (own[sh] != PS_SH_OWN)
+                return refuse(s, own[sh], r->h.table, sh, why, whylen);
+        }
+        return 0;
+    }
+    for (uint32_t i = 0; i < r->nseg; i++) {
+        uint64_t off, cnt;
+        ps_segment_get(r->segs, i, &off, &cnt);
+        uint32_t a = edl_ps_dense_shard(off, c->size, c->shards);
+        uint32_t b = edl_ps_dense_shard(off + cnt - 1, c->size, c->shards);
+        for (uint32_t sh = a; sh <= b; sh++)
+            if (own[sh] != PS_SH_OWN)
+                return refuse(s, own[sh], r->h.table, sh, why, whylen);
+    }
+    return 0;
+}
+
+static bool shard_empty(ps_table *t, uint32_t sh)
+{
+    uint8_t *p;
+    size_t len;
+    if (ps_table_shard_export(t, sh, false, &p, &len) != 0)
+        return false;
+    bool empty = len == (ps_table_config(t)->kind == EDL_PS_SPARSE ? 16u : 8u);
+    free(p);
+    return empty;
+}
+
+int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen)
+{
+    uint16_t id = r->h.table;
+    int rc = ps_server_create_table(s, id, &r->cfg, why, whylen);
+    if (rc)
+        return rc;
+    ps_table *t = atomic_load(&s->tables[id]);
+    pthread_rwlock_wrlock(&s->route);
+    uint8_t *st = s->own[id] ? &s->own[id][r->shard] : NULL;
+    if (!s->mapped || (int64_t)r->gen > s->gen)
+        rc = edl_errf(why, whylen, EDL_EBUSY, "this server has not seen map %llu yet",
+                      (unsigned long long)r->gen);
+    else if (!st || !mine(s, r->shard))
+        rc = refuse(s, PS_SH_AWAY, id, r->shard, why, whylen);
+    else if (*st == PS_SH_OWN && !shard_empty(t, r->shard))
+        rc = edl_errf(why, whylen, EDL_ECONFLICT, "shard %u of table %u is served here "
+                      "already (its hand-over came after %d ms)", r->shard, id,
+                      s->o.handover_timeout_ms);
+    else if ((rc = ps_table_shard_import(t, r->shard, r->values, r->total, why, whylen)) == 0) {
+        *st = PS_SH_OWN;
+        atomic_fetch_add(&s->shards_in, 1);
+    }
+    pthread_rwlock_unlock(&s->route);
+    return rc;
+}
+
+/* ---- the mover ----------------------------------------------------------------------------- */
+
+typedef struct move {
+    uint16_t table;
+    uint32_t shard;
+    int to;      /* the owner's index in the map */
+} move;
+
+static int by_owner(const void *a, const void *b)
+{
+    return ((const move *)a)->to - ((const move *)b)->to;
+}
+
+/* The shards held here and not owned, and the owners they go to; the unreceived shards past
+ * their time start anew. */
+static size_t plan_moves(edl_ps_server *s, move **out, int64_t *gen)
+{
+    size_t n = 0, cap = 0;
+    *out = NULL;
+    int64_t now = edl_monotonic_ms();
+    pthread_rwlock_wrlock(&s->route);
+    *gen = s->gen;
+    for (uint16_t id = 0; id < EDL_PS_MAX_TABLES; id++) {
+        ps_table *t = atomic_load(&s->tables[id]);
+        for (uint32_t sh = 0; t && s->own[id] && sh < ps_table_config(t)->shards; sh++) {
+            uint8_t *st = &s->own[id][sh];
+            if (*st == PS_SH_PENDING && now >= s->pending_until[id]) {
+                *st = PS_SH_OWN;
+                atomic_fetch_add(&s->shards_lost, 1);
+                EDL_WARN("ps", "shard %u of table %u: no server handed it over within %d ms "
+                         "(its owner died?): it starts again from initial values", sh, id,
+                         s->o.handover_timeout_ms);
+            }
+            if (*st != PS_SH_HELD)
+                continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                move *m = realloc(*out, cap * sizeof *m);
+                if (!m)
+                    break;
+                *out = m;
+            }
+            (*out)[n++] = (move){id, sh, edl_ps_shard_owner((const char *const *)s->names,
+                                                             s->nserv, sh)};
+        }
+    }
+    pthread_rwlock_unlock(&s->route);
+    if (n)
+        qsort(*out, n, sizeof **out, by_owner);
+    return n;
+}
+
+/* Hand one shard over on c (a client of its owner). 0 once the owner has it. */
+static int hand_over(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t gen)
+{
+    ps_table *t = atomic_load(&s->tables[m->table]);
+    uint8_t *blob;
+    size_t len;
+    int rc = ps_table_shard_export(t, m->shard, false, &blob, &len);
+    if (rc == 0)
+        rc = ps_client_put_shard(c, m->table, ps_table_config(t), m->shard, gen, blob, len);
+    free(blob);
+    if (rc)
+        return rc;
+    pthread_rwlock_wrlock(&s->route);
+    if (s->own[m->table][m->shard] == PS_SH_HELD) {
+        ps_table_shard_drop(t, m->shard);
+        s->own[m->table][m->shard] = PS_SH_AWAY;
+        atomic_fetch_add(&s->shards_out, 1);
+    }
+    pthread_rwlock_unlock(&s->route);
+    return 0;
+}
+
+static edl_ps_client *dial_owner(edl_ps_server *s, int to)
+{
+    pthread_rwlock_rdlock(&s->route);
+    char ep[512], name[512];
+    snprintf(ep, sizeof ep, "%s", to < s->nserv ? s->eps[to] : "");
+    snprintf(name, sizeof name, "%s", to < s->nserv ? s->names[to] : "");
+    pthread_rwlock_unlock(&s->route);
+    const char *eps[] = {ep}, *names[] = {name};
+    edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = 1, .job = s->job,
+                               .secret = &s->secret, .timeout_ms = 10000,
+                               .max_message = s->o.max_message};
+    edl_ps_client *c = NULL;
+    char why[256];
+    if (edl_ps_client_open(&o, &c, why, sizeof why) != 0)
+        EDL_WARN("ps", "cannot reach %s to hand shards over: %s (trying again)", name, why);
+    return c;
+}
+
+static void move_round(edl_ps_server *s)
+{
+    move *mv;
+    int64_t gen;
+    size_t n = plan_moves(s, &mv, &gen);
+    for (size_t i = 0; i < n;) { /* the moves to one owner over one link */
+        size_t j = i;
+        while (j < n && mv[j].to == mv[i].to)
+            j++;
+        edl_ps_client *c = dial_owner(s, mv[i].to);
+        for (size_t k = i; c && k < j; k++) {
+            int rc = hand_over(s, c, &mv[k], gen);
+            if (rc && rc != EDL_EBUSY && rc != EDL_EMOVED)
+                EDL_WARN("ps", "handing shard %u of table %u over: %s", mv[k].shard,
+                         mv[k].table, edl_ps_client_errmsg(c));
+            if (rc == EDL_EPEER || rc == EDL_ETIMEDOUT)
+                break;
+        }
+        edl_ps_client_close(c);
+        i = j;
+    }
+    free(mv);
+}
+
+static void *mover_main(void *arg)
+{
+    edl_ps_server *s = arg;
+    pthread_mutex_lock(&s->mover_mu);
+    while (!s->mover_stop) {
+        pthread_mutex_unlock(&s->mover_mu);
+        move_round(s);
+        pthread_mutex_lock(&s->mover_mu);
+        if (s->mover_stop)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += MOVER_TICK_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&s->mover_cv, &s->mover_mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mover_mu);
+    return NULL;
+}

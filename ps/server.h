@@ -1,0 +1,66 @@
+/* server.h: the parameter server's state, shared by its network side (server.c) and its
+ * elastic side (elastic.c: the map of servers, which shards this one owns, hand-overs).
+ * Internal to ps/. */
+#ifndef EDL_PS_SERVER_H
+#define EDL_PS_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+
+#define PS_MAX_THREADS 64
+
+struct edl_ps_server {
+    edl_ps_server_options o;
+    char job[256], addr[256];
+    edl_job_secret secret;
+    int lfd, port, stop_fd, nthreads;
+    pthread_t th[PS_MAX_THREADS];
+    bool started;
+    pthread_mutex_t create_mu;
+    ps_table *_Atomic tables[EDL_PS_MAX_TABLES];
+    ps_sync *sync[PS_BARRIER_SPACES]; /* sync steps (with sums); the workers' barrier */
+    int wake_fd[PS_MAX_THREADS]; /* per loop: a sync step is done, answer the waiting */
+    atomic_uint_fast64_t requests, errors, connections, rejected;
+    atomic_int live;
+    atomic_uint_fast64_t shards_in, shards_out, shards_lost;
+    /* elastic.c: requests hold `route` for reading while they touch tables; map changes and
+     * hand-overs hold it for writing. Without a map (mapped false) every shard is served. */
+    pthread_rwlock_t route;
+    bool mapped, joining;
+    int64_t gen;
+    int nserv, self;              /* self: this server's index in the map; -1: leaving */
+    char **names, **eps;
+    uint8_t *own[EDL_PS_MAX_TABLES]; /* per shard: PS_SH_* */
+    int64_t pending_until[EDL_PS_MAX_TABLES]; /* monotonic ms: when unreceived shards start anew */
+    pthread_t mover;              /* hands over the shards held but not owned */
+    bool mover_started, mover_stop;
+    pthread_mutex_t mover_mu;
+    pthread_cond_t mover_cv;
+};
+
+
+/* A shard's state on this server. */
+enum { PS_SH_OWN = 0,  /* owned and here: served */
+       PS_SH_AWAY,     /* not owned, not here */
+       PS_SH_HELD,     /* not owned but here: to be handed to its owner */
+       PS_SH_PENDING }; /* owned, not here yet: its old owner hands it over */
+
+/* server.c */
+int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_config *cfg,
+                           char *why, size_t whylen);
+
+/* elastic.c */
+void ps_elastic_init(edl_ps_server *s);
+void ps_elastic_close(edl_ps_server *s);
+/* The states of a new table's shards, from the map. EDL_ENOMEM. */
+int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t);
+/* Under the read lock: 0 when this server serves every shard a request touches; else
+ * EDL_EMOVED or EDL_EBUSY with why. */
+int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, char *why,
+                   size_t whylen);
+/* A shard handed over by another server (PUT_SHARD). */
+int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen);
+
+#endif

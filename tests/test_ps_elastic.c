@@ -1,0 +1,338 @@
+/* test_ps_elastic.c: parameter servers that join, leave and die while clients push. The map
+ * of servers is given to the servers (edl_ps_server_set_map) and to the clients (their
+ * `servers` source) as the job server would publish it; the servers hand shards to each other
+ * over real TCP. Every gradient is 1 and the tables are SGD with lr 1 from zero, so each value
+ * counts exactly how many times its gradient was applied: none lost, none applied twice. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "edl/ps.h"
+#include "harness.h"
+#include "internal.h"
+
+#define KEYS 600
+#define DIM 4
+#define DENSE 1000
+#define SHARDS 64
+#define PUSHERS 2
+
+/* The maps of a test, each fixed once made; `now` is the newest published. */
+typedef struct maps {
+    harness_ps *k;
+    const char *names[8][HARNESS_PS_MAX], *eps[8][HARNESS_PS_MAX];
+    int n[8];
+    atomic_int now;
+} maps;
+
+static const char *const server_names[] = {"ps-0", "ps-1", "ps-2", "ps-3"};
+
+/* Map gen: the servers listed in members (indexes into k). */
+static void make_map(maps *m, int gen, const int *members, int n)
+{
+    for (int i = 0; i < n; i++) {
+        m->names[gen][i] = server_names[members[i]];
+        m->eps[gen][i] = m->k->ep[members[i]];
+    }
+    m->n[gen] = n;
+}
+
+static edl_ps_servers map_of(maps *m, int gen)
+{
+    return (edl_ps_servers){.generation = gen, .n = m->n[gen], .names = m->names[gen],
+                            .endpoints = m->eps[gen]};
+}
+
+static int source(void *arg, int64_t newer_than, edl_ps_servers *out)
+{
+    maps *m = arg;
+    int gen = atomic_load(&m->now);
+    if (gen <= newer_than)
+        return 0;
+    *out = map_of(m, gen);
+    return 1;
+}
+
+/* Publish map gen to the servers in `to` (indexes; the job server's watchers), then to the
+ * clients. joiner: the index of a server that joins with it (-1: none). */
+static void publish(maps *m, int gen, const int *to, int nto, int joiner)
+{
+    edl_ps_servers map = map_of(m, gen);
+    for (int i = 0; i < nto; i++)
+        assert_int_equal(edl_ps_server_set_map(m->k->srv[to[i]], &map, server_names[to[i]],
+                                               to[i] == joiner), 0);
+    atomic_store(&m->now, gen);
+}
+
+static edl_ps_client *client_of(maps *m, int gen)
+{
+    edl_ps_client_options o = {.endpoints = m->eps[gen], .names = m->names[gen],
+                               .n_servers = m->n[gen], .job = "job-a", .secret = &m->k->secret,
+                               .timeout_ms = 30000, .servers = source, .servers_arg = m,
+                               .generation = gen};
+    edl_ps_client *c = NULL;
+    char why[512];
+    if (edl_ps_client_open(&o, &c, why, sizeof why) != 0)
+        fail_msg("client: %s", why);
+    return c;
+}
+
+static void create_tables(edl_ps_client *c)
+{
+    edl_ps_table_config sp, dn;
+    edl_ps_table_config_init(&sp);
+    sp.dim = DIM, sp.shards = SHARDS, sp.lr = 1, sp.init = EDL_PS_INIT_ZERO;
+    dn = sp;
+    dn.kind = EDL_PS_DENSE, dn.dim = 1, dn.size = DENSE;
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &sp));
+    harness_ps_ok(c, edl_ps_create_table(c, 1, &dn));
+}
+
+typedef struct pusher {
+    maps *m;
+    int rounds;
+    atomic_int *done; /* rounds finished, over all pushers */
+    int rc;
+    char err[1024];
+} pusher;
+
+/* One round: a gradient of 1 for every key (half of them twice in the call: summed) and for
+ * every dense element. */
+static int push_round(edl_ps_client *c)
+{
+    uint64_t keys[KEYS + KEYS / 2];
+    float g[(KEYS + KEYS / 2) * DIM], dg[DENSE];
+    for (int i = 0; i < KEYS + KEYS / 2; i++)
+        keys[i] = i < KEYS ? (uint64_t)i * 7919 : (uint64_t)(i - KEYS) * 2 * 7919;
+    for (int i = 0; i < (KEYS + KEYS / 2) * DIM; i++) /* the even keys come twice */
+        g[i] = i / DIM >= KEYS || (i / DIM) % 2 == 0 ? 0.5f : 1.0f;
+    for (int i = 0; i < DENSE; i++)
+        dg[i] = 1;
+    int rc = edl_ps_push_sparse(c, 0, keys, KEYS + KEYS / 2, g);
+    return rc ? rc : edl_ps_push_dense(c, 1, 0, DENSE, dg);
+}
+
+static void *pusher_main(void *arg)
+{
+    pusher *p = arg;
+    edl_ps_client *c = client_of(p->m, atomic_load(&p->m->now));
+    create_tables(c);
+    for (int r = 0; r < p->rounds && p->rc == 0; r++) {
+        if ((p->rc = push_round(c)) != 0)
+            snprintf(p->err, sizeof p->err, "%s", edl_ps_client_errmsg(c));
+        atomic_fetch_add(p->done, 1);
+    }
+    edl_ps_client_close(c);
+    return NULL;
+}
+
+/* Every key and element must have been applied `want` times (want_lost for the keys and
+ * elements of the shards in lost[], when given). */
+static void check_counts(maps *m, int want, const bool *lost, int want_lost)
+{
+    edl_ps_client *c = client_of(m, atomic_load(&m->now));
+    create_tables(c);
+    uint64_t keys[KEYS];
+    static float rows[KEYS * DIM], dense[DENSE];
+    for (int i = 0; i < KEYS; i++)
+        keys[i] = (uint64_t)i * 7919;
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, keys, KEYS, rows));
+    harness_ps_ok(c, edl_ps_pull_dense(c, 1, 0, DENSE, dense));
+    for (int i = 0; i < KEYS * DIM; i++) {
+        bool l = lost && lost[edl_ps_key_shard(keys[i / DIM], SHARDS)];
+        if (rows[i] != -(float)(l ? want_lost : want))
+            fail_msg("key %llu column %d: applied %g times, not %d", (unsigned long long)
+                     keys[i / DIM], i % DIM, -(double)rows[i], l ? want_lost : want);
+    }
+    for (int i = 0; i < DENSE; i++) {
+        bool l = lost && lost[SHARDS + edl_ps_dense_shard(i, DENSE, SHARDS)];
+        if (dense[i] != -(float)(l ? want_lost : want))
+            fail_msg("dense %d: applied %g times, not %d", i, -(double)dense[i],
+                     l ? want_lost : want);
+    }
+    edl_ps_client_close(c);
+}
+
+static void start_pushers(pusher *p, pthread_t *th, maps *m, int rounds, atomic_int *done)
+{
+    for (int i = 0; i < PUSHERS; i++) {
+        p[i] = (pusher){.m = m, .rounds = rounds, .done = done};
+        assert_int_equal(pthread_create(&th[i], NULL, pusher_main, &p[i]), 0);
+    }
+}
+
+static void join_pushers(pusher *p, pthread_t *th)
+{
+    for (int i = 0; i < PUSHERS; i++) {
+        pthread_join(th[i], NULL);
+        if (p[i].rc)
+            fail_msg("pusher %d: %s (%s)", i, p[i].err, edl_err_name(p[i].rc));
+    }
+}
+
+static void wait_rounds(atomic_int *done, int n)
+{
+    for (int i = 0; i < 30000 && atomic_load(done) < n; i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    assert_true(atomic_load(done) >= n);
+}
+
+static void stats_of(edl_ps_server *s, edl_ps_server_stats *st)
+{
+    edl_ps_server_get_stats(s, st);
+}
+
+static void test_a_server_joins_while_clients_push_and_every_update_is_applied_once(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 3, NULL);
+    maps m = {.k = &k};
+    make_map(&m, 1, (int[]){0, 1}, 2);
+    make_map(&m, 2, (int[]){0, 1, 2}, 3);
+    publish(&m, 1, (int[]){0, 1}, 2, -1);
+    pusher p[PUSHERS];
+    pthread_t th[PUSHERS];
+    atomic_int done = 0;
+    start_pushers(p, th, &m, 40, &done);
+    wait_rounds(&done, 10);
+    publish(&m, 2, (int[]){0, 1, 2}, 3, 2); /* ps-2 joins; 0 and 1 hand it its shards */
+    join_pushers(p, th);
+    check_counts(&m, PUSHERS * 40, NULL, 0);
+
+    edl_ps_server_stats s0, s1, s2;
+    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1), stats_of(k.srv[2], &s2);
+    int moved = 0;
+    for (uint32_t sh = 0; sh < SHARDS; sh++)
+        moved += edl_ps_shard_owner(m.names[2], 3, sh) == 2;
+    assert_int_equal(s2.shards_in, 2 * moved); /* the sparse and the dense table's */
+    assert_int_equal(s0.shards_out + s1.shards_out, s2.shards_in);
+    assert_int_equal(s0.shards_lost + s1.shards_lost + s2.shards_lost, 0);
+    assert_true(moved > SHARDS / 6 && moved < SHARDS / 2); /* about 1/3, not half */
+    assert_true(edl_ps_server_drained(k.srv[0]) && edl_ps_server_drained(k.srv[1]));
+    harness_ps_close(&k);
+}
+
+static void test_a_leaving_server_hands_its_shards_over_before_it_exits(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 3, NULL);
+    maps m = {.k = &k};
+    make_map(&m, 1, (int[]){0, 1, 2}, 3);
+    make_map(&m, 2, (int[]){0, 1}, 2);
+    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    pusher p[PUSHERS];
+    pthread_t th[PUSHERS];
+    atomic_int done = 0;
+    start_pushers(p, th, &m, 40, &done);
+    wait_rounds(&done, 10);
+    publish(&m, 2, (int[]){0, 1, 2}, 3, -1); /* ps-2 is told it leaves */
+    for (int i = 0; i < 10000 && !edl_ps_server_drained(k.srv[2]); i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    assert_true(edl_ps_server_drained(k.srv[2]));
+    edl_ps_server_stats s2;
+    stats_of(k.srv[2], &s2);
+    edl_ps_server_close(k.srv[2]); /* it exits */
+    k.srv[2] = NULL;
+    join_pushers(p, th);
+    check_counts(&m, PUSHERS * 40, NULL, 0);
+    int owned = 0;
+    for (uint32_t sh = 0; sh < SHARDS; sh++)
+        owned += edl_ps_shard_owner(m.names[1], 3, sh) == 2;
+    assert_int_equal(s2.shards_out, 2 * owned);
+    assert_int_equal(s2.rows, 0); /* it forgot what it handed over */
+    harness_ps_close(&k);
+}
+
+static void test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang(void **state)
+{
+    (void)state;
+    harness_ps k;
+    edl_ps_server_options o = {.handover_timeout_ms = 300};
+    harness_ps_open(&k, 3, &o);
+    maps m = {.k = &k};
+    make_map(&m, 1, (int[]){0, 1, 2}, 3);
+    make_map(&m, 2, (int[]){0, 1}, 2);
+    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    pusher p[PUSHERS];
+    pthread_t th[PUSHERS];
+    atomic_int done = 0;
+    start_pushers(p, th, &m, 10, &done);
+    join_pushers(p, th);
+    edl_ps_server_close(k.srv[2]); /* dies: nothing handed over */
+    k.srv[2] = NULL;
+    publish(&m, 2, (int[]){0, 1}, 2, -1); /* its lease expired: the job server drops it */
+    atomic_store(&done, 0);
+    start_pushers(p, th, &m, 10, &done);
+    join_pushers(p, th);
+    bool lost[2 * SHARDS] = {0};
+    int nlost = 0;
+    for (uint32_t sh = 0; sh < SHARDS; sh++)
+        if (edl_ps_shard_owner(m.names[1], 3, sh) == 2)
+            lost[sh] = lost[SHARDS + sh] = true, nlost += 2;
+    check_counts(&m, PUSHERS * 20, lost, PUSHERS * 10);
+    edl_ps_server_stats s0, s1;
+    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
+    assert_int_equal(s0.shards_lost + s1.shards_lost, nlost);
+    harness_ps_close(&k);
+}
+
+/* A hand-over that does not fit the table, and one from a map the server has not seen. */
+static void test_a_bad_hand_over_is_refused_and_the_server_keeps_serving(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    maps m = {.k = &k};
+    make_map(&m, 1, (int[]){0, 1}, 2);
+    publish(&m, 1, (int[]){0, 1}, 2, -1);
+    edl_ps_client *c = client_of(&m, 1);
+    create_tables(c);
+    edl_ps_client *one = harness_ps_client(&(harness_ps){.n = 1, .srv = {k.srv[0]},
+                                                          .ep = {k.ep[0]}, .secret = k.secret},
+                                           5000);
+    edl_ps_table_config cfg = *ps_client_table(c, 0);
+    uint32_t sh = 0;
+    while (edl_ps_shard_owner(m.names[1], 2, sh) != 0)
+        sh++;
+    uint8_t blob[16 + 8 + 4 * DIM] = {0};
+    blob[0] = 1, blob[4] = DIM;               /* one row ... */
+    uint64_t key = 1;
+    while (edl_ps_key_shard(key, SHARDS) == sh)
+        key++;
+    memcpy(blob + 16, &key, 8);               /* ... of a key of another shard */
+    assert_int_equal(ps_client_put_shard(one, 0, &cfg, sh, 1, blob, sizeof blob), EDL_EPROTO);
+    assert_non_null(strstr(edl_ps_client_errmsg(one), "is not of shard"));
+    assert_int_equal(ps_client_put_shard(one, 0, &cfg, sh, 9, blob, sizeof blob), EDL_EBUSY);
+    uint32_t away = 0;
+    while (edl_ps_shard_owner(m.names[1], 2, away) != 1)
+        away++;
+    assert_int_equal(ps_client_put_shard(one, 0, &cfg, away, 1, blob, 16), EDL_EMOVED);
+    assert_int_equal(push_round(c), 0); /* still serving */
+    check_counts(&m, 1, NULL, 0);
+    edl_ps_client_close(one);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_server_joins_while_clients_push_and_every_update_is_applied_once),
+        cmocka_unit_test(test_a_leaving_server_hands_its_shards_over_before_it_exits),
+        cmocka_unit_test(test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang),
+        cmocka_unit_test(test_a_bad_hand_over_is_refused_and_the_server_keeps_serving),
+    };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*joins*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
