@@ -758,7 +758,7 @@ static int stats_once(edl_ps_client *c, edl_ps_server_stats *out)
         out->requests += s.requests, out->errors += s.errors;
         out->connections += s.connections, out->rejected += s.rejected;
         out->shards_in += s.shards_in, out->shards_out += s.shards_out;
-        out->shards_lost += s.shards_lost;
+        out->shards_lost += s.shards_lost, out->shards_restored += s.shards_restored;
     }
     return 0;
 }
@@ -1320,6 +1320,41 @@ int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
         while (rc == 0 && more)
             rc = geo_round(c, table, trainer, t->cfg.dim, fn, arg, &more);
     } while (rc && retryable(c, rc) && !(rc = settle(c, rc)));
+    call_end(c, own);
+    return rc;
+}
+
+/* ---- PS checkpoints ------------------------------------------------------------------------- */
+
+static int save_once(edl_ps_client *c, int64_t step)
+{
+    if (links_usable(c) != 0)
+        return EDL_EPEER;
+    uint8_t body[PS_SAVE_BYTES * 64];
+    int n = c->n < 64 ? c->n : 64, rc = 0;
+    for (int base = 0; rc == 0 && base < c->n; base += n) { /* 64 links at a time */
+        for (int i = base; i < c->n && i < base + n; i++) {
+            uint8_t *b = body + PS_SAVE_BYTES * (size_t)(i - base);
+            edl_put64(b, (uint64_t)step);
+            edl_put64(b + 8, (uint64_t)c->gen);
+            edl_put32(b + 16, (uint32_t)i);
+            edl_put32(b + 20, (uint32_t)c->n);
+            link_request(c, &c->links[i], PS_SAVE, 0, 0, &(struct iovec){b, PS_SAVE_BYTES}, 1);
+            link_expect(&c->links[i], 0, NULL, 0);
+        }
+        rc = run_links(c);
+    }
+    return rc;
+}
+
+int edl_ps_save(edl_ps_client *c, int64_t step)
+{
+    if (step < 0)
+        return fail(c, EDL_EINVAL, "checkpoint step %lld", (long long)step);
+    bool own = call_begin(c);
+    int rc;
+    while ((rc = save_once(c, step)) && retryable(c, rc) && !(rc = settle(c, rc))) {
+    }
     call_end(c, own);
     return rc;
 }

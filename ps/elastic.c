@@ -84,9 +84,9 @@ int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t)
         for (uint32_t sh = 0; own && sh < n; sh++) {
             own[sh] = PS_SH_AWAY;
             if (mine(s, sh) && s->joining)
-                set_pending(s, id, &own[sh]);
+                set_pending(s, id, &own[sh]); /* from the servers that hold it */
             else if (mine(s, sh))
-                own[sh] = PS_SH_OWN;
+                own[sh] = s->ck_on ? PS_SH_RESTORE : PS_SH_OWN; /* the job's checkpoint */
         }
         s->own[id] = own;
         rc = own ? 0 : EDL_ENOMEM;
@@ -108,8 +108,9 @@ static void follow(edl_ps_server *s, uint16_t id, ps_table *t, uint32_t sh)
     else if (!owned && *st == PS_SH_OWN) {
         ps_sync_flush_shard(s->sync[PS_SPACE_STEPS], id, t, sh);
         *st = PS_SH_HELD;
-    } else if (!owned && *st == PS_SH_PENDING)
+    } else if (!owned && (*st == PS_SH_PENDING || *st == PS_SH_RESTORE)) {
         *st = PS_SH_AWAY; /* whoever holds it hands it to its owner now */
+    }
 }
 
 static int copy_map(edl_ps_server *s, const edl_ps_servers *m, const char *self)
@@ -201,7 +202,7 @@ bool edl_ps_server_drained(edl_ps_server *s)
 static int refuse(const edl_ps_server *s, uint8_t st, uint16_t id, uint32_t sh, char *why,
                   size_t whylen)
 {
-    if (st == PS_SH_PENDING)
+    if (st == PS_SH_PENDING || st == PS_SH_RESTORE)
         return edl_errf(why, whylen, EDL_EBUSY, "shard %u of table %u is on its way to this "
                         "server (map %lld): ask again", sh, id, (long long)s->gen);
     return edl_errf(why, whylen, EDL_EMOVED, "shard %u of table %u is not served here in map "
@@ -260,7 +261,7 @@ int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t 
                       (unsigned long long)r->gen);
     else if (!st || !mine(s, r->shard))
         rc = refuse(s, PS_SH_AWAY, id, r->shard, why, whylen);
-    else if (*st == PS_SH_OWN && !shard_empty(t, r->shard))
+    else if ((*st == PS_SH_OWN || *st == PS_SH_HELD) && !shard_empty(t, r->shard))
         rc = edl_errf(why, whylen, EDL_ECONFLICT, "shard %u of table %u is served here "
                       "already (its hand-over came after %d ms)", r->shard, id,
                       s->o.handover_timeout_ms);
@@ -285,12 +286,27 @@ static int by_owner(const void *a, const void *b)
     return ((const move *)a)->to - ((const move *)b)->to;
 }
 
-/* The shards held here and not owned, and the owners they go to; the unreceived shards past
- * their time start anew. */
-static size_t plan_moves(edl_ps_server *s, move **out, int64_t *gen)
+static bool add_due(ps_due **due, size_t *n, size_t *cap, uint16_t id, uint32_t sh,
+                    bool timed_out)
 {
-    size_t n = 0, cap = 0;
-    *out = NULL;
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 64;
+        ps_due *d = realloc(*due, c * sizeof *d);
+        if (!d)
+            return false;
+        *due = d, *cap = c;
+    }
+    (*due)[(*n)++] = (ps_due){id, sh, timed_out, false};
+    return true;
+}
+
+/* The shards held here and not owned, and the owners they go to (*out); the shards to load
+ * from the checkpoint or start anew: those whose hand-over is overdue, and new ones (*due). */
+static size_t plan_moves(edl_ps_server *s, move **out, int64_t *gen, ps_due **due,
+                         size_t *ndue)
+{
+    size_t n = 0, cap = 0, dcap = 0;
+    *out = NULL, *due = NULL, *ndue = 0;
     int64_t now = edl_monotonic_ms();
     pthread_rwlock_wrlock(&s->route);
     *gen = s->gen;
@@ -298,13 +314,9 @@ static size_t plan_moves(edl_ps_server *s, move **out, int64_t *gen)
         ps_table *t = atomic_load(&s->tables[id]);
         for (uint32_t sh = 0; t && s->own[id] && sh < ps_table_config(t)->shards; sh++) {
             uint8_t *st = &s->own[id][sh];
-            if (*st == PS_SH_PENDING && now >= s->pending_until[id]) {
-                *st = PS_SH_OWN;
-                atomic_fetch_add(&s->shards_lost, 1);
-                EDL_WARN("ps", "shard %u of table %u: no server handed it over within %d ms "
-                         "(its owner died?): it starts again from initial values", sh, id,
-                         s->o.handover_timeout_ms);
-            }
+            bool late = *st == PS_SH_PENDING && now >= s->pending_until[id];
+            if ((late || *st == PS_SH_RESTORE) && add_due(due, ndue, &dcap, id, sh, late))
+                *st = PS_SH_RESTORE;
             if (*st != PS_SH_HELD)
                 continue;
             if (n == cap) {
@@ -364,11 +376,37 @@ static edl_ps_client *dial_owner(edl_ps_server *s, int to)
     return c;
 }
 
+/* The due shards the checkpoint did not have start anew. */
+static void start_anew(edl_ps_server *s, ps_due *due, size_t n)
+{
+    pthread_rwlock_wrlock(&s->route);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *st = &s->own[due[i].table][due[i].shard];
+        if (due[i].done || *st != PS_SH_RESTORE)
+            continue;
+        *st = PS_SH_OWN;
+        if (!due[i].timed_out)
+            continue;
+        atomic_fetch_add(&s->shards_lost, 1);
+        EDL_WARN("ps", "shard %u of table %u: no server handed it over within %d ms (its "
+                 "owner died?) and no checkpoint holds it: it starts again from initial values",
+                 due[i].shard, due[i].table, s->o.handover_timeout_ms);
+    }
+    pthread_rwlock_unlock(&s->route);
+}
+
 static void move_round(edl_ps_server *s)
 {
     move *mv;
+    ps_due *due;
     int64_t gen;
-    size_t n = plan_moves(s, &mv, &gen);
+    size_t ndue, n = plan_moves(s, &mv, &gen, &due, &ndue);
+    if (ndue) {
+        ps_ckpt_restore(s, due, ndue);
+        start_anew(s, due, ndue);
+    }
+    free(due);
+    ps_ckpt_reap(s);
     for (size_t i = 0; i < n;) { /* the moves to one owner over one link */
         size_t j = i;
         while (j < n && mv[j].to == mv[i].to)

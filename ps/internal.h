@@ -57,6 +57,8 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  *   GEO_PULL     trainer(4) max rows(4)              -> n(4) dim(4) more(4) 0(4) keys rows
  *   PUT_SHARD    map generation(8) shard(4) 0(4) table config(PS_CONFIG_BYTES) the shard's
  *                bytes (server to server: a shard handed to its new owner)  -> empty
+ *   SAVE         step(8) generation(8) rank(4) servers(4): snapshot the owned shards for a
+ *                PS checkpoint                                        -> empty (snapshotted)
  *   ERROR        code(4, an EDL_E* value) message(len - 4, at most PS_MAX_ERROR)
  * Flags, on pushes only: PS_F_SYNC (sync mode: the body starts with token(8) step(8), and the
  * gradients wait for the step's barrier) or PS_F_GEO (sparse: the body starts with trainer(4)
@@ -64,7 +66,8 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
 #define PS_FRAME_MAGIC 0x504c4445u /* "EDLP" */
 #define PS_HDR_BYTES 16
 #define PS_CONFIG_BYTES 48
-#define PS_STATS_BYTES 80
+#define PS_STATS_BYTES 88
+#define PS_SAVE_BYTES 24
 #define PS_PUT_PREFIX (16 + PS_CONFIG_BYTES)
 #define PS_MAX_ERROR 512
 #define PS_REPLY 0x80
@@ -88,6 +91,7 @@ enum ps_type {
     PS_BARRIER = 7,
     PS_GEO_PULL = 8,
     PS_PUT_SHARD = 9,
+    PS_SAVE = 10,
     PS_ERROR = 0xff,
 };
 
@@ -115,8 +119,9 @@ typedef struct ps_request {
     uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step */
     uint32_t trainers;       /* BARRIER: trainers in the step */
     uint32_t trainer, max;   /* PS_F_GEO pushes and GEO_PULL: the trainer; GEO_PULL: rows */
-    uint64_t gen;            /* PUT_SHARD: the sender's map generation */
+    uint64_t gen;            /* PUT_SHARD: the sender's map generation; SAVE: the client's */
     uint32_t shard;          /* PUT_SHARD (cfg: its table; values, total: its bytes) */
+    uint32_t rank, world;    /* SAVE (step: the checkpoint's) */
 } ps_request;
 
 /* 0, or EDL_EPROTO / EDL_ETOOBIG / EDL_EINVAL with the reason in why. */

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "edl/job.h"
 #include "edl/wire.h"
 #include "internal.h"
 
@@ -297,6 +298,19 @@ int ps_request_parse(const ps_hdr *h, const uint8_t *body, ps_request *out, char
     case PS_BARRIER:
     case PS_GEO_PULL: rc = parse_barrier(h, body, &r, why, whylen); break;
     case PS_PUT_SHARD: rc = parse_put_shard(h, body, &r, why, whylen); break;
+    case PS_SAVE:
+        if (h->len != PS_SAVE_BYTES)
+            return edl_errf(why, whylen, EDL_EPROTO, "a save of %u bytes, not %d", h->len,
+                            PS_SAVE_BYTES);
+        r.step = edl_get64(body);
+        r.gen = edl_get64(body + 8);
+        r.rank = edl_get32(body + 16);
+        r.world = edl_get32(body + 20);
+        if (r.world < 1 || r.world > EDL_PS_MAX_SERVERS || r.rank >= r.world ||
+            r.step > (uint64_t)EDL_GENERATION_MAX)
+            return edl_errf(why, whylen, EDL_EPROTO, "a save of step %llu as server %u of %u",
+                            (unsigned long long)r.step, r.rank, r.world);
+        break;
     default:
         return edl_errf(why, whylen, EDL_EPROTO, "unknown request type %u", h->type);
     }
@@ -354,7 +368,8 @@ void ps_stats_encode(const edl_ps_server_stats *s, uint8_t out[PS_STATS_BYTES])
 {
     const uint64_t v[PS_STATS_BYTES / 8] = {s->tables, s->rows, s->bytes, s->requests,
                                             s->errors, s->connections, s->rejected,
-                                            s->shards_in, s->shards_out, s->shards_lost};
+                                            s->shards_in, s->shards_out, s->shards_lost,
+                                            s->shards_restored};
     for (int i = 0; i < PS_STATS_BYTES / 8; i++)
         edl_put64(out + 8 * i, v[i]);
 }
@@ -364,5 +379,6 @@ void ps_stats_parse(const uint8_t *p, edl_ps_server_stats *out)
     uint64_t v[PS_STATS_BYTES / 8];
     for (int i = 0; i < PS_STATS_BYTES / 8; i++)
         v[i] = edl_get64(p + 8 * i);
-    *out = (edl_ps_server_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+    *out = (edl_ps_server_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
+                                 v[10]};
 }

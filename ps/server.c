@@ -350,6 +350,10 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
             if ((rc = ps_serve_put_shard(s, &r, why, sizeof why)) == 0)
                 reply_begin(c, h, 0);
             break;
+        case PS_SAVE:
+            if ((rc = ps_serve_save(s, &r, why, sizeof why)) == 0)
+                reply_begin(c, h, 0);
+            break;
         case PS_STATS: rc = serve_stats(s, c, &r); break;
         default:
             pthread_rwlock_rdlock(&s->route);
@@ -716,7 +720,8 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
             rc = EDL_EIO;
     if (s->stop_fd < 0 || rc)
         rc = edl_errf(why, whylen, EDL_EIO, "eventfd: %s", strerror(errno));
-    if (rc == 0 && (ps_sync_new(&s->sync[0]) != 0 || ps_sync_new(&s->sync[1]) != 0))
+    if (ps_ckpt_init(s, o->checkpoint) != 0 ||
+        (rc == 0 && (ps_sync_new(&s->sync[0]) != 0 || ps_sync_new(&s->sync[1]) != 0)))
         rc = edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
     if (rc || (rc = listen_on(s, why, whylen)) != 0) {
         edl_ps_server_close(s);
@@ -767,6 +772,7 @@ void edl_ps_server_close(edl_ps_server *s)
     for (int i = 0; s->started && i < s->nthreads; i++)
         pthread_join(s->th[i], NULL);
     ps_elastic_close(s);
+    ps_ckpt_close(s);
     if (s->lfd >= 0)
         close(s->lfd);
     if (s->stop_fd >= 0)
@@ -791,7 +797,8 @@ void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out)
                                  .rejected = atomic_load(&s->rejected),
                                  .shards_in = atomic_load(&s->shards_in),
                                  .shards_out = atomic_load(&s->shards_out),
-                                 .shards_lost = atomic_load(&s->shards_lost)};
+                                 .shards_lost = atomic_load(&s->shards_lost),
+                                 .shards_restored = atomic_load(&s->shards_restored)};
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table *t = atomic_load(&s->tables[i]);
         uint64_t rows, bytes;

@@ -38,6 +38,14 @@ struct edl_ps_server {
     bool mover_started, mover_stop;
     pthread_mutex_t mover_mu;
     pthread_cond_t mover_cv;
+    /* checkpoint.c */
+    bool ck_on;
+    edl_ckpt_config ck_cfg;       /* its strings are copies */
+    pthread_mutex_t ck_mu;
+    edl_ckpt *ck;                 /* opened for ck_rank of ck_world (NULL: not yet) */
+    int ck_rank, ck_world;
+    edl_ckpt_pending *ck_saves[8]; /* uploads in flight, checked by the mover */
+    atomic_uint_fast64_t shards_restored;
 };
 
 
@@ -45,7 +53,8 @@ struct edl_ps_server {
 enum { PS_SH_OWN = 0,  /* owned and here: served */
        PS_SH_AWAY,     /* not owned, not here */
        PS_SH_HELD,     /* not owned but here: to be handed to its owner */
-       PS_SH_PENDING }; /* owned, not here yet: its old owner hands it over */
+       PS_SH_PENDING,  /* owned, not here yet: its old owner hands it over */
+       PS_SH_RESTORE }; /* owned, not here: to load from the newest checkpoint (or start anew) */
 
 /* server.c */
 int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_config *cfg,
@@ -62,5 +71,22 @@ int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, cha
                    size_t whylen);
 /* A shard handed over by another server (PUT_SHARD). */
 int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen);
+
+/* checkpoint.c */
+int ps_ckpt_init(edl_ps_server *s, const edl_ckpt_config *cfg);
+void ps_ckpt_close(edl_ps_server *s);
+/* SAVE: snapshot the owned shards and queue their upload. */
+int ps_serve_save(edl_ps_server *s, const ps_request *r, char *why, size_t whylen);
+/* Log and forget the uploads that finished (the mover calls it). */
+void ps_ckpt_reap(edl_ps_server *s);
+/* Load the shards (table, shard) of the list from the newest checkpoint: done[i] set for
+ * each one loaded (its state made PS_SH_OWN). */
+typedef struct ps_due {
+    uint16_t table;
+    uint32_t shard;
+    bool timed_out; /* its hand-over never came (lost unless the checkpoint has it) */
+    bool done;
+} ps_due;
+void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n);
 
 #endif

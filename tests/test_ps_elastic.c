@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "edl/etcd.h"
 #include "edl/ps.h"
 #include "harness.h"
 #include "internal.h"
@@ -324,6 +325,86 @@ static void test_a_bad_hand_over_is_refused_and_the_server_keeps_serving(void **
     harness_ps_close(&k);
 }
 
+/* Wait for the checkpoint of step to be committed (the pointer in etcd names it). */
+static void wait_checkpoint(const edl_ckpt_config *cfg, int64_t step)
+{
+    edl_ckpt_config c = *cfg;
+    c.rank = 0, c.world_size = 1;
+    edl_ckpt *ck;
+    char why[512];
+    if (edl_ckpt_open(&c, &ck, why, sizeof why) != 0)
+        fail_msg("checkpoint: %s", why);
+    edl_ckpt_manifest *m = NULL;
+    for (int i = 0; i < 200; i++) {
+        if (edl_ckpt_load_latest(ck, &m) == 0 && m->step == step)
+            break;
+        edl_ckpt_manifest_free(m);
+        m = NULL;
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+    }
+    assert_non_null(m);
+    assert_int_equal(m->world_size, 3);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+}
+
+static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_servers(
+    void **state)
+{
+    (void)state;
+    edl_etcd_server *etcd = harness_etcd_open(1, NULL);
+    struct edl_etcd *cl = harness_client(edl_etcd_server_endpoints(etcd), 5000);
+    char dir[] = "/tmp/edl-psck-XXXXXX", uri[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = uri, cfg.etcd = cl, cfg.job = "psck", cfg.commit_timeout_ms = 20000;
+    edl_ps_server_options o = {.handover_timeout_ms = 300, .checkpoint = &cfg};
+    harness_ps k;
+    harness_ps_open(&k, 3, &o);
+    maps m = {.k = &k};
+    make_map(&m, 1, (int[]){0, 1, 2}, 3);
+    make_map(&m, 2, (int[]){0, 1}, 2);
+    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    edl_ps_client *c = client_of(&m, 1);
+    create_tables(c);
+    for (int r = 0; r < 5; r++)
+        harness_ps_ok(c, push_round(c));
+    harness_ps_ok(c, edl_ps_save(c, 5));
+    wait_checkpoint(&cfg, 5);
+    for (int r = 0; r < 3; r++) /* after the checkpoint: lost with the server that dies */
+        harness_ps_ok(c, push_round(c));
+    edl_ps_server_close(k.srv[2]);
+    k.srv[2] = NULL;
+    publish(&m, 2, (int[]){0, 1}, 2, -1);
+    harness_ps_ok(c, push_round(c));
+    bool lost[2 * SHARDS] = {0};
+    int nlost = 0;
+    for (uint32_t sh = 0; sh < SHARDS; sh++)
+        if (edl_ps_shard_owner(m.names[1], 3, sh) == 2)
+            lost[sh] = lost[SHARDS + sh] = true, nlost += 2;
+    check_counts(&m, 9, lost, 6); /* its shards as of step 5, then one more round */
+    edl_ps_server_stats s0, s1;
+    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
+    assert_int_equal(s0.shards_restored + s1.shards_restored, nlost);
+    assert_int_equal(s0.shards_lost + s1.shards_lost, 0);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+
+    harness_ps_open(&k, 2, &o); /* the job again, on two servers: all from step 5 */
+    maps m2 = {.k = &k};
+    make_map(&m2, 1, (int[]){0, 1}, 2);
+    publish(&m2, 1, (int[]){0, 1}, 2, -1);
+    check_counts(&m2, 5, NULL, 0);
+    harness_ps_close(&k);
+    edl_etcd_close(cl);
+    edl_etcd_server_close(etcd);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -331,6 +412,8 @@ int main(void)
         cmocka_unit_test(test_a_leaving_server_hands_its_shards_over_before_it_exits),
         cmocka_unit_test(test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang),
         cmocka_unit_test(test_a_bad_hand_over_is_refused_and_the_server_keeps_serving),
+        cmocka_unit_test(
+            test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_servers),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*joins*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

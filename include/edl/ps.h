@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "edl/checkpoint.h"
 #include "edl/common.h"
 #include "edl/secret.h"
 
@@ -82,8 +83,12 @@ typedef struct edl_ps_server_options {
     int handshake_timeout_ms; /* a connection that has not authenticated by then is closed
                                  (default 5,000) */
     int handover_timeout_ms;  /* elastic: a shard that becomes this server's and that no
-                                 server hands over by then starts again from its initial
-                                 values, counted in shards_lost (default 10,000) */
+                                 server hands over by then comes back from the newest PS
+                                 checkpoint (shards_restored), or, without one, starts again
+                                 from its initial values (shards_lost) (default 10,000) */
+    const edl_ckpt_config *checkpoint; /* PS checkpoints (NULL: none): uri, etcd, prefix and
+                                 job (copied; etcd borrowed); rank and world size are set by
+                                 each save (edl_ps_save) */
 } edl_ps_server_options;
 
 /* Bind and listen (the server does not serve until edl_ps_server_start). 0, or EDL_ECONFIG /
@@ -136,7 +141,9 @@ typedef struct edl_ps_server_stats {
                                                           handshake or broke the protocol */
     uint64_t shards_in, shards_out; /* (table, shard)s received from and handed to servers */
     uint64_t shards_lost; /* shards this server came to own that nobody handed over within
-                             handover_timeout_ms: they started again from initial values */
+                             handover_timeout_ms and no checkpoint held: they started again
+                             from initial values */
+    uint64_t shards_restored; /* such shards loaded from the newest PS checkpoint instead */
 } edl_ps_server_stats;
 void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out);
 
@@ -188,6 +195,14 @@ int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
 int edl_ps_pull_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, float *out);
 int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
                       const float *grads);
+/* A PS checkpoint of step (through edl/checkpoint.h, on servers opened with a checkpoint
+ * config): every server of the client's map snapshots the shards it owns, as rank i of n,
+ * and uploads them in the background; server 0 commits the checkpoint once all have. Returns
+ * once every server has its snapshot (updates after it are not in the checkpoint). A server
+ * that later comes to own a shard nobody hands over (its owner died), or that starts with a
+ * job whose checkpoint holds its tables, loads the shard from the newest checkpoint, whatever
+ * the number of servers that saved it. */
+int edl_ps_save(edl_ps_client *c, int64_t step);
 /* Totals over every server (tables counts distinct ids once per server). */
 int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out);
 

@@ -1,0 +1,253 @@
+/* checkpoint.c: PS checkpoints through edl/checkpoint.h. A save (SAVE, from edl_ps_save) makes
+ * each server one rank of the checkpoint: per table, one checkpoint shard "table-<id>" holding
+ * the virtual shards it owns,
+ *   table config(PS_CONFIG_BYTES) n(4) 0(4) then n times: shard(4) 0(4) length(8) the bytes
+ *   of ps_table_shard_export,
+ * snapshotted under the table's shard locks and uploaded in the background; rank 0 commits.
+ * A restore reads every rank's file of a table and takes the shards this server needs, so a
+ * checkpoint loads on any number of servers. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edl/log.h"
+#include "edl/wire.h"
+#include "internal.h"
+#include "server.h"
+
+#define ENTRY_BYTES 16
+
+int ps_ckpt_init(edl_ps_server *s, const edl_ckpt_config *cfg)
+{
+    pthread_mutex_init(&s->ck_mu, NULL);
+    if (!cfg)
+        return 0;
+    s->ck_cfg = *cfg;
+    s->ck_cfg.uri = cfg->uri ? strdup(cfg->uri) : NULL;
+    s->ck_cfg.job = cfg->job ? strdup(cfg->job) : NULL;
+    s->ck_cfg.prefix = cfg->prefix ? strdup(cfg->prefix) : NULL;
+    s->ck_on = true;
+    if (!s->ck_cfg.uri || !s->ck_cfg.job || (cfg->prefix && !s->ck_cfg.prefix))
+        return EDL_ENOMEM;
+    return 0;
+}
+
+void ps_ckpt_close(edl_ps_server *s)
+{
+    for (size_t i = 0; i < sizeof s->ck_saves / sizeof *s->ck_saves; i++)
+        if (s->ck_saves[i]) {
+            edl_ckpt_wait(s->ck_saves[i], -1);
+            edl_ckpt_save_free(s->ck_saves[i]);
+        }
+    edl_ckpt_close(s->ck);
+    free((char *)s->ck_cfg.uri), free((char *)s->ck_cfg.job), free((char *)s->ck_cfg.prefix);
+    pthread_mutex_destroy(&s->ck_mu);
+}
+
+/* A checkpoint handle for rank of world (under ck_mu). */
+static int ckpt_for(edl_ps_server *s, int rank, int world, char *why, size_t whylen)
+{
+    if (s->ck && s->ck_rank == rank && s->ck_world == world)
+        return 0;
+    edl_ckpt_close(s->ck); /* waits for its uploads */
+    s->ck = NULL;
+    edl_ckpt_config c = s->ck_cfg;
+    c.rank = rank;
+    c.world_size = world;
+    c.committer_rank = 0;
+    int rc = edl_ckpt_open(&c, &s->ck, why, whylen);
+    s->ck_rank = rank, s->ck_world = world;
+    return rc;
+}
+
+/* The file of one table: the shards this server owns (all of them without a map). */
+static uint8_t *table_file(edl_ps_server *s, uint16_t id, ps_table *t, size_t *len)
+{
+    const edl_ps_table_config *cfg = ps_table_config(t);
+    size_t cap = PS_CONFIG_BYTES + 8 + 4096, n = 0;
+    uint8_t *f = malloc(cap);
+    *len = PS_CONFIG_BYTES + 8;
+    for (uint32_t sh = 0; f && sh < cfg->shards; sh++) {
+        if (s->own[id] && s->own[id][sh] != PS_SH_OWN)
+            continue;
+        uint8_t *blob;
+        size_t bl;
+        if (ps_table_shard_export(t, sh, false, &blob, &bl) != 0) {
+            free(f);
+            return NULL;
+        }
+        while (*len + ENTRY_BYTES + bl > cap) {
+            uint8_t *g = realloc(f, cap *= 2);
+            if (!g)
+                free(f);
+            f = g;
+            if (!f)
+                break;
+        }
+        if (f) {
+            edl_put32(f + *len, sh), edl_put32(f + *len + 4, 0), edl_put64(f + *len + 8, bl);
+            memcpy(f + *len + ENTRY_BYTES, blob, bl);
+            *len += ENTRY_BYTES + bl;
+            n++;
+        }
+        free(blob);
+    }
+    if (f) {
+        ps_config_encode(cfg, f);
+        edl_put32(f + PS_CONFIG_BYTES, (uint32_t)n), edl_put32(f + PS_CONFIG_BYTES + 4, 0);
+    }
+    return f;
+}
+
+static void free_file(void *data, void *arg)
+{
+    (void)arg;
+    free(data);
+}
+
+static int queue_save(edl_ps_server *s, edl_ckpt_pending *p)
+{
+    for (size_t i = 0; i < sizeof s->ck_saves / sizeof *s->ck_saves; i++)
+        if (!s->ck_saves[i]) {
+            s->ck_saves[i] = p;
+            return 0;
+        }
+    edl_ckpt_save_free(p); /* it goes on; its outcome is only not logged */
+    return 0;
+}
+
+int ps_serve_save(edl_ps_server *s, const ps_request *r, char *why, size_t whylen)
+{
+    if (!s->ck_on)
+        return edl_errf(why, whylen, EDL_ECONFIG, "this server has no checkpoint storage "
+                        "(EDL_CHECKPOINT_URI)");
+    edl_ckpt_shard sh[EDL_PS_MAX_TABLES];
+    char names[EDL_PS_MAX_TABLES][16];
+    size_t n = 0;
+    int rc = 0;
+    pthread_rwlock_rdlock(&s->route);
+    for (uint16_t id = 0; id < EDL_PS_MAX_TABLES && rc == 0; id++) {
+        ps_table *t = atomic_load(&s->tables[id]);
+        size_t len;
+        uint8_t *f = t ? table_file(s, id, t, &len) : NULL;
+        if (t && !f)
+            rc = edl_errf(why, whylen, EDL_ENOMEM, "out of memory to snapshot table %u", id);
+        if (!f)
+            continue;
+        snprintf(names[n], sizeof names[n], "table-%u", id);
+        sh[n] = (edl_ckpt_shard){.name = names[n], .data = f, .len = len, .free_fn = free_file};
+        n++;
+    }
+    pthread_rwlock_unlock(&s->route);
+    pthread_mutex_lock(&s->ck_mu);
+    edl_ckpt_pending *p = NULL;
+    if (rc == 0 && (rc = ckpt_for(s, (int)r->rank, (int)r->world, why, whylen)) == 0 &&
+        (rc = edl_ckpt_save_async(s->ck, (int64_t)r->step, (int64_t)r->gen, sh, n,
+                                  "{\"ps\":true}", &p)) != 0)
+        edl_errf(why, whylen, rc, "%s", edl_ckpt_errmsg(s->ck));
+    if (rc == 0)
+        queue_save(s, p);
+    pthread_mutex_unlock(&s->ck_mu);
+    for (size_t i = 0; rc && i < n; i++) /* not handed over: ours to free */
+        free((void *)sh[i].data);
+    return rc;
+}
+
+void ps_ckpt_reap(edl_ps_server *s)
+{
+    pthread_mutex_lock(&s->ck_mu);
+    for (size_t i = 0; i < sizeof s->ck_saves / sizeof *s->ck_saves; i++) {
+        edl_ckpt_pending *p = s->ck_saves[i];
+        if (!p || !edl_ckpt_save_done(p))
+            continue;
+        int rc = edl_ckpt_wait(p, 0);
+        if (rc)
+            EDL_WARN("ps", "a PS checkpoint upload failed: %s", edl_ckpt_save_errmsg(p));
+        edl_ckpt_save_free(p);
+        s->ck_saves[i] = NULL;
+    }
+    pthread_mutex_unlock(&s->ck_mu);
+}
+
+/* ---- restore ------------------------------------------------------------------------------- */
+
+/* Import the entries of one table file that the due list wants. */
+static void take_entries(edl_ps_server *s, ps_table *t, uint16_t id, const uint8_t *f,
+                         size_t len, ps_due *due, size_t n)
+{
+    char why[256];
+    edl_ps_table_config cfg;
+    if (len < PS_CONFIG_BYTES + 8 || ps_config_parse(f, &cfg, why, sizeof why) != 0 ||
+        !ps_config_equal(&cfg, ps_table_config(t))) {
+        EDL_WARN("ps", "checkpoint file of table %u: not this table's (config differs)", id);
+        return;
+    }
+    size_t at = PS_CONFIG_BYTES + 8;
+    for (uint32_t k = 0, m = edl_get32(f + PS_CONFIG_BYTES); k < m; k++) {
+        uint64_t bl = at + ENTRY_BYTES <= len ? edl_get64(f + at + 8) : UINT64_MAX;
+        if (bl > len - at - ENTRY_BYTES || at + ENTRY_BYTES > len) {
+            EDL_WARN("ps", "checkpoint file of table %u is truncated", id);
+            return;
+        }
+        uint32_t sh = edl_get32(f + at);
+        for (size_t i = 0; i < n; i++) {
+            if (due[i].done || due[i].table != id || due[i].shard != sh)
+                continue;
+            pthread_rwlock_wrlock(&s->route);
+            uint8_t *st = &s->own[id][sh];
+            if (*st == PS_SH_RESTORE &&
+                ps_table_shard_import(t, sh, f + at + ENTRY_BYTES, bl, why, sizeof why) == 0) {
+                *st = PS_SH_OWN;
+                due[i].done = true;
+                atomic_fetch_add(&s->shards_restored, 1);
+            } else if (*st == PS_SH_RESTORE) {
+                EDL_WARN("ps", "checkpoint shard %u of table %u: %s", sh, id, why);
+            }
+            pthread_rwlock_unlock(&s->route);
+        }
+        at += ENTRY_BYTES + bl;
+    }
+}
+
+static bool wants_table(const ps_due *due, size_t n, uint16_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!due[i].done && due[i].table == id)
+            return true;
+    return false;
+}
+
+void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n)
+{
+    char why[512];
+    edl_ckpt_manifest *m = NULL;
+    if (!s->ck_on || n == 0)
+        return;
+    pthread_mutex_lock(&s->ck_mu);
+    int rc = ckpt_for(s, s->ck ? s->ck_rank : 0, s->ck ? s->ck_world : 1, why, sizeof why);
+    if (rc == 0 && (rc = edl_ckpt_load_latest(s->ck, &m)) != 0 && rc != EDL_ENOTFOUND)
+        EDL_WARN("ps", "no PS checkpoint to restore %zu shards from: %s", n,
+                 edl_ckpt_errmsg(s->ck));
+    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
+        unsigned id;
+        int used = 0;
+        if (sscanf(m->shards[i].name, "table-%u%n", &id, &used) != 1 ||
+            m->shards[i].name[used] || id >= EDL_PS_MAX_TABLES || !wants_table(due, n, (uint16_t)id))
+            continue;
+        ps_table *t = atomic_load(&s->tables[id]);
+        void *f = NULL;
+        size_t len;
+        if (t && edl_ckpt_read_shard(s->ck, m, i, &f, &len) == 0)
+            take_entries(s, t, (uint16_t)id, f, len, due, n);
+        else if (t)
+            EDL_WARN("ps", "reading %s of checkpoint %s: %s", m->shards[i].key, m->dir,
+                     edl_ckpt_errmsg(s->ck));
+        free(f);
+    }
+    if (m)
+        EDL_INFO("ps", "restored shards from PS checkpoint %s (step %lld)", m->dir,
+                 (long long)m->step);
+    edl_ckpt_manifest_free(m);
+    pthread_mutex_unlock(&s->ck_mu);
+}
