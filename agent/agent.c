@@ -211,32 +211,46 @@ static void send_generation(agent *a, int rank)
     free(line);
 }
 
-/* Remember the workers of the generation a trainer now serves (see same_workers). */
-static void note_workers(agent *a)
+/* A copy of a member list into *dst and *n (emptied when out of memory: then no generation looks
+ * the same, and the trainer restarts as it always did). */
+static void keep_list(edl_member **dst, size_t *n, const edl_member *src, size_t n_src)
 {
     edl_member *m = NULL;
-    if (edl_members_copy(a->generation.members, a->generation.n_members, &m) != 0)
-        m = NULL; /* out of memory: no generation will look the same, so it restarts */
-    edl_members_free(a->run_members, a->n_run_members);
-    a->run_members = m;
-    a->n_run_members = m ? a->generation.n_members : 0;
-    a->run_restarts = a->generation.restarts;
+    if (edl_members_copy(src, n_src, &m) != 0)
+        m = NULL;
+    edl_members_free(*dst, *n);
+    *dst = m;
+    *n = m ? n_src : 0;
+}
+
+/* Remember the generation a trainer now serves (see only_servers_changed). */
+static void note_workers(agent *a)
+{
+    const edl_generation *g = &a->generation;
+    keep_list(&a->run_members, &a->n_run_members, g->members, g->n_members);
+    keep_list(&a->run_servers, &a->n_run_servers, g->servers, g->n_servers);
+    a->run_restarts = g->restarts;
+}
+
+static bool same_list(const edl_member *a, size_t na, const edl_member *b, size_t nb)
+{
+    if (na != nb)
+        return false;
+    for (size_t i = 0; i < na; i++)
+        if (strcmp(a[i].pod, b[i].pod) != 0 || a[i].lease != b[i].lease || a[i].rank != b[i].rank)
+            return false;
+    return true;
 }
 
 /* The latest generation has the workers (pods, leases, ranks) and restart count of the one the
- * trainer was started or re-formed for: only the servers changed, so it keeps the trainer. A
- * restart after a failure keeps the workers too but counts one more restart. */
-static bool same_workers(const agent *a)
+ * trainer serves, and other servers: only the servers changed, so it keeps the trainer. (A
+ * restart after a failure keeps the workers too, but counts one more restart.) */
+static bool only_servers_changed(const agent *a)
 {
     const edl_generation *g = &a->generation;
-    if (!a->n_run_members || g->n_members != a->n_run_members || g->restarts != a->run_restarts)
-        return false;
-    for (size_t i = 0; i < g->n_members; i++) {
-        const edl_member *x = &g->members[i], *y = &a->run_members[i];
-        if (strcmp(x->pod, y->pod) != 0 || x->lease != y->lease || x->rank != y->rank)
-            return false;
-    }
-    return true;
+    return a->n_run_members && g->restarts == a->run_restarts &&
+           same_list(g->members, g->n_members, a->run_members, a->n_run_members) &&
+           !same_list(g->servers, g->n_servers, a->run_servers, a->n_run_servers);
 }
 
 static void start_trainer(agent *a, int rank)
@@ -357,6 +371,7 @@ static void carry_to(agent *a, int64_t gen)
     if (trainer_running(&a->tp))
         a->run_gen = gen;
     a->started_gen = gen;
+    keep_list(&a->run_servers, &a->n_run_servers, a->generation.servers, a->generation.n_servers);
     edl_pod_status s = a->status;
     s.generation = gen;
     registry_status_set(a, &s);
@@ -376,7 +391,7 @@ static void reconcile_worker(agent *a)
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
-        if (m && gen > a->run_gen && same_workers(a)) {
+        if (m && gen > a->run_gen && only_servers_changed(a)) {
             carry_to(a, gen);
             return;
         }
@@ -405,7 +420,7 @@ static void reconcile_worker(agent *a)
         return;
     }
     if (m && gen > a->started_gen) {
-        if (same_workers(a) && trainer_ended(a))
+        if (only_servers_changed(a) && trainer_ended(a))
             carry_to(a, gen); /* done (or failed) already: the job server decides */
         else if (master_known(a, m->rank))
             start_trainer(a, m->rank);
@@ -611,6 +626,7 @@ static void agent_free(agent *a)
     edl_etcd_close(a->etcd);
     edl_generation_clear(&a->generation);
     edl_members_free(a->run_members, a->n_run_members);
+    edl_members_free(a->run_servers, a->n_run_servers);
     edl_spec_clear(&a->spec);
     free(a->tp.ctl_buf);
     if (a->tp.progress_fd >= 0)

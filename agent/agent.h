@@ -148,9 +148,11 @@ typedef struct agent {
     trainer_proc tp;
     int64_t run_gen;          /* generation the running trainer serves (0: none) */
     int run_rank;
-    edl_member *run_members;  /* the workers (and restarts) of the generation the last trainer */
-    size_t n_run_members;     /* was started or re-formed for: a later generation with the */
-    int run_restarts;         /* same ones changed only the servers, and keeps it */
+    edl_member *run_members;  /* the workers, servers and restarts of the generation the last */
+    size_t n_run_members;     /* trainer was started, re-formed or carried for: a later one */
+    edl_member *run_servers;  /* with the same workers and restarts but other servers changed */
+    size_t n_run_servers;     /* only the servers, and keeps it */
+    int run_restarts;
     int64_t noted_gen;        /* last generation a draining server's process was logged for */
     int64_t started_gen;      /* last generation a trainer was started for */
     int64_t starts;           /* trainer starts so far */
