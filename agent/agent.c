@@ -211,46 +211,13 @@ static void send_generation(agent *a, int rank)
     free(line);
 }
 
-/* A copy of a member list into *dst and *n (emptied when out of memory: then no generation looks
- * the same, and the trainer restarts as it always did). */
-static void keep_list(edl_member **dst, size_t *n, const edl_member *src, size_t n_src)
-{
-    edl_member *m = NULL;
-    if (edl_members_copy(src, n_src, &m) != 0)
-        m = NULL;
-    edl_members_free(*dst, *n);
-    *dst = m;
-    *n = m ? n_src : 0;
-}
-
-/* Remember the generation a trainer now serves (see only_servers_changed). */
-static void note_workers(agent *a)
-{
-    const edl_generation *g = &a->generation;
-    keep_list(&a->run_members, &a->n_run_members, g->members, g->n_members);
-    keep_list(&a->run_servers, &a->n_run_servers, g->servers, g->n_servers);
-    a->run_restarts = g->restarts;
-}
-
-static bool same_list(const edl_member *a, size_t na, const edl_member *b, size_t nb)
-{
-    if (na != nb)
-        return false;
-    for (size_t i = 0; i < na; i++)
-        if (strcmp(a[i].pod, b[i].pod) != 0 || a[i].lease != b[i].lease || a[i].rank != b[i].rank)
-            return false;
-    return true;
-}
-
-/* The latest generation has the workers (pods, leases, ranks) and restart count of the one the
- * trainer serves, and other servers: only the servers changed, so it keeps the trainer. (A
- * restart after a failure keeps the workers too, but counts one more restart.) */
+/* The latest generation keeps the workers of the one the trainer was started or re-formed for
+ * (the job server kept members_generation): only the servers changed, so it keeps the trainer,
+ * its environment and its rendezvous. */
 static bool only_servers_changed(const agent *a)
 {
-    const edl_generation *g = &a->generation;
-    return a->n_run_members && g->restarts == a->run_restarts &&
-           same_list(g->members, g->n_members, a->run_members, a->n_run_members) &&
-           !same_list(g->servers, g->n_servers, a->run_servers, a->n_run_servers);
+    return a->run_members_gen > 0 &&
+           edl_generation_of_members(&a->generation) == a->run_members_gen;
 }
 
 static void start_trainer(agent *a, int rank)
@@ -297,7 +264,7 @@ static void start_trainer(agent *a, int rank)
         EDL_INFO("agent", "generation %lld: trainer %d started as rank %d of %zu (start %lld)",
                  (long long)gen, (int)a->tp.pid, rank, a->generation.n_members,
                  (long long)a->starts);
-        note_workers(a);
+        a->run_members_gen = edl_generation_of_members(&a->generation);
         send_generation(a, rank);
     }
     set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
@@ -371,7 +338,6 @@ static void carry_to(agent *a, int64_t gen)
     if (trainer_running(&a->tp))
         a->run_gen = gen;
     a->started_gen = gen;
-    keep_list(&a->run_servers, &a->n_run_servers, a->generation.servers, a->generation.n_servers);
     edl_pod_status s = a->status;
     s.generation = gen;
     registry_status_set(a, &s);
@@ -405,7 +371,7 @@ static void reconcile_worker(agent *a)
             a->run_gen = gen;
             a->started_gen = gen; /* this generation has its trainer: no second start on exit */
             a->run_rank = m->rank;
-            note_workers(a);
+            a->run_members_gen = edl_generation_of_members(&a->generation);
             send_generation(a, m->rank);
             set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
             return;
@@ -625,8 +591,6 @@ static void agent_free(agent *a)
     edl_metrics_close(a->metrics);
     edl_etcd_close(a->etcd);
     edl_generation_clear(&a->generation);
-    edl_members_free(a->run_members, a->n_run_members);
-    edl_members_free(a->run_servers, a->n_run_servers);
     edl_spec_clear(&a->spec);
     free(a->tp.ctl_buf);
     if (a->tp.progress_fd >= 0)

@@ -148,15 +148,13 @@ typedef struct agent {
     trainer_proc tp;
     int64_t run_gen;          /* generation the running trainer serves (0: none) */
     int run_rank;
-    edl_member *run_members;  /* the workers, servers and restarts of the generation the last */
-    size_t n_run_members;     /* trainer was started, re-formed or carried for: a later one */
-    edl_member *run_servers;  /* with the same workers and restarts but other servers changed */
-    size_t n_run_servers;     /* only the servers, and keeps it */
-    int run_restarts;
+    int64_t run_members_gen;  /* the members_generation the last trainer was started or
+                               * re-formed for: a later generation with the same one changed
+                               * only the servers, and keeps the trainer */
     int64_t noted_gen;        /* last generation a draining server's process was logged for */
     int64_t started_gen;      /* last generation a trainer was started for */
     int64_t starts;           /* trainer starts so far */
-    int64_t master_gen;       /* the generation master_port belongs to (0: none) */
+    int64_t master_gen;       /* the members_generation master_port belongs to (0: none) */
     int master_port;          /* its MASTER_PORT, picked by rank 0's agent */
     int64_t master_retry_ms;  /* when to look for it again (0: not waiting) */
     char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */

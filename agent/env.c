@@ -89,7 +89,8 @@ int agent_assignment(const edl_generation *g, int rank, int master_port, edl_ass
     memset(out, 0, sizeof *out);
     if (rank < 0 || (size_t)rank >= g->n_members)
         return EDL_EINVAL;
-    out->generation = g->generation;
+    out->generation = edl_generation_of_members(g); /* the workers' (kept across servers-only
+                                                     * generations) */
     out->rank = rank;
     out->world_size = (int)g->n_members;
     snprintf(out->master_addr, sizeof out->master_addr, "%s",
@@ -133,7 +134,11 @@ static void set_edl(strv *s, const agent_env_input *in)
 {
     setf(s, "EDL_JOB_ID", "%s", in->job);
     setf(s, "EDL_POD_ID", "%s", in->pod);
-    setf(s, "EDL_GENERATION", "%lld", (long long)in->generation->generation);
+    /* a worker's is the generation its members were formed in (the same on every rank, whatever
+     * servers-only generations came since); a server's is the one it starts in */
+    int64_t gen = agent_role_is_ps(in->role) ? in->generation->generation
+                                             : edl_generation_of_members(in->generation);
+    setf(s, "EDL_GENERATION", "%lld", (long long)gen);
     setf(s, "EDL_PS_SERVERS", "%zu", in->generation->n_servers);
     set_etcd(s, in->etcd);
     setf(s, "EDL_ETCD_PREFIX", "%s", in->prefix);

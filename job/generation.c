@@ -86,6 +86,11 @@ const edl_member *edl_generation_member(const edl_generation *g, const char *pod
     return m && m->lease == lease ? m : NULL;
 }
 
+int64_t edl_generation_of_members(const edl_generation *g)
+{
+    return g->members_generation > 0 ? g->members_generation : g->generation;
+}
+
 const edl_member *edl_generation_server(const edl_generation *g, const char *pod, int64_t lease)
 {
     const edl_member *m = find_named(g->servers, g->n_servers, pod);
@@ -177,6 +182,9 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
     edl_generation g = {0};
     edl_json_reader r = {root, "generation", err, errlen, 0};
     edl_json_i64(&r, "generation", 0, EDL_GENERATION_MAX, &g.generation);
+    if (edl_json_i64(&r, "members_generation", 1, EDL_GENERATION_MAX, &g.members_generation) &&
+        g.members_generation > g.generation)
+        edl_json_fail(&r, EDL_EPROTO, "members_generation", "is after the generation itself");
     int v = 0;
     if (edl_json_enum(&r, "state", job_state_names, 5, &v))
         g.state = (edl_job_state)v;
@@ -248,6 +256,8 @@ char *edl_generation_to_json(const edl_generation *g)
         return NULL;
     }
     cJSON_AddNumberToObject(o, "generation", (double)g->generation);
+    if (g->members_generation > 0 && g->members_generation != g->generation)
+        cJSON_AddNumberToObject(o, "members_generation", (double)g->members_generation);
     cJSON_AddStringToObject(o, "state", edl_job_state_name(g->state));
     cJSON_AddStringToObject(o, "reason", g->reason ? g->reason : "");
     add_members(mem, g->members, g->n_members);

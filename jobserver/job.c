@@ -175,12 +175,13 @@ static void read_dead(js_job *j, const edl_range_result *r, snapshot *s)
         const edl_kv *kv = &r->kvs[i];
         edl_job_key_info ki;
         edl_job_key_parse(&j->k, kv->key, kv->key_len, &ki);
-        if (edl_job_key_is_gen(&ki, s->current.generation, EDL_GEN_DEAD)) {
+        if (edl_job_key_is_gen(&ki, edl_generation_of_members(&s->current), EDL_GEN_DEAD)) {
             size_t len = kv->value_len > 300 ? 300 : kv->value_len;
             s->gen_dead = strndup(kv->value, len);
         }
         int rank;
-        if (edl_job_key_gen_rank(&ki, s->current.generation, EDL_GEN_ALIVE, &rank)) {
+        if (edl_job_key_gen_rank(&ki, edl_generation_of_members(&s->current), EDL_GEN_ALIVE,
+                                 &rank)) {
             if ((size_t)rank >= s->current.n_members)
                 continue; /* not one of ours: ignored */
             if (!s->gen_alive && !(s->gen_alive = calloc(s->current.n_members, sizeof(bool))))
@@ -279,9 +280,12 @@ static int publish(js_job *j, const snapshot *s, const js_decision *d)
         edl_txn_cmp_create(t, edl_str(j->k.generation), EDL_CMP_EQUAL, 0);
     edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(j->k.generation), edl_str(json), NULL);
     char *k_gen = NULL;
-    if (d->new_generation && s->current.generation > 0) {
-        /* the retired generation's rendezvous data goes with it */
-        k_gen = edl_job_key_gen(&j->k, s->current.generation, "");
+    int64_t members_gen = edl_generation_of_members(&s->current);
+    if (d->new_generation && s->current.generation > 0 &&
+        edl_generation_of_members(&d->next) != members_gen) {
+        /* the retired workers' rendezvous data goes with them (a generation that changed only
+         * the servers keeps the workers, and their rendezvous under gen/<members_generation>/) */
+        k_gen = edl_job_key_gen(&j->k, members_gen, "");
         edl_delete_opts dp = {.prefix = true};
         if (k_gen)
             edl_txn_delete(t, EDL_TXN_SUCCESS, edl_str(k_gen), &dp);

@@ -312,6 +312,7 @@ static int copy_current(const js_observed *o, edl_generation *next)
     const edl_generation *c = o->current;
     memset(next, 0, sizeof *next);
     next->generation = c->generation;
+    next->members_generation = c->members_generation;
     next->state = c->state;
     next->restarts = c->restarts;
     next->published_ms = o->now_ms;
@@ -552,7 +553,13 @@ static int compose_next(const js_observed *o, membership *ms, edl_generation *fa
     ms->n_standbys = 0;
     if (!new_gen)
         return 0;
+    const edl_generation *c = o->current;
+    bool workers_kept = !restart && c->generation > 0 && c->state == EDL_JOB_RUNNING &&
+                        st == EDL_JOB_RUNNING && same_members(c->members, c->n_members,
+                                                              next->members, next->n_members);
     next->generation = next_generation_number(o);
+    /* only the servers changed: the workers keep their trainers and their rendezvous */
+    next->members_generation = workers_kept ? edl_generation_of_members(c) : 0;
     next->state = st;
     out->new_generation = true;
     return set_reason(next, reason);

@@ -252,14 +252,17 @@ static void free_list(edl_member *m, size_t n)
 }
 
 /* Publish a generation with members `pods` and parameter servers `servers` (rank order,
- * NULL-ended), as a job server does. */
-static void publish_with_servers(const char *job, int64_t gen, edl_job_state state,
-                                 const char *const *pods, const char *const *servers)
+ * NULL-ended), as a job server does; members_gen: the generation the members were formed in
+ * (a servers-only change keeps it; 0: this one). */
+static void publish_servers(const char *job, int64_t gen, int64_t members_gen,
+                            edl_job_state state, const char *const *pods,
+                            const char *const *servers)
 {
     edl_member m[8], sv[8];
     size_t n = member_list(job, pods, m), ns = member_list(job, servers, sv);
-    edl_generation c = {.generation = gen, .state = state, .members = m, .n_members = n,
-                        .servers = sv, .n_servers = ns, .reason = (char *)"test"};
+    edl_generation c = {.generation = gen, .members_generation = members_gen, .state = state,
+                        .members = m, .n_members = n, .servers = sv, .n_servers = ns,
+                        .reason = (char *)"test"};
     char *j = edl_generation_to_json(&c), k[256];
     harness_put(cl, key(job, "generation", k, sizeof k), j);
     free(j);
@@ -270,7 +273,7 @@ static void publish_with_servers(const char *job, int64_t gen, edl_job_state sta
 /* Publish a generation whose members are `pods` in rank order (NULL-ended). */
 static void publish(const char *job, int64_t gen, edl_job_state state, const char *const *pods)
 {
-    publish_with_servers(job, gen, state, pods, NULL);
+    publish_servers(job, gen, 0, state, pods, NULL);
 }
 
 static void publish_state(const char *job, int64_t gen, edl_job_state state)
@@ -928,7 +931,7 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
                           "while read -r l <&$EDL_CONTROL_FD; do echo \"$l\" >> $T_DIR/ctl; "
                           "done; sleep 60",
                           NULL);
-    publish_with_servers(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+    publish_servers(job, 1, 0, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
                          (const char *[]){"s0", NULL});
     char sf[300], ef[300], cf[300];
     snprintf(sf, sizeof sf, "%s/starts", dir);
@@ -943,8 +946,8 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
     assert_var(ef, "EDL_PS_SERVERS", "1");
     assert_var(ef, "TRAINING_ROLE", "TRAINER");
     long pid = st.pid;
-    publish_with_servers(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
-                         (const char *[]){"s0", "s1", NULL});
+    publish_servers(job, 2, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                    (const char *[]){"s0", "s1", NULL});
     st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
     assert_int_equal(st.restarts, 0);
@@ -952,20 +955,20 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
     assert_true(pid_alive((pid_t)pid));
     assert_int_equal(count_lines(sf), 1);    /* one start */
     assert_int_equal(count_lines(cf), 1);    /* the first control line only */
-    publish_with_servers(job, 3, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
-                         (const char *[]){"s1", NULL});
+    publish_servers(job, 3, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                    (const char *[]){"s1", NULL});
     st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
     /* the trainer ends; a servers-only generation carries how it ended, without a start */
     kill((pid_t)pid, SIGKILL);
     st = wait_status(job, "a", 3, EDL_TRAINER_SIGNALED, -1, 5000);
-    publish_with_servers(job, 4, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
-                         (const char *[]){"s0", "s1", NULL});
+    publish_servers(job, 4, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                    (const char *[]){"s0", "s1", NULL});
     st = wait_status(job, "a", 4, EDL_TRAINER_SIGNALED, -1, 5000);
     assert_int_equal(st.signal, 9);
     harness_sleep_ms(300);
     assert_int_equal(count_lines(sf), 1);
-    /* a restart (one more in the count) with the same workers does start it again */
+    /* a restart with the same workers (a new members generation) does start it again */
     edl_member m[1], sv[1];
     member_list(job, (const char *[]){"a", NULL}, m);
     member_list(job, (const char *[]){"s0", NULL}, sv);
@@ -1018,7 +1021,7 @@ static void test_ps_process_lifecycle(void **state)
     assert_non_null(kv);
     assert_non_null(strstr(kv->value, "\"role\":\"ps\""));
     edl_kv_free(kv);
-    publish_with_servers(job, 1, EDL_JOB_WAITING, (const char *[]){"w", NULL},
+    publish_servers(job, 1, 0, EDL_JOB_WAITING, (const char *[]){"w", NULL},
                          (const char *[]){"t", "s", NULL});
     char ef[300], sf[300], qf[300];
     assert_true(wait_file(path_of("s", 1, "env", ef, sizeof ef), 5000));
@@ -1041,16 +1044,16 @@ static void test_ps_process_lifecycle(void **state)
     edl_pod_status st = wait_status(job, "s", 1, EDL_TRAINER_RUNNING, -1, 3000);
     long pid = st.pid;
     /* later generations, with the pod listed elsewhere or not at all: the same process */
-    publish_with_servers(job, 2, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+    publish_servers(job, 2, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"s", NULL});
     st = wait_status(job, "s", 2, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
-    publish_with_servers(job, 3, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+    publish_servers(job, 3, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", NULL});
     harness_sleep_ms(500);
     assert_true(pid_alive((pid_t)pid)); /* unlisted: it drains by itself */
     assert_int_equal(count_lines(sf), 1);
-    publish_with_servers(job, 4, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+    publish_servers(job, 4, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", "s", NULL});
     st = wait_status(job, "s", 4, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
@@ -1063,10 +1066,10 @@ static void test_ps_process_lifecycle(void **state)
     assert_int_equal(unlink(qf), 0);
     harness_sleep_ms(300);
     assert_int_equal(count_lines(sf), 1);
-    publish_with_servers(job, 5, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+    publish_servers(job, 5, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", NULL});
     wait_status(job, "s", 5, EDL_TRAINER_WAITING, -1, 5000);
-    publish_with_servers(job, 6, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+    publish_servers(job, 6, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", "s", NULL});
     st = wait_status(job, "s", 6, EDL_TRAINER_RUNNING, -1, 5000);
     assert_true(st.pid != pid); /* listed again: a new process */
@@ -1097,7 +1100,7 @@ static void test_ps_graceful_leave_deletes_registration_first(void **state)
              "echo $$ > $T_DIR/pid; while :; do sleep 0.05; done",
              EDL_ETCDCTL_BIN, k);
     pid_t a = start_agent(job, "s", script, (const char *[]){"--role", "ps", NULL});
-    publish_with_servers(job, 1, EDL_JOB_RUNNING, NULL, (const char *[]){"s", NULL});
+    publish_servers(job, 1, 0, EDL_JOB_RUNNING, NULL, (const char *[]){"s", NULL});
     edl_pod_status st = wait_status(job, "s", 1, EDL_TRAINER_RUNNING, -1, 5000);
     char pf[300], tf[300], df[300];
     snprintf(pf, sizeof pf, "%s/pid", dir);
@@ -1122,7 +1125,7 @@ static void test_ps_graceful_leave_deletes_registration_first(void **state)
     put_ps_spec(job2, EDL_MODE_RESTART);
     a = start_agent(job2, "s", "echo $$ > $T_DIR/pid2; exec sleep 60",
                     (const char *[]){"--role", "ps", NULL});
-    publish_with_servers(job2, 1, EDL_JOB_RUNNING, NULL, (const char *[]){"s", NULL});
+    publish_servers(job2, 1, 0, EDL_JOB_RUNNING, NULL, (const char *[]){"s", NULL});
     st = wait_status(job2, "s", 1, EDL_TRAINER_RUNNING, -1, 5000);
     publish_state(job2, 1, EDL_JOB_SUCCEEDED);
     assert_int_equal(wait_exit(a, 5000), 0);

@@ -172,8 +172,9 @@ static void test_ps_and_worker_environments(void **state)
     edl_member sv[3] = {{(char *)"s0", 0, (char *)"10.0.1.1", 8000, 11},
                         {(char *)"s1", 1, (char *)"10.0.1.2", 8001, 12},
                         {(char *)"s2", 2, (char *)"10.0.1.3", 8002, 13}};
-    edl_generation g = {.generation = 6, .state = EDL_JOB_RUNNING, .members = m, .n_members = 2,
-                        .servers = sv, .n_servers = 3, .restarts = 1};
+    edl_generation g = {.generation = 6, .members_generation = 4, .state = EDL_JOB_RUNNING,
+                        .members = m, .n_members = 2, .servers = sv, .n_servers = 3,
+                        .restarts = 1};
     edl_job_spec s;
     edl_spec_init(&s);
     s.ps_min = 2;
@@ -196,6 +197,11 @@ static void test_ps_and_worker_environments(void **state)
     assert_var(env, "PADDLE_TRAINER_ID", "1");
     assert_var(env, "PADDLE_TRAINERS_NUM", "2");
     assert_var(env, "POD_IP", "10.0.0.2");
+    /* the generation its members were formed in: the same on every rank since */
+    assert_var(env, "EDL_GENERATION", "4");
+    edl_assignment as;
+    assert_int_equal(agent_assignment(&g, 1, 40000, &as), 0);
+    assert_int_equal(as.generation, 4);
     assert_null(var(env, "PADDLE_PORT"));  /* a server's name: the inherited one goes */
     assert_null(var(env, "EDL_PS_INDEX"));
     edl_env_free(env);
@@ -207,7 +213,7 @@ static void test_ps_and_worker_environments(void **state)
     assert_var(env, "PATH", "/bin");
     assert_var(env, "EDL_JOB_ID", "j");
     assert_var(env, "EDL_POD_ID", "s2");
-    assert_var(env, "EDL_GENERATION", "6");
+    assert_var(env, "EDL_GENERATION", "6"); /* a server's: the one it starts in */
     assert_var(env, "EDL_ETCD_ENDPOINTS", "http://e:2379");
     assert_var(env, "EDL_ETCD_PREFIX", "/p");
     assert_var(env, "TRAINING_ROLE", "PSERVER");

@@ -385,6 +385,9 @@ static void test_bad_generation_documents_rejected(void **state)
         "{\"generation\":3,\"restarts\":2147483647}",
         "{\"generation\":3,\"failures\":[{\"pod\":\"a\",\"count\":2147483647}]}",
         "{\"generation\":3,\"failures\":[{\"count\":1}]}", /* whose failures? */
+        "{\"generation\":3,\"members_generation\":4}",  /* after itself */
+        "{\"generation\":3,\"members_generation\":0}",
+        "{\"generation\":3,\"members_generation\":\"2\"}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         edl_generation c = {.generation = 5};
@@ -423,6 +426,15 @@ static void test_generation_servers_round_trip(void **state)
     assert_null(edl_generation_server(&d, "s0", 22));  /* another incarnation */
     assert_null(edl_generation_server(&d, "w0", 11));  /* a worker is no server */
     assert_null(edl_generation_member(&d, "s0", 21));  /* nor a server a worker */
+    assert_int_equal(edl_generation_of_members(&d), 4); /* absent: this generation */
+    c.members_generation = 2; /* only the servers changed since generation 2 */
+    j = edl_generation_to_json(&c);
+    assert_non_null(strstr(j, "\"members_generation\":2"));
+    assert_int_equal(edl_generation_parse(j, strlen(j), &d, err, sizeof err), 0);
+    free(j);
+    assert_int_equal(d.members_generation, 2);
+    assert_int_equal(edl_generation_of_members(&d), 2);
+    c.members_generation = 0;
     c.n_servers = 0;
     j = edl_generation_to_json(&c);
     assert_null(strstr(j, "servers")); /* none: absent, as before the ps role */

@@ -830,6 +830,7 @@ static void test_server_change_is_a_new_generation_that_keeps_the_workers(void *
     assert_true(d.new_generation);
     js_decision_clear(&d);
     assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(edl_generation_of_members(&w.cur), g); /* the workers' group is kept */
     servers_are(&w, "s0 s1 s2");
     members_are(&w, "p0 p1");
     assert_string_equal(w.cur.members[0].pod, p0);
@@ -846,10 +847,20 @@ static void test_server_change_is_a_new_generation_that_keeps_the_workers(void *
     assert_true(d.new_generation);
     js_decision_clear(&d);
     assert_int_equal(w.cur.generation, g + 2);
+    assert_int_equal(edl_generation_of_members(&w.cur), g);
     servers_are(&w, "s2 s1");
     members_are(&w, "p0 p1");
     assert_int_equal(w.cur.restarts, 0);
     assert_non_null(strstr(w.cur.reason, "server s0 left"));
+    /* a worker joining forms a new group */
+    add_pod(&w, 2);
+    w.spec.max = 3;
+    all_running(&w);
+    servers_running(&w);
+    settle(&w);
+    assert_int_equal(w.cur.generation, g + 3);
+    assert_int_equal(edl_generation_of_members(&w.cur), g + 3);
+    members_are(&w, "p0 p1 p2");
     world_free(&w);
 }
 
@@ -975,9 +986,11 @@ static void test_worker_restart_keeps_the_servers(void **state)
     servers_running(&w);
     set_status(&w, 1, EDL_TRAINER_EXITED, 1, -1);
     set_status(&w, 0, EDL_TRAINER_EXITED, 1, -1);
+    int64_t g = w.cur.generation;
     js_decision d = step(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(edl_generation_of_members(&w.cur), g + 1); /* restarted: a new group */
     members_are(&w, "p0 p1");
     servers_are(&w, "s0 s1");
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);

@@ -260,6 +260,12 @@ typedef struct edl_pod_failures {
 /* The published generation, with the job's state (they change together, in one txn). */
 typedef struct edl_generation {
     int64_t generation;      /* 1, 2, ...; 0 = none published yet */
+    int64_t members_generation; /* the generation these members (workers, their ranks and the
+                              * restart count) were formed in: a generation that changed only
+                              * the servers keeps it, and with it the workers' trainers, their
+                              * EDL_GENERATION and their rendezvous gen/<it>/ (JSON
+                              * "members_generation", absent when equal; 0 here means equal:
+                              * read it with edl_generation_of_members) */
     edl_job_state state;
     char *reason;            /* why the last generation or state change happened */
     edl_member *members;     /* workers, sorted by rank, ranks 0..n-1 */
@@ -283,6 +289,8 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
 char *edl_generation_to_json(const edl_generation *g);
 /* The member that is this incarnation of the pod (same name and lease), or NULL. */
 const edl_member *edl_generation_member(const edl_generation *g, const char *pod, int64_t lease);
+/* The generation the members were formed in (members_generation, else generation). */
+int64_t edl_generation_of_members(const edl_generation *g);
 /* The server that is this incarnation of the pod (same name and lease), or NULL. */
 const edl_member *edl_generation_server(const edl_generation *g, const char *pod, int64_t lease);
 /* The member with this pod name, whatever its lease, or NULL. */
