@@ -5,7 +5,11 @@
  * is (the trainer process, its generation) with what the latest generation asks for, and
  * acts: start, stop, restart, or tell an in-process trainer of a new generation. The agent
  * never restarts a trainer on its own: after an exit it reports and waits for the job server's
- * next generation. */
+ * next generation. A generation that changed only the servers keeps a worker's trainer as it
+ * is. With --role ps the process is a parameter server: started when the pod is listed in
+ * `servers`, never restarted for a later generation (it follows them itself through etcd),
+ * left running when the pod leaves the servers (it drains and exits 0: the agent then leaves
+ * too). */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -207,6 +211,15 @@ static void send_generation(agent *a, int rank)
     free(line);
 }
 
+/* The latest generation keeps the workers of the one the trainer was started or re-formed for
+ * (the job server kept members_generation): only the servers changed, so it keeps the trainer,
+ * its environment and its rendezvous. */
+static bool only_servers_changed(const agent *a)
+{
+    return a->run_members_gen > 0 &&
+           edl_generation_of_members(&a->generation) == a->run_members_gen;
+}
+
 static void start_trainer(agent *a, int rank)
 {
     int64_t gen = a->generation.generation;
@@ -220,7 +233,7 @@ static void start_trainer(agent *a, int rank)
                               .prefix = a->o->prefix, .role = a->o->role, .spec = &a->spec,
                               .generation = &a->generation, .rank = rank,
                               .master_port = a->master_port,
-                              .error_file = a->error_file[0] ? a->error_file : NULL,
+                              .error_file = a->error_file[0] ? a->error_file : NULL, /* not ps */
                               .control_fd = AGENT_CONTROL_FD, .progress_fd = AGENT_PROGRESS_FD};
         if (a->error_file[0])
             unlink(a->error_file); /* what a failure writes there is this start's */
@@ -243,9 +256,17 @@ static void start_trainer(agent *a, int rank)
     }
     a->run_gen = gen;
     a->run_rank = rank;
-    EDL_INFO("agent", "generation %lld: trainer %d started as rank %d of %zu (start %lld)",
-             (long long)gen, (int)a->tp.pid, rank, a->generation.n_members, (long long)a->starts);
-    send_generation(a, rank);
+    if (a->ps) { /* no control line: a server follows the generations through etcd */
+        EDL_INFO("agent", "generation %lld: parameter server %d started as server %d of %zu "
+                 "(start %lld)", (long long)gen, (int)a->tp.pid, rank,
+                 a->generation.n_servers, (long long)a->starts);
+    } else {
+        EDL_INFO("agent", "generation %lld: trainer %d started as rank %d of %zu (start %lld)",
+                 (long long)gen, (int)a->tp.pid, rank, a->generation.n_members,
+                 (long long)a->starts);
+        a->run_members_gen = edl_generation_of_members(&a->generation);
+        send_generation(a, rank);
+    }
     set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
 }
 
@@ -261,7 +282,13 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
     char msg[EDL_STATUS_MESSAGE_MAX] = "";
     if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg) == 0)
         EDL_WARN("agent", "trainer of generation %lld failed: %s", (long long)gen, msg);
-    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) {
+    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0 && a->ps) {
+        /* it handed its shards over (or was told to drain): the pod leaves the job */
+        EDL_INFO("agent", "parameter server of generation %lld exited with code 0: a clean "
+                 "leave; the agent leaves too", (long long)gen);
+        set_status(a, EDL_TRAINER_EXITED, gen, 0, 0);
+        a->final_exit = EDL_EXIT_SUCCEEDED;
+    } else if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) {
         EDL_INFO("agent", "trainer of generation %lld exited with code 0", (long long)gen);
         set_status(a, EDL_TRAINER_EXITED, gen, 0, 0);
     } else if (WIFEXITED(wstatus)) {
@@ -277,9 +304,16 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
 
 const edl_member *agent_member(const agent *a)
 {
-    if (!a->have_generation || a->generation.state != EDL_JOB_RUNNING || !a->keeper)
+    if (a->ps || !a->have_generation || a->generation.state != EDL_JOB_RUNNING || !a->keeper)
         return NULL;
     return edl_generation_member(&a->generation, a->o->pod, a->lease);
+}
+
+const edl_member *agent_server(const agent *a)
+{
+    if (!a->ps || !a->have_generation || edl_job_state_final(a->generation.state) || !a->keeper)
+        return NULL;
+    return edl_generation_server(&a->generation, a->o->pod, a->lease);
 }
 
 /* The generation's MASTER_PORT is known (registry_master_port); else look again in 50 ms. */
@@ -293,30 +327,40 @@ static bool master_known(agent *a, int rank)
     return false;
 }
 
-void agent_reconcile(agent *a)
+/* Only the servers changed: the trainer serves the new generation as it is (no restart, no
+ * control line); its status (running, or how it ended) is reported for it, so the job server
+ * judges the workers in the generation it published. */
+static void carry_to(agent *a, int64_t gen)
 {
-    if (a->leaving_signal) {
-        trainer_stop(&a->tp, a->o->grace_ms);
-        return;
-    }
-    if (a->have_generation && edl_job_state_final(a->generation.state)) {
-        if (a->final_exit < 0) {
-            EDL_INFO("agent", "job %s %s (generation %lld): leaving", a->o->job,
-                     edl_job_state_name(a->generation.state), (long long)a->generation.generation);
-            a->final_exit = edl_job_exit_code(a->generation.state);
-        }
-        trainer_stop(&a->tp, a->o->grace_ms);
-        return;
-    }
-    if (!a->keeper) { /* no lease: this pod is no member of anything */
-        trainer_stop(&a->tp, a->o->grace_ms);
-        return;
-    }
+    EDL_INFO("agent", "generation %lld changed only the servers: the trainer of generation %lld "
+             "%s", (long long)gen, (long long)a->started_gen,
+             trainer_running(&a->tp) ? "keeps running" : "stays as it ended");
+    if (trainer_running(&a->tp))
+        a->run_gen = gen;
+    a->started_gen = gen;
+    edl_pod_status s = a->status;
+    s.generation = gen;
+    registry_status_set(a, &s);
+}
+
+/* The trainer of the last start ended by itself (its status says how). */
+static bool trainer_ended(const agent *a)
+{
+    return a->status.generation == a->started_gen &&
+           (a->status.state == EDL_TRAINER_EXITED || a->status.state == EDL_TRAINER_SIGNALED);
+}
+
+static void reconcile_worker(agent *a)
+{
     const edl_member *m = agent_member(a);
     int64_t gen = a->have_generation ? a->generation.generation : 0;
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
+        if (m && gen > a->run_gen && only_servers_changed(a)) {
+            carry_to(a, gen);
+            return;
+        }
         /* In process mode the trainer keeps running whatever its new rank: it learns the rank
          * from the control line (its environment keeps the values it started with). */
         if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && a->tp.control_fd >= 0) {
@@ -327,6 +371,7 @@ void agent_reconcile(agent *a)
             a->run_gen = gen;
             a->started_gen = gen; /* this generation has its trainer: no second start on exit */
             a->run_rank = m->rank;
+            a->run_members_gen = edl_generation_of_members(&a->generation);
             send_generation(a, m->rank);
             set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
             return;
@@ -341,7 +386,9 @@ void agent_reconcile(agent *a)
         return;
     }
     if (m && gen > a->started_gen) {
-        if (master_known(a, m->rank))
+        if (only_servers_changed(a) && trainer_ended(a))
+            carry_to(a, gen); /* done (or failed) already: the job server decides */
+        else if (master_known(a, m->rank))
             start_trainer(a, m->rank);
         return;
     }
@@ -349,6 +396,60 @@ void agent_reconcile(agent *a)
         a->tp.step = -1;
         set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
     }
+}
+
+/* A parameter server holds state: it starts when the pod is listed in `servers` and is never
+ * restarted for a later generation while it stays listed; unlisted, it keeps running (it
+ * drains and exits by itself). After its process failed the pod waits to be listed again. */
+static void reconcile_server(agent *a)
+{
+    const edl_member *s = agent_server(a);
+    int64_t gen = a->have_generation ? a->generation.generation : 0;
+    if (trainer_running(&a->tp)) {
+        if (a->tp.stopping || gen <= a->run_gen)
+            return;
+        if (s) {
+            a->run_gen = a->started_gen = gen;
+            a->run_rank = s->rank;
+            set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
+        } else if (a->noted_gen != gen) {
+            a->noted_gen = gen;
+            EDL_INFO("agent", "generation %lld: this pod is no server now; its process keeps "
+                     "running until it exits by itself", (long long)gen);
+        }
+        return;
+    }
+    if (s && gen > a->started_gen) {
+        start_trainer(a, s->rank);
+        return;
+    }
+    if (!s && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
+        a->tp.step = -1;
+        set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
+    }
+}
+
+void agent_reconcile(agent *a)
+{
+    if (a->leaving_signal || a->final_exit >= 0) {
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (a->have_generation && edl_job_state_final(a->generation.state)) {
+        EDL_INFO("agent", "job %s %s (generation %lld): leaving", a->o->job,
+                 edl_job_state_name(a->generation.state), (long long)a->generation.generation);
+        a->final_exit = edl_job_exit_code(a->generation.state);
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (!a->keeper) { /* no lease: this pod is no member or server of anything */
+        trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (a->ps)
+        reconcile_server(a);
+    else
+        reconcile_worker(a);
 }
 
 /* ---- the loop -------------------------------------------------------------------------------- */
@@ -515,7 +616,7 @@ static int connect_etcd(agent *a)
 
 int agent_run(agent_opts *o)
 {
-    agent a = {.o = o, .final_exit = -1};
+    agent a = {.o = o, .final_exit = -1, .ps = agent_role_is_ps(o->role)};
     trainer_init(&a.tp);
     edl_spec_init(&a.spec);
     int code = EDL_EXIT_USAGE;
@@ -527,7 +628,8 @@ int agent_run(agent_opts *o)
     snprintf(a.host, sizeof a.host, "%s", o->host);
     if (make_keys(&a) != 0 || connect_etcd(&a) != 0)
         goto out;
-    agent_error_file_open(&a);
+    if (!a.ps) /* TORCHELASTIC_ERROR_FILE is a worker's */
+        agent_error_file_open(&a);
     if (o->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = o->metrics_addr, .port = o->metrics_port};
         if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0) {

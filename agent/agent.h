@@ -41,15 +41,19 @@ typedef struct agent_env_input {
     const edl_etcd_config *etcd; /* passed on as EDL_ETCD_ENDPOINTS and the TLS/auth names */
     const edl_job_spec *spec;
     const edl_generation *generation; /* the generation the trainer starts for */
-    int rank;                   /* this pod's rank in it */
+    int rank;                   /* this pod's rank in it: in members, or for role "ps" in
+                                 * servers */
     int master_port;            /* the generation's MASTER_PORT (registry_master_port) */
     const char *error_file;     /* TORCHELASTIC_ERROR_FILE (NULL: none) */
     int control_fd, progress_fd;
 } agent_env_input;
 
 /* The trainer's environment: `base` (NULL-terminated, e.g. environ) without the names the agent
- * sets, then the agent's names. NULL-terminated, malloc'ed; free with edl_env_free(). */
+ * sets, then the agent's names (a worker's, or with role "ps" a parameter server's).
+ * NULL-terminated, malloc'ed; free with edl_env_free(). EDL_EINVAL: rank is not in the list. */
 int agent_env_build(const agent_env_input *in, char *const *base, char ***out);
+/* Whether a --role names the parameter-server role. */
+bool agent_role_is_ps(const char *role);
 /* This rank's assignment in a generation: what its control line says. */
 int agent_assignment(const edl_generation *g, int rank, int master_port, edl_assignment *out);
 
@@ -139,13 +143,18 @@ typedef struct agent {
     int64_t status_written_ms;
     int status_failures;
 
-    /* the trainer (agent.c + trainer_proc.c) */
+    /* the trainer (agent.c + trainer_proc.c); with --role ps, the parameter server's process */
+    bool ps;                  /* this pod's role is ps: it serves when listed in `servers` */
     trainer_proc tp;
     int64_t run_gen;          /* generation the running trainer serves (0: none) */
     int run_rank;
+    int64_t run_members_gen;  /* the members_generation the last trainer was started or
+                               * re-formed for: a later generation with the same one changed
+                               * only the servers, and keeps the trainer */
+    int64_t noted_gen;        /* last generation a draining server's process was logged for */
     int64_t started_gen;      /* last generation a trainer was started for */
     int64_t starts;           /* trainer starts so far */
-    int64_t master_gen;       /* the generation master_port belongs to (0: none) */
+    int64_t master_gen;       /* the members_generation master_port belongs to (0: none) */
     int master_port;          /* its MASTER_PORT, picked by rank 0's agent */
     int64_t master_retry_ms;  /* when to look for it again (0: not waiting) */
     char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */
@@ -188,6 +197,9 @@ void agent_reconcile(agent *a);
 /* This incarnation of the pod (name and current lease) in a running generation, or NULL: whether
  * the pod is a member now, and at which rank. */
 const edl_member *agent_member(const agent *a);
+/* For a ps pod: this incarnation among the servers of the generation (running or waiting: a
+ * server serves while the workers wait), or NULL. */
+const edl_member *agent_server(const agent *a);
 
 /* metrics.c: writes the agent's /metrics (an edl_metrics_fn; arg is the agent). */
 void agent_metrics_write(void *arg, edl_prom *out);

@@ -1,5 +1,7 @@
 /* env.c: the environment a trainer gets: edl's own names plus those of the PyTorch and Paddle
- * launchers, so unmodified training scripts run under the agent. Pure: no I/O. */
+ * launchers, so unmodified training scripts run under the agent; and the environment of a
+ * parameter server (role ps): edl's names and Paddle's PSERVER names, none of a worker's rank.
+ * Pure: no I/O. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,8 @@ static const char *const owned[] = {
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
     "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "PADDLE_TRAINER_ID",
     "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
-    "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", NULL};
+    "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", "PADDLE_PORT", "POD_IP", "EDL_PS_INDEX",
+    "EDL_PS_SERVERS", NULL};
 
 typedef struct strv {
     char **v;
@@ -64,19 +67,20 @@ static void setf(strv *s, const char *name, const char *fmt, ...)
     strv_push(s, entry);
 }
 
-/* "addr:port,..." of every member in rank order (malloc'ed): PADDLE_TRAINER_ENDPOINTS. */
-static char *endpoints(const edl_generation *g)
+/* "addr:port,..." of a member list in rank order (malloc'ed): PADDLE_TRAINER_ENDPOINTS for the
+ * members, PADDLE_PSERVERS_IP_PORT_LIST for the servers ("" for none). */
+static char *endpoints(const edl_member *m, size_t n)
 {
     size_t cap = 1;
-    for (size_t i = 0; i < g->n_members; i++)
-        cap += strlen(g->members[i].addr ? g->members[i].addr : "") + 8;
+    for (size_t i = 0; i < n; i++)
+        cap += strlen(m[i].addr ? m[i].addr : "") + 8;
     char *s = malloc(cap), *p = s;
     if (!s)
         return NULL;
     *p = '\0';
-    for (size_t i = 0; i < g->n_members; i++)
+    for (size_t i = 0; i < n; i++)
         p += snprintf(p, cap - (size_t)(p - s), "%s%s:%d", i ? "," : "",
-                      g->members[i].addr ? g->members[i].addr : "", g->members[i].port);
+                      m[i].addr ? m[i].addr : "", m[i].port);
     return s;
 }
 
@@ -85,7 +89,8 @@ int agent_assignment(const edl_generation *g, int rank, int master_port, edl_ass
     memset(out, 0, sizeof *out);
     if (rank < 0 || (size_t)rank >= g->n_members)
         return EDL_EINVAL;
-    out->generation = g->generation;
+    out->generation = edl_generation_of_members(g); /* the workers' (kept across servers-only
+                                                     * generations) */
     out->rank = rank;
     out->world_size = (int)g->n_members;
     snprintf(out->master_addr, sizeof out->master_addr, "%s",
@@ -124,14 +129,17 @@ static void set_etcd(strv *s, const edl_etcd_config *cfg)
     edl_env_free(env);
 }
 
-/* edl's own names. */
+/* edl's own names, of both roles. */
 static void set_edl(strv *s, const agent_env_input *in)
 {
     setf(s, "EDL_JOB_ID", "%s", in->job);
     setf(s, "EDL_POD_ID", "%s", in->pod);
-    setf(s, "EDL_RANK", "%d", in->rank);
-    setf(s, "EDL_WORLD_SIZE", "%zu", in->generation->n_members);
-    setf(s, "EDL_GENERATION", "%lld", (long long)in->generation->generation);
+    /* a worker's is the generation its members were formed in (the same on every rank, whatever
+     * servers-only generations came since); a server's is the one it starts in */
+    int64_t gen = agent_role_is_ps(in->role) ? in->generation->generation
+                                             : edl_generation_of_members(in->generation);
+    setf(s, "EDL_GENERATION", "%lld", (long long)gen);
+    setf(s, "EDL_PS_SERVERS", "%zu", in->generation->n_servers);
     set_etcd(s, in->etcd);
     setf(s, "EDL_ETCD_PREFIX", "%s", in->prefix);
     setf(s, "EDL_ELASTIC_MODE", "%s", edl_elastic_mode_name(in->spec->mode));
@@ -166,35 +174,78 @@ static void set_torch(strv *s, const agent_env_input *in, const edl_assignment *
         setf(s, "TORCHELASTIC_ERROR_FILE", "%s", in->error_file);
 }
 
-/* The names of Paddle's launcher (paddle.distributed.launch). */
-static void set_paddle(strv *s, const agent_env_input *in, const char *endpoints)
+/* The names of Paddle's launcher (paddle.distributed.launch) for a trainer. */
+static void set_paddle(strv *s, const agent_env_input *in, const char *endpoints,
+                       const char *servers)
 {
     const edl_member *me = &in->generation->members[in->rank];
     setf(s, "PADDLE_TRAINER_ID", "%d", in->rank);
     setf(s, "PADDLE_TRAINERS_NUM", "%zu", in->generation->n_members);
     setf(s, "PADDLE_TRAINER_ENDPOINTS", "%s", endpoints);
     setf(s, "PADDLE_CURRENT_ENDPOINT", "%s:%d", me->addr ? me->addr : "", me->port);
-    setf(s, "PADDLE_PSERVERS_IP_PORT_LIST", "%s", "");
+    setf(s, "PADDLE_PSERVERS_IP_PORT_LIST", "%s", servers);
     setf(s, "TRAINING_ROLE", "%s", "TRAINER");
+    setf(s, "POD_IP", "%s", me->addr ? me->addr : "");
+}
+
+/* A worker: edl's names with its rank, torchrun's and Paddle's TRAINER names. */
+static int worker_env(const agent_env_input *in, strv *set)
+{
+    edl_assignment a;
+    int rc = agent_assignment(in->generation, in->rank, in->master_port, &a);
+    const edl_generation *g = in->generation;
+    char *eps = rc ? NULL : endpoints(g->members, g->n_members);
+    char *srv = rc ? NULL : endpoints(g->servers, g->n_servers);
+    if (!rc && (!eps || !srv))
+        rc = EDL_ENOMEM;
+    if (!rc) {
+        setf(set, "EDL_RANK", "%d", in->rank);
+        setf(set, "EDL_WORLD_SIZE", "%zu", g->n_members);
+        set_torch(set, in, &a);
+        set_paddle(set, in, eps, srv);
+    }
+    free(eps);
+    free(srv);
+    return rc;
+}
+
+/* A parameter server: Paddle's PSERVER names and its server rank. The worker names (EDL_RANK,
+ * EDL_WORLD_SIZE, RANK, MASTER_*, PADDLE_TRAINER_ID, ...) are not set, and inherited values
+ * of them are removed. */
+static int server_env(const agent_env_input *in, strv *set)
+{
+    const edl_generation *g = in->generation;
+    if (in->rank < 0 || (size_t)in->rank >= g->n_servers)
+        return EDL_EINVAL;
+    const edl_member *me = &g->servers[in->rank];
+    char *srv = endpoints(g->servers, g->n_servers);
+    if (!srv)
+        return EDL_ENOMEM;
+    setf(set, "EDL_PS_INDEX", "%d", in->rank);
+    setf(set, "TRAINING_ROLE", "%s", "PSERVER");
+    setf(set, "PADDLE_PSERVERS_IP_PORT_LIST", "%s", srv);
+    setf(set, "PADDLE_PORT", "%d", me->port);
+    setf(set, "POD_IP", "%s", me->addr ? me->addr : "");
+    setf(set, "PADDLE_TRAINERS_NUM", "%zu", g->n_members);
+    free(srv);
+    return 0;
+}
+
+bool agent_role_is_ps(const char *role)
+{
+    return role && strcmp(role, EDL_ROLE_PS) == 0;
 }
 
 int agent_env_build(const agent_env_input *in, char *const *base, char ***out)
 {
     *out = NULL;
-    edl_assignment a;
-    int rc = agent_assignment(in->generation, in->rank, in->master_port, &a);
-    char *eps = rc ? NULL : endpoints(in->generation);
-    if (rc || !eps)
-        return rc ? rc : EDL_ENOMEM;
     strv set = {0};
     set_edl(&set, in);
-    set_torch(&set, in, &a);
-    set_paddle(&set, in, eps);
-    free(eps);
-    char **env = set.oom ? NULL : edl_env_build(base, owned, set.v);
+    int rc = agent_role_is_ps(in->role) ? server_env(in, &set) : worker_env(in, &set);
+    char **env = rc || set.oom ? NULL : edl_env_build(base, owned, set.v);
     edl_env_free(set.v);
-    if (!env)
-        return EDL_ENOMEM;
+    if (rc || !env)
+        return rc ? rc : EDL_ENOMEM;
     *out = env;
     return 0;
 }

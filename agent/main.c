@@ -35,7 +35,11 @@ static const char usage_text[] =
     "  --metrics-port PORT  serve /metrics and /healthz on this port (default: 0 = off)\n"
     "  --metrics-addr ADDR  the address /metrics listens on, IPv4 or IPv6 (default: 0.0.0.0)\n"
     "  --grace-ms MS        SIGTERM-to-SIGKILL grace when stopping the trainer (default: 10000)\n"
-    "  --role ROLE          pod role (default: worker)\n"
+    "  --role ROLE          worker (default): a trainer, started for every generation that\n"
+    "                       lists the pod in members; or ps: a parameter server, started when\n"
+    "                       the pod is listed in servers and kept while it stays listed (it\n"
+    "                       follows the generations through etcd); its exit 0 is a clean\n"
+    "                       leave (the agent exits 0); SIGTERM deletes the registration first\n"
     "  --startup-timeout S  how long to retry an unreachable etcd at start-up (default: 30)\n"
     "  --log-level LEVEL    debug, info, warn, error or off (default: $EDL_LOG_LEVEL, else info)\n"
     "  --help               this text\n"
@@ -183,8 +187,8 @@ static int fill_defaults(agent_opts *o)
         return bad("job name '%s' is invalid: 1-128 of [A-Za-z0-9._-], not starting with '.' or '-'", o->job);
     if (!edl_name_valid(o->pod))
         return bad("pod name '%s' is invalid: 1-128 of [A-Za-z0-9._-], not starting with '.' or '-'", o->pod);
-    if (strcmp(o->role, "worker") != 0)
-        return bad("--role '%s': only 'worker' is supported for now", o->role);
+    if (strcmp(o->role, EDL_ROLE_WORKER) != 0 && strcmp(o->role, EDL_ROLE_PS) != 0)
+        return bad("--role '%s': expected worker or ps", o->role);
     struct in_addr ia;
     if (inet_pton(AF_INET, o->addr, &ia) != 1)
         return bad("--addr '%s': expected an IPv4 address", o->addr);

@@ -15,6 +15,9 @@ void agent_metrics_write(void *arg, edl_prom *p)
                     a->have_generation ? g->generation : 0);
     edl_prom_metric(p, "edl_agent_rank", "gauge",
                     "This pod's rank in that generation (-1: not a member).", m ? m->rank : -1);
+    const edl_member *sv = agent_server(a);
+    edl_prom_metric(p, "edl_agent_server_rank", "gauge",
+                    "A ps pod's rank among the servers (-1: not a server).", sv ? sv->rank : -1);
     edl_prom_metric(p, "edl_agent_world_size", "gauge", "Members of that generation.",
                     a->have_generation ? (int64_t)g->n_members : 0);
     edl_prom_metric(p, "edl_agent_trainer_restarts_total", "counter",

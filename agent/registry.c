@@ -25,7 +25,7 @@ static void etcd_failed(agent *a, const char *what)
  * read it. Without a free port, rank 0's registered port is used. */
 int registry_master_port(agent *a, int rank)
 {
-    int64_t gen = a->generation.generation;
+    int64_t gen = edl_generation_of_members(&a->generation); /* the workers' rendezvous */
     if (a->master_gen == gen)
         return 0;
     char *key = edl_job_key_gen(&a->keys, gen, EDL_GEN_MASTER);

@@ -1,6 +1,7 @@
 /* control.c: `edl scale`, `edl status` and `edl stop`: small clients of a job's etcd keys.
- * scale and stop only change the spec (a txn on its revision); the launcher or operator and the
- * job server act on it. status reads the spec, the generation, the pods and their trainers. */
+ * scale and stop only change the spec (a txn on its revision: replicas, or with --role ps
+ * ps.replicas); the launcher or operator and the job server act on it. status reads the spec,
+ * the generation (members and servers), the pods and their trainers. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,14 +133,16 @@ int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void
     return rc;
 }
 
-/* Parse the options every control subcommand takes; returns the index of the first operand. */
+/* Parse the options every control subcommand takes (json, wait, role: NULL where the
+ * subcommand has no such option); returns the index of the first operand. */
 static int parse_common(int argc, char **argv, const char *usage, cli_common *co, bool *json,
-                        bool *wait)
+                        bool *wait, const char **role)
 {
     static const struct option opts[] = {
         EDL_ETCD_LONG_OPTIONS,               {"prefix", required_argument, 0, 'p'},
         {"json", no_argument, 0, 'J'},       {"no-wait", no_argument, 0, 'W'},
-        {"help", no_argument, 0, 'h'},       {0, 0, 0, 0},
+        {"role", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     co->prefix = EDL_DEFAULT_PREFIX;
     edl_etcd_config_init(&co->etcd);
@@ -161,6 +164,11 @@ static int parse_common(int argc, char **argv, const char *usage, cli_common *co
             if (!wait)
                 goto bad;
             *wait = false;
+            break;
+        case 'R':
+            if (!role)
+                goto bad;
+            *role = optarg;
             break;
         case 'h':
             printf("%s%s", usage, CONTROL_HELP);
@@ -209,7 +217,7 @@ static void job_close(job_ctx *j)
 static int open_job(int argc, char **argv, const char *usage, cli_common *co, bool *json,
                     bool *wait, job_ctx *j)
 {
-    int i = parse_common(argc, argv, usage, co, json, wait);
+    int i = parse_common(argc, argv, usage, co, json, wait, NULL);
     if (i < 0)
         return EDL_EXIT_USAGE;
     if (argc - i != 1) {
@@ -238,14 +246,19 @@ static void set_replicas(edl_job_spec *s, void *arg)
     s->replicas = *(int *)arg;
 }
 
+static void set_ps_replicas(edl_job_spec *s, void *arg)
+{
+    s->ps_replicas = *(int *)arg;
+}
+
 /* The replica count of `edl scale JOB N`: 0, or -1 after saying why. */
-static int scale_count(const char *job, const char *s, long *n)
+static int scale_count(const char *job, const char *s, bool ps, long *n)
 {
     char *end;
+    long hi = ps ? EDL_PS_SERVERS_MAX : EDL_MEMBERS_MAX;
     *n = strtol(s, &end, 10);
-    if (!*s || *end || *n < 0 || *n > EDL_MEMBERS_MAX) {
-        fprintf(stderr, "edl scale: expected a replica count 0..%d, got \"%s\"\n",
-                EDL_MEMBERS_MAX, s);
+    if (!*s || *end || *n < 0 || *n > hi) {
+        fprintf(stderr, "edl scale: expected a replica count 0..%ld, got \"%s\"\n", hi, s);
         return -1;
     }
     if (*n > CLI_LOCAL_AGENTS_MAX && cli_state_exists(job)) {
@@ -256,21 +269,65 @@ static int scale_count(const char *job, const char *s, long *n)
     return 0;
 }
 
+/* `edl scale JOB N --role ps` on a job without the ps role, or beyond its ps max: a clear
+ * refusal before any change (the spec's validation would refuse it too). An exit code. */
+static int check_ps_scale(const job_ctx *j, int want)
+{
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    int rc = cli_read_spec(j->c, &j->k, &sp, NULL), ret = 0;
+    if (rc)
+        ret = report_etcd_error(j, rc);
+    else if (sp.ps_max == 0) {
+        fprintf(stderr, "edl scale: job %s has no ps role (no \"ps\" in its spec): nothing to "
+                        "scale; run it with edl run --ps MIN:MAX\n", j->name);
+        ret = EDL_EXIT_USAGE;
+    } else if (want > sp.ps_max) {
+        fprintf(stderr, "edl scale: job %s: %d parameter servers asked for, beyond its ps max "
+                        "%d (ps replicas are 0..max); nothing changed\n", j->name, want,
+                sp.ps_max);
+        ret = EDL_EXIT_USAGE;
+    }
+    edl_spec_clear(&sp);
+    return ret;
+}
+
+static void print_scaled(const job_ctx *j, bool ps, int want, const edl_job_spec *before,
+                         const edl_job_spec *after)
+{
+    if (ps) {
+        printf("job %s: ps replicas %d -> %d", j->name, edl_spec_desired_servers(before), want);
+        if (want < after->ps_min)
+            printf(" (below ps min %d: the job will wait)", after->ps_min);
+    } else {
+        printf("job %s: replicas %d -> %d", j->name, edl_spec_desired_pods(before), want);
+        if (want > after->max)
+            printf(" (%d beyond max %d will wait as standbys)", want - after->max, after->max);
+        if (want < after->min)
+            printf(" (below min %d: the job will wait)", after->min);
+    }
+    printf("\n");
+}
+
 int cli_scale(int argc, char **argv)
 {
     static const char usage[] =
-        "Usage: edl scale JOB REPLICAS [--etcd URLS] [--prefix PREFIX]\n"
-        "Sets how many pods the job should have. The launcher (edl run) or the operator starts\n"
-        "or stops pods to match; pods beyond the spec's max wait as standbys.\n";
+        "Usage: edl scale JOB REPLICAS [--role worker|ps] [--etcd URLS] [--prefix PREFIX]\n"
+        "Sets how many pods of a role the job should have: workers (the default: the spec's\n"
+        "replicas; pods beyond the spec's max wait as standbys) or, with --role ps, parameter\n"
+        "servers (ps.replicas, within the job's ps min..max). The launcher (edl run) or the\n"
+        "operator starts or stops pods to match.\n";
     cli_common co = {0};
     long n = 0;
-    int i = parse_common(argc, argv, usage, &co, NULL, NULL);
+    const char *role = EDL_ROLE_WORKER;
+    int i = parse_common(argc, argv, usage, &co, NULL, NULL, &role);
     if (i < 0)
         return EDL_EXIT_USAGE;
-    int bad = argc - i != 2;
+    bool ps = strcmp(role, EDL_ROLE_PS) == 0;
+    int bad = argc - i != 2 || (!ps && strcmp(role, EDL_ROLE_WORKER) != 0);
     if (bad)
         fprintf(stderr, "%s", usage);
-    if (bad || scale_count(argv[i], argv[i + 1], &n) != 0) {
+    if (bad || scale_count(argv[i], argv[i + 1], ps, &n) != 0) {
         edl_etcd_config_clear(&co.etcd);
         return EDL_EXIT_USAGE;
     }
@@ -278,20 +335,17 @@ int cli_scale(int argc, char **argv)
     int rc = job_open(&co, argv[i], &j);
     if (rc)
         return rc;
+    int want = (int)n, ret = ps ? check_ps_scale(&j, want) : 0;
     edl_job_spec before, after;
     edl_spec_init(&before);
     edl_spec_init(&after);
-    int want = (int)n;
-    rc = cli_update_spec(j.c, &j.k, set_replicas, &want, &before, &after);
-    if (!rc) {
-        printf("job %s: replicas %d -> %d", j.name, edl_spec_desired_pods(&before), want);
-        if (want > after.max)
-            printf(" (%d beyond max %d will wait as standbys)", want - after.max, after.max);
-        if (want < after.min)
-            printf(" (below min %d: the job will wait)", after.min);
-        printf("\n");
+    if (!ret) {
+        rc = cli_update_spec(j.c, &j.k, ps ? set_ps_replicas : set_replicas, &want, &before,
+                             &after);
+        if (!rc)
+            print_scaled(&j, ps, want, &before, &after);
+        ret = rc ? report_etcd_error(&j, rc) : EDL_EXIT_SUCCEEDED;
     }
-    int ret = rc ? report_etcd_error(&j, rc) : EDL_EXIT_SUCCEEDED;
     edl_spec_clear(&before);
     edl_spec_clear(&after);
     job_close(&j);
@@ -417,11 +471,13 @@ static int read_pods(edl_etcd *c, const edl_job_keys *k, job_view *v)
     return rc;
 }
 
+/* The RANK column: a worker's rank, "ps N" for a server, standby, excluded or "-". */
 static const char *role_of(const job_view *v, const edl_pod *p, char *buf, size_t n)
 {
     const edl_member *m = v->have_gen ? edl_generation_member(&v->gen, p->name, p->lease) : NULL;
-    if (m) {
-        snprintf(buf, n, "%d", m->rank);
+    const edl_member *s = v->have_gen ? edl_generation_server(&v->gen, p->name, p->lease) : NULL;
+    if (m || s) {
+        snprintf(buf, n, s ? "ps %d" : "%d", s ? s->rank : m->rank);
         return buf;
     }
     for (size_t i = 0; v->have_gen && i < v->gen.n_standbys; i++)
@@ -439,15 +495,22 @@ static void print_table(const char *job, const job_view *v)
     if (!v->have_gen) {
         printf("job %s: no generation yet (%zu pods registered)\n", job, v->n_pods);
     } else {
-        printf("job %s: %s, generation %lld, %zu members, %d restarts\n", job,
-               edl_job_state_name(v->gen.state), (long long)v->gen.generation, v->gen.n_members,
-               v->gen.restarts);
+        printf("job %s: %s, generation %lld, %zu members, ", job,
+               edl_job_state_name(v->gen.state), (long long)v->gen.generation, v->gen.n_members);
+        if (v->gen.n_servers || (v->have_spec && v->spec.ps_max > 0))
+            printf("%zu servers, ", v->gen.n_servers);
+        printf("%d restarts\n", v->gen.restarts);
         if (v->gen.reason && *v->gen.reason)
             printf("reason: %s\n", v->gen.reason);
         if (v->gen.spec_error)
             printf("SPEC ERROR (the last valid spec stays in force): %s\n", v->gen.spec_error);
     }
-    if (v->have_spec)
+    if (v->have_spec && v->spec.ps_max > 0)
+        printf("spec: min %d, max %d, replicas %d; ps min %d, max %d, replicas %d%s\n",
+               v->spec.min, v->spec.max, edl_spec_desired_pods(&v->spec), v->spec.ps_min,
+               v->spec.ps_max, edl_spec_desired_servers(&v->spec),
+               v->spec.stopped ? ", stop requested" : "");
+    else if (v->have_spec)
         printf("spec: min %d, max %d, replicas %d%s\n", v->spec.min, v->spec.max,
                edl_spec_desired_pods(&v->spec),
                v->spec.stopped ? ", stop requested" : "");
@@ -516,7 +579,9 @@ int cli_status(int argc, char **argv)
 {
     static const char usage[] =
         "Usage: edl status JOB [--json] [--etcd URLS] [--prefix PREFIX]\n"
-        "Shows the job's state, generation, members with their ranks, and each trainer.\n";
+        "Shows the job's state, generation, members with their ranks, parameter servers\n"
+        "(RANK \"ps N\") and each trainer; --json: the spec, generation (with \"servers\") and\n"
+        "pods (with their role) as one JSON object.\n";
     cli_common co = {0};
     bool json = false;
     job_ctx j;

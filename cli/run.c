@@ -3,9 +3,11 @@
  * It starts an etcd of its own (unless given one), writes the job's spec, starts a job server
  * and as many agents as the spec's replicas ask for, streams their output with a prefix, and
  * exits with the job's result. Here the launcher plays the part the Kubernetes operator plays
- * in a cluster, and only that part: it watches `replicas` in the spec and starts or stops agent
- * processes to match (a replaced crashed agent is a new pod, as a ReplicaSet would make), while
- * membership, ranks and restarts stay the job server's and the agents' business. */
+ * in a cluster, and only that part: it watches `replicas` (and, with the ps role, `ps.replicas`)
+ * in the spec and starts or stops agent processes of each role to match (a replaced crashed
+ * agent is a new pod, as a ReplicaSet would make), while membership, ranks and restarts stay
+ * the job server's and the agents' business. Parameter servers run the same trainer command
+ * under `edl-agent --role ps` (Paddle style: the program reads TRAINING_ROLE). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +43,7 @@ typedef struct child {
     int64_t kill_at;          /* SIGKILL if still alive then (0: not scheduled) */
     bool exited;
     int status;               /* exit code or 128+signal */
+    bool ps;                  /* an agent of role ps (pods <job>-ps-N) */
 } child;
 
 typedef struct run_opts {
@@ -67,11 +70,11 @@ typedef struct launcher {
     child js;
     child *kids[MAX_KIDS];
     size_t n_kids;
-    int next_index;
+    int next_index, next_ps_index;
     int sigfd;
     edl_watch *w;             /* the job's keys; only spec and generation matter here */
     edl_job_keys k;
-    int desired;
+    int desired, desired_ps;  /* agents of each role that replicas and ps.replicas ask for */
     int64_t gen;
     bool final;
     edl_job_state state;
@@ -184,14 +187,19 @@ static void pump(launcher *l, child *k, bool eof)
 /* Where the agents and the job server of a local job serve /metrics (loopback: one machine). */
 #define LOCAL_METRICS_ADDR "127.0.0.1"
 
-static int start_agent(launcher *l)
+/* An agent of either role (ps: `--role ps`, pod <job>-ps-N; names are never reused). */
+static int start_agent(launcher *l, bool ps)
 {
     if (l->n_kids >= MAX_KIDS)
         return EDL_ETOOBIG;
     child *k = calloc(1, sizeof *k);
     if (!k)
         return EDL_ENOMEM;
-    snprintf(k->name, sizeof k->name, "%s-%d", l->o.job, l->next_index++);
+    k->ps = ps;
+    if (ps)
+        snprintf(k->name, sizeof k->name, "%s-ps-%d", l->o.job, l->next_ps_index++);
+    else
+        snprintf(k->name, sizeof k->name, "%s-%d", l->o.job, l->next_index++);
     char grace[32], mport[16];
     snprintf(grace, sizeof grace, "%lld", (long long)l->o.grace_ms);
     snprintf(mport, sizeof mport, "%d", edl_free_port(LOCAL_METRICS_ADDR));
@@ -206,6 +214,10 @@ static int start_agent(launcher *l)
     argv[a++] = (char *)l->o.prefix;
     argv[a++] = "--grace-ms";
     argv[a++] = grace;
+    if (ps) {
+        argv[a++] = "--role";
+        argv[a++] = EDL_ROLE_PS;
+    }
     if (strcmp(mport, "0") != 0) { /* edl status shows where each agent's /metrics is */
         argv[a++] = "--metrics-port";
         argv[a++] = mport;
@@ -250,11 +262,22 @@ static void stop_child(child *k, int64_t grace_ms)
     k->kill_at = edl_monotonic_ms() + grace_ms;
 }
 
+/* Agents still running (of every role), stopping ones included or not. */
 static size_t agents_alive(const launcher *l, bool count_stopping)
 {
     size_t n = 0;
     for (size_t i = 0; i < l->n_kids; i++)
         if (!l->kids[i]->exited && (count_stopping || !l->kids[i]->stopping))
+            n++;
+    return n;
+}
+
+/* Agents of one role that run and are not being stopped. */
+static size_t role_alive(const launcher *l, bool ps)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->n_kids; i++)
+        if (!l->kids[i]->exited && !l->kids[i]->stopping && l->kids[i]->ps == ps)
             n++;
     return n;
 }
@@ -303,34 +326,54 @@ static void on_final(launcher *l)
             l->kids[i]->kill_at = edl_monotonic_ms() + l->o.grace_ms + 10000;
 }
 
+/* The agents of each role that the spec asks for, within what one machine runs (a spec
+ * written by someone else may ask for more: the job goes on at the limit). */
+static void take_replicas(launcher *l, const edl_job_spec *sp)
+{
+    int want = edl_spec_desired_pods(sp), want_ps = edl_spec_desired_servers(sp);
+    if (want + want_ps > MAX_KIDS) {
+        say("replicas %d + ps replicas %d: this launcher runs at most %d agents on one machine; "
+            "keeping %d", want, want_ps, MAX_KIDS, MAX_KIDS);
+        want = want < MAX_KIDS ? want : MAX_KIDS;
+        want_ps = MAX_KIDS - want;
+    }
+    if (want != l->desired)
+        say("replicas %d -> %d", l->desired, want);
+    if (want_ps != l->desired_ps)
+        say("ps replicas %d -> %d", l->desired_ps, want_ps);
+    l->desired = want;
+    l->desired_ps = want_ps;
+}
+
+/* "a b c" of a member list (bounded). */
+static void pod_list(const edl_member *m, size_t n, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "", m[i].pod);
+}
+
 /* Re-read spec (replicas) and generation (number, state); print a line per generation. */
 static void observe(launcher *l)
 {
     edl_job_spec sp;
     edl_spec_init(&sp);
-    if (cli_read_spec(l->c, &l->k, &sp, NULL) == 0) {
-        int want = edl_spec_desired_pods(&sp);
-        if (want > MAX_KIDS) { /* written by someone else: the job goes on at the limit */
-            say("replicas %d: this launcher runs at most %d agents on one machine; keeping %d",
-                want, MAX_KIDS, MAX_KIDS);
-            want = MAX_KIDS;
-        }
-        if (want != l->desired)
-            say("replicas %d -> %d", l->desired, want);
-        l->desired = want;
-    }
+    if (cli_read_spec(l->c, &l->k, &sp, NULL) == 0)
+        take_replicas(l, &sp);
     edl_spec_clear(&sp);
     edl_generation g = {0};
     if (cli_read_generation(l->c, &l->k, &g) == 0 &&
         (g.generation != l->gen || g.state != l->state)) {
-        char members[1024];
-        size_t used = 0;
-        members[0] = '\0';
-        for (size_t i = 0; i < g.n_members && used < sizeof members; i++)
-            used += (size_t)snprintf(members + used, sizeof members - used, "%s%s",
-                                     i ? " " : "", g.members[i].pod);
-        say("generation %lld %s: %zu members [%s], %zu standby (%s)", (long long)g.generation,
-            edl_job_state_name(g.state), g.n_members, members, g.n_standbys,
+        char members[1024], servers[512] = "";
+        pod_list(g.members, g.n_members, members, sizeof members);
+        if (g.n_servers) {
+            char list[480];
+            pod_list(g.servers, g.n_servers, list, sizeof list);
+            snprintf(servers, sizeof servers, ", %zu servers [%s]", g.n_servers, list);
+        }
+        say("generation %lld %s: %zu members [%s]%s, %zu standby (%s)", (long long)g.generation,
+            edl_job_state_name(g.state), g.n_members, members, servers, g.n_standbys,
             g.reason ? g.reason : "");
         l->gen = g.generation;
         l->state = g.state;
@@ -351,29 +394,36 @@ static bool event_matters(const launcher *l, const edl_watch_event *ev)
     return kind == EDL_KEY_SPEC || kind == EDL_KEY_GENERATION;
 }
 
-/* Start or stop agents to match the desired count (newest stop first, as a scale-down would). */
-static int match_replicas(launcher *l)
+/* Start or stop agents of one role to match its desired count (newest stop first, as a
+ * scale-down would). */
+static int match_role(launcher *l, bool ps, int desired)
 {
-    if (l->final || l->interrupted)
-        return 0;
-    size_t alive = agents_alive(l, false);
-    while (alive < (size_t)l->desired) {
-        int rc = start_agent(l);
+    size_t alive = role_alive(l, ps);
+    while (alive < (size_t)desired) {
+        int rc = start_agent(l, ps);
         if (rc) {
             say("cannot start an agent: %s", edl_strerror(rc));
             return rc;
         }
         alive++;
     }
-    for (size_t i = l->n_kids; i-- > 0 && alive > (size_t)l->desired;) {
+    for (size_t i = l->n_kids; i-- > 0 && alive > (size_t)desired;) {
         child *k = l->kids[i];
-        if (!k->exited && !k->stopping) {
+        if (!k->exited && !k->stopping && k->ps == ps) {
             say("scaling down: stopping %s", k->name);
             stop_child(k, l->o.grace_ms + 5000);
             alive--;
         }
     }
     return 0;
+}
+
+static int match_replicas(launcher *l)
+{
+    if (l->final || l->interrupted)
+        return 0;
+    int rc = match_role(l, false, l->desired);
+    return rc ? rc : match_role(l, true, l->desired_ps);
 }
 
 /* Reap children; an agent that died unexpectedly is replaced by a new pod. */
@@ -407,8 +457,11 @@ static int reap(launcher *l)
             say("%s exited with a configuration error (2); giving up", k->name);
             return EDL_EXIT_USAGE;
         }
-        say("%s exited unexpectedly (%s %d); starting a replacement", k->name,
-            WIFEXITED(st) ? "code" : "signal", WIFEXITED(st) ? k->status : k->status - 128);
+        if (k->ps && k->status == 0) /* its server drained and left: a clean leave */
+            say("%s left (exit 0); a new pod replaces it while ps.replicas asks for it", k->name);
+        else
+            say("%s exited unexpectedly (%s %d); starting a replacement", k->name,
+                WIFEXITED(st) ? "code" : "signal", WIFEXITED(st) ? k->status : k->status - 128);
     }
     return 0;
 }
@@ -529,13 +582,14 @@ static int loop(launcher *l)
 /* ---- options ------------------------------------------------------------------------------ */
 
 static const char run_usage[] =
-    "Usage: edl run --np MIN:MAX [options] -- TRAINER [ARGS...]\n"
+    "Usage: edl run --np MIN:MAX [--ps MIN:MAX] [options] -- TRAINER [ARGS...]\n"
     "       edl run -f JOB.yaml [options]\n"
     "\n"
     "Runs an elastic job on this machine: its own etcd on a free loopback port (unless --etcd),\n"
     "a job server, and one agent per replica, each supervising one TRAINER process. Output is\n"
     "prefixed with the process name. Change the size from another terminal with\n"
-    "`edl scale JOB N`; see it with `edl status JOB`; end it with `edl stop JOB`.\n"
+    "`edl scale JOB N` (servers: `edl scale JOB N --role ps`); see it with `edl status JOB`;\n"
+    "end it with `edl stop JOB`.\n"
     "\n"
     "With -f, the job is the file's first TrainingJob (deploy/k8s/crd.yaml; docs/manifest.md):\n"
     "its name is the job's, minReplicas:maxReplicas, replicas and the elastic settings are the\n"
@@ -549,6 +603,10 @@ static const char run_usage[] =
     "  -f, --file JOB.yaml       run the TrainingJob of this manifest\n"
     "  --np MIN:MAX              members the job trains with (a single N means N:N)\n"
     "  --replicas N              agents to start (default: MAX); beyond MAX they are standbys\n"
+    "  --ps MIN[:MAX]            parameter servers: as many more agents with --role ps run the\n"
+    "                            same TRAINER (it reads TRAINING_ROLE: TRAINER or PSERVER);\n"
+    "                            pods <job>-ps-N; the job trains with MIN to MAX servers\n"
+    "  --ps-replicas N           ps agents to start (default: the MAX of --ps), 0..MAX\n"
     "  --job NAME                job name (default: edl-job)\n"
     "  --insecure                start our own etcd on plain http, without TLS (for debugging)\n"
     "  --prefix PREFIX           etcd key prefix (default: " EDL_DEFAULT_PREFIX ")\n"
@@ -579,16 +637,17 @@ static const char run_usage[] =
     "or reached, or refused our TLS certificate or credentials (the message names the\n"
     "endpoint), 4 the job was stopped (edl stop), 130/143 interrupted by SIGINT/SIGTERM.\n";
 
-static int parse_np(const char *s, int *min, int *max)
+/* "MIN:MAX" or "N" (= N:N), 1 <= MIN <= MAX <= hi: --np and --ps. */
+static int parse_np(const char *s, int hi, int *min, int *max)
 {
     char *end;
     long a = strtol(s, &end, 10), b = a;
-    if (end == s || a < 1 || a > EDL_MEMBERS_MAX)
+    if (end == s || a < 1 || a > hi)
         return -1;
     if (*end == ':') {
         const char *t = end + 1;
         b = strtol(t, &end, 10);
-        if (end == t || b < a || b > EDL_MEMBERS_MAX)
+        if (end == t || b < a || b > hi)
             return -1;
     }
     if (*end)
@@ -637,6 +696,7 @@ static int check_etcd_opts(run_opts *o)
 
 static const struct option run_options[] = {
     {"np", required_argument, 0, 'n'},          {"replicas", required_argument, 0, 'r'},
+    {"ps", required_argument, 0, 'S'},          {"ps-replicas", required_argument, 0, 'R'},
     {"job", required_argument, 0, 'j'},         EDL_ETCD_LONG_OPTIONS,
     {"insecure", no_argument, 0, 'I'},
     {"prefix", required_argument, 0, 'p'},      {"ttl", required_argument, 0, 't'},
@@ -707,7 +767,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
             break;
         case 'I': o->insecure = true; break;
         case 'n':
-            if (parse_np(optarg, &o->spec.min, &o->spec.max)) {
+            if (parse_np(optarg, EDL_MEMBERS_MAX, &o->spec.min, &o->spec.max)) {
                 fprintf(stderr, "edl run: --np %s: expected MIN:MAX or N, 1 <= MIN <= MAX\n",
                         optarg);
                 return -1;
@@ -718,6 +778,18 @@ static int parse_run(int argc, char **argv, run_opts *o)
             if (parse_long("--replicas", optarg, 0, EDL_MEMBERS_MAX, &v))
                 return -1;
             o->spec.replicas = (int)v;
+            break;
+        case 'S':
+            if (parse_np(optarg, EDL_PS_SERVERS_MAX, &o->spec.ps_min, &o->spec.ps_max)) {
+                fprintf(stderr, "edl run: --ps %s: expected MIN:MAX or N, 1 <= MIN <= MAX <= "
+                                "%d\n", optarg, EDL_PS_SERVERS_MAX);
+                return -1;
+            }
+            break;
+        case 'R':
+            if (parse_long("--ps-replicas", optarg, 0, EDL_PS_SERVERS_MAX, &v))
+                return -1;
+            o->spec.ps_replicas = (int)v;
             break;
         case 'j': o->job = optarg; break;
         case 'p': o->prefix = optarg; break;
@@ -793,10 +865,20 @@ static int parse_run(int argc, char **argv, run_opts *o)
     }
     if (check_etcd_opts(o) != 0)
         return -1;
-    if (edl_spec_desired_pods(&o->spec) > MAX_KIDS) {
-        fprintf(stderr, "edl run: %d agents asked for (--replicas, else the MAX of --np); edl run "
-                        "starts at most %d on one machine\n", edl_spec_desired_pods(&o->spec),
-                MAX_KIDS);
+    char err[256];
+    if (o->spec.ps_replicas >= 0 && o->spec.ps_max == 0) {
+        fprintf(stderr, "edl run: --ps-replicas needs --ps MIN:MAX\n");
+        return -1;
+    }
+    if (!o->file && edl_spec_validate(&o->spec, err, sizeof err) != 0) { /* -f: below */
+        fprintf(stderr, "edl run: %s\n", err);
+        return -1;
+    }
+    int agents = edl_spec_desired_pods(&o->spec) + edl_spec_desired_servers(&o->spec);
+    if (agents > MAX_KIDS) {
+        fprintf(stderr, "edl run: %d agents asked for (--replicas, else the MAX of --np, and "
+                        "the servers of --ps); edl run starts at most %d on one machine\n",
+                agents, MAX_KIDS);
         return -1;
     }
     if (!edl_name_valid(o->job)) {
@@ -805,7 +887,6 @@ static int parse_run(int argc, char **argv, run_opts *o)
         return -1;
     }
     if (o->file) {
-        char err[256];
         if (optind < argc) {
             fprintf(stderr, "edl run: -f %s: the trainer's command comes from the manifest "
                             "(spec.template.spec.containers[0].command and args); give none "
@@ -996,8 +1077,13 @@ static int run_job(launcher *l, bool *wrote_state)
     edl_watch_opts wo = {.prefix = true};
     if (edl_watch_open(l->c, edl_str(l->k.job), &wo, &l->w) != 0)
         l->w = NULL; /* then it polls every 200 ms */
-    say("job %s: min %d, max %d, replicas %d; trainer: %s", l->o.job, l->o.spec.min,
-        l->o.spec.max, l->desired, l->o.trainer[0]);
+    if (l->o.spec.ps_max > 0)
+        say("job %s: min %d, max %d, replicas %d; servers: min %d, max %d, replicas %d; "
+            "trainer: %s", l->o.job, l->o.spec.min, l->o.spec.max, l->desired, l->o.spec.ps_min,
+            l->o.spec.ps_max, l->desired_ps, l->o.trainer[0]);
+    else
+        say("job %s: min %d, max %d, replicas %d; trainer: %s", l->o.job, l->o.spec.min,
+            l->o.spec.max, l->desired, l->o.trainer[0]);
     if (start_jobserver(l) != 0) {
         fprintf(stderr, "edl run: cannot start %s\n", l->js_bin);
         return EDL_EXIT_USAGE;
@@ -1044,6 +1130,7 @@ int cli_run(int argc, char **argv)
         return EDL_EXIT_USAGE;
     }
     l.desired = edl_spec_desired_pods(&l.o.spec);
+    l.desired_ps = edl_spec_desired_servers(&l.o.spec);
     if (edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
         edl_spec_clear(&l.o.spec);
         edl_etcd_config_clear(&l.o.etcd);

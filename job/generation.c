@@ -1,5 +1,5 @@
 /* generation.c: the generation document (edl/job.h) that the leading job server publishes:
- * the members with their ranks, the standbys, per-pod failures and the job's state, and the
+ * the members (workers) and servers (parameter servers) with their ranks, the standbys, per-pod failures and the job's state, and the
  * job's state as an exit code. */
 #include <limits.h>
 #include <stdio.h>
@@ -55,6 +55,7 @@ void edl_generation_clear(edl_generation *g)
 {
     free(g->reason);
     edl_members_free(g->members, g->n_members);
+    edl_members_free(g->servers, g->n_servers);
     for (size_t i = 0; i < g->n_standbys; i++)
         free(g->standbys[i]);
     free(g->standbys);
@@ -66,17 +67,33 @@ void edl_generation_clear(edl_generation *g)
     memset(g, 0, sizeof *g);
 }
 
+static const edl_member *find_named(const edl_member *m, size_t n, const char *pod)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(m[i].pod, pod) == 0)
+            return &m[i];
+    return NULL;
+}
+
 const edl_member *edl_generation_member_named(const edl_generation *g, const char *pod)
 {
-    for (size_t i = 0; i < g->n_members; i++)
-        if (strcmp(g->members[i].pod, pod) == 0)
-            return &g->members[i];
-    return NULL;
+    return find_named(g->members, g->n_members, pod);
 }
 
 const edl_member *edl_generation_member(const edl_generation *g, const char *pod, int64_t lease)
 {
     const edl_member *m = edl_generation_member_named(g, pod);
+    return m && m->lease == lease ? m : NULL;
+}
+
+int64_t edl_generation_of_members(const edl_generation *g)
+{
+    return g->members_generation > 0 ? g->members_generation : g->generation;
+}
+
+const edl_member *edl_generation_server(const edl_generation *g, const char *pod, int64_t lease)
+{
+    const edl_member *m = find_named(g->servers, g->n_servers, pod);
     return m && m->lease == lease ? m : NULL;
 }
 
@@ -165,6 +182,9 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
     edl_generation g = {0};
     edl_json_reader r = {root, "generation", err, errlen, 0};
     edl_json_i64(&r, "generation", 0, EDL_GENERATION_MAX, &g.generation);
+    if (edl_json_i64(&r, "members_generation", 1, EDL_GENERATION_MAX, &g.members_generation) &&
+        g.members_generation > g.generation)
+        edl_json_fail(&r, EDL_EPROTO, "members_generation", "is after the generation itself");
     int v = 0;
     if (edl_json_enum(&r, "state", job_state_names, 5, &v))
         g.state = (edl_job_state)v;
@@ -176,6 +196,9 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
     const cJSON *a;
     if ((a = edl_json_array(&r, "members", EDL_MEMBERS_MAX)))
         read_objects(&r, a, "members", read_member, (void **)&g.members, &g.n_members, sizeof(edl_member));
+    if ((a = edl_json_array(&r, "servers", EDL_PS_SERVERS_MAX)))
+        read_objects(&r, a, "servers", read_member, (void **)&g.servers, &g.n_servers,
+                     sizeof(edl_member));
     if ((a = edl_json_array(&r, "standbys", EDL_MEMBERS_MAX)))
         read_standbys(&r, a, &g);
     if ((a = edl_json_array(&r, "failures", EDL_MEMBERS_MAX)))
@@ -193,10 +216,10 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
 
 /* ---- encoding ----------------------------------------------------------------------------- */
 
-static void add_members(cJSON *arr, const edl_generation *g)
+static void add_members(cJSON *arr, const edl_member *ms, size_t n)
 {
-    for (size_t i = 0; i < g->n_members; i++) {
-        const edl_member *m = &g->members[i];
+    for (size_t i = 0; i < n; i++) {
+        const edl_member *m = &ms[i];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToArray(arr, o);
         cJSON_AddStringToObject(o, "pod", m->pod);
@@ -226,14 +249,19 @@ char *edl_generation_to_json(const edl_generation *g)
     cJSON *mem = cJSON_AddArrayToObject(o, "members");
     cJSON *sb = cJSON_AddArrayToObject(o, "standbys");
     cJSON *fl = cJSON_AddArrayToObject(o, "failures");
-    if (!o || !mem || !sb || !fl) {
+    /* absent when there are none: documents of jobs without the ps role stay as they were */
+    cJSON *srv = g->n_servers ? cJSON_AddArrayToObject(o, "servers") : NULL;
+    if (!o || !mem || !sb || !fl || (g->n_servers && !srv)) {
         cJSON_Delete(o);
         return NULL;
     }
     cJSON_AddNumberToObject(o, "generation", (double)g->generation);
+    if (g->members_generation > 0 && g->members_generation != g->generation)
+        cJSON_AddNumberToObject(o, "members_generation", (double)g->members_generation);
     cJSON_AddStringToObject(o, "state", edl_job_state_name(g->state));
     cJSON_AddStringToObject(o, "reason", g->reason ? g->reason : "");
-    add_members(mem, g);
+    add_members(mem, g->members, g->n_members);
+    add_members(srv, g->servers, g->n_servers);
     for (size_t i = 0; i < g->n_standbys; i++)
         cJSON_AddItemToArray(sb, cJSON_CreateString(g->standbys[i]));
     add_failures(fl, g);

@@ -62,6 +62,7 @@ void edl_spec_init(edl_job_spec *s)
     s->cooldown_max_ms = 300000;
     s->ttl_s = 10;
     s->mode = EDL_MODE_RESTART;
+    s->ps_replicas = -1; /* ps_min = ps_max = 0: no parameter servers */
 }
 
 void edl_spec_clear(edl_job_spec *s)
@@ -84,6 +85,13 @@ int edl_spec_copy(edl_job_spec *dst, const edl_job_spec *src)
 int edl_spec_desired_pods(const edl_job_spec *s)
 {
     return s->replicas < 0 ? s->max : s->replicas;
+}
+
+int edl_spec_desired_servers(const edl_job_spec *s)
+{
+    if (s->ps_max <= 0)
+        return 0;
+    return s->ps_replicas < 0 ? s->ps_max : s->ps_replicas;
 }
 
 int edl_exit_codes_parse(const char *s, uint8_t bits[32])
@@ -135,6 +143,29 @@ static char *exit_codes_format(const uint8_t bits[32])
     return strdup(buf);
 }
 
+/* The ps role: none (0, 0, replicas -1 or 0), or 1 <= min <= max <= EDL_PS_SERVERS_MAX with
+ * replicas -1 or 0..max. */
+static int validate_ps(const edl_job_spec *s, char *err, size_t errlen)
+{
+    if (s->ps_min == 0 && s->ps_max == 0)
+        return s->ps_replicas <= 0 && s->ps_replicas >= -1 ? 0 :
+               edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.replicas is %d but the job has no "
+                        "ps role (ps.max 0)", s->ps_replicas);
+    if (s->ps_min < 1)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.min is %d; it must be at least 1 "
+                        "(leave out \"ps\" for a job without parameter servers)", s->ps_min);
+    if (s->ps_max < s->ps_min)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.min (%d) is greater than ps.max (%d)",
+                        s->ps_min, s->ps_max);
+    if (s->ps_max > EDL_PS_SERVERS_MAX)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.max is %d; a job has at most %d "
+                        "parameter servers", s->ps_max, EDL_PS_SERVERS_MAX);
+    if (s->ps_replicas < -1 || s->ps_replicas > s->ps_max)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.replicas is %d; it must be -1 (= "
+                        "ps.max) or 0..%d", s->ps_replicas, s->ps_max);
+    return 0;
+}
+
 int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
 {
     if (s->min < 1)
@@ -153,7 +184,26 @@ int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
     if (s->max_restarts < 0 || s->max_restarts > EDL_RESTARTS_MAX)
         return edl_errf(err, errlen, EDL_ECONFIG, "spec: max_restarts is %d; it must be 0..%d",
                         s->max_restarts, EDL_RESTARTS_MAX);
-    return 0;
+    return validate_ps(s, err, errlen);
+}
+
+/* The optional "ps" object: {"min": N, "max": M, "replicas": R}; min is required, max
+ * defaults to min, replicas to -1. Ranges are checked by validate_ps. */
+static void read_ps(edl_json_reader *r, edl_job_spec *s)
+{
+    const cJSON *ps = edl_json_object(r, "ps");
+    if (!ps || r->rc)
+        return;
+    edl_json_reader pr = {ps, "spec.ps", r->err, r->errlen, 0, true};
+    edl_json_int(&pr, "min", INT_MIN, INT_MAX, &s->ps_min);
+    pr.required = false;
+    s->ps_max = s->ps_min;
+    edl_json_int(&pr, "max", INT_MIN, INT_MAX, &s->ps_max);
+    edl_json_int(&pr, "replicas", INT_MIN, INT_MAX, &s->ps_replicas);
+    if (!pr.rc && s->ps_min < 1) /* 0 would read as "no ps role" */
+        edl_json_fail(&pr, EDL_ECONFIG, "min", "must be at least 1 (leave out \"ps\" for a "
+                      "job without parameter servers)");
+    r->rc = pr.rc;
 }
 
 /* Every field of the document into s (absent ones keep their defaults). */
@@ -184,6 +234,7 @@ static void read_spec(edl_json_reader *r, edl_job_spec *s)
         s->mode = (edl_elastic_mode)v;
     edl_json_str(r, "checkpoint_uri", 4096, &s->checkpoint_uri);
     edl_json_bool(r, "stopped", &s->stopped);
+    read_ps(r, s);
 }
 
 int edl_spec_parse(const char *json, size_t len, edl_job_spec *out, char *err, size_t errlen)
@@ -233,6 +284,12 @@ char *edl_spec_to_json(const edl_job_spec *s)
     if (s->checkpoint_uri)
         cJSON_AddStringToObject(o, "checkpoint_uri", s->checkpoint_uri);
     cJSON_AddBoolToObject(o, "stopped", s->stopped);
+    if (s->ps_max > 0) {
+        cJSON *ps = cJSON_AddObjectToObject(o, "ps");
+        cJSON_AddNumberToObject(ps, "min", s->ps_min);
+        cJSON_AddNumberToObject(ps, "max", s->ps_max);
+        cJSON_AddNumberToObject(ps, "replicas", s->ps_replicas);
+    }
     free(codes);
     return edl_json_print_consume(o);
 }

@@ -90,6 +90,17 @@ static void read_spec(js_job *j, const edl_range_result *r, snapshot *s)
     j->have_spec = true;
 }
 
+/* A pod of a role this job server does not know (a newer agent's?) takes no part: it is
+ * ignored, with one log line per revision. */
+static bool known_role(const edl_pod *p, char *err, size_t errlen)
+{
+    if (!p->role || strcmp(p->role, EDL_ROLE_WORKER) == 0 || strcmp(p->role, EDL_ROLE_PS) == 0)
+        return true;
+    snprintf(err, errlen, "pod role \"%s\" is unknown (worker or ps): the pod takes no part",
+             p->role);
+    return false;
+}
+
 static int read_pods(js_job *j, const edl_range_result *r, snapshot *s)
 {
     s->pods = calloc(r->n_kvs + 1, sizeof *s->pods);
@@ -113,7 +124,8 @@ static int read_pods(js_job *j, const edl_range_result *r, snapshot *s)
             return EDL_ENOMEM;
         p->lease = kv->lease;
         p->create_revision = kv->create_revision;
-        if (edl_pod_parse(kv->value, kv->value_len, p, err, sizeof err) != 0) {
+        if (edl_pod_parse(kv->value, kv->value_len, p, err, sizeof err) != 0 ||
+            !known_role(p, err, sizeof err)) {
             report_bad(j, kv, err);
             edl_pod_clear(p);
             continue;
@@ -163,12 +175,13 @@ static void read_dead(js_job *j, const edl_range_result *r, snapshot *s)
         const edl_kv *kv = &r->kvs[i];
         edl_job_key_info ki;
         edl_job_key_parse(&j->k, kv->key, kv->key_len, &ki);
-        if (edl_job_key_is_gen(&ki, s->current.generation, EDL_GEN_DEAD)) {
+        if (edl_job_key_is_gen(&ki, edl_generation_of_members(&s->current), EDL_GEN_DEAD)) {
             size_t len = kv->value_len > 300 ? 300 : kv->value_len;
             s->gen_dead = strndup(kv->value, len);
         }
         int rank;
-        if (edl_job_key_gen_rank(&ki, s->current.generation, EDL_GEN_ALIVE, &rank)) {
+        if (edl_job_key_gen_rank(&ki, edl_generation_of_members(&s->current), EDL_GEN_ALIVE,
+                                 &rank)) {
             if ((size_t)rank >= s->current.n_members)
                 continue; /* not one of ours: ignored */
             if (!s->gen_alive && !(s->gen_alive = calloc(s->current.n_members, sizeof(bool))))
@@ -267,9 +280,12 @@ static int publish(js_job *j, const snapshot *s, const js_decision *d)
         edl_txn_cmp_create(t, edl_str(j->k.generation), EDL_CMP_EQUAL, 0);
     edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(j->k.generation), edl_str(json), NULL);
     char *k_gen = NULL;
-    if (d->new_generation && s->current.generation > 0) {
-        /* the retired generation's rendezvous data goes with it */
-        k_gen = edl_job_key_gen(&j->k, s->current.generation, "");
+    int64_t members_gen = edl_generation_of_members(&s->current);
+    if (d->new_generation && s->current.generation > 0 &&
+        edl_generation_of_members(&d->next) != members_gen) {
+        /* the retired workers' rendezvous data goes with them (a generation that changed only
+         * the servers keeps the workers, and their rendezvous under gen/<members_generation>/) */
+        k_gen = edl_job_key_gen(&j->k, members_gen, "");
         edl_delete_opts dp = {.prefix = true};
         if (k_gen)
             edl_txn_delete(t, EDL_TXN_SUCCESS, edl_str(k_gen), &dp);
@@ -292,17 +308,24 @@ static int publish(js_job *j, const snapshot *s, const js_decision *d)
     return 0;
 }
 
+/* "a b c" of a member list into buf (bounded). */
+static void pod_names(const edl_member *m, size_t n, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "", m[i].pod);
+}
+
 static void log_publish(const js_job *j, const js_decision *d)
 {
     const edl_generation *n = &d->next;
-    char ranks[512];
-    size_t used = 0;
-    ranks[0] = '\0';
-    for (size_t i = 0; i < n->n_members && used < sizeof ranks; i++)
-        used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%s", i ? " " : "",
-                                 n->members[i].pod);
-    EDL_INFO(LOG, "job %s: generation %lld %s, %zu members [%s]%s%s (%s)", j->name,
+    char ranks[512], servers[256];
+    pod_names(n->members, n->n_members, ranks, sizeof ranks);
+    pod_names(n->servers, n->n_servers, servers, sizeof servers);
+    EDL_INFO(LOG, "job %s: generation %lld %s, %zu members [%s]%s%s%s%s%s (%s)", j->name,
              (long long)n->generation, edl_job_state_name(n->state), n->n_members, ranks,
+             n->n_servers ? ", servers [" : "", servers, n->n_servers ? "]" : "",
              n->n_standbys ? ", standbys " : "", n->n_standbys ? n->standbys[0] : "",
              n->reason ? n->reason : "");
 }
@@ -330,6 +353,7 @@ int js_job_pass(js_job *j, int64_t *wake, int *final_state)
         j->spec_error = s.spec_present && s.spec_error[0] ? strdup(s.spec_error) : NULL;
         j->m.generation = s.current.generation;
         j->m.members = (int64_t)s.current.n_members;
+        j->m.servers = (int64_t)s.current.n_servers;
         j->m.restarts = s.current.restarts;
         j->m.state = *final_state;
         js_observed o = {
@@ -356,6 +380,7 @@ int js_job_pass(js_job *j, int64_t *wake, int *final_state)
             j->m.publications++;
             j->m.generation = d.next.generation;
             j->m.members = (int64_t)d.next.n_members;
+            j->m.servers = (int64_t)d.next.n_servers;
             j->m.restarts = d.next.restarts;
             j->m.state = *final_state;
         }

@@ -12,7 +12,7 @@
 #include "reconcile.h"
 
 typedef struct js_job_counters {
-    int64_t generation, members, restarts, publications, etcd_errors;
+    int64_t generation, members, servers, restarts, publications, etcd_errors;
     int state;            /* -1: no generation yet */
 } js_job_counters;
 

@@ -46,6 +46,8 @@ static void write_metrics(void *arg, edl_prom *p)
                     "Generation last read or published (0: none).", js->job.m.generation);
     edl_prom_metric(p, "edl_jobserver_members", "gauge", "Members of that generation.",
                     js->job.m.members);
+    edl_prom_metric(p, "edl_jobserver_servers", "gauge",
+                    "Parameter servers of that generation.", js->job.m.servers);
     edl_prom_metric(p, "edl_jobserver_restarts", "gauge",
                     "Generations started because of trainer failures.", js->job.m.restarts);
     edl_prom_metric(p, "edl_jobserver_publications_total", "counter",

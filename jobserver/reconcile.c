@@ -3,7 +3,12 @@
  * Order of the rules, most urgent first: a final job stays final; a stop request ends it;
  * trainer failures (exit, signal, hang) restart the generation or fail the job; all ranks done
  * is success; lost members form a new generation at once; joins wait for the settle window;
- * otherwise only details (standbys, spec error) are refreshed. */
+ * otherwise only details (standbys, spec error) are refreshed.
+ *
+ * Two roles: workers are the members (ranks, restarts, success, hangs); parameter servers
+ * (pods of role "ps") are ranked apart in `servers`. A server whose process ended leaves the
+ * servers at once (a failure counts towards its exclusion) but restarts nobody; servers join
+ * with the settle window; the job runs only with ps_min servers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,7 +127,8 @@ static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
 
 /* A member's status as a failure (false: it is no failure). A trainer's own message (its
  * error file, why it hung) follows, cut to fit. */
-static bool describe_failure(const edl_member *mb, const edl_pod_status *s, failure *f)
+static bool describe_failure(const edl_member *mb, const char *role, const edl_pod_status *s,
+                             failure *f)
 {
     const char *msg = s->message[0] ? s->message : NULL;
     int len = 0;
@@ -130,12 +136,12 @@ static bool describe_failure(const edl_member *mb, const edl_pod_status *s, fail
     f->blamed = true;
     if (s->state == EDL_TRAINER_EXITED) {
         f->code = s->exit_code;
-        len = snprintf(f->what, sizeof f->what, "pod %s (rank %d) exited with code %d", mb->pod,
-                       mb->rank, s->exit_code);
+        len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) exited with code %d", mb->pod,
+                       role, mb->rank, s->exit_code);
     } else if (s->state == EDL_TRAINER_SIGNALED) {
         f->code = 128 + s->signal;
-        len = snprintf(f->what, sizeof f->what, "pod %s (rank %d) was killed by signal %d",
-                       mb->pod, mb->rank, s->signal);
+        len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) was killed by signal %d",
+                       mb->pod, role, mb->rank, s->signal);
     } else if (s->state == EDL_TRAINER_HUNG) {
         /* It waited on a peer inside a collective: the generation is stuck, not this pod's
          * fault as far as anyone can tell, so it costs a restart but no exclusion. */
@@ -167,7 +173,7 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
         const edl_pod_status *s = &o->status[i];
         if (s->state == EDL_TRAINER_EXITED && s->exit_code == 0)
             done++;
-        else if (describe_failure(&c->members[k], s, &fl[n]))
+        else if (describe_failure(&c->members[k], "rank", s, &fl[n]))
             n++;
     }
     if (n == 0) {
@@ -184,6 +190,33 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
         }
     }
     *all_done = n == 0 && c->n_members > 0 && done == c->n_members;
+    return n;
+}
+
+/* The process of pods[i], a ps pod, ended in the current generation (exited or killed): it
+ * leaves the servers, and stays out until its agent reports again for a later generation. */
+static bool server_ended(const js_observed *o, size_t i)
+{
+    const edl_pod_status *s = &o->status[i];
+    return o->has_status[i] && o->current->generation > 0 &&
+           s->generation == o->current->generation &&
+           (s->state == EDL_TRAINER_EXITED || s->state == EDL_TRAINER_SIGNALED);
+}
+
+/* Servers of the current generation whose process failed in it (exit 0 is a clean leave, no
+ * failure). They count towards the pod's exclusion like a worker's failure, but restart
+ * nobody and spend no restart budget. In fl (room for every server); returns how many. */
+static size_t collect_server_failures(const js_observed *o, failure *fl)
+{
+    const edl_generation *c = o->current;
+    size_t n = 0;
+    for (size_t k = 0; k < c->n_servers; k++) {
+        int i = pod_index(o, c->servers[k].pod, c->servers[k].lease);
+        if (i >= 0 && server_ended(o, (size_t)i) &&
+            !(o->status[i].state == EDL_TRAINER_EXITED && o->status[i].exit_code == 0) &&
+            describe_failure(&c->servers[k], "server", &o->status[i], &fl[n]))
+            n++;
+    }
     return n;
 }
 
@@ -237,13 +270,13 @@ static int next_failures(const js_observed *o, const failure *fl, size_t nf, edl
 
 /* ---- composing the next document ---------------------------------------------------------- */
 
-static bool same_members(const edl_generation *c, const edl_member *m, size_t n)
+/* The same pods (name and lease) at the same ranks. */
+static bool same_members(const edl_member *a, size_t na, const edl_member *m, size_t n)
 {
-    if (c->n_members != n)
+    if (na != n)
         return false;
     for (size_t i = 0; i < n; i++)
-        if (strcmp(c->members[i].pod, m[i].pod) != 0 || c->members[i].lease != m[i].lease ||
-            c->members[i].rank != m[i].rank)
+        if (strcmp(a[i].pod, m[i].pod) != 0 || a[i].lease != m[i].lease || a[i].rank != m[i].rank)
             return false;
     return true;
 }
@@ -279,12 +312,16 @@ static int copy_current(const js_observed *o, edl_generation *next)
     const edl_generation *c = o->current;
     memset(next, 0, sizeof *next);
     next->generation = c->generation;
+    next->members_generation = c->members_generation;
     next->state = c->state;
     next->restarts = c->restarts;
     next->published_ms = o->now_ms;
     if (edl_members_copy(c->members, c->n_members, &next->members) != 0)
         return EDL_ENOMEM;
     next->n_members = c->n_members;
+    if (c->n_servers && edl_members_copy(c->servers, c->n_servers, &next->servers) != 0)
+        return EDL_ENOMEM;
+    next->n_servers = c->n_servers;
     next->standbys = calloc(c->n_standbys + 1, sizeof *next->standbys);
     next->failures = calloc(c->n_failures + 1, sizeof *next->failures);
     if (!next->standbys || !next->failures)
@@ -332,51 +369,91 @@ static bool has_incarnation(const edl_member *m, size_t n, const edl_member *x)
     return false;
 }
 
-/* Describe a membership change: "pod a left; pod b joined" (bounded). */
-static void describe_change(const edl_generation *c, const edl_member *m, size_t n, char *buf,
-                            size_t len)
+/* Describe a change of one list into buf at *used: "pod a left; pod b joined" (bounded);
+ * who: "pod" for members, "server" for servers. */
+static void describe_list_change(const edl_member *old, size_t n_old, const edl_member *m,
+                                 size_t n, const char *who, char *buf, size_t len, size_t *used)
 {
-    size_t used = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < c->n_members && used < len; i++)
-        if (!has_incarnation(m, n, &c->members[i]))
-            used += (size_t)snprintf(buf + used, len - used, "%spod %s left", used ? "; " : "",
-                                     c->members[i].pod);
-    for (size_t j = 0; j < n && used < len; j++)
-        if (!has_incarnation(c->members, c->n_members, &m[j]))
-            used += (size_t)snprintf(buf + used, len - used, "%spod %s joined", used ? "; " : "",
-                                     m[j].pod);
+    for (size_t i = 0; i < n_old && *used < len; i++)
+        if (!has_incarnation(m, n, &old[i]))
+            *used += (size_t)snprintf(buf + *used, len - *used, "%s%s %s left",
+                                      *used ? "; " : "", who, old[i].pod);
+    for (size_t j = 0; j < n && *used < len; j++)
+        if (!has_incarnation(old, n_old, &m[j]))
+            *used += (size_t)snprintf(buf + *used, len - *used, "%s%s %s joined",
+                                      *used ? "; " : "", who, m[j].pod);
 }
 
 /* The membership the next generation would have. */
 typedef struct membership {
     edl_member *members;
     size_t n;
-    char **standbys;
+    edl_member *servers;
+    size_t n_servers;
+    char **standbys;         /* workers', then ps pods' */
     size_t n_standbys;
 } membership;
+
+/* Describe the change from the current generation: "pod a left; server s joined" (bounded). */
+static void describe_change(const edl_generation *c, const membership *ms, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    describe_list_change(c->members, c->n_members, ms->members, ms->n, "pod", buf, len, &used);
+    describe_list_change(c->servers, c->n_servers, ms->servers, ms->n_servers, "server", buf,
+                         len, &used);
+}
 
 static void membership_clear(membership *ms)
 {
     edl_members_free(ms->members, ms->n);
+    edl_members_free(ms->servers, ms->n_servers);
     for (size_t i = 0; i < ms->n_standbys; i++)
         free(ms->standbys[i]);
     free(ms->standbys);
     memset(ms, 0, sizeof *ms);
 }
 
-/* Who may be a member now: live workers that are not excluded (by `failures`, the exclusions in
- * force for the next generation), ranked by the rank rule. *wake_excl: when the first exclusion
- * ends (0: none). */
+static bool is_worker(const edl_pod *p)
+{
+    return !p->role || strcmp(p->role, EDL_ROLE_WORKER) == 0;
+}
+
+static bool is_server(const edl_pod *p)
+{
+    return p->role && strcmp(p->role, EDL_ROLE_PS) == 0;
+}
+
+/* Append the server standbys to the workers' (both lists are taken). */
+static int join_standbys(membership *ms, char **sb, size_t n)
+{
+    char **v = realloc(ms->standbys, (ms->n_standbys + n + 1) * sizeof *v);
+    if (!v) {
+        for (size_t i = 0; i < n; i++)
+            free(sb[i]);
+        free(sb);
+        return EDL_ENOMEM;
+    }
+    memcpy(v + ms->n_standbys, sb, n * sizeof *sb);
+    ms->standbys = v;
+    ms->n_standbys += n;
+    free(sb);
+    return 0;
+}
+
+/* Who may be a member or a server now: live pods that are not excluded (by `failures`, the
+ * exclusions in force for the next generation), split by role (a ps pod whose process ended in
+ * this generation is out), each role ranked by the rank rule. Pods of another role are
+ * ignored (the job server logs them). *wake_excl: when the first exclusion ends (0: none). */
 static int next_membership(const js_observed *o, const edl_generation *failures,
                            membership *ms, int64_t *wake_excl)
 {
-    edl_pod *cands = calloc(o->n_pods + 1, sizeof *cands);
-    if (!cands)
-        return EDL_ENOMEM;
-    size_t nc = 0;
+    edl_pod *work = calloc(o->n_pods + 1, sizeof *work), *ps = calloc(o->n_pods + 1, sizeof *ps);
+    size_t nw = 0, np = 0, n_ssb = 0;
+    char **ssb = NULL;
+    int rc = work && ps ? 0 : EDL_ENOMEM;
     *wake_excl = 0;
-    for (size_t i = 0; i < o->n_pods; i++) {
+    for (size_t i = 0; !rc && i < o->n_pods; i++) {
         const edl_pod_failures *f = failures_of(failures, o->pods[i].name);
         if (f && f->excluded_until > o->now_ms) {
             int64_t at = o->mono_ms + (f->excluded_until - o->now_ms) + 1;
@@ -384,25 +461,34 @@ static int next_membership(const js_observed *o, const edl_generation *failures,
                 *wake_excl = at;
             continue;
         }
-        if (o->pods[i].role && strcmp(o->pods[i].role, "worker") != 0)
-            continue;
-        cands[nc++] = o->pods[i];
+        if (is_worker(&o->pods[i]))
+            work[nw++] = o->pods[i];
+        else if (is_server(&o->pods[i]) && !server_ended(o, i))
+            ps[np++] = o->pods[i];
     }
     const edl_generation *c = o->current;
-    int rc = edl_assign_ranks(c->members, c->n_members, cands, nc, o->spec->max, &ms->members,
+    if (!rc)
+        rc = edl_assign_ranks(c->members, c->n_members, work, nw, o->spec->max, &ms->members,
                               &ms->n, &ms->standbys, &ms->n_standbys);
-    free(cands);
+    if (!rc)
+        rc = edl_assign_ranks(c->servers, c->n_servers, ps, np, o->spec->ps_max, &ms->servers,
+                              &ms->n_servers, &ssb, &n_ssb);
+    if (!rc)
+        rc = join_standbys(ms, ssb, n_ssb);
+    free(work);
+    free(ps);
     return rc;
 }
 
-/* Why a new generation is published. */
-static void new_reason(const js_observed *o, const failure *fl, size_t nf, bool dead,
-                       edl_job_state st, const membership *ms, char *reason, size_t len)
+/* Why a new generation is published. sf: the first server failure (NULL: none). */
+static void new_reason(const js_observed *o, const failure *fl, size_t nf, const failure *sf,
+                       bool dead, edl_job_state st, const membership *ms, char *reason,
+                       size_t len)
 {
     const edl_generation *c = o->current;
     const edl_job_spec *sp = o->spec;
     char why[REASON_MAX];
-    describe_change(c, ms->members, ms->n, why, sizeof why);
+    describe_change(c, ms, why, sizeof why);
     if (nf)
         snprintf(reason, len, "restart %d of %d after %s", c->restarts + 1, sp->max_restarts,
                  fl[0].what);
@@ -410,9 +496,14 @@ static void new_reason(const js_observed *o, const failure *fl, size_t nf, bool 
         snprintf(reason, len, "restart %d of %d: generation %lld declared dead by its trainers: "
                  "%.200s", c->restarts + 1, sp->max_restarts, (long long)c->generation,
                  o->gen_dead);
+    else if (st == EDL_JOB_WAITING && sp->ps_max > 0)
+        snprintf(reason, len, "waiting: %zu of at least %d members, %zu of at least %d servers"
+                 "%s%s", ms->n, sp->min, ms->n_servers, sp->ps_min, why[0] ? "; " : "", why);
     else if (st == EDL_JOB_WAITING)
         snprintf(reason, len, "waiting: %zu of at least %d members%s%s", ms->n, sp->min,
                  why[0] ? "; " : "", why);
+    else if (sf)
+        snprintf(reason, len, "%s (no restart)%s%s", sf->what, why[0] ? "; " : "", why);
     else
         snprintf(reason, len, "%s", why[0] ? why : "membership unchanged");
 }
@@ -444,10 +535,16 @@ static int compose_next(const js_observed *o, membership *ms, edl_generation *fa
     if (new_gen) {
         old.members = next->members;
         old.n_members = next->n_members;
+        old.servers = next->servers;
+        old.n_servers = next->n_servers;
         next->members = ms->members;
         next->n_members = ms->n;
+        next->servers = ms->servers;
+        next->n_servers = ms->n_servers;
         ms->members = NULL;
         ms->n = 0;
+        ms->servers = NULL;
+        ms->n_servers = 0;
     }
     edl_generation_clear(&old);
     next->standbys = ms->standbys;
@@ -456,7 +553,13 @@ static int compose_next(const js_observed *o, membership *ms, edl_generation *fa
     ms->n_standbys = 0;
     if (!new_gen)
         return 0;
+    const edl_generation *c = o->current;
+    bool workers_kept = !restart && c->generation > 0 && c->state == EDL_JOB_RUNNING &&
+                        st == EDL_JOB_RUNNING && same_members(c->members, c->n_members,
+                                                              next->members, next->n_members);
     next->generation = next_generation_number(o);
+    /* only the servers changed: the workers keep their trainers and their rendezvous */
+    next->members_generation = workers_kept ? edl_generation_of_members(c) : 0;
     next->state = st;
     out->new_generation = true;
     return set_reason(next, reason);
@@ -475,7 +578,39 @@ static bool settling(const js_observed *o, js_memory *mem, int64_t *wake)
     return true;
 }
 
-/* Membership step: candidates, ranks, and whether to publish now, later, or not at all. */
+/* Worker failures fl[0..nf) and server failures sf[0..nsf) as one list (malloc'ed). */
+static failure *all_failures(const failure *fl, size_t nf, const failure *sf, size_t nsf)
+{
+    failure *all = calloc(nf + nsf + 1, sizeof *all);
+    if (all) {
+        memcpy(all, fl, nf * sizeof *fl);
+        memcpy(all + nf, sf, nsf * sizeof *sf);
+    }
+    return all;
+}
+
+/* A member or server of the current generation is not in the next one (left, excluded, its
+ * server process ended): publish at once, no settle window. */
+static bool membership_lost(const edl_generation *c, const membership *ms)
+{
+    for (size_t i = 0; i < c->n_members; i++)
+        if (!has_incarnation(ms->members, ms->n, &c->members[i]))
+            return true;
+    for (size_t i = 0; i < c->n_servers; i++)
+        if (!has_incarnation(ms->servers, ms->n_servers, &c->servers[i]))
+            return true;
+    return false;
+}
+
+/* Running needs min workers and, with the ps role, ps_min servers. */
+static edl_job_state next_state(const edl_job_spec *sp, const membership *ms)
+{
+    bool servers_ok = sp->ps_max <= 0 || (int)ms->n_servers >= sp->ps_min;
+    return (int)ms->n >= sp->min && servers_ok ? EDL_JOB_RUNNING : EDL_JOB_WAITING;
+}
+
+/* Membership step: candidates, ranks, and whether to publish now, later, or not at all. Worker
+ * failures (fl, nf) restart the generation; server failures only drop the server. */
 static int reconcile_membership(const js_observed *o, js_memory *mem, const failure *fl,
                                 size_t nf, bool dead, js_decision *out)
 {
@@ -483,18 +618,22 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
     edl_generation failures = {0}; /* the failures in force for the next generation */
     membership ms = {0};
     int64_t wake_excl = 0;
-    int rc = nf ? next_failures(o, fl, nf, &failures) : 0;
+    failure *sf = calloc(c->n_servers + 1, sizeof *sf), *all = NULL;
+    size_t nsf = sf ? collect_server_failures(o, sf) : 0;
+    int rc = sf ? 0 : EDL_ENOMEM;
+    if (!rc && (nf || nsf))
+        rc = (all = all_failures(fl, nf, sf, nsf)) ? next_failures(o, all, nf + nsf, &failures)
+                                                   : EDL_ENOMEM;
     if (!rc)
-        rc = next_membership(o, nf ? &failures : c, &ms, &wake_excl);
+        rc = next_membership(o, nf || nsf ? &failures : c, &ms, &wake_excl);
     if (rc)
         goto out;
-    bool lost = false;
-    for (size_t i = 0; i < c->n_members; i++)
-        lost = lost || !has_incarnation(ms.members, ms.n, &c->members[i]);
-    edl_job_state st = (int)ms.n >= o->spec->min ? EDL_JOB_RUNNING : EDL_JOB_WAITING;
-    bool changed = !same_members(c, ms.members, ms.n);
+    bool lost = membership_lost(c, &ms);
+    edl_job_state st = next_state(o->spec, &ms);
+    bool changed = !same_members(c->members, c->n_members, ms.members, ms.n) ||
+                   !same_members(c->servers, c->n_servers, ms.servers, ms.n_servers);
     bool new_gen = nf > 0 || dead || changed || st != c->state || c->generation == 0;
-    if (c->generation == 0 && ms.n == 0)
+    if (c->generation == 0 && ms.n == 0 && ms.n_servers == 0)
         new_gen = false; /* nobody yet: nothing to publish */
     if (new_gen && nf == 0 && !dead && !lost && changed && settling(o, mem, &out->wake_mono_ms))
         new_gen = false;
@@ -505,8 +644,9 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
     if (new_gen || (details && c->generation > 0)) {
         char reason[REASON_MAX + 200] = "";
         if (new_gen)
-            new_reason(o, fl, nf, dead, st, &ms, reason, sizeof reason);
-        rc = compose_next(o, &ms, nf ? &failures : NULL, nf || dead, new_gen, st, reason, out);
+            new_reason(o, fl, nf, nsf ? &sf[0] : NULL, dead, st, &ms, reason, sizeof reason);
+        rc = compose_next(o, &ms, nf || nsf ? &failures : NULL, nf || dead, new_gen, st, reason,
+                          out);
         out->action = rc ? JS_NOTHING : JS_PUBLISH;
     }
     if (wake_excl && (!out->wake_mono_ms || wake_excl < out->wake_mono_ms))
@@ -514,6 +654,8 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
 out:
     membership_clear(&ms);
     edl_generation_clear(&failures);
+    free(sf);
+    free(all);
     return rc;
 }
 

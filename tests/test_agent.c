@@ -223,11 +223,10 @@ static edl_pod_status wait_status(const char *job, const char *pod, int64_t gen,
     return st;
 }
 
-/* Publish a generation whose members are `pods` in rank order (NULL-ended), as a job server
- * does: addr, port and lease come from each pod's registration. */
-static void publish(const char *job, int64_t gen, edl_job_state state, const char *const *pods)
+/* `pods` (NULL-ended) as members in rank order, as a job server lists them: addr, port and
+ * lease from each pod's registration. Returns how many; free the addrs with free_list. */
+static size_t member_list(const char *job, const char *const *pods, edl_member *m)
 {
-    edl_member m[8];
     size_t n = 0;
     for (; pods && pods[n]; n++) {
         char k[256], rest[160];
@@ -243,13 +242,38 @@ static void publish(const char *job, int64_t gen, edl_job_state state, const cha
         edl_pod_clear(&p);
         edl_kv_free(kv);
     }
-    edl_generation c = {.generation = gen, .state = state, .members = m, .n_members = n,
-                     .reason = (char *)"test"};
+    return n;
+}
+
+static void free_list(edl_member *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(m[i].addr);
+}
+
+/* Publish a generation with members `pods` and parameter servers `servers` (rank order,
+ * NULL-ended), as a job server does; members_gen: the generation the members were formed in
+ * (a servers-only change keeps it; 0: this one). */
+static void publish_servers(const char *job, int64_t gen, int64_t members_gen,
+                            edl_job_state state, const char *const *pods,
+                            const char *const *servers)
+{
+    edl_member m[8], sv[8];
+    size_t n = member_list(job, pods, m), ns = member_list(job, servers, sv);
+    edl_generation c = {.generation = gen, .members_generation = members_gen, .state = state,
+                        .members = m, .n_members = n, .servers = sv, .n_servers = ns,
+                        .reason = (char *)"test"};
     char *j = edl_generation_to_json(&c), k[256];
     harness_put(cl, key(job, "generation", k, sizeof k), j);
     free(j);
-    for (size_t i = 0; i < n; i++)
-        free(m[i].addr);
+    free_list(m, n);
+    free_list(sv, ns);
+}
+
+/* Publish a generation whose members are `pods` in rank order (NULL-ended). */
+static void publish(const char *job, int64_t gen, edl_job_state state, const char *const *pods)
+{
+    publish_servers(job, gen, 0, state, pods, NULL);
 }
 
 static void publish_state(const char *job, int64_t gen, edl_job_state state)
@@ -856,6 +880,258 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     assert_int_equal(wait_exit(a, 5000), 0);
 }
 
+/* ---- the parameter-server role ------------------------------------------------------------- */
+
+static void put_ps_spec(const char *job, edl_elastic_mode mode)
+{
+    edl_job_spec s;
+    edl_spec_init(&s);
+    s.max = 2;
+    s.mode = mode;
+    s.ttl_s = 5;
+    s.ps_min = 1;
+    s.ps_max = 3;
+    char *j = edl_spec_to_json(&s), k[256];
+    harness_put(cl, key(job, "spec", k, sizeof k), j);
+    free(j);
+    edl_spec_clear(&s);
+}
+
+/* A fake parameter server's registration (no agent behind it). */
+static void fake_server(const char *job, const char *pod, int port)
+{
+    char k[256], rest[160], v[128];
+    snprintf(rest, sizeof rest, "pods/%s", pod);
+    snprintf(v, sizeof v, "{\"role\":\"ps\",\"addr\":\"10.1.2.9\",\"port\":%d}", port);
+    harness_put(cl, key(job, rest, k, sizeof k), v);
+}
+
+static int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        n++;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* A generation that changes only the servers keeps a worker's trainer: not restarted (restart
+ * mode), no control line (in-process mode); its status follows the new generation, also after
+ * the trainer ended. The worker's environment names the servers of its start. */
+static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
+{
+    put_ps_spec(job, mode);
+    fake_server(job, "s0", 8100);
+    fake_server(job, "s1", 8101);
+    pid_t a = start_agent(job, "a",
+                          "echo $$ >> $T_DIR/starts; env > $T_DIR/env; "
+                          "while read -r l <&$EDL_CONTROL_FD; do echo \"$l\" >> $T_DIR/ctl; "
+                          "done; sleep 60",
+                          NULL);
+    publish_servers(job, 1, 0, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                         (const char *[]){"s0", NULL});
+    char sf[300], ef[300], cf[300];
+    snprintf(sf, sizeof sf, "%s/starts", dir);
+    snprintf(ef, sizeof ef, "%s/env", dir);
+    snprintf(cf, sizeof cf, "%s/ctl", dir);
+    edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_true(wait_file(ef, 3000));
+    char line[1024];
+    assert_int_equal(wait_lines(cf, 1, line, sizeof line), 1);
+    harness_sleep_ms(200);
+    assert_var(ef, "PADDLE_PSERVERS_IP_PORT_LIST", "10.1.2.9:8100");
+    assert_var(ef, "EDL_PS_SERVERS", "1");
+    assert_var(ef, "TRAINING_ROLE", "TRAINER");
+    long pid = st.pid;
+    publish_servers(job, 2, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                    (const char *[]){"s0", "s1", NULL});
+    st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_int_equal(st.pid, pid);
+    assert_int_equal(st.restarts, 0);
+    harness_sleep_ms(500);
+    assert_true(pid_alive((pid_t)pid));
+    assert_int_equal(count_lines(sf), 1);    /* one start */
+    assert_int_equal(count_lines(cf), 1);    /* the first control line only */
+    publish_servers(job, 3, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                    (const char *[]){"s1", NULL});
+    st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_int_equal(st.pid, pid);
+    /* the trainer ends; a servers-only generation carries how it ended, without a start */
+    kill((pid_t)pid, SIGKILL);
+    st = wait_status(job, "a", 3, EDL_TRAINER_SIGNALED, -1, 5000);
+    publish_servers(job, 4, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
+                    (const char *[]){"s0", "s1", NULL});
+    st = wait_status(job, "a", 4, EDL_TRAINER_SIGNALED, -1, 5000);
+    assert_int_equal(st.signal, 9);
+    harness_sleep_ms(300);
+    assert_int_equal(count_lines(sf), 1);
+    /* a restart with the same workers (a new members generation) does start it again */
+    edl_member m[1], sv[1];
+    member_list(job, (const char *[]){"a", NULL}, m);
+    member_list(job, (const char *[]){"s0", NULL}, sv);
+    edl_generation g = {.generation = 5, .state = EDL_JOB_RUNNING, .members = m, .n_members = 1,
+                        .servers = sv, .n_servers = 1, .restarts = 1};
+    char *j = edl_generation_to_json(&g), k[256];
+    harness_put(cl, key(job, "generation", k, sizeof k), j);
+    free(j);
+    free_list(m, 1);
+    free_list(sv, 1);
+    st = wait_status(job, "a", 5, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_true(st.pid != pid);
+    assert_int_equal(count_lines(sf), 2);
+    publish_state(job, 5, EDL_JOB_SUCCEEDED);
+    assert_int_equal(wait_exit(a, 5000), 0);
+}
+
+static void test_servers_only_generation_keeps_the_trainer(void **state)
+{
+    (void)state;
+    servers_change_keeps_trainer("psrestart", EDL_MODE_RESTART);
+    static const char *const used[] = {"starts", "env", "ctl", NULL};
+    for (const char *const *u = used; *u; u++) {
+        char f[300];
+        snprintf(f, sizeof f, "%s/%s", dir, *u);
+        unlink(f);
+    }
+    servers_change_keeps_trainer("psinproc", EDL_MODE_INPROCESS);
+}
+
+/* The parameter server's process: started when the pod is listed in servers (also while the
+ * job waits), with Paddle's PSERVER environment; kept, never restarted, through later
+ * generations (listed or not); a failure is reported and waits for the job server, which lists
+ * the pod again to start it anew; exit 0 is a clean leave: the agent leaves with 0. */
+static void test_ps_process_lifecycle(void **state)
+{
+    (void)state;
+    const char *job = "pslife";
+    put_ps_spec(job, EDL_MODE_RESTART);
+    fake_server(job, "t", 8200);
+    char k[256];
+    harness_put(cl, key(job, "pods/w", k, sizeof k),
+                "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    pid_t a = start_agent(job, "s",
+                          "f=$T_DIR/s.$EDL_GENERATION; echo $$ >> $T_DIR/starts; env > $f.tmp && "
+                          "mv $f.tmp $f.env; while [ ! -f $T_DIR/quit ]; do sleep 0.05; done; "
+                          "exit $(cat $T_DIR/quit)",
+                          (const char *[]){"--role", "ps", "--port", "8300", NULL});
+    edl_kv *kv = wait_kv(key(job, "pods/s", k, sizeof k), 5000);
+    assert_non_null(kv);
+    assert_non_null(strstr(kv->value, "\"role\":\"ps\""));
+    edl_kv_free(kv);
+    publish_servers(job, 1, 0, EDL_JOB_WAITING, (const char *[]){"w", NULL},
+                         (const char *[]){"t", "s", NULL});
+    char ef[300], sf[300], qf[300];
+    assert_true(wait_file(path_of("s", 1, "env", ef, sizeof ef), 5000));
+    snprintf(sf, sizeof sf, "%s/starts", dir);
+    snprintf(qf, sizeof qf, "%s/quit", dir);
+    assert_var(ef, "TRAINING_ROLE", "PSERVER");
+    assert_var(ef, "PADDLE_PSERVERS_IP_PORT_LIST", "10.1.2.9:8200,127.0.0.1:8300");
+    assert_var(ef, "PADDLE_PORT", "8300");
+    assert_var(ef, "POD_IP", "127.0.0.1");
+    assert_var(ef, "PADDLE_TRAINERS_NUM", "1");
+    assert_var(ef, "EDL_PS_INDEX", "1");
+    assert_var(ef, "EDL_PS_SERVERS", "2");
+    assert_var(ef, "EDL_JOB_ID", job);
+    assert_var(ef, "EDL_POD_ID", "s");
+    assert_var(ef, "EDL_GENERATION", "1");
+    char v[64];
+    assert_null(file_var(ef, "RANK", v, sizeof v));
+    assert_null(file_var(ef, "PADDLE_TRAINER_ID", v, sizeof v));
+    assert_null(file_var(ef, "MASTER_ADDR", v, sizeof v));
+    edl_pod_status st = wait_status(job, "s", 1, EDL_TRAINER_RUNNING, -1, 3000);
+    long pid = st.pid;
+    /* later generations, with the pod listed elsewhere or not at all: the same process */
+    publish_servers(job, 2, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+                         (const char *[]){"s", NULL});
+    st = wait_status(job, "s", 2, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_int_equal(st.pid, pid);
+    publish_servers(job, 3, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+                         (const char *[]){"t", NULL});
+    harness_sleep_ms(500);
+    assert_true(pid_alive((pid_t)pid)); /* unlisted: it drains by itself */
+    assert_int_equal(count_lines(sf), 1);
+    publish_servers(job, 4, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+                         (const char *[]){"t", "s", NULL});
+    st = wait_status(job, "s", 4, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_int_equal(st.pid, pid);
+    /* a failure is reported; the agent waits for the job server */
+    FILE *q = fopen(qf, "w");
+    fputs("3\n", q);
+    fclose(q);
+    st = wait_status(job, "s", 4, EDL_TRAINER_EXITED, -1, 5000);
+    assert_int_equal(st.exit_code, 3);
+    assert_int_equal(unlink(qf), 0);
+    harness_sleep_ms(300);
+    assert_int_equal(count_lines(sf), 1);
+    publish_servers(job, 5, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+                         (const char *[]){"t", NULL});
+    wait_status(job, "s", 5, EDL_TRAINER_WAITING, -1, 5000);
+    publish_servers(job, 6, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
+                         (const char *[]){"t", "s", NULL});
+    st = wait_status(job, "s", 6, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_true(st.pid != pid); /* listed again: a new process */
+    assert_int_equal(count_lines(sf), 2);
+    /* exit 0: a clean leave, the agent leaves too (its registration with it) */
+    q = fopen(qf, "w");
+    fputs("0\n", q);
+    fclose(q);
+    assert_int_equal(wait_exit(a, 5000), 0);
+    assert_true(wait_gone(key(job, "pods/s", k, sizeof k), 0));
+}
+
+/* SIGTERM to a ps pod's agent: the registration goes first (the job server publishes the
+ * servers without it), then the process gets SIGTERM and may take the grace period to hand
+ * its shards over; the agent exits 128+15. A final job state stops the process as a worker's. */
+static void test_ps_graceful_leave_deletes_registration_first(void **state)
+{
+    (void)state;
+    const char *job = "psleave";
+    put_ps_spec(job, EDL_MODE_RESTART);
+    char k[256], script[1024];
+    key(job, "pods/s", k, sizeof k);
+    /* on SIGTERM: is the registration still there? then "hand over" for 0.5 s and exit 0 */
+    snprintf(script, sizeof script,
+             "trap 'ETCDCTL_API=3 %s --endpoints=$EDL_ETCD_ENDPOINTS get --print-value-only %s "
+             "> $T_DIR/at_term 2>&1 && echo read-ok >> $T_DIR/at_term; sleep 0.5; "
+             "echo handed-over > $T_DIR/done; exit 0' TERM; "
+             "echo $$ > $T_DIR/pid; while :; do sleep 0.05; done",
+             EDL_ETCDCTL_BIN, k);
+    pid_t a = start_agent(job, "s", script, (const char *[]){"--role", "ps", NULL});
+    publish_servers(job, 1, 0, EDL_JOB_RUNNING, NULL, (const char *[]){"s", NULL});
+    edl_pod_status st = wait_status(job, "s", 1, EDL_TRAINER_RUNNING, -1, 5000);
+    char pf[300], tf[300], df[300];
+    snprintf(pf, sizeof pf, "%s/pid", dir);
+    snprintf(tf, sizeof tf, "%s/at_term", dir);
+    snprintf(df, sizeof df, "%s/done", dir);
+    assert_true(wait_file(pf, 3000));
+    kill(a, SIGTERM);
+    assert_int_equal(wait_exit(a, 8000), 143);
+    assert_true(wait_file(df, 0)); /* it had its time to hand over */
+    char v[1024] = "";
+    FILE *f = fopen(tf, "r");
+    assert_non_null(f);
+    size_t got = fread(v, 1, sizeof v - 1, f);
+    v[got] = '\0';
+    fclose(f);
+    if (!strstr(v, "read-ok") || strstr(v, "\"role\""))
+        fail_msg("at SIGTERM the registration was still there (or etcd unread): %s", v);
+    assert_false(pid_alive((pid_t)st.pid));
+
+    /* a final state stops the server process */
+    const char *job2 = "psfinal";
+    put_ps_spec(job2, EDL_MODE_RESTART);
+    a = start_agent(job2, "s", "echo $$ > $T_DIR/pid2; exec sleep 60",
+                    (const char *[]){"--role", "ps", NULL});
+    publish_servers(job2, 1, 0, EDL_JOB_RUNNING, NULL, (const char *[]){"s", NULL});
+    st = wait_status(job2, "s", 1, EDL_TRAINER_RUNNING, -1, 5000);
+    publish_state(job2, 1, EDL_JOB_SUCCEEDED);
+    assert_int_equal(wait_exit(a, 5000), 0);
+    assert_true(wait_pid_dead((pid_t)st.pid, 2000));
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -875,6 +1151,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_generation_is_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_steps_reach_status_and_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_trainer_running, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_servers_only_generation_keeps_the_trainer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ps_process_lifecycle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ps_graceful_leave_deletes_registration_first, setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

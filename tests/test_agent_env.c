@@ -1,5 +1,6 @@
 /* test_agent_env.c: the pure parts of the agent: the trainer's environment (every name, local
- * ranks across addresses, inherited values overridden) and the trainer's side of the agent
+ * ranks across addresses, inherited values overridden), a parameter server's environment and a
+ * worker's view of the servers, and the trainer's side of the agent
  * protocol, edl/agent_link.h (progress lines, control lines, standalone mode, malformed and
  * oversized input). */
 #define _GNU_SOURCE /* pipe2 */
@@ -93,8 +94,10 @@ static void test_environment_names_and_local_ranks(void **state)
     assert_var(env, "PADDLE_TRAINERS_NUM", "4");
     assert_var(env, "PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:7000,10.0.0.2:7001,10.0.0.1:7002,10.0.0.1:7003");
     assert_var(env, "PADDLE_CURRENT_ENDPOINT", "10.0.0.1:7003");
-    assert_var(env, "PADDLE_PSERVERS_IP_PORT_LIST", "");
+    assert_var(env, "PADDLE_PSERVERS_IP_PORT_LIST", ""); /* no servers */
+    assert_var(env, "EDL_PS_SERVERS", "0");
     assert_var(env, "TRAINING_ROLE", "TRAINER");
+    assert_var(env, "POD_IP", "10.0.0.1");
     edl_env_free(env);
 
     in.rank = 1;
@@ -157,6 +160,81 @@ static void test_etcd_security_settings_are_passed_on(void **state)
     edl_env_free(env);
     edl_etcd_config_clear(&ec);
     edl_spec_clear(&s);
+}
+
+/* A worker of a job with parameter servers sees them in rank order; a ps process gets Paddle's
+ * PSERVER names and its server rank, and none of a worker's (inherited ones removed). */
+static void test_ps_and_worker_environments(void **state)
+{
+    (void)state;
+    edl_member m[2] = {{(char *)"w0", 0, (char *)"10.0.0.1", 7000, 1},
+                       {(char *)"w1", 1, (char *)"10.0.0.2", 7001, 2}};
+    edl_member sv[3] = {{(char *)"s0", 0, (char *)"10.0.1.1", 8000, 11},
+                        {(char *)"s1", 1, (char *)"10.0.1.2", 8001, 12},
+                        {(char *)"s2", 2, (char *)"10.0.1.3", 8002, 13}};
+    edl_generation g = {.generation = 6, .members_generation = 4, .state = EDL_JOB_RUNNING,
+                        .members = m, .n_members = 2, .servers = sv, .n_servers = 3,
+                        .restarts = 1};
+    edl_job_spec s;
+    edl_spec_init(&s);
+    s.ps_min = 2;
+    s.ps_max = 3;
+    char *base[] = {(char *)"PATH=/bin", (char *)"RANK=5", (char *)"MASTER_ADDR=10.9.9.9",
+                    (char *)"PADDLE_TRAINER_ID=4", (char *)"POD_IP=10.9.9.8",
+                    (char *)"PADDLE_PORT=1", (char *)"EDL_PS_INDEX=7", NULL};
+    edl_etcd_config ec;
+    edl_etcd_config_init(&ec);
+    assert_int_equal(edl_etcd_config_set_endpoints(&ec, "http://e:2379"), 0);
+    agent_env_input in = {.job = "j", .pod = "w1", .etcd = &ec, .prefix = "/p", .role = "worker",
+                          .spec = &s, .generation = &g, .rank = 1, .master_port = 40000,
+                          .control_fd = 3, .progress_fd = 4};
+    char **env;
+    assert_int_equal(agent_env_build(&in, base, &env), 0);
+    assert_var(env, "TRAINING_ROLE", "TRAINER");
+    assert_var(env, "PADDLE_PSERVERS_IP_PORT_LIST", "10.0.1.1:8000,10.0.1.2:8001,10.0.1.3:8002");
+    assert_var(env, "EDL_PS_SERVERS", "3");
+    assert_var(env, "RANK", "1");
+    assert_var(env, "PADDLE_TRAINER_ID", "1");
+    assert_var(env, "PADDLE_TRAINERS_NUM", "2");
+    assert_var(env, "POD_IP", "10.0.0.2");
+    /* the generation its members were formed in: the same on every rank since */
+    assert_var(env, "EDL_GENERATION", "4");
+    edl_assignment as;
+    assert_int_equal(agent_assignment(&g, 1, 40000, &as), 0);
+    assert_int_equal(as.generation, 4);
+    assert_null(var(env, "PADDLE_PORT"));  /* a server's name: the inherited one goes */
+    assert_null(var(env, "EDL_PS_INDEX"));
+    edl_env_free(env);
+
+    in.pod = "s2";
+    in.role = "ps";
+    in.rank = 2; /* its rank among the servers */
+    assert_int_equal(agent_env_build(&in, base, &env), 0);
+    assert_var(env, "PATH", "/bin");
+    assert_var(env, "EDL_JOB_ID", "j");
+    assert_var(env, "EDL_POD_ID", "s2");
+    assert_var(env, "EDL_GENERATION", "6"); /* a server's: the one it starts in */
+    assert_var(env, "EDL_ETCD_ENDPOINTS", "http://e:2379");
+    assert_var(env, "EDL_ETCD_PREFIX", "/p");
+    assert_var(env, "TRAINING_ROLE", "PSERVER");
+    assert_var(env, "PADDLE_PSERVERS_IP_PORT_LIST", "10.0.1.1:8000,10.0.1.2:8001,10.0.1.3:8002");
+    assert_var(env, "PADDLE_PORT", "8002");
+    assert_var(env, "POD_IP", "10.0.1.3");
+    assert_var(env, "PADDLE_TRAINERS_NUM", "2");
+    assert_var(env, "EDL_PS_INDEX", "2");
+    assert_var(env, "EDL_PS_SERVERS", "3");
+    static const char *const worker_only[] = {
+        "RANK", "EDL_RANK", "EDL_WORLD_SIZE", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "PADDLE_TRAINER_ID", "PADDLE_TRAINER_ENDPOINTS",
+        "PADDLE_CURRENT_ENDPOINT", "ROLE_NAME", "TORCHELASTIC_ERROR_FILE", NULL};
+    for (const char *const *n = worker_only; *n; n++)
+        if (var(env, *n))
+            fail_msg("a parameter server got %s=%s", *n, var(env, *n));
+    edl_env_free(env);
+    in.rank = 3; /* not a server of this generation */
+    assert_int_equal(agent_env_build(&in, base, &env), EDL_EINVAL);
+    edl_spec_clear(&s);
+    edl_etcd_config_clear(&ec);
 }
 
 static void test_agent_link_standalone_does_nothing(void **state)
@@ -287,6 +365,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_environment_names_and_local_ranks),
         cmocka_unit_test(test_etcd_security_settings_are_passed_on),
+        cmocka_unit_test(test_ps_and_worker_environments),
         cmocka_unit_test(test_agent_link_standalone_does_nothing),
         cmocka_unit_test(test_agent_link_protocol_over_pipes),
         cmocka_unit_test(test_agent_link_drops_oversized_control_line),

@@ -2,8 +2,9 @@
  * and real trainer processes (small sh scripts). What a user sees: the exact environment of
  * every rank, scale up within the settle window as one generation, graceful leave and SIGKILL,
  * standby promotion, a failing trainer restarted, excluded and finally failing the job, an etcd
- * outage ridden out without killing trainers, `edl status/scale/stop`, and the example trainer
- * finishing with the right answer after being re-formed. */
+ * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
+ * finishing with the right answer after being re-formed, and a job with parameter servers
+ * (--ps: the same trainer in both roles, servers scaled without restarting anyone). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -734,6 +735,17 @@ static void test_usage_errors(void **state)
     const char *too_many_replicas[] = {"run", "--np", "2", "--replicas", "1025", "--", "true",
                                        NULL};
     assert_int_equal(edl_cmd(out, sizeof out, too_many_replicas), 2);
+    const char *bad_ps[] = {"run", "--np", "2", "--ps", "3:2", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_ps), 2);
+    assert_non_null(strstr(out, "--ps 3:2"));
+    const char *bad_ps_replicas[] = {"run", "--np", "2", "--ps", "1:2", "--ps-replicas", "3",
+                                     "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_ps_replicas), 2);
+    assert_non_null(strstr(out, "ps.replicas is 3"));
+    const char *ps_replicas_alone[] = {"run", "--np", "2", "--ps-replicas", "1", "--", "true",
+                                       NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, ps_replicas_alone), 2);
+    assert_non_null(strstr(out, "needs --ps"));
 }
 
 /* `edl status --json` prints one valid JSON document whatever the keys in etcd hold. */
@@ -992,6 +1004,167 @@ static void test_manifest_example_runs(void **state)
     assert_non_null(strstr(out, "rank 0: done after 200 steps"));
 }
 
+/* ---- parameter servers --------------------------------------------------------------------- */
+
+/* The pids (second field) of a starts file's lines, in order; returns how many. */
+static int start_pids(const char *path, long *pids, int max)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+    while (f && n < max && fgets(line, sizeof line, f)) {
+        char pod[128];
+        if (sscanf(line, "%127s %ld", pod, &pids[n]) == 2)
+            n++;
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* Wait for a running generation with n_members workers and n_servers servers. */
+static void wait_servers(const char *job, size_t n_servers, int timeout_ms, edl_generation *c)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    while (harness_now_ms() < deadline) {
+        if (read_generation(job, c) && c->state == EDL_JOB_RUNNING && c->n_servers == n_servers)
+            return;
+        harness_sleep_ms(20);
+    }
+    fail_msg("job %s: no running generation with %zu servers within %d ms (generation %lld, "
+             "%zu servers)", job, n_servers, timeout_ms, (long long)c->generation,
+             c->n_servers);
+}
+
+/* The pid a pod's status reports for generation gen while running (0: not so). */
+static long running_pid(const char *job, const char *pod, int64_t gen)
+{
+    char buf[2048], err[128];
+    edl_pod_status st;
+    if (!harness_get(g_c, key(job, EDL_KEY_STATUS, pod), buf, sizeof buf) ||
+        edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) != 0 ||
+        st.generation != gen || st.state != EDL_TRAINER_RUNNING)
+        return 0;
+    return (long)st.pid;
+}
+
+/* `edl run --np 2 --ps 2:3 --ps-replicas 2`: one trainer command in both roles (it reads
+ * TRAINING_ROLE); the job runs once two servers are there, the workers see both; `edl scale JOB
+ * 3 --role ps` adds a server in a new generation without restarting a worker or a server;
+ * the workers exit 0 and the job succeeds, the servers are stopped with it. */
+static void test_ps_role_end_to_end(void **state)
+{
+    (void)state;
+    const char *job = "psjob";
+    char script[1400], ws[300], ps[300], go[300];
+    snprintf(ws, sizeof ws, "%s/w.starts", g_dir);
+    snprintf(ps, sizeof ps, "%s/ps.starts", g_dir);
+    snprintf(go, sizeof go, "%s/go", g_dir);
+    snprintf(script, sizeof script,
+             "d=%s; env > $d/env.$EDL_POD_ID; "
+             "if [ \"$TRAINING_ROLE\" = PSERVER ]; then "
+             "echo \"$EDL_POD_ID $$ $EDL_PS_INDEX $PADDLE_PSERVERS_IP_PORT_LIST $PADDLE_PORT "
+             "$POD_IP $PADDLE_TRAINERS_NUM\" >> $d/ps.starts; trap 'exit 0' TERM; "
+             "while :; do sleep 0.05; done; fi; "
+             "case \"$PADDLE_PSERVERS_IP_PORT_LIST\" in *:*,*:*) ;; *) exit 7;; esac; "
+             "echo \"$EDL_POD_ID $$ $EDL_RANK $PADDLE_PSERVERS_IP_PORT_LIST $EDL_PS_SERVERS\" "
+             ">> $d/w.starts; while [ ! -f $d/go ]; do sleep 0.05; done; exit 0",
+             g_dir);
+    const char *opts[] = {"--np", "2", "--ps", "2:3", "--ps-replicas", "2", "--etcd", ep(),
+                          "--settle-ms", "300", "--grace-ms", "2000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_generation c = {0};
+    wait_running(job, 2, 30000, &c);
+    assert_int_equal(c.n_servers, 2);
+    int64_t g1 = c.generation;
+    long wp[8], sp[8];
+    int64_t end = harness_now_ms() + 5000;
+    while (harness_now_ms() < end && (start_pids(ws, wp, 8) < 2 || start_pids(ps, sp, 8) < 2))
+        harness_sleep_ms(20);
+    assert_int_equal(start_pids(ws, wp, 8), 2);
+    assert_int_equal(start_pids(ps, sp, 8), 2);
+    /* the workers see both servers in rank order; each server its own index and port */
+    char list[256], v[512], path[300];
+    snprintf(list, sizeof list, "%s:%d,%s:%d", c.servers[0].addr, c.servers[0].port,
+             c.servers[1].addr, c.servers[1].port);
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/env.%s", g_dir, c.servers[s].pod);
+        assert_non_null(strstr(c.servers[s].pod, "psjob-ps-"));
+        assert_string_equal(env_value(path, "TRAINING_ROLE", v, sizeof v), "PSERVER");
+        assert_string_equal(env_value(path, "PADDLE_PSERVERS_IP_PORT_LIST", v, sizeof v), list);
+        char want[16];
+        snprintf(want, sizeof want, "%d", s);
+        assert_string_equal(env_value(path, "EDL_PS_INDEX", v, sizeof v), want);
+        snprintf(want, sizeof want, "%d", c.servers[s].port);
+        assert_string_equal(env_value(path, "PADDLE_PORT", v, sizeof v), want);
+        assert_string_equal(env_value(path, "PADDLE_TRAINERS_NUM", v, sizeof v), "2");
+        assert_null(env_value(path, "RANK", v, sizeof v));
+        assert_null(env_value(path, "PADDLE_TRAINER_ID", v, sizeof v));
+    }
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/env.%s", g_dir, c.members[r].pod);
+        assert_string_equal(env_value(path, "TRAINING_ROLE", v, sizeof v), "TRAINER");
+        assert_string_equal(env_value(path, "PADDLE_PSERVERS_IP_PORT_LIST", v, sizeof v), list);
+        assert_string_equal(env_value(path, "EDL_PS_SERVERS", v, sizeof v), "2");
+    }
+
+    /* a third server: a new generation, the same workers and servers keep their processes */
+    char out[8192];
+    const char *scale3[] = {"scale", job, "3", "--role", "ps", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, scale3), 0);
+    assert_non_null(strstr(out, "ps replicas 2 -> 3"));
+    wait_servers(job, 3, 20000, &c);
+    assert_true(c.generation > g1);
+    assert_int_equal(c.n_members, 2);
+    end = harness_now_ms() + 5000; /* the agents report their trainers in the new generation */
+    while (harness_now_ms() < end && !(running_pid(job, c.members[0].pod, c.generation) &&
+                                       running_pid(job, c.members[1].pod, c.generation) &&
+                                       running_pid(job, c.servers[2].pod, c.generation)))
+        harness_sleep_ms(20);
+    for (int r = 0; r < 2; r++) {
+        long pid = running_pid(job, c.members[r].pod, c.generation);
+        assert_true(pid == wp[0] || pid == wp[1]); /* the trainer of the first start */
+    }
+    for (int s = 0; s < 2; s++) {
+        long pid = running_pid(job, c.servers[s].pod, c.generation);
+        assert_true(pid == sp[0] || pid == sp[1]);
+    }
+    harness_sleep_ms(500);
+    assert_int_equal(start_pids(ws, wp, 8), 2); /* no worker restarted */
+    assert_int_equal(start_pids(ps, sp, 8), 3); /* only the new server started */
+    assert_true(log_has(job, "edl", "3 servers [", NULL));
+
+    /* edl status shows the servers; beyond ps max, or without a ps role: refused */
+    const char *st[] = {"status", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, st), 0);
+    assert_non_null(strstr(out, "3 servers"));
+    assert_non_null(strstr(out, "ps 2"));
+    assert_non_null(strstr(out, "ps min 2, max 3, replicas 3"));
+    const char *st_json[] = {"status", job, "--json", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, st_json), 0);
+    assert_non_null(strstr(out, "\"servers\":["));
+    const char *scale9[] = {"scale", job, "9", "--role", "ps", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, scale9), 2);
+    assert_non_null(strstr(out, "beyond its ps max 3"));
+    harness_put(g_c, key("nops", EDL_KEY_SPEC, NULL), "{\"min\":1}");
+    const char *scale_nops[] = {"scale", "nops", "1", "--role", "ps", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, scale_nops), 2);
+    assert_non_null(strstr(out, "has no ps role"));
+    const char *bad_role[] = {"scale", job, "1", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_role), 2);
+
+    /* the workers finish: success is theirs; the servers are stopped with the job */
+    FILE *f = fopen(go, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(harness_wait_exit(run, 30000), 0);
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    for (int s = 0; s < 3; s++)
+        assert_int_equal(kill((pid_t)sp[s], 0), -1);
+    edl_generation_clear(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1013,6 +1186,7 @@ int main(void)
         cmocka_unit_test(test_manifest_errors_exit_2_and_start_nothing),
         cmocka_unit_test(test_manifest_deadline_fails_the_job),
         cmocka_unit_test(test_manifest_example_runs),
+        cmocka_unit_test(test_ps_role_end_to_end),
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

@@ -248,6 +248,89 @@ static void test_bad_specs_rejected_with_reason(void **state)
     free(huge);
 }
 
+/* The ps role: "ps": {"min","max","replicas"} read, defaulted, validated and written back;
+ * absent, the job has no parameter servers. */
+static void test_spec_ps_role_round_trip(void **state)
+{
+    (void)state;
+    char err[256];
+    edl_job_spec s;
+    edl_spec_init(&s);
+    const char *none = "{\"min\":2}";
+    assert_int_equal(edl_spec_parse(none, strlen(none), &s, err, sizeof err), 0);
+    assert_int_equal(s.ps_max, 0);
+    assert_int_equal(edl_spec_desired_servers(&s), 0);
+    char *out = edl_spec_to_json(&s);
+    assert_null(strstr(out, "\"ps\"")); /* no role, no object */
+    free(out);
+    const char *j = "{\"min\":2,\"max\":4,\"ps\":{\"min\":2,\"max\":3,\"replicas\":-1}}";
+    assert_int_equal(edl_spec_parse(j, strlen(j), &s, err, sizeof err), 0);
+    assert_int_equal(s.ps_min, 2);
+    assert_int_equal(s.ps_max, 3);
+    assert_int_equal(s.ps_replicas, -1);
+    assert_int_equal(edl_spec_desired_servers(&s), 3); /* -1 = max, as for workers */
+    assert_int_equal(edl_spec_desired_pods(&s), 4);
+    s.ps_replicas = 2;
+    out = edl_spec_to_json(&s);
+    edl_job_spec t;
+    edl_spec_init(&t);
+    assert_int_equal(edl_spec_parse(out, strlen(out), &t, err, sizeof err), 0);
+    assert_int_equal(t.ps_min, 2);
+    assert_int_equal(t.ps_max, 3);
+    assert_int_equal(t.ps_replicas, 2);
+    assert_int_equal(edl_spec_desired_servers(&t), 2);
+    edl_job_spec u;
+    edl_spec_init(&u);
+    assert_int_equal(edl_spec_copy(&u, &t), 0);
+    assert_int_equal(u.ps_replicas, 2);
+    free(out);
+    const char *only_min = "{\"ps\":{\"min\":3}}"; /* max defaults to min */
+    assert_int_equal(edl_spec_parse(only_min, strlen(only_min), &s, err, sizeof err), 0);
+    assert_int_equal(s.ps_min, 3);
+    assert_int_equal(s.ps_max, 3);
+    assert_int_equal(edl_spec_desired_servers(&s), 3);
+    edl_spec_clear(&s);
+    edl_spec_clear(&t);
+    edl_spec_clear(&u);
+}
+
+static void test_bad_ps_specs_rejected_with_reason(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"{\"ps\":3}", EDL_EPROTO, "\"ps\" must be an object"},
+        {"{\"ps\":[1]}", EDL_EPROTO, "\"ps\" must be an object"},
+        {"{\"ps\":{}}", EDL_EPROTO, "spec.ps: field \"min\" is required"},
+        {"{\"ps\":{\"min\":\"two\"}}", EDL_EPROTO, "\"min\" must be an integer"},
+        {"{\"ps\":{\"min\":1,\"max\":true}}", EDL_EPROTO, "\"max\" must be an integer"},
+        {"{\"ps\":{\"min\":1,\"replicas\":1.5}}", EDL_EPROTO, "\"replicas\" must be an integer"},
+        {"{\"ps\":{\"min\":0}}", EDL_ECONFIG, "\"min\" must be at least 1"},
+        {"{\"ps\":{\"min\":-1,\"max\":2}}", EDL_ECONFIG, "\"min\" must be at least 1"},
+        {"{\"ps\":{\"min\":3,\"max\":2}}", EDL_ECONFIG, "ps.min (3) is greater than ps.max (2)"},
+        {"{\"ps\":{\"min\":1,\"max\":1025}}", EDL_ECONFIG, "at most 1024"},
+        {"{\"ps\":{\"min\":1,\"max\":2,\"replicas\":3}}", EDL_ECONFIG, "ps.replicas is 3"},
+        {"{\"ps\":{\"min\":1,\"max\":2,\"replicas\":-2}}", EDL_ECONFIG, "ps.replicas is -2"},
+        {"{\"ps\":{\"min\":1e300}}", EDL_ECONFIG, "outside"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        edl_job_spec s;
+        edl_spec_init(&s);
+        s.ps_min = 7;
+        s.ps_max = 9;
+        char err[256] = "";
+        int rc = edl_spec_parse(cases[i].json, strlen(cases[i].json), &s, err, sizeof err);
+        if (rc != cases[i].rc || !strstr(err, cases[i].msg))
+            fail_msg("case %zu (%s): rc %d, err \"%s\"", i, cases[i].json, rc, err);
+        assert_int_equal(s.ps_min, 7); /* untouched */
+        assert_int_equal(s.ps_max, 9);
+        edl_spec_clear(&s);
+    }
+}
+
 static void test_generation_round_trip(void **state)
 {
     (void)state;
@@ -302,6 +385,9 @@ static void test_bad_generation_documents_rejected(void **state)
         "{\"generation\":3,\"restarts\":2147483647}",
         "{\"generation\":3,\"failures\":[{\"pod\":\"a\",\"count\":2147483647}]}",
         "{\"generation\":3,\"failures\":[{\"count\":1}]}", /* whose failures? */
+        "{\"generation\":3,\"members_generation\":4}",  /* after itself */
+        "{\"generation\":3,\"members_generation\":0}",
+        "{\"generation\":3,\"members_generation\":\"2\"}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         edl_generation c = {.generation = 5};
@@ -311,6 +397,89 @@ static void test_bad_generation_documents_rejected(void **state)
             fail_msg("case %zu (%s) accepted", i, bad[i]);
         assert_int_equal(c.generation, 5);
     }
+}
+
+/* "servers": the parameter servers, member objects ranked 0..n-1, found by incarnation;
+ * absent when there are none. */
+static void test_generation_servers_round_trip(void **state)
+{
+    (void)state;
+    edl_member m[1] = {{(char *)"w0", 0, (char *)"10.0.0.1", 7000, 11}};
+    edl_member sv[2] = {{(char *)"s0", 0, (char *)"10.0.0.3", 7100, 21},
+                        {(char *)"s1", 1, (char *)"10.0.0.4", 7101, INT64_C(0x7a4d8b3e1234abce)}};
+    edl_generation c = {.generation = 4, .state = EDL_JOB_RUNNING, .members = m, .n_members = 1,
+                        .servers = sv, .n_servers = 2};
+    char *j = edl_generation_to_json(&c);
+    assert_non_null(strstr(j, "\"servers\":["));
+    edl_generation d = {0};
+    char err[256];
+    assert_int_equal(edl_generation_parse(j, strlen(j), &d, err, sizeof err), 0);
+    free(j);
+    assert_int_equal(d.n_members, 1);
+    assert_int_equal(d.n_servers, 2);
+    assert_string_equal(d.servers[1].pod, "s1");
+    assert_int_equal(d.servers[1].rank, 1);
+    assert_string_equal(d.servers[1].addr, "10.0.0.4");
+    assert_int_equal(d.servers[1].port, 7101);
+    assert_true(d.servers[1].lease == INT64_C(0x7a4d8b3e1234abce));
+    assert_ptr_equal(edl_generation_server(&d, "s0", 21), &d.servers[0]);
+    assert_null(edl_generation_server(&d, "s0", 22));  /* another incarnation */
+    assert_null(edl_generation_server(&d, "w0", 11));  /* a worker is no server */
+    assert_null(edl_generation_member(&d, "s0", 21));  /* nor a server a worker */
+    assert_int_equal(edl_generation_of_members(&d), 4); /* absent: this generation */
+    c.members_generation = 2; /* only the servers changed since generation 2 */
+    j = edl_generation_to_json(&c);
+    assert_non_null(strstr(j, "\"members_generation\":2"));
+    assert_int_equal(edl_generation_parse(j, strlen(j), &d, err, sizeof err), 0);
+    free(j);
+    assert_int_equal(d.members_generation, 2);
+    assert_int_equal(edl_generation_of_members(&d), 2);
+    c.members_generation = 0;
+    c.n_servers = 0;
+    j = edl_generation_to_json(&c);
+    assert_null(strstr(j, "servers")); /* none: absent, as before the ps role */
+    assert_int_equal(edl_generation_parse(j, strlen(j), &d, err, sizeof err), 0);
+    assert_int_equal(d.n_servers, 0);
+    assert_null(d.servers);
+    free(j);
+    edl_generation_clear(&d);
+}
+
+/* The servers list gets the members' checks: objects, valid names, dense ranks in order,
+ * bounded size, hexadecimal leases. */
+static void test_bad_generation_servers_rejected(void **state)
+{
+    (void)state;
+    static const char *bad[] = {
+        "{\"generation\":3,\"servers\":{}}",
+        "{\"generation\":3,\"servers\":[7]}",
+        "{\"generation\":3,\"servers\":[{\"pod\":\"a\",\"rank\":1}]}",
+        "{\"generation\":3,\"servers\":[{\"pod\":\"a\",\"rank\":0},{\"pod\":\"b\",\"rank\":0}]}",
+        "{\"generation\":3,\"servers\":[{\"pod\":\"../x\",\"rank\":0}]}",
+        "{\"generation\":3,\"servers\":[{\"rank\":0}]}",
+        "{\"generation\":3,\"servers\":[{\"pod\":\"a\",\"rank\":0,\"lease\":12}]}",
+        "{\"generation\":3,\"servers\":[{\"pod\":\"a\",\"rank\":0,\"port\":-1}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        edl_generation c = {.generation = 5};
+        char err[256] = "";
+        int rc = edl_generation_parse(bad[i], strlen(bad[i]), &c, err, sizeof err);
+        if (rc == 0 || !strstr(err, "servers"))
+            fail_msg("case %zu (%s): rc %d, err \"%s\"", i, bad[i], rc, err);
+        assert_int_equal(c.generation, 5);
+    }
+    /* more than EDL_PS_SERVERS_MAX entries is refused before any is read */
+    size_t cap = 16 + (EDL_PS_SERVERS_MAX + 1) * 4;
+    char *doc = malloc(cap), *p = doc;
+    p += sprintf(p, "{\"servers\":[");
+    for (int i = 0; i <= EDL_PS_SERVERS_MAX; i++)
+        p += sprintf(p, "%s{}", i ? "," : "");
+    sprintf(p, "]}");
+    edl_generation c = {.generation = 5};
+    char err[256] = "";
+    assert_int_equal(edl_generation_parse(doc, strlen(doc), &c, err, sizeof err), EDL_ETOOBIG);
+    assert_int_equal(c.generation, 5);
+    free(doc);
 }
 
 static void test_pod_and_status_documents(void **state)
@@ -591,8 +760,12 @@ int main(void)
         cmocka_unit_test(test_assignment_is_deterministic),
         cmocka_unit_test(test_spec_parse_and_round_trip),
         cmocka_unit_test(test_bad_specs_rejected_with_reason),
+        cmocka_unit_test(test_spec_ps_role_round_trip),
+        cmocka_unit_test(test_bad_ps_specs_rejected_with_reason),
         cmocka_unit_test(test_generation_round_trip),
         cmocka_unit_test(test_bad_generation_documents_rejected),
+        cmocka_unit_test(test_generation_servers_round_trip),
+        cmocka_unit_test(test_bad_generation_servers_rejected),
         cmocka_unit_test(test_pod_and_status_documents),
         cmocka_unit_test(test_names_and_keys),
         cmocka_unit_test(test_keys_are_built_and_recognised_in_one_place),

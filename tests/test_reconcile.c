@@ -1,6 +1,8 @@
 /* test_reconcile.c: the job server's decisions as a pure function (jobserver/reconcile.c):
  * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
- * cool-down, the restart budget, exit-code policy, success, hangs, stop, spec errors. */
+ * cool-down, the restart budget, exit-code policy, success, hangs, stop, spec errors; and the
+ * parameter-server role: waiting for ps_min servers, server changes as new generations that
+ * keep the workers, server failures (no restart), success decided by the workers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -50,10 +52,19 @@ static void add_pod(world *w, int id)
     w->has[i] = false;
 }
 
-static void remove_pod(world *w, int id)
+/* A parameter server s<id> (lease 200+id). */
+static void add_ps(world *w, int id)
 {
-    char name[16];
-    snprintf(name, sizeof name, "p%d", id);
+    size_t i = w->n++;
+    snprintf(w->names[i], sizeof w->names[i], "s%d", id);
+    w->pods[i] = (edl_pod){.name = w->names[i], .role = (char *)"ps",
+                           .addr = (char *)"10.0.0.2", .port = 7100 + id, .lease = 200 + id,
+                           .create_revision = (int64_t)i + 1};
+    w->has[i] = false;
+}
+
+static void remove_named(world *w, const char *name)
+{
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->pods[i].name, name) == 0) {
             for (size_t j = i; j + 1 < w->n; j++) {
@@ -69,10 +80,16 @@ static void remove_pod(world *w, int id)
     fail_msg("no pod %s", name);
 }
 
-static void set_status(world *w, int id, edl_trainer_state s, int code, int64_t step)
+static void remove_pod(world *w, int id)
 {
     char name[16];
     snprintf(name, sizeof name, "p%d", id);
+    remove_named(w, name);
+}
+
+static void set_named_status(world *w, const char *name, edl_trainer_state s, int code,
+                             int64_t step)
+{
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->pods[i].name, name) == 0) {
             w->st[i] = (edl_pod_status){.generation = w->cur.generation, .state = s,
@@ -81,6 +98,13 @@ static void set_status(world *w, int id, edl_trainer_state s, int code, int64_t 
                                         .step = step};
             w->has[i] = true;
         }
+}
+
+static void set_status(world *w, int id, edl_trainer_state s, int code, int64_t step)
+{
+    char name[16];
+    snprintf(name, sizeof name, "p%d", id);
+    set_named_status(w, name, s, code, step);
 }
 
 static void all_running(world *w)
@@ -143,14 +167,25 @@ static void world_free(world *w)
     edl_spec_clear(&w->spec);
 }
 
-static void members_are(const world *w, const char *expect)
+static void list_is(const edl_member *m, size_t n, const char *expect)
 {
     char got[256] = "";
-    for (size_t i = 0; i < w->cur.n_members; i++) {
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(m[i].rank, (int)i);
         strcat(got, i ? " " : "");
-        strcat(got, w->cur.members[i].pod);
+        strcat(got, m[i].pod);
     }
     assert_string_equal(got, expect);
+}
+
+static void members_are(const world *w, const char *expect)
+{
+    list_is(w->cur.members, w->cur.n_members, expect);
+}
+
+static void servers_are(const world *w, const char *expect)
+{
+    list_is(w->cur.servers, w->cur.n_servers, expect);
 }
 
 static void test_first_generation_after_settle_window(void **state)
@@ -689,6 +724,279 @@ static void test_hung_rank_restarts_without_blame(void **state)
     world_free(&w);
 }
 
+/* ---- the parameter-server role ------------------------------------------------------------ */
+
+/* A job with 2 workers and ps 2..3: servers are ranked apart; the job waits until ps_min
+ * servers are there (the servers it has are listed, so they can start); ps pods beyond ps_max
+ * are standbys. */
+static void ps_world(world *w, int min, int max, int ps_min, int ps_max)
+{
+    world_init(w, min, max);
+    w->spec.ps_min = ps_min;
+    w->spec.ps_max = ps_max;
+}
+
+/* Let pending joins settle into a generation. */
+static void settle(world *w)
+{
+    js_decision d = step(w);
+    js_decision_clear(&d);
+    advance(w, w->spec.settle_ms);
+    d = step(w);
+    js_decision_clear(&d);
+}
+
+static void servers_running(world *w)
+{
+    for (size_t i = 0; i < w->cur.n_servers; i++)
+        set_named_status(w, w->cur.servers[i].pod, EDL_TRAINER_RUNNING, 0, -1);
+}
+
+static void test_ps_job_waits_until_ps_min_servers(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 2, 2, 2, 3);
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    add_ps(&w, 0);
+    settle(&w);
+    assert_int_equal(w.cur.generation, 1);
+    assert_int_equal(w.cur.state, EDL_JOB_WAITING); /* 1 of at least 2 servers */
+    members_are(&w, "p0 p1");
+    servers_are(&w, "s0");
+    assert_non_null(strstr(w.cur.reason, "1 of at least 2 servers"));
+    add_ps(&w, 1);
+    settle(&w);
+    assert_int_equal(w.cur.generation, 2);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    servers_are(&w, "s0 s1");
+    assert_non_null(strstr(w.cur.reason, "server s1 joined"));
+    add_ps(&w, 2);
+    add_ps(&w, 3);
+    settle(&w);
+    assert_int_equal(w.cur.generation, 3);
+    servers_are(&w, "s0 s1 s2");
+    assert_int_equal(w.cur.n_standbys, 1); /* beyond ps.max 3 */
+    assert_string_equal(w.cur.standbys[0], "s3");
+    /* a pod of a role nobody knows takes no part */
+    add_pod(&w, 9);
+    w.pods[w.n - 1].role = (char *)"teacher";
+    settle(&w);
+    assert_int_equal(w.cur.generation, 3);
+    members_are(&w, "p0 p1");
+    assert_int_equal(w.cur.n_standbys, 1);
+    /* without the ps role, ps pods are never servers */
+    world v;
+    world_init(&v, 1, 2);
+    add_pod(&v, 0);
+    add_ps(&v, 0);
+    settle(&v);
+    assert_int_equal(v.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(v.cur.n_servers, 0);
+    assert_string_equal(v.cur.standbys[0], "s0");
+    world_free(&v);
+    world_free(&w);
+}
+
+/* A server joining or leaving makes a new generation number whose workers are the same pods,
+ * leases and ranks (the agents keep their trainers), and costs no restart; a join waits for the
+ * settle window, a loss is published at once. */
+static void test_server_change_is_a_new_generation_that_keeps_the_workers(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 2, 2, 1, 3);
+    w.spec.max_restarts = 0;
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    add_ps(&w, 0);
+    add_ps(&w, 1);
+    settle(&w);
+    all_running(&w);
+    servers_running(&w);
+    int64_t g = w.cur.generation;
+    edl_member before[2];
+    memcpy(before, w.cur.members, sizeof before); /* compared by value below */
+    char p0[8], p1[8];
+    snprintf(p0, sizeof p0, "%s", before[0].pod);
+    snprintf(p1, sizeof p1, "%s", before[1].pod);
+    add_ps(&w, 2);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* settling */
+    js_decision_clear(&d);
+    advance(&w, 1000);
+    d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(edl_generation_of_members(&w.cur), g); /* the workers' group is kept */
+    servers_are(&w, "s0 s1 s2");
+    members_are(&w, "p0 p1");
+    assert_string_equal(w.cur.members[0].pod, p0);
+    assert_string_equal(w.cur.members[1].pod, p1);
+    assert_true(w.cur.members[0].lease == before[0].lease);
+    assert_true(w.cur.members[1].lease == before[1].lease);
+    assert_int_equal(w.cur.restarts, 0);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    /* the agents carry their statuses into the new generation (same workers) */
+    all_running(&w);
+    servers_running(&w);
+    remove_named(&w, "s0"); /* its lease is gone: at once, the highest rank fills the hole */
+    d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 2);
+    assert_int_equal(edl_generation_of_members(&w.cur), g);
+    servers_are(&w, "s2 s1");
+    members_are(&w, "p0 p1");
+    assert_int_equal(w.cur.restarts, 0);
+    assert_non_null(strstr(w.cur.reason, "server s0 left"));
+    /* a worker joining forms a new group */
+    add_pod(&w, 2);
+    w.spec.max = 3;
+    all_running(&w);
+    servers_running(&w);
+    settle(&w);
+    assert_int_equal(w.cur.generation, g + 3);
+    assert_int_equal(edl_generation_of_members(&w.cur), g + 3);
+    members_are(&w, "p0 p1 p2");
+    world_free(&w);
+}
+
+/* A server's process failing drops it from the servers at once and counts towards its
+ * exclusion, but restarts no worker and spends no restart budget (here 0). It comes back as a
+ * newcomer after the settle window; its second failure excludes it. A server exiting 0 leaves
+ * cleanly: dropped, no failure counted. */
+static void test_server_failure_drops_it_without_restart(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 1, 2, 1, 3);
+    w.spec.max_restarts = 0;
+    w.spec.exclude_after = 2;
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    add_ps(&w, 0);
+    add_ps(&w, 1);
+    add_ps(&w, 2);
+    settle(&w);
+    all_running(&w);
+    servers_running(&w);
+    int64_t g = w.cur.generation;
+    set_named_status(&w, "s1", EDL_TRAINER_EXITED, 3, -1);
+    js_decision d = step(&w); /* no hold, no settle window */
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.restarts, 0);
+    members_are(&w, "p0 p1");
+    servers_are(&w, "s0 s2");
+    assert_non_null(strstr(w.cur.reason, "pod s1 (server 1) exited with code 3"));
+    assert_int_equal(w.cur.n_failures, 1);
+    assert_string_equal(w.cur.failures[0].pod, "s1");
+    assert_int_equal(w.cur.failures[0].count, 1);
+    assert_int_equal(w.cur.failures[0].excluded_until, 0);
+    /* its agent reports waiting for the new generation: a newcomer again, after the window */
+    all_running(&w);
+    servers_running(&w);
+    set_named_status(&w, "s1", EDL_TRAINER_WAITING, 0, -1);
+    settle(&w);
+    assert_int_equal(w.cur.generation, g + 2);
+    servers_are(&w, "s0 s2 s1");
+    all_running(&w);
+    servers_running(&w);
+    set_named_status(&w, "s1", EDL_TRAINER_SIGNALED, 9, -1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 3);
+    servers_are(&w, "s0 s2");
+    assert_int_equal(w.cur.failures[0].count, 2);
+    assert_true(w.cur.failures[0].excluded_until > w.now); /* excluded for the cool-down */
+    set_named_status(&w, "s1", EDL_TRAINER_WAITING, 0, -1);
+    all_running(&w);
+    servers_running(&w);
+    settle(&w);
+    assert_int_equal(w.cur.generation, g + 3); /* excluded: not back */
+    /* exit 0: a clean leave, no failure */
+    set_named_status(&w, "s2", EDL_TRAINER_EXITED, 0, -1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 4);
+    servers_are(&w, "s0");
+    assert_int_equal(w.cur.n_failures, 1); /* s1's only */
+    assert_int_equal(w.cur.restarts, 0);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    world_free(&w);
+}
+
+/* Success is the workers' alone: every rank exited 0 succeeds the job while the servers still
+ * run; servers that all exit 0 do not end it (below ps_min it waits). */
+static void test_success_is_decided_by_the_workers(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 2, 2, 1, 2);
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    add_ps(&w, 0);
+    settle(&w);
+    all_running(&w);
+    servers_running(&w);
+    int64_t g = w.cur.generation;
+    set_named_status(&w, "s0", EDL_TRAINER_EXITED, 0, -1);
+    js_decision d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.state, EDL_JOB_WAITING); /* no server left, ps.min 1 */
+    assert_int_equal(w.cur.n_servers, 0);
+    remove_named(&w, "s0"); /* its agent leaves after a clean exit */
+    add_ps(&w, 1);
+    settle(&w);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    servers_are(&w, "s1");
+    all_running(&w);
+    servers_running(&w);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, -1);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* rank 1 still trains */
+    js_decision_clear(&d);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 0, -1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED); /* s1 still runs: no matter */
+    assert_non_null(strstr(w.cur.reason, "all 2 ranks exited 0"));
+    world_free(&w);
+}
+
+/* A worker failure restarts the workers as before; the servers stay the same pods at the same
+ * ranks (their agents keep them running). */
+static void test_worker_restart_keeps_the_servers(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 2, 2, 1, 2);
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    add_ps(&w, 0);
+    add_ps(&w, 1);
+    settle(&w);
+    all_running(&w);
+    servers_running(&w);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, -1);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 1, -1);
+    int64_t g = w.cur.generation;
+    js_decision d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(edl_generation_of_members(&w.cur), g + 1); /* restarted: a new group */
+    members_are(&w, "p0 p1");
+    servers_are(&w, "s0 s1");
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -712,6 +1020,11 @@ int main(void)
         cmocka_unit_test(test_stalled_rank_is_treated_as_failed),
         cmocka_unit_test(test_all_stalled_is_not_a_hang),
         cmocka_unit_test(test_stop_request_and_spec_error),
+        cmocka_unit_test(test_ps_job_waits_until_ps_min_servers),
+        cmocka_unit_test(test_server_change_is_a_new_generation_that_keeps_the_workers),
+        cmocka_unit_test(test_server_failure_drops_it_without_restart),
+        cmocka_unit_test(test_success_is_decided_by_the_workers),
+        cmocka_unit_test(test_worker_restart_keeps_the_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

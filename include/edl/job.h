@@ -34,6 +34,7 @@ extern "C" {
 #define EDL_MEMBERS_MAX 100000    /* largest membership a generation may list */
 #define EDL_GENERATION_MAX (INT64_C(1) << 52) /* highest generation number a document may hold */
 #define EDL_RESTARTS_MAX 1000000  /* most restarts a job counts, and failures one pod counts */
+#define EDL_PS_SERVERS_MAX 1024   /* most parameter servers a job may have (spec ps.max) */
 
 /* Job and pod names: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-'. Kubernetes pod
  * names (DNS subdomains) always qualify. */
@@ -136,6 +137,11 @@ typedef struct edl_job_spec {
     edl_elastic_mode mode;
     char *checkpoint_uri;       /* passed to trainers as EDL_CHECKPOINT_URI (may be NULL) */
     bool stopped;               /* `edl stop`: trainers stop and the job ends as stopped */
+    /* The parameter-server role, JSON "ps": {"min":..,"max":..,"replicas":..}; absent: no
+     * servers (ps_max 0). When present 1 <= ps_min <= ps_max <= EDL_PS_SERVERS_MAX. */
+    int ps_min;                 /* fewest servers the job trains with (0: no ps role) */
+    int ps_max;                 /* most servers; further ps pods wait as standbys */
+    int ps_replicas;            /* ps pods the launcher/operator keeps running (-1: ps_max) */
 } edl_job_spec;
 
 void edl_spec_init(edl_job_spec *s);  /* the defaults above */
@@ -150,6 +156,9 @@ int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen);
 char *edl_spec_to_json(const edl_job_spec *s);
 /* The pods the launcher or operator keeps running: replicas, or max when replicas is -1. */
 int edl_spec_desired_pods(const edl_job_spec *s);
+/* The ps pods the launcher or operator keeps running: ps_replicas, or ps_max when it is -1
+ * (0 for a job without the ps role). */
+int edl_spec_desired_servers(const edl_job_spec *s);
 /* Names of the enums, as the spec's JSON and the `edl run` flags spell them. */
 const char *edl_restart_policy_name(edl_restart_policy p);
 int edl_restart_policy_parse(const char *s, edl_restart_policy *out); /* EDL_ECONFIG: unknown */
@@ -164,9 +173,14 @@ static inline bool edl_exit_code_in(const uint8_t bits[32], int code)
 
 /* ---- pods ------------------------------------------------------------------------------- */
 
+/* Pod roles: a worker trains (ranks in members), a ps pod serves parameters (ranks in
+ * servers). */
+#define EDL_ROLE_WORKER "worker"
+#define EDL_ROLE_PS "ps"
+
 typedef struct edl_pod {
     char *name;              /* from the key */
-    char *role;              /* "worker" (later "ps") */
+    char *role;              /* "worker" (or NULL) or "ps" (EDL_ROLE_*); others are ignored */
     char *addr;              /* where peers reach this pod's trainer */
     int port;                /* the trainer's port (rank 0's is MASTER_PORT) */
     int metrics_port;        /* the agent's /metrics (0: none) */
@@ -246,11 +260,20 @@ typedef struct edl_pod_failures {
 /* The published generation, with the job's state (they change together, in one txn). */
 typedef struct edl_generation {
     int64_t generation;      /* 1, 2, ...; 0 = none published yet */
+    int64_t members_generation; /* the generation these members (workers, their ranks and the
+                              * restart count) were formed in: a generation that changed only
+                              * the servers keeps it, and with it the workers' trainers, their
+                              * EDL_GENERATION and their rendezvous gen/<it>/ (JSON
+                              * "members_generation", absent when equal; 0 here means equal:
+                              * read it with edl_generation_of_members) */
     edl_job_state state;
     char *reason;            /* why the last generation or state change happened */
-    edl_member *members;     /* sorted by rank, ranks 0..n-1 */
+    edl_member *members;     /* workers, sorted by rank, ranks 0..n-1 */
     size_t n_members;
-    char **standbys;         /* live pods beyond max, in join order */
+    edl_member *servers;     /* parameter servers, sorted by rank 0..n-1 (JSON "servers") */
+    size_t n_servers;
+    char **standbys;         /* live workers beyond max, then ps pods beyond ps max, each in
+                              * join order */
     size_t n_standbys;
     edl_pod_failures *failures;
     size_t n_failures;
@@ -266,6 +289,10 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
 char *edl_generation_to_json(const edl_generation *g);
 /* The member that is this incarnation of the pod (same name and lease), or NULL. */
 const edl_member *edl_generation_member(const edl_generation *g, const char *pod, int64_t lease);
+/* The generation the members were formed in (members_generation, else generation). */
+int64_t edl_generation_of_members(const edl_generation *g);
+/* The server that is this incarnation of the pod (same name and lease), or NULL. */
+const edl_member *edl_generation_server(const edl_generation *g, const char *pod, int64_t lease);
 /* The member with this pod name, whatever its lease, or NULL. */
 const edl_member *edl_generation_member_named(const edl_generation *g, const char *pod);
 /* Deep copy of a member list (edl_members_free). */
