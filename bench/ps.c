@@ -20,7 +20,13 @@
  * Then the modes (--ctr-examples N, 0: skip): examples/ctr (logistic regression plus embeddings,
  * 13 dense and 26 sparse slots) trained in one process (--local), then on edl-ps in each mode
  * with each W x S, one thread per worker: test AUC and logloss, examples/s per trainer thread
- * against the local figure, and bytes sent per example against async's. See docs/ps.md. */
+ * against the local figure, and bytes sent per example against async's.
+ *
+ * Then a server joins (--join, on by default; 0 skips): 2 servers (threads of this process)
+ * hold every row of the key space while one client pushes batches; a third joins the map. It
+ * prints how many shards and bytes moved, the time until the new server had all of its shards,
+ * and the time until the client's push rate over 200 ms was back to 90 % of the rate before
+ * the join. See docs/ps.md. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +44,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <stdatomic.h>
+
+#include "edl/log.h"
 #include "edl/proc.h"
 #include "edl/ps.h"
 
@@ -50,6 +59,7 @@ typedef struct opts {
     uint64_t keys, dense;
     double seconds;
     long ctr_examples;
+    int join;
 } opts;
 
 enum { PH_SPULL, PH_SPUSH, PH_DPULL, PH_DPUSH, N_PHASES };
@@ -494,6 +504,148 @@ static void run_modes(const opts *o, const char *secret)
     }
 }
 
+/* ---- a server joins ------------------------------------------------------------------------------ */
+
+typedef struct join_maps {
+    const char *names[3], *eps[3];
+    atomic_int gen; /* 1: the first two servers; 2: all three */
+} join_maps;
+
+static int join_source(void *arg, int64_t newer_than, edl_ps_servers *out)
+{
+    join_maps *m = arg;
+    int gen = atomic_load(&m->gen);
+    if (gen <= newer_than)
+        return 0;
+    *out = (edl_ps_servers){.generation = gen, .n = gen + 1, .names = m->names,
+                            .endpoints = m->eps};
+    return 1;
+}
+
+static void join_servers(edl_ps_server **srv, char eps[3][64], join_maps *m,
+                         const char *secret_file)
+{
+    static const char *const names[3] = {"ps-a", "ps-b", "ps-c"};
+    edl_job_secret sec;
+    char why[512];
+    edl_job_secret_init(&sec);
+    if (edl_job_secret_load_file(&sec, secret_file, why, sizeof why))
+        die(why);
+    for (int i = 0; i < 3; i++) {
+        edl_ps_server_options so = {.threads = 1, .job = "bench", .secret = &sec};
+        if (edl_ps_server_open(&so, &srv[i], why, sizeof why) || edl_ps_server_start(srv[i]))
+            die(why);
+        snprintf(eps[i], 64, "127.0.0.1:%d", edl_ps_server_port(srv[i]));
+        m->names[i] = names[i];
+        m->eps[i] = eps[i];
+    }
+    edl_job_secret_clear(&sec);
+}
+
+static void publish_join(edl_ps_server **srv, join_maps *m, int gen)
+{
+    edl_ps_servers map = {.generation = gen, .n = gen + 1, .names = m->names,
+                          .endpoints = m->eps};
+    for (int i = 0; i <= gen; i++)
+        if (edl_ps_server_set_map(srv[i], &map, m->names[i], i == 2))
+            die("set_map");
+    atomic_store(&m->gen, gen);
+}
+
+/* One timed push of a batch; its end time and keys go into the log. */
+static void join_push(edl_ps_client *c, const opts *o, unsigned *seed, uint64_t *keys,
+                      float *rows, double *t, size_t *n, size_t cap)
+{
+    uint64_t base = (uint64_t)rand_r(seed) << 16 ^ (uint64_t)rand_r(seed);
+    for (uint32_t j = 0; j < o->batch; j++)
+        keys[j] = key_of((base + (uint64_t)j * 7919) % o->keys);
+    if (edl_ps_push_sparse(c, 0, keys, o->batch, rows))
+        die(edl_ps_client_errmsg(c));
+    if (*n < cap)
+        t[(*n)++] = now_s();
+}
+
+/* The first time from t0 on when the batches of the next 200 ms come at `want` a second. */
+static double back_at(const double *t, size_t n, double t0, double want)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (t[i] < t0)
+            continue;
+        size_t j = i;
+        while (j < n && t[j] < t[i] + 0.2)
+            j++;
+        if (j < n && (double)(j - i) / 0.2 >= want)
+            return t[i] - t0;
+    }
+    return -1;
+}
+
+static void run_join(const opts *o, const char *secret_file)
+{
+    edl_ps_server *srv[3];
+    char eps[3][64];
+    join_maps m = {0};
+    edl_log_setup(EDL_LOG_WARN, EDL_LOG_PLAIN, NULL); /* the servers here log to our stderr */
+    join_servers(srv, eps, &m, secret_file);
+    publish_join(srv, &m, 1);
+    edl_ps_client *c;
+    edl_job_secret sec;
+    char why[512];
+    edl_job_secret_init(&sec);
+    edl_job_secret_load_file(&sec, secret_file, why, sizeof why);
+    edl_ps_client_options co = {.endpoints = m.eps, .names = m.names, .n_servers = 2,
+                                .job = "bench", .secret = &sec, .timeout_ms = 60000,
+                                .servers = join_source, .servers_arg = &m, .generation = 1};
+    if (edl_ps_client_open(&co, &c, why, sizeof why))
+        die(why);
+    edl_ps_table_config sp;
+    edl_ps_table_config_init(&sp);
+    sp.dim = o->dim;
+    uint64_t *keys = malloc(o->batch * sizeof *keys);
+    float *rows = calloc((size_t)o->batch * o->dim, sizeof *rows);
+    size_t cap = 1 << 20, n = 0;
+    double *t = malloc(cap * sizeof *t);
+    if (edl_ps_create_table(c, 0, &sp))
+        die(edl_ps_client_errmsg(c));
+    for (uint64_t k = 0; k < o->keys; k += o->batch) { /* every row exists */
+        uint32_t b = (uint32_t)(o->keys - k < o->batch ? o->keys - k : o->batch);
+        for (uint32_t j = 0; j < b; j++)
+            keys[j] = key_of(k + j);
+        if (edl_ps_pull_sparse(c, 0, keys, b, rows))
+            die(edl_ps_client_errmsg(c));
+    }
+    unsigned seed = 777;
+    double start = now_s();
+    while (now_s() - start < o->seconds)
+        join_push(c, o, &seed, keys, rows, t, &n, cap);
+    double before = (double)n / (now_s() - start), t0 = now_s(), moved_at = -1;
+    size_t before_n = n;
+    uint32_t want = 0;
+    for (uint32_t sh = 0; sh < sp.shards; sh++)
+        want += edl_ps_shard_owner(m.names, 3, sh) == 2;
+    publish_join(srv, &m, 2);
+    edl_ps_server_stats st = {0};
+    while (now_s() - t0 < 2 * o->seconds + 1 || moved_at < 0) {
+        join_push(c, o, &seed, keys, rows, t, &n, cap);
+        edl_ps_server_get_stats(srv[2], &st);
+        if (moved_at < 0 && st.shards_in >= want)
+            moved_at = now_s() - t0;
+        if (now_s() - t0 > 60)
+            die("the new server did not get its shards within 60 s");
+    }
+    double back = back_at(t + before_n, n - before_n, t0, 0.9 * before);
+    printf("join: 2 -> 3 servers: %u of %u shards moved (%.1f %%, ideal 33.3 %%); the new "
+           "server holds %.1f MiB, all of it %.0f ms after the map; pushes back at 90 %% of "
+           "the rate before (%.2f M keys/s) after %.0f ms\n", want, sp.shards,
+           100.0 * want / sp.shards, (double)st.bytes / (1 << 20), 1e3 * moved_at,
+           before * o->batch / 1e6, back < 0 ? -1.0 : 1e3 * back);
+    edl_ps_client_close(c);
+    edl_job_secret_clear(&sec);
+    for (int i = 0; i < 3; i++)
+        edl_ps_server_close(srv[i]);
+    free(keys), free(rows), free(t);
+}
+
 /* ---- options ----------------------------------------------------------------------------------- */
 
 static uint64_t parse_count(const char *s)
@@ -509,10 +661,12 @@ static uint64_t parse_count(const char *s)
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M]\n"
-               "          [--dense 16M] [--seconds 2] [--ctr-examples 200000] [--quick]\n"
+               "          [--dense 16M] [--seconds 2] [--ctr-examples 200000] [--join 1]\n"
+               "          [--quick]\n"
                "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
                "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
-               "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes.\n");
+               "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes;\n"
+               "--join 0: no server joining.\n");
 }
 
 static void parse_opts(int argc, char **argv, opts *o)
@@ -520,9 +674,10 @@ static void parse_opts(int argc, char **argv, opts *o)
     static const struct option lo[] = {
         {"pairs", 1, 0, 'p'}, {"dim", 1, 0, 'd'},     {"batch", 1, 0, 'b'}, {"keys", 1, 0, 'k'},
         {"dense", 1, 0, 'D'}, {"seconds", 1, 0, 's'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-        {"ctr-examples", 1, 0, 'c'}, {0, 0, 0, 0}};
+        {"ctr-examples", 1, 0, 'c'}, {"join", 1, 0, 'j'}, {0, 0, 0, 0}};
     *o = (opts){.pairs = {{1, 1}, {2, 2}}, .n_pairs = 2, .dim = 16, .batch = 10000,
-                .keys = 1 << 20, .dense = 16 << 20, .seconds = 2, .ctr_examples = 200000};
+                .keys = 1 << 20, .dense = 16 << 20, .seconds = 2, .ctr_examples = 200000,
+                .join = 1};
     for (int c; (c = getopt_long(argc, argv, "h", lo, NULL)) != -1;) {
         switch (c) {
         case 'p':
@@ -541,10 +696,11 @@ static void parse_opts(int argc, char **argv, opts *o)
         case 'D': o->dense = parse_count(optarg); break;
         case 's': o->seconds = atof(optarg); break;
         case 'c': o->ctr_examples = atol(optarg); break;
+        case 'j': o->join = atoi(optarg) != 0; break;
         case 'q':
             *o = (opts){.pairs = {{1, 1}}, .n_pairs = 1, .dim = 16, .batch = 10000,
                         .keys = 100000, .dense = 1 << 20, .seconds = 0.5,
-                        .ctr_examples = 20000};
+                        .ctr_examples = 20000, .join = 1};
             break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); exit(2);
@@ -575,6 +731,8 @@ int main(int argc, char **argv)
         run_pair(o.pairs[i][0], o.pairs[i][1], &o, secret);
     if (o.ctr_examples > 0)
         run_modes(&o, secret);
+    if (o.join)
+        run_join(&o, secret);
     unlink(secret);
     rmdir(dir);
     return 0;

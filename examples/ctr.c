@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "edl/agent_link.h"
 #include "edl/ps.h"
 
 #define NDENSE 13
@@ -300,6 +301,7 @@ static int run_local(const opts *o)
 
 typedef struct ps_worker {
     edl_fleet *f;
+    edl_agent_link *link; /* under the agent, thread 0 reports its steps (progress) */
     const opts *o;
     long thread, steps, trained;
     int rc;
@@ -379,8 +381,11 @@ static void *ps_thread(void *arg)
     uint64_t *keys = malloc((size_t)b * NSLOT * sizeof *keys);
     float *rows = malloc((size_t)b * NSLOT * (1 + EMB) * 2 * sizeof *rows);
     for (long ep = 0; ep < w->o->epochs && w->rc == 0; ep++)
-        for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b)
+        for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b) {
             w->rc = ps_step(w, ep * w->steps + s, e, keys, rows);
+            if (w->link)
+                edl_agent_link_report_step(w->link, ep * w->steps + s + 1);
+        }
     if (w->rc)
         fprintf(stderr, "ctr: worker %d thread %ld: %s\n", edl_fleet_worker_index(w->f),
                 w->thread, edl_ps_trainer_errmsg(edl_fleet_trainer(w->f)));
@@ -412,9 +417,13 @@ static int train_on_servers(edl_fleet *f, const opts *o)
     long nw = edl_fleet_worker_num(f), steps = o->examples / (nw * o->threads * o->batch);
     ps_worker w[64];
     pthread_t th[64];
+    edl_agent_link *link = NULL;
+    if (edl_agent_link_open(&link) != 0)
+        link = NULL;
     double t0 = now_s();
     for (long i = 0; i < o->threads; i++) {
-        w[i] = (ps_worker){.f = f, .o = o, .thread = i, .steps = steps};
+        w[i] = (ps_worker){.f = f, .link = i ? NULL : link, .o = o, .thread = i,
+                           .steps = steps};
         pthread_create(&th[i], NULL, ps_thread, &w[i]);
     }
     long trained = 0;
@@ -424,6 +433,7 @@ static int train_on_servers(edl_fleet *f, const opts *o)
         trained += w[i].trained;
         rc = rc ? rc : w[i].rc;
     }
+    edl_agent_link_close(link);
     if (rc == 0)
         rc = edl_ps_trainer_flush(edl_fleet_trainer(f));
     double seconds = now_s() - t0;

@@ -2,9 +2,13 @@
  * peer would send it. The first byte picks what the rest is: 0 a frame (header, then body)
  * that, when it parses, is also served by fresh tables (a sparse one of dim 4 and a dense one
  * of 4,096 floats, both SGD) as the server would; 1 a hello, 2 a challenge, 3 a proof, 4 a
- * table config. Asserts beyond "no crash": a refusal always says why; a request that parses
- * has counts that agree with its length and arrays inside its body; a config that parses
- * passes the config check and encodes back to the same bytes. */
+ * table config; 5 a shard's bytes as a hand-over or a PS checkpoint brings them (the next
+ * byte: even a sparse Adam table with GEO bits, odd a dense Adagrad one), imported into shard
+ * 3 of a fresh table. Asserts beyond "no crash": a refusal always says why; a request that
+ * parses has counts that agree with its length and arrays inside its body; a config that
+ * parses passes the config check and encodes back to the same bytes; a shard that imports
+ * exports to bytes that import again to the same bytes, and one that does not leaves the
+ * shard empty. */
 #include "fuzz.h"
 
 #include "ps/internal.h"
@@ -67,6 +71,37 @@ static void frame(const uint8_t *data, size_t size)
     free(body);
 }
 
+static void shard_bytes(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return;
+    edl_ps_table_config c;
+    edl_ps_table_config_init(&c);
+    c.shards = 8;
+    if (data[0] & 1) {
+        c.kind = EDL_PS_DENSE, c.dim = 1, c.size = 100, c.optimizer = EDL_PS_ADAGRAD;
+    } else {
+        c.dim = 2, c.optimizer = EDL_PS_ADAM, c.geo_trainers = 3;
+    }
+    ps_table *a, *b;
+    FUZZ_CHECK(ps_table_new(&c, &a) == 0 && ps_table_new(&c, &b) == 0);
+    char why[256] = "";
+    uint8_t *x = NULL, *y = NULL;
+    size_t xl, yl;
+    int rc = ps_table_shard_import(a, 3, data + 1, size - 1, why, sizeof why);
+    FUZZ_CHECK(rc == 0 || why[0]);
+    FUZZ_CHECK(ps_table_shard_export(a, 3, false, &x, &xl) == 0);
+    if (rc == 0) {
+        FUZZ_CHECK(ps_table_shard_import(b, 3, x, xl, why, sizeof why) == 0);
+        FUZZ_CHECK(ps_table_shard_export(b, 3, false, &y, &yl) == 0);
+        FUZZ_CHECK(xl == yl && memcmp(x, y, xl) == 0);
+    } else {
+        FUZZ_CHECK(xl == (c.kind == EDL_PS_SPARSE ? 16u : 8u)); /* left empty */
+    }
+    free(x), free(y);
+    ps_table_free(a), ps_table_free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_log_setup();
@@ -80,6 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     edl_ps_table_config cfg;
     switch (data[0]) {
     case 0: frame(p, n); return 0;
+    case 5: shard_bytes(p, n); return 0;
     case 1: rc = ps_hello_parse(p, n, nonce, why, sizeof why); break;
     case 2: rc = ps_challenge_parse(p, n, nonce, mac, why, sizeof why); break;
     case 3: rc = ps_proof_parse(p, n, mac, why, sizeof why); break;

@@ -60,6 +60,14 @@ void ps_elastic_close(edl_ps_server *s)
     pthread_cond_destroy(&s->mover_cv);
 }
 
+bool ps_elastic_mapped(edl_ps_server *s)
+{
+    pthread_rwlock_rdlock(&s->route);
+    bool mapped = s->mapped;
+    pthread_rwlock_unlock(&s->route);
+    return mapped;
+}
+
 static bool mine(const edl_ps_server *s, uint32_t shard)
 {
     return s->self >= 0 &&
@@ -358,12 +366,12 @@ static int hand_over(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t 
     return 0;
 }
 
-static edl_ps_client *dial_owner(edl_ps_server *s, int to)
+static edl_ps_client *dial_owner(edl_ps_server *s, int to, char *name, size_t namelen)
 {
     pthread_rwlock_rdlock(&s->route);
-    char ep[512], name[512];
+    char ep[512];
     snprintf(ep, sizeof ep, "%s", to < s->nserv ? s->eps[to] : "");
-    snprintf(name, sizeof name, "%s", to < s->nserv ? s->names[to] : "");
+    snprintf(name, namelen, "%s", to < s->nserv ? s->names[to] : "");
     pthread_rwlock_unlock(&s->route);
     const char *eps[] = {ep}, *names[] = {name};
     edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = 1, .job = s->job,
@@ -411,15 +419,21 @@ static void move_round(edl_ps_server *s)
         size_t j = i;
         while (j < n && mv[j].to == mv[i].to)
             j++;
-        edl_ps_client *c = dial_owner(s, mv[i].to);
+        char name[512];
+        edl_ps_client *c = dial_owner(s, mv[i].to, name, sizeof name);
+        size_t handed = 0;
         for (size_t k = i; c && k < j; k++) {
             int rc = hand_over(s, c, &mv[k], gen);
+            handed += rc == 0;
             if (rc && rc != EDL_EBUSY && rc != EDL_EMOVED)
                 EDL_WARN("ps", "handing shard %u of table %u over: %s", mv[k].shard,
                          mv[k].table, edl_ps_client_errmsg(c));
             if (rc == EDL_EPEER || rc == EDL_ETIMEDOUT)
                 break;
         }
+        if (handed)
+            EDL_INFO("ps", "handed %zu shards over to %s (map %lld)", handed, name,
+                     (long long)gen);
         edl_ps_client_close(c);
         i = j;
     }

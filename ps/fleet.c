@@ -1,9 +1,12 @@
 /* fleet.c: roles from the environment, as Paddle's Fleet API gives them (edl_fleet, ps.h):
- * which role this process plays, the servers, the workers, and the calls that start each. */
+ * which role this process plays, the servers, the workers, and the calls that start each.
+ * Under edl's agent the servers are elastic: both roles follow the job's map in etcd
+ * (follow.c); elsewhere they are the fixed PADDLE_PSERVERS_IP_PORT_LIST. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "edl/log.h"
 #include "internal.h"
@@ -20,6 +23,7 @@ struct edl_fleet {
     edl_ps_client *client;
     edl_ps_trainer *trainer;
     uint64_t token, barriers;
+    ps_follow *follow;      /* under the agent: the job's map of servers (NULL: fixed) */
 };
 
 static int env_int(const char *name, long lo, long hi, long dflt, long *out, char *why,
@@ -113,6 +117,8 @@ int edl_fleet_init(edl_fleet **out, char *why, size_t whylen)
         rc = parse_servers(f, why, whylen);
     if (rc == 0)
         rc = parse_mode(f, why, whylen);
+    if (rc == 0 && (rc = ps_follow_open(&f->follow, why, whylen)) == EDL_ENOTFOUND)
+        rc = 0;
     if (rc == 0 && (rc = edl_job_secret_load(&f->secret, why, whylen)) == EDL_ENOTFOUND)
         rc = edl_errf(why, whylen, EDL_ECONFIG, "no job secret: set EDL_JOB_SECRET_FILE (the "
                       "parameter server's links are always authenticated)");
@@ -129,6 +135,7 @@ void edl_fleet_free(edl_fleet *f)
     if (!f)
         return;
     edl_fleet_stop_worker(f);
+    ps_follow_close(f->follow);
     for (int i = 0; i < f->n_servers; i++)
         free(f->endpoints[i]);
     edl_job_secret_clear(&f->secret);
@@ -149,6 +156,25 @@ const char *edl_fleet_server_endpoint(const edl_fleet *f, int i)
     return i >= 0 && i < f->n_servers ? f->endpoints[i] : NULL;
 }
 
+/* A client of the job's newest map, which re-routes as it changes; servers that are starting
+ * (refused, or not answering yet) are waited for up to the client's timeout. */
+static int open_following(edl_fleet *f, edl_ps_client_options *co, char *why, size_t whylen)
+{
+    int64_t until = edl_monotonic_ms() + 30000;
+    for (;;) {
+        edl_ps_servers m;
+        if (ps_follow_read(f->follow, 0, &m) == 1) {
+            co->endpoints = m.endpoints, co->names = m.names, co->n_servers = m.n;
+            co->generation = m.generation;
+            co->servers = ps_follow_read, co->servers_arg = f->follow;
+        }
+        int rc = edl_ps_client_open(co, &f->client, why, whylen);
+        if (rc != EDL_EUNAVAIL || edl_monotonic_ms() > until)
+            return rc;
+        nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+    }
+}
+
 int edl_fleet_init_worker(edl_fleet *f, char *why, size_t whylen)
 {
     if (f->server)
@@ -157,7 +183,8 @@ int edl_fleet_init_worker(edl_fleet *f, char *why, size_t whylen)
     edl_ps_client_options co = {.endpoints = (const char *const *)f->endpoints,
                                 .n_servers = f->n_servers, .job = f->job,
                                 .secret = &f->secret};
-    int rc = edl_ps_client_open(&co, &f->client, why, whylen);
+    int rc = f->follow ? open_following(f, &co, why, whylen)
+                       : edl_ps_client_open(&co, &f->client, why, whylen);
     if (rc)
         return rc;
     f->topts.trainer_id = f->worker_index;
@@ -213,15 +240,20 @@ int edl_fleet_run_server(edl_fleet *f, char *why, size_t whylen)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before the loops start: they inherit it */
     edl_ps_server_options o = {.listen_addr = f->ip, .port = f->port, .job = f->job,
-                               .secret = &f->secret};
+                               .secret = &f->secret, .wait_for_map = f->follow != NULL,
+                               .checkpoint = f->follow ? ps_follow_checkpoint(f->follow) : NULL};
     edl_ps_server *s = NULL;
     int rc = edl_ps_server_open(&o, &s, why, whylen);
     if (rc == 0 && (rc = edl_ps_server_start(s)) != 0)
         edl_errf(why, whylen, rc, "cannot start the event loops");
     if (rc == 0) {
         int sig;
-        EDL_INFO("ps", "serving on %s:%d", f->ip, edl_ps_server_port(s));
-        sigwait(&sigs, &sig);
+        EDL_INFO("ps", "serving on %s:%d%s", f->ip, edl_ps_server_port(s),
+                 f->follow ? ", following the job's map of servers" : "");
+        if (f->follow)
+            ps_follow_serve(s, f->follow, &sigs, PS_DRAIN_TIMEOUT_MS);
+        else
+            sigwait(&sigs, &sig);
     }
     edl_ps_server_close(s);
     return rc;

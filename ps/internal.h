@@ -234,6 +234,24 @@ bool ps_sync_applied(ps_sync *y, uint64_t step, uint64_t *done);
  * applied to target now (early rather than lost; they leave with the shard's rows). */
 void ps_sync_flush_shard(ps_sync *y, uint16_t id, ps_table *target, uint32_t sh);
 
+/* ---- elastic servers under the agent (follow.c) ---------------------------------------------- */
+#include <signal.h>
+typedef struct ps_follow ps_follow;
+/* From the agent's environment; EDL_ENOTFOUND when there is none (EDL_ETCD_ENDPOINTS unset:
+ * a fixed set of servers), else EDL_ECONFIG with why. */
+int ps_follow_open(ps_follow **out, char *why, size_t whylen);
+void ps_follow_close(ps_follow *f);
+/* A client's `servers` source: the job's newest map from etcd (1 when newer than newer_than). */
+int ps_follow_read(void *arg, int64_t newer_than, edl_ps_servers *out);
+const char *ps_follow_self(const ps_follow *f); /* EDL_POD_ID: this server's name in maps */
+const edl_ckpt_config *ps_follow_checkpoint(const ps_follow *f); /* NULL: no checkpoints */
+bool ps_follow_job_over(ps_follow *f);
+/* Serve following the map until one of sigs (blocked by the caller), then leave gracefully:
+ * until a map without this server is published and every shard is handed over, the job is
+ * over, or drain_timeout_ms. 0, or the signal when a second one came first. */
+int ps_follow_serve(edl_ps_server *s, ps_follow *f, const sigset_t *sigs, int drain_timeout_ms);
+#define PS_DRAIN_TIMEOUT_MS 60000
+
 /* splitmix64's finaliser: the key's hash for shards and initial values. */
 static inline uint64_t ps_mix64(uint64_t x)
 {

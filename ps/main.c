@@ -1,5 +1,6 @@
 /* main.c: the edl-ps command: options, the job secret, then a parameter server that serves
- * until SIGTERM or SIGINT. */
+ * until SIGTERM or SIGINT (under edl's agent: following the job's map of servers, and leaving
+ * gracefully, its shards handed over, on the signal). */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 
 #include "edl/log.h"
 #include "edl/ps.h"
+#include "internal.h"
 
 static void usage(FILE *out)
 {
@@ -30,13 +32,19 @@ static void usage(FILE *out)
             "                      most 4)\n"
             "  --max-message BYTES the largest request or reply body (default: %u)\n"
             "  --max-connections N (default: 1024)\n"
+            "  --drain-timeout-ms MS  under edl's agent, how long a server told to stop may\n"
+            "                      take to hand its shards over (default: %d)\n"
             "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
             "  -h, --help          this text\n"
+            "\n"
+            "Under edl's agent (EDL_ETCD_ENDPOINTS, EDL_JOB_ID and EDL_POD_ID set) the servers\n"
+            "are elastic: each follows the job's map of servers in etcd, hands over the shards\n"
+            "it stops owning, and keeps PS checkpoints in $EDL_CHECKPOINT_URI when set.\n"
             "\n"
             "Once listening it prints 'edl-ps: serving on ADDR:PORT' on stdout.\n"
             "Exit codes: 0 stopped by SIGTERM/SIGINT; 1 the server failed; 2 usage or\n"
             "configuration error.\n",
-            EDL_PS_DEFAULT_MAX_MESSAGE);
+            EDL_PS_DEFAULT_MAX_MESSAGE, PS_DRAIN_TIMEOUT_MS);
 }
 
 static int number(const char *opt, const char *arg, long lo, long hi, long *out)
@@ -54,6 +62,7 @@ static int number(const char *opt, const char *arg, long lo, long hi, long *out)
 typedef struct ps_args {
     edl_ps_server_options o;
     const char *secret_file;
+    int drain_ms;
 } ps_args;
 
 static int parse_args(int argc, char **argv, ps_args *a)
@@ -62,6 +71,7 @@ static int parse_args(int argc, char **argv, ps_args *a)
         {"listen-addr", 1, 0, 'a'}, {"port", 1, 0, 'p'},      {"job", 1, 0, 'j'},
         {"secret-file", 1, 0, 's'}, {"threads", 1, 0, 't'},   {"max-message", 1, 0, 'm'},
         {"max-connections", 1, 0, 'c'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
+        {"drain-timeout-ms", 1, 0, 'd'},
         {0, 0, 0, 0}};
     const char *port = getenv("PADDLE_PORT");
     edl_log_level level;
@@ -88,6 +98,10 @@ static int parse_args(int argc, char **argv, ps_args *a)
         case 'c':
             bad = number("--max-connections", optarg, 1, 1 << 20, &v);
             a->o.max_connections = (int)v;
+            break;
+        case 'd':
+            bad = number("--drain-timeout-ms", optarg, 0, 3600000, &v);
+            a->drain_ms = (int)v;
             break;
         case 'l':
             if (edl_log_level_parse(optarg, &level) != 0) {
@@ -124,7 +138,7 @@ static int load_secret(const ps_args *a, edl_job_secret *s)
 
 int main(int argc, char **argv)
 {
-    ps_args a = {0};
+    ps_args a = {.drain_ms = PS_DRAIN_TIMEOUT_MS};
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
@@ -140,9 +154,18 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before the loops start: they inherit it */
     edl_ps_server *s;
     char why[512];
+    ps_follow *f = NULL;
+    if ((rc = ps_follow_open(&f, why, sizeof why)) != 0 && rc != EDL_ENOTFOUND) {
+        fprintf(stderr, "edl-ps: %s\n", why);
+        edl_job_secret_clear(&secret);
+        return 2;
+    }
+    a.o.checkpoint = f ? ps_follow_checkpoint(f) : NULL;
+    a.o.wait_for_map = f != NULL;
     if ((rc = edl_ps_server_open(&a.o, &s, why, sizeof why)) != 0) {
         fprintf(stderr, "edl-ps: %s\n", why);
         edl_job_secret_clear(&secret);
+        ps_follow_close(f);
         return rc == EDL_ECONFIG ? 2 : 1;
     }
     edl_job_secret_clear(&secret);
@@ -155,8 +178,13 @@ int main(int argc, char **argv)
            edl_ps_server_port(s));
     fflush(stdout);
     int sig = 0;
-    sigwait(&sigs, &sig);
-    EDL_INFO("ps", "%s: stopping", strsignal(sig));
+    if (f) {
+        ps_follow_serve(s, f, &sigs, a.drain_ms);
+    } else {
+        sigwait(&sigs, &sig);
+        EDL_INFO("ps", "%s: stopping", strsignal(sig));
+    }
     edl_ps_server_close(s);
+    ps_follow_close(f);
     return 0;
 }

@@ -340,7 +340,9 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
     ps_request r;
     atomic_fetch_add(&s->requests, 1);
     int rc = ps_request_parse(h, body, &r, why, sizeof why);
-    if (rc == 0) {
+    if (rc == 0 && h->type != PS_STATS && s->o.wait_for_map && !ps_elastic_mapped(s))
+        rc = edl_errf(why, sizeof why, EDL_EBUSY, "this server has no map of servers yet");
+    else if (rc == 0) {
         switch (h->type) {
         case PS_CREATE:
             if ((rc = ps_server_create_table(s, h->table, &r.cfg, why, sizeof why)) == 0)

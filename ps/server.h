@@ -63,6 +63,7 @@ int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_con
 /* elastic.c */
 void ps_elastic_init(edl_ps_server *s);
 void ps_elastic_close(edl_ps_server *s);
+bool ps_elastic_mapped(edl_ps_server *s); /* a map was given */
 /* The states of a new table's shards, from the map. EDL_ENOMEM. */
 int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t);
 /* Under the read lock: 0 when this server serves every shard a request touches; else

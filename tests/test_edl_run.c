@@ -1165,6 +1165,89 @@ static void test_ps_role_end_to_end(void **state)
     edl_generation_clear(&c);
 }
 
+/* Wait until a pod's trainer has reported step `step` (edl_agent_link_report_step). */
+static void wait_step(const char *job, const char *pod, int64_t step, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    char buf[2048], err[128];
+    edl_pod_status st = {.step = -1};
+    while (harness_now_ms() < deadline) {
+        if (harness_get(g_c, key(job, EDL_KEY_STATUS, pod), buf, sizeof buf) &&
+            edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) == 0 &&
+            st.step >= step)
+            return;
+        harness_sleep_ms(20);
+    }
+    fail_msg("%s: no step %lld within %d ms (last %lld)", pod, (long long)step, timeout_ms,
+             (long long)st.step);
+}
+
+/* The "test AUC" that examples/ctr printed into path (-1: none). */
+static double ctr_auc(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    double auc = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "test AUC ");
+        if (p)
+            auc = atof(p + 9);
+    }
+    if (f)
+        fclose(f);
+    return auc;
+}
+
+/* examples/ctr (logistic regression plus embeddings on parameter servers) under edl run with
+ * 2 workers and 2 elastic servers: a third server joins while the workers train, then one is
+ * SIGKILLed; the workers re-route, are never restarted, and the model learns. */
+static void test_ctr_trains_while_servers_join_and_die(void **state)
+{
+    (void)state;
+    const char *job = "ctrjob";
+    char script[1024], out[300];
+    snprintf(out, sizeof out, "%s/ctr.out", g_dir);
+    snprintf(script, sizeof script, "exec %s --examples 600000 --test 20000 >>%s.$EDL_POD_ID 2>&1",
+             EDL_CTR_BIN, out);
+    const char *opts[] = {"--np", "2", "--ps", "2:3", "--ps-replicas", "2", "--etcd", ep(),
+                          "--settle-ms", "300", "--grace-ms", "5000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_generation c = {0};
+    wait_running(job, 2, 60000, &c);
+    for (int r = 0; r < 2; r++) /* training: the tables are on the servers */
+        wait_step(job, c.members[r].pod, 20, 60000);
+    char w0[256], path[600], cmd[8192];
+    snprintf(w0, sizeof w0, "%s", c.members[0].pod);
+    const char *scale3[] = {"scale", job, "3", "--role", "ps", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(cmd, sizeof cmd, scale3), 0);
+    wait_servers(job, 3, 30000, &c);
+    int64_t end = harness_now_ms() + 10000; /* the third server serves: the workers go on */
+    while (harness_now_ms() < end && !running_pid(job, c.servers[2].pod, c.generation))
+        harness_sleep_ms(20);
+    char joined[256];
+    snprintf(joined, sizeof joined, "%s", c.servers[2].pod);
+    long victim = running_pid(job, c.servers[0].pod, c.generation);
+    assert_true(victim > 0);
+    for (int r = 0; r < 2; r++) /* still training when a server dies */
+        assert_true(running_pid(job, c.members[r].pod, c.generation) > 0);
+    snprintf(path, sizeof path, "%s.%s", out, w0);
+    assert_true(ctr_auc(path) < 0);
+    assert_int_equal(kill((pid_t)victim, SIGKILL), 0);
+    assert_int_equal(harness_wait_exit(run, 240000), 0);
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(c.restarts, 0); /* no worker was restarted */
+    snprintf(cmd, sizeof cmd, "grep -q 'handed .* shards over to %s' %s.*", joined, out);
+    /* the newcomer got its shards from the others */
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "grep -q 'starts again from initial values' %s.*", out);
+    assert_int_equal(system(cmd), 0); /* the killed one's: no checkpoint, no replica */
+    double auc = ctr_auc(path);
+    print_message("ctr under edl run, a server joined and one killed: test AUC %.4f\n", auc);
+    assert_true(auc > 0.72); /* one process learns 0.77 on this data, the planted model 0.84 */
+    edl_generation_clear(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1187,6 +1270,7 @@ int main(void)
         cmocka_unit_test(test_manifest_deadline_fails_the_job),
         cmocka_unit_test(test_manifest_example_runs),
         cmocka_unit_test(test_ps_role_end_to_end),
+        cmocka_unit_test(test_ctr_trains_while_servers_join_and_die),
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

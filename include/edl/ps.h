@@ -86,6 +86,8 @@ typedef struct edl_ps_server_options {
                                  server hands over by then comes back from the newest PS
                                  checkpoint (shards_restored), or, without one, starts again
                                  from its initial values (shards_lost) (default 10,000) */
+    bool wait_for_map;        /* elastic: answer EDL_EBUSY to everything but STATS until the
+                                 first edl_ps_server_set_map */
     const edl_ckpt_config *checkpoint; /* PS checkpoints (NULL: none): uri, etcd, prefix and
                                  job (copied; etcd borrowed); rank and world size are set by
                                  each save (edl_ps_save) */
