@@ -4,9 +4,11 @@
  * by shard (the server locks a shard once per run of its keys), and talks to every server at
  * once: requests go out and replies come in on all links in one poll loop, each reply read
  * straight into its place where it can be. A link that fails or times out is closed and the
- * call fails, naming the server. With elastic servers (a `servers` source of maps), a call
- * whose part a server refused (moved, busy) or whose link broke re-routes on a newer map and
- * sends again only the parts that were not applied, until its timeout. */
+ * call fails, naming the server. Every push carries this client's token and a sequence number,
+ * the same in every try of one push, so that a server applies it once however often it
+ * comes. With elastic servers (a `servers` source of maps), a call that a server refused
+ * (moved, busy) or whose link broke re-routes on a newer map and is sent again, until its
+ * timeout. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netdb.h>
@@ -32,7 +34,7 @@ typedef struct ps_link {
     char *ep, *name;
     /* the request of the call in progress */
     uint8_t hdr[PS_HDR_BYTES], pre[8];
-    struct iovec iov[6];
+    struct iovec iov[7];
     int niov;
     size_t left;        /* request bytes still to send */
     uint8_t want_type;  /* the reply type that means success */
@@ -85,6 +87,7 @@ struct edl_ps_client {
     int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
     void *servers_arg;
     int64_t gen;          /* the map the links follow */
+    uint64_t token, seq;  /* this client, and its last push */
     int64_t deadline;     /* of the call in progress (monotonic ms; 0: none) */
     char err[1024];
 };
@@ -241,7 +244,7 @@ static void link_break(ps_link *l)
     l->busy = false;
 }
 
-/* Queue a request on l: the header, then the body in up to four pieces. */
+/* Queue a request on l: the header, then the body in up to six pieces. */
 static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint8_t flags,
                          uint32_t table, const struct iovec *parts, int nparts)
 {
@@ -508,6 +511,11 @@ int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char
     c->max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
     c->servers = o->servers;
     c->servers_arg = o->servers_arg;
+    if (RAND_bytes((unsigned char *)&c->token, sizeof c->token) != 1) {
+        free(c->links);
+        free(c);
+        return edl_errf(why, whylen, EDL_EIO, "no random bytes for the client's token");
+    }
     c->gen = o->generation;
     int rc = open_links(c, o, why, whylen);
     if (rc) {
@@ -593,6 +601,14 @@ static void call_end(edl_ps_client *c, bool own)
         c->deadline = 0;
 }
 
+/* A push's identity prefix for its next try: this client, the push, the map it goes by. */
+static void push_id(const edl_ps_client *c, uint64_t seq, uint8_t out[PS_ID_PREFIX])
+{
+    edl_put64(out, c->token);
+    edl_put64(out + 8, seq);
+    edl_put64(out + 16, (uint64_t)c->gen);
+}
+
 /* Create every table this client knows on a link just opened. */
 static int link_tables(edl_ps_client *c, ps_link *l)
 {
@@ -641,11 +657,10 @@ static int apply_map(edl_ps_client *c, const edl_ps_servers *m)
             ps_link *o = &c->links[j];
             if (o->fd < 0 || strcmp(o->ep, links[i].ep) || strcmp(o->name, links[i].name))
                 continue;
-            ps_link nl = *o;
+            ps_link nl = *o; /* its socket and buffers, under the new strings */
             nl.ep = links[i].ep, nl.name = links[i].name;
-            o->ep = links[i].ep = NULL, o->name = links[i].name = NULL; /* swapped below */
             links[i] = nl;
-            *o = (ps_link){.fd = -1, .ep = o->ep, .name = o->name};
+            *o = (ps_link){.fd = -1, .ep = o->ep, .name = o->name}; /* freed below */
             break;
         }
     for (int j = 0; j < c->n; j++)
@@ -681,25 +696,6 @@ static int settle(edl_ps_client *c, int rc)
     relink(c);
     memcpy(c->err, err, sizeof err); /* the failure that is being mended */
     return 0;
-}
-
-/* After a try that failed: 1 and the keys (or elements) of the parts that servers refused
- * in a way another try may mend in *count; 0 when no part was sent; the error of a part that
- * failed for good. */
-static int refused_parts(edl_ps_client *c, size_t *count)
-{
-    bool any = false;
-    *count = 0;
-    for (int i = 0; i < c->n; i++) {
-        ps_link *l = &c->links[i];
-        if (!l->count || !l->rc)
-            continue;
-        if (!retryable(c, l->rc))
-            return l->rc;
-        any = true;
-        *count += l->count;
-    }
-    return any;
 }
 
 static int create_once(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg)
@@ -886,14 +882,16 @@ static int check_size(edl_ps_client *c, const ps_link *l, uint64_t bytes, const 
 }
 
 static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push,
-                       const ps_call_mode *m)
+                       const ps_call_mode *m, uint64_t seq)
 {
+    uint8_t id[PS_ID_PREFIX];
+    push_id(c, seq, id);
     for (int i = 0; i < c->n; i++) {
         ps_link *l = &c->links[i];
         if (!l->count)
             continue;
         uint64_t req = m->len + 8 + 8 * (uint64_t)l->count +
-                       (push ? 4 * (uint64_t)l->count * dim : 0);
+                       (push ? PS_ID_PREFIX + 4 * (uint64_t)l->count * dim : 0);
         uint64_t rep = push ? 0 : 8 + 4 * (uint64_t)l->count * dim;
         int rc = check_size(c, l, req > rep ? req : rep, push ? "push" : "pull");
         if (rc)
@@ -907,10 +905,10 @@ static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push
         size_t rbytes = l->count * dim * sizeof(float);
         edl_put32(l->pre, (uint32_t)l->count);
         edl_put32(l->pre + 4, push ? dim : 0);
-        struct iovec parts[] = {{(void *)m->prefix, m->len}, {l->pre, 8},
-                                {c->skeys + l->first, l->count * 8},
+        struct iovec parts[] = {{id, push ? sizeof id : 0}, {(void *)m->prefix, m->len},
+                                {l->pre, 8}, {c->skeys + l->first, l->count * 8},
                                 {push ? rows : NULL, push ? rbytes : 0}};
-        link_request(c, l, push ? PS_PUSH_SPARSE : PS_PULL_SPARSE, m->flags, table, parts, 4);
+        link_request(c, l, push ? PS_PUSH_SPARSE : PS_PULL_SPARSE, m->flags, table, parts, 5);
         link_expect(l, push ? 0 : 8, push ? NULL : rows, push ? 0 : rbytes);
     }
     int rc = run_links(c);
@@ -932,7 +930,7 @@ static int pull_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
     if (rc || n == 0)
         return rc;
     if ((rc = plan_sparse(c, t, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
-        (rc = sparse_call(c, table, (uint32_t)dim, false, &plain_call)))
+        (rc = sparse_call(c, table, (uint32_t)dim, false, &plain_call, 0)))
         return rc;
     for (size_t i = 0; i < n; i++)
         memcpy(out + i * dim, c->rows + (size_t)c->rank[c->uidx[i]] * dim, dim * sizeof *out);
@@ -952,7 +950,7 @@ int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
 }
 
 static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
-                            const float *grads, const ps_call_mode *m)
+                            const float *grads, const ps_call_mode *m, uint64_t seq)
 {
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
     size_t nu, dim = t ? t->cfg.dim : 0;
@@ -967,56 +965,20 @@ static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
         for (size_t j = 0; j < dim; j++)
             dst[j] += grads[i * dim + j];
     }
-    return sparse_call(c, table, (uint32_t)dim, true, m);
+    return sparse_call(c, table, (uint32_t)dim, true, m, seq);
 }
 
-/* The keys and summed gradients of the parts servers refused (count of them), for the next
- * try: only what was not applied is sent again. */
-static int refused_sparse(edl_ps_client *c, size_t count, size_t dim, uint64_t **keys,
-                          float **grads)
-{
-    uint64_t *k = malloc(count * 8);
-    float *g = malloc(count * dim * sizeof *g);
-    if (!k || !g) {
-        free(k), free(g);
-        return fail(c, EDL_ENOMEM, "out of memory to send %zu keys again", count);
-    }
-    size_t at = 0;
-    for (int i = 0; i < c->n; i++) {
-        ps_link *l = &c->links[i];
-        if (!l->count || !l->rc)
-            continue;
-        memcpy(k + at, c->skeys + l->first, l->count * 8);
-        memcpy(g + at * dim, c->rows + l->first * dim, l->count * dim * sizeof *g);
-        at += l->count;
-    }
-    *keys = k;
-    *grads = g;
-    return 0;
-}
-
+/* A push is sent again whole until every server has it: those that had it already know
+ * it by its sequence number and apply it no second time. */
 int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t *keys,
                                size_t n, const float *grads, const ps_call_mode *m)
 {
     bool own = call_begin(c);
-    uint64_t *k2 = NULL;
-    float *g2 = NULL;
-    size_t count;
+    uint64_t seq = ++c->seq;
     int rc;
-    while ((rc = push_sparse_once(c, table, keys, n, grads, m)) && retryable(c, rc)) {
-        int r = refused_parts(c, &count);
-        uint64_t *nk = NULL;
-        float *ng = NULL;
-        if (r == 1 && (r = refused_sparse(c, count, c->tables[table].cfg.dim, &nk, &ng)) == 0) {
-            free(k2), free(g2);
-            keys = k2 = nk, grads = g2 = ng, n = count;
-        }
-        if (r < 0 || (rc = settle(c, rc)) != 0) {
-            rc = r < 0 ? r : rc;
-            break;
-        }
+    while ((rc = push_sparse_once(c, table, keys, n, grads, m, seq)) && retryable(c, rc) &&
+           !(rc = settle(c, rc))) {
     }
-    free(k2), free(g2);
     call_end(c, own);
     return rc;
 }
@@ -1085,12 +1047,15 @@ static void dense_move(edl_ps_client *c, uint64_t off, float *range, bool to_row
     }
 }
 
-static int dense_call(edl_ps_client *c, uint32_t table, bool push, const ps_call_mode *m)
+static int dense_call(edl_ps_client *c, uint32_t table, bool push, const ps_call_mode *m,
+                      uint64_t seq)
 {
+    uint8_t id[PS_ID_PREFIX];
+    push_id(c, seq, id);
     for (int i = 0; i < c->n; i++) {
         ps_link *l = &c->links[i];
-        int rc = l->nseg ? check_size(c, l, m->len + 8 + 16 * (uint64_t)l->nseg + 4 * l->total,
-                                      push ? "dense push" : "dense pull") : 0;
+        int rc = l->nseg ? check_size(c, l, PS_ID_PREFIX + m->len + 8 + 16 * (uint64_t)l->nseg +
+                                      4 * l->total, push ? "dense push" : "dense pull") : 0;
         if (rc)
             return rc;
     }
@@ -1101,48 +1066,13 @@ static int dense_call(edl_ps_client *c, uint32_t table, bool push, const ps_call
         size_t vbytes = l->total * sizeof(float);
         edl_put32(l->pre, l->nseg);
         edl_put32(l->pre + 4, 0);
-        struct iovec parts[] = {{(void *)m->prefix, m->len}, {l->pre, 8},
-                                {l->seg, 16 * (size_t)l->nseg},
+        struct iovec parts[] = {{id, push ? sizeof id : 0}, {(void *)m->prefix, m->len},
+                                {l->pre, 8}, {l->seg, 16 * (size_t)l->nseg},
                                 {push ? c->rows + l->first : NULL, push ? vbytes : 0}};
-        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, m->flags, table, parts, 4);
+        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, m->flags, table, parts, 5);
         link_expect(l, 0, push ? NULL : c->rows + l->first, push ? 0 : vbytes);
     }
     return run_links(c);
-}
-
-static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
-                       float *range, bool push, const ps_call_mode *m);
-
-/* The segments and values of the parts of a dense push that servers refused, pushed again
- * (each segment on its own, re-routed). */
-static int dense_push_refused(edl_ps_client *c, uint32_t table, size_t count, int rc,
-                              const ps_call_mode *m)
-{
-    size_t nseg = 0;
-    for (int i = 0; i < c->n; i++)
-        nseg += c->links[i].count && c->links[i].rc ? c->links[i].nseg : 0;
-    uint64_t *seg = malloc(nseg * 16 + 1);
-    float *vals = malloc(count * sizeof *vals + 1), *v = vals;
-    if (!seg || !vals) {
-        free(seg), free(vals);
-        return fail(c, EDL_ENOMEM, "out of memory to send %zu floats again", count);
-    }
-    size_t k = 0;
-    for (int i = 0; i < c->n; i++) {
-        ps_link *l = &c->links[i];
-        if (!l->count || !l->rc)
-            continue;
-        memcpy(vals + (v - vals), c->rows + l->first, l->total * sizeof *vals);
-        v += l->total;
-        for (uint32_t j = 0; j < l->nseg; j++, k++)
-            ps_segment_get(l->seg, j, &seg[2 * k], &seg[2 * k + 1]);
-    }
-    rc = settle(c, rc);
-    v = vals;
-    for (size_t j = 0; rc == 0 && j < nseg; v += seg[2 * j + 1], j++)
-        rc = dense_piece(c, table, seg[2 * j], seg[2 * j + 1], v, true, m);
-    free(seg), free(vals);
-    return rc;
 }
 
 /* One piece of a dense call, tried until it is applied, fails for good or the call's time is
@@ -1151,21 +1081,14 @@ static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t 
                        float *range, bool push, const ps_call_mode *m)
 {
     const client_table *t = &c->tables[table];
+    uint64_t seq = push ? ++c->seq : 0; /* each piece a push of its own */
     for (;;) {
         int rc = links_usable(c) ? EDL_EPEER : plan_dense(c, t, off, n);
         if (rc == 0 && push)
             dense_move(c, off, range, true);
-        if (rc == 0 && (rc = dense_call(c, table, push, m)) == 0 && !push)
+        if (rc == 0 && (rc = dense_call(c, table, push, m, seq)) == 0 && !push)
             dense_move(c, off, range, false);
-        if (rc == 0 || !retryable(c, rc))
-            return rc;
-        size_t count;
-        int r = push ? refused_parts(c, &count) : 0;
-        if (r < 0)
-            return r;
-        if (r == 1)
-            return dense_push_refused(c, table, count, rc, m);
-        if ((rc = settle(c, rc)) != 0)
+        if (rc == 0 || !retryable(c, rc) || (rc = settle(c, rc)) != 0)
             return rc;
     }
 }

@@ -221,6 +221,11 @@ int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, cha
                    size_t whylen)
 {
     const uint8_t *own = s->own[r->h.table];
+    bool push = r->h.type == PS_PUSH_SPARSE || r->h.type == PS_PUSH_DENSE;
+    if (push && s->mapped && (int64_t)r->gen != s->gen) /* its replicas are another map's */
+        return edl_errf(why, whylen, (int64_t)r->gen < s->gen ? EDL_EMOVED : EDL_EBUSY,
+                        "a push from a client on map %llu; this server is on map %lld",
+                        (unsigned long long)r->gen, (long long)s->gen);
     if (!s->mapped || !own)
         return 0;
     const edl_ps_table_config *c = ps_table_config(t);

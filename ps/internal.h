@@ -22,7 +22,7 @@
  * both nonces: the server proves the secret first, to a nonce the client chose, then the
  * client to the server's. A server that refuses a hello answers with an error frame. */
 #define PS_LINK_MAGIC 0x534c4445u /* "EDLS" */
-#define PS_PROTO_VERSION 1
+#define PS_PROTO_VERSION 2
 #define PS_NONCE_BYTES 16
 #define PS_HELLO_BYTES 24
 #define PS_CHALLENGE_BYTES 56
@@ -60,9 +60,11 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  *   SAVE         step(8) generation(8) rank(4) servers(4): snapshot the owned shards for a
  *                PS checkpoint                                        -> empty (snapshotted)
  *   ERROR        code(4, an EDL_E* value) message(len - 4, at most PS_MAX_ERROR)
- * Flags, on pushes only: PS_F_SYNC (sync mode: the body starts with token(8) step(8), and the
- * gradients wait for the step's barrier) or PS_F_GEO (sparse: the body starts with trainer(4)
- * 0(4), and the values are deltas, added as they are). */
+ * Every push body starts with its identity, client token(8) sequence(8), and the client's map
+ * generation(8) (PS_ID_PREFIX): a server applies a push once whatever how often it comes, and
+ * only from a client on its own map. Then flags, on pushes only: PS_F_SYNC (sync mode: a
+ * prefix token(8) step(8), and the gradients wait for the step's barrier) or PS_F_GEO
+ * (sparse: a prefix trainer(4) 0(4), and the values are deltas, added as they are). */
 #define PS_FRAME_MAGIC 0x504c4445u /* "EDLP" */
 #define PS_HDR_BYTES 16
 #define PS_CONFIG_BYTES 48
@@ -73,6 +75,7 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
 #define PS_REPLY 0x80
 #define PS_F_SYNC 1
 #define PS_F_GEO 2
+#define PS_ID_PREFIX 24
 #define PS_SYNC_PREFIX 16
 #define PS_GEO_PREFIX 8
 #define PS_BARRIER_BYTES 24
@@ -105,6 +108,13 @@ void ps_hdr_encode(const ps_hdr *h, uint8_t out[PS_HDR_BYTES]);
 /* 0; EDL_EPROTO (not a frame) or EDL_ETOOBIG (len > max_body), with the reason in why. */
 int ps_hdr_parse(const uint8_t *p, uint32_t max_body, ps_hdr *out, char *why, size_t whylen);
 
+/* A push's identity: its client's token and the push's sequence number (growing per client).
+ * Each shard applies a given push once, however often it arrives (a retry, a replica); NULL:
+ * always applied (the server's own sums, a trainer's local tables). */
+typedef struct ps_push_id {
+    uint64_t token, seq;
+} ps_push_id;
+
 /* A request's body, checked: counts agree with the length, every count within the limits.
  * The arrays point into the body (keys and values little-endian, maybe unaligned). */
 typedef struct ps_request {
@@ -119,7 +129,8 @@ typedef struct ps_request {
     uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step */
     uint32_t trainers;       /* BARRIER: trainers in the step */
     uint32_t trainer, max;   /* PS_F_GEO pushes and GEO_PULL: the trainer; GEO_PULL: rows */
-    uint64_t gen;            /* PUT_SHARD: the sender's map generation; SAVE: the client's */
+    uint64_t gen;            /* the sender's map generation: pushes, PUT_SHARD, SAVE */
+    ps_push_id id;           /* pushes */
     uint32_t shard;          /* PUT_SHARD (cfg: its table; values, total: its bytes) */
     uint32_t rank, world;    /* SAVE (step: the checkpoint's) */
 } ps_request;
@@ -147,16 +158,18 @@ void ps_table_free(ps_table *t);
 const edl_ps_table_config *ps_table_config(const ps_table *t);
 /* keys: n little-endian ids; out: n * dim floats. EDL_ENOMEM leaves earlier rows in place. */
 int ps_table_pull_sparse(ps_table *t, const uint8_t *keys, uint32_t n, float *out);
-int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *grads);
+int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *grads,
+                         const ps_push_id *id);
 /* [off, off + n) within the table (the caller checked). */
 int ps_table_pull_dense(ps_table *t, uint64_t off, uint64_t n, float *out);
-int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *grads);
+int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *grads,
+                        const ps_push_id *id);
 void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes);
 /* GEO (cfg.geo_trainers > 0): add n deltas of `trainer` and mark their rows changed for every
  * other trainer; take (and unmark) up to max rows changed for `trainer` since it last took,
  * their keys (little-endian) and rows; *more when some are left. */
 int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *deltas,
-                     uint32_t trainer);
+                     uint32_t trainer, const ps_push_id *id);
 uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t *keys,
                            float *rows, bool *more);
 /* Moving a shard (elastic servers): its rows and optimizer state (and GEO change bits) as
@@ -167,6 +180,7 @@ int ps_table_shard_export(ps_table *t, uint32_t s, bool drop, uint8_t **out, siz
 int ps_table_shard_import(ps_table *t, uint32_t s, const uint8_t *p, size_t len, char *why,
                           size_t whylen);
 void ps_table_shard_drop(ps_table *t, uint32_t s);
+bool ps_table_shard_empty(ps_table *t, uint32_t s); /* no row (sparse), never touched (dense) */
 /* A row for its only user (no lock: the trainer's own tables), created when asked; NULL when
  * absent or out of memory. */
 float *ps_table_row(ps_table *t, uint64_t key, bool create);

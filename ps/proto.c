@@ -225,26 +225,31 @@ static int parse_barrier(const ps_hdr *h, const uint8_t *b, ps_request *r, char 
     return 0;
 }
 
-/* A push's mode prefix (PS_F_SYNC, PS_F_GEO): read into r, and its length into *pre. */
+/* A push's prefixes: its identity, then its mode's (PS_F_SYNC, PS_F_GEO): read into r, and
+ * their length into *pre. */
 static int parse_prefix(const ps_hdr *h, const uint8_t *b, ps_request *r, size_t *pre,
                         char *why, size_t whylen)
 {
     bool push = h->type == PS_PUSH_SPARSE || h->type == PS_PUSH_DENSE;
     *pre = 0;
-    if (!h->flags)
-        return 0;
-    if (!push || (h->flags != PS_F_SYNC && h->flags != PS_F_GEO) ||
-        (h->flags == PS_F_GEO && h->type != PS_PUSH_SPARSE))
+    if (h->flags && (!push || (h->flags != PS_F_SYNC && h->flags != PS_F_GEO) ||
+                     (h->flags == PS_F_GEO && h->type != PS_PUSH_SPARSE)))
         return edl_errf(why, whylen, EDL_EPROTO, "flags %#x on a request of type %u (sync: "
                         "pushes; GEO: sparse pushes)", h->flags, h->type);
-    *pre = h->flags == PS_F_SYNC ? PS_SYNC_PREFIX : PS_GEO_PREFIX;
+    if (!push)
+        return 0;
+    size_t mode = h->flags == PS_F_SYNC ? PS_SYNC_PREFIX : h->flags ? PS_GEO_PREFIX : 0;
+    *pre = PS_ID_PREFIX + mode;
     if (h->len < *pre)
-        return edl_errf(why, whylen, EDL_EPROTO, "a %s push of %u bytes",
-                        h->flags == PS_F_SYNC ? "sync" : "GEO", h->len);
+        return edl_errf(why, whylen, EDL_EPROTO, "a %spush of %u bytes (its prefixes take %zu)",
+                        h->flags == PS_F_SYNC ? "sync " : h->flags ? "GEO " : "", h->len, *pre);
+    r->id = (ps_push_id){edl_get64(b), edl_get64(b + 8)};
+    r->gen = edl_get64(b + 16);
+    b += PS_ID_PREFIX;
     if (h->flags == PS_F_SYNC) {
         r->token = edl_get64(b);
         r->step = edl_get64(b + 8);
-    } else if ((r->trainer = edl_get32(b)) >= EDL_PS_MAX_GEO_TRAINERS) {
+    } else if (h->flags == PS_F_GEO && (r->trainer = edl_get32(b)) >= EDL_PS_MAX_GEO_TRAINERS) {
         return edl_errf(why, whylen, EDL_EPROTO, "a GEO push from trainer %u (0..%d)",
                         r->trainer, EDL_PS_MAX_GEO_TRAINERS - 1);
     }

@@ -166,8 +166,8 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
                             "geo_trainers trainers (a GEO push from one of them)"
                             : "not a GEO table");
         int rc = r->h.flags == PS_F_SYNC ? ps_sync_push(s->sync[PS_SPACE_STEPS], t, r, why, whylen)
-                 : geo ? ps_table_geo_add(t, r->keys, r->n, r->values, r->trainer)
-                       : ps_table_push_sparse(t, r->keys, r->n, r->values);
+                 : geo ? ps_table_geo_add(t, r->keys, r->n, r->values, r->trainer, &r->id)
+                       : ps_table_push_sparse(t, r->keys, r->n, r->values, &r->id);
         if (rc == 0)
             reply_begin(c, &r->h, 0);
         return rc;
@@ -225,7 +225,7 @@ static int serve_dense(edl_ps_server *s, ps_conn *c, const ps_request *r, char *
     for (uint32_t i = 0; i < r->nseg && rc == 0; i++) {
         uint64_t off, cnt;
         ps_segment_get(r->segs, i, &off, &cnt);
-        rc = push ? ps_table_push_dense(t, off, cnt, r->values + 4 * done)
+        rc = push ? ps_table_push_dense(t, off, cnt, r->values + 4 * done, &r->id)
                   : ps_table_pull_dense(t, off, cnt, (float *)(void *)(p + 4 * done));
         done += cnt;
     }

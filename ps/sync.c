@@ -68,13 +68,13 @@ static ps_table *sum_table(ps_sync *y, uint16_t id, const ps_table *target)
 static int add_push(ps_table *sum, const ps_request *r)
 {
     if (r->h.type == PS_PUSH_SPARSE)
-        return ps_table_push_sparse(sum, r->keys, r->n, r->values);
+        return ps_table_push_sparse(sum, r->keys, r->n, r->values, &r->id);
     uint64_t done = 0;
     int rc = 0;
     for (uint32_t i = 0; i < r->nseg && rc == 0; i++) {
         uint64_t off, cnt;
         ps_segment_get(r->segs, i, &off, &cnt);
-        rc = ps_table_push_dense(sum, off, cnt, r->values + 4 * done);
+        rc = ps_table_push_dense(sum, off, cnt, r->values + 4 * done, &r->id);
         done += cnt;
     }
     return rc;
@@ -187,10 +187,10 @@ void ps_sync_flush_shard(ps_sync *y, uint16_t id, ps_table *target, uint32_t sh)
         const edl_ps_table_config *c = ps_table_config(sum);
         uint32_t n = edl_get32(p);
         if (c->kind == EDL_PS_SPARSE && n) /* SGD without state: rows are gradients */
-            ps_table_push_sparse(target, p + 16, n, p + 16 + 8 * (size_t)n);
+            ps_table_push_sparse(target, p + 16, n, p + 16 + 8 * (size_t)n, NULL);
         else if (n)
             ps_table_push_dense(target, edl_ps_dense_shard_start(c->size, c->shards, sh), n,
-                                p + 8);
+                                p + 16, NULL);
     }
     free(p);
     pthread_rwlock_unlock(&y->lock);

@@ -12,6 +12,7 @@
  * server: a reference computed in one process agrees with the servers bit for bit. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,20 @@ typedef struct geo_shard {
     uint32_t *list[EDL_PS_MAX_GEO_TRAINERS]; /* row indexes */
     size_t n[EDL_PS_MAX_GEO_TRAINERS], cap[EDL_PS_MAX_GEO_TRAINERS];
 } geo_shard;
+
+/* The pushes a shard has applied, for each client the last one (its sequence numbers grow):
+ * a push sent again (a retry, a replica's copy) is applied once. `req` tells the runs of one
+ * request apart from a duplicate of it. */
+typedef struct applied {
+    uint64_t token, seq, req;
+} applied;
+
+typedef struct dedup {
+    applied *a;
+    uint32_t n, cap;
+} dedup;
+
+#define DEDUP_MAX 4096 /* clients remembered per shard (the least recent seq goes first) */
 
 /* A slot of a shard's hash: a key and its row, together (one cache miss a probe). */
 typedef struct slot {
@@ -40,11 +55,13 @@ typedef struct sparse_shard {
     uint64_t *rowkey; /* per row: its key (iteration: sync apply, GEO pulls) */
     size_t nrows, rows_cap;
     geo_shard *geo;   /* GEO tables only */
+    dedup dd;
 } sparse_shard;
 
 typedef struct dense_shard {
     pthread_mutex_t mu;
     float *w, *s1, *s2, *p1, *p2; /* weights; Adagrad s1; Adam m = s1, v = s2, powers */
+    dedup dd;
 } dense_shard;
 
 struct ps_table {
@@ -53,6 +70,37 @@ struct ps_table {
     sparse_shard *sp;
     dense_shard *dn;
 };
+
+static atomic_uint_fast64_t next_req = 1;
+
+/* Whether push id may apply to a shard (under its lock); a first sight is remembered. Out of
+ * memory, it applies (the push is not lost; a duplicate of it could apply twice). */
+static bool admit(dedup *d, const ps_push_id *id, uint64_t req)
+{
+    if (!id)
+        return true;
+    applied *least = NULL;
+    for (uint32_t i = 0; i < d->n; i++) {
+        applied *e = &d->a[i];
+        if (e->token == id->token) {
+            if (e->seq > id->seq || (e->seq == id->seq && e->req != req))
+                return false;
+            e->seq = id->seq, e->req = req;
+            return true;
+        }
+        least = !least || e->seq < least->seq ? e : least;
+    }
+    if (d->n == d->cap && d->cap < DEDUP_MAX) {
+        uint32_t cap = d->cap ? 2 * d->cap : 4;
+        applied *a = realloc(d->a, cap * sizeof *a);
+        if (a)
+            d->a = a, d->cap = cap;
+    }
+    applied *e = d->n < d->cap ? &d->a[d->n++] : least;
+    if (e)
+        *e = (applied){id->token, id->seq, req};
+    return true;
+}
 
 static size_t state_floats(const edl_ps_table_config *c, size_t dim)
 {
@@ -265,10 +313,12 @@ static void prefetch_ahead(const ps_table *t, const sparse_shard *held, const ui
 
 /* Runs of keys of one shard are handled under one lock (the client sends keys by shard). */
 static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
-                       const uint8_t *grads)
+                       const uint8_t *grads, const ps_push_id *id)
 {
     size_t dim = t->cfg.dim;
     sparse_shard *held = NULL;
+    bool apply = true;
+    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0;
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
@@ -278,7 +328,10 @@ static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
                 pthread_mutex_unlock(&held->mu);
             pthread_mutex_lock(&s->mu);
             held = s;
+            apply = !grads || admit(&s->dd, id, req);
         }
+        if (!apply)
+            continue; /* this push reached this shard before */
         prefetch_ahead(t, held, keys, n, i);
         float *row = sparse_row(t, s, key, h);
         if (!row)
@@ -297,12 +350,13 @@ static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
 
 int ps_table_pull_sparse(ps_table *t, const uint8_t *keys, uint32_t n, float *out)
 {
-    return sparse_each(t, keys, n, out, NULL);
+    return sparse_each(t, keys, n, out, NULL, NULL);
 }
 
-int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *grads)
+int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *grads,
+                         const ps_push_id *id)
 {
-    return sparse_each(t, keys, n, NULL, grads);
+    return sparse_each(t, keys, n, NULL, grads, id);
 }
 
 /* ---- dense --------------------------------------------------------------------------------- */
@@ -351,10 +405,11 @@ static void dense_apply(const edl_ps_table_config *c, dense_shard *d, size_t i, 
     }
 }
 
-static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const uint8_t *grads)
+static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const uint8_t *grads,
+                      const ps_push_id *id)
 {
     const edl_ps_table_config *c = &t->cfg;
-    uint64_t done = 0;
+    uint64_t done = 0, req = id ? atomic_fetch_add(&next_req, 1) : 0;
     while (done < n) {
         uint64_t at = off + done;
         uint32_t s = edl_ps_dense_shard(at, c->size, c->shards);
@@ -364,7 +419,7 @@ static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const u
         dense_shard *d = &t->dn[s];
         pthread_mutex_lock(&d->mu);
         int rc = d->w ? 0 : dense_alloc(t, d, s);
-        if (rc == 0 && grads)
+        if (rc == 0 && grads && admit(&d->dd, id, req))
             dense_apply(c, d, at - start, len, grads + 4 * done);
         else if (rc == 0)
             memcpy(out + done, d->w + (at - start), len * sizeof *out);
@@ -378,12 +433,13 @@ static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const u
 
 int ps_table_pull_dense(ps_table *t, uint64_t off, uint64_t n, float *out)
 {
-    return dense_each(t, off, n, out, NULL);
+    return dense_each(t, off, n, out, NULL, NULL);
 }
 
-int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *grads)
+int ps_table_push_dense(ps_table *t, uint64_t off, uint64_t n, const uint8_t *grads,
+                        const ps_push_id *id)
 {
-    return dense_each(t, off, n, NULL, grads);
+    return dense_each(t, off, n, NULL, grads, id);
 }
 
 /* ---- GEO ----------------------------------------------------------------------------------- */
@@ -416,18 +472,17 @@ static int geo_mark(geo_shard *g, uint32_t row, uint32_t trainer, uint32_t train
 }
 
 int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *deltas,
-                     uint32_t trainer)
+                     uint32_t trainer, const ps_push_id *id)
 {
     size_t dim = t->cfg.dim;
+    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0;
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
         sparse_shard *s = &t->sp[h % t->cfg.shards];
         pthread_mutex_lock(&s->mu);
-        float *row = sparse_row(t, s, key, h);
-        if (!row) {
-            rc = EDL_ENOMEM;
-        } else {
+        float *row = admit(&s->dd, id, req) ? sparse_row(t, s, key, h) : NULL;
+        if (row) {
             for (size_t j = 0; j < dim; j++) {
                 float d;
                 memcpy(&d, deltas + 4 * (dim * i + j), 4);
@@ -435,6 +490,8 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
             }
             rc = geo_mark(s->geo, (uint32_t)((row - s->rows) / t->stride), trainer,
                           t->cfg.geo_trainers);
+        } else if (admit(&s->dd, id, req)) { /* admitted (this request), yet no row */
+            rc = EDL_ENOMEM;
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -516,8 +573,8 @@ static int push_rows(void *target, const uint64_t *keys, uint64_t start, float *
     (void)stride; /* SGD without state: the rows are the wire's gradient layout */
     if (keys)
         return ps_table_push_sparse(target, (const uint8_t *)keys, (uint32_t)n,
-                                    (const uint8_t *)rows);
-    return ps_table_push_dense(target, start, n, (const uint8_t *)rows);
+                                    (const uint8_t *)rows, NULL);
+    return ps_table_push_dense(target, start, n, (const uint8_t *)rows, NULL);
 }
 
 int ps_table_apply_to(ps_table *sum, ps_table *target)
@@ -552,9 +609,33 @@ void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
 }
 
 /* ---- moving a shard: its bytes out of one server and into another ---------------------------
- * sparse: n(4) stride(4) geo(4) 0(4) keys(8 n) rows(4 n stride) [GEO change bits(8 n)]
- * dense:  elements(4, 0: never touched) arrays(4) the arrays w, s1, s2, p1, p2 that the
- *         optimizer has (4 elements each) */
+ * sparse: n(4) stride(4) geo(4) pushes(4) keys(8 n) rows(4 n stride) [GEO change bits(8 n)]
+ *         then the pushes it applied: {client token(8) seq(8)} x pushes
+ * dense:  elements(4, 0: never touched) arrays(4) pushes(4) 0(4) the arrays w, s1, s2, p1,
+ *         p2 that the optimizer has (4 elements each), then the pushes */
+
+static size_t dedup_bytes(const dedup *d)
+{
+    return 16 * (size_t)d->n;
+}
+
+static void dedup_put(const dedup *d, uint8_t *p)
+{
+    for (uint32_t i = 0; i < d->n; i++)
+        edl_put64(p + 16 * i, d->a[i].token), edl_put64(p + 16 * i + 8, d->a[i].seq);
+}
+
+static int dedup_get(dedup *d, const uint8_t *p, uint32_t n)
+{
+    if (n > DEDUP_MAX)
+        return EDL_EPROTO;
+    if (n && !(d->a = calloc(n, sizeof *d->a)))
+        return EDL_ENOMEM;
+    d->n = d->cap = n;
+    for (uint32_t i = 0; i < n; i++)
+        d->a[i] = (applied){edl_get64(p + 16 * i), edl_get64(p + 16 * i + 8), 0};
+    return 0;
+}
 
 static size_t dense_arrays(const edl_ps_table_config *c)
 {
@@ -563,7 +644,7 @@ static size_t dense_arrays(const edl_ps_table_config *c)
 
 static void sparse_free_shard(sparse_shard *s)
 {
-    free(s->slots), free(s->rows), free(s->rowkey);
+    free(s->slots), free(s->rows), free(s->rowkey), free(s->dd.a);
     for (int i = 0; s->geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
         free(s->geo->list[i]);
     if (s->geo)
@@ -574,23 +655,24 @@ static void sparse_free_shard(sparse_shard *s)
 
 static void dense_free_shard(dense_shard *d)
 {
-    free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2);
+    free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2), free(d->dd.a);
     *d = (dense_shard){.mu = d->mu};
 }
 
 static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *len)
 {
-    size_t n = s->nrows, geo = s->geo != NULL;
-    *len = 16 + n * (8 + 4 * t->stride + 8 * geo);
+    size_t n = s->nrows, geo = s->geo != NULL, body = n * (8 + 4 * t->stride + 8 * geo);
+    *len = 16 + body + dedup_bytes(&s->dd);
     uint8_t *p = malloc(*len), *q = p + 16;
     if (!p)
         return NULL;
     edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)t->stride);
-    edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, 0);
+    edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, s->dd.n);
     memcpy(q, s->rowkey, 8 * n);
     memcpy(q + 8 * n, s->rows, 4 * n * t->stride);
     if (geo)
         memcpy(q + 8 * n + 4 * n * t->stride, s->geo->mask, 8 * n);
+    dedup_put(&s->dd, q + body);
     return p;
 }
 
@@ -599,13 +681,15 @@ static uint8_t *dense_export(const ps_table *t, const dense_shard *d, uint32_t s
     size_t n = d->w ? edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh) : 0;
     size_t na = dense_arrays(&t->cfg);
     float *arr[5] = {d->w, d->s1, d->s2, d->p1, d->p2};
-    *len = 8 + 4 * n * na;
+    *len = 16 + 4 * n * na + dedup_bytes(&d->dd);
     uint8_t *p = malloc(*len);
     if (!p)
         return NULL;
     edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)na);
+    edl_put32(p + 8, d->dd.n), edl_put32(p + 12, 0);
     for (size_t a = 0; a < na && n; a++)
-        memcpy(p + 8 + 4 * n * a, arr[a], 4 * n);
+        memcpy(p + 16 + 4 * n * a, arr[a], 4 * n);
+    dedup_put(&d->dd, p + 16 + 4 * n * na);
     return p;
 }
 
@@ -626,12 +710,17 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
                          char *why, size_t whylen)
 {
     uint64_t n = edl_get32(p), stride = edl_get32(p + 4), geo = edl_get32(p + 8);
-    if (stride != t->stride || geo != (t->cfg.geo_trainers > 0) ||
-        len != 16 + n * (8 + 4 * stride + 8 * geo))
+    uint64_t np = edl_get32(p + 12), body = n * (8 + 4 * stride + 8 * geo);
+    if (stride != t->stride || geo != (t->cfg.geo_trainers > 0) || len != 16 + body + 16 * np)
         return edl_errf(why, whylen, EDL_EPROTO, "a sparse shard of %llu rows of %llu floats "
-                        "in %zu bytes, for a table of rows of %zu", (unsigned long long)n,
-                        (unsigned long long)stride, len, t->stride);
+                        "and %llu pushes in %zu bytes, for a table of rows of %zu",
+                        (unsigned long long)n, (unsigned long long)stride,
+                        (unsigned long long)np, len, t->stride);
     const uint8_t *keys = p + 16, *rows = keys + 8 * n, *mask = rows + 4 * n * stride;
+    int rc = dedup_get(&s->dd, p + 16 + body, (uint32_t)np);
+    if (rc)
+        return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
+                        (unsigned long long)np, DEDUP_MAX);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t key = edl_get64(keys + 8 * i), h = ps_mix64(key);
         if (h % t->cfg.shards != sh || sparse_find(t, s, key, h))
@@ -653,27 +742,32 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
 static int dense_import(ps_table *t, dense_shard *d, uint32_t sh, const uint8_t *p, size_t len,
                         char *why, size_t whylen)
 {
-    uint64_t n = edl_get32(p), na = edl_get32(p + 4);
+    uint64_t n = edl_get32(p), na = edl_get32(p + 4), np = edl_get32(p + 8);
     uint64_t want = edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh);
-    if ((n != 0 && n != want) || na != dense_arrays(&t->cfg) || len != 8 + 4 * n * na)
+    if ((n != 0 && n != want) || na != dense_arrays(&t->cfg) ||
+        len != 16 + 4 * n * na + 16 * np)
         return edl_errf(why, whylen, EDL_EPROTO, "a dense shard of %llu elements in %llu arrays "
-                        "(%zu bytes), for a shard of %llu in %zu", (unsigned long long)n,
-                        (unsigned long long)na, len, (unsigned long long)want,
-                        dense_arrays(&t->cfg));
+                        "and %llu pushes (%zu bytes), for a shard of %llu in %zu",
+                        (unsigned long long)n, (unsigned long long)na, (unsigned long long)np,
+                        len, (unsigned long long)want, dense_arrays(&t->cfg));
+    int rc = dedup_get(&d->dd, p + 16 + 4 * n * na, (uint32_t)np);
+    if (rc)
+        return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
+                        (unsigned long long)np, DEDUP_MAX);
     if (n == 0)
         return 0;
     if (dense_alloc(t, d, sh) != 0)
         return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
     float *arr[5] = {d->w, d->s1, d->s2, d->p1, d->p2};
     for (size_t a = 0; a < na; a++)
-        memcpy(arr[a], p + 8 + 4 * n * a, 4 * n);
+        memcpy(arr[a], p + 16 + 4 * n * a, 4 * n);
     return 0;
 }
 
 int ps_table_shard_import(ps_table *t, uint32_t sh, const uint8_t *p, size_t len, char *why,
                           size_t whylen)
 {
-    if (len < (t->sp ? 16u : 8u))
+    if (len < 16)
         return edl_errf(why, whylen, EDL_EPROTO, "a shard of %zu bytes", len);
     pthread_mutex_t *mu = t->sp ? &t->sp[sh].mu : &t->dn[sh].mu;
     pthread_mutex_lock(mu);
@@ -689,6 +783,15 @@ int ps_table_shard_import(ps_table *t, uint32_t sh, const uint8_t *p, size_t len
     }
     pthread_mutex_unlock(mu);
     return rc;
+}
+
+bool ps_table_shard_empty(ps_table *t, uint32_t sh)
+{
+    pthread_mutex_t *mu = t->sp ? &t->sp[sh].mu : &t->dn[sh].mu;
+    pthread_mutex_lock(mu);
+    bool empty = t->sp ? t->sp[sh].nrows == 0 : t->dn[sh].w == NULL;
+    pthread_mutex_unlock(mu);
+    return empty;
 }
 
 void ps_table_shard_drop(ps_table *t, uint32_t sh)

@@ -242,9 +242,9 @@ static int merge_push(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, s
         rc = EDL_ENOMEM;
     if (rc == 0 && keys)
         rc = ps_table_push_sparse(t->merge[table], (const uint8_t *)keys, (uint32_t)n,
-                                  (const uint8_t *)grads);
+                                  (const uint8_t *)grads, NULL);
     else if (rc == 0)
-        rc = ps_table_push_dense(t->merge[table], off, n, (const uint8_t *)grads);
+        rc = ps_table_push_dense(t->merge[table], off, n, (const uint8_t *)grads, NULL);
     if (rc == 0) {
         t->queued = true;
         pthread_cond_broadcast(&t->cv);

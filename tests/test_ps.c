@@ -439,10 +439,14 @@ static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
     uint8_t b[64] = {0};
     edl_put32(b, 0xffffffffu); /* 4 billion keys in 8 bytes */
     expect_error(fd, PS_PULL_SPARSE, 0, b, 8, "needs");
-    expect_error(fd, PS_PUSH_SPARSE, 0, b, 8, "rows of 0 floats");
+    expect_error(fd, PS_PUSH_SPARSE, 0, b, 8, "its prefixes take 24");
+    uint8_t pb[PS_ID_PREFIX + 64] = {0}; /* a push: its identity, then the body */
+    memcpy(pb + PS_ID_PREFIX, b, 8);
+    expect_error(fd, PS_PUSH_SPARSE, 0, pb, PS_ID_PREFIX + 8, "rows of 0 floats");
+    edl_put32(pb + PS_ID_PREFIX, 1);
+    edl_put32(pb + PS_ID_PREFIX + 4, 3); /* a push of dim 3 to a table of dim 8 */
+    expect_error(fd, PS_PUSH_SPARSE, 0, pb, PS_ID_PREFIX + 8 + 8 + 12, "whose rows have 8");
     edl_put32(b, 1);
-    edl_put32(b + 4, 3); /* a push of dim 3 to a table of dim 8 */
-    expect_error(fd, PS_PUSH_SPARSE, 0, b, 8 + 8 + 12, "whose rows have 8");
     edl_put32(b, 1);
     expect_error(fd, PS_PULL_SPARSE, 7, b, 16, "no table 7");
     expect_error(fd, PS_PULL_SPARSE, 300, b, 16, "table id 300");
@@ -462,10 +466,26 @@ static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
     ps_hdr h = raw_frame(fd, NULL, 0);
     assert_int_equal(h.type, PS_PULL_SPARSE | PS_REPLY);
     assert_int_equal(h.len, 8 + 8 * 4);
-    close(fd);
+    /* one push sent twice (a retry after a lost reply): applied once */
     uint64_t key = 42;
-    float row[8];
+    float row[8], before[8];
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, &key, 1, before));
+    memset(pb, 0, sizeof pb);
+    edl_put64(pb, 0x1234), edl_put64(pb + 8, 7); /* token, seq; map 0 */
+    edl_put32(pb + PS_ID_PREFIX, 1), edl_put32(pb + PS_ID_PREFIX + 4, 8);
+    edl_put64(pb + PS_ID_PREFIX + 8, key);
+    for (int i = 0; i < 8; i++) {
+        float g = 1;
+        memcpy(pb + PS_ID_PREFIX + 16 + 4 * i, &g, 4);
+    }
+    for (int i = 0; i < 2; i++) {
+        raw_request(fd, PS_PUSH_SPARSE, 0, pb, PS_ID_PREFIX + 16 + 32);
+        assert_int_equal(raw_frame(fd, NULL, 0).type, PS_PUSH_SPARSE | PS_REPLY);
+    }
     harness_ps_ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
+    for (int i = 0; i < 8; i++)
+        assert_close(row[i], before[i] - cfg.lr, "the row after one push sent twice", i);
+    close(fd);
     edl_ps_client_close(c);
     harness_ps_close(&k);
 }
