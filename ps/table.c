@@ -855,6 +855,8 @@ static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *
         return NULL;
     edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)t->stride);
     edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, (uint32_t)t->xstride);
+    if (n == 0) /* an empty shard has no arrays */
+        return p;
     memcpy(q, s->rowkey, 8 * n);
     memcpy(q + 8 * n, s->rows, rb);
     if (geo)

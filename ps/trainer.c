@@ -2,7 +2,9 @@
  * that merge gradients (async, half_async) and the GEO local copies are tables of table.c kept
  * here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
  * table whose rows hold the local copy, the synced copy and a mark: touched since the sync. The client is used by one
- * thread at a time (client_mu): the caller's pulls and the async sender take turns. */
+ * thread at a time (client_mu): the caller's pulls and the async sender take turns. A CTR
+ * table's buffers are as wide as its pushes (show, click, gradients: ps_sum_config); GEO
+ * refuses CTR tables. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
