@@ -15,7 +15,9 @@
  *   sparse push  the same keys with gradients (SGD on the server): payload 8 + 4 dim a key
  *   dense pull   the whole dense table of --dense floats (split over 1,024 shards), GB/s
  *   dense push   its gradients (SGD), GB/s
- * Each line: the rate, the payload GB/s and its share of the bound.
+ * Each line: the rate, the payload GB/s and its share of the bound. Then the servers' memory:
+ * bytes a row of the sparse table, and of a CTR table over the same keys (the CTR accessor,
+ * rows of --dim floats): without embedx, with it, and after a shrink that evicts half.
  *
  * Then the modes (--ctr-examples N, 0: skip): examples/ctr (logistic regression plus embeddings,
  * 13 dense and 26 sparse slots) trained in one process (--local), then on edl-ps in each mode
@@ -329,6 +331,67 @@ static void report_memory(const char *const *eps, int s, const char *secret_file
     edl_ps_client_close(c);
 }
 
+/* The first n keys of the key space on the CTR table (2): pulled (show 0), or pushed with that
+ * show and zero gradients. */
+static void ctr_touch(edl_ps_client *c, const opts *o, uint64_t n, float show)
+{
+    uint64_t *keys = malloc(o->batch * sizeof *keys);
+    float *v = calloc((size_t)o->batch * (o->dim + 2), sizeof *v);
+    for (uint32_t j = 0; j < o->batch; j++)
+        v[(size_t)j * (o->dim + 2)] = show;
+    for (uint64_t k = 0; k < n; k += o->batch) {
+        uint32_t m = (uint32_t)(n - k < o->batch ? n - k : o->batch);
+        for (uint32_t j = 0; j < m; j++)
+            keys[j] = key_of(k + j);
+        if (show ? edl_ps_push_sparse(c, 2, keys, m, v) : edl_ps_pull_sparse(c, 2, keys, m, v))
+            die(edl_ps_client_errmsg(c));
+    }
+    free(keys);
+    free(v);
+}
+
+/* The CTR table's rows and bytes: what the servers hold beyond the other tables (base). */
+static void ctr_line(edl_ps_client *c, const opts *o, uint64_t base, const char *what)
+{
+    edl_ps_server_stats st;
+    if (edl_ps_stats(c, &st))
+        die(edl_ps_client_errmsg(c));
+    double rows = (double)(st.rows - o->keys), bytes = (double)(st.bytes - base);
+    printf("  CTR memory, %-32s %8.0f rows of %u floats (SGD) in %6.1f MiB: %4.0f bytes a "
+           "row, %5.1f M rows a GiB\n", what, rows, o->dim, bytes / (1 << 20), bytes / rows,
+           (1 << 30) / (bytes / rows) / 1e6);
+}
+
+/* A CTR table of the key space (score = show, embedx from 2, decay 0.5, delete below 1.5):
+ * its memory with rows that have no embedx, with embedx on every row, and after a shrink that
+ * evicts the half of the rows shown least. */
+static void report_ctr_memory(const char *const *eps, int s, const char *secret_file,
+                              const opts *o)
+{
+    edl_ps_client *c = worker_client(eps, s, secret_file, o);
+    edl_ps_server_stats st;
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = o->dim, cfg.accessor = EDL_PS_ACCESSOR_CTR;
+    cfg.ctr = (edl_ps_ctr_config){.nonclk_coeff = 1, .click_coeff = 1, .embedx_threshold = 2,
+                                  .show_click_decay_rate = 0.5f, .delete_threshold = 1.5f,
+                                  .delete_after_unseen_days = 30};
+    uint64_t evicted;
+    char what[64];
+    if (edl_ps_stats(c, &st) || edl_ps_create_table(c, 2, &cfg))
+        die(edl_ps_client_errmsg(c));
+    ctr_touch(c, o, o->keys, 0);
+    ctr_line(c, o, st.bytes, "without embedx:");
+    ctr_touch(c, o, o->keys, 2);
+    ctr_line(c, o, st.bytes, "with embedx:");
+    ctr_touch(c, o, o->keys / 2, 2); /* shows 4 (kept: 2 after the decay) and 2 (1: evicted) */
+    if (edl_ps_shrink(c, 2, &evicted))
+        die(edl_ps_client_errmsg(c));
+    snprintf(what, sizeof what, "after a shrink (%llu evicted):", (unsigned long long)evicted);
+    ctr_line(c, o, st.bytes, what);
+    edl_ps_client_close(c);
+}
+
 /* ---- one W x S --------------------------------------------------------------------------------- */
 
 static void print_line(int w, int s, int ph, double rate, const opts *o, double bound)
@@ -386,6 +449,7 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
     for (int i = 0; i < w; i++)
         waitpid(wk[i], NULL, 0);
     report_memory(eps, s, secret_file, o);
+    report_ctr_memory(eps, s, secret_file, o);
     for (int i = 0; i < s; i++) {
         kill(srv[i], SIGTERM);
         waitpid(srv[i], NULL, 0);

@@ -3,6 +3,7 @@
  * the best AUC and logloss are known: the planted model's own, printed beside the learned).
  *
  *   ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B] [--threads T] [--seed S]
+ *       [--accessor plain|ctr] [--shrink-every N]
  *
  * Roles come from the environment, as Paddle's launchers (and edl's agent) set them
  * (edl_fleet, see ps.h): TRAINING_ROLE=PSERVER serves the tables; TRAINING_ROLE=TRAINER trains
@@ -13,7 +14,12 @@
  *
  * The model: logit = bias + w . x + sum over slots of lr[key] + v . mean over slots of
  * emb[key]; tables 0 (lr, sparse, 1 float), 1 (emb, sparse, 8 floats), 2 (dense: w, bias, v),
- * Adagrad on the servers (GEO: the trainers' local SGD on the sparse tables). */
+ * Adagrad on the servers (GEO: the trainers' local SGD on the sparse tables).
+ * --accessor ctr (or EDL_PS_ACCESSOR=ctr): as Paddle's CTR models do, lr and emb are one row
+ * of table 1 with the CTR accessor (dim 9: embed_w is lr, embedx is emb, zeros until the key's
+ * show/click score reaches the threshold); each push carries show 1 and click y per key, and
+ * worker 0 shrinks the table every N steps (--shrink-every, default 100). sync, async and
+ * half_async; --local always trains the plain model. */
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -35,8 +41,8 @@
 #define T_DENSE 2
 
 typedef struct opts {
-    bool local;
-    long examples, test, epochs, batch, threads;
+    bool local, ctr; /* ctr: the CTR accessor on table 1 */
+    long examples, test, epochs, batch, threads, shrink_every;
     uint64_t seed;
 } opts;
 
@@ -304,10 +310,11 @@ typedef struct ps_worker {
     edl_agent_link *link; /* under the agent, thread 0 reports its steps (progress) */
     const opts *o;
     long thread, steps, trained;
+    uint64_t shrinks, evicted; /* ctr: worker 0's first thread shrinks */
     int rc;
 } ps_worker;
 
-static void tables(edl_ps_table_config cfg[3], edl_ps_mode mode, int workers)
+static void tables(edl_ps_table_config cfg[3], edl_ps_mode mode, int workers, bool ctr)
 {
     for (int t = 0; t < 3; t++) {
         edl_ps_table_config_init(&cfg[t]);
@@ -328,27 +335,69 @@ static void tables(edl_ps_table_config cfg[3], edl_ps_mode mode, int workers)
             cfg[t].optimizer = EDL_PS_SGD;
             cfg[t].lr = 10.0f;
         }
+    if (ctr) { /* table 1 holds lr (embed_w) and emb (embedx); Paddle's CTR defaults */
+        cfg[T_EMB].dim = 1 + EMB;
+        cfg[T_EMB].accessor = EDL_PS_ACCESSOR_CTR;
+    }
 }
 
-/* Pull the rows of n examples' keys: lr[n * NSLOT], emb[n * NSLOT * EMB], dense. */
+/* A sparse table's rows of keys, through the trainer when there is one. */
+static int pull(edl_ps_trainer *t, edl_ps_client *c, uint32_t table, const uint64_t *keys,
+                size_t n, float *out)
+{
+    return t ? edl_ps_trainer_pull_sparse(t, table, keys, n, out)
+             : edl_ps_pull_sparse(c, table, keys, n, out);
+}
+
+/* Pull the rows of n examples' keys: lr[n * NSLOT], emb[n * NSLOT * EMB], dense. wide: room
+ * for the CTR table's rows (n * NSLOT * (1 + EMB) floats), split into lr and emb; NULL: the
+ * plain tables. */
 static int pull_rows(edl_ps_trainer *t, edl_ps_client *c, const example *e, long n,
-                     uint64_t *keys, float *lr, float *emb, float *dense)
+                     uint64_t *keys, float *lr, float *emb, float *dense, float *wide)
 {
     for (long i = 0; i < n; i++)
         memcpy(keys + i * NSLOT, e[i].key, sizeof e[i].key);
     size_t nk = (size_t)n * NSLOT;
-    int rc = t ? edl_ps_trainer_pull_sparse(t, T_LR, keys, nk, lr)
-               : edl_ps_pull_sparse(c, T_LR, keys, nk, lr);
-    if (rc == 0)
-        rc = t ? edl_ps_trainer_pull_sparse(t, T_EMB, keys, nk, emb)
-               : edl_ps_pull_sparse(c, T_EMB, keys, nk, emb);
+    int rc = pull(t, c, wide ? T_EMB : T_LR, keys, nk, wide ? wide : lr);
+    for (size_t i = 0; rc == 0 && wide && i < nk; i++) {
+        lr[i] = wide[i * (1 + EMB)];
+        memcpy(emb + i * EMB, wide + i * (1 + EMB) + 1, sizeof(float) * EMB);
+    }
+    if (rc == 0 && !wide)
+        rc = pull(t, c, T_EMB, keys, nk, emb);
     if (rc == 0)
         rc = t ? edl_ps_trainer_pull_dense(t, T_DENSE, 0, NPARAM, dense)
                : edl_ps_pull_dense(c, T_DENSE, 0, NPARAM, dense);
     return rc;
 }
 
-static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *rows)
+/* The CTR table's push: per key show 1, click y, then its gradients (lr's, then emb's). */
+static int push_ctr(edl_ps_trainer *t, const example *e, long n, const uint64_t *keys,
+                    const float *glr, const float *gemb, float *wide)
+{
+    for (long i = 0; i < n * NSLOT; i++) {
+        float *v = wide + i * (3 + EMB);
+        v[0] = 1, v[1] = e[i / NSLOT].y, v[2] = glr[i];
+        memcpy(v + 3, gemb + i * EMB, sizeof(float) * EMB);
+    }
+    return edl_ps_trainer_push_sparse(t, T_EMB, keys, (size_t)n * NSLOT, wide);
+}
+
+/* Worker 0's first thread shrinks the CTR table every shrink_every steps. */
+static int maybe_shrink(ps_worker *w, long step)
+{
+    uint64_t evicted;
+    if (!w->o->ctr || !w->o->shrink_every || w->thread || edl_fleet_worker_index(w->f) ||
+        (step + 1) % w->o->shrink_every)
+        return 0;
+    int rc = edl_ps_trainer_shrink(edl_fleet_trainer(w->f), T_EMB, &evicted);
+    w->shrinks++;
+    w->evicted += rc ? 0 : evicted;
+    return rc;
+}
+
+static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *rows,
+                   float *wide)
 {
     const opts *o = w->o;
     edl_ps_trainer *t = edl_fleet_trainer(w->f);
@@ -358,19 +407,21 @@ static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *r
     float *gemb = glr + b * NSLOT, dense[NPARAM], gdense[NPARAM] = {0};
     for (long i = 0; i < b; i++)
         make_example(o->seed, (uint64_t)((first + i) % o->examples), &e[i]);
-    int rc = pull_rows(t, NULL, e, b, keys, lr, emb, dense);
+    int rc = pull_rows(t, NULL, e, b, keys, lr, emb, dense, o->ctr ? wide : NULL);
     for (long i = 0; rc == 0 && i < b; i++)
         example_grad(&e[i], lr + i * NSLOT, emb + i * NSLOT * EMB, dense, 1.0f / (float)b,
                      glr + i * NSLOT, gemb + i * NSLOT * EMB, gdense);
-    if (rc == 0) /* repeated keys: the client sums their gradients */
+    if (rc == 0 && o->ctr) /* repeated keys: the client sums their shows and gradients */
+        rc = push_ctr(t, e, b, keys, glr, gemb, wide);
+    if (rc == 0 && !o->ctr)
         rc = edl_ps_trainer_push_sparse(t, T_LR, keys, (size_t)b * NSLOT, glr);
-    if (rc == 0)
+    if (rc == 0 && !o->ctr)
         rc = edl_ps_trainer_push_sparse(t, T_EMB, keys, (size_t)b * NSLOT, gemb);
     if (rc == 0)
         rc = edl_ps_trainer_push_dense(t, T_DENSE, 0, NPARAM, gdense);
     if (rc == 0)
         rc = edl_ps_trainer_step(t);
-    return rc;
+    return rc ? rc : maybe_shrink(w, step);
 }
 
 static void *ps_thread(void *arg)
@@ -380,9 +431,10 @@ static void *ps_thread(void *arg)
     example *e = malloc((size_t)b * sizeof *e);
     uint64_t *keys = malloc((size_t)b * NSLOT * sizeof *keys);
     float *rows = malloc((size_t)b * NSLOT * (1 + EMB) * 2 * sizeof *rows);
+    float *wide = malloc((size_t)b * NSLOT * (3 + EMB) * sizeof *wide);
     for (long ep = 0; ep < w->o->epochs && w->rc == 0; ep++)
         for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b) {
-            w->rc = ps_step(w, ep * w->steps + s, e, keys, rows);
+            w->rc = ps_step(w, ep * w->steps + s, e, keys, rows, wide);
             if (w->link)
                 edl_agent_link_report_step(w->link, ep * w->steps + s + 1);
         }
@@ -392,16 +444,24 @@ static void *ps_thread(void *arg)
     free(e);
     free(keys);
     free(rows);
+    free(wide);
     return NULL;
 }
 
+typedef struct predictor {
+    edl_ps_client *c;
+    bool ctr;
+} predictor;
+
 static int ps_predict(void *arg, const example *e, long n, float *p)
 {
-    edl_ps_client *c = arg;
+    const predictor *pr = arg;
+    edl_ps_client *c = pr->c;
     uint64_t *keys = malloc((size_t)n * NSLOT * sizeof *keys);
-    float *lr = malloc((size_t)n * NSLOT * (1 + EMB) * sizeof *lr), *emb = lr + n * NSLOT;
+    float *lr = malloc((size_t)n * NSLOT * (1 + EMB) * 2 * sizeof *lr), *emb = lr + n * NSLOT;
     float dense[NPARAM];
-    int rc = pull_rows(NULL, c, e, n, keys, lr, emb, dense);
+    int rc = pull_rows(NULL, c, e, n, keys, lr, emb, dense,
+                       pr->ctr ? emb + n * NSLOT * EMB : NULL);
     for (long i = 0; rc == 0 && i < n; i++)
         p[i] = example_grad(&e[i], lr + i * NSLOT, emb + i * NSLOT * EMB, dense, 0, NULL, NULL,
                             NULL);
@@ -409,6 +469,21 @@ static int ps_predict(void *arg, const example *e, long n, float *p)
         fprintf(stderr, "ctr: evaluating: %s\n", edl_ps_client_errmsg(c));
     free(keys);
     free(lr);
+    return rc;
+}
+
+/* What the shrinks did, and the CTR table's rows and memory on the servers now. */
+static int report_ctr(edl_ps_client *c, uint64_t shrinks, uint64_t evicted)
+{
+    edl_ps_server_stats st;
+    int rc = edl_ps_stats(c, &st);
+    if (rc == 0)
+        printf("ctr: CTR table: %llu shrinks evicted %llu rows; %llu rows on the servers in "
+               "%.1f MiB (with the dense table)\n", (unsigned long long)shrinks,
+               (unsigned long long)evicted, (unsigned long long)st.rows,
+               (double)st.bytes / (1 << 20));
+    else
+        fprintf(stderr, "ctr: stats: %s\n", edl_ps_client_errmsg(c));
     return rc;
 }
 
@@ -427,10 +502,12 @@ static int train_on_servers(edl_fleet *f, const opts *o)
         pthread_create(&th[i], NULL, ps_thread, &w[i]);
     }
     long trained = 0;
+    uint64_t shrinks = 0, evicted = 0;
     int rc = 0;
     for (long i = 0; i < o->threads; i++) {
         pthread_join(th[i], NULL);
         trained += w[i].trained;
+        shrinks += w[i].shrinks, evicted += w[i].evicted;
         rc = rc ? rc : w[i].rc;
     }
     edl_agent_link_close(link);
@@ -441,11 +518,15 @@ static int train_on_servers(edl_fleet *f, const opts *o)
     edl_ps_client_traffic(edl_fleet_client(f), &sent, &received);
     if (rc == 0)
         rc = edl_fleet_barrier_worker(f); /* every worker's updates are in */
+    if (rc == 0 && edl_fleet_worker_index(f) == 0 && o->ctr)
+        rc = report_ctr(edl_fleet_client(f), shrinks, evicted);
     if (rc == 0 && edl_fleet_worker_index(f) == 0) {
         char who[128];
-        snprintf(who, sizeof who, "%s, %ld workers x %ld threads, %d servers",
-                 edl_ps_mode_name(edl_fleet_mode(f)), nw, o->threads, edl_fleet_server_num(f));
-        rc = evaluate(o, ps_predict, edl_fleet_client(f), who, seconds, trained, o->threads,
+        predictor pr = {.c = edl_fleet_client(f), .ctr = o->ctr};
+        snprintf(who, sizeof who, "%s%s, %ld workers x %ld threads, %d servers",
+                 edl_ps_mode_name(edl_fleet_mode(f)), o->ctr ? " (CTR accessor)" : "", nw,
+                 o->threads, edl_fleet_server_num(f));
+        rc = evaluate(o, ps_predict, &pr, who, seconds, trained, o->threads,
                       (double)sent / (double)trained);
     }
     return rc;
@@ -458,10 +539,13 @@ static int run_fleet(const opts *o)
     int rc = edl_fleet_init(&f, why, sizeof why);
     if (rc == 0 && edl_fleet_is_server(f))
         rc = edl_fleet_run_server(f, why, sizeof why);
+    else if (rc == 0 && o->ctr && edl_fleet_mode(f) == EDL_PS_MODE_GEO)
+        rc = 2, snprintf(why, sizeof why, "the CTR accessor trains in sync, async and "
+                         "half_async; geo mode keeps no show/click statistics");
     else if (rc == 0 && (rc = edl_fleet_init_worker(f, why, sizeof why)) == 0) {
         edl_ps_table_config cfg[3];
-        tables(cfg, edl_fleet_mode(f), edl_fleet_worker_num(f));
-        for (int t = 0; t < 3 && rc == 0; t++)
+        tables(cfg, edl_fleet_mode(f), edl_fleet_worker_num(f), o->ctr);
+        for (int t = o->ctr ? T_EMB : T_LR; t < 3 && rc == 0; t++) /* ctr: no table 0 */
             rc = edl_ps_create_table(edl_fleet_client(f), (uint32_t)t, &cfg[t]);
         if (rc)
             snprintf(why, sizeof why, "%s", edl_ps_client_errmsg(edl_fleet_client(f)));
@@ -481,13 +565,17 @@ static int run_fleet(const opts *o)
 static void usage(FILE *out)
 {
     fprintf(out, "Usage: ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B]\n"
-                 "           [--threads T] [--seed S]\n"
+                 "           [--threads T] [--seed S] [--accessor plain|ctr] [--shrink-every N]\n"
                  "CTR training (logistic regression plus embeddings, 13 dense and 26 sparse\n"
                  "slots) on click data from a planted model. The role comes from TRAINING_ROLE\n"
                  "(TRAINER or PSERVER) and the rest of Paddle's environment (see the file's\n"
                  "header); --local trains the same model in this process, with no servers.\n"
                  "Defaults: 200000 examples, 50000 test, 1 epoch, batches of 256, 1 thread\n"
-                 "(half_async and async: more share the trainer), seed 1.\n");
+                 "(half_async and async: more share the trainer), seed 1.\n"
+                 "--accessor ctr (or EDL_PS_ACCESSOR=ctr): lr and emb are one row of a table\n"
+                 "with the CTR accessor (show and click pushed; embedx past the score\n"
+                 "threshold), shrunk by worker 0 every N steps (default 100; 0: never).\n"
+                 "--local always trains the plain model.\n");
 }
 
 static int parse(int argc, char **argv, opts *o)
@@ -495,9 +583,11 @@ static int parse(int argc, char **argv, opts *o)
     static const struct option lo[] = {
         {"local", 0, 0, 'l'}, {"examples", 1, 0, 'n'}, {"test", 1, 0, 't'},
         {"epochs", 1, 0, 'e'}, {"batch", 1, 0, 'b'}, {"threads", 1, 0, 'T'},
-        {"seed", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"seed", 1, 0, 's'}, {"accessor", 1, 0, 'a'}, {"shrink-every", 1, 0, 'S'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    const char *acc = getenv("EDL_PS_ACCESSOR");
     *o = (opts){.examples = 200000, .test = 50000, .epochs = 1, .batch = 256, .threads = 1,
-                .seed = 1};
+                .seed = 1, .shrink_every = 100};
     for (int c; (c = getopt_long(argc, argv, "h", lo, NULL)) != -1;) {
         long v = optarg ? atol(optarg) : 0;
         switch (c) {
@@ -508,6 +598,8 @@ static int parse(int argc, char **argv, opts *o)
         case 'b': o->batch = v; break;
         case 'T': o->threads = v; break;
         case 's': o->seed = (uint64_t)v; break;
+        case 'a': acc = optarg; break;
+        case 'S': o->shrink_every = v; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
@@ -518,6 +610,12 @@ static int parse(int argc, char **argv, opts *o)
                         "threads 1..64 (try --help)\n");
         return 2;
     }
+    if ((acc && strcmp(acc, "plain") && strcmp(acc, "ctr")) || o->shrink_every < 0) {
+        fprintf(stderr, "ctr: the accessor is plain or ctr (--accessor, EDL_PS_ACCESSOR: "
+                        "'%s'), shrink-every >= 0\n", acc ? acc : "");
+        return 2;
+    }
+    o->ctr = acc && !strcmp(acc, "ctr");
     return 0;
 }
 

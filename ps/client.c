@@ -769,6 +769,48 @@ int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
     return rc;
 }
 
+static int shrink_once(edl_ps_client *c, uint32_t table, uint64_t token, uint64_t *evicted)
+{
+    uint8_t body[PS_SHRINK_BYTES];
+    edl_put64(body, token);
+    if (links_usable(c) != 0)
+        return EDL_EPEER;
+    for (int i = 0; i < c->n; i++) {
+        link_request(c, &c->links[i], PS_SHRINK, 0, table, &(struct iovec){body, sizeof body},
+                     1);
+        link_expect(&c->links[i], 0, NULL, 0);
+    }
+    int rc = run_links(c);
+    *evicted = 0;
+    for (int i = 0; rc == 0 && i < c->n; i++) {
+        if (c->links[i].rh.len != PS_SHRINK_REPLY_BYTES)
+            return fail(c, EDL_EPROTO, "server %s: a shrink reply of %u bytes", c->links[i].ep,
+                        c->links[i].rh.len);
+        *evicted += edl_get64(c->links[i].body);
+    }
+    return rc;
+}
+
+int edl_ps_shrink(edl_ps_client *c, uint32_t table, uint64_t *evicted)
+{
+    const client_table *t = known_table(c, table, EDL_PS_SPARSE);
+    uint64_t token, ev = 0;
+    if (!t || t->cfg.accessor != EDL_PS_ACCESSOR_CTR)
+        return t ? fail(c, EDL_EINVAL, "table %u has no CTR accessor: nothing to shrink", table)
+                 : EDL_EINVAL;
+    if (RAND_bytes((uint8_t *)&token, sizeof token) != 1) /* the same in every try */
+        return fail(c, EDL_EIO, "no random bytes for the shrink's token");
+    bool own = call_begin(c);
+    int rc;
+    while ((rc = shrink_once(c, table, token, &ev)) && retryable(c, rc) &&
+           !(rc = settle(c, rc))) {
+    }
+    call_end(c, own);
+    if (evicted)
+        *evicted = rc ? 0 : ev;
+    return rc;
+}
+
 /* ---- sparse -------------------------------------------------------------------------------- */
 
 static bool realloc_to(void **p, size_t bytes)
@@ -953,7 +995,7 @@ static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
                             const float *grads, const ps_call_mode *m, uint64_t seq)
 {
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
-    size_t nu, dim = t ? t->cfg.dim : 0;
+    size_t nu, dim = t ? ps_push_width(&t->cfg) : 0; /* floats a key: CTR, dim + 2 */
     int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
     if (rc || n == 0)
         return rc;

@@ -249,17 +249,6 @@ int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, cha
     return 0;
 }
 
-static bool shard_empty(ps_table *t, uint32_t sh)
-{
-    uint8_t *p;
-    size_t len;
-    if (ps_table_shard_export(t, sh, false, &p, &len) != 0)
-        return false;
-    bool empty = len == (ps_table_config(t)->kind == EDL_PS_SPARSE ? 16u : 8u);
-    free(p);
-    return empty;
-}
-
 int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen)
 {
     uint16_t id = r->h.table;
@@ -274,7 +263,7 @@ int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t 
                       (unsigned long long)r->gen);
     else if (!st || !mine(s, r->shard))
         rc = refuse(s, PS_SH_AWAY, id, r->shard, why, whylen);
-    else if ((*st == PS_SH_OWN || *st == PS_SH_HELD) && !shard_empty(t, r->shard))
+    else if ((*st == PS_SH_OWN || *st == PS_SH_HELD) && !ps_table_shard_empty(t, r->shard))
         rc = edl_errf(why, whylen, EDL_ECONFLICT, "shard %u of table %u is served here "
                       "already (its hand-over came after %d ms)", r->shard, id,
                       s->o.handover_timeout_ms);

@@ -22,7 +22,7 @@
  * both nonces: the server proves the secret first, to a nonce the client chose, then the
  * client to the server's. A server that refuses a hello answers with an error frame. */
 #define PS_LINK_MAGIC 0x534c4445u /* "EDLS" */
-#define PS_PROTO_VERSION 2
+#define PS_PROTO_VERSION 2 /* 2: push identities, configs of 80 bytes (the accessor), SHRINK */
 #define PS_NONCE_BYTES 16
 #define PS_HELLO_BYTES 24
 #define PS_CHALLENGE_BYTES 56
@@ -49,7 +49,9 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  * reply has the request's type | PS_REPLY (or PS_ERROR), table and id. Bodies (little-endian):
  *   CREATE       table config (PS_CONFIG_BYTES)                  -> empty
  *   PULL_SPARSE  n(4) 0(4) keys(8n)                               -> n(4) dim(4) rows(4 n dim)
- *   PUSH_SPARSE  n(4) dim(4) keys(8n) gradients(4 n dim)          -> empty
+ *   PUSH_SPARSE  n(4) w(4) keys(8n) rows(4 n w)                   -> empty
+ *                w is the table's push width (ps_push_width): dim gradients a key for a plain
+ *                table; show, click and dim gradients (dim + 2) for a CTR table
  *   PULL_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg         -> values(4 sum count)
  *   PUSH_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg values  -> empty
  *   STATS        empty                                            -> 7 counters(8 each)
@@ -59,6 +61,9 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  *                bytes (server to server: a shard handed to its new owner)  -> empty
  *   SAVE         step(8) generation(8) rank(4) servers(4): snapshot the owned shards for a
  *                PS checkpoint                                        -> empty (snapshotted)
+ *   SHRINK       token(8): a CTR table's shrink step on the shards served here; a token the
+ *                table has shrunk for already is answered again, not applied again
+ *                                                              -> evicted(8) rows left(8)
  *   ERROR        code(4, an EDL_E* value) message(len - 4, at most PS_MAX_ERROR)
  * Every push body starts with its identity, client token(8) sequence(8), and the client's map
  * generation(8) (PS_ID_PREFIX): a server applies a push once whatever how often it comes, and
@@ -67,7 +72,10 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  * (sparse: a prefix trainer(4) 0(4), and the values are deltas, added as they are). */
 #define PS_FRAME_MAGIC 0x504c4445u /* "EDLP" */
 #define PS_HDR_BYTES 16
-#define PS_CONFIG_BYTES 48
+#define PS_CONFIG_BYTES 80 /* the 48 of version 1, accessor(1) 0(3), the ctr fields(24), 0(4) */
+#define PS_SHRINK_BYTES 8
+#define PS_SHRINK_REPLY_BYTES 16
+#define PS_CTR_MAX_UNSEEN (1u << 30)
 #define PS_STATS_BYTES 88
 #define PS_SAVE_BYTES 24
 #define PS_PUT_PREFIX (16 + PS_CONFIG_BYTES)
@@ -95,6 +103,7 @@ enum ps_type {
     PS_GEO_PULL = 8,
     PS_PUT_SHARD = 9,
     PS_SAVE = 10,
+    PS_SHRINK = 11,
     PS_ERROR = 0xff,
 };
 
@@ -126,7 +135,8 @@ typedef struct ps_request {
     const uint8_t *segs;
     uint64_t total;          /* dense: elements over all segments */
     const uint8_t *values;   /* PUSH_*: gradients (GEO: deltas) */
-    uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step */
+    uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step;
+                                SHRINK: its token */
     uint32_t trainers;       /* BARRIER: trainers in the step */
     uint32_t trainer, max;   /* PS_F_GEO pushes and GEO_PULL: the trainer; GEO_PULL: rows */
     uint64_t gen;            /* the sender's map generation: pushes, PUT_SHARD, SAVE */
@@ -144,6 +154,8 @@ void ps_segment_put(uint8_t *segs, uint32_t i, uint64_t off, uint64_t count);
 void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]);
 int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_t whylen);
 bool ps_config_equal(const edl_ps_table_config *a, const edl_ps_table_config *b);
+/* Floats a key in a sparse push to a table of this config (shard.c): dim, or dim + 2 (CTR). */
+uint32_t ps_push_width(const edl_ps_table_config *c);
 
 void ps_stats_encode(const edl_ps_server_stats *s, uint8_t out[PS_STATS_BYTES]);
 void ps_stats_parse(const uint8_t *p, edl_ps_server_stats *out);
@@ -195,6 +207,15 @@ int ps_table_foreach(ps_table *t, ps_rows_fn fn, void *arg);
 /* Push every row (sparse) or element (dense) of sum, an SGD table without state, into target
  * as one gradient: a sync step's gradients, summed, applied once. */
 int ps_table_apply_to(ps_table *sum, ps_table *target);
+/* The config of a table that sums pushes to tables of cfg (a sync step's sums, a trainer's
+ * merge buffer): plain, SGD with lr -1 from zero rows (a push adds), rows as wide as a push
+ * (ps_push_width). */
+void ps_sum_config(const edl_ps_table_config *cfg, edl_ps_table_config *out);
+/* A CTR table's shrink step (edl_ps_shrink) on the shards for which serves(arg, shard) says
+ * true (serves NULL: all): *evicted rows deleted, *left rows kept. A token equal to the last
+ * one's shrinks nothing and gives the last counts again (a retried call). */
+int ps_table_shrink(ps_table *t, uint64_t token, bool (*serves)(void *arg, uint32_t shard),
+                    void *arg, uint64_t *evicted, uint64_t *left);
 
 /* ---- the client's calls for the modes (client.c, used by trainer.c) ---------------------------- */
 typedef struct ps_call_mode {

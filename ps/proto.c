@@ -303,6 +303,12 @@ int ps_request_parse(const ps_hdr *h, const uint8_t *body, ps_request *out, char
     case PS_BARRIER:
     case PS_GEO_PULL: rc = parse_barrier(h, body, &r, why, whylen); break;
     case PS_PUT_SHARD: rc = parse_put_shard(h, body, &r, why, whylen); break;
+    case PS_SHRINK:
+        if (h->len != PS_SHRINK_BYTES)
+            return edl_errf(why, whylen, EDL_EPROTO, "a shrink of %u bytes, not %d", h->len,
+                            PS_SHRINK_BYTES);
+        r.token = edl_get64(body);
+        break;
     case PS_SAVE:
         if (h->len != PS_SAVE_BYTES)
             return edl_errf(why, whylen, EDL_EPROTO, "a save of %u bytes, not %d", h->len,
@@ -345,6 +351,24 @@ void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]
     put_float(out + 32, c->eps);
     put_float(out + 36, c->init_scale);
     edl_put64(out + 40, c->seed);
+    out[48] = (uint8_t)c->accessor;
+    if (c->accessor != EDL_PS_ACCESSOR_CTR)
+        return; /* a plain table's ctr fields are zeros: they mean nothing */
+    put_float(out + 52, c->ctr.nonclk_coeff);
+    put_float(out + 56, c->ctr.click_coeff);
+    put_float(out + 60, c->ctr.embedx_threshold);
+    put_float(out + 64, c->ctr.show_click_decay_rate);
+    put_float(out + 68, c->ctr.delete_threshold);
+    edl_put32(out + 72, c->ctr.delete_after_unseen_days);
+}
+
+/* The bytes a config must leave zero: after the accessor, after the ctr fields, and (plain
+ * tables) the ctr fields. */
+static bool config_zeros(const uint8_t *p)
+{
+    static const uint8_t zero[24];
+    return !p[49] && !p[50] && !p[51] && !edl_get32(p + 76) &&
+           (p[48] == EDL_PS_ACCESSOR_CTR || !memcmp(p + 52, zero, sizeof zero));
 }
 
 int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_t whylen)
@@ -354,8 +378,17 @@ int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_
                              .shards = edl_get32(p + 16), .lr = get_float(p + 20),
                              .beta1 = get_float(p + 24), .beta2 = get_float(p + 28),
                              .eps = get_float(p + 32), .init_scale = get_float(p + 36),
-                             .seed = edl_get64(p + 40)};
+                             .seed = edl_get64(p + 40), .accessor = p[48],
+                             .ctr = {.nonclk_coeff = get_float(p + 52),
+                                     .click_coeff = get_float(p + 56),
+                                     .embedx_threshold = get_float(p + 60),
+                                     .show_click_decay_rate = get_float(p + 64),
+                                     .delete_threshold = get_float(p + 68),
+                                     .delete_after_unseen_days = edl_get32(p + 72)}};
     int rc = edl_ps_table_config_check(&c, why, whylen);
+    if (rc == 0 && !config_zeros(p))
+        rc = edl_errf(why, whylen, EDL_EPROTO, "a table config whose unused bytes are not "
+                      "zero (accessor %u)", p[48]);
     if (rc == 0)
         *out = c;
     return rc == 0 ? 0 : EDL_EPROTO;

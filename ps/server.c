@@ -121,7 +121,7 @@ int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_con
     int rc = 0;
     if (t && !ps_config_equal(ps_table_config(t), cfg)) {
         rc = edl_errf(why, whylen, EDL_ECONFLICT, "table %u exists on this server with another "
-                      "config (kind, dim, size, shards, optimizer or init differ)", id);
+                      "config (kind, dim, size, shards, optimizer, init or accessor differ)", id);
     } else if (!t && ((rc = ps_table_new(cfg, &t)) != 0 ||
                       (rc = ps_elastic_table_new(s, id, t)) != 0)) {
         ps_table_free(t);
@@ -157,9 +157,12 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
         return found;
     uint32_t dim = ps_table_config(t)->dim, geo = ps_table_config(t)->geo_trainers;
     if (r->h.type == PS_PUSH_SPARSE) {
-        if (r->dim != dim)
+        uint32_t width = ps_push_width(ps_table_config(t));
+        if (r->dim != width)
             return edl_errf(why, whylen, EDL_EINVAL, "a push of rows of %u floats to table %u, "
-                            "whose rows have %u", r->dim, r->h.table, dim);
+                            "whose rows have %u%s", r->dim, r->h.table, dim, width == dim ? ""
+                            : " (a CTR table: a push carries show, click and the gradients, "
+                            "dim + 2 floats a key)");
         if ((r->h.flags == PS_F_GEO) != (geo > 0) || (geo && r->trainer >= geo))
             return edl_errf(why, whylen, EDL_EINVAL, "a %s push to table %u, %s", r->h.flags ==
                             PS_F_GEO ? "GEO" : "plain", r->h.table, geo ? "a GEO table of "
@@ -310,6 +313,31 @@ static int serve_barrier(edl_ps_server *s, ps_conn *c, const ps_request *r, char
     return 0;
 }
 
+static bool serves_shard(void *own, uint32_t sh)
+{
+    return ((const uint8_t *)own)[sh] == PS_SH_OWN;
+}
+
+/* SHRINK: on the shards this server owns (every shard without a map). */
+static int serve_shrink(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
+                        size_t whylen)
+{
+    ps_table *t = NULL;
+    uint64_t evicted, left;
+    int rc = table_for(s, r, EDL_PS_SPARSE, &t, why, whylen);
+    const uint8_t *own = s->mapped ? s->own[r->h.table] : NULL;
+    if (rc == 0 && ps_table_shrink(t, r->token, own ? serves_shard : NULL, (void *)own,
+                                   &evicted, &left) != 0)
+        rc = edl_errf(why, whylen, EDL_EINVAL, "table %u has no CTR accessor: nothing to "
+                      "shrink", r->h.table);
+    uint8_t *p = rc ? NULL : reply_begin(c, &r->h, PS_SHRINK_REPLY_BYTES);
+    if (p) {
+        edl_put64(p, evicted);
+        edl_put64(p + 8, left);
+    }
+    return rc;
+}
+
 static int serve_stats(edl_ps_server *s, ps_conn *c, const ps_request *r)
 {
     edl_ps_server_stats st;
@@ -330,6 +358,7 @@ static int serve_data(edl_ps_server *s, ps_conn *c, const ps_request *r, char *w
     case PS_PULL_DENSE:
     case PS_PUSH_DENSE: return serve_dense(s, c, r, why, whylen);
     case PS_BARRIER: return serve_barrier(s, c, r, why, whylen);
+    case PS_SHRINK: return serve_shrink(s, c, r, why, whylen);
     default: return serve_geo_pull(s, c, r, why, whylen);
     }
 }

@@ -1,7 +1,8 @@
-/* shard.c: what a table is (its config and the checks on it) and where its parts live: a
- * sparse key's shard, a dense element's shard, and which server owns a shard (rendezvous
- * hashing: each shard goes to the server whose (name, shard) hash is highest, so removing a
- * server moves only its own shards and adding one takes about 1/(S+1) from the others). */
+/* shard.c: what a table is (its config, the checks on it, a push's row width) and where its
+ * parts live: a sparse key's shard, a dense element's shard, and which server owns a shard
+ * (rendezvous hashing: each shard goes to the server whose (name, shard) hash is highest, so
+ * removing a server moves only its own shards and adding one takes about 1/(S+1) from the
+ * others). */
 #include <math.h>
 #include <string.h>
 
@@ -12,12 +13,51 @@ void edl_ps_table_config_init(edl_ps_table_config *cfg)
     *cfg = (edl_ps_table_config){.kind = EDL_PS_SPARSE, .dim = 8, .size = 0,
                                  .shards = EDL_PS_DEFAULT_SHARDS, .optimizer = EDL_PS_SGD,
                                  .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                                 .init = EDL_PS_INIT_UNIFORM, .init_scale = 0.01f, .seed = 0};
+                                 .init = EDL_PS_INIT_UNIFORM, .init_scale = 0.01f, .seed = 0,
+                                 .accessor = EDL_PS_ACCESSOR_PLAIN,
+                                 .ctr = {.nonclk_coeff = 0.1f, .click_coeff = 1,
+                                         .embedx_threshold = 10,
+                                         .show_click_decay_rate = 0.98f,
+                                         .delete_threshold = 0.8f,
+                                         .delete_after_unseen_days = 30}};
+}
+
+uint32_t ps_push_width(const edl_ps_table_config *c)
+{
+    return c->dim + (c->accessor == EDL_PS_ACCESSOR_CTR ? 2 : 0);
 }
 
 static bool finite_in(float v, float lo, float hi)
 {
     return isfinite(v) && v >= lo && v <= hi;
+}
+
+/* The CTR accessor's fields (a plain table ignores them). */
+static int ctr_check(const edl_ps_table_config *c, char *why, size_t whylen)
+{
+    const edl_ps_ctr_config *k = &c->ctr;
+    if (c->accessor != EDL_PS_ACCESSOR_CTR)
+        return edl_errf(why, whylen, EDL_EINVAL, "accessor %d (plain 0, ctr 1)", c->accessor);
+    if (c->kind != EDL_PS_SPARSE || c->dim < 2 || c->geo_trainers)
+        return edl_errf(why, whylen, EDL_EINVAL, "the ctr accessor needs a sparse table of dim "
+                        ">= 2 (embed_w and embedx) without geo_trainers (kind %d, dim %u, "
+                        "geo_trainers %u)", c->kind, c->dim, c->geo_trainers);
+    if (!finite_in(k->nonclk_coeff, 0, 1e6f) || !finite_in(k->click_coeff, 0, 1e6f))
+        return edl_errf(why, whylen, EDL_EINVAL, "ctr.nonclk_coeff %g, ctr.click_coeff %g: "
+                        "finite, in [0, 1e6]", (double)k->nonclk_coeff, (double)k->click_coeff);
+    if (!finite_in(k->embedx_threshold, 0, 1e30f))
+        return edl_errf(why, whylen, EDL_EINVAL, "ctr.embedx_threshold %g: finite and >= 0",
+                        (double)k->embedx_threshold);
+    if (!finite_in(k->show_click_decay_rate, 0, 1))
+        return edl_errf(why, whylen, EDL_EINVAL, "ctr.show_click_decay_rate %g: in [0, 1]",
+                        (double)k->show_click_decay_rate);
+    if (!finite_in(k->delete_threshold, 0, 1e30f))
+        return edl_errf(why, whylen, EDL_EINVAL, "ctr.delete_threshold %g: finite and >= 0",
+                        (double)k->delete_threshold);
+    if (k->delete_after_unseen_days < 1 || k->delete_after_unseen_days > PS_CTR_MAX_UNSEEN)
+        return edl_errf(why, whylen, EDL_EINVAL, "ctr.delete_after_unseen_days %u (1..%u)",
+                        k->delete_after_unseen_days, PS_CTR_MAX_UNSEEN);
+    return 0;
 }
 
 int edl_ps_table_config_check(const edl_ps_table_config *c, char *why, size_t whylen)
@@ -51,7 +91,7 @@ int edl_ps_table_config_check(const edl_ps_table_config *c, char *why, size_t wh
         (c->geo_trainers && c->kind != EDL_PS_SPARSE))
         return edl_errf(why, whylen, EDL_EINVAL, "geo_trainers %u: 0, or 1..%d on a sparse "
                         "table", c->geo_trainers, EDL_PS_MAX_GEO_TRAINERS);
-    return 0;
+    return c->accessor == EDL_PS_ACCESSOR_PLAIN ? 0 : ctr_check(c, why, whylen);
 }
 
 uint32_t edl_ps_key_shard(uint64_t key, uint32_t shards)

@@ -52,11 +52,8 @@ static ps_table *sum_table(ps_sync *y, uint16_t id, const ps_table *target)
 {
     pthread_mutex_lock(&y->sums_mu);
     if (!y->sums[id]) {
-        edl_ps_table_config c = *ps_table_config(target);
-        c.optimizer = EDL_PS_SGD;
-        c.lr = -1; /* w -= lr g: adds */
-        c.init = EDL_PS_INIT_ZERO;
-        c.geo_trainers = 0;
+        edl_ps_table_config c;
+        ps_sum_config(ps_table_config(target), &c); /* rows as wide as a push */
         if (ps_table_new(&c, &y->sums[id]) != 0)
             y->sums[id] = NULL;
     }

@@ -1,6 +1,7 @@
 /* table.c: a server's tables. Each of a table's virtual shards has its own lock and storage:
  *   sparse: an open-addressing hash of keys to rows in one growing array; a row is its dim
- *           weights followed by its optimizer state, created on first touch;
+ *           weights followed by its optimizer state, created on first touch (CTR tables: the
+ *           row of the CTR accessor below, and a pool of embedx parts beside the rows);
  *   dense:  the shard's range of the array, with the optimizer's state beside it in arrays of
  *           its own, allocated on the first touch of the shard.
  * Optimizers (applied here, on the server, one update per pushed gradient):
@@ -56,6 +57,8 @@ typedef struct sparse_shard {
     size_t nrows, rows_cap;
     geo_shard *geo;   /* GEO tables only */
     dedup dd;
+    float *x;         /* CTR tables: the pool of embedx parts (xstride floats each) */
+    size_t nx, x_cap;
 } sparse_shard;
 
 typedef struct dense_shard {
@@ -66,9 +69,14 @@ typedef struct dense_shard {
 
 struct ps_table {
     edl_ps_table_config cfg;
-    size_t stride; /* floats per sparse row */
+    size_t stride;  /* floats per sparse row */
+    size_t width;   /* floats a key in a push (ps_push_width) */
+    size_t xstride; /* CTR: floats of an embedx part (its weights and state); 0: plain */
     sparse_shard *sp;
     dense_shard *dn;
+    pthread_mutex_t shrink_mu; /* the last shrink: its token and counts */
+    bool shrunk;
+    uint64_t shrink_token, shrink_evicted, shrink_left;
 };
 
 static atomic_uint_fast64_t next_req = 1;
@@ -102,6 +110,29 @@ static bool admit(dedup *d, const ps_push_id *id, uint64_t req)
     return true;
 }
 
+/* ---- the CTR accessor's rows -----------------------------------------------------------------
+ * A CTR row: show, click, unseen (uint32: shrinks since the last push), x (uint32: its embedx
+ * part's index in the shard's pool + 1; 0: none yet), embed_w and embed_w's optimizer state.
+ * An embedx part: dim - 1 weights and their optimizer state (Adam: its own powers). */
+enum { CTR_SHOW = 0, CTR_CLICK = 1, CTR_UNSEEN = 2, CTR_X = 3, CTR_W = 4 };
+
+static uint32_t row_u32(const float *row, int i)
+{
+    uint32_t v;
+    memcpy(&v, row + i, sizeof v);
+    return v;
+}
+
+static void row_set_u32(float *row, int i, uint32_t v)
+{
+    memcpy(row + i, &v, sizeof v);
+}
+
+static float ctr_score(const edl_ps_ctr_config *k, const float *row)
+{
+    return (row[CTR_SHOW] - row[CTR_CLICK]) * k->nonclk_coeff + row[CTR_CLICK] * k->click_coeff;
+}
+
 static size_t state_floats(const edl_ps_table_config *c, size_t dim)
 {
     switch (c->optimizer) {
@@ -127,6 +158,11 @@ int ps_table_new(const edl_ps_table_config *cfg, ps_table **out)
         return EDL_ENOMEM;
     t->cfg = *cfg;
     t->stride = cfg->dim + state_floats(cfg, cfg->dim);
+    t->width = ps_push_width(cfg);
+    if (cfg->accessor == EDL_PS_ACCESSOR_CTR) {
+        t->stride = CTR_W + 1 + state_floats(cfg, 1);
+        t->xstride = cfg->dim - 1 + state_floats(cfg, cfg->dim - 1);
+    }
     if (cfg->kind == EDL_PS_SPARSE)
         t->sp = calloc(cfg->shards, sizeof *t->sp);
     else
@@ -137,6 +173,7 @@ int ps_table_new(const edl_ps_table_config *cfg, ps_table **out)
     }
     for (uint32_t s = 0; s < cfg->shards; s++)
         pthread_mutex_init(t->sp ? &t->sp[s].mu : &t->dn[s].mu, NULL);
+    pthread_mutex_init(&t->shrink_mu, NULL);
     *out = t;
     return 0;
 }
@@ -157,6 +194,7 @@ void ps_table_free(ps_table *t)
     }
     free(t->sp);
     free(t->dn);
+    pthread_mutex_destroy(&t->shrink_mu);
     free(t);
 }
 
@@ -264,6 +302,18 @@ static float *sparse_find(const ps_table *t, const sparse_shard *s, uint64_t key
     return x->row1 ? s->rows + (size_t)(x->row1 - 1) * t->stride : NULL;
 }
 
+/* n weights at p[at] of columns col.. (initial values), the rest of the stride floats zero
+ * but Adam's powers, 1, in the last two. */
+static void weights_init(const edl_ps_table_config *c, float *p, size_t stride, uint64_t key,
+                         size_t at, uint32_t col, size_t n)
+{
+    memset(p, 0, stride * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[at + i] = initial(c, key, col + (uint32_t)i);
+    if (c->optimizer == EDL_PS_ADAM)
+        p[stride - 2] = p[stride - 1] = 1;
+}
+
 /* The row of key, created (initial weights, zero state, Adam powers 1) when absent; NULL when
  * out of memory. Under the shard's lock. */
 static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key, uint64_t h)
@@ -280,12 +330,68 @@ static float *sparse_row(const ps_table *t, sparse_shard *s, uint64_t key, uint6
     if (s->geo)
         s->geo->mask[s->nrows] = 0;
     s->slots[find_slot(s->slots, s->cap, key, h)] = (slot){key, (uint32_t)++s->nrows};
-    for (uint32_t i = 0; i < t->cfg.dim; i++)
-        row[i] = initial(&t->cfg, key, i);
-    memset(row + t->cfg.dim, 0, (t->stride - t->cfg.dim) * sizeof *row);
-    if (t->cfg.optimizer == EDL_PS_ADAM)
-        row[t->stride - 2] = row[t->stride - 1] = 1;
+    /* plain: dim weights from column 0; CTR: no show, click, unseen nor embedx, embed_w */
+    weights_init(&t->cfg, row, t->stride, key, t->xstride ? CTR_W : 0, 0,
+                 t->xstride ? 1 : t->cfg.dim);
     return row;
+}
+
+/* ---- CTR rows: pull, push, embedx ---------------------------------------------------------- */
+
+static float *row_x(const ps_table *t, const sparse_shard *s, const float *row)
+{
+    uint32_t x1 = row_u32(row, CTR_X);
+    return x1 ? s->x + (size_t)(x1 - 1) * t->xstride : NULL;
+}
+
+/* An embedx part for row (of key), from the shard's pool: initial weights of columns 1..dim-1.
+ * EDL_ENOMEM leaves the row without. */
+static int x_create(const ps_table *t, sparse_shard *s, float *row, uint64_t key)
+{
+    if (s->nx == s->x_cap) {
+        size_t cap = s->x_cap ? 2 * s->x_cap : 16;
+        float *x = cap < UINT32_MAX ? realloc(s->x, cap * t->xstride * sizeof *x) : NULL;
+        if (!x)
+            return EDL_ENOMEM;
+        s->x = x;
+        s->x_cap = cap;
+    }
+    weights_init(&t->cfg, s->x + s->nx * t->xstride, t->xstride, key, 0, 1, t->cfg.dim - 1);
+    row_set_u32(row, CTR_X, (uint32_t)++s->nx);
+    return 0;
+}
+
+/* dim floats: embed_w, then embedx or zeros. */
+static void ctr_pull(const ps_table *t, const sparse_shard *s, const float *row, float *out)
+{
+    const float *x = row_x(t, s, row);
+    size_t n = t->cfg.dim - 1;
+    out[0] = row[CTR_W];
+    if (x)
+        memcpy(out + 1, x, n * sizeof *out);
+    else
+        memset(out + 1, 0, n * sizeof *out);
+}
+
+/* One key's push (wire bytes: show, click, dim gradients): the counts, embed_w's update,
+ * embedx's when it exists; then embedx is created if the score has reached the threshold (the
+ * gradients that came with this push were for a row without one: ignored, as Paddle does). */
+static int ctr_push(const ps_table *t, sparse_shard *s, float *row, uint64_t key,
+                    const uint8_t *v)
+{
+    const edl_ps_table_config *c = &t->cfg;
+    float show, click, *x = row_x(t, s, row);
+    memcpy(&show, v, 4);
+    memcpy(&click, v + 4, 4);
+    row[CTR_SHOW] += show;
+    row[CTR_CLICK] += click;
+    row_set_u32(row, CTR_UNSEEN, 0);
+    apply_row(c, row + CTR_W, row + CTR_W + 1, v + 8, 1);
+    if (x)
+        apply_row(c, x, x + c->dim - 1, v + 12, c->dim - 1);
+    else if (ctr_score(&c->ctr, row) >= c->ctr.embedx_threshold)
+        return x_create(t, s, row, key);
+    return 0;
 }
 
 /* Hints for the keys ahead that fall in the shard held (its lock makes reading it safe): the
@@ -336,6 +442,10 @@ static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
         float *row = sparse_row(t, s, key, h);
         if (!row)
             rc = EDL_ENOMEM;
+        else if (t->xstride && grads)
+            rc = ctr_push(t, s, row, key, grads + 4 * t->width * i);
+        else if (t->xstride)
+            ctr_pull(t, s, row, out + dim * i);
         else if (grads)
             apply_row(&t->cfg, row, row + dim, grads + 4 * dim * i, dim);
         else if (dim == 1) /* no call for one float */
@@ -536,7 +646,7 @@ void ps_table_reset(ps_table *t)
             sparse_shard *s = &t->sp[sh];
             if (s->cap)
                 memset(s->slots, 0, s->cap * sizeof *s->slots);
-            s->nrows = 0;
+            s->nrows = s->nx = 0;
         } else if (t->dn[sh].w) {
             memset(t->dn[sh].w, 0, edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh) *
                                         sizeof(float));
@@ -582,6 +692,17 @@ int ps_table_apply_to(ps_table *sum, ps_table *target)
     return ps_table_foreach(sum, push_rows, target);
 }
 
+void ps_sum_config(const edl_ps_table_config *cfg, edl_ps_table_config *out)
+{
+    *out = *cfg;
+    out->dim = cfg->kind == EDL_PS_SPARSE ? ps_push_width(cfg) : cfg->dim;
+    out->optimizer = EDL_PS_SGD;
+    out->lr = -1; /* w -= lr g: adds */
+    out->init = EDL_PS_INIT_ZERO;
+    out->geo_trainers = 0;
+    out->accessor = EDL_PS_ACCESSOR_PLAIN;
+}
+
 void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
 {
     uint64_t r = 0, b = 0;
@@ -593,7 +714,8 @@ void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
             r += x->nrows;
             b += x->cap * sizeof *x->slots +
                  x->rows_cap * (t->stride * sizeof(float) + sizeof *x->rowkey +
-                                (x->geo ? sizeof *x->geo->mask : 0));
+                                (x->geo ? sizeof *x->geo->mask : 0)) +
+                 x->x_cap * t->xstride * sizeof(float);
             pthread_mutex_unlock(&x->mu);
         } else {
             dense_shard *d = &t->dn[s];
@@ -608,11 +730,144 @@ void ps_table_stats(ps_table *t, uint64_t *rows, uint64_t *bytes)
     *bytes = b;
 }
 
+/* ---- CTR: the shrink step ------------------------------------------------------------------- */
+
+/* The least capacities for n rows, as they grow: rows (and pool parts) from 16, doubling; hash
+ * slots from 64, doubling, at a load of at most 0.7 with room for one more row. */
+static size_t fit_rows(size_t n)
+{
+    size_t cap = 16;
+    while (cap < n)
+        cap *= 2;
+    return cap;
+}
+
+static size_t fit_slots(size_t n)
+{
+    size_t cap = 64;
+    while ((n + 1) * 10 > cap * 7)
+        cap *= 2;
+    return cap;
+}
+
+/* The embedx parts of the rows left (nx of them) into a pool of their size, in row order. Out
+ * of memory: the old pool stays, dead parts and all, until the next shrink. */
+static void x_compact(const ps_table *t, sparse_shard *s, size_t nx)
+{
+    size_t cap = nx ? fit_rows(nx) : 0, j = 0;
+    float *pool = cap ? malloc(cap * t->xstride * sizeof *pool) : NULL;
+    if (cap && !pool)
+        return;
+    for (size_t i = 0; i < s->nrows; i++) {
+        float *row = s->rows + i * t->stride, *x = row_x(t, s, row);
+        if (!x)
+            continue;
+        memcpy(pool + j * t->xstride, x, t->xstride * sizeof *pool);
+        row_set_u32(row, CTR_X, (uint32_t)++j);
+    }
+    free(s->x);
+    s->x = pool;
+    s->nx = j;
+    s->x_cap = cap;
+}
+
+/* The row arrays cut to the rows left, and the hash built again for them (smaller when it can
+ * be; out of memory, in the arrays there are). */
+static void rows_fit(const ps_table *t, sparse_shard *s)
+{
+    size_t cap = fit_rows(s->nrows);
+    uint64_t *rk = cap < s->rows_cap ? realloc(s->rowkey, cap * sizeof *rk) : NULL;
+    if (rk) {
+        float *rows = realloc(s->rows, cap * t->stride * sizeof *rows);
+        s->rowkey = rk;
+        s->rows = rows ? rows : s->rows; /* else bigger than needed: still at least cap */
+        s->rows_cap = cap;
+    }
+    cap = fit_slots(s->nrows);
+    slot *slots = cap < s->cap ? calloc(cap, sizeof *slots) : NULL;
+    if (slots) {
+        free(s->slots);
+        s->slots = slots;
+        s->cap = cap;
+    } else {
+        memset(s->slots, 0, s->cap * sizeof *s->slots);
+    }
+    for (size_t i = 0; i < s->nrows; i++) {
+        uint64_t key = s->rowkey[i];
+        s->slots[find_slot(s->slots, s->cap, key, ps_mix64(key))] = (slot){key, (uint32_t)i + 1};
+    }
+}
+
+/* Decay and age every row of a shard, delete the dead ones and give their memory back: the
+ * rows left move down in place, then their embedx parts and their hash are made again at the
+ * size they need. Under the shard's lock. Returns the rows deleted. */
+static size_t ctr_shrink_shard(const ps_table *t, sparse_shard *s)
+{
+    const edl_ps_ctr_config *k = &t->cfg.ctr;
+    size_t n = s->nrows, kept = 0, nx = 0;
+    for (size_t i = 0; i < n; i++) {
+        float *row = s->rows + i * t->stride;
+        uint32_t unseen = row_u32(row, CTR_UNSEEN);
+        unseen += unseen < UINT32_MAX;
+        row_set_u32(row, CTR_UNSEEN, unseen);
+        row[CTR_SHOW] *= k->show_click_decay_rate;
+        row[CTR_CLICK] *= k->show_click_decay_rate;
+        if (ctr_score(k, row) < k->delete_threshold || unseen > k->delete_after_unseen_days)
+            continue;
+        nx += row_u32(row, CTR_X) != 0;
+        if (kept != i) {
+            memcpy(s->rows + kept * t->stride, row, t->stride * sizeof *row);
+            s->rowkey[kept] = s->rowkey[i];
+        }
+        kept++;
+    }
+    s->nrows = kept;
+    if (!kept) {
+        sparse_free_shard(s);
+        return n;
+    }
+    x_compact(t, s, nx);
+    rows_fit(t, s);
+    return n - kept;
+}
+
+int ps_table_shrink(ps_table *t, uint64_t token, bool (*serves)(void *arg, uint32_t shard),
+                    void *arg, uint64_t *evicted, uint64_t *left)
+{
+    if (!t->xstride)
+        return EDL_EINVAL;
+    pthread_mutex_lock(&t->shrink_mu);
+    if (!t->shrunk || t->shrink_token != token) {
+        uint64_t ev = 0, kept = 0;
+        for (uint32_t sh = 0; sh < t->cfg.shards; sh++) {
+            sparse_shard *s = &t->sp[sh];
+            if (serves && !serves(arg, sh))
+                continue;
+            pthread_mutex_lock(&s->mu);
+            ev += ctr_shrink_shard(t, s);
+            kept += s->nrows;
+            pthread_mutex_unlock(&s->mu);
+        }
+        t->shrunk = true;
+        t->shrink_token = token;
+        t->shrink_evicted = ev;
+        t->shrink_left = kept;
+    }
+    *evicted = t->shrink_evicted;
+    *left = t->shrink_left;
+    pthread_mutex_unlock(&t->shrink_mu);
+    return 0;
+}
+
 /* ---- moving a shard: its bytes out of one server and into another ---------------------------
- * sparse: n(4) stride(4) geo(4) pushes(4) keys(8 n) rows(4 n stride) [GEO change bits(8 n)]
- *         then the pushes it applied: {client token(8) seq(8)} x pushes
+ * sparse: n(4) stride(4) geo(4) xstride(4) pushes(4) 0(4) keys(8 n) rows(4 n stride)
+ *         [GEO change bits(8 n)] [CTR: the embedx parts (4 xstride each) of the rows that
+ *         have one, in row order; a row's x field holds 1 when it has one, else 0; plain
+ *         tables have xstride 0], then the pushes it applied: {client token(8) seq(8)} x pushes
  * dense:  elements(4, 0: never touched) arrays(4) pushes(4) 0(4) the arrays w, s1, s2, p1,
  *         p2 that the optimizer has (4 elements each), then the pushes */
+
+#define SPARSE_HEAD 24
 
 static size_t dedup_bytes(const dedup *d)
 {
@@ -644,7 +899,7 @@ static size_t dense_arrays(const edl_ps_table_config *c)
 
 static void sparse_free_shard(sparse_shard *s)
 {
-    free(s->slots), free(s->rows), free(s->rowkey), free(s->dd.a);
+    free(s->slots), free(s->rows), free(s->rowkey), free(s->dd.a), free(s->x);
     for (int i = 0; s->geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
         free(s->geo->list[i]);
     if (s->geo)
@@ -659,20 +914,41 @@ static void dense_free_shard(dense_shard *d)
     *d = (dense_shard){.mu = d->mu};
 }
 
+/* A CTR shard's exported rows: x fields as flags, and the embedx parts after them at xs. */
+static void ctr_export(const ps_table *t, const sparse_shard *s, uint8_t *rows, uint8_t *xs)
+{
+    for (size_t i = 0; i < s->nrows; i++) {
+        const float *x = row_x(t, s, s->rows + i * t->stride);
+        edl_put32(rows + 4 * (i * t->stride + CTR_X), x != NULL);
+        if (x) {
+            memcpy(xs, x, 4 * t->xstride);
+            xs += 4 * t->xstride;
+        }
+    }
+}
+
 static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *len)
 {
-    size_t n = s->nrows, geo = s->geo != NULL, body = n * (8 + 4 * t->stride + 8 * geo);
-    *len = 16 + body + dedup_bytes(&s->dd);
-    uint8_t *p = malloc(*len), *q = p + 16;
+    size_t n = s->nrows, geo = s->geo != NULL, nx = 0, rb = 4 * n * t->stride;
+    for (size_t i = 0; t->xstride && i < n; i++)
+        nx += row_u32(s->rows + i * t->stride, CTR_X) != 0;
+    size_t body = n * (8 + 4 * t->stride + 8 * geo) + 4 * nx * t->xstride;
+    *len = SPARSE_HEAD + body + dedup_bytes(&s->dd);
+    uint8_t *p = malloc(*len), *q = p + SPARSE_HEAD;
     if (!p)
         return NULL;
     edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)t->stride);
-    edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, s->dd.n);
-    memcpy(q, s->rowkey, 8 * n);
-    memcpy(q + 8 * n, s->rows, 4 * n * t->stride);
-    if (geo)
-        memcpy(q + 8 * n + 4 * n * t->stride, s->geo->mask, 8 * n);
+    edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, (uint32_t)t->xstride);
+    edl_put32(p + 16, s->dd.n), edl_put32(p + 20, 0);
     dedup_put(&s->dd, q + body);
+    if (n == 0) /* an empty shard has no arrays */
+        return p;
+    memcpy(q, s->rowkey, 8 * n);
+    memcpy(q + 8 * n, s->rows, rb);
+    if (geo)
+        memcpy(q + 8 * n + rb, s->geo->mask, 8 * n);
+    if (t->xstride)
+        ctr_export(t, s, q + 8 * n, q + 8 * n + rb);
     return p;
 }
 
@@ -706,18 +982,52 @@ int ps_table_shard_export(ps_table *t, uint32_t sh, bool drop, uint8_t **out, si
     return *out ? 0 : EDL_ENOMEM;
 }
 
+/* The embedx parts a CTR shard's bytes carry (rows: its rows, n of them), or -1 when a row's
+ * flag is neither 0 nor 1. */
+static int64_t ctr_parts(const ps_table *t, const uint8_t *rows, uint64_t n)
+{
+    int64_t nx = 0;
+    for (uint64_t i = 0; t->xstride && i < n; i++) {
+        uint32_t has = edl_get32(rows + 4 * (i * t->stride + CTR_X));
+        if (has > 1)
+            return -1;
+        nx += has;
+    }
+    return nx;
+}
+
+/* An imported CTR row's embedx part, at *xs when its flag says it has one (then past it). */
+static int ctr_import(const ps_table *t, sparse_shard *s, float *row, const uint8_t **xs)
+{
+    if (!row_u32(row, CTR_X))
+        return 0;
+    row_set_u32(row, CTR_X, 0);
+    if (x_create(t, s, row, 0) != 0)
+        return EDL_ENOMEM;
+    memcpy(row_x(t, s, row), *xs, 4 * t->xstride);
+    *xs += 4 * t->xstride;
+    return 0;
+}
+
 static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_t *p, size_t len,
                          char *why, size_t whylen)
 {
     uint64_t n = edl_get32(p), stride = edl_get32(p + 4), geo = edl_get32(p + 8);
-    uint64_t np = edl_get32(p + 12), body = n * (8 + 4 * stride + 8 * geo);
-    if (stride != t->stride || geo != (t->cfg.geo_trainers > 0) || len != 16 + body + 16 * np)
+    uint64_t xstride = edl_get32(p + 12), np = edl_get32(p + 16);
+    uint64_t fixed = SPARSE_HEAD + n * (8 + 4 * stride + 8 * geo);
+    int64_t nx = stride == t->stride && fixed <= len ? ctr_parts(t, p + SPARSE_HEAD + 8 * n, n)
+                                                     : 0;
+    if (stride != t->stride || geo != (t->cfg.geo_trainers > 0) || xstride != t->xstride ||
+        nx < 0 || edl_get32(p + 20) || len != fixed + 4 * (uint64_t)nx * xstride + 16 * np)
         return edl_errf(why, whylen, EDL_EPROTO, "a sparse shard of %llu rows of %llu floats "
-                        "and %llu pushes in %zu bytes, for a table of rows of %zu",
-                        (unsigned long long)n, (unsigned long long)stride,
-                        (unsigned long long)np, len, t->stride);
-    const uint8_t *keys = p + 16, *rows = keys + 8 * n, *mask = rows + 4 * n * stride;
-    int rc = dedup_get(&s->dd, p + 16 + body, (uint32_t)np);
+                        "(embedx parts of %llu%s) and %llu pushes in %zu bytes, for a table "
+                        "of rows of %zu (embedx parts of %zu)", (unsigned long long)n,
+                        (unsigned long long)stride, (unsigned long long)xstride,
+                        nx < 0 ? ", an embedx flag neither 0 nor 1" : "",
+                        (unsigned long long)np, len, t->stride, t->xstride);
+    const uint8_t *keys = p + SPARSE_HEAD, *rows = keys + 8 * n, *mask = rows + 4 * n * stride;
+    const uint8_t *xs = mask + 8 * n * geo;
+    int rc = dedup_get(&s->dd, p + fixed + 4 * (uint64_t)nx * xstride, (uint32_t)np);
     if (rc)
         return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
                         (unsigned long long)np, DEDUP_MAX);
@@ -731,6 +1041,8 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
         if (!row)
             return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
         memcpy(row, rows + 4 * stride * i, 4 * stride);
+        if (t->xstride && ctr_import(t, s, row, &xs) != 0)
+            return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
         uint32_t r = (uint32_t)((row - s->rows) / t->stride);
         for (uint32_t u = 0; geo && u < t->cfg.geo_trainers; u++)
             if (edl_get64(mask + 8 * i) >> u & 1 && geo_mark_one(s->geo, r, u) != 0)
@@ -744,7 +1056,7 @@ static int dense_import(ps_table *t, dense_shard *d, uint32_t sh, const uint8_t 
 {
     uint64_t n = edl_get32(p), na = edl_get32(p + 4), np = edl_get32(p + 8);
     uint64_t want = edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh);
-    if ((n != 0 && n != want) || na != dense_arrays(&t->cfg) ||
+    if ((n != 0 && n != want) || na != dense_arrays(&t->cfg) || edl_get32(p + 12) ||
         len != 16 + 4 * n * na + 16 * np)
         return edl_errf(why, whylen, EDL_EPROTO, "a dense shard of %llu elements in %llu arrays "
                         "and %llu pushes (%zu bytes), for a shard of %llu in %zu",
@@ -767,7 +1079,7 @@ static int dense_import(ps_table *t, dense_shard *d, uint32_t sh, const uint8_t 
 int ps_table_shard_import(ps_table *t, uint32_t sh, const uint8_t *p, size_t len, char *why,
                           size_t whylen)
 {
-    if (len < 16)
+    if (len < (t->sp ? SPARSE_HEAD : 16u))
         return edl_errf(why, whylen, EDL_EPROTO, "a shard of %zu bytes", len);
     pthread_mutex_t *mu = t->sp ? &t->sp[sh].mu : &t->dn[sh].mu;
     pthread_mutex_lock(mu);

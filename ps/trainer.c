@@ -2,7 +2,9 @@
  * that merge gradients (async, half_async) and the GEO local copies are tables of table.c kept
  * here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
  * table whose rows hold the local copy, the synced copy and a mark: touched since the sync. The client is used by one
- * thread at a time (client_mu): the caller's pulls and the async sender take turns. */
+ * thread at a time (client_mu): the caller's pulls and the async sender take turns. A CTR
+ * table's buffers are as wide as its pushes (show, click, gradients: ps_sum_config); GEO
+ * refuses CTR tables. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,20 +78,18 @@ static const edl_ps_table_config *table_of(edl_ps_trainer *t, uint32_t table)
     return cfg;
 }
 
-/* A table of table.c shaped like `table`, its rows `width` times as wide plus `extra` floats:
- * a merge buffer (1, 0), or a GEO local copy (2, 1: local, synced, touched since the sync). */
+/* A table of table.c shaped like `table`'s pushes (CTR: show, click, gradients), its rows
+ * `width` times as wide plus `extra` floats: a merge buffer (1, 0), or a GEO local copy (2, 1:
+ * local, synced, touched since the sync). A push adds. */
 static ps_table *own_table(edl_ps_trainer *t, uint32_t table, uint32_t width, uint32_t extra)
 {
     const edl_ps_table_config *cfg = table_of(t, table);
     if (!cfg)
         return NULL;
-    edl_ps_table_config c = *cfg;
-    c.dim = cfg->dim * width + extra;
+    edl_ps_table_config c;
+    ps_sum_config(cfg, &c);
+    c.dim = c.dim * width + extra;
     c.shards = 1; /* one owner at a time (t->mu, or the trainer's thread): one lock a call */
-    c.optimizer = EDL_PS_SGD;
-    c.lr = -1; /* a push adds */
-    c.init = EDL_PS_INIT_ZERO;
-    c.geo_trainers = 0;
     ps_table *own = NULL;
     if (ps_table_new(&c, &own) != 0)
         snprintf(t->err, sizeof t->err, "out of memory for table %u's buffer", table);
@@ -182,7 +182,7 @@ static int send_merged(edl_ps_trainer *t, ps_table **bufs)
     for (uint32_t i = 0; i < EDL_PS_MAX_TABLES; i++) {
         gather g = {.t = t, .table = i, .mode = &plain};
         if (bufs[i] && rc == 0) {
-            g.dim = ps_client_table(t->c, i)->dim;
+            g.dim = ps_push_width(ps_client_table(t->c, i));
             rc = send_table(bufs[i], gather_rows, &g, &g);
         }
         if (bufs[i])
@@ -305,10 +305,23 @@ static int sync_barrier(edl_ps_trainer *t, uint64_t step, uint64_t *done)
 
 /* ---- geo --------------------------------------------------------------------------------------- */
 
+/* A sparse table GEO can train: not CTR (its local copies are plain rows). */
+static const edl_ps_table_config *geo_table(edl_ps_trainer *t, uint32_t table)
+{
+    const edl_ps_table_config *cfg = table_of(t, table);
+    if (cfg && cfg->accessor == EDL_PS_ACCESSOR_CTR) {
+        snprintf(t->err, sizeof t->err, "table %u has the CTR accessor: geo mode trains local "
+                 "copies of plain rows and keeps no show/click statistics (use sync, async or "
+                 "half_async)", table);
+        return NULL;
+    }
+    return cfg;
+}
+
 /* The local rows of keys (fetched from the servers, local = synced = theirs, when new). */
 static int geo_rows(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, size_t n)
 {
-    const edl_ps_table_config *cfg = table_of(t, table);
+    const edl_ps_table_config *cfg = geo_table(t, table);
     if (!cfg)
         return EDL_EINVAL;
     if (!t->local[table] && !(t->local[table] = own_table(t, table, 2, 1)))
@@ -573,6 +586,14 @@ int edl_ps_trainer_flush(edl_ps_trainer *t)
         pthread_cond_wait(&t->cv, &t->mu);
     int rc = t->send_rc;
     pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int edl_ps_trainer_shrink(edl_ps_trainer *t, uint32_t table, uint64_t *evicted)
+{
+    pthread_mutex_lock(&t->client_mu);
+    int rc = took(t, edl_ps_shrink(t->c, table, evicted));
+    pthread_mutex_unlock(&t->client_mu);
     return rc;
 }
 

@@ -211,6 +211,251 @@ static void test_dense_tables_split_over_servers_match_the_reference(void **stat
     harness_ps_close(&k);
 }
 
+/* ---- the CTR accessor --------------------------------------------------------------------- */
+
+static void ctr_config(edl_ps_table_config *cfg, uint32_t dim)
+{
+    edl_ps_table_config_init(cfg);
+    cfg->dim = dim;
+    cfg->shards = 16;
+    cfg->lr = 0.1f;
+    cfg->seed = 3;
+    cfg->accessor = EDL_PS_ACCESSOR_CTR;
+}
+
+/* A CTR push row: show, click, then dim gradients all equal to g. */
+static void ctr_value(float *v, uint32_t dim, float show, float click, float g)
+{
+    v[0] = show, v[1] = click;
+    for (uint32_t j = 0; j < dim; j++)
+        v[2 + j] = g;
+}
+
+/* One key, pushed with show 1 and no click: score 0.5 a push, threshold 8. The 15th push leaves
+ * it at 7.5 without embedx; the 16th reaches 8 and creates it, at its initial values (that
+ * push's embedx gradients came for a row without one); the 17th updates it. */
+static void ctr_one_key_crosses_the_threshold(edl_ps_client *c)
+{
+    enum { D = 4 };
+    uint64_t key = 0x5eed;
+    float v[D + 2], row[D], x0[D], w0;
+    ctr_value(v, D, 1, 0, 1);
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 4, &key, 1, row));
+    w0 = row[0];
+    for (int push = 1; push <= 17; push++) {
+        harness_ps_ok(c, edl_ps_push_sparse(c, 4, &key, 1, v));
+        harness_ps_ok(c, edl_ps_pull_sparse(c, 4, &key, 1, row));
+        assert_close(row[0], w0 - 0.1f * (float)push, "embed_w after push", push);
+        bool zeros = row[1] == 0 && row[2] == 0 && row[3] == 0;
+        if (push < 16 && !zeros)
+            fail_msg("push %d (score %.1f): embedx exists below the threshold 8", push,
+                     0.5 * push);
+        if (push == 16) {
+            assert_false(zeros);
+            memcpy(x0, row, sizeof row); /* its initial values, for the next check */
+            for (int j = 1; j < D; j++)
+                assert_true(fabsf(row[j]) <= 0.01f);
+        }
+        if (push == 17)
+            for (int j = 1; j < D; j++)
+                assert_close(row[j], x0[j] - 0.1f * 1, "embedx after its first update", j);
+    }
+}
+
+/* Random shows, clicks (repeated keys in a push: summed) and gradients on 60 keys over two
+ * servers, against a reference: score (show - click) 0.5 + click 2; embedx born exactly when
+ * it reaches 8, zeros before, updated by SGD after. */
+static void test_ctr_embedx_is_born_when_the_score_reaches_the_threshold(void **state)
+{
+    (void)state;
+    enum { KEYS = 60, D = 4, BATCH = 40, ROUNDS = 10 };
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 10000);
+    edl_ps_table_config cfg;
+    ctr_config(&cfg, D);
+    cfg.ctr.nonclk_coeff = 0.5f, cfg.ctr.click_coeff = 2, cfg.ctr.embedx_threshold = 8;
+    harness_ps_ok(c, edl_ps_create_table(c, 4, &cfg));
+    ctr_one_key_crosses_the_threshold(c);
+    static uint64_t keys[KEYS];
+    static float rows[KEYS * D], w[KEYS][D], show[KEYS], click[KEYS];
+    static bool has_x[KEYS], born[KEYS];
+    for (int i = 0; i < KEYS; i++)
+        keys[i] = rnd64();
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 4, keys, KEYS, rows));
+    for (int i = 0; i < KEYS; i++) {
+        w[i][0] = rows[i * D];
+        for (int j = 1; j < D; j++)
+            assert_true(rows[i * D + j] == 0); /* no embedx yet: zeros */
+    }
+    int with_x = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        uint64_t bk[BATCH];
+        float v[BATCH * (D + 2)], sum[KEYS][D + 2];
+        bool touched[KEYS] = {false};
+        memset(sum, 0, sizeof sum);
+        for (int b = 0; b < BATCH; b++) {
+            int i = (int)(rnd64() % KEYS), sh = (int)(rnd64() % 3);
+            bk[b] = keys[i];
+            touched[i] = true;
+            v[b * (D + 2)] = (float)sh;
+            v[b * (D + 2) + 1] = (float)(rnd64() % (uint64_t)(sh + 1));
+            for (int j = 0; j < D; j++)
+                v[b * (D + 2) + 2 + j] = (float)((int)(rnd64() % 201) - 100) / 100;
+            for (int j = 0; j < D + 2; j++)
+                sum[i][j] += v[b * (D + 2) + j];
+        }
+        harness_ps_ok(c, edl_ps_push_sparse(c, 4, bk, BATCH, v));
+        for (int i = 0; i < KEYS; i++) {
+            if (!touched[i])
+                continue;
+            show[i] += sum[i][0], click[i] += sum[i][1];
+            w[i][0] -= 0.1f * sum[i][2];
+            for (int j = 1; has_x[i] && j < D; j++)
+                w[i][j] -= 0.1f * sum[i][2 + j];
+            if (!has_x[i] && (show[i] - click[i]) * 0.5f + click[i] * 2 >= 8)
+                has_x[i] = born[i] = true;
+        }
+        harness_ps_ok(c, edl_ps_pull_sparse(c, 4, keys, KEYS, rows));
+        for (int i = 0; i < KEYS; i++) {
+            float *r = rows + i * D;
+            assert_close(r[0], w[i][0], "embed_w of key", i);
+            for (int j = 1; j < D; j++) {
+                if (!has_x[i] && r[j] != 0)
+                    fail_msg("key %d, score %.2f: embedx below the threshold", i,
+                             (double)((show[i] - click[i]) * 0.5f + click[i] * 2));
+                if (born[i] && (r[j] == 0 || fabsf(r[j]) > 0.01f))
+                    fail_msg("key %d: embedx born with %g, not its initial value", i,
+                             (double)r[j]);
+                if (born[i])
+                    w[i][j] = r[j];
+                else if (has_x[i])
+                    assert_close(r[j], w[i][j], "embedx of key", i);
+            }
+            with_x += born[i];
+            born[i] = false;
+        }
+    }
+    print_message("%d of %d keys reached the threshold\n", with_x, KEYS);
+    assert_true(with_x > 0 && with_x < KEYS);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+/* Keys of four groups: A (show 16: embedx), B (show 1.5), D (show 2), C (pulled only). With
+ * score = show, decay 0.5, delete_threshold 1, delete_after_unseen_days 2, the shrinks evict B
+ * and C (0.75, 0), then D (1, then 0.5), then A's half that no push touched since (unseen 3),
+ * then A's other half (16 halved 5 times); memory goes with them. */
+static void test_ctr_shrink_decays_evicts_and_gives_the_memory_back(void **state)
+{
+    (void)state;
+    enum { N = 3000, D = 8 };
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 10000);
+    edl_ps_table_config cfg;
+    ctr_config(&cfg, D);
+    cfg.ctr = (edl_ps_ctr_config){.nonclk_coeff = 1, .click_coeff = 1, .embedx_threshold = 4,
+                                  .show_click_decay_rate = 0.5f, .delete_threshold = 1,
+                                  .delete_after_unseen_days = 2};
+    harness_ps_ok(c, edl_ps_create_table(c, 5, &cfg));
+    static uint64_t keys[N];
+    static float init[N * D], rows[N * D], a[500 * D], v[N * (D + 2)];
+    for (int i = 0; i < N; i++) {
+        keys[i] = rnd64();
+        ctr_value(v + i * (D + 2), D, i < 500 ? 16 : i < 1500 ? 1.5f : 2, 0, 0);
+    }
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 5, keys, N, init));
+    edl_ps_server_stats st0, st1, st2;
+    harness_ps_ok(c, edl_ps_stats(c, &st0));
+    harness_ps_ok(c, edl_ps_push_sparse(c, 5, keys, 2000, v)); /* A, B, D; not C */
+    harness_ps_ok(c, edl_ps_stats(c, &st1));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 5, keys, 500, a));
+    print_message("%d rows: %llu bytes without embedx, %llu with it on 500\n", N,
+                  (unsigned long long)st0.bytes, (unsigned long long)st1.bytes);
+    assert_int_equal(st1.rows, N);
+    assert_true(st1.bytes >= st0.bytes + 500 * (D - 1) * 4); /* the 500 embedx parts */
+    uint64_t ev;
+    harness_ps_ok(c, edl_ps_shrink(c, 5, &ev));
+    assert_int_equal(ev, 2000); /* B and C */
+    harness_ps_ok(c, edl_ps_stats(c, &st2));
+    print_message("after the shrink: %llu rows in %llu bytes\n", (unsigned long long)st2.rows,
+                  (unsigned long long)st2.bytes);
+    assert_int_equal(st2.rows, 1000);
+    assert_true(st2.bytes < st1.bytes * 6 / 10);
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 5, keys, 500, rows)); /* A kept, unchanged */
+    assert_memory_equal(rows, a, sizeof a);
+    harness_ps_ok(c, edl_ps_shrink(c, 5, &ev));
+    assert_int_equal(ev, 500); /* D: 2, 1, then 0.5 */
+    ctr_value(v, D, 0, 0, 0);
+    for (int i = 1; i < 250; i++)
+        memcpy(v + i * (D + 2), v, sizeof(float) * (D + 2));
+    harness_ps_ok(c, edl_ps_push_sparse(c, 5, keys, 250, v)); /* seen again: unseen 0 */
+    harness_ps_ok(c, edl_ps_shrink(c, 5, &ev));
+    assert_int_equal(ev, 250); /* A's other half: 3 shrinks unseen */
+    harness_ps_ok(c, edl_ps_shrink(c, 5, NULL));
+    harness_ps_ok(c, edl_ps_stats(c, &st2));
+    assert_int_equal(st2.rows, 250); /* score 1: kept */
+    harness_ps_ok(c, edl_ps_shrink(c, 5, &ev));
+    assert_int_equal(ev, 250);
+    harness_ps_ok(c, edl_ps_stats(c, &st2));
+    assert_int_equal(st2.rows, 0);
+    assert_int_equal(st2.bytes, 0); /* every shard's memory given back */
+    /* an evicted key comes back as new: its initial embed_w, no embedx */
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 5, keys, 2, rows));
+    assert_memory_equal(rows, init, 2 * D * sizeof(float));
+    for (int j = 1; j < D; j++)
+        assert_true(rows[j] == 0 && a[j] != 0);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+static void expect_bad(const edl_ps_table_config *c, const char *named)
+{
+    char why[256] = "";
+    assert_int_equal(edl_ps_table_config_check(c, why, sizeof why), EDL_EINVAL);
+    if (!strstr(why, named))
+        fail_msg("the check says '%s', not '%s'", why, named);
+}
+
+/* The config's new fields: the check names the bad one; the wire carries them (and a plain
+ * table's, which mean nothing, as zeros). */
+static void test_ctr_configs_round_trip_and_bad_fields_are_named(void **state)
+{
+    (void)state;
+    edl_ps_table_config cfg, back;
+    char why[256];
+    ctr_config(&cfg, 9);
+    cfg.ctr.embedx_threshold = 3.5f;
+    cfg.ctr.delete_after_unseen_days = 7;
+    uint8_t b[PS_CONFIG_BYTES], b2[PS_CONFIG_BYTES];
+    ps_config_encode(&cfg, b);
+    assert_int_equal(ps_config_parse(b, &back, why, sizeof why), 0);
+    assert_true(ps_config_equal(&cfg, &back));
+    assert_true(back.accessor == EDL_PS_ACCESSOR_CTR && back.ctr.embedx_threshold == 3.5f &&
+                back.ctr.delete_after_unseen_days == 7 && back.ctr.nonclk_coeff == 0.1f &&
+                back.ctr.show_click_decay_rate == 0.98f && back.ctr.delete_threshold == 0.8f);
+    edl_ps_table_config plain = cfg;
+    plain.accessor = EDL_PS_ACCESSOR_PLAIN;
+    ps_config_encode(&plain, b2);
+    assert_false(ps_config_equal(&cfg, &plain));
+    assert_int_equal(ps_config_parse(b2, &back, why, sizeof why), 0);
+    assert_true(back.ctr.embedx_threshold == 0); /* not carried for a plain table */
+    edl_ps_table_config x;
+    x = cfg, x.ctr.nonclk_coeff = NAN, expect_bad(&x, "ctr.nonclk_coeff nan");
+    x = cfg, x.ctr.click_coeff = -1, expect_bad(&x, "ctr.click_coeff -1");
+    x = cfg, x.ctr.embedx_threshold = INFINITY, expect_bad(&x, "ctr.embedx_threshold inf");
+    x = cfg, x.ctr.show_click_decay_rate = 1.5f, expect_bad(&x, "ctr.show_click_decay_rate 1.5");
+    x = cfg, x.ctr.delete_threshold = -0.5f, expect_bad(&x, "ctr.delete_threshold -0.5");
+    x = cfg, x.ctr.delete_after_unseen_days = 0, expect_bad(&x, "ctr.delete_after_unseen_days 0");
+    x = cfg, x.dim = 1, expect_bad(&x, "dim >= 2");
+    x = cfg, x.geo_trainers = 2, expect_bad(&x, "geo_trainers 2");
+    x = cfg, x.kind = EDL_PS_DENSE, x.dim = 1, x.size = 10, expect_bad(&x, "a sparse table");
+    x = cfg, x.accessor = (edl_ps_accessor)5, expect_bad(&x, "accessor 5");
+    x = cfg, x.accessor = EDL_PS_ACCESSOR_PLAIN, x.ctr.nonclk_coeff = NAN, x.dim = 1;
+    assert_int_equal(edl_ps_table_config_check(&x, why, sizeof why), 0); /* ignored */
+}
+
 /* ---- the shard map ------------------------------------------------------------------------ */
 
 static void owners(const char *const *names, int n, int *out)
@@ -426,6 +671,45 @@ static void expect_error(int fd, uint8_t type, uint16_t table, const void *body,
         fail_msg("error '%s' does not say '%s'", msg, text);
 }
 
+/* The CTR accessor's hostile input: pushes of the plain width, shrinks that are not, configs
+ * with bad or stray fields. b: 128 bytes of scratch. */
+static void ctr_bad_requests(edl_ps_client *c, int fd, uint8_t *b)
+{
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = 4;
+    cfg.accessor = EDL_PS_ACCESSOR_CTR;
+    harness_ps_ok(c, edl_ps_create_table(c, 2, &cfg));
+    memset(b, 0, 128);
+    uint8_t *push = b + PS_ID_PREFIX; /* after the push's identity */
+    edl_put32(push, 1);
+    edl_put32(push + 4, 4); /* dim gradients, without show and click */
+    expect_error(fd, PS_PUSH_SPARSE, 2, b, PS_ID_PREFIX + 8 + 8 + 16, "a CTR table");
+    edl_put32(push + 4, 7); /* one too many */
+    expect_error(fd, PS_PUSH_SPARSE, 2, b, PS_ID_PREFIX + 8 + 8 + 28, "whose rows have 4");
+    memset(b, 0, 128);
+    expect_error(fd, PS_SHRINK, 2, b, 3, "a shrink of 3 bytes");
+    expect_error(fd, PS_SHRINK, 0, b, PS_SHRINK_BYTES, "no CTR accessor");
+    expect_error(fd, PS_SHRINK, 9, b, PS_SHRINK_BYTES, "no table 9");
+    cfg.ctr.show_click_decay_rate = 2;
+    ps_config_encode(&cfg, b);
+    expect_error(fd, PS_CREATE, 3, b, PS_CONFIG_BYTES, "ctr.show_click_decay_rate 2");
+    cfg.ctr.show_click_decay_rate = 0.5f;
+    ps_config_encode(&cfg, b);
+    b[50] = 1; /* padding */
+    expect_error(fd, PS_CREATE, 3, b, PS_CONFIG_BYTES, "unused bytes");
+    cfg.accessor = EDL_PS_ACCESSOR_PLAIN;
+    ps_config_encode(&cfg, b);
+    b[60] = 1; /* a ctr field on a plain table */
+    expect_error(fd, PS_CREATE, 3, b, PS_CONFIG_BYTES, "unused bytes");
+    b[60] = 0;
+    b[48] = 9;
+    expect_error(fd, PS_CREATE, 3, b, PS_CONFIG_BYTES, "accessor 9");
+    uint64_t evicted = 1;
+    assert_int_equal(edl_ps_shrink(c, 0, &evicted), EDL_EINVAL); /* the client knows too */
+    assert_non_null(strstr(edl_ps_client_errmsg(c), "no CTR accessor"));
+}
+
 static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
 {
     (void)state;
@@ -436,7 +720,7 @@ static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
     edl_ps_table_config_init(&cfg);
     harness_ps_ok(c, edl_ps_create_table(c, 0, &cfg));
     int fd = raw_link(&k);
-    uint8_t b[64] = {0};
+    uint8_t b[128] = {0};
     edl_put32(b, 0xffffffffu); /* 4 billion keys in 8 bytes */
     expect_error(fd, PS_PULL_SPARSE, 0, b, 8, "needs");
     expect_error(fd, PS_PUSH_SPARSE, 0, b, 8, "its prefixes take 24");
@@ -459,6 +743,7 @@ static void test_bad_requests_get_errors_and_the_link_goes_on(void **state)
     memset(b, 0xff, PS_CONFIG_BYTES);
     expect_error(fd, PS_CREATE, 1, b, PS_CONFIG_BYTES, "table kind");
     expect_error(fd, PS_STATS, 0, b, 3, "with a body");
+    ctr_bad_requests(c, fd, b);
     edl_put32(b, 1); /* and a good one on the same link */
     edl_put32(b + 4, 0);
     edl_put64(b + 8, 42);
@@ -639,6 +924,9 @@ int main(void)
         cmocka_unit_test(test_adam_rows_match_the_reference),
         cmocka_unit_test(test_rows_are_born_alike_on_any_server),
         cmocka_unit_test(test_dense_tables_split_over_servers_match_the_reference),
+        cmocka_unit_test(test_ctr_embedx_is_born_when_the_score_reaches_the_threshold),
+        cmocka_unit_test(test_ctr_shrink_decays_evicts_and_gives_the_memory_back),
+        cmocka_unit_test(test_ctr_configs_round_trip_and_bad_fields_are_named),
         cmocka_unit_test(test_shard_map_is_balanced_and_moves_one_in_s_plus_one),
         cmocka_unit_test(test_a_client_without_the_secret_is_refused),
         cmocka_unit_test(test_a_table_keeps_its_config_and_calls_are_checked),

@@ -17,6 +17,7 @@
 
 #include "edl/etcd.h"
 #include "edl/ps.h"
+#include "edl/wire.h"
 #include "harness.h"
 #include "internal.h"
 
@@ -305,22 +306,185 @@ static void test_a_bad_hand_over_is_refused_and_the_server_keeps_serving(void **
     uint32_t sh = 0;
     while (edl_ps_shard_owner(m.names[1], 2, sh) != 0)
         sh++;
-    uint8_t blob[16 + 8 + 4 * DIM] = {0};
+    uint8_t blob[24 + 8 + 4 * DIM] = {0};
     blob[0] = 1, blob[4] = DIM;               /* one row ... */
     uint64_t key = 1;
     while (edl_ps_key_shard(key, SHARDS) == sh)
         key++;
-    memcpy(blob + 16, &key, 8);               /* ... of a key of another shard */
+    memcpy(blob + 24, &key, 8);               /* ... of a key of another shard */
     assert_int_equal(ps_client_put_shard(one, 0, &cfg, sh, 1, blob, sizeof blob), EDL_EPROTO);
     assert_non_null(strstr(edl_ps_client_errmsg(one), "is not of shard"));
     assert_int_equal(ps_client_put_shard(one, 0, &cfg, sh, 9, blob, sizeof blob), EDL_EBUSY);
     uint32_t away = 0;
     while (edl_ps_shard_owner(m.names[1], 2, away) != 1)
         away++;
-    assert_int_equal(ps_client_put_shard(one, 0, &cfg, away, 1, blob, 16), EDL_EMOVED);
+    assert_int_equal(ps_client_put_shard(one, 0, &cfg, away, 1, blob, 24), EDL_EMOVED);
     assert_int_equal(push_round(c), 0); /* still serving */
     check_counts(&m, 1, NULL, 0);
     edl_ps_client_close(one);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+/* ---- the CTR accessor's rows move whole ---------------------------------------------------- */
+
+static void ctr_cfg(edl_ps_table_config *cfg)
+{
+    edl_ps_table_config_init(cfg);
+    cfg->dim = 5, cfg->shards = 8, cfg->optimizer = EDL_PS_ADAM, cfg->lr = 0.05f;
+    cfg->accessor = EDL_PS_ACCESSOR_CTR;
+    cfg->ctr = (edl_ps_ctr_config){.nonclk_coeff = 1, .click_coeff = 1, .embedx_threshold = 3,
+                                   .show_click_decay_rate = 0.5f, .delete_threshold = 0.9f,
+                                   .delete_after_unseen_days = 5};
+}
+
+/* n keys 1..n pushed: key i with show i % 5 (embedx from 3) and a gradient of its own. */
+static void ctr_push_all(ps_table *t, int n, float g)
+{
+    static uint8_t keys[200 * 8];
+    static float v[200 * 7];
+    for (int i = 0; i < n; i++) {
+        edl_put64(keys + 8 * i, (uint64_t)i + 1);
+        v[7 * i] = (float)(i % 5), v[7 * i + 1] = i % 5 == 4;
+        for (int j = 0; j < 5; j++)
+            v[7 * i + 2 + j] = g * (float)(j + 1 + i % 3);
+    }
+    assert_int_equal(ps_table_push_sparse(t, keys, (uint32_t)n, (const uint8_t *)v, NULL), 0);
+}
+
+static void ctr_pull_all(ps_table *t, int n, float *rows)
+{
+    static uint8_t keys[200 * 8];
+    for (int i = 0; i < n; i++)
+        edl_put64(keys + 8 * i, (uint64_t)i + 1);
+    assert_int_equal(ps_table_pull_sparse(t, keys, (uint32_t)n, rows), 0);
+}
+
+/* Every shard of a and b exports the same bytes (move: imported from a into b first). */
+static void ctr_same(ps_table *a, ps_table *b, bool move)
+{
+    char why[256];
+    for (uint32_t sh = 0; sh < 8; sh++) {
+        uint8_t *p, *q;
+        size_t len, len2;
+        assert_int_equal(ps_table_shard_export(a, sh, false, &p, &len), 0);
+        if (move && ps_table_shard_import(b, sh, p, len, why, sizeof why) != 0)
+            fail_msg("shard %u: %s", sh, why);
+        assert_int_equal(ps_table_shard_export(b, sh, false, &q, &len2), 0);
+        assert_int_equal(len, len2);
+        assert_memory_equal(p, q, len);
+        free(p), free(q);
+    }
+}
+
+/* A CTR shard's bytes carry show, click, unseen, embed_w, whether embedx exists and its
+ * values, and every optimizer state (Adam's powers): after a move the two tables answer, grow
+ * embedx and shrink alike. Bytes that lie are refused and leave the shard empty. */
+static void test_ctr_shards_move_with_their_statistics_and_embedx(void **state)
+{
+    (void)state;
+    edl_ps_table_config cfg, plain;
+    ctr_cfg(&cfg);
+    ps_table *a, *b, *p;
+    assert_int_equal(ps_table_new(&cfg, &a), 0);
+    assert_int_equal(ps_table_new(&cfg, &b), 0);
+    static float ra[200 * 5], rb[200 * 5];
+    ctr_push_all(a, 200, 0.1f);
+    ctr_push_all(a, 200, -0.3f); /* shows 0..8: embedx on the keys of show >= 3 */
+    uint64_t ev, left, ev2, left2;
+    assert_int_equal(ps_table_shrink(a, 1, NULL, NULL, &ev, &left), 0); /* unseen 1, halved */
+    assert_int_equal(ev, 40); /* show 0 */
+    ctr_same(a, b, true);
+    ctr_pull_all(a, 200, ra), ctr_pull_all(b, 200, rb);
+    assert_memory_equal(ra, rb, sizeof ra);
+    ctr_push_all(a, 200, 0.2f), ctr_push_all(b, 200, 0.2f); /* shows 0 (new), 2, 4, 6, 8 */
+    ctr_pull_all(a, 200, ra), ctr_pull_all(b, 200, rb);
+    assert_memory_equal(ra, rb, sizeof ra);
+    assert_int_equal(ps_table_shrink(a, 2, NULL, NULL, &ev, &left), 0);
+    assert_int_equal(ps_table_shrink(b, 2, NULL, NULL, &ev2, &left2), 0);
+    assert_true(ev == 40 && ev2 == 40 && left == 160 && left2 == 160);
+    assert_int_equal(ps_table_shrink(b, 2, NULL, NULL, &ev2, &left2), 0); /* again: the same */
+    assert_true(ev2 == 40 && left2 == 160);
+    ctr_same(a, b, false); /* and the repeat did not decay b again */
+
+    char why[256];
+    uint8_t *blob;
+    size_t len;
+    uint32_t sh = edl_ps_key_shard(4, 8); /* key 4: show 3 + 3 + 3, embedx */
+    assert_int_equal(ps_table_shard_export(a, sh, false, &blob, &len), 0);
+    uint32_t n = edl_get32(blob), stride = edl_get32(blob + 4);
+    assert_int_equal(ps_table_shard_import(b, sh, blob, len - 4, why, sizeof why), EDL_EPROTO);
+    uint8_t *flag = NULL;
+    for (uint32_t i = 0; i < n && !flag; i++) /* a row with embedx: its flag says 2 */
+        if (edl_get32(blob + 24 + 8 * n + 4 * (i * stride + 3)) == 1)
+            flag = blob + 24 + 8 * n + 4 * (i * stride + 3);
+    assert_non_null(flag);
+    edl_put32(flag, 2);
+    assert_int_equal(ps_table_shard_import(b, sh, blob, len, why, sizeof why), EDL_EPROTO);
+    assert_non_null(strstr(why, "neither 0 nor 1"));
+    edl_put32(flag, 0); /* no embedx said, but its bytes are there */
+    assert_int_equal(ps_table_shard_import(b, sh, blob, len, why, sizeof why), EDL_EPROTO);
+    free(blob);
+    uint64_t rows_a, rows_b, bytes;
+    ps_table_shard_drop(a, sh);
+    ps_table_stats(a, &rows_a, &bytes);
+    ps_table_stats(b, &rows_b, &bytes);
+    assert_int_equal(rows_b, rows_a); /* b's shard emptied by the refusals, a's by the drop */
+    plain = cfg, plain.accessor = EDL_PS_ACCESSOR_PLAIN; /* its shard into a CTR table */
+    assert_int_equal(ps_table_new(&plain, &p), 0);
+    uint8_t key4[8];
+    edl_put64(key4, 4);
+    assert_int_equal(ps_table_push_sparse(p, key4, 1, (const uint8_t *)ra, NULL), 0);
+    assert_int_equal(ps_table_shard_export(p, sh, false, &blob, &len), 0);
+    assert_int_equal(ps_table_shard_import(b, sh, blob, len, why, sizeof why), EDL_EPROTO);
+    assert_non_null(strstr(why, "embedx parts of 0"));
+    free(blob);
+    ps_table_free(a), ps_table_free(b), ps_table_free(p);
+}
+
+/* A server joins a job with a CTR table: the shards handed to it carry the rows whole (pulls
+ * answer the same, embedx included), and a shrink then evicts what the statistics say. */
+static void test_a_ctr_table_moves_to_a_joining_server(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    maps m = {.k = &k};
+    make_map(&m, 1, (int[]){0}, 1);
+    make_map(&m, 2, (int[]){0, 1}, 2);
+    publish(&m, 1, (int[]){0}, 1, -1);
+    edl_ps_client *c = client_of(&m, 1);
+    edl_ps_table_config cfg;
+    ctr_cfg(&cfg);
+    cfg.shards = SHARDS;
+    harness_ps_ok(c, edl_ps_create_table(c, 3, &cfg));
+    static uint64_t keys[N];
+    static float v[N * 7], before[N * 5], after[N * 5];
+    for (int i = 0; i < N; i++) {
+        keys[i] = (uint64_t)i * 7919 + 1;
+        v[7 * i] = i % 2 ? 4 : 1; /* show 4: embedx; show 1: 0.5 after a shrink, evicted */
+        for (int j = 1; j < 7; j++)
+            v[7 * i + j] = 0.01f * (float)j;
+    }
+    harness_ps_ok(c, edl_ps_push_sparse(c, 3, keys, N, v));
+    harness_ps_ok(c, edl_ps_push_sparse(c, 3, keys, N, v));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 3, keys, N, before));
+    publish(&m, 2, (int[]){0, 1}, 2, 1); /* ps-1 joins; ps-0 hands it its shards */
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 3, keys, N, after));
+    for (int i = 0; i < 10000 && !edl_ps_server_drained(k.srv[0]); i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    assert_true(edl_ps_server_drained(k.srv[0]));
+    assert_memory_equal(before, after, sizeof before);
+    assert_true(after[5 + 1] != 0 && after[1] == 0); /* key 1 has embedx, key 0 none */
+    edl_ps_server_stats s1;
+    stats_of(k.srv[1], &s1);
+    assert_true(s1.shards_in > 0 && s1.rows > 0);
+    uint64_t ev;
+    harness_ps_ok(c, edl_ps_shrink(c, 3, &ev)); /* show 2: 1, kept; show 8: 4 */
+    assert_int_equal(ev, 0);
+    harness_ps_ok(c, edl_ps_shrink(c, 3, &ev)); /* 0.5: evicted; 2 */
+    assert_int_equal(ev, N / 2);
     edl_ps_client_close(c);
     harness_ps_close(&k);
 }
@@ -412,6 +576,8 @@ int main(void)
         cmocka_unit_test(test_a_leaving_server_hands_its_shards_over_before_it_exits),
         cmocka_unit_test(test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang),
         cmocka_unit_test(test_a_bad_hand_over_is_refused_and_the_server_keeps_serving),
+        cmocka_unit_test(test_ctr_shards_move_with_their_statistics_and_embedx),
+        cmocka_unit_test(test_a_ctr_table_moves_to_a_joining_server),
         cmocka_unit_test(
             test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_servers),
     };

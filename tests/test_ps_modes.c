@@ -417,6 +417,12 @@ typedef struct geo_ref {
     bool known[2][POOL], changed[2][POOL], touched[2][POOL];
 } geo_ref;
 
+static int by_value(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 static int pool_index(uint64_t key)
 {
     int i = 0;
@@ -523,6 +529,157 @@ static void test_geo_local_copies_and_servers_follow_the_protocol(void **state)
     harness_ps_close(&k);
 }
 
+/* ---- CTR tables ---------------------------------------------------------------------------- */
+
+#define CTR_T 2
+
+/* Score = show, embedx from the first push (threshold 0), no decay: a shrink evicts the rows
+ * whose total show is below delete_threshold. SGD: the rows are the initial values minus lr
+ * times the sums of their gradients, whatever the order and the merging. */
+static void ctr_table(edl_ps_client *c, float delete_threshold)
+{
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = DIM, cfg.shards = 64, cfg.lr = 0.05f, cfg.accessor = EDL_PS_ACCESSOR_CTR;
+    cfg.ctr = (edl_ps_ctr_config){.nonclk_coeff = 1, .click_coeff = 1, .embedx_threshold = 0,
+                                  .show_click_decay_rate = 1,
+                                  .delete_threshold = delete_threshold,
+                                  .delete_after_unseen_days = 1000};
+    harness_ps_ok(c, edl_ps_create_table(c, CTR_T, &cfg));
+}
+
+/* batch()'s keys and gradients, each with a show of 1..3 and a click one time in three. */
+static void ctr_batch(int tr, int step, uint64_t *keys, float *v)
+{
+    float g[16 * DIM];
+    batch(tr, step, keys, g);
+    for (int j = 0; j < 16; j++) {
+        float *x = v + j * (DIM + 2);
+        x[0] = (float)(1 + (tr + step + j) % 3);
+        x[1] = (tr + step + j) % 3 == 0;
+        memcpy(x + 2, g + j * DIM, sizeof(float) * DIM);
+    }
+}
+
+static void *ctr_trainer(void *arg)
+{
+    run *r = arg;
+    uint64_t keys[16];
+    float v[16 * (DIM + 2)];
+    for (int s = 0; s < r->steps && !r->rc; s++) {
+        ctr_batch(r->id, s, keys, v);
+        int rc = edl_ps_trainer_push_sparse(r->t, CTR_T, keys, 16, v);
+        if (!rc)
+            rc = edl_ps_trainer_step(r->t);
+        if (rc)
+            run_fail(r, rc, "step");
+    }
+    return NULL;
+}
+
+/* Two trainers push CTR rows in a mode for `steps` steps: the rows are the reference's, and a
+ * shrink evicts the keys whose shows, summed over every push, are below the median. */
+static void run_ctr_mode(edl_ps_mode mode, int steps)
+{
+    static float show[POOL], sorted[POOL], gsum[POOL][DIM], init[POOL * DIM], got[POOL * DIM];
+    memset(gsum, 0, sizeof gsum);
+    for (int i = 0; i < POOL; i++)
+        show[i] = 1; /* the warm-up push below */
+    for (int tr = 0; tr < 2; tr++)
+        for (int st = 0; st < steps; st++) {
+            uint64_t keys[16];
+            float v[16 * (DIM + 2)];
+            ctr_batch(tr, st, keys, v);
+            for (int j = 0; j < 16; j++) {
+                int i = pool_index(keys[j]);
+                show[i] += v[j * (DIM + 2)];
+                for (int d = 0; d < DIM; d++)
+                    gsum[i][d] += v[j * (DIM + 2) + 2 + d];
+            }
+        }
+    memcpy(sorted, show, sizeof sorted);
+    qsort(sorted, POOL, sizeof *sorted, by_value);
+    float thr = (sorted[POOL / 2 - 1] + sorted[POOL / 2]) / 2 + 0.25f;
+    uint64_t want = 0, ev;
+    for (int i = 0; i < POOL; i++)
+        want += show[i] < thr;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    edl_ps_client *c = harness_ps_client(&k, 10000);
+    ctr_table(c, thr);
+    uint64_t keys[POOL];
+    static float warm[POOL * (DIM + 2)];
+    for (int i = 0; i < POOL; i++) {
+        keys[i] = pool_key(i);
+        warm[i * (DIM + 2)] = 1; /* show 1: embedx for every key from now on */
+    }
+    harness_ps_ok(c, edl_ps_push_sparse(c, CTR_T, keys, POOL, warm));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, CTR_T, keys, POOL, init));
+    static run runs[2];
+    pthread_t th[2];
+    memset(runs, 0, sizeof runs);
+    for (int i = 0; i < 2; i++) {
+        runs[i].steps = steps;
+        open_run(&runs[i], &k, mode, i, 2);
+        ctr_table(runs[i].c, thr);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, ctr_trainer, &runs[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        if (edl_ps_trainer_flush(runs[i].t) != 0)
+            fail_msg("flush: %s", edl_ps_trainer_errmsg(runs[i].t));
+    if (edl_ps_trainer_shrink(runs[0].t, CTR_T, &ev) != 0) /* after every push */
+        fail_msg("shrink: %s", edl_ps_trainer_errmsg(runs[0].t));
+    for (int i = 0; i < 2; i++)
+        close_run(&runs[i]);
+    assert_int_equal(ev, want);
+    harness_ps_ok(c, edl_ps_pull_sparse(c, CTR_T, keys, POOL, got));
+    for (int i = 0; i < POOL; i++)
+        for (int d = 0; d < DIM; d++) {
+            float w = init[i * DIM + d] - 0.05f * gsum[i][d];
+            if (show[i] < thr) /* evicted, then pulled: a new row, its initial embed_w only */
+                w = d ? 0 : init[i * DIM];
+            if (!near(got[i * DIM + d], w))
+                fail_msg("%s: key %d (show %g) column %d: %.9g, the reference %.9g",
+                         edl_ps_mode_name(mode), i, (double)show[i], d,
+                         (double)got[i * DIM + d], (double)w);
+        }
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+}
+
+static void test_ctr_tables_train_in_sync_async_and_half_async(void **state)
+{
+    (void)state;
+    run_ctr_mode(EDL_PS_MODE_SYNC, 6);
+    run_ctr_mode(EDL_PS_MODE_ASYNC, 10);
+    run_ctr_mode(EDL_PS_MODE_HALF_ASYNC, 10);
+}
+
+/* GEO trains local copies of plain rows: a CTR table is refused, saying so. */
+static void test_geo_refuses_ctr_tables(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
+    static run r;
+    memset(&r, 0, sizeof r);
+    open_run(&r, &k, EDL_PS_MODE_GEO, 0, 1);
+    ctr_table(r.c, 0.8f);
+    uint64_t keys[16];
+    float v[16 * (DIM + 2)];
+    ctr_batch(0, 0, keys, v);
+    assert_int_equal(edl_ps_trainer_push_sparse(r.t, CTR_T, keys, 16, v), EDL_EINVAL);
+    assert_non_null(strstr(edl_ps_trainer_errmsg(r.t), "CTR accessor"));
+    assert_int_equal(edl_ps_trainer_pull_sparse(r.t, CTR_T, keys, 16, v), EDL_EINVAL);
+    assert_non_null(strstr(edl_ps_trainer_errmsg(r.t), "geo mode"));
+    harness_ps_ok(r.c, edl_ps_trainer_pull_sparse(r.t, 0, keys, 16, v)); /* plain: fine */
+    close_run(&r);
+    harness_ps_close(&k);
+}
+
 static void test_modes_have_names_and_bad_options_are_refused(void **state)
 {
     (void)state;
@@ -604,8 +761,8 @@ static double ctr_auc(const char *log)
 }
 
 /* The CTR example with 2 servers and 2 workers as processes, their roles from Paddle's
- * environment: worker 0's test AUC. */
-static double run_ctr(const char *mode, const char *secret)
+ * environment (accessor: EDL_PS_ACCESSOR, "plain" or "ctr"): worker 0's test AUC. */
+static double run_ctr(const char *mode, const char *accessor, const char *secret)
 {
     static const char *const args[] = {EDL_EXAMPLE_CTR, "--examples", "60000", "--test",
                                        "20000", NULL};
@@ -616,13 +773,14 @@ static double run_ctr(const char *mode, const char *secret)
     snprintf(list, sizeof list, "127.0.0.1:%d,127.0.0.1:%d", p0, p1);
     setenv("EDL_JOB_SECRET_FILE", secret, 1);
     setenv("EDL_PS_MODE", mode, 1);
+    setenv("EDL_PS_ACCESSOR", accessor, 1);
     setenv("PADDLE_TRAINERS_NUM", "2", 1);
     setenv("PADDLE_PSERVERS_IP_PORT_LIST", list, 1);
     setenv("TRAINING_ROLE", "PSERVER", 1);
     pid_t srv[2], wk[2];
     for (int i = 0; i < 2; i++) {
         setenv("PADDLE_PORT", port[i], 1);
-        snprintf(log, sizeof log, "%s/%s-server%d.log", dir, mode, i);
+        snprintf(log, sizeof log, "%s/%s-%s-server%d.log", dir, mode, accessor, i);
         srv[i] = harness_spawn(args, log);
     }
     harness_sleep_ms(300);
@@ -630,7 +788,7 @@ static double run_ctr(const char *mode, const char *secret)
     for (int i = 0; i < 2; i++) {
         snprintf(id, sizeof id, "%d", i);
         setenv("PADDLE_TRAINER_ID", id, 1);
-        snprintf(log, sizeof log, "%s/%s-worker%d.log", dir, mode, i);
+        snprintf(log, sizeof log, "%s/%s-%s-worker%d.log", dir, mode, accessor, i);
         wk[i] = harness_spawn(args, log);
     }
     for (int i = 0; i < 2; i++)
@@ -639,17 +797,19 @@ static double run_ctr(const char *mode, const char *secret)
         harness_kill(srv[i], SIGTERM);
         assert_int_equal(harness_wait_exit(srv[i], 5000), 0);
     }
-    const char *vars[] = {"EDL_JOB_SECRET_FILE", "EDL_PS_MODE", "PADDLE_TRAINERS_NUM",
-                          "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", "PADDLE_PORT",
-                          "PADDLE_TRAINER_ID"};
+    const char *vars[] = {"EDL_JOB_SECRET_FILE", "EDL_PS_MODE", "EDL_PS_ACCESSOR",
+                          "PADDLE_TRAINERS_NUM", "PADDLE_PSERVERS_IP_PORT_LIST",
+                          "TRAINING_ROLE", "PADDLE_PORT", "PADDLE_TRAINER_ID"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
-    snprintf(log, sizeof log, "%s/%s-worker0.log", dir, mode);
+    snprintf(log, sizeof log, "%s/%s-%s-worker0.log", dir, mode, accessor);
     return ctr_auc(log);
 }
 
 /* The same model trained in one process, then on servers in each mode: as good, give or take
- * what the mode's staleness costs (GEO: its trainers' local copies). */
+ * what the mode's staleness costs (GEO: its trainers' local copies). Then through a CTR table
+ * (embeddings only past the score threshold, rows seen once evicted by the shrinks), in sync
+ * and async: as good within 0.01. */
 static void test_ctr_example_learns_as_well_on_servers_in_every_mode(void **state)
 {
     (void)state;
@@ -665,10 +825,16 @@ static void test_ctr_example_learns_as_well_on_servers_in_every_mode(void **stat
     assert_true(want > 0.70);
     const char *modes[] = {"sync", "async", "half_async", "geo"};
     for (int m = 0; m < 4; m++) {
-        double auc = run_ctr(modes[m], secret);
+        double auc = run_ctr(modes[m], "plain", secret);
         print_message("%s: AUC %.4f\n", modes[m], auc);
         if (auc < want - (m == 3 ? 0.03 : 0.01))
             fail_msg("%s: AUC %.4f, the local model's %.4f", modes[m], auc, want);
+    }
+    for (int m = 0; m < 2; m++) {
+        double auc = run_ctr(modes[m], "ctr", secret);
+        print_message("%s, CTR accessor: AUC %.4f\n", modes[m], auc);
+        if (auc < want - 0.01)
+            fail_msg("%s, CTR accessor: AUC %.4f, the local model's %.4f", modes[m], auc, want);
     }
 }
 
@@ -680,6 +846,8 @@ int main(void)
         cmocka_unit_test(test_async_applies_every_gradient_exactly_once),
         cmocka_unit_test(test_half_async_merges_threads_and_never_waits_for_other_trainers),
         cmocka_unit_test(test_geo_local_copies_and_servers_follow_the_protocol),
+        cmocka_unit_test(test_ctr_tables_train_in_sync_async_and_half_async),
+        cmocka_unit_test(test_geo_refuses_ctr_tables),
         cmocka_unit_test(test_modes_have_names_and_bad_options_are_refused),
         cmocka_unit_test(test_fleet_reads_paddles_environment_and_names_what_is_wrong),
         cmocka_unit_test(test_ctr_example_learns_as_well_on_servers_in_every_mode),

@@ -32,6 +32,26 @@
 typedef enum edl_ps_table_kind { EDL_PS_DENSE = 1, EDL_PS_SPARSE = 2 } edl_ps_table_kind;
 typedef enum edl_ps_optimizer { EDL_PS_SGD = 1, EDL_PS_ADAGRAD = 2, EDL_PS_ADAM = 3 } edl_ps_optimizer;
 typedef enum edl_ps_init { EDL_PS_INIT_ZERO = 1, EDL_PS_INIT_UNIFORM = 2 } edl_ps_init;
+/* What a sparse row holds besides its weights (docs/ps.md, "The CTR accessor"):
+ *   plain  dim floats (and their optimizer state); pushes carry dim gradients a key;
+ *   ctr    as Paddle's CtrCommonAccessor: show and click counts, the shrink rounds since the
+ *          row was last pushed (unseen), embed_w (1 float) and, only once the row's score
+ *          (show - click) nonclk_coeff + click click_coeff reaches embedx_threshold, embedx
+ *          (dim - 1 floats), each with its optimizer state. A pull gives dim floats a key:
+ *          embed_w then embedx (zeros while it does not exist); a push carries dim + 2 floats
+ *          a key: show, click, then the dim gradients (embedx's ignored while it does not
+ *          exist). edl_ps_shrink decays and evicts. Sparse tables of dim >= 2, not GEO. */
+typedef enum edl_ps_accessor { EDL_PS_ACCESSOR_PLAIN = 0, EDL_PS_ACCESSOR_CTR = 1 } edl_ps_accessor;
+
+typedef struct edl_ps_ctr_config {
+    float nonclk_coeff;          /* score = (show - click) nonclk_coeff + click click_coeff */
+    float click_coeff;
+    float embedx_threshold;      /* embedx is created once the score reaches this */
+    float show_click_decay_rate; /* each shrink multiplies show and click by this (0..1) */
+    float delete_threshold;      /* ... then deletes the rows whose score is below this */
+    uint32_t delete_after_unseen_days; /* ... or that no push touched for more than this many
+                                          shrinks (Paddle counts days: one shrink a day) */
+} edl_ps_ctr_config;
 
 /* What a table is; every client that uses a table passes the same. A server refuses a create
  * whose config differs from the table it holds under that id. */
@@ -48,10 +68,14 @@ typedef struct edl_ps_table_config {
                                same whichever server creates the row */
     uint32_t geo_trainers;  /* GEO mode (sparse tables): the trainers whose changes the server
                                tracks (1..EDL_PS_MAX_GEO_TRAINERS); 0 for the other modes */
+    edl_ps_accessor accessor; /* sparse tables: plain (default) or ctr */
+    edl_ps_ctr_config ctr;  /* ctr only (ignored, and sent as zeros, for plain tables) */
 } edl_ps_table_config;
 
 /* Defaults: sparse, dim 8, 1,024 shards, SGD with lr 0.01, beta1 0.9, beta2 0.999, eps 1e-8,
- * uniform init with scale 0.01, seed 0. */
+ * uniform init with scale 0.01, seed 0, the plain accessor, and for ctr Paddle's defaults:
+ * nonclk_coeff 0.1, click_coeff 1, embedx_threshold 10, show_click_decay_rate 0.98,
+ * delete_threshold 0.8, delete_after_unseen_days 30. */
 void edl_ps_table_config_init(edl_ps_table_config *cfg);
 /* 0, or EDL_EINVAL with the first bad field named in why. */
 int edl_ps_table_config_check(const edl_ps_table_config *cfg, char *why, size_t whylen);
@@ -188,8 +212,9 @@ int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_con
  * pull fewer keys per call (pushes are not cut, so that a key's gradients stay one update). */
 int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
                        float *out);
-/* Gradients of n keys (n * dim floats); the gradients of a repeated key are summed first and
- * the sum is applied once. Returns once every server has applied its part. */
+/* Gradients of n keys (n * dim floats; a CTR table's n * (dim + 2): show, click, then the
+ * gradients); the values of a repeated key are summed first and the sum is applied once.
+ * Returns once every server has applied its part. */
 int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
                        const float *grads);
 /* Elements [off, off + n) of a dense table into out; gradients of the same range. A range
@@ -207,6 +232,12 @@ int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n
 int edl_ps_save(edl_ps_client *c, int64_t step);
 /* Totals over every server (tables counts distinct ids once per server). */
 int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out);
+/* A CTR table's shrink step, on every server: each row's show and click are multiplied by
+ * show_click_decay_rate and its unseen count grows by one; the rows whose score is then below
+ * delete_threshold, or whose unseen count passes delete_after_unseen_days, are deleted and
+ * their memory (row and embedx) given back. *evicted (may be NULL): the rows deleted. A call
+ * retried (elastic servers) shrinks each server once. EDL_EINVAL for a table that is not CTR. */
+int edl_ps_shrink(edl_ps_client *c, uint32_t table, uint64_t *evicted);
 
 /* ---- the trainer's side of the update modes --------------------------------------------------
  *   sync        every step, the gradients of all trainers are summed on the servers and applied
@@ -268,6 +299,11 @@ int edl_ps_trainer_step(edl_ps_trainer *t);
 int edl_ps_trainer_flush(edl_ps_trainer *t);
 /* A new generation: this trainer's index and the trainer count (sync barriers, geo deltas). */
 int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers);
+/* edl_ps_shrink through the trainer (it takes its turn on the client with the sender). CTR
+ * tables train in sync, async and half_async (pushes of dim + 2 floats a key, merged the same
+ * way: show and click are summed like gradients); geo refuses them (EDL_EINVAL): its trainers
+ * train local copies of plain rows and keep no show/click statistics. */
+int edl_ps_trainer_shrink(edl_ps_trainer *t, uint32_t table, uint64_t *evicted);
 
 /* ---- roles, as Paddle's Fleet gives them ------------------------------------------------------
  * edl_fleet_init reads the environment that Paddle's launchers (and edl's agent) give a
