@@ -103,10 +103,14 @@ static void frame(const uint8_t *data, size_t size)
     why[0] = '\0';
     rc = ps_request_parse(&h, body, &r, why, sizeof why);
     FUZZ_CHECK(rc == 0 || why[0]);
+    bool push = h.type == PS_PUSH_SPARSE || h.type == PS_PUSH_DENSE;
+    uint64_t pre = !push ? 0 : PS_ID_PREFIX + (h.flags == PS_F_SYNC ? PS_SYNC_PREFIX
+                                               : h.flags == PS_F_GEO ? PS_GEO_PREFIX : 0);
     if (rc == 0 && (h.type == PS_PULL_SPARSE || h.type == PS_PUSH_SPARSE))
-        FUZZ_CHECK(8 + 8 * (uint64_t)r.n + (r.values ? 4 * (uint64_t)r.n * r.dim : 0) == h.len);
+        FUZZ_CHECK(pre + 8 + 8 * (uint64_t)r.n + (r.values ? 4 * (uint64_t)r.n * r.dim : 0) ==
+                   h.len);
     if (rc == 0 && (h.type == PS_PULL_DENSE || h.type == PS_PUSH_DENSE))
-        FUZZ_CHECK(8 + 16 * (uint64_t)r.nseg + (r.values ? 4 * r.total : 0) == h.len);
+        FUZZ_CHECK(pre + 8 + 16 * (uint64_t)r.nseg + (r.values ? 4 * r.total : 0) == h.len);
     if (rc == 0)
         serve(&r, body, h.len);
     free(body);
