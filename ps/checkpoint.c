@@ -5,7 +5,7 @@
  *   of ps_table_shard_export,
  * snapshotted under the table's shard locks and uploaded in the background; rank 0 commits.
  * A restore reads every rank's file of a table and takes the shards this server needs, so a
- * checkpoint loads on any number of servers. */
+ * checkpoint loads on any number of servers. Each shard is saved by its owner only. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,8 +69,8 @@ static uint8_t *table_file(edl_ps_server *s, uint16_t id, ps_table *t, size_t *l
     uint8_t *f = malloc(cap);
     *len = PS_CONFIG_BYTES + 8;
     for (uint32_t sh = 0; f && sh < cfg->shards; sh++) {
-        if (s->own[id] && s->own[id][sh] != PS_SH_OWN)
-            continue;
+        if ((s->own[id] && s->own[id][sh] != PS_SH_OWN) || !ps_elastic_owner(s, sh))
+            continue; /* its owner saves it, not its backups */
         uint8_t *blob;
         size_t bl;
         if (ps_table_shard_export(t, sh, false, &blob, &bl) != 0) {

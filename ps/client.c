@@ -61,7 +61,8 @@ typedef struct ps_link {
 typedef struct client_table {
     bool known;
     edl_ps_table_config cfg;
-    int *owner; /* per shard: the link */
+    int *rep[EDL_PS_MAX_REPLICAS]; /* per shard: the links of its owner and its backups */
+    int nrep;   /* min(replicas, servers) */
 } client_table;
 
 struct edl_ps_client {
@@ -83,6 +84,7 @@ struct edl_ps_client {
     uint64_t *plan_keys;
     size_t plan_n, plan_nu, plan_cap;
     uint32_t plan_shards; /* 0: no plan kept (a dense call reuses the links' first/count) */
+    int plan_rep;         /* the replica it was made for */
     /* elastic servers */
     int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
     void *servers_arg;
@@ -543,7 +545,8 @@ void edl_ps_client_close(edl_ps_client *c)
     for (int i = 0; c->links && i < c->n; i++)
         link_free(&c->links[i]);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
-        free(c->tables[i].owner);
+        for (int j = 0; j < EDL_PS_MAX_REPLICAS; j++)
+            free(c->tables[i].rep[j]);
     free(c->links);
     free(c->ukeys), free(c->skeys), free(c->hkeys), free(c->uidx), free(c->rank);
     free(c->hslot), free(c->order), free(c->tmp), free(c->cnt), free(c->rows);
@@ -563,16 +566,26 @@ void edl_ps_client_traffic(const edl_ps_client *c, uint64_t *sent, uint64_t *rec
     *received = c->received;
 }
 
+/* Where each shard of t lives on the links: its owner (pulls and pushes), its backups
+ * (pushes). */
 static int owner_map(edl_ps_client *c, client_table *t)
 {
     const char *names[c->n];
     for (int i = 0; i < c->n; i++)
         names[i] = c->links[i].name;
-    free(t->owner);
-    if (!(t->owner = malloc(t->cfg.shards * sizeof *t->owner)))
-        return fail(c, EDL_ENOMEM, "out of memory");
-    for (uint32_t s = 0; s < t->cfg.shards; s++)
-        t->owner[s] = edl_ps_shard_owner(names, c->n, s);
+    t->nrep = (int)t->cfg.replicas < c->n ? (int)t->cfg.replicas : c->n;
+    for (int j = 0; j < EDL_PS_MAX_REPLICAS; j++) {
+        free(t->rep[j]);
+        t->rep[j] = j < t->nrep ? malloc(t->cfg.shards * sizeof *t->rep[j]) : NULL;
+        if (j < t->nrep && !t->rep[j])
+            return fail(c, EDL_ENOMEM, "out of memory");
+    }
+    for (uint32_t s = 0; s < t->cfg.shards; s++) {
+        int at[EDL_PS_MAX_REPLICAS];
+        edl_ps_shard_replicas(names, c->n, s, t->nrep, at);
+        for (int j = 0; j < t->nrep; j++)
+            t->rep[j][s] = at[j];
+    }
     return 0;
 }
 
@@ -845,14 +858,16 @@ static int sparse_scratch(edl_ps_client *c, size_t n, size_t hc, size_t ncnt)
     return ok ? 0 : fail(c, EDL_ENOMEM, "out of memory for a call of %zu keys", n);
 }
 
-/* Each distinct key once (c->ukeys, *nu of them; c->uidx[i]: keys[i]'s), then ordered by owner
- * and shard: c->rank[u] is its place, c->skeys the keys in that order, and every link's
- * first and count say its share. */
-static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *keys, size_t n,
-                       size_t *nu_out)
+/* Each distinct key once (c->ukeys, *nu of them; c->uidx[i]: keys[i]'s), then ordered by the
+ * link of its shard's replica r (0: the owner) and by shard: c->rank[u] is its place, c->skeys
+ * the keys in that order, and every link's first and count say its share. */
+static int plan_sparse(edl_ps_client *c, const client_table *t, int r, const uint64_t *keys,
+                       size_t n, size_t *nu_out)
 {
     size_t hc = 16, nu = 0, shards = t->cfg.shards;
-    if (c->plan_shards == shards && c->plan_n == n && !memcmp(c->plan_keys, keys, n * 8)) {
+    const int *owner = t->rep[r];
+    if (c->plan_shards == shards && c->plan_rep == r && c->plan_n == n &&
+        !memcmp(c->plan_keys, keys, n * 8)) {
         *nu_out = c->plan_nu; /* the owner maps of tables of as many shards are the same */
         return 0;
     }
@@ -884,7 +899,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *
         c->order[c->cnt[c->tmp[u]]++] = (uint32_t)u;
     memset(c->cnt, 0, ((size_t)c->n + 1) * sizeof *c->cnt);
     for (size_t u = 0; u < nu; u++)
-        c->cnt[t->owner[c->tmp[u]] + 1]++;
+        c->cnt[owner[c->tmp[u]] + 1]++;
     for (int i = 0; i < c->n; i++) {
         c->cnt[i + 1] += c->cnt[i];
         c->links[i].first = c->cnt[i];
@@ -892,7 +907,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *
     }
     for (size_t k = 0; k < nu; k++) {
         uint32_t u = c->order[k];
-        c->rank[u] = c->cnt[t->owner[c->tmp[u]]]++;
+        c->rank[u] = c->cnt[owner[c->tmp[u]]]++;
         c->skeys[c->rank[u]] = c->ukeys[u];
     }
     *nu_out = nu;
@@ -903,6 +918,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, const uint64_t *
         c->plan_n = n;
         c->plan_nu = nu;
         c->plan_shards = (uint32_t)shards;
+        c->plan_rep = r;
     }
     return 0;
 }
@@ -971,7 +987,7 @@ static int pull_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
     int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
     if (rc || n == 0)
         return rc;
-    if ((rc = plan_sparse(c, t, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
+    if ((rc = plan_sparse(c, t, 0, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
         (rc = sparse_call(c, table, (uint32_t)dim, false, &plain_call, 0)))
         return rc;
     for (size_t i = 0; i < n; i++)
@@ -997,17 +1013,18 @@ static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
     size_t nu, dim = t ? ps_push_width(&t->cfg) : 0; /* floats a key: CTR, dim + 2 */
     int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
-    if (rc || n == 0)
-        return rc;
-    if ((rc = plan_sparse(c, t, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)))
-        return rc;
-    memset(c->rows, 0, nu * dim * sizeof *c->rows);
-    for (size_t i = 0; i < n; i++) { /* a repeated key's gradients are summed */
-        float *dst = c->rows + (size_t)c->rank[c->uidx[i]] * dim;
-        for (size_t j = 0; j < dim; j++)
-            dst[j] += grads[i * dim + j];
+    for (int r = 0; rc == 0 && n && r < t->nrep; r++) { /* the owners, then each backup */
+        if ((rc = plan_sparse(c, t, r, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)))
+            return rc;
+        memset(c->rows, 0, nu * dim * sizeof *c->rows);
+        for (size_t i = 0; i < n; i++) { /* a repeated key's gradients are summed */
+            float *dst = c->rows + (size_t)c->rank[c->uidx[i]] * dim;
+            for (size_t j = 0; j < dim; j++)
+                dst[j] += grads[i * dim + j];
+        }
+        rc = sparse_call(c, table, (uint32_t)dim, true, m, seq);
     }
-    return sparse_call(c, table, (uint32_t)dim, true, m, seq);
+    return rc;
 }
 
 /* A push is sent again whole until every server has it: those that had it already know
@@ -1036,7 +1053,7 @@ int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
 /* Cut [off, off + n) at shard boundaries; each piece goes to its owner's segment list (a piece
  * that continues the owner's last segment extends it). Every link's values are then a run of
  * c->rows starting at its `first`. */
-static int plan_dense(edl_ps_client *c, const client_table *t, uint64_t off, uint64_t n)
+static int plan_dense(edl_ps_client *c, const client_table *t, int r, uint64_t off, uint64_t n)
 {
     const edl_ps_table_config *cfg = &t->cfg;
     c->plan_shards = 0; /* the links' first and count are about to change */
@@ -1051,7 +1068,7 @@ static int plan_dense(edl_ps_client *c, const client_table *t, uint64_t off, uin
         b = b < off + n ? b : off + n;
         if (a >= b)
             continue;
-        ps_link *l = &c->links[t->owner[s]];
+        ps_link *l = &c->links[t->rep[r][s]];
         uint64_t lo, len;
         if (l->nseg && (ps_segment_get(l->seg, l->nseg - 1, &lo, &len), lo + len == a)) {
             ps_segment_put(l->seg, l->nseg - 1, lo, len + (b - a));
@@ -1125,11 +1142,13 @@ static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t 
     const client_table *t = &c->tables[table];
     uint64_t seq = push ? ++c->seq : 0; /* each piece a push of its own */
     for (;;) {
-        int rc = links_usable(c) ? EDL_EPEER : plan_dense(c, t, off, n);
-        if (rc == 0 && push)
-            dense_move(c, off, range, true);
-        if (rc == 0 && (rc = dense_call(c, table, push, m, seq)) == 0 && !push)
-            dense_move(c, off, range, false);
+        int rc = links_usable(c) ? EDL_EPEER : 0;
+        for (int r = 0; rc == 0 && r < (push ? t->nrep : 1); r++) { /* owners, then backups */
+            if ((rc = plan_dense(c, t, r, off, n)) == 0 && push)
+                dense_move(c, off, range, true);
+            if (rc == 0 && (rc = dense_call(c, table, push, m, seq)) == 0 && !push)
+                dense_move(c, off, range, false);
+        }
         if (rc == 0 || !retryable(c, rc) || (rc = settle(c, rc)) != 0)
             return rc;
     }

@@ -53,6 +53,7 @@ void ps_elastic_close(edl_ps_server *s)
         pthread_join(s->mover, NULL);
     }
     free_map(s);
+    free(s->copies);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
         free(s->own[i]);
     pthread_rwlock_destroy(&s->route);
@@ -68,10 +69,32 @@ bool ps_elastic_mapped(edl_ps_server *s)
     return mapped;
 }
 
-static bool mine(const edl_ps_server *s, uint32_t shard)
+/* The servers (indexes into names) that hold shard sh of t: its owner first. */
+static int holders(char *const *names, int n, const ps_table *t, uint32_t sh, int *at)
 {
-    return s->self >= 0 &&
-           edl_ps_shard_owner((const char *const *)s->names, s->nserv, shard) == s->self;
+    return edl_ps_shard_replicas((const char *const *)names, n, sh,
+                                 (int)ps_table_config(t)->replicas, at);
+}
+
+static bool holds(char *const *names, int n, const ps_table *t, uint32_t sh, const char *who)
+{
+    int at[EDL_PS_MAX_REPLICAS], k = who && n ? holders(names, n, t, sh, at) : 0;
+    for (int i = 0; i < k; i++)
+        if (strcmp(names[at[i]], who) == 0)
+            return true;
+    return false;
+}
+
+/* This server holds shard sh of t in the newest map (its owner or a backup). */
+static bool mine(const edl_ps_server *s, const ps_table *t, uint32_t sh)
+{
+    return s->self >= 0 && holds(s->names, s->nserv, t, sh, s->names[s->self]);
+}
+
+bool ps_elastic_owner(edl_ps_server *s, uint32_t sh)
+{
+    return !s->mapped ||
+           edl_ps_shard_owner((const char *const *)s->names, s->nserv, sh) == s->self;
 }
 
 /* ---- the states --------------------------------------------------------------------------- */
@@ -91,9 +114,9 @@ int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t)
         uint8_t *own = malloc(n);
         for (uint32_t sh = 0; own && sh < n; sh++) {
             own[sh] = PS_SH_AWAY;
-            if (mine(s, sh) && s->joining)
+            if (mine(s, t, sh) && s->joining)
                 set_pending(s, id, &own[sh]); /* from the servers that hold it */
-            else if (mine(s, sh))
+            else if (mine(s, t, sh))
                 own[sh] = s->ck_on ? PS_SH_RESTORE : PS_SH_OWN; /* the job's checkpoint */
         }
         s->own[id] = own;
@@ -103,12 +126,40 @@ int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t)
     return rc;
 }
 
+/* Copies of shard sh of table id go to the servers that hold it in the new map and did not in
+ * the old one (old: NULL on a first map). Every server that held it queues them: the first
+ * copy to arrive is taken, the others are no-ops. */
+static void queue_copies(edl_ps_server *s, uint16_t id, const ps_table *t, uint32_t sh,
+                         char *const *old, int nold)
+{
+    int at[EDL_PS_MAX_REPLICAS], k = holders(s->names, s->nserv, t, sh, at);
+    if (!old || !holds(old, nold, t, sh, s->names[s->self]))
+        return; /* it is new here: it receives, it does not send */
+    for (int i = 0; i < k; i++) {
+        if (at[i] == s->self || holds(old, nold, t, sh, s->names[at[i]]))
+            continue;
+        if (s->ncopies == s->capcopies) {
+            size_t cap = s->capcopies ? 2 * s->capcopies : 64;
+            ps_copy *c = realloc(s->copies, cap * sizeof *c);
+            if (!c)
+                return; /* the new backup times out and loads the checkpoint */
+            s->copies = c, s->capcopies = cap;
+        }
+        ps_copy *c = &s->copies[s->ncopies++];
+        *c = (ps_copy){.table = id, .shard = sh};
+        snprintf(c->to, sizeof c->to, "%s", s->names[at[i]]);
+    }
+}
+
 /* One shard under a new map. A shard that stops being served here has its sync step's sums
  * so far applied first (they go with it, as part of its rows). */
-static void follow(edl_ps_server *s, uint16_t id, ps_table *t, uint32_t sh)
+static void follow(edl_ps_server *s, uint16_t id, ps_table *t, uint32_t sh, char *const *old,
+                   int nold)
 {
     uint8_t *st = &s->own[id][sh];
-    bool owned = mine(s, sh);
+    bool owned = mine(s, t, sh);
+    if (owned && ps_table_config(t)->replicas > 1)
+        queue_copies(s, id, t, sh, old, nold);
     if (owned && *st == PS_SH_AWAY)
         set_pending(s, id, st);
     else if (owned && *st == PS_SH_HELD)
@@ -121,7 +172,9 @@ static void follow(edl_ps_server *s, uint16_t id, ps_table *t, uint32_t sh)
     }
 }
 
-static int copy_map(edl_ps_server *s, const edl_ps_servers *m, const char *self)
+/* The new map in s; the old names go to *old (the caller frees them with free_names). */
+static int copy_map(edl_ps_server *s, const edl_ps_servers *m, const char *self, char ***old,
+                    int *nold)
 {
     char **names = calloc((size_t)m->n, sizeof *names), **eps = calloc((size_t)m->n, sizeof *eps);
     bool ok = names && eps;
@@ -133,7 +186,10 @@ static int copy_map(edl_ps_server *s, const edl_ps_servers *m, const char *self)
         free(names), free(eps);
         return EDL_ENOMEM;
     }
-    free_map(s);
+    for (int i = 0; i < s->nserv; i++)
+        free(s->eps[i]);
+    free(s->eps);
+    *old = s->names, *nold = s->nserv;
     s->names = names, s->eps = eps, s->nserv = m->n, s->self = -1;
     for (int i = 0; self && i < m->n; i++)
         if (strcmp(names[i], self) == 0)
@@ -167,7 +223,9 @@ int edl_ps_server_set_map(edl_ps_server *s, const edl_ps_servers *m, const char 
     if (s->mapped && m->generation <= s->gen)
         goto out;
     bool first = !s->mapped;
-    if ((rc = copy_map(s, m, self)) != 0)
+    char **old = NULL;
+    int nold = 0;
+    if ((rc = copy_map(s, m, self, &old, &nold)) != 0)
         goto out;
     s->gen = m->generation;
     s->joining = first ? joining : s->joining;
@@ -177,8 +235,11 @@ int edl_ps_server_set_map(edl_ps_server *s, const edl_ps_servers *m, const char 
         if (t && first && !(s->own[id] = calloc(n, 1))) /* a fixed set's tables: all here */
             rc = EDL_ENOMEM;
         for (uint32_t sh = 0; s->own[id] && sh < n; sh++)
-            follow(s, id, t, sh);
+            follow(s, id, t, sh, old, nold);
     }
+    for (int i = 0; i < nold; i++)
+        free(old[i]);
+    free(old);
     s->mapped = true;
     EDL_INFO("ps", "map %lld: %d servers, %s", (long long)m->generation, m->n,
              s->self >= 0 ? "this one among them" : "this one leaving");
@@ -249,6 +310,15 @@ int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, cha
     return 0;
 }
 
+/* A shard that is here already came again: another replica's copy (replicas > 1), or a
+ * hand-over later than handover_timeout_ms, after the shard started anew here. */
+static void late_copy(edl_ps_server *s, const ps_table *t, uint16_t id, uint32_t sh)
+{
+    if (ps_table_config(t)->replicas == 1)
+        EDL_WARN("ps", "shard %u of table %u came after %d ms, when it had started anew here: "
+                 "the late copy is dropped", sh, id, s->o.handover_timeout_ms);
+}
+
 int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen)
 {
     uint16_t id = r->h.table;
@@ -261,12 +331,10 @@ int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t 
     if (!s->mapped || (int64_t)r->gen > s->gen)
         rc = edl_errf(why, whylen, EDL_EBUSY, "this server has not seen map %llu yet",
                       (unsigned long long)r->gen);
-    else if (!st || !mine(s, r->shard))
+    else if (!st || !mine(s, t, r->shard))
         rc = refuse(s, PS_SH_AWAY, id, r->shard, why, whylen);
     else if ((*st == PS_SH_OWN || *st == PS_SH_HELD) && !ps_table_shard_empty(t, r->shard))
-        rc = edl_errf(why, whylen, EDL_ECONFLICT, "shard %u of table %u is served here "
-                      "already (its hand-over came after %d ms)", r->shard, id,
-                      s->o.handover_timeout_ms);
+        late_copy(s, t, id, r->shard); /* it has it: taken as done */
     else if ((rc = ps_table_shard_import(t, r->shard, r->values, r->total, why, whylen)) == 0) {
         *st = PS_SH_OWN;
         atomic_fetch_add(&s->shards_in, 1);
@@ -338,8 +406,8 @@ static size_t plan_moves(edl_ps_server *s, move **out, int64_t *gen, ps_due **du
     return n;
 }
 
-/* Hand one shard over on c (a client of its owner). 0 once the owner has it. */
-static int hand_over(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t gen)
+/* Shard m's bytes to the server of c (one that holds it from map gen on). 0 once it has them. */
+static int copy_shard(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t gen)
 {
     ps_table *t = atomic_load(&s->tables[m->table]);
     uint8_t *blob;
@@ -348,13 +416,21 @@ static int hand_over(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t 
     if (rc == 0)
         rc = ps_client_put_shard(c, m->table, ps_table_config(t), m->shard, gen, blob, len);
     free(blob);
+    if (rc == 0)
+        atomic_fetch_add(&s->shards_out, 1);
+    return rc;
+}
+
+/* Hand one shard over on c (a client of its owner), then forget it. 0 once the owner has it. */
+static int hand_over(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t gen)
+{
+    int rc = copy_shard(s, c, m, gen);
     if (rc)
         return rc;
     pthread_rwlock_wrlock(&s->route);
     if (s->own[m->table][m->shard] == PS_SH_HELD) {
-        ps_table_shard_drop(t, m->shard);
+        ps_table_shard_drop(atomic_load(&s->tables[m->table]), m->shard);
         s->own[m->table][m->shard] = PS_SH_AWAY;
-        atomic_fetch_add(&s->shards_out, 1);
     }
     pthread_rwlock_unlock(&s->route);
     return 0;
@@ -434,6 +510,79 @@ static void move_round(edl_ps_server *s)
     free(mv);
 }
 
+/* ---- copies for new backups ---------------------------------------------------------------- */
+
+static int by_target(const void *a, const void *b)
+{
+    return strcmp(((const ps_copy *)a)->to, ((const ps_copy *)b)->to);
+}
+
+/* Whether copy c is still to be made: 1 yes (*to: its target's index), 0 no (the shard left,
+ * or its target no longer holds it), -1 not yet (the shard is still on its way here). */
+static int copy_due(edl_ps_server *s, const ps_copy *c, int *to)
+{
+    ps_table *t = atomic_load(&s->tables[c->table]);
+    uint8_t st = t && s->own[c->table] ? s->own[c->table][c->shard] : PS_SH_AWAY;
+    *to = -1;
+    for (int i = 0; i < s->nserv; i++)
+        if (strcmp(s->names[i], c->to) == 0)
+            *to = i;
+    if (st == PS_SH_PENDING || st == PS_SH_RESTORE)
+        return -1;
+    return st == PS_SH_OWN && *to >= 0 && holds(s->names, s->nserv, t, c->shard, c->to);
+}
+
+/* Send the copies of one target (todo[0..n), under gen); those not taken stay in todo, their
+ * number returned. */
+static size_t copy_to(edl_ps_server *s, ps_copy *todo, size_t n, int64_t gen)
+{
+    size_t kept = 0;
+    edl_ps_client *c = NULL;
+    char name[512];
+    for (size_t i = 0; i < n; i++) {
+        int to;
+        pthread_rwlock_rdlock(&s->route);
+        int due = copy_due(s, &todo[i], &to);
+        pthread_rwlock_unlock(&s->route);
+        if (due == 1 && !c)
+            c = dial_owner(s, to, name, sizeof name);
+        move m = {todo[i].table, todo[i].shard, to};
+        if (due < 0 || (due == 1 && (!c || copy_shard(s, c, &m, gen) != 0)))
+            todo[kept++] = todo[i];
+    }
+    edl_ps_client_close(c);
+    return kept;
+}
+
+static void copy_round(edl_ps_server *s)
+{
+    pthread_rwlock_wrlock(&s->route);
+    ps_copy *todo = s->copies;
+    size_t n = s->ncopies, kept = 0;
+    int64_t gen = s->gen;
+    s->copies = NULL, s->ncopies = s->capcopies = 0;
+    pthread_rwlock_unlock(&s->route);
+    if (n)
+        qsort(todo, n, sizeof *todo, by_target);
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i; j < n && strcmp(todo[j].to, todo[i].to) == 0;)
+            j++;
+        size_t k = copy_to(s, todo + i, j - i, gen);
+        memmove(todo + kept, todo + i, k * sizeof *todo);
+        kept += k;
+    }
+    pthread_rwlock_wrlock(&s->route); /* what is left goes back, before those queued since */
+    ps_copy *all = kept ? realloc(todo, (kept + s->ncopies) * sizeof *all) : NULL;
+    if (all) {
+        memcpy(all + kept, s->copies, s->ncopies * sizeof *all);
+        free(s->copies);
+        s->copies = all, s->ncopies += kept, s->capcopies = s->ncopies;
+        todo = NULL;
+    }
+    pthread_rwlock_unlock(&s->route);
+    free(todo);
+}
+
 static void *mover_main(void *arg)
 {
     edl_ps_server *s = arg;
@@ -441,6 +590,7 @@ static void *mover_main(void *arg)
     while (!s->mover_stop) {
         pthread_mutex_unlock(&s->mover_mu);
         move_round(s);
+        copy_round(s);
         pthread_mutex_lock(&s->mover_mu);
         if (s->mover_stop)
             break;

@@ -72,7 +72,8 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  * (sparse: a prefix trainer(4) 0(4), and the values are deltas, added as they are). */
 #define PS_FRAME_MAGIC 0x504c4445u /* "EDLP" */
 #define PS_HDR_BYTES 16
-#define PS_CONFIG_BYTES 80 /* the 48 of version 1, accessor(1) 0(3), the ctr fields(24), 0(4) */
+/* a config: the 48 bytes of version 1, accessor(1) replicas(1) 0(2), the ctr fields(24), 0(4) */
+#define PS_CONFIG_BYTES 80
 #define PS_SHRINK_BYTES 8
 #define PS_SHRINK_REPLY_BYTES 16
 #define PS_CTR_MAX_UNSEEN (1u << 30)

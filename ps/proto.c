@@ -352,6 +352,7 @@ void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]
     put_float(out + 36, c->init_scale);
     edl_put64(out + 40, c->seed);
     out[48] = (uint8_t)c->accessor;
+    out[49] = (uint8_t)c->replicas;
     if (c->accessor != EDL_PS_ACCESSOR_CTR)
         return; /* a plain table's ctr fields are zeros: they mean nothing */
     put_float(out + 52, c->ctr.nonclk_coeff);
@@ -367,7 +368,7 @@ void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]
 static bool config_zeros(const uint8_t *p)
 {
     static const uint8_t zero[24];
-    return !p[49] && !p[50] && !p[51] && !edl_get32(p + 76) &&
+    return !p[50] && !p[51] && !edl_get32(p + 76) &&
            (p[48] == EDL_PS_ACCESSOR_CTR || !memcmp(p + 52, zero, sizeof zero));
 }
 
@@ -378,7 +379,7 @@ int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_
                              .shards = edl_get32(p + 16), .lr = get_float(p + 20),
                              .beta1 = get_float(p + 24), .beta2 = get_float(p + 28),
                              .eps = get_float(p + 32), .init_scale = get_float(p + 36),
-                             .seed = edl_get64(p + 40), .accessor = p[48],
+                             .seed = edl_get64(p + 40), .accessor = p[48], .replicas = p[49],
                              .ctr = {.nonclk_coeff = get_float(p + 52),
                                      .click_coeff = get_float(p + 56),
                                      .embedx_threshold = get_float(p + 60),

@@ -11,6 +11,13 @@
 
 #define PS_MAX_THREADS 64
 
+/* A copy of a shard this server holds, for a server that holds it too from a new map on. */
+typedef struct ps_copy {
+    uint16_t table;
+    uint32_t shard;
+    char to[256]; /* its name */
+} ps_copy;
+
 struct edl_ps_server {
     edl_ps_server_options o;
     char job[256], addr[256];
@@ -34,6 +41,8 @@ struct edl_ps_server {
     char **names, **eps;
     uint8_t *own[EDL_PS_MAX_TABLES]; /* per shard: PS_SH_* */
     int64_t pending_until[EDL_PS_MAX_TABLES]; /* monotonic ms: when unreceived shards start anew */
+    ps_copy *copies;              /* copies for new backups (replicas > 1), by the mover */
+    size_t ncopies, capcopies;
     pthread_t mover;              /* hands over the shards held but not owned */
     bool mover_started, mover_stop;
     pthread_mutex_t mover_mu;
@@ -64,6 +73,8 @@ int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_con
 void ps_elastic_init(edl_ps_server *s);
 void ps_elastic_close(edl_ps_server *s);
 bool ps_elastic_mapped(edl_ps_server *s); /* a map was given */
+/* This server owns shard sh (no map: every shard), under the route lock. */
+bool ps_elastic_owner(edl_ps_server *s, uint32_t sh);
 /* The states of a new table's shards, from the map. EDL_ENOMEM. */
 int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t);
 /* Under the read lock: 0 when this server serves every shard a request touches; else

@@ -14,7 +14,7 @@ void edl_ps_table_config_init(edl_ps_table_config *cfg)
                                  .shards = EDL_PS_DEFAULT_SHARDS, .optimizer = EDL_PS_SGD,
                                  .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                                  .init = EDL_PS_INIT_UNIFORM, .init_scale = 0.01f, .seed = 0,
-                                 .accessor = EDL_PS_ACCESSOR_PLAIN,
+                                 .accessor = EDL_PS_ACCESSOR_PLAIN, .replicas = 1,
                                  .ctr = {.nonclk_coeff = 0.1f, .click_coeff = 1,
                                          .embedx_threshold = 10,
                                          .show_click_decay_rate = 0.98f,
@@ -91,6 +91,9 @@ int edl_ps_table_config_check(const edl_ps_table_config *c, char *why, size_t wh
         (c->geo_trainers && c->kind != EDL_PS_SPARSE))
         return edl_errf(why, whylen, EDL_EINVAL, "geo_trainers %u: 0, or 1..%d on a sparse "
                         "table", c->geo_trainers, EDL_PS_MAX_GEO_TRAINERS);
+    if (c->replicas < 1 || c->replicas > EDL_PS_MAX_REPLICAS)
+        return edl_errf(why, whylen, EDL_EINVAL, "replicas %u (1..%d)", c->replicas,
+                        EDL_PS_MAX_REPLICAS);
     return c->accessor == EDL_PS_ACCESSOR_PLAIN ? 0 : ctr_check(c, why, whylen);
 }
 
@@ -127,16 +130,44 @@ static uint64_t name_hash(const char *s)
     return ps_mix64(h);
 }
 
+/* Server i's weight for shard s: the highest weights own it (ties: the smaller name). */
+static uint64_t weight(const char *name, uint32_t s)
+{
+    return ps_mix64(name_hash(name) ^ ps_mix64(s + 0x9e3779b97f4a7c15ull));
+}
+
+static bool heavier(const char *const *names, int i, uint64_t wi, int j, uint64_t wj)
+{
+    return wi > wj || (wi == wj && strcmp(names[i], names[j]) < 0);
+}
+
 int edl_ps_shard_owner(const char *const *names, int n, uint32_t s)
 {
     int best = 0;
-    uint64_t top = 0;
-    for (int i = 0; i < n; i++) {
-        uint64_t w = ps_mix64(name_hash(names[i]) ^ ps_mix64(s + 0x9e3779b97f4a7c15ull));
-        if (i == 0 || w > top || (w == top && strcmp(names[i], names[best]) < 0)) {
-            top = w;
-            best = i;
-        }
+    uint64_t top = weight(names[0], s);
+    for (int i = 1; i < n; i++) {
+        uint64_t w = weight(names[i], s);
+        if (heavier(names, i, w, best, top))
+            top = w, best = i;
     }
     return best;
+}
+
+int edl_ps_shard_replicas(const char *const *names, int n, uint32_t s, int r, int *out)
+{
+    uint64_t w[EDL_PS_MAX_REPLICAS];
+    int k = 0;
+    for (int i = 0; i < n; i++) { /* insertion into the r heaviest so far */
+        uint64_t wi = weight(names[i], s);
+        int at = k;
+        while (at > 0 && heavier(names, i, wi, out[at - 1], w[at - 1]))
+            at--;
+        if (at >= r)
+            continue;
+        for (int j = (k < r ? k : r - 1); j > at; j--)
+            out[j] = out[j - 1], w[j] = w[j - 1];
+        out[at] = i, w[at] = wi;
+        k += k < r;
+    }
+    return k;
 }

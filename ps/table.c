@@ -531,7 +531,7 @@ static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const u
         int rc = d->w ? 0 : dense_alloc(t, d, s);
         if (rc == 0 && grads && admit(&d->dd, id, req))
             dense_apply(c, d, at - start, len, grads + 4 * done);
-        else if (rc == 0)
+        else if (rc == 0 && !grads)
             memcpy(out + done, d->w + (at - start), len * sizeof *out);
         pthread_mutex_unlock(&d->mu);
         if (rc)

@@ -33,6 +33,7 @@ typedef struct maps {
     const char *names[8][HARNESS_PS_MAX], *eps[8][HARNESS_PS_MAX];
     int n[8];
     atomic_int now;
+    uint32_t replicas; /* of the tables (0: 1) */
 } maps;
 
 static const char *const server_names[] = {"ps-0", "ps-1", "ps-2", "ps-3"};
@@ -87,11 +88,12 @@ static edl_ps_client *client_of(maps *m, int gen)
     return c;
 }
 
-static void create_tables(edl_ps_client *c)
+static void create_tables(edl_ps_client *c, const maps *m)
 {
     edl_ps_table_config sp, dn;
     edl_ps_table_config_init(&sp);
     sp.dim = DIM, sp.shards = SHARDS, sp.lr = 1, sp.init = EDL_PS_INIT_ZERO;
+    sp.replicas = m->replicas ? m->replicas : 1;
     dn = sp;
     dn.kind = EDL_PS_DENSE, dn.dim = 1, dn.size = DENSE;
     harness_ps_ok(c, edl_ps_create_table(c, 0, &sp));
@@ -126,7 +128,7 @@ static void *pusher_main(void *arg)
 {
     pusher *p = arg;
     edl_ps_client *c = client_of(p->m, atomic_load(&p->m->now));
-    create_tables(c);
+    create_tables(c, p->m);
     for (int r = 0; r < p->rounds && p->rc == 0; r++) {
         if ((p->rc = push_round(c)) != 0)
             snprintf(p->err, sizeof p->err, "%s", edl_ps_client_errmsg(c));
@@ -141,7 +143,7 @@ static void *pusher_main(void *arg)
 static void check_counts(maps *m, int want, const bool *lost, int want_lost)
 {
     edl_ps_client *c = client_of(m, atomic_load(&m->now));
-    create_tables(c);
+    create_tables(c, m);
     uint64_t keys[KEYS];
     static float rows[KEYS * DIM], dense[DENSE];
     for (int i = 0; i < KEYS; i++)
@@ -288,6 +290,47 @@ static void test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang(v
     harness_ps_close(&k);
 }
 
+/* With two replicas a shard's updates are applied by its owner and a backup before they are
+ * acknowledged: a server closed without a hand-over (as SIGKILL would) while the clients push
+ * loses none of them; the survivors copy the shards to their new backups. */
+static void test_with_replicas_a_killed_server_loses_no_acknowledged_update(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 3, NULL);
+    maps m = {.k = &k, .replicas = 2};
+    make_map(&m, 1, (int[]){0, 1, 2}, 3);
+    make_map(&m, 2, (int[]){0, 1}, 2);
+    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    pusher p[PUSHERS];
+    pthread_t th[PUSHERS];
+    atomic_int done = 0;
+    start_pushers(p, th, &m, 40, &done);
+    wait_rounds(&done, 10);
+    edl_ps_server_close(k.srv[2]); /* dies with its shards, pushes in flight */
+    k.srv[2] = NULL;
+    publish(&m, 2, (int[]){0, 1}, 2, -1);
+    join_pushers(p, th);
+    check_counts(&m, PUSHERS * 40, NULL, 0);
+    edl_ps_server_stats s0, s1;
+    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
+    assert_int_equal(s0.shards_lost + s1.shards_lost, 0);
+    for (int i = 0; i < 2000 && (s0.rows != KEYS || s1.rows != KEYS); i++) {
+        nanosleep(&(struct timespec){0, 5000000}, NULL); /* the copies to the new backups */
+        stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
+    }
+    assert_int_equal(s0.rows, KEYS); /* two servers, two replicas: each holds every row */
+    assert_int_equal(s1.rows, KEYS);
+    int copied = 0;
+    for (uint32_t sh = 0; sh < SHARDS; sh++) {
+        int at[2];
+        edl_ps_shard_replicas(m.names[1], 3, sh, 2, at);
+        copied += at[0] == 2 || at[1] == 2; /* the dead one held it: one survivor copies it */
+    }
+    assert_true(s0.shards_in + s1.shards_in >= (uint64_t)(2 * copied));
+    harness_ps_close(&k);
+}
+
 /* A hand-over that does not fit the table, and one from a map the server has not seen. */
 static void test_a_bad_hand_over_is_refused_and_the_server_keeps_serving(void **state)
 {
@@ -298,7 +341,7 @@ static void test_a_bad_hand_over_is_refused_and_the_server_keeps_serving(void **
     make_map(&m, 1, (int[]){0, 1}, 2);
     publish(&m, 1, (int[]){0, 1}, 2, -1);
     edl_ps_client *c = client_of(&m, 1);
-    create_tables(c);
+    create_tables(c, &m);
     edl_ps_client *one = harness_ps_client(&(harness_ps){.n = 1, .srv = {k.srv[0]},
                                                           .ep = {k.ep[0]}, .secret = k.secret},
                                            5000);
@@ -532,7 +575,7 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
     make_map(&m, 2, (int[]){0, 1}, 2);
     publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
     edl_ps_client *c = client_of(&m, 1);
-    create_tables(c);
+    create_tables(c, &m);
     for (int r = 0; r < 5; r++)
         harness_ps_ok(c, push_round(c));
     harness_ps_ok(c, edl_ps_save(c, 5));
@@ -576,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_a_leaving_server_hands_its_shards_over_before_it_exits),
         cmocka_unit_test(test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang),
         cmocka_unit_test(test_a_bad_hand_over_is_refused_and_the_server_keeps_serving),
+        cmocka_unit_test(test_with_replicas_a_killed_server_loses_no_acknowledged_update),
         cmocka_unit_test(test_ctr_shards_move_with_their_statistics_and_embedx),
         cmocka_unit_test(test_a_ctr_table_moves_to_a_joining_server),
         cmocka_unit_test(

@@ -26,6 +26,7 @@
 #define EDL_PS_MAX_DENSE (1u << 30) /* floats in one dense table */
 #define EDL_PS_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes of one request or reply body */
 #define EDL_PS_MAX_GEO_TRAINERS 64
+#define EDL_PS_MAX_REPLICAS 3
 
 /* ---- tables -------------------------------------------------------------------------------- */
 
@@ -69,11 +70,15 @@ typedef struct edl_ps_table_config {
     uint32_t geo_trainers;  /* GEO mode (sparse tables): the trainers whose changes the server
                                tracks (1..EDL_PS_MAX_GEO_TRAINERS); 0 for the other modes */
     edl_ps_accessor accessor; /* sparse tables: plain (default) or ctr */
+    uint32_t replicas;      /* servers that apply each update of a shard (1..EDL_PS_MAX_REPLICAS;
+                               default 1): its owner and replicas - 1 backups, so that a
+                               server that dies loses no acknowledged update */
     edl_ps_ctr_config ctr;  /* ctr only (ignored, and sent as zeros, for plain tables) */
 } edl_ps_table_config;
 
 /* Defaults: sparse, dim 8, 1,024 shards, SGD with lr 0.01, beta1 0.9, beta2 0.999, eps 1e-8,
- * uniform init with scale 0.01, seed 0, the plain accessor, and for ctr Paddle's defaults:
+ * uniform init with scale 0.01, seed 0, one replica, the plain accessor, and for ctr Paddle's
+ * defaults:
  * nonclk_coeff 0.1, click_coeff 1, embedx_threshold 10, show_click_decay_rate 0.98,
  * delete_threshold 0.8, delete_after_unseen_days 30. */
 void edl_ps_table_config_init(edl_ps_table_config *cfg);
@@ -91,6 +96,9 @@ uint64_t edl_ps_dense_shard_len(uint64_t size, uint32_t shards, uint32_t s);
 /* The server (index into names) that owns shard s: the highest hash of (name, s). Names are
  * the servers' stable identities (pod names); n >= 1. */
 int edl_ps_shard_owner(const char *const *names, int n, uint32_t s);
+/* The min(r, n) servers that hold shard s with r replicas, heaviest first: out[0] is the
+ * owner (edl_ps_shard_owner), the others its backups, the next in line to own it. */
+int edl_ps_shard_replicas(const char *const *names, int n, uint32_t s, int r, int *out);
 
 /* ---- the server ---------------------------------------------------------------------------- */
 
