@@ -3,7 +3,7 @@
  * the best AUC and logloss are known: the planted model's own, printed beside the learned).
  *
  *   ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B] [--threads T] [--seed S]
- *       [--accessor plain|ctr] [--shrink-every N]
+ *       [--accessor plain|ctr] [--shrink-every N] [--replicas R]
  *
  * Roles come from the environment, as Paddle's launchers (and edl's agent) set them
  * (edl_fleet, see ps.h): TRAINING_ROLE=PSERVER serves the tables; TRAINING_ROLE=TRAINER trains
@@ -42,6 +42,7 @@
 
 typedef struct opts {
     bool local, ctr; /* ctr: the CTR accessor on table 1 */
+    long replicas;   /* of every table on the servers */
     long examples, test, epochs, batch, threads, shrink_every;
     uint64_t seed;
 } opts;
@@ -545,6 +546,8 @@ static int run_fleet(const opts *o)
     else if (rc == 0 && (rc = edl_fleet_init_worker(f, why, sizeof why)) == 0) {
         edl_ps_table_config cfg[3];
         tables(cfg, edl_fleet_mode(f), edl_fleet_worker_num(f), o->ctr);
+        for (int t = 0; t < 3; t++)
+            cfg[t].replicas = (uint32_t)o->replicas;
         for (int t = o->ctr ? T_EMB : T_LR; t < 3 && rc == 0; t++) /* ctr: no table 0 */
             rc = edl_ps_create_table(edl_fleet_client(f), (uint32_t)t, &cfg[t]);
         if (rc)
@@ -566,6 +569,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "Usage: ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B]\n"
                  "           [--threads T] [--seed S] [--accessor plain|ctr] [--shrink-every N]\n"
+                 "           [--replicas R]\n"
                  "CTR training (logistic regression plus embeddings, 13 dense and 26 sparse\n"
                  "slots) on click data from a planted model. The role comes from TRAINING_ROLE\n"
                  "(TRAINER or PSERVER) and the rest of Paddle's environment (see the file's\n"
@@ -575,7 +579,9 @@ static void usage(FILE *out)
                  "--accessor ctr (or EDL_PS_ACCESSOR=ctr): lr and emb are one row of a table\n"
                  "with the CTR accessor (show and click pushed; embedx past the score\n"
                  "threshold), shrunk by worker 0 every N steps (default 100; 0: never).\n"
-                 "--local always trains the plain model.\n");
+                 "--local always trains the plain model. --replicas R (or EDL_PS_REPLICAS):\n"
+                 "each update applied on R servers (1..3, default 1), so that a server that\n"
+                 "dies loses none.\n");
 }
 
 static int parse(int argc, char **argv, opts *o)
@@ -584,10 +590,10 @@ static int parse(int argc, char **argv, opts *o)
         {"local", 0, 0, 'l'}, {"examples", 1, 0, 'n'}, {"test", 1, 0, 't'},
         {"epochs", 1, 0, 'e'}, {"batch", 1, 0, 'b'}, {"threads", 1, 0, 'T'},
         {"seed", 1, 0, 's'}, {"accessor", 1, 0, 'a'}, {"shrink-every", 1, 0, 'S'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    const char *acc = getenv("EDL_PS_ACCESSOR");
+        {"replicas", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    const char *acc = getenv("EDL_PS_ACCESSOR"), *reps = getenv("EDL_PS_REPLICAS");
     *o = (opts){.examples = 200000, .test = 50000, .epochs = 1, .batch = 256, .threads = 1,
-                .seed = 1, .shrink_every = 100};
+                .seed = 1, .shrink_every = 100, .replicas = reps && *reps ? atol(reps) : 1};
     for (int c; (c = getopt_long(argc, argv, "h", lo, NULL)) != -1;) {
         long v = optarg ? atol(optarg) : 0;
         switch (c) {
@@ -600,14 +606,16 @@ static int parse(int argc, char **argv, opts *o)
         case 's': o->seed = (uint64_t)v; break;
         case 'a': acc = optarg; break;
         case 'S': o->shrink_every = v; break;
+        case 'r': o->replicas = v; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
     }
     if (o->examples < 1 || o->test < 2 || o->epochs < 1 || o->batch < 1 || o->batch > 4096 ||
-        o->threads < 1 || o->threads > 64) {
+        o->threads < 1 || o->threads > 64 || o->replicas < 1 ||
+        o->replicas > EDL_PS_MAX_REPLICAS) {
         fprintf(stderr, "ctr: want examples >= 1, test >= 2, epochs >= 1, batch 1..4096, "
-                        "threads 1..64 (try --help)\n");
+                        "threads 1..64, replicas 1..%d (try --help)\n", EDL_PS_MAX_REPLICAS);
         return 2;
     }
     if ((acc && strcmp(acc, "plain") && strcmp(acc, "ctr")) || o->shrink_every < 0) {

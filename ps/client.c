@@ -768,6 +768,7 @@ static int stats_once(edl_ps_client *c, edl_ps_server_stats *out)
         out->connections += s.connections, out->rejected += s.rejected;
         out->shards_in += s.shards_in, out->shards_out += s.shards_out;
         out->shards_lost += s.shards_lost, out->shards_restored += s.shards_restored;
+        out->pushes += s.pushes;
     }
     return 0;
 }

@@ -1,12 +1,11 @@
 /* elastic.c: a server's place in a changing set of servers. The map (edl_ps_servers) says who
- * owns each shard (edl_ps_shard_owner over the names); this server keeps, per table and shard,
- * whether it owns it and whether the shard's data is here (PS_SH_*), refuses requests for
- * shards it does not serve (server.c asks ps_route_check under the read side of s->route),
- * and a mover thread hands the shards it holds but no longer owns to their owners
- * (PUT_SHARD), then forgets them. A shard it comes to own waits for its old owner's hand-over
- * up to handover_timeout_ms, then starts from initial values (its old owner died).
- * Map changes and hand-overs take s->route for writing: a request is served whole under one
- * map, never half. */
+ * holds each shard (edl_ps_shard_replicas over the names: its owner and its backups); this
+ * server keeps, per table and shard, whether it holds it and whether the shard's data is here
+ * (PS_SH_*), refuses requests for shards it does not serve (server.c asks ps_route_check under
+ * the read side of s->route), takes the shards other servers send (PUT_SHARD), and queues
+ * the copies its shards owe to servers that hold them from a new map on; the mover thread
+ * (mover.c) sends them. Map changes and hand-overs take s->route for writing: a request is
+ * served whole under one map, never half. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +18,6 @@
 #include "internal.h"
 #include "server.h"
 
-#define MOVER_TICK_MS 50
 
 void ps_elastic_init(edl_ps_server *s)
 {
@@ -85,6 +83,20 @@ static bool holds(char *const *names, int n, const ps_table *t, uint32_t sh, con
     return false;
 }
 
+int ps_elastic_holders(edl_ps_server *s, const ps_table *t, uint32_t sh,
+                       char names[EDL_PS_MAX_REPLICAS][256])
+{
+    int at[EDL_PS_MAX_REPLICAS], k = s->nserv ? holders(s->names, s->nserv, t, sh, at) : 0;
+    for (int i = 0; i < k; i++)
+        snprintf(names[i], 256, "%s", s->names[at[i]]);
+    return k;
+}
+
+bool ps_elastic_holds(edl_ps_server *s, const ps_table *t, uint32_t sh, const char *who)
+{
+    return holds(s->names, s->nserv, t, sh, who);
+}
+
 /* This server holds shard sh of t in the newest map (its owner or a backup). */
 static bool mine(const edl_ps_server *s, const ps_table *t, uint32_t sh)
 {
@@ -126,23 +138,26 @@ int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t)
     return rc;
 }
 
-/* Copies of shard sh of table id go to the servers that hold it in the new map and did not in
- * the old one (old: NULL on a first map). Every server that held it queues them: the first
- * copy to arrive is taken, the others are no-ops. */
+/* The set of servers that hold shard sh changed (old: NULL on a first map): a copy goes to
+ * every other server that holds it now. The copy waits until the shard is here; a server that
+ * has it already ignores it, one that lacks it takes the first to come. */
 static void queue_copies(edl_ps_server *s, uint16_t id, const ps_table *t, uint32_t sh,
                          char *const *old, int nold)
 {
-    int at[EDL_PS_MAX_REPLICAS], k = holders(s->names, s->nserv, t, sh, at);
-    if (!old || !holds(old, nold, t, sh, s->names[s->self]))
-        return; /* it is new here: it receives, it does not send */
+    int at[EDL_PS_MAX_REPLICAS], k = holders(s->names, s->nserv, t, sh, at), same = 0;
+    for (int i = 0; old && i < k; i++)
+        same += holds(old, nold, t, sh, s->names[at[i]]);
+    int was[EDL_PS_MAX_REPLICAS], kold = old ? holders(old, nold, t, sh, was) : 0;
+    if (!old || (same == k && kold == k))
+        return;
     for (int i = 0; i < k; i++) {
-        if (at[i] == s->self || holds(old, nold, t, sh, s->names[at[i]]))
+        if (at[i] == s->self)
             continue;
         if (s->ncopies == s->capcopies) {
             size_t cap = s->capcopies ? 2 * s->capcopies : 64;
             ps_copy *c = realloc(s->copies, cap * sizeof *c);
             if (!c)
-                return; /* the new backup times out and loads the checkpoint */
+                return; /* the new holder times out and loads the checkpoint */
             s->copies = c, s->capcopies = cap;
         }
         ps_copy *c = &s->copies[s->ncopies++];
@@ -211,8 +226,6 @@ static int check_map(const edl_ps_servers *m)
     return 0;
 }
 
-static void *mover_main(void *arg);
-
 int edl_ps_server_set_map(edl_ps_server *s, const edl_ps_servers *m, const char *self,
                           bool joining)
 {
@@ -247,7 +260,7 @@ out:
     pthread_rwlock_unlock(&s->route);
     pthread_mutex_lock(&s->mover_mu);
     if (!s->mover_started && rc == 0)
-        s->mover_started = pthread_create(&s->mover, NULL, mover_main, s) == 0;
+        s->mover_started = pthread_create(&s->mover, NULL, ps_mover_main, s) == 0;
     pthread_cond_signal(&s->mover_cv);
     pthread_mutex_unlock(&s->mover_mu);
     return rc;
@@ -341,266 +354,4 @@ int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t 
     }
     pthread_rwlock_unlock(&s->route);
     return rc;
-}
-
-/* ---- the mover ----------------------------------------------------------------------------- */
-
-typedef struct move {
-    uint16_t table;
-    uint32_t shard;
-    int to;      /* the owner's index in the map */
-} move;
-
-static int by_owner(const void *a, const void *b)
-{
-    return ((const move *)a)->to - ((const move *)b)->to;
-}
-
-static bool add_due(ps_due **due, size_t *n, size_t *cap, uint16_t id, uint32_t sh,
-                    bool timed_out)
-{
-    if (*n == *cap) {
-        size_t c = *cap ? 2 * *cap : 64;
-        ps_due *d = realloc(*due, c * sizeof *d);
-        if (!d)
-            return false;
-        *due = d, *cap = c;
-    }
-    (*due)[(*n)++] = (ps_due){id, sh, timed_out, false};
-    return true;
-}
-
-/* The shards held here and not owned, and the owners they go to (*out); the shards to load
- * from the checkpoint or start anew: those whose hand-over is overdue, and new ones (*due). */
-static size_t plan_moves(edl_ps_server *s, move **out, int64_t *gen, ps_due **due,
-                         size_t *ndue)
-{
-    size_t n = 0, cap = 0, dcap = 0;
-    *out = NULL, *due = NULL, *ndue = 0;
-    int64_t now = edl_monotonic_ms();
-    pthread_rwlock_wrlock(&s->route);
-    *gen = s->gen;
-    for (uint16_t id = 0; id < EDL_PS_MAX_TABLES; id++) {
-        ps_table *t = atomic_load(&s->tables[id]);
-        for (uint32_t sh = 0; t && s->own[id] && sh < ps_table_config(t)->shards; sh++) {
-            uint8_t *st = &s->own[id][sh];
-            bool late = *st == PS_SH_PENDING && now >= s->pending_until[id];
-            if ((late || *st == PS_SH_RESTORE) && add_due(due, ndue, &dcap, id, sh, late))
-                *st = PS_SH_RESTORE;
-            if (*st != PS_SH_HELD)
-                continue;
-            if (n == cap) {
-                cap = cap ? 2 * cap : 64;
-                move *m = realloc(*out, cap * sizeof *m);
-                if (!m)
-                    break;
-                *out = m;
-            }
-            (*out)[n++] = (move){id, sh, edl_ps_shard_owner((const char *const *)s->names,
-                                                             s->nserv, sh)};
-        }
-    }
-    pthread_rwlock_unlock(&s->route);
-    if (n)
-        qsort(*out, n, sizeof **out, by_owner);
-    return n;
-}
-
-/* Shard m's bytes to the server of c (one that holds it from map gen on). 0 once it has them. */
-static int copy_shard(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t gen)
-{
-    ps_table *t = atomic_load(&s->tables[m->table]);
-    uint8_t *blob;
-    size_t len;
-    int rc = ps_table_shard_export(t, m->shard, false, &blob, &len);
-    if (rc == 0)
-        rc = ps_client_put_shard(c, m->table, ps_table_config(t), m->shard, gen, blob, len);
-    free(blob);
-    if (rc == 0)
-        atomic_fetch_add(&s->shards_out, 1);
-    return rc;
-}
-
-/* Hand one shard over on c (a client of its owner), then forget it. 0 once the owner has it. */
-static int hand_over(edl_ps_server *s, edl_ps_client *c, const move *m, int64_t gen)
-{
-    int rc = copy_shard(s, c, m, gen);
-    if (rc)
-        return rc;
-    pthread_rwlock_wrlock(&s->route);
-    if (s->own[m->table][m->shard] == PS_SH_HELD) {
-        ps_table_shard_drop(atomic_load(&s->tables[m->table]), m->shard);
-        s->own[m->table][m->shard] = PS_SH_AWAY;
-    }
-    pthread_rwlock_unlock(&s->route);
-    return 0;
-}
-
-static edl_ps_client *dial_owner(edl_ps_server *s, int to, char *name, size_t namelen)
-{
-    pthread_rwlock_rdlock(&s->route);
-    char ep[512];
-    snprintf(ep, sizeof ep, "%s", to < s->nserv ? s->eps[to] : "");
-    snprintf(name, namelen, "%s", to < s->nserv ? s->names[to] : "");
-    pthread_rwlock_unlock(&s->route);
-    const char *eps[] = {ep}, *names[] = {name};
-    edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = 1, .job = s->job,
-                               .secret = &s->secret, .timeout_ms = 10000,
-                               .max_message = s->o.max_message};
-    edl_ps_client *c = NULL;
-    char why[256];
-    if (edl_ps_client_open(&o, &c, why, sizeof why) != 0)
-        EDL_WARN("ps", "cannot reach %s to hand shards over: %s (trying again)", name, why);
-    return c;
-}
-
-/* The due shards the checkpoint did not have start anew. */
-static void start_anew(edl_ps_server *s, ps_due *due, size_t n)
-{
-    pthread_rwlock_wrlock(&s->route);
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *st = &s->own[due[i].table][due[i].shard];
-        if (due[i].done || *st != PS_SH_RESTORE)
-            continue;
-        *st = PS_SH_OWN;
-        if (!due[i].timed_out)
-            continue;
-        atomic_fetch_add(&s->shards_lost, 1);
-        EDL_WARN("ps", "shard %u of table %u: no server handed it over within %d ms (its "
-                 "owner died?) and no checkpoint holds it: it starts again from initial values",
-                 due[i].shard, due[i].table, s->o.handover_timeout_ms);
-    }
-    pthread_rwlock_unlock(&s->route);
-}
-
-static void move_round(edl_ps_server *s)
-{
-    move *mv;
-    ps_due *due;
-    int64_t gen;
-    size_t ndue, n = plan_moves(s, &mv, &gen, &due, &ndue);
-    if (ndue) {
-        ps_ckpt_restore(s, due, ndue);
-        start_anew(s, due, ndue);
-    }
-    free(due);
-    ps_ckpt_reap(s);
-    for (size_t i = 0; i < n;) { /* the moves to one owner over one link */
-        size_t j = i;
-        while (j < n && mv[j].to == mv[i].to)
-            j++;
-        char name[512];
-        edl_ps_client *c = dial_owner(s, mv[i].to, name, sizeof name);
-        size_t handed = 0;
-        for (size_t k = i; c && k < j; k++) {
-            int rc = hand_over(s, c, &mv[k], gen);
-            handed += rc == 0;
-            if (rc && rc != EDL_EBUSY && rc != EDL_EMOVED)
-                EDL_WARN("ps", "handing shard %u of table %u over: %s", mv[k].shard,
-                         mv[k].table, edl_ps_client_errmsg(c));
-            if (rc == EDL_EPEER || rc == EDL_ETIMEDOUT)
-                break;
-        }
-        if (handed)
-            EDL_INFO("ps", "handed %zu shards over to %s (map %lld)", handed, name,
-                     (long long)gen);
-        edl_ps_client_close(c);
-        i = j;
-    }
-    free(mv);
-}
-
-/* ---- copies for new backups ---------------------------------------------------------------- */
-
-static int by_target(const void *a, const void *b)
-{
-    return strcmp(((const ps_copy *)a)->to, ((const ps_copy *)b)->to);
-}
-
-/* Whether copy c is still to be made: 1 yes (*to: its target's index), 0 no (the shard left,
- * or its target no longer holds it), -1 not yet (the shard is still on its way here). */
-static int copy_due(edl_ps_server *s, const ps_copy *c, int *to)
-{
-    ps_table *t = atomic_load(&s->tables[c->table]);
-    uint8_t st = t && s->own[c->table] ? s->own[c->table][c->shard] : PS_SH_AWAY;
-    *to = -1;
-    for (int i = 0; i < s->nserv; i++)
-        if (strcmp(s->names[i], c->to) == 0)
-            *to = i;
-    if (st == PS_SH_PENDING || st == PS_SH_RESTORE)
-        return -1;
-    return st == PS_SH_OWN && *to >= 0 && holds(s->names, s->nserv, t, c->shard, c->to);
-}
-
-/* Send the copies of one target (todo[0..n), under gen); those not taken stay in todo, their
- * number returned. */
-static size_t copy_to(edl_ps_server *s, ps_copy *todo, size_t n, int64_t gen)
-{
-    size_t kept = 0;
-    edl_ps_client *c = NULL;
-    char name[512];
-    for (size_t i = 0; i < n; i++) {
-        int to;
-        pthread_rwlock_rdlock(&s->route);
-        int due = copy_due(s, &todo[i], &to);
-        pthread_rwlock_unlock(&s->route);
-        if (due == 1 && !c)
-            c = dial_owner(s, to, name, sizeof name);
-        move m = {todo[i].table, todo[i].shard, to};
-        if (due < 0 || (due == 1 && (!c || copy_shard(s, c, &m, gen) != 0)))
-            todo[kept++] = todo[i];
-    }
-    edl_ps_client_close(c);
-    return kept;
-}
-
-static void copy_round(edl_ps_server *s)
-{
-    pthread_rwlock_wrlock(&s->route);
-    ps_copy *todo = s->copies;
-    size_t n = s->ncopies, kept = 0;
-    int64_t gen = s->gen;
-    s->copies = NULL, s->ncopies = s->capcopies = 0;
-    pthread_rwlock_unlock(&s->route);
-    if (n)
-        qsort(todo, n, sizeof *todo, by_target);
-    for (size_t i = 0, j; i < n; i = j) {
-        for (j = i; j < n && strcmp(todo[j].to, todo[i].to) == 0;)
-            j++;
-        size_t k = copy_to(s, todo + i, j - i, gen);
-        memmove(todo + kept, todo + i, k * sizeof *todo);
-        kept += k;
-    }
-    pthread_rwlock_wrlock(&s->route); /* what is left goes back, before those queued since */
-    ps_copy *all = kept ? realloc(todo, (kept + s->ncopies) * sizeof *all) : NULL;
-    if (all) {
-        memcpy(all + kept, s->copies, s->ncopies * sizeof *all);
-        free(s->copies);
-        s->copies = all, s->ncopies += kept, s->capcopies = s->ncopies;
-        todo = NULL;
-    }
-    pthread_rwlock_unlock(&s->route);
-    free(todo);
-}
-
-static void *mover_main(void *arg)
-{
-    edl_ps_server *s = arg;
-    pthread_mutex_lock(&s->mover_mu);
-    while (!s->mover_stop) {
-        pthread_mutex_unlock(&s->mover_mu);
-        move_round(s);
-        copy_round(s);
-        pthread_mutex_lock(&s->mover_mu);
-        if (s->mover_stop)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += MOVER_TICK_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&s->mover_cv, &s->mover_mu, &ts);
-    }
-    pthread_mutex_unlock(&s->mover_mu);
-    return NULL;
 }

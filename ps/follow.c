@@ -151,9 +151,12 @@ bool ps_follow_job_over(ps_follow *f)
 
 /* ---- a server that follows ------------------------------------------------------------------ */
 
-/* Whether another server of the map holds tables already: then this one joins a running job
- * and its shards come from them. Servers that do not answer hold nothing that can come. */
-static bool peers_hold_tables(edl_ps_server *s, const edl_ps_servers *m, const char *self)
+/* Whether another server of the map has applied pushes: then this one joins a running job and
+ * its shards come from them (no push applies anywhere before every server of the clients' map
+ * has its first map: a client pushes only to tables it created on all of them, which a server
+ * refuses until it has a map). Tables or rows alone say nothing: pulls make rows, and they are
+ * the same made again. Servers that do not answer hold nothing that can come. */
+static bool peers_pushed(edl_ps_server *s, const edl_ps_servers *m, const char *self)
 {
     for (int i = 0; i < m->n; i++) {
         if (strcmp(m->names[i], self) == 0)
@@ -165,7 +168,7 @@ static bool peers_hold_tables(edl_ps_server *s, const edl_ps_servers *m, const c
         edl_ps_server_stats st = {0};
         char why[256];
         bool holds = edl_ps_client_open(&o, &c, why, sizeof why) == 0 &&
-                     edl_ps_stats(c, &st) == 0 && st.tables > 0;
+                     edl_ps_stats(c, &st) == 0 && st.pushes > 0;
         edl_ps_client_close(c);
         if (holds)
             return true;
@@ -180,7 +183,7 @@ static void follow_map(edl_ps_server *s, ps_follow *f, int64_t *gen)
     if (ps_follow_read(f, *gen, &m) != 1)
         return;
     pthread_mutex_lock(&f->mu); /* m points into f's kept generation */
-    bool joining = *gen == 0 && peers_hold_tables(s, &m, f->self);
+    bool joining = *gen == 0 && peers_pushed(s, &m, f->self);
     if (edl_ps_server_set_map(s, &m, f->self, joining) == 0)
         *gen = m.generation;
     pthread_mutex_unlock(&f->mu);

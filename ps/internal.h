@@ -77,7 +77,7 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
 #define PS_SHRINK_BYTES 8
 #define PS_SHRINK_REPLY_BYTES 16
 #define PS_CTR_MAX_UNSEEN (1u << 30)
-#define PS_STATS_BYTES 88
+#define PS_STATS_BYTES 96
 #define PS_SAVE_BYTES 24
 #define PS_PUT_PREFIX (16 + PS_CONFIG_BYTES)
 #define PS_MAX_ERROR 512

@@ -408,7 +408,7 @@ void ps_stats_encode(const edl_ps_server_stats *s, uint8_t out[PS_STATS_BYTES])
     const uint64_t v[PS_STATS_BYTES / 8] = {s->tables, s->rows, s->bytes, s->requests,
                                             s->errors, s->connections, s->rejected,
                                             s->shards_in, s->shards_out, s->shards_lost,
-                                            s->shards_restored};
+                                            s->shards_restored, s->pushes};
     for (int i = 0; i < PS_STATS_BYTES / 8; i++)
         edl_put64(out + 8 * i, v[i]);
 }
@@ -419,5 +419,5 @@ void ps_stats_parse(const uint8_t *p, edl_ps_server_stats *out)
     for (int i = 0; i < PS_STATS_BYTES / 8; i++)
         v[i] = edl_get64(p + 8 * i);
     *out = (edl_ps_server_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
-                                 v[10]};
+                                 v[10], v[11]};
 }

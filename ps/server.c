@@ -390,6 +390,8 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
             pthread_rwlock_rdlock(&s->route);
             rc = serve_data(s, c, &r, why, sizeof why);
             pthread_rwlock_unlock(&s->route);
+            if (rc == 0 && (h->type == PS_PUSH_SPARSE || h->type == PS_PUSH_DENSE))
+                atomic_fetch_add(&s->pushes, 1);
         }
     }
     if (rc) {
@@ -829,7 +831,8 @@ void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out)
                                  .shards_in = atomic_load(&s->shards_in),
                                  .shards_out = atomic_load(&s->shards_out),
                                  .shards_lost = atomic_load(&s->shards_lost),
-                                 .shards_restored = atomic_load(&s->shards_restored)};
+                                 .shards_restored = atomic_load(&s->shards_restored),
+                                 .pushes = atomic_load(&s->pushes)};
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table *t = atomic_load(&s->tables[i]);
         uint64_t rows, bytes;

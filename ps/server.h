@@ -31,7 +31,7 @@ struct edl_ps_server {
     int wake_fd[PS_MAX_THREADS]; /* per loop: a sync step is done, answer the waiting */
     atomic_uint_fast64_t requests, errors, connections, rejected;
     atomic_int live;
-    atomic_uint_fast64_t shards_in, shards_out, shards_lost;
+    atomic_uint_fast64_t shards_in, shards_out, shards_lost, pushes;
     /* elastic.c: requests hold `route` for reading while they touch tables; map changes and
      * hand-overs hold it for writing. Without a map (mapped false) every shard is served. */
     pthread_rwlock_t route;
@@ -81,8 +81,17 @@ int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t);
  * EDL_EMOVED or EDL_EBUSY with why. */
 int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, char *why,
                    size_t whylen);
+/* Under the route lock: the names of the servers that hold shard sh of t in the newest map
+ * (owner first), their number returned; whether `who` is one of them. */
+int ps_elastic_holders(edl_ps_server *s, const ps_table *t, uint32_t sh,
+                       char names[EDL_PS_MAX_REPLICAS][256]);
+bool ps_elastic_holds(edl_ps_server *s, const ps_table *t, uint32_t sh, const char *who);
 /* A shard handed over by another server (PUT_SHARD). */
 int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen);
+
+/* mover.c: the thread that sends shards to the servers that hold them (started by the first
+ * map). */
+void *ps_mover_main(void *arg);
 
 /* checkpoint.c */
 int ps_ckpt_init(edl_ps_server *s, const edl_ckpt_config *cfg);

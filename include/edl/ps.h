@@ -178,6 +178,7 @@ typedef struct edl_ps_server_stats {
                              handover_timeout_ms and no checkpoint held: they started again
                              from initial values */
     uint64_t shards_restored; /* such shards loaded from the newest PS checkpoint instead */
+    uint64_t pushes;          /* push requests applied: updates that no restart recreates */
 } edl_ps_server_stats;
 void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out);
 
