@@ -28,7 +28,9 @@
  * hold every row of the key space while one client pushes batches; a third joins the map. It
  * prints how many shards and bytes moved, the time until the new server had all of its shards,
  * and the time until the client's push rate over 200 ms was back to 90 % of the rate before
- * the join. See docs/ps.md. */
+ * the join. Then the cost of replication on the same in-process servers (two of them): the
+ * sparse push rate of a table with 2 replicas against one with 1, in the same run. See
+ * docs/ps.md. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -710,6 +712,67 @@ static void run_join(const opts *o, const char *secret_file)
     free(keys), free(rows), free(t);
 }
 
+/* Push rate (keys/s) on table `table` of c for o->seconds, every row created first. */
+static double push_rate(edl_ps_client *c, const opts *o, uint32_t table, uint64_t *keys,
+                        float *rows)
+{
+    for (uint64_t k = 0; k < o->keys; k += o->batch) {
+        uint32_t b = (uint32_t)(o->keys - k < o->batch ? o->keys - k : o->batch);
+        for (uint32_t j = 0; j < b; j++)
+            keys[j] = key_of(k + j);
+        if (edl_ps_pull_sparse(c, table, keys, b, rows))
+            die(edl_ps_client_errmsg(c));
+    }
+    unsigned seed = 99;
+    double t0 = now_s(), n = 0;
+    while (now_s() - t0 < o->seconds) {
+        uint64_t base = (uint64_t)rand_r(&seed) << 16 ^ (uint64_t)rand_r(&seed);
+        for (uint32_t j = 0; j < o->batch; j++)
+            keys[j] = key_of((base + (uint64_t)j * 7919) % o->keys);
+        if (edl_ps_push_sparse(c, table, keys, o->batch, rows))
+            die(edl_ps_client_errmsg(c));
+        n += o->batch;
+    }
+    return n / (now_s() - t0);
+}
+
+static void run_replicas(const opts *o, const char *secret_file)
+{
+    edl_ps_server *srv[3];
+    char eps[3][64], why[512];
+    join_maps m = {0};
+    edl_log_setup(EDL_LOG_WARN, EDL_LOG_PLAIN, NULL);
+    join_servers(srv, eps, &m, secret_file);
+    publish_join(srv, &m, 1); /* the first two */
+    edl_job_secret sec;
+    edl_job_secret_init(&sec);
+    edl_job_secret_load_file(&sec, secret_file, why, sizeof why);
+    edl_ps_client_options co = {.endpoints = m.eps, .names = m.names, .n_servers = 2,
+                                .job = "bench", .secret = &sec, .timeout_ms = 60000,
+                                .servers = join_source, .servers_arg = &m, .generation = 1};
+    edl_ps_client *c;
+    if (edl_ps_client_open(&co, &c, why, sizeof why))
+        die(why);
+    edl_ps_table_config one, two;
+    edl_ps_table_config_init(&one);
+    one.dim = o->dim;
+    two = one;
+    two.replicas = 2;
+    if (edl_ps_create_table(c, 0, &one) || edl_ps_create_table(c, 1, &two))
+        die(edl_ps_client_errmsg(c));
+    uint64_t *keys = malloc(o->batch * sizeof *keys);
+    float *rows = calloc((size_t)o->batch * o->dim, sizeof *rows);
+    double r1 = push_rate(c, o, 0, keys, rows), r2 = push_rate(c, o, 1, keys, rows);
+    printf("replicas: sparse push on 2 servers, 1 replica %.2f M keys/s, 2 replicas %.2f M "
+           "keys/s: %.2f of it (each key pushed to its owner, then to its backup)\n", r1 / 1e6,
+           r2 / 1e6, r2 / r1);
+    edl_ps_client_close(c);
+    edl_job_secret_clear(&sec);
+    for (int i = 0; i < 3; i++)
+        edl_ps_server_close(srv[i]);
+    free(keys), free(rows);
+}
+
 /* ---- options ----------------------------------------------------------------------------------- */
 
 static uint64_t parse_count(const char *s)
@@ -730,7 +793,7 @@ static void usage(FILE *f)
                "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
                "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
                "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes;\n"
-               "--join 0: no server joining.\n");
+               "--join 0: no server joining and no replication figure.\n");
 }
 
 static void parse_opts(int argc, char **argv, opts *o)
@@ -795,8 +858,10 @@ int main(int argc, char **argv)
         run_pair(o.pairs[i][0], o.pairs[i][1], &o, secret);
     if (o.ctr_examples > 0)
         run_modes(&o, secret);
-    if (o.join)
+    if (o.join) {
         run_join(&o, secret);
+        run_replicas(&o, secret);
+    }
     unlink(secret);
     rmdir(dir);
     return 0;
