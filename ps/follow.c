@@ -111,7 +111,7 @@ static int keep(ps_follow *f, edl_generation *g)
     return 0;
 }
 
-/* The generation in etcd, when it is newer than the one kept. */
+/* The generation in etcd, when it is newer than the one kept or ends the job. */
 static int refresh(ps_follow *f)
 {
     edl_kv *kv = NULL;
@@ -120,8 +120,9 @@ static int refresh(ps_follow *f)
     int rc = edl_etcd_get(f->etcd, edl_str(f->keys.generation), &kv, NULL);
     if (rc == 0)
         rc = edl_generation_parse(kv->value, kv->value_len, &g, err, sizeof err);
-    if (rc == 0 && g.generation > f->g.generation)
-        rc = keep(f, &g);
+    if (rc == 0 && (g.generation > f->g.generation ||
+                    (g.generation == f->g.generation && g.state != f->g.state)))
+        rc = keep(f, &g); /* a new map, or the job's end in the same generation */
     edl_generation_clear(&g);
     edl_kv_free(kv);
     return rc;
