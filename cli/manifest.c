@@ -4,7 +4,8 @@
  * only a cluster can honour (image, resources, volumes, ...) is named as ignored, so that what
  * runs here is never a silent approximation of the manifest.
  *
- * The trainer's command is the first container's command and args. A bare name is looked up
+ * The trainer's command is the first container's command and args (spec.ps's parameter servers
+ * run the same command here: its template may not ask for another). A bare name is looked up
  * as the container would (PATH); when it is not there, beside the `edl` binary and in the
  * examples folder of its build tree (build/bin/edl -> build/examples/), so that a manifest
  * written for an image with the trainer on its PATH runs unchanged from a build tree. */
@@ -63,14 +64,48 @@ static int pick_document(const edl_yaml *y, size_t *doc)
     return found ? 0 : EDL_EXIT_USAGE;
 }
 
+static const cJSON *first_container(const cJSON *tmpl)
+{
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(tmpl, "spec");
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0);
+}
+
+/* spec.ps: edl run starts its parameter servers as agents with --role ps running the workers'
+ * command in the workers' environment (the program tells its role by TRAINING_ROLE), so a ps
+ * template with another command cannot run here (refused), and its own env or workingDir is
+ * named as ignored. Called before the command is resolved. */
+static int check_ps_template(const edl_yaml *y, size_t doc, const edl_trainingjob *tj)
+{
+    if (!tj->ps_template)
+        return 0;
+    bool same = tj->n_ps_command == tj->n_command;
+    for (size_t i = 0; same && i < tj->n_command; i++)
+        same = strcmp(tj->ps_command[i], tj->command[i]) == 0;
+    if (!same)
+        return field_error(y, doc, "spec.ps.template.spec.containers[0].command", "differs "
+                           "from the workers' command and args: edl run starts its parameter "
+                           "servers with the workers' command (the program tells its role by "
+                           "TRAINING_ROLE); give both templates the same command and args");
+    static const char *const keys[] = {"env", "workingDir"};
+    const cJSON *w = first_container(tj->pod_template), *p = first_container(tj->ps_template);
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(w, keys[i]);
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(p, keys[i]);
+        if (b && !cJSON_Compare(a, b, true)) {
+            char field[96];
+            snprintf(field, sizeof field, "spec.ps.template.spec.containers[0].%s", keys[i]);
+            fprintf(stderr, "edl run: %s:%d: ignoring %s: the parameter servers get the "
+                    "workers' %s here\n", edl_yaml_name(y), edl_yaml_line(y, doc, field), field,
+                    keys[i]);
+        }
+    }
+    return 0;
+}
+
 /* The container's env entries with a plain value, as NAME=value. */
 static int read_env(const edl_trainingjob *tj, cli_manifest *m)
 {
-    const cJSON *ctr = cJSON_GetArrayItem(
-        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tj->pod_template,
-                                                                           "spec"),
-                                         "containers"),
-        0);
+    const cJSON *ctr = first_container(tj->pod_template);
     const cJSON *env = cJSON_GetObjectItemCaseSensitive(ctr, "env");
     const cJSON *wd = cJSON_GetObjectItemCaseSensitive(ctr, "workingDir");
     if (cJSON_IsString(wd) && *wd->valuestring && !(m->working_dir = strdup(wd->valuestring)))
@@ -162,6 +197,9 @@ int cli_manifest_load(const char *path, cli_manifest *m)
     if (!rc) {
         reporter r = {y, doc};
         edl_trainingjob_cluster_only(edl_yaml_doc(y, doc), report_ignored, &r);
+        rc = check_ps_template(y, doc, &m->tj);
+    }
+    if (!rc) {
         rc = resolve_trainer(y, doc, &m->tj);
     }
     if (!rc && read_env(&m->tj, m) != 0) {

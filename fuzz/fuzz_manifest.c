@@ -28,6 +28,9 @@ static void one_doc(const edl_yaml *y, size_t i)
         FUZZ_CHECK(tj.name && tj.ns && tj.pod_template);
         FUZZ_CHECK(tj.n_command > 0 && tj.command[0] && !tj.command[tj.n_command]);
         FUZZ_CHECK(edl_spec_validate(&tj.spec, err, sizeof err) == 0);
+        bool ps = tj.spec.ps_max > 0; /* spec.ps: its template and command, else none */
+        FUZZ_CHECK(ps == (tj.ps_template != NULL) && ps == (tj.ps_command != NULL));
+        FUZZ_CHECK(!ps || (tj.n_ps_command > 0 && !tj.ps_command[tj.n_ps_command]));
         int n = 0;
         edl_trainingjob_cluster_only(edl_yaml_doc(y, i), count_field, &n);
     }

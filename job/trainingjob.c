@@ -1,6 +1,6 @@
 /* trainingjob.c: the TrainingJob resource (edl/trainingjob.h, deploy/k8s/crd.yaml) read into the
- * job spec, the pod template and the operator's own settings, with the CRD's defaults applied
- * here (an old API server, or `edl run -f`, has not applied them).
+ * job spec, the pod templates (the workers' and spec.ps's) and the operator's own settings, with
+ * the CRD's defaults applied here (an old API server, or `edl run -f`, has not applied them).
  *
  * Every problem names the field by its path ("spec.template.spec.containers[0].args[2]") and
  * says what is wrong without repeating the path, so that `edl run -f` can put the manifest's
@@ -325,6 +325,25 @@ static void read_elastic(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
     }
 }
 
+/* spec.ps, the parameter servers: replicas and bounds spelled and defaulted as the workers'
+ * (replicas 1, minReplicas 1, maxReplicas max(replicas, minReplicas)); its template is read by
+ * read_template. Absent (or null): no ps role (ps_max stays 0). */
+static void read_ps(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
+{
+    const char *pre = "spec.ps";
+    const cJSON *ps = get_obj(c, spec, "spec", "ps", false);
+    if (!ps)
+        return;
+    int replicas = 1, min = 1, max = 0;
+    get_int(c, ps, pre, "replicas", 0, EDL_PS_SERVERS_MAX, &replicas);
+    get_int(c, ps, pre, "minReplicas", 1, EDL_PS_SERVERS_MAX, &min);
+    if (!get_int(c, ps, pre, "maxReplicas", 1, EDL_PS_SERVERS_MAX, &max))
+        max = replicas > min ? replicas : min;
+    s->ps_replicas = replicas;
+    s->ps_min = min;
+    s->ps_max = max;
+}
+
 static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
 {
     edl_job_spec *s = &tj->spec;
@@ -344,6 +363,7 @@ static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
     get_i64(c, spec, "spec", "activeDeadlineSeconds", 1, EDL_JSON_MAX_EXACT / 1000,
             &tj->active_deadline_s);
     read_elastic(c, spec, s);
+    read_ps(c, spec, s);
     const cJSON *ck = get_obj(c, spec, "spec", "checkpoint", false);
     const char *uri = NULL;
     if (ck && get_str(c, ck, "spec.checkpoint", "uri", false, 4096, &uri) &&
@@ -361,6 +381,17 @@ static void check_spec(tj_ctx *c, const edl_job_spec *s)
              s->min, s->max);
         return;
     }
+    if (s->ps_max > 0 && s->ps_min > s->ps_max) {
+        fail(c, EDL_ECONFIG, "spec.ps", NULL, "minReplicas (%d) is greater than maxReplicas "
+             "(%d)", s->ps_min, s->ps_max);
+        return;
+    }
+    if (s->ps_max > 0 && s->ps_replicas > s->ps_max) {
+        fail(c, EDL_ECONFIG, "spec.ps", NULL, "replicas (%d) is greater than maxReplicas (%d): "
+             "a job runs at most maxReplicas parameter servers (raise maxReplicas too)",
+             s->ps_replicas, s->ps_max);
+        return;
+    }
     if (s->cooldown_max_ms < s->cooldown_ms) {
         fail(c, EDL_ECONFIG, "spec.elastic.exclusion", NULL, "maxCooldown (%lld ms) is below "
              "cooldown (%lld ms; maxCooldown defaults to 5m)", (long long)s->cooldown_max_ms,
@@ -375,9 +406,16 @@ static void check_spec(tj_ctx *c, const edl_job_spec *s)
 
 /* ---- the pod template --------------------------------------------------------------------- */
 
-/* Every element of a list of strings at pre.name, appended to tj->command. */
+/* A pod template read: where its copy and its first container's command go. */
+typedef struct tj_template {
+    cJSON **tmpl;
+    char ***command;
+    size_t *n_command;
+} tj_template;
+
+/* Every element of a list of strings at pre.name, appended to the template's command. */
 static void add_strings(tj_ctx *c, const cJSON *arr, const char *pre, const char *name,
-                        edl_trainingjob *tj)
+                        const tj_template *t)
 {
     int i = 0;
     for (const cJSON *it = arr ? arr->child : NULL; it && !c->rc; it = it->next, i++) {
@@ -387,13 +425,13 @@ static void add_strings(tj_ctx *c, const cJSON *arr, const char *pre, const char
             fail(c, EDL_EPROTO, pre, el, "must be a string");
         } else if (strlen(it->valuestring) > STRING_MAX) {
             fail(c, EDL_ETOOBIG, pre, el, "is longer than %d bytes", STRING_MAX);
-        } else if (tj->n_command >= COMMAND_MAX) {
+        } else if (*t->n_command >= COMMAND_MAX) {
             fail(c, EDL_ETOOBIG, pre, el, "command and args hold more than %d strings",
                  COMMAND_MAX);
-        } else if (!(tj->command[tj->n_command] = strdup(it->valuestring))) {
+        } else if (!((*t->command)[*t->n_command] = strdup(it->valuestring))) {
             fail(c, EDL_ENOMEM, pre, el, "out of memory");
         } else {
-            tj->n_command++;
+            (*t->n_command)++;
         }
     }
 }
@@ -417,16 +455,22 @@ static void check_env(tj_ctx *c, const cJSON *ctr, const char *pre)
     }
 }
 
-static void read_template(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
+/* The pod template at pre.template (pre: "spec" for the workers, "spec.ps" for the servers):
+ * its first container runs under edl-agent, so it needs a command. */
+static void read_template(tj_ctx *c, const cJSON *parent, const char *pre, const tj_template *t)
 {
-    const char *tp = "spec.template.spec", *cp = "spec.template.spec.containers[0]";
-    const cJSON *tmpl = get_obj(c, spec, "spec", "template", true);
-    const cJSON *ps = get_obj(c, tmpl, "spec.template", "spec", true);
+    char at[32], tp[48], cp[64];
+    snprintf(at, sizeof at, "%s.template", pre);
+    snprintf(tp, sizeof tp, "%s.spec", at);
+    snprintf(cp, sizeof cp, "%s.containers[0]", tp);
+    const cJSON *tmpl = get_obj(c, parent, pre, "template", true);
+    const cJSON *ps = get_obj(c, tmpl, at, "spec", true);
     const cJSON *ctrs = get_arr(c, ps, tp, "containers", true);
     if (c->rc)
         return;
     if (!ctrs->child) {
-        fail(c, EDL_ECONFIG, tp, "containers", "is empty; the first container runs the trainer");
+        fail(c, EDL_ECONFIG, tp, "containers", "is empty; the first container runs the %s",
+             strcmp(pre, "spec") ? "parameter server" : "trainer");
         return;
     }
     const cJSON *ctr = ctrs->child;
@@ -450,15 +494,25 @@ static void read_template(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
     if (c->rc)
         return;
     size_t n = (size_t)cJSON_GetArraySize(cmd) + (size_t)cJSON_GetArraySize(args);
-    tj->command = calloc((n < COMMAND_MAX ? n : COMMAND_MAX) + 1, sizeof *tj->command);
-    if (!tj->command) {
+    *t->command = calloc((n < COMMAND_MAX ? n : COMMAND_MAX) + 1, sizeof **t->command);
+    if (!*t->command) {
         fail(c, EDL_ENOMEM, cp, NULL, "out of memory");
         return;
     }
-    add_strings(c, cmd, cp, "command", tj);
-    add_strings(c, args, cp, "args", tj);
-    if (!c->rc && !(tj->pod_template = cJSON_Duplicate(tmpl, true)))
-        fail(c, EDL_ENOMEM, "spec.template", NULL, "out of memory");
+    add_strings(c, cmd, cp, "command", t);
+    add_strings(c, args, cp, "args", t);
+    if (!c->rc && !(*t->tmpl = cJSON_Duplicate(tmpl, true)))
+        fail(c, EDL_ENOMEM, at, NULL, "out of memory");
+}
+
+/* Both templates: the workers', and spec.ps's when the job has the ps role. */
+static void read_templates(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
+{
+    tj_template workers = {&tj->pod_template, &tj->command, &tj->n_command};
+    read_template(c, spec, "spec", &workers);
+    tj_template servers = {&tj->ps_template, &tj->ps_command, &tj->n_ps_command};
+    if (tj->spec.ps_max > 0)
+        read_template(c, cJSON_GetObjectItemCaseSensitive(spec, "ps"), "spec.ps", &servers);
 }
 
 /* ---- the object ---------------------------------------------------------------------------- */
@@ -491,7 +545,7 @@ int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, s
         if (spec) {
             read_spec(&c, spec, &tj);
             check_spec(&c, &tj.spec);
-            read_template(&c, spec, &tj);
+            read_templates(&c, spec, &tj);
         }
     }
     if (c.rc) {
@@ -515,6 +569,10 @@ void edl_trainingjob_clear(edl_trainingjob *tj)
     for (size_t i = 0; tj->command && i < tj->n_command; i++)
         free(tj->command[i]);
     free(tj->command);
+    cJSON_Delete(tj->ps_template);
+    for (size_t i = 0; tj->ps_command && i < tj->n_ps_command; i++)
+        free(tj->ps_command[i]);
+    free(tj->ps_command);
     memset(tj, 0, sizeof *tj);
 }
 
@@ -535,12 +593,44 @@ static void report_keys(const cJSON *obj, const char *pre, const char *const *ke
     }
 }
 
-void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, const char *field),
-                                  void *arg)
+/* The fields of the pod template at pre ("spec.template", "spec.ps.template") that only a
+ * cluster uses: all but the first container's name, command, args, env values and workingDir. */
+static void report_template(const cJSON *tmpl, const char *pre,
+                            void (*report)(void *, const char *), void *arg)
 {
     static const char *const none[] = {NULL};
     static const char *const pod_keep[] = {"containers", NULL};
     static const char *const ctr_keep[] = {"name", "command", "args", "env", "workingDir", NULL};
+    char at[64];
+    snprintf(at, sizeof at, "%s.metadata", pre);
+    report_keys(cJSON_GetObjectItemCaseSensitive(tmpl, "metadata"), at, none, report, arg);
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tmpl, "spec");
+    snprintf(at, sizeof at, "%s.spec", pre);
+    report_keys(ps, at, pod_keep, report, arg);
+    const cJSON *ctrs = cJSON_GetObjectItemCaseSensitive(ps, "containers");
+    int i = 0;
+    for (const cJSON *ctr = cJSON_IsArray(ctrs) ? ctrs->child : NULL; ctr; ctr = ctr->next, i++) {
+        char cp[96];
+        snprintf(cp, sizeof cp, "%s.spec.containers[%d]", pre, i);
+        if (i > 0) {
+            report(arg, cp);
+            continue;
+        }
+        report_keys(ctr, cp, ctr_keep, report, arg);
+        const cJSON *env = cJSON_GetObjectItemCaseSensitive(ctr, "env");
+        int j = 0;
+        for (const cJSON *e = cJSON_IsArray(env) ? env->child : NULL; e; e = e->next, j++)
+            if (cJSON_GetObjectItemCaseSensitive(e, "valueFrom")) {
+                char path[160];
+                snprintf(path, sizeof path, "%s.env[%d].valueFrom", cp, j);
+                report(arg, path);
+            }
+    }
+}
+
+void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, const char *field),
+                                  void *arg)
+{
     static const char *const spec_cluster[] = {"cleanPodPolicy", "ttlSecondsAfterFinished"};
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
     if (cJSON_GetObjectItemCaseSensitive(md, "namespace"))
@@ -552,28 +642,9 @@ void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, co
             path_of(path, sizeof path, "spec", spec_cluster[i]);
             report(arg, path);
         }
-    const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(spec, "template");
-    report_keys(cJSON_GetObjectItemCaseSensitive(tmpl, "metadata"), "spec.template.metadata",
-                none, report, arg);
-    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(tmpl, "spec");
-    report_keys(ps, "spec.template.spec", pod_keep, report, arg);
-    const cJSON *ctrs = cJSON_GetObjectItemCaseSensitive(ps, "containers");
-    int i = 0;
-    for (const cJSON *ctr = cJSON_IsArray(ctrs) ? ctrs->child : NULL; ctr; ctr = ctr->next, i++) {
-        char pre[96];
-        snprintf(pre, sizeof pre, "spec.template.spec.containers[%d]", i);
-        if (i > 0) {
-            report(arg, pre);
-            continue;
-        }
-        report_keys(ctr, pre, ctr_keep, report, arg);
-        const cJSON *env = cJSON_GetObjectItemCaseSensitive(ctr, "env");
-        int j = 0;
-        for (const cJSON *e = cJSON_IsArray(env) ? env->child : NULL; e; e = e->next, j++)
-            if (cJSON_GetObjectItemCaseSensitive(e, "valueFrom")) {
-                char path[160];
-                snprintf(path, sizeof path, "%s.env[%d].valueFrom", pre, j);
-                report(arg, path);
-            }
-    }
+    report_template(cJSON_GetObjectItemCaseSensitive(spec, "template"), "spec.template", report,
+                    arg);
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(spec, "ps");
+    report_template(cJSON_GetObjectItemCaseSensitive(ps, "template"), "spec.ps.template", report,
+                    arg);
 }

@@ -1,9 +1,10 @@
 /* operator.h: edl-jobserver --kubernetes, the operator of TrainingJob resources. One process
  * serves every TrainingJob of a namespace (or of the cluster); its replicas elect a leader
- * with a coordination.k8s.io Lease. For each job the leader keeps the worker pods, a headless
- * Service and the job's Secret in line with the spec, writes the job's spec to etcd, runs the
- * job's generation decision (job.c, the same pass as the job server of one job) and reports
- * status, conditions and Events on the TrainingJob. docs/kubernetes.md tells the whole story. */
+ * with a coordination.k8s.io Lease. For each job the leader keeps the worker pods (and the
+ * parameter servers' pods of spec.ps), a headless Service and the job's Secret in line with the
+ * spec, writes the job's spec to etcd, runs the job's generation decision (job.c, the same
+ * pass as the job server of one job) and reports status, conditions and Events on the
+ * TrainingJob. docs/kubernetes.md tells the whole story. */
 #ifndef EDL_JOBSERVER_OPERATOR_H
 #define EDL_JOBSERVER_OPERATOR_H
 
@@ -58,9 +59,13 @@ typedef struct op_pod_settings {
 
 /* The etcd job name of a TrainingJob: "<namespace>.<name>" (unique in a shared etcd). */
 char *op_etcd_job_name(const char *ns, const char *name);
-/* Pod "<name>-worker-<index>" of the job: the template with edl-agent wrapping the first
- * container's command, the downward API, the job's Secret and etcd settings, owned by the job. */
-cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t index);
+/* Pod "<name>-worker-<index>" of the job, or with ps "<name>-ps-<index>" (its own sequence of
+ * indices) from spec.ps's template: the template with edl-agent (--role ps for a server)
+ * wrapping the first container's command, labels edl.dev/job, edl.dev/role (worker or ps) and
+ * edl.dev/index, the downward API, the job's Secret and etcd settings, owned by the job. */
+cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, bool ps, int64_t index);
+/* The name of a pod of the job: "<job>-worker-<index>" or "<job>-ps-<index>". */
+void op_pod_name(const char *job, bool ps, int64_t index, char *buf, size_t len);
 /* The headless Service "<name>" selecting the job's pods (stable names). */
 cJSON *op_service_new(const edl_trainingjob *tj);
 /* The job's Secret "<name>-edl-secret": 32 fresh random bytes (the collective's key) and the
@@ -71,7 +76,8 @@ cJSON *op_secret_new(const edl_trainingjob *tj, const op_etcd_tls *tls);
 int op_etcd_tls_load(op_etcd_tls *tls, const edl_etcd_config *etcd, char *err, size_t errlen);
 void op_etcd_tls_clear(op_etcd_tls *tls);
 char *op_secret_name(const char *job);
-/* "edl.dev/job=<job>": the label selector of a job's pods (its status.selector). */
+/* "edl.dev/job=<job>,edl.dev/role=worker": the label selector of a job's worker pods (its
+ * status.selector, what the scale subresource and an HPA count; the ps pods are not). */
 char *op_selector(const char *job);
 /* An Event about the job: type "Normal" or "Warning", reason CamelCase. */
 cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,

@@ -7,7 +7,8 @@
  * Order of one pass: the spec (invalid: a condition, nothing created) → deletion (finalizer:
  * the job's etcd keys go, then the finalizer) → our finalizer → the job's etcd side (spec,
  * generation) → the end (cleanPodPolicy, ttlSecondsAfterFinished), suspension, or the pods
- * (failed ones replaced within the budget, scale up with new indices, scale down from the
+ * (failed ones replaced within the budget; then each role, the workers and spec.ps's
+ * parameter servers, scaled to its replicas on its own: up with new indices, down from the
  * newest) → status and Events. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -71,15 +72,18 @@ typedef struct pod_view {
     const cJSON *obj;
     const char *name, *phase;
     int64_t index;
+    bool ps;           /* edl.dev/role=ps: a parameter server (else a worker) */
     bool terminating;
     bool ended;        /* phase Succeeded or Failed */
 } pod_view;
 
+/* A job's pods; the counts by role: [0] workers, [1] parameter servers. */
 typedef struct job_pods {
     pod_view *p;
     size_t n;
-    int live;          /* neither terminating nor ended */
-    int succeeded;
+    int live[2];       /* neither terminating nor ended */
+    int succeeded[2];
+    int existing[2];   /* not terminating (status.replicas, status.psReplicas) */
 } job_pods;
 
 /* Every pod of every job, sorted by namespace then job: built once per round of passes, so
@@ -147,15 +151,16 @@ static void pods_of(op_job *j, const pod_index *idx, job_pods *out)
         v->name = edl_k8s_str(v->obj, "metadata.name");
         v->phase = edl_k8s_str(v->obj, "status.phase");
         const char *num = op_label(v->obj, EDL_TJ_LABEL_INDEX);
+        const char *role = op_label(v->obj, EDL_TJ_LABEL_ROLE);
         v->index = num ? strtoll(num, NULL, 10) : 0;
+        v->ps = role && strcmp(role, EDL_ROLE_PS) == 0;
         v->terminating = edl_k8s_str(v->obj, "metadata.deletionTimestamp") != NULL;
-        if (v->index >= j->next_index)
-            j->next_index = v->index + 1;
+        if (v->index >= j->next_index[v->ps])
+            j->next_index[v->ps] = v->index + 1;
         v->ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
-        if (!v->terminating && !v->ended)
-            out->live++;
-        if (!v->terminating && v->phase && !strcmp(v->phase, "Succeeded"))
-            out->succeeded++;
+        out->live[v->ps] += !v->terminating && !v->ended;
+        out->succeeded[v->ps] += !v->terminating && v->phase && !strcmp(v->phase, "Succeeded");
+        out->existing[v->ps] += !v->terminating;
     }
 }
 
@@ -349,7 +354,9 @@ static void pod_create_failed(op *o, op_job *j, const cJSON *obj, const char *po
     wake_in(j, j->pod_backoff_ms);
 }
 
-static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj, int n)
+/* n new pods of a role (ps: parameter servers), with the role's next indices. */
+static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj, bool ps,
+                        int n)
 {
     op_pod_settings s = {.etcd_job = j->etcd_name,
                          .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
@@ -359,7 +366,7 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
                          .agent_image = o->cfg->agent_image};
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
     for (int i = 0; i < n && path; i++) {
-        cJSON *pod = op_pod_new(tj, &s, j->next_index);
+        cJSON *pod = op_pod_new(tj, &s, ps, j->next_index[ps]);
         const char *name = edl_k8s_str(pod, "metadata.name");
         edl_k8s_reply r = {0};
         int rc = edl_k8s_create(o->k, path, pod, &r);
@@ -367,12 +374,12 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
             o->m.pods_created++;
             edl_k8s_informer_store(o->pods, r.body, false); /* counted from now on */
             post_event(o, obj, "Normal", "PodCreated", "created pod %s", name);
-            j->next_index++;
+            j->next_index[ps]++;
             free(j->pod_error);
             j->pod_error = NULL;
             j->pod_backoff_ms = 0;
         } else if (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists")) {
-            j->next_index++; /* a pod of that name exists that we have not seen yet */
+            j->next_index[ps]++; /* a pod of that name exists that we have not seen yet */
             i--;
         } else {
             o->m.api_errors++;
@@ -393,8 +400,41 @@ static int by_index_desc(const void *a, const void *b)
     return x->index < y->index ? 1 : x->index > y->index ? -1 : 0;
 }
 
-/* Failed pods are replaced (the failure counted); then scale to spec.replicas: new pods take
- * the next indices, surplus pods go newest first (like `edl run`). Returns the failures. */
+/* One role to its replicas: new pods take the role's next indices, surplus pods go newest
+ * first (like `edl run`). A worker pod that succeeded means the job is ending: nothing more is
+ * created then, of either role. A parameter server that succeeded left cleanly (its process
+ * exited 0 by itself): its pod is deleted, uncounted, and replaced while the job runs. */
+static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
+                       job_pods *pods, bool ps)
+{
+    for (size_t i = 0; ps && pods->succeeded[0] == 0 && i < pods->n; i++) {
+        pod_view *v = &pods->p[i];
+        if (v->ps && !v->terminating && v->phase && !strcmp(v->phase, "Succeeded") &&
+            delete_pod(o, j, v) == 0)
+            pods->succeeded[1]--;
+    }
+    int have = pods->live[ps] + pods->succeeded[ps];
+    int want = ps ? edl_spec_desired_servers(&tj->spec) : tj->spec.replicas;
+    if (have < want && pods->succeeded[0] == 0) {
+        if (edl_monotonic_ms() >= j->pod_retry_ms)
+            create_pods(o, j, tj, obj, ps, want - have);
+        else
+            wake_in(j, j->pod_retry_ms - edl_monotonic_ms());
+    } else if (have > want) {
+        qsort(pods->p, pods->n, sizeof *pods->p, by_index_desc);
+        int surplus = have - want;
+        for (size_t i = 0; i < pods->n && surplus > 0; i++) {
+            pod_view *v = &pods->p[i];
+            if (v->ps != ps || v->terminating || v->ended)
+                continue;
+            if (delete_pod(o, j, v) == 0)
+                surplus--;
+        }
+    }
+}
+
+/* Failed pods of either role are replaced (the failure counted); then each role is scaled to
+ * its replicas (spec.replicas, spec.ps.replicas). Returns the failures. */
 static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
                        job_pods *pods)
 {
@@ -409,24 +449,8 @@ static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
         if (delete_pod(o, j, v) == 0)
             failures++;
     }
-    int have = pods->live + pods->succeeded;
-    int want = tj->spec.replicas;
-    if (have < want && pods->succeeded == 0) {
-        if (edl_monotonic_ms() >= j->pod_retry_ms)
-            create_pods(o, j, tj, obj, want - have);
-        else
-            wake_in(j, j->pod_retry_ms - edl_monotonic_ms());
-    } else if (have > want) {
-        qsort(pods->p, pods->n, sizeof *pods->p, by_index_desc);
-        int surplus = have - want;
-        for (size_t i = 0; i < pods->n && surplus > 0; i++) {
-            pod_view *v = &pods->p[i];
-            if (v->terminating || v->ended)
-                continue;
-            if (delete_pod(o, j, v) == 0)
-                surplus--;
-        }
-    }
+    scale_role(o, j, tj, obj, pods, false);
+    scale_role(o, j, tj, obj, pods, true); /* none wanted without spec.ps: any left go */
     return failures;
 }
 
@@ -479,8 +503,12 @@ static void announce(op *o, op_job *j, const cJSON *obj, const op_view *v, int d
             post_event(o, obj, "Warning", "MemberLost", "generation %lld has %zu members, %zu "
                        "before: %s", (long long)g->generation, g->n_members, j->ev_members,
                        g->reason ? g->reason : "");
-        post_event(o, obj, "Normal", "GenerationPublished", "generation %lld: %zu members (%s)",
-                   (long long)g->generation, g->n_members, g->reason ? g->reason : "");
+        char servers[48] = "";
+        if (g->n_servers)
+            snprintf(servers, sizeof servers, ", %zu servers", g->n_servers);
+        post_event(o, obj, "Normal", "GenerationPublished", "generation %lld: %zu members%s "
+                   "(%s)", (long long)g->generation, g->n_members, servers,
+                   g->reason ? g->reason : "");
         j->ev_generation = g->generation;
         j->ev_members = g->n_members;
     }
@@ -601,14 +629,12 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
     } else {
         completion_ms = 0;
     }
-    int replicas = 0;
-    for (size_t i = 0; i < pods.n; i++)
-        replicas += !pods.p[i].terminating;
     const edl_generation *g = j->etcd.current.generation ? &j->etcd.current : NULL;
     if (!msg[0] && g && g->reason)
         snprintf(msg, sizeof msg, "%s", g->reason);
     op_view v = {.state = state, .reason = op_failed, .message = msg[0] ? msg : NULL,
-                 .replicas = replicas, .selector = j->selector, .gen = g,
+                 .replicas = pods.existing[0], .ps = tj->spec.ps_max > 0,
+                 .ps_replicas = pods.existing[1], .selector = j->selector, .gen = g,
                  .observed_generation = tj->generation, .start_ms = start_ms,
                  .completion_ms = completion_ms, .pod_failures = pod_failures,
                  .pod_error = j->pod_error};

@@ -1,12 +1,13 @@
 /* operator_objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker
- * pods, the headless Service, the job's Secret, Events), built from the parsed job. Pure: no
- * API calls (it reads the operator's etcd TLS files once, at start), so each object's shape is
- * tested alone.
+ * and parameter-server pods, the headless Service, the job's Secret, Events), built from the
+ * parsed job. Pure: no API calls (it reads the operator's etcd TLS files once, at start), so
+ * each object's shape is tested alone.
  *
  * How edl-agent runs inside an image we do not own: an init container from the operator's
- * agent image copies the agent (`edl-agent --install`) into an emptyDir that the worker
- * container mounts at /edl/bin; the worker's command becomes
- * /edl/bin/edl-agent --job <ns>.<name> -- <the template's command and args>. */
+ * agent image copies the agent (`edl-agent --install`) into an emptyDir that the first
+ * container mounts at /edl/bin; its command becomes
+ * /edl/bin/edl-agent --job <ns>.<name> [--role ps] -- <the template's command and args>
+ * (the workers' template, or spec.ps's for a parameter server). */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,10 +50,11 @@ char *op_etcd_job_name(const char *ns, const char *name)
 
 char *op_selector(const char *job)
 {
-    size_t len = strlen(job) + sizeof EDL_TJ_LABEL_JOB + 1;
+    static const char role[] = "," EDL_TJ_LABEL_ROLE "=" EDL_ROLE_WORKER;
+    size_t len = strlen(job) + sizeof EDL_TJ_LABEL_JOB + sizeof role;
     char *s = malloc(len);
     if (s)
-        snprintf(s, len, "%s=%s", EDL_TJ_LABEL_JOB, job);
+        snprintf(s, len, "%s=%s%s", EDL_TJ_LABEL_JOB, job, role);
     return s;
 }
 
@@ -143,8 +145,10 @@ static void add_secret_volume(cJSON *volumes, const char *name, const char *secr
     cJSON_AddItemToArray(volumes, v);
 }
 
-/* The worker container: edl-agent in front of the template's command, edl's environment. */
-static void wrap_worker(cJSON *c, const edl_trainingjob *tj, const op_pod_settings *s)
+/* The first container: edl-agent (of the role) in front of the template's command, edl's
+ * environment. */
+static void wrap_container(cJSON *c, char *const *command, size_t n_command, bool ps,
+                           const op_pod_settings *s)
 {
     cJSON *cmd = cJSON_CreateArray();
     cJSON_AddItemToArray(cmd, cJSON_CreateString(AGENT_DIR "/edl-agent"));
@@ -154,9 +158,13 @@ static void wrap_worker(cJSON *c, const edl_trainingjob *tj, const op_pod_settin
         cJSON_AddItemToArray(cmd, cJSON_CreateString("--prefix"));
         cJSON_AddItemToArray(cmd, cJSON_CreateString(s->prefix));
     }
+    if (ps) {
+        cJSON_AddItemToArray(cmd, cJSON_CreateString("--role"));
+        cJSON_AddItemToArray(cmd, cJSON_CreateString(EDL_ROLE_PS));
+    }
     cJSON_AddItemToArray(cmd, cJSON_CreateString("--"));
-    for (size_t i = 0; i < tj->n_command; i++)
-        cJSON_AddItemToArray(cmd, cJSON_CreateString(tj->command[i]));
+    for (size_t i = 0; i < n_command; i++)
+        cJSON_AddItemToArray(cmd, cJSON_CreateString(command[i]));
     cJSON_DeleteItemFromObjectCaseSensitive(c, "command");
     cJSON_DeleteItemFromObjectCaseSensitive(c, "args");
     cJSON_AddItemToObject(c, "command", cmd);
@@ -189,24 +197,32 @@ static cJSON *install_container(const char *image)
     return ic;
 }
 
-cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t index)
+void op_pod_name(const char *job, bool ps, int64_t index, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s-%s-%lld", job, ps ? EDL_ROLE_PS : EDL_ROLE_WORKER, (long long)index);
+}
+
+cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, bool ps, int64_t index)
 {
     char name[300], idx[32];
-    snprintf(name, sizeof name, "%s-worker-%lld", tj->name, (long long)index);
+    op_pod_name(tj->name, ps, index, name, sizeof name);
     snprintf(idx, sizeof idx, "%lld", (long long)index);
-    const cJSON *tmd = cJSON_GetObjectItemCaseSensitive(tj->pod_template, "metadata");
+    const cJSON *tmpl = ps ? tj->ps_template : tj->pod_template;
+    const cJSON *tmd = cJSON_GetObjectItemCaseSensitive(tmpl, "metadata");
     cJSON *pod = cJSON_CreateObject();
     cJSON_AddStringToObject(pod, "apiVersion", "v1");
     cJSON_AddStringToObject(pod, "kind", "Pod");
     cJSON *md = owned_metadata(tj, name, cJSON_GetObjectItemCaseSensitive(tmd, "labels"));
     cJSON *labels = cJSON_GetObjectItemCaseSensitive(md, "labels");
-    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_ROLE, "worker");
+    cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_ROLE);
+    cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_INDEX);
+    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_ROLE, ps ? EDL_ROLE_PS : EDL_ROLE_WORKER);
     cJSON_AddStringToObject(labels, EDL_TJ_LABEL_INDEX, idx);
     const cJSON *ann = cJSON_GetObjectItemCaseSensitive(tmd, "annotations");
     if (cJSON_IsObject(ann))
         cJSON_AddItemToObject(md, "annotations", cJSON_Duplicate(ann, true));
     cJSON_AddItemToObject(pod, "metadata", md);
-    cJSON *spec = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(tj->pod_template, "spec"), true);
+    cJSON *spec = cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(tmpl, "spec"), true);
     if (!spec)
         spec = cJSON_CreateObject();
     cJSON_AddItemToObject(pod, "spec", spec);
@@ -219,7 +235,9 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, int64_t i
     cJSON_AddStringToObject(spec, "subdomain", tj->name);
     cJSON *inits = array_of(spec, "initContainers");
     cJSON_InsertItemInArray(inits, 0, install_container(s->agent_image));
-    wrap_worker(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0), tj, s);
+    wrap_container(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0),
+                   ps ? tj->ps_command : tj->command, ps ? tj->n_ps_command : tj->n_command, ps,
+                   s);
     cJSON *volumes = array_of(spec, "volumes");
     cJSON *bin = cJSON_CreateObject();
     cJSON_AddStringToObject(bin, "name", "edl-bin");

@@ -1,5 +1,6 @@
 /* operator_status.c: a TrainingJob's status as the operator writes it through /status: the
- * scale subresource's replicas and selector, the edl generation with its members, the state,
+ * scale subresource's replicas and selector (the workers'), the edl generation with its members
+ * (and, with spec.ps, the parameter servers' pods and the generation's servers), the state,
  * and conditions following the Kubernetes conventions (type CamelCase, status True/False,
  * reason CamelCase, lastTransitionTime kept while the status of a condition does not change).
  * Pure: built from what the operator observed and the status it read. */
@@ -104,15 +105,21 @@ static void add_conditions(cJSON *st, const cJSON *old_status, const op_view *v,
     }
 }
 
+/* key: [{pod, rank}] of a generation's members or servers. */
+static void add_ranked(cJSON *st, const char *key, const edl_member *m, size_t n)
+{
+    cJSON *arr = cJSON_AddArrayToObject(st, key);
+    for (size_t i = 0; i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "pod", m[i].pod);
+        cJSON_AddNumberToObject(e, "rank", m[i].rank);
+        cJSON_AddItemToArray(arr, e);
+    }
+}
+
 static void add_members(cJSON *st, const edl_generation *g)
 {
-    cJSON *members = cJSON_AddArrayToObject(st, "members");
-    for (size_t i = 0; g && i < g->n_members; i++) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "pod", g->members[i].pod);
-        cJSON_AddNumberToObject(m, "rank", g->members[i].rank);
-        cJSON_AddItemToArray(members, m);
-    }
+    add_ranked(st, "members", g ? g->members : NULL, g ? g->n_members : 0);
     if (g && g->n_standbys) {
         cJSON *sb = cJSON_AddArrayToObject(st, "standbys");
         for (size_t i = 0; i < g->n_standbys; i++)
@@ -131,6 +138,11 @@ cJSON *op_status_new(const cJSON *old_status, const op_view *v, int64_t now_ms)
     cJSON_AddNumberToObject(st, "generation", g ? (double)g->generation : 0);
     cJSON_AddNumberToObject(st, "memberCount", g ? (double)g->n_members : 0);
     add_members(st, g);
+    if (v->ps || (g && g->n_servers)) { /* the parameter servers: pods, then ranked servers */
+        cJSON_AddNumberToObject(st, "psReplicas", v->ps_replicas);
+        cJSON_AddNumberToObject(st, "serverCount", g ? (double)g->n_servers : 0);
+        add_ranked(st, "servers", g ? g->servers : NULL, g ? g->n_servers : 0);
+    }
     cJSON_AddStringToObject(st, "state", op_state_name(v->state));
     cJSON_AddNumberToObject(st, "restarts", g ? g->restarts : 0);
     cJSON_AddNumberToObject(st, "podFailures", v->pod_failures);

@@ -32,6 +32,8 @@ typedef struct op_view {
     const char *reason;       /* the current condition's reason (NULL: from the state) */
     const char *message;      /* and message (NULL: none) */
     int replicas;             /* worker pods that exist and are not being deleted */
+    bool ps;                  /* the job has the ps role (spec.ps) */
+    int ps_replicas;          /* parameter-server pods that exist and are not being deleted */
     const char *selector;     /* "edl.dev/job=<name>" */
     const edl_generation *gen; /* the published generation (NULL: none) */
     int64_t observed_generation;

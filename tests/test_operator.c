@@ -1,8 +1,9 @@
 /* test_operator.c: the TrainingJob operator (edl-jobserver --kubernetes) end to end, driven by
  * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
  * local processes (edl-agent installed by the init container, wrapping the example trainer),
- * with a real etcd. Each test applies the CRD and a job and checks what a user would see. The
- * last one checks the Helm chart's RBAC against every request the operator made in them all:
+ * with a real etcd. Each test applies the CRD and a job and checks what a user would see (a
+ * job with parameter servers too, and every example manifest against the schema). The last
+ * one checks the Helm chart's RBAC against every request the operator made in them all:
  * each allowed, no rule unused. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -18,6 +19,7 @@
 #include <cmocka.h>
 
 #include "edl/etcd_server.h"
+#include "edl/trainingjob.h"
 #include "edl/yaml.h"
 #include "harness.h"
 
@@ -167,7 +169,7 @@ static void test_kubectl_drives_a_job_from_apply_to_delete(void **state)
     /* what an HPA reads: the scale subresource with the pods' selector */
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "get --raw /apis/edl.dev/v1alpha1/"
                                      "namespaces/default/trainingjobs/mnist/scale"), 0);
-    assert_non_null(strstr(out, "\"selector\":\"edl.dev/job=mnist\""));
+    assert_non_null(strstr(out, "\"selector\":\"edl.dev/job=mnist,edl.dev/role=worker\""));
     /* the operator's Prometheus metrics */
     static char metrics[65536];
     assert_int_equal(harness_http_get(c->metrics_port[0], "/metrics", metrics, sizeof metrics),
@@ -230,6 +232,136 @@ static pid_t process_of(const char *pod, const char *exe)
     if (d)
         closedir(d);
     return found;
+}
+
+/* Wait until the job's spec in etcd holds want (what the operator wrote from the TrainingJob). */
+static void wait_etcd_spec(cluster *c, const char *job, const char *want)
+{
+    char spec[4096] = "", cmd[256];
+    snprintf(cmd, sizeof cmd, "get --print-value-only /edl/v1/jobs/default.%s/spec", job);
+    for (int64_t end = harness_now_ms() + 20000; harness_now_ms() < end; harness_sleep_ms(100)) {
+        harness_etcdctl_out(spec, sizeof spec, edl_etcd_server_endpoints(c->etcd), NULL, "%s",
+                            cmd);
+        if (strstr(spec, want))
+            return;
+    }
+    fail_msg("the spec of %s in etcd: %s; waited for %s", job, spec, want);
+}
+
+#define PS_SPEC(replicas)                                                                        \
+    "  ps:\n    replicas: " replicas "\n    minReplicas: 1\n    maxReplicas: 4\n"             \
+    "    template:\n      spec:\n        containers:\n        - name: server\n"               \
+    "          image: x\n          command: [sleep, \"100000\"]\n"
+
+/* spec.ps: the operator creates the servers' pods beside the workers' (own names, role label,
+ * `edl-agent --role ps`), writes the ps bounds to etcd, reports the servers in the status,
+ * scales them by a patch of spec.ps.replicas (kubectl scale stays the workers'), and replaces
+ * a deleted one. */
+static void test_ps_pods_are_created_scaled_and_replaced(void **state)
+{
+    cluster *c = *state;
+    char out[8192];
+    apply_job(c, "psj", 2, "100000", PS_SPEC("2"));
+    harness_kubectl_wait(c->k, "tj psj", "{.status.state}/{.status.memberCount}/"
+                         "{.status.serverCount}", "Running/2/2", 30000);
+    live_pods(c, "psj", out, sizeof out);
+    assert_string_equal(out, "psj-ps-0 psj-ps-1 psj-worker-0 psj-worker-1 ");
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=psj,edl.dev/role=ps",
+                         "{.items[*].metadata.labels.edl\\.dev/index}", "0 1", 5000);
+    harness_kubectl(c->k, out, sizeof out, "get pod psj-ps-1 -o jsonpath="
+                    "'{.spec.containers[0].command}'");
+    assert_non_null(strstr(out, "\"--role\",\"ps\",\"--\",\"sleep\""));
+    harness_kubectl_wait(c->k, "tj psj", "{.status.replicas}/{.status.psReplicas}", "2/2", 5000);
+    harness_kubectl(c->k, out, sizeof out, "get tj psj -o jsonpath='{.status.servers[*].pod}'");
+    assert_true(strstr(out, "psj-ps-0") && strstr(out, "psj-ps-1")); /* in rank order */
+    wait_etcd_spec(c, "psj", "\"ps\":{\"min\":1,\"max\":4,\"replicas\":2}");
+    /* more servers: a patch of spec.ps.replicas; the workers keep running */
+    pid_t w0 = process_of("psj-worker-0", "elastic_trainer");
+    assert_true(w0 > 0);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj psj --type=merge "
+                                     "-p '{\"spec\":{\"ps\":{\"replicas\":3}}}'"), 0);
+    wait_etcd_spec(c, "psj", "\"replicas\":3}");
+    harness_kubectl_wait(c->k, "tj psj", "{.status.serverCount}/{.status.psReplicas}", "3/3",
+                         30000);
+    live_pods(c, "psj", out, sizeof out);
+    assert_string_equal(out, "psj-ps-0 psj-ps-1 psj-ps-2 psj-worker-0 psj-worker-1 ");
+    assert_int_equal(process_of("psj-worker-0", "elastic_trainer"), w0);
+    /* fewer: the newest go */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj psj --type=merge "
+                                     "-p '{\"spec\":{\"ps\":{\"replicas\":1}}}'"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=psj,edl.dev/role=ps",
+                         "{.items[*].metadata.name}", "psj-ps-0", 30000);
+    harness_kubectl_wait(c->k, "tj psj", "{.status.serverCount}", "1", 30000);
+    /* a deleted server is replaced (a new index), and is no failure */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete pod psj-ps-0 --wait=false"),
+                     0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=psj,edl.dev/role=ps",
+                         "{.items[*].metadata.name}", "psj-ps-3", 30000);
+    harness_kubectl_wait(c->k, "tj psj", "{.status.servers[*].pod}", "psj-ps-3", 30000);
+    /* kubectl scale is the workers' */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/psj --replicas=3"), 0);
+    harness_kubectl_wait(c->k, "tj psj", "{.status.memberCount}/{.status.serverCount}", "3/1",
+                         30000);
+    live_pods(c, "psj", out, sizeof out);
+    assert_string_equal(out, "psj-ps-3 psj-worker-0 psj-worker-1 psj-worker-2 ");
+    harness_kubectl_wait(c->k, "tj psj", "{.status.podFailures}", "0", 1000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj psj --wait=true "
+                                     "--timeout=30s"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=psj", "{.items[*].metadata.name}", "",
+                         30000);
+}
+
+/* Every manifest of deploy/k8s/examples passes the CRD's schema (the API server's dry run,
+ * through the real kubectl) and the operator's reader; a bad spec.ps does not get past the
+ * schema, and one the schema cannot judge (CEL) is named by the operator. */
+static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **state)
+{
+    cluster *c = *state;
+    char out[8192], dir[512], file[1024], field[256], err[512];
+    snprintf(dir, sizeof dir, "%s/deploy/k8s/examples", EDL_SOURCE_DIR);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".yaml") != 0)
+            continue;
+        snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+        if (harness_kubectl(c->k, out, sizeof out, "apply --dry-run=server -f %s 2>&1", file))
+            fail_msg("%s: %s", e->d_name, out);
+        edl_yaml *y;
+        assert_int_equal(edl_yaml_load_file(file, &y, err, sizeof err), 0);
+        edl_trainingjob tj;
+        if (edl_trainingjob_parse(edl_yaml_doc(y, 0), &tj, field, sizeof field, err, sizeof err))
+            fail_msg("%s: %s: %s", e->d_name, field, err);
+        edl_trainingjob_clear(&tj);
+        edl_yaml_free(y);
+        n++;
+    }
+    closedir(d);
+    assert_true(n >= 3);
+    static const struct {
+        const char *ps, *says;
+    } bad[] = {
+        {"  ps:\n    replicas: two\n", "replicas"},
+        {"  ps:\n    minReplicas: 0\n    template: {spec: {containers: [{name: s}]}}\n",
+         "minReplicas"},
+        {"  ps:\n    replicas: 1\n    template: {spec: {containers: []}}\n", "containers"},
+        {"  ps:\n    replicas: 1\n    template: {metadata: {}}\n", "spec"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(file, sizeof file, "%s/badps.yaml", harness_k8s_dir(c->k));
+        write_job(c, file, "badps", 1, "10", bad[i].ps);
+        if (harness_kubectl(c->k, out, sizeof out, "apply -f %s 2>&1", file) == 0 ||
+            !strstr(out, bad[i].says))
+            fail_msg("case %zu: kubectl apply: %s", i, out);
+    }
+    /* min > max is a CEL rule (not checked by the stand-in): the operator names it */
+    apply_job(c, "badps", 1, "10", "  ps:\n    minReplicas: 3\n    maxReplicas: 2\n"
+              "    template: {spec: {containers: [{name: s, command: [sleep, \"9\"]}]}}\n");
+    harness_kubectl_wait(c->k, "tj badps", "{.status.conditions[?(@.type==\"Created\")].message}",
+                         "spec.ps: minReplicas (3) is greater than maxReplicas (2)", 20000);
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
 }
 
 static void test_lost_pods_are_replaced_within_the_budget(void **state)
@@ -501,6 +633,10 @@ int main(void)
             test_refused_pods_and_bad_templates_show_in_conditions_and_events, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_standby_takes_over_mid_scale_and_nothing_is_done_twice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ps_pods_are_created_scaled_and_replaced, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_examples_pass_the_schema_and_bad_ps_sections_do_not, setup, teardown),
         cmocka_unit_test(test_the_charts_rbac_allows_each_request_and_no_more),
     };
     e2e_total = (int)(sizeof tests / sizeof tests[0]) - 1; /* all but the RBAC check */

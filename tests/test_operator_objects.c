@@ -1,8 +1,9 @@
 /* test_operator_objects.c: what the operator writes to Kubernetes, checked without a server:
  * the worker pod made from a template (edl-agent wrapping the command, the downward API, the
- * job's Secret, owned by the job), the Service, the Secret (with the operator's etcd TLS
- * files), Events, and the status with its
- * conditions (transition times kept while a condition does not change). */
+ * job's Secret, owned by the job), the parameter server's pod from spec.ps's template (its own
+ * name, role label and `edl-agent --role ps`), the Service, the Secret (with the operator's
+ * etcd TLS files), Events, and the status with its conditions (transition times kept while a
+ * condition does not change) and its servers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -52,12 +53,13 @@ static void test_pod_wraps_the_command_in_the_agent(void **state)
     parse_job(&tj, &obj);
     op_pod_settings s = {.etcd_job = "team.mnist", .etcd_endpoints = "http://etcd:2379",
                          .agent_image = "edl:1"};
-    cJSON *pod = op_pod_new(&tj, &s, 7);
+    cJSON *pod = op_pod_new(&tj, &s, false, 7);
     assert_string_equal(edl_k8s_str(pod, "metadata.name"), "mnist-worker-7");
     assert_string_equal(edl_k8s_str(pod, "metadata.namespace"), "team");
     const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels");
     assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/job")->valuestring, "mnist");
     assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/index")->valuestring, "7");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/role")->valuestring, "worker");
     assert_string_equal(cJSON_GetObjectItem(labels, "app")->valuestring, "x");
     const cJSON *ref = cJSON_GetArrayItem(
         cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "ownerReferences"), 0);
@@ -84,6 +86,63 @@ static void test_pod_wraps_the_command_in_the_agent(void **state)
     assert_string_equal(edl_k8s_str(vol, "secret.secretName"), "mnist-edl-secret");
     assert_int_equal(edl_k8s_int(vol, "secret.defaultMode", 0), 0400);
     cJSON_Delete(pod);
+    cJSON_Delete(obj);
+    edl_trainingjob_clear(&tj);
+}
+
+static const char PS_JOB[] =
+    "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","
+    "\"metadata\":{\"name\":\"ctr\",\"namespace\":\"team\",\"uid\":\"u-2\"},"
+    "\"spec\":{\"replicas\":2,\"template\":{\"spec\":{\"containers\":[{\"name\":\"t\","
+    "\"command\":[\"ctr\"]}]}},\"ps\":{\"replicas\":2,\"maxReplicas\":4,\"template\":{"
+    "\"metadata\":{\"labels\":{\"tier\":\"ps\",\"edl.dev/role\":\"worker\"}},"
+    "\"spec\":{\"containers\":[{\"name\":\"server\",\"image\":\"i\",\"command\":[\"ctr\"],"
+    "\"args\":[\"--threads\",\"2\"],\"resources\":{\"limits\":{\"memory\":\"8Gi\"}}}]}}}}}";
+
+/* A parameter server's pod: spec.ps's template, its own name and indices, the role in its
+ * label (a template's own edl.dev/role cannot override it) and in the agent's command. */
+static void test_ps_pod_runs_the_agent_with_role_ps(void **state)
+{
+    (void)state;
+    cJSON *obj = cJSON_Parse(PS_JOB);
+    edl_trainingjob tj;
+    char field[128], err[256];
+    assert_int_equal(edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err), 0);
+    op_pod_settings s = {.etcd_job = "team.ctr", .prefix = "/p", .etcd_endpoints = "http://e:1",
+                         .agent_image = "edl:1"};
+    cJSON *pod = op_pod_new(&tj, &s, true, 3);
+    assert_string_equal(edl_k8s_str(pod, "metadata.name"), "ctr-ps-3");
+    const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/job")->valuestring, "ctr");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/role")->valuestring, "ps");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/index")->valuestring, "3");
+    assert_string_equal(cJSON_GetObjectItem(labels, "tier")->valuestring, "ps");
+    const cJSON *spec = cJSON_GetObjectItem(pod, "spec");
+    assert_string_equal(edl_k8s_str(spec, "hostname"), "ctr-ps-3");
+    assert_string_equal(edl_k8s_str(spec, "subdomain"), "ctr");
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(spec, "containers"), 0);
+    assert_string_equal(edl_k8s_str(c, "name"), "server");
+    assert_string_equal(edl_k8s_str(c, "resources.limits.memory"), "8Gi");
+    char *cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
+    assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.ctr\",\"--prefix\","
+                             "\"/p\",\"--role\",\"ps\",\"--\",\"ctr\",\"--threads\",\"2\"]");
+    free(cmd);
+    assert_string_equal(edl_k8s_str(find_named(cJSON_GetObjectItem(c, "env"), "POD_IP"),
+                                    "valueFrom.fieldRef.fieldPath"), "status.podIP");
+    assert_non_null(find_named(cJSON_GetObjectItem(spec, "volumes"), "edl-secret"));
+    cJSON_Delete(pod);
+    pod = op_pod_new(&tj, &s, false, 0); /* the workers' pod of the same job */
+    assert_string_equal(edl_k8s_str(pod, "metadata.name"), "ctr-worker-0");
+    c = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"), "containers"),
+                           0);
+    cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
+    assert_null(strstr(cmd, "--role"));
+    free(cmd);
+    cJSON_Delete(pod);
+    /* the scale subresource's selector counts the workers only */
+    char *sel = op_selector("ctr");
+    assert_string_equal(sel, "edl.dev/job=ctr,edl.dev/role=worker");
+    free(sel);
     cJSON_Delete(obj);
     edl_trainingjob_clear(&tj);
 }
@@ -160,6 +219,35 @@ static void test_conditions_keep_their_transition_times(void **state)
     cJSON_Delete(s4);
 }
 
+/* With spec.ps the status carries the servers' pods and the generation's ranked servers;
+ * without it, none of those keys. */
+static void test_status_reports_the_servers(void **state)
+{
+    (void)state;
+    edl_member members[] = {{.pod = "ctr-worker-0", .rank = 0},
+                            {.pod = "ctr-worker-1", .rank = 1}};
+    edl_member servers[] = {{.pod = "ctr-ps-1", .rank = 0}, {.pod = "ctr-ps-0", .rank = 1}};
+    edl_generation g = {.generation = 2, .state = EDL_JOB_RUNNING, .members = members,
+                        .n_members = 2, .servers = servers, .n_servers = 2};
+    op_view v = {.state = OP_RUNNING, .replicas = 2, .ps = true, .ps_replicas = 3,
+                 .selector = "s", .gen = &g};
+    cJSON *st = op_status_new(NULL, &v, INT64_C(1795000000000));
+    assert_int_equal(edl_k8s_int(st, "psReplicas", -1), 3);
+    assert_int_equal(edl_k8s_int(st, "serverCount", -1), 2);
+    assert_int_equal(edl_k8s_int(st, "memberCount", -1), 2);
+    const cJSON *sv = cJSON_GetObjectItem(st, "servers");
+    assert_int_equal(cJSON_GetArraySize(sv), 2);
+    assert_string_equal(edl_k8s_str(cJSON_GetArrayItem(sv, 0), "pod"), "ctr-ps-1");
+    assert_int_equal(edl_k8s_int(cJSON_GetArrayItem(sv, 1), "rank", -1), 1);
+    cJSON_Delete(st);
+    g.n_servers = 0;
+    v.ps = false;
+    st = op_status_new(NULL, &v, INT64_C(1795000000000));
+    assert_null(cJSON_GetObjectItem(st, "psReplicas"));
+    assert_null(cJSON_GetObjectItem(st, "servers"));
+    cJSON_Delete(st);
+}
+
 static void test_states_of_generations(void **state)
 {
     (void)state;
@@ -212,7 +300,7 @@ static void test_etcd_tls_files_travel_in_the_job_secret(void **state)
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(data, "etcd-tls.key")), "S0VZ");
     op_pod_settings s = {.etcd_job = "team.mnist", .etcd_endpoints = "https://etcd:2379",
                          .etcd_tls = &tls, .agent_image = "edl:1"};
-    cJSON *pod = op_pod_new(&tj, &s, 0);
+    cJSON *pod = op_pod_new(&tj, &s, false, 0);
     const cJSON *c = cJSON_GetArrayItem(
         cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"), "containers"), 0);
     const cJSON *env = cJSON_GetObjectItem(c, "env");
@@ -232,6 +320,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pod_wraps_the_command_in_the_agent),
+        cmocka_unit_test(test_ps_pod_runs_the_agent_with_role_ps),
+        cmocka_unit_test(test_status_reports_the_servers),
         cmocka_unit_test(test_service_secret_and_event),
         cmocka_unit_test(test_etcd_tls_files_travel_in_the_job_secret),
         cmocka_unit_test(test_conditions_keep_their_transition_times),

@@ -1,8 +1,8 @@
 /* test_trainingjob.c: manifests without a cluster: YAML read into cJSON with the line of every
  * node (and every refusal: aliases, duplicate keys, depth, syntax, empty and huge files), the
- * TrainingJob read with the CRD's defaults and every field mapped, each bad input named by its
- * field path and code with the output left cleared, the fields only a cluster uses, and
- * durations. */
+ * TrainingJob read with the CRD's defaults and every field mapped (spec.ps too, its bounds read
+ * back from the etcd spec), each bad input named by its field path and code with the output
+ * left cleared, the fields only a cluster uses, and durations. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -263,6 +263,10 @@ static void test_trainingjob_defaults(void **state)
     assert_non_null(tj->pod_template);
     assert_non_null(cJSON_GetObjectItem(tj->pod_template, "spec"));
     assert_string_equal(p->field, "");
+    assert_int_equal(tj->spec.ps_max, 0); /* no spec.ps: no parameter servers */
+    assert_int_equal(edl_spec_desired_servers(&tj->spec), 0);
+    assert_null(tj->ps_template);
+    assert_null(tj->ps_command);
     parsed_free(p);
 
     /* maxReplicas defaults to max(replicas, minReplicas) */
@@ -330,6 +334,62 @@ static void test_trainingjob_every_field_mapped(void **state)
 
     p = parse(TJ_HEAD "spec:\n  cleanPodPolicy: None\n" TJ_TEMPLATE);
     assert_int_equal(p->tj.clean_pod_policy, EDL_CLEAN_NONE);
+    parsed_free(p);
+}
+
+#define PS_TEMPLATE                                                                              \
+    "    template:\n      spec:\n        containers:\n          - name: ps\n"                 \
+    "            command: [ctr]\n            args: [--threads, \"2\"]\n"
+
+/* spec.ps: the workers' names and defaults; its own template and command; the spec that goes to
+ * etcd carries the bounds and reads back the same. */
+static void test_trainingjob_ps_role_round_trip(void **state)
+{
+    (void)state;
+    parsed *p = parse(TJ_HEAD "spec:\n  ps:\n" PS_TEMPLATE TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.ps_replicas, 1);
+    assert_int_equal(p->tj.spec.ps_min, 1);
+    assert_int_equal(p->tj.spec.ps_max, 1);
+    parsed_free(p);
+    p = parse(TJ_HEAD "spec:\n  ps:\n    replicas: 3\n    minReplicas: 2\n" PS_TEMPLATE
+                      TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.ps_max, 3); /* max(replicas, minReplicas) */
+    parsed_free(p);
+    p = parse(TJ_HEAD "spec:\n  ps: null\n" TJ_TEMPLATE); /* a merge patch's removal */
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.ps_max, 0);
+    parsed_free(p);
+
+    p = parse(TJ_HEAD "spec:\n  replicas: 2\n  ps:\n    replicas: 2\n    minReplicas: 1\n"
+                      "    maxReplicas: 4\n" PS_TEMPLATE TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    edl_trainingjob *tj = &p->tj;
+    assert_int_equal(tj->spec.ps_replicas, 2);
+    assert_int_equal(tj->spec.ps_min, 1);
+    assert_int_equal(tj->spec.ps_max, 4);
+    assert_int_equal(edl_spec_desired_servers(&tj->spec), 2);
+    assert_int_equal(tj->n_ps_command, 3);
+    assert_string_equal(tj->ps_command[0], "ctr");
+    assert_string_equal(tj->ps_command[2], "2");
+    assert_null(tj->ps_command[3]);
+    assert_string_equal(tj->command[0], "python"); /* the workers' own */
+    const cJSON *ctr = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(
+                                              tj->ps_template, "spec"), "containers"), 0);
+    assert_string_equal(cJSON_GetObjectItem(ctr, "name")->valuestring, "ps");
+    char *json = edl_spec_to_json(&tj->spec);
+    assert_non_null(strstr(json, "\"ps\":{\"min\":1,\"max\":4,\"replicas\":2}"));
+    edl_job_spec back;
+    edl_spec_init(&back);
+    char err[256];
+    assert_int_equal(edl_spec_parse(json, strlen(json), &back, err, sizeof err), 0);
+    assert_int_equal(back.ps_min, 1);
+    assert_int_equal(back.ps_max, 4);
+    assert_int_equal(back.ps_replicas, 2);
+    assert_int_equal(back.replicas, 2);
+    edl_spec_clear(&back);
+    free(json);
     parsed_free(p);
 }
 
@@ -407,6 +467,37 @@ static void test_trainingjob_bad_inputs_name_field_and_code(void **state)
         {"spec:\n  template:\n    spec:\n      containers:\n        - name: t\n"
          "          command: [a]\n          env: [{name: A, value: 1}]\n", EDL_EPROTO,
          "spec.template.spec.containers[0].env[0].value", "string"},
+        {"spec:\n  ps: [1]\n" TJ_TEMPLATE, EDL_EPROTO, "spec.ps", "object"},
+        {"spec:\n  ps:\n    replicas: two\n" PS_TEMPLATE TJ_TEMPLATE, EDL_EPROTO,
+         "spec.ps.replicas", "integer"},
+        {"spec:\n  ps:\n    replicas: -1\n" PS_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "spec.ps.replicas", "0..1024"},
+        {"spec:\n  ps:\n    minReplicas: 0\n" PS_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "spec.ps.minReplicas", "1..1024"},
+        {"spec:\n  ps:\n    maxReplicas: 1025\n" PS_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "spec.ps.maxReplicas", "1..1024"},
+        {"spec:\n  ps:\n    maxReplicas: \"4\"\n" PS_TEMPLATE TJ_TEMPLATE, EDL_EPROTO,
+         "spec.ps.maxReplicas", "integer"},
+        {"spec:\n  ps:\n    minReplicas: 3\n    maxReplicas: 2\n" PS_TEMPLATE TJ_TEMPLATE,
+         EDL_ECONFIG, "spec.ps", "minReplicas (3) is greater than maxReplicas (2)"},
+        {"spec:\n  ps:\n    replicas: 5\n    maxReplicas: 4\n" PS_TEMPLATE TJ_TEMPLATE,
+         EDL_ECONFIG, "spec.ps", "replicas (5) is greater than maxReplicas (4)"},
+        {"spec:\n  ps:\n    replicas: 1\n" TJ_TEMPLATE, EDL_EPROTO, "spec.ps.template",
+         "is required"},
+        {"spec:\n  ps:\n    template: []\n" TJ_TEMPLATE, EDL_EPROTO, "spec.ps.template",
+         "object"},
+        {"spec:\n  ps:\n    template:\n      spec:\n        containers: []\n" TJ_TEMPLATE,
+         EDL_ECONFIG, "spec.ps.template.spec.containers", "the parameter server"},
+        {"spec:\n  ps:\n    template:\n      spec: {}\n" TJ_TEMPLATE, EDL_EPROTO,
+         "spec.ps.template.spec.containers", "is required"},
+        {"spec:\n  ps:\n    template:\n      spec:\n        containers: [{name: ps}]\n"
+         TJ_TEMPLATE, EDL_EPROTO, "spec.ps.template.spec.containers[0].command", "entrypoint"},
+        {"spec:\n  ps:\n    template:\n      spec:\n        containers:\n"
+         "          - {name: ps, command: [a], args: [x, 2]}\n" TJ_TEMPLATE, EDL_EPROTO,
+         "spec.ps.template.spec.containers[0].args[1]", "string"},
+        {"spec:\n  ps:\n    template:\n      spec:\n        containers:\n"
+         "          - {name: ps, command: [a], env: [{name: \"A=B\"}]}\n" TJ_TEMPLATE,
+         EDL_ECONFIG, "spec.ps.template.spec.containers[0].env[0].name", "variable name"},
         {"spec: 3\n", EDL_EPROTO, "spec", "object"},
         {"!apiVersion: edl.dev/v1\nkind: TrainingJob\nmetadata: {name: a}\nspec: {}\n",
          EDL_ECONFIG, "apiVersion", "edl.dev/v1alpha1"},
@@ -488,7 +579,10 @@ static void test_cluster_only_fields_reported(void **state)
         "          workingDir: /w\n          resources: {}\n          volumeMounts: []\n"
         "          ports: []\n          env:\n            - {name: A, value: b}\n"
         "            - name: B\n              valueFrom: {fieldRef: {fieldPath: x}}\n"
-        "        - name: sidecar\n          image: s\n");
+        "        - name: sidecar\n          image: s\n"
+        "  ps:\n    replicas: 1\n    template:\n      metadata: {labels: {r: ps}}\n"
+        "      spec:\n        nodeSelector: {mem: big}\n        containers:\n"
+        "          - {name: ps, image: img:1, command: [x], env: [{name: A, value: b}]}\n");
     char got[2048] = "";
     edl_trainingjob_cluster_only(edl_yaml_doc(y, 0), report_field, got);
     assert_string_equal(got,
@@ -503,7 +597,9 @@ static void test_cluster_only_fields_reported(void **state)
                         "spec.template.spec.containers[0].volumeMounts "
                         "spec.template.spec.containers[0].ports "
                         "spec.template.spec.containers[0].env[1].valueFrom "
-                        "spec.template.spec.containers[1] ");
+                        "spec.template.spec.containers[1] "
+                        "spec.ps.template.metadata.labels spec.ps.template.spec.nodeSelector "
+                        "spec.ps.template.spec.containers[0].image ");
     edl_yaml_free(y);
     got[0] = '\0';
     edl_trainingjob_cluster_only(NULL, report_field, got); /* nothing, no crash */
@@ -546,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_yaml_files_missing_and_huge),
         cmocka_unit_test(test_trainingjob_defaults),
         cmocka_unit_test(test_trainingjob_every_field_mapped),
+        cmocka_unit_test(test_trainingjob_ps_role_round_trip),
         cmocka_unit_test(test_trainingjob_bad_inputs_name_field_and_code),
         cmocka_unit_test(test_trainingjob_line_of_a_bad_field),
         cmocka_unit_test(test_cluster_only_fields_reported),

@@ -1,7 +1,8 @@
 /* edl/trainingjob.h: the TrainingJob resource (deploy/k8s/crd.yaml, group edl.dev, version
  * v1alpha1) read into what edl runs: the job spec that goes to etcd (edl_job_spec), the pod
- * template, and the settings the operator applies itself (suspend, cleanPodPolicy,
- * ttlSecondsAfterFinished, activeDeadlineSeconds).
+ * templates (the workers', and the parameter servers' of spec.ps), and the settings the
+ * operator applies itself (suspend, cleanPodPolicy, ttlSecondsAfterFinished,
+ * activeDeadlineSeconds).
  *
  * One reader for both users of the manifest: the operator parses the objects the API server
  * sends, `edl run -f job.yaml` parses the same manifest from a file (edl/yaml.h turns YAML into
@@ -30,8 +31,8 @@ extern "C" {
 #define EDL_TJ_KIND "TrainingJob"
 #define EDL_TJ_PLURAL "trainingjobs"
 #define EDL_TJ_LABEL_JOB "edl.dev/job"     /* on every pod of a job: its name */
-#define EDL_TJ_LABEL_ROLE "edl.dev/role"   /* "worker" (parameter servers, teachers later) */
-#define EDL_TJ_LABEL_INDEX "edl.dev/index" /* the pod's index: higher is newer */
+#define EDL_TJ_LABEL_ROLE "edl.dev/role"   /* "worker" or "ps" (EDL_ROLE_*: teachers later) */
+#define EDL_TJ_LABEL_INDEX "edl.dev/index" /* the pod's index in its role: higher is newer */
 #define EDL_TJ_FINALIZER "edl.dev/etcd-cleanup"
 
 typedef enum edl_clean_pod_policy {
@@ -44,7 +45,7 @@ typedef struct edl_trainingjob {
     char *name, *ns, *uid;         /* metadata (ns: "default" when absent; uid may be NULL) */
     int64_t generation;            /* metadata.generation (0 when absent) */
     bool deleting;                 /* metadata.deletionTimestamp is set */
-    edl_job_spec spec;             /* replicas, min, max and the elastic settings */
+    edl_job_spec spec;             /* replicas, min, max, ps_* and the elastic settings */
     bool suspend;
     edl_clean_pod_policy clean_pod_policy;
     int64_t ttl_after_finished_s;  /* -1: keep the job */
@@ -53,11 +54,17 @@ typedef struct edl_trainingjob {
     char **command;                /* the first container's command then args (NULL-terminated,
                                     * owned): what edl-agent wraps */
     size_t n_command;
+    /* spec.ps, the parameter servers (NULL/0 without it; spec.ps_* hold its replicas and
+     * bounds): its own pod template, whose first container runs under edl-agent --role ps */
+    cJSON *ps_template;            /* a copy of spec.ps.template (owned) */
+    char **ps_command;             /* its first container's command then args (as command) */
+    size_t n_ps_command;
 } edl_trainingjob;
 
 /* Read a TrainingJob object. On a problem: EDL_EPROTO (wrong type, missing field) or
- * EDL_ECONFIG (a value out of range, min > max, an unknown enum name), `field` receives its
- * path ("spec.minReplicas", "spec.template.spec.containers[0].command") and `err` what is wrong
+ * EDL_ECONFIG (a value out of range, min > max, spec.ps.replicas > spec.ps.maxReplicas, an
+ * unknown enum name), `field` receives its path ("spec.minReplicas",
+ * "spec.template.spec.containers[0].command", "spec.ps.maxReplicas") and `err` what is wrong
  * with it (without the path); *out is left cleared. *out is written, not read: clear an
  * edl_trainingjob that holds a job before parsing into it again. */
 int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
