@@ -75,6 +75,17 @@ static void publish(maps *m, int gen, const int *to, int nto, int joiner)
     atomic_store(&m->now, gen);
 }
 
+/* Servers 0..2 of m->k on free loopback ports (o: their options); map 1 holds `first` and is
+ * published, map 2 holds `second` and waits. */
+static void start_maps(maps *m, const edl_ps_server_options *o, const int *first, int nfirst,
+                       const int *second, int nsecond)
+{
+    harness_ps_open(m->k, 3, o);
+    make_map(m, 1, first, nfirst);
+    make_map(m, 2, second, nsecond);
+    publish(m, 1, first, nfirst, -1);
+}
+
 static edl_ps_client *client_of(maps *m, int gen)
 {
     edl_ps_client_options o = {.endpoints = m->eps[gen], .names = m->names[gen],
@@ -198,11 +209,8 @@ static void test_a_server_joins_while_clients_push_and_every_update_is_applied_o
 {
     (void)state;
     harness_ps k;
-    harness_ps_open(&k, 3, NULL);
     maps m = {.k = &k};
-    make_map(&m, 1, (int[]){0, 1}, 2);
-    make_map(&m, 2, (int[]){0, 1, 2}, 3);
-    publish(&m, 1, (int[]){0, 1}, 2, -1);
+    start_maps(&m, NULL, (int[]){0, 1}, 2, (int[]){0, 1, 2}, 3);
     pusher p[PUSHERS];
     pthread_t th[PUSHERS];
     atomic_int done = 0;
@@ -229,11 +237,8 @@ static void test_a_leaving_server_hands_its_shards_over_before_it_exits(void **s
 {
     (void)state;
     harness_ps k;
-    harness_ps_open(&k, 3, NULL);
     maps m = {.k = &k};
-    make_map(&m, 1, (int[]){0, 1, 2}, 3);
-    make_map(&m, 2, (int[]){0, 1}, 2);
-    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    start_maps(&m, NULL, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
     pusher p[PUSHERS];
     pthread_t th[PUSHERS];
     atomic_int done = 0;
@@ -297,11 +302,8 @@ static void test_with_replicas_a_killed_server_loses_no_acknowledged_update(void
 {
     (void)state;
     harness_ps k;
-    harness_ps_open(&k, 3, NULL);
     maps m = {.k = &k, .replicas = 2};
-    make_map(&m, 1, (int[]){0, 1, 2}, 3);
-    make_map(&m, 2, (int[]){0, 1}, 2);
-    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    start_maps(&m, NULL, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
     pusher p[PUSHERS];
     pthread_t th[PUSHERS];
     atomic_int done = 0;
@@ -569,11 +571,8 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
     cfg.uri = uri, cfg.etcd = cl, cfg.job = "psck", cfg.commit_timeout_ms = 20000;
     edl_ps_server_options o = {.handover_timeout_ms = 300, .checkpoint = &cfg};
     harness_ps k;
-    harness_ps_open(&k, 3, &o);
     maps m = {.k = &k};
-    make_map(&m, 1, (int[]){0, 1, 2}, 3);
-    make_map(&m, 2, (int[]){0, 1}, 2);
-    publish(&m, 1, (int[]){0, 1, 2}, 3, -1);
+    start_maps(&m, &o, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
     edl_ps_client *c = client_of(&m, 1);
     create_tables(c, &m);
     for (int r = 0; r < 5; r++)

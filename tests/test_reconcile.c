@@ -752,6 +752,18 @@ static void servers_running(world *w)
         set_named_status(w, w->cur.servers[i].pod, EDL_TRAINER_RUNNING, 0, -1);
 }
 
+/* Workers p0.. and servers s0.. join, settle into a generation and run. */
+static void start_ps_job(world *w, int workers, int servers)
+{
+    for (int i = 0; i < workers; i++)
+        add_pod(w, i);
+    for (int i = 0; i < servers; i++)
+        add_ps(w, i);
+    settle(w);
+    all_running(w);
+    servers_running(w);
+}
+
 static void test_ps_job_waits_until_ps_min_servers(void **state)
 {
     (void)state;
@@ -808,13 +820,7 @@ static void test_server_change_is_a_new_generation_that_keeps_the_workers(void *
     world w;
     ps_world(&w, 2, 2, 1, 3);
     w.spec.max_restarts = 0;
-    add_pod(&w, 0);
-    add_pod(&w, 1);
-    add_ps(&w, 0);
-    add_ps(&w, 1);
-    settle(&w);
-    all_running(&w);
-    servers_running(&w);
+    start_ps_job(&w, 2, 2);
     int64_t g = w.cur.generation;
     edl_member before[2];
     memcpy(before, w.cur.members, sizeof before); /* compared by value below */
@@ -875,14 +881,7 @@ static void test_server_failure_drops_it_without_restart(void **state)
     ps_world(&w, 1, 2, 1, 3);
     w.spec.max_restarts = 0;
     w.spec.exclude_after = 2;
-    add_pod(&w, 0);
-    add_pod(&w, 1);
-    add_ps(&w, 0);
-    add_ps(&w, 1);
-    add_ps(&w, 2);
-    settle(&w);
-    all_running(&w);
-    servers_running(&w);
+    start_ps_job(&w, 2, 3);
     int64_t g = w.cur.generation;
     set_named_status(&w, "s1", EDL_TRAINER_EXITED, 3, -1);
     js_decision d = step(&w); /* no hold, no settle window */
@@ -938,12 +937,7 @@ static void test_success_is_decided_by_the_workers(void **state)
     (void)state;
     world w;
     ps_world(&w, 2, 2, 1, 2);
-    add_pod(&w, 0);
-    add_pod(&w, 1);
-    add_ps(&w, 0);
-    settle(&w);
-    all_running(&w);
-    servers_running(&w);
+    start_ps_job(&w, 2, 1);
     int64_t g = w.cur.generation;
     set_named_status(&w, "s0", EDL_TRAINER_EXITED, 0, -1);
     js_decision d = step(&w);
@@ -977,13 +971,7 @@ static void test_worker_restart_keeps_the_servers(void **state)
     (void)state;
     world w;
     ps_world(&w, 2, 2, 1, 2);
-    add_pod(&w, 0);
-    add_pod(&w, 1);
-    add_ps(&w, 0);
-    add_ps(&w, 1);
-    settle(&w);
-    all_running(&w);
-    servers_running(&w);
+    start_ps_job(&w, 2, 2);
     set_status(&w, 1, EDL_TRAINER_EXITED, 1, -1);
     set_status(&w, 0, EDL_TRAINER_EXITED, 1, -1);
     int64_t g = w.cur.generation;
