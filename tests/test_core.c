@@ -41,13 +41,15 @@ static void test_every_error_code_has_a_name_and_a_text(void **state)
     n++;
     EDL_ERRNO_MAP(CHECK_CODE)
 #undef CHECK_CODE
-    assert_int_equal(n, 17);
+    assert_int_equal(n, 19);
     assert_string_equal(edl_err_name(0), "EDL_OK");
     assert_string_equal(edl_strerror(0), "success");
     assert_string_equal(edl_err_name(-99), "EDL_E?");
     assert_string_equal(edl_strerror(-99), "unknown error");
     assert_string_equal(edl_err_name(EDL_EPEER), "EDL_EPEER");
     assert_string_equal(edl_err_name(EDL_ENOTSUP), "EDL_ENOTSUP");
+    assert_string_equal(edl_err_name(EDL_EMOVED), "EDL_EMOVED");
+    assert_string_equal(edl_strerror(EDL_EBUSY), "busy for a moment: try again");
 }
 
 static void test_byte_buffer_grows_to_its_bound_and_no_further(void **state)
