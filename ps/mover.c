@@ -243,7 +243,8 @@ static void copy_round(edl_ps_server *s, peers *ps, int64_t gen)
     pthread_rwlock_wrlock(&s->route); /* those kept go first, before any queued since */
     ps_copy *all = kept ? realloc(todo, (kept + s->ncopies) * sizeof *all) : NULL;
     if (all) {
-        memcpy(all + kept, s->copies, s->ncopies * sizeof *all);
+        if (s->ncopies)
+            memcpy(all + kept, s->copies, s->ncopies * sizeof *all);
         free(s->copies);
         s->copies = all, s->ncopies += kept, s->capcopies = s->ncopies;
         todo = NULL;
