@@ -929,7 +929,7 @@ static void ctr_export(const ps_table *t, const sparse_shard *s, uint8_t *rows, 
 
 static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *len)
 {
-    size_t n = s->nrows, geo = s->geo != NULL, nx = 0, rb = 4 * n * t->stride;
+    size_t n = s->nrows, geo = t->cfg.geo_trainers > 0, nx = 0, rb = 4 * n * t->stride;
     for (size_t i = 0; t->xstride && i < n; i++)
         nx += row_u32(s->rows + i * t->stride, CTR_X) != 0;
     size_t body = n * (8 + 4 * t->stride + 8 * geo) + 4 * nx * t->xstride;
