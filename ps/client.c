@@ -614,6 +614,16 @@ static void call_end(edl_ps_client *c, bool own)
         c->deadline = 0;
 }
 
+/* rc = one try of a call (an expression), tried again while its failure is one a newer map or
+ * a moment mends (retryable) and the call's deadline allows (settle): every call's loop. */
+#define PS_WITH_RETRIES(c, rc, try_expr)                                                      \
+    do {                                                                                       \
+        bool own_ = call_begin(c);                                                             \
+        while (((rc) = (try_expr)) && retryable((c), (rc)) && !((rc) = settle((c), (rc)))) {   \
+        }                                                                                      \
+        call_end((c), own_);                                                                   \
+    } while (0)
+
 /* A push's identity prefix for its next try: this client, the push, the map it goes by. */
 static void push_id(const edl_ps_client *c, uint64_t seq, uint8_t out[PS_ID_PREFIX])
 {
@@ -737,11 +747,8 @@ int edl_ps_create_table(edl_ps_client *c, uint32_t table, const edl_ps_table_con
         return fail(c, EDL_EINVAL, "table id %u (0..%d)", table, EDL_PS_MAX_TABLES - 1);
     if (edl_ps_table_config_check(cfg, why, sizeof why) != 0)
         return fail(c, EDL_EINVAL, "table %u: %s", table, why);
-    bool own = call_begin(c);
     int rc;
-    while ((rc = create_once(c, table, cfg)) && retryable(c, rc) && !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, create_once(c, table, cfg));
     return rc;
 }
 
@@ -775,11 +782,8 @@ static int stats_once(edl_ps_client *c, edl_ps_server_stats *out)
 
 int edl_ps_stats(edl_ps_client *c, edl_ps_server_stats *out)
 {
-    bool own = call_begin(c);
     int rc;
-    while ((rc = stats_once(c, out)) && retryable(c, rc) && !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, stats_once(c, out));
     return rc;
 }
 
@@ -814,12 +818,8 @@ int edl_ps_shrink(edl_ps_client *c, uint32_t table, uint64_t *evicted)
                  : EDL_EINVAL;
     if (RAND_bytes((uint8_t *)&token, sizeof token) != 1) /* the same in every try */
         return fail(c, EDL_EIO, "no random bytes for the shrink's token");
-    bool own = call_begin(c);
     int rc;
-    while ((rc = shrink_once(c, table, token, &ev)) && retryable(c, rc) &&
-           !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, shrink_once(c, table, token, &ev));
     if (evicted)
         *evicted = rc ? 0 : ev;
     return rc;
@@ -999,12 +999,8 @@ static int pull_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
 int edl_ps_pull_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, size_t n,
                        float *out)
 {
-    bool own = call_begin(c);
     int rc;
-    while ((rc = pull_sparse_once(c, table, keys, n, out)) && retryable(c, rc) &&
-           !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, pull_sparse_once(c, table, keys, n, out));
     return rc;
 }
 
@@ -1033,13 +1029,9 @@ static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
 int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t *keys,
                                size_t n, const float *grads, const ps_call_mode *m)
 {
-    bool own = call_begin(c);
     uint64_t seq = ++c->seq;
     int rc;
-    while ((rc = push_sparse_once(c, table, keys, n, grads, m, seq)) && retryable(c, rc) &&
-           !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, push_sparse_once(c, table, keys, n, grads, m, seq));
     return rc;
 }
 
@@ -1234,12 +1226,8 @@ static int barrier_once(edl_ps_client *c, uint32_t space, uint64_t token, uint64
 int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
                       uint32_t trainers, bool *applied, uint64_t *done)
 {
-    bool own = call_begin(c);
     int rc;
-    while ((rc = barrier_once(c, space, token, step, trainers, applied, done)) &&
-           retryable(c, rc) && !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, barrier_once(c, space, token, step, trainers, applied, done));
     return rc;
 }
 
@@ -1336,11 +1324,8 @@ int edl_ps_save(edl_ps_client *c, int64_t step)
 {
     if (step < 0)
         return fail(c, EDL_EINVAL, "checkpoint step %lld", (long long)step);
-    bool own = call_begin(c);
     int rc;
-    while ((rc = save_once(c, step)) && retryable(c, rc) && !(rc = settle(c, rc))) {
-    }
-    call_end(c, own);
+    PS_WITH_RETRIES(c, rc, save_once(c, step));
     return rc;
 }
 
