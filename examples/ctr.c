@@ -3,7 +3,7 @@
  * the best AUC and logloss are known: the planted model's own, printed beside the learned).
  *
  *   ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B] [--threads T] [--seed S]
- *       [--accessor plain|ctr] [--shrink-every N] [--replicas R]
+ *       [--accessor plain|ctr] [--shrink-every N] [--replicas R] [--save-every N]
  *
  * Roles come from the environment, as Paddle's launchers (and edl's agent) set them
  * (edl_fleet, see ps.h): TRAINING_ROLE=PSERVER serves the tables; TRAINING_ROLE=TRAINER trains
@@ -19,7 +19,9 @@
  * of table 1 with the CTR accessor (dim 9: embed_w is lr, embedx is emb, zeros until the key's
  * show/click score reaches the threshold); each push carries show 1 and click y per key, and
  * worker 0 shrinks the table every N steps (--shrink-every, default 100). sync, async and
- * half_async; --local always trains the plain model. */
+ * half_async; --local always trains the plain model. --save-every N: worker 0 saves a PS
+ * checkpoint every N steps (the servers keep them where EDL_CHECKPOINT_URI says), so that a
+ * server that dies without replicas comes back as of the last one. */
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -43,7 +45,7 @@
 typedef struct opts {
     bool local, ctr; /* ctr: the CTR accessor on table 1 */
     long replicas;   /* of every table on the servers */
-    long examples, test, epochs, batch, threads, shrink_every;
+    long examples, test, epochs, batch, threads, shrink_every, save_every;
     uint64_t seed;
 } opts;
 
@@ -312,6 +314,7 @@ typedef struct ps_worker {
     const opts *o;
     long thread, steps, trained;
     uint64_t shrinks, evicted; /* ctr: worker 0's first thread shrinks */
+    uint64_t saves;            /* PS checkpoints it asked for (--save-every) */
     int rc;
 } ps_worker;
 
@@ -397,6 +400,16 @@ static int maybe_shrink(ps_worker *w, long step)
     return rc;
 }
 
+/* Worker 0's first thread saves a PS checkpoint every save_every steps. */
+static int maybe_save(ps_worker *w, long step)
+{
+    if (!w->o->save_every || w->thread || edl_fleet_worker_index(w->f) ||
+        (step + 1) % w->o->save_every)
+        return 0;
+    w->saves++;
+    return edl_ps_trainer_save(edl_fleet_trainer(w->f), step + 1);
+}
+
 static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *rows,
                    float *wide)
 {
@@ -422,7 +435,9 @@ static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *r
         rc = edl_ps_trainer_push_dense(t, T_DENSE, 0, NPARAM, gdense);
     if (rc == 0)
         rc = edl_ps_trainer_step(t);
-    return rc ? rc : maybe_shrink(w, step);
+    if (rc == 0)
+        rc = maybe_shrink(w, step);
+    return rc ? rc : maybe_save(w, step);
 }
 
 static void *ps_thread(void *arg)
@@ -503,15 +518,17 @@ static int train_on_servers(edl_fleet *f, const opts *o)
         pthread_create(&th[i], NULL, ps_thread, &w[i]);
     }
     long trained = 0;
-    uint64_t shrinks = 0, evicted = 0;
+    uint64_t shrinks = 0, evicted = 0, saves = 0;
     int rc = 0;
     for (long i = 0; i < o->threads; i++) {
         pthread_join(th[i], NULL);
         trained += w[i].trained;
-        shrinks += w[i].shrinks, evicted += w[i].evicted;
+        shrinks += w[i].shrinks, evicted += w[i].evicted, saves += w[i].saves;
         rc = rc ? rc : w[i].rc;
     }
     edl_agent_link_close(link);
+    if (saves)
+        printf("ctr: worker 0 saved %llu PS checkpoints\n", (unsigned long long)saves);
     if (rc == 0)
         rc = edl_ps_trainer_flush(edl_fleet_trainer(f));
     double seconds = now_s() - t0;
@@ -569,7 +586,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "Usage: ctr [--local] [--examples N] [--test N] [--epochs E] [--batch B]\n"
                  "           [--threads T] [--seed S] [--accessor plain|ctr] [--shrink-every N]\n"
-                 "           [--replicas R]\n"
+                 "           [--replicas R] [--save-every N]\n"
                  "CTR training (logistic regression plus embeddings, 13 dense and 26 sparse\n"
                  "slots) on click data from a planted model. The role comes from TRAINING_ROLE\n"
                  "(TRAINER or PSERVER) and the rest of Paddle's environment (see the file's\n"
@@ -581,7 +598,8 @@ static void usage(FILE *out)
                  "threshold), shrunk by worker 0 every N steps (default 100; 0: never).\n"
                  "--local always trains the plain model. --replicas R (or EDL_PS_REPLICAS):\n"
                  "each update applied on R servers (1..3, default 1), so that a server that\n"
-                 "dies loses none.\n");
+                 "dies loses none. --save-every N: worker 0 saves a PS checkpoint every N\n"
+                 "steps (default 0: never; the servers need EDL_CHECKPOINT_URI).\n");
 }
 
 static int parse(int argc, char **argv, opts *o)
@@ -590,7 +608,7 @@ static int parse(int argc, char **argv, opts *o)
         {"local", 0, 0, 'l'}, {"examples", 1, 0, 'n'}, {"test", 1, 0, 't'},
         {"epochs", 1, 0, 'e'}, {"batch", 1, 0, 'b'}, {"threads", 1, 0, 'T'},
         {"seed", 1, 0, 's'}, {"accessor", 1, 0, 'a'}, {"shrink-every", 1, 0, 'S'},
-        {"replicas", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"replicas", 1, 0, 'r'}, {"save-every", 1, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     const char *acc = getenv("EDL_PS_ACCESSOR"), *reps = getenv("EDL_PS_REPLICAS");
     *o = (opts){.examples = 200000, .test = 50000, .epochs = 1, .batch = 256, .threads = 1,
                 .seed = 1, .shrink_every = 100, .replicas = reps && *reps ? atol(reps) : 1};
@@ -607,6 +625,7 @@ static int parse(int argc, char **argv, opts *o)
         case 'a': acc = optarg; break;
         case 'S': o->shrink_every = v; break;
         case 'r': o->replicas = v; break;
+        case 'v': o->save_every = v; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
@@ -618,9 +637,10 @@ static int parse(int argc, char **argv, opts *o)
                         "threads 1..64, replicas 1..%d (try --help)\n", EDL_PS_MAX_REPLICAS);
         return 2;
     }
-    if ((acc && strcmp(acc, "plain") && strcmp(acc, "ctr")) || o->shrink_every < 0) {
+    if ((acc && strcmp(acc, "plain") && strcmp(acc, "ctr")) || o->shrink_every < 0 ||
+        o->save_every < 0) {
         fprintf(stderr, "ctr: the accessor is plain or ctr (--accessor, EDL_PS_ACCESSOR: "
-                        "'%s'), shrink-every >= 0\n", acc ? acc : "");
+                        "'%s'), shrink-every and save-every >= 0\n", acc ? acc : "");
         return 2;
     }
     o->ctr = acc && !strcmp(acc, "ctr");

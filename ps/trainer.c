@@ -597,6 +597,17 @@ int edl_ps_trainer_shrink(edl_ps_trainer *t, uint32_t table, uint64_t *evicted)
     return rc;
 }
 
+int edl_ps_trainer_save(edl_ps_trainer *t, int64_t step)
+{
+    int rc = edl_ps_trainer_flush(t);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&t->client_mu);
+    rc = took(t, edl_ps_save(t->c, step));
+    pthread_mutex_unlock(&t->client_mu);
+    return rc;
+}
+
 int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers)
 {
     if (trainers < 1 || trainer_id < 0 || trainer_id >= trainers ||

@@ -1206,13 +1206,15 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
 {
     (void)state;
     const char *job = "ctrjob";
-    char script[1024], out[300];
+    char script[1024], out[300], ckpt[400];
     snprintf(out, sizeof out, "%s/ctr.out", g_dir);
+    snprintf(ckpt, sizeof ckpt, "file://%s/ctr-ckpt", g_dir);
     snprintf(script, sizeof script,
-             "exec %s --examples 600000 --test 20000 --replicas 2 >>%s.$EDL_POD_ID 2>&1",
-             EDL_CTR_BIN, out);
+             "exec %s --examples 600000 --test 20000 --replicas 2 --save-every 200 "
+             ">>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, out);
     const char *opts[] = {"--np", "2", "--ps", "2:3", "--ps-replicas", "2", "--etcd", ep(),
-                          "--settle-ms", "300", "--grace-ms", "5000", NULL};
+                          "--settle-ms", "300", "--grace-ms", "5000", "--checkpoint-uri", ckpt,
+                          NULL};
     pid_t run = edl_run(job, opts, script);
     edl_generation c = {0};
     wait_running(job, 2, 60000, &c);
@@ -1244,6 +1246,10 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "grep -q 'starts again from initial values' %s.*", out);
     assert_int_not_equal(system(cmd), 0); /* the killed one's shards lived on its backups */
+    snprintf(cmd, sizeof cmd, "grep -q 'worker 0 saved [1-9][0-9]* PS checkpoints' %s", path);
+    assert_int_equal(system(cmd), 0); /* --save-every: PS checkpoints while servers changed */
+    snprintf(cmd, sizeof cmd, "test -n \"$(find %s/ctr-ckpt -type f | head -1)\"", g_dir);
+    assert_int_equal(system(cmd), 0);
     double auc = ctr_auc(path);
     print_message("ctr under edl run, 2 replicas, a server joined and one killed: test AUC "
                   "%.4f\n", auc);

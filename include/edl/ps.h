@@ -313,6 +313,9 @@ int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers)
  * way: show and click are summed like gradients); geo refuses them (EDL_EINVAL): its trainers
  * train local copies of plain rows and keep no show/click statistics. */
 int edl_ps_trainer_shrink(edl_ps_trainer *t, uint32_t table, uint64_t *evicted);
+/* edl_ps_save through the trainer, after edl_ps_trainer_flush: the checkpoint holds every
+ * update this trainer made before the call. */
+int edl_ps_trainer_save(edl_ps_trainer *t, int64_t step);
 
 /* ---- roles, as Paddle's Fleet gives them ------------------------------------------------------
  * edl_fleet_init reads the environment that Paddle's launchers (and edl's agent) give a
