@@ -84,7 +84,7 @@ struct edl_ps_client {
     uint64_t *plan_keys;
     size_t plan_n, plan_nu, plan_cap;
     uint32_t plan_shards; /* 0: no plan kept (a dense call reuses the links' first/count) */
-    int plan_rep;         /* the replica it was made for */
+    int plan_rep;         /* the replicas it placed each key for */
     /* elastic servers */
     int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
     void *servers_arg;
@@ -843,8 +843,9 @@ static int sparse_scratch(edl_ps_client *c, size_t n, size_t hc, size_t ncnt)
         size_t cap = 256;
         while (cap < n)
             cap *= 2;
-        ok = realloc_to((void **)&c->ukeys, cap * 8) && realloc_to((void **)&c->skeys, cap * 8) &&
-             realloc_to((void **)&c->uidx, cap * 4) && realloc_to((void **)&c->rank, cap * 4) &&
+        size_t ecap = cap * EDL_PS_MAX_REPLICAS; /* a key's places: one per replica */
+        ok = realloc_to((void **)&c->ukeys, cap * 8) && realloc_to((void **)&c->skeys, ecap * 8) &&
+             realloc_to((void **)&c->uidx, cap * 4) && realloc_to((void **)&c->rank, ecap * 4) &&
              realloc_to((void **)&c->order, cap * 4) && realloc_to((void **)&c->tmp, cap * 4);
         c->ucap = ok ? cap : c->ucap;
     }
@@ -859,15 +860,15 @@ static int sparse_scratch(edl_ps_client *c, size_t n, size_t hc, size_t ncnt)
     return ok ? 0 : fail(c, EDL_ENOMEM, "out of memory for a call of %zu keys", n);
 }
 
-/* Each distinct key once (c->ukeys, *nu of them; c->uidx[i]: keys[i]'s), then ordered by the
- * link of its shard's replica r (0: the owner) and by shard: c->rank[u] is its place, c->skeys
- * the keys in that order, and every link's first and count say its share. */
-static int plan_sparse(edl_ps_client *c, const client_table *t, int r, const uint64_t *keys,
+/* Each distinct key once (c->ukeys, *nu of them; c->uidx[i]: keys[i]'s), placed once for each
+ * of its shard's first nrep holders (1: the owner; a push, every replica at once) and ordered
+ * by link, then shard: c->rank[r * nu + u] is the place of key u for replica r, c->skeys the
+ * keys in that order, and every link's first and count say its share. */
+static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const uint64_t *keys,
                        size_t n, size_t *nu_out)
 {
     size_t hc = 16, nu = 0, shards = t->cfg.shards;
-    const int *owner = t->rep[r];
-    if (c->plan_shards == shards && c->plan_rep == r && c->plan_n == n &&
+    if (c->plan_shards == shards && c->plan_rep == nrep && c->plan_n == n &&
         !memcmp(c->plan_keys, keys, n * 8)) {
         *nu_out = c->plan_nu; /* the owner maps of tables of as many shards are the same */
         return 0;
@@ -890,7 +891,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int r, const uin
         }
         c->uidx[i] = c->hslot[j] - 1;
     }
-    /* counting sort by shard, then (stable) by owner */
+    /* counting sort by shard, then (stable) by holder */
     memset(c->cnt, 0, (shards + 1) * sizeof *c->cnt);
     for (size_t u = 0; u < nu; u++)
         c->cnt[(c->tmp[u] = edl_ps_key_shard(c->ukeys[u], (uint32_t)shards)) + 1]++;
@@ -900,7 +901,8 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int r, const uin
         c->order[c->cnt[c->tmp[u]]++] = (uint32_t)u;
     memset(c->cnt, 0, ((size_t)c->n + 1) * sizeof *c->cnt);
     for (size_t u = 0; u < nu; u++)
-        c->cnt[owner[c->tmp[u]] + 1]++;
+        for (int r = 0; r < nrep; r++)
+            c->cnt[t->rep[r][c->tmp[u]] + 1]++;
     for (int i = 0; i < c->n; i++) {
         c->cnt[i + 1] += c->cnt[i];
         c->links[i].first = c->cnt[i];
@@ -908,8 +910,11 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int r, const uin
     }
     for (size_t k = 0; k < nu; k++) {
         uint32_t u = c->order[k];
-        c->rank[u] = c->cnt[owner[c->tmp[u]]]++;
-        c->skeys[c->rank[u]] = c->ukeys[u];
+        for (int r = 0; r < nrep; r++) {
+            uint32_t at = c->cnt[t->rep[r][c->tmp[u]]]++;
+            c->rank[(size_t)r * nu + u] = at;
+            c->skeys[at] = c->ukeys[u];
+        }
     }
     *nu_out = nu;
     uint64_t *kept = grow(c->plan_keys, &c->plan_cap, n, 8);
@@ -919,7 +924,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int r, const uin
         c->plan_n = n;
         c->plan_nu = nu;
         c->plan_shards = (uint32_t)shards;
-        c->plan_rep = r;
+        c->plan_rep = nrep;
     }
     return 0;
 }
@@ -988,7 +993,7 @@ static int pull_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
     int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
     if (rc || n == 0)
         return rc;
-    if ((rc = plan_sparse(c, t, 0, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
+    if ((rc = plan_sparse(c, t, 1, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)) ||
         (rc = sparse_call(c, table, (uint32_t)dim, false, &plain_call, 0)))
         return rc;
     for (size_t i = 0; i < n; i++)
@@ -1010,18 +1015,23 @@ static int push_sparse_once(edl_ps_client *c, uint32_t table, const uint64_t *ke
     const client_table *t = known_table(c, table, EDL_PS_SPARSE);
     size_t nu, dim = t ? ps_push_width(&t->cfg) : 0; /* floats a key: CTR, dim + 2 */
     int rc = !t ? EDL_EINVAL : links_usable(c) ? EDL_EPEER : 0;
-    for (int r = 0; rc == 0 && n && r < t->nrep; r++) { /* the owners, then each backup */
-        if ((rc = plan_sparse(c, t, r, keys, n, &nu)) || (rc = rows_scratch(c, nu * dim)))
-            return rc;
-        memset(c->rows, 0, nu * dim * sizeof *c->rows);
-        for (size_t i = 0; i < n; i++) { /* a repeated key's gradients are summed */
-            float *dst = c->rows + (size_t)c->rank[c->uidx[i]] * dim;
-            for (size_t j = 0; j < dim; j++)
-                dst[j] += grads[i * dim + j];
-        }
-        rc = sparse_call(c, table, (uint32_t)dim, true, m, seq);
+    if (rc || n == 0)
+        return rc;
+    /* one request per server: the keys it holds as owner or backup (replicas side by side) */
+    if ((rc = plan_sparse(c, t, t->nrep, keys, n, &nu)) ||
+        (rc = rows_scratch(c, nu * (size_t)t->nrep * dim)))
+        return rc;
+    memset(c->rows, 0, nu * (size_t)t->nrep * dim * sizeof *c->rows);
+    for (size_t i = 0; i < n; i++) { /* a repeated key's gradients are summed */
+        float *dst = c->rows + (size_t)c->rank[c->uidx[i]] * dim;
+        for (size_t j = 0; j < dim; j++)
+            dst[j] += grads[i * dim + j];
     }
-    return rc;
+    for (int r = 1; r < t->nrep; r++) /* the backups' copies of the sums */
+        for (size_t u = 0; u < nu; u++)
+            memcpy(c->rows + (size_t)c->rank[(size_t)r * nu + u] * dim,
+                   c->rows + (size_t)c->rank[u] * dim, dim * sizeof *c->rows);
+    return sparse_call(c, table, (uint32_t)dim, true, m, seq);
 }
 
 /* A push is sent again whole until every server has it: those that had it already know
