@@ -315,19 +315,20 @@ static int student_teachers(const opts *o, edl_distill *dist)
 
 /* The student on labels from its teachers: every batch delivered once, in order. */
 static int student_remote(const opts *o, const data *d, const float *tp, student *m,
-                          edl_distill_stats *st, long *mismatched)
+                          edl_distill_stats *st, long *mismatched, long *dup)
 {
     edl_distill_opts dopts = {.model = o->model, .format = o->format, .in_flight = o->in_flight,
                               .timeout_ms = o->timeout_ms, .ordered = true};
-    edl_distill *dist;
+    edl_distill *dist = NULL;
     int rc = edl_distill_open(&dopts, &dist);
     if (rc == 0 && (rc = student_teachers(o, dist)) != 0)
         fprintf(stderr, "distill: student: bad teacher list \"%s\": %s\n", o->teachers,
                 edl_strerror(rc));
     long total = (long)o->epochs * (NTRAIN / o->batch), sent = 0, got = 0, lost = 0;
     float *x = malloc((size_t)o->batch * D * sizeof *x), q[C];
+    uint8_t *seen = calloc((size_t)total, 1); /* deliveries of each batch */
     int64_t refreshed = edl_monotonic_ms(), waited = 0;
-    while (rc == 0 && x && got < total) {
+    while (rc == 0 && x && seen && got < total) {
         while (sent < total && sent - got < 64) {
             uint64_t id;
             batch_inputs(d, sent++, o->batch, x);
@@ -344,6 +345,11 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
         if (nr)
             continue;
         batch_inputs(d, (long)r.id, o->batch, x);
+        if (r.id >= (uint64_t)total || seen[r.id]++) { /* never: delivery is exactly once */
+            ++*dup;
+            edl_distill_result_clear(&r);
+            continue;
+        }
         if (r.status || r.id != (uint64_t)got)
             lost++;
         else {
@@ -360,7 +366,8 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
     edl_distill_get_stats(dist, st);
     edl_distill_close(dist);
     free(x);
-    return rc ? rc : lost ? EDL_EPEER : 0;
+    free(seen);
+    return rc ? rc : lost || *dup ? EDL_EPEER : 0;
 }
 
 /* The reference: the same student on the same batches, the teacher computed here. */
@@ -383,9 +390,9 @@ static int student_main(const opts *o, const data *d, const float *tp)
 {
     student remote = {0}, local = {0};
     edl_distill_stats st;
-    long mismatched = 0;
+    long mismatched = 0, dup = 0;
     int64_t t0 = edl_monotonic_ms();
-    int rc = student_remote(o, d, tp, &remote, &st, &mismatched);
+    int rc = student_remote(o, d, tp, &remote, &st, &mismatched, &dup);
     double secs = (double)(edl_monotonic_ms() - t0) / 1000;
     student_local(o, d, tp, &local);
     float loss, tacc = accuracy(d, tp, &loss);
@@ -393,12 +400,12 @@ static int student_main(const opts *o, const data *d, const float *tp)
            "computed here (reference), teacher %.4f\n", student_accuracy(&remote, d),
            student_accuracy(&local, d), tacc);
     printf("distill: student: %llu batches in %.1f s, retried %llu, timeouts %llu, connection "
-           "errors %llu, HTTP errors %llu, bad replies %llu, lost %llu, duplicated 0, "
+           "errors %llu, HTTP errors %llu, bad replies %llu, lost %llu, duplicated %ld, "
            "predictions differing from the local teacher %ld\n",
            (unsigned long long)st.delivered, secs, (unsigned long long)st.retried,
            (unsigned long long)st.timeouts, (unsigned long long)st.conn_errors,
            (unsigned long long)st.http_errors, (unsigned long long)st.bad_replies,
-           (unsigned long long)(st.submitted - st.delivered + st.failed), mismatched);
+           (unsigned long long)(st.submitted - st.delivered + st.failed), dup, mismatched);
     if (rc)
         fprintf(stderr, "distill: student: %s\n", edl_strerror(rc));
     return rc ? 1 : 0;
