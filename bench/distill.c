@@ -208,6 +208,7 @@ static void kill_one(const opts *o, teacher *th, int n, double one, uint64_t *lo
     edl_distill_get_stats(r.d, &s);
     run_close(&r, lost, dup);
     waitpid(th[0].pid, NULL, 0);
+    unlink(th[0].log);
     th[0].pid = 0;
     /* what the outstanding batches would take without a failure: the window at n teachers */
     double drain_ms = (double)outstanding * 1000 / (one * n);

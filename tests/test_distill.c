@@ -241,6 +241,7 @@ static void test_teacher_killed_with_batches_in_flight(void **state)
     drain(t, 30, 30000);
     harness_kill(th[0].pid, SIGKILL); /* with batches in flight there: 4 per teacher */
     th[0].pid = 0;
+    unlink(th[0].log);
     drain(t, 240, 60000);
     edl_distill_stats s;
     edl_distill_get_stats(t->d, &s);
