@@ -45,6 +45,7 @@ typedef struct edl_distill_result {
     int status;      /* 0, or the error that ended the batch after max_tries */
     float *out;
     uint32_t rows, cols;
+    int tries;       /* tries it took: 1 when the first teacher answered */
     char teacher[128];
 } edl_distill_result;
 
@@ -63,10 +64,32 @@ void edl_distill_result_clear(edl_distill_result *r);
 size_t edl_distill_pending(const edl_distill *d);
 /* Counters for status and the bench. */
 typedef struct edl_distill_stats {
-    uint64_t submitted, delivered, retried, timeouts, bad_replies, failed;
+    uint64_t submitted, delivered;
+    uint64_t retried;      /* tries sent again: after a failure, or a removed teacher's */
+    uint64_t timeouts;     /* tries past timeout_ms */
+    uint64_t conn_errors;  /* tries that could not connect or lost the connection */
+    uint64_t http_errors;  /* replies with HTTP status >= 400 */
+    uint64_t bad_replies;  /* replies that did not decode or had the wrong number of rows */
+    uint64_t failed;       /* batches delivered with a status after max_tries */
 } edl_distill_stats;
 void edl_distill_get_stats(const edl_distill *d, edl_distill_stats *s);
 void edl_distill_close(edl_distill *d);
+
+/* ---- the wire forms, for teachers written with edl, tests and fuzzing ------------------ */
+
+#define EDL_DISTILL_BINARY_TYPE "application/x-edl-tensor"
+#define EDL_DISTILL_JSON_TYPE "application/json"
+
+/* Encode rows x cols floats as a request (reply false: {"instances":...}) or a reply
+ * (reply true: {"predictions":...}); the binary form is the same both ways. *body is
+ * malloc'd. EDL_EINVAL for a shape out of the limits or, in JSON, a value that is not finite. */
+int edl_distill_encode(edl_distill_format f, bool reply, const float *x, uint32_t rows,
+                       uint32_t cols, char **body, size_t *len);
+/* Decode strictly: the shape is checked against the limits before anything is allocated;
+ * EDL_ETOOBIG past them, EDL_EPROTO (and why, in err) for anything else that is not exactly
+ * the form. *x is malloc'd (rows * cols floats). */
+int edl_distill_decode(edl_distill_format f, bool reply, const char *body, size_t len,
+                       float **x, uint32_t *rows, uint32_t *cols, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }
