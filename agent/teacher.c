@@ -18,8 +18,8 @@
 #include <sys/wait.h>
 
 #include "agent.h"
-#include "edl/discovery.h"
 #include "edl/log.h"
+#include "teacher_service.h"
 
 extern char **environ;
 
@@ -91,10 +91,11 @@ static void do_register(agent *a)
 {
     char endpoint[300];
     snprintf(endpoint, sizeof endpoint, "http://%s:%d", a->o->addr, a->o->port);
-    edl_service_instance in = {.name = a->o->pod, .endpoint = endpoint,
-                               .capacity = a->o->capacity, .model = a->o->model,
-                               .version = a->o->model_version, .load = a->t.load};
-    int rc = edl_service_register(a->etcd, a->o->prefix, a->o->service, &in, a->lease);
+    teacher_record r = {.prefix = a->o->prefix, .service = a->o->service,
+                        .instance = a->o->pod, .endpoint = endpoint, .model = a->o->model,
+                        .version = a->o->model_version, .capacity = a->o->capacity,
+                        .load = a->t.load};
+    int rc = teacher_service_put(a->etcd, &r, a->lease);
     if (rc) {
         a->m.etcd_errors++;
         EDL_WARN("agent", "teacher: registering in service %s: %s (%s); retrying",
@@ -117,7 +118,7 @@ void teacher_deregister(agent *a)
         a->t.registered = false;
         return;
     }
-    int rc = edl_service_deregister(a->etcd, a->o->prefix, a->o->service, a->o->pod);
+    int rc = teacher_service_delete(a->etcd, a->o->prefix, a->o->service, a->o->pod);
     if (rc && rc != EDL_ENOTFOUND) {
         a->m.etcd_errors++;
         EDL_WARN("agent", "teacher: deregistering from service %s: %s (%s); retrying",
