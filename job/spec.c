@@ -63,6 +63,7 @@ void edl_spec_init(edl_job_spec *s)
     s->ttl_s = 10;
     s->mode = EDL_MODE_RESTART;
     s->ps_replicas = -1; /* ps_min = ps_max = 0: no parameter servers */
+    s->teachers_replicas = -1; /* teachers_min = teachers_max = 0: no teachers */
 }
 
 void edl_spec_clear(edl_job_spec *s)
