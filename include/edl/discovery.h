@@ -80,7 +80,10 @@ void edl_service_list_free(edl_service_instance *list, size_t n);
  *     excess is spread in proportion to capacity);
  *   - a teacher or a student joining or leaving moves few pairs: each student prefers teachers
  *     by rendezvous hash of (student, teacher), and a pair is kept whenever the bounds allow.
- * Pairs are sorted by student, then teacher. */
+ * Pairs are sorted by student, then teacher. With no teachers (or no students) there are no
+ * pairs and the call succeeds. EDL_EINVAL for NULL names or a capacity out of 1..65535,
+ * EDL_ETOOBIG for more than EDL_SERVICE_MAX_INSTANCES on a side (out is then empty). The
+ * algorithm and its measured movement: docs/distill.md. */
 typedef struct edl_assign_pair {
     uint32_t student; /* index into students */
     uint32_t teacher; /* index into teachers */
