@@ -163,6 +163,9 @@ static void test_malformed_records_are_skipped(void **state)
     snprintf(huge, 100000, "{\"endpoint\":\"http://a\",\"model\":\"%0*d\"}", 90000, 0);
     harness_put(cl, PREFIX "/services/mal/teachers/t-huge", huge);
     free(huge);
+    const char nul_key[] = PREFIX "/services/mal/teachers/t-good\0x";
+    assert_int_equal(edl_etcd_put(cl, edl_bytes(nul_key, sizeof nul_key - 1),
+                                  edl_str("{\"endpoint\":\"http://evil\"}"), NULL, NULL), 0);
     reg("mal", "t-zz", 1, 0);
     char buf[256];
     assert_string_equal(listed("mal", buf, sizeof buf), "t-good t-zz");
@@ -176,6 +179,7 @@ static void test_malformed_records_are_skipped(void **state)
     const edl_service_instance *mine = edl_discovery_teachers(d, &n);
     assert_int_equal(n, 2); /* more teachers than students: the one student gets both */
     assert_string_equal(mine[0].name, "t-good");
+    assert_string_equal(mine[0].endpoint, "http://10.0.0.1:8006"); /* not the NUL key's */
     assert_string_equal(mine[1].name, "t-zz");
     edl_discovery_close(d);
     char v[64];
