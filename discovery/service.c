@@ -50,8 +50,8 @@ bool disc_key_name(const edl_kv *kv, const char *dir, char out[EDL_SERVICE_NAME_
 {
     size_t dlen = strlen(dir);
     if (kv->key_len <= dlen || kv->key_len - dlen > EDL_SERVICE_NAME_MAX ||
-        memcmp(kv->key, dir, dlen) != 0)
-        return false;
+        memcmp(kv->key, dir, dlen) != 0 || memchr(kv->key + dlen, '\0', kv->key_len - dlen))
+        return false; /* keys are binary: a NUL must not cut a name short */
     memcpy(out, kv->key + dlen, kv->key_len - dlen);
     out[kv->key_len - dlen] = '\0';
     return edl_service_name_ok(out);
