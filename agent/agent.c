@@ -9,7 +9,8 @@
  * is. With --role ps the process is a parameter server: started when the pod is listed in
  * `servers`, never restarted for a later generation (it follows them itself through etcd),
  * left running when the pod leaves the servers (it drains and exits 0: the agent then leaves
- * too). */
+ * too). With --role teacher the process is an inference server, started at once and kept in
+ * the service while healthy (teacher.c); it needs no generation, but ends with the job. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -429,17 +430,33 @@ static void reconcile_server(agent *a)
     }
 }
 
+/* A final job state as a teacher's exit code: it served until the end, whatever the students'
+ * result (0), unless the job was stopped (as every agent then). */
+static int teacher_exit_code(edl_job_state s)
+{
+    return s == EDL_JOB_STOPPED ? EDL_EXIT_STOPPED : EDL_EXIT_SUCCEEDED;
+}
+
 void agent_reconcile(agent *a)
 {
     if (a->leaving_signal || a->final_exit >= 0) {
+        if (a->teacher)
+            teacher_deregister(a); /* the key first, then the server */
         trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
     if (a->have_generation && edl_job_state_final(a->generation.state)) {
         EDL_INFO("agent", "job %s %s (generation %lld): leaving", a->o->job,
                  edl_job_state_name(a->generation.state), (long long)a->generation.generation);
-        a->final_exit = edl_job_exit_code(a->generation.state);
+        a->final_exit = a->teacher ? teacher_exit_code(a->generation.state)
+                                   : edl_job_exit_code(a->generation.state);
+        if (a->teacher)
+            teacher_deregister(a);
         trainer_stop(&a->tp, a->o->grace_ms);
+        return;
+    }
+    if (a->teacher) { /* a stateless server: kept running through a lost lease */
+        teacher_reconcile(a);
         return;
     }
     if (!a->keeper) { /* no lease: this pod is no member or server of anything */
@@ -467,6 +484,8 @@ static void on_signals(agent *a, int sfd)
             }
             EDL_INFO("agent", "signal %d: stopping the trainer and leaving the job", sig);
             a->leaving_signal = sig;
+            if (a->teacher)
+                teacher_deregister(a); /* students stop asking it before it stops */
             registry_unregister(a); /* the job server sees the leave now, not after the TTL */
             trainer_stop(&a->tp, a->o->grace_ms);
         } else if (sig == SIGHUP) {
@@ -486,7 +505,7 @@ static int min_timeout(int t, int64_t due_ms)
     return (t < 0 || left < t) ? (int)left : t;
 }
 
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, N_FDS };
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, FD_HEALTH, N_FDS };
 
 /* How long the loop may sleep: until the next timer of any of its parts is due. */
 static int loop_timeout(agent *a)
@@ -502,6 +521,8 @@ static int loop_timeout(agent *a)
     if (a->metrics && (t = edl_metrics_timeout_ms(a->metrics)) >= 0 && t < timeout)
         timeout = t;
     timeout = min_timeout(timeout, a->master_retry_ms);
+    if (a->teacher && (t = teacher_timeout(a)) >= 0 && t < timeout)
+        timeout = t;
     return min_timeout(timeout, hang_due_ms(a));
 }
 
@@ -523,6 +544,8 @@ static void loop_once(agent *a, int sfd)
         fds[FD_CONTROL] = (struct pollfd){.fd = a->tp.control_fd, .events = POLLOUT};
     if (a->metrics)
         fds[FD_METRICS] = (struct pollfd){.fd = edl_metrics_fd(a->metrics), .events = POLLIN};
+    if (a->teacher)
+        teacher_poll_fd(a, &fds[FD_HEALTH]);
     if (poll(fds, N_FDS, loop_timeout(a)) < 0 && errno != EINTR) {
         EDL_ERROR("agent", "poll: %s", strerror(errno));
         return;
@@ -541,15 +564,21 @@ static void loop_once(agent *a, int sfd)
         trainer_flush_control(&a->tp);
     if (a->metrics)
         edl_metrics_serve(a->metrics); /* also when only its timeout is due */
+    if (a->teacher && fds[FD_HEALTH].fd >= 0)
+        teacher_on_poll(a, fds[FD_HEALTH].revents);
     int wstatus;
     bool by_agent;
-    if (trainer_reap(&a->tp, &wstatus, &by_agent))
-        on_trainer_exit(a, wstatus, by_agent);
+    if (trainer_reap(&a->tp, &wstatus, &by_agent)) {
+        if (a->teacher)
+            teacher_on_exit(a, wstatus, by_agent);
+        else
+            on_trainer_exit(a, wstatus, by_agent);
+    }
     trainer_tick(&a->tp);
     int64_t now = edl_monotonic_ms();
     if (a->watch_next_ms && now >= a->watch_next_ms)
         registry_watch_open(a);
-    if (a->reg_next_ms && now >= a->reg_next_ms && !trainer_running(&a->tp) &&
+    if (a->reg_next_ms && now >= a->reg_next_ms && (!trainer_running(&a->tp) || a->teacher) &&
         !a->leaving_signal && a->final_exit < 0)
         registry_register(a);
     agent_reconcile(a);
@@ -575,6 +604,8 @@ static int agent_loop(agent *a, int sfd)
 
 static int make_keys(agent *a)
 {
+    if (!a->o->job)
+        return 0; /* a teacher outside any job: its lease and service key only */
     int rc = edl_job_keys_init(&a->keys, a->o->prefix, a->o->job);
     if (rc)
         return rc;
@@ -601,6 +632,7 @@ static void agent_free(agent *a)
     free(a->k_pod);
     free(a->k_status);
     agent_error_file_close(a);
+    health_close(&a->t.probe);
 }
 
 static int connect_etcd(agent *a)
@@ -616,8 +648,10 @@ static int connect_etcd(agent *a)
 
 int agent_run(agent_opts *o)
 {
-    agent a = {.o = o, .final_exit = -1, .ps = agent_role_is_ps(o->role)};
+    agent a = {.o = o, .final_exit = -1, .ps = agent_role_is_ps(o->role),
+               .teacher = strcmp(o->role, EDL_ROLE_TEACHER) == 0};
     trainer_init(&a.tp);
+    teacher_init(&a);
     edl_spec_init(&a.spec);
     int code = EDL_EXIT_USAGE;
     int sfd = open_signals();
@@ -628,7 +662,7 @@ int agent_run(agent_opts *o)
     snprintf(a.host, sizeof a.host, "%s", o->host);
     if (make_keys(&a) != 0 || connect_etcd(&a) != 0)
         goto out;
-    if (!a.ps) /* TORCHELASTIC_ERROR_FILE is a worker's */
+    if (!a.ps && !a.teacher) /* TORCHELASTIC_ERROR_FILE is a worker's */
         agent_error_file_open(&a);
     if (o->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = o->metrics_addr, .port = o->metrics_port};
@@ -639,7 +673,7 @@ int agent_run(agent_opts *o)
             goto out;
         }
     }
-    code = wait_for_spec(&a, sfd);
+    code = o->job ? wait_for_spec(&a, sfd) : 0;
     if (code)
         goto out;
     if (a.spec.stopped) {

@@ -6,10 +6,13 @@
  *   trainer_proc.c the trainer process: spawn, stop with grace, reap, progress and control pipes
  *   env.c          the environment a trainer gets
  *   error_file.c   TORCHELASTIC_ERROR_FILE: the trainer's error, read back after a failure
- *   metrics.c      /metrics and /healthz */
+ *   metrics.c      /metrics and /healthz
+ *   teacher.c      --role teacher: the inference server's lifecycle and its service key
+ *   health.c       a teacher's health check: one non-blocking HTTP GET */
 #ifndef EDL_AGENT_H
 #define EDL_AGENT_H
 
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -32,6 +35,10 @@ typedef struct agent_opts {
     int64_t grace_ms;
     int64_t startup_timeout_ms;
     char **argv;          /* the trainer command, NULL-terminated */
+    /* --role teacher (NULL / 0 otherwise; main.c fills the defaults) */
+    char *service, *health_path, *model, *model_version;
+    int capacity, health_failures;
+    int64_t health_interval_ms, health_timeout_ms;
 } agent_opts;
 
 /* ---- env.c ---------------------------------------------------------------------------- */
@@ -54,6 +61,15 @@ typedef struct agent_env_input {
 int agent_env_build(const agent_env_input *in, char *const *base, char ***out);
 /* Whether a --role names the parameter-server role. */
 bool agent_role_is_ps(const char *role);
+/* A teacher's environment (no generation, no rank): `base` without the names the agent sets,
+ * then EDL_ROLE_NAME=teacher, EDL_SERVICE, PORT and EDL_SERVICE_PORT (port), POD_IP (addr),
+ * EDL_POD_ID, EDL_JOB_ID (job may be NULL), EDL_ETCD_PREFIX and the etcd settings. */
+typedef struct agent_teacher_env {
+    const char *job, *pod, *prefix, *service, *addr;
+    int port;
+    const edl_etcd_config *etcd;
+} agent_teacher_env;
+int agent_env_build_teacher(const agent_teacher_env *in, char *const *base, char ***out);
 /* This rank's assignment in a generation: what its control line says. */
 int agent_assignment(const edl_generation *g, int rank, int master_port, edl_assignment *out);
 
@@ -107,6 +123,49 @@ int trainer_send_control(trainer_proc *t, const char *line);
 void trainer_flush_control(trainer_proc *t);
 bool trainer_running(const trainer_proc *t);
 
+/* ---- health.c --------------------------------------------------------------------------- */
+
+/* One HTTP/1.1 GET with "Connection: close", driven by poll(): start, then step whenever
+ * health_events() is ready, until it answers 1 (a 2xx reply) or -1 (refused, reset, non-2xx,
+ * garbage); the caller enforces the deadline (health_close). */
+typedef struct health_probe {
+    int fd;                /* -1: none in flight */
+    bool sent;             /* the request went out: now reading */
+    char req[600];
+    size_t req_len, req_off;
+    char buf[8192];        /* the reply (what fits) */
+    size_t len;
+    int64_t deadline_ms;   /* monotonic */
+} health_probe;
+
+void health_init(health_probe *h);
+int health_start(health_probe *h, const char *addr, int port, const char *path,
+                 int64_t timeout_ms);
+short health_events(const health_probe *h);
+/* 0: in progress; 1: 2xx (*load: the reply's numeric "load" when it has one, else 0); -1. */
+int health_step(health_probe *h, double *load);
+void health_close(health_probe *h);
+/* The pure part: a complete reply's status is 2xx (1, *load as above) or not (-1); 0 while
+ * the status line or headers are incomplete. */
+int health_reply(const char *buf, size_t n, bool eof, double *load);
+
+/* ---- teacher.c -------------------------------------------------------------------------- */
+
+typedef struct teacher_state {
+    health_probe probe;
+    int64_t next_check_ms;   /* next health check (0: none scheduled) */
+    int fails;               /* failed checks in a row */
+    bool healthy;            /* the last check passed (and fails < N since) */
+    double load;             /* from the last good check */
+    bool registered;         /* our key is in etcd */
+    int64_t reg_lease;       /* ... under this lease */
+    double reg_load;         /* ... with this load */
+    int64_t restart_at_ms;   /* start the server then (0: none due) */
+    int64_t backoff_ms;      /* the next restart's delay */
+    int64_t healthy_since_ms; /* when it last became healthy (a long healthy run resets the
+                               * backoff) */
+} teacher_state;
+
 /* ---- the agent ------------------------------------------------------------------------ */
 
 typedef struct agent_metrics {
@@ -145,6 +204,8 @@ typedef struct agent {
 
     /* the trainer (agent.c + trainer_proc.c); with --role ps, the parameter server's process */
     bool ps;                  /* this pod's role is ps: it serves when listed in `servers` */
+    bool teacher;             /* --role teacher (teacher.c): no generation, no rank */
+    teacher_state t;
     trainer_proc tp;
     int64_t run_gen;          /* generation the running trainer serves (0: none) */
     int run_rank;
@@ -200,6 +261,15 @@ const edl_member *agent_member(const agent *a);
 /* For a ps pod: this incarnation among the servers of the generation (running or waiting: a
  * server serves while the workers wait), or NULL. */
 const edl_member *agent_server(const agent *a);
+
+/* teacher.c: the teacher role. */
+void teacher_init(agent *a);
+void teacher_reconcile(agent *a);       /* start, check, (de)register: after every wake-up */
+void teacher_on_exit(agent *a, int wstatus, bool by_agent);
+void teacher_deregister(agent *a);      /* delete the service key now (when it is there) */
+int teacher_timeout(const agent *a);    /* ms until its next timer (-1: none) */
+void teacher_poll_fd(const agent *a, struct pollfd *p); /* the health check's fd (or -1) */
+void teacher_on_poll(agent *a, short revents);
 
 /* metrics.c: writes the agent's /metrics (an edl_metrics_fn; arg is the agent). */
 void agent_metrics_write(void *arg, edl_prom *out);

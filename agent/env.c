@@ -19,7 +19,11 @@ static const char *const owned[] = {
     "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "PADDLE_TRAINER_ID",
     "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
     "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", "PADDLE_PORT", "POD_IP", "EDL_PS_INDEX",
-    "EDL_PS_SERVERS", NULL};
+    "EDL_PS_SERVERS", "EDL_ROLE_NAME", NULL};
+
+/* What a teacher's server gets besides: its service and port (and none of the worker's names,
+ * inherited or not). */
+static const char *const teacher_owned[] = {"EDL_SERVICE", "EDL_SERVICE_PORT", "PORT", NULL};
 
 typedef struct strv {
     char **v;
@@ -134,6 +138,7 @@ static void set_edl(strv *s, const agent_env_input *in)
 {
     setf(s, "EDL_JOB_ID", "%s", in->job);
     setf(s, "EDL_POD_ID", "%s", in->pod);
+    setf(s, "EDL_ROLE_NAME", "%s", in->role ? in->role : EDL_ROLE_WORKER);
     /* a worker's is the generation its members were formed in (the same on every rank, whatever
      * servers-only generations came since); a server's is the one it starts in */
     int64_t gen = agent_role_is_ps(in->role) ? in->generation->generation
@@ -246,6 +251,46 @@ int agent_env_build(const agent_env_input *in, char *const *base, char ***out)
     edl_env_free(set.v);
     if (rc || !env)
         return rc ? rc : EDL_ENOMEM;
+    *out = env;
+    return 0;
+}
+
+/* owned and teacher_owned as one list (malloc'ed; the strings are borrowed). */
+static const char **teacher_names(void)
+{
+    size_t n = 0, m = 0;
+    while (owned[n])
+        n++;
+    while (teacher_owned[m])
+        m++;
+    const char **v = calloc(n + m + 1, sizeof *v);
+    if (v) {
+        memcpy(v, owned, n * sizeof *v);
+        memcpy(v + n, teacher_owned, m * sizeof *v);
+    }
+    return v;
+}
+
+int agent_env_build_teacher(const agent_teacher_env *in, char *const *base, char ***out)
+{
+    *out = NULL;
+    strv set = {0};
+    if (in->job)
+        setf(&set, "EDL_JOB_ID", "%s", in->job);
+    setf(&set, "EDL_POD_ID", "%s", in->pod);
+    setf(&set, "EDL_ROLE_NAME", "%s", EDL_ROLE_TEACHER);
+    setf(&set, "EDL_SERVICE", "%s", in->service);
+    setf(&set, "PORT", "%d", in->port);
+    setf(&set, "EDL_SERVICE_PORT", "%d", in->port);
+    setf(&set, "POD_IP", "%s", in->addr);
+    set_etcd(&set, in->etcd);
+    setf(&set, "EDL_ETCD_PREFIX", "%s", in->prefix);
+    const char **names = teacher_names();
+    char **env = set.oom || !names ? NULL : edl_env_build(base, names, set.v);
+    free(names);
+    edl_env_free(set.v);
+    if (!env)
+        return EDL_ENOMEM;
     *out = env;
     return 0;
 }

@@ -85,42 +85,47 @@ static void schedule_register(agent *a)
     a->reg_next_ms = edl_monotonic_ms() + a->reg_backoff_ms;
 }
 
+/* The pod and status keys under the lease (none for a teacher outside any job: its service
+ * key, put under the lease by teacher.c, is all it has). */
+static int put_pod_keys(agent *a, int64_t lease, const edl_pod_status *s0)
+{
+    if (!a->k_pod)
+        return 0;
+    edl_kv *old = NULL;
+    int rc = edl_etcd_get(a->etcd, edl_str(a->k_pod), &old, NULL);
+    if (rc == 0 && old->lease != lease)
+        EDL_WARN("agent", "%s exists under lease %lld (another agent with pod name %s, or this pod "
+                 "before a restart): overwriting it", a->k_pod, (long long)old->lease, a->o->pod);
+    edl_kv_free(old);
+    char *doc = pod_json(a), *st = edl_pod_status_to_json(s0);
+    edl_put_opts po = {.lease = lease};
+    if (!doc || !st)
+        rc = EDL_ENOMEM;
+    else if ((rc = edl_etcd_put(a->etcd, edl_str(a->k_pod), edl_str(doc), &po, NULL)) != 0 ||
+             (rc = edl_etcd_put(a->etcd, edl_str(a->k_status), edl_str(st), &po, NULL)) != 0)
+        etcd_failed(a, "registration");
+    free(doc);
+    free(st);
+    return rc;
+}
+
 int registry_register(agent *a)
 {
     a->reg_attempt++;
-    EDL_INFO("agent", "registering pod %s of job %s (attempt %d, TTL %llds)", a->o->pod, a->o->job,
-             a->reg_attempt, (long long)a->ttl_s);
+    EDL_INFO("agent", "registering pod %s of job %s (attempt %d, TTL %llds)", a->o->pod,
+             a->o->job ? a->o->job : "(none)", a->reg_attempt, (long long)a->ttl_s);
     int64_t lease = 0;
-    char *doc = NULL, *st = NULL;
-    edl_kv *old = NULL;
+    edl_pod_status s0 = {.state = EDL_TRAINER_WAITING, .step = -1};
     int rc = edl_etcd_lease_grant(a->etcd, a->ttl_s, 0, &lease, NULL);
     if (rc) {
         etcd_failed(a, "lease grant");
         goto fail;
     }
-    rc = edl_etcd_get(a->etcd, edl_str(a->k_pod), &old, NULL);
-    if (rc == 0 && old->lease != lease)
-        EDL_WARN("agent", "%s exists under lease %lld (another agent with pod name %s, or this pod "
-                 "before a restart): overwriting it", a->k_pod, (long long)old->lease, a->o->pod);
-    edl_kv_free(old);
-    doc = pod_json(a);
-    edl_pod_status s0 = {.state = EDL_TRAINER_WAITING, .step = -1};
-    st = edl_pod_status_to_json(&s0);
-    if (!doc || !st) {
-        rc = EDL_ENOMEM;
+    if ((rc = put_pod_keys(a, lease, &s0)) != 0)
         goto fail;
-    }
-    edl_put_opts po = {.lease = lease};
-    if ((rc = edl_etcd_put(a->etcd, edl_str(a->k_pod), edl_str(doc), &po, NULL)) != 0 ||
-        (rc = edl_etcd_put(a->etcd, edl_str(a->k_status), edl_str(st), &po, NULL)) != 0) {
-        etcd_failed(a, "registration");
-        goto fail;
-    }
     rc = edl_lease_keeper_open(a->etcd, lease, a->ttl_s, NULL, NULL, &a->keeper);
     if (rc)
         goto fail;
-    free(doc);
-    free(st);
     a->lease = lease;
     a->reg_next_ms = 0;
     a->reg_backoff_ms = 0;
@@ -128,11 +133,10 @@ int registry_register(agent *a)
     a->status = s0;
     a->status_dirty = false;
     a->status_written_ms = edl_monotonic_ms();
-    EDL_INFO("agent", "registered %s under lease %lld", a->k_pod, (long long)lease);
+    EDL_INFO("agent", "registered %s under lease %lld", a->k_pod ? a->k_pod : a->o->pod,
+             (long long)lease);
     return 0;
 fail:
-    free(doc);
-    free(st);
     if (lease && edl_etcd_lease_revoke(a->etcd, lease) != 0)
         EDL_DEBUG("agent", "revoking the half-made lease: %s", edl_etcd_errmsg(a->etcd));
     schedule_register(a);
@@ -162,7 +166,7 @@ void registry_unregister(agent *a)
     edl_lease_keeper_close(a->keeper, true);
     a->keeper = NULL;
     EDL_INFO("agent", "lease %lld revoked: pod %s left job %s", (long long)a->lease, a->o->pod,
-             a->o->job);
+             a->o->job ? a->o->job : "(none)");
     a->lease = 0;
 }
 
@@ -187,7 +191,7 @@ void registry_status_set(agent *a, const edl_pod_status *s)
 
 void registry_status_flush(agent *a)
 {
-    if (!a->status_dirty || !a->keeper || edl_monotonic_ms() < a->status_next_ms)
+    if (!a->status_dirty || !a->keeper || !a->k_status || edl_monotonic_ms() < a->status_next_ms)
         return;
     char *doc = edl_pod_status_to_json(&a->status);
     edl_put_opts po = {.lease = a->lease};
@@ -240,6 +244,8 @@ static void apply_generation(agent *a, const char *val, size_t len)
 
 int registry_watch_open(agent *a)
 {
+    if (!a->o->job)
+        return 0; /* a teacher outside any job follows no generation */
     if (a->watch) {
         edl_watch_close(a->watch);
         a->watch = NULL;

@@ -77,5 +77,7 @@ int cli_run(int argc, char **argv);
 int cli_scale(int argc, char **argv);
 int cli_status(int argc, char **argv);
 int cli_stop(int argc, char **argv);
+/* service.c: `edl service register|list|deregister` (distillation's teachers). */
+int cli_service(int argc, char **argv);
 
 #endif

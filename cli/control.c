@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "edl/discovery.h"
 #include "edl/json.h"
 
 /* What every control subcommand's --help adds: the etcd settings and the exit codes. */
@@ -251,6 +252,35 @@ static void set_ps_replicas(edl_job_spec *s, void *arg)
     s->ps_replicas = *(int *)arg;
 }
 
+static void set_teacher_replicas(edl_job_spec *s, void *arg)
+{
+    s->teachers_replicas = *(int *)arg;
+}
+
+/* `edl scale JOB N --role teacher` on a job without teachers, or outside teachers min..max:
+ * a clear refusal before any change. An exit code. */
+static int check_teacher_scale(const job_ctx *j, int want)
+{
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    int rc = cli_read_spec(j->c, &j->k, &sp, NULL), ret = 0;
+    if (rc)
+        ret = report_etcd_error(j, rc);
+    else if (sp.teachers_max == 0) {
+        fprintf(stderr, "edl scale: job %s has no teacher role (no \"teachers\" in its spec): "
+                        "nothing to scale; run it with edl run --teachers MIN:MAX --service "
+                        "NAME\n", j->name);
+        ret = EDL_EXIT_USAGE;
+    } else if (want < sp.teachers_min || want > sp.teachers_max) {
+        fprintf(stderr, "edl scale: job %s: %d teachers asked for, outside its teachers min..max "
+                        "%d..%d; nothing changed\n", j->name, want, sp.teachers_min,
+                sp.teachers_max);
+        ret = EDL_EXIT_USAGE;
+    }
+    edl_spec_clear(&sp);
+    return ret;
+}
+
 /* The replica count of `edl scale JOB N`: 0, or -1 after saying why. */
 static int scale_count(const char *job, const char *s, bool ps, long *n)
 {
@@ -292,10 +322,13 @@ static int check_ps_scale(const job_ctx *j, int want)
     return ret;
 }
 
-static void print_scaled(const job_ctx *j, bool ps, int want, const edl_job_spec *before,
+static void print_scaled(const job_ctx *j, int role, int want, const edl_job_spec *before,
                          const edl_job_spec *after)
 {
-    if (ps) {
+    if (role == 2) {
+        printf("job %s: teacher replicas %d -> %d", j->name, edl_spec_desired_teachers(before),
+               want);
+    } else if (role == 1) {
         printf("job %s: ps replicas %d -> %d", j->name, edl_spec_desired_servers(before), want);
         if (want < after->ps_min)
             printf(" (below ps min %d: the job will wait)", after->ps_min);
@@ -312,22 +345,24 @@ static void print_scaled(const job_ctx *j, bool ps, int want, const edl_job_spec
 int cli_scale(int argc, char **argv)
 {
     static const char usage[] =
-        "Usage: edl scale JOB REPLICAS [--role worker|ps] [--etcd URLS] [--prefix PREFIX]\n"
+        "Usage: edl scale JOB REPLICAS [--role worker|ps|teacher] [--etcd URLS] [--prefix P]\n"
         "Sets how many pods of a role the job should have: workers (the default: the spec's\n"
-        "replicas; pods beyond the spec's max wait as standbys) or, with --role ps, parameter\n"
-        "servers (ps.replicas, within the job's ps min..max). The launcher (edl run) or the\n"
-        "operator starts or stops pods to match.\n";
+        "replicas; pods beyond the spec's max wait as standbys), with --role ps parameter\n"
+        "servers (ps.replicas, 0..the job's ps max) or with --role teacher teachers\n"
+        "(teachers.replicas, within the job's teachers min..max). The launcher (edl run) or\n"
+        "the operator starts or stops pods to match.\n";
     cli_common co = {0};
     long n = 0;
     const char *role = EDL_ROLE_WORKER;
     int i = parse_common(argc, argv, usage, &co, NULL, NULL, &role);
     if (i < 0)
         return EDL_EXIT_USAGE;
-    bool ps = strcmp(role, EDL_ROLE_PS) == 0;
-    int bad = argc - i != 2 || (!ps && strcmp(role, EDL_ROLE_WORKER) != 0);
+    bool ps = strcmp(role, EDL_ROLE_PS) == 0, teacher = strcmp(role, EDL_ROLE_TEACHER) == 0;
+    int r = teacher ? 2 : ps ? 1 : 0;
+    int bad = argc - i != 2 || (!ps && !teacher && strcmp(role, EDL_ROLE_WORKER) != 0);
     if (bad)
         fprintf(stderr, "%s", usage);
-    if (bad || scale_count(argv[i], argv[i + 1], ps, &n) != 0) {
+    if (bad || scale_count(argv[i], argv[i + 1], ps || teacher, &n) != 0) {
         edl_etcd_config_clear(&co.etcd);
         return EDL_EXIT_USAGE;
     }
@@ -335,15 +370,16 @@ int cli_scale(int argc, char **argv)
     int rc = job_open(&co, argv[i], &j);
     if (rc)
         return rc;
-    int want = (int)n, ret = ps ? check_ps_scale(&j, want) : 0;
+    int want = (int)n;
+    int ret = ps ? check_ps_scale(&j, want) : teacher ? check_teacher_scale(&j, want) : 0;
+    static const cli_spec_edit edits[] = {set_replicas, set_ps_replicas, set_teacher_replicas};
     edl_job_spec before, after;
     edl_spec_init(&before);
     edl_spec_init(&after);
     if (!ret) {
-        rc = cli_update_spec(j.c, &j.k, ps ? set_ps_replicas : set_replicas, &want, &before,
-                             &after);
+        rc = cli_update_spec(j.c, &j.k, edits[r], &want, &before, &after);
         if (!rc)
-            print_scaled(&j, ps, want, &before, &after);
+            print_scaled(&j, r, want, &before, &after);
         ret = rc ? report_etcd_error(&j, rc) : EDL_EXIT_SUCCEEDED;
     }
     edl_spec_clear(&before);
@@ -418,6 +454,8 @@ typedef struct job_view {
     edl_pod_status *st;
     bool *has_st;
     size_t n_bad; /* keys under pods/ that are no valid pod name: ignored */
+    edl_service_instance *teachers; /* the teachers' service's records (spec.teachers) */
+    size_t n_teachers;
 } job_view;
 
 static void view_free(job_view *v)
@@ -429,6 +467,34 @@ static void view_free(job_view *v)
     free(v->pods);
     free(v->st);
     free(v->has_st);
+    edl_service_list_free(v->teachers, v->n_teachers);
+}
+
+/* The records in the service of the job's teachers (none without the teacher role). */
+static int read_teachers(edl_etcd *c, const char *prefix, job_view *v)
+{
+    if (!v->have_spec || v->spec.teachers_max == 0)
+        return 0;
+    int64_t rev;
+    return edl_service_list(c, prefix, v->spec.teachers_service, &v->teachers, &v->n_teachers,
+                            &rev);
+}
+
+static void print_teachers(const job_view *v)
+{
+    if (!v->have_spec || v->spec.teachers_max == 0)
+        return;
+    printf("teachers: %zu registered in service %s (min %d, max %d, replicas %d)\n",
+           v->n_teachers, v->spec.teachers_service, v->spec.teachers_min, v->spec.teachers_max,
+           edl_spec_desired_teachers(&v->spec));
+    if (v->n_teachers)
+        printf("%-24s %-28s %-6s %-8s %s\n", "INSTANCE", "ENDPOINT", "LOAD", "CAPACITY",
+               "MODEL");
+    for (size_t i = 0; i < v->n_teachers; i++) {
+        const edl_service_instance *t = &v->teachers[i];
+        printf("%-24s %-28s %-6.2f %-8d %s%s%s\n", t->name, t->endpoint, t->load, t->capacity,
+               t->model, t->version && *t->version ? ":" : "", t->version ? t->version : "");
+    }
 }
 
 static int read_pods(edl_etcd *c, const edl_job_keys *k, job_view *v)
@@ -544,6 +610,7 @@ static void print_table(const char *job, const job_view *v)
     for (size_t i = 0; i < v->n_pods; i++) /* what trainers said (their error, why they hung) */
         if (v->has_st[i] && v->st[i].message[0])
             printf("%s: %s\n", v->pods[i].name, v->st[i].message);
+    print_teachers(v);
 }
 
 /* A document of ours as a JSON value inside the output (null when absent). */
@@ -570,6 +637,17 @@ static void print_json(const job_view *v)
                                                     edl_pod_status_to_json(&v->st[i]) : NULL));
         cJSON_AddItemToArray(pods, p);
     }
+    cJSON *ts = cJSON_AddArrayToObject(o, "teachers");
+    for (size_t i = 0; i < v->n_teachers; i++) {
+        char *rec = NULL;
+        cJSON *t = edl_service_instance_to_json(&v->teachers[i], &rec) == 0 ? cJSON_Parse(rec)
+                                                                             : NULL;
+        free(rec);
+        if (t) {
+            cJSON_AddStringToObject(t, "instance", v->teachers[i].name);
+            cJSON_AddItemToArray(ts, t);
+        }
+    }
     char *text = edl_json_print_consume(o);
     printf("%s\n", text ? text : "null");
     free(text);
@@ -580,8 +658,9 @@ int cli_status(int argc, char **argv)
     static const char usage[] =
         "Usage: edl status JOB [--json] [--etcd URLS] [--prefix PREFIX]\n"
         "Shows the job's state, generation, members with their ranks, parameter servers\n"
-        "(RANK \"ps N\") and each trainer; --json: the spec, generation (with \"servers\") and\n"
-        "pods (with their role) as one JSON object.\n";
+        "(RANK \"ps N\"), each trainer, and the teachers registered in the service of the\n"
+        "job's teachers (instance, endpoint, load); --json: the spec, generation (with\n"
+        "\"servers\"), pods (with their role) and teachers as one JSON object.\n";
     cli_common co = {0};
     bool json = false;
     job_ctx j;
@@ -600,7 +679,8 @@ int cli_status(int argc, char **argv)
         v.have_gen = rc == 0;
         if (rc && rc != EDL_ENOTFOUND && rc != EDL_EPROTO && rc != EDL_ECONFIG)
             ret = report_etcd_error(&j, rc);
-        else if ((rc = read_pods(j.c, &j.k, &v)) != 0)
+        else if ((rc = read_pods(j.c, &j.k, &v)) != 0 ||
+                 (rc = read_teachers(j.c, co.prefix, &v)) != 0)
             ret = report_etcd_error(&j, rc);
         else if (json)
             print_json(&v);

@@ -1,4 +1,4 @@
-/* main.c: the `edl` command: dispatch to run, scale, status and stop. */
+/* main.c: the `edl` command: dispatch to run, scale, status, stop and service. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,12 +12,16 @@ static void usage(FILE *out)
             "\n"
             "Commands:\n"
             "  run --np MIN:MAX [options] -- TRAINER [ARGS...]   run an elastic job on this machine\n"
-            "      (--ps MIN:MAX: with parameter servers)\n"
+            "      (--ps MIN:MAX: with parameter servers; --teachers MIN:MAX --service NAME:\n"
+            "      with teachers, for distillation)\n"
             "  run -f JOB.yaml [options]                         run a TrainingJob manifest here\n"
-            "  scale JOB N [--role ps]                           set the job's replica count (workers,\n"
-            "                                                    or with --role ps its servers)\n"
-            "  status JOB [--json]                               generation, members, servers, trainers\n"
+            "  scale JOB N [--role ps|teacher]                   set the job's replica count (workers,\n"
+            "                                                    servers, teachers)\n"
+            "  status JOB [--json]                               generation, members, servers, trainers,\n"
+            "                                                    teachers\n"
             "  stop JOB                                          stop the job\n"
+            "  service register|list|deregister --service NAME   teachers of a distillation\n"
+            "                                                    service (docs/distill.md)\n"
             "\n"
             "Each command takes --help. scale, status and stop find a local job's etcd by itself;\n"
             "elsewhere pass --etcd URLS (and --cacert, --cert, --key, --user, --password-file as\n"
@@ -50,6 +54,8 @@ int main(int argc, char **argv)
         return cli_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "stop"))
         return cli_stop(argc - 1, argv + 1);
+    if (!strcmp(cmd, "service"))
+        return cli_service(argc - 1, argv + 1);
     fprintf(stderr, "edl: unknown command \"%s\"\n\n", cmd);
     usage(stderr);
     return EDL_EXIT_USAGE;

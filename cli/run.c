@@ -7,7 +7,9 @@
  * in the spec and starts or stops agent processes of each role to match (a replaced crashed
  * agent is a new pod, as a ReplicaSet would make), while membership, ranks and restarts stay
  * the job server's and the agents' business. Parameter servers run the same trainer command
- * under `edl-agent --role ps` (Paddle style: the program reads TRAINING_ROLE). */
+ * under `edl-agent --role ps` (Paddle style: the program reads TRAINING_ROLE), and so do the
+ * teachers of a distillation job (`--teachers`: `edl-agent --role teacher`, the program reads
+ * EDL_ROLE_NAME), each on a free port of its own, kept at teachers.replicas. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +33,7 @@
 #include "edl/secret.h"
 
 #define MAX_KIDS CLI_LOCAL_AGENTS_MAX
+enum { ROLE_W, ROLE_PS, ROLE_T, N_ROLES };
 #define LINE_MAX_BYTES 4096
 
 typedef struct child {
@@ -43,7 +46,7 @@ typedef struct child {
     int64_t kill_at;          /* SIGKILL if still alive then (0: not scheduled) */
     bool exited;
     int status;               /* exit code or 128+signal */
-    bool ps;                  /* an agent of role ps (pods <job>-ps-N) */
+    int role;                 /* ROLE_W, ROLE_PS (pods <job>-ps-N), ROLE_T (<job>-teacher-N) */
 } child;
 
 typedef struct run_opts {
@@ -70,11 +73,12 @@ typedef struct launcher {
     child js;
     child *kids[MAX_KIDS];
     size_t n_kids;
-    int next_index, next_ps_index;
+    int next_index[N_ROLES];  /* each role's next pod number */
     int sigfd;
     edl_watch *w;             /* the job's keys; only spec and generation matter here */
     edl_job_keys k;
-    int desired, desired_ps;  /* agents of each role that replicas and ps.replicas ask for */
+    int desired[N_ROLES];     /* agents of each role that replicas, ps.replicas and
+                               * teachers.replicas ask for */
     int64_t gen;
     bool final;
     edl_job_state state;
@@ -187,20 +191,41 @@ static void pump(launcher *l, child *k, bool eof)
 /* Where the agents and the job server of a local job serve /metrics (loopback: one machine). */
 #define LOCAL_METRICS_ADDR "127.0.0.1"
 
-/* An agent of either role (ps: `--role ps`, pod <job>-ps-N; names are never reused). */
-static int start_agent(launcher *l, bool ps)
+/* The role's options: --role ps, or --role teacher --service S --port P (a free port). */
+static size_t role_args(launcher *l, int role, char **argv, char *port, size_t n)
+{
+    size_t a = 0;
+    if (role == ROLE_PS) {
+        argv[a++] = "--role";
+        argv[a++] = EDL_ROLE_PS;
+    } else if (role == ROLE_T) {
+        snprintf(port, n, "%d", edl_free_port("127.0.0.1"));
+        argv[a++] = "--role";
+        argv[a++] = EDL_ROLE_TEACHER;
+        argv[a++] = "--service";
+        argv[a++] = l->o.spec.teachers_service;
+        if (strcmp(port, "0") != 0) {
+            argv[a++] = "--port";
+            argv[a++] = port;
+        }
+    }
+    return a;
+}
+
+/* An agent of any role (ps: `--role ps`, pod <job>-ps-N; teacher: `--role teacher`, pod
+ * <job>-teacher-N; names are never reused). */
+static int start_agent(launcher *l, int role)
 {
     if (l->n_kids >= MAX_KIDS)
         return EDL_ETOOBIG;
     child *k = calloc(1, sizeof *k);
     if (!k)
         return EDL_ENOMEM;
-    k->ps = ps;
-    if (ps)
-        snprintf(k->name, sizeof k->name, "%s-ps-%d", l->o.job, l->next_ps_index++);
-    else
-        snprintf(k->name, sizeof k->name, "%s-%d", l->o.job, l->next_index++);
-    char grace[32], mport[16];
+    k->role = role;
+    static const char *const suffix[N_ROLES] = {"", "-ps", "-teacher"};
+    snprintf(k->name, sizeof k->name, "%s%s-%d", l->o.job, suffix[role],
+             l->next_index[role]++);
+    char grace[32], mport[16], tport[16];
     snprintf(grace, sizeof grace, "%lld", (long long)l->o.grace_ms);
     snprintf(mport, sizeof mport, "%d", edl_free_port(LOCAL_METRICS_ADDR));
     char *argv[64 + 1024];
@@ -214,10 +239,7 @@ static int start_agent(launcher *l, bool ps)
     argv[a++] = (char *)l->o.prefix;
     argv[a++] = "--grace-ms";
     argv[a++] = grace;
-    if (ps) {
-        argv[a++] = "--role";
-        argv[a++] = EDL_ROLE_PS;
-    }
+    a += role_args(l, role, argv + a, tport, sizeof tport);
     if (strcmp(mport, "0") != 0) { /* edl status shows where each agent's /metrics is */
         argv[a++] = "--metrics-port";
         argv[a++] = mport;
@@ -273,11 +295,11 @@ static size_t agents_alive(const launcher *l, bool count_stopping)
 }
 
 /* Agents of one role that run and are not being stopped. */
-static size_t role_alive(const launcher *l, bool ps)
+static size_t role_alive(const launcher *l, int role)
 {
     size_t n = 0;
     for (size_t i = 0; i < l->n_kids; i++)
-        if (!l->kids[i]->exited && !l->kids[i]->stopping && l->kids[i]->ps == ps)
+        if (!l->kids[i]->exited && !l->kids[i]->stopping && l->kids[i]->role == role)
             n++;
     return n;
 }
@@ -330,19 +352,21 @@ static void on_final(launcher *l)
  * written by someone else may ask for more: the job goes on at the limit). */
 static void take_replicas(launcher *l, const edl_job_spec *sp)
 {
-    int want = edl_spec_desired_pods(sp), want_ps = edl_spec_desired_servers(sp);
-    if (want + want_ps > MAX_KIDS) {
-        say("replicas %d + ps replicas %d: this launcher runs at most %d agents on one machine; "
-            "keeping %d", want, want_ps, MAX_KIDS, MAX_KIDS);
-        want = want < MAX_KIDS ? want : MAX_KIDS;
-        want_ps = MAX_KIDS - want;
+    int want[N_ROLES] = {edl_spec_desired_pods(sp), edl_spec_desired_servers(sp),
+                         edl_spec_desired_teachers(sp)};
+    static const char *const what[N_ROLES] = {"replicas", "ps replicas", "teacher replicas"};
+    if (want[0] + want[1] + want[2] > MAX_KIDS) {
+        say("replicas %d + ps replicas %d + teacher replicas %d: this launcher runs at most %d "
+            "agents on one machine; keeping %d", want[0], want[1], want[2], MAX_KIDS, MAX_KIDS);
+        want[0] = want[0] < MAX_KIDS ? want[0] : MAX_KIDS;
+        want[1] = want[1] < MAX_KIDS - want[0] ? want[1] : MAX_KIDS - want[0];
+        want[2] = MAX_KIDS - want[0] - want[1];
     }
-    if (want != l->desired)
-        say("replicas %d -> %d", l->desired, want);
-    if (want_ps != l->desired_ps)
-        say("ps replicas %d -> %d", l->desired_ps, want_ps);
-    l->desired = want;
-    l->desired_ps = want_ps;
+    for (int r = 0; r < N_ROLES; r++) {
+        if (want[r] != l->desired[r])
+            say("%s %d -> %d", what[r], l->desired[r], want[r]);
+        l->desired[r] = want[r];
+    }
 }
 
 /* "a b c" of a member list (bounded). */
@@ -396,11 +420,11 @@ static bool event_matters(const launcher *l, const edl_watch_event *ev)
 
 /* Start or stop agents of one role to match its desired count (newest stop first, as a
  * scale-down would). */
-static int match_role(launcher *l, bool ps, int desired)
+static int match_role(launcher *l, int role, int desired)
 {
-    size_t alive = role_alive(l, ps);
+    size_t alive = role_alive(l, role);
     while (alive < (size_t)desired) {
-        int rc = start_agent(l, ps);
+        int rc = start_agent(l, role);
         if (rc) {
             say("cannot start an agent: %s", edl_strerror(rc));
             return rc;
@@ -409,7 +433,7 @@ static int match_role(launcher *l, bool ps, int desired)
     }
     for (size_t i = l->n_kids; i-- > 0 && alive > (size_t)desired;) {
         child *k = l->kids[i];
-        if (!k->exited && !k->stopping && k->ps == ps) {
+        if (!k->exited && !k->stopping && k->role == role) {
             say("scaling down: stopping %s", k->name);
             stop_child(k, l->o.grace_ms + 5000);
             alive--;
@@ -422,8 +446,10 @@ static int match_replicas(launcher *l)
 {
     if (l->final || l->interrupted)
         return 0;
-    int rc = match_role(l, false, l->desired);
-    return rc ? rc : match_role(l, true, l->desired_ps);
+    int rc = 0;
+    for (int r = 0; r < N_ROLES && !rc; r++)
+        rc = match_role(l, r, l->desired[r]);
+    return rc;
 }
 
 /* Reap children; an agent that died unexpectedly is replaced by a new pod. */
@@ -457,7 +483,7 @@ static int reap(launcher *l)
             say("%s exited with a configuration error (2); giving up", k->name);
             return EDL_EXIT_USAGE;
         }
-        if (k->ps && k->status == 0) /* its server drained and left: a clean leave */
+        if (k->role == ROLE_PS && k->status == 0) /* its server drained and left */
             say("%s left (exit 0); a new pod replaces it while ps.replicas asks for it", k->name);
         else
             say("%s exited unexpectedly (%s %d); starting a replacement", k->name,
@@ -582,13 +608,15 @@ static int loop(launcher *l)
 /* ---- options ------------------------------------------------------------------------------ */
 
 static const char run_usage[] =
-    "Usage: edl run --np MIN:MAX [--ps MIN:MAX] [options] -- TRAINER [ARGS...]\n"
+    "Usage: edl run --np MIN:MAX [--ps MIN:MAX] [--teachers MIN:MAX --service NAME] [options]\n"
+    "               -- TRAINER [ARGS...]\n"
     "       edl run -f JOB.yaml [options]\n"
     "\n"
     "Runs an elastic job on this machine: its own etcd on a free loopback port (unless --etcd),\n"
     "a job server, and one agent per replica, each supervising one TRAINER process. Output is\n"
     "prefixed with the process name. Change the size from another terminal with\n"
-    "`edl scale JOB N` (servers: `edl scale JOB N --role ps`); see it with `edl status JOB`;\n"
+    "`edl scale JOB N` (servers: --role ps, teachers: --role teacher); see it with\n"
+    "`edl status JOB`;\n"
     "end it with `edl stop JOB`.\n"
     "\n"
     "With -f, the job is the file's first TrainingJob (deploy/k8s/crd.yaml; docs/manifest.md):\n"
@@ -607,6 +635,12 @@ static const char run_usage[] =
     "                            same TRAINER (it reads TRAINING_ROLE: TRAINER or PSERVER);\n"
     "                            pods <job>-ps-N; the job trains with MIN to MAX servers\n"
     "  --ps-replicas N           ps agents to start (default: the MAX of --ps), 0..MAX\n"
+    "  --teachers MIN[:MAX]      teachers (distillation, docs/distill.md): agents with --role\n"
+    "                            teacher run the same TRAINER as an inference server (it reads\n"
+    "                            EDL_ROLE_NAME=teacher and listens on $PORT); pods\n"
+    "                            <job>-teacher-N register in --service; no member, no rank\n"
+    "  --service NAME            the teachers' service (required with --teachers)\n"
+    "  --teacher-replicas N      teacher agents to start (default: the MAX of --teachers)\n"
     "  --job NAME                job name (default: edl-job)\n"
     "  --insecure                start our own etcd on plain http, without TLS (for debugging)\n"
     "  --prefix PREFIX           etcd key prefix (default: " EDL_DEFAULT_PREFIX ")\n"
@@ -697,6 +731,8 @@ static int check_etcd_opts(run_opts *o)
 static const struct option run_options[] = {
     {"np", required_argument, 0, 'n'},          {"replicas", required_argument, 0, 'r'},
     {"ps", required_argument, 0, 'S'},          {"ps-replicas", required_argument, 0, 'R'},
+    {"teachers", required_argument, 0, 'A'},    {"teacher-replicas", required_argument, 0, 'B'},
+    {"service", required_argument, 0, 'V'},
     {"job", required_argument, 0, 'j'},         EDL_ETCD_LONG_OPTIONS,
     {"insecure", no_argument, 0, 'I'},
     {"prefix", required_argument, 0, 'p'},      {"ttl", required_argument, 0, 't'},
@@ -741,6 +777,34 @@ static int apply_manifest(run_opts *o)
     }
     o->job = o->m.tj.name;
     o->deadline_s = o->m.tj.active_deadline_s;
+    return 0;
+}
+
+/* --teachers, --service and --teacher-replicas go together; the teachers' pod names
+ * (<job>-teacher-N) are their instance names in the service, so DNS labels. 0 or -1. */
+static int check_teacher_opts(const run_opts *o)
+{
+    bool svc = o->spec.teachers_service[0] != '\0';
+    if (o->spec.teachers_max == 0 && (svc || o->spec.teachers_replicas >= 0)) {
+        fprintf(stderr, "edl run: --service and --teacher-replicas need --teachers MIN[:MAX]\n");
+        return -1;
+    }
+    if (o->spec.teachers_max == 0)
+        return 0;
+    if (!svc) {
+        fprintf(stderr, "edl run: --teachers needs --service NAME (where the teachers "
+                        "register)\n");
+        return -1;
+    }
+    char name[EDL_NAME_MAX + 32];
+    snprintf(name, sizeof name, "%s-teacher-%d", o->job, EDL_TEACHERS_MAX);
+    if (!edl_teacher_service_valid(name)) {
+        fprintf(stderr, "edl run: with --teachers the job name \"%s\" must give teacher pod "
+                        "names (%s-teacher-N) that are service instance names: [a-z0-9-], at "
+                        "most %d characters in all\n", o->job, o->job,
+                EDL_TEACHER_SERVICE_MAX);
+        return -1;
+    }
     return 0;
 }
 
@@ -790,6 +854,28 @@ static int parse_run(int argc, char **argv, run_opts *o)
             if (parse_long("--ps-replicas", optarg, 0, EDL_PS_SERVERS_MAX, &v))
                 return -1;
             o->spec.ps_replicas = (int)v;
+            break;
+        case 'A':
+            if (parse_np(optarg, EDL_TEACHERS_MAX, &o->spec.teachers_min,
+                         &o->spec.teachers_max)) {
+                fprintf(stderr, "edl run: --teachers %s: expected MIN:MAX or N, 1 <= MIN <= MAX "
+                                "<= %d\n", optarg, EDL_TEACHERS_MAX);
+                return -1;
+            }
+            break;
+        case 'B':
+            if (parse_long("--teacher-replicas", optarg, 0, EDL_TEACHERS_MAX, &v))
+                return -1;
+            o->spec.teachers_replicas = (int)v;
+            break;
+        case 'V':
+            snprintf(o->spec.teachers_service, sizeof o->spec.teachers_service, "%s", optarg);
+            if (strlen(optarg) >= sizeof o->spec.teachers_service ||
+                !edl_teacher_service_valid(optarg)) {
+                fprintf(stderr, "edl run: --service %s: expected 1-63 of [a-z0-9-], not "
+                                "starting or ending with '-'\n", optarg);
+                return -1;
+            }
             break;
         case 'j': o->job = optarg; break;
         case 'p': o->prefix = optarg; break;
@@ -870,11 +956,14 @@ static int parse_run(int argc, char **argv, run_opts *o)
         fprintf(stderr, "edl run: --ps-replicas needs --ps MIN:MAX\n");
         return -1;
     }
+    if (check_teacher_opts(o) != 0)
+        return -1;
     if (!o->file && edl_spec_validate(&o->spec, err, sizeof err) != 0) { /* -f: below */
         fprintf(stderr, "edl run: %s\n", err);
         return -1;
     }
-    int agents = edl_spec_desired_pods(&o->spec) + edl_spec_desired_servers(&o->spec);
+    int agents = edl_spec_desired_pods(&o->spec) + edl_spec_desired_servers(&o->spec) +
+                 edl_spec_desired_teachers(&o->spec);
     if (agents > MAX_KIDS) {
         fprintf(stderr, "edl run: %d agents asked for (--replicas, else the MAX of --np, and "
                         "the servers of --ps); edl run starts at most %d on one machine\n",
@@ -1079,11 +1168,16 @@ static int run_job(launcher *l, bool *wrote_state)
         l->w = NULL; /* then it polls every 200 ms */
     if (l->o.spec.ps_max > 0)
         say("job %s: min %d, max %d, replicas %d; servers: min %d, max %d, replicas %d; "
-            "trainer: %s", l->o.job, l->o.spec.min, l->o.spec.max, l->desired, l->o.spec.ps_min,
-            l->o.spec.ps_max, l->desired_ps, l->o.trainer[0]);
+            "trainer: %s", l->o.job, l->o.spec.min, l->o.spec.max, l->desired[ROLE_W],
+            l->o.spec.ps_min,
+            l->o.spec.ps_max, l->desired[ROLE_PS], l->o.trainer[0]);
     else
         say("job %s: min %d, max %d, replicas %d; trainer: %s", l->o.job, l->o.spec.min,
-            l->o.spec.max, l->desired, l->o.trainer[0]);
+            l->o.spec.max, l->desired[ROLE_W], l->o.trainer[0]);
+    if (l->o.spec.teachers_max > 0)
+        say("teachers: min %d, max %d, replicas %d, service %s (edl-agent --role teacher)",
+            l->o.spec.teachers_min, l->o.spec.teachers_max, l->desired[ROLE_T],
+            l->o.spec.teachers_service);
     if (start_jobserver(l) != 0) {
         fprintf(stderr, "edl run: cannot start %s\n", l->js_bin);
         return EDL_EXIT_USAGE;
@@ -1120,7 +1214,7 @@ static int enter_working_dir(launcher *l)
 
 int cli_run(int argc, char **argv)
 {
-    launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .desired = 0};
+    launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING};
     edl_etcd_config_init(&l.o.etcd);
     edl_etcd_config_init(&l.cfg);
     if (parse_run(argc, argv, &l.o) != 0) {
@@ -1129,8 +1223,9 @@ int cli_run(int argc, char **argv)
         cli_manifest_clear(&l.o.m);
         return EDL_EXIT_USAGE;
     }
-    l.desired = edl_spec_desired_pods(&l.o.spec);
-    l.desired_ps = edl_spec_desired_servers(&l.o.spec);
+    l.desired[ROLE_W] = edl_spec_desired_pods(&l.o.spec);
+    l.desired[ROLE_PS] = edl_spec_desired_servers(&l.o.spec);
+    l.desired[ROLE_T] = edl_spec_desired_teachers(&l.o.spec);
     if (edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
         edl_spec_clear(&l.o.spec);
         edl_etcd_config_clear(&l.o.etcd);

@@ -63,6 +63,7 @@ void edl_spec_init(edl_job_spec *s)
     s->ttl_s = 10;
     s->mode = EDL_MODE_RESTART;
     s->ps_replicas = -1; /* ps_min = ps_max = 0: no parameter servers */
+    s->teachers_replicas = -1; /* teachers_min = teachers_max = 0: no teachers */
 }
 
 void edl_spec_clear(edl_job_spec *s)
@@ -92,6 +93,24 @@ int edl_spec_desired_servers(const edl_job_spec *s)
     if (s->ps_max <= 0)
         return 0;
     return s->ps_replicas < 0 ? s->ps_max : s->ps_replicas;
+}
+
+int edl_spec_desired_teachers(const edl_job_spec *s)
+{
+    if (s->teachers_max <= 0)
+        return 0;
+    return s->teachers_replicas < 0 ? s->teachers_max : s->teachers_replicas;
+}
+
+bool edl_teacher_service_valid(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n < 1 || n > EDL_TEACHER_SERVICE_MAX || s[0] == '-' || s[n - 1] == '-')
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return false;
+    return true;
 }
 
 int edl_exit_codes_parse(const char *s, uint8_t bits[32])
@@ -166,6 +185,36 @@ static int validate_ps(const edl_job_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* The teacher role: none (0, 0, replicas -1 or 0, no service), or 1 <= min <= max <=
+ * EDL_TEACHERS_MAX with replicas -1 or min..max and a valid service name. */
+static int validate_teachers(const edl_job_spec *s, char *err, size_t errlen)
+{
+    if (s->teachers_min == 0 && s->teachers_max == 0)
+        return s->teachers_replicas <= 0 && s->teachers_replicas >= -1 ? 0 :
+               edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.replicas is %d but the job "
+                        "has no teacher role (teachers.max 0)", s->teachers_replicas);
+    if (s->teachers_min < 1)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.min is %d; it must be at "
+                        "least 1 (leave out \"teachers\" for a job without teachers)",
+                        s->teachers_min);
+    if (s->teachers_max < s->teachers_min)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.min (%d) is greater than "
+                        "teachers.max (%d)", s->teachers_min, s->teachers_max);
+    if (s->teachers_max > EDL_TEACHERS_MAX)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.max is %d; a job has at most "
+                        "%d teachers", s->teachers_max, EDL_TEACHERS_MAX);
+    if (s->teachers_replicas != -1 &&
+        (s->teachers_replicas < s->teachers_min || s->teachers_replicas > s->teachers_max))
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.replicas is %d; it must be -1 "
+                        "(= teachers.max) or %d..%d (teachers.min..max)", s->teachers_replicas,
+                        s->teachers_min, s->teachers_max);
+    if (!edl_teacher_service_valid(s->teachers_service))
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.service \"%s\" is not a "
+                        "service name: 1-63 of [a-z0-9-], not starting or ending with '-'",
+                        s->teachers_service);
+    return 0;
+}
+
 int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
 {
     if (s->min < 1)
@@ -184,7 +233,8 @@ int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
     if (s->max_restarts < 0 || s->max_restarts > EDL_RESTARTS_MAX)
         return edl_errf(err, errlen, EDL_ECONFIG, "spec: max_restarts is %d; it must be 0..%d",
                         s->max_restarts, EDL_RESTARTS_MAX);
-    return validate_ps(s, err, errlen);
+    int rc = validate_ps(s, err, errlen);
+    return rc ? rc : validate_teachers(s, err, errlen);
 }
 
 /* The optional "ps" object: {"min": N, "max": M, "replicas": R}; min is required, max
@@ -204,6 +254,29 @@ static void read_ps(edl_json_reader *r, edl_job_spec *s)
         edl_json_fail(&pr, EDL_ECONFIG, "min", "must be at least 1 (leave out \"ps\" for a "
                       "job without parameter servers)");
     r->rc = pr.rc;
+}
+
+/* The optional "teachers" object: {"min": N, "max": M, "replicas": R, "service": "name"}; min
+ * and service are required, max defaults to min, replicas to -1. Checked by
+ * validate_teachers. */
+static void read_teachers(edl_json_reader *r, edl_job_spec *s)
+{
+    const cJSON *t = edl_json_object(r, "teachers");
+    if (!t || r->rc)
+        return;
+    edl_json_reader tr = {t, "spec.teachers", r->err, r->errlen, 0, true};
+    edl_json_int(&tr, "min", INT_MIN, INT_MAX, &s->teachers_min);
+    const char *svc = NULL;
+    if (edl_json_cstr(&tr, "service", EDL_TEACHER_SERVICE_MAX, &svc))
+        snprintf(s->teachers_service, sizeof s->teachers_service, "%s", svc);
+    tr.required = false;
+    s->teachers_max = s->teachers_min;
+    edl_json_int(&tr, "max", INT_MIN, INT_MAX, &s->teachers_max);
+    edl_json_int(&tr, "replicas", INT_MIN, INT_MAX, &s->teachers_replicas);
+    if (!tr.rc && s->teachers_min < 1) /* 0 would read as "no teacher role" */
+        edl_json_fail(&tr, EDL_ECONFIG, "min", "must be at least 1 (leave out \"teachers\" "
+                      "for a job without teachers)");
+    r->rc = tr.rc;
 }
 
 /* Every field of the document into s (absent ones keep their defaults). */
@@ -235,6 +308,7 @@ static void read_spec(edl_json_reader *r, edl_job_spec *s)
     edl_json_str(r, "checkpoint_uri", 4096, &s->checkpoint_uri);
     edl_json_bool(r, "stopped", &s->stopped);
     read_ps(r, s);
+    read_teachers(r, s);
 }
 
 int edl_spec_parse(const char *json, size_t len, edl_job_spec *out, char *err, size_t errlen)
@@ -289,6 +363,13 @@ char *edl_spec_to_json(const edl_job_spec *s)
         cJSON_AddNumberToObject(ps, "min", s->ps_min);
         cJSON_AddNumberToObject(ps, "max", s->ps_max);
         cJSON_AddNumberToObject(ps, "replicas", s->ps_replicas);
+    }
+    if (s->teachers_max > 0) {
+        cJSON *t = cJSON_AddObjectToObject(o, "teachers");
+        cJSON_AddNumberToObject(t, "min", s->teachers_min);
+        cJSON_AddNumberToObject(t, "max", s->teachers_max);
+        cJSON_AddNumberToObject(t, "replicas", s->teachers_replicas);
+        cJSON_AddStringToObject(t, "service", s->teachers_service);
     }
     free(codes);
     return edl_json_print_consume(o);

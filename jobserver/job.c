@@ -91,7 +91,8 @@ static void read_spec(js_job *j, const edl_range_result *r, snapshot *s)
 }
 
 /* A pod of a role this job server does not know (a newer agent's?) takes no part: it is
- * ignored, with one log line per revision. */
+ * ignored, with one log line per revision. Teachers (read_pods) take no part either, silently:
+ * they serve the students through their service, outside the membership. */
 static bool known_role(const edl_pod *p, char *err, size_t errlen)
 {
     if (!p->role || strcmp(p->role, EDL_ROLE_WORKER) == 0 || strcmp(p->role, EDL_ROLE_PS) == 0)
@@ -124,8 +125,12 @@ static int read_pods(js_job *j, const edl_range_result *r, snapshot *s)
             return EDL_ENOMEM;
         p->lease = kv->lease;
         p->create_revision = kv->create_revision;
-        if (edl_pod_parse(kv->value, kv->value_len, p, err, sizeof err) != 0 ||
-            !known_role(p, err, sizeof err)) {
+        int prc = edl_pod_parse(kv->value, kv->value_len, p, err, sizeof err);
+        if (!prc && p->role && strcmp(p->role, EDL_ROLE_TEACHER) == 0) {
+            edl_pod_clear(p); /* a teacher serves the students: no member, no part here */
+            continue;
+        }
+        if (prc || !known_role(p, err, sizeof err)) {
             report_bad(j, kv, err);
             edl_pod_clear(p);
             continue;

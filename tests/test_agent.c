@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "edl/discovery.h"
 #include "edl/job.h"
 #include "edl/etcd.h"
 #include "harness.h"
@@ -1132,6 +1133,272 @@ static void test_ps_graceful_leave_deletes_registration_first(void **state)
     assert_true(wait_pid_dead((pid_t)st.pid, 2000));
 }
 
+/* ---- the teacher role ------------------------------------------------------------------------ */
+
+#define TEACHER_FAST "--health-interval-ms", "100", "--health-timeout-ms", "300", \
+                     "--health-failures", "2"
+
+/* The teacher's key in its service (the agent's prefix, the default). */
+static char *teacher_key(const char *service, const char *inst, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/services/%s/teachers/%s", EDL_DEFAULT_PREFIX, service, inst);
+    return buf;
+}
+
+/* Start a teacher agent (job NULL: none) running `/bin/sh -c script` with extra options. */
+static pid_t start_teacher(const char *job, const char *pod, const char *service, int port,
+                           const char *script, const char *const *extra)
+{
+    static char portbuf[16];
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    const char *opts[24] = {"--role", "teacher", "--service", service, "--port", portbuf,
+                            TEACHER_FAST};
+    int n = 12;
+    for (int i = 0; extra && extra[i] && n < 22; i++)
+        opts[n++] = extra[i];
+    opts[n] = NULL;
+    if (job)
+        return start_agent(job, pod, script, opts);
+    const char *argv[40] = {EDL_AGENT_BIN, "--etcd", edl_etcd_server_endpoints(srv), "--pod",
+                            pod};
+    int a = 5;
+    for (int i = 0; opts[i]; i++)
+        argv[a++] = opts[i];
+    argv[a++] = "--";
+    argv[a++] = "/bin/sh";
+    argv[a++] = "-c";
+    argv[a++] = script;
+    argv[a] = NULL;
+    setenv("T_DIR", dir, 1);
+    pid_t pid = harness_spawn(argv, NULL);
+    assert_true(pid > 0);
+    for (int i = 0; i < MAX_AGENTS; i++)
+        if (agents[i] == 0) {
+            agents[i] = pid;
+            break;
+        }
+    return pid;
+}
+
+/* Wait for the teacher's record to exist with this load (< 0: any); parsed into *out. */
+static edl_kv *wait_record(const char *k, double load, int timeout_ms, edl_service_instance *out)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        edl_kv *kv = wait_kv(k, 50);
+        char err[256];
+        edl_service_instance in = {0};
+        if (kv && edl_service_instance_parse("x", kv->value, kv->value_len, &in, err,
+                                             sizeof err) == 0 &&
+            (load < 0 || in.load == load)) {
+            if (out)
+                *out = in;
+            else
+                edl_service_instance_clear(&in);
+            return kv;
+        }
+        edl_service_instance_clear(&in);
+        edl_kv_free(kv);
+        harness_sleep_ms(25);
+    } while (harness_now_ms() < end);
+    fail_msg("%s: no record (with load %g) within %d ms", k, load, timeout_ms);
+    return NULL;
+}
+
+/* The pid the teacher_server wrote for pod (waiting for a fresh one != not). */
+static pid_t server_pid(const char *pod, pid_t not, int timeout_ms)
+{
+    char pf[300];
+    snprintf(pf, sizeof pf, "%s/%s.pid", dir, pod);
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        long p = read_long_file(pf);
+        if (p > 0 && p != not)
+            return (pid_t)p;
+        harness_sleep_ms(25);
+    } while (harness_now_ms() < end);
+    fail_msg("no (new) teacher server pid in %s", pf);
+    return 0;
+}
+
+static void test_teacher_bad_options_exit_2(void **state)
+{
+    (void)state;
+    const char *e = "http://127.0.0.1:1";
+    const char *no_service[] = {EDL_AGENT_BIN, "--etcd", e, "--role", "teacher", "--pod", "t",
+                                "--", "true", NULL};
+    assert_int_equal(run_status(no_service), 2);
+    const char *bad_service[] = {EDL_AGENT_BIN, "--etcd", e, "--role", "teacher", "--pod", "t",
+                                 "--service", "Bad_Name", "--", "true", NULL};
+    assert_int_equal(run_status(bad_service), 2);
+    const char *bad_pod[] = {EDL_AGENT_BIN, "--etcd", e, "--role", "teacher", "--pod", "T.1",
+                             "--service", "svc", "--", "true", NULL};
+    assert_int_equal(run_status(bad_pod), 2);
+    const char *bad_cap[] = {EDL_AGENT_BIN, "--etcd", e, "--role", "teacher", "--pod", "t",
+                             "--service", "svc", "--capacity", "0", "--", "true", NULL};
+    assert_int_equal(run_status(bad_cap), 2);
+    const char *bad_path[] = {EDL_AGENT_BIN, "--etcd", e, "--role", "teacher", "--pod", "t",
+                              "--service", "svc", "--health-path", "healthz", "--", "true", NULL};
+    assert_int_equal(run_status(bad_path), 2);
+    const char *worker_service[] = {EDL_AGENT_BIN, "--etcd", e, "--job", "j", "--service", "svc",
+                                    "--", "true", NULL};
+    assert_int_equal(run_status(worker_service), 2);
+}
+
+/* Registered once healthy, with its endpoint, capacity, model, version and the lease of its
+ * pod; the load follows the health reply; the environment is a teacher's. */
+static void test_teacher_registers_when_healthy(void **state)
+{
+    (void)state;
+    const char *job = "teach";
+    put_spec(job, EDL_MODE_RESTART, 2, 10);
+    int port = harness_free_port();
+    char k[256], pk[256], envf[300], want[64], script[600];
+    snprintf(script, sizeof script, "sleep 0.3; exec %s", EDL_TEACHER_SERVER);
+    int64_t t0 = harness_now_ms();
+    start_teacher(job, "t0", "svc", port, script,
+                  (const char *[]){"--model", "mlp", "--model-version", "7", "--capacity", "3",
+                                   NULL});
+    teacher_key("svc", "t0", k, sizeof k);
+    edl_service_instance in;
+    edl_kv *kv = wait_record(k, 0, 5000, &in);
+    assert_true(harness_now_ms() - t0 >= 300); /* not before the server answers */
+    snprintf(want, sizeof want, "http://127.0.0.1:%d", port);
+    assert_string_equal(in.endpoint, want);
+    assert_int_equal(in.capacity, 3);
+    assert_string_equal(in.model, "mlp");
+    assert_string_equal(in.version, "7");
+    edl_kv *pod = wait_kv(key(job, "pods/t0", pk, sizeof pk), 1000);
+    assert_non_null(pod);
+    assert_int_equal(kv->lease, pod->lease); /* the agent's lease */
+    assert_non_null(strstr(pod->value, "\"teacher\""));
+    edl_kv_free(pod);
+    edl_kv_free(kv);
+    edl_service_instance_clear(&in);
+    snprintf(envf, sizeof envf, "%s/t0.env", dir);
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    assert_var(envf, "EDL_ROLE_NAME", "teacher");
+    assert_var(envf, "EDL_SERVICE", "svc");
+    assert_var(envf, "PORT", portstr);
+    assert_var(envf, "EDL_SERVICE_PORT", portstr);
+    assert_var(envf, "EDL_JOB_ID", job);
+    assert_var(envf, "EDL_POD_ID", "t0");
+    char v[64];
+    assert_null(file_var(envf, "RANK", v, sizeof v));
+    /* the load of the health reply reaches the record */
+    char lf[300];
+    snprintf(lf, sizeof lf, "%s/t0.load", dir);
+    FILE *f = fopen(lf, "w");
+    assert_non_null(f);
+    fputs("0.5\n", f);
+    fclose(f);
+    edl_kv_free(wait_record(k, 0.5, 3000, NULL));
+}
+
+/* Gone at once when the server is killed, back after the restart (a new process); gone after
+ * the failed checks of a stopped server, back when it continues. */
+static void test_teacher_server_death_and_health_failures(void **state)
+{
+    (void)state;
+    const char *job = "teachdie";
+    put_spec(job, EDL_MODE_RESTART, 2, 10);
+    char k[256], script[600];
+    snprintf(script, sizeof script, "exec %s", EDL_TEACHER_SERVER);
+    start_teacher(job, "t1", "svc", harness_free_port(), script, NULL);
+    teacher_key("svc", "t1", k, sizeof k);
+    edl_kv_free(wait_record(k, -1, 5000, NULL));
+    pid_t s1 = server_pid("t1", 0, 2000);
+    kill(s1, SIGKILL);
+    int64_t t0 = harness_now_ms();
+    assert_true(wait_gone(k, 2000));
+    assert_true(harness_now_ms() - t0 < 1000); /* at once, not by a lease */
+    pid_t s2 = server_pid("t1", s1, 5000); /* restarted after its backoff */
+    edl_kv_free(wait_record(k, -1, 5000, NULL));
+    kill(s2, SIGSTOP);
+    t0 = harness_now_ms();
+    assert_true(wait_gone(k, 3000)); /* 2 checks of 300 ms each */
+    assert_true(harness_now_ms() - t0 >= 300);
+    assert_true(pid_alive(s2)); /* stopped, not restarted */
+    kill(s2, SIGCONT);
+    edl_kv_free(wait_record(k, -1, 3000, NULL));
+    assert_int_equal(server_pid("t1", 0, 100), s2); /* the same process again */
+}
+
+/* SIGTERM: the key is deleted before the server gets its SIGTERM; the agent exits 143. */
+static void test_teacher_sigterm_deregisters_first(void **state)
+{
+    (void)state;
+    const char *job = "teachterm";
+    put_spec(job, EDL_MODE_RESTART, 2, 10);
+    char k[256], script[1200], tf[300];
+    teacher_key("svc", "t2", k, sizeof k);
+    snprintf(script, sizeof script,
+             "trap 'ETCDCTL_API=3 %s --endpoints=$EDL_ETCD_ENDPOINTS get --print-value-only %s "
+             "> $T_DIR/at_term 2>&1 && echo read-ok >> $T_DIR/at_term; exit 0' TERM; "
+             "%s & wait", EDL_ETCDCTL_BIN, k, EDL_TEACHER_SERVER);
+    pid_t a = start_teacher(job, "t2", "svc", harness_free_port(), script, NULL);
+    edl_kv_free(wait_record(k, -1, 5000, NULL));
+    pid_t s = server_pid("t2", 0, 2000);
+    kill(a, SIGTERM);
+    assert_int_equal(wait_exit(a, 8000), 143);
+    snprintf(tf, sizeof tf, "%s/at_term", dir);
+    assert_true(wait_file(tf, 0));
+    char v[1024] = "";
+    harness_read_file(tf, v, sizeof v);
+    if (!strstr(v, "read-ok") || strstr(v, "endpoint"))
+        fail_msg("at SIGTERM the teacher's key was still there (or etcd unread): %s", v);
+    assert_true(wait_gone(k, 0));
+    assert_true(wait_pid_dead(s, 2000));
+}
+
+/* A SIGKILLed agent takes its server along; the key goes with the lease. */
+static void test_teacher_killed_agent_key_expires(void **state)
+{
+    (void)state;
+    const char *job = "teachkill";
+    put_spec(job, EDL_MODE_RESTART, 2, 10);
+    char k[256], script[600];
+    snprintf(script, sizeof script, "exec %s", EDL_TEACHER_SERVER);
+    pid_t a = start_teacher(job, "t3", "svc", harness_free_port(), script,
+                            (const char *[]){"--ttl", "2", NULL});
+    teacher_key("svc", "t3", k, sizeof k);
+    edl_kv_free(wait_record(k, -1, 5000, NULL));
+    pid_t s = server_pid("t3", 0, 2000);
+    kill(a, SIGKILL);
+    assert_int_equal(wait_exit(a, 3000), 128 + SIGKILL);
+    int64_t t0 = harness_now_ms();
+    assert_true(wait_pid_dead(s, 2000));
+    assert_true(wait_gone(k, 6000));
+    assert_true(harness_now_ms() - t0 >= 500); /* by the lease, not a delete */
+}
+
+/* The job's end: the key goes, the server stops, the agent exits 0 (failed: 0 too); a teacher
+ * without a job registers all the same. */
+static void test_teacher_ends_with_the_job_and_runs_without_one(void **state)
+{
+    (void)state;
+    const char *job = "teachend";
+    put_spec(job, EDL_MODE_RESTART, 2, 10);
+    char k[256], script[600];
+    snprintf(script, sizeof script, "exec %s", EDL_TEACHER_SERVER);
+    pid_t a = start_teacher(job, "t4", "svc", harness_free_port(), script, NULL);
+    teacher_key("svc", "t4", k, sizeof k);
+    edl_kv_free(wait_record(k, -1, 5000, NULL));
+    pid_t s = server_pid("t4", 0, 2000);
+    publish_state(job, 1, EDL_JOB_FAILED);
+    assert_int_equal(wait_exit(a, 5000), 0);
+    assert_true(wait_gone(k, 0));
+    assert_true(wait_pid_dead(s, 2000));
+
+    a = start_teacher(NULL, "t5", "other", harness_free_port(), script, NULL);
+    teacher_key("other", "t5", k, sizeof k);
+    edl_kv_free(wait_record(k, -1, 5000, NULL));
+    kill(a, SIGTERM);
+    assert_int_equal(wait_exit(a, 8000), 143);
+    assert_true(wait_gone(k, 0));
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1154,6 +1421,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_servers_only_generation_keeps_the_trainer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_process_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_graceful_leave_deletes_registration_first, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_bad_options_exit_2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_registers_when_healthy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_server_death_and_health_failures, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_sigterm_deregisters_first, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_killed_agent_key_expires, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_ends_with_the_job_and_runs_without_one, setup, teardown),
     };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*teacher*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "edl/discovery.h"
 #include "edl/job.h"
 #include "edl/etcd.h"
 #include "harness.h"
@@ -1165,6 +1166,115 @@ static void test_ps_role_end_to_end(void **state)
     edl_generation_clear(&c);
 }
 
+/* ---- teachers ------------------------------------------------------------------------------ */
+
+/* The teachers' records of a service (names into names[], up to max); how many. */
+static size_t teacher_names(const char *service, char names[][64], size_t max)
+{
+    edl_service_instance *list = NULL;
+    size_t n = 0;
+    int64_t rev;
+    if (edl_service_list(g_c, NULL, service, &list, &n, &rev) != 0)
+        return 0;
+    for (size_t i = 0; i < n && i < max; i++)
+        snprintf(names[i], 64, "%s", list[i].name);
+    edl_service_list_free(list, n);
+    return n;
+}
+
+static void wait_teachers(const char *service, size_t n, int timeout_ms)
+{
+    char names[8][64];
+    int64_t end = harness_now_ms() + timeout_ms;
+    while (harness_now_ms() < end && teacher_names(service, names, 8) != n)
+        harness_sleep_ms(50);
+    if (teacher_names(service, names, 8) != n)
+        fail_msg("service %s: not %zu teachers within %d ms (%zu)", service, n, timeout_ms,
+                 teacher_names(service, names, 8));
+}
+
+/* `edl run --np 1 --teachers 1:3 --service tsvc --teacher-replicas 1`: the same command as a
+ * teacher (EDL_ROLE_NAME) registers once it serves; `edl scale --role teacher` 1 -> 3 -> 2
+ * starts and stops teacher agents, never touching the generation; edl status lists them; bad
+ * counts are refused; the job ends by its worker and the teachers leave the service. */
+static void test_teacher_role_end_to_end(void **state)
+{
+    (void)state;
+    const char *job = "tjob";
+    char script[1400], go[300];
+    snprintf(go, sizeof go, "%s/go", g_dir);
+    snprintf(script, sizeof script,
+             "d=%s; if [ \"$EDL_ROLE_NAME\" = teacher ]; then env > $d/env.$EDL_POD_ID; "
+             "T_DIR=$d exec %s; fi; while [ ! -f $d/go ]; do sleep 0.05; done; exit 0",
+             g_dir, EDL_TEACHER_SERVER);
+    const char *opts[] = {"--np", "1", "--teachers", "1:3", "--service", "tsvc",
+                          "--teacher-replicas", "1", "--etcd", ep(), "--settle-ms", "300",
+                          "--grace-ms", "2000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_generation c = {0};
+    wait_running(job, 1, 30000, &c);
+    int64_t g1 = c.generation;
+    wait_teachers("tsvc", 1, 15000);
+    char names[8][64], path[300], v[256];
+    assert_int_equal(teacher_names("tsvc", names, 8), 1);
+    assert_string_equal(names[0], "tjob-teacher-0");
+    snprintf(path, sizeof path, "%s/env.tjob-teacher-0", g_dir);
+    assert_string_equal(env_value(path, "EDL_SERVICE", v, sizeof v), "tsvc");
+    assert_non_null(env_value(path, "PORT", v, sizeof v));
+    assert_null(env_value(path, "RANK", v, sizeof v));
+
+    char out[8192];
+    const char *up[] = {"scale", job, "3", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, up), 0);
+    assert_non_null(strstr(out, "teacher replicas 1 -> 3"));
+    wait_teachers("tsvc", 3, 15000);
+    const char *down[] = {"scale", job, "2", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, down), 0);
+    wait_teachers("tsvc", 2, 15000);
+    assert_int_equal(teacher_names("tsvc", names, 8), 2);
+    assert_string_equal(names[0], "tjob-teacher-0"); /* the newest stopped */
+    assert_string_equal(names[1], "tjob-teacher-1");
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.generation, g1); /* teachers are no members */
+    assert_int_equal(c.n_members, 1);
+    assert_int_equal(c.n_standbys, 0);
+
+    const char *st[] = {"status", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, st), 0);
+    assert_non_null(strstr(out, "teachers: 2 registered in service tsvc"));
+    assert_non_null(strstr(out, "tjob-teacher-1"));
+    const char *st_json[] = {"status", job, "--json", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, st_json), 0);
+    assert_non_null(strstr(out, "\"teachers\":[{"));
+    const char *beyond[] = {"scale", job, "4", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, beyond), 2);
+    assert_non_null(strstr(out, "outside its teachers min..max 1..3"));
+    const char *below[] = {"scale", job, "0", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, below), 2);
+    harness_put(g_c, key("noteach", EDL_KEY_SPEC, NULL), "{\"min\":1}");
+    const char *none[] = {"scale", "noteach", "1", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, none), 2);
+    assert_non_null(strstr(out, "has no teacher role"));
+    const char *bad_role[] = {"scale", job, "1", "--role", "student", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_role), 2);
+
+    FILE *f = fopen(go, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(harness_wait_exit(run, 30000), 0);
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(teacher_names("tsvc", names, 8), 0); /* they left the service */
+    edl_generation_clear(&c);
+
+    /* usage: --teachers without --service, --service without --teachers */
+    const char *no_svc[] = {"run", "--np", "1", "--teachers", "1", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, no_svc), 2);
+    assert_non_null(strstr(out, "--teachers needs --service"));
+    const char *no_teach[] = {"run", "--np", "1", "--service", "s", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, no_teach), 2);
+}
+
 /* Wait until a pod's trainer has reported step `step` (edl_agent_link_report_step). */
 static void wait_step(const char *job, const char *pod, int64_t step, int timeout_ms)
 {
@@ -1279,6 +1389,7 @@ int main(void)
         cmocka_unit_test(test_manifest_deadline_fails_the_job),
         cmocka_unit_test(test_manifest_example_runs),
         cmocka_unit_test(test_ps_role_end_to_end),
+        cmocka_unit_test(test_teacher_role_end_to_end),
         cmocka_unit_test(test_ctr_trains_while_servers_join_and_die),
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */

@@ -331,6 +331,88 @@ static void test_bad_ps_specs_rejected_with_reason(void **state)
     }
 }
 
+/* The teacher role: "teachers": {"min","max","replicas","service"} read, defaulted, validated
+ * and written back; absent, the job has no teachers. */
+static void test_spec_teachers_round_trip(void **state)
+{
+    (void)state;
+    char err[256];
+    edl_job_spec s, t;
+    edl_spec_init(&s);
+    edl_spec_init(&t);
+    const char *none = "{\"min\":2}";
+    assert_int_equal(edl_spec_parse(none, strlen(none), &s, err, sizeof err), 0);
+    assert_int_equal(edl_spec_desired_teachers(&s), 0);
+    char *out = edl_spec_to_json(&s);
+    assert_null(strstr(out, "\"teachers\""));
+    free(out);
+    const char *j = "{\"teachers\":{\"min\":1,\"max\":4,\"service\":\"bert-large\"}}";
+    assert_int_equal(edl_spec_parse(j, strlen(j), &s, err, sizeof err), 0);
+    assert_int_equal(s.teachers_min, 1);
+    assert_int_equal(s.teachers_max, 4);
+    assert_int_equal(s.teachers_replicas, -1);
+    assert_string_equal(s.teachers_service, "bert-large");
+    assert_int_equal(edl_spec_desired_teachers(&s), 4);
+    s.teachers_replicas = 2;
+    out = edl_spec_to_json(&s);
+    assert_int_equal(edl_spec_parse(out, strlen(out), &t, err, sizeof err), 0);
+    free(out);
+    assert_int_equal(t.teachers_replicas, 2);
+    assert_int_equal(edl_spec_desired_teachers(&t), 2);
+    assert_string_equal(t.teachers_service, "bert-large");
+    edl_job_spec u;
+    edl_spec_init(&u);
+    assert_int_equal(edl_spec_copy(&u, &t), 0);
+    assert_string_equal(u.teachers_service, "bert-large");
+    const char *only_min = "{\"teachers\":{\"min\":3,\"service\":\"t\"}}";
+    assert_int_equal(edl_spec_parse(only_min, strlen(only_min), &s, err, sizeof err), 0);
+    assert_int_equal(s.teachers_max, 3);
+    assert_true(edl_teacher_service_valid("a-1"));
+    assert_false(edl_teacher_service_valid("-a"));
+    assert_false(edl_teacher_service_valid("A"));
+    assert_false(edl_teacher_service_valid(""));
+    edl_spec_clear(&s);
+    edl_spec_clear(&t);
+    edl_spec_clear(&u);
+}
+
+static void test_bad_teacher_specs_rejected_with_reason(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"{\"teachers\":2}", EDL_EPROTO, "\"teachers\" must be an object"},
+        {"{\"teachers\":{\"service\":\"s\"}}", EDL_EPROTO, "field \"min\" is required"},
+        {"{\"teachers\":{\"min\":1}}", EDL_EPROTO, "field \"service\" is required"},
+        {"{\"teachers\":{\"min\":0,\"service\":\"s\"}}", EDL_ECONFIG, "at least 1"},
+        {"{\"teachers\":{\"min\":3,\"max\":2,\"service\":\"s\"}}", EDL_ECONFIG,
+         "teachers.min (3) is greater than teachers.max (2)"},
+        {"{\"teachers\":{\"min\":1,\"max\":1025,\"service\":\"s\"}}", EDL_ECONFIG,
+         "at most 1024 teachers"},
+        {"{\"teachers\":{\"min\":2,\"max\":3,\"replicas\":1,\"service\":\"s\"}}", EDL_ECONFIG,
+         "teachers.replicas is 1"},
+        {"{\"teachers\":{\"min\":1,\"max\":3,\"replicas\":4,\"service\":\"s\"}}", EDL_ECONFIG,
+         "teachers.replicas is 4"},
+        {"{\"teachers\":{\"min\":1,\"service\":\"Big_Model\"}}", EDL_ECONFIG,
+         "is not a service name"},
+        {"{\"teachers\":{\"min\":1,\"service\":7}}", EDL_EPROTO, "\"service\" must be a string"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        edl_job_spec s;
+        edl_spec_init(&s);
+        s.teachers_min = 7;
+        char err[256] = "";
+        int rc = edl_spec_parse(cases[i].json, strlen(cases[i].json), &s, err, sizeof err);
+        if (rc != cases[i].rc || !strstr(err, cases[i].msg))
+            fail_msg("case %zu (%s): rc %d, err \"%s\"", i, cases[i].json, rc, err);
+        assert_int_equal(s.teachers_min, 7); /* untouched */
+        edl_spec_clear(&s);
+    }
+}
+
 static void test_generation_round_trip(void **state)
 {
     (void)state;
@@ -762,6 +844,8 @@ int main(void)
         cmocka_unit_test(test_bad_specs_rejected_with_reason),
         cmocka_unit_test(test_spec_ps_role_round_trip),
         cmocka_unit_test(test_bad_ps_specs_rejected_with_reason),
+        cmocka_unit_test(test_spec_teachers_round_trip),
+        cmocka_unit_test(test_bad_teacher_specs_rejected_with_reason),
         cmocka_unit_test(test_generation_round_trip),
         cmocka_unit_test(test_bad_generation_documents_rejected),
         cmocka_unit_test(test_generation_servers_round_trip),

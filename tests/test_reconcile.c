@@ -985,6 +985,53 @@ static void test_worker_restart_keeps_the_servers(void **state)
     world_free(&w);
 }
 
+/* Teachers (role "teacher") are no members: joining, failing, leaving or being excluded-sized
+ * in numbers, they never change a generation, its ranks, its restarts or the job's state. */
+static void test_teachers_never_change_ranks_or_generations(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 2, 2);
+    w.spec.teachers_min = 1;
+    w.spec.teachers_max = 3;
+    snprintf(w.spec.teachers_service, sizeof w.spec.teachers_service, "svc");
+    add_pod(&w, 0);
+    add_pod(&w, 1);
+    settle(&w);
+    all_running(&w);
+    settle(&w);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    int64_t gen = w.cur.generation;
+    members_are(&w, "p0 p1");
+    for (int id = 5; id < 8; id++) { /* three teachers join (workers' names, teachers' role) */
+        add_pod(&w, id);
+        w.pods[w.n - 1].role = (char *)EDL_ROLE_TEACHER;
+    }
+    settle(&w);
+    assert_int_equal(w.cur.generation, gen);
+    members_are(&w, "p0 p1");
+    assert_int_equal(w.cur.n_standbys, 0);
+    set_status(&w, 5, EDL_TRAINER_EXITED, 1, -1); /* a teacher's server failed */
+    set_status(&w, 6, EDL_TRAINER_SIGNALED, 9, -1);
+    settle(&w);
+    assert_int_equal(w.cur.generation, gen);
+    assert_int_equal(w.cur.restarts, 0);
+    assert_int_equal(w.cur.n_failures, 0);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    remove_pod(&w, 7); /* and one leaves */
+    settle(&w);
+    assert_int_equal(w.cur.generation, gen);
+    members_are(&w, "p0 p1");
+    assert_int_equal(w.cur.members[0].rank, 0);
+    assert_int_equal(w.cur.members[1].rank, 1);
+    /* the workers alone decide success, whatever the teachers do */
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, -1);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 0, -1);
+    settle(&w);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1013,6 +1060,7 @@ int main(void)
         cmocka_unit_test(test_server_failure_drops_it_without_restart),
         cmocka_unit_test(test_success_is_decided_by_the_workers),
         cmocka_unit_test(test_worker_restart_keeps_the_servers),
+        cmocka_unit_test(test_teachers_never_change_ranks_or_generations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

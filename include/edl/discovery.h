@@ -3,7 +3,8 @@
  * from what it sees, which teachers serve which student (edl_assign): no coordinator, so
  * teachers run in any job, in a Deployment or by hand (`edl service register`).
  *
- * Keys, under the etcd prefix every edl program takes (default "/edl"):
+ * Keys, under the etcd prefix every edl program takes (--prefix; NULL: EDL_DEFAULT_PREFIX,
+ * "/edl/v1", as for jobs; trailing slashes are dropped):
  *   <prefix>/services/<service>/teachers/<instance>   a teacher's record (JSON, below)
  *   <prefix>/services/<service>/students/<student>    a student's presence ("{}"), its lease
  * Both are bound to their owner's lease, so a pod that dies vanishes within the lease's TTL;
@@ -46,14 +47,16 @@ typedef struct edl_service_instance {
 bool edl_service_name_ok(const char *s);
 /* The record's JSON (malloc'd, NUL-terminated). EDL_EINVAL for an invalid record. */
 int edl_service_instance_to_json(const edl_service_instance *in, char **json);
-/* Parse a record (the key's value) strictly: unknown types, missing endpoint, capacity out of
- * range or a document over EDL_SERVICE_RECORD_MAX give EDL_EPROTO and a message in err. name
- * is copied into out->name. */
+/* Parse a record (the key's value) strictly: wrong types, a missing or non-http(s) endpoint,
+ * capacity out of range, a negative load or a document over EDL_SERVICE_RECORD_MAX give
+ * EDL_EPROTO and a message in err (out untouched). Absent: capacity 1, model and version "",
+ * load 0; unknown fields are ignored (newer writers). name is copied into out->name. */
 int edl_service_instance_parse(const char *name, const char *json, size_t len,
                                edl_service_instance *out, char *err, size_t errlen);
 void edl_service_instance_clear(edl_service_instance *in);
 
-/* Put the record under lease (0: no lease, the key stays until deregistered). */
+/* Put the record under lease (0: no lease, the key stays until deregistered). EDL_EINVAL for an
+ * invalid name or record (nothing is written). */
 int edl_service_register(edl_etcd *c, const char *prefix, const char *service,
                          const edl_service_instance *in, int64_t lease);
 /* Delete a teacher's key; EDL_ENOTFOUND when there was none. */
@@ -77,7 +80,10 @@ void edl_service_list_free(edl_service_instance *list, size_t n);
  *     excess is spread in proportion to capacity);
  *   - a teacher or a student joining or leaving moves few pairs: each student prefers teachers
  *     by rendezvous hash of (student, teacher), and a pair is kept whenever the bounds allow.
- * Pairs are sorted by student, then teacher. */
+ * Pairs are sorted by student, then teacher. With no teachers (or no students) there are no
+ * pairs and the call succeeds. EDL_EINVAL for NULL names or a capacity out of 1..65535,
+ * EDL_ETOOBIG for more than EDL_SERVICE_MAX_INSTANCES on a side (out is then empty). The
+ * algorithm and its measured movement: docs/distill.md. */
 typedef struct edl_assign_pair {
     uint32_t student; /* index into students */
     uint32_t teacher; /* index into teachers */
@@ -101,7 +107,7 @@ void edl_assignment_clear(edl_assignment *a);
 typedef struct edl_discovery edl_discovery;
 
 typedef struct edl_discovery_opts {
-    const char *prefix;  /* NULL: "/edl" */
+    const char *prefix;  /* NULL: EDL_DEFAULT_PREFIX ("/edl/v1") */
     const char *service; /* required */
     const char *student; /* required: this student's name, unique in the service */
     int ttl_s;           /* the student's lease (0: EDL_SERVICE_DEFAULT_TTL_S) */
@@ -109,10 +115,13 @@ typedef struct edl_discovery_opts {
 
 /* c is borrowed and must outlive d. Returns after the first listing, the student registered. */
 int edl_discovery_open(edl_etcd *c, const edl_discovery_opts *o, edl_discovery **out);
-/* Readable when a watch event waits. */
+/* Readable when a watch event waits; -1 while no watch runs (etcd away: keep calling poll with
+ * a timeout). A lost watch is replaced, so take the fd afresh after every poll. */
 int edl_discovery_fd(const edl_discovery *d);
 /* Apply what the watch delivered within timeout_ms; *changed (may be NULL) tells whether the
- * student's teachers changed. A lost watch is re-opened from a fresh listing. */
+ * student's teachers changed (names, endpoints, models, versions, capacities; not load). A lost
+ * watch is re-opened from a fresh listing, a lost lease (etcd away for a whole TTL) taken again
+ * with the student's key. On an error the view stays the last one seen; call again later. */
 int edl_discovery_poll(edl_discovery *d, int timeout_ms, bool *changed);
 /* The student's teachers (borrowed until the next poll), sorted by name. */
 const edl_service_instance *edl_discovery_teachers(const edl_discovery *d, size_t *n);

@@ -35,6 +35,8 @@ extern "C" {
 #define EDL_GENERATION_MAX (INT64_C(1) << 52) /* highest generation number a document may hold */
 #define EDL_RESTARTS_MAX 1000000  /* most restarts a job counts, and failures one pod counts */
 #define EDL_PS_SERVERS_MAX 1024   /* most parameter servers a job may have (spec ps.max) */
+#define EDL_TEACHERS_MAX 1024     /* most teachers a job may have (spec teachers.max) */
+#define EDL_TEACHER_SERVICE_MAX 63 /* a teachers' service name: a DNS label, [a-z0-9-] */
 
 /* Job and pod names: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-'. Kubernetes pod
  * names (DNS subdomains) always qualify. */
@@ -142,6 +144,15 @@ typedef struct edl_job_spec {
     int ps_min;                 /* fewest servers the job trains with (0: no ps role) */
     int ps_max;                 /* most servers; further ps pods wait as standbys */
     int ps_replicas;            /* ps pods the launcher/operator keeps running (-1: ps_max) */
+    /* The teacher role (distillation, docs/distill.md), JSON "teachers": {"min":..,"max":..,
+     * "replicas":..,"service":".."}; absent: no teachers (teachers_max 0). When present
+     * 1 <= teachers_min <= teachers_max <= EDL_TEACHERS_MAX and a service name (a DNS label)
+     * is given. Teachers are no members: the job server ignores them; only the launcher and
+     * the operator read these, to keep that many teacher pods running. */
+    int teachers_min;           /* fewest teacher pods (0: no teacher role) */
+    int teachers_max;           /* most teacher pods (the bound of `edl scale --role teacher`) */
+    int teachers_replicas;      /* teacher pods kept running (-1: teachers_max) */
+    char teachers_service[EDL_TEACHER_SERVICE_MAX + 1]; /* where they register ("" : none) */
 } edl_job_spec;
 
 void edl_spec_init(edl_job_spec *s);  /* the defaults above */
@@ -159,6 +170,12 @@ int edl_spec_desired_pods(const edl_job_spec *s);
 /* The ps pods the launcher or operator keeps running: ps_replicas, or ps_max when it is -1
  * (0 for a job without the ps role). */
 int edl_spec_desired_servers(const edl_job_spec *s);
+/* The teacher pods the launcher or operator keeps running: teachers_replicas, or teachers_max
+ * when it is -1 (0 for a job without the teacher role). */
+int edl_spec_desired_teachers(const edl_job_spec *s);
+/* Whether s is a valid teachers' service name: 1..63 of [a-z0-9-], not starting or ending
+ * with '-' (a DNS label, as edl/discovery.h's names). */
+bool edl_teacher_service_valid(const char *s);
 /* Names of the enums, as the spec's JSON and the `edl run` flags spell them. */
 const char *edl_restart_policy_name(edl_restart_policy p);
 int edl_restart_policy_parse(const char *s, edl_restart_policy *out); /* EDL_ECONFIG: unknown */
@@ -174,13 +191,16 @@ static inline bool edl_exit_code_in(const uint8_t bits[32], int code)
 /* ---- pods ------------------------------------------------------------------------------- */
 
 /* Pod roles: a worker trains (ranks in members), a ps pod serves parameters (ranks in
- * servers). */
+ * servers), a teacher serves predictions to the students (the job's workers) through a service
+ * (edl/discovery.h): no member, no rank; the job server ignores it. */
 #define EDL_ROLE_WORKER "worker"
 #define EDL_ROLE_PS "ps"
+#define EDL_ROLE_TEACHER "teacher"
 
 typedef struct edl_pod {
     char *name;              /* from the key */
-    char *role;              /* "worker" (or NULL) or "ps" (EDL_ROLE_*); others are ignored */
+    char *role;              /* "worker" (or NULL), "ps" or "teacher" (EDL_ROLE_*); teachers
+                              * and unknown roles take no part in the membership */
     char *addr;              /* where peers reach this pod's trainer */
     int port;                /* the trainer's port (rank 0's is MASTER_PORT) */
     int metrics_port;        /* the agent's /metrics (0: none) */
