@@ -19,7 +19,7 @@
 
 #include "agent.h"
 #include "edl/log.h"
-#include "teacher_service.h"
+#include "edl/discovery.h"
 
 extern char **environ;
 
@@ -91,11 +91,10 @@ static void do_register(agent *a)
 {
     char endpoint[300];
     snprintf(endpoint, sizeof endpoint, "http://%s:%d", a->o->addr, a->o->port);
-    teacher_record r = {.prefix = a->o->prefix, .service = a->o->service,
-                        .instance = a->o->pod, .endpoint = endpoint, .model = a->o->model,
-                        .version = a->o->model_version, .capacity = a->o->capacity,
-                        .load = a->t.load};
-    int rc = teacher_service_put(a->etcd, &r, a->lease);
+    edl_service_instance r = {.name = a->o->pod, .endpoint = endpoint, .model = a->o->model,
+                              .version = a->o->model_version, .capacity = a->o->capacity,
+                              .load = a->t.load};
+    int rc = edl_service_register(a->etcd, a->o->prefix, a->o->service, &r, a->lease);
     if (rc) {
         a->m.etcd_errors++;
         EDL_WARN("agent", "teacher: registering in service %s: %s (%s); retrying",
@@ -118,7 +117,7 @@ void teacher_deregister(agent *a)
         a->t.registered = false;
         return;
     }
-    int rc = teacher_service_delete(a->etcd, a->o->prefix, a->o->service, a->o->pod);
+    int rc = edl_service_deregister(a->etcd, a->o->prefix, a->o->service, a->o->pod);
     if (rc && rc != EDL_ENOTFOUND) {
         a->m.etcd_errors++;
         EDL_WARN("agent", "teacher: deregistering from service %s: %s (%s); retrying",

@@ -155,7 +155,7 @@ static int check_input(const char *const *students, size_t ns, const char *const
 }
 
 /* The pairs of a finished spread, sorted by student then teacher. */
-static int collect(const spread *p, bool item_is_student, edl_assignment *out)
+static int collect(const spread *p, bool item_is_student, edl_teacher_assignment *out)
 {
     out->pairs = malloc(p->n_items * sizeof *out->pairs);
     if (!out->pairs)
@@ -180,7 +180,7 @@ static uint64_t *hash_names(const char *const *names, size_t n)
 }
 
 int edl_assign(const char *const *students, size_t n_students, const char *const *teachers,
-               const int *capacity, size_t n_teachers, edl_assignment *out)
+               const int *capacity, size_t n_teachers, edl_teacher_assignment *out)
 {
     if (!out)
         return EDL_EINVAL;
@@ -210,7 +210,7 @@ int edl_assign(const char *const *students, size_t n_students, const char *const
     return rc;
 }
 
-void edl_assignment_clear(edl_assignment *a)
+void edl_teacher_assignment_clear(edl_teacher_assignment *a)
 {
     if (!a)
         return;

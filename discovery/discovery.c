@@ -180,7 +180,7 @@ static bool same_teachers(const edl_service_instance *a, size_t na, const edl_se
 
 /* This student's teachers by edl_assign over everything seen (none while its own key is not
  * seen: every other student computes without it too). */
-static int teachers_of_student(const edl_discovery *d, const edl_assignment *a,
+static int teachers_of_student(const edl_discovery *d, const edl_teacher_assignment *a,
                                edl_service_instance **out, size_t *n)
 {
     bool found;
@@ -208,7 +208,7 @@ static int reassign(edl_discovery *d, bool *changed)
 {
     const char **names = malloc((d->nt + 1) * sizeof *names);
     int *cap = malloc((d->nt + 1) * sizeof *cap);
-    edl_assignment a = {0};
+    edl_teacher_assignment a = {0};
     edl_service_instance *mine = NULL;
     size_t n_mine = 0;
     int rc = names && cap ? 0 : EDL_ENOMEM;
@@ -226,7 +226,7 @@ static int reassign(edl_discovery *d, bool *changed)
         d->mine = mine;
         d->n_mine = n_mine;
     }
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     free(names);
     free(cap);
     return rc;

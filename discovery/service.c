@@ -16,17 +16,7 @@
 
 bool edl_service_name_ok(const char *s)
 {
-    if (!s)
-        return false;
-    size_t n = strlen(s);
-    if (n < 1 || n > EDL_SERVICE_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-'))
-            return false;
-    }
-    return true;
+    return edl_dns_label_valid(s);
 }
 
 /* ---- keys ---------------------------------------------------------------------------------- */

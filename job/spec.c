@@ -104,13 +104,7 @@ int edl_spec_desired_teachers(const edl_job_spec *s)
 
 bool edl_teacher_service_valid(const char *s)
 {
-    size_t n = s ? strlen(s) : 0;
-    if (n < 1 || n > EDL_TEACHER_SERVICE_MAX || s[0] == '-' || s[n - 1] == '-')
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
-            return false;
-    return true;
+    return edl_dns_label_valid(s);
 }
 
 int edl_exit_codes_parse(const char *s, uint8_t bits[32])

@@ -96,7 +96,7 @@ static void world_free(world *w)
     memset(w, 0, sizeof *w);
 }
 
-static void assign(const world *w, edl_assignment *a)
+static void assign(const world *w, edl_teacher_assignment *a)
 {
     assert_int_equal(edl_assign((const char *const *)w->students, w->ns,
                                 (const char *const *)w->teachers, w->cap, w->nt, a), 0);
@@ -107,7 +107,7 @@ static void assign(const world *w, edl_assignment *a)
 /* Every student served; pairs sorted and unique; with T <= S one teacher per student, loads
  * within floor..ceil of the capacity share (so never over capacity unless overcommitted); with
  * T > S one student per teacher, floor or ceil of T/S teachers per student. */
-static void check_bounds(const world *w, const edl_assignment *a)
+static void check_bounds(const world *w, const edl_teacher_assignment *a)
 {
     size_t *ls = calloc(w->ns + 1, sizeof *ls), *lt = calloc(w->nt + 1, sizeof *lt);
     assert_true(ls && lt);
@@ -153,7 +153,7 @@ static int cmp_str(const void *a, const void *b)
 }
 
 /* The pairs as sorted "student teacher" strings. */
-static char **pair_names(const world *w, const edl_assignment *a)
+static char **pair_names(const world *w, const edl_teacher_assignment *a)
 {
     char **p = calloc(a->n + 1, sizeof *p);
     assert_non_null(p);
@@ -238,11 +238,11 @@ static void run_sequence(uint64_t seed, int steps, movement *m)
         add_student(&w, &rng);
     for (int i = 0; i < 12; i++)
         add_teacher(&w, &rng, 1 + (int)rng_below(&rng, 8));
-    edl_assignment a;
+    edl_teacher_assignment a;
     assign(&w, &a);
     char **old = pair_names(&w, &a);
     size_t n_old = a.n;
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     for (int step = 0; step < steps; step++) {
         bool join;
         char *who = random_step(&w, &rng, &join);
@@ -266,7 +266,7 @@ static void run_sequence(uint64_t seed, int steps, movement *m)
         names_free(old, n_old);
         old = new;
         n_old = a.n;
-        edl_assignment_clear(&a);
+        edl_teacher_assignment_clear(&a);
         free(who);
     }
     names_free(old, n_old);
@@ -303,13 +303,13 @@ static void test_hundred_students_forty_teachers(void **state)
         add_student(&w, &rng);
     for (int i = 0; i < 40; i++)
         add_teacher(&w, &rng, 4);
-    edl_assignment a;
+    edl_teacher_assignment a;
     assign(&w, &a);
     check_bounds(&w, &a);
     assert_int_equal(a.n, 100);
     assert_false(a.overcommitted);
     char **before = pair_names(&w, &a);
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     size_t worst = 0, total = 0;
     for (int k = 0; k < 20; k++) { /* 20 different teachers joining, one at a time */
         world v = {0};
@@ -326,7 +326,7 @@ static void test_hundred_students_forty_teachers(void **state)
         worst = gone > worst ? gone : worst;
         total += gone;
         names_free(after, a.n);
-        edl_assignment_clear(&a);
+        edl_teacher_assignment_clear(&a);
         world_free(&v);
     }
     printf("a 41st teacher ends %.2f pairs on average, at most %zu\n", total / 20.0, worst);
@@ -346,11 +346,11 @@ static void test_same_sets_in_any_order_give_same_pairs(void **state)
         add_student(&w, &rng);
     for (int i = 0; i < 7; i++)
         add_teacher(&w, &rng, 1 + (int)rng_below(&rng, 6));
-    edl_assignment a;
+    edl_teacher_assignment a;
     assign(&w, &a);
     char **want = pair_names(&w, &a);
     size_t n = a.n;
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     for (int round = 0; round < 10; round++) {
         world v = {0}; /* the same names, discovered in a shuffled order */
         size_t order[37];
@@ -373,7 +373,7 @@ static void test_same_sets_in_any_order_give_same_pairs(void **state)
         for (size_t k = 0; k < n; k++)
             assert_string_equal(got[k], want[k]);
         names_free(got, a.n);
-        edl_assignment_clear(&a);
+        edl_teacher_assignment_clear(&a);
         world_free(&v);
     }
     names_free(want, n);
@@ -387,7 +387,7 @@ static void test_same_sets_in_any_order_give_same_pairs(void **state)
         snprintf(got + strlen(got), sizeof got - strlen(got), "%u%u ", a.pairs[k].student,
                  a.pairs[k].teacher);
     assert_string_equal(got, "01 10 21 30 "); /* s-a: t-y, s-b: t-x, s-c: t-y, s-d: t-x */
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
 }
 
 static void test_edge_cases(void **state)
@@ -396,7 +396,7 @@ static void test_edge_cases(void **state)
     const char *st[] = {"s-0", "s-1", "s-2"}, *te[] = {"t-0", "t-1", "t-2", "t-3", "t-4", "t-5",
                                                        "t-6"};
     int cap[] = {1, 1, 1, 1, 1, 1, 1}, bad[] = {1, 0};
-    edl_assignment a = {(edl_assign_pair *)1, 5, true};
+    edl_teacher_assignment a = {(edl_assign_pair *)1, 5, true};
     /* no teachers: no pairs, and a plain success (the students wait for one) */
     assert_int_equal(edl_assign(st, 3, te, cap, 0, &a), 0);
     assert_int_equal(a.n, 0);
@@ -412,13 +412,13 @@ static void test_edge_cases(void **state)
         assert_int_equal(a.pairs[s].student, s);
         assert_int_equal(a.pairs[s].teacher, 0);
     }
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     /* 7 teachers, 3 students: each teacher to one student, students get 2 or 3 */
     assert_int_equal(edl_assign(st, 3, te, cap, 7, &a), 0);
     assert_int_equal(a.n, 7);
     world w = {(char **)st, (char **)te, cap, 3, 7, 0};
     check_bounds(&w, &a);
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     /* bad input: refused, out left empty */
     assert_int_equal(edl_assign(st, 3, te, bad, 2, &a), EDL_EINVAL);
     assert_int_equal(a.n, 0);
@@ -440,14 +440,14 @@ static void test_thousand_students_hundred_teachers_is_fast(void **state)
         add_teacher(&w, &rng, 1 + (int)rng_below(&rng, 20));
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    edl_assignment a;
+    edl_teacher_assignment a;
     assign(&w, &a);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
     printf("1000 students x 100 teachers: %.1f ms\n", ms);
     check_bounds(&w, &a);
     assert_true(ms < 500); /* about 10 ms; generous for sanitizers and a busy machine */
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     world_free(&w);
 }
 

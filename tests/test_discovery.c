@@ -283,7 +283,7 @@ static bool crowd_agrees(crowd *c, size_t loads[N_T])
             cap[nt] = 4;
             te[nt++] = c->teacher[t];
         }
-    edl_assignment a;
+    edl_teacher_assignment a;
     assert_int_equal(edl_assign(st, N_S, te, cap, nt, &a), 0);
     bool ok = true;
     memset(loads, 0, N_T * sizeof *loads);
@@ -297,7 +297,7 @@ static bool crowd_agrees(crowd *c, size_t loads[N_T])
     }
     for (size_t k = 0; ok && k < a.n; k++)
         loads[idx[a.pairs[k].teacher]]++;
-    edl_assignment_clear(&a);
+    edl_teacher_assignment_clear(&a);
     return ok;
 }
 

@@ -58,6 +58,11 @@ int64_t edl_monotonic_ms(void);
 /* Milliseconds since the epoch (CLOCK_REALTIME): for times written into documents (published
  * at, renewTime, Event timestamps), never for measuring an interval. */
 int64_t edl_wall_ms(void);
+
+/* A DNS-1123 label: 1..63 of [a-z0-9-], starting and ending with a letter or digit (pod,
+ * service and instance names). */
+#define EDL_DNS_LABEL_MAX 63
+bool edl_dns_label_valid(const char *s);
 /* A condition variable that waits on CLOCK_MONOTONIC, and a wait of at most ms on it (spurious
  * wake-ups included: callers re-check their condition). */
 void edl_cond_init(pthread_cond_t *cv);

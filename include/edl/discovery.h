@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define EDL_SERVICE_NAME_MAX 63        /* a service, instance or student name */
+#define EDL_SERVICE_NAME_MAX EDL_DNS_LABEL_MAX /* a service, instance or student name */
 #define EDL_SERVICE_RECORD_MAX 4096    /* bytes of one teacher record */
 #define EDL_SERVICE_MAX_INSTANCES 4096 /* teachers (and students) of one service read at once */
 #define EDL_SERVICE_DEFAULT_TTL_S 5    /* the lease of a registration made by these calls */
@@ -89,15 +89,15 @@ typedef struct edl_assign_pair {
     uint32_t teacher; /* index into teachers */
 } edl_assign_pair;
 
-typedef struct edl_assignment {
+typedef struct edl_teacher_assignment {
     edl_assign_pair *pairs;
     size_t n;
     bool overcommitted;
-} edl_assignment;
+} edl_teacher_assignment;
 
 int edl_assign(const char *const *students, size_t n_students, const char *const *teachers,
-               const int *capacity, size_t n_teachers, edl_assignment *out);
-void edl_assignment_clear(edl_assignment *a);
+               const int *capacity, size_t n_teachers, edl_teacher_assignment *out);
+void edl_teacher_assignment_clear(edl_teacher_assignment *a);
 
 /* ---- a student's view ---------------------------------------------------------------------- */
 

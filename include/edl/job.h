@@ -36,7 +36,7 @@ extern "C" {
 #define EDL_RESTARTS_MAX 1000000  /* most restarts a job counts, and failures one pod counts */
 #define EDL_PS_SERVERS_MAX 1024   /* most parameter servers a job may have (spec ps.max) */
 #define EDL_TEACHERS_MAX 1024     /* most teachers a job may have (spec teachers.max) */
-#define EDL_TEACHER_SERVICE_MAX 63 /* a teachers' service name: a DNS label, [a-z0-9-] */
+#define EDL_TEACHER_SERVICE_MAX EDL_DNS_LABEL_MAX /* a teachers' service name: a DNS label */
 
 /* Job and pod names: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-'. Kubernetes pod
  * names (DNS subdomains) always qualify. */
