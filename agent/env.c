@@ -19,11 +19,11 @@ static const char *const owned[] = {
     "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "PADDLE_TRAINER_ID",
     "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
     "PADDLE_PSERVERS_IP_PORT_LIST", "TRAINING_ROLE", "PADDLE_PORT", "POD_IP", "EDL_PS_INDEX",
-    "EDL_PS_SERVERS", "EDL_ROLE_NAME", NULL};
+    "EDL_PS_SERVERS", "EDL_ROLE_NAME", "EDL_SERVICE", NULL};
 
-/* What a teacher's server gets besides: its service and port (and none of the worker's names,
- * inherited or not). */
-static const char *const teacher_owned[] = {"EDL_SERVICE", "EDL_SERVICE_PORT", "PORT", NULL};
+/* What a teacher's server gets besides: its port (and none of the worker's names, inherited
+ * or not; EDL_SERVICE is both roles'). */
+static const char *const teacher_owned[] = {"EDL_SERVICE_PORT", "PORT", NULL};
 
 typedef struct strv {
     char **v;
@@ -150,6 +150,8 @@ static void set_edl(strv *s, const agent_env_input *in)
     setf(s, "EDL_ELASTIC_MODE", "%s", edl_elastic_mode_name(in->spec->mode));
     if (in->spec->checkpoint_uri)
         setf(s, "EDL_CHECKPOINT_URI", "%s", in->spec->checkpoint_uri);
+    if (in->spec->teachers_service[0]) /* the job's teachers: where its students find them */
+        setf(s, "EDL_SERVICE", "%s", in->spec->teachers_service);
     setf(s, "EDL_CONTROL_FD", "%d", in->control_fd);
     setf(s, "EDL_PROGRESS_FD", "%d", in->progress_fd);
 }

@@ -97,7 +97,7 @@ static void teacher_stop(teacher *t)
 static void run_open(run *r, const opts *o, teacher *th, int n)
 {
     memset(r, 0, sizeof *r);
-    edl_distill_opts dopts = {.model = "mlp", .format = o->format, .in_flight = o->in_flight,
+    edl_distill_opts dopts = {.model = "default", .format = o->format, .in_flight = o->in_flight,
                               .timeout_ms = 5000};
     const char *eps[MAX_TEACHERS];
     for (int i = 0; i < n; i++)

@@ -15,7 +15,9 @@
  *          training set, asked from its teachers through libedldistill (ordered delivery),
  *          and the same student on the same labels computed in this process (the teacher's
  *          model trained here too): the reference without a network. Prints both accuracies,
- *          the teacher's, and the client's counters; exits 1 when a batch was lost.
+ *          the teacher's, and the client's counters; exits 1 when a batch was lost. Its
+ *          teachers: --teachers, or those edl_discovery assigns it in --service / $EDL_SERVICE
+ *          (under edl run --teachers, the job's teachers), followed as they come and go.
  *   distill [--role teacher|student] [options]; distill --help */
 #define _GNU_SOURCE
 #include <microhttpd.h>
@@ -27,12 +29,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "edl/discovery.h"
 #include "edl/distill.h"
 #include "edl/log.h"
 #include "mlp.h"
 
 typedef struct opts {
-    const char *role, *model, *teachers;
+    const char *role, *model, *teachers, *service;
     int port, service_ms, steps, epochs, batch, in_flight, timeout_ms;
     float lr, student_lr;
     edl_distill_format format;
@@ -296,21 +299,81 @@ static void batch_inputs(const data *d, long k, int rows, float *x)
         memcpy(x + i * D, d->x[(k * rows + i) % NTRAIN], sizeof d->x[0]);
 }
 
-/* THE HOOK: where the student learns who its teachers are. Today: --teachers URL,URL (or
- * $EDL_TEACHERS). With discovery (edl/discovery.h), list the service's teachers here, take
- * this student's share (edl_assign) and return their endpoints; the loop below calls this
- * again every second, so teachers that come and go are followed. */
-static int student_teachers(const opts *o, edl_distill *dist)
+/* Where the student's teachers come from: a fixed list (--teachers URL,URL or $EDL_TEACHERS),
+ * or the teachers of a service (--service NAME or $EDL_SERVICE, which the agent sets for a
+ * job with teachers) that edl_discovery assigns this student, followed as they come and go. */
+typedef struct source {
+    const char *list;
+    edl_etcd *etcd;
+    edl_discovery *disc;
+} source;
+
+static void source_close(source *s)
 {
-    const char *list = o->teachers ? o->teachers : getenv("EDL_TEACHERS");
-    char *copy = strdup(list ? list : ""), *save = NULL;
+    edl_discovery_close(s->disc);
+    edl_etcd_close(s->etcd);
+}
+
+static int source_open(const opts *o, source *s)
+{
+    *s = (source){.list = o->teachers ? o->teachers : getenv("EDL_TEACHERS")};
+    const char *svc = o->service ? o->service : getenv("EDL_SERVICE"), *pod = getenv("EDL_POD_ID");
+    if (s->list)
+        return 0;
+    if (!svc) {
+        fprintf(stderr, "distill: student: no teachers: pass --teachers or --service\n");
+        return EDL_EINVAL;
+    }
+    char err[512], name[EDL_SERVICE_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s", pod ? pod : "");
+    if (!edl_service_name_ok(name)) /* not a DNS label: a name of its own */
+        snprintf(name, sizeof name, "student-%d", (int)getpid());
+    int rc = edl_etcd_open_env(&s->etcd, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "distill: student: etcd: %s\n", err);
+        return rc;
+    }
+    edl_discovery_opts d = {.prefix = getenv("EDL_ETCD_PREFIX"), .service = svc, .student = name};
+    if ((rc = edl_discovery_open(s->etcd, &d, &s->disc)) != 0)
+        fprintf(stderr, "distill: student: discovering service %s: %s (%s)\n", svc,
+                edl_strerror(rc), edl_etcd_errmsg(s->etcd));
+    else
+        printf("distill: student %s follows service %s\n", name, svc);
+    return rc;
+}
+
+/* Give the client the student's teachers now (first), or when the service changed them. */
+static int source_apply(source *s, edl_distill *dist, bool first)
+{
     const char *eps[64];
     size_t n = 0;
-    for (char *t = strtok_r(copy, ",", &save); t && n < 64; t = strtok_r(NULL, ",", &save))
-        eps[n++] = t;
-    int rc = copy ? edl_distill_set_teachers(dist, eps, n) : EDL_ENOMEM;
-    free(copy);
-    return rc;
+    if (!s->disc) {
+        if (!first)
+            return 0;
+        char *copy = strdup(s->list), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t && n < 64; t = strtok_r(NULL, ",", &save))
+            eps[n++] = t;
+        int rc = copy ? edl_distill_set_teachers(dist, eps, n) : EDL_ENOMEM;
+        free(copy);
+        return rc;
+    }
+    bool changed = false;
+    int rc = edl_discovery_poll(s->disc, 0, &changed);
+    if (rc == EDL_ETIMEDOUT)
+        rc = 0;
+    if (rc || (!changed && !first))
+        return rc;
+    const edl_service_instance *t = edl_discovery_teachers(s->disc, &n);
+    char line[1024] = "";
+    for (size_t i = 0; i < n && i < 64; i++) {
+        eps[i] = t[i].endpoint;
+        size_t at = strlen(line);
+        snprintf(line + at, sizeof line - at, "%s%s", i ? " " : "", t[i].name);
+    }
+    printf("distill: student: teachers now %zu of %zu: %s\n", n < 64 ? n : 64,
+           edl_discovery_n_teachers(s->disc), line);
+    fflush(stdout);
+    return edl_distill_set_teachers(dist, eps, n < 64 ? n : 64);
 }
 
 /* The student on labels from its teachers: every batch delivered once, in order. */
@@ -320,14 +383,14 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
     edl_distill_opts dopts = {.model = o->model, .format = o->format, .in_flight = o->in_flight,
                               .timeout_ms = o->timeout_ms, .ordered = true};
     edl_distill *dist = NULL;
+    source src = {0};
     int rc = edl_distill_open(&dopts, &dist);
-    if (rc == 0 && (rc = student_teachers(o, dist)) != 0)
-        fprintf(stderr, "distill: student: bad teacher list \"%s\": %s\n", o->teachers,
-                edl_strerror(rc));
+    if (rc == 0 && (rc = source_open(o, &src)) == 0 && (rc = source_apply(&src, dist, true)))
+        fprintf(stderr, "distill: student: its teachers: %s\n", edl_strerror(rc));
     long total = (long)o->epochs * (NTRAIN / o->batch), sent = 0, got = 0, lost = 0;
     float *x = malloc((size_t)o->batch * D * sizeof *x), q[C];
     uint8_t *seen = calloc((size_t)total, 1); /* deliveries of each batch */
-    int64_t refreshed = edl_monotonic_ms(), waited = 0;
+    int64_t waited = 0;
     while (rc == 0 && x && seen && got < total) {
         while (sent < total && sent - got < 64) {
             uint64_t id;
@@ -336,10 +399,10 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
                 break;
         }
         edl_distill_result r;
-        int nr = rc ? rc : edl_distill_next(dist, 1000, &r);
-        if (edl_monotonic_ms() - refreshed >= 1000)
-            student_teachers(o, dist), refreshed = edl_monotonic_ms();
-        if (nr == EDL_ETIMEDOUT && (waited += 1000) % 5000 == 0)
+        int nr = rc ? rc : edl_distill_next(dist, 100, &r);
+        if (rc == 0 && (rc = source_apply(&src, dist, false)) != 0)
+            fprintf(stderr, "distill: student: following its teachers: %s\n", edl_strerror(rc));
+        if (nr == EDL_ETIMEDOUT && (waited += 100) % 5000 == 0)
             printf("distill: student: waiting for teachers (%ld of %ld batches answered)\n",
                    got, total);
         if (nr)
@@ -365,6 +428,7 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
     }
     edl_distill_get_stats(dist, st);
     edl_distill_close(dist);
+    source_close(&src);
     free(x);
     free(seen);
     return rc ? rc : lost || *dup ? EDL_EPEER : 0;
@@ -419,7 +483,8 @@ static void usage(FILE *f)
         "usage: distill [--role teacher|student] [options]\n"
         "Distillation over HTTP: a teacher serving examples/elastic_mlp's MLP, a student learning\n"
         "from it (the role: --role, else $EDL_ROLE_NAME; \"worker\" means student).\n"
-        "  --model NAME          the model's name in the path /v1/models/NAME (mlp)\n"
+        "  --model NAME          the model's name in the path /v1/models/NAME (default,\n"
+        "                        as TensorFlow Serving and edl-agent --model default it)\n"
         "  --steps N             the teacher's training steps, in both roles (1500)\n"
         "  --lr X                the teacher's learning rate (0.2)\n"
         "teacher:\n"
@@ -427,6 +492,9 @@ static void usage(FILE *f)
         "  --service-time-ms MS  each batch takes at least this long; one batch at a time (0)\n"
         "student:\n"
         "  --teachers URL,...    the teachers (else $EDL_TEACHERS), e.g. http://127.0.0.1:8501\n"
+        "  --service NAME        else: the teachers this student is assigned in the service\n"
+        "                        (else $EDL_SERVICE), found in etcd as the agent's environment\n"
+        "                        says (EDL_ETCD_*), followed as teachers come and go\n"
         "  --format json|binary  the wire form (json: TensorFlow Serving's REST form)\n"
         "  --epochs N            passes over the training set (5)\n"
         "  --batch N             samples a batch (32)\n"
@@ -464,6 +532,8 @@ static bool option(opts *o, const char *k, const char *v)
         o->model = v;
     else if (strcmp(k, "--teachers") == 0)
         o->teachers = v;
+    else if (strcmp(k, "--service") == 0)
+        o->service = v;
     else if (strcmp(k, "--format") == 0) {
         if (strcmp(v, "json") && strcmp(v, "binary"))
             return false;
@@ -485,7 +555,7 @@ static bool option(opts *o, const char *k, const char *v)
 
 int main(int argc, char **argv)
 {
-    opts o = {.role = getenv("EDL_ROLE_NAME"), .model = "mlp", .port = port_default(),
+    opts o = {.role = getenv("EDL_ROLE_NAME"), .model = "default", .port = port_default(),
               .steps = 1500, .epochs = 5, .batch = 32, .in_flight = 4, .timeout_ms = 10000,
               .lr = 0.2f, .student_lr = 0.5f};
     for (int i = 1; i < argc; i += 2) {

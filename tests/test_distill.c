@@ -107,7 +107,7 @@ static edl_distill *open_client(tally *t, edl_distill_opts o, const char *const 
     memset(t, 0, sizeof *t);
     t->ordered = o.ordered;
     if (!o.model)
-        o.model = "mlp";
+        o.model = "default";
     assert_int_equal(edl_distill_open(&o, &t->d), 0);
     assert_int_equal(edl_distill_set_teachers(t->d, eps, n), 0);
     return t->d;
@@ -506,16 +506,16 @@ static void test_teacher_serves_status_refuses_bad_requests_and_stops_on_sigterm
     teacher th;
     teacher_start(&th, 0);
     char out[4096];
-    assert_int_equal(http(&th, "GET", "/v1/models/mlp", "", out, sizeof out), 200);
+    assert_int_equal(http(&th, "GET", "/v1/models/default", "", out, sizeof out), 200);
     assert_non_null(strstr(out, "\"state\":\"AVAILABLE\""));
     assert_non_null(strstr(out, "\"load\":0"));
-    assert_int_equal(http(&th, "POST", "/v1/models/mlp:predict",
+    assert_int_equal(http(&th, "POST", "/v1/models/default:predict",
                           "{\"instances\":[[1,2,3]]}", out, sizeof out), 400); /* 3 columns */
     assert_non_null(strstr(out, "16 columns"));
-    assert_int_equal(http(&th, "POST", "/v1/models/mlp:predict", "{\"instances\":", out,
+    assert_int_equal(http(&th, "POST", "/v1/models/default:predict", "{\"instances\":", out,
                           sizeof out), 400);
     assert_int_equal(http(&th, "POST", "/v1/models/other:predict", "{}", out, sizeof out), 404);
-    assert_int_equal(http(&th, "DELETE", "/v1/models/mlp", "", out, sizeof out), 405);
+    assert_int_equal(http(&th, "DELETE", "/v1/models/default", "", out, sizeof out), 405);
     kill(th.pid, SIGTERM);
     assert_int_equal(harness_wait_exit(th.pid, 10000), 0);
     th.pid = 0;

@@ -1275,6 +1275,95 @@ static void test_teacher_role_end_to_end(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, no_teach), 2);
 }
 
+/* The offset just past the first `needle` in the file at path from offset `from`, waiting up to
+ * timeout_ms for it to be written; fails the test otherwise. */
+static long wait_in_file(const char *path, const char *needle, long from, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    static char buf[1 << 20];
+    do {
+        FILE *f = fopen(path, "r");
+        size_t n = 0;
+        if (f && fseek(f, from, SEEK_SET) == 0)
+            n = fread(buf, 1, sizeof buf - 1, f);
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        const char *p = strstr(buf, needle);
+        if (p)
+            return from + (long)(p - buf) + (long)strlen(needle);
+        harness_sleep_ms(50);
+    } while (harness_now_ms() < end);
+    fail_msg("%s: no \"%s\" after byte %ld within %d ms", path, needle, from, timeout_ms);
+    return -1;
+}
+
+/* examples/distill under `edl run --teachers 1:4 --service mlp`: the worker is the student, the
+ * teachers the same program as teachers (EDL_ROLE_NAME). While the student trains, teachers are
+ * scaled 1 -> 4 -> 2 and one teacher's server is SIGKILLed (its agent deregisters it at once,
+ * then starts it again); the student follows the service each time (edl_discovery), no batch
+ * is lost or answered twice, every prediction is the teacher's, and the student learns exactly
+ * what the same student learns on labels computed in its own process. */
+static void test_distill_student_follows_teachers_that_scale_and_die(void **state)
+{
+    (void)state;
+    const char *job = "distjob";
+    char script[1400], out[300], student[400], cmd[1024];
+    snprintf(out, sizeof out, "%s/distill.out", g_dir);
+    snprintf(script, sizeof script,
+             "echo $$ > %s/pid.$EDL_POD_ID; exec %s --epochs 24 --service-time-ms 20 "
+             ">>%s.$EDL_POD_ID 2>&1", g_dir, EDL_DISTILL_BIN, out);
+    const char *opts[] = {"--np", "1", "--teachers", "1:4", "--service", "mlp",
+                          "--teacher-replicas", "1", "--etcd", ep(), "--settle-ms", "300",
+                          "--grace-ms", "2000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_generation c = {0};
+    wait_running(job, 1, 30000, &c);
+    snprintf(student, sizeof student, "%s.%s", out, c.members[0].pod);
+    long at = wait_in_file(student, "teachers now 1 of 1", 0, 30000);
+    char o2[8192];
+    const char *up[] = {"scale", job, "4", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(o2, sizeof o2, up), 0);
+    at = wait_in_file(student, "teachers now 4 of 4", at, 30000);
+    const char *down[] = {"scale", job, "2", "--role", "teacher", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(o2, sizeof o2, down), 0);
+    at = wait_in_file(student, "teachers now 2 of 2", at, 30000);
+    char names[8][64], pidpath[400], pidtext[32] = "";
+    assert_int_equal(teacher_names("mlp", names, 8), 2);
+    snprintf(pidpath, sizeof pidpath, "%s/pid.%s", g_dir, names[1]);
+    FILE *f = fopen(pidpath, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(pidtext, sizeof pidtext, f));
+    fclose(f);
+    assert_int_equal(kill((pid_t)atol(pidtext), SIGKILL), 0);
+    at = wait_in_file(student, "teachers now 1 of 1", at, 10000); /* deregistered at once */
+    at = wait_in_file(student, "teachers now 2 of 2", at, 30000); /* its agent started it again */
+    snprintf(cmd, sizeof cmd, "grep -q 'distill: student: test accuracy' %s", student);
+    assert_int_not_equal(system(cmd), 0); /* all of it while the student trained */
+    assert_int_equal(edl_cmd(o2, sizeof o2, up), 0); /* four again, to finish sooner */
+    assert_int_equal(harness_wait_exit(run, 120000), 0);
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(c.restarts, 0);
+    wait_in_file(student, "lost 0, duplicated 0, predictions differing from the local teacher 0",
+                 0, 1000);
+    f = fopen(student, "r");
+    char line[1024];
+    double remote = -1, local = -2;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "distill: student: test accuracy %lf on the teachers' labels, %lf",
+                   &remote, &local) == 2)
+            break;
+    if (f)
+        fclose(f);
+    print_message("distill under edl run, teachers 1 -> 4 -> 2 and one killed: student accuracy "
+                  "%.4f, on local labels %.4f\n", remote, local);
+    assert_true(remote > 0.9);
+    assert_true(remote == local); /* the same labels in the same order: the same student */
+    assert_int_equal(teacher_names("mlp", names, 8), 0); /* the teachers left with the job */
+    edl_generation_clear(&c);
+}
+
 /* Wait until a pod's trainer has reported step `step` (edl_agent_link_report_step). */
 static void wait_step(const char *job, const char *pod, int64_t step, int timeout_ms)
 {
@@ -1390,6 +1479,7 @@ int main(void)
         cmocka_unit_test(test_manifest_example_runs),
         cmocka_unit_test(test_ps_role_end_to_end),
         cmocka_unit_test(test_teacher_role_end_to_end),
+        cmocka_unit_test(test_distill_student_follows_teachers_that_scale_and_die),
         cmocka_unit_test(test_ctr_trains_while_servers_join_and_die),
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
