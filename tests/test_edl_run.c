@@ -1202,10 +1202,10 @@ static void test_teacher_role_end_to_end(void **state)
     (void)state;
     const char *job = "tjob";
     char script[1400], go[300];
-    snprintf(go, sizeof go, "%s/go", g_dir);
+    snprintf(go, sizeof go, "%s/tgo", g_dir); /* not the ps test's */
     snprintf(script, sizeof script,
              "d=%s; if [ \"$EDL_ROLE_NAME\" = teacher ]; then env > $d/env.$EDL_POD_ID; "
-             "T_DIR=$d exec %s; fi; while [ ! -f $d/go ]; do sleep 0.05; done; exit 0",
+             "T_DIR=$d exec %s; fi; while [ ! -f $d/tgo ]; do sleep 0.05; done; exit 0",
              g_dir, EDL_TEACHER_SERVER);
     const char *opts[] = {"--np", "1", "--teachers", "1:3", "--service", "tsvc",
                           "--teacher-replicas", "1", "--etcd", ep(), "--settle-ms", "300",
