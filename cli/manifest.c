@@ -5,7 +5,8 @@
  * runs here is never a silent approximation of the manifest.
  *
  * The trainer's command is the first container's command and args (spec.ps's parameter servers
- * run the same command here: its template may not ask for another). A bare name is looked up
+ * and spec.teachers's teachers run the same command here: their templates may not ask for
+ * another; the teachers' service, model and capacity apply). A bare name is looked up
  * as the container would (PATH); when it is not there, beside the `edl` binary and in the
  * examples folder of its build tree (build/bin/edl -> build/examples/), so that a manifest
  * written for an image with the trainer on its PATH runs unchanged from a build tree. */
@@ -70,36 +71,51 @@ static const cJSON *first_container(const cJSON *tmpl)
     return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0);
 }
 
-/* spec.ps: edl run starts its parameter servers as agents with --role ps running the workers'
- * command in the workers' environment (the program tells its role by TRAINING_ROLE), so a ps
- * template with another command cannot run here (refused), and its own env or workingDir is
- * named as ignored. Called before the command is resolved. */
-static int check_ps_template(const edl_yaml *y, size_t doc, const edl_trainingjob *tj)
+/* spec.ps and spec.teachers: edl run starts its parameter servers and teachers as agents with
+ * --role ps / --role teacher running the workers' command in the workers' environment (the
+ * program tells its role by TRAINING_ROLE or EDL_ROLE_NAME), so a template of theirs with
+ * another command cannot run here (refused), and its own env or workingDir is named as
+ * ignored. pre: "spec.ps" or "spec.teachers"; who: "parameter servers" or "teachers". Called
+ * before the command is resolved. */
+static int check_role_template(const edl_yaml *y, size_t doc, const edl_trainingjob *tj,
+                               const cJSON *tmpl, char *const *command, size_t n_command,
+                               const char *pre, const char *who, const char *tells)
 {
-    if (!tj->ps_template)
+    if (!tmpl)
         return 0;
-    bool same = tj->n_ps_command == tj->n_command;
+    char field[96];
+    bool same = n_command == tj->n_command;
     for (size_t i = 0; same && i < tj->n_command; i++)
-        same = strcmp(tj->ps_command[i], tj->command[i]) == 0;
-    if (!same)
-        return field_error(y, doc, "spec.ps.template.spec.containers[0].command", "differs "
-                           "from the workers' command and args: edl run starts its parameter "
-                           "servers with the workers' command (the program tells its role by "
-                           "TRAINING_ROLE); give both templates the same command and args");
+        same = strcmp(command[i], tj->command[i]) == 0;
+    if (!same) {
+        char err[512];
+        snprintf(field, sizeof field, "%s.template.spec.containers[0].command", pre);
+        snprintf(err, sizeof err, "differs from the workers' command and args: edl run starts "
+                 "its %s with the workers' command (the program tells its role by %s); give "
+                 "both templates the same command and args", who, tells);
+        return field_error(y, doc, field, err);
+    }
     static const char *const keys[] = {"env", "workingDir"};
-    const cJSON *w = first_container(tj->pod_template), *p = first_container(tj->ps_template);
+    const cJSON *w = first_container(tj->pod_template), *p = first_container(tmpl);
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(w, keys[i]);
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(p, keys[i]);
         if (b && !cJSON_Compare(a, b, true)) {
-            char field[96];
-            snprintf(field, sizeof field, "spec.ps.template.spec.containers[0].%s", keys[i]);
-            fprintf(stderr, "edl run: %s:%d: ignoring %s: the parameter servers get the "
-                    "workers' %s here\n", edl_yaml_name(y), edl_yaml_line(y, doc, field), field,
-                    keys[i]);
+            snprintf(field, sizeof field, "%s.template.spec.containers[0].%s", pre, keys[i]);
+            fprintf(stderr, "edl run: %s:%d: ignoring %s: the %s get the workers' %s here\n",
+                    edl_yaml_name(y), edl_yaml_line(y, doc, field), field, who, keys[i]);
         }
     }
     return 0;
+}
+
+static int check_role_templates(const edl_yaml *y, size_t doc, const edl_trainingjob *tj)
+{
+    int rc = check_role_template(y, doc, tj, tj->ps_template, tj->ps_command, tj->n_ps_command,
+                                 "spec.ps", "parameter servers", "TRAINING_ROLE");
+    return rc ? rc : check_role_template(y, doc, tj, tj->teacher_template, tj->teacher_command,
+                                         tj->n_teacher_command, "spec.teachers", "teachers",
+                                         "EDL_ROLE_NAME");
 }
 
 /* The container's env entries with a plain value, as NAME=value. */
@@ -197,7 +213,7 @@ int cli_manifest_load(const char *path, cli_manifest *m)
     if (!rc) {
         reporter r = {y, doc};
         edl_trainingjob_cluster_only(edl_yaml_doc(y, doc), report_ignored, &r);
-        rc = check_ps_template(y, doc, &m->tj);
+        rc = check_role_templates(y, doc, &m->tj);
     }
     if (!rc) {
         rc = resolve_trainer(y, doc, &m->tj);

@@ -89,6 +89,7 @@ typedef struct launcher {
     bool secret_tmpdir;       /* ... in a directory of its own */
     bool deadline_passed;     /* activeDeadlineSeconds passed: the job is stopped as failed */
     bool deadline_stopped;    /* ... and the stop is in the spec */
+    char teacher_capacity[16]; /* -f: spec.teachers.capacity as the teachers' --capacity */
 } launcher;
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -191,7 +192,8 @@ static void pump(launcher *l, child *k, bool eof)
 /* Where the agents and the job server of a local job serve /metrics (loopback: one machine). */
 #define LOCAL_METRICS_ADDR "127.0.0.1"
 
-/* The role's options: --role ps, or --role teacher --service S --port P (a free port). */
+/* The role's options: --role ps, or --role teacher --service S --port P (a free port), with
+ * -f also the manifest's --model M and --capacity N. */
 static size_t role_args(launcher *l, int role, char **argv, char *port, size_t n)
 {
     size_t a = 0;
@@ -204,6 +206,16 @@ static size_t role_args(launcher *l, int role, char **argv, char *port, size_t n
         argv[a++] = EDL_ROLE_TEACHER;
         argv[a++] = "--service";
         argv[a++] = l->o.spec.teachers_service;
+        if (l->o.file && l->o.m.tj.teacher_model) { /* -f: spec.teachers.model, capacity */
+            argv[a++] = "--model";
+            argv[a++] = l->o.m.tj.teacher_model;
+        }
+        if (l->o.file && l->o.m.tj.teacher_capacity > 0) {
+            snprintf(l->teacher_capacity, sizeof l->teacher_capacity, "%d",
+                     l->o.m.tj.teacher_capacity);
+            argv[a++] = "--capacity";
+            argv[a++] = l->teacher_capacity;
+        }
         if (strcmp(port, "0") != 0) {
             argv[a++] = "--port";
             argv[a++] = port;

@@ -1,6 +1,6 @@
 /* trainingjob.c: the TrainingJob resource (edl/trainingjob.h, deploy/k8s/crd.yaml) read into the
- * job spec, the pod templates (the workers' and spec.ps's) and the operator's own settings, with
- * the CRD's defaults applied here (an old API server, or `edl run -f`, has not applied them).
+ * job spec, the pod templates (the workers', spec.ps's and spec.teachers's) and the operator's
+ * own settings, with the CRD's defaults applied here (an old API server, or `edl run -f`, has not applied them).
  *
  * Every problem names the field by its path ("spec.template.spec.containers[0].args[2]") and
  * says what is wrong without repeating the path, so that `edl run -f` can put the manifest's
@@ -344,6 +344,54 @@ static void read_ps(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
     s->ps_max = max;
 }
 
+/* The longest job name whose teacher pods' names, "<name>-teacher-<index>" up to 4 digits of
+ * index, are teacher instance names (DNS labels of at most 63 characters). */
+#define TEACHER_JOB_NAME_MAX (EDL_TEACHER_SERVICE_MAX - (int)sizeof "-teacher-9999" + 1)
+
+/* spec.teachers, distillation's teachers: replicas and bounds spelled and defaulted as the
+ * workers' (replicas 1, minReplicas 1, maxReplicas max(replicas, minReplicas)), the service
+ * they register in (required, a DNS label), the model and capacity the agent publishes; its
+ * template is read by read_template. Absent (or null): no teacher role (teachers_max stays
+ * 0). The teacher pods' names are their instance names in the service, so the job's name must
+ * make DNS labels of them. */
+static void read_teachers(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
+{
+    const char *pre = "spec.teachers";
+    edl_job_spec *s = &tj->spec;
+    const cJSON *t = get_obj(c, spec, "spec", "teachers", false);
+    if (!t)
+        return;
+    int replicas = 1, min = 1, max = 0;
+    get_int(c, t, pre, "replicas", 1, EDL_TEACHERS_MAX, &replicas);
+    get_int(c, t, pre, "minReplicas", 1, EDL_TEACHERS_MAX, &min);
+    if (!get_int(c, t, pre, "maxReplicas", 1, EDL_TEACHERS_MAX, &max))
+        max = replicas > min ? replicas : min;
+    const char *svc = NULL, *model = NULL;
+    if (get_str(c, t, pre, "service", true, 253, &svc) && !edl_teacher_service_valid(svc))
+        fail(c, EDL_ECONFIG, pre, "service", "is \"%s\"; it must be a DNS label: 1-63 of "
+             "[a-z0-9-], not starting or ending with '-'", svc);
+    if (get_str(c, t, pre, "model", false, 253, &model) && !edl_name_valid(model))
+        fail(c, EDL_ECONFIG, pre, "model", "is \"%s\"; it must be 1-128 of [A-Za-z0-9._-], not "
+             "starting with '.' or '-' (it goes into the path /v1/models/MODEL)", model);
+    get_int(c, t, pre, "capacity", 1, 65535, &tj->teacher_capacity);
+    if (c->rc)
+        return;
+    if (tj->name && (strchr(tj->name, '.') || strlen(tj->name) > TEACHER_JOB_NAME_MAX)) {
+        fail(c, EDL_ECONFIG, "metadata", "name", "is \"%s\"; with spec.teachers it must be at "
+             "most %d characters without '.': the teacher pods <name>-teacher-N are instance "
+             "names in the service (DNS labels)", tj->name, TEACHER_JOB_NAME_MAX);
+        return;
+    }
+    if (model && !(tj->teacher_model = strdup(model))) {
+        fail(c, EDL_ENOMEM, pre, "model", "out of memory");
+        return;
+    }
+    s->teachers_replicas = replicas;
+    s->teachers_min = min;
+    s->teachers_max = max;
+    snprintf(s->teachers_service, sizeof s->teachers_service, "%s", svc);
+}
+
 static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
 {
     edl_job_spec *s = &tj->spec;
@@ -364,6 +412,7 @@ static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
             &tj->active_deadline_s);
     read_elastic(c, spec, s);
     read_ps(c, spec, s);
+    read_teachers(c, spec, tj);
     const cJSON *ck = get_obj(c, spec, "spec", "checkpoint", false);
     const char *uri = NULL;
     if (ck && get_str(c, ck, "spec.checkpoint", "uri", false, 4096, &uri) &&
@@ -392,6 +441,22 @@ static void check_spec(tj_ctx *c, const edl_job_spec *s)
              s->ps_replicas, s->ps_max);
         return;
     }
+    if (s->teachers_max > 0 && s->teachers_min > s->teachers_max) {
+        fail(c, EDL_ECONFIG, "spec.teachers", NULL, "minReplicas (%d) is greater than "
+             "maxReplicas (%d)", s->teachers_min, s->teachers_max);
+        return;
+    }
+    if (s->teachers_max > 0 && s->teachers_replicas > s->teachers_max) {
+        fail(c, EDL_ECONFIG, "spec.teachers", NULL, "replicas (%d) is greater than maxReplicas "
+             "(%d): a job runs at most maxReplicas teachers (raise maxReplicas too)",
+             s->teachers_replicas, s->teachers_max);
+        return;
+    }
+    if (s->teachers_max > 0 && s->teachers_replicas < s->teachers_min) {
+        fail(c, EDL_ECONFIG, "spec.teachers", NULL, "replicas (%d) is below minReplicas (%d)",
+             s->teachers_replicas, s->teachers_min);
+        return;
+    }
     if (s->cooldown_max_ms < s->cooldown_ms) {
         fail(c, EDL_ECONFIG, "spec.elastic.exclusion", NULL, "maxCooldown (%lld ms) is below "
              "cooldown (%lld ms; maxCooldown defaults to 5m)", (long long)s->cooldown_max_ms,
@@ -408,6 +473,7 @@ static void check_spec(tj_ctx *c, const edl_job_spec *s)
 
 /* A pod template read: where its copy and its first container's command go. */
 typedef struct tj_template {
+    const char *what;              /* what its first container runs: "trainer", ... */
     cJSON **tmpl;
     char ***command;
     size_t *n_command;
@@ -455,8 +521,9 @@ static void check_env(tj_ctx *c, const cJSON *ctr, const char *pre)
     }
 }
 
-/* The pod template at pre.template (pre: "spec" for the workers, "spec.ps" for the servers):
- * its first container runs under edl-agent, so it needs a command. */
+/* The pod template at pre.template (pre: "spec" for the workers, "spec.ps" for the servers,
+ * "spec.teachers" for the teachers): its first container runs under edl-agent, so it needs a
+ * command. */
 static void read_template(tj_ctx *c, const cJSON *parent, const char *pre, const tj_template *t)
 {
     char at[32], tp[48], cp[64];
@@ -470,7 +537,7 @@ static void read_template(tj_ctx *c, const cJSON *parent, const char *pre, const
         return;
     if (!ctrs->child) {
         fail(c, EDL_ECONFIG, tp, "containers", "is empty; the first container runs the %s",
-             strcmp(pre, "spec") ? "parameter server" : "trainer");
+             t->what);
         return;
     }
     const cJSON *ctr = ctrs->child;
@@ -505,14 +572,20 @@ static void read_template(tj_ctx *c, const cJSON *parent, const char *pre, const
         fail(c, EDL_ENOMEM, at, NULL, "out of memory");
 }
 
-/* Both templates: the workers', and spec.ps's when the job has the ps role. */
+/* Every template: the workers', spec.ps's with the ps role, spec.teachers's with teachers. */
 static void read_templates(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
 {
-    tj_template workers = {&tj->pod_template, &tj->command, &tj->n_command};
+    tj_template workers = {"trainer", &tj->pod_template, &tj->command, &tj->n_command};
     read_template(c, spec, "spec", &workers);
-    tj_template servers = {&tj->ps_template, &tj->ps_command, &tj->n_ps_command};
+    tj_template servers = {"parameter server", &tj->ps_template, &tj->ps_command,
+                           &tj->n_ps_command};
     if (tj->spec.ps_max > 0)
         read_template(c, cJSON_GetObjectItemCaseSensitive(spec, "ps"), "spec.ps", &servers);
+    tj_template teachers = {"teacher's inference server", &tj->teacher_template,
+                            &tj->teacher_command, &tj->n_teacher_command};
+    if (tj->spec.teachers_max > 0)
+        read_template(c, cJSON_GetObjectItemCaseSensitive(spec, "teachers"), "spec.teachers",
+                      &teachers);
 }
 
 /* ---- the object ---------------------------------------------------------------------------- */
@@ -573,6 +646,11 @@ void edl_trainingjob_clear(edl_trainingjob *tj)
     for (size_t i = 0; tj->ps_command && i < tj->n_ps_command; i++)
         free(tj->ps_command[i]);
     free(tj->ps_command);
+    cJSON_Delete(tj->teacher_template);
+    for (size_t i = 0; tj->teacher_command && i < tj->n_teacher_command; i++)
+        free(tj->teacher_command[i]);
+    free(tj->teacher_command);
+    free(tj->teacher_model);
     memset(tj, 0, sizeof *tj);
 }
 
@@ -647,4 +725,7 @@ void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, co
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(spec, "ps");
     report_template(cJSON_GetObjectItemCaseSensitive(ps, "template"), "spec.ps.template", report,
                     arg);
+    const cJSON *teachers = cJSON_GetObjectItemCaseSensitive(spec, "teachers");
+    report_template(cJSON_GetObjectItemCaseSensitive(teachers, "template"),
+                    "spec.teachers.template", report, arg);
 }

@@ -1,7 +1,7 @@
 /* operator.h: edl-jobserver --kubernetes, the operator of TrainingJob resources. One process
  * serves every TrainingJob of a namespace (or of the cluster); its replicas elect a leader
  * with a coordination.k8s.io Lease. For each job the leader keeps the worker pods (and the
- * parameter servers' pods of spec.ps), a headless Service and the job's Secret in line with the
+ * parameter servers' pods of spec.ps, the teachers' of spec.teachers), a headless Service and the job's Secret in line with the
  * spec, writes the job's spec to etcd, runs the job's generation decision (job.c, the same
  * pass as the job server of one job) and reports status, conditions and Events on the
  * TrainingJob. docs/kubernetes.md tells the whole story. */
@@ -59,13 +59,25 @@ typedef struct op_pod_settings {
 
 /* The etcd job name of a TrainingJob: "<namespace>.<name>" (unique in a shared etcd). */
 char *op_etcd_job_name(const char *ns, const char *name);
-/* Pod "<name>-worker-<index>" of the job, or with ps "<name>-ps-<index>" (its own sequence of
- * indices) from spec.ps's template: the template with edl-agent (--role ps for a server)
- * wrapping the first container's command, labels edl.dev/job, edl.dev/role (worker or ps) and
- * edl.dev/index, the downward API, the job's Secret and etcd settings, owned by the job. */
-cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, bool ps, int64_t index);
-/* The name of a pod of the job: "<job>-worker-<index>" or "<job>-ps-<index>". */
-void op_pod_name(const char *job, bool ps, int64_t index, char *buf, size_t len);
+/* The roles of a job's pods, each with its own sequence of indices. */
+typedef enum op_role { OP_WORKER = 0, OP_PS = 1, OP_TEACHER = 2, OP_ROLES } op_role;
+/* EDL_ROLE_WORKER, EDL_ROLE_PS or EDL_ROLE_TEACHER: the edl.dev/role label and the name's. */
+const char *op_role_name(op_role role);
+/* The role a pod's edl.dev/role label names (NULL or unknown: a worker). */
+op_role op_role_of(const char *label);
+
+/* Pod "<name>-<role>-<index>" of the job: "<name>-worker-<index>" from the workers' template,
+ * "<name>-ps-<index>" from spec.ps's, "<name>-teacher-<index>" from spec.teachers's (each role
+ * its own sequence of indices): the template with edl-agent wrapping the first container's
+ * command (--role ps for a server; --role teacher --service S [--model M] [--capacity N]
+ * [--port P, the first container's first containerPort] for a teacher), labels edl.dev/job,
+ * edl.dev/role and edl.dev/index, the downward API, the job's Secret and etcd settings, owned
+ * by the job. */
+cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role role,
+                  int64_t index);
+/* The name of a pod of the job: "<job>-worker-<index>", "<job>-ps-<index>" or
+ * "<job>-teacher-<index>". */
+void op_pod_name(const char *job, op_role role, int64_t index, char *buf, size_t len);
 /* The headless Service "<name>" selecting the job's pods (stable names). */
 cJSON *op_service_new(const edl_trainingjob *tj);
 /* The job's Secret "<name>-edl-secret": 32 fresh random bytes (the collective's key) and the

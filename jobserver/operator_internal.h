@@ -24,8 +24,8 @@ typedef struct op_job {
     bool dirty;               /* an event concerns it: pass over it */
     int64_t wake_ms;          /* monotonic: pass again by then (0: only on events) */
     bool have_secret, have_service;
-    int64_t next_index[2];    /* the next pod index of each role, [0] workers, [1] ps (beyond
-                               * every index of the role seen) */
+    int64_t next_index[OP_ROLES]; /* the next pod index of each role (op_role; beyond every
+                                   * index of the role seen) */
     bool primed;              /* the ev_* below hold what the status said or we announced */
     int64_t ev_generation;
     int ev_restarts;

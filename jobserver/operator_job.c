@@ -7,9 +7,10 @@
  * Order of one pass: the spec (invalid: a condition, nothing created) → deletion (finalizer:
  * the job's etcd keys go, then the finalizer) → our finalizer → the job's etcd side (spec,
  * generation) → the end (cleanPodPolicy, ttlSecondsAfterFinished), suspension, or the pods
- * (failed ones replaced within the budget; then each role, the workers and spec.ps's
- * parameter servers, scaled to its replicas on its own: up with new indices, down from the
- * newest) → status and Events. */
+ * (failed ones replaced within the budget; then each role, the workers, spec.ps's parameter
+ * servers and spec.teachers's teachers, scaled to its replicas on its own: up with new indices,
+ * down from the newest) → status and Events. Teachers are no members: a teacher pod that fails
+ * is replaced uncounted, and the job ends as its workers do. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <malloc.h>
@@ -72,18 +73,18 @@ typedef struct pod_view {
     const cJSON *obj;
     const char *name, *phase;
     int64_t index;
-    bool ps;           /* edl.dev/role=ps: a parameter server (else a worker) */
+    op_role role;      /* edl.dev/role: worker, ps or teacher */
     bool terminating;
     bool ended;        /* phase Succeeded or Failed */
 } pod_view;
 
-/* A job's pods; the counts by role: [0] workers, [1] parameter servers. */
+/* A job's pods; the counts by role (op_role). */
 typedef struct job_pods {
     pod_view *p;
     size_t n;
-    int live[2];       /* neither terminating nor ended */
-    int succeeded[2];
-    int existing[2];   /* not terminating (status.replicas, status.psReplicas) */
+    int live[OP_ROLES];       /* neither terminating nor ended */
+    int succeeded[OP_ROLES];
+    int existing[OP_ROLES];   /* not terminating (status.replicas, psReplicas, teachers) */
 } job_pods;
 
 /* Every pod of every job, sorted by namespace then job: built once per round of passes, so
@@ -153,14 +154,14 @@ static void pods_of(op_job *j, const pod_index *idx, job_pods *out)
         const char *num = op_label(v->obj, EDL_TJ_LABEL_INDEX);
         const char *role = op_label(v->obj, EDL_TJ_LABEL_ROLE);
         v->index = num ? strtoll(num, NULL, 10) : 0;
-        v->ps = role && strcmp(role, EDL_ROLE_PS) == 0;
+        v->role = op_role_of(role);
         v->terminating = edl_k8s_str(v->obj, "metadata.deletionTimestamp") != NULL;
-        if (v->index >= j->next_index[v->ps])
-            j->next_index[v->ps] = v->index + 1;
+        if (v->index >= j->next_index[v->role])
+            j->next_index[v->role] = v->index + 1;
         v->ended = v->phase && (!strcmp(v->phase, "Succeeded") || !strcmp(v->phase, "Failed"));
-        out->live[v->ps] += !v->terminating && !v->ended;
-        out->succeeded[v->ps] += !v->terminating && v->phase && !strcmp(v->phase, "Succeeded");
-        out->existing[v->ps] += !v->terminating;
+        out->live[v->role] += !v->terminating && !v->ended;
+        out->succeeded[v->role] += !v->terminating && v->phase && !strcmp(v->phase, "Succeeded");
+        out->existing[v->role] += !v->terminating;
     }
 }
 
@@ -354,9 +355,9 @@ static void pod_create_failed(op *o, op_job *j, const cJSON *obj, const char *po
     wake_in(j, j->pod_backoff_ms);
 }
 
-/* n new pods of a role (ps: parameter servers), with the role's next indices. */
-static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj, bool ps,
-                        int n)
+/* n new pods of a role, with the role's next indices. */
+static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
+                        op_role role, int n)
 {
     op_pod_settings s = {.etcd_job = j->etcd_name,
                          .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
@@ -366,7 +367,7 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
                          .agent_image = o->cfg->agent_image};
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
     for (int i = 0; i < n && path; i++) {
-        cJSON *pod = op_pod_new(tj, &s, ps, j->next_index[ps]);
+        cJSON *pod = op_pod_new(tj, &s, role, j->next_index[role]);
         const char *name = edl_k8s_str(pod, "metadata.name");
         edl_k8s_reply r = {0};
         int rc = edl_k8s_create(o->k, path, pod, &r);
@@ -374,12 +375,12 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
             o->m.pods_created++;
             edl_k8s_informer_store(o->pods, r.body, false); /* counted from now on */
             post_event(o, obj, "Normal", "PodCreated", "created pod %s", name);
-            j->next_index[ps]++;
+            j->next_index[role]++;
             free(j->pod_error);
             j->pod_error = NULL;
             j->pod_backoff_ms = 0;
         } else if (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists")) {
-            j->next_index[ps]++; /* a pod of that name exists that we have not seen yet */
+            j->next_index[role]++; /* a pod of that name exists that we have not seen yet */
             i--;
         } else {
             o->m.api_errors++;
@@ -402,22 +403,24 @@ static int by_index_desc(const void *a, const void *b)
 
 /* One role to its replicas: new pods take the role's next indices, surplus pods go newest
  * first (like `edl run`). A worker pod that succeeded means the job is ending: nothing more is
- * created then, of either role. A parameter server that succeeded left cleanly (its process
- * exited 0 by itself): its pod is deleted, uncounted, and replaced while the job runs. */
+ * created then, of any role. A parameter server or a teacher that succeeded left cleanly (its
+ * agent exited 0 by itself): its pod is deleted, uncounted, and replaced while the job runs. */
 static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
-                       job_pods *pods, bool ps)
+                       job_pods *pods, op_role role)
 {
-    for (size_t i = 0; ps && pods->succeeded[0] == 0 && i < pods->n; i++) {
+    for (size_t i = 0; role != OP_WORKER && pods->succeeded[OP_WORKER] == 0 && i < pods->n;
+         i++) {
         pod_view *v = &pods->p[i];
-        if (v->ps && !v->terminating && v->phase && !strcmp(v->phase, "Succeeded") &&
+        if (v->role == role && !v->terminating && v->phase && !strcmp(v->phase, "Succeeded") &&
             delete_pod(o, j, v) == 0)
-            pods->succeeded[1]--;
+            pods->succeeded[role]--;
     }
-    int have = pods->live[ps] + pods->succeeded[ps];
-    int want = ps ? edl_spec_desired_servers(&tj->spec) : tj->spec.replicas;
-    if (have < want && pods->succeeded[0] == 0) {
+    int have = pods->live[role] + pods->succeeded[role];
+    int want = role == OP_PS ? edl_spec_desired_servers(&tj->spec) :
+               role == OP_TEACHER ? edl_spec_desired_teachers(&tj->spec) : tj->spec.replicas;
+    if (have < want && pods->succeeded[OP_WORKER] == 0) {
         if (edl_monotonic_ms() >= j->pod_retry_ms)
-            create_pods(o, j, tj, obj, ps, want - have);
+            create_pods(o, j, tj, obj, role, want - have);
         else
             wake_in(j, j->pod_retry_ms - edl_monotonic_ms());
     } else if (have > want) {
@@ -425,7 +428,7 @@ static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
         int surplus = have - want;
         for (size_t i = 0; i < pods->n && surplus > 0; i++) {
             pod_view *v = &pods->p[i];
-            if (v->ps != ps || v->terminating || v->ended)
+            if (v->role != role || v->terminating || v->ended)
                 continue;
             if (delete_pod(o, j, v) == 0)
                 surplus--;
@@ -433,8 +436,9 @@ static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
     }
 }
 
-/* Failed pods of either role are replaced (the failure counted); then each role is scaled to
- * its replicas (spec.replicas, spec.ps.replicas). Returns the failures. */
+/* Failed pods of any role are replaced (the failure counted, but a teacher's: teachers never
+ * fail the job); then each role is scaled to its replicas (spec.replicas, spec.ps.replicas,
+ * spec.teachers.replicas). Returns the failures. */
 static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
                        job_pods *pods)
 {
@@ -446,11 +450,12 @@ static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
         const char *why = edl_k8s_str(v->obj, "status.reason");
         post_event(o, obj, "Warning", "PodFailed", "pod %s failed%s%s; replacing it", v->name,
                    why ? ": " : "", why ? why : "");
-        if (delete_pod(o, j, v) == 0)
+        if (delete_pod(o, j, v) == 0 && v->role != OP_TEACHER)
             failures++;
     }
-    scale_role(o, j, tj, obj, pods, false);
-    scale_role(o, j, tj, obj, pods, true); /* none wanted without spec.ps: any left go */
+    scale_role(o, j, tj, obj, pods, OP_WORKER);
+    scale_role(o, j, tj, obj, pods, OP_PS);      /* none wanted without spec.ps: any left go */
+    scale_role(o, j, tj, obj, pods, OP_TEACHER); /* the same without spec.teachers */
     return failures;
 }
 
@@ -474,6 +479,28 @@ static void finish(op *o, op_job *j, const edl_trainingjob *tj, job_pods *pods,
         EDL_INFO(LOG, "job %s/%s: deleted %llds after it ended (ttlSecondsAfterFinished)",
                  j->ns, j->name, (long long)tj->ttl_after_finished_s);
     free(path);
+}
+
+/* The job's teachers registered in its service: keys <prefix>/services/<service>/teachers/
+ * <job>-teacher-* (a registration means the server answered its health check; teachers of
+ * other jobs or Deployments in the same service are not counted). Registrations change without
+ * any Kubernetes event: the job is passed again in a second while they fall short of the
+ * desired count, every 10 s otherwise. -1: etcd could not be read. */
+static int teachers_registered(op *o, op_job *j, const edl_trainingjob *tj, int desired)
+{
+    char key[512];
+    size_t plen = strlen(o->cfg->prefix);
+    while (plen > 1 && o->cfg->prefix[plen - 1] == '/')
+        plen--;
+    snprintf(key, sizeof key, "%.*s/services/%s/teachers/%s-teacher-", (int)plen, o->cfg->prefix,
+             tj->spec.teachers_service, tj->name);
+    edl_range_opts ro = {.prefix = true, .count_only = true};
+    edl_range_result r = {0};
+    int rc = edl_etcd_range(o->c, edl_str(key), &ro, &r);
+    int n = rc ? -1 : (int)r.count;
+    edl_range_result_clear(&r);
+    wake_in(j, n == desired ? 10000 : 1000);
+    return n;
 }
 
 /* ---- status and Events ------------------------------------------------------------------- */
@@ -629,12 +656,21 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
     } else {
         completion_ms = 0;
     }
+    int teacher_desired = edl_spec_desired_teachers(&tj->spec), teachers_ready = 0;
+    if (teacher_desired > 0 && !final) {
+        teachers_ready = teachers_registered(o, j, tj, teacher_desired);
+        if (teachers_ready < 0) /* unknown: keep what the status said */
+            teachers_ready = (int)edl_k8s_int(st, "teachers.ready", 0);
+    }
     const edl_generation *g = j->etcd.current.generation ? &j->etcd.current : NULL;
     if (!msg[0] && g && g->reason)
         snprintf(msg, sizeof msg, "%s", g->reason);
     op_view v = {.state = state, .reason = op_failed, .message = msg[0] ? msg : NULL,
-                 .replicas = pods.existing[0], .ps = tj->spec.ps_max > 0,
-                 .ps_replicas = pods.existing[1], .selector = j->selector, .gen = g,
+                 .replicas = pods.existing[OP_WORKER], .ps = tj->spec.ps_max > 0,
+                 .ps_replicas = pods.existing[OP_PS], .teachers = tj->spec.teachers_max > 0,
+                 .teacher_desired = teacher_desired,
+                 .teacher_replicas = pods.existing[OP_TEACHER],
+                 .teachers_ready = teachers_ready, .selector = j->selector, .gen = g,
                  .observed_generation = tj->generation, .start_ms = start_ms,
                  .completion_ms = completion_ms, .pod_failures = pod_failures,
                  .pod_error = j->pod_error};

@@ -1,13 +1,14 @@
-/* operator_objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker
- * and parameter-server pods, the headless Service, the job's Secret, Events), built from the
+/* operator_objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker,
+ * parameter-server and teacher pods, the headless Service, the job's Secret, Events), built from the
  * parsed job. Pure: no API calls (it reads the operator's etcd TLS files once, at start), so
  * each object's shape is tested alone.
  *
  * How edl-agent runs inside an image we do not own: an init container from the operator's
  * agent image copies the agent (`edl-agent --install`) into an emptyDir that the first
  * container mounts at /edl/bin; its command becomes
- * /edl/bin/edl-agent --job <ns>.<name> [--role ps] -- <the template's command and args>
- * (the workers' template, or spec.ps's for a parameter server). */
+ * /edl/bin/edl-agent --job <ns>.<name> [--role ps | --role teacher --service S ...] --
+ * <the template's command and args> (the workers' template, spec.ps's for a parameter server,
+ * spec.teachers's for a teacher). */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,11 +146,30 @@ static void add_secret_volume(cJSON *volumes, const char *name, const char *secr
     cJSON_AddItemToArray(volumes, v);
 }
 
+/* A teacher's port: its first container's first containerPort (0: none, the agent picks). */
+static int container_port(const cJSON *c)
+{
+    const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "ports"), 0);
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(p, "containerPort");
+    return cJSON_IsNumber(n) && n->valuedouble >= 1 && n->valuedouble <= 65535 ?
+           (int)n->valuedouble : 0;
+}
+
+static void add_arg(cJSON *cmd, const char *a)
+{
+    cJSON_AddItemToArray(cmd, cJSON_CreateString(a));
+}
+
 /* The first container: edl-agent (of the role) in front of the template's command, edl's
  * environment. */
-static void wrap_container(cJSON *c, char *const *command, size_t n_command, bool ps,
+static void wrap_container(cJSON *c, const edl_trainingjob *tj, op_role role,
                            const op_pod_settings *s)
 {
+    char *const *command = role == OP_PS ? tj->ps_command :
+                           role == OP_TEACHER ? tj->teacher_command : tj->command;
+    size_t n_command = role == OP_PS ? tj->n_ps_command :
+                       role == OP_TEACHER ? tj->n_teacher_command : tj->n_command;
+    int port = role == OP_TEACHER ? container_port(c) : 0;
     cJSON *cmd = cJSON_CreateArray();
     cJSON_AddItemToArray(cmd, cJSON_CreateString(AGENT_DIR "/edl-agent"));
     cJSON_AddItemToArray(cmd, cJSON_CreateString("--job"));
@@ -158,9 +178,28 @@ static void wrap_container(cJSON *c, char *const *command, size_t n_command, boo
         cJSON_AddItemToArray(cmd, cJSON_CreateString("--prefix"));
         cJSON_AddItemToArray(cmd, cJSON_CreateString(s->prefix));
     }
-    if (ps) {
-        cJSON_AddItemToArray(cmd, cJSON_CreateString("--role"));
-        cJSON_AddItemToArray(cmd, cJSON_CreateString(EDL_ROLE_PS));
+    if (role != OP_WORKER) {
+        add_arg(cmd, "--role");
+        add_arg(cmd, op_role_name(role));
+    }
+    if (role == OP_TEACHER) {
+        char num[16];
+        add_arg(cmd, "--service");
+        add_arg(cmd, tj->spec.teachers_service);
+        if (tj->teacher_model) {
+            add_arg(cmd, "--model");
+            add_arg(cmd, tj->teacher_model);
+        }
+        if (tj->teacher_capacity > 0) {
+            snprintf(num, sizeof num, "%d", tj->teacher_capacity);
+            add_arg(cmd, "--capacity");
+            add_arg(cmd, num);
+        }
+        if (port) {
+            snprintf(num, sizeof num, "%d", port);
+            add_arg(cmd, "--port");
+            add_arg(cmd, num);
+        }
     }
     cJSON_AddItemToArray(cmd, cJSON_CreateString("--"));
     for (size_t i = 0; i < n_command; i++)
@@ -197,17 +236,33 @@ static cJSON *install_container(const char *image)
     return ic;
 }
 
-void op_pod_name(const char *job, bool ps, int64_t index, char *buf, size_t len)
+const char *op_role_name(op_role role)
 {
-    snprintf(buf, len, "%s-%s-%lld", job, ps ? EDL_ROLE_PS : EDL_ROLE_WORKER, (long long)index);
+    return role == OP_PS ? EDL_ROLE_PS : role == OP_TEACHER ? EDL_ROLE_TEACHER : EDL_ROLE_WORKER;
 }
 
-cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, bool ps, int64_t index)
+op_role op_role_of(const char *label)
+{
+    if (label && strcmp(label, EDL_ROLE_PS) == 0)
+        return OP_PS;
+    if (label && strcmp(label, EDL_ROLE_TEACHER) == 0)
+        return OP_TEACHER;
+    return OP_WORKER;
+}
+
+void op_pod_name(const char *job, op_role role, int64_t index, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s-%s-%lld", job, op_role_name(role), (long long)index);
+}
+
+cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role role,
+                  int64_t index)
 {
     char name[300], idx[32];
-    op_pod_name(tj->name, ps, index, name, sizeof name);
+    op_pod_name(tj->name, role, index, name, sizeof name);
     snprintf(idx, sizeof idx, "%lld", (long long)index);
-    const cJSON *tmpl = ps ? tj->ps_template : tj->pod_template;
+    const cJSON *tmpl = role == OP_PS ? tj->ps_template :
+                        role == OP_TEACHER ? tj->teacher_template : tj->pod_template;
     const cJSON *tmd = cJSON_GetObjectItemCaseSensitive(tmpl, "metadata");
     cJSON *pod = cJSON_CreateObject();
     cJSON_AddStringToObject(pod, "apiVersion", "v1");
@@ -216,7 +271,7 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, bool ps, 
     cJSON *labels = cJSON_GetObjectItemCaseSensitive(md, "labels");
     cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_ROLE);
     cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_INDEX);
-    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_ROLE, ps ? EDL_ROLE_PS : EDL_ROLE_WORKER);
+    cJSON_AddStringToObject(labels, EDL_TJ_LABEL_ROLE, op_role_name(role));
     cJSON_AddStringToObject(labels, EDL_TJ_LABEL_INDEX, idx);
     const cJSON *ann = cJSON_GetObjectItemCaseSensitive(tmd, "annotations");
     if (cJSON_IsObject(ann))
@@ -236,8 +291,7 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, bool ps, 
     cJSON *inits = array_of(spec, "initContainers");
     cJSON_InsertItemInArray(inits, 0, install_container(s->agent_image));
     wrap_container(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0),
-                   ps ? tj->ps_command : tj->command, ps ? tj->n_ps_command : tj->n_command, ps,
-                   s);
+                   tj, role, s);
     cJSON *volumes = array_of(spec, "volumes");
     cJSON *bin = cJSON_CreateObject();
     cJSON_AddStringToObject(bin, "name", "edl-bin");

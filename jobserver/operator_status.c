@@ -1,6 +1,7 @@
 /* operator_status.c: a TrainingJob's status as the operator writes it through /status: the
  * scale subresource's replicas and selector (the workers'), the edl generation with its members
- * (and, with spec.ps, the parameter servers' pods and the generation's servers), the state,
+ * (and, with spec.ps, the parameter servers' pods and the generation's servers; with
+ * spec.teachers, the teachers' pods wanted, existing and registered), the state,
  * and conditions following the Kubernetes conventions (type CamelCase, status True/False,
  * reason CamelCase, lastTransitionTime kept while the status of a condition does not change).
  * Pure: built from what the operator observed and the status it read. */
@@ -142,6 +143,12 @@ cJSON *op_status_new(const cJSON *old_status, const op_view *v, int64_t now_ms)
         cJSON_AddNumberToObject(st, "psReplicas", v->ps_replicas);
         cJSON_AddNumberToObject(st, "serverCount", g ? (double)g->n_servers : 0);
         add_ranked(st, "servers", g ? g->servers : NULL, g ? g->n_servers : 0);
+    }
+    if (v->teachers) { /* the teachers: no members, counted only */
+        cJSON *tt = cJSON_AddObjectToObject(st, "teachers");
+        cJSON_AddNumberToObject(tt, "desired", v->teacher_desired);
+        cJSON_AddNumberToObject(tt, "replicas", v->teacher_replicas);
+        cJSON_AddNumberToObject(tt, "ready", v->teachers_ready);
     }
     cJSON_AddStringToObject(st, "state", op_state_name(v->state));
     cJSON_AddNumberToObject(st, "restarts", g ? g->restarts : 0);

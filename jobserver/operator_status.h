@@ -34,6 +34,11 @@ typedef struct op_view {
     int replicas;             /* worker pods that exist and are not being deleted */
     bool ps;                  /* the job has the ps role (spec.ps) */
     int ps_replicas;          /* parameter-server pods that exist and are not being deleted */
+    bool teachers;            /* the job has the teacher role (spec.teachers) */
+    int teacher_desired;      /* teacher pods wanted (spec.teachers.replicas) */
+    int teacher_replicas;     /* teacher pods that exist and are not being deleted */
+    int teachers_ready;       /* the job's teachers registered in the service (their server
+                               * answers its health check) */
     const char *selector;     /* "edl.dev/job=<name>" */
     const edl_generation *gen; /* the published generation (NULL: none) */
     int64_t observed_generation;

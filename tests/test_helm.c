@@ -113,6 +113,13 @@ static void test_rendered_manifests_apply_to_the_api_server(void **state)
         fail_msg("kubectl apply of the chart: %s", out);
     assert_int_equal(harness_kubectl(k, out, sizeof out, "get crd trainingjobs.edl.dev -o name"),
                      0);
+    /* the CRD as served has spec.teachers (a role with its service) and status.teachers */
+    assert_int_equal(harness_kubectl(k, out, sizeof out, "get crd trainingjobs.edl.dev -o "
+                                     "jsonpath='{.spec.versions[0].schema.openAPIV3Schema"
+                                     ".properties.spec.properties.teachers.required}"
+                                     "{.spec.versions[0].schema.openAPIV3Schema.properties"
+                                     ".status.properties.teachers.properties.ready.type}'"), 0);
+    assert_string_equal(out, "[\"service\",\"template\"]integer");
     assert_int_equal(harness_kubectl(k, out, sizeof out, "get clusterrole t-edl-operator "
                                      "-o jsonpath='{.rules[*].resources}'"), 0);
     assert_non_null(strstr(out, "trainingjobs/status"));

@@ -2,9 +2,9 @@
  * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
  * local processes (edl-agent installed by the init container, wrapping the example trainer),
  * with a real etcd. Each test applies the CRD and a job and checks what a user would see (a
- * job with parameter servers too, and every example manifest against the schema). The last
- * one checks the Helm chart's RBAC against every request the operator made in them all:
- * each allowed, no rule unused. */
+ * job with parameter servers too, one with teachers, and every example manifest against the
+ * schema). The last one checks the Helm chart's RBAC against every request the operator made
+ * in them all: each allowed, no rule unused. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <setjmp.h>
@@ -311,9 +311,73 @@ static void test_ps_pods_are_created_scaled_and_replaced(void **state)
                          30000);
 }
 
+/* spec.teachers: the operator creates the teachers' pods beside the workers' (own names, role
+ * label, `edl-agent --role teacher --service ...`), writes the teacher bounds to etcd, reports
+ * in status.teachers how many registered in the service, scales them by a patch of
+ * spec.teachers.replicas (the newest go first), replaces a failed one without counting it, and
+ * the job succeeds when its workers do while the teachers still run. */
+static void test_teacher_pods_are_created_scaled_and_replaced(void **state)
+{
+    cluster *c = *state;
+    char out[8192], extra[1024];
+    snprintf(extra, sizeof extra, "  teachers:\n    replicas: 1\n    minReplicas: 1\n"
+             "    maxReplicas: 4\n    service: kd\n    capacity: 2\n    template:\n"
+             "      spec:\n        containers:\n        - name: teacher\n          image: x\n"
+             "          command: [\"%s\"]\n          env: [{name: T_DIR, value: \"%s\"}]\n",
+             EDL_TEACHER_SERVER, harness_k8s_dir(c->k));
+    apply_job(c, "kdj", 2, "1000", extra);
+    harness_kubectl_wait(c->k, "tj kdj", "{.status.state}/{.status.memberCount}/"
+                         "{.status.teachers.ready}", "Running/2/1", 30000);
+    live_pods(c, "kdj", out, sizeof out);
+    assert_string_equal(out, "kdj-teacher-0 kdj-worker-0 kdj-worker-1 ");
+    harness_kubectl(c->k, out, sizeof out, "get pod kdj-teacher-0 -o jsonpath="
+                    "'{.metadata.labels.edl\\.dev/role}{.spec.containers[0].command}'");
+    assert_non_null(strstr(out, "teacher[")); /* the label, then the agent's arguments */
+    assert_non_null(strstr(out, "\"--role\",\"teacher\",\"--service\",\"kd\",\"--capacity\","
+                                "\"2\",\"--\""));
+    wait_etcd_spec(c, "kdj", "\"teachers\":{\"min\":1,\"max\":4,\"replicas\":1,"
+                             "\"service\":\"kd\"}");
+    char keys[4096];
+    harness_etcdctl_out(keys, sizeof keys, edl_etcd_server_endpoints(c->etcd), NULL,
+                        "get --prefix --keys-only /edl/v1/services/kd/teachers/");
+    assert_non_null(strstr(keys, "/edl/v1/services/kd/teachers/kdj-teacher-0"));
+    /* more teachers: a patch of spec.teachers.replicas; the workers keep running */
+    pid_t w0 = process_of("kdj-worker-0", "elastic_trainer");
+    assert_true(w0 > 0);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj kdj --type=merge "
+                                     "-p '{\"spec\":{\"teachers\":{\"replicas\":3}}}'"), 0);
+    harness_kubectl_wait(c->k, "tj kdj", "{.status.teachers.desired}/{.status.teachers.replicas}"
+                         "/{.status.teachers.ready}", "3/3/3", 30000);
+    live_pods(c, "kdj", out, sizeof out);
+    assert_string_equal(out, "kdj-teacher-0 kdj-teacher-1 kdj-teacher-2 kdj-worker-0 "
+                             "kdj-worker-1 ");
+    /* fewer: the newest goes, and its registration with it */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj kdj --type=merge "
+                                     "-p '{\"spec\":{\"teachers\":{\"replicas\":2}}}'"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=kdj,edl.dev/role=teacher",
+                         "{.items[*].metadata.name}", "kdj-teacher-0 kdj-teacher-1", 30000);
+    harness_kubectl_wait(c->k, "tj kdj", "{.status.teachers.replicas}/{.status.teachers.ready}",
+                         "2/2", 30000);
+    /* a teacher pod that fails is replaced (a new index), and is no failure of the job */
+    pid_t agent = process_of("kdj-teacher-1", "edl-agent");
+    assert_true(agent > 0);
+    kill(agent, SIGKILL);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=kdj,edl.dev/role=teacher",
+                         "{.items[*].metadata.name}", "kdj-teacher-0 kdj-teacher-3", 30000);
+    assert_int_equal(process_of("kdj-worker-0", "elastic_trainer"), w0);
+    /* the workers end: the job succeeded, teachers or not; the teachers' pods go */
+    harness_kubectl_wait(c->k, "tj kdj", "{.status.state}", "Succeeded", 90000);
+    harness_kubectl_wait(c->k, "tj kdj", "{.status.podFailures}/{.status.restarts}", "0/0",
+                         1000);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=kdj,edl.dev/role=teacher",
+                         "{.items[*].metadata.name}", "", 30000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj kdj --wait=true "
+                                     "--timeout=30s"), 0);
+}
+
 /* Every manifest of deploy/k8s/examples passes the CRD's schema (the API server's dry run,
- * through the real kubectl) and the operator's reader; a bad spec.ps does not get past the
- * schema, and one the schema cannot judge (CEL) is named by the operator. */
+ * through the real kubectl) and the operator's reader; a bad spec.ps or spec.teachers does not
+ * get past the schema, and one the schema cannot judge (CEL) is named by the operator. */
 static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **state)
 {
     cluster *c = *state;
@@ -348,6 +412,12 @@ static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **stat
          "minReplicas"},
         {"  ps:\n    replicas: 1\n    template: {spec: {containers: []}}\n", "containers"},
         {"  ps:\n    replicas: 1\n    template: {metadata: {}}\n", "spec"},
+        {"  teachers:\n    replicas: 1\n    template: {spec: {containers: [{name: s}]}}\n",
+         "service"},
+        {"  teachers:\n    service: Bad_Name\n    template: {spec: {containers: [{name: s}]}}\n",
+         "service"},
+        {"  teachers:\n    service: kd\n    replicas: 0\n"
+         "    template: {spec: {containers: [{name: s}]}}\n", "replicas"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(file, sizeof file, "%s/badps.yaml", harness_k8s_dir(c->k));
@@ -635,6 +705,8 @@ int main(void)
             test_standby_takes_over_mid_scale_and_nothing_is_done_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_pods_are_created_scaled_and_replaced, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_teacher_pods_are_created_scaled_and_replaced,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_examples_pass_the_schema_and_bad_ps_sections_do_not, setup, teardown),
         cmocka_unit_test(test_the_charts_rbac_allows_each_request_and_no_more),

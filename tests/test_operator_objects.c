@@ -1,9 +1,10 @@
 /* test_operator_objects.c: what the operator writes to Kubernetes, checked without a server:
  * the worker pod made from a template (edl-agent wrapping the command, the downward API, the
  * job's Secret, owned by the job), the parameter server's pod from spec.ps's template (its own
- * name, role label and `edl-agent --role ps`), the Service, the Secret (with the operator's
+ * name, role label and `edl-agent --role ps`), the teacher's from spec.teachers's (`edl-agent
+ * --role teacher --service ...`, its port from the container's), the Service, the Secret (with the operator's
  * etcd TLS files), Events, and the status with its conditions (transition times kept while a
- * condition does not change) and its servers. */
+ * condition does not change), its servers and its teachers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -53,7 +54,7 @@ static void test_pod_wraps_the_command_in_the_agent(void **state)
     parse_job(&tj, &obj);
     op_pod_settings s = {.etcd_job = "team.mnist", .etcd_endpoints = "http://etcd:2379",
                          .agent_image = "edl:1"};
-    cJSON *pod = op_pod_new(&tj, &s, false, 7);
+    cJSON *pod = op_pod_new(&tj, &s, OP_WORKER, 7);
     assert_string_equal(edl_k8s_str(pod, "metadata.name"), "mnist-worker-7");
     assert_string_equal(edl_k8s_str(pod, "metadata.namespace"), "team");
     const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels");
@@ -110,7 +111,7 @@ static void test_ps_pod_runs_the_agent_with_role_ps(void **state)
     assert_int_equal(edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err), 0);
     op_pod_settings s = {.etcd_job = "team.ctr", .prefix = "/p", .etcd_endpoints = "http://e:1",
                          .agent_image = "edl:1"};
-    cJSON *pod = op_pod_new(&tj, &s, true, 3);
+    cJSON *pod = op_pod_new(&tj, &s, OP_PS, 3);
     assert_string_equal(edl_k8s_str(pod, "metadata.name"), "ctr-ps-3");
     const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels");
     assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/job")->valuestring, "ctr");
@@ -131,7 +132,7 @@ static void test_ps_pod_runs_the_agent_with_role_ps(void **state)
                                     "valueFrom.fieldRef.fieldPath"), "status.podIP");
     assert_non_null(find_named(cJSON_GetObjectItem(spec, "volumes"), "edl-secret"));
     cJSON_Delete(pod);
-    pod = op_pod_new(&tj, &s, false, 0); /* the workers' pod of the same job */
+    pod = op_pod_new(&tj, &s, OP_WORKER, 0); /* the workers' pod of the same job */
     assert_string_equal(edl_k8s_str(pod, "metadata.name"), "ctr-worker-0");
     c = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"), "containers"),
                            0);
@@ -143,6 +144,95 @@ static void test_ps_pod_runs_the_agent_with_role_ps(void **state)
     char *sel = op_selector("ctr");
     assert_string_equal(sel, "edl.dev/job=ctr,edl.dev/role=worker");
     free(sel);
+    cJSON_Delete(obj);
+    edl_trainingjob_clear(&tj);
+}
+
+static const char TEACHER_JOB[] =
+    "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","
+    "\"metadata\":{\"name\":\"kd\",\"namespace\":\"team\",\"uid\":\"u-3\"},"
+    "\"spec\":{\"replicas\":2,\"template\":{\"spec\":{\"containers\":[{\"name\":\"t\","
+    "\"command\":[\"distill\"]}]}},"
+    "\"teachers\":{\"replicas\":2,\"maxReplicas\":4,\"service\":\"mlp\",\"model\":\"mlp\","
+    "\"capacity\":4,\"template\":{\"metadata\":{\"labels\":{\"edl.dev/role\":\"worker\","
+    "\"tier\":\"serving\"}},\"spec\":{\"restartPolicy\":\"Always\",\"containers\":[{\"name\":"
+    "\"server\",\"image\":\"i\",\"command\":[\"distill\"],\"args\":[\"--steps\",\"300\"],"
+    "\"ports\":[{\"containerPort\":8501}],\"env\":[{\"name\":\"A\",\"value\":\"1\"}]}]}}}}}";
+
+/* A teacher's pod: spec.teachers's template, its own name and indices, the role in its label
+ * (the template's edl.dev/role cannot override it), `edl-agent --role teacher` with the
+ * service, model, capacity and the container's port, the downward API, the job's Secret, the
+ * kubelet never restarting it, owned by the job. */
+static void test_teacher_pod_runs_the_agent_with_role_teacher(void **state)
+{
+    (void)state;
+    cJSON *obj = cJSON_Parse(TEACHER_JOB);
+    edl_trainingjob tj;
+    char field[128], err[256];
+    assert_int_equal(edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err), 0);
+    op_pod_settings s = {.etcd_job = "team.kd", .etcd_endpoints = "http://e:1",
+                         .agent_image = "edl:1"};
+    cJSON *pod = op_pod_new(&tj, &s, OP_TEACHER, 5);
+    assert_string_equal(edl_k8s_str(pod, "metadata.name"), "kd-teacher-5");
+    assert_string_equal(edl_k8s_str(pod, "metadata.namespace"), "team");
+    const cJSON *md = cJSON_GetObjectItem(pod, "metadata");
+    const cJSON *labels = cJSON_GetObjectItem(md, "labels");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/job")->valuestring, "kd");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/role")->valuestring, "teacher");
+    assert_string_equal(cJSON_GetObjectItem(labels, "edl.dev/index")->valuestring, "5");
+    assert_string_equal(cJSON_GetObjectItem(labels, "tier")->valuestring, "serving");
+    const cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(md, "ownerReferences"), 0);
+    assert_string_equal(edl_k8s_str(ref, "kind"), "TrainingJob");
+    assert_string_equal(edl_k8s_str(ref, "name"), "kd");
+    assert_string_equal(edl_k8s_str(ref, "uid"), "u-3");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(ref, "controller")));
+    const cJSON *spec = cJSON_GetObjectItem(pod, "spec");
+    assert_string_equal(edl_k8s_str(spec, "restartPolicy"), "Never");
+    assert_string_equal(edl_k8s_str(spec, "hostname"), "kd-teacher-5");
+    assert_string_equal(edl_k8s_str(spec, "subdomain"), "kd");
+    assert_string_equal(edl_k8s_str(cJSON_GetArrayItem(cJSON_GetObjectItem(spec,
+                                                                           "initContainers"), 0),
+                                    "image"), "edl:1");
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(spec, "containers"), 0);
+    assert_string_equal(edl_k8s_str(c, "name"), "server");
+    char *cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
+    assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.kd\",\"--role\","
+                             "\"teacher\",\"--service\",\"mlp\",\"--model\",\"mlp\","
+                             "\"--capacity\",\"4\",\"--port\",\"8501\",\"--\",\"distill\","
+                             "\"--steps\",\"300\"]");
+    free(cmd);
+    assert_null(cJSON_GetObjectItem(c, "args"));
+    const cJSON *env = cJSON_GetObjectItem(c, "env");
+    assert_string_equal(edl_k8s_str(find_named(env, "A"), "value"), "1");
+    assert_string_equal(edl_k8s_str(find_named(env, "EDL_POD_ID"),
+                                    "valueFrom.fieldRef.fieldPath"), "metadata.name");
+    assert_string_equal(edl_k8s_str(find_named(env, "POD_IP"), "valueFrom.fieldRef.fieldPath"),
+                        "status.podIP");
+    assert_string_equal(edl_k8s_str(find_named(env, "EDL_ETCD_ENDPOINTS"), "value"),
+                        "http://e:1");
+    assert_non_null(find_named(cJSON_GetObjectItem(c, "volumeMounts"), "edl-bin"));
+    assert_non_null(find_named(cJSON_GetObjectItem(spec, "volumes"), "edl-secret"));
+    cJSON_Delete(pod);
+    /* without model, capacity or a containerPort: only the service (the agent's defaults) */
+    free(tj.teacher_model);
+    tj.teacher_model = NULL;
+    tj.teacher_capacity = 0;
+    cJSON *ctr = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(
+                                        tj.teacher_template, "spec"), "containers"), 0);
+    cJSON_DeleteItemFromObject(ctr, "ports");
+    pod = op_pod_new(&tj, &s, OP_TEACHER, 0);
+    c = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"), "containers"),
+                           0);
+    cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
+    assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.kd\",\"--role\","
+                             "\"teacher\",\"--service\",\"mlp\",\"--\",\"distill\","
+                             "\"--steps\",\"300\"]");
+    free(cmd);
+    cJSON_Delete(pod);
+    assert_int_equal(op_role_of("teacher"), OP_TEACHER);
+    assert_int_equal(op_role_of("ps"), OP_PS);
+    assert_int_equal(op_role_of(NULL), OP_WORKER);
+    assert_int_equal(op_role_of("other"), OP_WORKER);
     cJSON_Delete(obj);
     edl_trainingjob_clear(&tj);
 }
@@ -248,6 +338,26 @@ static void test_status_reports_the_servers(void **state)
     cJSON_Delete(st);
 }
 
+/* With spec.teachers the status carries status.teachers {desired, replicas, ready}; without
+ * it, no such key. */
+static void test_status_reports_the_teachers(void **state)
+{
+    (void)state;
+    op_view v = {.state = OP_RUNNING, .replicas = 2, .teachers = true, .teacher_desired = 3,
+                 .teacher_replicas = 2, .teachers_ready = 1, .selector = "s"};
+    cJSON *st = op_status_new(NULL, &v, INT64_C(1795000000000));
+    assert_int_equal(edl_k8s_int(st, "teachers.desired", -1), 3);
+    assert_int_equal(edl_k8s_int(st, "teachers.replicas", -1), 2);
+    assert_int_equal(edl_k8s_int(st, "teachers.ready", -1), 1);
+    assert_int_equal(edl_k8s_int(st, "replicas", -1), 2); /* the workers' */
+    assert_null(cJSON_GetObjectItem(st, "psReplicas"));
+    cJSON_Delete(st);
+    v.teachers = false;
+    st = op_status_new(NULL, &v, INT64_C(1795000000000));
+    assert_null(cJSON_GetObjectItem(st, "teachers"));
+    cJSON_Delete(st);
+}
+
 static void test_states_of_generations(void **state)
 {
     (void)state;
@@ -300,7 +410,7 @@ static void test_etcd_tls_files_travel_in_the_job_secret(void **state)
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(data, "etcd-tls.key")), "S0VZ");
     op_pod_settings s = {.etcd_job = "team.mnist", .etcd_endpoints = "https://etcd:2379",
                          .etcd_tls = &tls, .agent_image = "edl:1"};
-    cJSON *pod = op_pod_new(&tj, &s, false, 0);
+    cJSON *pod = op_pod_new(&tj, &s, OP_WORKER, 0);
     const cJSON *c = cJSON_GetArrayItem(
         cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"), "containers"), 0);
     const cJSON *env = cJSON_GetObjectItem(c, "env");
@@ -322,6 +432,8 @@ int main(void)
         cmocka_unit_test(test_pod_wraps_the_command_in_the_agent),
         cmocka_unit_test(test_ps_pod_runs_the_agent_with_role_ps),
         cmocka_unit_test(test_status_reports_the_servers),
+        cmocka_unit_test(test_status_reports_the_teachers),
+        cmocka_unit_test(test_teacher_pod_runs_the_agent_with_role_teacher),
         cmocka_unit_test(test_service_secret_and_event),
         cmocka_unit_test(test_etcd_tls_files_travel_in_the_job_secret),
         cmocka_unit_test(test_conditions_keep_their_transition_times),

@@ -1,7 +1,7 @@
 /* test_trainingjob.c: manifests without a cluster: YAML read into cJSON with the line of every
  * node (and every refusal: aliases, duplicate keys, depth, syntax, empty and huge files), the
- * TrainingJob read with the CRD's defaults and every field mapped (spec.ps too, its bounds read
- * back from the etcd spec), each bad input named by its field path and code with the output
+ * TrainingJob read with the CRD's defaults and every field mapped (spec.ps and spec.teachers too,
+ * their bounds read back from the etcd spec), each bad input named by its field path and code with the output
  * left cleared, the fields only a cluster uses, and durations. */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -393,6 +393,81 @@ static void test_trainingjob_ps_role_round_trip(void **state)
     parsed_free(p);
 }
 
+#define TEACHER_TEMPLATE                                                                         \
+    "    template:\n      spec:\n        containers:\n          - name: teacher\n"             \
+    "            command: [distill]\n            args: [--port, \"8501\"]\n"
+
+/* spec.teachers: the workers' names and defaults, a required service (a DNS label), model and
+ * capacity for the agent, its own template and command; the spec that goes to etcd carries
+ * {min, max, replicas, service} and reads back the same. */
+static void test_trainingjob_teachers_role_round_trip(void **state)
+{
+    (void)state;
+    parsed *p = parse(TJ_HEAD "spec:\n" TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.teachers_max, 0); /* no spec.teachers: no teachers */
+    assert_int_equal(edl_spec_desired_teachers(&p->tj.spec), 0);
+    assert_null(p->tj.teacher_template);
+    assert_null(p->tj.teacher_model);
+    parsed_free(p);
+    p = parse(TJ_HEAD "spec:\n  teachers:\n    service: bert\n" TEACHER_TEMPLATE TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.teachers_replicas, 1);
+    assert_int_equal(p->tj.spec.teachers_min, 1);
+    assert_int_equal(p->tj.spec.teachers_max, 1);
+    assert_string_equal(p->tj.spec.teachers_service, "bert");
+    assert_null(p->tj.teacher_model);     /* the agent's default */
+    assert_int_equal(p->tj.teacher_capacity, 0);
+    parsed_free(p);
+    p = parse(TJ_HEAD "spec:\n  teachers:\n    replicas: 3\n    minReplicas: 2\n"
+                      "    service: bert\n" TEACHER_TEMPLATE TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.teachers_max, 3); /* max(replicas, minReplicas) */
+    parsed_free(p);
+    p = parse(TJ_HEAD "spec:\n  teachers: null\n" TJ_TEMPLATE); /* a merge patch's removal */
+    assert_int_equal(p->rc, 0);
+    assert_int_equal(p->tj.spec.teachers_max, 0);
+    parsed_free(p);
+
+    p = parse(TJ_HEAD "spec:\n  replicas: 2\n  teachers:\n    replicas: 2\n"
+                      "    minReplicas: 1\n    maxReplicas: 4\n    service: mlp-teachers\n"
+                      "    model: mlp\n    capacity: 8\n" TEACHER_TEMPLATE
+                      "  ps:\n" PS_TEMPLATE TJ_TEMPLATE);
+    assert_int_equal(p->rc, 0);
+    edl_trainingjob *tj = &p->tj;
+    assert_int_equal(tj->spec.teachers_replicas, 2);
+    assert_int_equal(tj->spec.teachers_min, 1);
+    assert_int_equal(tj->spec.teachers_max, 4);
+    assert_int_equal(edl_spec_desired_teachers(&tj->spec), 2);
+    assert_string_equal(tj->teacher_model, "mlp");
+    assert_int_equal(tj->teacher_capacity, 8);
+    assert_int_equal(tj->n_teacher_command, 3);
+    assert_string_equal(tj->teacher_command[0], "distill");
+    assert_string_equal(tj->teacher_command[2], "8501");
+    assert_null(tj->teacher_command[3]);
+    assert_string_equal(tj->ps_command[0], "ctr");   /* each role its own */
+    assert_string_equal(tj->command[0], "python");
+    const cJSON *ctr = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(
+                                              tj->teacher_template, "spec"), "containers"), 0);
+    assert_string_equal(cJSON_GetObjectItem(ctr, "name")->valuestring, "teacher");
+    char *json = edl_spec_to_json(&tj->spec);
+    assert_non_null(strstr(json, "\"teachers\":{\"min\":1,\"max\":4,\"replicas\":2,"
+                                 "\"service\":\"mlp-teachers\"}"));
+    edl_job_spec back;
+    edl_spec_init(&back);
+    char err[256];
+    assert_int_equal(edl_spec_parse(json, strlen(json), &back, err, sizeof err), 0);
+    assert_int_equal(back.teachers_min, 1);
+    assert_int_equal(back.teachers_max, 4);
+    assert_int_equal(back.teachers_replicas, 2);
+    assert_string_equal(back.teachers_service, "mlp-teachers");
+    assert_int_equal(back.ps_max, 1); /* spec.ps beside it: both roles in the spec */
+    assert_int_equal(back.replicas, 2);
+    edl_spec_clear(&back);
+    free(json);
+    parsed_free(p);
+}
+
 typedef struct bad_case {
     const char *spec; /* what follows TJ_HEAD, or a whole document when it starts with '!' */
     int rc;
@@ -498,6 +573,51 @@ static void test_trainingjob_bad_inputs_name_field_and_code(void **state)
         {"spec:\n  ps:\n    template:\n      spec:\n        containers:\n"
          "          - {name: ps, command: [a], env: [{name: \"A=B\"}]}\n" TJ_TEMPLATE,
          EDL_ECONFIG, "spec.ps.template.spec.containers[0].env[0].name", "variable name"},
+        {"spec:\n  teachers: [1]\n" TJ_TEMPLATE, EDL_EPROTO, "spec.teachers", "object"},
+        {"spec:\n  teachers:\n    replicas: 1\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_EPROTO,
+         "spec.teachers.service", "is required"},
+        {"spec:\n  teachers:\n    service: Bert\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "spec.teachers.service", "DNS label"},
+        {"spec:\n  teachers:\n    service: -b\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "spec.teachers.service", "DNS label"},
+        {"spec:\n  teachers:\n    service: 7\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_EPROTO,
+         "spec.teachers.service", "string"},
+        {"spec:\n  teachers:\n    service: b\n    replicas: 0\n" TEACHER_TEMPLATE
+         TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers.replicas", "1..1024"},
+        {"spec:\n  teachers:\n    service: b\n    replicas: 1.5\n" TEACHER_TEMPLATE
+         TJ_TEMPLATE, EDL_EPROTO, "spec.teachers.replicas", "integer"},
+        {"spec:\n  teachers:\n    service: b\n    maxReplicas: 1025\n" TEACHER_TEMPLATE
+         TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers.maxReplicas", "1..1024"},
+        {"spec:\n  teachers:\n    service: b\n    minReplicas: 3\n    maxReplicas: 2\n"
+         TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers",
+         "minReplicas (3) is greater than maxReplicas (2)"},
+        {"spec:\n  teachers:\n    service: b\n    replicas: 5\n    maxReplicas: 4\n"
+         TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers",
+         "replicas (5) is greater than maxReplicas (4)"},
+        {"spec:\n  teachers:\n    service: b\n    replicas: 1\n    minReplicas: 2\n"
+         "    maxReplicas: 4\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers",
+         "replicas (1) is below minReplicas (2)"},
+        {"spec:\n  teachers:\n    service: b\n    capacity: 0\n" TEACHER_TEMPLATE
+         TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers.capacity", "1..65535"},
+        {"spec:\n  teachers:\n    service: b\n    model: \"a b\"\n" TEACHER_TEMPLATE
+         TJ_TEMPLATE, EDL_ECONFIG, "spec.teachers.model", "/v1/models/MODEL"},
+        {"spec:\n  teachers:\n    service: b\n    model: [m]\n" TEACHER_TEMPLATE
+         TJ_TEMPLATE, EDL_EPROTO, "spec.teachers.model", "string"},
+        {"spec:\n  teachers:\n    service: b\n" TJ_TEMPLATE, EDL_EPROTO,
+         "spec.teachers.template", "is required"},
+        {"spec:\n  teachers:\n    service: b\n    template:\n      spec:\n"
+         "        containers: []\n" TJ_TEMPLATE, EDL_ECONFIG,
+         "spec.teachers.template.spec.containers", "inference server"},
+        {"spec:\n  teachers:\n    service: b\n    template:\n      spec:\n"
+         "        containers: [{name: t}]\n" TJ_TEMPLATE, EDL_EPROTO,
+         "spec.teachers.template.spec.containers[0].command", "entrypoint"},
+        {"!apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a.b}\n"
+         "spec:\n  teachers:\n    service: b\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "metadata.name", "teacher pods"},
+        {"!apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: "
+         "{name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}\n" /* 51 */
+         "spec:\n  teachers:\n    service: b\n" TEACHER_TEMPLATE TJ_TEMPLATE, EDL_ECONFIG,
+         "metadata.name", "at most 50"},
         {"spec: 3\n", EDL_EPROTO, "spec", "object"},
         {"!apiVersion: edl.dev/v1\nkind: TrainingJob\nmetadata: {name: a}\nspec: {}\n",
          EDL_ECONFIG, "apiVersion", "edl.dev/v1alpha1"},
@@ -582,7 +702,10 @@ static void test_cluster_only_fields_reported(void **state)
         "        - name: sidecar\n          image: s\n"
         "  ps:\n    replicas: 1\n    template:\n      metadata: {labels: {r: ps}}\n"
         "      spec:\n        nodeSelector: {mem: big}\n        containers:\n"
-        "          - {name: ps, image: img:1, command: [x], env: [{name: A, value: b}]}\n");
+        "          - {name: ps, image: img:1, command: [x], env: [{name: A, value: b}]}\n"
+        "  teachers:\n    service: s\n    template:\n"
+        "      spec:\n        containers:\n"
+        "          - {name: t, image: tf:2, command: [x], ports: [{containerPort: 8501}]}\n");
     char got[2048] = "";
     edl_trainingjob_cluster_only(edl_yaml_doc(y, 0), report_field, got);
     assert_string_equal(got,
@@ -599,7 +722,9 @@ static void test_cluster_only_fields_reported(void **state)
                         "spec.template.spec.containers[0].env[1].valueFrom "
                         "spec.template.spec.containers[1] "
                         "spec.ps.template.metadata.labels spec.ps.template.spec.nodeSelector "
-                        "spec.ps.template.spec.containers[0].image ");
+                        "spec.ps.template.spec.containers[0].image "
+                        "spec.teachers.template.spec.containers[0].image "
+                        "spec.teachers.template.spec.containers[0].ports ");
     edl_yaml_free(y);
     got[0] = '\0';
     edl_trainingjob_cluster_only(NULL, report_field, got); /* nothing, no crash */
@@ -643,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_trainingjob_defaults),
         cmocka_unit_test(test_trainingjob_every_field_mapped),
         cmocka_unit_test(test_trainingjob_ps_role_round_trip),
+        cmocka_unit_test(test_trainingjob_teachers_role_round_trip),
         cmocka_unit_test(test_trainingjob_bad_inputs_name_field_and_code),
         cmocka_unit_test(test_trainingjob_line_of_a_bad_field),
         cmocka_unit_test(test_cluster_only_fields_reported),

@@ -1,8 +1,8 @@
 /* edl/trainingjob.h: the TrainingJob resource (deploy/k8s/crd.yaml, group edl.dev, version
  * v1alpha1) read into what edl runs: the job spec that goes to etcd (edl_job_spec), the pod
- * templates (the workers', and the parameter servers' of spec.ps), and the settings the
- * operator applies itself (suspend, cleanPodPolicy, ttlSecondsAfterFinished,
- * activeDeadlineSeconds).
+ * templates (the workers', the parameter servers' of spec.ps and the teachers' of
+ * spec.teachers), and the settings the operator applies itself (suspend, cleanPodPolicy,
+ * ttlSecondsAfterFinished, activeDeadlineSeconds).
  *
  * One reader for both users of the manifest: the operator parses the objects the API server
  * sends, `edl run -f job.yaml` parses the same manifest from a file (edl/yaml.h turns YAML into
@@ -31,7 +31,7 @@ extern "C" {
 #define EDL_TJ_KIND "TrainingJob"
 #define EDL_TJ_PLURAL "trainingjobs"
 #define EDL_TJ_LABEL_JOB "edl.dev/job"     /* on every pod of a job: its name */
-#define EDL_TJ_LABEL_ROLE "edl.dev/role"   /* "worker" or "ps" (EDL_ROLE_*: teachers later) */
+#define EDL_TJ_LABEL_ROLE "edl.dev/role"   /* "worker", "ps" or "teacher" (EDL_ROLE_*) */
 #define EDL_TJ_LABEL_INDEX "edl.dev/index" /* the pod's index in its role: higher is newer */
 #define EDL_TJ_FINALIZER "edl.dev/etcd-cleanup"
 
@@ -59,12 +59,21 @@ typedef struct edl_trainingjob {
     cJSON *ps_template;            /* a copy of spec.ps.template (owned) */
     char **ps_command;             /* its first container's command then args (as command) */
     size_t n_ps_command;
+    /* spec.teachers, distillation's teachers (NULL/0 without it; spec.teachers_* hold its
+     * replicas, bounds and service): its pod template, whose first container runs under
+     * edl-agent --role teacher --service S [--model M] [--capacity N] */
+    cJSON *teacher_template;       /* a copy of spec.teachers.template (owned) */
+    char **teacher_command;        /* its first container's command then args (as command) */
+    size_t n_teacher_command;
+    char *teacher_model;           /* spec.teachers.model (NULL: the agent's default) */
+    int teacher_capacity;          /* spec.teachers.capacity (0: the agent's default, 1) */
 } edl_trainingjob;
 
 /* Read a TrainingJob object. On a problem: EDL_EPROTO (wrong type, missing field) or
  * EDL_ECONFIG (a value out of range, min > max, spec.ps.replicas > spec.ps.maxReplicas, an
- * unknown enum name), `field` receives its path ("spec.minReplicas",
- * "spec.template.spec.containers[0].command", "spec.ps.maxReplicas") and `err` what is wrong
+ * unknown enum name, a teachers' service that is no DNS label), `field` receives its path
+ * ("spec.minReplicas", "spec.template.spec.containers[0].command", "spec.ps.maxReplicas",
+ * "spec.teachers.service") and `err` what is wrong
  * with it (without the path); *out is left cleared. *out is written, not read: clear an
  * edl_trainingjob that holds a job before parsing into it again. */
 int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
