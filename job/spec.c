@@ -156,57 +156,43 @@ static char *exit_codes_format(const uint8_t bits[32])
     return strdup(buf);
 }
 
-/* The ps role: none (0, 0, replicas -1 or 0), or 1 <= min <= max <= EDL_PS_SERVERS_MAX with
- * replicas -1 or 0..max. */
-static int validate_ps(const edl_job_spec *s, char *err, size_t errlen)
+/* A role beside the workers (ps, teachers): none (min = max = 0, replicas -1 or 0), or
+ * 1 <= min <= max <= hi with replicas -1 (= max) or lo..max. `what` names its members. */
+static int validate_role(const char *role, const char *what, int min, int max, int replicas,
+                         int hi, int lo, char *err, size_t errlen)
 {
-    if (s->ps_min == 0 && s->ps_max == 0)
-        return s->ps_replicas <= 0 && s->ps_replicas >= -1 ? 0 :
-               edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.replicas is %d but the job has no "
-                        "ps role (ps.max 0)", s->ps_replicas);
-    if (s->ps_min < 1)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.min is %d; it must be at least 1 "
-                        "(leave out \"ps\" for a job without parameter servers)", s->ps_min);
-    if (s->ps_max < s->ps_min)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.min (%d) is greater than ps.max (%d)",
-                        s->ps_min, s->ps_max);
-    if (s->ps_max > EDL_PS_SERVERS_MAX)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.max is %d; a job has at most %d "
-                        "parameter servers", s->ps_max, EDL_PS_SERVERS_MAX);
-    if (s->ps_replicas < -1 || s->ps_replicas > s->ps_max)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: ps.replicas is %d; it must be -1 (= "
-                        "ps.max) or 0..%d", s->ps_replicas, s->ps_max);
+    if (min == 0 && max == 0)
+        return replicas <= 0 && replicas >= -1 ? 0 :
+               edl_errf(err, errlen, EDL_ECONFIG, "spec: %s.replicas is %d but the job has no "
+                        "%s role (%s.max 0)", role, replicas, role, role);
+    if (min < 1)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: %s.min is %d; it must be at least 1 "
+                        "(leave out \"%s\" for a job without %s)", role, min, role, what);
+    if (max < min)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: %s.min (%d) is greater than %s.max "
+                        "(%d)", role, min, role, max);
+    if (max > hi)
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: %s.max is %d; a job has at most %d %s",
+                        role, max, hi, what);
+    if (replicas < -1 || (replicas != -1 && (replicas < lo || replicas > max)))
+        return edl_errf(err, errlen, EDL_ECONFIG, "spec: %s.replicas is %d; it must be -1 (= "
+                        "%s.max) or %d..%d", role, replicas, role, lo, max);
     return 0;
 }
 
-/* The teacher role: none (0, 0, replicas -1 or 0, no service), or 1 <= min <= max <=
- * EDL_TEACHERS_MAX with replicas -1 or min..max and a valid service name. */
-static int validate_teachers(const edl_job_spec *s, char *err, size_t errlen)
+/* The ps role: replicas may be 0 (servers stopped); teachers: min..max, and a service name. */
+static int validate_roles(const edl_job_spec *s, char *err, size_t errlen)
 {
-    if (s->teachers_min == 0 && s->teachers_max == 0)
-        return s->teachers_replicas <= 0 && s->teachers_replicas >= -1 ? 0 :
-               edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.replicas is %d but the job "
-                        "has no teacher role (teachers.max 0)", s->teachers_replicas);
-    if (s->teachers_min < 1)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.min is %d; it must be at "
-                        "least 1 (leave out \"teachers\" for a job without teachers)",
-                        s->teachers_min);
-    if (s->teachers_max < s->teachers_min)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.min (%d) is greater than "
-                        "teachers.max (%d)", s->teachers_min, s->teachers_max);
-    if (s->teachers_max > EDL_TEACHERS_MAX)
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.max is %d; a job has at most "
-                        "%d teachers", s->teachers_max, EDL_TEACHERS_MAX);
-    if (s->teachers_replicas != -1 &&
-        (s->teachers_replicas < s->teachers_min || s->teachers_replicas > s->teachers_max))
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.replicas is %d; it must be -1 "
-                        "(= teachers.max) or %d..%d (teachers.min..max)", s->teachers_replicas,
-                        s->teachers_min, s->teachers_max);
-    if (!edl_teacher_service_valid(s->teachers_service))
-        return edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.service \"%s\" is not a "
-                        "service name: 1-63 of [a-z0-9-], not starting or ending with '-'",
-                        s->teachers_service);
-    return 0;
+    int rc = validate_role("ps", "parameter servers", s->ps_min, s->ps_max, s->ps_replicas,
+                           EDL_PS_SERVERS_MAX, 0, err, errlen);
+    if (rc == 0)
+        rc = validate_role("teachers", "teachers", s->teachers_min, s->teachers_max,
+                           s->teachers_replicas, EDL_TEACHERS_MAX, s->teachers_min, err, errlen);
+    if (rc == 0 && s->teachers_max > 0 && !edl_teacher_service_valid(s->teachers_service))
+        rc = edl_errf(err, errlen, EDL_ECONFIG, "spec: teachers.service \"%s\" is not a "
+                      "service name: 1-63 of [a-z0-9-], not starting or ending with '-'",
+                      s->teachers_service);
+    return rc;
 }
 
 int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
@@ -227,12 +213,11 @@ int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
     if (s->max_restarts < 0 || s->max_restarts > EDL_RESTARTS_MAX)
         return edl_errf(err, errlen, EDL_ECONFIG, "spec: max_restarts is %d; it must be 0..%d",
                         s->max_restarts, EDL_RESTARTS_MAX);
-    int rc = validate_ps(s, err, errlen);
-    return rc ? rc : validate_teachers(s, err, errlen);
+    return validate_roles(s, err, errlen);
 }
 
 /* The optional "ps" object: {"min": N, "max": M, "replicas": R}; min is required, max
- * defaults to min, replicas to -1. Ranges are checked by validate_ps. */
+ * defaults to min, replicas to -1. Ranges are checked by validate_roles. */
 static void read_ps(edl_json_reader *r, edl_job_spec *s)
 {
     const cJSON *ps = edl_json_object(r, "ps");
@@ -252,7 +237,7 @@ static void read_ps(edl_json_reader *r, edl_job_spec *s)
 
 /* The optional "teachers" object: {"min": N, "max": M, "replicas": R, "service": "name"}; min
  * and service are required, max defaults to min, replicas to -1. Checked by
- * validate_teachers. */
+ * validate_roles. */
 static void read_teachers(edl_json_reader *r, edl_job_spec *s)
 {
     const cJSON *t = edl_json_object(r, "teachers");

@@ -420,6 +420,25 @@ static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
         fail(c, EDL_ENOMEM, "spec.checkpoint", "uri", "out of memory");
 }
 
+/* A role's bounds in the manifest's words (spec.ps, spec.teachers): false after a failure.
+ * below_min: replicas may not be under minReplicas. */
+static bool check_role(tj_ctx *c, const char *path, const char *what, int min, int max,
+                       int replicas, bool below_min)
+{
+    if (max <= 0)
+        return true;
+    if (min > max)
+        fail(c, EDL_ECONFIG, path, NULL, "minReplicas (%d) is greater than maxReplicas (%d)",
+             min, max);
+    else if (replicas > max)
+        fail(c, EDL_ECONFIG, path, NULL, "replicas (%d) is greater than maxReplicas (%d): a "
+             "job runs at most maxReplicas %s (raise maxReplicas too)", replicas, max, what);
+    else if (below_min && replicas < min)
+        fail(c, EDL_ECONFIG, path, NULL, "replicas (%d) is below minReplicas (%d)", replicas,
+             min);
+    return c->rc == 0;
+}
+
 /* The rules between fields, in the manifest's words; edl_spec_validate checks the rest. */
 static void check_spec(tj_ctx *c, const edl_job_spec *s)
 {
@@ -430,33 +449,11 @@ static void check_spec(tj_ctx *c, const edl_job_spec *s)
              s->min, s->max);
         return;
     }
-    if (s->ps_max > 0 && s->ps_min > s->ps_max) {
-        fail(c, EDL_ECONFIG, "spec.ps", NULL, "minReplicas (%d) is greater than maxReplicas "
-             "(%d)", s->ps_min, s->ps_max);
+    if (!check_role(c, "spec.ps", "parameter servers", s->ps_min, s->ps_max, s->ps_replicas,
+                    false) ||
+        !check_role(c, "spec.teachers", "teachers", s->teachers_min, s->teachers_max,
+                    s->teachers_replicas, true))
         return;
-    }
-    if (s->ps_max > 0 && s->ps_replicas > s->ps_max) {
-        fail(c, EDL_ECONFIG, "spec.ps", NULL, "replicas (%d) is greater than maxReplicas (%d): "
-             "a job runs at most maxReplicas parameter servers (raise maxReplicas too)",
-             s->ps_replicas, s->ps_max);
-        return;
-    }
-    if (s->teachers_max > 0 && s->teachers_min > s->teachers_max) {
-        fail(c, EDL_ECONFIG, "spec.teachers", NULL, "minReplicas (%d) is greater than "
-             "maxReplicas (%d)", s->teachers_min, s->teachers_max);
-        return;
-    }
-    if (s->teachers_max > 0 && s->teachers_replicas > s->teachers_max) {
-        fail(c, EDL_ECONFIG, "spec.teachers", NULL, "replicas (%d) is greater than maxReplicas "
-             "(%d): a job runs at most maxReplicas teachers (raise maxReplicas too)",
-             s->teachers_replicas, s->teachers_max);
-        return;
-    }
-    if (s->teachers_max > 0 && s->teachers_replicas < s->teachers_min) {
-        fail(c, EDL_ECONFIG, "spec.teachers", NULL, "replicas (%d) is below minReplicas (%d)",
-             s->teachers_replicas, s->teachers_min);
-        return;
-    }
     if (s->cooldown_max_ms < s->cooldown_ms) {
         fail(c, EDL_ECONFIG, "spec.elastic.exclusion", NULL, "maxCooldown (%lld ms) is below "
              "cooldown (%lld ms; maxCooldown defaults to 5m)", (long long)s->cooldown_max_ms,
