@@ -117,23 +117,30 @@ static void set_pending(edl_ps_server *s, uint16_t id, uint8_t *st)
     s->pending_until[id] = edl_monotonic_ms() + s->o.handover_timeout_ms;
 }
 
-int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t)
+/* The states of table id, new to this server's map (under the route lock): a joining server's
+ * shards come from the servers that hold them (any rows written here before the map are
+ * dropped: they are no one's); others start here, from the job's checkpoint when it has one. */
+static int states_of_new_table(edl_ps_server *s, uint16_t id, ps_table *t)
 {
     uint32_t n = ps_table_config(t)->shards;
-    pthread_rwlock_wrlock(&s->route);
-    int rc = 0;
-    if (s->mapped && !s->own[id]) {
-        uint8_t *own = malloc(n);
-        for (uint32_t sh = 0; own && sh < n; sh++) {
-            own[sh] = PS_SH_AWAY;
-            if (mine(s, t, sh) && s->joining)
-                set_pending(s, id, &own[sh]); /* from the servers that hold it */
-            else if (mine(s, t, sh))
-                own[sh] = s->ck_on ? PS_SH_RESTORE : PS_SH_OWN; /* the job's checkpoint */
-        }
-        s->own[id] = own;
-        rc = own ? 0 : EDL_ENOMEM;
+    uint8_t *own = malloc(n);
+    for (uint32_t sh = 0; own && sh < n; sh++) {
+        own[sh] = PS_SH_AWAY;
+        if (mine(s, t, sh) && s->joining)
+            set_pending(s, id, &own[sh]);
+        else if (mine(s, t, sh))
+            own[sh] = s->ck_on ? PS_SH_RESTORE : PS_SH_OWN;
+        if (s->joining && !ps_table_shard_empty(t, sh))
+            ps_table_shard_drop(t, sh);
     }
+    s->own[id] = own;
+    return own ? 0 : EDL_ENOMEM;
+}
+
+int ps_elastic_table_new(edl_ps_server *s, uint16_t id, ps_table *t)
+{
+    pthread_rwlock_wrlock(&s->route);
+    int rc = s->mapped && !s->own[id] ? states_of_new_table(s, id, t) : 0;
     pthread_rwlock_unlock(&s->route);
     return rc;
 }
@@ -245,7 +252,9 @@ int edl_ps_server_set_map(edl_ps_server *s, const edl_ps_servers *m, const char 
     for (uint16_t id = 0; id < EDL_PS_MAX_TABLES; id++) {
         ps_table *t = atomic_load(&s->tables[id]);
         uint32_t n = t ? ps_table_config(t)->shards : 0;
-        if (t && first && !(s->own[id] = calloc(n, 1))) /* a fixed set's tables: all here */
+        if (t && first && s->joining) /* tables made before the map (a hand-over's, a client's) */
+            rc = states_of_new_table(s, id, t) ? EDL_ENOMEM : rc;
+        else if (t && first && !(s->own[id] = calloc(n, 1))) /* a fixed set's: all here */
             rc = EDL_ENOMEM;
         for (uint32_t sh = 0; s->own[id] && sh < n; sh++)
             follow(s, id, t, sh, old, nold);
@@ -335,8 +344,13 @@ static void late_copy(edl_ps_server *s, const ps_table *t, uint16_t id, uint32_t
 int ps_serve_put_shard(edl_ps_server *s, const ps_request *r, char *why, size_t whylen)
 {
     uint16_t id = r->h.table;
-    int rc = ps_server_create_table(s, id, &r->cfg, why, whylen);
-    if (rc)
+    pthread_rwlock_rdlock(&s->route); /* no table made before this server has the map */
+    int rc = !s->mapped || (int64_t)r->gen > s->gen
+                 ? edl_errf(why, whylen, EDL_EBUSY, "this server has not seen map %llu yet",
+                            (unsigned long long)r->gen)
+                 : 0;
+    pthread_rwlock_unlock(&s->route);
+    if (rc || (rc = ps_server_create_table(s, id, &r->cfg, why, whylen)) != 0)
         return rc;
     ps_table *t = atomic_load(&s->tables[id]);
     pthread_rwlock_wrlock(&s->route);

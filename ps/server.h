@@ -76,7 +76,7 @@ bool ps_elastic_mapped(edl_ps_server *s); /* a map was given */
 /* This server owns shard sh (no map: every shard), under the route lock. */
 bool ps_elastic_owner(edl_ps_server *s, uint32_t sh);
 /* The states of a new table's shards, from the map. EDL_ENOMEM. */
-int ps_elastic_table_new(edl_ps_server *s, uint16_t id, const ps_table *t);
+int ps_elastic_table_new(edl_ps_server *s, uint16_t id, ps_table *t);
 /* Under the read lock: 0 when this server serves every shard a request touches; else
  * EDL_EMOVED or EDL_EBUSY with why. */
 int ps_route_check(edl_ps_server *s, const ps_request *r, const ps_table *t, char *why,

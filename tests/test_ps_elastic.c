@@ -233,6 +233,49 @@ static void test_a_server_joins_while_clients_push_and_every_update_is_applied_o
     harness_ps_close(&k);
 }
 
+/* A joining server that has tables before its first map (under etcd, a client can see the new
+ * generation before the server does and create its tables there): its first map makes its
+ * shards wait for their holders, not start anew as its own, and the stray row it held is
+ * dropped. Every update is applied once (before the fix: the joiner served fresh rows and
+ * dropped the hand-overs as late copies). */
+static void test_a_joiner_with_tables_before_its_map_waits_for_its_shards(void **state)
+{
+    (void)state;
+    harness_ps k;
+    maps m = {.k = &k};
+    start_maps(&m, NULL, (int[]){0, 1}, 2, (int[]){0, 1, 2}, 3);
+    const char *eps[] = {k.ep[2]}, *names[] = {server_names[2]};
+    edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = 1,
+                               .job = "job-a", .secret = &k.secret, .timeout_ms = 10000};
+    edl_ps_client *early = NULL;
+    char why[512];
+    if (edl_ps_client_open(&o, &early, why, sizeof why) != 0)
+        fail_msg("client: %s", why);
+    create_tables(early, &m); /* ps-2 has the tables, and no map yet */
+    uint64_t stray = 42;
+    float one = 1;
+    harness_ps_ok(early, edl_ps_push_sparse(early, 0, &stray, 1, &one));
+    edl_ps_client_close(early);
+    pusher p[PUSHERS];
+    pthread_t th[PUSHERS];
+    atomic_int done = 0;
+    start_pushers(p, th, &m, 40, &done);
+    wait_rounds(&done, 10);
+    /* the joiner and the clients have map 2 before its old holders do: the clients come to
+     * the joiner while its shards are still with the others */
+    edl_ps_servers map2 = map_of(&m, 2);
+    assert_int_equal(edl_ps_server_set_map(k.srv[2], &map2, server_names[2], true), 0);
+    atomic_store(&m.now, 2);
+    nanosleep(&(struct timespec){0, 300 * 1000000L}, NULL);
+    publish(&m, 2, (int[]){0, 1}, 2, -1);
+    join_pushers(p, th);
+    check_counts(&m, PUSHERS * 40, NULL, 0);
+    edl_ps_server_stats s2;
+    stats_of(k.srv[2], &s2);
+    assert_true(s2.shards_in > 0); /* its shards came from the others */
+    harness_ps_close(&k);
+}
+
 static void test_a_leaving_server_hands_its_shards_over_before_it_exits(void **state)
 {
     (void)state;
@@ -615,6 +658,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_server_joins_while_clients_push_and_every_update_is_applied_once),
+        cmocka_unit_test(test_a_joiner_with_tables_before_its_map_waits_for_its_shards),
         cmocka_unit_test(test_a_leaving_server_hands_its_shards_over_before_it_exits),
         cmocka_unit_test(test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang),
         cmocka_unit_test(test_a_bad_hand_over_is_refused_and_the_server_keeps_serving),
