@@ -541,8 +541,21 @@ static void test_graceful_delete_sends_sigterm_then_sigkill(void **state)
     standin *s = *state;
     char out[8192];
     cJSON *j;
-    create_pod(s, "stubborn", 3, "trap 'echo got-term' TERM; while true; do sleep 0.05; done");
+    create_pod(s, "stubborn", 3,
+               "trap 'echo got-term' TERM; echo armed; while true; do sleep 0.05; done");
     cJSON_Delete(wait_for(s, "/api/v1/namespaces/default/pods/stubborn", "status", "phase", "Running", 10000));
+    /* Running comes when the process starts; the trap is set once it says so (a SIGTERM
+     * before that would end the shell at once) */
+    bool armed = false;
+    for (int64_t end = harness_now_ms() + 10000; !armed && harness_now_ms() < end;) {
+        char *log = NULL;
+        armed = api_full(s, "GET", "/api/v1/namespaces/default/pods/stubborn/log", NULL, NULL, 0,
+                         NULL, 3000, &log) == 200 && log && strstr(log, "armed");
+        free(log);
+        if (!armed)
+            harness_sleep_ms(20);
+    }
+    assert_true(armed);
     int64_t t0 = harness_now_ms();
     assert_int_equal(api(s, "DELETE", "/api/v1/namespaces/default/pods/stubborn", NULL, NULL, &j), 200);
     assert_non_null(str_at(j, "metadata", "deletionTimestamp", NULL));
