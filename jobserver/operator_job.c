@@ -165,7 +165,9 @@ static void pods_of(op_job *j, const pod_index *idx, job_pods *out)
     }
 }
 
-static int delete_pod(op *o, op_job *j, const pod_view *v)
+/* Delete v's pod. The informer then holds its new object (or none), so v's strings are gone:
+ * on success v is left terminating, with no object, name or phase. */
+static int delete_pod(op *o, op_job *j, pod_view *v)
 {
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", v->name, NULL);
     edl_k8s_reply r = {0};
@@ -178,6 +180,8 @@ static int delete_pod(op *o, op_job *j, const pod_view *v)
             edl_k8s_informer_store(o->pods, r.body, false); /* terminating: do not count it */
         else
             edl_k8s_informer_store(o->pods, v->obj, true);
+        *v = (pod_view){.index = v->index, .role = v->role, .terminating = true,
+                        .ended = v->ended};
         rc = 0;
     } else {
         o->m.api_errors++;

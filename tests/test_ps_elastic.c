@@ -253,8 +253,10 @@ static void test_a_joiner_with_tables_before_its_map_waits_for_its_shards(void *
         fail_msg("client: %s", why);
     create_tables(early, &m); /* ps-2 has the tables, and no map yet */
     uint64_t stray = 42;
-    float one = 1;
-    harness_ps_ok(early, edl_ps_push_sparse(early, 0, &stray, 1, &one));
+    float ones[DIM];
+    for (int i = 0; i < DIM; i++)
+        ones[i] = 1;
+    harness_ps_ok(early, edl_ps_push_sparse(early, 0, &stray, 1, ones));
     edl_ps_client_close(early);
     pusher p[PUSHERS];
     pthread_t th[PUSHERS];
