@@ -216,45 +216,47 @@ int edl_spec_validate(const edl_job_spec *s, char *err, size_t errlen)
     return validate_roles(s, err, errlen);
 }
 
-/* The optional "ps" object: {"min": N, "max": M, "replicas": R}; min is required, max
- * defaults to min, replicas to -1. Ranges are checked by validate_roles. */
-static void read_ps(edl_json_reader *r, edl_job_spec *s)
+/* A role's optional object (key: "ps", "teachers"): min is required, max defaults to min,
+ * replicas to -1; ranges are checked by validate_roles. *rr is left open on the object for the
+ * role's own fields (false: no such object). `absent` says what leaving it out means. */
+static bool read_role(edl_json_reader *r, const char *key, const char *path, const char *absent,
+                      int *min, int *max, int *replicas, edl_json_reader *rr)
 {
-    const cJSON *ps = edl_json_object(r, "ps");
-    if (!ps || r->rc)
-        return;
-    edl_json_reader pr = {ps, "spec.ps", r->err, r->errlen, 0, true};
-    edl_json_int(&pr, "min", INT_MIN, INT_MAX, &s->ps_min);
-    pr.required = false;
-    s->ps_max = s->ps_min;
-    edl_json_int(&pr, "max", INT_MIN, INT_MAX, &s->ps_max);
-    edl_json_int(&pr, "replicas", INT_MIN, INT_MAX, &s->ps_replicas);
-    if (!pr.rc && s->ps_min < 1) /* 0 would read as "no ps role" */
-        edl_json_fail(&pr, EDL_ECONFIG, "min", "must be at least 1 (leave out \"ps\" for a "
-                      "job without parameter servers)");
-    r->rc = pr.rc;
+    const cJSON *o = edl_json_object(r, key);
+    if (!o || r->rc)
+        return false;
+    *rr = (edl_json_reader){o, path, r->err, r->errlen, 0, true};
+    edl_json_int(rr, "min", INT_MIN, INT_MAX, min);
+    rr->required = false;
+    *max = *min;
+    edl_json_int(rr, "max", INT_MIN, INT_MAX, max);
+    edl_json_int(rr, "replicas", INT_MIN, INT_MAX, replicas);
+    if (!rr->rc && *min < 1) /* 0 would read as "no such role" */
+        edl_json_fail(rr, EDL_ECONFIG, "min", absent);
+    return true;
 }
 
-/* The optional "teachers" object: {"min": N, "max": M, "replicas": R, "service": "name"}; min
- * and service are required, max defaults to min, replicas to -1. Checked by
- * validate_roles. */
+/* {"min": N, "max": M, "replicas": R}. */
+static void read_ps(edl_json_reader *r, edl_job_spec *s)
+{
+    edl_json_reader pr;
+    if (read_role(r, "ps", "spec.ps", "must be at least 1 (leave out \"ps\" for a job without "
+                  "parameter servers)", &s->ps_min, &s->ps_max, &s->ps_replicas, &pr))
+        r->rc = pr.rc;
+}
+
+/* {"min": N, "max": M, "replicas": R, "service": "name"}: the service is required too. */
 static void read_teachers(edl_json_reader *r, edl_job_spec *s)
 {
-    const cJSON *t = edl_json_object(r, "teachers");
-    if (!t || r->rc)
+    edl_json_reader tr;
+    if (!read_role(r, "teachers", "spec.teachers", "must be at least 1 (leave out \"teachers\" "
+                   "for a job without teachers)", &s->teachers_min, &s->teachers_max,
+                   &s->teachers_replicas, &tr))
         return;
-    edl_json_reader tr = {t, "spec.teachers", r->err, r->errlen, 0, true};
-    edl_json_int(&tr, "min", INT_MIN, INT_MAX, &s->teachers_min);
     const char *svc = NULL;
+    tr.required = true;
     if (edl_json_cstr(&tr, "service", EDL_TEACHER_SERVICE_MAX, &svc))
         snprintf(s->teachers_service, sizeof s->teachers_service, "%s", svc);
-    tr.required = false;
-    s->teachers_max = s->teachers_min;
-    edl_json_int(&tr, "max", INT_MIN, INT_MAX, &s->teachers_max);
-    edl_json_int(&tr, "replicas", INT_MIN, INT_MAX, &s->teachers_replicas);
-    if (!tr.rc && s->teachers_min < 1) /* 0 would read as "no teacher role" */
-        edl_json_fail(&tr, EDL_ECONFIG, "min", "must be at least 1 (leave out \"teachers\" "
-                      "for a job without teachers)");
     r->rc = tr.rc;
 }
 
