@@ -11,6 +11,7 @@
  * timeout. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -24,6 +25,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "edl/proc.h"
 #include "edl/wire.h"
 #include "internal.h"
 
@@ -34,8 +36,8 @@ typedef struct ps_link {
     char *ep, *name;
     /* the request of the call in progress */
     uint8_t hdr[PS_HDR_BYTES], pre[8];
-    struct iovec iov[7];
-    int niov;
+    struct iovec *iov;  /* the header, then the body's parts */
+    int niov, iov_cap;
     size_t left;        /* request bytes still to send */
     uint8_t want_type;  /* the reply type that means success */
     /* its reply */
@@ -44,16 +46,20 @@ typedef struct ps_link {
     ps_hdr rh;
     uint8_t rpre[8];
     size_t npre;        /* bytes of a success body that go to rpre, the rest to dst */
-    uint8_t *dst;       /* where a success body (after npre) goes; NULL: body buffer */
-    size_t dst_len;
+    struct iovec *dst;  /* where a success body (after npre) goes, in turn; none: body */
+    int ndst, dcur;     /* dst[dcur] is being filled; the dst before it hold dbase bytes */
+    size_t dst_len, dbase;
+    struct iovec one;   /* dst of a single place */
     uint8_t *body;      /* error replies and bodies without a dst */
     size_t body_cap;
     bool busy;
     int rc;             /* the outcome of its part of the last call */
     /* scratch of the call: this server's share */
     size_t first, count; /* sparse: its keys in the sorted order */
-    uint8_t *seg;        /* dense: its segments, then (push) their values */
+    uint8_t *seg;        /* dense: its segments */
     size_t seg_cap;
+    struct iovec *places; /* dense: the head's parts, then the segments' places */
+    size_t places_cap;
     uint32_t nseg;
     uint64_t total;
 } ps_link;
@@ -61,12 +67,20 @@ typedef struct ps_link {
 typedef struct client_table {
     bool known;
     edl_ps_table_config cfg;
-    int *rep[EDL_PS_MAX_REPLICAS]; /* per shard: the links of its owner and its backups */
+    int *rep[EDL_PS_MAX_REPLICAS]; /* per shard: the servers of its owner and its backups */
+    int *lane[EDL_PS_MAX_REPLICAS]; /* per shard: their links for a call cut into lanes */
     int nrep;   /* min(replicas, servers) */
 } client_table;
 
+/* A call this big (keys, or floats of a dense range) per lane of every server is cut into
+ * lanes; a smaller one goes on the servers' first lanes. */
+#define LANE_MIN_KEYS 1024
+#define LANE_MIN_FLOATS (64u << 10)
+#define DENSE_PIECE (256u << 10) /* floats a link, about, in one piece of a big dense call */
+
 struct edl_ps_client {
-    int n;
+    int n;          /* servers */
+    int k, nl;      /* lanes per server; links, n * k: lane_index */
     ps_link *links;
     char job[256];
     edl_job_secret secret;
@@ -95,6 +109,18 @@ struct edl_ps_client {
 };
 
 static const ps_call_mode plain_call = {0};
+
+/* The link of a server's lane: the first n links are the servers' first lanes (the calls made
+ * once on every server use them), then each server's other lanes. */
+static int lane_at(int n, int k, int server, int lane)
+{
+    return lane == 0 ? server : n + server * (k - 1) + lane - 1;
+}
+
+static int lane_index(const edl_ps_client *c, int server, int lane)
+{
+    return lane_at(c->n, c->k, server, lane);
+}
 
 static int fail(edl_ps_client *c, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -246,7 +272,20 @@ static void link_break(ps_link *l)
     l->busy = false;
 }
 
-/* Queue a request on l: the header, then the body in up to six pieces. */
+/* Room on l for a request of nparts parts (EDL_ENOMEM); every link has room for 7. */
+static int link_room(edl_ps_client *c, ps_link *l, int nparts)
+{
+    size_t cap = (size_t)l->iov_cap;
+    struct iovec *iov = nparts + 1 <= l->iov_cap ? l->iov
+                        : grow(l->iov, &cap, (size_t)nparts + 1, sizeof *iov);
+    if (!iov)
+        return fail(c, EDL_ENOMEM, "out of memory for a request of %d parts", nparts);
+    l->iov = iov;
+    l->iov_cap = (int)cap;
+    return 0;
+}
+
+/* Queue a request on l: the header, then the body's parts (link_room has made room). */
 static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint8_t flags,
                          uint32_t table, const struct iovec *parts, int nparts)
 {
@@ -268,7 +307,8 @@ static void link_request(edl_ps_client *c, ps_link *l, uint8_t type, uint8_t fla
 
 static int link_send(edl_ps_client *c, ps_link *l)
 {
-    struct msghdr mh = {.msg_iov = l->iov, .msg_iovlen = (size_t)l->niov};
+    struct msghdr mh = {.msg_iov = l->iov, .msg_iovlen = (size_t)(l->niov < IOV_MAX ? l->niov
+                                                                                : IOV_MAX)};
     ssize_t n = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0)
         return errno == EAGAIN || errno == EINTR ? 0 : EDL_EPEER;
@@ -288,14 +328,17 @@ static int link_send(edl_ps_client *c, ps_link *l)
 /* Where byte `at` of the reply body goes, and how many bytes of it fit there. */
 static uint8_t *body_place(ps_link *l, size_t at, size_t *room)
 {
-    bool ok = l->rh.type == l->want_type && l->dst;
+    bool ok = l->rh.type == l->want_type && l->ndst;
     if (ok && at < l->npre) {
         *room = l->npre - at;
         return l->rpre + at;
     }
-    if (ok) {
-        *room = l->rh.len - at;
-        return l->dst + (at - l->npre);
+    if (ok) { /* the bytes arrive in order: the place moves on through dst */
+        size_t pos = at - l->npre;
+        while (pos >= l->dbase + l->dst[l->dcur].iov_len)
+            l->dbase += l->dst[l->dcur++].iov_len;
+        *room = l->dbase + l->dst[l->dcur].iov_len - pos;
+        return (uint8_t *)l->dst[l->dcur].iov_base + (pos - l->dbase);
     }
     *room = l->rh.len - at;
     return l->body + at;
@@ -327,13 +370,13 @@ static int link_recv(edl_ps_client *c, ps_link *l)
         c->received += (uint64_t)n;
         if (l->rgot == PS_HDR_BYTES) {
             int rc = ps_hdr_parse(l->rhdr, c->max_message, &l->rh, why, sizeof why);
-            bool ok = l->rh.type == l->want_type && (!l->dst || l->rh.len == l->npre + l->dst_len);
+            bool ok = l->rh.type == l->want_type && (!l->ndst || l->rh.len == l->npre + l->dst_len);
             if (rc == 0 && !ok && l->rh.type != PS_ERROR)
                 rc = edl_errf(why, sizeof why, EDL_EPROTO, "a reply of type %u and %u bytes",
                               l->rh.type, l->rh.len);
             if (rc)
                 return fail(c, EDL_EPROTO, "server %s: %s", l->ep, why);
-            if ((!l->dst || l->rh.type != l->want_type) &&
+            if ((!l->ndst || l->rh.type != l->want_type) &&
                 !(l->body = grow(l->body, &l->body_cap, l->rh.len + 1, 1)))
                 return fail(c, EDL_ENOMEM, "out of memory for a reply of %u bytes", l->rh.len);
         }
@@ -371,21 +414,21 @@ static int link_step(edl_ps_client *c, ps_link *l)
 static int run_links(edl_ps_client *c)
 {
     int64_t deadline = edl_monotonic_ms() + c->timeout_ms;
-    struct pollfd pf[c->n];
+    struct pollfd pf[c->nl];
     char first_err[sizeof c->err];
     int first = 0, busy;
     for (;;) {
         busy = 0;
-        for (int i = 0; i < c->n; i++) {
+        for (int i = 0; i < c->nl; i++) {
             ps_link *l = &c->links[i];
             busy += l->busy;
             pf[i] = (struct pollfd){.fd = l->busy ? l->fd : -1,
                                     .events = (short)(POLLIN | (l->left ? POLLOUT : 0))};
         }
         int64_t left = deadline - edl_monotonic_ms();
-        if (!busy || left <= 0 || poll(pf, (nfds_t)c->n, (int)left) == 0)
+        if (!busy || left <= 0 || poll(pf, (nfds_t)c->nl, (int)left) == 0)
             break;
-        for (int i = 0; i < c->n; i++) {
+        for (int i = 0; i < c->nl; i++) {
             ps_link *l = &c->links[i];
             int rc = l->busy && pf[i].revents ? link_step(c, l) : 0;
             if (rc == 1) {
@@ -400,7 +443,7 @@ static int run_links(edl_ps_client *c)
             }
         }
     }
-    for (int i = 0; i < c->n; i++) /* out of time */
+    for (int i = 0; i < c->nl; i++) /* out of time */
         if (c->links[i].busy) {
             if (!first) {
                 first = fail(c, EDL_ETIMEDOUT, "server %s did not answer within %d ms",
@@ -425,19 +468,31 @@ static int link_usable(edl_ps_client *c, ps_link *l)
     return 0;
 }
 
-static void link_expect(ps_link *l, size_t npre, void *dst, size_t dst_len)
+/* What l's reply of success is: npre bytes to rpre, then n places of dst (kept by the caller
+ * until the reply is in) of dst_len bytes in all; n 0: all of it to the body buffer. */
+static void link_expect_iov(ps_link *l, size_t npre, struct iovec *dst, int n, size_t dst_len)
 {
     l->npre = npre;
     l->dst = dst;
+    l->ndst = n;
     l->dst_len = dst_len;
+    l->dcur = 0;
+    l->dbase = 0;
+}
+
+/* The same with one place, dst (NULL: the body buffer). */
+static void link_expect(ps_link *l, size_t npre, void *dst, size_t dst_len)
+{
+    l->one = (struct iovec){dst, dst_len};
+    link_expect_iov(l, npre, &l->one, dst ? 1 : 0, dst_len);
 }
 
 /* Every link must be usable before a call starts (and none has an outcome yet). */
 static int links_usable(edl_ps_client *c)
 {
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->nl; i++)
         c->links[i].rc = 0;
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->nl; i++)
         if (link_usable(c, &c->links[i]) != 0)
             return EDL_EPEER;
     return 0;
@@ -462,7 +517,10 @@ static const client_table *known_table(edl_ps_client *c, uint32_t table, edl_ps_
 /* Connect and authenticate l (c->err says why not). */
 static int link_open(edl_ps_client *c, ps_link *l, int64_t deadline)
 {
-    int rc = dial(l->ep, deadline, &l->fd);
+    int rc = link_room(c, l, 7);
+    if (rc)
+        return rc;
+    rc = dial(l->ep, deadline, &l->fd);
     if (rc)
         return fail(c, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
                     "cannot connect to parameter server %s: %s", l->ep, rc == EDL_EINVAL
@@ -477,17 +535,19 @@ static int open_links(edl_ps_client *c, const edl_ps_client_options *o, char *wh
                       size_t whylen)
 {
     int64_t deadline = edl_monotonic_ms() + c->timeout_ms;
-    for (int i = 0; i < c->n; i++) {
-        ps_link *l = &c->links[i];
-        l->fd = -1;
-        l->ep = strdup(o->endpoints[i]);
-        l->name = strdup(o->names ? o->names[i] : o->endpoints[i]);
-        if (!l->ep || !l->name)
-            return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
-        int rc = link_open(c, l, deadline);
-        if (rc)
-            return edl_errf(why, whylen, rc, "%s", c->err);
-    }
+    for (int i = 0; i < c->nl; i++)
+        c->links[i].fd = -1;
+    for (int i = 0; i < c->n; i++)
+        for (int j = 0; j < c->k; j++) {
+            ps_link *l = &c->links[lane_index(c, i, j)];
+            l->ep = strdup(o->endpoints[i]);
+            l->name = strdup(o->names ? o->names[i] : o->endpoints[i]);
+            if (!l->ep || !l->name)
+                return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
+            int rc = link_open(c, l, deadline);
+            if (rc)
+                return edl_errf(why, whylen, rc, "%s", c->err);
+        }
     return 0;
 }
 
@@ -501,12 +561,18 @@ int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char
         return edl_errf(why, whylen, EDL_EINVAL, "%d servers (1..4096)", o->n_servers);
     if (strlen(o->job ? o->job : "") >= 256)
         return edl_errf(why, whylen, EDL_EINVAL, "a job id over 255 bytes");
+    if (o->lanes < 0 || o->lanes > EDL_PS_MAX_LANES)
+        return edl_errf(why, whylen, EDL_EINVAL, "%d lanes (1..%d; 0: the default)", o->lanes,
+                        EDL_PS_MAX_LANES);
+    int cpus = edl_cpu_count(), k = o->lanes ? o->lanes : cpus < 4 ? cpus : 4;
     edl_ps_client *c = calloc(1, sizeof *c);
-    if (!c || !(c->links = calloc((size_t)o->n_servers, sizeof *c->links))) {
+    if (!c || !(c->links = calloc((size_t)o->n_servers * (size_t)k, sizeof *c->links))) {
         free(c);
         return edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
     }
     c->n = o->n_servers;
+    c->k = k;
+    c->nl = c->n * k;
     snprintf(c->job, sizeof c->job, "%s", o->job && *o->job ? o->job : "edl");
     c->secret = *o->secret;
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 30000;
@@ -536,17 +602,19 @@ static void link_free(ps_link *l)
     free(l->name);
     free(l->body);
     free(l->seg);
+    free(l->iov);
+    free(l->places);
 }
 
 void edl_ps_client_close(edl_ps_client *c)
 {
     if (!c)
         return;
-    for (int i = 0; c->links && i < c->n; i++)
+    for (int i = 0; c->links && i < c->nl; i++)
         link_free(&c->links[i]);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
         for (int j = 0; j < EDL_PS_MAX_REPLICAS; j++)
-            free(c->tables[i].rep[j]);
+            free(c->tables[i].rep[j]), free(c->tables[i].lane[j]);
     free(c->links);
     free(c->ukeys), free(c->skeys), free(c->hkeys), free(c->uidx), free(c->rank);
     free(c->hslot), free(c->order), free(c->tmp), free(c->cnt), free(c->rows);
@@ -566,8 +634,9 @@ void edl_ps_client_traffic(const edl_ps_client *c, uint64_t *sent, uint64_t *rec
     *received = c->received;
 }
 
-/* Where each shard of t lives on the links: its owner (pulls and pushes), its backups
- * (pushes). */
+/* Where each shard of t lives: its owner's server (pulls and pushes) and its backups' (pushes),
+ * and their links for a call cut into lanes (lane shard % k: a dense piece of a few shards is
+ * cut too). */
 static int owner_map(edl_ps_client *c, client_table *t)
 {
     const char *names[c->n];
@@ -575,16 +644,19 @@ static int owner_map(edl_ps_client *c, client_table *t)
         names[i] = c->links[i].name;
     t->nrep = (int)t->cfg.replicas < c->n ? (int)t->cfg.replicas : c->n;
     for (int j = 0; j < EDL_PS_MAX_REPLICAS; j++) {
-        free(t->rep[j]);
+        free(t->rep[j]), free(t->lane[j]);
         t->rep[j] = j < t->nrep ? malloc(t->cfg.shards * sizeof *t->rep[j]) : NULL;
-        if (j < t->nrep && !t->rep[j])
+        t->lane[j] = j < t->nrep ? malloc(t->cfg.shards * sizeof *t->lane[j]) : NULL;
+        if (j < t->nrep && (!t->rep[j] || !t->lane[j]))
             return fail(c, EDL_ENOMEM, "out of memory");
     }
     for (uint32_t s = 0; s < t->cfg.shards; s++) {
         int at[EDL_PS_MAX_REPLICAS];
         edl_ps_shard_replicas(names, c->n, s, t->nrep, at);
-        for (int j = 0; j < t->nrep; j++)
+        for (int j = 0; j < t->nrep; j++) {
             t->rep[j][s] = at[j];
+            t->lane[j][s] = lane_index(c, at[j], (int)(s % (uint32_t)c->k));
+        }
     }
     return 0;
 }
@@ -651,46 +723,52 @@ static int link_tables(edl_ps_client *c, ps_link *l)
     return 0;
 }
 
-/* Open the links that are down (a server back, or new in the map). */
+/* Open the links that are down (a server back, or new in the map); a server's first lane
+ * creates the tables there. */
 static void relink(edl_ps_client *c)
 {
     int64_t deadline = edl_monotonic_ms() + 2000;
-    for (int i = 0; i < c->n; i++)
-        if (c->links[i].fd < 0 && link_open(c, &c->links[i], deadline) == 0)
+    for (int i = 0; i < c->nl; i++)
+        if (c->links[i].fd < 0 && link_open(c, &c->links[i], deadline) == 0 && i < c->n)
             link_tables(c, &c->links[i]);
 }
 
-/* Links for map m: those to the same server (name and endpoint) are kept. */
+/* Links for map m: those to the same server (name and endpoint) and lane are kept. */
 static int apply_map(edl_ps_client *c, const edl_ps_servers *m)
 {
-    ps_link *links = calloc((size_t)m->n, sizeof *links);
+    size_t nl = (size_t)m->n * (size_t)c->k;
+    ps_link *links = calloc(nl, sizeof *links);
     bool ok = links != NULL;
-    for (int i = 0; ok && i < m->n; i++) {
-        links[i].fd = -1;
-        ok = (links[i].ep = strdup(m->endpoints[i])) && (links[i].name = strdup(m->names[i]));
-    }
+    for (int i = 0; ok && i < m->n; i++)
+        for (int j = 0; ok && j < c->k; j++) {
+            ps_link *l = &links[lane_at(m->n, c->k, i, j)];
+            l->fd = -1;
+            ok = (l->ep = strdup(m->endpoints[i])) && (l->name = strdup(m->names[i]));
+        }
     if (!ok) {
-        for (int i = 0; links && i < m->n; i++)
+        for (size_t i = 0; links && i < nl; i++)
             link_free(&links[i]);
         free(links);
         return fail(c, EDL_ENOMEM, "out of memory for a map of %d servers", m->n);
     }
     for (int i = 0; i < m->n; i++)
-        for (int j = 0; j < c->n; j++) {
-            ps_link *o = &c->links[j];
-            if (o->fd < 0 || strcmp(o->ep, links[i].ep) || strcmp(o->name, links[i].name))
-                continue;
-            ps_link nl = *o; /* its socket and buffers, under the new strings */
-            nl.ep = links[i].ep, nl.name = links[i].name;
-            links[i] = nl;
-            *o = (ps_link){.fd = -1, .ep = o->ep, .name = o->name}; /* freed below */
-            break;
-        }
-    for (int j = 0; j < c->n; j++)
+        for (int s = 0; s < c->n; s++)
+            for (int j = 0; j < c->k; j++) {
+                ps_link *o = &c->links[lane_index(c, s, j)];
+                ps_link *n = &links[lane_at(m->n, c->k, i, j)];
+                if (o->fd < 0 || strcmp(o->ep, n->ep) || strcmp(o->name, n->name))
+                    continue;
+                ps_link kept = *o; /* its socket and buffers, under the new strings */
+                kept.ep = n->ep, kept.name = n->name;
+                *n = kept;
+                *o = (ps_link){.fd = -1, .ep = o->ep, .name = o->name}; /* freed below */
+            }
+    for (int j = 0; j < c->nl; j++)
         link_free(&c->links[j]);
     free(c->links);
     c->links = links;
     c->n = m->n;
+    c->nl = (int)nl;
     c->gen = m->generation;
     c->plan_shards = 0;
     for (int id = 0; id < EDL_PS_MAX_TABLES; id++)
@@ -863,7 +941,8 @@ static int sparse_scratch(edl_ps_client *c, size_t n, size_t hc, size_t ncnt)
 /* Each distinct key once (c->ukeys, *nu of them; c->uidx[i]: keys[i]'s), placed once for each
  * of its shard's first nrep holders (1: the owner; a push, every replica at once) and ordered
  * by link, then shard: c->rank[r * nu + u] is the place of key u for replica r, c->skeys the
- * keys in that order, and every link's first and count say its share. */
+ * keys in that order, and every link's first and count say its share. A call of enough keys
+ * goes on every lane of its servers (each lane a block of shards), a small one on the first. */
 static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const uint64_t *keys,
                        size_t n, size_t *nu_out)
 {
@@ -876,7 +955,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const 
     c->plan_shards = 0;
     while (hc < 2 * n)
         hc *= 2;
-    int rc = sparse_scratch(c, n, hc, (shards > (size_t)c->n ? shards : (size_t)c->n) + 1);
+    int rc = sparse_scratch(c, n, hc, (shards > (size_t)c->nl ? shards : (size_t)c->nl) + 1);
     if (rc)
         return rc;
     memset(c->hslot, 0, hc * sizeof *c->hslot);
@@ -899,11 +978,12 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const 
         c->cnt[s + 1] += c->cnt[s];
     for (size_t u = 0; u < nu; u++)
         c->order[c->cnt[c->tmp[u]]++] = (uint32_t)u;
-    memset(c->cnt, 0, ((size_t)c->n + 1) * sizeof *c->cnt);
+    int *const *link = n >= (size_t)c->nl * LANE_MIN_KEYS ? t->lane : t->rep;
+    memset(c->cnt, 0, ((size_t)c->nl + 1) * sizeof *c->cnt);
     for (size_t u = 0; u < nu; u++)
         for (int r = 0; r < nrep; r++)
-            c->cnt[t->rep[r][c->tmp[u]] + 1]++;
-    for (int i = 0; i < c->n; i++) {
+            c->cnt[link[r][c->tmp[u]] + 1]++;
+    for (int i = 0; i < c->nl; i++) {
         c->cnt[i + 1] += c->cnt[i];
         c->links[i].first = c->cnt[i];
         c->links[i].count = c->cnt[i + 1] - c->cnt[i];
@@ -911,7 +991,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const 
     for (size_t k = 0; k < nu; k++) {
         uint32_t u = c->order[k];
         for (int r = 0; r < nrep; r++) {
-            uint32_t at = c->cnt[t->rep[r][c->tmp[u]]]++;
+            uint32_t at = c->cnt[link[r][c->tmp[u]]]++;
             c->rank[(size_t)r * nu + u] = at;
             c->skeys[at] = c->ukeys[u];
         }
@@ -950,7 +1030,7 @@ static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push
 {
     uint8_t id[PS_ID_PREFIX];
     push_id(c, seq, id);
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->nl; i++) {
         ps_link *l = &c->links[i];
         if (!l->count)
             continue;
@@ -961,7 +1041,7 @@ static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push
         if (rc)
             return rc;
     }
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->nl; i++) {
         ps_link *l = &c->links[i];
         if (!l->count)
             continue;
@@ -976,7 +1056,7 @@ static int sparse_call(edl_ps_client *c, uint32_t table, uint32_t dim, bool push
         link_expect(l, push ? 0 : 8, push ? NULL : rows, push ? 0 : rbytes);
     }
     int rc = run_links(c);
-    for (int i = 0; rc == 0 && !push && i < c->n; i++) {
+    for (int i = 0; rc == 0 && !push && i < c->nl; i++) {
         ps_link *l = &c->links[i];
         if (l->count && (edl_get32(l->rpre) != l->count || edl_get32(l->rpre + 4) != dim))
             rc = fail(c, EDL_EPROTO, "server %s answered %u rows of %u floats for %zu of %u",
@@ -1054,14 +1134,14 @@ int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
 /* ---- dense --------------------------------------------------------------------------------- */
 
 /* Cut [off, off + n) at shard boundaries; each piece goes to its owner's segment list (a piece
- * that continues the owner's last segment extends it). Every link's values are then a run of
- * c->rows starting at its `first`. */
+ * that continues the owner's last segment extends it). */
 static int plan_dense(edl_ps_client *c, const client_table *t, int r, uint64_t off, uint64_t n)
 {
     const edl_ps_table_config *cfg = &t->cfg;
     c->plan_shards = 0; /* the links' first and count are about to change */
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->nl; i++)
         c->links[i].nseg = 0, c->links[i].total = 0;
+    int *const *link = n >= (uint64_t)c->nl * LANE_MIN_FLOATS ? t->lane : t->rep;
     uint32_t s0 = edl_ps_dense_shard(off, cfg->size, cfg->shards);
     uint32_t s1 = edl_ps_dense_shard(off + n - 1, cfg->size, cfg->shards);
     for (uint32_t s = s0; s <= s1; s++) {
@@ -1071,7 +1151,7 @@ static int plan_dense(edl_ps_client *c, const client_table *t, int r, uint64_t o
         b = b < off + n ? b : off + n;
         if (a >= b)
             continue;
-        ps_link *l = &c->links[t->rep[r][s]];
+        ps_link *l = &c->links[link[r][s]];
         uint64_t lo, len;
         if (l->nseg && (ps_segment_get(l->seg, l->nseg - 1, &lo, &len), lo + len == a)) {
             ps_segment_put(l->seg, l->nseg - 1, lo, len + (b - a));
@@ -1082,57 +1162,59 @@ static int plan_dense(edl_ps_client *c, const client_table *t, int r, uint64_t o
         }
         l->total += b - a;
     }
-    size_t first = 0;
-    for (int i = 0; i < c->n; i++) {
-        c->links[i].first = first;
+    for (int i = 0; i < c->nl; i++)
         c->links[i].count = c->links[i].total; /* for check_size's message */
-        first += c->links[i].total;
-    }
-    return rows_scratch(c, n);
+    return 0;
 }
 
-/* Between the caller's range and the links' runs of c->rows, one way or the other. */
-static void dense_move(edl_ps_client *c, uint64_t off, float *range, bool to_rows)
+/* l's request parts: `head` left for the request's head, then the places of its segments'
+ * values in the caller's range (whose first element is off): a push is sent from them and a
+ * pull's reply lands in them, with no copy between. */
+static int dense_places(edl_ps_client *c, ps_link *l, uint64_t off, float *range, int head)
 {
-    for (int i = 0; i < c->n; i++) {
-        ps_link *l = &c->links[i];
-        float *run = c->rows + l->first;
-        for (uint32_t k = 0; k < l->nseg; k++) {
-            uint64_t a, len;
-            ps_segment_get(l->seg, k, &a, &len);
-            if (to_rows)
-                memcpy(run, range + (a - off), len * sizeof *run);
-            else
-                memcpy(range + (a - off), run, len * sizeof *run);
-            run += len;
-        }
+    size_t cap = l->places_cap;
+    struct iovec *v = grow(l->places, &cap, (size_t)head + l->nseg, sizeof *v);
+    if (!v)
+        return fail(c, EDL_ENOMEM, "out of memory for %u segments", l->nseg);
+    l->places = v;
+    l->places_cap = cap;
+    if (link_room(c, l, head + (int)l->nseg) != 0)
+        return EDL_ENOMEM;
+    for (uint32_t k = 0; k < l->nseg; k++) {
+        uint64_t a, len;
+        ps_segment_get(l->seg, k, &a, &len);
+        v[head + k] = (struct iovec){range + (a - off), len * sizeof *range};
     }
+    return 0;
 }
 
 static int dense_call(edl_ps_client *c, uint32_t table, bool push, const ps_call_mode *m,
-                      uint64_t seq)
+                      uint64_t seq, uint64_t off, float *range)
 {
     uint8_t id[PS_ID_PREFIX];
     push_id(c, seq, id);
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->nl; i++) { /* everything checked and made room for, then sent */
         ps_link *l = &c->links[i];
         int rc = l->nseg ? check_size(c, l, PS_ID_PREFIX + m->len + 8 + 16 * (uint64_t)l->nseg +
                                       4 * l->total, push ? "dense push" : "dense pull") : 0;
-        if (rc)
+        if (rc || (l->nseg && (rc = dense_places(c, l, off, range, 4)) != 0))
             return rc;
     }
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->nl; i++) {
         ps_link *l = &c->links[i];
+        struct iovec *v = l->places;
         if (!l->nseg)
             continue;
-        size_t vbytes = l->total * sizeof(float);
         edl_put32(l->pre, l->nseg);
         edl_put32(l->pre + 4, 0);
-        struct iovec parts[] = {{id, push ? sizeof id : 0}, {(void *)m->prefix, m->len},
-                                {l->pre, 8}, {l->seg, 16 * (size_t)l->nseg},
-                                {push ? c->rows + l->first : NULL, push ? vbytes : 0}};
-        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, m->flags, table, parts, 5);
-        link_expect(l, 0, push ? NULL : c->rows + l->first, push ? 0 : vbytes);
+        v[0] = (struct iovec){id, push ? sizeof id : 0};
+        v[1] = (struct iovec){(void *)m->prefix, m->len};
+        v[2] = (struct iovec){l->pre, 8};
+        v[3] = (struct iovec){l->seg, 16 * (size_t)l->nseg};
+        link_request(c, l, push ? PS_PUSH_DENSE : PS_PULL_DENSE, m->flags, table, v,
+                     push ? 4 + (int)l->nseg : 4);
+        link_expect_iov(l, 0, push ? NULL : v + 4, push ? 0 : (int)l->nseg,
+                        push ? 0 : l->total * sizeof(float));
     }
     return run_links(c);
 }
@@ -1147,10 +1229,8 @@ static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t 
     for (;;) {
         int rc = links_usable(c) ? EDL_EPEER : 0;
         for (int r = 0; rc == 0 && r < (push ? t->nrep : 1); r++) { /* owners, then backups */
-            if ((rc = plan_dense(c, t, r, off, n)) == 0 && push)
-                dense_move(c, off, range, true);
-            if (rc == 0 && (rc = dense_call(c, table, push, m, seq)) == 0 && !push)
-                dense_move(c, off, range, false);
+            if ((rc = plan_dense(c, t, r, off, n)) == 0)
+                rc = dense_call(c, table, push, m, seq, off, range);
         }
         if (rc == 0 || !retryable(c, rc) || (rc = settle(c, rc)) != 0)
             return rc;
@@ -1168,10 +1248,12 @@ static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, 
         return fail(c, EDL_EINVAL, "[%llu, %llu) is outside dense table %u (%llu floats)",
                     (unsigned long long)off, (unsigned long long)(off + n), table,
                     (unsigned long long)t->cfg.size);
-    /* a range too big for one message per server goes in pieces (each element is in one
-     * piece, so a push still applies each gradient once); max_message / 8 floats leaves room
-     * for the segments of up to EDL_PS_MAX_SHARDS shards */
-    uint64_t piece = c->max_message / 8;
+    /* a range goes in pieces of about DENSE_PIECE floats a link (each element is in one piece,
+     * so a push still applies each gradient once): the buffers of both sides stay in cache
+     * and small; at most max_message / 8 floats, which leaves room for the segments of up to
+     * EDL_PS_MAX_SHARDS shards */
+    uint64_t piece = (uint64_t)DENSE_PIECE * (uint64_t)c->nl;
+    piece = piece < c->max_message / 8 ? piece : c->max_message / 8;
     bool own = call_begin(c);
     for (uint64_t done = 0; rc == 0 && done < n; done += piece)
         rc = dense_piece(c, table, off + done, n - done < piece ? n - done : piece, range + done,

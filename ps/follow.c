@@ -164,7 +164,7 @@ static bool peers_pushed(edl_ps_server *s, const edl_ps_servers *m, const char *
             continue;
         edl_ps_client_options o = {.endpoints = &m->endpoints[i], .names = &m->names[i],
                                    .n_servers = 1, .job = s->job, .secret = &s->secret,
-                                   .timeout_ms = 3000};
+                                   .timeout_ms = 3000, .lanes = 1};
         edl_ps_client *c = NULL;
         edl_ps_server_stats st = {0};
         char why[256];

@@ -45,7 +45,7 @@ static edl_ps_client *dial(edl_ps_server *s, const char *name)
     const char *eps[] = {ep}, *names[] = {name};
     edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = 1, .job = s->job,
                                .secret = &s->secret, .timeout_ms = 10000,
-                               .max_message = s->o.max_message};
+                               .max_message = s->o.max_message, .lanes = 1};
     edl_ps_client *c = NULL;
     char why[256];
     if (!*ep || edl_ps_client_open(&o, &c, why, sizeof why) != 0)

@@ -1,6 +1,7 @@
 /* server.c: the parameter server's network side. A few event loops (one epoll each, on threads
- * of their own) share the listening socket (EPOLLEXCLUSIVE: one loop takes each connection)
- * and serve their connections to the end: a link first proves the job secret (handshake of
+ * of their own) share the listening socket (EPOLLEXCLUSIVE: one loop accepts each connection)
+ * and deal the connections out round robin (through a pipe per loop), so that a client's lanes
+ * are served side by side; each loop serves its connections to the end: a link first proves the job secret (handshake of
  * internal.h), then sends frames, each answered in order. A connection holds at most one
  * request and one reply at a time: it is not read while its reply waits to go out, so a slow
  * reader cannot make the server queue without bound, and its input buffer grows with the bytes
@@ -57,7 +58,7 @@ typedef struct ps_conn {
 
 typedef struct ps_loop {
     edl_ps_server *s;
-    int ep, wake_fd;
+    int index, ep, wake_fd;
     ps_conn *conns;
 } ps_loop;
 
@@ -589,6 +590,32 @@ static void tune_socket(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
+/* Serve the accepted socket fd on loop l (or refuse it: too many open). */
+static void adopt(ps_loop *l, int fd)
+{
+    edl_ps_server *s = l->s;
+    ps_conn *c = NULL;
+    if (atomic_fetch_add(&s->live, 1) >= s->o.max_connections || !(c = calloc(1, sizeof *c))) {
+        atomic_fetch_sub(&s->live, 1);
+        atomic_fetch_add(&s->rejected, 1);
+        EDL_WARN("ps", "refused a connection: %d open, the limit (max_connections)",
+                 s->o.max_connections);
+        close(fd);
+        return;
+    }
+    tune_socket(fd);
+    *c = (ps_conn){.fd = fd, .state = C_HELLO,
+                   .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms, .next = l->conns};
+    if (l->conns)
+        l->conns->prev = c;
+    l->conns = c;
+    atomic_fetch_add(&s->connections, 1);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    epoll_ctl(l->ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+/* Take every waiting connection; each goes to the next loop in turn (this one when that
+ * loop's pipe is full). */
 static void accept_all(ps_loop *l)
 {
     edl_ps_server *s = l->s;
@@ -596,26 +623,20 @@ static void accept_all(ps_loop *l)
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
-        ps_conn *c = NULL;
-        if (atomic_fetch_add(&s->live, 1) >= s->o.max_connections || !(c = calloc(1, sizeof *c))) {
-            atomic_fetch_sub(&s->live, 1);
-            atomic_fetch_add(&s->rejected, 1);
-            EDL_WARN("ps", "refused a connection: %d open, the limit (max_connections)",
-                     s->o.max_connections);
-            close(fd);
-            continue;
-        }
-        tune_socket(fd);
-        *c = (ps_conn){.fd = fd, .state = C_HELLO,
-                       .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms,
-                       .next = l->conns};
-        if (l->conns)
-            l->conns->prev = c;
-        l->conns = c;
-        atomic_fetch_add(&s->connections, 1);
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        epoll_ctl(l->ep, EPOLL_CTL_ADD, fd, &ev);
+        int to = (int)(atomic_fetch_add(&s->next_loop, 1) % (unsigned)s->nthreads);
+        if (to == l->index || write(s->hand_fd[to][1], &fd, sizeof fd) != sizeof fd)
+            adopt(l, fd);
     }
+}
+
+/* The connections another loop accepted for this one. */
+static void adopt_handed(ps_loop *l)
+{
+    int fds[64];
+    ssize_t n;
+    while ((n = read(l->s->hand_fd[l->index][0], fds, sizeof fds)) > 0)
+        for (size_t i = 0; i < (size_t)n / sizeof *fds; i++)
+            adopt(l, fds[i]);
 }
 
 static void sweep_handshakes(ps_loop *l)
@@ -636,13 +657,15 @@ static void *loop_main(void *arg)
 {
     ps_loop *l = arg;
     edl_ps_server *s = l->s;
-    static char stop_tag;
+    static char stop_tag, hand_tag;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.ptr = NULL}, evs[64];
     epoll_ctl(l->ep, EPOLL_CTL_ADD, s->lfd, &ev);
     ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &stop_tag};
     epoll_ctl(l->ep, EPOLL_CTL_ADD, s->stop_fd, &ev);
     ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &l->wake_fd};
     epoll_ctl(l->ep, EPOLL_CTL_ADD, l->wake_fd, &ev);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = &hand_tag};
+    epoll_ctl(l->ep, EPOLL_CTL_ADD, s->hand_fd[l->index][0], &ev);
     for (bool stop = false; !stop;) {
         int n = epoll_wait(l->ep, evs, 64, 250);
         for (int i = 0; i < n; i++) {
@@ -650,6 +673,8 @@ static void *loop_main(void *arg)
             uint64_t drained;
             if (evs[i].data.ptr == &stop_tag) {
                 stop = true;
+            } else if (evs[i].data.ptr == &hand_tag) {
+                adopt_handed(l);
             } else if (evs[i].data.ptr == &l->wake_fd) {
                 if (read(l->wake_fd, &drained, sizeof drained) < 0) {
                     /* already drained */
@@ -746,13 +771,14 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
     ps_elastic_init(s);
     s->lfd = -1;
     for (int i = 0; i < PS_MAX_THREADS; i++)
-        s->wake_fd[i] = -1;
+        s->wake_fd[i] = s->hand_fd[i][0] = s->hand_fd[i][1] = -1;
     s->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     for (int i = 0; i < s->nthreads && s->stop_fd >= 0; i++)
-        if ((s->wake_fd[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+        if ((s->wake_fd[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+            pipe2(s->hand_fd[i], O_CLOEXEC | O_NONBLOCK) != 0)
             rc = EDL_EIO;
     if (s->stop_fd < 0 || rc)
-        rc = edl_errf(why, whylen, EDL_EIO, "eventfd: %s", strerror(errno));
+        rc = edl_errf(why, whylen, EDL_EIO, "eventfd or pipe: %s", strerror(errno));
     if (ps_ckpt_init(s, o->checkpoint) != 0 ||
         (rc == 0 && (ps_sync_new(&s->sync[0]) != 0 || ps_sync_new(&s->sync[1]) != 0)))
         rc = edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
@@ -775,7 +801,7 @@ int edl_ps_server_start(edl_ps_server *s)
         ps_loop *l = calloc(1, sizeof *l);
         int ep = epoll_create1(EPOLL_CLOEXEC);
         if (l && ep >= 0)
-            *l = (ps_loop){.s = s, .ep = ep, .wake_fd = s->wake_fd[i]};
+            *l = (ps_loop){.s = s, .index = i, .ep = ep, .wake_fd = s->wake_fd[i]};
         if (!l || ep < 0 || pthread_create(&s->th[i], NULL, loop_main, l) != 0) {
             free(l);
             if (ep >= 0)
@@ -810,9 +836,16 @@ void edl_ps_server_close(edl_ps_server *s)
         close(s->lfd);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
-    for (int i = 0; i < PS_MAX_THREADS; i++)
+    for (int i = 0; i < PS_MAX_THREADS; i++) {
+        int fd;
         if (s->wake_fd[i] >= 0)
             close(s->wake_fd[i]);
+        while (s->hand_fd[i][0] >= 0 && read(s->hand_fd[i][0], &fd, sizeof fd) == sizeof fd)
+            close(fd); /* handed to a loop that had stopped */
+        for (int j = 0; j < 2; j++)
+            if (s->hand_fd[i][j] >= 0)
+                close(s->hand_fd[i][j]);
+    }
     ps_sync_free(s->sync[0]);
     ps_sync_free(s->sync[1]);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)

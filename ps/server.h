@@ -29,6 +29,8 @@ struct edl_ps_server {
     ps_table *_Atomic tables[EDL_PS_MAX_TABLES];
     ps_sync *sync[PS_BARRIER_SPACES]; /* sync steps (with sums); the workers' barrier */
     int wake_fd[PS_MAX_THREADS]; /* per loop: a sync step is done, answer the waiting */
+    int hand_fd[PS_MAX_THREADS][2]; /* per loop: a pipe of the sockets accepted for it */
+    atomic_uint next_loop;          /* the loop for the next connection, round robin */
     atomic_uint_fast64_t requests, errors, connections, rejected;
     atomic_int live;
     atomic_uint_fast64_t shards_in, shards_out, shards_lost, pushes;

@@ -211,6 +211,82 @@ static void test_dense_tables_split_over_servers_match_the_reference(void **stat
     harness_ps_close(&k);
 }
 
+/* A client of 3 lanes a server, servers of 3 loops: big calls are cut by shard into a request
+ * a lane (each served by its own loop), small ones go on the first lane. Sparse batches of
+ * 12,000 keys with repeats, pushed to 2 replicas, and a dense table of 4M floats, pushed twice
+ * in pieces: every row and element equals the reference, each gradient applied once; the
+ * servers saw 3 connections each. A client asking for more lanes than the limit is refused. */
+static void test_big_calls_cut_into_lanes_match_the_reference(void **state)
+{
+    (void)state;
+    enum { POOL = 30000, BATCH = 12000, DIM = 4, ROUNDS = 3, DSIZE = 4 << 20 };
+    edl_ps_server_options so = {.threads = 3};
+    harness_ps k;
+    harness_ps_open(&k, 2, &so);
+    edl_ps_client_options o = {.endpoints = k.ep, .n_servers = 2, .job = "job-a",
+                               .secret = &k.secret, .timeout_ms = 20000, .lanes = 3};
+    edl_ps_client *c = NULL;
+    char why[512];
+    harness_ps_ok(c, edl_ps_client_open(&o, &c, why, sizeof why));
+    edl_ps_table_config cfg, dn;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = DIM, cfg.lr = 0.5f, cfg.shards = 64, cfg.replicas = 2;
+    harness_ps_ok(c, edl_ps_create_table(c, 1, &cfg));
+    static uint64_t pool[POOL], keys[BATCH];
+    static float w[POOL][DIM], rows[BATCH * DIM], g[BATCH * DIM];
+    for (int i = 0; i < POOL; i++)
+        pool[i] = rnd64();
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 1, pool, POOL, &w[0][0]));
+    for (int round = 0; round < ROUNDS; round++) {
+        static int idx[BATCH];
+        for (int b = 0; b < BATCH; b++) {
+            idx[b] = (int)(rnd64() % (POOL / 2)); /* repeats */
+            keys[b] = pool[idx[b]];
+            for (int j = 0; j < DIM; j++) {
+                g[b * DIM + j] = (float)((int)(rnd64() % 201) - 100) / 256;
+                w[idx[b]][j] -= cfg.lr * g[b * DIM + j];
+            }
+        }
+        harness_ps_ok(c, edl_ps_push_sparse(c, 1, keys, BATCH, g));
+        harness_ps_ok(c, edl_ps_pull_sparse(c, 1, keys, BATCH, rows));
+        for (int b = 0; b < BATCH; b++)
+            for (int j = 0; j < DIM; j++)
+                assert_close(rows[b * DIM + j], w[idx[b]][j], "row", b);
+    }
+    edl_ps_table_config_init(&dn);
+    dn.kind = EDL_PS_DENSE, dn.dim = 1, dn.size = DSIZE, dn.lr = 0.25f;
+    harness_ps_ok(c, edl_ps_create_table(c, 2, &dn));
+    float *dw = malloc(DSIZE * sizeof *dw), *dg = malloc(DSIZE * sizeof *dg);
+    assert_non_null(dw);
+    assert_non_null(dg);
+    harness_ps_ok(c, edl_ps_pull_dense(c, 2, 0, DSIZE, dw)); /* the initial values */
+    for (int i = 0; i < DSIZE; i++) { /* the reference: pushed once, then from 1,000 on again */
+        dg[i] = (float)(i % 1000) / 64;
+        dw[i] -= dn.lr * dg[i];
+        dw[i] -= i < 1000 ? 0 : dn.lr * dg[i];
+    }
+    harness_ps_ok(c, edl_ps_push_dense(c, 2, 0, DSIZE, dg));
+    harness_ps_ok(c, edl_ps_push_dense(c, 2, 1000, DSIZE - 1000, dg + 1000));
+    float *got = malloc(DSIZE * sizeof *got);
+    assert_non_null(got);
+    harness_ps_ok(c, edl_ps_pull_dense(c, 2, 0, DSIZE, got));
+    for (int i = 0; i < DSIZE; i++)
+        if (got[i] != dw[i])
+            fail_msg("dense element %d: %.9g, the reference %.9g", i, (double)got[i],
+                     (double)dw[i]);
+    free(got);
+    edl_ps_server_stats st;
+    harness_ps_ok(c, edl_ps_stats(c, &st));
+    assert_int_equal(st.connections, 2 * 3);
+    free(dw);
+    free(dg);
+    edl_ps_client_close(c);
+    o.lanes = EDL_PS_MAX_LANES + 1;
+    assert_int_equal(edl_ps_client_open(&o, &c, why, sizeof why), EDL_EINVAL);
+    assert_non_null(strstr(why, "lanes"));
+    harness_ps_close(&k);
+}
+
 /* ---- the CTR accessor --------------------------------------------------------------------- */
 
 static void ctr_config(edl_ps_table_config *cfg, uint32_t dim)
@@ -924,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_adam_rows_match_the_reference),
         cmocka_unit_test(test_rows_are_born_alike_on_any_server),
         cmocka_unit_test(test_dense_tables_split_over_servers_match_the_reference),
+        cmocka_unit_test(test_big_calls_cut_into_lanes_match_the_reference),
         cmocka_unit_test(test_ctr_embedx_is_born_when_the_score_reaches_the_threshold),
         cmocka_unit_test(test_ctr_shrink_decays_evicts_and_gives_the_memory_back),
         cmocka_unit_test(test_ctr_configs_round_trip_and_bad_fields_are_named),

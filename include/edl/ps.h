@@ -27,6 +27,7 @@
 #define EDL_PS_DEFAULT_MAX_MESSAGE (64u << 20) /* bytes of one request or reply body */
 #define EDL_PS_MAX_GEO_TRAINERS 64
 #define EDL_PS_MAX_REPLICAS 3
+#define EDL_PS_MAX_LANES 8 /* connections a client keeps to each server */
 
 /* ---- tables -------------------------------------------------------------------------------- */
 
@@ -194,6 +195,10 @@ typedef struct edl_ps_client_options {
     const edl_job_secret *secret; /* required */
     int timeout_ms;               /* one call's limit (default 30,000) */
     uint32_t max_message;         /* default EDL_PS_DEFAULT_MAX_MESSAGE */
+    /* Connections to each server (1..EDL_PS_MAX_LANES; default min(edl_cpu_count(), 4), as
+     * the server's loops). A big pull or push is cut by shard into a request per lane, so
+     * that the server's loops work on it side by side; small calls go on the first lane. */
+    int lanes;
     /* Elastic servers (NULL: a fixed set). The endpoints above are map `generation`; when a
      * server refuses a request (moved, busy) or its link breaks, the client asks servers()
      * for a newer map: 1 and *out filled (valid until the next call) when it has one, 0 when
