@@ -63,7 +63,7 @@ typedef struct opts {
     uint64_t keys, dense;
     double seconds;
     long ctr_examples;
-    int join;
+    int join, lanes;
 } opts;
 
 enum { PH_SPULL, PH_SPUSH, PH_DPULL, PH_DPUSH, N_PHASES };
@@ -271,7 +271,7 @@ static edl_ps_client *worker_client(const char *const *eps, int s, const char *s
     if (edl_job_secret_load_file(&sec, secret_file, why, sizeof why))
         die(why);
     edl_ps_client_options co = {.endpoints = eps, .n_servers = s, .job = "bench",
-                                .secret = &sec, .timeout_ms = 60000};
+                                .secret = &sec, .timeout_ms = 60000, .lanes = o->lanes};
     edl_ps_client *c;
     if (edl_ps_client_open(&co, &c, why, sizeof why))
         die(why);
@@ -789,11 +789,12 @@ static void usage(FILE *f)
 {
     fprintf(f, "Usage: ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M]\n"
                "          [--dense 16M] [--seconds 2] [--ctr-examples 200000] [--join 1]\n"
-               "          [--quick]\n"
+               "          [--lanes N] [--quick]\n"
                "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
                "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
                "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes;\n"
-               "--join 0: no server joining and no replication figure.\n");
+               "--join 0: no server joining and no replication figure. --lanes: the\n"
+               "clients' connections to each server (EDL_PS_LANES; default min(CPUs, 4)).\n");
 }
 
 static void parse_opts(int argc, char **argv, opts *o)
@@ -801,7 +802,7 @@ static void parse_opts(int argc, char **argv, opts *o)
     static const struct option lo[] = {
         {"pairs", 1, 0, 'p'}, {"dim", 1, 0, 'd'},     {"batch", 1, 0, 'b'}, {"keys", 1, 0, 'k'},
         {"dense", 1, 0, 'D'}, {"seconds", 1, 0, 's'}, {"quick", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-        {"ctr-examples", 1, 0, 'c'}, {"join", 1, 0, 'j'}, {0, 0, 0, 0}};
+        {"ctr-examples", 1, 0, 'c'}, {"join", 1, 0, 'j'}, {"lanes", 1, 0, 'l'}, {0, 0, 0, 0}};
     *o = (opts){.pairs = {{1, 1}, {2, 2}}, .n_pairs = 2, .dim = 16, .batch = 10000,
                 .keys = 1 << 20, .dense = 16 << 20, .seconds = 2, .ctr_examples = 200000,
                 .join = 1};
@@ -824,6 +825,11 @@ static void parse_opts(int argc, char **argv, opts *o)
         case 's': o->seconds = atof(optarg); break;
         case 'c': o->ctr_examples = atol(optarg); break;
         case 'j': o->join = atoi(optarg) != 0; break;
+        case 'l':
+            o->lanes = atoi(optarg);
+            if (o->lanes < 1 || o->lanes > EDL_PS_MAX_LANES || setenv("EDL_PS_LANES", optarg, 1))
+                die("--lanes: 1..8");
+            break;
         case 'q':
             *o = (opts){.pairs = {{1, 1}}, .n_pairs = 1, .dim = 16, .batch = 10000,
                         .keys = 100000, .dense = 1 << 20, .seconds = 0.5,

@@ -20,6 +20,7 @@ struct edl_fleet {
     char job[256], ip[256];
     edl_job_secret secret;
     edl_ps_trainer_options topts;
+    int lanes;              /* EDL_PS_LANES (0: the client's default) */
     edl_ps_client *client;
     edl_ps_trainer *trainer;
     uint64_t token, barriers;
@@ -69,7 +70,7 @@ static int parse_servers(edl_fleet *f, char *why, size_t whylen)
 static int parse_mode(edl_fleet *f, char *why, size_t whylen)
 {
     const char *m = getenv("EDL_PS_MODE");
-    long every = 10, threads = 1;
+    long every = 10, threads = 1, lanes = 0;
     f->topts.mode = EDL_PS_MODE_ASYNC;
     if (m && *m && edl_ps_mode_parse(m, &f->topts.mode) != 0)
         return edl_errf(why, whylen, EDL_ECONFIG, "EDL_PS_MODE='%s': sync, async, half_async or "
@@ -77,6 +78,9 @@ static int parse_mode(edl_fleet *f, char *why, size_t whylen)
     int rc = env_int("EDL_PS_GEO_EVERY", 1, 1000000, 10, &every, why, whylen);
     if (rc == 0)
         rc = env_int("EDL_PS_THREADS", 1, 1024, 1, &threads, why, whylen);
+    if (rc == 0)
+        rc = env_int("EDL_PS_LANES", 0, EDL_PS_MAX_LANES, 0, &lanes, why, whylen);
+    f->lanes = (int)lanes;
     f->topts.geo_every = (int)every;
     f->topts.threads = (int)threads;
     return rc;
@@ -182,7 +186,7 @@ int edl_fleet_init_worker(edl_fleet *f, char *why, size_t whylen)
                         "PSERVER)");
     edl_ps_client_options co = {.endpoints = (const char *const *)f->endpoints,
                                 .n_servers = f->n_servers, .job = f->job,
-                                .secret = &f->secret};
+                                .secret = &f->secret, .lanes = f->lanes};
     int rc = f->follow ? open_following(f, &co, why, whylen)
                        : edl_ps_client_open(&co, &f->client, why, whylen);
     if (rc)

@@ -394,67 +394,73 @@ static int ctr_push(const ps_table *t, sparse_shard *s, float *row, uint64_t key
     return 0;
 }
 
-/* Hints for the keys ahead that fall in the shard held (its lock makes reading it safe): the
- * slot of the key 8 places on, the row of the key 4 places on, whose slot the first hint has
- * brought in. On a big table every probe and row is a cache miss; the hints overlap them. */
-static void prefetch_ahead(const ps_table *t, const sparse_shard *held, const uint8_t *keys,
-                           uint32_t n, uint32_t i)
+/* The shard of hash h (edl_ps_key_shard: h % shards; a power of two masks). */
+static uint32_t shard_of(const ps_table *t, uint64_t h)
 {
-    if (!held->cap)
-        return;
-    if (i + 8 < n) {
-        uint64_t h = ps_mix64(edl_get64(keys + 8 * (size_t)(i + 8)));
-        if (&t->sp[h % t->cfg.shards] == held)
-            __builtin_prefetch(&held->slots[slot_home(h, held->cap)]);
-    }
-    if (i + 4 < n) {
-        uint64_t key = edl_get64(keys + 8 * (size_t)(i + 4)), h = ps_mix64(key);
-        if (&t->sp[h % t->cfg.shards] == held) {
-            const slot *x = &held->slots[find_slot(held->slots, held->cap, key, h)];
-            if (x->row1)
-                __builtin_prefetch(held->rows + (size_t)(x->row1 - 1) * t->stride);
-        }
-    }
+    uint32_t n = t->cfg.shards;
+    return (uint32_t)((n & (n - 1)) == 0 ? h & (n - 1) : h % n);
 }
 
-/* Runs of keys of one shard are handled under one lock (the client sends keys by shard). */
+#define RUN_MAX 64 /* keys of one shard looked up together */
+
+/* One key's part of a request, its row found or made (under the shard's lock). */
+static int sparse_one(ps_table *t, sparse_shard *s, uint64_t key, uint64_t h, uint32_t i,
+                      float *out, const uint8_t *grads)
+{
+    size_t dim = t->cfg.dim;
+    float *row = sparse_row(t, s, key, h);
+    if (!row)
+        return EDL_ENOMEM;
+    if (t->xstride && grads)
+        return ctr_push(t, s, row, key, grads + 4 * t->width * i);
+    if (t->xstride)
+        ctr_pull(t, s, row, out + dim * i);
+    else if (grads)
+        apply_row(&t->cfg, row, row + dim, grads + 4 * dim * i, dim);
+    else if (dim == 1) /* no call for one float */
+        out[i] = row[0];
+    else
+        memcpy(out + dim * i, row, dim * sizeof *out);
+    return 0;
+}
+
+/* Keys come in runs of one shard (the client sends them by shard). A run is handled under one
+ * lock in three passes: the hints for every key's slot, then (the slots in cache) for every
+ * row found, then the work. On a big table every slot and row is a cache miss; the hints
+ * overlap them, up to RUN_MAX at a time. */
 static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
                        const uint8_t *grads, const ps_push_id *id)
 {
-    size_t dim = t->cfg.dim;
-    sparse_shard *held = NULL;
-    bool apply = true;
-    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0;
+    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0, hs[RUN_MAX];
     int rc = 0;
-    for (uint32_t i = 0; i < n && rc == 0; i++) {
-        uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
-        sparse_shard *s = &t->sp[h % t->cfg.shards]; /* edl_ps_key_shard */
-        if (s != held) {
-            if (held)
-                pthread_mutex_unlock(&held->mu);
-            pthread_mutex_lock(&s->mu);
-            held = s;
-            apply = !grads || admit(&s->dd, id, req);
+    if (n)
+        hs[0] = ps_mix64(edl_get64(keys));
+    for (uint32_t i = 0, m; i < n && rc == 0; i += m) {
+        uint32_t sh = shard_of(t, hs[0]);
+        bool next_known = false; /* hs[m]: the hash of the next run's first key */
+        for (m = 1; m < RUN_MAX && i + m < n; m++) {
+            hs[m] = ps_mix64(edl_get64(keys + 8 * (size_t)(i + m)));
+            if ((next_known = shard_of(t, hs[m]) != sh))
+                break;
         }
-        if (!apply)
-            continue; /* this push reached this shard before */
-        prefetch_ahead(t, held, keys, n, i);
-        float *row = sparse_row(t, s, key, h);
-        if (!row)
-            rc = EDL_ENOMEM;
-        else if (t->xstride && grads)
-            rc = ctr_push(t, s, row, key, grads + 4 * t->width * i);
-        else if (t->xstride)
-            ctr_pull(t, s, row, out + dim * i);
-        else if (grads)
-            apply_row(&t->cfg, row, row + dim, grads + 4 * dim * i, dim);
-        else if (dim == 1) /* no call for one float */
-            out[i] = row[0];
-        else
-            memcpy(out + dim * i, row, dim * sizeof *out);
+        sparse_shard *s = &t->sp[sh];
+        pthread_mutex_lock(&s->mu);
+        bool apply = !grads || admit(&s->dd, id, req);
+        for (uint32_t x = 0; apply && s->cap && x < m; x++)
+            __builtin_prefetch(&s->slots[slot_home(hs[x], s->cap)]);
+        for (uint32_t x = 0; apply && s->cap && x < m; x++) {
+            const slot *e = &s->slots[find_slot(s->slots, s->cap,
+                                                edl_get64(keys + 8 * (size_t)(i + x)), hs[x])];
+            if (e->row1)
+                __builtin_prefetch(s->rows + (size_t)(e->row1 - 1) * t->stride);
+        }
+        for (uint32_t x = 0; apply && x < m && rc == 0; x++)
+            rc = sparse_one(t, s, edl_get64(keys + 8 * (size_t)(i + x)), hs[x], i + x, out,
+                            grads);
+        pthread_mutex_unlock(&s->mu);
+        if (i + m < n)
+            hs[0] = next_known ? hs[m] : ps_mix64(edl_get64(keys + 8 * (size_t)(i + m)));
     }
-    if (held)
-        pthread_mutex_unlock(&held->mu);
     return rc;
 }
 
@@ -589,7 +595,7 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
-        sparse_shard *s = &t->sp[h % t->cfg.shards];
+        sparse_shard *s = &t->sp[shard_of(t, h)];
         pthread_mutex_lock(&s->mu);
         float *row = admit(&s->dd, id, req) ? sparse_row(t, s, key, h) : NULL;
         if (row) {
@@ -635,7 +641,7 @@ uint32_t ps_table_geo_take(ps_table *t, uint32_t trainer, uint32_t max, uint8_t 
 float *ps_table_row(ps_table *t, uint64_t key, bool create)
 {
     uint64_t h = ps_mix64(key);
-    sparse_shard *s = &t->sp[h % t->cfg.shards];
+    sparse_shard *s = &t->sp[shard_of(t, h)];
     return create ? sparse_row(t, s, key, h) : sparse_find(t, s, key, h);
 }
 
@@ -1033,9 +1039,9 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
                         (unsigned long long)np, DEDUP_MAX);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t key = edl_get64(keys + 8 * i), h = ps_mix64(key);
-        if (h % t->cfg.shards != sh || sparse_find(t, s, key, h))
+        if (shard_of(t, h) != sh || sparse_find(t, s, key, h))
             return edl_errf(why, whylen, EDL_EPROTO, "key %llu %s shard %u",
-                            (unsigned long long)key, h % t->cfg.shards != sh ? "is not of"
+                            (unsigned long long)key, shard_of(t, h) != sh ? "is not of"
                             : "comes twice in", sh);
         float *row = sparse_row(t, s, key, h);
         if (!row)

@@ -333,7 +333,8 @@ int edl_ps_trainer_save(edl_ps_trainer *t, int64_t step);
  *   EDL_JOB_SECRET_FILE            the job secret (or EDL_JOB_SECRET)
  *   EDL_PS_MODE                    sync, async (default), half_async or geo
  *   EDL_PS_GEO_EVERY               GEO: steps between syncs (default 10)
- *   EDL_PS_THREADS                 half_async: the trainer threads (default 1) */
+ *   EDL_PS_THREADS                 half_async: the trainer threads (default 1)
+ *   EDL_PS_LANES                   connections to each server (edl_ps_client_options.lanes) */
 typedef struct edl_fleet edl_fleet;
 
 /* 0, or EDL_ECONFIG with the variable at fault named in why. */
