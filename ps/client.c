@@ -1,5 +1,6 @@
-/* client.c: the trainer's side of the parameter server. One authenticated connection per
- * server. A call de-duplicates its keys (a pull fetches each key once; a push sums the
+/* client.c: the trainer's side of the parameter server. Authenticated connections to every
+ * server, `lanes` of them each: a big call is cut by shard into a request per lane, which the
+ * server's loops serve side by side. A call de-duplicates its keys (a pull fetches each key once; a push sums the
  * gradients of a repeated key and sends the sum once), orders them by owning server and then
  * by shard (the server locks a shard once per run of its keys), and talks to every server at
  * once: requests go out and replies come in on all links in one poll loop, each reply read
