@@ -533,7 +533,7 @@ static int train_on_servers(edl_fleet *f, const opts *o)
         rc = edl_ps_trainer_flush(edl_fleet_trainer(f));
     double seconds = now_s() - t0;
     uint64_t sent, received;
-    edl_ps_client_traffic(edl_fleet_client(f), &sent, &received);
+    edl_ps_trainer_traffic(edl_fleet_trainer(f), &sent, &received);
     if (rc == 0)
         rc = edl_fleet_barrier_worker(f); /* every worker's updates are in */
     if (rc == 0 && edl_fleet_worker_index(f) == 0 && o->ctr)

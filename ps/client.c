@@ -1287,6 +1287,36 @@ const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t tabl
     return table < EDL_PS_MAX_TABLES && c->tables[table].known ? &c->tables[table].cfg : NULL;
 }
 
+int ps_client_clone(const edl_ps_client *c, edl_ps_client **out, char *why, size_t whylen)
+{
+    const char **eps = calloc((size_t)c->n, sizeof *eps), **names = calloc((size_t)c->n,
+                                                                           sizeof *names);
+    int rc = eps && names ? 0 : edl_errf(why, whylen, EDL_ENOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < c->n; i++)
+        eps[i] = c->links[i].ep, names[i] = c->links[i].name;
+    edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = c->n,
+                               .job = c->job, .secret = &c->secret, .timeout_ms = c->timeout_ms,
+                               .max_message = c->max_message, .lanes = c->k,
+                               .servers = c->servers, .servers_arg = c->servers_arg,
+                               .generation = c->gen};
+    if (rc == 0)
+        rc = edl_ps_client_open(&o, out, why, whylen);
+    free(eps);
+    free(names);
+    return rc;
+}
+
+int ps_client_know_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg)
+{
+    client_table *t = &c->tables[table];
+    if (t->known)
+        return 0;
+    t->cfg = *cfg;
+    int rc = owner_map(c, t);
+    t->known = rc == 0;
+    return rc;
+}
+
 static int barrier_once(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
                         uint32_t trainers, bool *applied, uint64_t *done)
 {

@@ -247,6 +247,11 @@ int ps_client_put_shard(edl_ps_client *c, uint32_t table, const edl_ps_table_con
                         uint32_t shard, int64_t gen, const uint8_t *blob, size_t len);
 /* The config a client knows a table by (after edl_ps_create_table); NULL otherwise. */
 const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t table);
+/* A second client to c's servers, with c's options and map (its own links and push token):
+ * the async sender's, so that its pushes and the trainer's pulls do not wait for each other. */
+int ps_client_clone(const edl_ps_client *c, edl_ps_client **out, char *why, size_t whylen);
+/* Take a table that another client created on the servers as known (no request). EDL_ENOMEM. */
+int ps_client_know_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg);
 
 /* ---- sync mode (sync.c) --------------------------------------------------------------------- */
 #define PS_SYNC_POLL_MS 200 /* a waiting barrier is answered "not yet" after this */

@@ -255,6 +255,14 @@ static size_t find_slot(const slot *slots, size_t cap, uint64_t key, uint64_t h)
     return j;
 }
 
+/* A shard's new hash (under its lock). Stored atomically: sparse_each reads where the hash is,
+ * without the lock, for hints only (a stale address costs a wasted hint, never a fault). */
+static void publish_slots(sparse_shard *s, slot *slots, size_t cap)
+{
+    __atomic_store_n(&s->slots, slots, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->cap, cap, __ATOMIC_RELAXED);
+}
+
 static int sparse_grow_slots(sparse_shard *s)
 {
     size_t cap = s->cap ? s->cap * 2 : 64;
@@ -265,8 +273,7 @@ static int sparse_grow_slots(sparse_shard *s)
         if (s->slots[i].row1)
             slots[find_slot(slots, cap, s->slots[i].key, ps_mix64(s->slots[i].key))] = s->slots[i];
     free(s->slots);
-    s->slots = slots;
-    s->cap = cap;
+    publish_slots(s, slots, cap);
     return 0;
 }
 
@@ -424,30 +431,48 @@ static int sparse_one(ps_table *t, sparse_shard *s, uint64_t key, uint64_t h, ui
     return 0;
 }
 
-/* Keys come in runs of one shard (the client sends them by shard). A run is handled under one
- * lock in three passes: the hints for every key's slot, then (the slots in cache) for every
- * row found, then the work. On a big table every slot and row is a cache miss; the hints
- * overlap them, up to RUN_MAX at a time. */
+/* The run of keys from i on that share a shard (at most RUN_MAX): their hashes into hs, the
+ * run's length returned. */
+static uint32_t key_run(const ps_table *t, const uint8_t *keys, uint32_t n, uint32_t i,
+                        uint64_t *hs)
+{
+    uint32_t m = 1, sh = shard_of(t, hs[0] = ps_mix64(edl_get64(keys + 8 * (size_t)i)));
+    while (m < RUN_MAX && i + m < n &&
+           shard_of(t, hs[m] = ps_mix64(edl_get64(keys + 8 * (size_t)(i + m)))) == sh)
+        m++;
+    return m;
+}
+
+/* Hints for the slots of a run in shard s, whose lock is not held: where its hash is, read
+ * atomically (publish_slots); a stale address wastes a hint, a prefetch never faults. */
+static void hint_slots(const sparse_shard *s, const uint64_t *hs, uint32_t m)
+{
+    const slot *slots = __atomic_load_n(&s->slots, __ATOMIC_RELAXED);
+    size_t cap = __atomic_load_n(&s->cap, __ATOMIC_RELAXED);
+    for (uint32_t x = 0; cap && x < m; x++)
+        __builtin_prefetch(&slots[slot_home(hs[x], cap)]);
+}
+
+/* Keys come in runs of one shard (the client sends them by shard). While a run is handled,
+ * under its shard's lock, the slots of the next run are hinted; then the run's rows are
+ * hinted (their slots in cache by now), then the work is done. On a big table every slot and
+ * row is a cache miss; the hints overlap them, a run and the next at a time. */
 static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
                        const uint8_t *grads, const ps_push_id *id)
 {
-    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0, hs[RUN_MAX];
+    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0, ha[RUN_MAX], hb[RUN_MAX];
+    uint64_t *hs = ha, *next = hb;
+    uint32_t m = n ? key_run(t, keys, n, 0, hs) : 0;
     int rc = 0;
-    if (n)
-        hs[0] = ps_mix64(edl_get64(keys));
-    for (uint32_t i = 0, m; i < n && rc == 0; i += m) {
-        uint32_t sh = shard_of(t, hs[0]);
-        bool next_known = false; /* hs[m]: the hash of the next run's first key */
-        for (m = 1; m < RUN_MAX && i + m < n; m++) {
-            hs[m] = ps_mix64(edl_get64(keys + 8 * (size_t)(i + m)));
-            if ((next_known = shard_of(t, hs[m]) != sh))
-                break;
-        }
-        sparse_shard *s = &t->sp[sh];
+    if (m)
+        hint_slots(&t->sp[shard_of(t, hs[0])], hs, m);
+    for (uint32_t i = 0; i < n && rc == 0;) {
+        uint32_t mn = i + m < n ? key_run(t, keys, n, i + m, next) : 0;
+        if (mn)
+            hint_slots(&t->sp[shard_of(t, next[0])], next, mn);
+        sparse_shard *s = &t->sp[shard_of(t, hs[0])];
         pthread_mutex_lock(&s->mu);
         bool apply = !grads || admit(&s->dd, id, req);
-        for (uint32_t x = 0; apply && s->cap && x < m; x++)
-            __builtin_prefetch(&s->slots[slot_home(hs[x], s->cap)]);
         for (uint32_t x = 0; apply && s->cap && x < m; x++) {
             const slot *e = &s->slots[find_slot(s->slots, s->cap,
                                                 edl_get64(keys + 8 * (size_t)(i + x)), hs[x])];
@@ -458,8 +483,10 @@ static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
             rc = sparse_one(t, s, edl_get64(keys + 8 * (size_t)(i + x)), hs[x], i + x, out,
                             grads);
         pthread_mutex_unlock(&s->mu);
-        if (i + m < n)
-            hs[0] = next_known ? hs[m] : ps_mix64(edl_get64(keys + 8 * (size_t)(i + m)));
+        uint64_t *was = hs;
+        hs = next, next = was;
+        i += m;
+        m = mn;
     }
     return rc;
 }
@@ -793,8 +820,7 @@ static void rows_fit(const ps_table *t, sparse_shard *s)
     slot *slots = cap < s->cap ? calloc(cap, sizeof *slots) : NULL;
     if (slots) {
         free(s->slots);
-        s->slots = slots;
-        s->cap = cap;
+        publish_slots(s, slots, cap);
     } else {
         memset(s->slots, 0, s->cap * sizeof *s->slots);
     }

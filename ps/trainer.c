@@ -2,7 +2,9 @@
  * that merge gradients (async, half_async) and the GEO local copies are tables of table.c kept
  * here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
  * table whose rows hold the local copy, the synced copy and a mark: touched since the sync. The client is used by one
- * thread at a time (client_mu): the caller's pulls and the async sender take turns. A CTR
+ * thread at a time (client_mu). The async sender has a client of its own (ps_client_clone), so
+ * the caller's pulls do not wait for its pushes; without one (it could not connect) the two
+ * take turns on the caller's. A CTR
  * table's buffers are as wide as its pushes (show, click, gradients: ps_sum_config); GEO
  * refuses CTR tables. */
 #include <pthread.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edl/log.h"
 #include "edl/wire.h"
 #include "internal.h"
 
@@ -17,6 +20,7 @@
 
 struct edl_ps_trainer {
     edl_ps_client *c;
+    edl_ps_client *sc; /* async: the sender's own client (NULL: it shares c, under client_mu) */
     edl_ps_trainer_options o;
     uint64_t token, step;
     pthread_mutex_t client_mu;
@@ -62,12 +66,17 @@ const char *edl_ps_trainer_errmsg(const edl_ps_trainer *t)
     return t ? t->err : "no trainer";
 }
 
-/* A client call's outcome: its message kept on failure. */
-static int took(edl_ps_trainer *t, int rc)
+/* A call's outcome on client c: its message kept on failure. */
+static int took_from(edl_ps_trainer *t, const edl_ps_client *c, int rc)
 {
     if (rc)
-        snprintf(t->err, sizeof t->err, "%s", edl_ps_client_errmsg(t->c));
+        snprintf(t->err, sizeof t->err, "%s", edl_ps_client_errmsg(c));
     return rc;
+}
+
+static int took(edl_ps_trainer *t, int rc)
+{
+    return took_from(t, t->c, rc);
 }
 
 static const edl_ps_table_config *table_of(edl_ps_trainer *t, uint32_t table)
@@ -100,6 +109,7 @@ static ps_table *own_table(edl_ps_trainer *t, uint32_t table, uint32_t width, ui
 
 typedef struct gather {
     edl_ps_trainer *t;
+    edl_ps_client *c; /* the client that sends */
     uint32_t table, dim;
     uint64_t *keys, start; /* start: dense, the run's first element */
     float *vals;
@@ -112,11 +122,11 @@ static int gather_push(gather *g)
 {
     int rc = 0;
     if (g->n && !g->keys)
-        rc = ps_client_push_dense_mode(g->t->c, g->table, g->start, g->n, g->vals, g->mode);
+        rc = ps_client_push_dense_mode(g->c, g->table, g->start, g->n, g->vals, g->mode);
     else if (g->n)
-        rc = ps_client_push_sparse_mode(g->t->c, g->table, g->keys, g->n, g->vals, g->mode);
+        rc = ps_client_push_sparse_mode(g->c, g->table, g->keys, g->n, g->vals, g->mode);
     g->n = 0;
-    return took(g->t, rc);
+    return took_from(g->t, g->c, rc);
 }
 
 static int gather_room(gather *g, size_t more, bool keys)
@@ -173,22 +183,29 @@ static int send_table(ps_table *buf, ps_rows_fn fn, void *fn_arg, gather *g)
     return rc;
 }
 
-/* Send merge buffers taken from the trainer (under client_mu) and empty them. */
+/* Send merge buffers taken from the trainer and empty them: on the sender's own client, or on
+ * the caller's under client_mu. */
 static int send_merged(edl_ps_trainer *t, ps_table **bufs)
 {
     static const ps_call_mode plain = {0};
+    edl_ps_client *c = t->sc ? t->sc : t->c;
     int rc = 0;
-    pthread_mutex_lock(&t->client_mu);
+    if (!t->sc)
+        pthread_mutex_lock(&t->client_mu);
     for (uint32_t i = 0; i < EDL_PS_MAX_TABLES; i++) {
-        gather g = {.t = t, .table = i, .mode = &plain};
+        gather g = {.t = t, .c = c, .table = i, .mode = &plain};
+        const edl_ps_table_config *cfg = bufs[i] ? ps_client_table(t->c, i) : NULL;
+        if (bufs[i] && rc == 0 && t->sc && (rc = ps_client_know_table(c, i, cfg)) != 0)
+            snprintf(t->err, sizeof t->err, "out of memory for table %u's map", i);
         if (bufs[i] && rc == 0) {
-            g.dim = ps_push_width(ps_client_table(t->c, i));
+            g.dim = ps_push_width(cfg);
             rc = send_table(bufs[i], gather_rows, &g, &g);
         }
         if (bufs[i])
             ps_table_reset(bufs[i]);
     }
-    pthread_mutex_unlock(&t->client_mu);
+    if (!t->sc)
+        pthread_mutex_unlock(&t->client_mu);
     return rc;
 }
 
@@ -413,7 +430,7 @@ static int geo_sync(edl_ps_trainer *t)
         if (!t->local[i])
             continue;
         uint32_t dim = ps_client_table(t->c, i)->dim;
-        gather g = {.t = t, .table = i, .dim = dim, .mode = &m};
+        gather g = {.t = t, .c = t->c, .table = i, .dim = dim, .mode = &m};
         geo_ctx x = {.t = t, .dim = dim, .g = &g, .local = t->local[i]};
         rc = send_table(t->local[i], geo_deltas, &x, &g);
         if (rc == 0)
@@ -464,6 +481,9 @@ int edl_ps_trainer_open(edl_ps_client *c, const edl_ps_trainer_options *o,
                             ((uint64_t)o->trainer_id << 48));
         rc = sync_barrier(t, UINT64_MAX, &t->step);
     } else if (o->mode == EDL_PS_MODE_ASYNC) {
+        char err[256];
+        if (ps_client_clone(c, &t->sc, err, sizeof err) != 0)
+            EDL_WARN("ps", "the async sender shares the trainer's client: %s", err);
         rc = pthread_create(&t->sender, NULL, sender_main, t) ? EDL_EIO : 0;
         t->has_sender = rc == 0;
     }
@@ -488,6 +508,7 @@ int edl_ps_trainer_close(edl_ps_trainer *t)
         pthread_mutex_unlock(&t->mu);
         pthread_join(t->sender, NULL);
     }
+    edl_ps_client_close(t->sc);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table_free(t->merge[i]);
         ps_table_free(t->spare[i]);
@@ -606,6 +627,22 @@ int edl_ps_trainer_save(edl_ps_trainer *t, int64_t step)
     rc = took(t, edl_ps_save(t->c, step));
     pthread_mutex_unlock(&t->client_mu);
     return rc;
+}
+
+void edl_ps_trainer_traffic(edl_ps_trainer *t, uint64_t *sent, uint64_t *received)
+{
+    uint64_t s = 0, r = 0;
+    pthread_mutex_lock(&t->mu); /* with mu held and no send in flight, the sender waits */
+    while (t->sending)
+        pthread_cond_wait(&t->cv, &t->mu);
+    if (t->sc)
+        edl_ps_client_traffic(t->sc, &s, &r);
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_lock(&t->client_mu);
+    edl_ps_client_traffic(t->c, sent, received);
+    pthread_mutex_unlock(&t->client_mu);
+    *sent += s;
+    *received += r;
 }
 
 int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers)

@@ -321,6 +321,9 @@ int edl_ps_trainer_shrink(edl_ps_trainer *t, uint32_t table, uint64_t *evicted);
 /* edl_ps_save through the trainer, after edl_ps_trainer_flush: the checkpoint holds every
  * update this trainer made before the call. */
 int edl_ps_trainer_save(edl_ps_trainer *t, int64_t step);
+/* Bytes sent and received by the trainer: its client's (edl_ps_client_traffic) and, in async
+ * mode, those of the sender's own client. Call it when no push is in flight (after a flush). */
+void edl_ps_trainer_traffic(edl_ps_trainer *t, uint64_t *sent, uint64_t *received);
 
 /* ---- roles, as Paddle's Fleet gives them ------------------------------------------------------
  * edl_fleet_init reads the environment that Paddle's launchers (and edl's agent) give a
