@@ -315,6 +315,9 @@ typedef struct ps_worker {
     long thread, steps, trained;
     uint64_t shrinks, evicted; /* ctr: worker 0's first thread shrinks */
     uint64_t saves;            /* PS checkpoints it asked for (--save-every) */
+    example *e, *next;         /* this step's batch; the next one's (async: made early) */
+    uint64_t *keys, *next_keys;
+    bool have_next;            /* next holds the next step's batch, its rows pulled ahead */
     int rc;
 } ps_worker;
 
@@ -410,18 +413,52 @@ static int maybe_save(ps_worker *w, long step)
     return edl_ps_trainer_save(edl_fleet_trainer(w->f), step + 1);
 }
 
-static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *rows,
-                   float *wide)
+/* The batch of `step` into e (and its keys). */
+static void make_batch(const ps_worker *w, long step, example *e, uint64_t *keys)
+{
+    const opts *o = w->o;
+    long b = o->batch, nw = edl_fleet_worker_num(w->f), wi = edl_fleet_worker_index(w->f);
+    long first = ((step * nw + wi) * o->threads + w->thread) * b;
+    for (long i = 0; i < b; i++) {
+        make_example(o->seed, (uint64_t)((first + i) % o->examples), &e[i]);
+        memcpy(keys + i * NSLOT, e[i].key, sizeof e[i].key);
+    }
+}
+
+/* async: make the batch of `step` now and have its rows pulled while this step computes. */
+static int pull_ahead(ps_worker *w, long step, long last)
+{
+    edl_ps_trainer *t = edl_fleet_trainer(w->f);
+    size_t nk = (size_t)w->o->batch * NSLOT;
+    if (edl_fleet_mode(w->f) != EDL_PS_MODE_ASYNC || step > last)
+        return 0;
+    make_batch(w, step, w->next, w->next_keys);
+    w->have_next = true;
+    int rc = edl_ps_trainer_prefetch_sparse(t, w->o->ctr ? T_EMB : T_LR, w->next_keys, nk);
+    return rc || w->o->ctr ? rc : edl_ps_trainer_prefetch_sparse(t, T_EMB, w->next_keys, nk);
+}
+
+static int ps_step(ps_worker *w, long step, long last, float *rows, float *wide)
 {
     const opts *o = w->o;
     edl_ps_trainer *t = edl_fleet_trainer(w->f);
-    long b = o->batch, nw = edl_fleet_worker_num(w->f), wi = edl_fleet_worker_index(w->f);
-    long first = ((step * nw + wi) * o->threads + w->thread) * b;
+    long b = o->batch;
     float *lr = rows, *emb = lr + b * NSLOT, *glr = emb + b * NSLOT * EMB;
     float *gemb = glr + b * NSLOT, dense[NPARAM], gdense[NPARAM] = {0};
-    for (long i = 0; i < b; i++)
-        make_example(o->seed, (uint64_t)((first + i) % o->examples), &e[i]);
+    if (w->have_next) { /* made by the step before */
+        example *e = w->e;
+        uint64_t *k = w->keys;
+        w->e = w->next, w->keys = w->next_keys;
+        w->next = e, w->next_keys = k;
+        w->have_next = false;
+    } else {
+        make_batch(w, step, w->e, w->keys);
+    }
+    example *e = w->e;
+    uint64_t *keys = w->keys;
     int rc = pull_rows(t, NULL, e, b, keys, lr, emb, dense, o->ctr ? wide : NULL);
+    if (rc == 0)
+        rc = pull_ahead(w, step + 1, last);
     for (long i = 0; rc == 0 && i < b; i++)
         example_grad(&e[i], lr + i * NSLOT, emb + i * NSLOT * EMB, dense, 1.0f / (float)b,
                      glr + i * NSLOT, gemb + i * NSLOT * EMB, gdense);
@@ -443,22 +480,26 @@ static int ps_step(ps_worker *w, long step, example *e, uint64_t *keys, float *r
 static void *ps_thread(void *arg)
 {
     ps_worker *w = arg;
-    long b = w->o->batch;
-    example *e = malloc((size_t)b * sizeof *e);
-    uint64_t *keys = malloc((size_t)b * NSLOT * sizeof *keys);
+    long b = w->o->batch, last = w->o->epochs * w->steps - 1;
+    w->e = malloc((size_t)b * sizeof *w->e);
+    w->next = malloc((size_t)b * sizeof *w->next);
+    w->keys = malloc((size_t)b * NSLOT * sizeof *w->keys);
+    w->next_keys = malloc((size_t)b * NSLOT * sizeof *w->next_keys);
     float *rows = malloc((size_t)b * NSLOT * (1 + EMB) * 2 * sizeof *rows);
     float *wide = malloc((size_t)b * NSLOT * (3 + EMB) * sizeof *wide);
     for (long ep = 0; ep < w->o->epochs && w->rc == 0; ep++)
         for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b) {
-            w->rc = ps_step(w, ep * w->steps + s, e, keys, rows, wide);
+            w->rc = ps_step(w, ep * w->steps + s, last, rows, wide);
             if (w->link)
                 edl_agent_link_report_step(w->link, ep * w->steps + s + 1);
         }
     if (w->rc)
         fprintf(stderr, "ctr: worker %d thread %ld: %s\n", edl_fleet_worker_index(w->f),
                 w->thread, edl_ps_trainer_errmsg(edl_fleet_trainer(w->f)));
-    free(e);
-    free(keys);
+    free(w->e);
+    free(w->next);
+    free(w->keys);
+    free(w->next_keys);
     free(rows);
     free(wide);
     return NULL;

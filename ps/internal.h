@@ -253,6 +253,23 @@ int ps_client_clone(const edl_ps_client *c, edl_ps_client **out, char *why, size
 /* Take a table that another client created on the servers as known (no request). EDL_ENOMEM. */
 int ps_client_know_table(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg);
 
+/* ---- pulls ahead of need (prefetch.c) -------------------------------------------------------- */
+typedef struct ps_prefetch ps_prefetch;
+/* A thread and a client (a clone of c) that pull rows ahead. */
+int ps_prefetch_open(const edl_ps_client *c, ps_prefetch **out, char *why, size_t whylen);
+void ps_prefetch_close(ps_prefetch *p);
+/* Pull keys of table (config cfg) now, in the background; the table's last one is replaced
+ * (after it is off the wire). EDL_ENOMEM. */
+int ps_prefetch_start(ps_prefetch *p, uint32_t table, const edl_ps_table_config *cfg,
+                      const uint64_t *keys, size_t n);
+/* When the table's pull ahead is of these keys: wait for it (then it is used up), and on
+ * success copy its rows (n * dim floats) into out: true. False (none of these keys, or it
+ * failed): pull them yourself. */
+/* Bytes its client sent and received (edl_ps_client_traffic), once no pull is on the wire. */
+void ps_prefetch_traffic(ps_prefetch *p, uint64_t *sent, uint64_t *received);
+bool ps_prefetch_take(ps_prefetch *p, uint32_t table, const uint64_t *keys, size_t n,
+                     float *out, uint32_t dim);
+
 /* ---- sync mode (sync.c) --------------------------------------------------------------------- */
 #define PS_SYNC_POLL_MS 200 /* a waiting barrier is answered "not yet" after this */
 /* A BARRIER's table field names its space: sync mode's steps, or the workers' own barrier

@@ -21,6 +21,7 @@
 struct edl_ps_trainer {
     edl_ps_client *c;
     edl_ps_client *sc; /* async: the sender's own client (NULL: it shares c, under client_mu) */
+    ps_prefetch *pf;   /* async: pulls ahead (NULL: none) */
     edl_ps_trainer_options o;
     uint64_t token, step;
     pthread_mutex_t client_mu;
@@ -484,6 +485,8 @@ int edl_ps_trainer_open(edl_ps_client *c, const edl_ps_trainer_options *o,
         char err[256];
         if (ps_client_clone(c, &t->sc, err, sizeof err) != 0)
             EDL_WARN("ps", "the async sender shares the trainer's client: %s", err);
+        if (ps_prefetch_open(c, &t->pf, err, sizeof err) != 0)
+            EDL_WARN("ps", "no pulls ahead: %s", err);
         rc = pthread_create(&t->sender, NULL, sender_main, t) ? EDL_EIO : 0;
         t->has_sender = rc == 0;
     }
@@ -509,6 +512,7 @@ int edl_ps_trainer_close(edl_ps_trainer *t)
         pthread_join(t->sender, NULL);
     }
     edl_ps_client_close(t->sc);
+    ps_prefetch_close(t->pf);
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table_free(t->merge[i]);
         ps_table_free(t->spare[i]);
@@ -532,9 +536,25 @@ int edl_ps_trainer_pull_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t
                    dim * sizeof *out);
         return rc;
     }
+    const edl_ps_table_config *cfg = t->pf ? table_of(t, table) : NULL;
+    if (cfg && ps_prefetch_take(t->pf, table, keys, n, out, cfg->dim))
+        return 0;
     pthread_mutex_lock(&t->client_mu);
     int rc = took(t, edl_ps_pull_sparse(t->c, table, keys, n, out));
     pthread_mutex_unlock(&t->client_mu);
+    return rc;
+}
+
+int edl_ps_trainer_prefetch_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t *keys,
+                                   size_t n)
+{
+    const edl_ps_table_config *cfg = table_of(t, table);
+    if (!cfg || cfg->kind != EDL_PS_SPARSE)
+        return cfg ? (snprintf(t->err, sizeof t->err, "table %u is dense", table), EDL_EINVAL)
+                   : EDL_EINVAL;
+    int rc = t->pf && n ? ps_prefetch_start(t->pf, table, cfg, keys, n) : 0;
+    if (rc)
+        snprintf(t->err, sizeof t->err, "out of memory to pull %zu keys ahead", n);
     return rc;
 }
 
@@ -643,6 +663,11 @@ void edl_ps_trainer_traffic(edl_ps_trainer *t, uint64_t *sent, uint64_t *receive
     pthread_mutex_unlock(&t->client_mu);
     *sent += s;
     *received += r;
+    if (t->pf) {
+        ps_prefetch_traffic(t->pf, &s, &r);
+        *sent += s;
+        *received += r;
+    }
 }
 
 int edl_ps_trainer_set_trainers(edl_ps_trainer *t, int trainer_id, int trainers)

@@ -708,6 +708,57 @@ static void test_modes_have_names_and_bad_options_are_refused(void **state)
     harness_ps_close(&k);
 }
 
+/* async: the keys of the next batch pulled ahead. The rows taken from a pull ahead are those a
+ * direct pull gives, and they come over the pull-ahead's own client (the trainer's client
+ * carries nothing; the trainer's traffic counts them); a pull of other keys is a pull of its
+ * own; a dense table is refused; in sync mode a pull ahead does nothing and pulls are direct. */
+static void test_async_pulls_ahead_give_the_rows_a_pull_gives(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    run r = {0}, y = {0};
+    open_run(&r, &k, EDL_PS_MODE_ASYNC, 0, 1);
+    edl_ps_client *o = harness_ps_client(&k, 10000);
+    tables(o, EDL_PS_SGD, 0);
+    uint64_t keys[16], other[16];
+    float g[16 * DIM], want[16 * DIM], got[16 * DIM];
+    batch(0, 0, keys, g);
+    batch(1, 5, other, g);
+    harness_ps_ok(o, edl_ps_push_sparse(o, 0, keys, 16, g)); /* rows away from their start */
+    harness_ps_ok(o, edl_ps_pull_sparse(o, 0, keys, 16, want));
+    uint64_t cs0, cr0, cs1, cr1, ts0, tr0, ts1, tr1;
+    edl_ps_client_traffic(r.c, &cs0, &cr0);
+    edl_ps_trainer_traffic(r.t, &ts0, &tr0);
+    assert_int_equal(edl_ps_trainer_prefetch_sparse(r.t, 0, keys, 16), 0);
+    assert_int_equal(edl_ps_trainer_pull_sparse(r.t, 0, keys, 16, got), 0);
+    assert_memory_equal(got, want, sizeof want);
+    edl_ps_client_traffic(r.c, &cs1, &cr1);
+    edl_ps_trainer_traffic(r.t, &ts1, &tr1);
+    assert_true(cs1 == cs0 && cr1 == cr0); /* not through the trainer's client */
+    assert_true(tr1 >= tr0 + sizeof want);
+    assert_int_equal(edl_ps_trainer_prefetch_sparse(r.t, 0, keys, 16), 0);
+    harness_ps_ok(o, edl_ps_pull_sparse(o, 0, other, 16, want));
+    assert_int_equal(edl_ps_trainer_pull_sparse(r.t, 0, other, 16, got), 0); /* not those */
+    assert_memory_equal(got, want, sizeof want);
+    edl_ps_client_traffic(r.c, &cs1, &cr1);
+    assert_true(cr1 >= cr0 + sizeof want); /* this one went through the trainer's client */
+    assert_int_equal(edl_ps_trainer_prefetch_sparse(r.t, 1, keys, 16), EDL_EINVAL);
+    assert_non_null(strstr(edl_ps_trainer_errmsg(r.t), "dense"));
+    close_run(&r);
+    edl_ps_client_close(o);
+    harness_ps_close(&k);
+    harness_ps_open(&k, 2, NULL); /* sync's tables are Adam's */
+    open_run(&y, &k, EDL_PS_MODE_SYNC, 0, 1);
+    assert_int_equal(edl_ps_trainer_prefetch_sparse(y.t, 0, keys, 16), 0);
+    edl_ps_client_traffic(y.c, &cs0, &cr0);
+    assert_int_equal(edl_ps_trainer_pull_sparse(y.t, 0, keys, 16, got), 0);
+    edl_ps_client_traffic(y.c, &cs1, &cr1);
+    assert_true(cr1 >= cr0 + sizeof got); /* sync: a direct pull */
+    close_run(&y);
+    harness_ps_close(&k);
+}
+
 /* ---- roles from the environment, and the CTR example ----------------------------------------- */
 
 static void test_fleet_reads_paddles_environment_and_names_what_is_wrong(void **state)
@@ -849,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_sync_applies_the_sum_of_every_trainers_gradients_once_a_step),
         cmocka_unit_test(test_sync_barrier_follows_the_trainer_count_when_one_leaves),
         cmocka_unit_test(test_async_applies_every_gradient_exactly_once),
+        cmocka_unit_test(test_async_pulls_ahead_give_the_rows_a_pull_gives),
         cmocka_unit_test(test_half_async_merges_threads_and_never_waits_for_other_trainers),
         cmocka_unit_test(test_geo_local_copies_and_servers_follow_the_protocol),
         cmocka_unit_test(test_ctr_tables_train_in_sync_async_and_half_async),

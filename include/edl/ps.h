@@ -307,6 +307,14 @@ int edl_ps_trainer_pull_dense(edl_ps_trainer *t, uint32_t table, uint64_t off, u
                               float *out);
 int edl_ps_trainer_push_dense(edl_ps_trainer *t, uint32_t table, uint64_t off, uint64_t n,
                               const float *grads);
+/* async: the keys of a coming pull of table (the next batch's): they are pulled now, on a
+ * client and thread of their own, while this batch computes; the next edl_ps_trainer_pull_sparse
+ * of the same table and keys takes those rows (waiting for them if they are still on the way).
+ * Such rows were read when the prefetch ran: they miss this trainer's pushes made since (one
+ * batch's, in the usual loop), which async allows. Other modes: nothing (their pulls must see
+ * every update the mode promises). 0, or EDL_EINVAL / EDL_ENOMEM. */
+int edl_ps_trainer_prefetch_sparse(edl_ps_trainer *t, uint32_t table, const uint64_t *keys,
+                                   size_t n);
 /* The end of a training step (of this thread's batch, in half_async). */
 int edl_ps_trainer_step(edl_ps_trainer *t);
 /* Every push so far is applied on the servers (geo: the local changes are pushed now). */
@@ -322,7 +330,8 @@ int edl_ps_trainer_shrink(edl_ps_trainer *t, uint32_t table, uint64_t *evicted);
  * update this trainer made before the call. */
 int edl_ps_trainer_save(edl_ps_trainer *t, int64_t step);
 /* Bytes sent and received by the trainer: its client's (edl_ps_client_traffic) and, in async
- * mode, those of the sender's own client. Call it when no push is in flight (after a flush). */
+ * mode, those of the sender's and of the pulls ahead's own clients. Call it when no push is in
+ * flight (after a flush). */
 void edl_ps_trainer_traffic(edl_ps_trainer *t, uint64_t *sent, uint64_t *received);
 
 /* ---- roles, as Paddle's Fleet gives them ------------------------------------------------------
