@@ -15,6 +15,10 @@
  *   sparse push  the same keys with gradients (SGD on the server): payload 8 + 4 dim a key
  *   dense pull   the whole dense table of --dense floats (split over 1,024 shards), GB/s
  *   dense push   its gradients (SGD), GB/s
+ *   table        one thread on the same table in this process (ps/table.c: no network, no
+ *                client), the same batches sorted by shard as the client sends them, only the
+ *                table's call timed: what one loop of a server can do at most, printed once
+ *                under the first pair's sparse lines.
  * Each line: the rate, the payload GB/s and its share of the bound. Then the servers' memory:
  * bytes a row of the sparse table, and of a CTR table over the same keys (the CTR accessor,
  * rows of --dim floats): without embedx, with it, and after a shrink that evicts half.
@@ -53,6 +57,8 @@
 #include "edl/log.h"
 #include "edl/proc.h"
 #include "edl/ps.h"
+#include "edl/wire.h"
+#include "internal.h" /* ps/: the table alone, for its bound */
 
 #define MAX_PROCS 8
 #define CHUNK (1u << 20)
@@ -410,6 +416,56 @@ static void print_line(int w, int s, int ph, double rate, const opts *o, double 
            payload / 1e9, bound / 1e9, 100 * payload / bound);
 }
 
+static int by_shard(const void *a, const void *b)
+{
+    uint32_t x = edl_ps_key_shard(*(const uint64_t *)a, EDL_PS_DEFAULT_SHARDS);
+    uint32_t y = edl_ps_key_shard(*(const uint64_t *)b, EDL_PS_DEFAULT_SHARDS);
+    return (x > y) - (x < y);
+}
+
+/* One thread's sparse pulls and pushes (SGD) on an in-process table of the bench's keys, the
+ * batches of run_sparse sorted by shard: keys/s of the table's calls alone. */
+static void measure_table(const opts *o, double *pull, double *push)
+{
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = o->dim;
+    ps_table *t;
+    uint64_t *keys = malloc(o->batch * sizeof *keys);
+    uint8_t *wire = malloc(o->batch * 8ull), *grads = calloc((size_t)o->batch * o->dim, 4);
+    float *rows = malloc((size_t)o->batch * o->dim * sizeof *rows);
+    if (!keys || !wire || !grads || !rows || ps_table_new(&cfg, &t) != 0)
+        die("out of memory");
+    for (uint64_t k = 0; k < o->keys; k += o->batch) { /* every row made first */
+        uint32_t n = (uint32_t)(o->keys - k < o->batch ? o->keys - k : o->batch);
+        for (uint32_t j = 0; j < n; j++)
+            edl_put64(wire + 8 * (size_t)j, key_of(k + j));
+        ps_table_pull_sparse(t, wire, n, rows);
+    }
+    unsigned seed = 777;
+    for (int ph = 0; ph < 2; ph++) {
+        double t0 = now_s(), in_calls = 0, n = 0;
+        while (now_s() - t0 < o->seconds) {
+            uint64_t base = (uint64_t)rand_r(&seed) << 16 ^ (uint64_t)rand_r(&seed);
+            for (uint32_t j = 0; j < o->batch; j++)
+                keys[j] = key_of((base + (uint64_t)j * 7919) % o->keys);
+            qsort(keys, o->batch, sizeof *keys, by_shard);
+            for (uint32_t j = 0; j < o->batch; j++)
+                edl_put64(wire + 8 * (size_t)j, keys[j]);
+            double a = now_s();
+            if (ph == 0)
+                ps_table_pull_sparse(t, wire, o->batch, rows);
+            else
+                ps_table_push_sparse(t, wire, o->batch, grads, NULL);
+            in_calls += now_s() - a;
+            n += o->batch;
+        }
+        *(ph == 0 ? pull : push) = n / in_calls;
+    }
+    ps_table_free(t);
+    free(keys), free(wire), free(grads), free(rows);
+}
+
 static void run_pair(int w, int s, const opts *o, const char *secret_file)
 {
     fflush(stdout); /* the children must not inherit unwritten output */
@@ -446,6 +502,14 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
             total += r;
         }
         print_line(w, s, ph, total, o, bound);
+        if (ph == PH_SPUSH && o->pairs[0][0] == w && o->pairs[0][1] == s) {
+            double pull = 0, push = 0;
+            measure_table(o, &pull, &push);
+            printf("  the table alone, one thread in one process: pull %.2f M keys/s (%.2f GB/s, "
+                   "%.0f %% of the bound), push %.2f M keys/s: one server loop's most\n",
+                   pull / 1e6, pull * 4 * o->dim / 1e9, 100 * pull * 4 * o->dim / bound,
+                   push / 1e6);
+        }
         fflush(stdout);
     }
     for (int i = 0; i < w; i++)
