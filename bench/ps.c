@@ -8,7 +8,8 @@
  *   bound        W receiver processes each connected to S sender processes (plain TCP, 4 MiB
  *                socket buffers, 1 MiB writes from a buffer in cache), all streams at once:
  *                the bytes per second the loopback carries in one direction with this
- *                topology. No parameter server moves its heavy direction faster.
+ *                topology, the best of three tries of --seconds each. No parameter server
+ *                moves its heavy direction faster.
  *   sparse pull  batches of --batch random keys of a --keys key space (every row created by a
  *                warm-up pull first), rows of --dim floats: keys/s over all workers; its
  *                payload is the rows (4 dim bytes a key)
@@ -469,7 +470,11 @@ static void measure_table(const opts *o, double *pull, double *push)
 static void run_pair(int w, int s, const opts *o, const char *secret_file)
 {
     fflush(stdout); /* the children must not inherit unwritten output */
-    double bound = measure_bound(w, s, o->seconds);
+    double bound = 0; /* the best of three tries: a shared VM's loopback varies from try to try */
+    for (int i = 0; i < 3; i++) {
+        double b = measure_bound(w, s, o->seconds);
+        bound = b > bound ? b : bound;
+    }
     pid_t srv[MAX_PROCS], wk[MAX_PROCS];
     char eps_buf[MAX_PROCS][128];
     const char *eps[MAX_PROCS];
