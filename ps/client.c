@@ -1134,9 +1134,25 @@ int edl_ps_push_sparse(edl_ps_client *c, uint32_t table, const uint64_t *keys, s
 
 /* ---- dense --------------------------------------------------------------------------------- */
 
-/* Cut [off, off + n) at shard boundaries; each piece goes to its owner's segment list (a piece
- * that continues the owner's last segment extends it). */
-static int plan_dense(edl_ps_client *c, const client_table *t, int r, uint64_t off, uint64_t n)
+/* [a, b) onto l's segment list: it extends the last segment when it continues it. */
+static int dense_segment(edl_ps_client *c, ps_link *l, uint64_t a, uint64_t b)
+{
+    uint64_t lo, len;
+    if (l->nseg && (ps_segment_get(l->seg, l->nseg - 1, &lo, &len), lo + len == a)) {
+        ps_segment_put(l->seg, l->nseg - 1, lo, len + (b - a));
+    } else {
+        if (!(l->seg = grow(l->seg, &l->seg_cap, 16 * ((size_t)l->nseg + 1), 1)))
+            return fail(c, EDL_ENOMEM, "out of memory");
+        ps_segment_put(l->seg, l->nseg++, a, b - a);
+    }
+    l->total += b - a;
+    return 0;
+}
+
+/* Cut [off, off + n) at shard boundaries; each piece goes to the segment lists of its shard's
+ * first nrep holders (1: the owner; a push, every replica at once). */
+static int plan_dense(edl_ps_client *c, const client_table *t, int nrep, uint64_t off,
+                      uint64_t n)
 {
     const edl_ps_table_config *cfg = &t->cfg;
     c->plan_shards = 0; /* the links' first and count are about to change */
@@ -1145,24 +1161,15 @@ static int plan_dense(edl_ps_client *c, const client_table *t, int r, uint64_t o
     int *const *link = n >= (uint64_t)c->nl * LANE_MIN_FLOATS ? t->lane : t->rep;
     uint32_t s0 = edl_ps_dense_shard(off, cfg->size, cfg->shards);
     uint32_t s1 = edl_ps_dense_shard(off + n - 1, cfg->size, cfg->shards);
-    for (uint32_t s = s0; s <= s1; s++) {
-        uint64_t a = edl_ps_dense_shard_start(cfg->size, cfg->shards, s);
-        uint64_t b = a + edl_ps_dense_shard_len(cfg->size, cfg->shards, s);
-        a = a > off ? a : off;
-        b = b < off + n ? b : off + n;
-        if (a >= b)
-            continue;
-        ps_link *l = &c->links[link[r][s]];
-        uint64_t lo, len;
-        if (l->nseg && (ps_segment_get(l->seg, l->nseg - 1, &lo, &len), lo + len == a)) {
-            ps_segment_put(l->seg, l->nseg - 1, lo, len + (b - a));
-        } else {
-            if (!(l->seg = grow(l->seg, &l->seg_cap, 16 * ((size_t)l->nseg + 1), 1)))
-                return fail(c, EDL_ENOMEM, "out of memory");
-            ps_segment_put(l->seg, l->nseg++, a, b - a);
+    for (int r = 0; r < nrep; r++)
+        for (uint32_t s = s0; s <= s1; s++) {
+            uint64_t a = edl_ps_dense_shard_start(cfg->size, cfg->shards, s);
+            uint64_t b = a + edl_ps_dense_shard_len(cfg->size, cfg->shards, s);
+            a = a > off ? a : off;
+            b = b < off + n ? b : off + n;
+            if (a < b && dense_segment(c, &c->links[link[r][s]], a, b) != 0)
+                return EDL_ENOMEM;
         }
-        l->total += b - a;
-    }
     for (int i = 0; i < c->nl; i++)
         c->links[i].count = c->links[i].total; /* for check_size's message */
     return 0;
@@ -1227,12 +1234,10 @@ static int dense_piece(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t 
 {
     const client_table *t = &c->tables[table];
     uint64_t seq = push ? ++c->seq : 0; /* each piece a push of its own */
-    for (;;) {
+    for (;;) { /* a push goes to every holder at once: its owner's and backups' segments */
         int rc = links_usable(c) ? EDL_EPEER : 0;
-        for (int r = 0; rc == 0 && r < (push ? t->nrep : 1); r++) { /* owners, then backups */
-            if ((rc = plan_dense(c, t, r, off, n)) == 0)
-                rc = dense_call(c, table, push, m, seq, off, range);
-        }
+        if (rc == 0 && (rc = plan_dense(c, t, push ? t->nrep : 1, off, n)) == 0)
+            rc = dense_call(c, table, push, m, seq, off, range);
         if (rc == 0 || !retryable(c, rc) || (rc = settle(c, rc)) != 0)
             return rc;
     }
