@@ -1,6 +1,7 @@
-/* trainer.c: the update modes on the trainer's side (edl_ps_trainer, see ps.h). The buffers
- * that merge gradients (async, half_async) and the GEO local copies are tables of table.c kept
- * here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
+/* trainer.c: the update modes on the trainer's side (edl_ps_trainer, see ps.h). In async and
+ * half_async a sparse push is appended to a log; the sender folds the logs into the merge
+ * buffers. The buffers that merge gradients and the GEO local copies are tables of table.c
+ * kept here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
  * table whose rows hold the local copy, the synced copy and a mark: touched since the sync. The client is used by one
  * thread at a time (client_mu). The async sender has a client of its own (ps_client_clone), so
  * the caller's pulls do not wait for its pushes; without one (it could not connect) the two
@@ -17,6 +18,16 @@
 #include "internal.h"
 
 #define SEND_CHUNK 65536 /* rows of one push of a merge buffer */
+#define LOG_MAX (1u << 18) /* keys a table's log holds before the pushing thread folds it */
+
+/* Sparse pushes of async and half_async, as they came (keys, then width floats a key): the
+ * pushing thread only appends; the sender folds them into the merge buffer (a hash, the costly
+ * part) on its own thread. */
+typedef struct push_log {
+    uint64_t *keys;
+    float *vals;
+    size_t n, cap;
+} push_log;
 
 struct edl_ps_trainer {
     edl_ps_client *c;
@@ -28,6 +39,8 @@ struct edl_ps_trainer {
     pthread_mutex_t mu; /* merge buffers, the sender's state, the half_async barrier */
     pthread_cond_t cv;
     ps_table *merge[EDL_PS_MAX_TABLES], *spare[EDL_PS_MAX_TABLES]; /* spare: sent, emptied */
+    push_log logs[2][EDL_PS_MAX_TABLES]; /* logs[cur]: appended to (under mu), with merge[] */
+    int cur;
     bool queued, sending, stop, has_sender;
     pthread_t sender;
     int send_rc;
@@ -212,18 +225,57 @@ static int send_merged(edl_ps_trainer *t, ps_table **bufs)
 
 /* ---- async: the sender thread ---------------------------------------------------------------- */
 
-/* Send what is queued: called, and returns, with t->mu held (released while sending). The
- * buffers sent are emptied and kept as the spares for the round after next. */
+/* The log's pushes into buf (its merge buffer), summed per key; the log emptied. */
+static int fold(ps_table *buf, push_log *lg)
+{
+    int rc = lg->n ? ps_table_push_sparse(buf, (const uint8_t *)lg->keys, (uint32_t)lg->n,
+                                          (const uint8_t *)lg->vals, NULL) : 0;
+    lg->n = 0;
+    return rc;
+}
+
+static int log_append(push_log *lg, const uint64_t *keys, size_t n, const float *vals,
+                      size_t width)
+{
+    if (lg->n + n > lg->cap) {
+        size_t cap = lg->cap ? 2 * lg->cap : 4096;
+        while (cap < lg->n + n)
+            cap *= 2;
+        uint64_t *k = realloc(lg->keys, cap * sizeof *k);
+        if (k)
+            lg->keys = k;
+        float *v = k ? realloc(lg->vals, cap * width * sizeof *v) : NULL;
+        if (v)
+            lg->vals = v;
+        if (!k || !v)
+            return EDL_ENOMEM;
+        lg->cap = cap;
+    }
+    memcpy(lg->keys + lg->n, keys, n * sizeof *keys);
+    memcpy(lg->vals + lg->n * width, vals, n * width * sizeof *vals);
+    lg->n += n;
+    return 0;
+}
+
+/* Send what is queued: called, and returns, with t->mu held (released while folding the logs
+ * and sending). The buffers sent are emptied and kept as the spares for the round after next. */
 static int send_queued(edl_ps_trainer *t)
 {
     ps_table *bufs[EDL_PS_MAX_TABLES];
+    push_log *logs = t->logs[t->cur];
     memcpy(bufs, t->merge, sizeof bufs);
     memcpy(t->merge, t->spare, sizeof bufs);
     memset(t->spare, 0, sizeof t->spare);
+    t->cur ^= 1;
     t->queued = false;
     t->sending = true;
     pthread_mutex_unlock(&t->mu);
-    int rc = send_merged(t, bufs);
+    int rc = 0;
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
+        if (bufs[i] && rc == 0 && (rc = fold(bufs[i], &logs[i])) != 0)
+            snprintf(t->err, sizeof t->err, "out of memory merging table %d's pushes", i);
+    if (rc == 0)
+        rc = send_merged(t, bufs);
     pthread_mutex_lock(&t->mu);
     memcpy(t->spare, bufs, sizeof bufs);
     t->sending = false;
@@ -256,11 +308,16 @@ static int merge_push(edl_ps_trainer *t, uint32_t table, const uint64_t *keys, s
         return EDL_EINVAL;
     pthread_mutex_lock(&t->mu);
     int rc = t->send_rc;
+    push_log *lg = &t->logs[t->cur][table];
     if (rc == 0 && !t->merge[table] && !(t->merge[table] = own_table(t, table, 1, 0)))
         rc = EDL_ENOMEM;
-    if (rc == 0 && keys)
+    if (rc == 0 && keys && lg->n + n > LOG_MAX) /* the sender is behind: fold here */
+        rc = fold(t->merge[table], lg);
+    if (rc == 0 && keys && n > LOG_MAX)
         rc = ps_table_push_sparse(t->merge[table], (const uint8_t *)keys, (uint32_t)n,
                                   (const uint8_t *)grads, NULL);
+    else if (rc == 0 && keys)
+        rc = log_append(lg, keys, n, grads, ps_push_width(cfg));
     else if (rc == 0)
         rc = ps_table_push_dense(t->merge[table], off, n, (const uint8_t *)grads, NULL);
     if (rc == 0) {
@@ -516,6 +573,8 @@ int edl_ps_trainer_close(edl_ps_trainer *t)
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
         ps_table_free(t->merge[i]);
         ps_table_free(t->spare[i]);
+        for (int j = 0; j < 2; j++)
+            free(t->logs[j][i].keys), free(t->logs[j][i].vals);
         ps_table_free(t->local[i]);
     }
     pthread_cond_destroy(&t->cv);
