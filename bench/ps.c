@@ -27,7 +27,10 @@
  * Then the modes (--ctr-examples N, 0: skip): examples/ctr (logistic regression plus embeddings,
  * 13 dense and 26 sparse slots) trained in one process (--local), then on edl-ps in each mode
  * with each W x S, one thread per worker: test AUC and logloss, examples/s per trainer thread
- * against the local figure, and bytes sent per example against async's.
+ * against the local figure, bytes sent per example against async's, and the servers' CPU
+ * time per example trained (from /proc, the workers' test pass included) beside the local
+ * trainer's time per example: when the servers share the trainers' cores, a trainer thread
+ * cannot beat local by more than that leaves.
  *
  * Then a server joins (--join, on by default; 0 skips): 2 servers (threads of this process)
  * hold every row of the key space while one client pushes batches; a third joins the map. It
@@ -60,6 +63,7 @@
 #include "edl/ps.h"
 #include "edl/wire.h"
 #include "internal.h" /* ps/: the table alone, for its bound */
+#include "proc_usage.h"
 
 #define MAX_PROCS 8
 #define CHUNK (1u << 20)
@@ -531,6 +535,7 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
 
 typedef struct ctr_result {
     double auc, logloss, rate, bytes;
+    double server_us; /* the servers' CPU per example trained (the test pass included) */
 } ctr_result;
 
 /* Run argv with env added; its stdout's "ctr: ...: test AUC" line into r. */
@@ -602,6 +607,10 @@ static void run_mode(const opts *o, const char *secret, const char *mode, int w,
     }
     for (int i = 1; i < w; i++)
         waitpid(wk[i], NULL, 0);
+    long ticks = 0, t, rss;
+    for (int i = 0; i < s; i++, ticks += t)
+        proc_usage(srv[i], &t, &rss);
+    r->server_us = 1e6 * (double)ticks / (double)sysconf(_SC_CLK_TCK) / (double)o->ctr_examples;
     for (int i = 0; i < s; i++) {
         kill(srv[i], SIGTERM);
         waitpid(srv[i], NULL, 0);
@@ -621,19 +630,20 @@ static void run_modes(const opts *o, const char *secret)
         die("examples/ctr --local printed no result (is it built?)");
     printf("\nmodes: examples/ctr, %ld examples, batches of 256, one thread a worker\n",
            o->ctr_examples);
-    printf("%-10s %-6s %7s %8s %16s %9s %14s %9s\n", "mode", "W x S", "AUC", "logloss",
-           "examples/s/thr", "of local", "bytes/example", "of async");
-    printf("%-10s %-6s %7.4f %8.4f %16.0f %9s %14s %9s\n", "local", "-", local.auc,
-           local.logloss, local.rate, "1.00", "-", "-");
+    printf("%-10s %-6s %7s %8s %16s %9s %14s %9s %12s\n", "mode", "W x S", "AUC", "logloss",
+           "examples/s/thr", "of local", "bytes/example", "of async", "server us/ex");
+    printf("%-10s %-6s %7.4f %8.4f %16.0f %9s %14s %9s %12s   (local: %.2f us an example)\n",
+           "local", "-", local.auc, local.logloss, local.rate, "1.00", "-", "-", "-",
+           1e6 / local.rate);
     for (int p = 0; p < o->n_pairs; p++) {
         for (int m = 0; m < 4; m++)
             run_mode(o, secret, modes[m], o->pairs[p][0], o->pairs[p][1], &r[m]);
         for (int m = 0; m < 4; m++) {
             char ws[16];
             snprintf(ws, sizeof ws, "%dx%d", o->pairs[p][0], o->pairs[p][1]);
-            printf("%-10s %-6s %7.4f %8.4f %16.0f %9.2f %14.0f %9.2f\n", modes[m], ws, r[m].auc,
-                   r[m].logloss, r[m].rate, r[m].rate / local.rate, r[m].bytes,
-                   r[m].bytes / r[1].bytes);
+            printf("%-10s %-6s %7.4f %8.4f %16.0f %9.2f %14.0f %9.2f %12.2f\n", modes[m], ws,
+                   r[m].auc, r[m].logloss, r[m].rate, r[m].rate / local.rate, r[m].bytes,
+                   r[m].bytes / r[1].bytes, r[m].server_us);
         }
         fflush(stdout);
     }
