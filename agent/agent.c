@@ -564,8 +564,8 @@ static void loop_once(agent *a, int sfd)
         trainer_flush_control(&a->tp);
     if (a->metrics)
         edl_metrics_serve(a->metrics); /* also when only its timeout is due */
-    if (a->teacher && fds[FD_HEALTH].fd >= 0)
-        teacher_on_poll(a, fds[FD_HEALTH].revents);
+    if (a->teacher) /* the check also moves on libcurl's timers, without revents */
+        teacher_on_poll(a, fds[FD_HEALTH].fd >= 0 ? fds[FD_HEALTH].revents : 0);
     int wstatus;
     bool by_agent;
     if (trainer_reap(&a->tp, &wstatus, &by_agent)) {
@@ -632,7 +632,7 @@ static void agent_free(agent *a)
     free(a->k_pod);
     free(a->k_status);
     agent_error_file_close(a);
-    health_close(&a->t.probe);
+    health_free(&a->t.probe);
 }
 
 static int connect_etcd(agent *a)

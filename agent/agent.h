@@ -8,10 +8,11 @@
  *   error_file.c   TORCHELASTIC_ERROR_FILE: the trainer's error, read back after a failure
  *   metrics.c      /metrics and /healthz
  *   teacher.c      --role teacher: the inference server's lifecycle and its service key
- *   health.c       a teacher's health check: one non-blocking HTTP GET */
+ *   health.c       a teacher's health check: one HTTP GET at a time (libcurl multi) */
 #ifndef EDL_AGENT_H
 #define EDL_AGENT_H
 
+#include <curl/curl.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -125,29 +126,34 @@ bool trainer_running(const trainer_proc *t);
 
 /* ---- health.c --------------------------------------------------------------------------- */
 
-/* One HTTP/1.1 GET with "Connection: close", driven by poll(): start, then step whenever
- * health_events() is ready, until it answers 1 (a 2xx reply) or -1 (refused, reset, non-2xx,
- * garbage); the caller enforces the deadline (health_close). */
+/* One HTTP GET at a time through libcurl's multi interface, driven by the agent's poll(): start,
+ * then step on every turn of the loop (with the revents of health's pollfd), until it answers
+ * 1 (a 2xx reply) or -1 (refused, reset, non-2xx, timed out). IPv4 or IPv6 addresses. */
 typedef struct health_probe {
-    int fd;                /* -1: none in flight */
-    bool sent;             /* the request went out: now reading */
-    char req[600];
-    size_t req_len, req_off;
-    char buf[8192];        /* the reply (what fits) */
+    CURLM *multi;          /* made by the first start, kept */
+    CURL *easy;            /* the GET in flight; NULL: none */
+    struct curl_slist *headers;
+    int fd;                /* the socket libcurl wants watched; -1: none now */
+    short events;          /* POLLIN / POLLOUT */
+    int64_t timer_at_ms;   /* when libcurl wants its timeout action (0: no wish) */
+    char buf[8192];        /* the reply's body (what fits) */
     size_t len;
-    int64_t deadline_ms;   /* monotonic */
+    int64_t deadline_ms;   /* monotonic: the check's end */
 } health_probe;
 
 void health_init(health_probe *h);
+/* 0, or EDL_EINVAL / EDL_ENOMEM. */
 int health_start(health_probe *h, const char *addr, int port, const char *path,
                  int64_t timeout_ms);
-short health_events(const health_probe *h);
+bool health_busy(const health_probe *h);
+void health_poll_fd(const health_probe *h, struct pollfd *p);
+/* When the loop must wake for it (monotonic ms; 0: no wish). */
+int64_t health_due(const health_probe *h);
 /* 0: in progress; 1: 2xx (*load: the reply's numeric "load" when it has one, else 0); -1. */
-int health_step(health_probe *h, double *load);
+int health_step(health_probe *h, short revents, double *load);
+/* Ends the GET in flight; health_free also gives the multi handle back. */
 void health_close(health_probe *h);
-/* The pure part: a complete reply's status is 2xx (1, *load as above) or not (-1); 0 while
- * the status line or headers are incomplete. */
-int health_reply(const char *buf, size_t n, bool eof, double *load);
+void health_free(health_probe *h);
 
 /* ---- teacher.c -------------------------------------------------------------------------- */
 

@@ -1,16 +1,10 @@
-/* health.c: a teacher's health check, one HTTP/1.1 GET at a time, non-blocking so the agent's
- * loop never waits on a slow or stopped server (a SIGSTOPped one accepts and never answers:
- * the deadline ends the check). The reply's status line decides; a numeric "load" in a JSON
- * body is what the agent publishes as the teacher's load. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
+/* health.c: a teacher's health check, one HTTP GET at a time through libcurl's multi socket
+ * interface, so the agent's loop never waits on a slow or stopped server (a SIGSTOPped one
+ * accepts and never answers: the check's timeout ends it). libcurl tells which socket to watch
+ * and when to call it back; the status decides; a numeric "load" in a JSON body is what the
+ * agent publishes as the teacher's load. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "agent.h"
 #include "edl/json.h"
@@ -23,37 +17,116 @@ void health_init(health_probe *h)
 
 void health_close(health_probe *h)
 {
-    if (h->fd >= 0)
-        close(h->fd);
+    if (h->easy) {
+        curl_multi_remove_handle(h->multi, h->easy);
+        curl_easy_cleanup(h->easy);
+    }
+    curl_slist_free_all(h->headers);
+    CURLM *multi = h->multi;
     health_init(h);
+    h->multi = multi;
+}
+
+void health_free(health_probe *h)
+{
+    health_close(h);
+    if (h->multi)
+        curl_multi_cleanup(h->multi);
+    health_init(h);
+}
+
+static int on_socket(CURL *e, curl_socket_t s, int what, void *arg, void *sockp)
+{
+    health_probe *h = arg;
+    (void)e, (void)sockp;
+    if (what == CURL_POLL_REMOVE) {
+        if (h->fd == s)
+            h->fd = -1, h->events = 0;
+        return 0;
+    }
+    h->fd = s;
+    h->events = (short)((what & CURL_POLL_IN ? POLLIN : 0) | (what & CURL_POLL_OUT ? POLLOUT : 0));
+    return 0;
+}
+
+static int on_timer(CURLM *m, long ms, void *arg)
+{
+    health_probe *h = arg;
+    (void)m;
+    h->timer_at_ms = ms < 0 ? 0 : edl_monotonic_ms() + ms;
+    return 0;
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *arg)
+{
+    health_probe *h = arg;
+    size_t room = sizeof h->buf - 1 - h->len, k = size * n < room ? size * n : room;
+    memcpy(h->buf + h->len, p, k); /* the rest is not kept */
+    h->len += k;
+    return size * n;
+}
+
+static int make_multi(health_probe *h)
+{
+    if (h->multi)
+        return 0;
+    if (!(h->multi = curl_multi_init()))
+        return EDL_ENOMEM;
+    curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
+    curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, on_timer);
+    curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h);
+    return 0;
 }
 
 int health_start(health_probe *h, const char *addr, int port, const char *path,
                  int64_t timeout_ms)
 {
+    char url[600];
+    bool v6 = strchr(addr, ':') != NULL;
+    int n = snprintf(url, sizeof url, "http://%s%s%s:%d%s", v6 ? "[" : "", addr, v6 ? "]" : "",
+                     port, path);
     health_close(h);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+    if (n < 0 || (size_t)n >= sizeof url || path[0] != '/')
         return EDL_EINVAL;
-    int n = snprintf(h->req, sizeof h->req, "GET %s HTTP/1.1\r\nHost: %s:%d\r\n"
-                     "Accept: application/json\r\nConnection: close\r\n\r\n", path, addr, port);
-    if (n < 0 || (size_t)n >= sizeof h->req)
-        return EDL_EINVAL;
-    h->req_len = (size_t)n;
-    h->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (h->fd < 0)
-        return EDL_EIO;
-    if (connect(h->fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) {
+    if (make_multi(h) != 0 || !(h->easy = curl_easy_init()) ||
+        !(h->headers = curl_slist_append(NULL, "Accept: application/json"))) {
         health_close(h);
-        return EDL_EIO;
+        return EDL_ENOMEM;
+    }
+    curl_easy_setopt(h->easy, CURLOPT_URL, url);
+    curl_easy_setopt(h->easy, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, h->headers);
+    curl_easy_setopt(h->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(h->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h->easy, CURLOPT_FORBID_REUSE, 1L);
+    curl_easy_setopt(h->easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h->easy, CURLOPT_WRITEDATA, h);
+    if (curl_multi_add_handle(h->multi, h->easy) != CURLM_OK) {
+        health_close(h);
+        return EDL_ENOMEM;
     }
     h->deadline_ms = edl_monotonic_ms() + timeout_ms;
+    int running;
+    curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &running); /* connects */
     return 0;
 }
 
-short health_events(const health_probe *h)
+bool health_busy(const health_probe *h)
 {
-    return h->fd < 0 ? 0 : h->sent ? POLLIN : POLLOUT;
+    return h->easy != NULL;
+}
+
+void health_poll_fd(const health_probe *h, struct pollfd *p)
+{
+    *p = (struct pollfd){.fd = h->easy ? h->fd : -1, .events = h->easy ? h->events : 0};
+}
+
+int64_t health_due(const health_probe *h)
+{
+    if (!h->easy)
+        return 0;
+    return h->timer_at_ms && h->timer_at_ms < h->deadline_ms ? h->timer_at_ms : h->deadline_ms;
 }
 
 /* The reply's numeric "load", else 0 (a body that is no JSON object is fine: no load). */
@@ -67,59 +140,28 @@ static double reply_load(const char *body, size_t n)
     return load;
 }
 
-int health_reply(const char *buf, size_t n, bool eof, double *load)
+int health_step(health_probe *h, short revents, double *load)
 {
-    const char *end = memmem(buf, n, "\r\n\r\n", 4);
-    if (!end && !eof)
+    int running, left;
+    if (!h->easy)
+        return -1;
+    if (revents && h->fd >= 0)
+        curl_multi_socket_action(h->multi, h->fd, (revents & POLLIN ? CURL_CSELECT_IN : 0) |
+                                 (revents & POLLOUT ? CURL_CSELECT_OUT : 0) |
+                                 (revents & (POLLERR | POLLHUP) ? CURL_CSELECT_ERR : 0),
+                                 &running);
+    if (h->timer_at_ms && edl_monotonic_ms() >= h->timer_at_ms) {
+        h->timer_at_ms = 0;
+        curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    }
+    CURLMsg *m = curl_multi_info_read(h->multi, &left);
+    if (!m || m->msg != CURLMSG_DONE)
         return 0;
-    int code = 0;
-    if (n < 12 || memcmp(buf, "HTTP/1.", 7) != 0 || sscanf(buf + 9, "%3d", &code) != 1)
-        return -1;
-    if (code < 200 || code > 299)
-        return -1;
-    if (!eof)
-        return 0; /* the body ends with the connection */
-    *load = end ? reply_load(end + 4, n - (size_t)(end + 4 - buf)) : 0;
-    return 1;
-}
-
-/* Send what is left of the request once connected. -1 when the connection failed. */
-static int send_request(health_probe *h)
-{
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err)
-        return -1;
-    while (h->req_off < h->req_len) {
-        ssize_t w = send(h->fd, h->req + h->req_off, h->req_len - h->req_off, MSG_NOSIGNAL);
-        if (w < 0)
-            return errno == EAGAIN || errno == EINTR ? 0 : -1;
-        h->req_off += (size_t)w;
-    }
-    h->sent = true;
-    return 0;
-}
-
-int health_step(health_probe *h, double *load)
-{
-    if (h->fd < 0)
-        return -1;
-    if (!h->sent)
-        return send_request(h) < 0 ? (health_close(h), -1) : 0;
-    for (;;) {
-        char scratch[4096];
-        bool room = h->len < sizeof h->buf - 1;
-        ssize_t r = room ? read(h->fd, h->buf + h->len, sizeof h->buf - 1 - h->len)
-                         : read(h->fd, scratch, sizeof scratch); /* the rest is not kept */
-        if (r > 0) {
-            if (room)
-                h->len += (size_t)r;
-            continue;
-        }
-        if (r < 0 && (errno == EAGAIN || errno == EINTR))
-            return health_reply(h->buf, h->len, false, load) < 0 ? (health_close(h), -1) : 0;
-        int rc = r == 0 ? health_reply(h->buf, h->len, true, load) : -1;
-        health_close(h);
-        return rc == 1 ? 1 : -1;
-    }
+    long code = 0;
+    curl_easy_getinfo(h->easy, CURLINFO_RESPONSE_CODE, &code);
+    bool ok = m->data.result == CURLE_OK && code >= 200 && code <= 299;
+    if (ok)
+        *load = reply_load(h->buf, h->len);
+    health_close(h);
+    return ok ? 1 : -1;
 }

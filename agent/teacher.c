@@ -174,11 +174,11 @@ static void check_tick(agent *a)
 {
     health_probe *h = &a->t.probe;
     int64_t now = edl_monotonic_ms();
-    if (h->fd >= 0 && now >= h->deadline_ms) {
+    if (health_busy(h) && now >= h->deadline_ms) {
         health_close(h);
         check_done(a, false, 0);
     }
-    if (h->fd >= 0 || !a->t.next_check_ms || now < a->t.next_check_ms)
+    if (health_busy(h) || !a->t.next_check_ms || now < a->t.next_check_ms)
         return;
     if (health_start(h, a->o->addr, a->o->port, a->o->health_path,
                      a->o->health_timeout_ms) != 0)
@@ -188,14 +188,14 @@ static void check_tick(agent *a)
 void teacher_on_poll(agent *a, short revents)
 {
     double load = 0;
-    int rc = revents ? health_step(&a->t.probe, &load) : 0;
+    int rc = health_busy(&a->t.probe) ? health_step(&a->t.probe, revents, &load) : 0;
     if (rc)
         check_done(a, rc > 0, load);
 }
 
 void teacher_poll_fd(const agent *a, struct pollfd *p)
 {
-    *p = (struct pollfd){.fd = a->t.probe.fd, .events = health_events(&a->t.probe)};
+    health_poll_fd(&a->t.probe, p);
 }
 
 static int until(int64_t due)
@@ -210,7 +210,7 @@ int teacher_timeout(const agent *a)
 {
     int t = until(a->t.restart_at_ms), c = -1;
     if (trainer_running(&a->tp))
-        c = until(a->t.probe.fd >= 0 ? a->t.probe.deadline_ms : a->t.next_check_ms);
+        c = until(health_busy(&a->t.probe) ? health_due(&a->t.probe) : a->t.next_check_ms);
     return t < 0 ? c : c < 0 || t < c ? t : c;
 }
 
