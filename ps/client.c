@@ -18,7 +18,9 @@
 #include <netinet/tcp.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@
 
 #define SOCK_BUF_BYTES (4 << 20)
 
+/* One connection to a server: the server's first lane, or one of its others (lane_index). */
 typedef struct ps_link {
     int fd;
     char *ep, *name;
@@ -55,7 +58,7 @@ typedef struct ps_link {
     size_t body_cap;
     bool busy;
     int rc;             /* the outcome of its part of the last call */
-    /* scratch of the call: this server's share */
+    /* scratch of the call: this link's share */
     size_t first, count; /* sparse: its keys in the sorted order */
     uint8_t *seg;        /* dense: its segments */
     size_t seg_cap;
@@ -103,6 +106,13 @@ struct edl_ps_client {
     /* elastic servers */
     int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
     void *servers_arg;
+    /* A client and its clones (ps_client_clone) are a family: one map source, called by one
+     * member at a time (map_mu, held until its map is copied: it lives until the next call),
+     * and the newest map any member follows (family_gen), which the others catch up with at
+     * their next call: a member that only pulls gets no refusal to tell it (a server checks
+     * the map of pushes only), and members on different maps would split a barrier. */
+    pthread_mutex_t map_mu_own, *map_mu;
+    _Atomic int64_t family_gen_own, *family_gen;
     int64_t gen;          /* the map the links follow */
     uint64_t token, seq;  /* this client, and its last push */
     int64_t deadline;     /* of the call in progress (monotonic ms; 0: none) */
@@ -580,7 +590,12 @@ int edl_ps_client_open(const edl_ps_client_options *o, edl_ps_client **out, char
     c->max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
     c->servers = o->servers;
     c->servers_arg = o->servers_arg;
+    pthread_mutex_init(&c->map_mu_own, NULL);
+    c->map_mu = &c->map_mu_own;
+    atomic_init(&c->family_gen_own, o->generation);
+    c->family_gen = &c->family_gen_own;
     if (RAND_bytes((unsigned char *)&c->token, sizeof c->token) != 1) {
+        pthread_mutex_destroy(&c->map_mu_own);
         free(c->links);
         free(c);
         return edl_errf(why, whylen, EDL_EIO, "no random bytes for the client's token");
@@ -620,6 +635,7 @@ void edl_ps_client_close(edl_ps_client *c)
     free(c->ukeys), free(c->skeys), free(c->hkeys), free(c->uidx), free(c->rank);
     free(c->hslot), free(c->order), free(c->tmp), free(c->cnt), free(c->rows);
     free(c->plan_keys);
+    pthread_mutex_destroy(&c->map_mu_own);
     edl_job_secret_clear(&c->secret);
     free(c);
 }
@@ -673,11 +689,14 @@ static bool retryable(const edl_ps_client *c, int rc)
 }
 
 /* A call's deadline, shared by the tries (and the nested calls of a retry) of one call. */
+static void follow_family(edl_ps_client *c);
+
 static bool call_begin(edl_ps_client *c)
 {
     if (c->deadline)
         return false;
     c->deadline = edl_monotonic_ms() + c->timeout_ms;
+    follow_family(c);
     return true;
 }
 
@@ -775,8 +794,38 @@ static int apply_map(edl_ps_client *c, const edl_ps_servers *m)
     for (int id = 0; id < EDL_PS_MAX_TABLES; id++)
         if (c->tables[id].known && owner_map(c, &c->tables[id]) != 0)
             return EDL_ENOMEM;
-    relink(c);
     return 0;
+}
+
+/* Follow a newer map when the source has one (EDL_ENOMEM), and tell the family. */
+static int follow_map(edl_ps_client *c)
+{
+    edl_ps_servers m;
+    int r = 0;
+    pthread_mutex_lock(c->map_mu);
+    if (c->servers && c->servers(c->servers_arg, c->gen, &m) == 1 && m.generation > c->gen &&
+        m.n >= 1 && m.n <= EDL_PS_MAX_SERVERS)
+        r = apply_map(c, &m); /* copies the map's strings */
+    int64_t g = atomic_load(c->family_gen);
+    while (r == 0 && g < c->gen && !atomic_compare_exchange_weak(c->family_gen, &g, c->gen)) {
+    }
+    pthread_mutex_unlock(c->map_mu);
+    return r;
+}
+
+/* The source's newest map now, with links to its servers. */
+static void follow_newest(edl_ps_client *c)
+{
+    int64_t was = c->gen;
+    if (c->servers && follow_map(c) == 0 && c->gen != was)
+        relink(c);
+}
+
+/* At a call's start: a member of the family follows a newer map already, so does this one. */
+static void follow_family(edl_ps_client *c)
+{
+    if (c->servers && atomic_load(c->family_gen) > c->gen)
+        follow_newest(c);
 }
 
 /* Between two tries of a call: wait a moment, follow a newer map if there is one, reopen the
@@ -788,13 +837,9 @@ static int settle(edl_ps_client *c, int rc)
     char err[sizeof c->err];
     memcpy(err, c->err, sizeof err);
     nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
-    edl_ps_servers m;
-    if (c->servers && c->servers(c->servers_arg, c->gen, &m) == 1 && m.generation > c->gen &&
-        m.n >= 1 && m.n <= EDL_PS_MAX_SERVERS) {
-        int r = apply_map(c, &m);
-        if (r)
-            return r;
-    }
+    int r = follow_map(c);
+    if (r)
+        return r;
     relink(c);
     memcpy(c->err, err, sizeof err); /* the failure that is being mended */
     return 0;
@@ -1306,6 +1351,8 @@ int ps_client_clone(const edl_ps_client *c, edl_ps_client **out, char *why, size
                                .generation = c->gen};
     if (rc == 0)
         rc = edl_ps_client_open(&o, out, why, whylen);
+    if (rc == 0) /* one family: one map source, one caller at a time, one newest map */
+        (*out)->map_mu = c->map_mu, (*out)->family_gen = c->family_gen;
     free(eps);
     free(names);
     return rc;
@@ -1355,6 +1402,9 @@ int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t
                       uint32_t trainers, bool *applied, uint64_t *done)
 {
     int rc;
+    /* every trainer at the barrier asks the same servers: those of the newest map (a client
+     * that only pulled since a map changed has not been told by a refusal) */
+    follow_newest(c);
     PS_WITH_RETRIES(c, rc, barrier_once(c, space, token, step, trainers, applied, done));
     return rc;
 }

@@ -21,9 +21,9 @@
 #include "harness.h"
 #include "internal.h"
 
-#define KEYS 600
+#define KEYS 6000 /* a push of 9,000 keys: cut into lanes (ps/client.c, LANE_MIN_KEYS) */
 #define DIM 4
-#define DENSE 1000
+#define DENSE 300000 /* cut into lanes too (LANE_MIN_FLOATS) */
 #define SHARDS 64
 #define PUSHERS 2
 
