@@ -233,6 +233,56 @@ static void test_a_server_joins_while_clients_push_and_every_update_is_applied_o
     harness_ps_close(&k);
 }
 
+/* A trainer at the workers' barrier: step UINT64_MAX asks where the servers are, then the
+ * barrier of that step until every server of its map has seen `trainers` arrive (10 s at most). */
+typedef struct at_barrier {
+    edl_ps_client *c;
+    uint64_t token;
+    int rc;
+    bool applied;
+} at_barrier;
+
+static void *meet(void *arg)
+{
+    at_barrier *b = arg;
+    uint64_t step = 0, done;
+    b->rc = ps_client_barrier(b->c, PS_SPACE_WORKERS, b->token, UINT64_MAX, 2, &b->applied,
+                              &step);
+    b->applied = false;
+    for (int64_t end = harness_now_ms() + 10000; b->rc == 0 && !b->applied &&
+         harness_now_ms() < end;)
+        b->rc = ps_client_barrier(b->c, PS_SPACE_WORKERS, b->token, step, 2, &b->applied, &done);
+    return NULL;
+}
+
+/* Two trainers meet at the workers' barrier after ps-2 joined: one pushed since and was moved
+ * to the new map, the other has sent nothing (a server checks the map of pushes only, so
+ * nothing told it). A barrier asks for the newest map first: both ask the same three servers
+ * and both pass. Before, the one on the old map passed on ps-0 and ps-1, and the other waited
+ * on ps-2 for the second trainer forever (seen with examples/ctr under edl run). */
+static void test_trainers_on_different_maps_meet_at_the_barrier(void **state)
+{
+    (void)state;
+    harness_ps k;
+    maps m = {.k = &k};
+    start_maps(&m, NULL, (int[]){0, 1}, 2, (int[]){0, 1, 2}, 3);
+    at_barrier a = {.c = client_of(&m, 1), .token = 1}, b = {.c = client_of(&m, 1), .token = 2};
+    create_tables(a.c, &m);
+    create_tables(b.c, &m);
+    publish(&m, 2, (int[]){0, 1, 2}, 3, 2);
+    harness_ps_ok(b.c, push_round(b.c)); /* refused on map 1: b follows map 2 */
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, meet, &a), 0);
+    meet(&b);
+    pthread_join(th, NULL);
+    harness_ps_ok(a.c, a.rc);
+    harness_ps_ok(b.c, b.rc);
+    assert_true(a.applied && b.applied);
+    edl_ps_client_close(a.c);
+    edl_ps_client_close(b.c);
+    harness_ps_close(&k);
+}
+
 /* A joining server that has tables before its first map (under etcd, a client can see the new
  * generation before the server does and create its tables there): its first map makes its
  * shards wait for their holders, not start anew as its own, and the stray row it held is
@@ -660,6 +710,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_server_joins_while_clients_push_and_every_update_is_applied_once),
+        cmocka_unit_test(test_trainers_on_different_maps_meet_at_the_barrier),
         cmocka_unit_test(test_a_joiner_with_tables_before_its_map_waits_for_its_shards),
         cmocka_unit_test(test_a_leaving_server_hands_its_shards_over_before_it_exits),
         cmocka_unit_test(test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang),
