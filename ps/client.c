@@ -1,7 +1,8 @@
 /* client.c: the trainer's side of the parameter server. Authenticated connections to every
  * server, `lanes` of them each: a big call is cut by shard into a request per lane, which the
- * server's loops serve side by side. A call de-duplicates its keys (a pull fetches each key once; a push sums the
- * gradients of a repeated key and sends the sum once), orders them by owning server and then
+ * server's loops serve side by side. A call de-duplicates its keys (a pull fetches each key
+ * once; a push sums the gradients of a repeated key and sends the sum once), orders them by
+ * owning server and then
  * by shard (the server locks a shard once per run of its keys), and talks to every server at
  * once: requests go out and replies come in on all links in one poll loop, each reply read
  * straight into its place where it can be. A link that fails or times out is closed and the
@@ -76,8 +77,8 @@ typedef struct client_table {
     int nrep;   /* min(replicas, servers) */
 } client_table;
 
-/* A call this big (keys, or floats of a dense range) per lane of every server is cut into
- * lanes; a smaller one goes on the servers' first lanes. */
+/* A call this big (keys, or floats of a dense range) per link is cut into lanes (split_links);
+ * a smaller one goes on the servers' first lanes. */
 #define LANE_MIN_KEYS 1024
 #define LANE_MIN_FLOATS (64u << 10)
 #define DENSE_PIECE (256u << 10) /* floats a link, about, in one piece of a big dense call */
@@ -691,6 +692,14 @@ static bool retryable(const edl_ps_client *c, int rc)
 /* A call's deadline, shared by the tries (and the nested calls of a retry) of one call. */
 static void follow_family(edl_ps_client *c);
 
+/* The links of t's shards for a call of `amount` keys or floats: every lane of their servers
+ * when that is at least per_link for each link, else the servers' first lanes. */
+static int *const *split_links(const edl_ps_client *c, const client_table *t, uint64_t amount,
+                               uint64_t per_link)
+{
+    return amount >= (uint64_t)c->nl * per_link ? t->lane : t->rep;
+}
+
 static bool call_begin(edl_ps_client *c)
 {
     if (c->deadline)
@@ -988,7 +997,7 @@ static int sparse_scratch(edl_ps_client *c, size_t n, size_t hc, size_t ncnt)
  * of its shard's first nrep holders (1: the owner; a push, every replica at once) and ordered
  * by link, then shard: c->rank[r * nu + u] is the place of key u for replica r, c->skeys the
  * keys in that order, and every link's first and count say its share. A call of enough keys
- * goes on every lane of its servers (each lane a block of shards), a small one on the first. */
+ * goes on every lane of its servers (lane shard % lanes), a small one on the first. */
 static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const uint64_t *keys,
                        size_t n, size_t *nu_out)
 {
@@ -1024,7 +1033,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const 
         c->cnt[s + 1] += c->cnt[s];
     for (size_t u = 0; u < nu; u++)
         c->order[c->cnt[c->tmp[u]]++] = (uint32_t)u;
-    int *const *link = n >= (size_t)c->nl * LANE_MIN_KEYS ? t->lane : t->rep;
+    int *const *link = split_links(c, t, n, LANE_MIN_KEYS);
     memset(c->cnt, 0, ((size_t)c->nl + 1) * sizeof *c->cnt);
     for (size_t u = 0; u < nu; u++)
         for (int r = 0; r < nrep; r++)
@@ -1203,7 +1212,7 @@ static int plan_dense(edl_ps_client *c, const client_table *t, int nrep, uint64_
     c->plan_shards = 0; /* the links' first and count are about to change */
     for (int i = 0; i < c->nl; i++)
         c->links[i].nseg = 0, c->links[i].total = 0;
-    int *const *link = n >= (uint64_t)c->nl * LANE_MIN_FLOATS ? t->lane : t->rep;
+    int *const *link = split_links(c, t, n, LANE_MIN_FLOATS);
     uint32_t s0 = edl_ps_dense_shard(off, cfg->size, cfg->shards);
     uint32_t s1 = edl_ps_dense_shard(off + n - 1, cfg->size, cfg->shards);
     for (int r = 0; r < nrep; r++)

@@ -262,11 +262,11 @@ void ps_prefetch_close(ps_prefetch *p);
  * (after it is off the wire). EDL_ENOMEM. */
 int ps_prefetch_start(ps_prefetch *p, uint32_t table, const edl_ps_table_config *cfg,
                       const uint64_t *keys, size_t n);
+/* Bytes its client sent and received (edl_ps_client_traffic), once no pull is on the wire. */
+void ps_prefetch_traffic(ps_prefetch *p, uint64_t *sent, uint64_t *received);
 /* When the table's pull ahead is of these keys: wait for it (then it is used up), and on
  * success copy its rows (n * dim floats) into out: true. False (none of these keys, or it
  * failed): pull them yourself. */
-/* Bytes its client sent and received (edl_ps_client_traffic), once no pull is on the wire. */
-void ps_prefetch_traffic(ps_prefetch *p, uint64_t *sent, uint64_t *received);
 bool ps_prefetch_take(ps_prefetch *p, uint32_t table, const uint64_t *keys, size_t n,
                      float *out, uint32_t dim);
 
@@ -318,6 +318,13 @@ static inline uint64_t ps_mix64(uint64_t x)
     x ^= x >> 27;
     x *= 0x94d049bb133111ebull;
     return x ^ (x >> 31);
+}
+
+/* The shard of a key whose hash is h (edl_ps_key_shard): h % shards, a mask when shards is a
+ * power of two (the default, 1,024), since a division per key shows in the servers' lookups. */
+static inline uint32_t ps_hash_shard(uint64_t h, uint32_t shards)
+{
+    return (uint32_t)((shards & (shards - 1)) == 0 ? h & (shards - 1) : h % shards);
 }
 
 #endif

@@ -99,7 +99,7 @@ int edl_ps_table_config_check(const edl_ps_table_config *c, char *why, size_t wh
 
 uint32_t edl_ps_key_shard(uint64_t key, uint32_t shards)
 {
-    return (uint32_t)(ps_mix64(key) % shards);
+    return ps_hash_shard(ps_mix64(key), shards);
 }
 
 /* Shards 0..r-1 hold q+1 elements, the others q (q = size / shards, r = size % shards). */

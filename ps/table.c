@@ -401,11 +401,10 @@ static int ctr_push(const ps_table *t, sparse_shard *s, float *row, uint64_t key
     return 0;
 }
 
-/* The shard of hash h (edl_ps_key_shard: h % shards; a power of two masks). */
+/* The shard of t of hash h. */
 static uint32_t shard_of(const ps_table *t, uint64_t h)
 {
-    uint32_t n = t->cfg.shards;
-    return (uint32_t)((n & (n - 1)) == 0 ? h & (n - 1) : h % n);
+    return ps_hash_shard(h, t->cfg.shards);
 }
 
 #define RUN_MAX 64 /* keys of one shard looked up together */
