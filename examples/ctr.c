@@ -316,7 +316,7 @@ typedef struct ps_worker {
     uint64_t shrinks, evicted; /* ctr: worker 0's first thread shrinks */
     uint64_t saves;            /* PS checkpoints it asked for (--save-every) */
     example *e, *next;         /* this step's batch; the next one's (async: made early) */
-    uint64_t *keys, *next_keys;
+    uint64_t *keys, *next_keys; /* their keys */
     bool have_next;            /* next holds the next step's batch, its rows pulled ahead */
     int rc;
 } ps_worker;
@@ -359,11 +359,16 @@ static int pull(edl_ps_trainer *t, edl_ps_client *c, uint32_t table, const uint6
 /* Pull the rows of n examples' keys: lr[n * NSLOT], emb[n * NSLOT * EMB], dense. wide: room
  * for the CTR table's rows (n * NSLOT * (1 + EMB) floats), split into lr and emb; NULL: the
  * plain tables. */
-static int pull_rows(edl_ps_trainer *t, edl_ps_client *c, const example *e, long n,
-                     uint64_t *keys, float *lr, float *emb, float *dense, float *wide)
+static void example_keys(const example *e, long n, uint64_t *keys)
 {
     for (long i = 0; i < n; i++)
         memcpy(keys + i * NSLOT, e[i].key, sizeof e[i].key);
+}
+
+static int pull_rows(edl_ps_trainer *t, edl_ps_client *c, const example *e, long n,
+                     uint64_t *keys, float *lr, float *emb, float *dense, float *wide)
+{
+    example_keys(e, n, keys);
     size_t nk = (size_t)n * NSLOT;
     int rc = pull(t, c, wide ? T_EMB : T_LR, keys, nk, wide ? wide : lr);
     for (size_t i = 0; rc == 0 && wide && i < nk; i++) {
@@ -413,16 +418,14 @@ static int maybe_save(ps_worker *w, long step)
     return edl_ps_trainer_save(edl_fleet_trainer(w->f), step + 1);
 }
 
-/* The batch of `step` into e (and its keys). */
-static void make_batch(const ps_worker *w, long step, example *e, uint64_t *keys)
+/* The batch of `step` into e. */
+static void make_batch(const ps_worker *w, long step, example *e)
 {
     const opts *o = w->o;
     long b = o->batch, nw = edl_fleet_worker_num(w->f), wi = edl_fleet_worker_index(w->f);
     long first = ((step * nw + wi) * o->threads + w->thread) * b;
-    for (long i = 0; i < b; i++) {
+    for (long i = 0; i < b; i++)
         make_example(o->seed, (uint64_t)((first + i) % o->examples), &e[i]);
-        memcpy(keys + i * NSLOT, e[i].key, sizeof e[i].key);
-    }
 }
 
 /* async: make the batch of `step` now and have its rows pulled while this step computes. */
@@ -432,7 +435,8 @@ static int pull_ahead(ps_worker *w, long step, long last)
     size_t nk = (size_t)w->o->batch * NSLOT;
     if (edl_fleet_mode(w->f) != EDL_PS_MODE_ASYNC || step > last)
         return 0;
-    make_batch(w, step, w->next, w->next_keys);
+    make_batch(w, step, w->next);
+    example_keys(w->next, w->o->batch, w->next_keys);
     w->have_next = true;
     int rc = edl_ps_trainer_prefetch_sparse(t, w->o->ctr ? T_EMB : T_LR, w->next_keys, nk);
     return rc || w->o->ctr ? rc : edl_ps_trainer_prefetch_sparse(t, T_EMB, w->next_keys, nk);
@@ -447,12 +451,10 @@ static int ps_step(ps_worker *w, long step, long last, float *rows, float *wide)
     float *gemb = glr + b * NSLOT, dense[NPARAM], gdense[NPARAM] = {0};
     if (w->have_next) { /* made by the step before */
         example *e = w->e;
-        uint64_t *k = w->keys;
-        w->e = w->next, w->keys = w->next_keys;
-        w->next = e, w->next_keys = k;
+        w->e = w->next, w->next = e;
         w->have_next = false;
     } else {
-        make_batch(w, step, w->e, w->keys);
+        make_batch(w, step, w->e);
     }
     example *e = w->e;
     uint64_t *keys = w->keys;

@@ -1,14 +1,14 @@
 /* server.c: the parameter server's network side. A few event loops (one epoll each, on threads
  * of their own) share the listening socket (EPOLLEXCLUSIVE: one loop accepts each connection)
  * and deal the connections out round robin (through a pipe per loop), so that a client's lanes
- * are served side by side; each loop serves its connections to the end: a link first proves the job secret (handshake of
- * internal.h), then sends frames, each answered in order. A connection holds at most one
- * request and one reply at a time: it is not read while its reply waits to go out, so a slow
- * reader cannot make the server queue without bound, and its input buffer grows with the bytes
- * that have arrived, not with the length a header announces. Requests reach the tables
- * (table.c) whose shards have locks of their own: loops never wait for each other on a table.
- * A broken frame (bad magic, over max_message) closes the link after an error frame; a bad
- * request in a good frame gets an error reply and the link goes on. */
+ * are served side by side; each loop serves its connections to the end: a link first proves
+ * the job secret (handshake of internal.h), then sends frames, each answered in order. A
+ * connection holds at most one request and one reply at a time: it is not read while its reply
+ * waits to go out, so a slow reader cannot make the server queue without bound, and its input
+ * buffer grows with the bytes that have arrived, not with the length a header announces.
+ * Requests reach the tables (table.c) whose shards have locks of their own: loops never wait
+ * for each other on a table. A broken frame (bad magic, over max_message) closes the link after
+ * an error frame; a bad request in a good frame gets an error reply and the link goes on. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -1,13 +1,12 @@
 /* trainer.c: the update modes on the trainer's side (edl_ps_trainer, see ps.h). In async and
  * half_async a sparse push is appended to a log; the sender folds the logs into the merge
  * buffers. The buffers that merge gradients and the GEO local copies are tables of table.c
- * kept here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy a
- * table whose rows hold the local copy, the synced copy and a mark: touched since the sync. The client is used by one
- * thread at a time (client_mu). The async sender has a client of its own (ps_client_clone), so
- * the caller's pulls do not wait for its pushes; without one (it could not connect) the two
- * take turns on the caller's. A CTR
- * table's buffers are as wide as its pushes (show, click, gradients: ps_sum_config); GEO
- * refuses CTR tables. */
+ * kept here: a merge buffer is an SGD table with lr -1 and zero rows (a push adds), a GEO copy
+ * a table whose rows hold the local copy, the synced copy and a mark: touched since the sync.
+ * The client is used by one thread at a time (client_mu). The async sender has a client of its
+ * own (ps_client_clone), so the caller's pulls do not wait for its pushes; without one (it
+ * could not connect) the two take turns on the caller's. A CTR table's buffers are as wide as
+ * its pushes (show, click, gradients: ps_sum_config); GEO refuses CTR tables. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -608,9 +607,12 @@ int edl_ps_trainer_prefetch_sparse(edl_ps_trainer *t, uint32_t table, const uint
                                    size_t n)
 {
     const edl_ps_table_config *cfg = table_of(t, table);
-    if (!cfg || cfg->kind != EDL_PS_SPARSE)
-        return cfg ? (snprintf(t->err, sizeof t->err, "table %u is dense", table), EDL_EINVAL)
-                   : EDL_EINVAL;
+    if (!cfg)
+        return EDL_EINVAL;
+    if (cfg->kind != EDL_PS_SPARSE) {
+        snprintf(t->err, sizeof t->err, "table %u is dense", table);
+        return EDL_EINVAL;
+    }
     int rc = t->pf && n ? ps_prefetch_start(t->pf, table, cfg, keys, n) : 0;
     if (rc)
         snprintf(t->err, sizeof t->err, "out of memory to pull %zu keys ahead", n);

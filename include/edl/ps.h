@@ -203,8 +203,8 @@ typedef struct edl_ps_client_options {
      * server refuses a request (moved, busy) or its link breaks, the client asks servers()
      * for a newer map: 1 and *out filled (valid until the next call) when it has one, 0 when
      * not yet, < 0 on error. A client and the clients an edl_ps_trainer opens beside it (its
-     * async sender's, its pulls ahead) call it one at a time. It re-routes, and sends again only what was not applied, until
-     * the call's timeout. */
+     * async sender's, its pulls ahead) call it one at a time. It re-routes, and sends again
+     * only what was not applied, until the call's timeout. */
     int (*servers)(void *arg, int64_t newer_than, edl_ps_servers *out);
     void *servers_arg;
     int64_t generation;
