@@ -14,7 +14,9 @@
  *
  * The model: logit = bias + w . x + sum over slots of lr[key] + v . mean over slots of
  * emb[key]; tables 0 (lr, sparse, 1 float), 1 (emb, sparse, 8 floats), 2 (dense: w, bias, v),
- * Adagrad on the servers (GEO: the trainers' local SGD on the sparse tables).
+ * Adagrad on the servers (GEO: the trainers' local SGD on the sparse tables); table 3 counts
+ * the job's batches trained, so that workers the agent restarts for a later generation (a
+ * worker joined, left or failed) resume where the job got to instead of starting over.
  * --accessor ctr (or EDL_PS_ACCESSOR=ctr): as Paddle's CTR models do, lr and emb are one row
  * of table 1 with the CTR accessor (dim 9: embed_w is lr, embedx is emb, zeros until the key's
  * show/click score reaches the threshold); each push carries show 1 and click y per key, and
@@ -41,6 +43,8 @@
 #define T_LR 0
 #define T_EMB 1
 #define T_DENSE 2
+#define T_PROGRESS 3 /* dense, 1 float: the job's batches trained (SGD, lr 1: -1 adds 1) */
+#define NTABLE 4
 
 typedef struct opts {
     bool local, ctr; /* ctr: the CTR accessor on table 1 */
@@ -312,7 +316,8 @@ typedef struct ps_worker {
     edl_fleet *f;
     edl_agent_link *link; /* under the agent, thread 0 reports its steps (progress) */
     const opts *o;
-    long thread, steps, trained;
+    long thread, trained;
+    long first, steps;         /* the job's batch where this process began; steps to train */
     uint64_t shrinks, evicted; /* ctr: worker 0's first thread shrinks */
     uint64_t saves;            /* PS checkpoints it asked for (--save-every) */
     example *e, *next;         /* this step's batch; the next one's (async: made early) */
@@ -321,9 +326,9 @@ typedef struct ps_worker {
     int rc;
 } ps_worker;
 
-static void tables(edl_ps_table_config cfg[3], edl_ps_mode mode, int workers, bool ctr)
+static void tables(edl_ps_table_config cfg[NTABLE], edl_ps_mode mode, int workers, bool ctr)
 {
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < NTABLE; t++) {
         edl_ps_table_config_init(&cfg[t]);
         cfg[t].optimizer = EDL_PS_ADAGRAD;
         cfg[t].lr = 0.05f;
@@ -336,6 +341,12 @@ static void tables(edl_ps_table_config cfg[3], edl_ps_mode mode, int workers, bo
     cfg[T_DENSE].dim = 1;
     cfg[T_DENSE].size = NPARAM;
     cfg[T_DENSE].init = EDL_PS_INIT_ZERO;
+    cfg[T_PROGRESS].kind = EDL_PS_DENSE;
+    cfg[T_PROGRESS].dim = 1;
+    cfg[T_PROGRESS].size = 1;
+    cfg[T_PROGRESS].init = EDL_PS_INIT_ZERO;
+    cfg[T_PROGRESS].optimizer = EDL_PS_SGD;
+    cfg[T_PROGRESS].lr = 1;
     if (mode == EDL_PS_MODE_GEO) /* the trainers train local copies with SGD */
         for (int t = T_LR; t <= T_EMB; t++) {
             cfg[t].geo_trainers = (uint32_t)workers;
@@ -418,12 +429,13 @@ static int maybe_save(ps_worker *w, long step)
     return edl_ps_trainer_save(edl_fleet_trainer(w->f), step + 1);
 }
 
-/* The batch of `step` into e. */
+/* The batch of `step` into e: the job's batches from w->first on are dealt round robin to
+ * the workers' threads. */
 static void make_batch(const ps_worker *w, long step, example *e)
 {
     const opts *o = w->o;
     long b = o->batch, nw = edl_fleet_worker_num(w->f), wi = edl_fleet_worker_index(w->f);
-    long first = ((step * nw + wi) * o->threads + w->thread) * b;
+    long first = (w->first + (step * nw + wi) * o->threads + w->thread) * b;
     for (long i = 0; i < b; i++)
         make_example(o->seed, (uint64_t)((first + i) % o->examples), &e[i]);
 }
@@ -472,6 +484,8 @@ static int ps_step(ps_worker *w, long step, long last, float *rows, float *wide)
         rc = edl_ps_trainer_push_sparse(t, T_EMB, keys, (size_t)b * NSLOT, gemb);
     if (rc == 0)
         rc = edl_ps_trainer_push_dense(t, T_DENSE, 0, NPARAM, gdense);
+    if (rc == 0) /* one more batch trained, applied with its gradients */
+        rc = edl_ps_trainer_push_dense(t, T_PROGRESS, 0, 1, &(float){-1});
     if (rc == 0)
         rc = edl_ps_trainer_step(t);
     if (rc == 0)
@@ -482,19 +496,19 @@ static int ps_step(ps_worker *w, long step, long last, float *rows, float *wide)
 static void *ps_thread(void *arg)
 {
     ps_worker *w = arg;
-    long b = w->o->batch, last = w->o->epochs * w->steps - 1;
+    long b = w->o->batch, last = w->steps - 1;
+    long base = w->first / (edl_fleet_worker_num(w->f) * w->o->threads); /* reported steps */
     w->e = malloc((size_t)b * sizeof *w->e);
     w->next = malloc((size_t)b * sizeof *w->next);
     w->keys = malloc((size_t)b * NSLOT * sizeof *w->keys);
     w->next_keys = malloc((size_t)b * NSLOT * sizeof *w->next_keys);
     float *rows = malloc((size_t)b * NSLOT * (1 + EMB) * 2 * sizeof *rows);
     float *wide = malloc((size_t)b * NSLOT * (3 + EMB) * sizeof *wide);
-    for (long ep = 0; ep < w->o->epochs && w->rc == 0; ep++)
-        for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b) {
-            w->rc = ps_step(w, ep * w->steps + s, last, rows, wide);
-            if (w->link)
-                edl_agent_link_report_step(w->link, ep * w->steps + s + 1);
-        }
+    for (long s = 0; s < w->steps && w->rc == 0; s++, w->trained += b) {
+        w->rc = ps_step(w, s, last, rows, wide);
+        if (w->link)
+            edl_agent_link_report_step(w->link, base + s + 1);
+    }
     if (w->rc)
         fprintf(stderr, "ctr: worker %d thread %ld: %s\n", edl_fleet_worker_index(w->f),
                 w->thread, edl_ps_trainer_errmsg(edl_fleet_trainer(w->f)));
@@ -546,9 +560,43 @@ static int report_ctr(edl_ps_client *c, uint64_t shrinks, uint64_t evicted)
     return rc;
 }
 
+/* The job's batches trained so far, as the servers count them (the progress table). */
+static int job_progress(edl_fleet *f, long *batches)
+{
+    float v = 0;
+    int rc = edl_ps_pull_dense(edl_fleet_client(f), T_PROGRESS, 0, 1, &v);
+    *batches = lroundf(v);
+    if (rc)
+        fprintf(stderr, "ctr: reading the job's progress: %s\n",
+                edl_ps_client_errmsg(edl_fleet_client(f)));
+    return rc;
+}
+
+/* Where this worker's share begins: at the job's first batch, or, when the agent restarted
+ * the workers for a later generation (a worker joined, left or failed), where the job got to:
+ * they deal the batches not yet trained among themselves instead of starting over. */
+static int first_batch(edl_fleet *f, long total, long *first)
+{
+    const char *gen = getenv("EDL_GENERATION");
+    *first = 0;
+    if (!gen || atol(gen) <= 1)
+        return 0;
+    int rc = job_progress(f, first);
+    if (rc == 0 && *first > total)
+        *first = total;
+    if (rc == 0 && *first > 0)
+        printf("ctr: worker %d of %d resumes at batch %ld of the job's %ld (generation %s)\n",
+               edl_fleet_worker_index(f), edl_fleet_worker_num(f), *first, total, gen);
+    fflush(stdout);
+    return rc;
+}
+
 static int train_on_servers(edl_fleet *f, const opts *o)
 {
-    long nw = edl_fleet_worker_num(f), steps = o->examples / (nw * o->threads * o->batch);
+    long nw = edl_fleet_worker_num(f), total = o->epochs * (o->examples / o->batch), first;
+    if (first_batch(f, total, &first) != 0)
+        return 1;
+    long steps = (total - first) / (nw * o->threads);
     ps_worker w[64];
     pthread_t th[64];
     edl_agent_link *link = NULL;
@@ -557,7 +605,7 @@ static int train_on_servers(edl_fleet *f, const opts *o)
     double t0 = now_s();
     for (long i = 0; i < o->threads; i++) {
         w[i] = (ps_worker){.f = f, .link = i ? NULL : link, .o = o, .thread = i,
-                           .steps = steps};
+                           .first = first, .steps = steps};
         pthread_create(&th[i], NULL, ps_thread, &w[i]);
     }
     long trained = 0;
@@ -581,6 +629,9 @@ static int train_on_servers(edl_fleet *f, const opts *o)
         rc = edl_fleet_barrier_worker(f); /* every worker's updates are in */
     if (rc == 0 && edl_fleet_worker_index(f) == 0 && o->ctr)
         rc = report_ctr(edl_fleet_client(f), shrinks, evicted);
+    long done;
+    if (rc == 0 && edl_fleet_worker_index(f) == 0 && (rc = job_progress(f, &done)) == 0)
+        printf("ctr: the job trained %ld batches of its %ld\n", done, total);
     if (rc == 0 && edl_fleet_worker_index(f) == 0) {
         char who[128];
         predictor pr = {.c = edl_fleet_client(f), .ctr = o->ctr};
@@ -604,11 +655,11 @@ static int run_fleet(const opts *o)
         rc = 2, snprintf(why, sizeof why, "the CTR accessor trains in sync, async and "
                          "half_async; geo mode keeps no show/click statistics");
     else if (rc == 0 && (rc = edl_fleet_init_worker(f, why, sizeof why)) == 0) {
-        edl_ps_table_config cfg[3];
+        edl_ps_table_config cfg[NTABLE];
         tables(cfg, edl_fleet_mode(f), edl_fleet_worker_num(f), o->ctr);
-        for (int t = 0; t < 3; t++)
+        for (int t = 0; t < NTABLE; t++)
             cfg[t].replicas = (uint32_t)o->replicas;
-        for (int t = o->ctr ? T_EMB : T_LR; t < 3 && rc == 0; t++) /* ctr: no table 0 */
+        for (int t = o->ctr ? T_EMB : T_LR; t < NTABLE && rc == 0; t++) /* ctr: no table 0 */
             rc = edl_ps_create_table(edl_fleet_client(f), (uint32_t)t, &cfg[t]);
         if (rc)
             snprintf(why, sizeof why, "%s", edl_ps_client_errmsg(edl_fleet_client(f)));

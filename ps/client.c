@@ -1378,13 +1378,14 @@ int ps_client_know_table(edl_ps_client *c, uint32_t table, const edl_ps_table_co
     return rc;
 }
 
-static int barrier_once(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+static int barrier_once(edl_ps_client *c, uint32_t space, const ps_arrival *who, uint64_t step,
                         uint32_t trainers, bool *applied, uint64_t *done)
 {
-    uint8_t body[PS_BARRIER_BYTES] = {0};
-    edl_put64(body, token);
+    uint8_t body[PS_BARRIER_BYTES];
+    edl_put64(body, who->token);
     edl_put64(body + 8, step);
     edl_put32(body + 16, trainers);
+    edl_put32(body + 20, who->generation);
     if (links_usable(c) != 0)
         return EDL_EPEER;
     for (int i = 0; i < c->n; i++) {
@@ -1407,24 +1408,24 @@ static int barrier_once(edl_ps_client *c, uint32_t space, uint64_t token, uint64
     return rc;
 }
 
-int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+int ps_client_barrier(edl_ps_client *c, uint32_t space, const ps_arrival *who, uint64_t step,
                       uint32_t trainers, bool *applied, uint64_t *done)
 {
     int rc;
     /* every trainer at the barrier asks the same servers: those of the newest map (a client
      * that only pulled since a map changed has not been told by a refusal) */
     follow_newest(c);
-    PS_WITH_RETRIES(c, rc, barrier_once(c, space, token, step, trainers, applied, done));
+    PS_WITH_RETRIES(c, rc, barrier_once(c, space, who, step, trainers, applied, done));
     return rc;
 }
 
-int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, const ps_arrival *who, uint64_t step,
                            uint32_t (*trainers)(void *arg), void *arg, uint64_t *done)
 {
     bool applied = false;
     int rc = 0;
     while (rc == 0 && !applied) {
-        rc = ps_client_barrier(c, space, token, step, trainers(arg), &applied, done);
+        rc = ps_client_barrier(c, space, who, step, trainers(arg), &applied, done);
         if (step == UINT64_MAX)
             break;
     }

@@ -99,8 +99,12 @@ static int parse_role(edl_fleet *f, char *why, size_t whylen)
         rc = env_int("PADDLE_TRAINER_ID", 0, n - 1, f->server ? 0 : -1, &id, why, whylen);
     if (rc == 0 && f->server)
         rc = env_int("PADDLE_PORT", 0, 65535, -1, &port, why, whylen);
+    long gen = 0; /* the agent's: a later generation's barriers leave this one's behind */
+    if (rc == 0 && !f->server)
+        rc = env_int("EDL_GENERATION", 0, UINT32_MAX, 0, &gen, why, whylen);
     if (rc)
         return rc;
+    f->topts.generation = (uint32_t)gen;
     f->worker_num = (int)n;
     f->worker_index = f->server ? -1 : (int)id;
     f->port = f->server ? (int)port : 0;
@@ -213,11 +217,12 @@ int edl_fleet_barrier_worker(edl_fleet *f)
     if (!f->client)
         return EDL_EINVAL;
     int rc = 0;
+    ps_arrival who = {f->token, f->topts.generation};
     if (f->barriers == 0) /* a worker that joins late starts where the others are */
-        rc = ps_client_wait_barrier(f->client, PS_SPACE_WORKERS, f->token, UINT64_MAX,
-                                    worker_count, f, &f->barriers);
+        rc = ps_client_wait_barrier(f->client, PS_SPACE_WORKERS, &who, UINT64_MAX, worker_count,
+                                    f, &f->barriers);
     if (rc == 0)
-        rc = ps_client_wait_barrier(f->client, PS_SPACE_WORKERS, f->token, f->barriers,
+        rc = ps_client_wait_barrier(f->client, PS_SPACE_WORKERS, &who, f->barriers,
                                     worker_count, f, &done);
     if (rc == 0)
         f->barriers++;

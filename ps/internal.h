@@ -55,7 +55,8 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  *   PULL_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg         -> values(4 sum count)
  *   PUSH_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg values  -> empty
  *   STATS        empty                                            -> 7 counters(8 each)
- *   BARRIER      token(8) step(8) trainers(4) 0(4)                -> applied(4) 0(4) done(8)
+ *   BARRIER      token(8) step(8) trainers(4) generation(4)       -> applied(4) 0(4) done(8)
+ *                generation: the workers' (0: none); a later one clears the arrivals
  *   GEO_PULL     trainer(4) max rows(4)              -> n(4) dim(4) more(4) 0(4) keys rows
  *   PUT_SHARD    map generation(8) shard(4) 0(4) table config(PS_CONFIG_BYTES) the shard's
  *                bytes (server to server: a shard handed to its new owner)  -> empty
@@ -139,6 +140,7 @@ typedef struct ps_request {
     uint64_t token, step;    /* PS_F_SYNC pushes and BARRIER: the trainer and its step;
                                 SHRINK: its token */
     uint32_t trainers;       /* BARRIER: trainers in the step */
+    uint32_t members_gen;    /* BARRIER: the workers' generation (0: none) */
     uint32_t trainer, max;   /* PS_F_GEO pushes and GEO_PULL: the trainer; GEO_PULL: rows */
     uint64_t gen;            /* the sender's map generation: pushes, PUT_SHARD, SAVE */
     ps_push_id id;           /* pushes */
@@ -228,14 +230,19 @@ int ps_client_push_sparse_mode(edl_ps_client *c, uint32_t table, const uint64_t 
                                size_t n, const float *grads, const ps_call_mode *m);
 int ps_client_push_dense_mode(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n,
                               const float *grads, const ps_call_mode *m);
-/* Every server's barrier of step in space (PS_SPACE_*): *applied when every server has applied it; *done the
- * least of their applied steps. */
-int ps_client_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+/* Who arrives at a barrier: the trainer's token, and its workers' generation (0: none). */
+typedef struct ps_arrival {
+    uint64_t token;
+    uint32_t generation;
+} ps_arrival;
+/* Every server's barrier of step in space (PS_SPACE_*): *applied when every server has applied
+ * it; *done the least of their applied steps. */
+int ps_client_barrier(edl_ps_client *c, uint32_t space, const ps_arrival *who, uint64_t step,
                       uint32_t trainers, bool *applied, uint64_t *done);
 /* Ask the barrier of step again until every server has applied it (each "not yet" answer, after
  * PS_SYNC_POLL_MS, is followed by the question again with trainers(arg), the count in force
  * then); step UINT64_MAX asks once where the servers are. *done as ps_client_barrier's. */
-int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, uint64_t token, uint64_t step,
+int ps_client_wait_barrier(edl_ps_client *c, uint32_t space, const ps_arrival *who, uint64_t step,
                            uint32_t (*trainers)(void *arg), void *arg, uint64_t *done);
 /* The rows changed for trainer since its last GEO pull, from every server, each handed to
  * fn(arg, key, row) (dim floats). */

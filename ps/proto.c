@@ -208,6 +208,7 @@ static int parse_barrier(const ps_hdr *h, const uint8_t *b, ps_request *r, char 
         r->token = edl_get64(b);
         r->step = edl_get64(b + 8);
         r->trainers = edl_get32(b + 16);
+        r->members_gen = edl_get32(b + 20);
         if (r->trainers < 1 || r->trainers > PS_MAX_SYNC_TRAINERS)
             return edl_errf(why, whylen, EDL_EPROTO, "a barrier of %u trainers (1..%d)",
                             r->trainers, PS_MAX_SYNC_TRAINERS);

@@ -7,7 +7,11 @@
  * that is being applied: it either counts for its step or is refused as stale.
  * The number of trainers comes with every barrier, so it follows the generation: when a
  * trainer leaves, the survivors' next barrier (a waiting barrier is answered "not yet" within
- * PS_SYNC_POLL_MS and sent again) names fewer and completes the step. */
+ * PS_SYNC_POLL_MS and sent again) names fewer and completes the step.
+ * Barriers also carry the workers' generation (under the agent; 0: none). The agent restarts
+ * every worker for a new one, so the arrivals of an earlier generation are of trainers that
+ * are gone: the first barrier of a later generation clears them (else they would count towards
+ * the new trainers' step), and a barrier of an earlier generation is refused. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -21,6 +25,7 @@ struct ps_sync {
     pthread_mutex_t sums_mu;   /* creating a sum table (under the read lock) */
     uint64_t collect, done;    /* the step whose pushes are summed; steps below done applied */
     uint64_t *arrived;         /* tokens at collect's barrier */
+    uint32_t members_gen;      /* the latest workers' generation a barrier named */
     size_t narrived, cap;
     ps_table *sums[EDL_PS_MAX_TABLES];
 };
@@ -144,6 +149,16 @@ int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, u
 {
     pthread_rwlock_wrlock(&y->lock);
     int rc = 0;
+    if (r->members_gen && r->members_gen < y->members_gen) {
+        pthread_rwlock_unlock(&y->lock);
+        return edl_errf(why, whylen, EDL_ECONFLICT, "a barrier of the workers' generation %u; "
+                        "the workers are at generation %u now (this trainer's is over)",
+                        r->members_gen, y->members_gen);
+    }
+    if (r->members_gen > y->members_gen) { /* the earlier generation's trainers are gone */
+        y->members_gen = r->members_gen;
+        y->narrived = 0;
+    }
     adopt(y, r->step);
     if (r->step == UINT64_MAX || r->step < y->done) { /* where are we / already applied */
         *done = y->done;

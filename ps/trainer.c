@@ -371,8 +371,9 @@ static uint32_t trainer_count(void *arg)
 static int sync_barrier(edl_ps_trainer *t, uint64_t step, uint64_t *done)
 {
     pthread_mutex_lock(&t->client_mu);
-    int rc = took(t, ps_client_wait_barrier(t->c, PS_SPACE_STEPS, t->token, step,
-                                            trainer_count, t, done));
+    ps_arrival who = {t->token, t->o.generation};
+    int rc = took(t, ps_client_wait_barrier(t->c, PS_SPACE_STEPS, &who, step, trainer_count, t,
+                                            done));
     pthread_mutex_unlock(&t->client_mu);
     return rc;
 }

@@ -49,7 +49,10 @@ static int teardown(void **state)
 {
     (void)state;
     harness_close_etcd(&g_srv, &g_c);
-    harness_rmtree(g_dir);
+    if (getenv("EDL_TEST_KEEP")) /* keep the logs to look at */
+        fprintf(stderr, "kept %s\n", g_dir);
+    else
+        harness_rmtree(g_dir);
     return 0;
 }
 
@@ -1456,6 +1459,57 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
     edl_generation_clear(&c);
 }
 
+/* examples/ctr under edl run while workers join and die: a third worker joins, then one is
+ * SIGKILLed. Each time the agents restart the workers (restart mode), and the restarted
+ * workers resume at the job's progress as the servers count it, sharing the batches not yet
+ * trained instead of starting over: the job trains its batches about once (a restart from the
+ * first batch would train them up to three times) and the model learns. */
+static void test_ctr_resumes_while_workers_join_and_die(void **state)
+{
+    (void)state;
+    const char *job = "ctrwjob";
+    char script[1024], out[300], cmd[8192];
+    snprintf(out, sizeof out, "%s/ctrw.out", g_dir);
+    snprintf(script, sizeof script, "exec %s --examples 1200000 --test 20000 "
+             ">>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, out);
+    const char *opts[] = {"--np", "2:3", "--replicas", "2", "--ps", "2", "--etcd", ep(),
+                          "--settle-ms", "300", "--grace-ms", "5000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_generation c = {0};
+    wait_running(job, 2, 60000, &c);
+    for (int r = 0; r < 2; r++)
+        wait_step(job, c.members[r].pod, 20, 60000);
+    const char *scale3[] = {"scale", job, "3", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(cmd, sizeof cmd, scale3), 0);
+    wait_running_after(job, c.generation, 3, 30000, &c);
+    wait_step(job, c.members[2].pod, 1, 30000); /* the newcomer trains */
+    long victim = running_pid(job, c.members[1].pod, c.generation);
+    assert_true(victim > 0);
+    assert_int_equal(kill((pid_t)victim, SIGKILL), 0);
+    assert_int_equal(harness_wait_exit(run, 240000), 0);
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(c.restarts, 1); /* the kill; the join restarted the workers for free */
+    /* 3 workers resumed in each of the two later generations */
+    snprintf(cmd, sizeof cmd, "test \"$(cat %s.* | grep -c 'of 3 resumes at batch [1-9]')\" = 6",
+             out);
+    assert_int_equal(system(cmd), 0);
+    char path[600], line[1024];
+    snprintf(path, sizeof path, "%s.%s", out, c.members[0].pod);
+    long done = -1, total = -1;
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f))
+        sscanf(line, "ctr: the job trained %ld batches of its %ld", &done, &total);
+    if (f)
+        fclose(f);
+    print_message("ctr under edl run, a worker joined and one killed: the job trained %ld "
+                  "batches of its %ld; test AUC %.4f\n", done, total, ctr_auc(path));
+    assert_int_equal(total, 1200000 / 256);
+    assert_true(done >= total * 98 / 100 && done <= total * 102 / 100);
+    assert_true(ctr_auc(path) > 0.72);
+    edl_generation_clear(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1481,6 +1535,7 @@ int main(void)
         cmocka_unit_test(test_teacher_role_end_to_end),
         cmocka_unit_test(test_distill_student_follows_teachers_that_scale_and_die),
         cmocka_unit_test(test_ctr_trains_while_servers_join_and_die),
+        cmocka_unit_test(test_ctr_resumes_while_workers_join_and_die),
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

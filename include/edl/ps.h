@@ -289,6 +289,9 @@ typedef struct edl_ps_trainer_options {
     int trainer_id, trainers; /* this trainer's index, and how many (the generation's) */
     int threads;              /* half_async: the threads that push and step (default 1) */
     int geo_every;            /* geo: steps between syncs (default 10) */
+    uint32_t generation;      /* the workers' generation (EDL_GENERATION under the agent; 0:
+                                 none): the servers' barriers count the trainers of the latest
+                                 one only, and refuse those of an earlier one */
 } edl_ps_trainer_options;
 
 /* The trainer's side on an open client (borrowed: close the trainer first). The tables must
