@@ -156,6 +156,8 @@ void ps_segment_put(uint8_t *segs, uint32_t i, uint64_t off, uint64_t count);
 
 void ps_config_encode(const edl_ps_table_config *c, uint8_t out[PS_CONFIG_BYTES]);
 int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_t whylen);
+/* The same table: every field alike, but geo_trainers only as to GEO or not (a GEO table
+ * tracks the most trainers any create named: ps_table_track_geo). */
 bool ps_config_equal(const edl_ps_table_config *a, const edl_ps_table_config *b);
 /* Floats a key in a sparse push to a table of this config (shard.c): dim, or dim + 2 (CTR). */
 uint32_t ps_push_width(const edl_ps_table_config *c);
@@ -171,6 +173,10 @@ typedef struct ps_table ps_table;
 int ps_table_new(const edl_ps_table_config *cfg, ps_table **out);
 void ps_table_free(ps_table *t);
 const edl_ps_table_config *ps_table_config(const ps_table *t);
+/* A GEO table's trainers, and raising them (a create that names more: a job that grew; never
+ * lowered, so that a trainer index stays valid). Safe beside requests. */
+uint32_t ps_table_geo_trainers(const ps_table *t);
+bool ps_table_track_geo(ps_table *t, uint32_t trainers);
 /* keys: n little-endian ids; out: n * dim floats. EDL_ENOMEM leaves earlier rows in place. */
 int ps_table_pull_sparse(ps_table *t, const uint8_t *keys, uint32_t n, float *out);
 int ps_table_push_sparse(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t *grads,

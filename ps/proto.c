@@ -399,8 +399,11 @@ int ps_config_parse(const uint8_t *p, edl_ps_table_config *out, char *why, size_
 bool ps_config_equal(const edl_ps_table_config *a, const edl_ps_table_config *b)
 {
     uint8_t x[PS_CONFIG_BYTES], y[PS_CONFIG_BYTES];
-    ps_config_encode(a, x);
-    ps_config_encode(b, y);
+    edl_ps_table_config a1 = *a, b1 = *b;
+    a1.geo_trainers = a->geo_trainers > 0; /* GEO or not; the count may grow */
+    b1.geo_trainers = b->geo_trainers > 0;
+    ps_config_encode(&a1, x);
+    ps_config_encode(&b1, y);
     return memcmp(x, y, sizeof x) == 0;
 }
 

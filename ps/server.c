@@ -123,6 +123,9 @@ int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_con
     if (t && !ps_config_equal(ps_table_config(t), cfg)) {
         rc = edl_errf(why, whylen, EDL_ECONFLICT, "table %u exists on this server with another "
                       "config (kind, dim, size, shards, optimizer, init or accessor differ)", id);
+    } else if (t && ps_table_track_geo(t, cfg->geo_trainers)) {
+        EDL_INFO("ps", "table %u: GEO changes tracked for %u trainers now", id,
+                 cfg->geo_trainers);
     } else if (!t && ((rc = ps_table_new(cfg, &t)) != 0 ||
                       (rc = ps_elastic_table_new(s, id, t)) != 0)) {
         ps_table_free(t);
@@ -156,7 +159,7 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
     int found = table_for(s, r, EDL_PS_SPARSE, &t, why, whylen);
     if (found || (found = ps_route_check(s, r, t, why, whylen)) != 0)
         return found;
-    uint32_t dim = ps_table_config(t)->dim, geo = ps_table_config(t)->geo_trainers;
+    uint32_t dim = ps_table_config(t)->dim, geo = ps_table_geo_trainers(t);
     if (r->h.type == PS_PUSH_SPARSE) {
         uint32_t width = ps_push_width(ps_table_config(t));
         if (r->dim != width)
@@ -246,9 +249,10 @@ static int serve_geo_pull(edl_ps_server *s, ps_conn *c, const ps_request *r, cha
     if (found)
         return found;
     const edl_ps_table_config *cfg = ps_table_config(t);
-    if (r->trainer >= cfg->geo_trainers)
+    uint32_t geo = ps_table_geo_trainers(t);
+    if (r->trainer >= geo)
         return edl_errf(why, whylen, EDL_EINVAL, "a GEO pull for trainer %u from table %u, "
-                        "which tracks %u trainers", r->trainer, r->h.table, cfg->geo_trainers);
+                        "which tracks %u trainers", r->trainer, r->h.table, geo);
     size_t per = 8 + 4 * (size_t)cfg->dim;
     uint32_t max = (s->o.max_message - PS_GEO_PULL_PREFIX) / per;
     max = r->max < max ? r->max : max;

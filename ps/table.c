@@ -203,6 +203,21 @@ const edl_ps_table_config *ps_table_config(const ps_table *t)
     return &t->cfg;
 }
 
+uint32_t ps_table_geo_trainers(const ps_table *t)
+{
+    return __atomic_load_n(&t->cfg.geo_trainers, __ATOMIC_ACQUIRE);
+}
+
+bool ps_table_track_geo(ps_table *t, uint32_t trainers)
+{
+    uint32_t now = ps_table_geo_trainers(t);
+    while (now && trainers > now)
+        if (__atomic_compare_exchange_n(&t->cfg.geo_trainers, &now, trainers, false,
+                                        __ATOMIC_RELEASE, __ATOMIC_ACQUIRE))
+            return true;
+    return false;
+}
+
 /* ---- optimizers ---------------------------------------------------------------------------- */
 
 /* One row of n weights w with its state (layout of state_floats) and gradient g (wire bytes). */
@@ -289,12 +304,12 @@ static int sparse_grow_rows(const ps_table *t, sparse_shard *s)
     uint64_t *rk = rows ? realloc(s->rowkey, cap * sizeof *rk) : NULL;
     if (rk)
         s->rowkey = rk;
-    if (rk && t->cfg.geo_trainers && !s->geo)
+    if (rk && ps_table_geo_trainers(t) && !s->geo)
         s->geo = calloc(1, sizeof *s->geo);
     uint64_t *mask = rk && s->geo ? realloc(s->geo->mask, cap * sizeof *mask) : NULL;
     if (mask)
         s->geo->mask = mask;
-    if (!rows || !rk || (t->cfg.geo_trainers && !mask))
+    if (!rows || !rk || (ps_table_geo_trainers(t) && !mask))
         return EDL_ENOMEM; /* what grew stays grown: rows_cap is the least of them */
     s->rows_cap = cap;
     return 0;
@@ -631,7 +646,7 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
                 row[j] += d;
             }
             rc = geo_mark(s->geo, (uint32_t)((row - s->rows) / t->stride), trainer,
-                          t->cfg.geo_trainers);
+                          ps_table_geo_trainers(t));
         } else if (admit(&s->dd, id, req)) { /* admitted (this request), yet no row */
             rc = EDL_ENOMEM;
         }
@@ -960,7 +975,7 @@ static void ctr_export(const ps_table *t, const sparse_shard *s, uint8_t *rows, 
 
 static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *len)
 {
-    size_t n = s->nrows, geo = t->cfg.geo_trainers > 0, nx = 0, rb = 4 * n * t->stride;
+    size_t n = s->nrows, geo = ps_table_geo_trainers(t) > 0, nx = 0, rb = 4 * n * t->stride;
     for (size_t i = 0; t->xstride && i < n; i++)
         nx += row_u32(s->rows + i * t->stride, CTR_X) != 0;
     size_t body = n * (8 + 4 * t->stride + 8 * geo) + 4 * nx * t->xstride;
@@ -1048,8 +1063,9 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
     uint64_t fixed = SPARSE_HEAD + n * (8 + 4 * stride + 8 * geo);
     int64_t nx = stride == t->stride && fixed <= len ? ctr_parts(t, p + SPARSE_HEAD + 8 * n, n)
                                                      : 0;
-    if (stride != t->stride || geo != (t->cfg.geo_trainers > 0) || xstride != t->xstride ||
-        nx < 0 || edl_get32(p + 20) || len != fixed + 4 * (uint64_t)nx * xstride + 16 * np)
+    bool is_geo = ps_table_geo_trainers(t) > 0;
+    if (stride != t->stride || geo != is_geo || xstride != t->xstride || nx < 0 ||
+        edl_get32(p + 20) || len != fixed + 4 * (uint64_t)nx * xstride + 16 * np)
         return edl_errf(why, whylen, EDL_EPROTO, "a sparse shard of %llu rows of %llu floats "
                         "(embedx parts of %llu%s) and %llu pushes in %zu bytes, for a table "
                         "of rows of %zu (embedx parts of %zu)", (unsigned long long)n,
@@ -1075,7 +1091,7 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
         if (t->xstride && ctr_import(t, s, row, &xs) != 0)
             return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
         uint32_t r = (uint32_t)((row - s->rows) / t->stride);
-        for (uint32_t u = 0; geo && u < t->cfg.geo_trainers; u++)
+        for (uint32_t u = 0, nu = ps_table_geo_trainers(t); geo && u < nu; u++)
             if (edl_get64(mask + 8 * i) >> u & 1 && geo_mark_one(s->geo, r, u) != 0)
                 return edl_errf(why, whylen, EDL_ENOMEM, "out of memory for shard %u", sh);
     }

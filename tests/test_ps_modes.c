@@ -529,6 +529,51 @@ static void test_geo_local_copies_and_servers_follow_the_protocol(void **state)
     harness_ps_close(&k);
 }
 
+/* A GEO job that grows: trainer 2 of 3 creates the tables made for 2 trainers, and the
+ * servers track 3 from then on (before, the create was refused as another config, and under
+ * the agent every restarted worker failed). Trainer 0's change reaches trainer 2's local copy at
+ * its sync; a create for fewer trainers keeps 3, so trainer 2's index stays valid; a create of
+ * the same table without GEO is still refused. */
+static void test_geo_tables_track_trainers_that_join(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    static run a, b, c;
+    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b), memset(&c, 0, sizeof c);
+    open_run(&a, &k, EDL_PS_MODE_GEO, 0, 2);
+    open_run(&b, &k, EDL_PS_MODE_GEO, 2, 3); /* creates with geo_trainers 3 */
+    uint64_t key = pool_key(5);
+    float first[DIM], g[DIM], row[DIM], server[DIM];
+    harness_ps_ok(b.c, edl_ps_trainer_pull_sparse(b.t, 0, &key, 1, first));
+    for (int d = 0; d < DIM; d++)
+        g[d] = 1.0f + (float)d;
+    harness_ps_ok(a.c, edl_ps_trainer_pull_sparse(a.t, 0, &key, 1, row));
+    harness_ps_ok(a.c, edl_ps_trainer_push_sparse(a.t, 0, &key, 1, g));
+    for (int s = 0; s < 2; s++) { /* geo_every 2: a's delta goes, then b takes it */
+        harness_ps_ok(a.c, edl_ps_trainer_step(a.t));
+    }
+    for (int s = 0; s < 2; s++)
+        harness_ps_ok(b.c, edl_ps_trainer_step(b.t));
+    harness_ps_ok(b.c, edl_ps_trainer_pull_sparse(b.t, 0, &key, 1, row));
+    harness_ps_ok(a.c, edl_ps_pull_sparse(a.c, 0, &key, 1, server));
+    for (int d = 0; d < DIM; d++) {
+        assert_true(near(server[d], first[d] - 0.05f * g[d] / 2)); /* a's delta, of 2 */
+        assert_true(near(row[d], server[d]));                      /* in b's local copy */
+    }
+    open_run(&c, &k, EDL_PS_MODE_GEO, 1, 2); /* fewer: the table keeps tracking 3 */
+    harness_ps_ok(b.c, edl_ps_trainer_push_sparse(b.t, 0, &key, 1, g));
+    for (int s = 0; s < 2; s++)
+        harness_ps_ok(b.c, edl_ps_trainer_step(b.t));
+    edl_ps_table_config plain;
+    edl_ps_table_config_init(&plain);
+    plain.dim = DIM, plain.shards = 64, plain.optimizer = EDL_PS_SGD, plain.lr = 0.05f;
+    assert_int_equal(edl_ps_create_table(c.c, 0, &plain), EDL_ECONFLICT);
+    assert_non_null(strstr(edl_ps_client_errmsg(c.c), "another config"));
+    close_run(&a), close_run(&b), close_run(&c);
+    harness_ps_close(&k);
+}
+
 /* ---- CTR tables ---------------------------------------------------------------------------- */
 
 #define CTR_T 2
@@ -903,6 +948,7 @@ int main(void)
         cmocka_unit_test(test_async_pulls_ahead_give_the_rows_a_pull_gives),
         cmocka_unit_test(test_half_async_merges_threads_and_never_waits_for_other_trainers),
         cmocka_unit_test(test_geo_local_copies_and_servers_follow_the_protocol),
+        cmocka_unit_test(test_geo_tables_track_trainers_that_join),
         cmocka_unit_test(test_ctr_tables_train_in_sync_async_and_half_async),
         cmocka_unit_test(test_geo_refuses_ctr_tables),
         cmocka_unit_test(test_modes_have_names_and_bad_options_are_refused),

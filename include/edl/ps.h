@@ -69,7 +69,9 @@ typedef struct edl_ps_table_config {
     uint64_t seed;          /* the initial values are a function of (seed, key, column): the
                                same whichever server creates the row */
     uint32_t geo_trainers;  /* GEO mode (sparse tables): the trainers whose changes the server
-                               tracks (1..EDL_PS_MAX_GEO_TRAINERS); 0 for the other modes */
+                               tracks (1..EDL_PS_MAX_GEO_TRAINERS); 0 for the other modes. A
+                               create of an existing GEO table may name another count: the
+                               table tracks the most any create named (a job that grew) */
     edl_ps_accessor accessor; /* sparse tables: plain (default) or ctr */
     uint32_t replicas;      /* servers that apply each update of a shard (1..EDL_PS_MAX_REPLICAS;
                                default 1): its owner and replicas - 1 backups, so that a
