@@ -9,9 +9,10 @@
  * trainer leaves, the survivors' next barrier (a waiting barrier is answered "not yet" within
  * PS_SYNC_POLL_MS and sent again) names fewer and completes the step.
  * Barriers also carry the workers' generation (under the agent; 0: none). The agent restarts
- * every worker for a new one, so the arrivals of an earlier generation are of trainers that
- * are gone: the first barrier of a later generation clears them (else they would count towards
- * the new trainers' step), and a barrier of an earlier generation is refused. */
+ * every worker for a new one, so the step an earlier generation left half done is of trainers
+ * that are gone: the first barrier of a later generation drops its arrivals (else they would
+ * count towards the new trainers' step) and its sums (the restarted trainers train the step
+ * again: kept, it would be applied twice), and a barrier of an earlier generation is refused. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -144,6 +145,16 @@ static int arrive(ps_sync *y, uint64_t token)
     return 0;
 }
 
+/* The step being collected starts again: no arrivals, no sums. Under the write lock. */
+static void drop_step(ps_sync *y)
+{
+    y->narrived = 0;
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
+        ps_table_free(y->sums[i]);
+        y->sums[i] = NULL;
+    }
+}
+
 int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, uint64_t *done,
                    char *why, size_t whylen)
 {
@@ -157,7 +168,7 @@ int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, u
     }
     if (r->members_gen > y->members_gen) { /* the earlier generation's trainers are gone */
         y->members_gen = r->members_gen;
-        y->narrived = 0;
+        drop_step(y);
     }
     adopt(y, r->step);
     if (r->step == UINT64_MAX || r->step < y->done) { /* where are we / already applied */

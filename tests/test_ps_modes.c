@@ -88,6 +88,7 @@ typedef struct run {
     harness_ps *k;
     edl_ps_mode mode;
     int id, trainers, threads, steps, leave_after; /* leave_after: stop after so many steps */
+    uint32_t generation;                           /* the workers' (0: none) */
     edl_ps_trainer *t;
     edl_ps_client *c;
     int rc;
@@ -147,7 +148,8 @@ static void open_run(run *r, harness_ps *k, edl_ps_mode mode, int id, int traine
     tables(r->c, mode == EDL_PS_MODE_SYNC ? EDL_PS_ADAM : EDL_PS_SGD,
            mode == EDL_PS_MODE_GEO ? (uint32_t)trainers : 0);
     edl_ps_trainer_options o = {.mode = mode, .trainer_id = id, .trainers = trainers,
-                                .threads = r->threads, .geo_every = 2};
+                                .threads = r->threads, .geo_every = 2,
+                                .generation = r->generation};
     if (edl_ps_trainer_open(r->c, &o, &r->t, why, sizeof why) != 0)
         fail_msg("trainer %d: %s", id, why);
 }
@@ -292,6 +294,44 @@ static void test_sync_barrier_follows_the_trainer_count_when_one_leaves(void **s
     for (int i = 0; i < 3; i++)
         close_run(&runs[i]);
     check_sync(&k, runs, 2, three_then_two, 4);
+    harness_ps_close(&k);
+}
+
+static int one(int step)
+{
+    (void)step;
+    return 1;
+}
+
+/* The agent restarts every worker for a new generation. A sync step that the earlier
+ * generation left half pushed is dropped when the first trainer of the later one asks where
+ * the servers are: its trainers are gone, and the restarted ones train the step again (here
+ * trainer 0 pushes the same batch again), so the step is applied once. Before, its sums stayed,
+ * and the batch was applied twice. */
+static void test_sync_drops_a_step_that_an_earlier_generation_left_half_done(void **state)
+{
+    (void)state;
+    harness_ps k;
+    harness_ps_open(&k, 2, NULL);
+    static run gone, again;
+    memset(&gone, 0, sizeof gone), memset(&again, 0, sizeof again);
+    gone.generation = 2;
+    open_run(&gone, &k, EDL_PS_MODE_SYNC, 0, 2);
+    uint64_t keys[16];
+    float g[16 * DIM], dg[DENSE];
+    batch(0, 0, keys, g);
+    for (int i = 0; i < DENSE; i++)
+        dg[i] = grad(0, 0, i, 0);
+    harness_ps_ok(gone.c, edl_ps_trainer_push_sparse(gone.t, 0, keys, 16, g));
+    harness_ps_ok(gone.c, edl_ps_trainer_push_dense(gone.t, 1, 0, DENSE, dg)); /* then gone */
+    again.generation = 3, again.steps = 1, again.leave_after = 1000;
+    open_run(&again, &k, EDL_PS_MODE_SYNC, 0, 1);
+    sync_trainer(&again);
+    gone.rc = 0;
+    edl_ps_trainer_close(gone.t); /* an earlier generation's: nothing of it counts now */
+    edl_ps_client_close(gone.c);
+    close_run(&again);
+    check_sync(&k, &again, 1, one, 1);
     harness_ps_close(&k);
 }
 
@@ -944,6 +984,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_applies_the_sum_of_every_trainers_gradients_once_a_step),
         cmocka_unit_test(test_sync_barrier_follows_the_trainer_count_when_one_leaves),
+        cmocka_unit_test(test_sync_drops_a_step_that_an_earlier_generation_left_half_done),
         cmocka_unit_test(test_async_applies_every_gradient_exactly_once),
         cmocka_unit_test(test_async_pulls_ahead_give_the_rows_a_pull_gives),
         cmocka_unit_test(test_half_async_merges_threads_and_never_waits_for_other_trainers),
