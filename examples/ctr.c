@@ -577,15 +577,15 @@ static int job_progress(edl_fleet *f, long *batches)
  * they deal the batches not yet trained among themselves instead of starting over. */
 static int first_batch(edl_fleet *f, long total, long *first)
 {
-    const char *gen = getenv("EDL_GENERATION");
+    uint32_t gen = edl_fleet_generation(f);
     *first = 0;
-    if (!gen || atol(gen) <= 1)
+    if (gen <= 1)
         return 0;
     int rc = job_progress(f, first);
     if (rc == 0 && *first > total)
         *first = total;
     if (rc == 0 && *first > 0)
-        printf("ctr: worker %d of %d resumes at batch %ld of the job's %ld (generation %s)\n",
+        printf("ctr: worker %d of %d resumes at batch %ld of the job's %ld (generation %u)\n",
                edl_fleet_worker_index(f), edl_fleet_worker_num(f), *first, total, gen);
     fflush(stdout);
     return rc;

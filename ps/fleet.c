@@ -156,6 +156,7 @@ int edl_fleet_worker_index(const edl_fleet *f) { return f->worker_index; }
 int edl_fleet_worker_num(const edl_fleet *f) { return f->worker_num; }
 int edl_fleet_server_num(const edl_fleet *f) { return f->n_servers; }
 edl_ps_mode edl_fleet_mode(const edl_fleet *f) { return f->topts.mode; }
+uint32_t edl_fleet_generation(const edl_fleet *f) { return f->topts.generation; }
 edl_ps_client *edl_fleet_client(edl_fleet *f) { return f->client; }
 edl_ps_trainer *edl_fleet_trainer(edl_fleet *f) { return f->trainer; }
 

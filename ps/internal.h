@@ -56,7 +56,7 @@ int ps_link_mac(const edl_job_secret *s, const char *job, enum ps_mac_dir dir,
  *   PUSH_DENSE   nseg(4) 0(4) {offset(8) count(8)} x nseg values  -> empty
  *   STATS        empty                                            -> 7 counters(8 each)
  *   BARRIER      token(8) step(8) trainers(4) generation(4)       -> applied(4) 0(4) done(8)
- *                generation: the workers' (0: none); a later one clears the arrivals
+ *                generation: the workers' (0: none); a later one drops the step in progress
  *   GEO_PULL     trainer(4) max rows(4)              -> n(4) dim(4) more(4) 0(4) keys rows
  *   PUT_SHARD    map generation(8) shard(4) 0(4) table config(PS_CONFIG_BYTES) the shard's
  *                bytes (server to server: a shard handed to its new owner)  -> empty

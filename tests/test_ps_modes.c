@@ -874,7 +874,12 @@ static void test_fleet_reads_paddles_environment_and_names_what_is_wrong(void **
     assert_int_equal(edl_fleet_init(&f, why, sizeof why), EDL_ECONFIG);
     assert_non_null(strstr(why, "EDL_PS_LANES='9'"));
     setenv("EDL_PS_LANES", "3", 1);
+    setenv("EDL_GENERATION", "-1", 1);
+    assert_int_equal(edl_fleet_init(&f, why, sizeof why), EDL_ECONFIG);
+    assert_non_null(strstr(why, "EDL_GENERATION='-1'"));
+    setenv("EDL_GENERATION", "7", 1);
     assert_int_equal(edl_fleet_init(&f, why, sizeof why), 0);
+    assert_int_equal(edl_fleet_generation(f), 7); /* its barriers carry it */
     assert_true(edl_fleet_is_worker(f));
     assert_int_equal(edl_fleet_worker_index(f), 2);
     assert_int_equal(edl_fleet_worker_num(f), 3);
@@ -886,7 +891,7 @@ static void test_fleet_reads_paddles_environment_and_names_what_is_wrong(void **
     edl_fleet_free(f);
     const char *vars[] = {"TRAINING_ROLE", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID",
                           "PADDLE_PSERVERS_IP_PORT_LIST", "EDL_PS_MODE", "EDL_JOB_SECRET",
-                          "EDL_PS_LANES"};
+                          "EDL_PS_LANES", "EDL_GENERATION"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }

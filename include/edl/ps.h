@@ -365,6 +365,9 @@ int edl_fleet_worker_num(const edl_fleet *f);
 int edl_fleet_server_num(const edl_fleet *f);
 const char *edl_fleet_server_endpoint(const edl_fleet *f, int i); /* NULL when out of range */
 edl_ps_mode edl_fleet_mode(const edl_fleet *f);
+/* The workers' generation (EDL_GENERATION, the one the agent started this worker for; 0 outside
+ * the agent or for a server). */
+uint32_t edl_fleet_generation(const edl_fleet *f);
 /* A worker: connect to every server and open the trainer of the mode. Create the tables on
  * edl_fleet_client() before the first push. 0, or an error with the reason in why. */
 int edl_fleet_init_worker(edl_fleet *f, char *why, size_t whylen);
