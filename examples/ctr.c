@@ -693,7 +693,9 @@ static void usage(FILE *out)
                  "--local always trains the plain model. --replicas R (or EDL_PS_REPLICAS):\n"
                  "each update applied on R servers (1..3, default 1), so that a server that\n"
                  "dies loses none. --save-every N: worker 0 saves a PS checkpoint every N\n"
-                 "steps (default 0: never; the servers need EDL_CHECKPOINT_URI).\n");
+                 "steps (default 0: never; the servers need EDL_CHECKPOINT_URI).\n"
+                 "Under the agent, workers it restarts for a later generation resume at the\n"
+                 "job's progress (batches trained, counted on the servers) and share the rest.\n");
 }
 
 static int parse(int argc, char **argv, opts *o)
