@@ -682,7 +682,9 @@ static bool member_lost(const js_observed *o)
  * so in restart mode the decision waits while a member still reports running, until it reports
  * or its pod disappears (then it is a loss: see js_reconcile), at most its lease TTL (plus
  * etcd's expiry check) from the first failure seen. True while holding (*wake set). In-process
- * trainers keep running by design, so there a running status says nothing: no hold. */
+ * trainers keep running by design, and so do the workers of a job with parameter servers (they
+ * share no collective: each talks to the servers only), so there a running status says
+ * nothing: no hold, and the failed worker's share is not left idle for a lease TTL. */
 #define HOLD_MARGIN_MS 1000
 static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const failure *fl,
                                   size_t nf, int64_t *wake)
@@ -692,7 +694,7 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
     bool exits = false;
     for (size_t k = 0; k < nf; k++)
         exits = exits || fl[k].code >= 0; /* a hang is no peer's loss: its agent reported it */
-    if (!exits || o->spec->mode != EDL_MODE_RESTART)
+    if (!exits || o->spec->mode != EDL_MODE_RESTART || o->spec->ps_max > 0)
         return false;
     for (size_t k = 0; k < c->n_members; k++) {
         int i = pod_index(o, c->members[k].pod, c->members[k].lease);

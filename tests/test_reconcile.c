@@ -985,6 +985,29 @@ static void test_worker_restart_keeps_the_servers(void **state)
     world_free(&w);
 }
 
+/* In a job with parameter servers the workers share no collective: one worker's failure is no
+ * peer's fallout and the others keep running, so it is decided at once (no hold of a lease
+ * TTL while the failed worker's share waits). */
+static void test_worker_failure_in_a_ps_job_is_decided_at_once(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 2, 3, 1, 2);
+    w.spec.ttl_s = 10;
+    start_ps_job(&w, 3, 2);
+    int64_t g = w.cur.generation;
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, -1); /* p0 and p2 still train */
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(edl_generation_of_members(&w.cur), g + 1);
+    assert_string_equal(w.cur.failures[0].pod, "p1");
+    servers_are(&w, "s0 s1");
+    world_free(&w);
+}
+
 /* Teachers (role "teacher") are no members: joining, failing, leaving or being excluded-sized
  * in numbers, they never change a generation, its ranks, its restarts or the job's state. */
 static void test_teachers_never_change_ranks_or_generations(void **state)
@@ -1060,6 +1083,7 @@ int main(void)
         cmocka_unit_test(test_server_failure_drops_it_without_restart),
         cmocka_unit_test(test_success_is_decided_by_the_workers),
         cmocka_unit_test(test_worker_restart_keeps_the_servers),
+        cmocka_unit_test(test_worker_failure_in_a_ps_job_is_decided_at_once),
         cmocka_unit_test(test_teachers_never_change_ranks_or_generations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
