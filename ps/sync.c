@@ -42,12 +42,21 @@ int ps_sync_new(ps_sync **out)
     return 0;
 }
 
+/* The step being collected starts again: no arrivals, no sums. Under the write lock. */
+static void drop_step(ps_sync *y)
+{
+    y->narrived = 0;
+    for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
+        ps_table_free(y->sums[i]);
+        y->sums[i] = NULL;
+    }
+}
+
 void ps_sync_free(ps_sync *y)
 {
     if (!y)
         return;
-    for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
-        ps_table_free(y->sums[i]);
+    drop_step(y);
     free(y->arrived);
     pthread_rwlock_destroy(&y->lock);
     pthread_mutex_destroy(&y->sums_mu);
@@ -143,16 +152,6 @@ static int arrive(ps_sync *y, uint64_t token)
     }
     y->arrived[y->narrived++] = token;
     return 0;
-}
-
-/* The step being collected starts again: no arrivals, no sums. Under the write lock. */
-static void drop_step(ps_sync *y)
-{
-    y->narrived = 0;
-    for (int i = 0; i < EDL_PS_MAX_TABLES; i++) {
-        ps_table_free(y->sums[i]);
-        y->sums[i] = NULL;
-    }
 }
 
 int ps_sync_arrive(ps_sync *y, ps_table *_Atomic *tables, const ps_request *r, uint64_t *done,
