@@ -226,34 +226,18 @@ int edl_duration_parse(const char *s, int64_t *ms)
 
 /* ---- metadata ------------------------------------------------------------------------------ */
 
-/* A DNS-1123 subdomain of at most 63 characters: lower-case letters, digits, '-' and '.', each
- * dot-separated label starting and ending with a letter or digit. Pod names are made from it. */
-static bool dns_name_valid(const char *s)
+bool edl_tj_name_valid(const char *s)
 {
-    size_t n = strlen(s);
-    if (n == 0 || n > 63)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
-        if (!alnum && ch != '-' && ch != '.')
-            return false;
-        bool edge = i == 0 || i == n - 1 || s[i - 1] == '.' || s[i + 1] == '.';
-        if (edge && !alnum)
-            return false;
-    }
-    return true;
+    return s[0] >= 'a' && s[0] <= 'z' && strlen(s) <= EDL_TJ_NAME_MAX && edl_dns_label_valid(s);
 }
 
 static void read_metadata(tj_ctx *c, const cJSON *obj, edl_trainingjob *tj)
 {
     const cJSON *md = get_obj(c, obj, "", "metadata", true);
     const char *name = NULL, *ns = "default", *uid = NULL;
-    if (get_str(c, md, "metadata", "name", true, 253, &name) && !dns_name_valid(name))
-        fail(c, EDL_ECONFIG, "metadata", "name", "is \"%s\"; it must be at most 63 lower-case "
-             "letters, digits, '-' and '.', starting and ending with a letter or digit (pod "
-             "names are made from it)", name);
-    if (get_str(c, md, "metadata", "namespace", false, 63, &ns) && !dns_name_valid(ns))
+    if (get_str(c, md, "metadata", "name", true, 253, &name) && !edl_tj_name_valid(name))
+        fail(c, EDL_ECONFIG, "metadata", "name", "is \"%s\"; " EDL_TJ_NAME_RULE, name);
+    if (get_str(c, md, "metadata", "namespace", false, 63, &ns) && !edl_dns_label_valid(ns))
         fail(c, EDL_ECONFIG, "metadata", "namespace", "is \"%s\"; not a valid namespace", ns);
     get_str(c, md, "metadata", "uid", false, 128, &uid);
     get_i64(c, md, "metadata", "generation", 0, EDL_JSON_MAX_EXACT, &tj->generation);
@@ -344,16 +328,12 @@ static void read_ps(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
     s->ps_max = max;
 }
 
-/* The longest job name whose teacher pods' names, "<name>-teacher-<index>" up to 4 digits of
- * index, are teacher instance names (DNS labels of at most 63 characters). */
-#define TEACHER_JOB_NAME_MAX (EDL_TEACHER_SERVICE_MAX - (int)sizeof "-teacher-9999" + 1)
-
 /* spec.teachers, distillation's teachers: replicas and bounds spelled and defaulted as the
  * workers' (replicas 1, minReplicas 1, maxReplicas max(replicas, minReplicas)), the service
  * they register in (required, a DNS label), the model and capacity the agent publishes; its
  * template is read by read_template. Absent (or null): no teacher role (teachers_max stays
- * 0). The teacher pods' names are their instance names in the service, so the job's name must
- * make DNS labels of them. */
+ * 0). The teacher pods' names are their instance names in the service: DNS labels, as every
+ * job name makes them (EDL_TJ_NAME_RULE). */
 static void read_teachers(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
 {
     const char *pre = "spec.teachers";
@@ -376,12 +356,6 @@ static void read_teachers(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
     get_int(c, t, pre, "capacity", 1, 65535, &tj->teacher_capacity);
     if (c->rc)
         return;
-    if (tj->name && (strchr(tj->name, '.') || strlen(tj->name) > TEACHER_JOB_NAME_MAX)) {
-        fail(c, EDL_ECONFIG, "metadata", "name", "is \"%s\"; with spec.teachers it must be at "
-             "most %d characters without '.': the teacher pods <name>-teacher-N are instance "
-             "names in the service (DNS labels)", tj->name, TEACHER_JOB_NAME_MAX);
-        return;
-    }
     if (model && !(tj->teacher_model = strdup(model))) {
         fail(c, EDL_ENOMEM, pre, "model", "out of memory");
         return;

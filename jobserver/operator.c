@@ -75,7 +75,8 @@ void op_job_drop(op *o, op_job *j)
     free(j->etcd_name);
     free(j->selector);
     free(j->reported_invalid);
-    free(j->pod_error);
+    free(j->create_error);
+    free(j->reported_error);
     free(j);
 }
 
@@ -173,7 +174,16 @@ static void write_metrics(void *arg, edl_prom *p)
     edl_k8s_get_stats(o->k, &ks);
     const char *labels[] = {"id", o->cfg->id, NULL};
     p->labels = labels;
-    edl_prom_metric(p, "edl_operator_leader", "gauge", "1 while this replica leads.", o->leading);
+    edl_k8s_elector_stats es = {0};
+    if (o->elector)
+        edl_k8s_elector_get_stats(o->elector, &es);
+    edl_prom_metric(p, "edl_operator_leader", "gauge", "1 while this replica leads.",
+                    edl_k8s_elector_leading(o->elector));
+    edl_prom_metric(p, "edl_operator_lease_renewals_total", "counter",
+                    "Renewals of the leader's Lease.", es.renewals);
+    edl_prom_metric(p, "edl_operator_lease_renewals_late_total", "counter",
+                    "Renewals more than two retry periods after the one before.",
+                    es.late_renewals);
     edl_prom_metric(p, "edl_operator_jobs", "gauge", "TrainingJobs known.", (int64_t)o->n_jobs);
     edl_prom_metric(p, "edl_operator_reconciles_total", "counter", "Job passes.", o->m.reconciles);
     edl_prom_metric(p, "edl_operator_pods_created_total", "counter", "Pods created.",
@@ -202,40 +212,32 @@ static bool signalled(op *o)
     return o->stop;
 }
 
-/* Wait for fds or the timeout (ms), serving /metrics meanwhile. */
+/* Wait for fds or the timeout (ms), serving /metrics meanwhile; never past the moment our
+ * leadership runs out without a renewal (the loop then ends). */
 static void wait_events(op *o, int timeout)
 {
-    struct pollfd pf[6] = {
+    struct pollfd pf[7] = {
         {o->sigfd, POLLIN, 0},
         {o->tjs ? edl_k8s_informer_fd(o->tjs) : -1, POLLIN, 0},
         {o->pods ? edl_k8s_informer_fd(o->pods) : -1, POLLIN, 0},
         {o->w ? edl_watch_fd(o->w) : -1, POLLIN, 0},
         {o->keeper ? edl_lease_keeper_fd(o->keeper) : -1, POLLIN, 0},
         {o->metrics ? edl_metrics_fd(o->metrics) : -1, POLLIN, 0},
+        {edl_k8s_elector_fd(o->elector), POLLIN, 0},
     };
     int ht = o->metrics ? edl_metrics_timeout_ms(o->metrics) : -1;
     if (ht >= 0 && (timeout < 0 || ht < timeout))
         timeout = ht;
-    if (poll(pf, 6, timeout) < 0 && errno != EINTR)
+    int64_t valid = edl_k8s_elector_valid_ms(o->elector);
+    if (valid > 0 && (timeout < 0 || valid + 1 < timeout))
+        timeout = (int)valid + 1;
+    if (poll(pf, 7, timeout) < 0 && errno != EINTR)
         usleep(10000);
+    uint64_t changes;
+    if (pf[6].revents & POLLIN && read(pf[6].fd, &changes, sizeof changes) < 0)
+        EDL_DEBUG(LOG, "elector fd: %s", strerror(errno));
     if (o->metrics)
         edl_metrics_serve(o->metrics);
-}
-
-/* Tick the election when due; false when we do not lead (any more). */
-static bool elect(op *o, int64_t *next_tick)
-{
-    if (edl_monotonic_ms() < *next_tick)
-        return o->leading;
-    bool leading = false;
-    int rc = edl_k8s_elector_tick(o->elector, &leading, next_tick);
-    if (rc && !o->leading)
-        EDL_WARN(LOG, "leader election: %s", edl_strerror(rc));
-    if (leading && !o->leading)
-        EDL_INFO(LOG, "%s leads the operator (Lease %s/%s)", o->cfg->id, o->cfg->lease_ns,
-                 o->cfg->lease_name);
-    o->leading = leading;
-    return leading;
 }
 
 /* What the operator reads of a pod; the rest (the spec: most of a pod) is not kept. */
@@ -293,11 +295,11 @@ static void report_start(op *o, int64_t since, bool *synced, bool *passed)
     *passed = true;
 }
 
-static void lead(op *o, int64_t *next_tick)
+static void lead(op *o)
 {
     int64_t etcd_retry = 0, since = edl_monotonic_ms();
     bool synced = false, passed = false;
-    while (!signalled(o) && elect(o, next_tick)) {
+    while (!signalled(o) && edl_k8s_elector_leading(o->elector)) {
         drain_jobs(o);
         drain_pods(o);
         if (edl_monotonic_ms() >= etcd_retry && etcd_ready(o) != 0)
@@ -313,7 +315,7 @@ static void lead(op *o, int64_t *next_tick)
                 report_start(o, since, &synced, &passed);
         }
         int64_t next = pass_due(o), now = edl_monotonic_ms();
-        int64_t until = *next_tick;
+        int64_t until = now + 60000;
         if (next && next < until)
             until = next;
         if (etcd_retry > now && etcd_retry < until)
@@ -355,8 +357,9 @@ static int op_open(op *o)
     o->pod_etcd_endpoints = o->cfg->pod_etcd_endpoints ? strdup(o->cfg->pod_etcd_endpoints)
                                                        : edl_etcd_config_endpoints(o->cfg->etcd);
     if (!o->jobs_prefix || !o->pod_etcd_endpoints ||
-        (rc = edl_k8s_elector_open(o->k, &eo, &o->elector)) != 0)
+        (rc = edl_k8s_elector_start(o->cfg->k8s, &eo, &o->elector)) != 0)
         return rc ? rc : EDL_ENOMEM;
+    edl_k8s_elector_fence(o->elector, o->k); /* no write of ours once we do not lead */
     if (o->cfg->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = o->cfg->metrics_addr, .port = o->cfg->metrics_port};
         if ((rc = edl_metrics_open(&mo, write_metrics, o, &o->metrics)) != 0) {
@@ -380,8 +383,7 @@ static void op_close(op *o)
     if (o->keeper)
         edl_lease_keeper_close(o->keeper, true); /* our terms end now: a standby goes on */
     if (o->elector) {
-        if (o->leading)
-            edl_k8s_elector_release(o->elector);
+        edl_k8s_elector_release(o->elector); /* when we lead: a standby goes on at once */
         edl_k8s_elector_close(o->elector);
     }
     edl_metrics_close(o->metrics);
@@ -401,20 +403,18 @@ int op_run(const op_config *cfg, int sigfd)
     EDL_INFO(LOG, "operator %s serving TrainingJobs of %s on %s; standing by for the Lease "
              "%s/%s", cfg->id, cfg->ns ? cfg->ns : "every namespace", edl_k8s_server(o.k),
              cfg->lease_ns, cfg->lease_name);
-    int64_t next_tick = 0;
-    while (!signalled(&o) && !elect(&o, &next_tick)) {
-        int64_t now = edl_monotonic_ms();
-        wait_events(&o, next_tick > now ? (int)(next_tick - now) : 0);
-    }
+    while (!signalled(&o) && !edl_k8s_elector_leading(o.elector))
+        wait_events(&o, -1);
     exit_code = EDL_EXIT_SUCCEEDED;
     if (o.stop)
         goto out;
+    EDL_INFO(LOG, "%s leads the operator (Lease %s/%s)", cfg->id, cfg->lease_ns, cfg->lease_name);
     if (start_leading(&o) != 0) {
         EDL_ERROR(LOG, "cannot watch TrainingJobs and pods");
         exit_code = EDL_EXIT_FAILED;
         goto out;
     }
-    lead(&o, &next_tick);
+    lead(&o);
     if (!o.stop) {
         EDL_ERROR(LOG, "lost the leadership (Lease %s/%s): exiting so that a fresh replica "
                   "stands by", cfg->lease_ns, cfg->lease_name);

@@ -32,9 +32,19 @@ typedef struct op_job {
     size_t ev_members;
     op_state ev_state;
     char *reported_invalid;   /* the InvalidSpec message last announced */
-    char *pod_error;          /* why pods cannot be created (NULL: they can) */
-    int64_t pod_backoff_ms;   /* the next wait before creating again after an error */
-    int64_t pod_retry_ms;     /* monotonic: no creation before then */
+    int create_batch[OP_ROLES]; /* pods of a role created in its next batch (1, 2, 4 ...) */
+    /* the failure policy (op_pass_failed, op_pass_settle): the first failure of the pass under
+     * way, and the per-job limiter */
+    int err;                  /* EDL_E* of the pass's first failure (0: none) */
+    const char *err_reason;   /* its CamelCase reason ("PodCreateFailed", "StatusWriteFailed") */
+    char err_msg[700];
+    bool err_creating;        /* it is an object of the job that could not be created */
+    bool deferred;            /* the pass left creations to the limiter's time (may_create) */
+    char *create_error;       /* why the job's objects are not all created (NULL: they are) */
+    const char *create_reason;
+    int failures;             /* passes in a row that failed: the limiter's exponent */
+    int64_t retry_ms;         /* monotonic: creations are not retried before then */
+    char *reported_error;     /* the last error announced by an Event (one per distinct error) */
 } op_job;
 
 typedef struct op {
@@ -43,8 +53,7 @@ typedef struct op {
     bool stop;
     edl_k8s *k;
     edl_etcd *c;
-    edl_k8s_elector *elector;
-    bool leading;
+    edl_k8s_elector *elector; /* campaigns on its own thread; fences o->k's writes */
     edl_k8s_informer *tjs, *pods;
     int64_t lease;            /* our etcd lease: every job's term is under it */
     edl_lease_keeper *keeper;
@@ -55,10 +64,29 @@ typedef struct op {
     op_job **jobs;
     size_t n_jobs, cap_jobs;
     edl_metrics_server *metrics;
+    double bucket_tokens;     /* the overall limiter of requeues after errors (a token bucket) */
+    int64_t bucket_ms;
     struct {
         int64_t reconciles, pods_created, pods_deleted, status_writes, events, api_errors;
     } m;
 } op;
+
+/* The failure policy, controller-runtime's rate-limited requeue: a pass that failed is passed
+ * again after max(5 ms doubling per failure in a row up to 1,000 s, a token bucket of 10 per
+ * second with a burst of 100 shared by every job); a pass that did not resets its job's count. */
+#define OP_BACKOFF_BASE_MS 5
+#define OP_BACKOFF_MAX_MS 1000000
+#define OP_BUCKET_RATE 10.0
+#define OP_BUCKET_BURST 100.0
+
+/* Record that the pass under way failed (the first failure is the one kept): rc, a CamelCase
+ * reason and a message. creating: an object of the job could not be created (the Created
+ * condition says so until it is). EDL_ELEASE (we no longer lead) records nothing: the loop
+ * ends; EDL_ECONFLICT (the object changed under us) is retried quietly, without an Event. */
+void op_pass_failed(op_job *j, int rc, const char *reason, bool creating, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* After the pass: the limiter's wait, and one Event per distinct error (operator.c). */
+int64_t op_backoff_ms(op *o, op_job *j, int64_t now);
 
 op_job *op_job_find(op *o, const char *ns, const char *name, bool create);
 void op_job_drop(op *o, op_job *j);

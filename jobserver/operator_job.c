@@ -11,6 +11,7 @@
  * servers and spec.teachers's teachers, scaled to its replicas on its own: up with new indices,
  * down from the newest) → status and Events. Teachers are no members: a teacher pod that fails
  * is replaced uncounted, and the job ends as its workers do. */
+#define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
 #include <malloc.h>
@@ -21,8 +22,7 @@
 #include "operator_internal.h"
 
 #define LOG "operator"
-#define BACKOFF_MIN_MS 1000
-#define BACKOFF_MAX_MS 30000
+#define CREATE_BATCH_MAX 64 /* pods created in one pass at most, before yielding to the loop */
 
 
 const char *op_label(const cJSON *obj, const char *key)
@@ -38,6 +38,56 @@ static void wake_in(op_job *j, int64_t ms)
     int64_t t = edl_monotonic_ms() + ms;
     if (!j->wake_ms || t < j->wake_ms)
         j->wake_ms = t;
+}
+
+/* ---- the failure policy ------------------------------------------------------------------ */
+
+void op_pass_failed(op_job *j, int rc, const char *reason, bool creating, const char *fmt, ...)
+{
+    if (rc == EDL_ELEASE || j->err)
+        return;
+    j->err = rc;
+    j->err_reason = reason;
+    j->err_creating = creating;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
+    va_end(ap);
+    if (creating && rc != EDL_ECONFLICT) {
+        free(j->create_error);
+        j->create_error = strdup(j->err_msg);
+        j->create_reason = reason;
+    }
+}
+
+/* Whether creations may be tried now (after a failure: once the limiter's wait is over). */
+static bool may_create(op_job *j)
+{
+    int64_t left = j->retry_ms - edl_monotonic_ms();
+    if (left <= 0)
+        return true;
+    j->deferred = true;
+    wake_in(j, left);
+    return false;
+}
+
+int64_t op_backoff_ms(op *o, op_job *j, int64_t now)
+{
+    int64_t mine = OP_BACKOFF_MAX_MS;
+    if (j->failures < 28 && ((int64_t)OP_BACKOFF_BASE_MS << j->failures) < OP_BACKOFF_MAX_MS)
+        mine = (int64_t)OP_BACKOFF_BASE_MS << j->failures;
+    j->failures++;
+    if (!o->bucket_ms) {
+        o->bucket_tokens = OP_BUCKET_BURST;
+        o->bucket_ms = now;
+    }
+    o->bucket_tokens += (double)(now - o->bucket_ms) * OP_BUCKET_RATE / 1000;
+    if (o->bucket_tokens > OP_BUCKET_BURST)
+        o->bucket_tokens = OP_BUCKET_BURST;
+    o->bucket_ms = now;
+    o->bucket_tokens -= 1; /* a reservation: below 0, the wait for the token */
+    int64_t shared = o->bucket_tokens >= 0 ? 0 : (int64_t)(-o->bucket_tokens * 1000 / OP_BUCKET_RATE);
+    return mine > shared ? mine : shared;
 }
 
 /* The job's own path, or its subresource's (sub NULL: the object); malloc'ed, NULL: no memory. */
@@ -185,8 +235,8 @@ static int delete_pod(op *o, op_job *j, pod_view *v)
         rc = 0;
     } else {
         o->m.api_errors++;
-        EDL_WARN(LOG, "job %s/%s: deleting pod %s: %s (%s)", j->ns, j->name, v->name,
-                 edl_strerror(rc), r.message);
+        op_pass_failed(j, rc, "PodDeleteFailed", false, "cannot delete pod %s: %s", v->name,
+                       r.message[0] ? r.message : edl_strerror(rc));
     }
     edl_k8s_reply_clear(&r);
     return rc;
@@ -245,9 +295,8 @@ static void finalize(op *o, op_job *j, const cJSON *obj)
     edl_delete_opts dp = {.prefix = true};
     int rc = edl_etcd_delete(o->c, edl_str(j->etcd.k.job), &dp, NULL);
     if (rc) {
-        EDL_WARN(LOG, "job %s/%s: removing its etcd keys: %s; retrying", j->ns, j->name,
-                 edl_strerror(rc));
-        wake_in(j, 1000);
+        op_pass_failed(j, rc, "EtcdCleanupFailed", false, "cannot remove the job's etcd keys: %s",
+                       edl_strerror(rc));
         return;
     }
     edl_leader_clear(&j->etcd.leader);
@@ -258,8 +307,9 @@ static void finalize(op *o, op_job *j, const cJSON *obj)
     rc = patch_finalizers(o, j, obj, keep, &r);
     if (rc == 0)
         EDL_INFO(LOG, "job %s/%s deleted: its etcd keys are gone", j->ns, j->name);
-    else if (rc != EDL_ENOTFOUND)
-        wake_in(j, 500); /* 409: it changed; the next pass reads it again */
+    else if (rc != EDL_ENOTFOUND) /* 409: it changed; the next pass reads it again */
+        op_pass_failed(j, rc, "FinalizerUpdateFailed", false, "cannot remove our finalizer: %s",
+                       r.message[0] ? r.message : edl_strerror(rc));
     edl_k8s_reply_clear(&r);
 }
 
@@ -276,7 +326,8 @@ static bool ensure_finalizer(op *o, op_job *j, const cJSON *obj)
     if (rc == 0 && r.body)
         edl_k8s_informer_store(o->tjs, r.body, false);
     else if (rc)
-        wake_in(j, rc == EDL_ECONFLICT ? 100 : 1000);
+        op_pass_failed(j, rc, "FinalizerUpdateFailed", false, "cannot add our finalizer: %s",
+                       r.message[0] ? r.message : edl_strerror(rc));
     edl_k8s_reply_clear(&r);
     return rc == 0;
 }
@@ -295,8 +346,13 @@ static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
             j->etcd.leader = l;
         else
             edl_leader_clear(&l); /* another term lives (a replica before us): wait for it */
+        if (rc)
+            op_pass_failed(j, rc, "EtcdUnavailable", false, "cannot take the job's term in "
+                           "etcd: %s", edl_strerror(rc));
+        else if (!won)
+            wake_in(j, 1000); /* its lease runs out within its TTL */
         if (!won)
-            return wake_in(j, 1000);
+            return;
     }
     int64_t wake = 0;
     int state = -1;
@@ -313,25 +369,33 @@ static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
     char *json = edl_spec_to_json(&want);
     char *have = j->etcd.have_spec && !j->etcd.spec_error ? edl_spec_to_json(&j->etcd.spec) : NULL;
     edl_spec_clear(&want);
+    int rc = 0;
     if (json && (!have || strcmp(json, have) != 0) &&
-        edl_etcd_put(o->c, edl_str(j->etcd.k.spec), edl_str(json), NULL, NULL) != 0)
-        wake_in(j, 1000);
+        (rc = edl_etcd_put(o->c, edl_str(j->etcd.k.spec), edl_str(json), NULL, NULL)) != 0)
+        op_pass_failed(j, rc, "EtcdUnavailable", false, "cannot write the job's spec to etcd: "
+                       "%s", edl_strerror(rc));
     free(json);
     free(have);
 }
 
-/* Create an object we own (Secret, Service); AlreadyExists counts as done. */
-static bool ensure_owned(op *o, op_job *j, const char *plural, cJSON *obj)
+/* Create an object we own (kind "Secret" or "Service"); AlreadyExists counts as done. */
+static bool ensure_owned(op *o, op_job *j, const char *kind, cJSON *obj)
 {
+    const char *plural = strcmp(kind, "Secret") ? "services" : "secrets";
+    if (!may_create(j)) {
+        cJSON_Delete(obj);
+        return false;
+    }
     char *path = edl_k8s_path(NULL, "v1", j->ns, plural, NULL, NULL);
     edl_k8s_reply r = {0};
     int rc = obj && path ? edl_k8s_create(o->k, path, obj, &r) : EDL_ENOMEM;
     bool done = rc == 0 || (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists"));
     if (!done) {
         o->m.api_errors++;
-        EDL_WARN(LOG, "job %s/%s: creating its %s: %s (%s)", j->ns, j->name, plural,
-                 edl_strerror(rc), r.message);
-        wake_in(j, 2000);
+        op_pass_failed(j, rc, strcmp(kind, "Secret") ? "ServiceCreateFailed" :
+                       "SecretCreateFailed", true, "cannot create the job's %s %s: %s", kind,
+                       edl_k8s_str(obj, "metadata.name"), r.message[0] ? r.message :
+                       edl_strerror(rc));
     }
     edl_k8s_reply_clear(&r);
     cJSON_Delete(obj);
@@ -339,64 +403,91 @@ static bool ensure_owned(op *o, op_job *j, const char *plural, cJSON *obj)
     return done;
 }
 
-/* A pod could not be created: a condition and an Event (once per message), then back off. */
-static void pod_create_failed(op *o, op_job *j, const cJSON *obj, const char *pod,
-                              const edl_k8s_reply *r, int rc)
+/* A pod of the name we tried exists (409 AlreadyExists). Ours (it carries the job's label): our
+ * cache is behind, as when another leader created it; it goes into the cache and the batch ends
+ * (1). Someone else's: its index is skipped (0). An error when it cannot be read. (Read by a
+ * list with a field selector: the verb the operator's role grants.) */
+static int pod_exists(op *o, op_job *j, const char *name)
 {
-    char msg[700];
-    snprintf(msg, sizeof msg, "cannot create pod %s: %s", pod,
-             r->message[0] ? r->message : edl_strerror(rc));
-    if (!j->pod_error || strcmp(j->pod_error, msg) != 0) {
-        EDL_WARN(LOG, "job %s/%s: %s", j->ns, j->name, msg);
-        post_event(o, obj, "Warning", "PodCreateFailed", "%s", msg);
-        free(j->pod_error);
-        j->pod_error = strdup(msg);
+    char *pods = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL), *path = NULL;
+    if (pods && asprintf(&path, "%s?fieldSelector=metadata.name%%3D%s", pods, name) < 0)
+        path = NULL;
+    edl_k8s_reply r = {0};
+    int rc = path ? edl_k8s_get(o->k, path, &r) : EDL_ENOMEM;
+    free(pods);
+    free(path);
+    const cJSON *pod = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r.body, "items"), 0);
+    const char *job = pod ? op_label(pod, EDL_TJ_LABEL_JOB) : NULL;
+    if (rc == 0 && !pod) {
+        rc = 1; /* gone meanwhile: count again */
+    } else if (rc == 0 && job && strcmp(job, j->name) == 0) {
+        edl_k8s_informer_store(o->pods, pod, false);
+        rc = 1;
+    } else if (rc == 0) {
+        EDL_WARN(LOG, "job %s/%s: pod %s exists but is not the job's: skipping its index",
+                 j->ns, j->name, name);
     }
-    j->pod_backoff_ms = j->pod_backoff_ms ? j->pod_backoff_ms * 2 : BACKOFF_MIN_MS;
-    if (j->pod_backoff_ms > BACKOFF_MAX_MS)
-        j->pod_backoff_ms = BACKOFF_MAX_MS;
-    j->pod_retry_ms = edl_monotonic_ms() + j->pod_backoff_ms;
-    wake_in(j, j->pod_backoff_ms);
+    edl_k8s_reply_clear(&r);
+    return rc;
 }
 
-/* n new pods of a role, with the role's next indices. */
+/* Up to n new pods of a role, with the role's next indices, in one batch of the slow start
+ * (ReplicaSet's: 1, 2, 4 ... pods, doubling after a batch that went through, back to 1 after
+ * one that did not). A batch ends at its first failure; what remains waits for the next pass,
+ * which comes at once when the batch went through: between two batches the loop serves the
+ * watches, the other jobs and the signals. A name that exists (409) is never replaced by
+ * another index while the pod is ours: two leaders creating the same index collide. */
 static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
                         op_role role, int n)
 {
+    if (!may_create(j))
+        return;
     op_pod_settings s = {.etcd_job = j->etcd_name,
                          .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
                                                                               : NULL,
                          .etcd_endpoints = o->pod_etcd_endpoints,
                          .etcd_tls = &o->etcd_tls,
                          .agent_image = o->cfg->agent_image};
+    int *size = &j->create_batch[role];
+    if (*size < 1)
+        *size = 1;
+    int batch = n < *size ? n : *size, made = 0;
+    bool again = true; /* nothing failed: the rest at once */
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
-    for (int i = 0; i < n && path; i++) {
+    for (int stop = !path; made < batch && !stop;) {
         cJSON *pod = op_pod_new(tj, &s, role, j->next_index[role]);
         const char *name = edl_k8s_str(pod, "metadata.name");
         edl_k8s_reply r = {0};
-        int rc = edl_k8s_create(o->k, path, pod, &r);
+        int rc = name ? edl_k8s_create(o->k, path, pod, &r) : EDL_ENOMEM;
         if (rc == 0 && r.body) {
             o->m.pods_created++;
             edl_k8s_informer_store(o->pods, r.body, false); /* counted from now on */
             post_event(o, obj, "Normal", "PodCreated", "created pod %s", name);
             j->next_index[role]++;
-            free(j->pod_error);
-            j->pod_error = NULL;
-            j->pod_backoff_ms = 0;
+            made++;
         } else if (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists")) {
-            j->next_index[role]++; /* a pod of that name exists that we have not seen yet */
-            i--;
+            int ex = pod_exists(o, j, name);
+            if (ex == 0)
+                j->next_index[role]++;
+            else if (ex < 0)
+                op_pass_failed(j, ex, "PodCreateFailed", true, "cannot read pod %s, which "
+                               "exists: %s", name, edl_strerror(ex));
+            stop = ex != 0;
+            again = ex > 0;
         } else {
             o->m.api_errors++;
-            pod_create_failed(o, j, obj, name ? name : "?", &r, rc);
-            edl_k8s_reply_clear(&r);
-            cJSON_Delete(pod);
-            break;
+            op_pass_failed(j, rc, "PodCreateFailed", true, "cannot create pod %s: %s",
+                           name ? name : "?", r.message[0] ? r.message : edl_strerror(rc));
+            stop = 1;
+            again = false;
         }
         edl_k8s_reply_clear(&r);
         cJSON_Delete(pod);
     }
     free(path);
+    *size = made < batch ? 1 : *size * 2 > CREATE_BATCH_MAX ? CREATE_BATCH_MAX : *size * 2;
+    if (again && made < n)
+        wake_in(j, 0); /* the rest in the next batch, after the loop's other work */
 }
 
 static int by_index_desc(const void *a, const void *b)
@@ -422,12 +513,11 @@ static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
     int have = pods->live[role] + pods->succeeded[role];
     int want = role == OP_PS ? edl_spec_desired_servers(&tj->spec) :
                role == OP_TEACHER ? edl_spec_desired_teachers(&tj->spec) : tj->spec.replicas;
-    if (have < want && pods->succeeded[OP_WORKER] == 0) {
-        if (edl_monotonic_ms() >= j->pod_retry_ms)
-            create_pods(o, j, tj, obj, role, want - have);
-        else
-            wake_in(j, j->pod_retry_ms - edl_monotonic_ms());
-    } else if (have > want) {
+    if (have < want && pods->succeeded[OP_WORKER] == 0)
+        create_pods(o, j, tj, obj, role, want - have);
+    else
+        j->create_batch[role] = 1; /* the next scale-up starts slow again */
+    if (have > want) {
         qsort(pods->p, pods->n, sizeof *pods->p, by_index_desc);
         int surplus = have - want;
         for (size_t i = 0; i < pods->n && surplus > 0; i++) {
@@ -583,9 +673,8 @@ static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
             edl_k8s_informer_store(o->tjs, r.body, false);
     } else if (rc != EDL_ENOTFOUND) {
         o->m.api_errors++;
-        EDL_WARN(LOG, "job %s/%s: writing the status: %s (%s)", j->ns, j->name,
-                 edl_strerror(rc), r.message);
-        wake_in(j, 1000);
+        op_pass_failed(j, rc, "StatusWriteFailed", false, "cannot write the status: %s",
+                       r.message[0] ? r.message : edl_strerror(rc));
     }
     edl_k8s_reply_clear(&r);
     cJSON_Delete(patch);
@@ -594,35 +683,72 @@ static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
 
 /* ---- one pass ---------------------------------------------------------------------------- */
 
-/* An end the operator itself decided (deadline, pod failures beyond the budget): it stays. */
-static const char *operator_failure(const cJSON *obj)
+/* The end the job's status records: the type of its True Succeeded or Failed condition (NULL
+ * while it runs), and that condition's reason. Durable whoever leads: no pass moves a job out
+ * of it, and a new leader, which remembers nothing, reads it here. */
+static const char *recorded_end(const cJSON *obj, const char **reason)
 {
     const cJSON *c;
     cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(
                               cJSON_GetObjectItemCaseSensitive(obj, "status"), "conditions")) {
-        const char *t = edl_k8s_str(c, "type"), *s = edl_k8s_str(c, "status"),
-                   *r = edl_k8s_str(c, "reason");
-        if (t && s && r && !strcmp(t, "Failed") && !strcmp(s, "True") &&
-            (!strcmp(r, "DeadlineExceeded") || !strcmp(r, "BackoffLimitExceeded")))
-            return r;
+        const char *t = edl_k8s_str(c, "type"), *s = edl_k8s_str(c, "status");
+        if (t && s && !strcmp(s, "True") && (!strcmp(t, "Succeeded") || !strcmp(t, "Failed"))) {
+            *reason = edl_k8s_str(c, "reason");
+            return t;
+        }
     }
     return NULL;
+}
+
+/* A job that ended: nothing is created, announced or rewritten; its pods go per
+ * cleanPodPolicy and the job after its TTL, from the completionTime recorded. An end the
+ * operator decided (deadline, pod failures beyond the budget) also stops the trainers through
+ * etcd. */
+static void pass_ended(op *o, op_job *j, const cJSON *obj, const edl_trainingjob *tj,
+                       const pod_index *idx, const char *end, const char *reason)
+{
+    if (!strcmp(end, "Failed") && reason &&
+        (!strcmp(reason, "DeadlineExceeded") || !strcmp(reason, "BackoffLimitExceeded")))
+        etcd_pass(o, j, tj, true);
+    int64_t completion_ms = 0;
+    const char *t = edl_k8s_str(cJSON_GetObjectItemCaseSensitive(obj, "status"),
+                                "completionTime");
+    if (!t || edl_k8s_time_parse(t, &completion_ms) != 0)
+        completion_ms = 0; /* none recorded: kept until one is */
+    job_pods pods;
+    pods_of(j, idx, &pods);
+    finish(o, j, tj, &pods, completion_ms);
+    free(pods.p);
+}
+
+/* The Secret and the Service, then each role's pods (unless suspended: then none). The pod
+ * failures of this pass are added to *pod_failures. */
+static void manage_objects(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
+                           job_pods *pods, int *pod_failures)
+{
+    if (!j->have_secret)
+        j->have_secret = ensure_owned(o, j, "Secret", op_secret_new(tj, &o->etcd_tls));
+    if (!j->have_service)
+        j->have_service = ensure_owned(o, j, "Service", op_service_new(tj));
+    if (j->have_secret)
+        *pod_failures += manage_pods(o, j, tj, obj, pods);
 }
 
 static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob *tj,
                        const pod_index *idx)
 {
+    const char *end_reason = NULL, *end = recorded_end(obj, &end_reason);
+    if (end)
+        return pass_ended(o, j, obj, tj, idx, end, end_reason);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "status");
     int64_t now = edl_wall_ms(), start_ms = 0, completion_ms = 0;
     const char *t = edl_k8s_str(st, "startTime");
     if (!t || edl_k8s_time_parse(t, &start_ms) != 0)
         start_ms = now;
-    if ((t = edl_k8s_str(st, "completionTime")))
-        edl_k8s_time_parse(t, &completion_ms);
     int pod_failures = (int)edl_k8s_int(st, "podFailures", 0);
-    const char *op_failed = operator_failure(obj);
+    const char *op_failed = NULL;
     char msg[600] = "";
-    if (!op_failed && tj->active_deadline_s > 0 && now - start_ms > tj->active_deadline_s * 1000) {
+    if (tj->active_deadline_s > 0 && now - start_ms > tj->active_deadline_s * 1000) {
         op_failed = "DeadlineExceeded";
         snprintf(msg, sizeof msg, "the job ran longer than activeDeadlineSeconds (%llds)",
                  (long long)tj->active_deadline_s);
@@ -638,10 +764,7 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
             if (!pods.p[i].terminating)
                 delete_pod(o, j, &pods.p[i]);
     } else if (!final) {
-        j->have_secret = j->have_secret || ensure_owned(o, j, "secrets", op_secret_new(tj, &o->etcd_tls));
-        j->have_service = j->have_service || ensure_owned(o, j, "services", op_service_new(tj));
-        if (j->have_secret)
-            pod_failures += manage_pods(o, j, tj, obj, &pods);
+        manage_objects(o, j, tj, obj, &pods, &pod_failures);
         if (pod_failures > tj->spec.max_restarts) {
             op_failed = "BackoffLimitExceeded";
             state = OP_FAILED;
@@ -654,17 +777,18 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
             wake_in(j, start_ms + tj->active_deadline_s * 1000 - now + 10);
     }
     if (final) {
-        if (!completion_ms)
-            completion_ms = now;
+        completion_ms = now;
         finish(o, j, tj, &pods, completion_ms);
-    } else {
-        completion_ms = 0;
     }
     int teacher_desired = edl_spec_desired_teachers(&tj->spec), teachers_ready = 0;
     if (teacher_desired > 0 && !final) {
         teachers_ready = teachers_registered(o, j, tj, teacher_desired);
         if (teachers_ready < 0) /* unknown: keep what the status said */
             teachers_ready = (int)edl_k8s_int(st, "teachers.ready", 0);
+    }
+    if (!j->err_creating && !j->deferred && j->have_secret && j->have_service) {
+        free(j->create_error); /* everything asked was created (or nothing was to be) */
+        j->create_error = NULL;
     }
     const edl_generation *g = j->etcd.current.generation ? &j->etcd.current : NULL;
     if (!msg[0] && g && g->reason)
@@ -677,16 +801,48 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
                  .teachers_ready = teachers_ready, .selector = j->selector, .gen = g,
                  .observed_generation = tj->generation, .start_ms = start_ms,
                  .completion_ms = completion_ms, .pod_failures = pod_failures,
-                 .pod_error = j->pod_error};
+                 .objects_created = j->have_secret && j->have_service && !j->create_error,
+                 .create_error = j->create_error, .create_reason = j->create_reason,
+                 .error = j->err && !j->err_creating && j->err != EDL_ECONFLICT ? j->err_msg
+                                                                                : NULL,
+                 .error_reason = j->err_reason};
     announce(o, j, obj, &v, tj->spec.replicas);
     write_status(o, j, obj, &v);
     free(pods.p);
+}
+
+/* After a pass: one that failed is passed again after the limiter's wait (creations not
+ * before then), and its error is announced by one Event per distinct error; one that did not
+ * fail resets the limiter. */
+static void settle(op *o, op_job *j)
+{
+    if (!j->err) {
+        j->failures = 0;
+        j->retry_ms = 0;
+        free(j->reported_error);
+        j->reported_error = NULL;
+        return;
+    }
+    int64_t now = edl_monotonic_ms(), wait = op_backoff_ms(o, j, now);
+    j->retry_ms = now + wait;
+    wake_in(j, wait);
+    if (j->err == EDL_ECONFLICT || (j->reported_error && !strcmp(j->reported_error, j->err_msg)))
+        return;
+    EDL_WARN(LOG, "job %s/%s: %s (passing it again in %lld ms)", j->ns, j->name, j->err_msg,
+             (long long)wait);
+    const cJSON *obj = edl_k8s_informer_get(o->tjs, j->ns, j->name);
+    if (obj)
+        post_event(o, obj, "Warning", j->err_reason, "%s", j->err_msg);
+    free(j->reported_error);
+    j->reported_error = strdup(j->err_msg);
 }
 
 static void pass(op *o, op_job *j, const pod_index *idx)
 {
     j->dirty = false;
     j->wake_ms = 0;
+    j->err = 0;
+    j->err_creating = j->deferred = false;
     o->m.reconciles++;
     const cJSON *obj = edl_k8s_informer_get(o->tjs, j->ns, j->name);
     if (!obj) { /* gone: its keys went with our finalizer (or it never had any) */
@@ -715,6 +871,7 @@ static void pass(op *o, op_job *j, const pod_index *idx)
     }
     if (!rc)
         edl_trainingjob_clear(&tj);
+    settle(o, j);
 }
 
 void op_reconcile_dirty(op *o)
@@ -727,7 +884,7 @@ void op_reconcile_dirty(op *o)
     pod_index idx;
     pod_index_build(o, &idx);
     size_t passes = 0;
-    for (size_t i = 0; i < o->n_jobs;) {
+    for (size_t i = 0; i < o->n_jobs && edl_k8s_elector_leading(o->elector);) {
         op_job *j = o->jobs[i];
         if (!j->dirty) {
             i++;

@@ -14,6 +14,7 @@
 
 static const char *const COND_TYPES[] = {"Created", "Running", "Restarting", "Succeeded",
                                          "Failed"};
+#define SYNCED "Synced" /* the operator's last pass went through (shown once one did not) */
 
 const char *op_state_name(op_state s)
 {
@@ -86,13 +87,20 @@ static const char *state_reason(const op_view *v, op_state s)
 static void add_conditions(cJSON *st, const cJSON *old_status, const op_view *v, const char *now)
 {
     cJSON *conds = cJSON_AddArrayToObject(st, "conditions");
-    bool created = v->state != OP_INVALID && !v->pod_error;
-    const char *creason = v->state == OP_INVALID ? "InvalidSpec" :
-                          v->pod_error ? "PodCreateFailed" : "TrainingJobCreated";
-    const char *cmsg = v->state == OP_INVALID ? v->message : v->pod_error ? v->pod_error :
-                       "the job's pods, Service and Secret are created";
+    /* True only for what exists: a status never claims an object that is not there */
+    bool invalid = v->state == OP_INVALID, created = !invalid && v->objects_created;
+    const char *creason = invalid ? "InvalidSpec" : v->create_error ? v->create_reason :
+                          created ? "TrainingJobCreated" : "Creating";
+    const char *cmsg = invalid ? v->message : v->create_error ? v->create_error :
+                       created ? "the job's Secret and Service exist and its pods are created as the "
+                       "spec asks" :
+                       "creating the job's Secret, Service and pods";
     add_condition(conds, old_status, "Created", created, creason, cmsg, v->observed_generation,
                   now);
+    if (v->error || old_condition(old_status, SYNCED))
+        add_condition(conds, old_status, SYNCED, !v->error,
+                      v->error ? v->error_reason : "ReconcileSucceeded", v->error ? v->error : "",
+                      v->observed_generation, now);
     static const op_state conds_state[] = {OP_CREATED, OP_RUNNING, OP_RESTARTING, OP_SUCCEEDED,
                                            OP_FAILED};
     for (size_t i = 1; i < sizeof COND_TYPES / sizeof *COND_TYPES; i++) {

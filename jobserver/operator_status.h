@@ -44,7 +44,12 @@ typedef struct op_view {
     int64_t observed_generation;
     int64_t start_ms, completion_ms; /* wall clock; 0: none */
     int pod_failures;         /* pods that failed and were replaced */
-    const char *pod_error;    /* why pods cannot be created now (NULL: they can) */
+    bool objects_created;     /* the job's Secret and Service exist and no creation fails */
+    const char *create_error; /* why the job's objects are not all created (NULL: none) */
+    const char *create_reason; /* its reason: PodCreateFailed, ServiceCreateFailed ... */
+    const char *error;        /* another failure of this pass (NULL: none): the Synced
+                               * condition, False, with error_reason */
+    const char *error_reason;
 } op_view;
 
 /* The status object to write (caller frees), with conditions carried over from old_status

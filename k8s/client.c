@@ -401,10 +401,29 @@ static bool should_retry(const char *method, CURLcode cc, const k8s_xfer *x, int
     return not_sent(cc) || strcmp(method, "GET") == 0;
 }
 
+void k8s_set_write_fence(edl_k8s *k, bool (*may_write)(void *), void *arg)
+{
+    atomic_store(&k->may_write_arg, arg);
+    atomic_store(&k->may_write, may_write);
+}
+
+/* A write that the fence refuses now (checked before each attempt: a retry may come late). */
+static bool fenced(edl_k8s *k, const char *method, const char *path, edl_k8s_reply *out)
+{
+    bool (*may_write)(void *) = atomic_load(&k->may_write);
+    if (!may_write || strcmp(method, "GET") == 0 || may_write(atomic_load(&k->may_write_arg)))
+        return false;
+    snprintf(out->message, sizeof out->message, "%s %s: not sent: this replica no longer "
+             "leads", method, path);
+    return true;
+}
+
 int k8s_request_on(edl_k8s *k, const k8s_conn *c, const char *method, const char *path,
                    const char *content_type, const char *body, bool retry, edl_k8s_reply *out)
 {
     for (int attempt = 0;; attempt++) {
+        if (fenced(k, method, path, out))
+            return EDL_ELEASE;
         k8s_xfer x = {.method = method, .path = path, .content_type = content_type, .body = body,
                       .timeout_ms = k->cfg.timeout_ms};
         CURLcode cc = k8s_transfer(k, c, &x);

@@ -3,10 +3,17 @@
  * it when we hold it, take it when its holder let it expire (renewTime + leaseDurationSeconds
  * in the past) or released it. Every write carries the resourceVersion read, so of two
  * replicas racing for it one wins and the other gets 409. A leader that could not renew for
- * renew_deadline_ms steps down before its lease can expire for the others. */
+ * renew_deadline_ms steps down before its lease can expire for the others.
+ *
+ * Started (edl_k8s_elector_start), the ticks run on a thread of their own over a connection of
+ * their own, so that no work of the caller's (a pass creating thousands of pods) delays a
+ * renewal; leading is then a fact of the clock (renewed less than renew_deadline_ms ago), read
+ * without a lock before every write of a fenced client (edl_k8s_elector_fence). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "edl/log.h"
 #include "internal.h"
@@ -14,11 +21,18 @@
 #define HELD_BY_OTHER 1 /* try_lease: a valid lease of someone else's */
 
 struct edl_k8s_elector {
-    edl_k8s *k;
+    edl_k8s *k;             /* the connection of the ticks (started: our own, owned) */
     char *ns, *name, *identity, *path, *collection;
     int lease_s, deadline_ms, retry_ms;
-    bool leading;
-    int64_t last_renew_ms; /* monotonic: our last successful write as the holder */
+    atomic_bool leading;
+    atomic_llong last_renew_ms; /* monotonic: the start of our last successful write as holder */
+    /* started: the thread, its stop flag and wake-up, and the fd the caller polls */
+    bool own_k, started, stop;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int efd;
+    atomic_llong renewals, late, max_gap_ms;
 };
 
 
@@ -110,34 +124,162 @@ static int try_lease(edl_k8s_elector *e)
     return rc;
 }
 
+/* A successful write as the holder, begun at now: counted, and late when more than twice the
+ * retry period passed since the one before. */
+static void renewed(edl_k8s_elector *e, int64_t now)
+{
+    int64_t gap = atomic_load(&e->leading) ? now - atomic_load(&e->last_renew_ms) : 0;
+    atomic_store(&e->last_renew_ms, now);
+    atomic_fetch_add(&e->renewals, 1);
+    if (gap > 2 * (int64_t)e->retry_ms)
+        atomic_fetch_add(&e->late, 1);
+    if (gap > atomic_load(&e->max_gap_ms))
+        atomic_store(&e->max_gap_ms, gap);
+}
+
+static void set_leading(edl_k8s_elector *e, bool leading)
+{
+    if (atomic_exchange(&e->leading, leading) != leading && e->efd >= 0) {
+        uint64_t one = 1;
+        ssize_t n = write(e->efd, &one, sizeof one);
+        (void)n; /* a full counter is already readable */
+    }
+}
+
 int edl_k8s_elector_tick(edl_k8s_elector *e, bool *leading, int64_t *next_ms)
 {
     int64_t now = edl_monotonic_ms();
     int rc = try_lease(e);
     /* renewed as of the start (the lease runs from no later than that); the deadline judged
      * after the attempt, which may have spent seconds on retries */
+    bool was = atomic_load(&e->leading);
     if (rc == 0) {
-        if (!e->leading)
+        if (!was)
             EDL_INFO("k8s", "lease %s/%s: %s leads", e->ns, e->name, e->identity);
-        e->leading = true;
-        e->last_renew_ms = now;
-    } else if (e->leading && (rc == HELD_BY_OTHER || edl_monotonic_ms() - e->last_renew_ms >= e->deadline_ms)) {
+        renewed(e, now);
+        set_leading(e, true);
+    } else if (was && (rc == HELD_BY_OTHER ||
+                       edl_monotonic_ms() - atomic_load(&e->last_renew_ms) >= e->deadline_ms)) {
         EDL_WARN("k8s", "lease %s/%s: %s no longer leads (%s)", e->ns, e->name, e->identity,
                  rc == HELD_BY_OTHER ? "another replica holds the lease" : "not renewed within the renew deadline");
-        e->leading = false;
+        set_leading(e, false);
     }
-    *leading = e->leading;
+    *leading = atomic_load(&e->leading);
     *next_ms = now + e->retry_ms;
     /* losing (to a valid holder or a faster replica) is an outcome, not an error */
     return rc == HELD_BY_OTHER || rc == EDL_ECONFLICT ? 0 : rc;
 }
 
+bool edl_k8s_elector_leading(edl_k8s_elector *e)
+{
+    return e && atomic_load(&e->leading) &&
+           edl_monotonic_ms() - atomic_load(&e->last_renew_ms) < e->deadline_ms;
+}
+
+int64_t edl_k8s_elector_valid_ms(edl_k8s_elector *e)
+{
+    if (!edl_k8s_elector_leading(e))
+        return 0;
+    return atomic_load(&e->last_renew_ms) + e->deadline_ms - edl_monotonic_ms();
+}
+
+void edl_k8s_elector_get_stats(edl_k8s_elector *e, edl_k8s_elector_stats *out)
+{
+    out->renewals = atomic_load(&e->renewals);
+    out->late_renewals = atomic_load(&e->late);
+    out->max_gap_ms = atomic_load(&e->max_gap_ms);
+}
+
+int edl_k8s_elector_fd(const edl_k8s_elector *e)
+{
+    return e ? e->efd : -1;
+}
+
+static bool fence(void *arg)
+{
+    return edl_k8s_elector_leading(arg);
+}
+
+void edl_k8s_elector_fence(edl_k8s_elector *e, edl_k8s *k)
+{
+    k8s_set_write_fence(k, e ? fence : NULL, e);
+}
+
+/* ---- the thread of a started elector ----------------------------------------------------- */
+
+static void *campaign(void *arg)
+{
+    edl_k8s_elector *e = arg;
+    int64_t next = 0;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        if (edl_monotonic_ms() < next) {
+            edl_cond_wait_until(&e->cv, &e->mu, next);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        bool leading;
+        int rc = edl_k8s_elector_tick(e, &leading, &next);
+        if (rc && !leading)
+            EDL_WARN("k8s", "lease %s/%s: %s", e->ns, e->name, edl_strerror(rc));
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Stop the thread of a started elector (nothing when it was not started). */
+static void stop_thread(edl_k8s_elector *e)
+{
+    if (!e->started)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->started = false;
+}
+
+int edl_k8s_elector_start(const edl_k8s_config *cfg, const edl_k8s_elector_opts *o,
+                          edl_k8s_elector **out)
+{
+    *out = NULL;
+    edl_k8s_config c = *cfg;
+    edl_k8s *k;
+    /* one request may not outlast the renew deadline: bounded by the retry period (min 1 s) */
+    int deadline = o && o->renew_deadline_ms > 0 ? o->renew_deadline_ms : 10000;
+    c.timeout_ms = deadline / 4 > 1000 ? deadline / 4 : 1000;
+    int rc = edl_k8s_open(&c, &k);
+    if (rc)
+        return rc;
+    edl_k8s_elector *e;
+    if ((rc = edl_k8s_elector_open(k, o, &e)) != 0) {
+        edl_k8s_close(k);
+        return rc;
+    }
+    e->own_k = true;
+    e->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_mutex_init(&e->mu, NULL);
+    edl_cond_init(&e->cv);
+    e->started = e->efd >= 0 && pthread_create(&e->thread, NULL, campaign, e) == 0;
+    if (!e->started) {
+        edl_k8s_elector_close(e);
+        return EDL_ENOMEM;
+    }
+    *out = e;
+    return 0;
+}
+
 int edl_k8s_elector_release(edl_k8s_elector *e)
 {
+    stop_thread(e);
+    if (!atomic_load(&e->leading))
+        return 0;
     edl_k8s_reply r;
     int rc = edl_k8s_get(e->k, e->path, &r);
     cJSON *spec = rc ? NULL : cJSON_GetObjectItemCaseSensitive(r.body, "spec");
-    e->leading = false;
+    set_leading(e, false);
     if (rc == EDL_ENOTFOUND || (!rc && !cJSON_IsObject(spec))) {
         edl_k8s_reply_clear(&r);
         return 0;
@@ -157,6 +299,14 @@ void edl_k8s_elector_close(edl_k8s_elector *e)
 {
     if (!e)
         return;
+    stop_thread(e);
+    if (e->own_k) {
+        if (e->efd >= 0)
+            close(e->efd);
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        edl_k8s_close(e->k);
+    }
     free(e->ns);
     free(e->name);
     free(e->identity);
@@ -174,6 +324,7 @@ int edl_k8s_elector_open(edl_k8s *k, const edl_k8s_elector_opts *o, edl_k8s_elec
     if (!e)
         return EDL_ENOMEM;
     e->k = k;
+    e->efd = -1;
     e->lease_s = o->lease_duration_s > 0 ? o->lease_duration_s : 15;
     e->deadline_ms = o->renew_deadline_ms > 0 ? o->renew_deadline_ms : 10000;
     e->retry_ms = o->retry_period_ms > 0 ? o->retry_period_ms : 2000;

@@ -26,7 +26,12 @@ struct edl_k8s {
     char *file_token;
     int64_t file_token_ms;    /* when it was read (monotonic); 0: never */
     atomic_llong requests, retries, watches, relists;
+    /* writes (every method but GET) are refused with EDL_ELEASE while this says no */
+    bool (*_Atomic may_write)(void *arg);
+    void *_Atomic may_write_arg;
 };
+/* Fence k's writes with may_write(arg) (NULL: unfenced); see edl_k8s_elector_fence. */
+void k8s_set_write_fence(edl_k8s *k, bool (*may_write)(void *), void *arg);
 
 /* Where a transfer runs: the client's easy handle (multi NULL), or an informer's handle in
  * its own multi handle, so that close wakes it at once (stop is read under stop_mu). */

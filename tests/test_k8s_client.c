@@ -1497,6 +1497,59 @@ static void test_elector_create_race_and_renew_deadline(void **state)
     cJSON_Delete(s.lease);
 }
 
+static bool wait_leading(edl_k8s_elector *e, bool want, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    while (edl_k8s_elector_leading(e) != want && harness_now_ms() < end)
+        harness_sleep_ms(5);
+    return edl_k8s_elector_leading(e) == want;
+}
+
+/* Started, the elector renews on a thread of its own while its caller is busy, and fences the
+ * caller's client: when the server stops answering, the leader stops writing the moment its
+ * renew deadline passes, its writes refused unsent. */
+static void test_started_elector_renews_alone_and_fences_writes(void **state)
+{
+    (void)state;
+    lease_srv s = {0};
+    fake *f = fake_open(lease_handler, &s);
+    edl_k8s_config cfg = {.server = f->url, .token = (char *)"t0k", .timeout_ms = 5000};
+    edl_k8s *k = client_for(f);
+    edl_k8s_elector_opts o = {"ns", "lead", "replica-a", 2, 1200, 100};
+    edl_k8s_elector *e;
+    assert_int_equal(edl_k8s_elector_start(&cfg, &o, &e), 0);
+    edl_k8s_elector_fence(e, k);
+    assert_true(wait_leading(e, true, 3000));
+    assert_true(edl_k8s_elector_fd(e) >= 0);
+    harness_sleep_ms(1500); /* the caller busy: no tick from it */
+    edl_k8s_elector_stats st;
+    edl_k8s_elector_get_stats(e, &st);
+    assert_true(st.renewals >= 8);
+    assert_int_equal(st.late_renewals, 0);
+    assert_true(edl_k8s_elector_valid_ms(e) > 0 && edl_k8s_elector_valid_ms(e) <= 1200);
+    cJSON *obj = cJSON_Parse("{\"metadata\":{\"name\":\"lead\"}}");
+    edl_k8s_reply r;
+    assert_int_not_equal(edl_k8s_create(k, LEASES, obj, &r), EDL_ELEASE); /* sent (409) */
+    edl_k8s_reply_clear(&r);
+    /* the server fails: not leading within the deadline, writes refused, reads still go */
+    pthread_mutex_lock(&f->mu);
+    s.fail = true;
+    pthread_mutex_unlock(&f->mu);
+    int64_t t0 = harness_now_ms();
+    assert_true(wait_leading(e, false, 2000));
+    assert_true(harness_now_ms() - t0 <= 1300);
+    assert_int_equal(edl_k8s_elector_valid_ms(e), 0);
+    assert_int_equal(edl_k8s_create(k, LEASES, obj, &r), EDL_ELEASE);
+    assert_non_null(strstr(r.message, "no longer leads"));
+    edl_k8s_reply_clear(&r);
+    assert_int_equal(edl_k8s_get(k, LEASES "/lead", NULL), EDL_ESERVER);
+    cJSON_Delete(obj);
+    edl_k8s_elector_close(e);
+    edl_k8s_close(k);
+    fake_close(f);
+    cJSON_Delete(s.lease);
+}
+
 int main(void)
 {
     edl_log_setup(EDL_LOG_ERROR, EDL_LOG_PLAIN, NULL);
@@ -1520,6 +1573,7 @@ int main(void)
         cmocka_unit_test(test_informer_10000_objects_in_pages),
         cmocka_unit_test(test_elector_acquire_renew_standby_takeover_release),
         cmocka_unit_test(test_elector_create_race_and_renew_deadline),
+        cmocka_unit_test(test_started_elector_renews_alone_and_fences_writes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

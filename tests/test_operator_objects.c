@@ -276,13 +276,14 @@ static void test_conditions_keep_their_transition_times(void **state)
     (void)state;
     edl_generation g = {.generation = 4, .state = EDL_JOB_RUNNING, .restarts = 1};
     op_view v = {.state = op_state_of(&g), .replicas = 2, .selector = "edl.dev/job=x",
-                 .gen = &g, .observed_generation = 2};
+                 .gen = &g, .observed_generation = 2, .objects_created = true};
     int64_t t0 = INT64_C(1795000000000);
     cJSON *s1 = op_status_new(NULL, &v, t0);
     assert_string_equal(edl_k8s_str(s1, "state"), "Running");
     assert_string_equal(cond(s1, "Running", "status"), "True");
     assert_string_equal(cond(s1, "Created", "reason"), "TrainingJobCreated");
     assert_null(cond(s1, "Succeeded", "status")); /* never true: absent */
+    assert_null(cond(s1, "Synced", "status"));    /* never failed: absent */
     /* the same view later: nothing changes, not even the times */
     cJSON *s2 = op_status_new(s1, &v, t0 + 60000);
     assert_true(op_status_same(s1, s2));
@@ -303,6 +304,42 @@ static void test_conditions_keep_their_transition_times(void **state)
     assert_string_equal(cond(s4, "Created", "status"), "False");
     assert_string_equal(cond(s4, "Created", "reason"), "InvalidSpec");
     assert_string_equal(cond(s4, "Created", "message"), "spec.minReplicas: too big");
+    cJSON_Delete(s1);
+    cJSON_Delete(s2);
+    cJSON_Delete(s3);
+    cJSON_Delete(s4);
+}
+
+/* A status never claims an object that is not there: Created is True only when the Secret and
+ * the Service exist and no creation fails; another failure of a pass shows in Synced, which
+ * stays (True) once it has appeared. */
+static void test_created_and_synced_say_only_what_is_true(void **state)
+{
+    (void)state;
+    op_view v = {.state = OP_CREATED, .selector = "edl.dev/job=x"};
+    int64_t t0 = INT64_C(1795000000000);
+    cJSON *s1 = op_status_new(NULL, &v, t0);
+    assert_string_equal(cond(s1, "Created", "status"), "False");
+    assert_string_equal(cond(s1, "Created", "reason"), "Creating");
+    v.create_error = "cannot create the job's Service 1job: a DNS-1035 label must ...";
+    v.create_reason = "ServiceCreateFailed";
+    cJSON *s2 = op_status_new(s1, &v, t0 + 1000);
+    assert_string_equal(cond(s2, "Created", "status"), "False");
+    assert_string_equal(cond(s2, "Created", "reason"), "ServiceCreateFailed");
+    assert_non_null(strstr(cond(s2, "Created", "message"), "DNS-1035"));
+    assert_null(cond(s2, "Synced", "status"));
+    v.create_error = NULL;
+    v.objects_created = true;
+    v.error = "cannot write the job's spec to etcd: no endpoint reachable";
+    v.error_reason = "EtcdUnavailable";
+    cJSON *s3 = op_status_new(s2, &v, t0 + 2000);
+    assert_string_equal(cond(s3, "Created", "status"), "True");
+    assert_string_equal(cond(s3, "Synced", "status"), "False");
+    assert_string_equal(cond(s3, "Synced", "reason"), "EtcdUnavailable");
+    v.error = NULL;
+    cJSON *s4 = op_status_new(s3, &v, t0 + 3000);
+    assert_string_equal(cond(s4, "Synced", "status"), "True");
+    assert_string_equal(cond(s4, "Synced", "reason"), "ReconcileSucceeded");
     cJSON_Delete(s1);
     cJSON_Delete(s2);
     cJSON_Delete(s3);
@@ -437,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_service_secret_and_event),
         cmocka_unit_test(test_etcd_tls_files_travel_in_the_job_secret),
         cmocka_unit_test(test_conditions_keep_their_transition_times),
+        cmocka_unit_test(test_created_and_synced_say_only_what_is_true),
         cmocka_unit_test(test_states_of_generations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -181,9 +181,37 @@ int edl_k8s_elector_open(edl_k8s *k, const edl_k8s_elector_opts *o, edl_k8s_elec
  * again. A lease held by another is taken only when renewTime + leaseDurationSeconds has
  * passed, by an update carrying its resourceVersion (409: someone else won). */
 int edl_k8s_elector_tick(edl_k8s_elector *e, bool *leading, int64_t *next_ms);
-/* Step down: clear holderIdentity if we hold it, so a standby takes over at once. */
+/* Step down: clear holderIdentity if we hold it, so a standby takes over at once (a started
+ * elector's thread stops first). */
 int edl_k8s_elector_release(edl_k8s_elector *e);
+/* Stops a started elector's thread (without releasing) and frees it. */
 void edl_k8s_elector_close(edl_k8s_elector *e);
+
+/* Campaign and renew on a thread of its own, over a connection of its own made from cfg (each
+ * request bounded by a quarter of the renew deadline, at least 1 s), every retry period: no
+ * work of the caller's can delay a renewal. */
+int edl_k8s_elector_start(const edl_k8s_config *cfg, const edl_k8s_elector_opts *o,
+                          edl_k8s_elector **out);
+/* Whether we lead now: the Lease was renewed less than renew_deadline_ms ago (judged on this
+ * clock at each call, so a leader stops the moment its deadline passes, whatever its thread
+ * is doing). Lock-free: cheap enough to ask before every write. */
+bool edl_k8s_elector_leading(edl_k8s_elector *e);
+/* How long we still lead without another renewal, in ms (0: we do not lead). */
+int64_t edl_k8s_elector_valid_ms(edl_k8s_elector *e);
+/* A started elector's eventfd: readable when leading changes by a tick (a passed deadline
+ * raises nothing: ask edl_k8s_elector_leading, at the latest after edl_k8s_elector_valid_ms). */
+int edl_k8s_elector_fd(const edl_k8s_elector *e);
+/* Fence k: from now on each of its writes (every verb but GET, retries included) is refused
+ * with EDL_ELEASE, unsent, unless e leads at that moment (e NULL: unfenced). The split-brain
+ * guard of client-go's operators, made one check in the client instead of one per call site. */
+void edl_k8s_elector_fence(edl_k8s_elector *e, edl_k8s *k);
+
+typedef struct edl_k8s_elector_stats {
+    int64_t renewals;        /* successful writes as the holder */
+    int64_t late_renewals;   /* of those, more than two retry periods after the previous one */
+    int64_t max_gap_ms;      /* the longest time between two renewals while leading */
+} edl_k8s_elector_stats;
+void edl_k8s_elector_get_stats(edl_k8s_elector *e, edl_k8s_elector_stats *out);
 
 /* ---- small object helpers --------------------------------------------------------------- */
 

@@ -35,6 +35,20 @@ extern "C" {
 #define EDL_TJ_LABEL_INDEX "edl.dev/index" /* the pod's index in its role: higher is newer */
 #define EDL_TJ_FINALIZER "edl.dev/etcd-cleanup"
 
+/* The one rule for a TrainingJob's name, held by the CRD (CEL, Kubernetes 1.25+), by this
+ * reader (every version, and `edl run -f`) and so by the operator: a DNS-1035 label (the
+ * headless Service is named after the job) of at most EDL_TJ_NAME_MAX characters, so that every
+ * pod's hostname "<name>-teacher-<index>" (the longest role) is a DNS-1123 label of at most 63
+ * characters for indices below 10^9. */
+#define EDL_TJ_NAME_MAX 45
+#define EDL_TJ_STR_(x) #x
+#define EDL_TJ_STR(x) EDL_TJ_STR_(x)
+#define EDL_TJ_NAME_RULE "a TrainingJob's name must be at most " EDL_TJ_STR(EDL_TJ_NAME_MAX) \
+    " characters of lower-case " \
+    "letters, digits and '-', start with a letter and end with a letter or digit (a DNS-1035 " \
+    "label: the job's Service and its pods' hostnames are named after it)"
+bool edl_tj_name_valid(const char *name);
+
 typedef enum edl_clean_pod_policy {
     EDL_CLEAN_RUNNING = 0, /* delete the pods still running when the job ends (default) */
     EDL_CLEAN_ALL,         /* delete every pod */
