@@ -7,12 +7,17 @@
  *             minus the settle window); what lies between is the pod's own start, which the
  *             operator does not control. Beside them the API requests the operator made per
  *             scale event (the stand-in's counters).
+ *   split     two operator replicas, every pod create delayed 20 ms (a real API server's
+ *             10-40 ms), one job scaled to 1,000 pods: the time to reach them, the most pods
+ *             that existed at once (goal: never above the replicas), the Lease's holders and
+ *             its renewals that came late (goal: none; a pass creating pods once starved them
+ *             for 17 s and two leaders made 3,092 pods for 2,500).
  *   many      1,000 TrainingJobs of 10 pods each (a kubelet that only marks pods Running): the
  *             operator's resident memory and CPU while it manages them, then the time a fresh
  *             operator takes to list them all and pass over each job once (goals: under
  *             100 MiB, under 2 s).
  *
- * Usage: operator [--trials 5] [--jobs 1000] [--pods 10]   (from the build directory: it finds
+ * Usage: operator [--trials 5] [--jobs 1000] [--pods 10] [--split-pods 1000] [--only S]   (from the build directory: it finds
  * bin/ and tests/ beside itself; the real kubectl from tests/.kube of the source tree) */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -39,7 +44,7 @@ typedef struct bench {
     edl_etcd_server *srv;
     edl_etcd *c;
     char dir[128], kubeconfig[256], standin_log[256];
-    pid_t standin, op;
+    pid_t standin, op, op2;
     int port;
     edl_k8s *k;
 } bench;
@@ -112,23 +117,31 @@ static void kubectl(bench *b, const char *args)
         die(cmd);
 }
 
-static void start_operator(bench *b, const char *id)
+#define METRICS_PORT 19464 /* the first operator's /metrics; a second one's is the next port */
+
+static pid_t spawn_operator(bench *b, const char *id, int port, const char *log_name)
 {
-    char log[256];
-    snprintf(log, sizeof log, "%s/operator.log", b->dir);
+    char log[256], ports[16];
+    snprintf(log, sizeof log, "%s/%s", b->dir, log_name);
+    snprintf(ports, sizeof ports, "%d", port);
     const char *argv[] = {EDL_BIN_DIR "/edl-jobserver", "--kubernetes", "--kubeconfig",
                           b->kubeconfig, "--etcd", edl_etcd_server_endpoints(b->srv), "--id", id,
-                          "--ttl", "5", "--metrics-port", "19464", "--metrics-addr", "127.0.0.1",
+                          "--ttl", "5", "--metrics-port", ports, "--metrics-addr", "127.0.0.1",
                           "--leader-elect-retry-period", "200ms", "--log-level",
                           getenv("EDL_BENCH_LOG_LEVEL") ? getenv("EDL_BENCH_LOG_LEVEL") : "info", NULL};
-    b->op = spawn(argv, log);
+    return spawn(argv, log);
 }
 
-/* A metric of the operator's /metrics (-1: not reachable). */
-static double op_metric(const char *name)
+static void start_operator(bench *b, const char *id)
+{
+    b->op = spawn_operator(b, id, METRICS_PORT, "operator.log");
+}
+
+/* A metric of the /metrics on port (-1: not reachable). */
+static double metric_at(int port, const char *name)
 {
     char cmd[256], line[512];
-    snprintf(cmd, sizeof cmd, "curl -s --max-time 1 http://127.0.0.1:19464/metrics");
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 1 http://127.0.0.1:%d/metrics", port);
     FILE *p = popen(cmd, "r");
     double v = -1;
     while (p && fgets(line, sizeof line, p))
@@ -138,6 +151,11 @@ static double op_metric(const char *name)
     if (p)
         pclose(p);
     return v;
+}
+
+static double op_metric(const char *name)
+{
+    return metric_at(METRICS_PORT, name);
 }
 
 static long standin_stat(bench *b, const char *counter)
@@ -277,6 +295,70 @@ static void bench_scale(bench *b, int trials)
     b->port = 0;
 }
 
+/* ---- split: two replicas, slow creates, one big scale ---------------------------------------- */
+
+static void bench_split(bench *b, int pods)
+{
+    start_standin(b, "phase-only");
+    kubectl(b, "apply -f " EDL_SOURCE_DIR "/deploy/k8s/crd.yaml");
+    static const char fault[] = "{\"verb\":\"create\",\"resource\":\"pods\",\"delayMs\":20,"
+                                "\"count\":-1}";
+    edl_k8s_reply r = {0};
+    if (edl_k8s_request(b->k, "POST", "/standin/faults", NULL, fault, &r) || r.status != 201)
+        die("the stand-in refused the latency fault");
+    edl_k8s_reply_clear(&r);
+    b->op = spawn_operator(b, "split-a", METRICS_PORT, "operator-a.log");
+    b->op2 = spawn_operator(b, "split-b", METRICS_PORT + 1, "operator-b.log");
+    for (int64_t end = now_ms() + 30000; metric_at(METRICS_PORT, "edl_operator_leader") +
+         metric_at(METRICS_PORT + 1, "edl_operator_leader") < 1; usleep(20000))
+        if (now_ms() > end)
+            die("no operator took the lead");
+    char json[1024];
+    snprintf(json, sizeof json, "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","
+             "\"metadata\":{\"name\":\"split\"},\"spec\":{\"replicas\":%d,\"maxReplicas\":%d,"
+             "\"template\":{\"spec\":{\"containers\":[{\"name\":\"t\",\"image\":\"none\","
+             "\"command\":[\"sleep\",\"1000\"]}]}}}}", pods, pods);
+    cJSON *obj = cJSON_Parse(json);
+    char *path = edl_k8s_path("edl.dev", "v1alpha1", "default", "trainingjobs", NULL, NULL);
+    int64_t t0 = now_ms();
+    if (edl_k8s_create(b->k, path, obj, NULL) != 0)
+        die("creating the TrainingJob failed");
+    cJSON_Delete(obj);
+    free(path);
+    while (standin_stat(b, "live pods default") < pods) {
+        if (now_ms() - t0 > 600000)
+            die("the operators did not reach the replicas within 10 minutes");
+        usleep(20000);
+    }
+    double secs = (double)(now_ms() - t0) / 1000;
+    sleep(2); /* would a second leader add more? */
+    printf("split: 2 replicas, 20 ms per pod create: %d pods in %.1f s (%.0f pods/s; a create "
+           "costs at least 20 ms: %.1f s serial)\n", pods, secs, pods / secs, pods * 0.02);
+    printf("split: most pods at once %ld, now %ld, for %d replicas (goal: never above)\n",
+           standin_stat(b, "peak pods default"), standin_stat(b, "live pods default"), pods);
+    edl_k8s_reply lease = {0};
+    int64_t transitions = -1;
+    if (edl_k8s_get(b->k, "/apis/coordination.k8s.io/v1/namespaces/default/leases/edl-operator",
+                    &lease) == 0)
+        transitions = edl_k8s_int(lease.body, "spec.leaseTransitions", -1);
+    edl_k8s_reply_clear(&lease);
+    double late = metric_at(METRICS_PORT, "edl_operator_lease_renewals_late_total") +
+                  metric_at(METRICS_PORT + 1, "edl_operator_lease_renewals_late_total");
+    double renewals = metric_at(METRICS_PORT, "edl_operator_lease_renewals_total") +
+                      metric_at(METRICS_PORT + 1, "edl_operator_lease_renewals_total");
+    printf("split: Lease renewals %.0f, late (> 2 retry periods apart) %.0f, holder changes "
+           "%lld (goal: 0 late, 0 changes)\n", renewals, late, (long long)transitions);
+    kill(b->op, SIGTERM);
+    kill(b->op2, SIGTERM);
+    waitpid(b->op, NULL, 0);
+    waitpid(b->op2, NULL, 0);
+    kill(b->standin, SIGTERM);
+    waitpid(b->standin, NULL, 0);
+    edl_k8s_close(b->k);
+    b->k = NULL;
+    b->port = 0;
+}
+
 /* ---- many: 1,000 jobs of 10 pods ---------------------------------------------------------- */
 
 static void create_jobs(bench *b, int jobs, int pods)
@@ -386,10 +468,13 @@ static void bench_many(bench *b, int jobs, int pods)
 
 int main(int argc, char **argv)
 {
-    int trials = 5, jobs = 1000, pods = 10;
+    int trials = 5, jobs = 1000, pods = 10, split_pods = 1000;
+    const char *only = NULL;
     static const struct option opts[] = {{"trials", required_argument, 0, 't'},
                                           {"jobs", required_argument, 0, 'j'},
                                           {"pods", required_argument, 0, 'p'},
+                                          {"split-pods", required_argument, 0, 's'},
+                                          {"only", required_argument, 0, 'o'},
                                           {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -397,14 +482,19 @@ int main(int argc, char **argv)
         case 't': trials = atoi(optarg); break;
         case 'j': jobs = atoi(optarg); break;
         case 'p': pods = atoi(optarg); break;
+        case 's': split_pods = atoi(optarg); break;
+        case 'o': only = optarg; break;
         case 'h':
-            printf("Usage: operator [--trials 5] [--jobs 1000] [--pods 10]\n");
+            printf("Usage: operator [--trials 5] [--jobs 1000] [--pods 10] [--split-pods 1000] "
+                   "[--only scale|split|many]\n");
             return 0;
         default: return 2;
         }
     }
-    if (trials < 1 || jobs < 1 || pods < 1)
-        die("--trials, --jobs and --pods must be at least 1");
+    if (trials < 1 || jobs < 1 || pods < 1 || split_pods < 1)
+        die("--trials, --jobs, --pods and --split-pods must be at least 1");
+    if (only && strcmp(only, "scale") && strcmp(only, "split") && strcmp(only, "many"))
+        die("--only takes scale, split or many");
     edl_log_setup(EDL_LOG_WARN, EDL_LOG_PLAIN, NULL);
     char path[8192];
     snprintf(path, sizeof path, "%s:%s", EDL_BIN_DIR, getenv("PATH") ? getenv("PATH") : "/bin");
@@ -419,8 +509,12 @@ int main(int argc, char **argv)
     if (edl_etcd_server_open(&so, &b.srv) != 0 ||
         edl_etcd_open_endpoints(edl_etcd_server_endpoints(b.srv), &b.c) != 0)
         die("cannot start etcd");
-    bench_scale(&b, trials);
-    bench_many(&b, jobs, pods);
+    if (!only || !strcmp(only, "scale"))
+        bench_scale(&b, trials);
+    if (!only || !strcmp(only, "split"))
+        bench_split(&b, split_pods);
+    if (!only || !strcmp(only, "many"))
+        bench_many(&b, jobs, pods);
     edl_etcd_close(b.c);
     edl_etcd_server_close(b.srv);
     char cmd[256];

@@ -14,6 +14,14 @@
 #include "operator.h"
 #include "operator_status.h"
 
+/* What failed in a pass: the limiter then gates the retries of that kind of write. */
+typedef enum op_failure {
+    OP_FAIL_NONE = 0,
+    OP_FAIL_CREATE,           /* an object of the job (Secret, Service, pod) was not created */
+    OP_FAIL_STATUS,           /* the status was not written */
+    OP_FAIL_OTHER,            /* anything else (etcd, finalizers, deletions): retried on events */
+} op_failure;
+
 /* What the operator remembers of one job. All of it may be lost (a restart, a takeover): it
  * only saves API calls and repeated Events; every decision is taken again from the caches. */
 typedef struct op_job {
@@ -38,12 +46,14 @@ typedef struct op_job {
     int err;                  /* EDL_E* of the pass's first failure (0: none) */
     const char *err_reason;   /* its CamelCase reason ("PodCreateFailed", "StatusWriteFailed") */
     char err_msg[700];
-    bool err_creating;        /* it is an object of the job that could not be created */
-    bool deferred;            /* the pass left creations to the limiter's time (may_create) */
+    op_failure err_kind;
+    bool deferred;            /* the pass left a retry to the limiter's time (may_retry) */
     char *create_error;       /* why the job's objects are not all created (NULL: they are) */
     const char *create_reason;
     int failures;             /* passes in a row that failed: the limiter's exponent */
-    int64_t retry_ms;         /* monotonic: creations are not retried before then */
+    int64_t retry_ms;         /* monotonic: writes of retry_kind are not retried before then */
+    int64_t spec_generation;  /* metadata.generation of the last pass: an edit resets the limiter */
+    op_failure retry_kind;
     char *reported_error;     /* the last error announced by an Event (one per distinct error) */
 } op_job;
 
@@ -80,10 +90,10 @@ typedef struct op {
 #define OP_BUCKET_BURST 100.0
 
 /* Record that the pass under way failed (the first failure is the one kept): rc, a CamelCase
- * reason and a message. creating: an object of the job could not be created (the Created
- * condition says so until it is). EDL_ELEASE (we no longer lead) records nothing: the loop
- * ends; EDL_ECONFLICT (the object changed under us) is retried quietly, without an Event. */
-void op_pass_failed(op_job *j, int rc, const char *reason, bool creating, const char *fmt, ...)
+ * reason, what failed and a message. A creation that failed shows in the Created condition
+ * until it succeeds. EDL_ELEASE (we no longer lead) records nothing: the loop ends;
+ * EDL_ECONFLICT (the object changed under us) is retried quietly, without an Event. */
+void op_pass_failed(op_job *j, int rc, const char *reason, op_failure kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 /* After the pass: the limiter's wait, and one Event per distinct error (operator.c). */
 int64_t op_backoff_ms(op *o, op_job *j, int64_t now);

@@ -42,13 +42,14 @@ static void wake_in(op_job *j, int64_t ms)
 
 /* ---- the failure policy ------------------------------------------------------------------ */
 
-void op_pass_failed(op_job *j, int rc, const char *reason, bool creating, const char *fmt, ...)
+void op_pass_failed(op_job *j, int rc, const char *reason, op_failure kind, const char *fmt, ...)
 {
     if (rc == EDL_ELEASE || j->err)
         return;
     j->err = rc;
     j->err_reason = reason;
-    j->err_creating = creating;
+    j->err_kind = kind;
+    bool creating = kind == OP_FAIL_CREATE;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
@@ -60,11 +61,12 @@ void op_pass_failed(op_job *j, int rc, const char *reason, bool creating, const 
     }
 }
 
-/* Whether creations may be tried now (after a failure: once the limiter's wait is over). */
-static bool may_create(op_job *j)
+/* Whether a write of this kind may be tried now: after a failure of the same kind, once the
+ * limiter's wait is over (the events that pass over the job meanwhile do not retry it). */
+static bool may_retry(op_job *j, op_failure kind)
 {
     int64_t left = j->retry_ms - edl_monotonic_ms();
-    if (left <= 0)
+    if (j->retry_kind != kind || left <= 0)
         return true;
     j->deferred = true;
     wake_in(j, left);
@@ -235,7 +237,7 @@ static int delete_pod(op *o, op_job *j, pod_view *v)
         rc = 0;
     } else {
         o->m.api_errors++;
-        op_pass_failed(j, rc, "PodDeleteFailed", false, "cannot delete pod %s: %s", v->name,
+        op_pass_failed(j, rc, "PodDeleteFailed", OP_FAIL_OTHER, "cannot delete pod %s: %s", v->name,
                        r.message[0] ? r.message : edl_strerror(rc));
     }
     edl_k8s_reply_clear(&r);
@@ -295,7 +297,7 @@ static void finalize(op *o, op_job *j, const cJSON *obj)
     edl_delete_opts dp = {.prefix = true};
     int rc = edl_etcd_delete(o->c, edl_str(j->etcd.k.job), &dp, NULL);
     if (rc) {
-        op_pass_failed(j, rc, "EtcdCleanupFailed", false, "cannot remove the job's etcd keys: %s",
+        op_pass_failed(j, rc, "EtcdCleanupFailed", OP_FAIL_OTHER, "cannot remove the job's etcd keys: %s",
                        edl_strerror(rc));
         return;
     }
@@ -308,7 +310,7 @@ static void finalize(op *o, op_job *j, const cJSON *obj)
     if (rc == 0)
         EDL_INFO(LOG, "job %s/%s deleted: its etcd keys are gone", j->ns, j->name);
     else if (rc != EDL_ENOTFOUND) /* 409: it changed; the next pass reads it again */
-        op_pass_failed(j, rc, "FinalizerUpdateFailed", false, "cannot remove our finalizer: %s",
+        op_pass_failed(j, rc, "FinalizerUpdateFailed", OP_FAIL_OTHER, "cannot remove our finalizer: %s",
                        r.message[0] ? r.message : edl_strerror(rc));
     edl_k8s_reply_clear(&r);
 }
@@ -326,7 +328,7 @@ static bool ensure_finalizer(op *o, op_job *j, const cJSON *obj)
     if (rc == 0 && r.body)
         edl_k8s_informer_store(o->tjs, r.body, false);
     else if (rc)
-        op_pass_failed(j, rc, "FinalizerUpdateFailed", false, "cannot add our finalizer: %s",
+        op_pass_failed(j, rc, "FinalizerUpdateFailed", OP_FAIL_OTHER, "cannot add our finalizer: %s",
                        r.message[0] ? r.message : edl_strerror(rc));
     edl_k8s_reply_clear(&r);
     return rc == 0;
@@ -347,7 +349,7 @@ static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
         else
             edl_leader_clear(&l); /* another term lives (a replica before us): wait for it */
         if (rc)
-            op_pass_failed(j, rc, "EtcdUnavailable", false, "cannot take the job's term in "
+            op_pass_failed(j, rc, "EtcdUnavailable", OP_FAIL_OTHER, "cannot take the job's term in "
                            "etcd: %s", edl_strerror(rc));
         else if (!won)
             wake_in(j, 1000); /* its lease runs out within its TTL */
@@ -372,7 +374,7 @@ static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
     int rc = 0;
     if (json && (!have || strcmp(json, have) != 0) &&
         (rc = edl_etcd_put(o->c, edl_str(j->etcd.k.spec), edl_str(json), NULL, NULL)) != 0)
-        op_pass_failed(j, rc, "EtcdUnavailable", false, "cannot write the job's spec to etcd: "
+        op_pass_failed(j, rc, "EtcdUnavailable", OP_FAIL_OTHER, "cannot write the job's spec to etcd: "
                        "%s", edl_strerror(rc));
     free(json);
     free(have);
@@ -382,7 +384,7 @@ static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
 static bool ensure_owned(op *o, op_job *j, const char *kind, cJSON *obj)
 {
     const char *plural = strcmp(kind, "Secret") ? "services" : "secrets";
-    if (!may_create(j)) {
+    if (!may_retry(j, OP_FAIL_CREATE)) {
         cJSON_Delete(obj);
         return false;
     }
@@ -393,7 +395,7 @@ static bool ensure_owned(op *o, op_job *j, const char *kind, cJSON *obj)
     if (!done) {
         o->m.api_errors++;
         op_pass_failed(j, rc, strcmp(kind, "Secret") ? "ServiceCreateFailed" :
-                       "SecretCreateFailed", true, "cannot create the job's %s %s: %s", kind,
+                       "SecretCreateFailed", OP_FAIL_CREATE, "cannot create the job's %s %s: %s", kind,
                        edl_k8s_str(obj, "metadata.name"), r.message[0] ? r.message :
                        edl_strerror(rc));
     }
@@ -440,7 +442,7 @@ static int pod_exists(op *o, op_job *j, const char *name)
 static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
                         op_role role, int n)
 {
-    if (!may_create(j))
+    if (!may_retry(j, OP_FAIL_CREATE))
         return;
     op_pod_settings s = {.etcd_job = j->etcd_name,
                          .prefix = strcmp(o->cfg->prefix, EDL_DEFAULT_PREFIX) ? o->cfg->prefix
@@ -470,13 +472,13 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
             if (ex == 0)
                 j->next_index[role]++;
             else if (ex < 0)
-                op_pass_failed(j, ex, "PodCreateFailed", true, "cannot read pod %s, which "
+                op_pass_failed(j, ex, "PodCreateFailed", OP_FAIL_CREATE, "cannot read pod %s, which "
                                "exists: %s", name, edl_strerror(ex));
             stop = ex != 0;
             again = ex > 0;
         } else {
             o->m.api_errors++;
-            op_pass_failed(j, rc, "PodCreateFailed", true, "cannot create pod %s: %s",
+            op_pass_failed(j, rc, "PodCreateFailed", OP_FAIL_CREATE, "cannot create pod %s: %s",
                            name ? name : "?", r.message[0] ? r.message : edl_strerror(rc));
             stop = 1;
             again = false;
@@ -655,7 +657,7 @@ static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
 {
     const cJSON *old = cJSON_GetObjectItemCaseSensitive(obj, "status");
     cJSON *st = op_status_new(old, v, edl_wall_ms());
-    if (!st || op_status_same(old, st)) {
+    if (!st || op_status_same(old, st) || !may_retry(j, OP_FAIL_STATUS)) {
         cJSON_Delete(st);
         return;
     }
@@ -673,7 +675,7 @@ static void write_status(op *o, op_job *j, const cJSON *obj, const op_view *v)
             edl_k8s_informer_store(o->tjs, r.body, false);
     } else if (rc != EDL_ENOTFOUND) {
         o->m.api_errors++;
-        op_pass_failed(j, rc, "StatusWriteFailed", false, "cannot write the status: %s",
+        op_pass_failed(j, rc, "StatusWriteFailed", OP_FAIL_STATUS, "cannot write the status: %s",
                        r.message[0] ? r.message : edl_strerror(rc));
     }
     edl_k8s_reply_clear(&r);
@@ -786,7 +788,7 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
         if (teachers_ready < 0) /* unknown: keep what the status said */
             teachers_ready = (int)edl_k8s_int(st, "teachers.ready", 0);
     }
-    if (!j->err_creating && !j->deferred && j->have_secret && j->have_service) {
+    if (j->err_kind != OP_FAIL_CREATE && !j->deferred && j->have_secret && j->have_service) {
         free(j->create_error); /* everything asked was created (or nothing was to be) */
         j->create_error = NULL;
     }
@@ -803,8 +805,8 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
                  .completion_ms = completion_ms, .pod_failures = pod_failures,
                  .objects_created = j->have_secret && j->have_service && !j->create_error,
                  .create_error = j->create_error, .create_reason = j->create_reason,
-                 .error = j->err && !j->err_creating && j->err != EDL_ECONFLICT ? j->err_msg
-                                                                                : NULL,
+                 .error = j->err && j->err_kind != OP_FAIL_CREATE && j->err != EDL_ECONFLICT ?
+                          j->err_msg : NULL,
                  .error_reason = j->err_reason};
     announce(o, j, obj, &v, tj->spec.replicas);
     write_status(o, j, obj, &v);
@@ -817,14 +819,18 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
 static void settle(op *o, op_job *j)
 {
     if (!j->err) {
+        if (j->deferred) /* what failed was not tried again: still failing, for all we know */
+            return;
         j->failures = 0;
         j->retry_ms = 0;
+        j->retry_kind = OP_FAIL_NONE;
         free(j->reported_error);
         j->reported_error = NULL;
         return;
     }
     int64_t now = edl_monotonic_ms(), wait = op_backoff_ms(o, j, now);
     j->retry_ms = now + wait;
+    j->retry_kind = j->err_kind;
     wake_in(j, wait);
     if (j->err == EDL_ECONFLICT || (j->reported_error && !strcmp(j->reported_error, j->err_msg)))
         return;
@@ -842,12 +848,19 @@ static void pass(op *o, op_job *j, const pod_index *idx)
     j->dirty = false;
     j->wake_ms = 0;
     j->err = 0;
-    j->err_creating = j->deferred = false;
+    j->err_kind = OP_FAIL_NONE;
+    j->deferred = false;
     o->m.reconciles++;
     const cJSON *obj = edl_k8s_informer_get(o->tjs, j->ns, j->name);
     if (!obj) { /* gone: its keys went with our finalizer (or it never had any) */
         op_job_drop(o, j);
         return;
+    }
+    int64_t generation = edl_k8s_int(obj, "metadata.generation", 0);
+    if (generation != j->spec_generation) { /* an edit: a new chance for what failed */
+        j->spec_generation = generation;
+        j->retry_ms = 0;
+        j->failures = 0;
     }
     edl_trainingjob tj;
     char field[256], err[512];

@@ -221,6 +221,9 @@ void harness_kubectl_wait(harness_k8s *k, const char *what, const char *jsonpath
 /* One of the stand-in's request counters (GET /standin/stats, e.g. "create pods"); 0 when
  * absent. */
 long harness_k8s_stat(harness_k8s *k, const char *counter);
+/* POST /standin/faults with this JSON (one fault or an array); NULL: DELETE them all. Fails
+ * the test when the stand-in refuses it. */
+void harness_k8s_fault(harness_k8s *k, const char *json);
 /* {"<client> <verb> <group>/<resource>": count} (tests/k8s_standin/README.md); the caller
  * frees it. */
 struct cJSON *harness_k8s_access(harness_k8s *k);

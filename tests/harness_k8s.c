@@ -132,6 +132,19 @@ static cJSON *standin_json(harness_k8s *k, const char *path)
     return cJSON_Parse(json ? json + 4 : body);
 }
 
+void harness_k8s_fault(harness_k8s *k, const char *json)
+{
+    char req[4096], out[4096];
+    int n = json ? snprintf(req, sizeof req, "POST /standin/faults HTTP/1.1\r\nHost: x\r\n"
+                            "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                            "Connection: close\r\n\r\n%s", strlen(json), json)
+                 : snprintf(req, sizeof req, "DELETE /standin/faults HTTP/1.1\r\nHost: x\r\n"
+                            "Connection: close\r\n\r\n");
+    int status = harness_http_request(k->port, req, (size_t)n, out, sizeof out);
+    if (status < 200 || status > 299)
+        fail_msg("stand-in fault %s: HTTP %d: %s", json ? json : "(clear)", status, out);
+}
+
 cJSON *harness_k8s_access(harness_k8s *k)
 {
     return standin_json(k, "/standin/access");
