@@ -32,6 +32,7 @@ typedef struct op_job {
     bool dirty;               /* an event concerns it: pass over it */
     int64_t wake_ms;          /* monotonic: pass again by then (0: only on events) */
     bool have_secret, have_service;
+    size_t pods_lo, pods_hi;  /* its pods in this round's pod index (operator_job.c) */
     int64_t next_index[OP_ROLES]; /* the next pod index of each role (op_role; beyond every
                                    * index of the role seen) */
     bool primed;              /* the ev_* below hold what the status said or we announced */

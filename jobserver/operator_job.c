@@ -139,10 +139,12 @@ typedef struct job_pods {
     int existing[OP_ROLES];   /* not terminating (status.replicas, psReplicas, teachers) */
 } job_pods;
 
-/* Every pod of every job, sorted by namespace then job: built once per round of passes, so
- * that finding one job's pods costs a binary search, not a walk over every pod (10,000 of
- * them with 1,000 jobs). Entries of a job are read only during its own pass, before anything
- * of it changes in the cache. */
+/* Every pod of every job, sorted by namespace then job, and each job's range in it: built once
+ * per round of passes, so that finding one job's pods costs nothing (10,000 of them with 1,000
+ * jobs). The ranges are found while every entry is valid: a pass then reads only its own job's
+ * entries, and before anything of it changes in the cache (a pass that deletes a pod replaces
+ * that pod's object in the cache, freeing the one the index points to: a later pass searching
+ * the index would read it). */
 typedef struct pod_index {
     const cJSON **pods;
     size_t n;
@@ -159,6 +161,26 @@ static int cmp_pods(const void *a, const void *b)
     const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
     return cmp_job(edl_k8s_str(x, "metadata.namespace"), op_label(x, EDL_TJ_LABEL_JOB),
                    edl_k8s_str(y, "metadata.namespace"), op_label(y, EDL_TJ_LABEL_JOB));
+}
+
+/* Each job's [pods_lo, pods_hi) in the sorted index (empty for a job without pods). */
+static void pod_index_ranges(op *o, const pod_index *idx)
+{
+    for (size_t i = 0; i < o->n_jobs; i++)
+        o->jobs[i]->pods_lo = o->jobs[i]->pods_hi = 0;
+    for (size_t lo = 0, hi; lo < idx->n; lo = hi) {
+        const char *ns = edl_k8s_str(idx->pods[lo], "metadata.namespace");
+        const char *job = op_label(idx->pods[lo], EDL_TJ_LABEL_JOB);
+        for (hi = lo + 1; hi < idx->n && cmp_job(ns, job,
+                                                  edl_k8s_str(idx->pods[hi], "metadata.namespace"),
+                                                  op_label(idx->pods[hi], EDL_TJ_LABEL_JOB)) == 0;)
+            hi++;
+        op_job *j = ns && job ? op_job_find(o, ns, job, false) : NULL;
+        if (j) {
+            j->pods_lo = lo;
+            j->pods_hi = hi;
+        }
+    }
 }
 
 static void pod_index_build(op *o, pod_index *idx)
@@ -178,25 +200,13 @@ static void pod_index_build(op *o, pod_index *idx)
         qsort(idx->pods, idx->n, sizeof *idx->pods, cmp_pods);
     else
         idx->n = 0;
+    pod_index_ranges(o, idx);
 }
 
 static void pods_of(op_job *j, const pod_index *idx, job_pods *out)
 {
     memset(out, 0, sizeof *out);
-    size_t lo = 0, hi = idx->n;
-    while (lo < hi) { /* the first pod not before this job's */
-        size_t mid = lo + (hi - lo) / 2;
-        const cJSON *p = idx->pods[mid];
-        if (cmp_job(edl_k8s_str(p, "metadata.namespace"), op_label(p, EDL_TJ_LABEL_JOB), j->ns,
-                    j->name) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    size_t end = lo;
-    while (end < idx->n && cmp_job(edl_k8s_str(idx->pods[end], "metadata.namespace"),
-                                   op_label(idx->pods[end], EDL_TJ_LABEL_JOB), j->ns, j->name) == 0)
-        end++;
+    size_t lo = j->pods_lo, end = j->pods_hi <= idx->n ? j->pods_hi : lo;
     out->p = calloc(end - lo + 1, sizeof *out->p);
     for (size_t i = lo; out->p && i < end; i++) {
         pod_view *v = &out->p[out->n++];
