@@ -626,6 +626,119 @@ static void test_token_and_gone_in_stream(void **state)
     standin_stop(&t);
 }
 
+/* ---- what a real API server does too, and the test-only counters and delays ------------- */
+
+/* The value at a dotted path with [i] indices ("spec.volumes[0].name"), or NULL. */
+static const cJSON *jpath(const cJSON *j, const char *path)
+{
+    char key[128];
+    for (const char *p = path; j && *p;) {
+        if (*p == '.')
+            p++;
+        if (*p == '[') {
+            j = cJSON_GetArrayItem(j, atoi(p + 1));
+            p = strchr(p, ']') + 1;
+            continue;
+        }
+        size_t n = strcspn(p, ".[");
+        snprintf(key, sizeof key, "%.*s", (int)n, p);
+        j = cJSON_GetObjectItemCaseSensitive(j, key);
+        p += n;
+    }
+    return j;
+}
+
+static const char *jstr(const cJSON *j, const char *path)
+{
+    const cJSON *v = jpath(j, path);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* A write that the server must refuse with 422 Invalid: message is the whole Status message,
+ * field the first cause's field. */
+static void expect_invalid(const standin *s, const char *method, const char *path,
+                           const char *ctype, const char *body, const char *message,
+                           const char *field)
+{
+    cJSON *j;
+    long code = api(s, method, path, ctype, body, &j);
+    if (code != 422)
+        fail_msg("%s %s: %ld, not 422: %s", method, path, code, str_at(j, "message", NULL, NULL));
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "Invalid");
+    assert_string_equal(str_at(j, "message", NULL, NULL), message);
+    assert_string_equal(jstr(j, "details.causes[0].field"), field);
+    assert_string_equal(jstr(j, "details.causes[0].reason"), "FieldValueInvalid");
+    cJSON_Delete(j);
+}
+
+static const char DNS1035[] =
+    "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
+    "alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or "
+    "'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+static const char RFC1123_LABEL[] =
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
+    "must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex "
+    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+static const char LABEL_VALUE[] =
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or "
+    "'my_value',  or '12345', regex used for validation is "
+    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+
+static void test_names_and_label_values_are_checked_per_kind(void **state)
+{
+    standin *s = *state;
+    char msg[1024], body[1024], long_name[70];
+    static const char svcs[] = "/api/v1/namespaces/default/services";
+    static const char cms[] = "/api/v1/namespaces/default/configmaps";
+    static const char pods[] = "/api/v1/namespaces/default/pods";
+    /* a Service's name is a DNS-1035 label: no leading digit, no dot, at most 63 */
+    snprintf(msg, sizeof msg, "Service \"1job\" is invalid: metadata.name: Invalid value: \"1job\": %s", DNS1035);
+    expect_invalid(s, "POST", svcs, "application/json", "{\"metadata\":{\"name\":\"1job\"}}", msg, "metadata.name");
+    snprintf(msg, sizeof msg, "Service \"my.job\" is invalid: metadata.name: Invalid value: \"my.job\": %s", DNS1035);
+    expect_invalid(s, "POST", svcs, "application/json", "{\"metadata\":{\"name\":\"my.job\"}}", msg, "metadata.name");
+    memset(long_name, 'a', 64);
+    long_name[64] = '\0';
+    snprintf(body, sizeof body, "{\"metadata\":{\"name\":\"%s\"}}", long_name);
+    snprintf(msg, sizeof msg, "Service \"%s\" is invalid: metadata.name: Invalid value: \"%s\": must be no more than 63 characters",
+             long_name, long_name);
+    expect_invalid(s, "POST", svcs, "application/json", body, msg, "metadata.name");
+    assert_int_equal(api(s, "POST", svcs, "application/json", "{\"metadata\":{\"name\":\"my-job\"}}", NULL), 201);
+    /* other kinds take DNS-1123 subdomains: a leading digit and dots are fine */
+    assert_int_equal(api(s, "POST", cms, "application/json", "{\"metadata\":{\"name\":\"1job.x\"}}", NULL), 201);
+    ensure_tj(s, "1job");
+    /* namespaces stay DNS-1123 labels */
+    snprintf(msg, sizeof msg, "Namespace \"a.b\" is invalid: metadata.name: Invalid value: \"a.b\": %s", RFC1123_LABEL);
+    expect_invalid(s, "POST", "/api/v1/namespaces", "application/json", "{\"metadata\":{\"name\":\"a.b\"}}", msg, "metadata.name");
+    /* a pod's hostname and subdomain are DNS-1123 labels */
+    static const char pod_fmt[] = "{\"metadata\":{\"name\":\"named\"},\"spec\":{\"%s\":\"%s\",\"containers\":"
+                                  "[{\"name\":\"c\",\"image\":\"x\",\"command\":[\"true\"]}]}}";
+    snprintf(body, sizeof body, pod_fmt, "subdomain", "my.job");
+    snprintf(msg, sizeof msg, "Pod \"named\" is invalid: spec.subdomain: Invalid value: \"my.job\": %s", RFC1123_LABEL);
+    expect_invalid(s, "POST", pods, "application/json", body, msg, "spec.subdomain");
+    snprintf(body, sizeof body, pod_fmt, "hostname", long_name);
+    snprintf(msg, sizeof msg, "Pod \"named\" is invalid: spec.hostname: Invalid value: \"%s\": must be no more than 63 characters",
+             long_name);
+    expect_invalid(s, "POST", pods, "application/json", body, msg, "spec.hostname");
+    /* label values on every kind: at most 63, alphanumeric at both ends, or empty */
+    snprintf(msg, sizeof msg, "ConfigMap \"lv\" is invalid: metadata.labels: Invalid value: \"-x\": %s", LABEL_VALUE);
+    expect_invalid(s, "POST", cms, "application/json", "{\"metadata\":{\"name\":\"lv\",\"labels\":{\"a\":\"-x\"}}}",
+                   msg, "metadata.labels");
+    snprintf(body, sizeof body, "{\"metadata\":{\"name\":\"lv\",\"labels\":{\"a\":\"%s\"}}}", long_name);
+    snprintf(msg, sizeof msg, "ConfigMap \"lv\" is invalid: metadata.labels: Invalid value: \"%s\": must be no more than 63 characters",
+             long_name);
+    expect_invalid(s, "POST", cms, "application/json", body, msg, "metadata.labels");
+    assert_int_equal(api(s, "POST", cms, "application/json",
+                         "{\"metadata\":{\"name\":\"lv\",\"labels\":{\"a\":\"\",\"b\":\"My_v.1\"}}}", NULL), 201);
+    snprintf(msg, sizeof msg, "ConfigMap \"lv\" is invalid: metadata.labels: Invalid value: \"x y\": %s", LABEL_VALUE);
+    expect_invalid(s, "PATCH", "/api/v1/namespaces/default/configmaps/lv", "application/merge-patch+json",
+                   "{\"metadata\":{\"labels\":{\"c\":\"x y\"}}}", msg, "metadata.labels");
+    snprintf(msg, sizeof msg, "TrainingJob.edl.dev \"1job\" is invalid: metadata.labels: Invalid value: \"x y\": %s", LABEL_VALUE);
+    snprintf(body, sizeof body, "%s/1job", TJ_PATH);
+    expect_invalid(s, "PATCH", body, "application/merge-patch+json", "{\"metadata\":{\"labels\":{\"c\":\"x y\"}}}",
+                   msg, "metadata.labels");
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -641,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_graceful_delete_sends_sigterm_then_sigkill),
         cmocka_unit_test(test_injected_fault_fails_a_create_and_stats_count_it),
         cmocka_unit_test(test_token_and_gone_in_stream),
+        cmocka_unit_test(test_names_and_label_values_are_checked_per_kind),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     curl_global_cleanup();

@@ -1,7 +1,8 @@
 /* builtin.c: what the real API server's strategies do to built-in objects on create and
  * update, as far as the stand-in needs it: pod, service, secret and namespace defaults, the
- * few validations the operator meets (containers need a name and an image, ...), and the
- * CustomResourceDefinition checks and status (Established, NamesAccepted). */
+ * few validations the operator meets (containers need a name and an image, a pod's hostname
+ * and subdomain are DNS-1123 labels, ...), and the CustomResourceDefinition checks and status
+ * (Established, NamesAccepted). */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,16 +69,20 @@ static void pod_validate(const cJSON *pod, cJSON *causes)
             snprintf(f, sizeof f, "spec.%s[%d].name", lists[i], k);
             if (!name || !*name)
                 si_cause(causes, "FieldValueRequired", f, "Required value");
-            else if (!si_dns1123_label(name))
-                si_cause(causes, "FieldValueInvalid", f,
-                         "Invalid value: \"%s\": a lowercase RFC 1123 label must consist of lower "
-                         "case alphanumeric characters or '-', and must start and end with an "
-                         "alphanumeric character",
-                         name);
+            else
+                si_check_name(SI_DNS1123_LABEL, name, f, causes);
             snprintf(f, sizeof f, "spec.%s[%d].image", lists[i], k++);
             if (!si_str(c, "image") || !*si_str(c, "image"))
                 si_cause(causes, "FieldValueRequired", f, "Required value");
         }
+    }
+    static const char *const dns[] = {"hostname", "subdomain"};
+    for (int i = 0; i < 2; i++) {
+        char f[32];
+        const char *v = si_str(spec, dns[i]);
+        snprintf(f, sizeof f, "spec.%s", dns[i]);
+        if (v && *v)
+            si_check_name(SI_DNS1123_LABEL, v, f, causes);
     }
     const char *rp = si_str(spec, "restartPolicy");
     if (rp && strcmp(rp, "Always") && strcmp(rp, "OnFailure") && strcmp(rp, "Never"))

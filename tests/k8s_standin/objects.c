@@ -1,28 +1,14 @@
 /* objects.c: the verbs that write and read objects (create, update, patch, get, list) with the
  * real server's rules: server-set metadata (uid, creationTimestamp, generation,
- * resourceVersion), generateName, DNS-1123 names, 409 AlreadyExists and Conflict, the status
- * and scale subresources, CRD schema defaults/pruning/checks, no-op updates that change
- * nothing. The store mutex is held by the caller. */
+ * resourceVersion), generateName, names per kind and label values (names.c), 409
+ * AlreadyExists and Conflict, the status and scale subresources, CRD schema
+ * defaults/pruning/checks, no-op updates that change nothing. The store mutex is held by the
+ * caller. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "standin.h"
-
-static const char SUBDOMAIN_MSG[] =
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-static const char LABEL_MSG[] =
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
-    "must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex "
-    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
-
-static bool label_named(const si_resource *r)
-{
-    return !r->is_crd && !r->group[0] &&
-           (!strcmp(r->plural, "namespaces") || !strcmp(r->plural, "services"));
-}
 
 static si_result nothing(void)
 {
@@ -99,9 +85,8 @@ static si_result check_name(const si_resource *r, const char *name)
     if (!name || !*name)
         si_cause(causes, "FieldValueRequired", "metadata.name",
                  "Required value: name or generateName is required");
-    else if (label_named(r) ? !si_dns1123_label(name) : !si_dns1123_subdomain(name))
-        si_cause(causes, "FieldValueInvalid", "metadata.name", "Invalid value: \"%s\": %s", name,
-                 label_named(r) ? LABEL_MSG : SUBDOMAIN_MSG);
+    else
+        si_check_name(si_name_rule_of(r), name, "metadata.name", causes);
     if (cJSON_GetArraySize(causes))
         return si_invalid(r, name, causes);
     cJSON_Delete(causes);
@@ -131,9 +116,10 @@ static si_result unknown_fields(const si_resource *r, cJSON *unknown, const si_r
     return nothing();
 }
 
-/* Prune, default and check a custom resource against its CRD's schema. */
+/* Prune, default and check a custom resource against its CRD's schema; causes gets the 422
+ * errors. A result only for unknown fields under fieldValidation=Strict. */
 static si_result admit_custom(const si_resource *r, cJSON *obj, const si_req_opts *o,
-                              char **warning)
+                              char **warning, cJSON *causes)
 {
     if (!r->is_crd || !r->schema)
         return nothing();
@@ -143,11 +129,7 @@ static si_result admit_custom(const si_resource *r, cJSON *obj, const si_req_opt
     if (res.code)
         return res;
     si_schema_default(r->schema, obj);
-    cJSON *causes = cJSON_CreateArray();
     si_schema_check(r->schema, obj, "", causes);
-    if (cJSON_GetArraySize(causes))
-        return si_invalid(r, si_str(obj, "metadata.name"), causes);
-    cJSON_Delete(causes);
     return nothing();
 }
 
@@ -162,14 +144,13 @@ static si_result admit(si_server *srv, const si_resource *r, cJSON *obj, bool cr
         return si_fail(400, "BadRequest", NULL, NULL, "%s", err);
     }
     si_result res = unknown_fields(r, unknown, o, warning);
-    if (res.code) {
-        cJSON_Delete(causes);
-        return res;
-    }
-    if (cJSON_GetArraySize(causes))
+    si_check_labels(obj, causes);
+    if (!res.code)
+        res = admit_custom(r, obj, o, warning, causes);
+    if (!res.code && cJSON_GetArraySize(causes))
         return si_invalid(r, si_str(obj, "metadata.name"), causes);
     cJSON_Delete(causes);
-    return admit_custom(r, obj, o, warning);
+    return res;
 }
 
 /* Side effects of a stored write: CRDs start (or change) serving, namespaces get their

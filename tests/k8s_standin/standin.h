@@ -158,11 +158,25 @@ char *si_rfc3339(time_t t, char buf[32]);
 time_t si_parse_time(const char *s); /* -1 on error */
 void si_age(time_t since, char *buf, size_t len); /* kubectl's HumanDuration */
 void si_new_uid(char out[37]);
-bool si_dns1123_label(const char *s);
-bool si_dns1123_subdomain(const char *s);
 char *si_base64_encode(const unsigned char *in, size_t len);
 unsigned char *si_base64_decode(const char *in, size_t *outlen); /* NULL when invalid */
 bool si_json_equal(const cJSON *a, const cJSON *b);
+
+/* ---- names and labels (names.c) -------------------------------------------------------- */
+
+enum si_name_rule {
+    SI_DNS1123_LABEL,     /* [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 */
+    SI_DNS1123_SUBDOMAIN, /* such labels joined by '.', at most 253 */
+    SI_DNS1035_LABEL,     /* [a-z]([-a-z0-9]*[a-z0-9])?, at most 63 */
+    SI_PATH_SEGMENT,      /* not '.' or '..', no '/' or '%' (RBAC names) */
+    SI_LABEL_VALUE        /* (([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?, at most 63 */
+};
+
+bool si_name_ok(enum si_name_rule rule, const char *s);
+/* 422 causes `field: Invalid value: "value": <the real server's message>` (none when valid). */
+void si_check_name(enum si_name_rule rule, const char *value, const char *field, cJSON *causes);
+enum si_name_rule si_name_rule_of(const si_resource *r); /* the rule of r's metadata.name */
+void si_check_labels(const cJSON *obj, cJSON *causes);   /* metadata.labels values */
 
 /* ---- results and Status objects (status.c) ---------------------------------------------- */
 

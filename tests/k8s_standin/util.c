@@ -1,8 +1,7 @@
 /* util.c: small helpers of k8s-standin: JSON paths (the simple JSONPath subset that printer
- * columns and scale paths use), times as Kubernetes writes them, uids, DNS-1123 names,
- * base64 and JSON equality. */
+ * columns and scale paths use), times as Kubernetes writes them, uids, base64 and JSON
+ * equality. */
 #define _GNU_SOURCE /* strptime */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,35 +179,6 @@ void si_new_uid(char out[37])
     snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
              b[14], b[15]);
-}
-
-static bool label_part(const char *s, size_t n)
-{
-    if (n == 0 || n > 63 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!(islower((unsigned char)s[i]) || isdigit((unsigned char)s[i]) || s[i] == '-'))
-            return false;
-    return true;
-}
-
-bool si_dns1123_label(const char *s)
-{
-    return s && label_part(s, strlen(s));
-}
-
-bool si_dns1123_subdomain(const char *s)
-{
-    if (!s || strlen(s) > 253 || !*s)
-        return false;
-    for (const char *p = s;;) {
-        size_t n = strcspn(p, ".");
-        if (!label_part(p, n))
-            return false;
-        if (!p[n])
-            return true;
-        p += n + 1;
-    }
 }
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
