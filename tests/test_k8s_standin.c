@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -739,6 +740,54 @@ static void test_names_and_label_values_are_checked_per_kind(void **state)
                    msg, "metadata.labels");
 }
 
+typedef struct timed {
+    standin *s;
+    const char *name;
+    long code;
+    int64_t took;
+} timed;
+
+static void *create_cm(void *arg)
+{
+    timed *t = arg;
+    char body[128];
+    int64_t t0 = harness_now_ms();
+    snprintf(body, sizeof body, "{\"metadata\":{\"name\":\"%s\"}}", t->name);
+    t->code = api_full(t->s, "POST", "/api/v1/namespaces/default/configmaps", "application/json",
+                       body, strlen(body), NULL, 5000, NULL);
+    t->took = harness_now_ms() - t0;
+    return NULL;
+}
+
+/* A fault with delayMs and no code only delays (count -1: every request), each on its own:
+ * concurrent requests wait side by side and others go on meanwhile. */
+static void test_a_delay_fault_delays_each_request_on_its_own(void **state)
+{
+    standin *s = *state;
+    timed a = {s, "slow-a", 0, 0}, b = {s, "slow-b", 0, 0};
+    pthread_t ta, tb;
+    assert_int_equal(api(s, "POST", "/standin/faults", "application/json",
+                         "{\"verb\":\"create\",\"resource\":\"configmaps\",\"delayMs\":400,\"count\":-1}", NULL), 201);
+    int64_t t0 = harness_now_ms();
+    pthread_create(&ta, NULL, create_cm, &a);
+    pthread_create(&tb, NULL, create_cm, &b);
+    harness_sleep_ms(100);
+    int64_t g0 = harness_now_ms();
+    assert_int_equal(api(s, "GET", "/api/v1/namespaces/default/configmaps", NULL, NULL, NULL), 200);
+    int64_t got = harness_now_ms() - g0;
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    int64_t both = harness_now_ms() - t0;
+    assert_int_equal(api(s, "DELETE", "/standin/faults", NULL, NULL, NULL), 200);
+    assert_int_equal(a.code, 201);
+    assert_int_equal(b.code, 201);
+    assert_true(a.took >= 400 && b.took >= 400);
+    if (both >= 750 || got >= 250)
+        fail_msg("the delays were not side by side: both took %lld ms, a get meanwhile %lld ms",
+                 (long long)both, (long long)got);
+    assert_int_equal(api(s, "GET", "/api/v1/namespaces/default/configmaps/slow-b", NULL, NULL, NULL), 200);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -755,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_injected_fault_fails_a_create_and_stats_count_it),
         cmocka_unit_test(test_token_and_gone_in_stream),
         cmocka_unit_test(test_names_and_label_values_are_checked_per_kind),
+        cmocka_unit_test(test_a_delay_fault_delays_each_request_on_its_own),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     curl_global_cleanup();
