@@ -740,6 +740,50 @@ static void test_names_and_label_values_are_checked_per_kind(void **state)
                    msg, "metadata.labels");
 }
 
+static double stat_of(const standin *s, const char *key)
+{
+    cJSON *j;
+    assert_int_equal(api(s, "GET", "/standin/stats", NULL, NULL, &j), 200);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    double n = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    cJSON_Delete(j);
+    return n;
+}
+
+static void sleeper(standin *s, const char *name)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"metadata\":{\"name\":\"%s\"},\"spec\":{\"restartPolicy\":\"Never\",\"containers\":"
+             "[{\"name\":\"c\",\"image\":\"x\",\"command\":[\"sleep\",\"30\"]}]}}", name);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/peaks/pods", "application/json", body, NULL), 201);
+}
+
+static void test_stats_report_live_and_peak_pods_per_namespace(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces", "application/json", "{\"metadata\":{\"name\":\"peaks\"}}", NULL), 201);
+    sleeper(s, "p1");
+    sleeper(s, "p2");
+    sleeper(s, "p3");
+    assert_true(stat_of(s, "live pods peaks") == 3);
+    assert_true(stat_of(s, "peak pods peaks") == 3);
+    cJSON_Delete(wait_for(s, "/api/v1/namespaces/peaks/pods/p1", "status", "phase", "Running", 10000));
+    /* a pod being deleted (deletionTimestamp set, still there) no longer counts */
+    assert_int_equal(api(s, "DELETE", "/api/v1/namespaces/peaks/pods/p1", NULL, NULL, &j), 200);
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "DELETE", "/api/v1/namespaces/peaks/pods/p2?gracePeriodSeconds=0", NULL, NULL, NULL), 200);
+    assert_true(stat_of(s, "live pods peaks") == 1);
+    assert_true(stat_of(s, "peak pods peaks") == 3);
+    assert_int_equal(api(s, "DELETE", "/standin/stats", NULL, NULL, NULL), 200);
+    assert_true(stat_of(s, "peak pods peaks") == 1);
+    sleeper(s, "p4");
+    assert_true(stat_of(s, "live pods peaks") == 2);
+    assert_true(stat_of(s, "peak pods peaks") == 2);
+    assert_int_equal(api(s, "DELETE", "/api/v1/namespaces/peaks", NULL, NULL, NULL), 200);
+}
+
 typedef struct timed {
     standin *s;
     const char *name;
@@ -804,6 +848,7 @@ int main(void)
         cmocka_unit_test(test_injected_fault_fails_a_create_and_stats_count_it),
         cmocka_unit_test(test_token_and_gone_in_stream),
         cmocka_unit_test(test_names_and_label_values_are_checked_per_kind),
+        cmocka_unit_test(test_stats_report_live_and_peak_pods_per_namespace),
         cmocka_unit_test(test_a_delay_fault_delays_each_request_on_its_own),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

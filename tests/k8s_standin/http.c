@@ -97,8 +97,13 @@ static int standin_endpoint(si_server *srv, struct MHD_Connection *c, const char
         return rc ? si_send_status(c, 400, "BadRequest", err)
                   : si_send_json(c, 201, cJSON_CreateObject(), NULL);
     }
-    if (!strcmp(url, "/standin/stats") && (!strcmp(method, "GET") || !strcmp(method, "DELETE")))
-        return si_send_json(c, 200, si_stats_json(srv->stats, method[0] == 'D'), NULL);
+    if (!strcmp(url, "/standin/stats") && (!strcmp(method, "GET") || !strcmp(method, "DELETE"))) {
+        cJSON *stats = si_stats_json(srv->stats, method[0] == 'D');
+        pthread_mutex_lock(&srv->store.mu);
+        si_peaks_json(&srv->store, stats, method[0] == 'D');
+        pthread_mutex_unlock(&srv->store.mu);
+        return si_send_json(c, 200, stats, NULL);
+    }
     if (!strcmp(url, "/standin/access") && !strcmp(method, "GET"))
         return si_send_json(c, 200, si_stats_json(srv->access, false), NULL);
     if (!strcmp(url, "/standin/expire") && !strcmp(method, "POST")) {

@@ -91,6 +91,7 @@ typedef struct si_watch {
 } si_watch;
 
 typedef struct si_entry si_entry;
+typedef struct si_peaks si_peaks;
 struct owner_ref;
 #define SI_OWNER_BUCKETS 4096
 
@@ -107,6 +108,7 @@ typedef struct si_store {
     bool closing;
     uint64_t next_ip;
     struct owner_ref *owners[SI_OWNER_BUCKETS];
+    si_peaks *peaks; /* live and peak pods per namespace (peaks.c) */
     struct {                /* the last sorted list, kept while nothing is written (paging) */
         si_entry **entries;
         size_t n;
@@ -139,6 +141,12 @@ void si_watch_stop(si_store *s, si_watch *w);
 /* Pop the next event (NULL when none); the caller owns the reference. */
 si_event *si_watch_pop(si_watch *w);
 bool si_watch_matches(const si_watch *w, const si_resource *r, const cJSON *obj);
+
+/* peaks.c (store mutex held): a write of r from before to after (NULL: none) */
+void si_peaks_note(si_store *s, const si_resource *r, const cJSON *before, const cJSON *after);
+/* "live pods <ns>" and "peak pods <ns>" into `into`; reset: each peak becomes the live count. */
+void si_peaks_json(si_store *s, cJSON *into, bool reset);
+void si_peaks_free(si_store *s);
 
 /* ---- selectors (selector.c) ------------------------------------------------------------- */
 

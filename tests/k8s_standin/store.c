@@ -1,7 +1,8 @@
 /* store.c: the object store of k8s-standin: objects by (resource, namespace, name) in a hash
- * table, one global resourceVersion counter, the ring of recent watch events (--history), and
- * the watchers that events are pushed to. Every function here expects the store mutex held,
- * except si_watch_pop (the watch's own mutex) and the reference counting (atomic). */
+ * table, one global resourceVersion counter, the ring of recent watch events (--history), the
+ * watchers that events are pushed to, and the pod counts of peaks.c, told of every write.
+ * Every function here expects the store mutex held, except si_watch_pop (the watch's own
+ * mutex) and the reference counting (atomic). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,6 +251,7 @@ si_obj *si_store_put(si_store *s, si_resource *r, cJSON *json)
     if (*pp) {
         si_obj *old = (*pp)->obj;
         index_owners(s, old->json, -1);
+        si_peaks_note(s, r, old->json, json);
         (*pp)->obj = o;
         record(s, SI_MODIFIED, r, o, old->json);
         si_obj_unref(old);
@@ -262,6 +264,7 @@ si_obj *si_store_put(si_store *s, si_resource *r, cJSON *json)
     e->obj = o;
     *pp = e;
     s->count++;
+    si_peaks_note(s, r, NULL, json);
     record(s, SI_ADDED, r, o, NULL);
     maybe_grow(s);
     return o;
@@ -276,6 +279,7 @@ void si_store_remove(si_store *s, si_resource *r, const char *ns, const char *na
     *pp = e->next;
     s->count--;
     index_owners(s, e->obj->json, -1);
+    si_peaks_note(s, r, e->obj->json, NULL);
     cJSON *json = cJSON_Duplicate(e->obj->json, true);
     stamp_rv(s, json);
     si_obj *o = calloc(1, sizeof *o);
@@ -436,6 +440,7 @@ void si_store_free(si_store *s)
             free(o->uid);
             free(o);
         }
+    si_peaks_free(s);
     si_store_expire(s);
     free(s->ring);
     for (si_resource *r = s->resources, *next; r; r = next) {
