@@ -740,6 +740,135 @@ static void test_names_and_label_values_are_checked_per_kind(void **state)
                    msg, "metadata.labels");
 }
 
+static const char SA_PATH[] = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/* The pod's kube-api-access-<5> volume and every container's read-only mount of it. */
+static void assert_token_volume(const cJSON *pod, const char *want_name)
+{
+    const cJSON *vol = NULL, *v;
+    cJSON_ArrayForEach(v, jpath(pod, "spec.volumes"))
+    {
+        const char *n = jstr(v, "name");
+        if (n && !strncmp(n, "kube-api-access-", 16))
+            vol = v;
+    }
+    assert_non_null(vol);
+    const char *name = jstr(vol, "name");
+    if (want_name) {
+        assert_string_equal(name, want_name);
+    } else {
+        assert_int_equal(strlen(name), 21);
+        for (int i = 16; i < 21; i++)
+            assert_non_null(strchr("abcdefghijklmnopqrstuvwxyz0123456789", name[i]));
+        assert_true(jpath(vol, "projected.defaultMode")->valuedouble == 420);
+        assert_true(jpath(vol, "projected.sources[0].serviceAccountToken.expirationSeconds")->valuedouble == 3607);
+        assert_string_equal(jstr(vol, "projected.sources[0].serviceAccountToken.path"), "token");
+        assert_string_equal(jstr(vol, "projected.sources[1].configMap.name"), "kube-root-ca.crt");
+        assert_string_equal(jstr(vol, "projected.sources[1].configMap.items[0].key"), "ca.crt");
+        assert_string_equal(jstr(vol, "projected.sources[1].configMap.items[0].path"), "ca.crt");
+        assert_string_equal(jstr(vol, "projected.sources[2].downwardAPI.items[0].path"), "namespace");
+        assert_string_equal(jstr(vol, "projected.sources[2].downwardAPI.items[0].fieldRef.fieldPath"),
+                            "metadata.namespace");
+    }
+    static const char *const lists[] = {"spec.initContainers", "spec.containers"};
+    for (int l = 0; l < 2; l++)
+        cJSON_ArrayForEach(v, jpath(pod, lists[l]))
+        {
+            const cJSON *m, *hit = NULL;
+            cJSON_ArrayForEach(m, cJSON_GetObjectItem(v, "volumeMounts"))
+                if (!strcmp(jstr(m, "mountPath"), SA_PATH)) hit = m;
+            assert_non_null(hit);
+            assert_string_equal(jstr(hit, "name"), name);
+            assert_true(cJSON_IsTrue(cJSON_GetObjectItem(hit, "readOnly")));
+        }
+}
+
+/* Create (dry run unless run) a pod; returns the stored or admitted object. */
+static cJSON *admit_pod(standin *s, const char *body, bool run)
+{
+    cJSON *j;
+    long code = api(s, "POST", run ? "/api/v1/namespaces/default/pods"
+                                   : "/api/v1/namespaces/default/pods?dryRun=All",
+                    "application/json", body, &j);
+    if (code != 201)
+        fail_msg("pod create: %ld %s", code, str_at(j, "message", NULL, NULL));
+    return j;
+}
+
+static void test_service_account_admission_mounts_a_token_volume(void **state)
+{
+    standin *s = *state;
+    cJSON *j;
+    char *log;
+    /* every namespace has kube-root-ca.crt, the start-up ones and new ones */
+    assert_int_equal(api(s, "GET", "/api/v1/namespaces/kube-system/configmaps/kube-root-ca.crt", NULL, NULL, NULL), 200);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces", "application/json", "{\"metadata\":{\"name\":\"fresh\"}}", NULL), 201);
+    assert_int_equal(api(s, "GET", "/api/v1/namespaces/fresh/configmaps/kube-root-ca.crt", NULL, NULL, &j), 200);
+    assert_memory_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "data"), "ca.crt")->valuestring,
+                        "-----BEGIN CERTIFICATE-----", 27);
+    cJSON_Delete(j);
+    /* a pod without a service account gets default, and the token volume in every container;
+     * the stand-in kubelet writes it (the init container and the container read it) */
+    j = admit_pod(s, "{\"metadata\":{\"name\":\"sa-a\"},\"spec\":{\"restartPolicy\":\"Never\","
+                     "\"initContainers\":[{\"name\":\"i\",\"image\":\"x\",\"command\":[\"cat\","
+                     "\"/var/run/secrets/kubernetes.io/serviceaccount/namespace\"]}],"
+                     "\"containers\":[{\"name\":\"c\",\"image\":\"x\",\"command\":[\"sh\",\"-c\","
+                     "\"cat /var/run/secrets/kubernetes.io/serviceaccount/namespace; echo; "
+                     "head -c 27 /var/run/secrets/kubernetes.io/serviceaccount/ca.crt; echo; "
+                     "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token-ok\"]}]}}", true);
+    assert_string_equal(jstr(j, "spec.serviceAccountName"), "default");
+    assert_string_equal(jstr(j, "spec.serviceAccount"), "default");
+    assert_token_volume(j, NULL);
+    cJSON_Delete(j);
+    cJSON_Delete(wait_for(s, "/api/v1/namespaces/default/pods/sa-a", "status", "phase", "Succeeded", 10000));
+    assert_int_equal(api_full(s, "GET", "/api/v1/namespaces/default/pods/sa-a/log", NULL, NULL, 0, NULL, 5000, &log), 200);
+    assert_non_null(strstr(log, "default\n-----BEGIN CERTIFICATE-----\ntoken-ok"));
+    free(log);
+    /* automountServiceAccountToken: false on the pod, or on its ServiceAccount (the pod wins) */
+    static const char plain[] = "{\"metadata\":{\"name\":\"sa-b\"},\"spec\":{%s\"containers\":"
+                                "[{\"name\":\"c\",\"image\":\"x\",\"command\":[\"true\"]}]}}";
+    char body[1024];
+    snprintf(body, sizeof body, plain, "\"automountServiceAccountToken\":false,");
+    j = admit_pod(s, body, false);
+    assert_null(jpath(j, "spec.volumes[0]"));
+    assert_null(jpath(j, "spec.containers[0].volumeMounts[0]"));
+    cJSON_Delete(j);
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/serviceaccounts", "application/json",
+                         "{\"metadata\":{\"name\":\"quiet\"},\"automountServiceAccountToken\":false}", NULL), 201);
+    snprintf(body, sizeof body, plain, "\"serviceAccountName\":\"quiet\",");
+    j = admit_pod(s, body, false);
+    assert_null(jpath(j, "spec.volumes[0]"));
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, plain, "\"serviceAccountName\":\"quiet\",\"automountServiceAccountToken\":true,");
+    j = admit_pod(s, body, false);
+    assert_token_volume(j, NULL);
+    cJSON_Delete(j);
+    /* a container that mounts the path itself keeps its mount; a kube-api-access-* volume of
+     * the pod's own is the one mounted, and no other is added */
+    j = admit_pod(s, "{\"metadata\":{\"name\":\"sa-c\"},\"spec\":{\"volumes\":[{\"name\":\"own\",\"emptyDir\":{}}],"
+                     "\"containers\":[{\"name\":\"c\",\"image\":\"x\",\"command\":[\"true\"],\"volumeMounts\":"
+                     "[{\"name\":\"own\",\"mountPath\":\"/var/run/secrets/kubernetes.io/serviceaccount\"}]},"
+                     "{\"name\":\"d\",\"image\":\"x\",\"command\":[\"true\"]}]}}", false);
+    assert_string_equal(jstr(j, "spec.containers[0].volumeMounts[0].name"), "own");
+    assert_null(jpath(j, "spec.containers[0].volumeMounts[1]"));
+    assert_non_null(strstr(jstr(j, "spec.containers[1].volumeMounts[0].name"), "kube-api-access-"));
+    assert_non_null(jpath(j, "spec.volumes[1].projected"));
+    cJSON_Delete(j);
+    j = admit_pod(s, "{\"metadata\":{\"name\":\"sa-d\"},\"spec\":{\"volumes\":[{\"name\":\"kube-api-access-mine\","
+                     "\"emptyDir\":{}}],\"containers\":[{\"name\":\"c\",\"image\":\"x\",\"command\":[\"true\"]}]}}", false);
+    assert_token_volume(j, "kube-api-access-mine");
+    assert_null(jpath(j, "spec.volumes[1]"));
+    cJSON_Delete(j);
+    /* a ServiceAccount that does not exist: 403 from the admission plugin */
+    snprintf(body, sizeof body, plain, "\"serviceAccountName\":\"nope\",");
+    assert_int_equal(api(s, "POST", "/api/v1/namespaces/default/pods", "application/json", body, &j), 403);
+    assert_string_equal(str_at(j, "reason", NULL, NULL), "Forbidden");
+    assert_string_equal(str_at(j, "message", NULL, NULL),
+                        "pods \"sa-b\" is forbidden: error looking up service account default/nope: "
+                        "serviceaccount \"nope\" not found");
+    cJSON_Delete(j);
+}
+
 static double stat_of(const standin *s, const char *key)
 {
     cJSON *j;
@@ -848,6 +977,7 @@ int main(void)
         cmocka_unit_test(test_injected_fault_fails_a_create_and_stats_count_it),
         cmocka_unit_test(test_token_and_gone_in_stream),
         cmocka_unit_test(test_names_and_label_values_are_checked_per_kind),
+        cmocka_unit_test(test_service_account_admission_mounts_a_token_volume),
         cmocka_unit_test(test_stats_report_live_and_peak_pods_per_namespace),
         cmocka_unit_test(test_a_delay_fault_delays_each_request_on_its_own),
     };

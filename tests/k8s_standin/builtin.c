@@ -27,7 +27,11 @@ static void pod_defaults(cJSON *pod, bool create)
     default_str(spec, "restartPolicy", "Always");
     default_str(spec, "dnsPolicy", "ClusterFirst");
     default_str(spec, "schedulerName", "default-scheduler");
+    const char *sa = si_str(spec, "serviceAccountName"), *alias = si_str(spec, "serviceAccount");
+    if ((!sa || !*sa) && alias && *alias) /* the deprecated field names it too */
+        si_set_str(spec, "serviceAccountName", alias);
     default_str(spec, "serviceAccountName", "default");
+    si_set_str(spec, "serviceAccount", si_str(spec, "serviceAccountName"));
     if (!cJSON_GetObjectItem(spec, "terminationGracePeriodSeconds"))
         si_set_num(spec, "terminationGracePeriodSeconds", 30);
     static const char *const lists[] = {"initContainers", "containers"};

@@ -1,6 +1,6 @@
 /* kubelet.h: the stand-in kubelet's own types, shared by kubelet.c (the thread, pod records,
- * the pod lifecycle), kubelet_status.c (the pod status it writes) and kubelet_exec.c
- * (volumes, environment, commands, fork/exec). Not used elsewhere. */
+ * the pod lifecycle), kubelet_status.c (the pod status it writes), kubelet_volumes.c (the
+ * volumes) and kubelet_exec.c (environment, commands, fork/exec). Not used elsewhere. */
 #ifndef K8S_STANDIN_KUBELET_H
 #define K8S_STANDIN_KUBELET_H
 
@@ -54,9 +54,10 @@ struct si_kubelet {
 };
 
 int64_t kl_now_ms(void);
-/* kubelet_exec.c */
-/* Make the pod's directory and volumes; 0, or -1 with the reason in kp's containers. */
+/* kubelet_volumes.c */
+/* Make the pod's directory and volumes; 0, or -1 with the reason in err. */
 int kl_prepare_volumes(si_server *srv, kpod *kp, char *err, size_t errlen);
+/* kubelet_exec.c */
 /* Start container c of kp (the store mutex is taken inside while reading secrets). 0 when
  * it runs; -1 with c set to waiting (reason, message) or terminated (StartError). */
 int kl_start_container(si_server *srv, kpod *kp, kcont *c);

@@ -62,16 +62,10 @@ static si_result check_namespace(si_server *srv, const si_resource *r, const cha
 
 static void generate_name(si_store *s, const si_resource *r, const char *ns, cJSON *meta)
 {
-    static const char alphabet[] = "bcdfghjklmnpqrstvwxz2456789";
     const char *prefix = si_str(meta, "generateName");
-    char name[300];
+    char name[300], suffix[6];
     for (int tries = 0; tries < 100; tries++) {
-        char uid[37];
-        si_new_uid(uid);
-        char suffix[6];
-        for (int i = 0; i < 5; i++)
-            suffix[i] = alphabet[(unsigned char)uid[i * 2 + (i > 3)] % (sizeof alphabet - 1)];
-        suffix[5] = '\0';
+        si_random_suffix(suffix);
         snprintf(name, sizeof name, "%s%s", prefix, suffix);
         if (!si_store_get(s, r, ns, name))
             break;
@@ -144,6 +138,8 @@ static si_result admit(si_server *srv, const si_resource *r, cJSON *obj, bool cr
         return si_fail(400, "BadRequest", NULL, NULL, "%s", err);
     }
     si_result res = unknown_fields(r, unknown, o, warning);
+    if (!res.code && create && !r->is_crd && !r->group[0] && !strcmp(r->plural, "pods"))
+        si_sa_admit(srv, obj, &res);
     si_check_labels(obj, causes);
     if (!res.code)
         res = admit_custom(r, obj, o, warning, causes);
@@ -153,19 +149,14 @@ static si_result admit(si_server *srv, const si_resource *r, cJSON *obj, bool cr
     return res;
 }
 
-/* Side effects of a stored write: CRDs start (or change) serving, namespaces get their
- * default service account as the real controller would make it. */
+/* Side effects of a stored write: CRDs start (or change) serving, namespaces get what the
+ * real controllers make in them (serviceaccount.c). */
 static void after_write(si_server *srv, si_resource *r, const cJSON *obj, bool created)
 {
     if (!r->is_crd && !strcmp(r->plural, "customresourcedefinitions"))
         si_crd_sync(&srv->store, obj, true);
-    if (created && !r->is_crd && !r->group[0] && !strcmp(r->plural, "namespaces")) {
-        si_resource *sa = si_builtin(&srv->store, "", "serviceaccounts");
-        cJSON *body = cJSON_CreateObject();
-        si_set_str(si_obj_child(body, "metadata"), "name", "default");
-        si_result res = si_create(srv, sa, si_str(obj, "metadata.name"), body, NULL);
-        si_result_free(&res);
-    }
+    if (created && !r->is_crd && !r->group[0] && !strcmp(r->plural, "namespaces"))
+        si_namespace_created(srv, si_str(obj, "metadata.name"));
 }
 
 si_result si_create(si_server *srv, si_resource *r, const char *ns, cJSON *body,

@@ -166,6 +166,7 @@ char *si_rfc3339(time_t t, char buf[32]);
 time_t si_parse_time(const char *s); /* -1 on error */
 void si_age(time_t since, char *buf, size_t len); /* kubectl's HumanDuration */
 void si_new_uid(char out[37]);
+void si_random_suffix(char out[6]); /* 5 of [bcdfghjklmnpqrstvwxz2456789] */
 char *si_base64_encode(const unsigned char *in, size_t len);
 unsigned char *si_base64_decode(const char *in, size_t *outlen); /* NULL when invalid */
 bool si_json_equal(const cJSON *a, const cJSON *b);
@@ -236,6 +237,11 @@ void si_crd_sync(si_store *s, const cJSON *crd, bool served);
 cJSON *si_discovery(si_store *s, const char *path, bool *found); /* /api, /apis, ... */
 cJSON *si_openapi_v3(si_store *s, const char *path, bool *found);
 void si_api_version(const si_resource *r, char *buf, size_t len);
+
+/* serviceaccount.c: the ServiceAccount admission plugin on a pod create (0, or a 403 in
+ * *res), and what kube-controller-manager makes in a new namespace. */
+int si_sa_admit(si_server *srv, cJSON *pod, si_result *res);
+void si_namespace_created(si_server *srv, const char *ns);
 
 /* builtin.c: defaults and checks of built-in kinds (causes: 422 errors; unknown: paths of
  * unknown fields, already dropped; err: a 400 message). */

@@ -1,6 +1,6 @@
 /* util.c: small helpers of k8s-standin: JSON paths (the simple JSONPath subset that printer
- * columns and scale paths use), times as Kubernetes writes them, uids, base64 and JSON
- * equality. */
+ * columns and scale paths use), times as Kubernetes writes them, uids, random name
+ * suffixes, base64 and JSON equality. */
 #define _GNU_SOURCE /* strptime */
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,6 +179,20 @@ void si_new_uid(char out[37])
     snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
              b[14], b[15]);
+}
+
+/* Five characters as k8s.io/apimachinery/pkg/util/rand.String picks them (no vowels, no
+ * 0, 1 or 3), for generateName and kube-api-access-<suffix>. */
+void si_random_suffix(char out[6])
+{
+    static const char alphabet[] = "bcdfghjklmnpqrstvwxz2456789";
+    unsigned char b[5];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
+        for (size_t i = 0; i < sizeof b; i++)
+            b[i] = (unsigned char)rand();
+    for (int i = 0; i < 5; i++)
+        out[i] = alphabet[b[i] % (sizeof alphabet - 1)];
+    out[5] = '\0';
 }
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
