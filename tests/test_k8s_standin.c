@@ -869,6 +869,243 @@ static void test_service_account_admission_mounts_a_token_volume(void **state)
     cJSON_Delete(j);
 }
 
+static const char TJ_FMT[] =
+    "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\",\"metadata\":{\"name\":\"%s\"},"
+    "\"spec\":{%s\"template\":{\"spec\":{\"containers\":[{\"name\":\"t\"}]}}}}";
+
+static void test_cel_rules_of_the_trainingjob_crd(void **state)
+{
+    standin *s = *state;
+    char body[1024], path[400], out[8192];
+    if (!have_kubectl())
+        skip();
+    snprintf(body, sizeof body, TJ_FMT, "cel-bad", "\"minReplicas\":3,\"maxReplicas\":2,");
+    expect_invalid(s, "POST", TJ_PATH, "application/json", body,
+                   "TrainingJob.edl.dev \"cel-bad\" is invalid: spec: Invalid value: \"object\": "
+                   "minReplicas must not exceed maxReplicas", "spec");
+    snprintf(body, sizeof body, TJ_FMT, "cel-ps",
+             "\"ps\":{\"replicas\":3,\"maxReplicas\":2,\"template\":{\"spec\":{\"containers\":[{\"name\":\"p\"}]}}},");
+    expect_invalid(s, "POST", TJ_PATH, "application/json", body,
+                   "TrainingJob.edl.dev \"cel-ps\" is invalid: spec.ps: Invalid value: \"object\": "
+                   "ps.replicas must not exceed ps.maxReplicas", "spec.ps");
+    snprintf(body, sizeof body, TJ_FMT, "cel-ok", "\"minReplicas\":1,\"maxReplicas\":2,");
+    assert_int_equal(api(s, "POST", TJ_PATH, "application/json", body, NULL), 201);
+    snprintf(path, sizeof path, "%s/cel-ok", TJ_PATH);
+    static const char bad[] = "TrainingJob.edl.dev \"cel-ok\" is invalid: spec: Invalid value: \"object\": "
+                              "minReplicas must not exceed maxReplicas";
+    expect_invalid(s, "PATCH", path, "application/merge-patch+json", "{\"spec\":{\"minReplicas\":3}}", bad, "spec");
+    expect_invalid(s, "PATCH", path, "application/json-patch+json",
+                   "[{\"op\":\"replace\",\"path\":\"/spec/maxReplicas\",\"value\":0}]",
+                   "TrainingJob.edl.dev \"cel-ok\" is invalid: [spec.maxReplicas: Invalid value: 0: "
+                   "spec.maxReplicas in body should be greater than or equal to 1, spec: Invalid value: "
+                   "\"object\": minReplicas must not exceed maxReplicas]", "spec.maxReplicas");
+    cJSON *j;
+    assert_int_equal(api(s, "GET", path, NULL, NULL, &j), 200);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "spec"), "minReplicas", cJSON_CreateNumber(5));
+    char *text = cJSON_PrintUnformatted(j);
+    expect_invalid(s, "PUT", path, "application/json", text, bad, "spec");
+    free(text);
+    cJSON_Delete(j);
+    /* a status write does not touch the spec: the rule holds */
+    snprintf(path, sizeof path, "%s/cel-ok/status", TJ_PATH);
+    assert_int_equal(api(s, "PATCH", path, "application/merge-patch+json", "{\"status\":{\"state\":\"Running\"}}", NULL), 200);
+    /* kubectl shows the rule's message */
+    write_tmp(s, "bad-tj.yaml",
+              "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: cel-kubectl}\n"
+              "spec:\n  minReplicas: 4\n  maxReplicas: 2\n  template:\n    spec:\n      containers:\n"
+              "        - {name: trainer, image: edl, command: [sleep, '1']}\n", path, sizeof path);
+    assert_int_not_equal(kubectl(s, out, sizeof out, 20000, "apply", "-f", path, NULL), 0);
+    assert_non_null(strstr(out, "minReplicas must not exceed maxReplicas"));
+}
+
+/* A CRD of widgets.cel.test with rules at the root (on metadata.name), under spec and under
+ * status; extra goes into spec's x-kubernetes-validations (after its own rules). */
+static char *widget_crd(const char *plural, const char *kind, const char *extra)
+{
+    char *text = malloc(4096);
+    snprintf(text, 4096,
+             "{\"apiVersion\":\"apiextensions.k8s.io/v1\",\"kind\":\"CustomResourceDefinition\","
+             "\"metadata\":{\"name\":\"%s.cel.test\"},\"spec\":{\"group\":\"cel.test\",\"scope\":\"Namespaced\","
+             "\"names\":{\"plural\":\"%s\",\"kind\":\"%s\"},\"versions\":[{\"name\":\"v1\",\"served\":true,"
+             "\"storage\":true,\"subresources\":{\"status\":{}},\"schema\":{\"openAPIV3Schema\":{\"type\":\"object\","
+             "\"x-kubernetes-validations\":["
+             "{\"rule\":\"self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')\",\"message\":\"name must be a DNS-1035 label\"},"
+             "{\"rule\":\"size(self.metadata.name) <= 10\"}],"
+             "\"properties\":{\"spec\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+             "\"b\":{\"type\":\"integer\"},\"s\":{\"type\":\"string\"},\"on\":{\"type\":\"boolean\"}},"
+             "\"x-kubernetes-validations\":["
+             "{\"rule\":\"!has(self.a) || (self.a >= 0 && self.a < 10)\",\"message\":\"a out of range\"},"
+             "{\"rule\":\"self.b > 0\",\"message\":\"b must be positive\"},"
+             "{\"rule\":\"!has(self.s) || self.s.matches('^[0-9]+$') && self.s.size() <= 3 || self.s == \\\"none\\\"\"},"
+             "{\"rule\":\"has(self.on) == false || self.on != true || self.b >= 2\",\"message\":\"on needs b >= 2\"}%s%s]},"
+             "\"status\":{\"type\":\"object\",\"properties\":{\"phase\":{\"type\":\"string\"}},"
+             "\"x-kubernetes-validations\":[{\"rule\":\"!(self.phase == 'Bad')\",\"message\":\"phase Bad\"}]}}}}}]}}",
+             plural, plural, kind, extra ? "," : "", extra ? extra : "");
+    return text;
+}
+
+static const char CRDS[] = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+
+static void test_cel_rules_at_the_root_under_spec_and_status(void **state)
+{
+    standin *s = *state;
+    static const char W[] = "/apis/cel.test/v1/namespaces/default/widgets";
+    char *crd = widget_crd("widgets", "Widget", NULL);
+    cJSON *j;
+    assert_int_equal(api(s, "POST", CRDS, "application/json", crd, &j), 201);
+    free(crd);
+    cJSON_Delete(j);
+    static const char fmt[] = "{\"metadata\":{\"name\":\"%s\"},\"spec\":%s}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, "9w", "{\"b\":1}");
+    expect_invalid(s, "POST", W, "application/json", body,
+                   "Widget.cel.test \"9w\" is invalid: <nil>: Invalid value: \"object\": name must be a DNS-1035 label",
+                   "<nil>");
+    snprintf(body, sizeof body, fmt, "abcdefghijk", "{\"b\":1}");
+    expect_invalid(s, "POST", W, "application/json", body,
+                   "Widget.cel.test \"abcdefghijk\" is invalid: <nil>: Invalid value: \"object\": failed rule: "
+                   "size(self.metadata.name) <= 10", "<nil>");
+    snprintf(body, sizeof body, fmt, "w1", "{\"a\":20,\"b\":1}");
+    expect_invalid(s, "POST", W, "application/json", body,
+                   "Widget.cel.test \"w1\" is invalid: spec: Invalid value: \"object\": a out of range", "spec");
+    snprintf(body, sizeof body, fmt, "w2", "{\"a\":1}");
+    expect_invalid(s, "POST", W, "application/json", body,
+                   "Widget.cel.test \"w2\" is invalid: spec: Invalid value: \"object\": no such key: b evaluating "
+                   "rule: b must be positive", "spec");
+    snprintf(body, sizeof body, fmt, "w3", "{\"b\":1,\"s\":\"1234\"}");
+    expect_invalid(s, "POST", W, "application/json", body,
+                   "Widget.cel.test \"w3\" is invalid: spec: Invalid value: \"object\": failed rule: !has(self.s) || "
+                   "self.s.matches('^[0-9]+$') && self.s.size() <= 3 || self.s == \"none\"", "spec");
+    snprintf(body, sizeof body, fmt, "w4", "{\"b\":1,\"on\":true}");
+    expect_invalid(s, "POST", W, "application/json", body,
+                   "Widget.cel.test \"w4\" is invalid: spec: Invalid value: \"object\": on needs b >= 2", "spec");
+    /* two failures, two causes */
+    snprintf(body, sizeof body, fmt, "w5", "{\"a\":-1,\"b\":0}");
+    assert_int_equal(api(s, "POST", W, "application/json", body, &j), 422);
+    assert_int_equal(cJSON_GetArraySize(jpath(j, "details.causes")), 2);
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, fmt, "w6", "{\"a\":9,\"b\":2,\"s\":\"123\",\"on\":true}");
+    assert_int_equal(api(s, "POST", W, "application/json", body, NULL), 201);
+    snprintf(body, sizeof body, fmt, "w7", "{\"b\":2,\"s\":\"none\",\"on\":false}");
+    assert_int_equal(api(s, "POST", W, "application/json", body, NULL), 201);
+    /* a rule under status applies to /status writes */
+    expect_invalid(s, "PATCH", "/apis/cel.test/v1/namespaces/default/widgets/w6/status", "application/merge-patch+json",
+                   "{\"status\":{\"phase\":\"Bad\"}}",
+                   "Widget.cel.test \"w6\" is invalid: status: Invalid value: \"object\": phase Bad", "status");
+    assert_int_equal(api(s, "PATCH", "/apis/cel.test/v1/namespaces/default/widgets/w6/status",
+                         "application/merge-patch+json", "{\"status\":{\"phase\":\"Good\"}}", NULL), 200);
+    /* a type error blocks the rules, as the real server's hasBlockingErr does */
+    snprintf(body, sizeof body, fmt, "w8", "{\"a\":\"x\",\"b\":0}");
+    assert_int_equal(api(s, "POST", W, "application/json", body, &j), 422);
+    assert_non_null(strstr(str_at(j, "message", NULL, NULL), "some validation rules were not checked"));
+    cJSON_Delete(j);
+}
+
+/* A CRD whose rules the stand-in cannot compile is refused, naming the rule. */
+static void test_cel_rules_that_do_not_compile_refuse_the_crd(void **state)
+{
+    standin *s = *state;
+    static const char *const bad[][2] = {
+        {"{\"rule\":\"self.a <=\"}", "self.a <="},
+        {"{\"rule\":\"self.nope > 1\"}", "undefined field 'nope'"},
+        {"{\"rule\":\"oldSelf.a == self.a\"}", "oldSelf"},
+        {"{\"rule\":\"self.s.matches('[')\"}", "self.s.matches('[')"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *crd = widget_crd("bads", "Bad", bad[i][0]);
+        cJSON *j;
+        assert_int_equal(api(s, "POST", CRDS, "application/json", crd, &j), 422);
+        const char *msg = str_at(j, "message", NULL, NULL);
+        if (!strstr(msg, bad[i][1]) ||
+            !strstr(msg, "spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[4].rule"))
+            fail_msg("%s: %s", bad[i][0], msg);
+        cJSON_Delete(j);
+        free(crd);
+        assert_int_equal(api(s, "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/bads.cel.test",
+                             NULL, NULL, NULL), 404);
+    }
+}
+
+/* An object stored before a rule existed: from 1.30 on (CRDValidationRatcheting) a write that
+ * leaves the failing value unchanged passes; before, every write evaluates every rule. */
+static void check_ratcheting(standin *s, bool ratchets)
+{
+    static const char G[] = "/apis/cel.test/v1/namespaces/default/gadgets";
+    char *crd = widget_crd("gadgets", "Gadget", NULL);
+    cJSON *j = cJSON_Parse(crd), *spec_rules;
+    free(crd);
+    spec_rules = (cJSON *)jpath(j, "spec.versions[0].schema.openAPIV3Schema.properties.spec");
+    cJSON *rules = cJSON_DetachItemFromObject(spec_rules, "x-kubernetes-validations");
+    char *text = cJSON_PrintUnformatted(j);
+    assert_int_equal(api(s, "POST", CRDS, "application/json", text, NULL), 201);
+    free(text);
+    assert_int_equal(api(s, "POST", G, "application/json", "{\"metadata\":{\"name\":\"g1\"},\"spec\":{\"a\":50}}", NULL), 201);
+    cJSON *stored;
+    assert_int_equal(api(s, "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gadgets.cel.test", NULL, NULL, &stored), 200);
+    cJSON_AddItemToObject((cJSON *)jpath(stored, "spec.versions[0].schema.openAPIV3Schema.properties.spec"),
+                          "x-kubernetes-validations", rules);
+    text = cJSON_PrintUnformatted(stored);
+    assert_int_equal(api(s, "PUT", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gadgets.cel.test",
+                         "application/json", text, NULL), 200);
+    free(text);
+    cJSON_Delete(stored);
+    cJSON_Delete(j);
+    long code = api(s, "PATCH", "/apis/cel.test/v1/namespaces/default/gadgets/g1", "application/merge-patch+json",
+                    "{\"metadata\":{\"labels\":{\"x\":\"y\"}}}", NULL);
+    assert_int_equal(code, ratchets ? 200 : 422);
+    char out[8192];
+    if (ratchets && have_kubectl()) { /* the failure comes as a warning */
+        assert_int_equal(kubectl(s, out, sizeof out, 20000, "label", "gadgets.cel.test", "g1", "z=w", NULL), 0);
+        assert_non_null(strstr(out, "Warning: spec: Invalid value: \"object\": a out of range"));
+    }
+    code = api(s, "PATCH", "/apis/cel.test/v1/namespaces/default/gadgets/g1/status", "application/merge-patch+json",
+               "{\"status\":{\"phase\":\"Good\"}}", NULL);
+    assert_int_equal(code, ratchets ? 200 : 422);
+    assert_int_equal(api(s, "PATCH", "/apis/cel.test/v1/namespaces/default/gadgets/g1", "application/merge-patch+json",
+                         "{\"spec\":{\"a\":60,\"b\":1}}", NULL), 422);
+}
+
+static void test_cel_ratcheting_follows_the_kube_version(void **state)
+{
+    standin t = {0};
+    static const char *const v26[] = {"--kube-version", "26", "--kubelet-mode", "off", NULL};
+    check_ratcheting(*state, true);
+    standin_start(&t, v26);
+    check_ratcheting(&t, false);
+    standin_stop(&t);
+}
+
+static void test_kube_version_24_drops_validation_rules(void **state)
+{
+    standin t = {0};
+    static const char *const v24[] = {"--kube-version", "24", "--kubelet-mode", "off", NULL};
+    cJSON *j;
+    char *text;
+    (void)state;
+    standin_start(&t, v24);
+    assert_int_equal(api(&t, "GET", "/version", NULL, NULL, &j), 200);
+    assert_string_equal(str_at(j, "minor", NULL, NULL), "24");
+    assert_memory_equal(str_at(j, "gitVersion", NULL, NULL), "v1.24.", 6);
+    cJSON_Delete(j);
+    /* even a rule that does not compile: the alpha gate is off, the rules are dropped */
+    char *crd = widget_crd("widgets", "Widget", "{\"rule\":\"self.a <=\"}");
+    assert_int_equal(api(&t, "POST", CRDS, "application/json", crd, &j), 201);
+    free(crd);
+    text = cJSON_PrintUnformatted(j);
+    assert_null(strstr(text, "x-kubernetes-validations"));
+    free(text);
+    cJSON_Delete(j);
+    assert_int_equal(api(&t, "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.cel.test",
+                         NULL, NULL, &j), 200);
+    text = cJSON_PrintUnformatted(j);
+    assert_null(strstr(text, "x-kubernetes-validations"));
+    free(text);
+    cJSON_Delete(j);
+    assert_int_equal(api(&t, "POST", "/apis/cel.test/v1/namespaces/default/widgets", "application/json",
+                         "{\"metadata\":{\"name\":\"9w\"},\"spec\":{\"a\":20}}", NULL), 201);
+    standin_stop(&t);
+}
+
 static double stat_of(const standin *s, const char *key)
 {
     cJSON *j;
@@ -978,6 +1215,11 @@ int main(void)
         cmocka_unit_test(test_token_and_gone_in_stream),
         cmocka_unit_test(test_names_and_label_values_are_checked_per_kind),
         cmocka_unit_test(test_service_account_admission_mounts_a_token_volume),
+        cmocka_unit_test(test_cel_rules_of_the_trainingjob_crd),
+        cmocka_unit_test(test_cel_rules_at_the_root_under_spec_and_status),
+        cmocka_unit_test(test_cel_rules_that_do_not_compile_refuse_the_crd),
+        cmocka_unit_test(test_cel_ratcheting_follows_the_kube_version),
+        cmocka_unit_test(test_kube_version_24_drops_validation_rules),
         cmocka_unit_test(test_stats_report_live_and_peak_pods_per_namespace),
         cmocka_unit_test(test_a_delay_fault_delays_each_request_on_its_own),
     };

@@ -1,8 +1,8 @@
 /* builtin.c: what the real API server's strategies do to built-in objects on create and
  * update, as far as the stand-in needs it: pod, service, secret and namespace defaults, the
  * few validations the operator meets (containers need a name and an image, a pod's hostname
- * and subdomain are DNS-1123 labels, ...), and the CustomResourceDefinition checks and status
- * (Established, NamesAccepted). */
+ * and subdomain are DNS-1123 labels, ...), and the CustomResourceDefinition checks (its CEL
+ * rules: rules.c) and status (Established, NamesAccepted). */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,8 +301,8 @@ static void crd_defaults(cJSON *crd)
 }
 
 /* Defaults and checks of built-in kinds; causes gets 422 errors, err a 400 message. */
-int si_builtin_prepare(si_store *s, const si_resource *r, cJSON *obj, bool create, cJSON *causes,
-                       cJSON *unknown, char *err, size_t errlen)
+int si_builtin_prepare(si_server *srv, const si_resource *r, cJSON *obj, bool create,
+                       cJSON *causes, cJSON *unknown, char *err, size_t errlen)
 {
     if (r->is_crd)
         return 0;
@@ -310,7 +310,7 @@ int si_builtin_prepare(si_store *s, const si_resource *r, cJSON *obj, bool creat
         pod_defaults(obj, create);
         pod_validate(obj, causes);
     } else if (is(r, "", "services")) {
-        service_defaults(s, obj, create);
+        service_defaults(&srv->store, obj, create);
     } else if (is(r, "", "secrets")) {
         return secret_defaults(obj, err, errlen);
     } else if (is(r, "", "namespaces")) {
@@ -323,6 +323,7 @@ int si_builtin_prepare(si_store *s, const si_resource *r, cJSON *obj, bool creat
     } else if (is(r, "apiextensions.k8s.io", "customresourcedefinitions")) {
         crd_unknown_fields(obj, unknown);
         crd_validate(obj, causes);
+        si_rules_crd(srv->cfg.kube_minor, obj, causes);
         crd_defaults(obj);
     }
     return 0;

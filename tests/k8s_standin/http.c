@@ -19,6 +19,21 @@ typedef struct conn_ctx {
     bool too_big;
 } conn_ctx;
 
+/* `299 - "text"`, the text a quoted-string (RFC 7230: \" and \\), as the real server writes it. */
+static void add_warning(struct MHD_Response *resp, const char *w, size_t n)
+{
+    char line[2100] = "299 - \"";
+    size_t o = strlen(line);
+    for (size_t i = 0; i < n && i < 1000; i++) {
+        if (w[i] == '"' || w[i] == '\\')
+            line[o++] = '\\';
+        line[o++] = w[i];
+    }
+    line[o++] = '"';
+    line[o] = '\0';
+    MHD_add_response_header(resp, "Warning", line);
+}
+
 int si_send_text(struct MHD_Connection *c, int code, const char *ctype, char *text, size_t len,
                  const char *warning)
 {
@@ -27,12 +42,7 @@ int si_send_text(struct MHD_Connection *c, int code, const char *ctype, char *te
     MHD_add_response_header(resp, "Cache-Control", "no-cache, private");
     for (const char *w = warning; w && *w;) {
         size_t n = strcspn(w, "\n");
-        char line[1200];
-        snprintf(line, sizeof line, "299 - \"%.*s\"", (int)(n > 1000 ? 1000 : n), w);
-        for (char *p = line + 7; p[1]; p++) /* inner double quotes would end the header text */
-            if (*p == '"')
-                *p = '\'';
-        MHD_add_response_header(resp, "Warning", line);
+        add_warning(resp, w, n);
         w += n + (w[n] == '\n');
     }
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)code, resp);
@@ -60,12 +70,15 @@ int si_send_result(struct MHD_Connection *c, si_result *res)
     return rc;
 }
 
-static cJSON *version_json(void)
+static cJSON *version_json(int minor)
 {
+    char text[16], git[32];
     cJSON *v = cJSON_CreateObject();
+    snprintf(text, sizeof text, "%d", minor);
+    snprintf(git, sizeof git, "v1.%d.0-standin", minor);
     cJSON_AddStringToObject(v, "major", "1");
-    cJSON_AddStringToObject(v, "minor", "31");
-    cJSON_AddStringToObject(v, "gitVersion", "v1.31.9-standin");
+    cJSON_AddStringToObject(v, "minor", text);
+    cJSON_AddStringToObject(v, "gitVersion", git);
     cJSON_AddStringToObject(v, "gitCommit", "0000000000000000000000000000000000000000");
     cJSON_AddStringToObject(v, "gitTreeState", "clean");
     cJSON_AddStringToObject(v, "buildDate", "2025-01-01T00:00:00Z");
@@ -139,7 +152,7 @@ static int non_resource(si_server *srv, struct MHD_Connection *c, const char *ur
         return MHD_NO;
     }
     if (!strcmp(url, "/version"))
-        return si_send_json(c, 200, version_json(), NULL);
+        return si_send_json(c, 200, version_json(srv->cfg.kube_minor), NULL);
     if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz") || !strcmp(url, "/livez"))
         return si_send_text(c, 200, "text/plain; charset=utf-8", strdup("ok"), 2, NULL);
     if (!strncmp(url, "/openapi/v3", 11)) {

@@ -25,6 +25,8 @@ static const char USAGE[] =
     "  --gone-in-stream      an expired watch gets a 200 stream with an ERROR 410 event\n"
     "                        (default: an HTTP 410 Status reply)\n"
     "  --ready-file F        write the port number to F once listening\n"
+    "  --kube-version MINOR  act as Kubernetes 1.MINOR (default 31): below 25 CRD validation\n"
+    "                        rules are dropped unread; from 30 they ratchet; /version says it\n"
     "  --help                this text\n"
     "Test-only endpoints: POST/DELETE /standin/faults, GET/DELETE /standin/stats,\n"
     "GET /standin/access, POST /standin/expire (see tests/k8s_standin/README.md).\n";
@@ -37,7 +39,7 @@ static int parse_flags(int argc, char **argv, si_config *cfg)
         {"token", required_argument, 0, 't'},        {"history", required_argument, 0, 'H'},
         {"bookmark-ms", required_argument, 0, 'b'},  {"gone-in-stream", no_argument, 0, 'g'},
         {"ready-file", required_argument, 0, 'f'},   {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"kube-version", required_argument, 0, 'k'}, {0, 0, 0, 0}};
     const char *mode = NULL;
     bool have_port = false;
     int c;
@@ -52,6 +54,7 @@ static int parse_flags(int argc, char **argv, si_config *cfg)
         case 'b': cfg->bookmark_ms = atoi(optarg); break;
         case 'g': cfg->gone_in_stream = true; break;
         case 'f': cfg->ready_file = optarg; break;
+        case 'k': cfg->kube_minor = atoi(optarg); break;
         case 'h': fputs(USAGE, stdout); exit(0);
         default: fputs(USAGE, stderr); return -1;
         }
@@ -74,6 +77,10 @@ static int parse_flags(int argc, char **argv, si_config *cfg)
     }
     if (cfg->kubelet_mode == SI_KUBELET_PROCESS && !cfg->kubelet_root) {
         fprintf(stderr, "k8s-standin: --kubelet-mode process needs --kubelet-root DIR\n");
+        return -1;
+    }
+    if (cfg->kube_minor < 20 || cfg->kube_minor > 99) {
+        fprintf(stderr, "k8s-standin: --kube-version is a minor version from 20 (1.20) on\n");
         return -1;
     }
     if (cfg->history < 1 || cfg->bookmark_ms < 1) {
@@ -122,7 +129,8 @@ static int write_ready_file(const char *path, int port)
 
 int main(int argc, char **argv)
 {
-    si_server srv = {.cfg = {.addr = "127.0.0.1", .history = 1000, .bookmark_ms = 1000}};
+    si_server srv = {
+        .cfg = {.addr = "127.0.0.1", .history = 1000, .bookmark_ms = 1000, .kube_minor = 31}};
     if (parse_flags(argc, argv, &srv.cfg))
         return 2;
     sigset_t sigs;

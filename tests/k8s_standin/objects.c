@@ -2,8 +2,8 @@
  * real server's rules: server-set metadata (uid, creationTimestamp, generation,
  * resourceVersion), generateName, names per kind and label values (names.c), 409
  * AlreadyExists and Conflict, the status and scale subresources, CRD schema
- * defaults/pruning/checks, no-op updates that change nothing. The store mutex is held by the
- * caller. */
+ * defaults/pruning/checks and CEL rules (rules.c), no-op updates that change nothing. The
+ * store mutex is held by the caller. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,10 +110,11 @@ static si_result unknown_fields(const si_resource *r, cJSON *unknown, const si_r
     return nothing();
 }
 
-/* Prune, default and check a custom resource against its CRD's schema; causes gets the 422
- * errors. A result only for unknown fields under fieldValidation=Strict. */
-static si_result admit_custom(const si_resource *r, cJSON *obj, const si_req_opts *o,
-                              char **warning, cJSON *causes)
+/* Prune, default and check a custom resource against its CRD's schema and rules (old: NULL
+ * on create); causes gets the 422 errors. A result only for unknown fields under
+ * fieldValidation=Strict. */
+static si_result admit_custom(si_server *srv, const si_resource *r, cJSON *obj, const cJSON *old,
+                              const si_req_opts *o, char **warning, cJSON *causes)
 {
     if (!r->is_crd || !r->schema)
         return nothing();
@@ -124,15 +125,17 @@ static si_result admit_custom(const si_resource *r, cJSON *obj, const si_req_opt
         return res;
     si_schema_default(r->schema, obj);
     si_schema_check(r->schema, obj, "", causes);
+    si_rules_validate(r->schema, obj, old, srv->cfg.kube_minor >= 30, causes, warning);
     return nothing();
 }
 
-static si_result admit(si_server *srv, const si_resource *r, cJSON *obj, bool create,
+static si_result admit(si_server *srv, const si_resource *r, cJSON *obj, const cJSON *old,
                        const si_req_opts *o, char **warning)
 {
     char err[512];
+    bool create = !old;
     cJSON *causes = cJSON_CreateArray(), *unknown = cJSON_CreateArray();
-    if (si_builtin_prepare(&srv->store, r, obj, create, causes, unknown, err, sizeof err)) {
+    if (si_builtin_prepare(srv, r, obj, create, causes, unknown, err, sizeof err)) {
         cJSON_Delete(causes);
         cJSON_Delete(unknown);
         return si_fail(400, "BadRequest", NULL, NULL, "%s", err);
@@ -142,7 +145,7 @@ static si_result admit(si_server *srv, const si_resource *r, cJSON *obj, bool cr
         si_sa_admit(srv, obj, &res);
     si_check_labels(obj, causes);
     if (!res.code)
-        res = admit_custom(r, obj, o, warning, causes);
+        res = admit_custom(srv, r, obj, old, o, warning, causes);
     if (!res.code && cJSON_GetArraySize(causes))
         return si_invalid(r, si_str(obj, "metadata.name"), causes);
     cJSON_Delete(causes);
@@ -192,7 +195,7 @@ si_result si_create(si_server *srv, si_resource *r, const char *ns, cJSON *body,
         cJSON_DeleteItemFromObjectCaseSensitive(meta, server_set[i]);
     if (r->is_crd && r->has_status)
         cJSON_DeleteItemFromObjectCaseSensitive(body, "status");
-    res = admit(srv, r, body, true, o, &warning);
+    res = admit(srv, r, body, NULL, o, &warning);
     if (res.code) {
         free(warning);
         cJSON_Delete(body);
@@ -300,7 +303,7 @@ si_result si_update(si_server *srv, si_resource *r, const char *ns, const char *
         return res;
     }
     cJSON *n = merge_update(r, cur->json, body, sub);
-    res = admit(srv, r, n, false, o, &warning);
+    res = admit(srv, r, n, cur->json, o, &warning);
     if (res.code) {
         free(warning);
         cJSON_Delete(n);

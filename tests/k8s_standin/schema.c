@@ -2,7 +2,7 @@
  * objects too, once their parent exists, as the real server does), prune fields the schema
  * does not declare (unless x-kubernetes-preserve-unknown-fields), and check type, required,
  * enum, minimum/maximum, minLength/maxLength, minItems/maxItems and pattern. CEL rules
- * (x-kubernetes-validations), formats, oneOf/anyOf/allOf/not are not checked. */
+ * (x-kubernetes-validations) are rules.c's; formats, oneOf/anyOf/allOf/not are not checked. */
 #include <math.h>
 #include <regex.h>
 #include <stdio.h>

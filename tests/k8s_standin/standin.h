@@ -28,6 +28,7 @@ typedef struct si_config {
     int bookmark_ms;
     bool gone_in_stream;
     const char *ready_file;
+    int kube_minor; /* --kube-version: the Kubernetes 1.x it acts as (CEL rules, /version) */
 } si_config;
 
 /* ---- resources (resources.c) ------------------------------------------------------------ */
@@ -245,13 +246,28 @@ void si_namespace_created(si_server *srv, const char *ns);
 
 /* builtin.c: defaults and checks of built-in kinds (causes: 422 errors; unknown: paths of
  * unknown fields, already dropped; err: a 400 message). */
-int si_builtin_prepare(si_store *s, const si_resource *r, cJSON *obj, bool create, cJSON *causes,
-                       cJSON *unknown, char *err, size_t errlen);
+int si_builtin_prepare(si_server *srv, const si_resource *r, cJSON *obj, bool create,
+                       cJSON *causes, cJSON *unknown, char *err, size_t errlen);
 
 /* schema.c: CRD schema defaults, pruning and checks; causes get the errors. */
 void si_schema_default(const cJSON *schema, cJSON *obj);
 void si_schema_prune(const cJSON *schema, cJSON *obj, const char *path, cJSON *unknown);
 void si_schema_check(const cJSON *schema, const cJSON *obj, const char *path, cJSON *causes);
+
+/* cel.c: a CEL subset for x-kubernetes-validations (err gets "<input>:1:<col>: <what>") */
+typedef struct si_cel si_cel;
+si_cel *si_cel_parse(const char *rule, char *err, size_t errlen); /* NULL on error */
+/* The fields c selects must be declared in schema (the rule's); root: the schema's root. */
+int si_cel_check(const si_cel *c, const cJSON *schema, bool root, char *err, size_t errlen);
+int si_cel_eval(const si_cel *c, const cJSON *self, char *err, size_t errlen); /* 1, 0, -1 */
+void si_cel_free(si_cel *c);
+
+/* rules.c: x-kubernetes-validations. A CRD's rules are dropped (kube_minor < 25) or must
+ * compile (causes); a custom resource's are evaluated (old: NULL on create; ratchet: a failure
+ * of an unchanged value is a warning line). */
+void si_rules_crd(int kube_minor, cJSON *crd, cJSON *causes);
+void si_rules_validate(const cJSON *schema, const cJSON *obj, const cJSON *old, bool ratchet,
+                       cJSON *causes, char **warning);
 
 /* patch.c */
 int si_merge_patch(cJSON **target, const cJSON *patch); /* RFC 7386; 0 or -1 */
