@@ -38,6 +38,31 @@ static void test_the_chart_holds_the_one_crd(void **state)
                                    "/crds/trainingjobs.edl.dev.yaml", out, sizeof out), 0);
 }
 
+/* Names as `helm create`'s charts make them, and as the docs give them: the release's name alone
+ * when it holds the chart's ("edl" -> edl-operator, edl-etcd), else release-chart. */
+static void test_names_follow_the_release_and_the_docs_say_them(void **state)
+{
+    (void)state;
+    static char out[1 << 17], doc[1 << 16];
+    assert_int_equal(helm(out, sizeof out, "template edl " CHART " -n edl-system"), 0);
+    assert_non_null(strstr(out, "kind: Deployment\nmetadata:\n  name: edl-operator\n"));
+    assert_non_null(strstr(out, "kind: StatefulSet\nmetadata:\n  name: edl-etcd\n"));
+    assert_non_null(strstr(out, "--leader-elect-resource-name=edl-operator\n"));
+    assert_null(strstr(out, "edl-edl"));
+    assert_int_equal(helm(out, sizeof out, "template my-edl " CHART), 0);
+    assert_non_null(strstr(out, "  name: my-edl-operator\n"));
+    assert_int_equal(helm(out, sizeof out, "template t " CHART), 0);
+    assert_non_null(strstr(out, "  name: t-edl-operator\n"));
+    /* what the docs tell a new user to type names what `helm install edl` makes */
+    harness_read_file(EDL_SOURCE_DIR "/docs/install.md", doc, sizeof doc);
+    assert_non_null(strstr(doc, "rollout status statefulset/edl-etcd\n"));
+    assert_non_null(strstr(doc, "rollout status deployment/edl-operator\n"));
+    harness_read_file(EDL_SOURCE_DIR "/docs/kubernetes.md", doc, sizeof doc);
+    assert_non_null(strstr(doc, "logs deploy/edl-operator"));
+    assert_non_null(strstr(doc, "Lease `edl-system/edl-operator`"));
+    assert_null(strstr(doc, "edl-edl"));
+}
+
 static void test_lint_strict_and_templates_with_each_option(void **state)
 {
     (void)state;
@@ -350,6 +375,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_the_chart_holds_the_one_crd),
+        cmocka_unit_test(test_names_follow_the_release_and_the_docs_say_them),
         cmocka_unit_test(test_lint_strict_and_templates_with_each_option),
         cmocka_unit_test(test_rendered_manifests_apply_to_the_api_server),
         cmocka_unit_test(test_generated_certificates_serve_a_tls_etcd_cluster),

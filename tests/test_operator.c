@@ -430,6 +430,23 @@ static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **stat
     }
     closedir(d);
     assert_true(n >= 3);
+    /* every claim an example mounts is made by a manifest of deploy/k8s, which the API server
+     * takes */
+    snprintf(file, sizeof file, "cat %s/*.yaml | grep -o 'claimName: [a-z0-9-]*' | sort -u | "
+             "cut -d' ' -f2", dir);
+    assert_int_equal(harness_shell(file, out, sizeof out), 0);
+    assert_true(strlen(out) > 0);
+    for (char *claim = strtok(out, "\n"); claim; claim = strtok(NULL, "\n")) {
+        char cmd[1024], made[256];
+        snprintf(cmd, sizeof cmd, "grep -l -A3 'kind: PersistentVolumeClaim' %s/deploy/k8s/*.yaml"
+                 " | xargs grep -l 'name: %s$'", EDL_SOURCE_DIR, claim);
+        if (harness_shell(cmd, made, sizeof made) != 0)
+            fail_msg("the examples mount the claim %s, which no manifest of deploy/k8s makes",
+                     claim);
+    }
+    if (harness_kubectl(c->k, out, sizeof out, "apply --dry-run=server -f %s/deploy/k8s/"
+                        "shared-volume.yaml 2>&1", EDL_SOURCE_DIR))
+        fail_msg("shared-volume.yaml: %s", out);
     static const struct {
         const char *ps, *says;
     } bad[] = {

@@ -1,6 +1,17 @@
-{{/* Names and labels of the edl chart. */}}
+{{/* Names and labels of the edl chart. Names follow `helm create`'s convention: the release
+     name alone when it holds the chart's name ("edl" -> edl-operator, edl-etcd), else
+     release-chart ("t" -> t-edl-operator, t-edl-etcd). */}}
+{{- define "edl.base" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's Deployment, ServiceAccount, roles, Service and Lease. */}}
 {{- define "edl.fullname" -}}
-{{- printf "%s-edl-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-operator" (include "edl.base" .) -}}
 {{- end -}}
 
 {{- define "edl.labels" -}}
@@ -23,7 +34,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* ---- etcd: in-chart (etcd.install) or the user's (etcd.endpoints) ---- */}}
 {{- define "edl.etcd.name" -}}
-{{- printf "%s-edl-etcd" .Release.Name | trunc 54 | trimSuffix "-" -}}
+{{- printf "%s-etcd" (include "edl.base" .) -}}
 {{- end -}}
 
 {{/* The headless Service giving each member a stable name: <member>.<peer>.<ns>.svc */}}
