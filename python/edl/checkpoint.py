@@ -1,0 +1,223 @@
+"""edl.checkpoint: checkpoints of PyTorch state (nested dicts, lists and tuples of tensors and
+plain values: ``model.state_dict()``, ``optimizer.state_dict()``, counters) on ``file://`` and
+``s3://``, through edl's checkpoint library (edl/checkpoint.h).
+
+    edl.checkpoint.save({"model": m.state_dict(), "step": 7}, 7, "s3://bucket/run1")
+    obj, step = edl.checkpoint.load_latest("s3://bucket/run1") or (None, 0)
+
+Each tensor is one shard whose memory the C side reads in place (a CPU tensor's storage; a
+CUDA tensor goes through pinned staging on the device path); the structure around them is one
+more shard. A checkpoint is complete or invisible: the job's etcd names the newest committed
+one, and a corrupt newest one is passed over for the one before (load_latest says how many
+were skipped in the log). ``save_async`` returns once the tensors are copied (or at once with
+``snapshot_in_background=True``: then ``snapshot_wait()`` before the next optimizer step) and
+uploads in the background. Checkpoints need the job's etcd: outside edl these functions raise
+``edl.Error`` (EDL_ECONFIG).
+
+By default loading rebuilds only containers, numbers, strings, bytes and tensors (no code runs
+from a checkpoint's bytes); ``trusted=True`` accepts any pickled object, as torch.load does.
+"""
+import io
+import json
+import pickle
+
+import torch
+
+from . import _edl, context
+
+__all__ = ["save", "save_async", "wait", "load", "load_latest"]
+
+_FORMAT = "edl.torch/1"
+_STRUCTURE = "structure"
+
+_handles = {}     # (uri, background) -> _edl.Checkpoint: staging memory kept between saves
+_pending = []     # saves under way (save_async)
+
+
+class _Ref:
+    """Stands for tensor i in the pickled structure."""
+
+    def __init__(self, i, dtype, shape, device):
+        self.i, self.dtype, self.shape, self.device = i, dtype, shape, device
+
+    def __reduce__(self):
+        return (_Ref, (self.i, self.dtype, self.shape, self.device))
+
+
+def _handle(url, background=False):
+    key = (url, background)
+    if key not in _handles:
+        _handles[key] = _edl.Checkpoint(url, snapshot_in_background=background)
+    return _handles[key]
+
+
+def _split(obj, tensors, path="obj"):
+    """obj with every tensor replaced by a _Ref; the tensors (contiguous) appended."""
+    if torch.is_tensor(obj):
+        t = obj.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        tensors.append(t)
+        return _Ref(len(tensors) - 1, str(t.dtype).replace("torch.", ""), tuple(t.shape),
+                    t.device.type)
+    if isinstance(obj, dict):
+        return type(obj)((k, _split(v, tensors, f"{path}[{k!r}]")) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj))
+    try:
+        pickle.dumps(obj)
+    except Exception as e:  # noqa: BLE001 - any refusal of pickle
+        raise TypeError(f"edl.checkpoint: {path} is a {type(obj).__name__}, which cannot be "
+                        f"saved ({e}); a checkpoint holds tensors, containers and picklable "
+                        f"values") from None
+    return obj
+
+
+def _shards(obj):
+    tensors = []
+    structure = pickle.dumps(_split(obj, tensors), protocol=4)
+    shards = [(_STRUCTURE, structure)]
+    for i, t in enumerate(tensors):
+        nbytes = t.numel() * t.element_size()
+        shards.append((f"t{i}", t.data_ptr() if nbytes else 0, nbytes, t.is_cuda))
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.synchronize()  # the copy waits for nothing queued on the caller's streams
+    meta = json.dumps({"format": _FORMAT, "tensors": len(tensors)})
+    return shards, meta, tensors
+
+
+def _generation(generation):
+    return context().generation if generation is None else generation
+
+
+def save(obj, step, url, generation=None):
+    """Save obj as checkpoint `step` of the job at url and wait until it is committed."""
+    shards, meta, tensors = _shards(obj)
+    _handle(url).save(step, _generation(generation), shards, meta)
+    del tensors
+
+
+class Pending:
+    """A save under way (save_async)."""
+
+    def __init__(self, p):
+        self._p = p
+
+    def wait(self, timeout=None):
+        """True once committed; False while it runs past timeout (seconds); edl.Error when it
+        failed."""
+        done = self._p.wait(-1 if timeout is None else int(timeout * 1000))
+        if done and self in _pending:
+            _pending.remove(self)
+        return done
+
+    def snapshot_wait(self, timeout=None):
+        """True once the tensors are copied: from then on they may be written again."""
+        return self._p.snapshot_wait(-1 if timeout is None else int(timeout * 1000))
+
+    @property
+    def done(self):
+        return self._p.done
+
+
+def save_async(obj, step, url, generation=None, snapshot_in_background=False):
+    """Queue checkpoint `step`; returns a Pending once the tensors are copied (at once with
+    snapshot_in_background: do not write them before Pending.snapshot_wait())."""
+    shards, meta, tensors = _shards(obj)
+    p = Pending(_handle(url, snapshot_in_background).save_async(
+        step, _generation(generation), shards, meta, tensors))
+    _pending.append(p)
+    return p
+
+
+def wait(timeout=None):
+    """Wait for every save this process queued (edl.Error for the first that failed)."""
+    for p in list(_pending):
+        p.wait(timeout)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Containers, numbers, strings, bytes and edl's tensor references only."""
+
+    _ALLOWED = {("edl.checkpoint", "_Ref"), ("collections", "OrderedDict"),
+                ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
+                ("builtins", "slice"), ("builtins", "range")}
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not loaded from a checkpoint unless "
+                                     f"trusted=True")
+
+
+def _join(obj, tensors):
+    if isinstance(obj, _Ref):
+        return tensors[obj.i]
+    if isinstance(obj, dict):
+        return type(obj)((k, _join(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_join(v, tensors) for v in obj)
+    return obj
+
+
+def _structure(m, trusted):
+    shards = m.shards
+    index = next((i for i, s in enumerate(shards) if s[2] == _STRUCTURE), None)
+    meta = json.loads(m.metadata or "{}")
+    if index is None or meta.get("format") != _FORMAT:
+        raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step} was not saved by "
+                         f"edl.checkpoint (format {meta.get('format')!r})")
+    raw = m.read(index)
+    try:
+        return (pickle.loads(raw) if trusted else _SafeUnpickler(io.BytesIO(raw)).load()), shards
+    except pickle.UnpicklingError as e:
+        raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step}: {e}") from None
+
+
+def _collect(obj, refs):
+    if isinstance(obj, _Ref):
+        refs.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect(v, refs)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect(v, refs)
+
+
+def load_latest(url, map_location="cpu", trusted=False):
+    """(obj, step) of the newest complete checkpoint at url, or None when the job has none.
+    Tensors are read straight into new CPU tensors, then moved to map_location when it is
+    not "cpu" ("as_saved": where they were saved)."""
+    m = _handle(url).load_latest()
+    if m is None:
+        return None
+    structure, shards = _structure(m, trusted)
+    refs = []
+    _collect(structure, refs)
+    by_name = {s[2]: i for i, s in enumerate(shards)}
+    tensors, reads = {}, []
+    for r in refs:
+        t = torch.empty(r.shape, dtype=getattr(torch, r.dtype))
+        index = by_name.get(f"t{r.i}")
+        nbytes = t.numel() * t.element_size()
+        if index is None or shards[index][3] != nbytes:
+            raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step}: tensor {r.i} "
+                             f"({r.dtype} {list(r.shape)}) has no shard of {nbytes} bytes")
+        tensors[r.i] = t
+        if nbytes:
+            reads.append((index, t.data_ptr(), nbytes))
+    m.read_into(reads)
+    for r in refs:
+        where = r.device if map_location == "as_saved" else map_location
+        if where != "cpu":
+            tensors[r.i] = tensors[r.i].to(where)
+    return _join(structure, tensors), m.step
+
+
+def load(url, map_location="cpu", trusted=False):
+    """obj of the newest complete checkpoint at url (edl.Error EDL_ENOTFOUND when none)."""
+    got = load_latest(url, map_location, trusted)
+    if got is None:
+        raise _edl.error(_edl.EDL_ENOTFOUND, f"no checkpoint at {url} for job {context().job}")
+    return got[0]

@@ -1,0 +1,117 @@
+"""edl.checkpoint with torch tensors on file:// and s3:// (a real etcd holds the pointer, a
+real s3rver the objects): save/load, async saves, fallback past a corrupt newest checkpoint,
+and clear refusals."""
+import glob
+import os
+
+import pytest
+import torch
+
+import edl
+import edl.checkpoint as ckpt
+
+
+def state_dict(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3,
+            "name": "run", "scalars": [1.5, (2, "x")], "half": torch.arange(6).half(),
+            "empty": torch.empty(0, 3), "view": torch.arange(12.0).view(3, 4).t()}
+
+
+def assert_same(a, b):
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict))
+    if torch.is_tensor(a):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.fixture(params=["file", "s3"])
+def url(request, in_job, scratch):
+    if request.param == "file":
+        return "file://" + scratch
+    return request.getfixturevalue("s3")
+
+
+def test_save_and_load_round_trip(url):
+    assert ckpt.load_latest(url) is None
+    saved = state_dict(1)
+    ckpt.save(saved, 10, url)
+    loaded, step = ckpt.load_latest(url)
+    assert step == 10
+    assert_same(saved, loaded)
+    assert_same(saved, ckpt.load(url))
+    # a later step replaces it; an earlier one is refused (the pointer never goes back)
+    ckpt.save(state_dict(2), 20, url)
+    assert ckpt.load_latest(url)[1] == 20
+    with pytest.raises(edl.Error) as e:
+        ckpt.save(saved, 15, url)
+    assert e.value.name == "EDL_ECONFLICT"
+
+
+def test_async_saves_and_wait(url):
+    saves = [ckpt.save_async(state_dict(s), s, url) for s in (1, 2, 3)]
+    ckpt.wait()
+    assert all(p.done for p in saves)
+    loaded, step = ckpt.load_latest(url)
+    assert step == 3
+    assert_same(state_dict(3), loaded)
+    # in the background: the tensors may be written once the snapshot is taken
+    big = {"w": torch.randn(1 << 20)}
+    copy = big["w"].clone()
+    p = ckpt.save_async(big, 4, url, snapshot_in_background=True)
+    assert p.snapshot_wait()
+    big["w"].zero_()
+    assert p.wait()
+    assert torch.equal(ckpt.load(url)["w"], copy)
+
+
+def test_a_corrupt_newest_checkpoint_is_passed_over(in_job, scratch):
+    url = "file://" + scratch
+    ckpt.save(state_dict(1), 1, url)
+    ckpt.save(state_dict(2), 2, url)
+    shard = max(glob.glob(os.path.join(scratch, "ckpt-*2-g*", "rank-0", "shard-1")))
+    with open(shard, "r+b") as f:  # one flipped byte in a tensor
+        f.seek(3)
+        b = f.read(1)
+        f.seek(3)
+        f.write(bytes([b[0] ^ 0xFF]))
+    loaded, step = ckpt.load_latest(url)
+    assert step == 1
+    assert_same(state_dict(1), loaded)
+
+
+def test_refusals_name_the_cause(in_job, scratch, monkeypatch):
+    url = "file://" + scratch
+    with pytest.raises(TypeError, match=r"obj\['f'\] is a function"):
+        ckpt.save({"ok": torch.ones(2), "f": lambda: 1}, 1, url)
+    assert ckpt.load_latest(url) is None  # nothing half-saved
+    with pytest.raises(edl.Error) as e:
+        ckpt.load(url)
+    assert e.value.name == "EDL_ENOTFOUND"
+    # code in a checkpoint's bytes is not run unless trusted
+    ckpt.save({"obj": torch.nn.Identity()}, 2, url)
+    with pytest.raises(edl.Error, match="trusted=True"):
+        ckpt.load(url)
+    assert isinstance(ckpt.load(url, trusted=True)["obj"], torch.nn.Identity)
+    with pytest.raises(edl.Error) as e:
+        ckpt.save({"w": torch.ones(1)}, 3, "ftp://nowhere")
+    assert e.value.name in ("EDL_EINVAL", "EDL_ECONFIG") and "ftp://nowhere" in str(e.value)
+    # outside edl: no etcd, no checkpoint
+    monkeypatch.delenv("EDL_ETCD_ENDPOINTS")
+    ckpt._handles.clear()
+    with pytest.raises(edl.Error) as e:
+        ckpt.save({"w": torch.ones(1)}, 3, "file:///tmp/elsewhere")
+    assert e.value.name == "EDL_ECONFIG" and "run under edl" in str(e.value)
