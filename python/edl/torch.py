@@ -30,6 +30,7 @@ import copy
 import datetime
 import functools
 import os
+import sys
 import time
 
 import torch
@@ -45,6 +46,14 @@ _COMM_WORDS = ("connection", "gloo", "nccl", "closed", "reset", "timed out", "ti
                "broken pipe", "peer", "socket", "abort", "unbound buffer", "transport")
 
 
+class _Superseded(Exception):
+    """A newer generation was announced while forming the group for an older one."""
+
+    def __init__(self, assignment):
+        super().__init__(f"generation {assignment['generation']} was announced")
+        self.assignment = assignment
+
+
 class HostsUpdated(Exception):
     """Raised by State.commit() on every rank at once when a new generation exists (its number
     in .generation): the elastic function is entered again in the new world."""
@@ -56,6 +65,12 @@ class HostsUpdated(Exception):
 
 def _seconds(name, default):
     return float(os.environ.get(name, default))
+
+
+def _log(msg):
+    """One line on stderr, as the C libraries log (EDL_LOG_LEVEL=warn or error: silent)."""
+    if os.environ.get("EDL_LOG_LEVEL", "info") in ("debug", "info"):
+        print(f"edl.torch: {msg}", file=sys.stderr, flush=True)
 
 
 class _World:
@@ -126,35 +141,89 @@ class _World:
         dist.destroy_process_group()
         self.store = None
 
+    def _newer(self, than):
+        """Raise _Superseded when the agent announced a generation beyond `than`."""
+        a = self.poll()
+        if a and a["generation"] > than:
+            raise _Superseded(a)
+
     def _store(self, a):
+        """The generation's store: rank 0 opens it (listening before anyone connects, so no one
+        waits for torch's one-second retry); the others connect once it listens."""
         rank, size = a["rank"], a["world_size"]
         if size == 1:
             return dist.HashStore()
         addr, port = a["master_addr"], a["master_port"]
-        if rank == 0:  # listening before anyone connects: no one waits for torch's retry
+        if rank == 0:
             return dist.TCPStore(host_name=addr, port=port, world_size=size, is_master=True,
                                  timeout=self.timeout, wait_for_workers=False)
-        _edl.wait_listening(addr, port, int(self.timeout.total_seconds() * 1000))
+        end = time.monotonic() + self.timeout.total_seconds()
+        while True:  # rank 0 may never open it (dead): a newer generation replaces it then
+            try:
+                _edl.wait_listening(addr, port, 200)
+                break
+            except Error as e:
+                if e.name != "EDL_ETIMEDOUT":
+                    raise
+                if time.monotonic() > end:
+                    raise _edl.error(_edl.EDL_ETIMEDOUT, f"generation {a['generation']}: rank 0's "
+                                     f"store at {addr}:{port} did not open within "
+                                     f"{self.timeout.total_seconds():.0f} s") from None
+                self._newer(a["generation"])
         return dist.TCPStore(host_name=addr, port=port, world_size=size, is_master=False,
                              timeout=self.timeout)
 
-    def form(self, a):
-        """Build the default process group for assignment a (the old one destroyed first)."""
-        t0 = time.monotonic()
+    def _gather(self, store, a):
+        """Wait until every rank of the generation reached its store (so that the group's
+        initialisation, which cannot be interrupted, does not wait for a rank that died): a
+        newer generation announced meanwhile ends the wait."""
+        if a["world_size"] == 1:
+            return
+        key = f"edl/joined/{a['generation']}"
+        store.add(key, 1)
+        end = time.monotonic() + self.timeout.total_seconds()
+        while store.add(key, 0) < a["world_size"]:
+            self._newer(a["generation"])
+            if time.monotonic() > end:
+                raise RuntimeError(f"generation {a['generation']}: timed out waiting for every "
+                                   f"rank at its store")
+            time.sleep(0.005)
+
+    def _form_once(self, a):
         self._destroy()
         self.store = self._store(a)
+        self._gather(self.store, a)
         dist.init_process_group(self.backend, store=self.store, rank=a["rank"],
                                 world_size=a["world_size"], timeout=self.timeout)
+
+    def form(self, a):
+        """Build the default process group for assignment a (the old one destroyed first), or
+        for a newer one announced while forming."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                self._form_once(a)
+                break
+            except _Superseded as s:
+                a = s.assignment
+            except RuntimeError:  # rank 0's store went away with its generation
+                newer = self.wait_beyond(a["generation"], 1.0)
+                if newer is None:
+                    raise
+                a = newer
+        first = self.generation is None
         self.generation, self.rank, self.world_size = a["generation"], a["rank"], a["world_size"]
         self.pending = None
         self.reforms.append(time.monotonic() - t0)
+        if self.link.active:
+            _log(f"generation {self.generation}: rank {self.rank} of {self.world_size} (pid "
+                 f"{os.getpid()}), {'formed' if first else 're-formed in place'} in "
+                 f"{self.reforms[-1]:.3f} s")
 
     def ensure(self):
         """Form the group for the newest generation, if not formed yet."""
         if self.generation is None:
             self.form(self.poll() or self._initial())
-            if self.poll():  # superseded while forming
-                self.form(self.pending)
 
     # ---- agreeing to move on -------------------------------------------------------------
 

@@ -5,7 +5,8 @@ import glob
 import os
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")  # Debian: python3-torch (scripts/install-deps)
 
 import edl
 import edl.checkpoint as ckpt
