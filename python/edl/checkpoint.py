@@ -25,7 +25,7 @@ import torch
 
 from . import _edl, context
 
-__all__ = ["save", "save_async", "wait", "load", "load_latest"]
+__all__ = ["save", "save_async", "wait", "reserve", "load", "load_latest"]
 
 _FORMAT = "edl.torch/1"
 _STRUCTURE = "structure"
@@ -128,6 +128,16 @@ def save_async(obj, step, url, generation=None, snapshot_in_background=False):
         step, _generation(generation), shards, meta, tensors))
     _pending.append(p)
     return p
+
+
+def reserve(url, obj, snapshot_in_background=False):
+    """Allocate (and fault in) the staging memory that save_async of obj (or of that many
+    bytes) copies into, now, before training starts: no save pays for it later."""
+    if not isinstance(obj, int):
+        shards = _shards(obj)[0]  # what save_async copies: the structure and the CPU tensors
+        obj = sum(len(s[1]) if len(s) == 2 else (0 if s[3] else s[2]) for s in shards)
+        obj += 64 * len(shards)  # each shard's place is rounded up to a cache line
+    _handle(url, snapshot_in_background).reserve(obj)
 
 
 def wait(timeout=None):

@@ -29,6 +29,7 @@ collectives (gloo; nccl on GPUs) and this module only orders them.
 import copy
 import datetime
 import functools
+import gc
 import os
 import sys
 import time
@@ -140,6 +141,7 @@ class _World:
                 pass
         dist.destroy_process_group()
         self.store = None
+        gc.collect()  # the group's last references go now: its sockets close, its peers see it
 
     def _newer(self, than):
         """Raise _Superseded when the agent announced a generation beyond `than`."""
@@ -412,25 +414,32 @@ def elastic(func):
         w.ensure()
         state.sync()
         while True:
+            target, failure = None, None
             try:
                 return func(state, *args, **kwargs)
             except HostsUpdated as h:
-                w.reform_to(h.generation, _seconds("EDL_TORCH_REFORM_TIMEOUT_S", 120))
+                target = h.generation
             except RuntimeError as e:
                 if isinstance(e, Error) or not _is_comm_error(e):
                     raise
-                _recover(w, e)
+                failure = str(e)
+            # (out of the except blocks: their tracebacks would keep the broken group, and with
+            # it the sockets its peers wait on, alive through the re-formation)
+            if failure is None:
+                w.reform_to(target, _seconds("EDL_TORCH_REFORM_TIMEOUT_S", 120))
+            else:
+                _recover(w, failure)
                 state.restore()
             state.sync()
 
     return run
 
 
-def _recover(w, e):
+def _recover(w, failure):
     """A collective failed: wait for the generation that replaces the broken one, re-form."""
     a = w.wait_beyond(w.generation, _seconds("EDL_TORCH_REFORM_TIMEOUT_S", 120))
     if a is None:
-        raise RuntimeError(f"a collective failed ({e}) and no new generation came") from e
+        raise RuntimeError(f"a collective failed ({failure}) and no new generation came")
     w.form(a)
 
 

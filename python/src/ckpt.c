@@ -256,7 +256,28 @@ static PyObject *ckpt_load_latest(PyObject *self, PyObject *noargs)
     return (PyObject *)mf;
 }
 
+/* reserve(nbytes): allocate and fault in the staging memory of copied shards now. */
+static PyObject *ckpt_reserve(PyObject *self, PyObject *args)
+{
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "K", &n))
+        return NULL;
+    Checkpoint *c = opened(self);
+    if (!c)
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = edl_ckpt_stage_reserve(c->ck, (size_t)n);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return edl_py_raise(rc, "reserving %llu bytes of staging: %s", n, edl_ckpt_errmsg(c->ck));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef CKPT_METHODS[] = {
+    {"reserve", ckpt_reserve, METH_VARARGS,
+     "reserve(nbytes): allocate and fault in staging memory for that many bytes of copied "
+     "shards now, so that no save_async pays for it."},
     {"save", ckpt_save, METH_VARARGS,
      "save(step, generation, shards, metadata_json=None): save this rank's shards and wait "
      "(the committer also advances the job's pointer). A shard is (name, address, nbytes, "

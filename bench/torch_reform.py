@@ -1,0 +1,176 @@
+"""torch_reform.py: how long a PyTorch job takes to train again after a pod joins, leaves or
+crashes, in process (edl.torch re-forms the process group in place) against restart mode (the
+unmodified torch trainer, restarted in every generation), in one run on this machine.
+
+For each mode it runs bench/torch_reform_trainer.py under `edl run` (its own etcd, job server
+and agents), two pods of up to three, and repeats: a join (`edl scale` to 3), a crash (SIGKILL
+of a pod's agent and trainer; `edl run` replaces the pod: another join), a leave (`edl scale`
+to 2). Each event is timed from the moment it happened to the new world's first allreduce
+(the last rank's), split at the job server's publication of the new generation (its log line):
+event -> published is the control plane's part (the settle window for a join, the detection
+for a crash), published -> allreduce the trainer's (re-forming, or restarting Python, torch
+and the group). Medians and [min, max] over the trials.
+
+Goals on a 2-core machine (issue 31): in process, leave <= 0.3 s; join <= settle + 0.3 s;
+crash <= detection + 0.3 s.
+
+    python3 bench/torch_reform.py [--trials 5] [--build build] [--settle-ms 300] [--ttl 3]
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PUBLISHED = re.compile(r"^jobserver\s+\| (\S+) INFO  jobserver: job \S+: generation (\d+) running")
+
+
+class Run:
+    def __init__(self, args, mode, workdir):
+        self.args, self.mode = args, mode
+        self.job = f"bench-{mode}"
+        self.log = os.path.join(workdir, f"{mode}.log")
+        self.edl = os.path.join(args.build, "bin", "edl")
+        env = dict(os.environ, PYTHONPATH=os.path.join(args.build, "python"))
+        self.f = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            [self.edl, "run", "--job", self.job, "--np", "1:3", "--replicas", "2",
+             "--elastic-mode", mode, "--settle-ms", str(args.settle_ms), "--ttl", str(args.ttl),
+             "--", sys.executable, os.path.join(HERE, "torch_reform_trainer.py"), "--mode",
+             mode], stdout=self.f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.env = env
+
+    def lines(self):
+        with open(self.log, errors="replace") as f:
+            return f.read().splitlines()
+
+    def reports(self):
+        out = []
+        for line in self.lines():
+            _, _, rest = line.partition("| ")
+            if rest.startswith("{\"first_allreduce\""):
+                out.append(json.loads(rest))
+        return out
+
+    def published(self, generation):
+        for line in self.lines():
+            m = PUBLISHED.match(line)
+            if m and int(m[2]) == generation:
+                return datetime.datetime.fromisoformat(m[1].replace("Z", "+00:00")).timestamp()
+        return None
+
+    def world(self, size, after, timeout=90):
+        """The first generation after `after` of `size` ranks (None: any size) whose ranks all
+        reported their first allreduce: (generation, the last rank's time)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            by_gen, sizes = {}, {}
+            for r in self.reports():
+                if r["generation"] > after and size in (None, r["world"]):
+                    by_gen.setdefault(r["generation"], []).append(r["first_allreduce"])
+                    sizes[r["generation"]] = r["world"]
+            done = sorted(g for g, ts in by_gen.items() if len(ts) >= sizes[g])
+            if done:
+                return done[0], max(by_gen[done[0]])
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise SystemExit(f"bench torch_reform: no world of {size} after generation {after} "
+                         f"({self.mode}); see {self.log}")
+
+    def scale(self, n):
+        t = time.time()
+        subprocess.run([self.edl, "scale", self.job, str(n)], check=True, env=self.env,
+                       stdout=subprocess.DEVNULL)
+        return t
+
+    def crash(self, pod):
+        agent = subprocess.run(["pgrep", "-f", f"edl-agent .*--pod {pod} "], capture_output=True,
+                               text=True).stdout.split()
+        if not agent:
+            raise SystemExit(f"bench torch_reform: no agent of {pod}")
+        children = subprocess.run(["pgrep", "-P", agent[0]], capture_output=True,
+                                  text=True).stdout.split()
+        t = time.time()
+        for pid in [agent[0], *children]:
+            os.kill(int(pid), signal.SIGKILL)
+        return t
+
+    def stop(self):
+        subprocess.run([self.edl, "stop", self.job], env=self.env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=90)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.f.close()
+
+
+def newest_pod(run):
+    pods = sorted({line.split()[0] for line in run.lines()
+                   if line.startswith(run.job + "-") and "registered" in line},
+                  key=lambda p: int(p.rsplit("-", 1)[1]))
+    return pods[-1]
+
+
+def measure(args, mode, workdir):
+    run = Run(args, mode, workdir)
+    times = {"join": [], "crash": [], "leave": []}
+    try:
+        gen, _ = run.world(2, 0, timeout=120)
+        for _ in range(args.trials):
+            t0 = run.scale(3)
+            gen, done = run.world(3, gen)
+            times["join"].append((t0, run.published(gen), done))
+            t0 = run.crash(newest_pod(run))
+            gen, done = run.world(None, gen)  # without it (its replacement may be in already)
+            times["crash"].append((t0, run.published(gen), done))
+            if not run.reports()[-1]["world"] == 3:
+                gen, _ = run.world(3, gen)  # the replacement joins
+            t0 = run.scale(2)
+            gen, done = run.world(2, gen)
+            times["leave"].append((t0, run.published(gen), done))
+    finally:
+        run.stop()
+    return times
+
+
+def summary(samples):
+    if not samples:
+        return "-"
+    med = statistics.median(samples)
+    return f"{med:6.3f} s [{min(samples):.3f}, {max(samples):.3f}]"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    p.add_argument("--settle-ms", type=int, default=300)
+    p.add_argument("--ttl", type=int, default=3, help="the agents' lease TTL: crash detection")
+    p.add_argument("--modes", default="inprocess,restart")
+    args = p.parse_args()
+    workdir = tempfile.mkdtemp(prefix="edl-bench-torch-")
+    print(f"torch_reform: {args.trials} trials, settle {args.settle_ms} ms, lease TTL {args.ttl} s,"
+          f" logs in {workdir}")
+    print(f"{'mode':10} {'event':6} {'event -> new world':28} {'event -> published':28} "
+          f"{'published -> allreduce':28}")
+    for mode in args.modes.split(","):
+        for event, samples in measure(args, mode, workdir).items():
+            total = [d - t0 for t0, pub, d in samples]
+            ctl = [pub - t0 for t0, pub, d in samples if pub]
+            trainer = [d - pub for t0, pub, d in samples if pub]
+            print(f"{mode:10} {event:6} {summary(total):28} {summary(ctl):28} "
+                  f"{summary(trainer):28}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
