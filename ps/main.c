@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -31,7 +32,9 @@ static void usage(FILE *out)
             "  --threads N         event loops (default: the CPUs this process may use, at\n"
             "                      most 4)\n"
             "  --max-message BYTES the largest request or reply body (default: %u)\n"
-            "  --max-connections N (default: 1024)\n"
+            "  --max-connections N authenticated connections (default: 1024)\n"
+            "  --max-unauthenticated N  connections not authenticated yet, bounded apart: at\n"
+            "                      the bound a newcomer closes the oldest (default: 256)\n"
             "  --drain-timeout-ms MS  under edl's agent, how long a server told to stop may\n"
             "                      take to hand its shards over (default: %d)\n"
             "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
@@ -71,7 +74,7 @@ static int parse_args(int argc, char **argv, ps_args *a)
         {"listen-addr", 1, 0, 'a'}, {"port", 1, 0, 'p'},      {"job", 1, 0, 'j'},
         {"secret-file", 1, 0, 's'}, {"threads", 1, 0, 't'},   {"max-message", 1, 0, 'm'},
         {"max-connections", 1, 0, 'c'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
-        {"drain-timeout-ms", 1, 0, 'd'},
+        {"drain-timeout-ms", 1, 0, 'd'}, {"max-unauthenticated", 1, 0, 'u'},
         {0, 0, 0, 0}};
     const char *port = getenv("PADDLE_PORT");
     edl_log_level level;
@@ -98,6 +101,10 @@ static int parse_args(int argc, char **argv, ps_args *a)
         case 'c':
             bad = number("--max-connections", optarg, 1, 1 << 20, &v);
             a->o.max_connections = (int)v;
+            break;
+        case 'u':
+            bad = number("--max-unauthenticated", optarg, 1, 1 << 20, &v);
+            a->o.max_unauthenticated = (int)v;
             break;
         case 'd':
             bad = number("--drain-timeout-ms", optarg, 0, 3600000, &v);
@@ -136,6 +143,22 @@ static int load_secret(const ps_args *a, edl_job_secret *s)
     return rc;
 }
 
+/* Room for the connections the server may hold (both bounds, and its own files): the soft
+ * limit on open files is raised towards the hard one when it is lower. */
+static void raise_fd_limit(const edl_ps_server_options *o)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)(o->max_connections ? o->max_connections : 1024) +
+                  (rlim_t)(o->max_unauthenticated ? o->max_unauthenticated : 256) + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want)
+        EDL_WARN("ps", "open files are limited to %llu: fewer than the %llu connections "
+                 "allowed (raise ulimit -n)", (unsigned long long)rl.rlim_cur,
+                 (unsigned long long)want);
+}
+
 int main(int argc, char **argv)
 {
     ps_args a = {.drain_ms = PS_DRAIN_TIMEOUT_MS};
@@ -147,6 +170,7 @@ int main(int argc, char **argv)
     if (load_secret(&a, &secret) != 0)
         return 2;
     a.o.secret = &secret;
+    raise_fd_limit(&a.o);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);

@@ -114,7 +114,10 @@ typedef struct edl_ps_server_options {
     const char *job;          /* bound into the link MACs: the job id (default "edl") */
     const edl_job_secret *secret; /* required: links are always authenticated */
     uint32_t max_message;     /* default EDL_PS_DEFAULT_MAX_MESSAGE */
-    int max_connections;      /* default 1024 */
+    int max_connections;      /* authenticated connections (default 1024); a link that
+                                 authenticates past it is refused (EDL_EBUSY) */
+    int max_unauthenticated;  /* connections not authenticated yet, held apart from those
+                                 (default 256); at the bound a newcomer closes the oldest */
     int handshake_timeout_ms; /* a connection that has not authenticated by then is closed
                                  (default 5,000) */
     int handover_timeout_ms;  /* elastic: a shard that becomes this server's and that no
