@@ -115,6 +115,7 @@ typedef struct ps_due {
     bool timed_out; /* its hand-over never came (lost unless the checkpoint has it) */
     bool done;
 } ps_due;
-void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n);
+/* from: which checkpoint they came from ("PS checkpoint <dir> (step N)"), "" when none. */
+void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from, size_t fromlen);
 
 #endif

@@ -957,15 +957,19 @@ static void test_links_past_max_connections_are_refused_after_the_handshake(void
 
 static char dir[] = "/tmp/edl-test-ps-XXXXXX";
 
-/* Start edl-ps on a free port with the secret in a file; its log in dir/<name>.log. */
-static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
+/* Start edl-ps on a free port with the secret in a file; its log in dir/<name>.log; /metrics
+ * on metrics_port (-1: none). */
+static pid_t start_edl_ps_metrics(const char *name, const char *secret_file, int *port,
+                                  int metrics_port)
 {
-    char log[256], portarg[16], line[4096];
+    char log[256], portarg[16], mport[16], line[4096];
     *port = harness_free_port();
     snprintf(portarg, sizeof portarg, "%d", *port);
+    snprintf(mport, sizeof mport, "%d", metrics_port);
     snprintf(log, sizeof log, "%s/%s.log", dir, name);
     const char *argv[] = {EDL_PS_BIN, "--port", portarg, "--secret-file", secret_file,
-                          "--job", "job-a", "--threads", "2", NULL};
+                          "--job", "job-a", "--threads", "2", metrics_port < 0 ? NULL
+                          : "--metrics-port", mport, "--metrics-addr", "127.0.0.1", NULL};
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     for (int64_t end = harness_now_ms() + 10000; harness_now_ms() < end; harness_sleep_ms(20))
@@ -973,6 +977,21 @@ static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
             return pid;
     fail_msg("edl-ps did not start: %s", harness_read_file(log, line, sizeof line));
     return -1;
+}
+
+static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
+{
+    return start_edl_ps_metrics(name, secret_file, port, -1);
+}
+
+/* The value of a metric (its first sample) in a /metrics body; -1 when absent. */
+static long long metric(const char *body, const char *name)
+{
+    char want[128];
+    snprintf(want, sizeof want, "\n%s{", name);
+    const char *at = strstr(body, want);
+    at = at ? strchr(at, '}') : NULL;
+    return at ? atoll(at + 1) : -1;
 }
 
 static void test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name(void **state)
@@ -1064,8 +1083,8 @@ static void test_silent_strangers_past_the_limit_do_not_lock_trainers_out(void *
     snprintf(path, sizeof path, "%s/secret-flood", dir);
     snprintf(log, sizeof log, "%s/flood.log", dir);
     assert_int_equal(edl_job_secret_generate(path, why, sizeof why), 0);
-    int port;
-    pid_t ps = start_edl_ps("flood", path, &port);
+    int port, mport = harness_free_port();
+    pid_t ps = start_edl_ps_metrics("flood", path, &port, mport);
     int *fds = malloc(STRANGERS * sizeof *fds);
     for (int i = 0; i < STRANGERS; i++)
         assert_true((fds[i] = silent_connect(port)) >= 0);
@@ -1096,6 +1115,13 @@ static void test_silent_strangers_past_the_limit_do_not_lock_trainers_out(void *
     harness_sleep_ms(6000); /* past the handshake timeout: the strangers left are closed */
     for (int i = 0; i < STRANGERS; i++)
         close(fds[i]);
+    static char body[65536]; /* and /metrics counts them */
+    assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_true(metric(body, "edl_ps_rejected_total") >= STRANGERS);
+    assert_true(metric(body, "edl_ps_pushes_total") >= 1);
+    assert_int_equal(metric(body, "edl_ps_shards_lost_total"), 0);
+    assert_int_equal(metric(body, "edl_ps_shards_restored_total"), 0);
+    assert_non_null(strstr(body, "edl_ps_up{job=\"job-a\",pod=\"\"} 1\n"));
     free(fds);
     edl_ps_client_close(c);
     edl_job_secret_clear(&s);
