@@ -177,8 +177,10 @@ bool edl_ps_server_drained(edl_ps_server *s);
 /* What a server holds, for tests, metrics and the memory bound. */
 typedef struct edl_ps_server_stats {
     uint64_t tables, rows, bytes;   /* rows: sparse rows; bytes: table memory */
-    uint64_t requests, errors, connections, rejected; /* rejected: links that failed the
-                                                          handshake or broke the protocol */
+    uint64_t requests, errors, connections, rejected; /* rejected: connections refused,
+                                                          closed to make room or for not
+                                                          authenticating in time, or cut for
+                                                          breaking the protocol */
     uint64_t shards_in, shards_out; /* (table, shard)s received from and handed to servers */
     uint64_t shards_lost; /* shards this server came to own that nobody handed over within
                              handover_timeout_ms and no checkpoint held: they started again
