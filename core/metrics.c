@@ -1,5 +1,9 @@
 /* metrics.c: edl/metrics.h: the Prometheus text writer, and the /metrics server on top of
- * libmicrohttpd, polled from its owner's loop through MHD's epoll fd. */
+ * libmicrohttpd, polled from its owner's loop through MHD's epoll fd. MHD's own timeout is an
+ * idle one (a client that sends a byte now and then keeps it off), so the server tracks each
+ * connection's start itself (MHD's connection notifications) and shuts down, from the owner's
+ * poll, every connection older than the whole-request deadline, and the oldest one when a
+ * newcomer passes MAX_CONNS: slow clients cannot hold the scrapes off. */
 #define _GNU_SOURCE
 #include "edl/metrics.h"
 
@@ -14,8 +18,10 @@
 
 #include "edl/log.h"
 
-#define MAX_CONNS 32
+#define MAX_CONNS 32           /* held at once; a newcomer past it cuts the oldest */
+#define MHD_CONNS (2 * MAX_CONNS) /* MHD's own bound: room for the cut ones not yet closed */
 #define CONN_TIMEOUT_S 5
+#define REQUEST_DEADLINE_MS (CONN_TIMEOUT_S * 1000) /* a connection's whole life */
 #define CONN_MEMORY (8 * 1024)
 
 /* ---- the text format ------------------------------------------------------------------- */
@@ -86,12 +92,78 @@ void edl_prom_metric(edl_prom *p, const char *name, const char *type, const char
 
 /* ---- the server ------------------------------------------------------------------------ */
 
+/* A connection MHD holds, from its start, oldest first in the server's list. */
+typedef struct tracked {
+    int fd;
+    int64_t started; /* monotonic ms */
+    bool cut;        /* shut down: MHD closes it when it next reads */
+    struct tracked *prev, *next;
+} tracked;
+
 struct edl_metrics_server {
     struct MHD_Daemon *d;
     edl_metrics_fn fn;
     void *arg;
     int port;
+    tracked *head, *tail;
+    int live; /* tracked and not cut */
 };
+
+/* ---- each connection's deadline -------------------------------------------------------- */
+
+/* End a connection that has had its time (or makes room): both directions shut, so MHD sees
+ * its end at once, reads nothing more and closes it the usual way. */
+static void cut(edl_metrics_server *s, tracked *t)
+{
+    if (t->cut)
+        return;
+    shutdown(t->fd, SHUT_RDWR);
+    t->cut = true;
+    s->live--;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **ctx,
+                          enum MHD_ConnectionNotificationCode what)
+{
+    edl_metrics_server *s = cls;
+    tracked *t = *ctx;
+    if (what == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (!t)
+            return;
+        if (!t->cut)
+            s->live--;
+        *(t->prev ? &t->prev->next : &s->head) = t->next;
+        *(t->next ? &t->next->prev : &s->tail) = t->prev;
+        free(t);
+        *ctx = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!i || !(t = calloc(1, sizeof *t)))
+        return; /* untracked: MHD's idle timeout and bound still hold it */
+    *t = (tracked){.fd = i->connect_fd, .started = edl_monotonic_ms(), .prev = s->tail};
+    *(s->tail ? &s->tail->next : &s->head) = t;
+    s->tail = t;
+    *ctx = t;
+    s->live++;
+    for (tracked *o = s->head; o && s->live > MAX_CONNS; o = o->next)
+        cut(s, o); /* the oldest make room: a scrape is answered as soon as it arrives */
+}
+
+/* Cut every connection past its deadline; the time until the next one's (-1: none). */
+static int64_t cut_overdue(edl_metrics_server *s)
+{
+    int64_t now = edl_monotonic_ms();
+    for (tracked *t = s->head; t; t = t->next) {
+        if (t->cut)
+            continue;
+        if (now - t->started < REQUEST_DEADLINE_MS)
+            return t->started + REQUEST_DEADLINE_MS - now;
+        cut(s, t);
+    }
+    return -1;
+}
 
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
                                char *body, size_t len, enum MHD_ResponseMemoryMode mode)
@@ -194,8 +266,9 @@ int edl_metrics_open(const edl_metrics_opts *o, edl_metrics_fn fn, void *arg,
     unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNS,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)MHD_CONNS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     const union MHD_DaemonInfo *pi = s->d ? MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT)
@@ -234,12 +307,16 @@ int edl_metrics_fd(const edl_metrics_server *s)
 int edl_metrics_timeout_ms(edl_metrics_server *s)
 {
     MHD_UNSIGNED_LONG_LONG t;
+    int64_t due = cut_overdue(s);
     if (MHD_get_timeout(s->d, &t) != MHD_YES)
-        return -1;
+        return (int)due;
+    if (due >= 0 && (MHD_UNSIGNED_LONG_LONG)due < t)
+        t = (MHD_UNSIGNED_LONG_LONG)due;
     return t > 60000 ? 60000 : (int)t;
 }
 
 void edl_metrics_serve(edl_metrics_server *s)
 {
     MHD_run(s->d);
+    cut_overdue(s);
 }

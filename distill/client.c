@@ -1,13 +1,15 @@
 /* client.c: the student's client of teachers (edl/distill.h) on one libcurl multi handle. A
  * batch is encoded once at submit, waits in a queue until a teacher has a free slot (in_flight
  * per teacher), and has at most one try in flight at any time: a try that fails (no
- * connection, HTTP error, a reply that does not decode or has the wrong rows, timeout_ms)
+ * connection, HTTP error, a reply that does not decode, is not of the shape asked (the
+ * batch's rows, the columns the student stated) or holds a value past its bound, timeout_ms)
  * sends the batch back to the queue for another teacher, and a removed teacher's tries are
  * abandoned (their connections closed) before their batches are queued again. So no late
  * answer can ever arrive for a batch, and its first good answer is the only one delivered.
  * Everything happens inside edl_distill_next, on the caller's thread. */
 #define _GNU_SOURCE
 #include <curl/curl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,6 +308,24 @@ static void dispatch(edl_distill *d)
     }
 }
 
+/* Whether a decoded reply is the one the student asked for: its batch's rows, the columns the
+ * student stated, every value within its bound. EDL_EPROTO (and why) when not. */
+static int reply_fits(const edl_distill *d, const batch *b, const float *x, uint32_t rows,
+                      uint32_t cols, char *err, size_t errlen)
+{
+    if (rows != b->rows)
+        return edl_errf(err, errlen, EDL_EPROTO, "%u rows in the reply, %u asked", rows,
+                        b->rows);
+    if (d->o.cols && cols != d->o.cols)
+        return edl_errf(err, errlen, EDL_EPROTO, "%u columns in the reply, the student takes "
+                        "%u", cols, d->o.cols);
+    for (size_t i = 0; d->o.max_abs > 0 && i < (size_t)rows * cols; i++)
+        if (!(fabsf(x[i]) <= d->o.max_abs))
+            return edl_errf(err, errlen, EDL_EPROTO, "value %zu of the reply, %g, is past "
+                            "+-%g (max_abs)", i, (double)x[i], (double)d->o.max_abs);
+    return 0;
+}
+
 /* Why a finished try failed (an EDL_E* code, counted), or 0 with its predictions in b->res. */
 static int judge(edl_distill *d, request *rq, CURLcode code)
 {
@@ -327,11 +347,8 @@ static int judge(edl_distill *d, request *rq, CURLcode code)
         uint32_t rows = 0, cols = 0;
         rc = edl_distill_decode(d->o.format, true, rq->reply ? rq->reply : "", rq->len, &x,
                                 &rows, &cols, err, sizeof err);
-        if (rc == 0 && rows != rq->b->rows) {
+        if (rc == 0 && (rc = reply_fits(d, rq->b, x, rows, cols, err, sizeof err)) != 0)
             free(x);
-            rc = EDL_EPROTO;
-            snprintf(err, sizeof err, "%u rows in the reply, %u asked", rows, rq->b->rows);
-        }
         if (rc)
             d->st.bad_replies++;
         else
@@ -388,6 +405,7 @@ int edl_distill_open(const edl_distill_opts *o, edl_distill **out)
     if (!o)
         o = &def;
     if (!out || o->in_flight < 0 || o->timeout_ms < 0 || o->max_tries < 0 ||
+        !(o->max_abs >= 0 && isfinite(o->max_abs)) || o->cols > EDL_DISTILL_MAX_COLS ||
         (o->format != EDL_DISTILL_JSON && o->format != EDL_DISTILL_BINARY) ||
         (o->model && (!*o->model || strlen(o->model) >= 128 || strpbrk(o->model, "/?#: "))))
         return EDL_EINVAL;

@@ -1,7 +1,8 @@
 /* wire.c: the two forms a batch travels in between a student and a teacher (edl/distill.h,
  * docs/distill.md): edl's binary tensor ("EDLT" head, then float32) and TensorFlow Serving's
  * REST JSON. Both decoders read bytes from the network: every shape is checked against the
- * limits before a float is allocated, and the JSON reader takes exactly the documented form
+ * limits before a float is allocated, both forms carry finite floats only (NaN and infinity
+ * are refused both ways), and the JSON reader takes exactly the documented form
  * (two passes over the text: the first checks it and counts, the second fills). */
 #define _GNU_SOURCE
 #include "distill/wire.h"
@@ -32,6 +33,9 @@ static bool shape_ok(uint32_t rows, uint32_t cols)
 static int encode_binary(const float *x, uint32_t rows, uint32_t cols, char **body, size_t *len)
 {
     size_t n = (size_t)rows * cols;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return EDL_EINVAL; /* as in JSON, which cannot write them */
     uint8_t *b = malloc(DISTILL_HEAD + 4 * n);
     if (!b)
         return EDL_ENOMEM;
@@ -74,6 +78,11 @@ static int decode_binary(const uint8_t *b, size_t len, float **x, uint32_t *rows
     for (size_t i = 0; i < n; i++) {
         uint32_t u = get_u32(b + DISTILL_HEAD + 4 * i);
         memcpy(&v[i], &u, 4);
+        if (!isfinite(v[i])) {
+            free(v);
+            return edl_errf(err, errlen, EDL_EPROTO, "binary tensor: value %zu is not finite "
+                            "(NaN or infinity), which the JSON form cannot carry either", i);
+        }
     }
     *x = v, *rows = r, *cols = c;
     return 0;

@@ -12,7 +12,9 @@
  *          computes one batch at a time, each taking at least --service-time-ms (the bench's
  *          stand-in for a big model), and exits 0 on SIGTERM.
  * student  trains a logistic regression (16 -> 4) on the teacher's soft labels for the
- *          training set, asked from its teachers through libedldistill (ordered delivery),
+ *          training set, asked from its teachers through libedldistill (ordered delivery;
+ *          it states the replies it takes, 4 columns of probabilities, so a teacher answering
+ *          another shape or other values is a bad reply and its batch goes elsewhere),
  *          and the same student on the same labels computed in this process (the teacher's
  *          model trained here too): the reference without a network. Prints both accuracies,
  *          the teacher's, and the client's counters; exits 1 when a batch was lost. Its
@@ -380,8 +382,10 @@ static int source_apply(source *s, edl_distill *dist, bool first)
 static int student_remote(const opts *o, const data *d, const float *tp, student *m,
                           edl_distill_stats *st, long *mismatched, long *dup)
 {
+    /* the shape and bound it takes: C probabilities a row (it reads r.out as rows x C) */
     edl_distill_opts dopts = {.model = o->model, .format = o->format, .in_flight = o->in_flight,
-                              .timeout_ms = o->timeout_ms, .ordered = true};
+                              .timeout_ms = o->timeout_ms, .ordered = true, .cols = C,
+                              .max_abs = 1};
     edl_distill *dist = NULL;
     source src = {0};
     int rc = edl_distill_open(&dopts, &dist);

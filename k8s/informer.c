@@ -249,44 +249,61 @@ static bool stream_error(edl_k8s_informer *inf, const cJSON *status)
     return false;
 }
 
+k8s_watch_kind k8s_watch_line_parse(const char *line, size_t len, k8s_watch_line *out)
+{
+    *out = (k8s_watch_line){.kind = K8S_W_BAD};
+    cJSON *j = out->root = cJSON_ParseWithLength(line, len);
+    const char *type = edl_k8s_str(j, "type");
+    cJSON *obj = out->obj = cJSON_GetObjectItemCaseSensitive(j, "object");
+    if (!cJSON_IsObject(j))
+        out->why = "not a JSON object";
+    else if (!type)
+        out->why = "an event without a type";
+    else if (!cJSON_IsObject(obj))
+        out->why = "an event without an object";
+    else if (!strcmp(type, "ERROR"))
+        out->kind = K8S_W_ERROR;
+    else if (!strcmp(type, "BOOKMARK"))
+        out->kind = K8S_W_BOOKMARK;
+    else if (!(out->type = !strcmp(type, "ADDED") ? EDL_K8S_ADDED : !strcmp(type, "MODIFIED")
+                           ? EDL_K8S_MODIFIED : !strcmp(type, "DELETED") ? EDL_K8S_DELETED : 0))
+        out->why = "an event of an unknown type";
+    else if (!k8s_object_key(obj, out->key, sizeof out->key))
+        out->why = "an object without metadata.name";
+    else
+        out->kind = K8S_W_EVENT;
+    return out->kind;
+}
+
+void k8s_watch_line_clear(k8s_watch_line *w)
+{
+    cJSON_Delete(w->root);
+    *w = (k8s_watch_line){0};
+}
+
 /* One line of the stream: false ends the stream (outcome says why). */
 static bool handle_line(edl_k8s_informer *inf, const char *line, size_t len)
 {
-    cJSON *j = cJSON_ParseWithLength(line, len);
-    const char *type = edl_k8s_str(j, "type");
-    cJSON *obj = cJSON_GetObjectItemCaseSensitive(j, "object");
-    bool ok = false;
-    char key[512];
-    int t = 0;
-    if (type)
-        t = !strcmp(type, "ADDED") ? EDL_K8S_ADDED : !strcmp(type, "MODIFIED") ? EDL_K8S_MODIFIED
-            : !strcmp(type, "DELETED") ? EDL_K8S_DELETED : 0;
-    if (!cJSON_IsObject(j))
-        ok = bad_line(inf, "not a JSON object", line, len);
-    else if (!type)
-        ok = bad_line(inf, "an event without a type", line, len);
-    else if (!cJSON_IsObject(obj))
-        ok = bad_line(inf, "an event without an object", line, len);
-    else if (!strcmp(type, "ERROR"))
-        ok = stream_error(inf, obj);
-    else if (!strcmp(type, "BOOKMARK"))
-        move_rv(inf, obj), ok = true;
-    else if (!t)
-        ok = bad_line(inf, "an event of an unknown type", line, len);
-    else if (!k8s_object_key(obj, key, sizeof key))
-        ok = bad_line(inf, "an object without metadata.name", line, len);
-    else {
-        move_rv(inf, obj);
+    k8s_watch_line w;
+    bool ok = true;
+    switch (k8s_watch_line_parse(line, len, &w)) {
+    case K8S_W_BAD: ok = bad_line(inf, w.why, line, len); break;
+    case K8S_W_ERROR: ok = stream_error(inf, w.obj); break;
+    case K8S_W_BOOKMARK: move_rv(inf, w.obj); break;
+    case K8S_W_EVENT: {
+        move_rv(inf, w.obj);
         inf->got_event = true;
-        cJSON *kept = cJSON_DetachItemViaPointer(j, obj);
+        cJSON *kept = cJSON_DetachItemViaPointer(w.root, w.obj);
         if (inf->keep) {
             cJSON *trimmed = k8s_trim(kept, inf->keep);
             cJSON_Delete(kept);
             kept = trimmed;
         }
-        ok = kept && push(inf, t, kept);
+        ok = kept && push(inf, w.type, kept);
+        break;
     }
-    cJSON_Delete(j);
+    }
+    k8s_watch_line_clear(&w);
     return ok;
 }
 

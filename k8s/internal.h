@@ -71,6 +71,27 @@ int k8s_read_file(const char *path, size_t max, char **out);
  * NUL-terminated malloc'ed copy. EDL_EPROTO when not base64, EDL_ENOMEM. */
 int k8s_b64_decode(const char *in, size_t n, char **out, size_t *outlen);
 
+/* ---- one line of a watch stream (informer.c): pure, fuzzed ---------------------------- */
+
+typedef enum k8s_watch_kind {
+    K8S_W_BAD = 0,  /* not a watch event: why says how (the informer relists) */
+    K8S_W_EVENT,    /* ADDED, MODIFIED or DELETED of an object with a name: type, key */
+    K8S_W_BOOKMARK, /* obj carries the resourceVersion to watch from */
+    K8S_W_ERROR,    /* obj is a Status (410: relist at once) */
+} k8s_watch_kind;
+typedef struct k8s_watch_line {
+    k8s_watch_kind kind;
+    int type;        /* K8S_W_EVENT: EDL_K8S_ADDED, EDL_K8S_MODIFIED or EDL_K8S_DELETED */
+    cJSON *root;     /* the line parsed (NULL when it is not JSON); freed by _clear */
+    cJSON *obj;      /* its "object", inside root */
+    char key[512];   /* K8S_W_EVENT: the object's "ns/name" (k8s_object_key) */
+    const char *why; /* K8S_W_BAD */
+} k8s_watch_line;
+/* Read one line of a watch stream (without its '\n'): its kind, and *out filled; call
+ * k8s_watch_line_clear after, whatever the kind. */
+k8s_watch_kind k8s_watch_line_parse(const char *line, size_t len, k8s_watch_line *out);
+void k8s_watch_line_clear(k8s_watch_line *w);
+
 /* ---- the informer's cache (cache.c): objects keyed by "ns/name" ------------------------ */
 
 typedef struct k8s_entry {

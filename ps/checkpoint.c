@@ -218,10 +218,12 @@ static bool wants_table(const ps_due *due, size_t n, uint16_t id)
     return false;
 }
 
-void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n)
+void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from,
+                     size_t fromlen)
 {
     char why[512];
     edl_ckpt_manifest *m = NULL;
+    from[0] = '\0';
     if (!s->ck_on || n == 0)
         return;
     pthread_mutex_lock(&s->ck_mu);
@@ -246,8 +248,7 @@ void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n)
         free(f);
     }
     if (m)
-        EDL_INFO("ps", "restored shards from PS checkpoint %s (step %lld)", m->dir,
-                 (long long)m->step);
+        snprintf(from, fromlen, "PS checkpoint %s (step %lld)", m->dir, (long long)m->step);
     edl_ckpt_manifest_free(m);
     pthread_mutex_unlock(&s->ck_mu);
 }

@@ -261,7 +261,7 @@ int edl_fleet_run_server(edl_fleet *f, char *why, size_t whylen)
         EDL_INFO("ps", "serving on %s:%d%s", f->ip, edl_ps_server_port(s),
                  f->follow ? ", following the job's map of servers" : "");
         if (f->follow)
-            ps_follow_serve(s, f->follow, &sigs, PS_DRAIN_TIMEOUT_MS);
+            ps_follow_serve(s, f->follow, &sigs, PS_DRAIN_TIMEOUT_MS, NULL);
         else
             sigwait(&sigs, &sig);
     }

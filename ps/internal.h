@@ -308,6 +308,7 @@ void ps_sync_flush_shard(ps_sync *y, uint16_t id, ps_table *target, uint32_t sh)
 /* ---- elastic servers under the agent (follow.c) ---------------------------------------------- */
 #include <signal.h>
 typedef struct ps_follow ps_follow;
+struct edl_metrics_server;
 /* From the agent's environment; EDL_ENOTFOUND when there is none (EDL_ETCD_ENDPOINTS unset:
  * a fixed set of servers), else EDL_ECONFIG with why. */
 int ps_follow_open(ps_follow **out, char *why, size_t whylen);
@@ -320,8 +321,22 @@ bool ps_follow_job_over(ps_follow *f);
 /* Serve following the map until one of sigs (blocked by the caller), then leave gracefully:
  * until a map without this server is published and every shard is handed over, the job is
  * over, or drain_timeout_ms. 0, or the signal when a second one came first. */
-int ps_follow_serve(edl_ps_server *s, ps_follow *f, const sigset_t *sigs, int drain_timeout_ms);
+int ps_follow_serve(edl_ps_server *s, ps_follow *f, const sigset_t *sigs, int drain_timeout_ms,
+                    struct edl_metrics_server *m);
 #define PS_DRAIN_TIMEOUT_MS 60000
+
+/* ---- /metrics (metrics.c) ------------------------------------------------------------------ */
+struct edl_metrics_server;
+struct edl_prom;
+typedef struct ps_metrics_src {
+    edl_ps_server *s;
+    const char *job, *pod; /* the labels */
+} ps_metrics_src;
+/* An edl_metrics_fn: the server's counters (arg: a ps_metrics_src). */
+void ps_write_metrics(void *arg, struct edl_prom *p);
+/* Wait up to timeout_ms (-1: for ever) for one of sigs (blocked by the caller), serving m
+ * (NULL: none) meanwhile: the signal, or 0 when the time passed. */
+int ps_wait_signal(const sigset_t *sigs, struct edl_metrics_server *m, int timeout_ms);
 
 /* splitmix64's finaliser: the key's hash for shards and initial values. */
 static inline uint64_t ps_mix64(uint64_t x)

@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "edl/log.h"
+#include "edl/metrics.h"
 #include "edl/ps.h"
 #include "internal.h"
 
@@ -31,7 +33,13 @@ static void usage(FILE *out)
             "  --threads N         event loops (default: the CPUs this process may use, at\n"
             "                      most 4)\n"
             "  --max-message BYTES the largest request or reply body (default: %u)\n"
-            "  --max-connections N (default: 1024)\n"
+            "  --max-connections N authenticated connections (default: 1024)\n"
+            "  --max-unauthenticated N  connections not authenticated yet, bounded apart: at\n"
+            "                      the bound a newcomer closes the oldest (default: 256)\n"
+            "  --metrics-port P    serve /metrics and /healthz on port P (0: any free port;\n"
+            "                      default: off): the server's counters, the shards lost and\n"
+            "                      restored among them\n"
+            "  --metrics-addr A    the address they listen on (default: 0.0.0.0)\n"
             "  --drain-timeout-ms MS  under edl's agent, how long a server told to stop may\n"
             "                      take to hand its shards over (default: %d)\n"
             "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
@@ -63,6 +71,8 @@ typedef struct ps_args {
     edl_ps_server_options o;
     const char *secret_file;
     int drain_ms;
+    int metrics_port; /* -1: off */
+    const char *metrics_addr;
 } ps_args;
 
 static int parse_args(int argc, char **argv, ps_args *a)
@@ -71,7 +81,8 @@ static int parse_args(int argc, char **argv, ps_args *a)
         {"listen-addr", 1, 0, 'a'}, {"port", 1, 0, 'p'},      {"job", 1, 0, 'j'},
         {"secret-file", 1, 0, 's'}, {"threads", 1, 0, 't'},   {"max-message", 1, 0, 'm'},
         {"max-connections", 1, 0, 'c'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
-        {"drain-timeout-ms", 1, 0, 'd'},
+        {"drain-timeout-ms", 1, 0, 'd'}, {"max-unauthenticated", 1, 0, 'u'},
+        {"metrics-port", 1, 0, 'M'}, {"metrics-addr", 1, 0, 'A'},
         {0, 0, 0, 0}};
     const char *port = getenv("PADDLE_PORT");
     edl_log_level level;
@@ -98,6 +109,21 @@ static int parse_args(int argc, char **argv, ps_args *a)
         case 'c':
             bad = number("--max-connections", optarg, 1, 1 << 20, &v);
             a->o.max_connections = (int)v;
+            break;
+        case 'M':
+            bad = number("--metrics-port", optarg, 0, 65535, &v);
+            a->metrics_port = (int)v;
+            break;
+        case 'A':
+            if (!edl_metrics_addr_valid(optarg)) {
+                fprintf(stderr, "edl-ps: --metrics-addr '%s': an IPv4 or IPv6 address\n", optarg);
+                return 2;
+            }
+            a->metrics_addr = optarg;
+            break;
+        case 'u':
+            bad = number("--max-unauthenticated", optarg, 1, 1 << 20, &v);
+            a->o.max_unauthenticated = (int)v;
             break;
         case 'd':
             bad = number("--drain-timeout-ms", optarg, 0, 3600000, &v);
@@ -136,9 +162,42 @@ static int load_secret(const ps_args *a, edl_job_secret *s)
     return rc;
 }
 
+/* Room for the connections the server may hold (both bounds, and its own files): the soft
+ * limit on open files is raised towards the hard one when it is lower. */
+static void raise_fd_limit(const edl_ps_server_options *o)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)(o->max_connections ? o->max_connections : 1024) +
+                  (rlim_t)(o->max_unauthenticated ? o->max_unauthenticated : 256) + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want)
+        EDL_WARN("ps", "open files are limited to %llu: fewer than the %llu connections "
+                 "allowed (raise ulimit -n)", (unsigned long long)rl.rlim_cur,
+                 (unsigned long long)want);
+}
+
+/* /metrics when asked for (--metrics-port): 0, or 1 when it cannot listen. */
+static int open_metrics(const ps_args *a, ps_metrics_src *src, edl_metrics_server **m)
+{
+    *m = NULL;
+    if (a->metrics_port < 0)
+        return 0;
+    edl_metrics_opts mo = {.addr = a->metrics_addr, .port = a->metrics_port};
+    if (edl_metrics_open(&mo, ps_write_metrics, src, m) != 0) {
+        fprintf(stderr, "edl-ps: cannot serve /metrics on %s:%d\n",
+                a->metrics_addr ? a->metrics_addr : "0.0.0.0", a->metrics_port);
+        return 1;
+    }
+    printf("edl-ps: metrics on %s:%d\n", a->metrics_addr ? a->metrics_addr : "0.0.0.0",
+           edl_metrics_port(*m));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    ps_args a = {.drain_ms = PS_DRAIN_TIMEOUT_MS};
+    ps_args a = {.drain_ms = PS_DRAIN_TIMEOUT_MS, .metrics_port = -1};
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
@@ -147,6 +206,7 @@ int main(int argc, char **argv)
     if (load_secret(&a, &secret) != 0)
         return 2;
     a.o.secret = &secret;
+    raise_fd_limit(&a.o);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
@@ -174,16 +234,26 @@ int main(int argc, char **argv)
         edl_ps_server_close(s);
         return 1;
     }
+    ps_metrics_src src = {.s = s, .job = a.o.job ? a.o.job : "edl",
+                          .pod = getenv("EDL_POD_ID") ? getenv("EDL_POD_ID") : ""};
+    edl_metrics_server *m = NULL;
+    if (open_metrics(&a, &src, &m) != 0) {
+        edl_ps_server_close(s);
+        ps_follow_close(f);
+        return 1;
+    }
     printf("edl-ps: serving on %s:%d\n", a.o.listen_addr ? a.o.listen_addr : "127.0.0.1",
            edl_ps_server_port(s));
     fflush(stdout);
     int sig = 0;
     if (f) {
-        ps_follow_serve(s, f, &sigs, a.drain_ms);
+        ps_follow_serve(s, f, &sigs, a.drain_ms, m);
     } else {
-        sigwait(&sigs, &sig);
+        while ((sig = ps_wait_signal(&sigs, m, -1)) == 0) {
+        }
         EDL_INFO("ps", "%s: stopping", strsignal(sig));
     }
+    edl_metrics_close(m);
     edl_ps_server_close(s);
     ps_follow_close(f);
     return 0;

@@ -2,7 +2,11 @@
  * of their own) share the listening socket (EPOLLEXCLUSIVE: one loop accepts each connection)
  * and deal the connections out round robin (through a pipe per loop), so that a client's lanes
  * are served side by side; each loop serves its connections to the end: a link first proves
- * the job secret (handshake of internal.h), then sends frames, each answered in order. A
+ * the job secret (handshake of internal.h), then sends frames, each answered in order.
+ * Connections that have not proved it yet are bounded apart from the others (each loop holds
+ * its share of max_unauthenticated, oldest first, and a newcomer at the bound closes the
+ * oldest), so strangers that connect and stay silent cannot fill max_connections and lock the
+ * trainers out; refusals are logged at most once a second, summed. A
  * connection holds at most one request and one reply at a time: it is not read while its reply
  * waits to go out, so a slow reader cannot make the server queue without bound, and its input
  * buffer grows with the bytes that have arrived, not with the length a header announces.
@@ -53,14 +57,65 @@ typedef struct ps_conn {
     ps_hdr park_hdr;
     uint64_t park_step;
     int64_t park_since;
-    struct ps_conn *prev, *next;
+    struct ps_loop *loop;
+    struct ps_conn *prev, *next;   /* every connection of the loop */
+    bool pending;                  /* in the loop's queue of unauthenticated ones */
+    bool evicted;                  /* out of it to make room: closed after this round */
+    struct ps_conn *pprev, *pnext; /* that queue, oldest first (or the evicted ones) */
 } ps_conn;
 
 typedef struct ps_loop {
     edl_ps_server *s;
     int index, ep, wake_fd;
     ps_conn *conns;
+    ps_conn *phead, *ptail; /* unauthenticated connections, oldest first */
+    int npending, max_pending;
+    ps_conn *evicted;       /* to close once this round's events are handled */
 } ps_loop;
+
+/* ---- refusals, logged at a bounded rate -------------------------------------------------- */
+
+enum refusal { R_EVICTED, R_TIMED_OUT, R_REFUSED };
+
+#define REPORT_EVERY_MS 1000
+
+/* Count a refusal (why: the reason of an R_REFUSED); report_refusals logs the sums. */
+static void note_refusal(edl_ps_server *s, enum refusal kind, const char *why)
+{
+    atomic_fetch_add(&s->rejected, 1);
+    atomic_fetch_add(kind == R_EVICTED ? &s->n_evicted : kind == R_TIMED_OUT ? &s->n_timed_out
+                                                                           : &s->n_refused, 1);
+    if (why) {
+        pthread_mutex_lock(&s->why_mu);
+        snprintf(s->last_why, sizeof s->last_why, "%s", why);
+        pthread_mutex_unlock(&s->why_mu);
+    }
+}
+
+/* Log what was refused since the last report, at most once every REPORT_EVERY_MS (whichever
+ * loop comes first does it). A flood of strangers costs a few lines, not one per stranger. */
+static void report_refusals(edl_ps_server *s)
+{
+    int64_t now = edl_monotonic_ms(), at = atomic_load(&s->report_at);
+    if (now < at || !atomic_compare_exchange_strong(&s->report_at, &at, now + REPORT_EVERY_MS))
+        return;
+    uint64_t ev = atomic_exchange(&s->n_evicted, 0), to = atomic_exchange(&s->n_timed_out, 0);
+    uint64_t re = atomic_exchange(&s->n_refused, 0);
+    if (ev)
+        EDL_WARN("ps", "closed %llu unauthenticated connection(s) to make room for newer ones "
+                 "(more than max_unauthenticated, %d, at once: a flood?)",
+                 (unsigned long long)ev, s->o.max_unauthenticated);
+    if (to)
+        EDL_WARN("ps", "closed %llu connection(s) that did not authenticate within %d ms",
+                 (unsigned long long)to, s->o.handshake_timeout_ms);
+    if (re) {
+        char why[256];
+        pthread_mutex_lock(&s->why_mu);
+        snprintf(why, sizeof why, "%s", s->last_why);
+        pthread_mutex_unlock(&s->why_mu);
+        EDL_WARN("ps", "refused %llu connection(s); the last: %s", (unsigned long long)re, why);
+    }
+}
 
 /* ---- output -------------------------------------------------------------------------------- */
 
@@ -407,12 +462,33 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
     }
 }
 
+/* ---- the queue of unauthenticated connections ---------------------------------------------- */
+
+static void pending_add(ps_loop *l, ps_conn *c)
+{
+    c->pending = true;
+    c->pnext = NULL;
+    c->pprev = l->ptail;
+    *(l->ptail ? &l->ptail->pnext : &l->phead) = c;
+    l->ptail = c;
+    l->npending++;
+}
+
+static void pending_remove(ps_loop *l, ps_conn *c)
+{
+    if (!c->pending)
+        return;
+    *(c->pprev ? &c->pprev->pnext : &l->phead) = c->pnext;
+    *(c->pnext ? &c->pnext->pprev : &l->ptail) = c->pprev;
+    c->pending = false;
+    l->npending--;
+}
+
 /* ---- the handshake ------------------------------------------------------------------------- */
 
 static void refuse(edl_ps_server *s, ps_conn *c, int code, const char *why)
 {
-    EDL_WARN("ps", "refused a connection: %s", why);
-    atomic_fetch_add(&s->rejected, 1);
+    note_refusal(s, R_REFUSED, why);
     reply_error(c, NULL, code, why);
     c->closing = true;
 }
@@ -443,6 +519,13 @@ static void on_proof(edl_ps_server *s, ps_conn *c)
         !edl_job_secret_mac_equal(got, want))
         return refuse(s, c, EDL_EAUTH, "authentication failed: the client does not hold this "
                       "job's secret (or serves another job)");
+    if (atomic_fetch_add(&s->live, 1) >= s->o.max_connections) {
+        atomic_fetch_sub(&s->live, 1);
+        snprintf(why, sizeof why, "the server has max_connections (%d) links open",
+                 s->o.max_connections);
+        return refuse(s, c, EDL_EBUSY, why);
+    }
+    pending_remove(c->loop, c);
     c->state = C_READY;
     c->deadline = -1;
     reply_begin(c, &(ps_hdr){.type = 0}, 0); /* the link is open: an empty reply of type 0 */
@@ -528,6 +611,10 @@ static int conn_read(edl_ps_server *s, ps_conn *c)
 
 static void conn_close(ps_loop *l, ps_conn *c)
 {
+    if (c->pending)
+        pending_remove(l, c);
+    else if (c->state == C_READY)
+        atomic_fetch_sub(&l->s->live, 1);
     epoll_ctl(l->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     if (c->prev)
@@ -539,7 +626,6 @@ static void conn_close(ps_loop *l, ps_conn *c)
     free(c->in);
     free(c->out);
     free(c);
-    atomic_fetch_sub(&l->s->live, 1);
 }
 
 /* Send what waits; then wait for input again, or for room to send more. -1: close. */
@@ -594,25 +680,35 @@ static void tune_socket(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
-/* Serve the accepted socket fd on loop l (or refuse it: too many open). */
+/* Serve the accepted socket fd on loop l, unauthenticated: at the loop's bound the oldest
+ * unauthenticated connection makes room. A stranger holding a silent connection is always
+ * older than a trainer that connects now and answers within a round trip, so a flood delays
+ * trainers by no more than that, where refusing newcomers would lock them out (as the
+ * collective's mesh does it: collective/net.c, take_new). */
 static void adopt(ps_loop *l, int fd)
 {
     edl_ps_server *s = l->s;
-    ps_conn *c = NULL;
-    if (atomic_fetch_add(&s->live, 1) >= s->o.max_connections || !(c = calloc(1, sizeof *c))) {
-        atomic_fetch_sub(&s->live, 1);
-        atomic_fetch_add(&s->rejected, 1);
-        EDL_WARN("ps", "refused a connection: %d open, the limit (max_connections)",
-                 s->o.max_connections);
+    ps_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        note_refusal(s, R_REFUSED, "out of memory for a connection");
         close(fd);
         return;
     }
+    if (l->npending >= l->max_pending) { /* closed later: this round's events may name it */
+        ps_conn *old = l->phead;
+        note_refusal(s, R_EVICTED, NULL);
+        pending_remove(l, old);
+        old->evicted = true;
+        old->pnext = l->evicted;
+        l->evicted = old;
+    }
     tune_socket(fd);
-    *c = (ps_conn){.fd = fd, .state = C_HELLO,
+    *c = (ps_conn){.fd = fd, .state = C_HELLO, .loop = l,
                    .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms, .next = l->conns};
     if (l->conns)
         l->conns->prev = c;
     l->conns = c;
+    pending_add(l, c);
     atomic_fetch_add(&s->connections, 1);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
     epoll_ctl(l->ep, EPOLL_CTL_ADD, fd, &ev);
@@ -643,17 +739,19 @@ static void adopt_handed(ps_loop *l)
             adopt(l, fds[i]);
 }
 
+/* Close the connections whose handshake is overdue: the oldest of the queue (every one has
+ * the same time to authenticate, so the queue is in the order of the deadlines). */
 static void sweep_handshakes(ps_loop *l)
 {
+    while (l->evicted) {
+        ps_conn *c = l->evicted;
+        l->evicted = c->pnext;
+        conn_close(l, c);
+    }
     int64_t now = edl_monotonic_ms();
-    for (ps_conn *c = l->conns, *next; c; c = next) {
-        next = c->next;
-        if (c->state != C_READY && c->deadline >= 0 && now > c->deadline) {
-            atomic_fetch_add(&l->s->rejected, 1);
-            EDL_WARN("ps", "closed a connection that did not authenticate within %d ms",
-                     l->s->o.handshake_timeout_ms);
-            conn_close(l, c);
-        }
+    while (l->phead && now > l->phead->deadline) {
+        note_refusal(l->s, R_TIMED_OUT, NULL);
+        conn_close(l, l->phead);
     }
 }
 
@@ -685,14 +783,18 @@ static void *loop_main(void *arg)
                 }
             } else if (!c) {
                 accept_all(l);
+            } else if (c->evicted) {
+                /* closed after this round */
             } else if ((evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) ||
                        conn_read(s, c) != 0 || conn_flush(l, c) != 0) {
                 conn_close(l, c);
             }
         }
         sweep_handshakes(l);
+        report_refusals(s);
         resume_parked(l);
     }
+    sweep_handshakes(l); /* the evicted ones */
     while (l->conns)
         conn_close(l, l->conns);
     close(l->ep);
@@ -739,12 +841,12 @@ static int check_options(const edl_ps_server_options *o, char *why, size_t whyle
         return edl_errf(why, whylen, EDL_ECONFIG, "the parameter server needs the job secret "
                         "(EDL_JOB_SECRET_FILE): its links are always authenticated");
     if (o->port < 0 || o->port > 65535 || o->threads < 0 || o->threads > PS_MAX_THREADS ||
-        o->max_connections < 0 || o->handshake_timeout_ms < 0 ||
+        o->max_connections < 0 || o->max_unauthenticated < 0 || o->handshake_timeout_ms < 0 ||
         (o->max_message && o->max_message < 4096))
         return edl_errf(why, whylen, EDL_ECONFIG, "bad server options: port %d (0..65535), "
-                        "threads %d (0..%d), max_connections %d, max_message %u (>= 4096)",
-                        o->port, o->threads, PS_MAX_THREADS, o->max_connections,
-                        o->max_message);
+                        "threads %d (0..%d), max_connections %d, max_unauthenticated %d, "
+                        "max_message %u (>= 4096)", o->port, o->threads, PS_MAX_THREADS,
+                        o->max_connections, o->max_unauthenticated, o->max_message);
     if (strlen(o->job ? o->job : "") >= 256 || strlen(o->listen_addr ? o->listen_addr : "") >= 256)
         return edl_errf(why, whylen, EDL_ECONFIG, "job id or listen address over 255 bytes");
     return 0;
@@ -764,6 +866,7 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
     s->nthreads = o->threads ? o->threads : (cpus < 4 ? cpus : 4);
     s->o.max_message = o->max_message ? o->max_message : EDL_PS_DEFAULT_MAX_MESSAGE;
     s->o.max_connections = o->max_connections ? o->max_connections : 1024;
+    s->o.max_unauthenticated = o->max_unauthenticated ? o->max_unauthenticated : 256;
     s->o.handshake_timeout_ms = o->handshake_timeout_ms ? o->handshake_timeout_ms : 5000;
     s->o.handover_timeout_ms = o->handover_timeout_ms > 0 ? o->handover_timeout_ms : 10000;
     snprintf(s->job, sizeof s->job, "%s", o->job && *o->job ? o->job : "edl");
@@ -772,6 +875,7 @@ int edl_ps_server_open(const edl_ps_server_options *o, edl_ps_server **out, char
     s->secret = *o->secret;
     s->o.secret = &s->secret;
     pthread_mutex_init(&s->create_mu, NULL);
+    pthread_mutex_init(&s->why_mu, NULL);
     ps_elastic_init(s);
     s->lfd = -1;
     for (int i = 0; i < PS_MAX_THREADS; i++)
@@ -804,8 +908,10 @@ int edl_ps_server_start(edl_ps_server *s)
     for (int i = 0; i < s->nthreads; i++) {
         ps_loop *l = calloc(1, sizeof *l);
         int ep = epoll_create1(EPOLL_CLOEXEC);
+        int share = (s->o.max_unauthenticated + s->nthreads - 1) / s->nthreads;
         if (l && ep >= 0)
-            *l = (ps_loop){.s = s, .index = i, .ep = ep, .wake_fd = s->wake_fd[i]};
+            *l = (ps_loop){.s = s, .index = i, .ep = ep, .wake_fd = s->wake_fd[i],
+                           .max_pending = share};
         if (!l || ep < 0 || pthread_create(&s->th[i], NULL, loop_main, l) != 0) {
             free(l);
             if (ep >= 0)
@@ -855,6 +961,7 @@ void edl_ps_server_close(edl_ps_server *s)
     for (int i = 0; i < EDL_PS_MAX_TABLES; i++)
         ps_table_free(atomic_load(&s->tables[i]));
     pthread_mutex_destroy(&s->create_mu);
+    pthread_mutex_destroy(&s->why_mu);
     edl_job_secret_clear(&s->secret);
     free(s);
 }

@@ -32,7 +32,12 @@ struct edl_ps_server {
     int hand_fd[PS_MAX_THREADS][2]; /* per loop: a pipe of the sockets accepted for it */
     atomic_uint next_loop;          /* the loop for the next connection, round robin */
     atomic_uint_fast64_t requests, errors, connections, rejected;
-    atomic_int live;
+    atomic_int live;                /* authenticated connections (max_connections) */
+    /* refusals, logged at most once a second (report_refusals in server.c) */
+    atomic_uint_fast64_t n_evicted, n_timed_out, n_refused;
+    atomic_int_fast64_t report_at;  /* monotonic ms: the next report is due then */
+    pthread_mutex_t why_mu;
+    char last_why[256];             /* the last refusal's reason */
     atomic_uint_fast64_t shards_in, shards_out, shards_lost, pushes;
     /* elastic.c: requests hold `route` for reading while they touch tables; map changes and
      * hand-overs hold it for writing. Without a map (mapped false) every shard is served. */
@@ -110,6 +115,7 @@ typedef struct ps_due {
     bool timed_out; /* its hand-over never came (lost unless the checkpoint has it) */
     bool done;
 } ps_due;
-void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n);
+/* from: which checkpoint they came from ("PS checkpoint <dir> (step N)"), "" when none. */
+void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from, size_t fromlen);
 
 #endif

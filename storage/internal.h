@@ -58,4 +58,19 @@ int storage_fail(edl_storage *s, int code, const char *fmt, ...) __attribute__((
 int storage_list_add(char ***keys, size_t *n, size_t *cap, const char *key, size_t len);
 unsigned storage_rand(edl_storage *s);
 
+/* ---- S3's XML replies (s3_xml.c): pure, fuzzed ---------------------------------------- */
+
+/* The text of the first <tag>...</tag> in xml (NUL-terminated) into out: 1, or 0 when there is
+ * none or it holds markup ('<': not one element's text), or -1 when it does not fit (out holds
+ * its start). */
+int s3_xml_text(const char *xml, const char *tag, char *out, size_t outlen);
+/* One ListObjectsV2 page: the <Key>s below prefix, the prefix cut off, that are valid keys
+ * (storage_list_add into keys; other objects are skipped), whether more pages follow (*more)
+ * and then their token (next). 0; EDL_EPROTO (why) for a reply that is not a listing, a
+ * <Contents> without a whole <Key>, a truncated page without a token or with one over
+ * nextlen - 1 bytes; EDL_ENOMEM. */
+int s3_list_page_parse(const char *xml, const char *prefix, char ***keys, size_t *n,
+                       size_t *cap, bool *more, char *next, size_t nextlen, char *why,
+                       size_t whylen);
+
 #endif

@@ -409,25 +409,6 @@ static void req_clear(s3_req *r)
     memset(r, 0, sizeof *r);
 }
 
-/* Text of <tag>...</tag> in an XML reply (first occurrence), into out. */
-static bool xml_text(const char *xml, const char *tag, char *out, size_t outlen)
-{
-    char open[64], close[64];
-    snprintf(open, sizeof open, "<%s>", tag);
-    snprintf(close, sizeof close, "</%s>", tag);
-    const char *a = xml ? strstr(xml, open) : NULL;
-    const char *b = a ? strstr(a + strlen(open), close) : NULL;
-    if (!b)
-        return false;
-    a += strlen(open);
-    size_t n = (size_t)(b - a);
-    if (n >= outlen)
-        n = outlen - 1;
-    memcpy(out, a, n);
-    out[n] = '\0';
-    return true;
-}
-
 static bool retryable(CURLcode cc, long status, const s3_req *r)
 {
     if (r->sink_rc)
@@ -458,8 +439,8 @@ static int classify(edl_storage *s, CURLcode cc, s3_req *r, const char *what)
     if (st >= 200 && st < 300)
         return 0;
     char code[128] = "", msg[256] = "";
-    xml_text(r->resp, "Code", code, sizeof code);
-    xml_text(r->resp, "Message", msg, sizeof msg);
+    s3_xml_text(r->resp, "Code", code, sizeof code);
+    s3_xml_text(r->resp, "Message", msg, sizeof msg);
     const char *sep = code[0] ? ": " : "";
     if (st == 403 || st == 401)
         return storage_fail(s, EDL_EAUTH, "%s: S3 refused the credentials (HTTP %ld %s%s%s); check "
@@ -573,36 +554,6 @@ static int put_single(edl_storage *s, const char *key, const char *data, size_t 
 
 /* ---- list ---------------------------------------------------------------------------- */
 
-/* Add the <Key>s of one ListObjectsV2 page that lie under our prefix. */
-static int add_page_keys(edl_storage *s, const char *xml, char ***keys, size_t *n, size_t *cap)
-{
-    s3_store *st = s->impl;
-    size_t plen = strlen(st->prefix);
-    for (const char *p = strstr(xml, "<Contents>"); p; p = strstr(p, "<Contents>")) {
-        p += 10;
-        const char *k = strstr(p, "<Key>"), *end = strstr(p, "</Contents>");
-        if (!k || !end || k > end)
-            return storage_fail(s, EDL_EPROTO, "list of %s: a <Contents> without a <Key>", s->uri);
-        k += 5;
-        const char *ke = strstr(k, "</Key>");
-        if (!ke || ke > end)
-            return storage_fail(s, EDL_EPROTO, "list of %s: an unterminated <Key>", s->uri);
-        size_t klen = (size_t)(ke - k);
-        if (klen > plen && klen - plen <= 512 && strncmp(k, st->prefix, plen) == 0) {
-            char key[520];
-            memcpy(key, k + plen, klen - plen);
-            key[klen - plen] = '\0';
-            if (edl_storage_key_valid(key)) { /* foreign objects with other names are not ours */
-                int rc = storage_list_add(keys, n, cap, key, klen - plen);
-                if (rc)
-                    return rc;
-            }
-        }
-        p = end;
-    }
-    return 0;
-}
-
 static int s3_list(edl_storage *s, const char *prefix, char ***keys, size_t *n, size_t *cap)
 {
     s3_store *st = s->impl;
@@ -630,16 +581,13 @@ static int s3_list(edl_storage *s, const char *prefix, char ***keys, size_t *n, 
         char what[700];
         snprintf(what, sizeof what, "list %s (prefix \"%s\")", s->uri, prefix);
         rc = r.url ? perform(s, &r, what) : EDL_ENOMEM;
-        if (rc == 0 && (r.resp_cut || !r.resp || !strstr(r.resp, "<ListBucketResult")))
-            rc = storage_fail(s, EDL_EPROTO, "%s: the reply is not a ListBucketResult", what);
-        if (rc == 0)
-            rc = add_page_keys(s, r.resp, keys, n, cap);
-        char trunc[16] = "", next[1024] = "";
-        bool more = rc == 0 && xml_text(r.resp, "IsTruncated", trunc, sizeof trunc) &&
-                    strcmp(trunc, "true") == 0;
-        if (more && !xml_text(r.resp, "NextContinuationToken", next, sizeof next))
-            rc = storage_fail(s, EDL_EPROTO, "%s: truncated list without a continuation token",
-                              what);
+        if (rc == 0 && r.resp_cut)
+            rc = storage_fail(s, EDL_ETOOBIG, "%s: a reply over %u bytes", what, MAX_XML_BODY);
+        char next[1024] = "", why[256];
+        bool more = false;
+        if (rc == 0 && (rc = s3_list_page_parse(r.resp, st->prefix, keys, n, cap, &more, next,
+                                                sizeof next, why, sizeof why)) != 0)
+            rc = storage_fail(s, rc, "%s: %s", what, rc == EDL_ENOMEM ? "out of memory" : why);
         req_clear(&r);
         free(token);
         token = NULL;
@@ -690,7 +638,7 @@ static int mp_create(multipart *m)
     if (!(r.url = object_url(m->st, m->key, "uploads=")))
         return EDL_ENOMEM;
     int rc = perform(s, &r, what);
-    if (rc == 0 && (!xml_text(r.resp, "UploadId", m->upload_id, sizeof m->upload_id) ||
+    if (rc == 0 && (s3_xml_text(r.resp, "UploadId", m->upload_id, sizeof m->upload_id) != 1 ||
                     !m->upload_id[0] || strlen(m->upload_id) > 1024))
         rc = storage_fail(s, EDL_EPROTO, "%s: the reply has no usable UploadId", what);
     req_clear(&r);
@@ -740,8 +688,8 @@ static int mp_complete(multipart *m)
     /* S3 may answer 200 and still fail, with an <Error> in the body. */
     if (rc == 0 && (!r.resp || strstr(r.resp, "<Error>"))) {
         char code[128] = "", msg[256] = "";
-        xml_text(r.resp, "Code", code, sizeof code);
-        xml_text(r.resp, "Message", msg, sizeof msg);
+        s3_xml_text(r.resp, "Code", code, sizeof code);
+        s3_xml_text(r.resp, "Message", msg, sizeof msg);
         rc = storage_fail(s, EDL_ESERVER, "%s: %s %s", what, code[0] ? code : "empty reply", msg);
     }
     req_clear(&r);

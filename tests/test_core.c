@@ -342,6 +342,111 @@ static void test_metrics_server_answers_and_survives_bad_clients(void **state)
     serve_stop(&sv);
 }
 
+/* A connection to 127.0.0.1:port that starts a request and never ends it (-1: refused). */
+static int loris_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        send(fd, "GET /metrics HTTP/1.1\r\nX: ", 26, MSG_NOSIGNAL) != 26) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Whether the server closed fd (its end read, or reset). */
+static bool loris_closed(int fd)
+{
+    char b[64];
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+enum { LORISES = 32 };
+
+typedef struct lorises {
+    int port, fds[LORISES];
+    pthread_t th;
+    atomic_bool stop;
+    atomic_int closed; /* by the server */
+} lorises;
+
+/* One byte every 2 s on each connection, each a header that never ends; a connection the
+ * server closed comes back at once, as an attacker's would. */
+static void *loris_main(void *arg)
+{
+    lorises *l = arg;
+    while (!l->stop) {
+        for (int i = 0; i < LORISES; i++) {
+            if (l->fds[i] >= 0 && (loris_closed(l->fds[i]) ||
+                                   send(l->fds[i], "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1)) {
+                close(l->fds[i]);
+                l->fds[i] = -1;
+                l->closed++;
+            }
+            if (l->fds[i] < 0)
+                l->fds[i] = loris_connect(l->port);
+        }
+        for (int k = 0; k < 40 && !l->stop; k++)
+            harness_sleep_ms(50);
+    }
+    return NULL;
+}
+
+/* Slow clients (one byte every 2 s, the request never done) hold every connection the server
+ * takes: scrapes still succeed, each slow request is closed once it is 5 s old, and a single
+ * one alone is closed at 5 s though it never goes idle. */
+static void test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are_closed(
+    void **state)
+{
+    (void)state;
+    served sv;
+    serve_start(&sv, "127.0.0.1");
+    int port = edl_metrics_port(sv.s);
+    static char body[65536];
+    /* one slow request alone: closed at its 5 s deadline */
+    int one = loris_connect(port);
+    assert_true(one >= 0);
+    int64_t t0 = harness_now_ms();
+    while (!loris_closed(one) && harness_now_ms() - t0 < 9000) {
+        send(one, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        harness_sleep_ms(500);
+    }
+    int64_t lived = harness_now_ms() - t0;
+    close(one);
+    print_message("a request sending a byte every 0.5 s was closed after %lld ms\n",
+                  (long long)lived);
+    assert_true(lived >= 4500 && lived < 7000);
+    /* 32 of them, coming back when closed, and a scrape every 250 ms for 8 s */
+    lorises *l = calloc(1, sizeof *l);
+    l->port = port;
+    for (int i = 0; i < LORISES; i++)
+        l->fds[i] = loris_connect(port);
+    assert_int_equal(pthread_create(&l->th, NULL, loris_main, l), 0);
+    harness_sleep_ms(300);
+    int ok = 0, failed = 0;
+    for (int64_t end = harness_now_ms() + 8000; harness_now_ms() < end; harness_sleep_ms(250)) {
+        if (harness_http_get(port, "/metrics", body, sizeof body) == 200 &&
+            strstr(body, "edl_test_scrapes_total"))
+            ok++;
+        else
+            failed++;
+    }
+    l->stop = true;
+    pthread_join(l->th, NULL);
+    for (int i = 0; i < LORISES; i++)
+        if (l->fds[i] >= 0)
+            close(l->fds[i]);
+    print_message("under %d slow clients: %d scrapes ok, %d failed; the server closed %d slow "
+                  "connections\n", LORISES, ok, failed, (int)l->closed);
+    assert_int_equal(failed, 0);
+    assert_true(l->closed >= LORISES); /* by their deadline or to make room for a scrape */
+    free(l);
+    serve_stop(&sv);
+}
+
 static void test_metrics_server_listens_where_it_is_told(void **state)
 {
     (void)state;
@@ -398,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
         cmocka_unit_test(test_metrics_server_listens_where_it_is_told),
+        cmocka_unit_test(test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are_closed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

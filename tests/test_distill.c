@@ -314,6 +314,77 @@ static void test_bad_answers_are_counted_and_batches_go_elsewhere(void **state)
     teacher_stop(&good);
 }
 
+/* A reply of ROWS x cols floats, all 0.25 but for `odd` at index 3, in the given form (JSON
+ * written by hand: the encoder refuses what is not finite). */
+static size_t bad_reply(edl_distill_format f, uint32_t cols, float odd, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (f == EDL_DISTILL_BINARY) {
+        uint32_t head[4] = {0, 1, ROWS, cols};
+        memcpy(head, "EDLT", 4);
+        memcpy(out, head, sizeof head); /* little-endian host: the build refuses others */
+        for (uint32_t i = 0; i < ROWS * cols; i++) {
+            float v = i == 3 ? odd : 0.25f;
+            memcpy(out + 16 + 4 * i, &v, 4);
+        }
+        return 16 + 4 * (size_t)ROWS * cols;
+    }
+    n += (size_t)snprintf(out, cap, "{\"predictions\":[");
+    for (uint32_t r = 0; r < ROWS; r++)
+        for (uint32_t c = 0; c < cols; c++)
+            n += (size_t)snprintf(out + n, cap - n, "%s%s%.9g%s", c ? "" : r ? ",[" : "[",
+                                  c ? "," : "", r * cols + c == 3 ? (double)odd : 0.25,
+                                  c + 1 == cols ? "]" : "");
+    n += (size_t)snprintf(out + n, cap - n, "]}");
+    return n;
+}
+
+/* A student that states its shape (C columns) and bound (probabilities: 1) takes no reply of
+ * 1 or 7 columns, with NaN or infinity (binary) or with 3e38: each is a bad reply, counted, its
+ * batch sent to another teacher, and every batch is delivered once from the good one. Under
+ * ASan nothing reads past a result. */
+static void test_replies_of_another_shape_or_with_bad_values_are_bad_replies(void **state)
+{
+    (void)state;
+    teacher good;
+    teacher_start(&good, 0);
+    for (int f = EDL_DISTILL_JSON; f <= EDL_DISTILL_BINARY; f++) {
+        const float odd[] = {0.25f, 0.25f, 3e38f, NAN, INFINITY};
+        const uint32_t cols[] = {1, 7, C, C, C};
+        int nbad = f == EDL_DISTILL_BINARY ? 5 : 3; /* JSON cannot carry NaN or infinity */
+        harness_http *bad[5];
+        const char *eps[6];
+        char body[4096];
+        for (int i = 0; i < nbad; i++) {
+            assert_non_null(bad[i] = harness_http_open());
+            size_t len = bad_reply((edl_distill_format)f, cols[i], odd[i], body, sizeof body);
+            harness_http_reply(bad[i], 200, body, len, HTTP_NORMAL);
+            eps[i] = harness_http_url(bad[i]);
+        }
+        eps[nbad] = good.url;
+        tally *t = calloc(1, sizeof *t);
+        open_client(t, (edl_distill_opts){.format = (edl_distill_format)f, .cols = C,
+                                          .max_abs = 1}, eps, (size_t)nbad + 1);
+        submit(t, 60);
+        drain(t, 60, 30000);
+        edl_distill_stats s;
+        edl_distill_get_stats(t->d, &s);
+        for (int i = 0; i < nbad; i++)
+            if (harness_http_requests(bad[i]) < 1)
+                fail_msg("form %d: bad teacher %d was never asked", f, i);
+        print_message("form %d: %llu bad replies counted, %llu retried\n", f,
+                      (unsigned long long)s.bad_replies, (unsigned long long)s.retried);
+        assert_true(s.bad_replies >= (uint64_t)nbad);
+        assert_int_equal(s.retried, s.bad_replies + s.http_errors + s.conn_errors + s.timeouts);
+        assert_int_equal(answered_by(t, good.url), 60); /* only the good teacher's were taken */
+        done(t);
+        free(t);
+        for (int i = 0; i < nbad; i++)
+            harness_http_close(bad[i]);
+    }
+    teacher_stop(&good);
+}
+
 static void test_no_teachers_waits_then_a_teacher_appears(void **state)
 {
     (void)state;
@@ -440,6 +511,15 @@ static void test_binary_form_is_exact_and_refuses_bad_heads(void **state)
     assert_int_equal(decode(EDL_DISTILL_BINARY, true, b, len, &r, &c, NULL), EDL_ETOOBIG);
     free(b);
     assert_int_equal(edl_distill_encode(EDL_DISTILL_BINARY, false, x, 0, 3, &b, &len), EDL_EINVAL);
+    /* NaN and infinity travel in neither form: refused when encoded and when decoded */
+    const float odd[2] = {NAN, -INFINITY};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(edl_distill_encode(EDL_DISTILL_BINARY, true, &odd[i], 1, 1, &b, &len),
+                         EDL_EINVAL);
+        char nan[20] = {'E', 'D', 'L', 'T', 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
+        memcpy(nan + 16, &odd[i], 4);
+        assert_int_equal(decode(EDL_DISTILL_BINARY, true, nan, 20, &r, &c, NULL), EDL_EPROTO);
+    }
 }
 
 static void test_json_form_is_tensorflow_servings_and_strict(void **state)
@@ -533,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_teacher_killed_with_batches_in_flight),
         cmocka_unit_test(test_hung_teacher_batches_go_elsewhere_after_timeout),
         cmocka_unit_test(test_bad_answers_are_counted_and_batches_go_elsewhere),
+        cmocka_unit_test(test_replies_of_another_shape_or_with_bad_values_are_bad_replies),
         cmocka_unit_test(test_no_teachers_waits_then_a_teacher_appears),
         cmocka_unit_test(test_removed_teachers_batches_are_sent_again_at_once),
         cmocka_unit_test(test_a_batch_no_teacher_answers_ends_with_a_status),

@@ -1446,7 +1446,7 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
     snprintf(cmd, sizeof cmd, "grep -q 'sent .* shards to %s' %s.*", joined, out);
     /* the newcomer got its shards from the others */
     assert_int_equal(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "grep -q 'starts again from initial values' %s.*", out);
+    snprintf(cmd, sizeof cmd, "grep -q 'were not handed over' %s.*", out);
     assert_int_not_equal(system(cmd), 0); /* the killed one's shards lived on its backups */
     snprintf(cmd, sizeof cmd, "grep -q 'worker 0 saved [1-9][0-9]* PS checkpoints' %s", path);
     assert_int_equal(system(cmd), 0); /* --save-every: PS checkpoints while servers changed */
@@ -1456,6 +1456,59 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
     print_message("ctr under edl run, 2 replicas, a server joined and one killed: test AUC "
                   "%.4f\n", auc);
     assert_true(auc > 0.72); /* one process learns 0.77 on this data, the planted model 0.84 */
+    edl_generation_clear(&c);
+}
+
+/* examples/ctr under edl run with 2 workers and 2 servers whose tables have 1 replica (no
+ * checkpoint): one server is SIGKILLed while the workers train. The survivor takes the dead
+ * one's shards after the hand-over timeout and says so in one line a table (4 tables), each
+ * with the dead server's count of its 1,024 shards, none restored, all from initial values,
+ * and no line about a single shard (it printed one a shard: 2,088 lines); the job succeeds. */
+static void test_ctr_a_server_killed_without_replicas_is_reported_once_a_table(void **state)
+{
+    (void)state;
+    const char *job = "ctrlost";
+    char script[1024], out[300], cmd[1024];
+    snprintf(out, sizeof out, "%s/ctrlost.out", g_dir);
+    snprintf(script, sizeof script, "exec %s --examples 300000 --test 20000 --replicas 1 "
+             ">>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, out);
+    const char *opts[] = {"--np", "2", "--ps", "1:2", "--ps-replicas", "2", "--etcd", ep(),
+                          "--settle-ms", "300", "--grace-ms", "5000", NULL};
+    pid_t run = edl_run(job, opts, script);
+    edl_generation c = {0};
+    wait_servers(job, 2, 60000, &c);
+    wait_running(job, 2, 60000, &c);
+    for (int r = 0; r < 2; r++)
+        wait_step(job, c.members[r].pod, 20, 60000);
+    const char *names[2] = {c.servers[0].pod, c.servers[1].pod};
+    int dead = 0; /* of each table's 1,024 shards, those the victim owned */
+    for (uint32_t sh = 0; sh < 1024; sh++)
+        dead += edl_ps_shard_owner(names, 2, sh) == 0;
+    long victim = running_pid(job, c.servers[0].pod, c.generation);
+    assert_true(victim > 0);
+    assert_int_equal(kill((pid_t)victim, SIGKILL), 0);
+    assert_int_equal(harness_wait_exit(run, 240000), 0);
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
+    snprintf(cmd, sizeof cmd, "cat %s.* | grep -c 'shard [0-9]* of table'", out);
+    char got[64] = "";
+    harness_shell(cmd, got, sizeof got);
+    if (atoi(got) != 0) /* nothing about single shards */
+        fail_msg("%d lines about single shards of the killed server", atoi(got));
+    for (int t = 0; t < 4; t++) {
+        snprintf(cmd, sizeof cmd, "cat %s.* | grep -c 'ps: table %d: %d shards were not handed "
+                 "over within 10000 ms (their server died?); no PS checkpoint holds them: 0 "
+                 "restored, %d start again from initial values'", out, t, dead, dead);
+        harness_shell(cmd, got, sizeof got);
+        if (atoi(got) != 1)
+            fail_msg("table %d: %d lines saying the %d shards of the killed server start again "
+                     "(want 1)", t, atoi(got), dead);
+    }
+    snprintf(cmd, sizeof cmd, "cat %s.* | grep -c 'were not handed over'", out);
+    harness_shell(cmd, got, sizeof got);
+    print_message("ctr, 1 replica, a server SIGKILLed: %d lines about its shards (%d of each "
+                  "table's 1,024)\n", atoi(got), dead);
+    assert_int_equal(atoi(got), 4);
     edl_generation_clear(&c);
 }
 
@@ -1535,6 +1588,7 @@ int main(void)
         cmocka_unit_test(test_teacher_role_end_to_end),
         cmocka_unit_test(test_distill_student_follows_teachers_that_scale_and_die),
         cmocka_unit_test(test_ctr_trains_while_servers_join_and_die),
+        cmocka_unit_test(test_ctr_a_server_killed_without_replicas_is_reported_once_a_table),
         cmocka_unit_test(test_ctr_resumes_while_workers_join_and_die),
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */

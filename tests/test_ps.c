@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -913,19 +914,62 @@ static void test_broken_frames_and_strangers_are_cut_off_and_others_served(void 
     harness_ps_close(&k);
 }
 
+/* max_connections bounds authenticated links: one past it is refused after its proof, with a
+ * reason, and a place freed is taken again. */
+static void test_links_past_max_connections_are_refused_after_the_handshake(void **state)
+{
+    (void)state;
+    harness_ps k;
+    edl_ps_server_options so = {.max_connections = 1};
+    harness_ps_open(&k, 1, &so);
+    int fd = raw_link(&k);
+    int second = raw_connect(&k);
+    uint8_t nc[PS_NONCE_BYTES] = {2}, ns[PS_NONCE_BYTES], buf[PS_CHALLENGE_BYTES];
+    uint8_t mac[EDL_SECRET_MAC_BYTES];
+    char why[256], msg[600];
+    ps_hello_encode(nc, buf);
+    raw_send(second, buf, PS_HELLO_BYTES);
+    raw_recv(second, buf, PS_CHALLENGE_BYTES);
+    assert_int_equal(ps_challenge_parse(buf, sizeof buf, ns, mac, why, sizeof why), 0);
+    ps_link_mac(&k.secret, "job-a", PS_MAC_CLIENT, nc, ns, mac);
+    ps_proof_encode(mac, buf);
+    raw_send(second, buf, PS_PROOF_BYTES);
+    assert_int_equal(raw_frame(second, msg, sizeof msg).type, PS_ERROR);
+    assert_non_null(strstr(msg, "max_connections (1)"));
+    assert_true(raw_closed(second));
+    close(second);
+    close(fd);
+    for (int64_t end = harness_now_ms() + 3000;; harness_sleep_ms(20)) { /* the place is free */
+        edl_ps_client_options o = {.endpoints = k.ep, .n_servers = 1, .job = "job-a",
+                                   .secret = &k.secret, .timeout_ms = 2000, .lanes = 1};
+        edl_ps_client *c = NULL;
+        if (edl_ps_client_open(&o, &c, why, sizeof why) == 0) {
+            edl_ps_client_close(c);
+            break;
+        }
+        if (harness_now_ms() > end)
+            fail_msg("the freed place was not taken again: %s", why);
+    }
+    harness_ps_close(&k);
+}
+
 /* ---- edl-ps, the program ------------------------------------------------------------------ */
 
 static char dir[] = "/tmp/edl-test-ps-XXXXXX";
 
-/* Start edl-ps on a free port with the secret in a file; its log in dir/<name>.log. */
-static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
+/* Start edl-ps on a free port with the secret in a file; its log in dir/<name>.log; /metrics
+ * on metrics_port (-1: none). */
+static pid_t start_edl_ps_metrics(const char *name, const char *secret_file, int *port,
+                                  int metrics_port)
 {
-    char log[256], portarg[16], line[4096];
+    char log[256], portarg[16], mport[16], line[4096];
     *port = harness_free_port();
     snprintf(portarg, sizeof portarg, "%d", *port);
+    snprintf(mport, sizeof mport, "%d", metrics_port);
     snprintf(log, sizeof log, "%s/%s.log", dir, name);
     const char *argv[] = {EDL_PS_BIN, "--port", portarg, "--secret-file", secret_file,
-                          "--job", "job-a", "--threads", "2", NULL};
+                          "--job", "job-a", "--threads", "2", metrics_port < 0 ? NULL
+                          : "--metrics-port", mport, "--metrics-addr", "127.0.0.1", NULL};
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     for (int64_t end = harness_now_ms() + 10000; harness_now_ms() < end; harness_sleep_ms(20))
@@ -933,6 +977,21 @@ static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
             return pid;
     fail_msg("edl-ps did not start: %s", harness_read_file(log, line, sizeof line));
     return -1;
+}
+
+static pid_t start_edl_ps(const char *name, const char *secret_file, int *port)
+{
+    return start_edl_ps_metrics(name, secret_file, port, -1);
+}
+
+/* The value of a metric (its first sample) in a /metrics body; -1 when absent. */
+static long long metric(const char *body, const char *name)
+{
+    char want[128];
+    snprintf(want, sizeof want, "\n%s{", name);
+    const char *at = strstr(body, want);
+    at = at ? strchr(at, '}') : NULL;
+    return at ? atoll(at + 1) : -1;
 }
 
 static void test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name(void **state)
@@ -979,6 +1038,102 @@ static void test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_nam
     edl_job_secret_clear(&s);
 }
 
+/* Lines of the file that hold `what`. */
+static int count_lines(const char *path, const char *what)
+{
+    char line[4096];
+    int n = 0;
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, what) != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* A silent TCP connection to 127.0.0.1:port (-1 when connect fails). */
+static int silent_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* More silent strangers than max_connections (1,024) hold connections to a real edl-ps: a
+ * trainer that connects after them still gets in and pulls and pushes within 2 s, and the
+ * server's log says so in a few lines, not one per stranger. */
+static void test_silent_strangers_past_the_limit_do_not_lock_trainers_out(void **state)
+{
+    (void)state;
+    enum { STRANGERS = 1100 };
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < STRANGERS + 256 && rl.rlim_max >= STRANGERS + 256) {
+        rl.rlim_cur = rl.rlim_max;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    if (rl.rlim_cur < STRANGERS + 256)
+        skip();
+    char path[256], why[512], log[256];
+    snprintf(path, sizeof path, "%s/secret-flood", dir);
+    snprintf(log, sizeof log, "%s/flood.log", dir);
+    assert_int_equal(edl_job_secret_generate(path, why, sizeof why), 0);
+    int port, mport = harness_free_port();
+    pid_t ps = start_edl_ps_metrics("flood", path, &port, mport);
+    int *fds = malloc(STRANGERS * sizeof *fds);
+    for (int i = 0; i < STRANGERS; i++)
+        assert_true((fds[i] = silent_connect(port)) >= 0);
+    harness_sleep_ms(500); /* the server has taken them all */
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    const char *eps[] = {ep};
+    edl_job_secret s;
+    edl_job_secret_init(&s);
+    assert_int_equal(edl_job_secret_load_file(&s, path, why, sizeof why), 0);
+    edl_ps_client_options o = {.endpoints = eps, .n_servers = 1, .job = "job-a", .secret = &s,
+                               .timeout_ms = 2000};
+    edl_ps_client *c = NULL;
+    int64_t t0 = harness_now_ms();
+    if (edl_ps_client_open(&o, &c, why, sizeof why) != 0)
+        fail_msg("a trainer behind %d silent strangers: %s", STRANGERS, why);
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &cfg));
+    uint64_t key = 7;
+    float row[8], grad[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    harness_ps_ok(c, edl_ps_push_sparse(c, 0, &key, 1, grad));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, &key, 1, row));
+    int64_t took = harness_now_ms() - t0;
+    print_message("behind %d silent strangers: a trainer opened, pushed and pulled in %lld ms\n",
+                  STRANGERS, (long long)took);
+    assert_true(took < 2000);
+    harness_sleep_ms(6000); /* past the handshake timeout: the strangers left are closed */
+    for (int i = 0; i < STRANGERS; i++)
+        close(fds[i]);
+    static char body[65536]; /* and /metrics counts them */
+    assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_true(metric(body, "edl_ps_rejected_total") >= STRANGERS);
+    assert_true(metric(body, "edl_ps_pushes_total") >= 1);
+    assert_int_equal(metric(body, "edl_ps_shards_lost_total"), 0);
+    assert_int_equal(metric(body, "edl_ps_shards_restored_total"), 0);
+    assert_non_null(strstr(body, "edl_ps_up{job=\"job-a\",pod=\"\"} 1\n"));
+    free(fds);
+    edl_ps_client_close(c);
+    edl_job_secret_clear(&s);
+    harness_kill(ps, SIGTERM);
+    assert_int_equal(harness_wait_exit(ps, 5000), 0);
+    int lines = count_lines(log, "connection");
+    print_message("edl-ps logged %d lines about connections in about 7 s\n", lines);
+    if (lines > 12)
+        fail_msg("%d log lines about %d strangers in about 7 s (want at most 12)", lines,
+                 STRANGERS);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1009,7 +1164,9 @@ int main(void)
         cmocka_unit_test(test_a_table_keeps_its_config_and_calls_are_checked),
         cmocka_unit_test(test_bad_requests_get_errors_and_the_link_goes_on),
         cmocka_unit_test(test_broken_frames_and_strangers_are_cut_off_and_others_served),
+        cmocka_unit_test(test_links_past_max_connections_are_refused_after_the_handshake),
         cmocka_unit_test(test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name),
+        cmocka_unit_test(test_silent_strangers_past_the_limit_do_not_lock_trainers_out),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*secret*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

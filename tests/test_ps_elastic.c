@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "edl/etcd.h"
+#include "edl/log.h"
 #include "edl/ps.h"
 #include "edl/wire.h"
 #include "harness.h"
@@ -395,6 +396,64 @@ static void test_a_leaving_server_hands_its_shards_over_before_it_exits(void **s
     harness_ps_close(&k);
 }
 
+/* ---- what a server's loss prints ------------------------------------------------------------ */
+
+/* The library's log goes to a file while a test looks at it. */
+static FILE *log_capture(void)
+{
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    edl_log_setup(EDL_LOG_INFO, EDL_LOG_PLAIN, f);
+    return f;
+}
+
+typedef struct loss_lines {
+    int lines, per_shard;         /* summary lines; lines about one shard (none wanted) */
+    int tables[EDL_PS_MAX_TABLES]; /* summary lines of each table */
+    unsigned total, restored, anew; /* their sums */
+    char first[1024];
+} loss_lines;
+
+/* Stop capturing and read what the servers said about shards nobody handed over. */
+static loss_lines log_losses(FILE *f)
+{
+    loss_lines r = {0};
+    char line[1024];
+    edl_log_setup(EDL_LOG_INFO, EDL_LOG_PLAIN, NULL);
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        const char *t = strstr(line, "ps: table "), *c = strrchr(line, ':');
+        unsigned id, n, restored, anew;
+        r.per_shard += strstr(line, "shard ") && strstr(line, " of table ") ? 1 : 0;
+        if (!t || !strstr(line, "were not handed over") ||
+            sscanf(t, "ps: table %u: %u shards", &id, &n) != 2 ||
+            sscanf(c, ": %u restored, %u start again from initial values", &restored,
+                   &anew) != 2 || id >= EDL_PS_MAX_TABLES)
+            continue;
+        if (!r.lines++)
+            snprintf(r.first, sizeof r.first, "%s", line);
+        r.tables[id]++;
+        r.total += n, r.restored += restored, r.anew += anew;
+    }
+    fclose(f);
+    return r;
+}
+
+/* The dead server's shards: each survivor says in one line a table how many it took and
+ * where they came from (here: none restored, every one from initial values). */
+static void check_loss_lines(const loss_lines *l, int survivors, unsigned restored,
+                             unsigned anew)
+{
+    print_message("%d lines about lost shards (%d about single shards): %s", l->lines,
+                  l->per_shard, l->first);
+    assert_int_equal(l->per_shard, 0);
+    for (int id = 0; id < 2; id++) /* each table: at most one line from each survivor */
+        assert_true(l->tables[id] >= 1 && l->tables[id] <= survivors);
+    assert_int_equal(l->total, restored + anew);
+    assert_int_equal(l->restored, restored);
+    assert_int_equal(l->anew, anew);
+}
+
 static void test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang(void **state)
 {
     (void)state;
@@ -410,6 +469,7 @@ static void test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang(v
     atomic_int done = 0;
     start_pushers(p, th, &m, 10, &done);
     join_pushers(p, th);
+    FILE *log = log_capture();
     edl_ps_server_close(k.srv[2]); /* dies: nothing handed over */
     k.srv[2] = NULL;
     publish(&m, 2, (int[]){0, 1}, 2, -1); /* its lease expired: the job server drops it */
@@ -426,6 +486,8 @@ static void test_a_dead_servers_shards_start_again_and_the_clients_do_not_hang(v
     stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
     assert_int_equal(s0.shards_lost + s1.shards_lost, nlost);
     harness_ps_close(&k);
+    loss_lines l = log_losses(log);
+    check_loss_lines(&l, 2, 0, (unsigned)nlost);
 }
 
 /* With two replicas a shard's updates are applied by its owner and a backup before they are
@@ -714,6 +776,7 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
     wait_checkpoint(&cfg, 5);
     for (int r = 0; r < 3; r++) /* after the checkpoint: lost with the server that dies */
         harness_ps_ok(c, push_round(c));
+    FILE *log = log_capture();
     edl_ps_server_close(k.srv[2]);
     k.srv[2] = NULL;
     publish(&m, 2, (int[]){0, 1}, 2, -1);
@@ -730,6 +793,10 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
     assert_int_equal(s0.shards_lost + s1.shards_lost, 0);
     edl_ps_client_close(c);
     harness_ps_close(&k);
+    loss_lines l = log_losses(log);
+    check_loss_lines(&l, 2, (unsigned)nlost, 0);
+    assert_non_null(strstr(l.first, "PS checkpoint")); /* which one */
+    assert_non_null(strstr(l.first, "(step 5)"));
 
     harness_ps_open(&k, 2, &o); /* the job again, on two servers: all from step 5 */
     maps m2 = {.k = &k};

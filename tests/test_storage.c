@@ -509,6 +509,43 @@ static void test_s3_5xx_is_retried_then_reported(void **state)
     harness_http_close(h);
 }
 
+/* A list page whose continuation token is not one (markup inside: a token left open that
+ * swallowed the <Contents> after it; or longer than any token) is refused at once, naming
+ * why, instead of being sent back as the next page's token (fuzz_s3_xml found the first). */
+static void test_s3_list_page_with_a_broken_token_is_refused(void **state)
+{
+    (void)state;
+    harness_http *h = harness_http_open();
+    static char page[4096];
+    const char *swallowing = "<ListBucketResult><IsTruncated>true</IsTruncated>"
+                             "<NextContinuationToken>abc<Contents><Key>p/x</Key></Contents>"
+                             "</NextContinuationToken></ListBucketResult>";
+    char longtok[2001];
+    memset(longtok, 'A', 2000);
+    longtok[2000] = '\0';
+    for (int i = 0; i < 2; i++) {
+        if (i == 0)
+            snprintf(page, sizeof page, "%s", swallowing);
+        else
+            snprintf(page, sizeof page, "<ListBucketResult><IsTruncated>true</IsTruncated>"
+                     "<NextContinuationToken>%s</NextContinuationToken></ListBucketResult>",
+                     longtok);
+        harness_http_reply(h, 200, page, strlen(page), HTTP_NORMAL);
+        edl_storage_config cfg;
+        standin_config(&cfg, h, "s3://edl-test/p");
+        edl_storage *s = open_ok(&cfg);
+        int before = harness_http_requests(h);
+        char **keys = NULL;
+        size_t n = 0;
+        assert_int_equal(edl_storage_list(s, "", &keys, &n), EDL_EPROTO);
+        assert_int_equal(harness_http_requests(h) - before, 1); /* no second page asked */
+        assert_non_null(strstr(edl_storage_errmsg(s), i == 0 ? "without a continuation token"
+                                                            : "continuation token over"));
+        edl_storage_close(s);
+    }
+    harness_http_close(h);
+}
+
 static void test_s3_failed_multipart_upload_is_aborted(void **state)
 {
     (void)state;
@@ -574,6 +611,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_s3_wrong_credentials_is_a_clear_error),
         cmocka_unit_test(test_s3_5xx_is_retried_then_reported),
         cmocka_unit_test(test_s3_failed_multipart_upload_is_aborted),
+        cmocka_unit_test(test_s3_list_page_with_a_broken_token_is_refused),
         cmocka_unit_test(test_s3_buffer_under_the_multipart_threshold_is_one_put),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -34,6 +34,11 @@ typedef struct edl_distill_opts {
     int timeout_ms;           /* one try's deadline (0: 10 s); then the batch goes elsewhere */
     bool ordered;             /* deliver in submission order */
     int max_tries;            /* tries of one batch before it fails with EDL_EPEER (0: 8) */
+    uint32_t cols;            /* the columns every reply must have (0: any): a reply of
+                                 another shape is a bad reply, so the caller may read
+                                 rows x cols floats of every result without looking */
+    float max_abs;            /* a reply holding a value past +-max_abs is a bad reply (0: any
+                                 finite value; values that are not finite are always bad) */
 } edl_distill_opts;
 
 typedef struct edl_distill edl_distill;
@@ -69,7 +74,8 @@ typedef struct edl_distill_stats {
     uint64_t timeouts;     /* tries past timeout_ms */
     uint64_t conn_errors;  /* tries that could not connect or lost the connection */
     uint64_t http_errors;  /* replies with HTTP status >= 400 */
-    uint64_t bad_replies;  /* replies that did not decode or had the wrong number of rows */
+    uint64_t bad_replies;  /* replies that did not decode, were of another shape than asked
+                              (rows, opts.cols) or held a value past opts.max_abs */
     uint64_t failed;       /* batches delivered with a status after max_tries */
 } edl_distill_stats;
 void edl_distill_get_stats(const edl_distill *d, edl_distill_stats *s);
@@ -82,12 +88,13 @@ void edl_distill_close(edl_distill *d);
 
 /* Encode rows x cols floats as a request (reply false: {"instances":...}) or a reply
  * (reply true: {"predictions":...}); the binary form is the same both ways. *body is
- * malloc'd. EDL_EINVAL for a shape out of the limits or, in JSON, a value that is not finite. */
+ * malloc'd. EDL_EINVAL for a shape out of the limits or a value that is not finite (neither
+ * form carries NaN or infinity). */
 int edl_distill_encode(edl_distill_format f, bool reply, const float *x, uint32_t rows,
                        uint32_t cols, char **body, size_t *len);
 /* Decode strictly: the shape is checked against the limits before anything is allocated;
  * EDL_ETOOBIG past them, EDL_EPROTO (and why, in err) for anything else that is not exactly
- * the form. *x is malloc'd (rows * cols floats). */
+ * the form, a value that is not finite included. *x is malloc'd (rows * cols floats). */
 int edl_distill_decode(edl_distill_format f, bool reply, const char *body, size_t len,
                        float **x, uint32_t *rows, uint32_t *cols, char *err, size_t errlen);
 

@@ -5,8 +5,10 @@
  * answers from its owner's poll() loop (one fd, one timeout), so the handler reads the owner's
  * state without locks. It answers GET and HEAD of /metrics (text format 0.0.4) and /healthz
  * ("ok"); other paths 404, other methods 405; every answer closes its connection. Bounded:
- * 32 connections, 8 KiB per request, 5 s per connection, so a scraper (or a stranger) can
- * neither block the owner's loop nor make it grow. */
+ * 32 connections (a newcomer past them closes the oldest), 8 KiB per request, 5 s per
+ * connection from its start however it trickles in (closed from the owner's poll: call
+ * edl_metrics_serve within edl_metrics_timeout_ms), so a scraper (or a stranger, or 32 slow
+ * ones) can neither block the owner's loop, nor make it grow, nor keep the scrapes out. */
 #ifndef EDL_METRICS_H
 #define EDL_METRICS_H
 

@@ -114,7 +114,10 @@ typedef struct edl_ps_server_options {
     const char *job;          /* bound into the link MACs: the job id (default "edl") */
     const edl_job_secret *secret; /* required: links are always authenticated */
     uint32_t max_message;     /* default EDL_PS_DEFAULT_MAX_MESSAGE */
-    int max_connections;      /* default 1024 */
+    int max_connections;      /* authenticated connections (default 1024); a link that
+                                 authenticates past it is refused (EDL_EBUSY) */
+    int max_unauthenticated;  /* connections not authenticated yet, held apart from those
+                                 (default 256); at the bound a newcomer closes the oldest */
     int handshake_timeout_ms; /* a connection that has not authenticated by then is closed
                                  (default 5,000) */
     int handover_timeout_ms;  /* elastic: a shard that becomes this server's and that no
@@ -174,8 +177,10 @@ bool edl_ps_server_drained(edl_ps_server *s);
 /* What a server holds, for tests, metrics and the memory bound. */
 typedef struct edl_ps_server_stats {
     uint64_t tables, rows, bytes;   /* rows: sparse rows; bytes: table memory */
-    uint64_t requests, errors, connections, rejected; /* rejected: links that failed the
-                                                          handshake or broke the protocol */
+    uint64_t requests, errors, connections, rejected; /* rejected: connections refused,
+                                                          closed to make room or for not
+                                                          authenticating in time, or cut for
+                                                          breaking the protocol */
     uint64_t shards_in, shards_out; /* (table, shard)s received from and handed to servers */
     uint64_t shards_lost; /* shards this server came to own that nobody handed over within
                              handover_timeout_ms and no checkpoint held: they started again
