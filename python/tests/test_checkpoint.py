@@ -116,3 +116,26 @@ def test_refusals_name_the_cause(in_job, scratch, monkeypatch):
     with pytest.raises(edl.Error) as e:
         ckpt.save({"w": torch.ones(1)}, 3, "file:///tmp/elsewhere")
     assert e.value.name == "EDL_ECONFIG" and "run under edl" in str(e.value)
+
+
+def test_pip_installs_the_package_offline(tmp_path):
+    """`pip install --no-build-isolation ./python` builds the module through CMake and the
+    installed package imports on its own."""
+    import subprocess
+    import sys
+    from conftest import SOURCE_DIR
+    pytest.importorskip("pip")
+    pytest.importorskip("wheel")
+    src = tmp_path / "src"  # a copy of the sources: the build leaves python/build behind
+    src.mkdir()
+    subprocess.run(f"tar -C {SOURCE_DIR} --exclude='./build*' --exclude='./tests/.*' "
+                   f"--exclude='./.git' -cf - . | tar -C {src} -xf -", shell=True, check=True)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                    "--no-index", "--quiet", "--target", str(target), str(src / "python")],
+                   check=True, timeout=900)
+    out = subprocess.run([sys.executable, "-c", "import edl, edl.checkpoint, edl.torch; "
+                          "print(edl._edl.__file__, edl.context().world_size)"],
+                         cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith(str(target)) and out.strip().endswith(" 1")

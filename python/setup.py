@@ -1,0 +1,43 @@
+"""setup.py: `pip install --no-build-isolation ./python` (offline) builds the edl package with
+its C extension module through the project's own CMake build (the libraries it binds are built
+from this source tree), then installs python/edl and the module like any package.
+
+Needs cmake, a C compiler and the libraries' -dev packages (scripts/install-deps --no-test),
+python3-dev, setuptools and wheel."""
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+class CMakeBuild(build_ext):
+    """Build edl._edl with CMake instead of compiling sources here (one build description)."""
+
+    def build_extension(self, ext):
+        build = os.path.abspath(os.path.join(self.build_temp, "cmake"))
+        subprocess.check_call(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+                               "-DEDL_BUILD_TESTS=OFF", "-DEDL_BUILD_BENCH=OFF",
+                               f"-DPython3_EXECUTABLE={sys.executable}"])
+        subprocess.check_call(["cmake", "--build", build, "--target", "_edl", "-j",
+                               str(os.cpu_count() or 1)])
+        out = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        shutil.copyfile(os.path.join(build, "python", "edl", "_edl.abi3.so"), out)
+
+
+setup(
+    name="edl",
+    version="0.1.0",
+    description="edl for Python trainers: elastic PyTorch in process, checkpoints of tensors",
+    packages=["edl"],
+    ext_modules=[Extension("edl._edl", sources=[], py_limited_api=True)],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.9",
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
