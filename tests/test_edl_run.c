@@ -1,7 +1,8 @@
 /* test_edl_run.c: whole jobs through `edl run`: a real etcd, the real job server, real agents
  * and real trainer processes (small sh scripts). What a user sees: the exact environment of
  * every rank, scale up within the settle window as one generation, graceful leave and SIGKILL,
- * standby promotion, a failing trainer restarted, excluded and finally failing the job, an etcd
+ * standby promotion, a failing trainer restarted, excluded and finally failing the job, a
+ * broken trainer failing within seconds, one that cannot be started failing at once, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
  * finishing with the right answer after being re-formed, and a job with parameter servers
  * (--ps: the same trainer in both roles, servers scaled without restarting anyone). */
@@ -88,23 +89,29 @@ static bool log_has(const char *job, const char *a, const char *b, const char *c
     return found;
 }
 
-/* Start `edl run` in the background (output appended to <dir>/<job>.log). */
-static pid_t edl_run(const char *job, const char *const *opts, const char *script)
+/* Start `edl run ... -- TRAINER...` in the background (output appended to <dir>/<job>.log). */
+static pid_t edl_run_argv(const char *job, const char *const *opts, const char *const *trainer)
 {
     const char *argv[48] = {EDL_CLI_BIN, "run", "--job", job};
     size_t n = 4;
     for (size_t i = 0; opts[i]; i++)
         argv[n++] = opts[i];
     argv[n++] = "--";
-    argv[n++] = "/bin/sh";
-    argv[n++] = "-c";
-    argv[n++] = script;
+    for (size_t i = 0; trainer[i]; i++)
+        argv[n++] = trainer[i];
     argv[n] = NULL;
     char log[300];
     snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
+}
+
+/* The same with a shell script as the trainer. */
+static pid_t edl_run(const char *job, const char *const *opts, const char *script)
+{
+    const char *trainer[] = {"/bin/sh", "-c", script, NULL};
+    return edl_run_argv(job, opts, trainer);
 }
 
 /* A key of the job (edl/job.h's builder); a few live at once in one expression. */
@@ -486,6 +493,68 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
         fclose(f);
     assert_true(ran_without);
     edl_generation_clear(&c);
+}
+
+/* A trainer that fails at once on every pod (`sh -c 'exit 3'`) is broken, not a pod: the job
+ * spends its restart budget (10 by default) without exclusion cool-downs (10 s, doubling, by
+ * default) and fails within seconds, as torchrun would. */
+static void test_broken_trainer_spends_its_budget_in_seconds(void **state)
+{
+    (void)state;
+    const char *job = "broken";
+    const char *opts[] = {"--np", "1", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    int64_t t0 = harness_now_ms();
+    pid_t run = edl_run(job, opts, "exit 3");
+    int rc = harness_wait_exit(run, 20000);
+    if (rc == -1)
+        harness_kill(run, SIGKILL);
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(rc, 1); /* the job failed */
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_int_equal(c.restarts, 10);
+    assert_int_equal(c.n_failures, 0); /* nobody was excluded */
+    assert_non_null(strstr(c.reason, "restart budget of 10 spent"));
+    assert_non_null(strstr(c.reason, "exited with code 3"));
+    print_message("sh -c 'exit 3' under edl run --np 1: failed after 10 restarts in %lld ms\n",
+                  (long long)took);
+    assert_true(took < 10000); /* the first exclusion alone would wait 10 s */
+    edl_generation_clear(&c);
+}
+
+/* A trainer that cannot be started (no such file, not in PATH) fails the job at once, with
+ * the agent's message in the job's reason and in edl run's output; no restart is spent. */
+static void cannot_start_case(const char *job, const char *trainer, const char *says)
+{
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    const char *argv[] = {trainer, "--epochs", "3", NULL};
+    int64_t t0 = harness_now_ms();
+    pid_t run = edl_run_argv(job, opts, argv);
+    int rc = harness_wait_exit(run, 20000);
+    if (rc == -1)
+        harness_kill(run, SIGKILL);
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(rc, 1);
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_int_equal(c.restarts, 0);
+    assert_non_null(strstr(c.reason, "exited with code 127"));
+    assert_non_null(strstr(c.reason, says));
+    assert_non_null(strstr(c.reason, "cannot be started"));
+    assert_true(log_has(job, "generation", "failed", says));
+    print_message("%s under edl run: the job failed in %lld ms: %s\n", trainer, (long long)took,
+                  c.reason);
+    assert_true(took < 10000);
+    edl_generation_clear(&c);
+}
+
+static void test_trainer_that_cannot_start_fails_the_job_at_once(void **state)
+{
+    (void)state;
+    cannot_start_case("nofile", "/no/such/trainer", "/no/such/trainer: No such file or directory");
+    cannot_start_case("nopath", "no-such-trainer-in-path", "not found in PATH");
 }
 
 /* One rank stops outside any collective while its peer waits inside one, with a collective
@@ -1521,6 +1590,8 @@ int main(void)
         cmocka_unit_test(test_scale_leave_kill_and_stop),
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
         cmocka_unit_test(test_failing_trainer_restarted_excluded_then_job_fails),
+        cmocka_unit_test(test_broken_trainer_spends_its_budget_in_seconds),
+        cmocka_unit_test(test_trainer_that_cannot_start_fails_the_job_at_once),
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
         cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),
         cmocka_unit_test(test_peer_loss_spends_no_restart),
