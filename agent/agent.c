@@ -227,7 +227,7 @@ static void start_trainer(agent *a, int rank)
     refresh_spec(a);
     a->started_gen = gen; /* once per generation, whatever happens next */
     int child_ctl, child_prog;
-    char **env = NULL;
+    char **env = NULL, err[EDL_STATUS_MESSAGE_MAX] = "";
     int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd = &a->o->etcd,
@@ -243,16 +243,20 @@ static void start_trainer(agent *a, int rank)
             close(child_ctl);
             close(child_prog);
         } else {
-            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog);
+            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err,
+                               sizeof err);
         }
         edl_env_free(env);
     }
     a->starts++;
     if (rc) {
-        EDL_ERROR("agent", "generation %lld: the trainer could not be started (%s)",
-                  (long long)gen, edl_strerror(rc));
+        /* 127 and the reason: the job server fails the job (reconcile.c, cannot_start) */
+        if (!err[0])
+            snprintf(err, sizeof err, "%s", edl_strerror(rc));
+        EDL_ERROR("agent", "generation %lld: the trainer could not be started: %s",
+                  (long long)gen, err);
         a->tp.step = -1;
-        set_status(a, EDL_TRAINER_EXITED, gen, 127, 0);
+        set_status_msg(a, EDL_TRAINER_EXITED, gen, 127, 0, err);
         return;
     }
     a->run_gen = gen;

@@ -101,9 +101,9 @@ void trainer_init(trainer_proc *t);
  * trainer_spawn moves them to AGENT_CONTROL_FD and AGENT_PROGRESS_FD in the child). */
 int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress);
 /* Start argv with envp in its own process group (edl_spawn); closes the child's pipe ends
- * here. */
+ * here. On failure err says why, for people ("/no/such: No such file or directory"). */
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
-                  int child_progress);
+                  int child_progress, char *err, size_t errlen);
 /* SIGTERM to its process group; SIGKILL after grace_ms (see trainer_tick). */
 void trainer_stop(trainer_proc *t, int64_t grace_ms);
 /* SIGKILL now. */

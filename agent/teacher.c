@@ -58,19 +58,20 @@ static void start_server(agent *a)
                             .service = a->o->service, .addr = a->o->addr, .port = a->o->port,
                             .etcd = &a->o->etcd};
     int child_ctl, child_prog;
-    char **env = NULL;
+    char **env = NULL, err[512] = "";
     a->t.restart_at_ms = 0;
     int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
     if (!rc && (rc = agent_env_build_teacher(&in, environ, &env)) != 0) {
         close(child_ctl);
         close(child_prog);
     } else if (!rc) {
-        rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog);
+        rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err, sizeof err);
     }
     edl_env_free(env);
     a->starts++;
     if (rc) {
-        EDL_ERROR("agent", "teacher: the server could not be started (%s)", edl_strerror(rc));
+        EDL_ERROR("agent", "teacher: the server could not be started: %s",
+                  err[0] ? err : edl_strerror(rc));
         set_state(a, EDL_TRAINER_EXITED, 127, 0);
         schedule_restart(a);
         return;

@@ -56,20 +56,18 @@ int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress)
 }
 
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
-                  int child_progress)
+                  int child_progress, char *err, size_t errlen)
 {
     /* The two pipes, and only these, cross the exec, at fixed low numbers (shells such as dash
      * can only redirect fds 0-9); stdout and stderr are the agent's. */
     edl_spawn_opts so = {.argv = argv, .envp = envp, .new_group = true, .n_fds = 2,
                          .fds = {{child_control, AGENT_CONTROL_FD},
                                  {child_progress, AGENT_PROGRESS_FD}}};
-    char err[512];
     pid_t pid = 0;
-    int rc = edl_spawn(&so, &pid, err, sizeof err);
+    int rc = edl_spawn(&so, &pid, err, errlen);
     close(child_control);
     close(child_progress);
     if (rc) {
-        EDL_ERROR("agent", "trainer: %s", err);
         close_fd(&t->control_fd);
         close_fd(&t->progress_fd);
         return rc;

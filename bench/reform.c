@@ -5,9 +5,14 @@
  * reports its trainer running in the new generation:
  *   leave   SIGTERM to an agent (graceful: its lease is revoked at once)
  *   join    a new agent; timed from its registration, minus the settle window
- *   kill    SIGKILL to an agent; timed from the kill. Only the lease's expiry reveals it, which
- *           comes between 2/3 TTL and TTL after the kill (renewals every TTL/3), so what is
- *           beyond the TTL is the cost of detection and re-formation
+ *   crash   SIGKILL to an agent that its launcher sees die: reaped at once and its lease
+ *           revoked (edl_etcd_lease_revoke_holder on its pod key), as `edl run` does for an
+ *           agent it reaped and the operator for a pod whose agent container terminated;
+ *           timed from the kill, to the new generation's publication and to survivors running
+ *   kill    SIGKILL to an agent nobody sees die (a node that vanished); timed from the kill.
+ *           Only the lease's expiry reveals it, which comes between 2/3 TTL and TTL after the
+ *           kill (renewals every TTL/3), so what is beyond the TTL is the cost of detection and
+ *           re-formation
  * Then the agents' resident memory and CPU use while idle, and the job server's time to publish
  * a generation of 1,000 members registered directly by this program (with js_reconcile's own
  * time measured in-process beside it).
@@ -95,13 +100,33 @@ static void start_agent(bench *b)
     b->agents[i] = spawn(argv);
 }
 
+/* Drop agent i from the list (it has exited and been reaped). */
+static void forget_agent(bench *b, int i)
+{
+    b->agents[i] = b->agents[b->n_agents - 1];
+    memcpy(b->names[i], b->names[b->n_agents - 1], sizeof b->names[i]);
+    b->n_agents--;
+}
+
 static void remove_agent(bench *b, int i, int sig)
 {
     kill(b->agents[i], sig);
     waitpid(b->agents[i], NULL, 0);
-    b->agents[i] = b->agents[b->n_agents - 1];
-    memcpy(b->names[i], b->names[b->n_agents - 1], sizeof b->names[i]);
-    b->n_agents--;
+    forget_agent(b, i);
+}
+
+/* What a launcher does when an agent dies: reap it and revoke its pod's lease at once. */
+static void crash_agent(bench *b, int i)
+{
+    kill(b->agents[i], SIGKILL);
+    waitpid(b->agents[i], NULL, 0);
+    char *k = edl_job_key_pod(&b->k, b->names[i]);
+    if (!k || edl_etcd_lease_revoke_holder(b->c, edl_str(k), NULL) != 0) {
+        fprintf(stderr, "reform: cannot revoke the lease of %s\n", b->names[i]);
+        exit(1);
+    }
+    free(k);
+    forget_agent(b, i);
 }
 
 /* Generation in force, if every member's trainer runs in it with n members (else 0). */
@@ -222,7 +247,7 @@ static void run_size(bench *b, int n)
         start_agent(b);
     int64_t gen = 0;
     wait_formed(b, n, 0, &gen);
-    int64_t leave[64], join[64], killv[64], pub_leave[64];
+    int64_t leave[64], join[64], killv[64], pub_leave[64], crash[64], pub_crash[64];
     int t;
     for (t = 0; t < b->trials && t < 64; t++) {
         int victim = 1 + t % (n - 1); /* never the pod of rank 0 */
@@ -235,6 +260,13 @@ static void run_size(bench *b, int n)
         join[t] = wait_formed(b, n, gen, &gen) - t0 - b->settle_ms;
         victim = 1 + (t + 1) % (n - 1);
         t0 = edl_monotonic_ms();
+        crash_agent(b, victim);
+        crash[t] = wait_formed(b, n - 1, gen, &gen) - t0;
+        pub_crash[t] = b->published_at - t0;
+        start_agent(b);
+        wait_formed(b, n, gen, &gen);
+        victim = 1 + (t + 2) % (n - 1);
+        t0 = edl_monotonic_ms();
         remove_agent(b, victim, SIGKILL);
         killv[t] = wait_formed(b, n - 1, gen, &gen) - t0;
         start_agent(b);
@@ -245,6 +277,10 @@ static void run_size(bench *b, int n)
     report(n, "leave", leave, t, "SIGTERM -> all survivors running the new generation");
     report(n, "leave", pub_leave, t, "SIGTERM -> the new generation published (watch event)");
     report(n, "join", join, t, "after the settle window closes");
+    report(n, "crash", crash, t, "SIGKILL seen by the launcher (lease revoked) -> all "
+           "survivors running the new generation");
+    report(n, "crash", pub_crash, t, "SIGKILL seen by the launcher (lease revoked) -> the new "
+           "generation published (watch event)");
     char note[160];
     snprintf(note, sizeof note, "SIGKILL -> survivors running; the lease expires %d-%d ms after "
              "the kill (last renewal up to TTL/3 before it)", b->ttl * 2000 / 3, b->ttl * 1000);

@@ -4,8 +4,9 @@
  * and as many agents as the spec's replicas ask for, streams their output with a prefix, and
  * exits with the job's result. Here the launcher plays the part the Kubernetes operator plays
  * in a cluster, and only that part: it watches `replicas` (and, with the ps role, `ps.replicas`)
- * in the spec and starts or stops agent processes of each role to match (a replaced crashed
- * agent is a new pod, as a ReplicaSet would make), while membership, ranks and restarts stay
+ * in the spec and starts or stops agent processes of each role to match (a crashed agent's
+ * lease is revoked the moment it is reaped, and it is replaced by a new pod, as a ReplicaSet
+ * would make), while membership, ranks and restarts stay
  * the job server's and the agents' business. Parameter servers run the same trainer command
  * under `edl-agent --role ps` (Paddle style: the program reads TRAINING_ROLE), and so do the
  * teachers of a distillation job (`--teachers`: `edl-agent --role teacher`, the program reads
@@ -464,6 +465,19 @@ static int match_replicas(launcher *l)
     return rc;
 }
 
+/* An agent that died: its registration goes now (its lease revoked, the pod's keys with it),
+ * so the job server publishes the loss at once rather than when the lease runs out, as the
+ * operator does for a pod that failed. Names are never reused: the key is no one else's. */
+static void revoke_dead_agent(launcher *l, const child *k)
+{
+    char *key = edl_job_key_pod(&l->k, k->name);
+    int rc = key ? edl_etcd_lease_revoke_holder(l->c, edl_str(key), NULL) : EDL_ENOMEM;
+    if (rc && rc != EDL_ENOTFOUND)
+        say("cannot revoke the lease of %s (%s): the job server notices its loss when the "
+            "lease expires", k->name, edl_strerror(rc));
+    free(key);
+}
+
 /* Reap children; an agent that died unexpectedly is replaced by a new pod. */
 static int reap(launcher *l)
 {
@@ -495,11 +509,14 @@ static int reap(launcher *l)
             say("%s exited with a configuration error (2); giving up", k->name);
             return EDL_EXIT_USAGE;
         }
-        if (k->role == ROLE_PS && k->status == 0) /* its server drained and left */
+        if (k->role == ROLE_PS && k->status == 0) { /* its server drained and left */
             say("%s left (exit 0); a new pod replaces it while ps.replicas asks for it", k->name);
-        else
-            say("%s exited unexpectedly (%s %d); starting a replacement", k->name,
-                WIFEXITED(st) ? "code" : "signal", WIFEXITED(st) ? k->status : k->status - 128);
+            continue;
+        }
+        revoke_dead_agent(l, k);
+        say("%s exited unexpectedly (%s %d): its lease revoked; starting a replacement",
+            k->name, WIFEXITED(st) ? "code" : "signal",
+            WIFEXITED(st) ? k->status : k->status - 128);
     }
     return 0;
 }

@@ -96,6 +96,21 @@ int edl_etcd_lease_revoke(edl_etcd *c, int64_t id)
     return rc;
 }
 
+int edl_etcd_lease_revoke_holder(edl_etcd *c, edl_buf key, int64_t *lease_out)
+{
+    edl_kv *kv = NULL;
+    int rc = edl_etcd_get(c, key, &kv, NULL);
+    int64_t lease = rc == 0 ? kv->lease : 0;
+    edl_kv_free(kv);
+    if (rc == 0 && !lease)
+        rc = EDL_ENOTFOUND;
+    if (rc == 0)
+        rc = edl_etcd_lease_revoke(c, lease);
+    if (lease_out)
+        *lease_out = rc == 0 ? lease : 0;
+    return rc;
+}
+
 int edl_etcd_lease_ttl(edl_etcd *c, int64_t id, int64_t *ttl_out, int64_t *granted_out)
 {
     cJSON *req = lease_req(id), *resp;

@@ -240,12 +240,15 @@ static void wait_events(op *o, int timeout)
         edl_metrics_serve(o->metrics);
 }
 
-/* What the operator reads of a pod; the rest (the spec: most of a pod) is not kept. */
+/* What the operator reads of a pod (of its containers, how each ended: whether the agent's
+ * died); the rest (the spec: most of a pod) is not kept. */
 static const char *const POD_FIELDS[] = {"apiVersion", "kind", "metadata.name",
                                          "metadata.namespace", "metadata.uid",
                                          "metadata.resourceVersion", "metadata.labels",
                                          "metadata.deletionTimestamp", "status.phase",
-                                         "status.reason", NULL};
+                                         "status.reason", "status.containerStatuses.name",
+                                         "status.containerStatuses.state.terminated.exitCode",
+                                         NULL};
 
 static int start_leading(op *o)
 {

@@ -75,6 +75,9 @@ op_role op_role_of(const char *label);
  * by the job. */
 cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role role,
                   int64_t index);
+/* The container edl-agent runs in, in a pod of the role: the name of the role template's first
+ * container (NULL: it has none). */
+const char *op_agent_container(const edl_trainingjob *tj, op_role role);
 /* The name of a pod of the job: "<job>-worker-<index>", "<job>-ps-<index>" or
  * "<job>-teacher-<index>". */
 void op_pod_name(const char *job, op_role role, int64_t index, char *buf, size_t len);

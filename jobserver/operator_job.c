@@ -7,10 +7,11 @@
  * Order of one pass: the spec (invalid: a condition, nothing created) → deletion (finalizer:
  * the job's etcd keys go, then the finalizer) → our finalizer → the job's etcd side (spec,
  * generation) → the end (cleanPodPolicy, ttlSecondsAfterFinished), suspension, or the pods
- * (failed ones replaced within the budget; then each role, the workers, spec.ps's parameter
- * servers and spec.teachers's teachers, scaled to its replicas on its own: up with new indices,
- * down from the newest) → status and Events. Teachers are no members: a teacher pod that fails
- * is replaced uncounted, and the job ends as its workers do. */
+ * (a dead agent's etcd lease revoked, failed pods replaced within the budget; then each
+ * role, the workers, spec.ps's parameter servers and spec.teachers's teachers, scaled to its
+ * replicas on its own: up with new indices, down from the newest) → status and Events.
+ * Teachers are no members: a teacher pod that fails is replaced uncounted, and the job ends as
+ * its workers do. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
@@ -542,15 +543,54 @@ static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
     }
 }
 
+/* The pod's agent ended without leaving the job: the pod failed, or the agent's container
+ * (op_agent_container: named in the role's template) terminated with a non-zero code while
+ * others of the pod still run. (An agent that exits 0 has revoked its lease itself.) */
+static bool agent_died(const edl_trainingjob *tj, const pod_view *v)
+{
+    if (v->phase && !strcmp(v->phase, "Failed"))
+        return true;
+    const char *agent = op_agent_container(tj, v->role);
+    const cJSON *cs;
+    cJSON_ArrayForEach(cs, cJSON_GetObjectItemCaseSensitive(
+                               cJSON_GetObjectItemCaseSensitive(v->obj, "status"),
+                               "containerStatuses")) {
+        const char *name = edl_k8s_str(cs, "name");
+        if (agent && name && !strcmp(name, agent))
+            return edl_k8s_int(cs, "state.terminated.exitCode", 0) != 0;
+    }
+    return false;
+}
+
+/* The kubelet saw the pod's agent die: its registration in etcd goes now (the lease of its pod
+ * key revoked, with everything under it), so the job server publishes the loss at once
+ * instead of when the lease runs out, as `edl run` does for an agent it reaped. A pod name
+ * is never reused, so the key holds this pod's agent or nobody. */
+static void revoke_dead_agent(op *o, op_job *j, const pod_view *v)
+{
+    char *key = edl_job_key_pod(&j->etcd.k, v->name);
+    int64_t lease = 0;
+    int rc = key ? edl_etcd_lease_revoke_holder(o->c, edl_str(key), &lease) : EDL_ENOMEM;
+    if (rc == 0)
+        EDL_INFO(LOG, "job %s/%s: the agent of pod %s died: its etcd lease %llx revoked", j->ns,
+                 j->name, v->name, (unsigned long long)lease);
+    else if (rc != EDL_ENOTFOUND) /* the lease runs out by itself */
+        EDL_WARN(LOG, "job %s/%s: cannot revoke the etcd lease of pod %s: %s", j->ns, j->name,
+                 v->name, edl_strerror(rc));
+    free(key);
+}
+
 /* Failed pods of any role are replaced (the failure counted, but a teacher's: teachers never
- * fail the job); then each role is scaled to its replicas (spec.replicas, spec.ps.replicas,
- * spec.teachers.replicas). Returns the failures. */
+ * fail the job), their agents' leases revoked first; then each role is scaled to its replicas
+ * (spec.replicas, spec.ps.replicas, spec.teachers.replicas). Returns the failures. */
 static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
                        job_pods *pods)
 {
     int failures = 0;
     for (size_t i = 0; i < pods->n; i++) {
         pod_view *v = &pods->p[i];
+        if (!v->terminating && agent_died(tj, v))
+            revoke_dead_agent(o, j, v);
         if (v->terminating || !v->phase || strcmp(v->phase, "Failed") != 0)
             continue;
         const char *why = edl_k8s_str(v->obj, "status.reason");

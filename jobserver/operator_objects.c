@@ -255,14 +255,31 @@ void op_pod_name(const char *job, op_role role, int64_t index, char *buf, size_t
     snprintf(buf, len, "%s-%s-%lld", job, op_role_name(role), (long long)index);
 }
 
+static const cJSON *role_template(const edl_trainingjob *tj, op_role role)
+{
+    return role == OP_PS ? tj->ps_template :
+           role == OP_TEACHER ? tj->teacher_template : tj->pod_template;
+}
+
+/* The first container of a template, which edl-agent wraps (wrap_container). */
+static cJSON *agent_container(cJSON *spec)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0);
+}
+
+const char *op_agent_container(const edl_trainingjob *tj, op_role role)
+{
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(role_template(tj, role), "spec");
+    return edl_k8s_str(agent_container((cJSON *)spec), "name");
+}
+
 cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role role,
                   int64_t index)
 {
     char name[300], idx[32];
     op_pod_name(tj->name, role, index, name, sizeof name);
     snprintf(idx, sizeof idx, "%lld", (long long)index);
-    const cJSON *tmpl = role == OP_PS ? tj->ps_template :
-                        role == OP_TEACHER ? tj->teacher_template : tj->pod_template;
+    const cJSON *tmpl = role_template(tj, role);
     const cJSON *tmd = cJSON_GetObjectItemCaseSensitive(tmpl, "metadata");
     cJSON *pod = cJSON_CreateObject();
     cJSON_AddStringToObject(pod, "apiVersion", "v1");
@@ -290,8 +307,7 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role r
     cJSON_AddStringToObject(spec, "subdomain", tj->name);
     cJSON *inits = array_of(spec, "initContainers");
     cJSON_InsertItemInArray(inits, 0, install_container(s->agent_image));
-    wrap_container(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(spec, "containers"), 0),
-                   tj, role, s);
+    wrap_container(agent_container(spec), tj, role, s);
     cJSON *volumes = array_of(spec, "volumes");
     cJSON *bin = cJSON_CreateObject();
     cJSON_AddStringToObject(bin, "name", "edl-bin");

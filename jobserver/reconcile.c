@@ -1,9 +1,10 @@
 /* reconcile.c: from an observed job to the generation it should have (see reconcile.h).
  *
- * Order of the rules, most urgent first: a final job stays final; a stop request ends it;
- * trainer failures (exit, signal, hang) restart the generation or fail the job; all ranks done
- * is success; lost members form a new generation at once; joins wait for the settle window;
- * otherwise only details (standbys, spec error) are refreshed.
+ * Order of the rules, most urgent first: a final job stays final; a stop request ends it; a
+ * trainer that cannot be started fails it; trainer failures (exit, signal, hang) restart the
+ * generation or fail the job (exclusion only for a pod that failed while others ran); all
+ * ranks done is success; lost members form a new generation at once; joins wait for the
+ * settle window; otherwise only details (standbys, spec error) are refreshed.
  *
  * Two roles: workers are the members (ranks, restarts, success, hangs); parameter servers
  * (pods of role "ps") are ranked apart in `servers`. A server whose process ended leaves the
@@ -20,7 +21,9 @@
 typedef struct failure {
     const char *pod;
     int code;      /* exit code, 128+signal, or -1 for a hang */
-    bool blamed;   /* counts against the pod (exclusion); not when it waited on a peer */
+    bool blamed;   /* counts against the pod (exclusion): it failed while others ran; not when
+                    * it waited on a peer, nor when every member failed */
+    bool unstartable; /* the trainer could not be started (cannot_start) */
     char what[320];
 } failure;
 
@@ -125,8 +128,18 @@ static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
 
 /* ---- trainer failures and success --------------------------------------------------------- */
 
+/* The trainer could not be started: its agent could not execute it (it reports 127 and says
+ * why in the message), or a shell in front of it said so (126: found but not executable, 127:
+ * not found). Restarting cannot help. One that reported a step had started: its 126 or 127 is
+ * an ordinary failure. */
+static bool cannot_start(const edl_pod_status *s)
+{
+    return s->state == EDL_TRAINER_EXITED && (s->exit_code == 126 || s->exit_code == 127) &&
+           s->step < 0;
+}
+
 /* A member's status as a failure (false: it is no failure). A trainer's own message (its
- * error file, why it hung) follows, cut to fit. */
+ * error file, why it hung, why it could not be started) follows, cut to fit. */
 static bool describe_failure(const edl_member *mb, const char *role, const edl_pod_status *s,
                              failure *f)
 {
@@ -134,6 +147,7 @@ static bool describe_failure(const edl_member *mb, const char *role, const edl_p
     int len = 0;
     f->pod = mb->pod;
     f->blamed = true;
+    f->unstartable = cannot_start(s);
     if (s->state == EDL_TRAINER_EXITED) {
         f->code = s->exit_code;
         len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) exited with code %d", mb->pod,
@@ -157,12 +171,15 @@ static bool describe_failure(const edl_member *mb, const char *role, const edl_p
     return true;
 }
 
-/* Collect failed members of the current generation; *all_done when every member exited 0. */
+/* Collect failed members of the current generation; *all_done when every member exited 0.
+ * Exclusion is for a pod that fails while others run (or finished): when no member of the
+ * generation reports its trainer running or done, every member failed (a broken program or
+ * input, not a bad pod), and nobody is blamed: the restart budget alone bounds the job. */
 static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, bool *all_done,
                                int64_t *wake)
 {
     const edl_generation *c = o->current;
-    size_t n = 0, done = 0;
+    size_t n = 0, done = 0, running = 0;
     *all_done = false;
     if (c->state != EDL_JOB_RUNNING || c->generation == 0)
         return 0;
@@ -175,7 +192,11 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
             done++;
         else if (describe_failure(&c->members[k], "rank", s, &fl[n]))
             n++;
+        else
+            running += s->state == EDL_TRAINER_RUNNING;
     }
+    for (size_t k = 0; k < n && running + done == 0; k++)
+        fl[k].blamed = false;
     if (n == 0) {
         int h = find_hung(o, m, wake);
         if (h >= 0) {
@@ -490,8 +511,9 @@ static void new_reason(const js_observed *o, const failure *fl, size_t nf, const
     char why[REASON_MAX];
     describe_change(c, ms, why, sizeof why);
     if (nf)
-        snprintf(reason, len, "restart %d of %d after %s", c->restarts + 1, sp->max_restarts,
-                 fl[0].what);
+        snprintf(reason, len, "restart %d of %d after %s%s", c->restarts + 1, sp->max_restarts,
+                 fl[0].what, fl[0].blamed || fl[0].code < 0 ? "" :
+                 " (every member failed: nobody is excluded)");
     else if (dead)
         snprintf(reason, len, "restart %d of %d: generation %lld declared dead by its trainers: "
                  "%.200s", c->restarts + 1, sp->max_restarts, (long long)c->generation,
@@ -679,9 +701,11 @@ static bool member_lost(const js_observed *o)
 /* When trainers exit because a peer vanished (torchrun-style trainers exit on a broken
  * collective), the peer whose agent died reports nothing: its status stays "running" until its
  * lease expires. Blaming the survivors would spend the restart budget and exclude healthy pods,
- * so in restart mode the decision waits while a member still reports running, until it reports
- * or its pod disappears (then it is a loss: see js_reconcile), at most its lease TTL (plus
- * etcd's expiry check) from the first failure seen. True while holding (*wake set). In-process
+ * so in restart mode the decision waits while a member still reports running, or has not
+ * reported for this generation yet (its trainer may be starting: whether it fails too decides
+ * who is blamed, see collect_failures), until it reports or its pod disappears (then it is a
+ * loss: see js_reconcile), at most its lease TTL (plus etcd's expiry check) from the first
+ * failure seen. True while holding (*wake set). In-process
  * trainers keep running by design, and so do the workers of a job with parameter servers (they
  * share no collective: each talks to the servers only), so there a running status says
  * nothing: no hold, and the failed worker's share is not left idle for a lease TTL. */
@@ -698,8 +722,8 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
         return false;
     for (size_t k = 0; k < c->n_members; k++) {
         int i = pod_index(o, c->members[k].pod, c->members[k].lease);
-        if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation ||
-            o->status[i].state != EDL_TRAINER_RUNNING)
+        bool reported = i >= 0 && o->has_status[i] && o->status[i].generation == c->generation;
+        if (i < 0 || (reported && o->status[i].state != EDL_TRAINER_RUNNING))
             continue;
         int64_t t = pod_ttl_ms(o, i);
         ttl_ms = t > ttl_ms ? t : ttl_ms;
@@ -740,12 +764,55 @@ static int64_t silent_until(const js_observed *o, int64_t dead_since)
     return ttl_ms ? dead_since + ttl_ms + HOLD_MARGIN_MS : 0;
 }
 
+/* The first member or server of the current generation whose trainer could not be started
+ * (copied into *f); false: none. */
+static bool find_unstartable(const js_observed *o, const failure *fl, size_t nf, failure *f)
+{
+    const edl_generation *c = o->current;
+    for (size_t k = 0; k < nf; k++)
+        if (fl[k].unstartable) {
+            *f = fl[k];
+            return true;
+        }
+    for (size_t k = 0; k < c->n_servers; k++) {
+        int i = pod_index(o, c->servers[k].pod, c->servers[k].lease);
+        if (i >= 0 && server_ended(o, (size_t)i) && cannot_start(&o->status[i]))
+            return describe_failure(&c->servers[k], "server", &o->status[i], f);
+    }
+    return false;
+}
+
 static const failure *first_permanent(const edl_job_spec *sp, const failure *fl, size_t nf)
 {
     for (size_t i = 0; i < nf; i++)
         if (fl[i].code >= 0 && edl_exit_code_in(sp->permanent_codes, fl[i].code))
             return &fl[i];
     return NULL;
+}
+
+/* A generation its trainers declared dead (their collective group broke) with nobody gone:
+ * re-form with the same members. A grace of one settle window (at least 1 s) lets the usual
+ * signals (a trainer's exit, a lease's expiry) arrive first and name the cause. True once it
+ * is over; while it runs, *wake says when it ends. */
+static bool declared_dead(const js_observed *o, js_memory *mem, int64_t *wake)
+{
+    const edl_generation *c = o->current;
+    const edl_job_spec *sp = o->spec;
+    if (!o->gen_dead || c->generation <= 0 || c->state != EDL_JOB_RUNNING || member_lost(o))
+        return false;
+    if (mem->dead_gen != c->generation) {
+        mem->dead_gen = c->generation;
+        mem->dead_since_mono_ms = o->mono_ms;
+    }
+    int64_t due = mem->dead_since_mono_ms + (sp->settle_ms > 1000 ? sp->settle_ms : 1000);
+    int64_t silent = silent_until(o, mem->dead_since_mono_ms);
+    if (silent > due)
+        due = silent;
+    if (o->mono_ms >= due)
+        return true;
+    if (!*wake || due < *wake)
+        *wake = due;
+    return false;
 }
 
 int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
@@ -770,34 +837,23 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
      * generation without it follows, costing no restart and blaming nobody). */
     if (nf && member_lost(o))
         nf = 0;
-    if (nf && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
+    /* A trainer that cannot be started fails the job at once: no hold, no restart. */
+    failure bad;
+    bool unstartable = !member_lost(o) && find_unstartable(o, fl, nf, &bad);
+    if (nf && !unstartable && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
         out->wake_mono_ms = wake;
         free(fl);
         return 0;
     }
-    /* A generation its trainers declared dead (their collective group broke) with nobody
-     * gone: re-form with the same members. A grace of one settle window (at least 1 s) lets the
-     * usual signals (a trainer's exit, a lease's expiry) arrive first and name the cause. */
-    bool dead = false;
-    if (o->gen_dead && c->generation > 0 && c->state == EDL_JOB_RUNNING && nf == 0 &&
-        !member_lost(o)) {
-        if (mem->dead_gen != c->generation) {
-            mem->dead_gen = c->generation;
-            mem->dead_since_mono_ms = o->mono_ms;
-        }
-        int64_t due = mem->dead_since_mono_ms + (sp->settle_ms > 1000 ? sp->settle_ms : 1000);
-        int64_t silent = silent_until(o, mem->dead_since_mono_ms);
-        if (silent > due)
-            due = silent;
-        if (o->mono_ms >= due)
-            dead = true;
-        else if (!wake || due < wake)
-            wake = due;
-    }
+    bool dead = nf == 0 && declared_dead(o, mem, &wake);
     int rc = 0;
     char reason[REASON_MAX];
     const failure *perm;
-    if (all_done) {
+    if (unstartable) {
+        snprintf(reason, sizeof reason, "%s; the trainer cannot be started (not found or not "
+                 "executable): fix the command; the job fails without restarts", bad.what);
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else if (all_done) {
         snprintf(reason, sizeof reason, "all %zu ranks exited 0", c->n_members);
         rc = publish_final(o, EDL_JOB_SUCCEEDED, reason, out);
     } else if (nf && sp->restart_policy == EDL_RESTART_NEVER) {

@@ -135,7 +135,43 @@ int edl_k8s_time_parse(const char *s, int64_t *wall_ms)
     return 0;
 }
 
-/* Copy the field at a dotted path from src into dst, creating the objects on the way. */
+static int copy_path(const cJSON *src, cJSON *dst, const char *path);
+
+/* An array on the way: the rest of the path is kept of each of its elements, in order, into
+ * dst's array `part` (one object per element), so that "status.containerStatuses.name" keeps
+ * every container status's name and nothing else of it. */
+static int copy_each(const cJSON *arr, cJSON *dst, const char *part, const char *rest)
+{
+    cJSON *have = cJSON_GetObjectItemCaseSensitive(dst, part);
+    bool made = !have, kept = false;
+    if (made && !(have = cJSON_CreateArray()))
+        return EDL_ENOMEM;
+    if (!cJSON_IsArray(have))
+        return 0;
+    cJSON *slot = have->child;
+    const cJSON *e;
+    int rc = 0;
+    cJSON_ArrayForEach(e, arr) {
+        if (!slot && (slot = cJSON_CreateObject()) != NULL)
+            cJSON_AddItemToArray(have, slot);
+        if (!slot) {
+            rc = EDL_ENOMEM;
+            break;
+        }
+        if (cJSON_IsObject(e) && cJSON_IsObject(slot) && (rc = copy_path(e, slot, rest)) != 0)
+            break;
+        kept = kept || slot->child != NULL;
+        slot = slot->next;
+    }
+    if (made && (rc || !kept))
+        cJSON_Delete(have);
+    else if (made)
+        cJSON_AddItemToObject(dst, part, have);
+    return rc;
+}
+
+/* Copy the field at a dotted path from src into dst, creating the objects on the way when it
+ * exists (and, through an array, keeping the rest of the path of each element: copy_each). */
 static int copy_path(const cJSON *src, cJSON *dst, const char *path)
 {
     char part[128];
@@ -155,11 +191,19 @@ static int copy_path(const cJSON *src, cJSON *dst, const char *path)
         cJSON *copy = cJSON_Duplicate(v, true);
         return copy && cJSON_AddItemToObject(dst, part, copy) ? 0 : EDL_ENOMEM;
     }
+    if (cJSON_IsArray(v))
+        return copy_each(v, dst, part, dot + 1);
     if (!cJSON_IsObject(v))
         return 0;
-    if (!have && !(have = cJSON_AddObjectToObject(dst, part)))
+    bool made = !have; /* kept only when something under it is */
+    if (made && !(have = cJSON_CreateObject()))
         return EDL_ENOMEM;
-    return cJSON_IsObject(have) ? copy_path(v, have, dot + 1) : 0;
+    int rc = cJSON_IsObject(have) ? copy_path(v, have, dot + 1) : 0;
+    if (made && (rc || !have->child))
+        cJSON_Delete(have);
+    else if (made)
+        cJSON_AddItemToObject(dst, part, have);
+    return rc;
 }
 
 cJSON *k8s_trim(const cJSON *obj, const char *const *keep)

@@ -1,7 +1,8 @@
 /* test_edl_run.c: whole jobs through `edl run`: a real etcd, the real job server, real agents
  * and real trainer processes (small sh scripts). What a user sees: the exact environment of
  * every rank, scale up within the settle window as one generation, graceful leave and SIGKILL,
- * standby promotion, a failing trainer restarted, excluded and finally failing the job, an etcd
+ * standby promotion, a failing trainer restarted, excluded and finally failing the job, a
+ * broken trainer failing within seconds, one that cannot be started failing at once, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
  * finishing with the right answer after being re-formed, and a job with parameter servers
  * (--ps: the same trainer in both roles, servers scaled without restarting anyone). */
@@ -88,23 +89,29 @@ static bool log_has(const char *job, const char *a, const char *b, const char *c
     return found;
 }
 
-/* Start `edl run` in the background (output appended to <dir>/<job>.log). */
-static pid_t edl_run(const char *job, const char *const *opts, const char *script)
+/* Start `edl run ... -- TRAINER...` in the background (output appended to <dir>/<job>.log). */
+static pid_t edl_run_argv(const char *job, const char *const *opts, const char *const *trainer)
 {
     const char *argv[48] = {EDL_CLI_BIN, "run", "--job", job};
     size_t n = 4;
     for (size_t i = 0; opts[i]; i++)
         argv[n++] = opts[i];
     argv[n++] = "--";
-    argv[n++] = "/bin/sh";
-    argv[n++] = "-c";
-    argv[n++] = script;
+    for (size_t i = 0; trainer[i]; i++)
+        argv[n++] = trainer[i];
     argv[n] = NULL;
     char log[300];
     snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
+}
+
+/* The same with a shell script as the trainer. */
+static pid_t edl_run(const char *job, const char *const *opts, const char *script)
+{
+    const char *trainer[] = {"/bin/sh", "-c", script, NULL};
+    return edl_run_argv(job, opts, trainer);
 }
 
 /* A key of the job (edl/job.h's builder); a few live at once in one expression. */
@@ -152,16 +159,23 @@ static void wait_running_after(const char *job, int64_t after, int n, int timeou
              c->n_members, edl_job_state_name(c->state));
 }
 
-/* Signal the agent of a pod: its pid is in the pod's registration. */
-static void signal_agent(const char *job, const char *pod, int sig)
+/* The pid of a pod's agent: it is in the pod's registration. */
+static pid_t agent_pid(const char *job, const char *pod)
 {
     char buf[2048], err[256];
-        edl_pod p = {0};
+    edl_pod p = {0};
     assert_non_null(harness_get(g_c, key(job, EDL_KEY_POD, pod), buf, sizeof buf));
     assert_int_equal(edl_pod_parse(buf, strlen(buf), &p, err, sizeof err), 0);
     assert_true(p.pid > 1);
-    assert_int_equal(kill((pid_t)p.pid, sig), 0);
+    pid_t pid = (pid_t)p.pid;
     edl_pod_clear(&p);
+    return pid;
+}
+
+/* Signal the agent of a pod. */
+static void signal_agent(const char *job, const char *pod, int sig)
+{
+    assert_int_equal(kill(agent_pid(job, pod), sig), 0);
 }
 
 static void wait_running(const char *job, int n, int timeout_ms, edl_generation *c)
@@ -392,12 +406,15 @@ static void test_scale_leave_kill_and_stop(void **state)
     char rank0[64];
     snprintf(rank0, sizeof rank0, "%s", c.members[0].pod);
 
-    /* SIGKILL the agent of rank 1: noticed when its 2 s lease expires; the launcher replaces
-     * it with a new pod, which joins after the settle window */
+    /* The agent of rank 1 freezes (SIGSTOP: a node that vanished; the launcher sees no exit):
+     * noticed when its 2 s lease expires. Thawed, it finds its lease gone and joins again as
+     * a new member after the settle window. (An agent that dies is the launcher's to report:
+     * test_killed_agent_leaves_the_generation_at_once.) */
     char victim[64];
     snprintf(victim, sizeof victim, "%s", c.members[1].pod);
+    pid_t frozen = agent_pid(job, victim);
     t0 = harness_now_ms();
-    signal_agent(job, victim, SIGKILL);
+    assert_int_equal(kill(frozen, SIGSTOP), 0);
     int64_t deadline = harness_now_ms() + 10000;
     while (harness_now_ms() < deadline &&
            !(read_generation(job, &c) && c.generation > g3 && !edl_generation_member_named(&c, victim)))
@@ -405,9 +422,10 @@ static void test_scale_leave_kill_and_stop(void **state)
     int64_t took = harness_now_ms() - t0;
     assert_null(edl_generation_member_named(&c, victim));
     int64_t g4 = c.generation;
-    printf("# agent SIGKILLed: out of the generation after %lld ms (lease TTL 2 s)\n",
+    printf("# agent frozen: out of the generation after %lld ms (lease TTL 2 s)\n",
            (long long)took);
     assert_true(took >= 1000); /* only the lease expiry (TTL after the last renewal) shows it */
+    assert_int_equal(kill(frozen, SIGCONT), 0);
     wait_running_after(job, g4 - 1, 3, 20000, &c);
     assert_string_equal(c.members[0].pod, rank0); /* rank 0 kept its pod throughout */
 
@@ -485,6 +503,103 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
     if (f)
         fclose(f);
     assert_true(ran_without);
+    edl_generation_clear(&c);
+}
+
+/* A trainer that fails at once on every pod (`sh -c 'exit 3'`) is broken, not a pod: the job
+ * spends its restart budget (10 by default) without exclusion cool-downs (10 s, doubling, by
+ * default) and fails within seconds, as torchrun would. */
+static void test_broken_trainer_spends_its_budget_in_seconds(void **state)
+{
+    (void)state;
+    const char *job = "broken";
+    const char *opts[] = {"--np", "1", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    int64_t t0 = harness_now_ms();
+    pid_t run = edl_run(job, opts, "exit 3");
+    int rc = harness_wait_exit(run, 20000);
+    if (rc == -1)
+        harness_kill(run, SIGKILL);
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(rc, 1); /* the job failed */
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_int_equal(c.restarts, 10);
+    assert_int_equal(c.n_failures, 0); /* nobody was excluded */
+    assert_non_null(strstr(c.reason, "restart budget of 10 spent"));
+    assert_non_null(strstr(c.reason, "exited with code 3"));
+    print_message("sh -c 'exit 3' under edl run --np 1: failed after 10 restarts in %lld ms\n",
+                  (long long)took);
+    assert_true(took < 10000); /* the first exclusion alone would wait 10 s */
+    edl_generation_clear(&c);
+}
+
+/* A trainer that cannot be started (no such file, not in PATH) fails the job at once, with
+ * the agent's message in the job's reason and in edl run's output; no restart is spent. */
+static void cannot_start_case(const char *job, const char *trainer, const char *says)
+{
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    const char *argv[] = {trainer, "--epochs", "3", NULL};
+    int64_t t0 = harness_now_ms();
+    pid_t run = edl_run_argv(job, opts, argv);
+    int rc = harness_wait_exit(run, 20000);
+    if (rc == -1)
+        harness_kill(run, SIGKILL);
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(rc, 1);
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_int_equal(c.restarts, 0);
+    assert_non_null(strstr(c.reason, "exited with code 127"));
+    assert_non_null(strstr(c.reason, says));
+    assert_non_null(strstr(c.reason, "cannot be started"));
+    assert_true(log_has(job, "generation", "failed", says));
+    print_message("%s under edl run: the job failed in %lld ms: %s\n", trainer, (long long)took,
+                  c.reason);
+    assert_true(took < 10000);
+    edl_generation_clear(&c);
+}
+
+static void test_trainer_that_cannot_start_fails_the_job_at_once(void **state)
+{
+    (void)state;
+    cannot_start_case("nofile", "/no/such/trainer", "/no/such/trainer: No such file or directory");
+    cannot_start_case("nopath", "no-such-trainer-in-path", "not found in PATH");
+}
+
+/* An agent SIGKILLed on this machine: the launcher reaps it at once and revokes its lease, so
+ * the job server publishes a generation without it within a second, not after the lease's
+ * TTL (10 s here). */
+static void test_killed_agent_leaves_the_generation_at_once(void **state)
+{
+    (void)state;
+    const char *job = "crash";
+    const char *opts[] = {"--np", "2:3", "--etcd", ep(), "--ttl", "10", "--settle-ms", "300",
+                          "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts, "exec sleep 120");
+    edl_generation c = {0};
+    wait_running(job, 3, 20000, &c);
+    int64_t g = c.generation;
+    char victim[64];
+    snprintf(victim, sizeof victim, "%s", c.members[1].pod);
+    int64_t t0 = harness_now_ms();
+    signal_agent(job, victim, SIGKILL);
+    int64_t deadline = t0 + 12000;
+    while (harness_now_ms() < deadline &&
+           !(read_generation(job, &c) && c.generation > g &&
+             !edl_generation_member_named(&c, victim)))
+        harness_sleep_ms(10);
+    int64_t took = harness_now_ms() - t0;
+    print_message("agent SIGKILLed under edl run: a generation without it after %lld ms (lease "
+                  "TTL 10 s)\n", (long long)took);
+    assert_null(edl_generation_member_named(&c, victim));
+    assert_true(took <= 1500);
+    assert_int_equal(c.restarts, 0);
+    assert_non_null(strstr(c.reason, "left"));
+    assert_true(log_has(job, victim, "exited unexpectedly", NULL));
+    kill(run, SIGTERM);
+    assert_int_equal(harness_wait_exit(run, 30000), 143);
     edl_generation_clear(&c);
 }
 
@@ -1574,6 +1689,9 @@ int main(void)
         cmocka_unit_test(test_scale_leave_kill_and_stop),
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
         cmocka_unit_test(test_failing_trainer_restarted_excluded_then_job_fails),
+        cmocka_unit_test(test_broken_trainer_spends_its_budget_in_seconds),
+        cmocka_unit_test(test_trainer_that_cannot_start_fails_the_job_at_once),
+        cmocka_unit_test(test_killed_agent_leaves_the_generation_at_once),
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
         cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),
         cmocka_unit_test(test_peer_loss_spends_no_restart),

@@ -63,6 +63,30 @@ static void test_grant_ttl_keepalive_revoke(void **state)
     assert_int_equal(edl_etcd_lease_revoke(cl, id), EDL_ENOTFOUND);
 }
 
+/* Whoever saw a key's holder die revokes the lease that holds it: every key under that lease
+ * goes with it. A key without a lease, or no key, is EDL_ENOTFOUND and revokes nothing. */
+static void test_revoke_holder_revokes_the_lease_of_a_key(void **state)
+{
+    (void)state;
+    int64_t id, ttl, revoked = -1;
+    assert_int_equal(edl_etcd_lease_grant(cl, 30, 0, &id, NULL), 0);
+    edl_put_opts po = {.lease = id};
+    assert_int_equal(edl_etcd_put(cl, edl_str("holder/pod"), edl_str("1"), &po, NULL), 0);
+    assert_int_equal(edl_etcd_put(cl, edl_str("holder/status"), edl_str("2"), &po, NULL), 0);
+    assert_int_equal(edl_etcd_put(cl, edl_str("holder/plain"), edl_str("3"), NULL, NULL), 0);
+    assert_int_equal(edl_etcd_lease_revoke_holder(cl, edl_str("holder/pod"), &revoked), 0);
+    assert_true(revoked == id);
+    assert_false(key_exists(cl, "holder/pod"));
+    assert_false(key_exists(cl, "holder/status"));
+    assert_int_equal(edl_etcd_lease_ttl(cl, id, &ttl, NULL), EDL_ENOTFOUND);
+    assert_int_equal(edl_etcd_lease_revoke_holder(cl, edl_str("holder/pod"), &revoked),
+                     EDL_ENOTFOUND);
+    assert_true(revoked == 0);
+    assert_int_equal(edl_etcd_lease_revoke_holder(cl, edl_str("holder/plain"), NULL),
+                     EDL_ENOTFOUND);
+    assert_true(key_exists(cl, "holder/plain"));
+}
+
 static void test_grant_rejects_bad_ttl_and_put_rejects_unknown_lease(void **state)
 {
     (void)state;
@@ -189,11 +213,14 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grant_ttl_keepalive_revoke),
+        cmocka_unit_test(test_revoke_holder_revokes_the_lease_of_a_key),
         cmocka_unit_test(test_grant_rejects_bad_ttl_and_put_rejects_unknown_lease),
         cmocka_unit_test(test_keeper_keeps_lease_alive_past_ttl),
         cmocka_unit_test(test_keeper_reports_revoked_lease_at_once),
         cmocka_unit_test(test_keeper_blocked_by_partition_reports_loss_within_ttl),
         cmocka_unit_test(test_keeper_rides_out_short_outage),
     };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*holder*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1218,6 +1218,47 @@ static void test_informer_store_writes_through(void **state)
     free(s.list_body);
 }
 
+/* A trimmed informer keeps only the paths asked, and makes no empty object for one that is
+ * absent; a path through an array keeps that part of each element, in order (what the
+ * operator keeps of a pod's containers and their states). */
+static void test_informer_trims_through_arrays(void **state)
+{
+    (void)state;
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, list_json("10", (const char *[]){NULL}));
+    edl_k8s *k = client_for(f);
+    static const char *const keep[] = {"metadata.name", "metadata.namespace",
+                                       "metadata.annotations.a", "status.reason",
+                                       "spec.containers.name", "status.containerStatuses.name",
+                                       "status.containerStatuses.state.terminated.exitCode",
+                                       NULL};
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open_trimmed(k, "/api/v1/namespaces/ns/pods", NULL, keep,
+                                                   &inf), 0);
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    cJSON *pod = cJSON_Parse(
+        "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"p\",\"uid\":\"u\"},"
+        "\"spec\":{\"containers\":[{\"name\":\"t\",\"image\":\"x\",\"env\":[]},"
+        "{\"name\":\"side\",\"image\":\"y\"}]},"
+        "\"status\":{\"phase\":\"Running\",\"containerStatuses\":["
+        "{\"name\":\"side\",\"state\":{\"running\":{\"startedAt\":\"x\"}},\"image\":\"y\"},"
+        "{\"name\":\"t\",\"state\":{\"terminated\":{\"exitCode\":137,\"reason\":\"Error\"}},"
+        "\"restartCount\":0}]}}");
+    assert_int_equal(edl_k8s_informer_store(inf, pod, false), 0);
+    cJSON_Delete(pod);
+    char *got = cJSON_PrintUnformatted(edl_k8s_informer_get(inf, "ns", "p"));
+    assert_string_equal(got, "{\"metadata\":{\"name\":\"p\",\"namespace\":\"ns\"},"
+                             "\"spec\":{\"containers\":[{\"name\":\"t\"},{\"name\":\"side\"}]},"
+                             "\"status\":{\"containerStatuses\":[{\"name\":\"side\"},"
+                             "{\"name\":\"t\",\"state\":{\"terminated\":{\"exitCode\":137}}}]}}");
+    free(got);
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+}
+
 static void test_informer_close_is_prompt(void **state)
 {
     (void)state;
@@ -1569,11 +1610,14 @@ int main(void)
         cmocka_unit_test(test_informer_410_in_stream_and_as_reply_relists),
         cmocka_unit_test(test_informer_bad_input_keeps_cache),
         cmocka_unit_test(test_informer_store_writes_through),
+        cmocka_unit_test(test_informer_trims_through_arrays),
         cmocka_unit_test(test_informer_close_is_prompt),
         cmocka_unit_test(test_informer_10000_objects_in_pages),
         cmocka_unit_test(test_elector_acquire_renew_standby_takeover_release),
         cmocka_unit_test(test_elector_create_race_and_renew_deadline),
         cmocka_unit_test(test_started_elector_renews_alone_and_fences_writes),
     };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*trims*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* test_reconcile.c: the job server's decisions as a pure function (jobserver/reconcile.c):
  * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
- * cool-down, the restart budget, exit-code policy, success, hangs, stop, spec errors; and the
+ * cool-down (only for a pod that fails while others run), the restart budget, exit-code
+ * policy, trainers that cannot be started, success, hangs, stop, spec errors; and the
  * parameter-server role: waiting for ps_min servers, server changes as new generations that
  * keep the workers, server failures (no restart), success decided by the workers. */
 #include <setjmp.h>
@@ -764,6 +765,13 @@ static void start_ps_job(world *w, int workers, int servers)
     servers_running(w);
 }
 
+/* Two workers and two servers (ps 1..2) running. */
+static void ps_world_start(world *w)
+{
+    ps_world(w, 1, 2, 1, 2);
+    start_ps_job(w, 2, 2);
+}
+
 static void test_ps_job_waits_until_ps_min_servers(void **state)
 {
     (void)state;
@@ -1055,6 +1063,128 @@ static void test_teachers_never_change_ranks_or_generations(void **state)
     world_free(&w);
 }
 
+/* ---- failures that retrying cannot fix --------------------------------------------------- */
+
+/* A trainer that cannot be started (its agent could not execute it and reports 127 with why, or
+ * a shell said 126: not executable, 127: not found) fails the job at once, whatever the policy
+ * and the budget, with the agent's message: restarting cannot help. No hold either: the other
+ * members still running changes nothing. A trainer that reported a step had started, whatever
+ * code it exits with: an ordinary failure. */
+static void test_trainer_that_cannot_start_fails_the_job_at_once(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 10;
+    form(&w, 3);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 127, -1);
+    snprintf(w.st[1].message, sizeof w.st[1].message,
+             "/no/such/trainer: No such file or directory");
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_int_equal(w.cur.restarts, 0);
+    assert_non_null(strstr(w.cur.reason, "pod p1 (rank 1) exited with code 127: /no/such/trainer: "
+                                         "No such file or directory"));
+    assert_non_null(strstr(w.cur.reason, "cannot be started"));
+    world_free(&w);
+
+    world_init(&w, 1, 4); /* 126 from a shell: found, not executable */
+    form(&w, 1);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 126, -1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "exited with code 126"));
+    world_free(&w);
+
+    world_init(&w, 1, 4); /* it had reported progress: it started; a restart */
+    form(&w, 1);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 127, 40);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.restarts, 1);
+    world_free(&w);
+
+    ps_world_start(&w); /* a parameter server that cannot start fails the job too */
+    set_named_status(&w, "s1", EDL_TRAINER_EXITED, 127, -1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "pod s1 (server 1) exited with code 127"));
+    world_free(&w);
+}
+
+/* Every member fails (here the only one, as `edl run --np 1 -- sh -c 'exit 3'`): the program
+ * is broken, not a pod, so nobody is excluded and no cool-down is waited: each failure is
+ * restarted at once and the job fails when its budget is spent. */
+static void test_every_member_failing_spends_the_budget_without_exclusion(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.max_restarts = 3;
+    w.spec.exclude_after = 2;
+    form(&w, 1);
+    for (int i = 1; i <= 3; i++) {
+        set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1);
+        js_decision d = step(&w);
+        assert_true(d.new_generation); /* at once: no hold, no cool-down */
+        js_decision_clear(&d);
+        assert_int_equal(w.cur.restarts, i);
+        members_are(&w, "p0");
+        assert_int_equal(w.cur.n_failures, 0);
+        all_running(&w);
+    }
+    set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1);
+    js_decision d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "restart budget of 3 spent"));
+    world_free(&w);
+}
+
+/* Three members all fail the same way, one after another, the later ones not yet started for
+ * the generation when the first failure is seen (rank 0 starts first): the decision waits for
+ * them to report, then restarts everyone, blaming nobody. */
+static void test_all_members_failing_together_blames_nobody(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.max_restarts = 5;
+    w.spec.exclude_after = 1;
+    w.spec.ttl_s = 10;
+    form(&w, 3);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 3, -1);
+    set_status(&w, 2, EDL_TRAINER_EXITED, 3, -1);
+    js_decision d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(w.cur.n_failures, 0);
+    members_are(&w, "p0 p1 p2");
+    int64_t g = w.cur.generation;
+    set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1); /* p1 and p2 report generation g - 1 */
+    w.st[1].generation = w.st[2].generation = g - 1;
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* they may still start and report */
+    assert_true(d.wake_mono_ms > w.mono && d.wake_mono_ms <= w.mono + 11000);
+    js_decision_clear(&d);
+    advance(&w, 100);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 3, -1);
+    set_status(&w, 2, EDL_TRAINER_SIGNALED, 9, -1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 2);
+    assert_int_equal(w.cur.n_failures, 0);
+    members_are(&w, "p0 p1 p2");
+    assert_non_null(strstr(w.cur.reason, "every member failed"));
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1085,6 +1215,11 @@ int main(void)
         cmocka_unit_test(test_worker_restart_keeps_the_servers),
         cmocka_unit_test(test_worker_failure_in_a_ps_job_is_decided_at_once),
         cmocka_unit_test(test_teachers_never_change_ranks_or_generations),
+        cmocka_unit_test(test_trainer_that_cannot_start_fails_the_job_at_once),
+        cmocka_unit_test(test_every_member_failing_spends_the_budget_without_exclusion),
+        cmocka_unit_test(test_all_members_failing_together_blames_nobody),
     };
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*exclusion*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -242,6 +242,10 @@ int edl_etcd_lease_grant(edl_etcd *c, int64_t ttl_s, int64_t id, int64_t *id_out
 int edl_etcd_lease_keepalive(edl_etcd *c, int64_t id, int64_t *ttl_out);
 /* Revoke (deletes every key attached, in one revision). EDL_ENOTFOUND when unknown. */
 int edl_etcd_lease_revoke(edl_etcd *c, int64_t id);
+/* Revoke the lease that holds `key` (and with it every key attached): how whoever saw the
+ * holder die says so before the lease runs out. EDL_ENOTFOUND when the key is absent or holds
+ * no lease; lease_out (may be NULL): the lease revoked. */
+int edl_etcd_lease_revoke_holder(edl_etcd *c, edl_buf key, int64_t *lease_out);
 /* Remaining TTL (EDL_ENOTFOUND when gone); granted may be NULL. */
 int edl_etcd_lease_ttl(edl_etcd *c, int64_t id, int64_t *ttl_out, int64_t *granted_out);
 

@@ -142,7 +142,9 @@ int edl_k8s_informer_open(edl_k8s *k, const char *collection_path, const char *l
                           edl_k8s_informer **out);
 /* The same, keeping of each object only the fields at the dotted paths in keep (NULL-
  * terminated; e.g. "metadata", "status.phase"), as client-go's transform does: 10,000 pods
- * cost a fraction of their full size in the cache. keep NULL: whole objects. */
+ * cost a fraction of their full size in the cache. A path through an array keeps the rest of
+ * the path of each element ("status.containerStatuses.name": every status's name). keep NULL:
+ * whole objects. */
 int edl_k8s_informer_open_trimmed(edl_k8s *k, const char *collection_path,
                                   const char *label_selector, const char *const *keep,
                                   edl_k8s_informer **out);
