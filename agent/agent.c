@@ -221,13 +221,12 @@ static bool only_servers_changed(const agent *a)
            edl_generation_of_members(&a->generation) == a->run_members_gen;
 }
 
-static void start_trainer(agent *a, int rank)
+/* Spawn the trainer with its pipes and environment (rank < 0: no assignment yet); 0, or the
+ * code with the reason in err. */
+static int spawn_trainer(agent *a, int rank, char *err, size_t errlen)
 {
-    int64_t gen = a->generation.generation;
-    refresh_spec(a);
-    a->started_gen = gen; /* once per generation, whatever happens next */
     int child_ctl, child_prog;
-    char **env = NULL, err[EDL_STATUS_MESSAGE_MAX] = "";
+    char **env = NULL;
     int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd = &a->o->etcd,
@@ -243,16 +242,25 @@ static void start_trainer(agent *a, int rank)
             close(child_ctl);
             close(child_prog);
         } else {
-            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err,
-                               sizeof err);
+            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err, errlen);
         }
         edl_env_free(env);
     }
     a->starts++;
+    if (rc && !err[0])
+        snprintf(err, errlen, "%s", edl_strerror(rc));
+    return rc;
+}
+
+static void start_trainer(agent *a, int rank)
+{
+    int64_t gen = a->generation.generation;
+    refresh_spec(a);
+    a->started_gen = gen; /* once per generation, whatever happens next */
+    char err[EDL_STATUS_MESSAGE_MAX] = "";
+    int rc = spawn_trainer(a, rank, err, sizeof err);
     if (rc) {
         /* 127 and the reason: the job server fails the job (reconcile.c, cannot_start) */
-        if (!err[0])
-            snprintf(err, sizeof err, "%s", edl_strerror(rc));
         EDL_ERROR("agent", "generation %lld: the trainer could not be started: %s",
                   (long long)gen, err);
         a->tp.step = -1;
@@ -275,10 +283,83 @@ static void start_trainer(agent *a, int rank)
     set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
 }
 
+#define AHEAD_READY_S 5 /* the longest a pod waits for its trainer started ahead to be ready (one
+                         * that does not speak "ready" delays its pod's first registration so) */
+
+/* In InProcess mode a worker pod's trainer starts ahead of the pod's membership, when the agent
+ * starts (and again while the pod waits as a standby): it loads its interpreter and framework,
+ * says "ready" on its progress pipe and waits for its first assignment on the control pipe
+ * (edl.torch and libedlcoll do). The pod registers only then, so a pod joining costs the
+ * members no start-up, only the re-formation. Its status stays waiting meanwhile. One that
+ * ends before its pod is a member is not started ahead again: the pod's ordinary start follows
+ * when it is a member. */
+static void start_ahead(agent *a)
+{
+    refresh_spec(a);
+    char err[EDL_STATUS_MESSAGE_MAX] = "";
+    if (spawn_trainer(a, -1, err, sizeof err) != 0) {
+        EDL_WARN("agent", "the trainer could not be started ahead of membership: %s; it starts "
+                 "when the pod is a member", err);
+        a->ahead_failed = true;
+        return;
+    }
+    a->ahead = true;
+    a->run_gen = 0;
+    a->run_rank = -1;
+    EDL_INFO("agent", "trainer %d started ahead of membership: it waits for its first "
+             "assignment", (int)a->tp.pid);
+}
+
+/* The pod joins once the trainer started ahead is ready (or ended, or took too long: then the
+ * ordinary start follows when the pod is a member). */
+static void register_started_ahead(agent *a, int64_t now)
+{
+    if (a->ahead && !a->tp.ready)
+        EDL_WARN("agent", "the trainer started ahead of membership did not say it was ready "
+                 "within %d s: registering the pod anyway", AHEAD_READY_S);
+    else if (a->ahead)
+        EDL_INFO("agent", "the trainer started ahead is ready (%lld ms): registering the pod",
+                 (long long)(now - (a->ahead_register_ms - AHEAD_READY_S * 1000)));
+    a->ahead_register_ms = 0;
+    if (!a->leaving_signal && a->final_exit < 0)
+        registry_register(a);
+}
+
+/* A worker of an InProcess job without parameter servers (a Fleet trainer reads its servers
+ * from the environment it starts with, which one started ahead would not have). */
+static bool ahead_kind(const agent *a)
+{
+    return !a->ps && !a->teacher && a->o->job && a->spec.mode == EDL_MODE_INPROCESS &&
+           a->spec.ps_max == 0;
+}
+
+static bool ahead_at_start(const agent *a)
+{
+    return ahead_kind(a) && !a->spec.stopped;
+}
+
+static bool ahead_due(const agent *a)
+{
+    return ahead_kind(a) && !a->ahead && !a->ahead_failed && a->have_generation &&
+           !edl_job_state_final(a->generation.state) && !a->leaving_signal;
+}
+
 static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
 {
     int64_t gen = a->run_gen;
     a->run_gen = 0;
+    if (a->ahead) { /* never a member: nothing for the job server to judge */
+        a->ahead = false;
+        a->ahead_failed = !by_agent;
+        if (by_agent)
+            EDL_INFO("agent", "the trainer started ahead of membership stopped");
+        else
+            EDL_WARN("agent", "the trainer started ahead of membership ended (%s %d) before the "
+                     "pod was a member; it starts again when it is one",
+                     WIFEXITED(wstatus) ? "exit code" : "signal",
+                     WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WTERMSIG(wstatus));
+        return;
+    }
     if (by_agent) {
         EDL_INFO("agent", "trainer of generation %lld stopped", (long long)gen);
         set_status(a, EDL_TRAINER_STOPPED, gen, 0, 0);
@@ -362,7 +443,9 @@ static void reconcile_worker(agent *a)
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
-        if (m && gen > a->run_gen && only_servers_changed(a)) {
+        if (!m && a->ahead && !edl_job_state_final(a->generation.state))
+            return; /* started ahead: still waiting to be a member */
+        if (m && gen > a->run_gen && !a->ahead && only_servers_changed(a)) {
             carry_to(a, gen);
             return;
         }
@@ -371,8 +454,13 @@ static void reconcile_worker(agent *a)
         if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && a->tp.control_fd >= 0) {
             if (!master_known(a, m->rank))
                 return;
-            EDL_INFO("agent", "generation %lld: re-forming in process as rank %d (was %d)",
-                     (long long)gen, m->rank, a->run_rank);
+            if (a->ahead)
+                EDL_INFO("agent", "generation %lld: the trainer started ahead joins as rank %d",
+                         (long long)gen, m->rank);
+            else
+                EDL_INFO("agent", "generation %lld: re-forming in process as rank %d (was %d)",
+                         (long long)gen, m->rank, a->run_rank);
+            a->ahead = false;
             a->run_gen = gen;
             a->started_gen = gen; /* this generation has its trainer: no second start on exit */
             a->run_rank = m->rank;
@@ -397,6 +485,8 @@ static void reconcile_worker(agent *a)
             start_trainer(a, m->rank);
         return;
     }
+    if (!m && ahead_due(a))
+        start_ahead(a);
     if (!m && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
         a->tp.step = -1;
         set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
@@ -464,7 +554,8 @@ void agent_reconcile(agent *a)
         return;
     }
     if (!a->keeper) { /* no lease: this pod is no member or server of anything */
-        trainer_stop(&a->tp, a->o->grace_ms);
+        if (!a->ahead_register_ms) /* (a trainer started ahead waits for it to register) */
+            trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
     if (a->ps)
@@ -525,6 +616,7 @@ static int loop_timeout(agent *a)
     if (a->metrics && (t = edl_metrics_timeout_ms(a->metrics)) >= 0 && t < timeout)
         timeout = t;
     timeout = min_timeout(timeout, a->master_retry_ms);
+    timeout = min_timeout(timeout, a->ahead_register_ms);
     if (a->teacher && (t = teacher_timeout(a)) >= 0 && t < timeout)
         timeout = t;
     return min_timeout(timeout, hang_due_ms(a));
@@ -585,6 +677,8 @@ static void loop_once(agent *a, int sfd)
     if (a->reg_next_ms && now >= a->reg_next_ms && (!trainer_running(&a->tp) || a->teacher) &&
         !a->leaving_signal && a->final_exit < 0)
         registry_register(a);
+    if (a->ahead_register_ms && (a->tp.ready || !a->ahead || now >= a->ahead_register_ms))
+        register_started_ahead(a, now);
     agent_reconcile(a);
     registry_status_flush(a);
 }
@@ -686,7 +780,12 @@ int agent_run(agent_opts *o)
         goto out;
     }
     a.ttl_s = o->ttl_s > 0 ? o->ttl_s : a.spec.ttl_s;
-    registry_register(&a);
+    if (ahead_at_start(&a))
+        start_ahead(&a); /* the pod registers when its trainer is ready (loop_once) */
+    if (a.ahead)
+        a.ahead_register_ms = edl_monotonic_ms() + AHEAD_READY_S * 1000;
+    else
+        registry_register(&a);
     registry_watch_open(&a);
     agent_reconcile(&a);
     code = agent_loop(&a, sfd);

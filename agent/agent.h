@@ -50,7 +50,9 @@ typedef struct agent_env_input {
     const edl_job_spec *spec;
     const edl_generation *generation; /* the generation the trainer starts for */
     int rank;                   /* this pod's rank in it: in members, or for role "ps" in
-                                 * servers */
+                                 * servers; -1: a worker started ahead of membership (no rank,
+                                 * no world, EDL_GENERATION=0: its first control line assigns
+                                 * them) */
     int master_port;            /* the generation's MASTER_PORT (registry_master_port) */
     const char *error_file;     /* TORCHELASTIC_ERROR_FILE (NULL: none) */
     int control_fd, progress_fd;
@@ -94,6 +96,7 @@ typedef struct trainer_proc {
     int64_t step;           /* latest progress step (-1: none) */
     int64_t blocked_since_ms; /* monotonic: when the collective it waits in began (0: none) */
     char blocked_what[EDL_PROGRESS_WHAT_MAX + 1];
+    bool ready;             /* started ahead of membership, it said "ready" */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
@@ -214,6 +217,11 @@ typedef struct agent {
     teacher_state t;
     trainer_proc tp;
     int64_t run_gen;          /* generation the running trainer serves (0: none) */
+    bool ahead;               /* the running trainer was started ahead of membership (InProcess:
+                               * it waits for its first control line) */
+    bool ahead_failed;        /* one started ahead ended: none again, the ordinary start follows */
+    int64_t ahead_register_ms; /* monotonic: at start, the pod registers once its trainer started
+                               * ahead says "ready", or by then (0: not waiting) */
     int run_rank;
     int64_t run_members_gen;  /* the members_generation the last trainer was started or
                                * re-formed for: a later generation with the same one changed

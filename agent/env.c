@@ -142,7 +142,8 @@ static void set_edl(strv *s, const agent_env_input *in)
     /* a worker's is the generation its members were formed in (the same on every rank, whatever
      * servers-only generations came since); a server's is the one it starts in */
     int64_t gen = agent_role_is_ps(in->role) ? in->generation->generation
-                                             : edl_generation_of_members(in->generation);
+                  : in->rank < 0 ? 0 /* started ahead: no generation yet */
+                                 : edl_generation_of_members(in->generation);
     setf(s, "EDL_GENERATION", "%lld", (long long)gen);
     setf(s, "EDL_PS_SERVERS", "%zu", in->generation->n_servers);
     set_etcd(s, in->etcd);
@@ -248,7 +249,9 @@ int agent_env_build(const agent_env_input *in, char *const *base, char ***out)
     *out = NULL;
     strv set = {0};
     set_edl(&set, in);
-    int rc = agent_role_is_ps(in->role) ? server_env(in, &set) : worker_env(in, &set);
+    int rc = agent_role_is_ps(in->role) ? server_env(in, &set)
+             : in->rank < 0 ? 0 /* ahead of membership: the first control line assigns it */
+                            : worker_env(in, &set);
     char **env = rc || set.oom ? NULL : edl_env_build(base, owned, set.v);
     edl_env_free(set.v);
     if (rc || !env)

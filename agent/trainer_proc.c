@@ -77,6 +77,7 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     t->kill_at_ms = 0;
     t->step = -1;
     t->blocked_since_ms = 0;
+    t->ready = false;
     t->line_len = 0;
     t->line_skip = false;
     return 0;
@@ -162,6 +163,9 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
         return 1;
     case EDL_PROGRESS_UNBLOCKED:
         t->blocked_since_ms = 0;
+        return 1;
+    case EDL_PROGRESS_READY:
+        t->ready = true;
         return 1;
     }
     return 0;

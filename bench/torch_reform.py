@@ -3,7 +3,9 @@ crashes, in process (edl.torch re-forms the process group in place) against rest
 unmodified torch trainer, restarted in every generation), in one run on this machine.
 
 For each mode it runs bench/torch_reform_trainer.py under `edl run` (its own etcd, job server
-and agents), two pods of up to three, and repeats: a join (`edl scale` to 3), a crash (SIGKILL
+and agents), two pods of up to three, and repeats: a join (`edl scale` to 3; "ready" is the same join timed from the moment the new
+pod registered, which in process is once its trainer, started ahead, has loaded Python and
+torch), a crash (SIGKILL
 of a pod's agent and trainer; `edl run` replaces the pod: another join), a leave (`edl scale`
 to 2). Each event is timed from the moment it happened to the new world's first allreduce
 (the last rank's), split at the job server's publication of the new generation (its log line):
@@ -30,6 +32,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PUBLISHED = re.compile(r"^jobserver\s+\| (\S+) INFO  jobserver: job \S+: generation (\d+) running")
+REGISTERING = re.compile(r"^(\S+)\s+\| (\S+) INFO  agent: registering pod ")
+
+
+def _wall(stamp):
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 class Run:
@@ -63,7 +70,15 @@ class Run:
         for line in self.lines():
             m = PUBLISHED.match(line)
             if m and int(m[2]) == generation:
-                return datetime.datetime.fromisoformat(m[1].replace("Z", "+00:00")).timestamp()
+                return _wall(m[1])
+        return None
+
+    def registered(self, pod):
+        """When the pod's agent registered it (its trainer, started ahead, was ready)."""
+        for line in self.lines():
+            m = REGISTERING.match(line)
+            if m and m[1] == pod:
+                return _wall(m[2])
         return None
 
     def world(self, size, after, timeout=90):
@@ -122,13 +137,14 @@ def newest_pod(run):
 
 def measure(args, mode, workdir):
     run = Run(args, mode, workdir)
-    times = {"join": [], "crash": [], "leave": []}
+    times = {"join": [], "ready": [], "crash": [], "leave": []}
     try:
         gen, _ = run.world(2, 0, timeout=120)
         for _ in range(args.trials):
             t0 = run.scale(3)
             gen, done = run.world(3, gen)
             times["join"].append((t0, run.published(gen), done))
+            times["ready"].append((run.registered(newest_pod(run)), run.published(gen), done))
             t0 = run.crash(newest_pod(run))
             gen, done = run.world(None, gen)  # without it (its replacement may be in already)
             times["crash"].append((t0, run.published(gen), done))

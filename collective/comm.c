@@ -707,6 +707,25 @@ static int load_secret(edl_comm *c)
     return rc;
 }
 
+/* A trainer the agent started ahead of its pod's membership (EDL_GENERATION=0, the control
+ * pipe open) waits here for its first assignment; the link then holds it. */
+static int first_assignment(edl_agent_link *l)
+{
+    if (edl_agent_link_generation(l) > 0 || edl_agent_link_fd(l) < 0)
+        return 0;
+    EDL_INFO("coll", "started ahead of membership: waiting for the first generation");
+    edl_agent_link_report_ready(l);
+    for (;;) {
+        edl_assignment a;
+        int rc = edl_agent_link_poll(l, &a);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+        struct pollfd pf = {edl_agent_link_fd(l), POLLIN, 0};
+        if (poll(&pf, 1, 1000) < 0 && errno != EINTR)
+            return EDL_EIO;
+    }
+}
+
 int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
 {
     if (!out)
@@ -730,6 +749,8 @@ int edl_coll_open(const edl_coll_options *opts, edl_comm **out)
         rc = edl_agent_link_open(&c->link);
         c->own_link = rc == 0;
     }
+    if (!rc)
+        rc = first_assignment(c->link);
     if (rc) {
         edl_coll_close(c);
         return rc;

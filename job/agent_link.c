@@ -137,6 +137,11 @@ int edl_agent_link_report_unblocked(edl_agent_link *t)
     return write_progress(t, "unblocked\n", 10);
 }
 
+int edl_agent_link_report_ready(edl_agent_link *t)
+{
+    return t && t->generation == 0 ? write_progress(t, "ready\n", 6) : 0;
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -163,6 +168,10 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     }
     if (len == 9 && memcmp(line, "unblocked", 9) == 0) {
         out->kind = EDL_PROGRESS_UNBLOCKED;
+        return 0;
+    }
+    if (len == 5 && memcmp(line, "ready", 5) == 0) {
+        out->kind = EDL_PROGRESS_READY;
         return 0;
     }
     if (len < 8 || memcmp(line, "blocked ", 8) != 0)

@@ -323,6 +323,13 @@ static void assert_var(const char *path, const char *name, const char *want)
         fail_msg("%s: %s=%s, expected %s", path, name, v, want);
 }
 
+static void assert_no_var(const char *path, const char *name)
+{
+    char v[1024];
+    if (file_var(path, name, v, sizeof v))
+        fail_msg("%s: %s=%s, expected it unset", path, name, v);
+}
+
 static long read_long_file(const char *path)
 {
     char v[64] = "";
@@ -579,11 +586,20 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     (void)state;
     const char *job = "inproc";
     put_spec(job, EDL_MODE_INPROCESS, 2, 5);
-    /* the trainer appends every control line it receives */
+    /* the trainer, started ahead of membership, says it is ready, then appends every control
+     * line it receives; the pod registers only once it is ready */
     pid_t a = start_agent(job, "a",
-                          "echo $$ > $T_DIR/pid; env > $T_DIR/env; "
+                          "echo $$ > $T_DIR/pid; env > $T_DIR/env; sleep 0.5; "
+                          "echo ready >&$EDL_PROGRESS_FD; "
                           "while read -r l <&$EDL_CONTROL_FD; do echo \"$l\" >> $T_DIR/ctl; done; sleep 60",
                           NULL);
+    char ef[300], k0[256];
+    snprintf(ef, sizeof ef, "%s/env", dir);
+    edl_kv *reg = wait_kv(key(job, "pods/a", k0, sizeof k0), 5000); /* once it said "ready" */
+    assert_non_null(reg);
+    edl_kv_free(reg);
+    assert_var(ef, "EDL_GENERATION", "0"); /* no assignment yet: no rank, no world */
+    assert_no_var(ef, "RANK");
     publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     char pf[300], cf[300];
     snprintf(pf, sizeof pf, "%s/pid", dir);
@@ -598,7 +614,7 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     assert_int_equal(st.pid, pid1);
     assert_int_equal(st.restarts, 0);
     char line[1024] = "";
-    assert_int_equal(wait_lines(cf, 2, line, sizeof line), 2);
+    assert_int_equal(wait_lines(cf, 2, line, sizeof line), 2); /* generation 1 assigned it */
     assert_non_null(strstr(line, "\"generation\":2"));
     assert_non_null(strstr(line, "\"rank\":0"));
     assert_non_null(strstr(line, "\"world_size\":2"));

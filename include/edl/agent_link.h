@@ -6,6 +6,9 @@
  *                    "step <N>" after each finished step; "blocked <MS> <what>" when a
  *                    collective has been waiting on its peers for MS ms (libedlcoll writes it
  *                    once per call, after a second); "unblocked" when that call returned;
+ *                    "ready" when a trainer the agent started ahead of its pod's membership
+ *                    (EDL_GENERATION=0) has loaded what it needs and waits for its first
+ *                    assignment: the agent registers the pod then;
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
@@ -50,6 +53,9 @@ int edl_agent_link_report_step(edl_agent_link *l, int64_t step);
  * agent turns a wait longer than the job's progress timeout into the trainer state "hung". */
 int edl_agent_link_report_blocked(edl_agent_link *l, int64_t ms, const char *what);
 int edl_agent_link_report_unblocked(edl_agent_link *l);
+/* Report that this trainer, started ahead of its pod's membership, is ready for its first
+ * assignment (a no-op for one the agent started with an assignment). */
+int edl_agent_link_report_ready(edl_agent_link *l);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
  * link then takes its rank, world size and generation), 0 when none, <0 on error (EDL_EIO:
@@ -75,6 +81,7 @@ typedef enum edl_progress_kind {
     EDL_PROGRESS_STEP = 0, /* value: the step */
     EDL_PROGRESS_BLOCKED,  /* value: ms waited so far; what: in which call */
     EDL_PROGRESS_UNBLOCKED,
+    EDL_PROGRESS_READY,    /* started ahead of membership: ready for the first assignment */
 } edl_progress_kind;
 typedef struct edl_progress_line {
     edl_progress_kind kind;

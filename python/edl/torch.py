@@ -223,9 +223,18 @@ class _World:
                  f"{self.reforms[-1]:.3f} s")
 
     def ensure(self):
-        """Form the group for the newest generation, if not formed yet."""
-        if self.generation is None:
-            self.form(self.poll() or self._initial())
+        """Form the group for the newest generation, if not formed yet. A trainer the agent
+        started ahead of its pod's membership (generation 0: it has imported torch while the
+        job decided) waits here for its first assignment."""
+        if self.generation is not None:
+            return
+        first = self.poll()
+        if first is None and self.link.active and self.link.generation == 0:
+            _log("started ahead of membership: waiting for the first generation")
+            self.link.report_ready()
+            while first is None:
+                first = self.link.wait(1000)
+        self.form(first or self._initial())
 
     # ---- agreeing to move on -------------------------------------------------------------
 

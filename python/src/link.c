@@ -155,6 +155,16 @@ static PyObject *link_report_unblocked(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *link_report_ready(PyObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    edl_agent_link_report_ready(l);
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_close(PyObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -190,6 +200,9 @@ static PyMethodDef LINK_METHODS[] = {
      "report_blocked(ms, what): a collective has waited ms on its peers."},
     {"report_unblocked", link_report_unblocked, METH_NOARGS,
      "report_unblocked(): that collective returned."},
+    {"report_ready", link_report_ready, METH_NOARGS,
+     "report_ready(): started ahead of membership (generation 0), this trainer is ready for "
+     "its first assignment: the agent registers the pod now."},
     {"close", link_close, METH_NOARGS, "close(): close the pipes."},
     {NULL, NULL, 0, NULL},
 };

@@ -49,11 +49,12 @@ def assert_close(a, b):
 class Job:
     """`edl run` of train_elastic.py in InProcess mode; its output collected in a file."""
 
-    def __init__(self, tmp_path, name, replicas, step_ms, args=ARGS):
+    def __init__(self, tmp_path, name, replicas, step_ms, args=ARGS, settle_ms=300):
         self.name, self.log = name, tmp_path / f"{name}.log"
         self.out = tmp_path / f"{name}.pt"
         cmd = [os.path.join(BIN_DIR, "edl"), "run", "--job", name, "--np", "1:3", "--replicas",
-               str(replicas), "--elastic-mode", "inprocess", "--settle-ms", "300", "--ttl", "3",
+               str(replicas), "--elastic-mode", "inprocess", "--settle-ms", str(settle_ms),
+               "--ttl", "3",
                "--", sys.executable, os.path.join(EXAMPLES, "train_elastic.py"), *args,
                "--step-ms", str(step_ms), "--out", str(self.out)]
         self.f = open(self.log, "w")
@@ -125,7 +126,7 @@ def test_churn_keeps_survivors_and_gives_the_same_model(tmp_path):
 
 def test_a_trainer_killed_inside_an_allreduce(tmp_path):
     want = local_weights(tmp_path, LONG)
-    job = Job(tmp_path, "pykill", 2, 0, LONG)
+    job = Job(tmp_path, "pykill", 2, 0, LONG, settle_ms=3000)  # both pods in generation 1
     try:
         job.wait_world(2)
         time.sleep(1.0)  # training: nearly all of a step is its allreduce and compute
