@@ -40,6 +40,7 @@ static void progress_line(const char *in, size_t len)
     int n = a.kind == EDL_PROGRESS_STEP ? snprintf(buf, sizeof buf, "step %lld", (long long)a.value)
             : a.kind == EDL_PROGRESS_BLOCKED
                 ? snprintf(buf, sizeof buf, "blocked %lld %s", (long long)a.value, a.what)
+                : a.kind == EDL_PROGRESS_READY ? snprintf(buf, sizeof buf, "ready")
                 : snprintf(buf, sizeof buf, "unblocked");
     FUZZ_CHECK(n > 0 && (size_t)n < sizeof buf);
     FUZZ_CHECK(a.value >= 0 && strlen(a.what) <= EDL_PROGRESS_WHAT_MAX);
