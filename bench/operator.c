@@ -174,6 +174,24 @@ static long operator_requests(bench *b)
     return (long)op_metric("edl_operator_api_requests_total");
 }
 
+/* Stop the operators (SIGTERM: they release the Lease) and the stand-in. */
+static void stop_cluster(bench *b)
+{
+    pid_t ops[] = {b->op, b->op2};
+    for (int i = 0; i < 2; i++)
+        if (ops[i] > 0)
+            kill(ops[i], SIGTERM);
+    for (int i = 0; i < 2; i++)
+        if (ops[i] > 0)
+            waitpid(ops[i], NULL, 0);
+    b->op = b->op2 = 0;
+    kill(b->standin, SIGTERM);
+    waitpid(b->standin, NULL, 0);
+    edl_k8s_close(b->k);
+    b->k = NULL;
+    b->port = 0;
+}
+
 /* ---- scale: one pod more, then one less ------------------------------------------------- */
 
 static const char JOB_YAML[] =
@@ -286,13 +304,7 @@ static void bench_scale(bench *b, int trials)
     printf("scale: kubectl scale -> generation published         %7.1f ms\n", total / trials);
     printf("scale: API requests by the operator per scale event %7.1f\n", (double)reqs / trials);
     edl_job_keys_clear(&k);
-    kill(b->op, SIGTERM);
-    waitpid(b->op, NULL, 0);
-    kill(b->standin, SIGTERM);
-    waitpid(b->standin, NULL, 0);
-    edl_k8s_close(b->k);
-    b->k = NULL;
-    b->port = 0;
+    stop_cluster(b);
 }
 
 /* ---- split: two replicas, slow creates, one big scale ---------------------------------------- */
@@ -348,15 +360,7 @@ static void bench_split(bench *b, int pods)
                       metric_at(METRICS_PORT + 1, "edl_operator_lease_renewals_total");
     printf("split: Lease renewals %.0f, late (> 2 retry periods apart) %.0f, holder changes "
            "%lld (goal: 0 late, 0 changes)\n", renewals, late, (long long)transitions);
-    kill(b->op, SIGTERM);
-    kill(b->op2, SIGTERM);
-    waitpid(b->op, NULL, 0);
-    waitpid(b->op2, NULL, 0);
-    kill(b->standin, SIGTERM);
-    waitpid(b->standin, NULL, 0);
-    edl_k8s_close(b->k);
-    b->k = NULL;
-    b->port = 0;
+    stop_cluster(b);
 }
 
 /* ---- many: 1,000 jobs of 10 pods ---------------------------------------------------------- */
