@@ -63,8 +63,9 @@ int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void
 
 /* manifest.c: `edl run -f FILE`: the file's first TrainingJob, its trainer command resolved
  * (a bare name not on PATH: beside edl, or in its build tree's examples/), the first
- * container's plain env values and workingDir. Problems are printed as FILE:LINE: FIELD: what
- * (and the fields only a cluster uses as ignored); returns 0 or EDL_EXIT_USAGE. */
+ * container's plain env values and workingDir. Problems, a field the CRD does not have among
+ * them, are printed as FILE:LINE: FIELD: what (and the fields only a cluster uses as ignored);
+ * returns 0 or EDL_EXIT_USAGE. */
 typedef struct cli_manifest {
     edl_trainingjob tj;
     char **env;        /* "NAME=value" (NULL-terminated) */

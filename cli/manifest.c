@@ -1,8 +1,9 @@
 /* manifest.c: `edl run -f job.yaml`: the TrainingJob manifest a cluster would run, read for a
  * run on this machine. The file's first TrainingJob is read with the operator's reader
- * (edl/trainingjob.h); every problem is printed as FILE:LINE: FIELD: what, and every field that
- * only a cluster can honour (image, resources, volumes, ...) is named as ignored, so that what
- * runs here is never a silent approximation of the manifest.
+ * (edl/trainingjob.h); every problem is printed as FILE:LINE: FIELD: what, a field the CRD does
+ * not have is refused as the API server refuses it (a typo would otherwise run with a default),
+ * and every field that only a cluster can honour (image, resources, volumes, ...) is named as
+ * ignored, so that what runs here is never a silent approximation of the manifest.
  *
  * The trainer's command is the first container's command and args (spec.ps's parameter servers
  * and spec.teachers's teachers run the same command here: their templates may not ask for
@@ -204,6 +205,10 @@ int cli_manifest_load(const char *path, cli_manifest *m)
     }
     size_t doc = 0;
     rc = pick_document(y, &doc);
+    /* first, as the API server decodes strictly before it validates */
+    if (!rc && edl_trainingjob_unknown_field(edl_yaml_doc(y, doc), field, sizeof field, err,
+                                             sizeof err) != 0)
+        rc = field_error(y, doc, field, err);
     if (!rc && edl_trainingjob_parse(edl_yaml_doc(y, doc), &m->tj, field, sizeof field, err,
                                      sizeof err) != 0)
         rc = field_error(y, doc, field, err);

@@ -950,6 +950,22 @@ static void test_manifest_errors_exit_2_and_start_nothing(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, run), 2);
     snprintf(want, sizeof want, "%s:6: spec.suspend: is true", path);
     assert_non_null(strstr(out, want));
+    /* a field the CRD does not know (a typo; another operator's runPolicy): refused as kubectl
+     * refuses it, not run with the default in its place */
+    write_text(path, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n"
+                     "  name: bad-manifest\nspec:\n  maxReplica: 3\n  template:\n    spec:\n"
+                     "      containers:\n        - name: t\n          command: [/bin/true]\n");
+    assert_int_equal(edl_cmd(out, sizeof out, run), 2);
+    snprintf(want, sizeof want, "%s:6: spec.maxReplica: unknown field \"spec.maxReplica\"", path);
+    if (!strstr(out, want))
+        fail_msg("no \"%s\" in:\n%s", want, out);
+    write_text(path, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n"
+                     "  name: bad-manifest\nspec:\n  runPolicy:\n    cleanPodPolicy: None\n"
+                     "  template:\n    spec:\n"
+                     "      containers:\n        - name: t\n          command: [/bin/true]\n");
+    assert_int_equal(edl_cmd(out, sizeof out, run), 2);
+    snprintf(want, sizeof want, "%s:6: spec.runPolicy: unknown field \"spec.runPolicy\"", path);
+    assert_non_null(strstr(out, want));
     /* a trainer on the command line as well */
     const char *both[] = {"run", "-f", path, "--", "/bin/true", NULL};
     write_text(path, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n"
