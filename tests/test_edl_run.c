@@ -876,6 +876,17 @@ static void test_state_directory_must_be_private(void **state)
     assert_int_equal(symlink(target, file), 0);
     assert_int_equal(edl_cmd(out, sizeof out, status), 2);
     assert_non_null(strstr(out, "cannot be read"));
+    /* a state file that names a certificate no longer there: said before any connection */
+    unlink(file);
+    f = fopen(file, "w");
+    fprintf(f, "EDL_ETCD_ENDPOINTS=https://127.0.0.1:1\nEDL_ETCD_CACERT=%s/gone/ca.crt\n"
+               "EDL_ETCD_CERT=%s/gone/client.crt\nEDL_ETCD_KEY=%s/gone/client.key\n", g_dir,
+            g_dir, g_dir);
+    fclose(f);
+    assert_int_equal(edl_cmd(out, sizeof out, status), 2);
+    if (!strstr(out, "the state file of job \"sj\"") || !strstr(out, "/gone/ca.crt") ||
+        !strstr(out, "No such file"))
+        fail_msg("the missing file is not named as the state file's:\n%s", out);
     setenv("EDL_STATE_DIR", saved, 1);
 }
 
