@@ -26,6 +26,10 @@ typedef struct cli_common {
 /* state.c: the files `edl run` leaves for other terminals, in a directory only this user can
  * write: $EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid> (see state.c). */
 void cli_state_dir(char *buf, size_t n);
+/* Whether dir (created 0700 if asked and missing) is a real directory of this user that group
+ * and others cannot write, the one rule for edl's directories on a shared host: 0, or
+ * EDL_ENOTFOUND / EDL_EIO with the reason and what to do in why. */
+int cli_private_dir(const char *dir, bool create, char *why, size_t whylen);
 /* Whether the state directory is usable (created if missing): 0, or EDL_EIO with the reason and
  * what to do in why. edl run refuses to start without it. */
 int cli_state_check(char *why, size_t whylen);
@@ -91,8 +95,9 @@ int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void
                     edl_job_spec *before, edl_job_spec *after);
 
 /* manifest.c: `edl run -f FILE`: the file's first TrainingJob, its trainer command resolved
- * (a bare name not on PATH: beside edl, or in its build tree's examples/), the first
- * container's plain env values and workingDir. Problems, a field the CRD does not have among
+ * (a bare name not on PATH: beside edl, or in its build tree's examples/), a file:// checkpoint
+ * URI on a mounted volume moved to this user's directory for it, the first container's plain
+ * env values and workingDir. Problems, a field the CRD does not have among
  * them, are printed as FILE:LINE: FIELD: what (and the fields only a cluster uses as ignored);
  * returns 0 or EDL_EXIT_USAGE. */
 typedef struct cli_manifest {

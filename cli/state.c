@@ -51,24 +51,36 @@ static const char *dir_problem(const struct stat *st)
     return "";
 }
 
-/* The state directory, created if asked and checked: 0, or EDL_EIO with the reason in why. */
-static int private_dir(bool create, char *dir, size_t n, char *why, size_t whylen)
+int cli_private_dir(const char *dir, bool create, char *why, size_t whylen)
 {
-    cli_state_dir(dir, n);
     if (create && mkdir(dir, 0700) != 0 && errno != EEXIST)
         return edl_errf(why, whylen, EDL_EIO, "cannot create %s: %s", dir, strerror(errno));
     struct stat st;
-    if (lstat(dir, &st) != 0) /* ENOENT: no edl run has run here (EDL_ENOTFOUND) */
-        return edl_errf(why, whylen, errno == ENOENT ? EDL_ENOTFOUND : EDL_EIO,
-                        "no local job: %s: %s", dir, strerror(errno));
+    if (lstat(dir, &st) != 0)
+        return edl_errf(why, whylen, errno == ENOENT ? EDL_ENOTFOUND : EDL_EIO, "%s: %s", dir,
+                        strerror(errno));
     const char *problem = dir_problem(&st);
     if (*problem)
         return edl_errf(why, whylen, EDL_EIO, "%s is not a private directory of this user (%s: "
-                        "owner %u, mode %03o): not using it; %s, or set EDL_STATE_DIR to a "
-                        "directory of yours", dir, problem, (unsigned)st.st_uid,
-                        (unsigned)(st.st_mode & 0777), S_ISDIR(st.st_mode) &&
-                        st.st_uid == getuid() ? "chmod go-w it" : "remove it");
+                        "owner %u, mode %03o): not using it; %s", dir, problem,
+                        (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777),
+                        S_ISDIR(st.st_mode) && st.st_uid == getuid() ? "chmod go-w it"
+                                                                     : "remove it");
     return 0;
+}
+
+/* The state directory, created if asked and checked: 0, or an EDL_E* code with the reason in
+ * why (EDL_ENOTFOUND: there is none, so no local job). */
+static int private_dir(bool create, char *dir, size_t n, char *why, size_t whylen)
+{
+    cli_state_dir(dir, n);
+    int rc = cli_private_dir(dir, create, why, whylen);
+    size_t len = strnlen(why, whylen);
+    if (rc == EDL_ENOTFOUND)
+        snprintf(why, whylen, "no local job: no state directory %s", dir);
+    else if (rc && len + 1 < whylen)
+        snprintf(why + len, whylen - len, ", or set EDL_STATE_DIR to a directory of yours");
+    return rc;
 }
 
 int cli_state_check(char *why, size_t whylen)

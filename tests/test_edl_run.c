@@ -1269,6 +1269,50 @@ static void test_manifest_deadline_fails_the_job(void **state)
     assert_non_null(strstr(out, "activeDeadlineSeconds (2 s) passed"));
 }
 
+/* A file:// checkpoint under a volume the container mounts (the examples' shared claim at a
+ * fixed /tmp path) is this user's directory here, not a path every user of the host shares. */
+static void test_manifest_volume_is_this_users(void **state)
+{
+    (void)state;
+    char path[300], text[2000], tmp[300], shared[300], want[600], out[16384], buf[4096];
+    snprintf(tmp, sizeof tmp, "%s/vtmp", g_dir);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    snprintf(shared, sizeof shared, "/tmp/edl-shared-test-%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/vol.yaml", g_dir);
+    snprintf(text, sizeof text,
+             "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: vol-job\n"
+             "spec:\n  checkpoint:\n    uri: file://%s/vol-job\n"
+             "  template:\n    spec:\n      containers:\n        - name: t\n"
+             "          command: [/bin/true]\n"
+             "          volumeMounts:\n            - {name: shared, mountPath: %s}\n"
+             "      volumes:\n        - name: shared\n"
+             "          persistentVolumeClaim: {claimName: team-claim}\n", shared, shared);
+    write_text(path, text);
+    setenv("TMPDIR", tmp, 1);
+    const char *run[] = {"run", "-f", path, "--etcd", ep(), NULL};
+    int rc = edl_cmd(out, sizeof out, run);
+    unsetenv("TMPDIR");
+    if (rc != 0)
+        fail_msg("edl run -f exited %d:\n%s", rc, out);
+    snprintf(want, sizeof want, "file://%s/edl-volumes-%u/team-claim/vol-job", tmp,
+             (unsigned)getuid());
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    char err[256];
+    assert_non_null(harness_get(g_c, key("vol-job", EDL_KEY_SPEC, NULL), buf, sizeof buf));
+    assert_int_equal(edl_spec_parse(buf, strlen(buf), &sp, err, sizeof err), 0);
+    if (!sp.checkpoint_uri || strcmp(sp.checkpoint_uri, want) != 0)
+        fail_msg("checkpoint URI %s, not this user's %s:\n%s", sp.checkpoint_uri, want, out);
+    edl_spec_clear(&sp);
+    assert_non_null(strstr(out, "spec.checkpoint.uri"));
+    assert_non_null(strstr(out, want));
+    struct stat st;
+    snprintf(want, sizeof want, "%s/edl-volumes-%u", tmp, (unsigned)getuid());
+    assert_int_equal(lstat(want, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_not_equal(lstat(shared, &st), 0); /* nothing in the host-wide path */
+}
+
 /* The repository's example manifest runs as it is (the trainer found beside edl's build). */
 static void test_manifest_example_runs(void **state)
 {
@@ -1817,6 +1861,7 @@ int main(void)
         cmocka_unit_test(test_manifest_errors_exit_2_and_start_nothing),
         cmocka_unit_test(test_manifest_deadline_fails_the_job),
         cmocka_unit_test(test_manifest_example_runs),
+        cmocka_unit_test(test_manifest_volume_is_this_users),
         cmocka_unit_test(test_ps_role_end_to_end),
         cmocka_unit_test(test_teacher_role_end_to_end),
         cmocka_unit_test(test_distill_student_follows_teachers_that_scale_and_die),
