@@ -1081,6 +1081,33 @@ static void test_status_rows_in_rank_order_with_starts_and_exclusions(void **sta
         fail_msg("no \"mm-x: excluded until %s\" in:\n%s", hhmm, out);
 }
 
+/* scripts/demo on the build tree as it is: its job succeeds, and the agent it kills is the one
+ * whose pid the job registered, not every process of this user with "--pod demo-1" on its
+ * command line (another demo's: here a decoy that must survive). */
+static void test_demo_kills_only_its_own_agent(void **state)
+{
+    (void)state;
+    char build[600], log[300], out[65536];
+    snprintf(build, sizeof build, "%s", EDL_CLI_BIN); /* <build>/bin/edl */
+    for (int i = 0; i < 2; i++)
+        *strrchr(build, '/') = '\0';
+    const char *decoy_argv[] = {"/bin/sh", "-c", "sleep 300; :", "decoy", "--pod", "demo-1",
+                                "x", NULL};
+    pid_t decoy = harness_spawn(decoy_argv, NULL);
+    assert_true(decoy > 0);
+    snprintf(log, sizeof log, "%s/demo.log", g_dir);
+    const char *demo[] = {EDL_SOURCE_DIR "/scripts/demo", "--no-setup", "--build", build, NULL};
+    int rc = harness_run(demo, log, 240000, out, sizeof out);
+    bool decoy_alive = harness_wait_exit(decoy, 0) == -1;
+    harness_kill(decoy, SIGKILL);
+    if (rc != 0)
+        fail_msg("scripts/demo exited %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "demo: the agent of demo-1 is pid "));
+    assert_non_null(strstr(out, "demo: OK"));
+    if (!decoy_alive)
+        fail_msg("scripts/demo killed a process that was not its own");
+}
+
 /* ---- manifests (edl run -f) ---------------------------------------------------------------- */
 
 static void write_text(const char *path, const char *text)
@@ -1847,6 +1874,7 @@ int main(void)
         cmocka_unit_test(test_second_launcher_of_a_job_is_refused),
         cmocka_unit_test(test_service_commands_find_a_local_jobs_etcd),
         cmocka_unit_test(test_killed_agents_leave_no_directories),
+        cmocka_unit_test(test_demo_kills_only_its_own_agent),
         cmocka_unit_test(test_every_rank_gets_the_exact_environment),
         cmocka_unit_test(test_scale_leave_kill_and_stop),
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
