@@ -1093,13 +1093,15 @@ static void test_demo_kills_only_its_own_agent(void **state)
         *strrchr(build, '/') = '\0';
     const char *decoy_argv[] = {"/bin/sh", "-c", "sleep 300; :", "decoy", "--pod", "demo-1",
                                 "x", NULL};
-    pid_t decoy = harness_spawn(decoy_argv, NULL);
+    snprintf(log, sizeof log, "%s/decoy.log", g_dir);
+    pid_t decoy = harness_spawn_group(decoy_argv, log); /* its sleep goes with its group */
     assert_true(decoy > 0);
     snprintf(log, sizeof log, "%s/demo.log", g_dir);
     const char *demo[] = {EDL_SOURCE_DIR "/scripts/demo", "--no-setup", "--build", build, NULL};
     int rc = harness_run(demo, log, 240000, out, sizeof out);
     bool decoy_alive = harness_wait_exit(decoy, 0) == -1;
-    harness_kill(decoy, SIGKILL);
+    kill(-decoy, SIGKILL);
+    harness_wait_exit(decoy, 5000);
     if (rc != 0)
         fail_msg("scripts/demo exited %d:\n%s", rc, out);
     assert_non_null(strstr(out, "demo: the agent of demo-1 is pid "));
