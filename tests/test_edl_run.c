@@ -980,6 +980,8 @@ static void test_second_launcher_of_a_job_is_refused(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, st), 0); /* the first one's state is intact */
     assert_non_null(strstr(out, "running, generation"));
     harness_kill(first, SIGKILL); /* no clean-up: its state file stays */
+    assert_int_equal(edl_cmd(out, sizeof out, st), 1); /* not its dead etcd, tried for seconds */
+    assert_non_null(strstr(out, "has ended"));
     assert_int_equal(edl_cmd(out, sizeof out, again), 0);
     if (!strstr(out, "taking over"))
         fail_msg("the stale state was not said to be taken over:\n%s", out);
