@@ -96,16 +96,16 @@ int cli_update_spec(edl_etcd *c, const edl_job_keys *k, cli_spec_edit edit, void
 
 /* manifest.c: `edl run -f FILE`: the file's first TrainingJob, its trainer command resolved
  * (a bare name not on PATH: beside edl, or in its build tree's examples/), a file:// checkpoint
- * URI on a mounted volume moved to this user's directory for it, the first container's plain
- * env values and workingDir. Problems, a field the CRD does not have among
- * them, are printed as FILE:LINE: FIELD: what (and the fields only a cluster uses as ignored);
- * returns 0 or EDL_EXIT_USAGE. */
+ * URI on a mounted volume moved to this user's directory for it (unless !use_checkpoint: a
+ * flag gives the URI), the first container's plain env values and workingDir. Problems, a
+ * field the CRD does not have among them, are printed as FILE:LINE: FIELD: what (and the
+ * fields only a cluster uses as ignored); returns 0 or EDL_EXIT_USAGE. */
 typedef struct cli_manifest {
     edl_trainingjob tj;
     char **env;        /* "NAME=value" (NULL-terminated) */
     char *working_dir; /* NULL: none */
 } cli_manifest;
-int cli_manifest_load(const char *path, cli_manifest *m);
+int cli_manifest_load(const char *path, bool use_checkpoint, cli_manifest *m);
 void cli_manifest_clear(cli_manifest *m);
 
 int cli_run(int argc, char **argv);

@@ -280,7 +280,7 @@ static int map_volumes(const edl_yaml *y, size_t doc, edl_trainingjob *tj)
     return 0;
 }
 
-int cli_manifest_load(const char *path, cli_manifest *m)
+int cli_manifest_load(const char *path, bool use_checkpoint, cli_manifest *m)
 {
     memset(m, 0, sizeof *m);
     edl_yaml *y = NULL;
@@ -309,7 +309,7 @@ int cli_manifest_load(const char *path, cli_manifest *m)
     }
     if (!rc)
         rc = resolve_trainer(y, doc, &m->tj);
-    if (!rc)
+    if (!rc && use_checkpoint)
         rc = map_volumes(y, doc, &m->tj);
     if (!rc && read_env(&m->tj, m) != 0) {
         fprintf(stderr, "edl run: %s: out of memory\n", path);

@@ -780,8 +780,9 @@ static const struct option run_options[] = {
 };
 
 /* -f FILE, wherever it is among the options (the manifest is read first; the other flags then
- * override what it says). *help: --help was given. */
-static const char *find_file_flag(int argc, char **argv, bool *help)
+ * override what it says). *help: --help was given; *ckpt: --checkpoint-uri was (the manifest's
+ * is then not used, nor its volume's directory made). */
+static const char *find_file_flag(int argc, char **argv, bool *help, bool *ckpt)
 {
     const char *file = NULL;
     int ch, idx = 0;
@@ -791,6 +792,7 @@ static const char *find_file_flag(int argc, char **argv, bool *help)
         if (ch == 'f')
             file = optarg;
         *help = *help || ch == 'h';
+        *ckpt = *ckpt || ch == 'u';
     }
     opterr = 1;
     optind = 0;
@@ -798,9 +800,9 @@ static const char *find_file_flag(int argc, char **argv, bool *help)
 }
 
 /* The manifest's spec, job name and deadline, as if given by flags: 0 or -1 (printed). */
-static int apply_manifest(run_opts *o)
+static int apply_manifest(run_opts *o, bool ckpt_flag)
 {
-    if (cli_manifest_load(o->file, &o->m) != 0)
+    if (cli_manifest_load(o->file, !ckpt_flag, &o->m) != 0)
         return -1;
     if (edl_spec_copy(&o->spec, &o->m.tj.spec) != 0) {
         fprintf(stderr, "edl run: out of memory\n");
@@ -846,9 +848,9 @@ static int parse_run(int argc, char **argv, run_opts *o)
     o->prefix = EDL_DEFAULT_PREFIX;
     o->grace_ms = 10000;
     o->deadline_s = -1;
-    bool help = false;
-    o->file = find_file_flag(argc, argv, &help);
-    if (o->file && !help && apply_manifest(o) != 0)
+    bool help = false, ckpt_flag = false;
+    o->file = find_file_flag(argc, argv, &help, &ckpt_flag);
+    if (o->file && !help && apply_manifest(o, ckpt_flag) != 0)
         return -1;
     bool have_np = o->file != NULL;
     int ch, idx = 0;

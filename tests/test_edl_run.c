@@ -1342,6 +1342,19 @@ static void test_manifest_volume_is_this_users(void **state)
     assert_int_equal(lstat(want, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0700);
     assert_int_not_equal(lstat(shared, &st), 0); /* nothing in the host-wide path */
+    /* --checkpoint-uri overrides the manifest's: no volume directory is made for it */
+    char own[400], tmp2[300];
+    snprintf(tmp2, sizeof tmp2, "%s/vtmp2", g_dir);
+    assert_int_equal(mkdir(tmp2, 0700), 0);
+    snprintf(own, sizeof own, "file://%s/own-ckpt", g_dir);
+    const char *run_own[] = {"run", "-f", path, "--etcd", ep(), "--checkpoint-uri", own, NULL};
+    setenv("TMPDIR", tmp2, 1);
+    rc = edl_cmd(out, sizeof out, run_own);
+    unsetenv("TMPDIR");
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "is on the volume"));
+    snprintf(want, sizeof want, "%s/edl-volumes-%u", tmp2, (unsigned)getuid());
+    assert_int_not_equal(lstat(want, &st), 0);
 }
 
 /* The repository's example manifest runs as it is (the trainer found beside edl's build). */
