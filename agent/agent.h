@@ -33,6 +33,7 @@ typedef struct agent_opts {
     int64_t ttl_s;        /* 0: the spec's */
     int port, metrics_port;
     char *metrics_addr;   /* listen address of /metrics (NULL: 0.0.0.0) */
+    char *scratch_dir;    /* where the agent makes its own directory (NULL: $TMPDIR, /tmp) */
     int64_t grace_ms;
     int64_t startup_timeout_ms;
     char **argv;          /* the trainer command, NULL-terminated */

@@ -1,5 +1,7 @@
 /* error_file.c: TORCHELASTIC_ERROR_FILE, where a failing trainer leaves its error (torch's
- * `@record` writes the exception there, as JSON), and reading it back for the pod's status. */
+ * `@record` writes the exception there, as JSON), and reading it back for the pod's status.
+ * It lives in a private directory of the agent's, in --scratch-dir (edl run gives one per run
+ * and removes it, with what killed agents left, at its end), else in $TMPDIR or /tmp. */
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,7 +17,7 @@
 
 int agent_error_file_open(agent *a)
 {
-    const char *tmp = getenv("TMPDIR");
+    const char *tmp = a->o->scratch_dir ? a->o->scratch_dir : getenv("TMPDIR");
     snprintf(a->error_dir, sizeof a->error_dir, "%s/edl-agent-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(a->error_dir)) { /* 0700: nobody else reads or plants the trainer's error */
         EDL_WARN("agent", "cannot create %s for TORCHELASTIC_ERROR_FILE: trainers get none",

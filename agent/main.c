@@ -38,6 +38,9 @@ static const char usage_text[] =
     "  --metrics-port PORT  serve /metrics and /healthz on this port (default: 0 = off)\n"
     "  --metrics-addr ADDR  the address /metrics listens on, IPv4 or IPv6 (default: 0.0.0.0)\n"
     "  --grace-ms MS        SIGTERM-to-SIGKILL grace when stopping the trainer (default: 10000)\n"
+    "  --scratch-dir DIR    where the agent makes its private directory (the trainer's\n"
+    "                       TORCHELASTIC_ERROR_FILE), removed when it exits (default: $TMPDIR,\n"
+    "                       else /tmp; edl run gives one it removes, for agents that are killed)\n"
     "  --role ROLE          worker (default): a trainer, started for every generation that\n"
     "                       lists the pod in members; or ps: a parameter server, started when\n"
     "                       the pod is listed in servers and kept while it stays listed (it\n"
@@ -109,7 +112,7 @@ static char *env_or(const char *name, const char *dflt)
 
 enum { O_JOB = 256, O_POD, O_PREFIX, O_TTL, O_ADDR, O_PORT, O_MPORT, O_MADDR, O_GRACE,
        O_ROLE, O_LOG, O_STARTUP, O_HELP, O_SERVICE, O_HPATH, O_MODEL, O_MVERSION, O_CAPACITY,
-       O_HINTERVAL, O_HTIMEOUT, O_HFAILURES };
+       O_HINTERVAL, O_HTIMEOUT, O_HFAILURES, O_SCRATCH };
 
 #define TEACHER_LONG_OPTIONS                                                                   \
     {"service", required_argument, 0, O_SERVICE}, {"health-path", required_argument, 0, O_HPATH}, \
@@ -164,6 +167,7 @@ static int parse_args(int argc, char **argv, agent_opts *o)
         {"metrics-addr", required_argument, 0, O_MADDR},
         {"grace-ms", required_argument, 0, O_GRACE}, {"role", required_argument, 0, O_ROLE},
         {"log-level", required_argument, 0, O_LOG}, {"startup-timeout", required_argument, 0, O_STARTUP},
+        {"scratch-dir", required_argument, 0, O_SCRATCH},
         {"help", no_argument, 0, O_HELP}, TEACHER_LONG_OPTIONS, {0, 0, 0, 0}};
     long long v;
     int c, idx = 0;
@@ -181,6 +185,7 @@ static int parse_args(int argc, char **argv, agent_opts *o)
         case O_PREFIX: str = &o->prefix; break;
         case O_ADDR: str = &o->addr; break;
         case O_MADDR: str = &o->metrics_addr; break;
+        case O_SCRATCH: str = &o->scratch_dir; break;
         case O_ROLE: str = &o->role; break;
         case O_TTL:
             if (parse_int(optarg, 1, 86400, &v))
@@ -306,8 +311,8 @@ static int fill_defaults(agent_opts *o)
     struct in_addr ia;
     if (inet_pton(AF_INET, o->addr, &ia) != 1)
         return bad("--addr '%s': expected an IPv4 address", o->addr);
-    if (o->prefix[0] != '/')
-        return bad("--prefix '%s': must start with '/'", o->prefix);
+    if (!edl_prefix_valid(o->prefix))
+        return bad("--prefix '%s': " EDL_PREFIX_RULE, o->prefix);
     if (o->metrics_addr && !edl_metrics_addr_valid(o->metrics_addr))
         return bad("--metrics-addr '%s': expected an IPv4 or IPv6 address", o->metrics_addr);
     if (o->port == 0 && (o->port = edl_free_port(o->addr)) == 0)
@@ -323,6 +328,7 @@ static void opts_free(agent_opts *o)
     free(o->prefix);
     free(o->addr);
     free(o->metrics_addr);
+    free(o->scratch_dir);
     free(o->role);
     free(o->host);
     free(o->service);

@@ -17,8 +17,9 @@
 #define CONTROL_HELP                                                                            \
     "\nOptions to reach the job's etcd (default: the local job's, when edl run runs it):\n"      \
     EDL_ETCD_OPTIONS_HELP                                                                       \
-    "\nExit codes: 0 done, 1 no such job, 2 usage or invalid settings, 3 etcd unreachable or\n" \
-    "it refused our TLS certificate or credentials (the message names the endpoint).\n"
+    "\nExit codes: 0 done, 1 no such job (or its edl run is gone), 2 usage or invalid\n"         \
+    "settings, 3 etcd unreachable or it refused our TLS certificate or credentials (the\n"     \
+    "message names the endpoint), or for stop the stop not recorded within 60 s.\n"
 
 int cli_etcd_option(edl_etcd_config *etcd, const char *flag, const char *value)
 {
@@ -29,21 +30,74 @@ int cli_etcd_option(edl_etcd_config *etcd, const char *flag, const char *value)
     return -1;
 }
 
-/* The settings: flags, else the environment, else the local job's state file; checked. */
-static int resolve_etcd(edl_etcd_config *etcd, const char *job)
+/* The local job's etcd from its state file, refused when the launcher that wrote it is gone
+ * (its etcd went with it). An exit code. */
+static int local_etcd(edl_etcd_config *etcd, const char *job)
 {
-    char err[600], why[700];
+    char why[700];
+    int rc = cli_state_read(job, etcd, why, sizeof why);
+    if (rc) {
+        fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
+                        "EDL_ETCD_ENDPOINTS (%s)\n", job, why);
+        return rc == EDL_ENOTFOUND ? EDL_EXIT_FAILED : EDL_EXIT_USAGE;
+    }
+    long pid;
+    if (cli_state_launcher(job, &pid) == CLI_LAUNCHER_GONE) {
+        fprintf(stderr, "edl: job \"%s\" has ended: the edl run that ran it here (pid %ld) is "
+                        "gone, and its etcd with it (its state file is stale; the next edl run "
+                        "of the job takes it over)\n", job, pid);
+        return EDL_EXIT_FAILED;
+    }
+    return 0;
+}
+
+/* The only local job (edl service without --job): its name in out, or an exit code. */
+static int only_local_job(char *out, size_t n)
+{
+    char names[8][EDL_NAME_MAX + 1];
+    size_t count = 0;
+    cli_state_jobs(names, 8, &count);
+    if (count == 1) {
+        snprintf(out, n, "%s", names[0]);
+        fprintf(stderr, "edl: using the etcd of job \"%s\", the one edl run runs here\n", out);
+        return 0;
+    }
+    if (count == 0)
+        fprintf(stderr, "edl: no etcd: pass --etcd URL or set EDL_ETCD_ENDPOINTS (no job runs "
+                        "under edl run on this machine)\n");
+    else
+        fprintf(stderr, "edl: no etcd: %zu jobs run under edl run on this machine (%s, %s%s): "
+                        "choose one with --job NAME, or pass --etcd URL\n", count, names[0],
+                names[1], count > 2 ? ", ..." : "");
+    return EDL_EXIT_USAGE;
+}
+
+/* The settings: flags, else the environment, else the local job's state file (job NULL: the
+ * only local job's); checked. co->local says whether the state file gave them. */
+static int resolve_etcd(cli_common *co, const char *job)
+{
+    char err[600], only[EDL_NAME_MAX + 1];
+    edl_etcd_config *etcd = &co->etcd;
     if (edl_etcd_config_from_env(etcd, err, sizeof err) != 0) {
         fprintf(stderr, "edl: %s\n", err);
         return EDL_EXIT_USAGE;
     }
-    if (etcd->n_endpoints == 0 && cli_state_read(job, etcd, why, sizeof why) != 0) {
-        fprintf(stderr, "edl: no etcd for job \"%s\": pass --etcd URL or set "
-                        "EDL_ETCD_ENDPOINTS (%s)\n", job, why);
-        return EDL_EXIT_USAGE;
-    }
+    co->local = etcd->n_endpoints == 0;
+    int rc = 0;
+    if (co->local && !job && (rc = only_local_job(only, sizeof only)) == 0)
+        job = only;
+    if (!rc && co->local)
+        rc = local_etcd(etcd, job);
+    if (rc)
+        return rc;
     if (edl_etcd_config_check(etcd, err, sizeof err) != 0) {
-        fprintf(stderr, "edl: %s\n", err);
+        char dir[512];
+        cli_state_dir(dir, sizeof dir);
+        if (co->local)
+            fprintf(stderr, "edl: the state file of job \"%s\" (in %s) names a file that cannot "
+                            "be used: %s\n", job, dir, err);
+        else
+            fprintf(stderr, "edl: %s\n", err);
         return EDL_EXIT_USAGE;
     }
     return 0;
@@ -51,9 +105,10 @@ static int resolve_etcd(edl_etcd_config *etcd, const char *job)
 
 int cli_connect(cli_common *co, const char *job, edl_etcd **out)
 {
-    int rc = resolve_etcd(&co->etcd, job);
+    int rc = resolve_etcd(co, job);
     if (!rc && edl_etcd_open(&co->etcd, out) != 0) {
-        fprintf(stderr, "edl: invalid etcd settings for job \"%s\"\n", job);
+        fprintf(stderr, "edl: invalid etcd settings%s%s%s\n", job ? " for job \"" : "",
+                job ? job : "", job ? "\"" : "");
         rc = EDL_EXIT_USAGE;
     }
     edl_etcd_config_clear(&co->etcd);
@@ -197,8 +252,11 @@ static int job_open(cli_common *co, const char *name, job_ctx *j)
     memset(j, 0, sizeof *j);
     j->name = name;
     if (edl_job_keys_init(&j->k, co->prefix, name) != 0) {
-        fprintf(stderr, "edl: job name \"%s\" is not valid: use 1-128 of [A-Za-z0-9._-], not "
-                        "starting with '.' or '-'\n", name);
+        if (!edl_prefix_valid(co->prefix))
+            fprintf(stderr, "edl: --prefix '%s': " EDL_PREFIX_RULE "\n", co->prefix);
+        else
+            fprintf(stderr, "edl: job name \"%s\" is not valid: use 1-128 of [A-Za-z0-9._-], "
+                            "not starting with '.' or '-'\n", name);
         edl_etcd_config_clear(&co->etcd);
         return EDL_EXIT_USAGE;
     }
@@ -281,6 +339,23 @@ static int check_teacher_scale(const job_ctx *j, int want)
     return ret;
 }
 
+static void bad_count(const char *s, long hi)
+{
+    fprintf(stderr, "edl scale: the replica count must be a non-negative number (0..%ld), got "
+                    "\"%s\"\n", hi, s);
+}
+
+/* A negative count ("edl scale JOB -5") reads as options to getopt: found before it runs. */
+static bool negative_count(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (argv[i][0] == '-' && argv[i][1] >= '0' && argv[i][1] <= '9') {
+            bad_count(argv[i], EDL_MEMBERS_MAX);
+            return true;
+        }
+    return false;
+}
+
 /* The replica count of `edl scale JOB N`: 0, or -1 after saying why. */
 static int scale_count(const char *job, const char *s, bool ps, long *n)
 {
@@ -288,7 +363,7 @@ static int scale_count(const char *job, const char *s, bool ps, long *n)
     long hi = ps ? EDL_PS_SERVERS_MAX : EDL_MEMBERS_MAX;
     *n = strtol(s, &end, 10);
     if (!*s || *end || *n < 0 || *n > hi) {
-        fprintf(stderr, "edl scale: expected a replica count 0..%ld, got \"%s\"\n", hi, s);
+        bad_count(s, hi);
         return -1;
     }
     if (*n > CLI_LOCAL_AGENTS_MAX && cli_state_exists(job)) {
@@ -354,13 +429,16 @@ int cli_scale(int argc, char **argv)
     cli_common co = {0};
     long n = 0;
     const char *role = EDL_ROLE_WORKER;
-    int i = parse_common(argc, argv, usage, &co, NULL, NULL, &role);
+    int i = negative_count(argc, argv) ? -1 : parse_common(argc, argv, usage, &co, NULL, NULL,
+                                                             &role);
     if (i < 0)
         return EDL_EXIT_USAGE;
     bool ps = strcmp(role, EDL_ROLE_PS) == 0, teacher = strcmp(role, EDL_ROLE_TEACHER) == 0;
     int r = teacher ? 2 : ps ? 1 : 0;
     int bad = argc - i != 2 || (!ps && !teacher && strcmp(role, EDL_ROLE_WORKER) != 0);
-    if (bad)
+    if (bad && argc - i == 2)
+        fprintf(stderr, "edl scale: unknown role %s (worker, ps or teacher)\n", role);
+    else if (bad)
         fprintf(stderr, "%s", usage);
     if (bad || scale_count(argv[i], argv[i + 1], ps || teacher, &n) != 0) {
         edl_etcd_config_clear(&co.etcd);
@@ -394,23 +472,49 @@ static void set_stopped(edl_job_spec *s, void *arg)
     s->stopped = true;
 }
 
-/* Wait up to 60 s for the job server to record the stop; an exit code. */
-static int wait_stopped(const job_ctx *j)
+/* edl stop waits this long in all for the stop to be recorded; each etcd call within it is
+ * bounded by STOP_CALL_MS, so that a gone etcd is noticed and the bound holds. */
+#define STOP_WAIT_MS 60000
+#define STOP_CALL_MS 3000
+
+static bool launcher_gone(const job_ctx *j)
 {
-    for (int t = 0; t < 600; t++) {
+    long pid;
+    return cli_state_launcher(j->name, &pid) != CLI_LAUNCHER_ALIVE;
+}
+
+/* Wait until deadline for the job server to record the stop; say what was seen: the final
+ * state, the job's own etcd gone with its launcher (a local job), or what was still missing
+ * when the time was up. An exit code. */
+static int wait_stopped(const job_ctx *j, bool local, int64_t deadline)
+{
+    int rc = 0;
+    edl_job_state seen = EDL_JOB_WAITING;
+    while (edl_monotonic_ms() + STOP_CALL_MS <= deadline) {
         edl_generation g = {0};
-        int rc = cli_read_generation(j->c, &j->k, &g);
-        bool final = !rc && edl_job_state_final(g.state);
-        if (final)
+        rc = cli_read_generation(j->c, &j->k, &g);
+        seen = rc ? seen : g.state;
+        if (!rc && edl_job_state_final(g.state))
             printf("job %s: %s (%s)\n", j->name, edl_job_state_name(g.state),
                    g.reason ? g.reason : "");
         edl_generation_clear(&g);
-        if (final)
+        if (!rc && edl_job_state_final(seen))
             return EDL_EXIT_SUCCEEDED;
+        if (rc && rc != EDL_ENOTFOUND && local && launcher_gone(j)) {
+            printf("job %s: the job's etcd is gone: the job has ended (edl run, which ran it "
+                   "here, has exited)\n", j->name);
+            return EDL_EXIT_SUCCEEDED;
+        }
         usleep(100 * 1000);
     }
-    fprintf(stderr, "edl stop: the job server has not recorded the stop after 60 s: is it "
-                    "running?\n");
+    if (rc && rc != EDL_ENOTFOUND)
+        fprintf(stderr, "edl stop: timed out after %d s waiting for the job server to record "
+                        "the stop: etcd does not answer (%s)\n", STOP_WAIT_MS / 1000,
+                edl_etcd_errmsg(j->c));
+    else
+        fprintf(stderr, "edl stop: timed out after %d s waiting for the job server to record "
+                        "the stop (the job is %s): is the job server running?\n",
+                STOP_WAIT_MS / 1000, rc ? "without a generation" : edl_job_state_name(seen));
     return EDL_EXIT_UNREACHABLE;
 }
 
@@ -419,11 +523,23 @@ int cli_stop(int argc, char **argv)
     static const char usage[] =
         "Usage: edl stop JOB [--no-wait] [--etcd URLS] [--prefix PREFIX]\n"
         "Asks the job to stop: trainers are stopped, agents leave, and the job ends as\n"
-        "\"stopped\". Waits (up to 60 s) until the job server has recorded it, unless --no-wait.\n";
+        "\"stopped\". Then waits, 60 s at most in all, until the job server has recorded it\n"
+        "(unless --no-wait), or until the job's own etcd is gone with the edl run that ran it\n"
+        "here (the job has ended: exit 0); after 60 s it says what it was waiting for (exit 3).\n";
+    int64_t deadline = edl_monotonic_ms() + STOP_WAIT_MS;
     cli_common co = {0};
     bool wait = true;
+    int i = parse_common(argc, argv, usage, &co, NULL, &wait, NULL);
+    if (i < 0)
+        return EDL_EXIT_USAGE;
+    if (argc - i != 1) {
+        fprintf(stderr, "%s", usage);
+        edl_etcd_config_clear(&co.etcd);
+        return EDL_EXIT_USAGE;
+    }
+    co.etcd.timeout_ms = STOP_CALL_MS;
     job_ctx j;
-    int rc = open_job(argc, argv, usage, &co, NULL, &wait, &j);
+    int rc = job_open(&co, argv[i], &j);
     if (rc)
         return rc;
     edl_job_spec before, after;
@@ -435,8 +551,9 @@ int cli_stop(int argc, char **argv)
     int ret = rc ? report_etcd_error(&j, rc) : EDL_EXIT_SUCCEEDED;
     if (!rc) {
         printf("job %s: stop requested\n", j.name);
+        fflush(stdout);
         if (wait)
-            ret = wait_stopped(&j);
+            ret = wait_stopped(&j, co.local, deadline);
     }
     job_close(&j);
     return ret;
@@ -537,6 +654,16 @@ static int read_pods(edl_etcd *c, const edl_job_keys *k, job_view *v)
     return rc;
 }
 
+/* The pod's exclusion in force (excluded_until in the future), or NULL. */
+static const edl_pod_failures *exclusion_of(const job_view *v, const char *pod)
+{
+    for (size_t i = 0; v->have_gen && i < v->gen.n_failures; i++)
+        if (strcmp(v->gen.failures[i].pod, pod) == 0 &&
+            v->gen.failures[i].excluded_until > (int64_t)time(NULL) * 1000)
+            return &v->gen.failures[i];
+    return NULL;
+}
+
 /* The RANK column: a worker's rank, "ps N" for a server, standby, excluded or "-". */
 static const char *role_of(const job_view *v, const edl_pod *p, char *buf, size_t n)
 {
@@ -549,11 +676,104 @@ static const char *role_of(const job_view *v, const edl_pod *p, char *buf, size_
     for (size_t i = 0; v->have_gen && i < v->gen.n_standbys; i++)
         if (strcmp(v->gen.standbys[i], p->name) == 0)
             return "standby";
-    for (size_t i = 0; v->have_gen && i < v->gen.n_failures; i++)
-        if (strcmp(v->gen.failures[i].pod, p->name) == 0 &&
-            v->gen.failures[i].excluded_until > (int64_t)time(NULL) * 1000)
-            return "excluded";
-    return "-";
+    return exclusion_of(v, p->name) ? "excluded" : "-";
+}
+
+/* Where a pod's row goes: workers by rank, then servers by rank, standbys in their order,
+ * excluded pods, the rest; by name within a class. */
+typedef struct row_key {
+    int cls;
+    long key;
+    const char *name;
+    size_t i;
+} row_key;
+
+static int row_cmp(const void *a, const void *b)
+{
+    const row_key *x = a, *y = b;
+    if (x->cls != y->cls)
+        return x->cls < y->cls ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static void row_of(const job_view *v, size_t i, row_key *r)
+{
+    const edl_pod *p = &v->pods[i];
+    const edl_member *m = v->have_gen ? edl_generation_member(&v->gen, p->name, p->lease) : NULL;
+    const edl_member *s = v->have_gen ? edl_generation_server(&v->gen, p->name, p->lease) : NULL;
+    *r = (row_key){.cls = 4, .name = p->name, .i = i};
+    if (m || s) {
+        r->cls = m ? 0 : 1;
+        r->key = m ? m->rank : s->rank;
+        return;
+    }
+    for (size_t k = 0; v->have_gen && k < v->gen.n_standbys; k++)
+        if (strcmp(v->gen.standbys[k], p->name) == 0) {
+            r->cls = 2;
+            r->key = (long)k;
+            return;
+        }
+    if (exclusion_of(v, p->name))
+        r->cls = 3;
+}
+
+static void print_row(const job_view *v, size_t i)
+{
+    const edl_pod *p = &v->pods[i];
+    char rk[16], ep[300], state[32] = "-", gen[24] = "-", step[24] = "-", starts[24] = "-";
+    char metrics[300] = "-";
+    snprintf(ep, sizeof ep, "%s:%d", p->addr, p->port);
+    if (p->metrics_port) /* the agent listens on every address unless told one */
+        snprintf(metrics, sizeof metrics, "http://%s:%d/metrics", p->addr, p->metrics_port);
+    if (v->has_st[i]) {
+        const edl_pod_status *s = &v->st[i];
+        if (s->state == EDL_TRAINER_EXITED)
+            snprintf(state, sizeof state, "exit(%d)", s->exit_code);
+        else if (s->state == EDL_TRAINER_SIGNALED)
+            snprintf(state, sizeof state, "signal(%d)", s->signal);
+        else
+            snprintf(state, sizeof state, "%s", edl_trainer_state_name(s->state));
+        snprintf(gen, sizeof gen, "%lld", (long long)s->generation);
+        if (s->step >= 0)
+            snprintf(step, sizeof step, "%lld", (long long)s->step);
+        snprintf(starts, sizeof starts, "%lld", (long long)s->restarts + 1);
+    }
+    printf("%-6s %-24s %-22s %-9s %-6s %-8s %-8s %s\n", role_of(v, p, rk, sizeof rk), p->name, ep,
+           state, gen, step, starts, metrics);
+}
+
+/* The pods in row order, then what their trainers said and when their exclusions end. */
+static void print_pods(const job_view *v)
+{
+    row_key *rows = calloc(v->n_pods + 1, sizeof *rows);
+    if (!rows)
+        return;
+    for (size_t i = 0; i < v->n_pods; i++)
+        row_of(v, i, &rows[i]);
+    qsort(rows, v->n_pods, sizeof *rows, row_cmp);
+    printf("%-6s %-24s %-22s %-9s %-6s %-8s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER",
+           "GEN", "STEP", "STARTS", "METRICS");
+    for (size_t r = 0; r < v->n_pods; r++)
+        print_row(v, rows[r].i);
+    for (size_t r = 0; r < v->n_pods; r++) { /* their error, why they hung */
+        size_t i = rows[r].i;
+        if (v->has_st[i] && v->st[i].message[0])
+            printf("%s: %s\n", v->pods[i].name, v->st[i].message);
+    }
+    for (size_t r = 0; r < v->n_pods; r++) {
+        const edl_pod_failures *f = exclusion_of(v, v->pods[rows[r].i].name);
+        if (!f)
+            continue;
+        char when[16];
+        time_t t = (time_t)(f->excluded_until / 1000);
+        strftime(when, sizeof when, "%H:%M:%S", localtime(&t));
+        printf("%s: excluded until %s (in %lld s) after %d failures\n", f->pod, when,
+               (long long)((f->excluded_until - (int64_t)time(NULL) * 1000 + 999) / 1000),
+               f->count);
+    }
+    free(rows);
 }
 
 static void print_table(const char *job, const job_view *v)
@@ -565,7 +785,7 @@ static void print_table(const char *job, const job_view *v)
                edl_job_state_name(v->gen.state), (long long)v->gen.generation, v->gen.n_members);
         if (v->gen.n_servers || (v->have_spec && v->spec.ps_max > 0))
             printf("%zu servers, ", v->gen.n_servers);
-        printf("%d restarts\n", v->gen.restarts);
+        printf("%d restarts after trainer failures\n", v->gen.restarts);
         if (v->gen.reason && *v->gen.reason)
             printf("reason: %s\n", v->gen.reason);
         if (v->gen.spec_error)
@@ -582,34 +802,7 @@ static void print_table(const char *job, const job_view *v)
                v->spec.stopped ? ", stop requested" : "");
     if (v->n_bad)
         printf("(%zu keys under pods/ are no valid pod name: ignored)\n", v->n_bad);
-    printf("%-6s %-24s %-22s %-9s %-6s %-8s %-8s %s\n", "RANK", "POD", "ENDPOINT", "TRAINER",
-           "GEN", "STEP", "RESTARTS", "METRICS");
-    for (size_t i = 0; i < v->n_pods; i++) {
-        const edl_pod *p = &v->pods[i];
-        char rk[16], ep[300], state[32] = "-", gen[24] = "-", step[24] = "-", rs[24] = "-";
-        char metrics[300] = "-";
-        snprintf(ep, sizeof ep, "%s:%d", p->addr, p->port);
-        if (p->metrics_port) /* the agent listens on every address unless told one */
-            snprintf(metrics, sizeof metrics, "http://%s:%d/metrics", p->addr, p->metrics_port);
-        if (v->has_st[i]) {
-            const edl_pod_status *s = &v->st[i];
-            if (s->state == EDL_TRAINER_EXITED)
-                snprintf(state, sizeof state, "exit(%d)", s->exit_code);
-            else if (s->state == EDL_TRAINER_SIGNALED)
-                snprintf(state, sizeof state, "signal(%d)", s->signal);
-            else
-                snprintf(state, sizeof state, "%s", edl_trainer_state_name(s->state));
-            snprintf(gen, sizeof gen, "%lld", (long long)s->generation);
-            if (s->step >= 0)
-                snprintf(step, sizeof step, "%lld", (long long)s->step);
-            snprintf(rs, sizeof rs, "%lld", (long long)s->restarts);
-        }
-        printf("%-6s %-24s %-22s %-9s %-6s %-8s %-8s %s\n", role_of(v, p, rk, sizeof rk),
-               p->name, ep, state, gen, step, rs, metrics);
-    }
-    for (size_t i = 0; i < v->n_pods; i++) /* what trainers said (their error, why they hung) */
-        if (v->has_st[i] && v->st[i].message[0])
-            printf("%s: %s\n", v->pods[i].name, v->st[i].message);
+    print_pods(v);
     print_teachers(v);
 }
 
@@ -657,10 +850,13 @@ int cli_status(int argc, char **argv)
 {
     static const char usage[] =
         "Usage: edl status JOB [--json] [--etcd URLS] [--prefix PREFIX]\n"
-        "Shows the job's state, generation, members with their ranks, parameter servers\n"
-        "(RANK \"ps N\"), each trainer, and the teachers registered in the service of the\n"
-        "job's teachers (instance, endpoint, load); --json: the spec, generation (with\n"
-        "\"servers\"), pods (with their role) and teachers as one JSON object.\n";
+        "Shows the job's state, generation, members, its restarts after trainer failures, and\n"
+        "a row per pod in rank order (workers, parameter servers as \"ps N\", standbys, excluded\n"
+        "pods): its trainer, the generation and step it reported and STARTS, how often its agent\n"
+        "started a trainer (every generation starts one, not only failures); then what trainers\n"
+        "said, when each exclusion ends, and the teachers registered in the service of the job's\n"
+        "teachers (instance, endpoint, load); --json: the spec, generation (with \"servers\"),\n"
+        "pods (with their role) and teachers as one JSON object.\n";
     cli_common co = {0};
     bool json = false;
     job_ctx j;

@@ -1,15 +1,18 @@
 /* manifest.c: `edl run -f job.yaml`: the TrainingJob manifest a cluster would run, read for a
  * run on this machine. The file's first TrainingJob is read with the operator's reader
- * (edl/trainingjob.h); every problem is printed as FILE:LINE: FIELD: what, and every field that
- * only a cluster can honour (image, resources, volumes, ...) is named as ignored, so that what
- * runs here is never a silent approximation of the manifest.
+ * (edl/trainingjob.h); every problem is printed as FILE:LINE: FIELD: what, a field the CRD does
+ * not have is refused as the API server refuses it (a typo would otherwise run with a default),
+ * and every field that only a cluster can honour (image, resources, volumes, ...) is named as
+ * ignored, so that what runs here is never a silent approximation of the manifest.
  *
  * The trainer's command is the first container's command and args (spec.ps's parameter servers
  * and spec.teachers's teachers run the same command here: their templates may not ask for
  * another; the teachers' service, model and capacity apply). A bare name is looked up
  * as the container would (PATH); when it is not there, beside the `edl` binary and in the
  * examples folder of its build tree (build/bin/edl -> build/examples/), so that a manifest
- * written for an image with the trainer on its PATH runs unchanged from a build tree. */
+ * written for an image with the trainer on its PATH runs unchanged from a build tree. A
+ * file:// checkpoint URI on a volume the container mounts is moved to this user's directory
+ * for the volume (see "volumes" below). */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <stdio.h>
@@ -192,7 +195,92 @@ static int resolve_trainer(const edl_yaml *y, size_t doc, edl_trainingjob *tj)
     return 0;
 }
 
-int cli_manifest_load(const char *path, cli_manifest *m)
+/* ---- volumes ------------------------------------------------------------------------------
+ * A volume the first container mounts is the job's own on a cluster (the examples' shared claim
+ * at /tmp/edl-examples); here its mount path would be a directory every user of the host
+ * shares, and writes. So a file:// checkpoint URI under a mount path becomes, here, this user's
+ * directory for the volume, ${TMPDIR:-/tmp}/edl-volumes-<uid>/<claim, else volume name>: kept
+ * between runs like a claim (a job resumes from its checkpoints), private to the user. */
+
+/* The volumeMount whose mountPath holds path (the longest), or NULL; *len: its length. */
+static const cJSON *mount_of(const cJSON *ctr, const char *path, size_t *len)
+{
+    const cJSON *mounts = cJSON_GetObjectItemCaseSensitive(ctr, "volumeMounts"), *best = NULL;
+    *len = 0;
+    for (const cJSON *v = cJSON_IsArray(mounts) ? mounts->child : NULL; v; v = v->next) {
+        const cJSON *mp = cJSON_GetObjectItemCaseSensitive(v, "mountPath");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
+        if (!cJSON_IsString(mp) || !cJSON_IsString(name) || !edl_name_valid(name->valuestring))
+            continue;
+        size_t n = strlen(mp->valuestring);
+        while (n > 1 && mp->valuestring[n - 1] == '/')
+            n--;
+        if (n > *len && strncmp(path, mp->valuestring, n) == 0 &&
+            (path[n] == '/' || path[n] == '\0')) {
+            best = v;
+            *len = n;
+        }
+    }
+    return best;
+}
+
+/* What names the volume's data: its persistentVolumeClaim's claimName, else its name. */
+static const char *volume_name(const cJSON *tmpl, const char *name)
+{
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(tmpl, "spec");
+    const cJSON *vols = cJSON_GetObjectItemCaseSensitive(spec, "volumes");
+    for (const cJSON *v = cJSON_IsArray(vols) ? vols->child : NULL; v; v = v->next) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(v, "name");
+        const cJSON *pvc = cJSON_GetObjectItemCaseSensitive(v, "persistentVolumeClaim");
+        const cJSON *claim = cJSON_GetObjectItemCaseSensitive(pvc, "claimName");
+        if (cJSON_IsString(n) && strcmp(n->valuestring, name) == 0 && cJSON_IsString(claim) &&
+            edl_name_valid(claim->valuestring))
+            return claim->valuestring;
+    }
+    return name;
+}
+
+/* This user's directory for a volume, made 0700 (and checked) if missing: 0 or an exit code. */
+static int volume_dir(const char *volume, char *out, size_t n)
+{
+    const char *tmp = getenv("TMPDIR");
+    char base[PATH_MAX / 2], why[PATH_MAX + 200];
+    snprintf(base, sizeof base, "%s/edl-volumes-%u", tmp && *tmp ? tmp : "/tmp",
+             (unsigned)getuid());
+    if ((size_t)snprintf(out, n, "%s/%s", base, volume) >= n)
+        snprintf(why, sizeof why, "%s/%s: too long", base, volume);
+    else if (cli_private_dir(base, true, why, sizeof why) == 0 &&
+        cli_private_dir(out, true, why, sizeof why) == 0)
+        return 0;
+    fprintf(stderr, "edl run: the directory for the manifest's volume %s: %s\n", volume, why);
+    return EDL_EXIT_USAGE;
+}
+
+static int map_volumes(const edl_yaml *y, size_t doc, edl_trainingjob *tj)
+{
+    const char *field = "spec.checkpoint.uri", *uri = tj->spec.checkpoint_uri;
+    size_t len;
+    const cJSON *mount = uri && strncmp(uri, "file://", 7) == 0 ?
+                         mount_of(first_container(tj->pod_template), uri + 7, &len) : NULL;
+    if (!mount)
+        return 0;
+    const char *name = cJSON_GetObjectItemCaseSensitive(mount, "name")->valuestring;
+    const char *volume = volume_name(tj->pod_template, name);
+    char dir[PATH_MAX], *mapped = NULL;
+    int rc = volume_dir(volume, dir, sizeof dir);
+    if (rc)
+        return rc;
+    if (asprintf(&mapped, "file://%s%s", dir, uri + 7 + len) < 0)
+        return EDL_EXIT_USAGE;
+    fprintf(stderr, "edl run: %s:%d: %s: %s is on the volume %s (%s, mounted at %.*s); here "
+            "that is this user's %s\n", edl_yaml_name(y), edl_yaml_line(y, doc, field), field,
+            uri, name, volume == name ? "no claim" : volume, (int)len, uri + 7, mapped);
+    free(tj->spec.checkpoint_uri);
+    tj->spec.checkpoint_uri = mapped;
+    return 0;
+}
+
+int cli_manifest_load(const char *path, bool use_checkpoint, cli_manifest *m)
 {
     memset(m, 0, sizeof *m);
     edl_yaml *y = NULL;
@@ -204,6 +292,10 @@ int cli_manifest_load(const char *path, cli_manifest *m)
     }
     size_t doc = 0;
     rc = pick_document(y, &doc);
+    /* first, as the API server decodes strictly before it validates */
+    if (!rc && edl_trainingjob_unknown_field(edl_yaml_doc(y, doc), field, sizeof field, err,
+                                             sizeof err) != 0)
+        rc = field_error(y, doc, field, err);
     if (!rc && edl_trainingjob_parse(edl_yaml_doc(y, doc), &m->tj, field, sizeof field, err,
                                      sizeof err) != 0)
         rc = field_error(y, doc, field, err);
@@ -215,9 +307,10 @@ int cli_manifest_load(const char *path, cli_manifest *m)
         edl_trainingjob_cluster_only(edl_yaml_doc(y, doc), report_ignored, &r);
         rc = check_role_templates(y, doc, &m->tj);
     }
-    if (!rc) {
+    if (!rc)
         rc = resolve_trainer(y, doc, &m->tj);
-    }
+    if (!rc && use_checkpoint)
+        rc = map_volumes(y, doc, &m->tj);
     if (!rc && read_env(&m->tj, m) != 0) {
         fprintf(stderr, "edl run: %s: out of memory\n", path);
         rc = EDL_EXIT_USAGE;

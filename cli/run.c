@@ -87,7 +87,9 @@ typedef struct launcher {
     int64_t started_ms;
     int width;                /* of the output prefix */
     char secret[PATH_MAX];    /* the job secret made for this run ("": none made) */
-    bool secret_tmpdir;       /* ... in a directory of its own */
+    char scratch[PATH_MAX];   /* the agents' own directories go here ("": none made) */
+    int lock_fd;              /* holds <state dir>/<job>.lock (-1: not taken) */
+    bool ran;                 /* the job was put into etcd: a summary line ends the output */
     bool deadline_passed;     /* activeDeadlineSeconds passed: the job is stopped as failed */
     bool deadline_stopped;    /* ... and the stop is in the spec */
     char teacher_capacity[16]; /* -f: spec.teachers.capacity as the teachers' --capacity */
@@ -252,6 +254,10 @@ static int start_agent(launcher *l, int role)
     argv[a++] = (char *)l->o.prefix;
     argv[a++] = "--grace-ms";
     argv[a++] = grace;
+    if (l->scratch[0]) {
+        argv[a++] = "--scratch-dir";
+        argv[a++] = l->scratch;
+    }
     a += role_args(l, role, argv + a, tport, sizeof tport);
     if (strcmp(mport, "0") != 0) { /* edl status shows where each agent's /metrics is */
         argv[a++] = "--metrics-port";
@@ -653,8 +659,12 @@ static const char run_usage[] =
     "spec, the first container's command and args are the trainer (a bare name not on PATH is\n"
     "looked for beside edl and in its build tree's examples/), its env values and workingDir\n"
     "apply, and activeDeadlineSeconds fails the job when it passes. Fields only a cluster uses\n"
-    "(image, resources, volumes, ...) are named as ignored. Flags given beside -f override the\n"
-    "manifest; a trainer after -- is refused. A problem in it: FILE:LINE: FIELD: what, exit 2.\n"
+    "(image, resources, volumes, ...) are named as ignored, but a file:// checkpoint URI under a\n"
+    "volumeMount's mountPath becomes this user's directory for the volume (its claim, else its\n"
+    "name): ${TMPDIR:-/tmp}/edl-volumes-<uid>/<claim>, 0700, kept between runs like a claim,\n"
+    "so users of one host do not share it. Flags given beside -f override the\n"
+    "manifest; a trainer after -- is refused. A problem in it, a field the CRD does not have\n"
+    "among them (as kubectl refuses it): FILE:LINE: FIELD: what, exit 2.\n"
     "\n"
     "Options:\n"
     "  -f, --file JOB.yaml       run the TrainingJob of this manifest\n"
@@ -672,7 +682,8 @@ static const char run_usage[] =
     "  --teacher-replicas N      teacher agents to start (default: the MAX of --teachers)\n"
     "  --job NAME                job name (default: edl-job)\n"
     "  --insecure                start our own etcd on plain http, without TLS (for debugging)\n"
-    "  --prefix PREFIX           etcd key prefix (default: " EDL_DEFAULT_PREFIX ")\n"
+    "  --prefix PREFIX           etcd key prefix, starting with '/' (default: " EDL_DEFAULT_PREFIX
+    ")\n"
     "  --ttl SECONDS             agents' lease TTL: how long a crashed pod goes unnoticed (10)\n"
     "  --settle-ms MS            joins within this window form one generation (1000)\n"
     "  --max-restarts N          restart budget for trainer failures (10)\n"
@@ -695,6 +706,14 @@ static const char run_usage[] =
     "The trainers' collective links are authenticated with a job secret made for this run (a\n"
     "0600 file in the state directory, named by EDL_JOB_SECRET_FILE, removed at the end); a\n"
     "secret already named by EDL_JOB_SECRET_FILE or EDL_JOB_SECRET is used instead.\n"
+    "\n"
+    "The state directory ($EDL_STATE_DIR, else $XDG_RUNTIME_DIR/edl, else /tmp/edl-<uid>) holds\n"
+    "the state file by which edl status, scale and stop find the job, its certificates and\n"
+    "secret, and the agents' directories: it must be this user's and not writable by others\n"
+    "(0700 or 0755), else edl run refuses to start. One edl run per job on a machine: a second\n"
+    "is refused while the first runs; what one killed outright left is taken over.\n"
+    "Ctrl-C stops the agents (and their trainers), then the job server, then etcd; again: kills\n"
+    "the agents.\n"
     "\n"
     "Exit codes: 0 the job succeeded, 1 it failed, 2 usage error, 3 etcd could not be started\n"
     "or reached, or refused our TLS certificate or credentials (the message names the\n"
@@ -778,8 +797,9 @@ static const struct option run_options[] = {
 };
 
 /* -f FILE, wherever it is among the options (the manifest is read first; the other flags then
- * override what it says). *help: --help was given. */
-static const char *find_file_flag(int argc, char **argv, bool *help)
+ * override what it says). *help: --help was given; *ckpt: --checkpoint-uri was (the manifest's
+ * is then not used, nor its volume's directory made). */
+static const char *find_file_flag(int argc, char **argv, bool *help, bool *ckpt)
 {
     const char *file = NULL;
     int ch, idx = 0;
@@ -789,6 +809,7 @@ static const char *find_file_flag(int argc, char **argv, bool *help)
         if (ch == 'f')
             file = optarg;
         *help = *help || ch == 'h';
+        *ckpt = *ckpt || ch == 'u';
     }
     opterr = 1;
     optind = 0;
@@ -796,9 +817,9 @@ static const char *find_file_flag(int argc, char **argv, bool *help)
 }
 
 /* The manifest's spec, job name and deadline, as if given by flags: 0 or -1 (printed). */
-static int apply_manifest(run_opts *o)
+static int apply_manifest(run_opts *o, bool ckpt_flag)
 {
-    if (cli_manifest_load(o->file, &o->m) != 0)
+    if (cli_manifest_load(o->file, !ckpt_flag, &o->m) != 0)
         return -1;
     if (edl_spec_copy(&o->spec, &o->m.tj.spec) != 0) {
         fprintf(stderr, "edl run: out of memory\n");
@@ -844,9 +865,9 @@ static int parse_run(int argc, char **argv, run_opts *o)
     o->prefix = EDL_DEFAULT_PREFIX;
     o->grace_ms = 10000;
     o->deadline_s = -1;
-    bool help = false;
-    o->file = find_file_flag(argc, argv, &help);
-    if (o->file && !help && apply_manifest(o) != 0)
+    bool help = false, ckpt_flag = false;
+    o->file = find_file_flag(argc, argv, &help, &ckpt_flag);
+    if (o->file && !help && apply_manifest(o, ckpt_flag) != 0)
         return -1;
     bool have_np = o->file != NULL;
     int ch, idx = 0;
@@ -1004,6 +1025,10 @@ static int parse_run(int argc, char **argv, run_opts *o)
                         "not starting with '.' or '-'\n", o->job);
         return -1;
     }
+    if (!edl_prefix_valid(o->prefix)) { /* before anything starts: the agents refuse it */
+        fprintf(stderr, "edl run: --prefix '%s': " EDL_PREFIX_RULE "\n", o->prefix);
+        return -1;
+    }
     if (o->file) {
         if (optind < argc) {
             fprintf(stderr, "edl run: -f %s: the trainer's command comes from the manifest "
@@ -1099,8 +1124,7 @@ static int prepare_secret(launcher *l)
     if ((f && *f) || (v && *v))
         return 0;
     char why[700];
-    if (cli_state_new_secret(l->o.job, l->secret, sizeof l->secret, &l->secret_tmpdir, why,
-                             sizeof why) != 0) {
+    if (cli_state_new_secret(l->o.job, l->secret, sizeof l->secret, why, sizeof why) != 0) {
         l->secret[0] = '\0';
         fprintf(stderr, "edl run: cannot make the job secret: %s\n", why);
         return EDL_EXIT_USAGE;
@@ -1133,7 +1157,8 @@ static int start_own_etcd(launcher *l)
     edl_etcd_server_opts so = {.quiet = true, .tls_cert_file = srv_cert, .tls_key_file = srv_key,
                                .tls_ca_file = l->cfg.ca_file, .tls_client_cert_auth = !l->o.insecure,
                                .tls_client_cert_file = l->cfg.cert_file,
-                               .tls_client_key_file = l->cfg.key_file};
+                               .tls_client_key_file = l->cfg.key_file,
+                               .new_group = true}; /* Ctrl-C: it goes last (see finish) */
     rc = edl_etcd_server_open(&so, &l->srv);
     free(srv_cert);
     free(srv_key);
@@ -1211,12 +1236,9 @@ static int run_job(launcher *l, bool *wrote_state)
         fprintf(stderr, "edl run: cannot start %s\n", l->js_bin);
         return EDL_EXIT_USAGE;
     }
+    l->ran = true;
     rc = loop(l);
-    int ret = rc ? rc : job_exit_code(l);
-    say("job %s %s after %.1f s: generation %lld, exit code %d", l->o.job,
-        l->interrupted ? "interrupted" : edl_job_state_name(l->state),
-        (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret);
-    return ret;
+    return rc ? rc : job_exit_code(l);
 }
 
 /* The manifest's workingDir: the launcher moves there, so that the agents and their trainers
@@ -1241,55 +1263,100 @@ static int enter_working_dir(launcher *l)
     return 0;
 }
 
+/* This machine's state of the job: the state directory must be usable (edl status, scale and
+ * stop find the job there) and no other launcher may run the job here (they would share its
+ * state file); what a launcher that died left is taken over. 0 or an exit code. */
+static int claim_state(launcher *l)
+{
+    char why[700];
+    long stale = 0;
+    if (cli_state_check(why, sizeof why) != 0 ||
+        cli_state_lock(l->o.job, &l->lock_fd, &stale, why, sizeof why) != 0) {
+        fprintf(stderr, "edl run: %s\n", why);
+        return EDL_EXIT_USAGE;
+    }
+    if (stale) {
+        say("taking over the state of job %s that a launcher which is gone (pid %ld) left here",
+            l->o.job, stale);
+        cli_state_clean_stale(l->o.job, stale);
+    }
+    int rc = cli_state_scratch_dir(l->o.job, l->scratch, sizeof l->scratch, why, sizeof why);
+    if (rc) {
+        l->scratch[0] = '\0';
+        fprintf(stderr, "edl run: %s\n", why);
+    }
+    return rc ? EDL_EXIT_USAGE : 0;
+}
+
+/* The job's etcd and everything it needs, then the job: the exit code. */
+static int run_all(launcher *l, bool *wrote_state)
+{
+    int ret = claim_state(l);
+    if (!ret)
+        ret = enter_working_dir(l);
+    if (!ret)
+        ret = prepare_secret(l); /* before the children's environment, which names it */
+    if (!ret)
+        ret = open_etcd(l);
+    if (!ret)
+        ret = run_job(l, wrote_state);
+    return ret;
+}
+
+/* Stop what is left in order (agents, then the job server, then etcd: each needs the next
+ * while it leaves), say how the job ended as the last line, and clean up. */
+static void finish(launcher *l, bool wrote_state, int ret)
+{
+    shutdown_rest(l);
+    if (l->w)
+        edl_watch_close(l->w);
+    if (l->ran)
+        say("job %s %s after %.1f s: generation %lld, exit code %d", l->o.job,
+            l->interrupted ? "interrupted" : edl_job_state_name(l->state),
+            (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret);
+    if (wrote_state)
+        cli_state_remove(l->o.job);
+    if (l->secret[0])
+        cli_state_drop_secret(l->secret);
+    edl_etcd_close(l->c);
+    edl_etcd_server_close(l->srv);
+    if (l->tls_dir[0])
+        cli_state_tls_remove(l->tls_dir);
+    if (l->scratch[0])
+        cli_state_scratch_remove(l->scratch);
+    cli_state_unlock(l->o.job, l->lock_fd);
+}
+
+static void free_opts(launcher *l)
+{
+    edl_etcd_config_clear(&l->cfg);
+    edl_etcd_config_clear(&l->o.etcd);
+    edl_env_free(l->child_env);
+    edl_spec_clear(&l->o.spec);
+    edl_job_keys_clear(&l->k);
+    cli_manifest_clear(&l->o.m);
+}
+
 int cli_run(int argc, char **argv)
 {
-    launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING};
+    launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .lock_fd = -1};
     edl_etcd_config_init(&l.o.etcd);
     edl_etcd_config_init(&l.cfg);
-    if (parse_run(argc, argv, &l.o) != 0) {
-        edl_spec_clear(&l.o.spec);
-        edl_etcd_config_clear(&l.o.etcd);
-        cli_manifest_clear(&l.o.m);
-        return EDL_EXIT_USAGE;
+    if (parse_run(argc, argv, &l.o) != 0 || edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
+        free_opts(&l);
+        return EDL_EXIT_USAGE; /* parse_run checked the name and prefix the keys are made of */
     }
     l.desired[ROLE_W] = edl_spec_desired_pods(&l.o.spec);
     l.desired[ROLE_PS] = edl_spec_desired_servers(&l.o.spec);
     l.desired[ROLE_T] = edl_spec_desired_teachers(&l.o.spec);
-    if (edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
-        edl_spec_clear(&l.o.spec);
-        edl_etcd_config_clear(&l.o.etcd);
-        cli_manifest_clear(&l.o.m);
-        return EDL_EXIT_UNREACHABLE;
-    }
     l.started_ms = edl_monotonic_ms();
     find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
     l.sigfd = open_signals();
     bool wrote_state = false;
-    int ret = enter_working_dir(&l);
-    if (!ret)
-        ret = prepare_secret(&l); /* before the children's environment, which names it */
-    if (!ret)
-        ret = open_etcd(&l);
-    if (!ret)
-        ret = run_job(&l, &wrote_state);
-    shutdown_rest(&l);
-    if (l.w)
-        edl_watch_close(l.w);
-    if (wrote_state)
-        cli_state_remove(l.o.job);
-    if (l.secret[0])
-        cli_state_drop_secret(l.secret, l.secret_tmpdir);
-    edl_etcd_close(l.c);
-    edl_etcd_server_close(l.srv);
-    if (l.tls_dir[0])
-        cli_state_tls_remove(l.tls_dir);
-    edl_etcd_config_clear(&l.cfg);
-    edl_etcd_config_clear(&l.o.etcd);
-    edl_env_free(l.child_env);
-    edl_spec_clear(&l.o.spec);
-    edl_job_keys_clear(&l.k);
-    cli_manifest_clear(&l.o.m);
+    int ret = run_all(&l, &wrote_state);
+    finish(&l, wrote_state, ret);
+    free_opts(&l);
     close(l.sigfd);
     return ret;
 }

@@ -31,13 +31,17 @@ static const char service_usage[] =
     "the lease runs out). list prints the teachers (-o json: a JSON array); deregister deletes\n"
     "one. Names are 1-63 of [a-z0-9-].\n"
     "\nOptions:\n"
-    "  --prefix PREFIX       etcd key prefix (" EDL_DEFAULT_PREFIX ")\n" EDL_ETCD_OPTIONS_HELP
+    "  --prefix PREFIX       etcd key prefix (" EDL_DEFAULT_PREFIX ")\n"
+    "  --job NAME            use the etcd of this job, which edl run runs on this machine (as\n"
+    "                        edl status finds it); without it and without --etcd or\n"
+    "                        EDL_ETCD_ENDPOINTS: the etcd of the one job edl run runs here\n"
+    EDL_ETCD_OPTIONS_HELP
     "\nExit codes: 0 done, 1 no such teacher (deregister), 2 usage or invalid settings, 3 etcd\n"
     "unreachable or it refused our TLS certificate or credentials.\n";
 
 typedef struct service_args {
     cli_common co;
-    const char *service, *instance, *output;
+    const char *service, *instance, *output, *job;
     edl_service_instance in;
     long ttl_s;
 } service_args;
@@ -72,6 +76,7 @@ static int service_option(service_args *a, int ch, const char *name, const char 
     case 'm': a->in.model = (char *)arg; return 0;
     case 'v': a->in.version = (char *)arg; return 0;
     case 'o': a->output = arg; return 0;
+    case 'j': a->job = arg; return 0;
     case 'c':
         if (!parse_long(arg, 1, 65535, &v))
             return bad_usage(a, "--capacity takes 1..65535, got", arg);
@@ -99,6 +104,7 @@ static int parse_service_args(int argc, char **argv, service_args *a)
         {"capacity", required_argument, 0, 'c'}, {"model", required_argument, 0, 'm'},
         {"version", required_argument, 0, 'v'},  {"ttl", required_argument, 0, 't'},
         {"output", required_argument, 0, 'o'},   {"help", no_argument, 0, 'h'},
+        {"job", required_argument, 0, 'j'},
         {0, 0, 0, 0},
     };
     a->co.prefix = EDL_DEFAULT_PREFIX;
@@ -112,30 +118,21 @@ static int parse_service_args(int argc, char **argv, service_args *a)
             return rc;
     if (optind != argc)
         return bad_usage(a, "unexpected argument", argv[optind]);
+    if (a->job && !edl_name_valid(a->job))
+        return bad_usage(a, "--job needs a job name of 1-128 [A-Za-z0-9._-], got", a->job);
+    if (!edl_prefix_valid(a->co.prefix))
+        return bad_usage(a, "--prefix " EDL_PREFIX_RULE ", got", a->co.prefix);
     if (!a->service || !edl_service_name_ok(a->service))
         return bad_usage(a, "--service needs a name of 1-63 [a-z0-9-], got",
                          a->service ? a->service : "");
     return 0;
 }
 
-/* A client from the flags, else EDL_ETCD_*: an exit code after saying why. Clears the config. */
+/* A client from the flags, else EDL_ETCD_*, else a local job's state file (--job, else the
+ * only job edl run runs here), as edl status finds it: an exit code after saying why. */
 static int service_connect(service_args *a, edl_etcd **c)
 {
-    char err[600];
-    int rc = 0;
-    if (edl_etcd_config_from_env(&a->co.etcd, err, sizeof err) != 0 ||
-        edl_etcd_config_check(&a->co.etcd, err, sizeof err) != 0) {
-        fprintf(stderr, "edl service: %s\n", err);
-        rc = EDL_EXIT_USAGE;
-    } else if (a->co.etcd.n_endpoints == 0) {
-        fprintf(stderr, "edl service: no etcd: pass --etcd URL or set EDL_ETCD_ENDPOINTS\n");
-        rc = EDL_EXIT_USAGE;
-    } else if (edl_etcd_open(&a->co.etcd, c) != 0) {
-        fprintf(stderr, "edl service: invalid etcd settings\n");
-        rc = EDL_EXIT_USAGE;
-    }
-    edl_etcd_config_clear(&a->co.etcd);
-    return rc;
+    return cli_connect(&a->co, a->job, c);
 }
 
 static int etcd_failed(edl_etcd *c, const char *what, int rc)

@@ -365,6 +365,15 @@ static bool tls_alert(const http_reply *r)
            strstr(r->curl_err, "unknown ca") || strstr(r->curl_err, "certificate unknown");
 }
 
+/* An https server that ended the session of a client without a certificate, with an alert or
+ * without a word (libcurl then says "getpeername() failed with errno 107"), requires one: every
+ * member would say the same, so it is said at once, in words a person can act on. */
+static bool client_cert_missing(const edl_etcd *c, const char *endpoint, const http_reply *r)
+{
+    return !c->cfg.cert_file && strncmp(endpoint, "https://", 8) == 0 &&
+           (tls_alert(r) || strstr(r->curl_err, "getpeername"));
+}
+
 /* The request never reached a server: safe to send elsewhere whatever it is. */
 static bool not_sent(CURLcode cc)
 {
@@ -467,6 +476,11 @@ static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf ke
         if (r->body.overflow)
             return etcd_fail(c, EDL_ETOOBIG, "%s%s%s%s%s: reply exceeds %lld bytes", endpoint, path,
                              kl, ks, kr, (long long)c->cfg.max_response_bytes);
+        if (client_cert_missing(c, endpoint, r))
+            return etcd_fail(c, EDL_EAUTH, "%s%s%s%s%s: etcd requires a client certificate and "
+                             "none was given: pass --cert FILE and --key FILE (or set "
+                             "EDL_ETCD_CERT and EDL_ETCD_KEY) (%s)", endpoint, path, kl, ks, kr,
+                             r->curl_err[0] ? r->curl_err : curl_easy_strerror(r->cc));
         *retry = not_sent(r->cc) || idempotent;
         int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT
                    : tls_refused(r->cc) || tls_alert(r) ? EDL_EAUTH

@@ -55,6 +55,7 @@ struct edl_etcd_server {
     int n;
     int start_timeout_ms;
     bool quiet;
+    bool new_group;
     char *tls_cert, *tls_key, *tls_ca, *tls_client_cert, *tls_client_key; /* owned, may be NULL */
     bool tls_client_auth;
     char root[PATH_MAX];     /* "" when no directory exists */
@@ -337,7 +338,8 @@ static int spawn_member(edl_etcd_server *s, int i, bool existing)
     char **argv = member_argv(s, i, existing);
     if (!argv)
         return EDL_ENOMEM;
-    edl_spawn_opts so = {.argv = argv, .log_path = s->quiet ? s->m[i].log_path : NULL};
+    edl_spawn_opts so = {.argv = argv, .log_path = s->quiet ? s->m[i].log_path : NULL,
+                         .new_group = s->new_group};
     char err[512];
     pid_t pid;
     int rc = edl_spawn(&so, &pid, err, sizeof err);
@@ -539,6 +541,7 @@ static edl_etcd_server *server_new(const edl_etcd_server_opts *o)
     s->n = o->members ? o->members : 1;
     s->start_timeout_ms = o->start_timeout_ms > 0 ? o->start_timeout_ms : DEFAULT_START_TIMEOUT_MS;
     s->quiet = o->quiet;
+    s->new_group = o->new_group;
     while (o->extra_args && o->extra_args[nextra])
         nextra++;
     s->extra_args = calloc(nextra + 1, sizeof *s->extra_args);

@@ -1,6 +1,7 @@
 /* fuzz_manifest.c: feeds every input as a manifest file to `edl run -f`'s readers: YAML into
- * cJSON with lines (core/yaml.c), then every document through the TrainingJob reader and the
- * cluster-only report (job/trainingjob.c). Asserts beyond "no crash": a refused file leaves no
+ * cJSON with lines (core/yaml.c), then every document through the unknown-field check
+ * (job/trainingjob_fields.c), the TrainingJob reader and the cluster-only report
+ * (job/trainingjob.c). Asserts beyond "no crash": a refused file leaves no
  * result and a message naming it; a refused TrainingJob leaves its output cleared and names a
  * field whose line is known; an accepted one has a command and a spec that validates. */
 #include "fuzz.h"
@@ -18,6 +19,9 @@ static void one_doc(const edl_yaml *y, size_t i)
 {
     edl_trainingjob tj, zero = {0};
     char field[256], err[512];
+    if (edl_trainingjob_unknown_field(edl_yaml_doc(y, i), field, sizeof field, err,
+                                      sizeof err) != 0) /* names a field that is there */
+        FUZZ_CHECK(*field && strstr(err, field) && edl_yaml_line(y, i, field) > 0);
     int rc = edl_trainingjob_parse(edl_yaml_doc(y, i), &tj, field, sizeof field, err,
                                    sizeof err);
     if (rc) {

@@ -40,13 +40,18 @@ void edl_job_keys_clear(edl_job_keys *k)
     }
 }
 
+bool edl_prefix_valid(const char *prefix)
+{
+    return prefix && prefix[0] == '/' && !strpbrk(prefix, "\r\n");
+}
+
 int edl_job_keys_init(edl_job_keys *k, const char *prefix, const char *job)
 {
     memset(k, 0, sizeof *k);
-    if (!edl_name_valid(job))
-        return EDL_EINVAL;
     if (!prefix)
         prefix = EDL_DEFAULT_PREFIX;
+    if (!edl_name_valid(job) || !edl_prefix_valid(prefix))
+        return EDL_EINVAL;
     size_t plen = strlen(prefix);
     while (plen && prefix[plen - 1] == '/')
         plen--;

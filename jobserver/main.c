@@ -204,7 +204,13 @@ int main(int argc, char **argv)
                 return EDL_EXIT_USAGE;
             break;
         case 'j': cfg.job = optarg; break;
-        case 'p': cfg.prefix = optarg; break;
+        case 'p':
+            if (!edl_prefix_valid(optarg)) {
+                fprintf(stderr, "edl-jobserver: --prefix '%s': " EDL_PREFIX_RULE "\n", optarg);
+                return EDL_EXIT_USAGE;
+            }
+            cfg.prefix = optarg;
+            break;
         case 'i': cfg.id = optarg; break;
         case 't':
             if (parse_int(optarg, 1, 86400, &v)) {

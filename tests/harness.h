@@ -28,6 +28,9 @@ void harness_rmtree(const char *dir);
 /* Start argv[0] (a path) with argv; it dies with the test (PR_SET_PDEATHSIG). Output goes to
  * log_path (appended) or, when NULL, to the test's own stdout/stderr. -1 on failure. */
 pid_t harness_spawn(const char *const *argv, const char *log_path);
+/* The same in a process group of its own, as a shell starts a job: kill(-pid, SIGINT) is then
+ * what a terminal's Ctrl-C does to it. */
+pid_t harness_spawn_group(const char *const *argv, const char *log_path);
 /* Wait up to timeout_ms for the child to end: its exit status, 128+signal when killed, -1 on
  * timeout (it is still running), -2 when it is not our child. */
 int harness_wait_exit(pid_t pid, int timeout_ms);

@@ -13,9 +13,9 @@
 #include "edl/proc.h"
 #include "harness.h"
 
-pid_t harness_spawn(const char *const *argv, const char *log_path)
+static pid_t spawn(const char *const *argv, const char *log_path, bool group)
 {
-    edl_spawn_opts so = {.argv = (char *const *)argv, .log_path = log_path};
+    edl_spawn_opts so = {.argv = (char *const *)argv, .log_path = log_path, .new_group = group};
     char err[512];
     pid_t pid;
     if (edl_spawn(&so, &pid, err, sizeof err) != 0) {
@@ -23,6 +23,16 @@ pid_t harness_spawn(const char *const *argv, const char *log_path)
         return -1;
     }
     return pid;
+}
+
+pid_t harness_spawn(const char *const *argv, const char *log_path)
+{
+    return spawn(argv, log_path, false);
+}
+
+pid_t harness_spawn_group(const char *const *argv, const char *log_path)
+{
+    return spawn(argv, log_path, true);
 }
 
 int harness_wait_exit(pid_t pid, int timeout_ms)

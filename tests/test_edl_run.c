@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "edl/discovery.h"
@@ -89,8 +90,10 @@ static bool log_has(const char *job, const char *a, const char *b, const char *c
     return found;
 }
 
-/* Start `edl run ... -- TRAINER...` in the background (output appended to <dir>/<job>.log). */
-static pid_t edl_run_argv(const char *job, const char *const *opts, const char *const *trainer)
+/* Start `edl run ... -- TRAINER...` in the background (output appended to <dir>/<job>.log);
+ * in a process group of its own when group (as a shell starts a job in a terminal). */
+static pid_t edl_run_in(const char *job, const char *const *opts, const char *const *trainer,
+                        bool group)
 {
     const char *argv[48] = {EDL_CLI_BIN, "run", "--job", job};
     size_t n = 4;
@@ -102,9 +105,14 @@ static pid_t edl_run_argv(const char *job, const char *const *opts, const char *
     argv[n] = NULL;
     char log[300];
     snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
-    pid_t pid = harness_spawn(argv, log);
+    pid_t pid = group ? harness_spawn_group(argv, log) : harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
+}
+
+static pid_t edl_run_argv(const char *job, const char *const *opts, const char *const *trainer)
+{
+    return edl_run_in(job, opts, trainer, false);
 }
 
 /* The same with a shell script as the trainer. */
@@ -112,6 +120,32 @@ static pid_t edl_run(const char *job, const char *const *opts, const char *scrip
 {
     const char *trainer[] = {"/bin/sh", "-c", script, NULL};
     return edl_run_argv(job, opts, trainer);
+}
+
+/* Wait until `edl status JOB` (its etcd found through the state file) shows it running with n
+ * members. */
+static void wait_local_running(const char *job, int n, int timeout_ms)
+{
+    char out[8192], want[64];
+    const char *st[] = {"status", job, NULL};
+    snprintf(want, sizeof want, ", %d members", n);
+    int64_t end = harness_now_ms() + timeout_ms;
+    while (harness_now_ms() < end) {
+        if (edl_cmd(out, sizeof out, st) == 0 && strstr(out, "running, generation") &&
+            strstr(out, want))
+            return;
+        harness_sleep_ms(200);
+    }
+    fail_msg("local job %s: not running with %d members within %d ms:\n%s", job, n, timeout_ms,
+             out);
+}
+
+/* The pid of parent's child process named comm (0: none). */
+static pid_t child_named(pid_t parent, const char *comm)
+{
+    char cmd[128], out[64];
+    snprintf(cmd, sizeof cmd, "pgrep -P %d -x %s", (int)parent, comm);
+    return harness_shell(cmd, out, sizeof out) == 0 ? (pid_t)atol(out) : 0;
 }
 
 /* A key of the job (edl/job.h's builder); a few live at once in one expression. */
@@ -842,9 +876,23 @@ static void test_usage_errors(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, no_trainer), 2);
     const char *bad_scale[] = {"scale", "x", "-3", "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(out, sizeof out, bad_scale), 2);
+    if (!strstr(out, "non-negative number") || strstr(out, "invalid option"))
+        fail_msg("edl scale x -3 does not say the count must be a non-negative number:\n%s", out);
+    const char *bad_role[] = {"scale", "x", "3", "--role", "foo", "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_role), 2);
+    assert_non_null(strstr(out, "unknown role foo (worker, ps or teacher)"));
     const char *no_job[] = {"status", "nosuchjob", "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(out, sizeof out, no_job), 1);
     assert_non_null(strstr(out, "no job \"nosuchjob\""));
+    /* no such local job (no state file), as --help says: 1 */
+    const char *no_local_job[] = {"status", "nosuchjob", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, no_local_job), 1);
+    assert_non_null(strstr(out, "no local job"));
+    /* a prefix the agents would refuse is refused before anything starts */
+    const char *bad_prefix[] = {"run", "--prefix", "noslash", "--np", "1", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, bad_prefix), 2);
+    assert_non_null(strstr(out, "--prefix 'noslash': must start with '/'"));
+    assert_null(strstr(out, "started etcd"));
     const char *unknown[] = {"frobnicate", NULL};
     assert_int_equal(edl_cmd(out, sizeof out, unknown), 2);
     /* more agents than one machine's launcher starts: refused up front */
@@ -907,15 +955,30 @@ static void test_state_directory_must_be_private(void **state)
     assert_int_equal(chmod(open_dir, 0777), 0);
     assert_int_equal(mkdir(priv, 0700), 0);
     assert_int_equal(symlink(priv, link_dir), 0);
-    char out[4096];
+    char out[4096], buf[256];
     const char *status[] = {"status", "sj", NULL};
     setenv("EDL_STATE_DIR", open_dir, 1);
     assert_int_equal(edl_cmd(out, sizeof out, status), 2);
     assert_non_null(strstr(out, "not a private directory"));
-    /* edl run does not write there, says so, and runs the job all the same */
+    /* edl run refuses it before it starts anything: a job that edl status, scale and stop
+     * could not find would run on */
     const char *run[] = {"run", "--job", "sj", "--np", "1", "--etcd", ep(), "--", "true", NULL};
-    assert_int_equal(edl_cmd(out, sizeof out, run), 0);
-    assert_non_null(strstr(out, "warning: no state file"));
+    assert_int_equal(edl_cmd(out, sizeof out, run), 2);
+    assert_non_null(strstr(out, "writable by others"));
+    assert_null(harness_get(g_c, key("sj", EDL_KEY_SPEC, NULL), buf, sizeof buf));
+    /* a directory of ours that others may read but not write (0755) is safe: the files in it
+     * are 0600 and the certificates' directory 0700; it is used */
+    char readable[300];
+    snprintf(readable, sizeof readable, "%s/readable-state", g_dir);
+    assert_int_equal(mkdir(readable, 0755), 0);
+    assert_int_equal(chmod(readable, 0755), 0);
+    setenv("EDL_STATE_DIR", readable, 1);
+    const char *opts[] = {"--np", "1", "--etcd", ep(), NULL};
+    pid_t sj = edl_run("sj", opts, "exec sleep 60");
+    wait_local_running("sj", 1, 30000);
+    const char *stop[] = {"stop", "sj", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
+    assert_int_equal(harness_wait_exit(sj, 30000), 4);
     setenv("EDL_STATE_DIR", link_dir, 1);
     assert_int_equal(edl_cmd(out, sizeof out, status), 2);
     assert_non_null(strstr(out, "symbolic link"));
@@ -929,7 +992,241 @@ static void test_state_directory_must_be_private(void **state)
     assert_int_equal(symlink(target, file), 0);
     assert_int_equal(edl_cmd(out, sizeof out, status), 2);
     assert_non_null(strstr(out, "cannot be read"));
+    /* a state file that names a certificate no longer there: said before any connection */
+    unlink(file);
+    f = fopen(file, "w");
+    fprintf(f, "EDL_ETCD_ENDPOINTS=https://127.0.0.1:1\nEDL_ETCD_CACERT=%s/gone/ca.crt\n"
+               "EDL_ETCD_CERT=%s/gone/client.crt\nEDL_ETCD_KEY=%s/gone/client.key\n", g_dir,
+            g_dir, g_dir);
+    fclose(f);
+    assert_int_equal(edl_cmd(out, sizeof out, status), 2);
+    if (!strstr(out, "the state file of job \"sj\"") || !strstr(out, "/gone/ca.crt") ||
+        !strstr(out, "No such file"))
+        fail_msg("the missing file is not named as the state file's:\n%s", out);
     setenv("EDL_STATE_DIR", saved, 1);
+}
+
+/* ---- a local job: its own etcd, found through the state file ------------------------------ */
+
+/* `edl stop` waits for the job server to record the stop; when the job's own etcd goes away
+ * meanwhile (its launcher ended), it says so and returns at once instead of retrying a gone
+ * etcd for ever. */
+static void test_stop_returns_when_the_jobs_etcd_is_gone(void **state)
+{
+    (void)state;
+    const char *job = "stopgone";
+    const char *opts[] = {"--np", "1", "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts, "exec sleep 120");
+    wait_local_running(job, 1, 30000);
+    pid_t js = child_named(run, "edl-jobserver");
+    assert_true(js > 0);
+    assert_int_equal(kill(js, SIGSTOP), 0); /* nobody records the stop while etcd lives */
+    char log[300], out[8192];
+    snprintf(log, sizeof log, "%s/stopgone-stop.log", g_dir);
+    const char *argv[] = {EDL_CLI_BIN, "stop", job, NULL};
+    pid_t stop = harness_spawn(argv, log);
+    assert_true(stop > 0);
+    harness_sleep_ms(1500);
+    assert_int_equal(harness_wait_exit(stop, 0), -1); /* still waiting */
+    kill(run, SIGTERM); /* the launcher ends, and its etcd with it */
+    assert_int_equal(harness_wait_exit(run, 30000), 143);
+    int64_t t0 = harness_now_ms();
+    int rc = harness_wait_exit(stop, 15000);
+    if (rc == -1) {
+        harness_kill(stop, SIGKILL);
+        fail_msg("edl stop still waits 15 s after the job's etcd went away:\n%s",
+                 harness_read_file(log, out, sizeof out));
+    }
+    harness_read_file(log, out, sizeof out);
+    print_message("edl stop returned %lld ms after the launcher exited: %s",
+                  (long long)(harness_now_ms() - t0), out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "etcd is gone"));
+}
+
+/* Ctrl-C in the terminal signals the whole foreground process group: edl run stops the agents
+ * (and their trainers) first, then the job server, then its etcd, so nobody loses etcd on the
+ * way out, and its summary is the last line. */
+static void test_ctrl_c_stops_the_job_in_order(void **state)
+{
+    (void)state;
+    const char *job = "ctrlc";
+    const char *opts[] = {"--np", "2", "--grace-ms", "2000", NULL};
+    const char *trainer[] = {"/bin/sh", "-c", "exec sleep 120", NULL};
+    pid_t run = edl_run_in(job, opts, trainer, true);
+    wait_local_running(job, 2, 30000);
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(kill(-run, SIGINT), 0);
+    int rc = harness_wait_exit(run, 30000);
+    int64_t took = harness_now_ms() - t0;
+    char log[300], text[65536];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    harness_read_file(log, text, sizeof text);
+    print_message("Ctrl-C: edl run exited %d after %lld ms\n", rc, (long long)took);
+    assert_int_equal(rc, 130);
+    if (strstr(text, "Couldn't connect") || strstr(text, "lost"))
+        fail_msg("a process lost etcd on the way out:\n%s", text);
+    assert_true(took < 5000);
+    char *end = text + strlen(text);
+    while (end > text && end[-1] == '\n')
+        *--end = '\0';
+    char *last = strrchr(text, '\n');
+    last = last ? last + 1 : text;
+    if (!strstr(last, "job ctrlc interrupted after"))
+        fail_msg("the summary is not the last line: \"%s\"", last);
+}
+
+/* A second `edl run` of a job that runs on this machine is refused (it would take the state
+ * file of the first, then delete it); the state left by a launcher that was killed outright is
+ * taken over, and said so. */
+static void test_second_launcher_of_a_job_is_refused(void **state)
+{
+    (void)state;
+    const char *job = "twice";
+    const char *opts[] = {"--np", "1", NULL};
+    pid_t first = edl_run(job, opts, "exec sleep 120");
+    wait_local_running(job, 1, 30000);
+    char out[16384], pid[32];
+    const char *again[] = {"run", "--job", job, "--np", "1", "--", "true", NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, again), 2);
+    snprintf(pid, sizeof pid, "pid %d", (int)first);
+    if (!strstr(out, "already running") || !strstr(out, pid))
+        fail_msg("no clear refusal naming %s:\n%s", pid, out);
+    assert_null(strstr(out, "started etcd"));
+    const char *st[] = {"status", job, NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, st), 0); /* the first one's state is intact */
+    assert_non_null(strstr(out, "running, generation"));
+    harness_kill(first, SIGKILL); /* no clean-up: its state file stays */
+    assert_int_equal(edl_cmd(out, sizeof out, st), 1); /* not its dead etcd, tried for seconds */
+    assert_non_null(strstr(out, "has ended"));
+    assert_int_equal(edl_cmd(out, sizeof out, again), 0);
+    if (!strstr(out, "taking over"))
+        fail_msg("the stale state was not said to be taken over:\n%s", out);
+}
+
+/* `edl service list` finds a local job's etcd through its state file, as status does. */
+static void test_service_commands_find_a_local_jobs_etcd(void **state)
+{
+    (void)state;
+    const char *job = "svcjob";
+    const char *opts[] = {"--np", "1", NULL};
+    pid_t run = edl_run(job, opts, "exec sleep 120");
+    wait_local_running(job, 1, 30000);
+    char out[8192];
+    const char *reg[] = {"service", "register", "--service", "lsvc", "--instance", "t1",
+                         "--endpoint", "http://127.0.0.1:9", "--job", job, NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, reg), 0);
+    const char *list[] = {"service", "list", "--service", "lsvc", NULL}; /* the only local job */
+    assert_int_equal(edl_cmd(out, sizeof out, list), 0);
+    assert_non_null(strstr(out, "http://127.0.0.1:9"));
+    const char *stop[] = {"stop", job, NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
+    assert_int_equal(harness_wait_exit(run, 30000), 4);
+}
+
+/* An agent killed outright leaves nothing behind: its private directory (the trainer's
+ * TORCHELASTIC_ERROR_FILE) is in the launcher's directory of this run, removed at the end. */
+static void test_killed_agents_leave_no_directories(void **state)
+{
+    (void)state;
+    const char *job = "scratch";
+    char tmp[300], cmd[800], out[4096];
+    snprintf(tmp, sizeof tmp, "%s/tmp", g_dir);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    setenv("TMPDIR", tmp, 1);
+    const char *opts[] = {"--np", "1", "--etcd", ep(), "--ttl", "2", "--settle-ms", "300",
+                          "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts, "exec sleep 120");
+    unsetenv("TMPDIR");
+    edl_generation c = {0};
+    wait_running(job, 1, 20000, &c);
+    signal_agent(job, c.members[0].pod, SIGKILL);
+    wait_running_after(job, c.generation, 1, 20000, &c); /* its replacement */
+    const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
+    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    snprintf(cmd, sizeof cmd, "ls -A %s; ls -A %s | grep '^%s' || true", tmp,
+             getenv("EDL_STATE_DIR"), job);
+    assert_int_equal(harness_shell(cmd, out, sizeof out), 0);
+    if (*out)
+        fail_msg("left behind:\n%s", out);
+    edl_generation_clear(&c);
+}
+
+/* edl status: rows in rank order (workers, then servers, standbys, the rest), each pod's
+ * trainer STARTS apart from the job's RESTARTS (failures), and when an exclusion ends. */
+static void test_status_rows_in_rank_order_with_starts_and_exclusions(void **state)
+{
+    (void)state;
+    const char *job = "ranked";
+    char k[256];
+    harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_SPEC, NULL, 0),
+                "{\"min\":2,\"max\":3}");
+    const char *pods[] = {"zz-b", "mm-x", "aa-a"}; /* registered in this order */
+    for (int i = 0; i < 3; i++) {
+        char v[256];
+        snprintf(v, sizeof v, "{\"role\":\"worker\",\"addr\":\"127.0.0.1\",\"port\":%d}",
+                 7000 + i);
+        harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_POD, pods[i], 0), v);
+    }
+    harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_STATUS, "aa-a", 0),
+                "{\"generation\":3,\"state\":\"running\",\"step\":5,\"restarts\":2}");
+    edl_member m[2] = {{.pod = "aa-a", .rank = 0, .addr = "127.0.0.1", .port = 7002},
+                       {.pod = "zz-b", .rank = 1, .addr = "127.0.0.1", .port = 7000}};
+    int64_t until = (int64_t)time(NULL) * 1000 + 90000;
+    edl_pod_failures f = {.pod = "mm-x", .count = 2, .excluded_until = until};
+    edl_generation g = {.generation = 3, .state = EDL_JOB_RUNNING, .reason = "test",
+                        .members = m, .n_members = 2, .failures = &f, .n_failures = 1,
+                        .restarts = 1};
+    char *json = edl_generation_to_json(&g);
+    harness_put(g_c, harness_job_key(k, sizeof k, job, EDL_KEY_GENERATION, NULL, 0), json);
+    free(json);
+    char out[8192];
+    const char *st[] = {"status", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(out, sizeof out, st), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "1 restarts after trainer failures"));
+    assert_non_null(strstr(out, " STARTS "));
+    char *a = strstr(out, "\n0      aa-a"), *b = strstr(out, "\n1      zz-b");
+    char *x = strstr(out, "\nexcluded mm-x");
+    if (!a || !b || !x || !(a < b && b < x))
+        fail_msg("rows not in rank order:\n%s", out);
+    assert_non_null(strstr(a, " 3        ")); /* aa-a's trainer started 3 times */
+    char hhmm[16];
+    time_t t = (time_t)(until / 1000);
+    strftime(hhmm, sizeof hhmm, "%H:%M:%S", localtime(&t));
+    char *line = strstr(out, "mm-x: excluded until ");
+    if (!line || !strstr(line, hhmm))
+        fail_msg("no \"mm-x: excluded until %s\" in:\n%s", hhmm, out);
+}
+
+/* scripts/demo on the build tree as it is: its job succeeds, and the agent it kills is the one
+ * whose pid the job registered, not every process of this user with "--pod demo-1" on its
+ * command line (another demo's: here a decoy that must survive). */
+static void test_demo_kills_only_its_own_agent(void **state)
+{
+    (void)state;
+    char build[600], log[300], out[65536];
+    snprintf(build, sizeof build, "%s", EDL_CLI_BIN); /* <build>/bin/edl */
+    for (int i = 0; i < 2; i++)
+        *strrchr(build, '/') = '\0';
+    const char *decoy_argv[] = {"/bin/sh", "-c", "sleep 300; :", "decoy", "--pod", "demo-1",
+                                "x", NULL};
+    snprintf(log, sizeof log, "%s/decoy.log", g_dir);
+    pid_t decoy = harness_spawn_group(decoy_argv, log); /* its sleep goes with its group */
+    assert_true(decoy > 0);
+    snprintf(log, sizeof log, "%s/demo.log", g_dir);
+    const char *demo[] = {EDL_SOURCE_DIR "/scripts/demo", "--no-setup", "--build", build, NULL};
+    int rc = harness_run(demo, log, 240000, out, sizeof out);
+    bool decoy_alive = harness_wait_exit(decoy, 0) == -1;
+    kill(-decoy, SIGKILL);
+    harness_wait_exit(decoy, 5000);
+    if (rc != 0)
+        fail_msg("scripts/demo exited %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "demo: the agent of demo-1 is pid "));
+    assert_non_null(strstr(out, "demo: OK"));
+    if (!decoy_alive)
+        fail_msg("scripts/demo killed a process that was not its own");
 }
 
 /* ---- manifests (edl run -f) ---------------------------------------------------------------- */
@@ -1065,6 +1362,22 @@ static void test_manifest_errors_exit_2_and_start_nothing(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, run), 2);
     snprintf(want, sizeof want, "%s:6: spec.suspend: is true", path);
     assert_non_null(strstr(out, want));
+    /* a field the CRD does not know (a typo; another operator's runPolicy): refused as kubectl
+     * refuses it, not run with the default in its place */
+    write_text(path, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n"
+                     "  name: bad-manifest\nspec:\n  maxReplica: 3\n  template:\n    spec:\n"
+                     "      containers:\n        - name: t\n          command: [/bin/true]\n");
+    assert_int_equal(edl_cmd(out, sizeof out, run), 2);
+    snprintf(want, sizeof want, "%s:6: spec.maxReplica: unknown field \"spec.maxReplica\"", path);
+    if (!strstr(out, want))
+        fail_msg("no \"%s\" in:\n%s", want, out);
+    write_text(path, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n"
+                     "  name: bad-manifest\nspec:\n  runPolicy:\n    cleanPodPolicy: None\n"
+                     "  template:\n    spec:\n"
+                     "      containers:\n        - name: t\n          command: [/bin/true]\n");
+    assert_int_equal(edl_cmd(out, sizeof out, run), 2);
+    snprintf(want, sizeof want, "%s:6: spec.runPolicy: unknown field \"spec.runPolicy\"", path);
+    assert_non_null(strstr(out, want));
     /* a trainer on the command line as well */
     const char *both[] = {"run", "-f", path, "--", "/bin/true", NULL};
     write_text(path, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n"
@@ -1102,6 +1415,63 @@ static void test_manifest_deadline_fails_the_job(void **state)
     assert_int_equal(edl_cmd(out, sizeof out, run), 1);
     assert_true(harness_now_ms() - t0 < 30000);
     assert_non_null(strstr(out, "activeDeadlineSeconds (2 s) passed"));
+}
+
+/* A file:// checkpoint under a volume the container mounts (the examples' shared claim at a
+ * fixed /tmp path) is this user's directory here, not a path every user of the host shares. */
+static void test_manifest_volume_is_this_users(void **state)
+{
+    (void)state;
+    char path[300], text[2000], tmp[300], shared[300], want[600], out[16384], buf[4096];
+    snprintf(tmp, sizeof tmp, "%s/vtmp", g_dir);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    snprintf(shared, sizeof shared, "/tmp/edl-shared-test-%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/vol.yaml", g_dir);
+    snprintf(text, sizeof text,
+             "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata:\n  name: vol-job\n"
+             "spec:\n  checkpoint:\n    uri: file://%s/vol-job\n"
+             "  template:\n    spec:\n      containers:\n        - name: t\n"
+             "          command: [/bin/true]\n"
+             "          volumeMounts:\n            - {name: shared, mountPath: %s}\n"
+             "      volumes:\n        - name: shared\n"
+             "          persistentVolumeClaim: {claimName: team-claim}\n", shared, shared);
+    write_text(path, text);
+    setenv("TMPDIR", tmp, 1);
+    const char *run[] = {"run", "-f", path, "--etcd", ep(), NULL};
+    int rc = edl_cmd(out, sizeof out, run);
+    unsetenv("TMPDIR");
+    if (rc != 0)
+        fail_msg("edl run -f exited %d:\n%s", rc, out);
+    snprintf(want, sizeof want, "file://%s/edl-volumes-%u/team-claim/vol-job", tmp,
+             (unsigned)getuid());
+    edl_job_spec sp;
+    edl_spec_init(&sp);
+    char err[256];
+    assert_non_null(harness_get(g_c, key("vol-job", EDL_KEY_SPEC, NULL), buf, sizeof buf));
+    assert_int_equal(edl_spec_parse(buf, strlen(buf), &sp, err, sizeof err), 0);
+    if (!sp.checkpoint_uri || strcmp(sp.checkpoint_uri, want) != 0)
+        fail_msg("checkpoint URI %s, not this user's %s:\n%s", sp.checkpoint_uri, want, out);
+    edl_spec_clear(&sp);
+    assert_non_null(strstr(out, "spec.checkpoint.uri"));
+    assert_non_null(strstr(out, want));
+    struct stat st;
+    snprintf(want, sizeof want, "%s/edl-volumes-%u", tmp, (unsigned)getuid());
+    assert_int_equal(lstat(want, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_not_equal(lstat(shared, &st), 0); /* nothing in the host-wide path */
+    /* --checkpoint-uri overrides the manifest's: no volume directory is made for it */
+    char own[400], tmp2[300];
+    snprintf(tmp2, sizeof tmp2, "%s/vtmp2", g_dir);
+    assert_int_equal(mkdir(tmp2, 0700), 0);
+    snprintf(own, sizeof own, "file://%s/own-ckpt", g_dir);
+    const char *run_own[] = {"run", "-f", path, "--etcd", ep(), "--checkpoint-uri", own, NULL};
+    setenv("TMPDIR", tmp2, 1);
+    rc = edl_cmd(out, sizeof out, run_own);
+    unsetenv("TMPDIR");
+    assert_int_equal(rc, 0);
+    assert_null(strstr(out, "is on the volume"));
+    snprintf(want, sizeof want, "%s/edl-volumes-%u", tmp2, (unsigned)getuid());
+    assert_int_not_equal(lstat(want, &st), 0);
 }
 
 /* The repository's example manifest runs as it is (the trainer found beside edl's build). */
@@ -1685,6 +2055,13 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_state_directory_must_be_private),
         cmocka_unit_test(test_status_json_is_json_whatever_etcd_holds),
+        cmocka_unit_test(test_status_rows_in_rank_order_with_starts_and_exclusions),
+        cmocka_unit_test(test_stop_returns_when_the_jobs_etcd_is_gone),
+        cmocka_unit_test(test_ctrl_c_stops_the_job_in_order),
+        cmocka_unit_test(test_second_launcher_of_a_job_is_refused),
+        cmocka_unit_test(test_service_commands_find_a_local_jobs_etcd),
+        cmocka_unit_test(test_killed_agents_leave_no_directories),
+        cmocka_unit_test(test_demo_kills_only_its_own_agent),
         cmocka_unit_test(test_every_rank_gets_the_exact_environment),
         cmocka_unit_test(test_scale_leave_kill_and_stop),
         cmocka_unit_test(test_standby_promoted_when_a_member_leaves),
@@ -1702,6 +2079,7 @@ int main(void)
         cmocka_unit_test(test_manifest_errors_exit_2_and_start_nothing),
         cmocka_unit_test(test_manifest_deadline_fails_the_job),
         cmocka_unit_test(test_manifest_example_runs),
+        cmocka_unit_test(test_manifest_volume_is_this_users),
         cmocka_unit_test(test_ps_role_end_to_end),
         cmocka_unit_test(test_teacher_role_end_to_end),
         cmocka_unit_test(test_distill_student_follows_teachers_that_scale_and_die),

@@ -135,6 +135,22 @@ static void test_missing_or_foreign_client_certificate_is_refused(void **state)
     edl_etcd_close(c);
 }
 
+/* An etcd that requires client certificates, asked without one: the refusal says so (not
+ * libcurl's "getpeername() failed with errno 107"), at once, naming the flags to give. */
+static void test_no_client_certificate_is_named(void **state)
+{
+    (void)state;
+    edl_etcd *c = tls_client("ca.crt", NULL, NULL);
+    edl_kv *kv;
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(edl_etcd_get(c, edl_str("tls/k"), &kv, NULL), EDL_EAUTH);
+    const char *msg = edl_etcd_errmsg(c);
+    if (!strstr(msg, "requires a client certificate") || !strstr(msg, "--cert"))
+        fail_msg("the message does not say a client certificate is missing: %s", msg);
+    assert_true(harness_now_ms() - t0 < 1000); /* not retried until the deadline */
+    edl_etcd_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -142,6 +158,7 @@ int main(void)
         cmocka_unit_test(test_trusted_client_with_certificate_works),
         cmocka_unit_test(test_untrusted_server_is_refused),
         cmocka_unit_test(test_missing_or_foreign_client_certificate_is_refused),
+        cmocka_unit_test(test_no_client_certificate_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

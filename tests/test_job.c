@@ -617,6 +617,11 @@ static void test_keys_are_built_and_recognised_in_one_place(void **state)
 {
     (void)state;
     edl_job_keys k;
+    /* the one prefix rule every program's --prefix is held to */
+    assert_false(edl_prefix_valid("noslash"));
+    assert_false(edl_prefix_valid("/a\nb"));
+    assert_true(edl_prefix_valid("/"));
+    assert_int_equal(edl_job_keys_init(&k, "noslash", "j"), EDL_EINVAL);
     assert_int_equal(edl_job_keys_init(&k, "/edl/v1/", "j"), 0); /* trailing '/' dropped */
     assert_string_equal(k.job, "/edl/v1/jobs/j/");
     assert_string_equal(k.spec, "/edl/v1/jobs/j/spec");

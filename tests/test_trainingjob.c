@@ -792,6 +792,116 @@ static void test_name_rule_is_the_crds(void **state)
     assert_true(regex_rule);
 }
 
+/* ---- unknown fields: the CRD's schema ------------------------------------------------------ */
+
+/* A manifest with a typo, and the whole runPolicy block of another operator: refused as the API
+ * server refuses them, the first one named by its path (whose line the YAML reader knows), with
+ * a near name suggested; the same manifest with the field spelled right passes. */
+static void test_unknown_fields_are_named(void **state)
+{
+    (void)state;
+    char field[256], err[512];
+    edl_yaml *y = load_ok(TJ_HEAD "spec:\n  minReplicas: 1\n  maxReplica: 3\n" TJ_TEMPLATE);
+    assert_int_equal(edl_trainingjob_unknown_field(edl_yaml_doc(y, 0), field, sizeof field, err,
+                                                   sizeof err), EDL_ECONFIG);
+    assert_string_equal(field, "spec.maxReplica");
+    assert_non_null(strstr(err, "unknown field \"spec.maxReplica\""));
+    assert_non_null(strstr(err, "maxReplicas"));
+    assert_int_equal(edl_yaml_line(y, 0, field), 7);
+    edl_yaml_free(y);
+    y = load_ok(TJ_HEAD "spec:\n  runPolicy:\n    cleanPodPolicy: None\n" TJ_TEMPLATE);
+    assert_int_equal(edl_trainingjob_unknown_field(edl_yaml_doc(y, 0), field, sizeof field, err,
+                                                   sizeof err), EDL_ECONFIG);
+    assert_string_equal(field, "spec.runPolicy");
+    edl_yaml_free(y);
+    y = load_ok(TJ_HEAD "  labels: {a: b}\nspec:\n  elastic:\n    exclusion: {coolDown: 1s}\n"
+                TJ_TEMPLATE);
+    assert_int_equal(edl_trainingjob_unknown_field(edl_yaml_doc(y, 0), field, sizeof field, err,
+                                                   sizeof err), EDL_ECONFIG);
+    assert_string_equal(field, "spec.elastic.exclusion.coolDown");
+    assert_non_null(strstr(err, "\"cooldown\""));
+    edl_yaml_free(y);
+    /* the pod template is the cluster's: anything goes there, as x-kubernetes-preserve-
+     * unknown-fields lets it */
+    y = load_ok(TJ_HEAD "spec:\n  maxReplicas: 3\n" TJ_TEMPLATE
+                "          someFutureField: 1\n      hostNetwork: true\n");
+    field[0] = 'x';
+    assert_int_equal(edl_trainingjob_unknown_field(edl_yaml_doc(y, 0), field, sizeof field, err,
+                                                   sizeof err), 0);
+    assert_string_equal(field, "");
+    edl_yaml_free(y);
+}
+
+/* Every node of the CRD's schema (its openAPIV3Schema at node, at path): into doc, every
+ * property it has (objects as objects, the rest null); into closed, the paths of the objects
+ * whose properties are all there is (no x-kubernetes-preserve-unknown-fields). The metadata
+ * (ObjectMeta, the API server's own) and status (the operator's, never read from a manifest)
+ * are left to the reader. */
+static void crd_walk(const cJSON *node, const char *path, cJSON *doc, char closed[][128],
+                     size_t *n_closed)
+{
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(node, "properties");
+    if (!cJSON_IsObject(props))
+        return;
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(node, "x-kubernetes-preserve-unknown-"
+                                                             "fields")))
+        snprintf(closed[(*n_closed)++], 128, "%s", path);
+    for (const cJSON *p = props->child; p; p = p->next) {
+        if (!*path && (!strcmp(p->string, "metadata") || !strcmp(p->string, "status")))
+            continue;
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        bool obj = cJSON_IsString(type) && !strcmp(type->valuestring, "object");
+        cJSON *child = obj ? cJSON_CreateObject() : cJSON_CreateNull();
+        cJSON_AddItemToObject(doc, p->string, child);
+        char sub[128];
+        snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", p->string);
+        if (obj)
+            crd_walk(p, sub, child, closed, n_closed);
+    }
+}
+
+/* The reader's list of known fields is the CRD's: a document holding every property of the
+ * schema has no unknown field, and a stray key in any object the schema closes is found. */
+static void test_known_fields_are_the_crds(void **state)
+{
+    (void)state;
+    edl_yaml *crd = NULL;
+    char err[512], field[256];
+    assert_int_equal(edl_yaml_load_file(EDL_SOURCE_DIR "/deploy/k8s/crd.yaml", &crd, err,
+                                        sizeof err), 0);
+    const cJSON *v = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(
+                                            cJSON_GetObjectItemCaseSensitive(edl_yaml_doc(crd, 0),
+                                                                             "spec"), "versions"), 0);
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(v, "schema"), "openAPIV3Schema");
+    assert_non_null(schema);
+    cJSON *doc = cJSON_CreateObject();
+    char closed[64][128];
+    size_t n_closed = 0;
+    crd_walk(schema, "", doc, closed, &n_closed);
+    cJSON_AddItemToObject(doc, "metadata", cJSON_CreateObject());
+    assert_true(n_closed >= 10); /* the root, spec, elastic, exclusion, checkpoint, 3 roles... */
+    if (edl_trainingjob_unknown_field(doc, field, sizeof field, err, sizeof err) != 0)
+        fail_msg("a field of the CRD is refused: %s", err);
+    for (size_t i = 0; i < n_closed; i++) {
+        cJSON *at = doc;
+        char path[128], want[160];
+        snprintf(path, sizeof path, "%.100s", closed[i]);
+        for (char *save = NULL, *t = strtok_r(path, ".", &save); t; t = strtok_r(NULL, ".", &save))
+            at = cJSON_GetObjectItemCaseSensitive(at, t);
+        assert_non_null(at);
+        cJSON_AddNullToObject(at, "notInTheCrd");
+        snprintf(want, sizeof want, "%.100s%snotInTheCrd", closed[i], *closed[i] ? "." : "");
+        if (edl_trainingjob_unknown_field(doc, field, sizeof field, err, sizeof err) !=
+            EDL_ECONFIG || strcmp(field, want) != 0)
+            fail_msg("a stray field in %s (a closed object of the CRD) is not found: \"%s\"",
+                     *closed[i] ? closed[i] : "the root", field);
+        cJSON_DeleteItemFromObjectCaseSensitive(at, "notInTheCrd");
+    }
+    cJSON_Delete(doc);
+    edl_yaml_free(crd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -809,6 +919,8 @@ int main(void)
         cmocka_unit_test(test_trainingjob_line_of_a_bad_field),
         cmocka_unit_test(test_cluster_only_fields_reported),
         cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_unknown_fields_are_named),
+        cmocka_unit_test(test_known_fields_are_the_crds),
     };
     if (getenv("EDL_TEST_FILTER"))
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

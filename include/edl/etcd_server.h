@@ -22,6 +22,8 @@ typedef struct edl_etcd_server_opts {
     const char *const *extra_args; /* NULL-terminated extra flags for every member, or NULL */
     int start_timeout_ms;        /* how long to wait for health (default 15000) */
     bool quiet;                  /* send etcd's own log to <data dir>/etcd.log instead of stderr */
+    bool new_group;              /* each member in a process group of its own: a terminal's Ctrl-C
+                                  * reaches only its owner, which stops it when it is done with it */
     /* TLS on the client port (https:// endpoints) when cert and key are set; ca_file makes
      * clients verifiable (--trusted-ca-file) and client_cert_auth requires client
      * certificates, in which case client_cert/client_key are what the health probe presents. */

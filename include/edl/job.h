@@ -70,8 +70,12 @@ typedef struct edl_job_keys {
 #define EDL_GEN_MASTER "master"   /* MASTER_PORT of generation n, picked by rank 0's agent */
 #define EDL_GEN_ALIVE "alive/"    /* alive/<rank>: that rank saw its group break and lives on */
 
+/* The one rule for a key prefix (--prefix of every program, EDL_ETCD_PREFIX): an etcd key path,
+ * so it starts with '/' (and holds no newline: it is printed and passed in environments). */
+#define EDL_PREFIX_RULE "must start with '/'"
+bool edl_prefix_valid(const char *prefix);
 /* Build every key (prefix NULL: EDL_DEFAULT_PREFIX; trailing slashes are dropped). EDL_EINVAL
- * for an invalid job name, EDL_ENOMEM. */
+ * for an invalid job name or prefix (edl_prefix_valid), EDL_ENOMEM. */
 int edl_job_keys_init(edl_job_keys *k, const char *prefix, const char *job);
 void edl_job_keys_clear(edl_job_keys *k);
 /* pods/<pod>, status/<pod> and gen/<n>/<name> (name "": the generation's prefix "gen/<n>/");

@@ -94,6 +94,17 @@ int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, s
                           char *err, size_t errlen);
 void edl_trainingjob_clear(edl_trainingjob *tj);
 
+/* The first field of a TrainingJob object that the CRD's schema does not have, found as the API
+ * server's strict field validation (kubectl's default) finds it: EDL_ECONFIG, `field` receives
+ * its path ("spec.maxReplica") and `err` 'unknown field "spec.maxReplica"' (with a near known
+ * name when there is one); 0 (field "") when there is none. The parts the schema leaves open
+ * (x-kubernetes-preserve-unknown-fields: the pod templates' metadata, spec and containers) and
+ * status are not looked into; metadata is held to ObjectMeta's fields. edl_trainingjob_parse
+ * does not call it: the operator reads what the API server stored, which has been refused or
+ * pruned there already; `edl run -f` calls it on a file no server has seen. */
+int edl_trainingjob_unknown_field(const cJSON *obj, char *field, size_t fieldlen, char *err,
+                                  size_t errlen);
+
 /* A Kubernetes-style duration: one or more <number><unit>, unit ms, s, m or h ("1m30s",
  * "500ms", "1.5s"); EDL_ECONFIG otherwise or when over 30 days. */
 int edl_duration_parse(const char *s, int64_t *ms);
