@@ -366,6 +366,65 @@ static void read_teachers(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
     snprintf(s->teachers_service, sizeof s->teachers_service, "%s", svc);
 }
 
+static const char *const gang_names[] = {"default", "volcano", "scheduler-plugins"};
+
+static char *dup_or_fail(tj_ctx *c, const char *pre, const char *name, const char *v)
+{
+    char *s = v ? strdup(v) : NULL;
+    if (v && !s)
+        fail(c, EDL_ENOMEM, pre, name, "out of memory");
+    return s;
+}
+
+/* spec.schedulingPolicy (gang scheduling, queues, priority) and Kueue's queue label. */
+static void read_scheduling(tj_ctx *c, const cJSON *obj, const cJSON *spec, edl_trainingjob *tj)
+{
+    const char *pre = "spec.schedulingPolicy";
+    edl_scheduling *s = &tj->sched;
+    s->schedule_timeout_s = -1;
+    const cJSON *labels = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "labels");
+    const cJSON *kq = cJSON_GetObjectItemCaseSensitive(labels, EDL_KUEUE_QUEUE_LABEL);
+    if (cJSON_IsString(kq) && kq->valuestring[0])
+        s->kueue_queue = dup_or_fail(c, "metadata.labels", EDL_KUEUE_QUEUE_LABEL, kq->valuestring);
+    const cJSON *sp = get_obj(c, spec, "spec", "schedulingPolicy", false);
+    if (!sp)
+        return;
+    int gang = EDL_GANG_NONE;
+    if (get_enum(c, sp, pre, "scheduler", gang_names, 3, &gang))
+        s->gang = (edl_gang)gang;
+    const char *name = NULL, *queue = NULL, *prio = NULL;
+    if (get_str(c, sp, pre, "schedulerName", false, 253, &name) && !edl_dns_label_valid(name))
+        fail(c, EDL_ECONFIG, pre, "schedulerName", "is \"%s\"; not a scheduler's name", name);
+    get_str(c, sp, pre, "queue", false, 253, &queue);
+    if (get_str(c, sp, pre, "priorityClass", false, 253, &prio) && !edl_dns_label_valid(prio))
+        fail(c, EDL_ECONFIG, pre, "priorityClass", "is \"%s\"; not a PriorityClass's name", prio);
+    get_int(c, sp, pre, "minAvailable", 1, EDL_MEMBERS_MAX, &s->min_available);
+    get_i64(c, sp, pre, "scheduleTimeoutSeconds", 1, INT32_MAX, &s->schedule_timeout_s);
+    if (c->rc)
+        return;
+    s->scheduler_name = dup_or_fail(c, pre, "schedulerName", name);
+    s->queue = dup_or_fail(c, pre, "queue", queue);
+    s->priority_class = dup_or_fail(c, pre, "priorityClass", prio);
+}
+
+int edl_trainingjob_min_available(const edl_trainingjob *tj)
+{
+    if (tj->sched.min_available > 0)
+        return tj->sched.min_available;
+    const edl_job_spec *s = &tj->spec;
+    return s->min + (s->ps_max > 0 ? s->ps_min : 0) + (s->teachers_max > 0 ? s->teachers_min : 0);
+}
+
+const char *edl_trainingjob_scheduler_name(const edl_trainingjob *tj)
+{
+    if (tj->sched.scheduler_name)
+        return tj->sched.scheduler_name;
+    return tj->sched.gang == EDL_GANG_VOLCANO ? "volcano"
+           : tj->sched.gang == EDL_GANG_COSCHEDULING ? "scheduler-plugins-scheduler"
+                                                     : NULL;
+}
+
 static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
 {
     edl_job_spec *s = &tj->spec;
@@ -590,6 +649,7 @@ int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, s
             read_spec(&c, spec, &tj);
             check_spec(&c, &tj.spec);
             read_templates(&c, spec, &tj);
+            read_scheduling(&c, obj, spec, &tj);
         }
     }
     if (c.rc) {
@@ -622,6 +682,10 @@ void edl_trainingjob_clear(edl_trainingjob *tj)
         free(tj->teacher_command[i]);
     free(tj->teacher_command);
     free(tj->teacher_model);
+    free(tj->sched.scheduler_name);
+    free(tj->sched.queue);
+    free(tj->sched.priority_class);
+    free(tj->sched.kueue_queue);
     memset(tj, 0, sizeof *tj);
 }
 
@@ -680,7 +744,8 @@ static void report_template(const cJSON *tmpl, const char *pre,
 void edl_trainingjob_cluster_only(const cJSON *obj, void (*report)(void *arg, const char *field),
                                   void *arg)
 {
-    static const char *const spec_cluster[] = {"cleanPodPolicy", "ttlSecondsAfterFinished"};
+    static const char *const spec_cluster[] = {"cleanPodPolicy", "ttlSecondsAfterFinished",
+                                               "schedulingPolicy"};
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
     if (cJSON_GetObjectItemCaseSensitive(md, "namespace"))
         report(arg, "metadata.namespace");

@@ -22,7 +22,10 @@ static const char *const meta_fields[] = {
 static const char *const spec_fields[] = {
     "replicas", "minReplicas", "maxReplicas", "suspend", "cleanPodPolicy",
     "ttlSecondsAfterFinished", "activeDeadlineSeconds", "elastic", "checkpoint", "template", "ps",
-    "teachers", NULL};
+    "teachers", "schedulingPolicy", NULL};
+static const char *const scheduling_fields[] = {
+    "scheduler", "schedulerName", "minAvailable", "queue", "priorityClass",
+    "scheduleTimeoutSeconds", NULL};
 static const char *const elastic_fields[] = {
     "mode", "settleWindow", "leaseTTLSeconds", "restartPolicy", "maxRestarts",
     "permanentExitCodes", "progressTimeout", "exclusion", NULL};
@@ -51,6 +54,7 @@ static const struct {
     {"spec.ps.template", template_fields},
     {"spec.teachers", teachers_fields},
     {"spec.teachers.template", template_fields},
+    {"spec.schedulingPolicy", scheduling_fields},
 };
 
 static const char *const *fields_of(const char *path)

@@ -77,6 +77,8 @@ void op_job_drop(op *o, op_job *j)
     free(j->reported_invalid);
     free(j->create_error);
     free(j->reported_error);
+    free(j->pg_spec);
+    free(j->pg_missing);
     free(j);
 }
 
@@ -248,6 +250,7 @@ static const char *const POD_FIELDS[] = {"apiVersion", "kind", "metadata.name",
                                          "metadata.deletionTimestamp", "status.phase",
                                          "status.reason", "status.containerStatuses.name",
                                          "status.containerStatuses.state.terminated.exitCode",
+                                         "status.conditions.type", "status.conditions.status",
                                          NULL};
 
 static int start_leading(op *o)

@@ -57,6 +57,10 @@ typedef struct op_pod_settings {
     const char *agent_image;
 } op_pod_settings;
 
+/* metadata {name, namespace, labels (extra first, then the job's), ownerReferences to the
+ * job}: of every object the job owns. */
+cJSON *op_owned_metadata(const edl_trainingjob *tj, const char *name, const cJSON *extra);
+
 /* The etcd job name of a TrainingJob: "<namespace>.<name>" (unique in a shared etcd). */
 char *op_etcd_job_name(const char *ns, const char *name);
 /* The roles of a job's pods, each with its own sequence of indices. */
@@ -99,5 +103,33 @@ cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,
                     const char *message, const char *reporter);
 /* The ownerReferences entry naming the job as controller. */
 cJSON *op_owner_ref(const edl_trainingjob *tj);
+
+/* ---- gang scheduling (operator_gang.c; pure) ----------------------------------------------- */
+
+#define OP_VOLCANO_GROUP_ANNOTATION "scheduling.k8s.io/group-name"
+/* On a job suspended for Kueue's queue by the operator (its value: the queue). */
+#define OP_QUEUED_ANNOTATION "edl.dev/queued"
+#define OP_COSCHED_GROUP_LABEL "scheduling.x-k8s.io/pod-group"
+
+/* Where a gang scheduler's PodGroups are served. */
+typedef struct op_gang_api {
+    const char *group, *version, *api_version, *plural;
+} op_gang_api;
+const op_gang_api *op_gang_api_of(edl_gang gang); /* NULL for EDL_GANG_NONE */
+
+/* The job's PodGroup (named after the job, owned by it) for its gang scheduler, NULL without
+ * one; its spec alone (minMember, minResources, and queue and priorityClassName for Volcano or
+ * scheduleTimeoutSeconds for coscheduling), for a merge patch. */
+cJSON *op_podgroup_new(const edl_trainingjob *tj);
+cJSON *op_podgroup_spec(const edl_trainingjob *tj);
+/* The summed requests (limits where no request) of the pods the gang needs at once: minReplicas
+ * workers, and the ps and teachers minReplicas, as quantities ({"cpu": "3", "memory": ...}). */
+cJSON *op_gang_min_resources(const edl_trainingjob *tj);
+/* A pod's schedulerName, priorityClassName and gang mark (annotation or label), as the job's
+ * policy asks. */
+void op_pod_schedule(cJSON *pod, const edl_trainingjob *tj);
+/* A failed pod that was preempted or evicted (status.reason, or a DisruptionTarget condition):
+ * no failure of its trainer's, so not counted against the job's budget. */
+bool op_pod_preempted(const cJSON *pod);
 
 #endif

@@ -56,6 +56,8 @@ typedef struct op_job {
     int64_t spec_generation;  /* metadata.generation of the last pass: an edit resets the limiter */
     op_failure retry_kind;
     char *reported_error;     /* the last error announced by an Event (one per distinct error) */
+    char *pg_spec;            /* the PodGroup spec last written (JSON; NULL: none yet) */
+    char *pg_missing;         /* the cluster serves no PodGroup of the job's kind: why */
 } op_job;
 
 typedef struct op {

@@ -594,9 +594,12 @@ static int manage_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
         if (v->terminating || !v->phase || strcmp(v->phase, "Failed") != 0)
             continue;
         const char *why = edl_k8s_str(v->obj, "status.reason");
-        post_event(o, obj, "Warning", "PodFailed", "pod %s failed%s%s; replacing it", v->name,
-                   why ? ": " : "", why ? why : "");
-        if (delete_pod(o, j, v) == 0 && v->role != OP_TEACHER)
+        bool preempted = op_pod_preempted(v->obj); /* an elastic leave, as a lost spot node */
+        post_event(o, obj, preempted ? "Normal" : "Warning", preempted ? "PodPreempted" :
+                   "PodFailed", "pod %s %s%s%s; replacing it", v->name,
+                   preempted ? "was preempted or evicted" : "failed", why ? ": " : "",
+                   why ? why : "");
+        if (delete_pod(o, j, v) == 0 && v->role != OP_TEACHER && !preempted)
             failures++;
     }
     scale_role(o, j, tj, obj, pods, OP_WORKER);
@@ -773,6 +776,96 @@ static void pass_ended(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
     free(pods.p);
 }
 
+/* The job's PodGroup for its gang scheduler, written when its spec (minMember, ...) is not the
+ * one last written: created, or merge-patched when it exists (a new leader knows nothing of
+ * what the last one wrote). A cluster that serves no PodGroup of that kind (the scheduler is
+ * not installed) is said in the PodGroup condition, looked at again every half minute; the pods
+ * are created all the same. */
+static void ensure_podgroup(op *o, op_job *j, const edl_trainingjob *tj)
+{
+    const op_gang_api *api = op_gang_api_of(tj->sched.gang);
+    if (!api)
+        return;
+    cJSON *spec = op_podgroup_spec(tj);
+    char *want = cJSON_PrintUnformatted(spec);
+    if (want && j->pg_spec && !strcmp(want, j->pg_spec)) {
+        free(want);
+        cJSON_Delete(spec);
+        return;
+    }
+    char *coll = edl_k8s_path(api->group, api->version, j->ns, api->plural, NULL, NULL);
+    cJSON *pg = op_podgroup_new(tj);
+    edl_k8s_reply r = {0};
+    int rc = coll && pg ? edl_k8s_create(o->k, coll, pg, &r) : EDL_ENOMEM;
+    if (rc == EDL_ECONFLICT && !strcmp(r.reason, "AlreadyExists")) {
+        char *path = edl_k8s_path(api->group, api->version, j->ns, api->plural, j->name, NULL);
+        cJSON *patch = cJSON_CreateObject();
+        cJSON_AddItemToObject(patch, "spec", cJSON_Duplicate(spec, true));
+        edl_k8s_reply_clear(&r);
+        rc = path ? edl_k8s_merge_patch(o->k, path, patch, &r) : EDL_ENOMEM;
+        cJSON_Delete(patch);
+        free(path);
+    }
+    free(j->pg_missing);
+    j->pg_missing = NULL;
+    if (rc == 0) {
+        free(j->pg_spec);
+        j->pg_spec = want;
+        want = NULL;
+    } else if (rc == EDL_ENOTFOUND) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "the cluster serves no %s PodGroup (is %s installed?): the "
+                 "pods are created without their gang", api->api_version,
+                 tj->sched.gang == EDL_GANG_VOLCANO ? "Volcano" : "the coscheduling plugin");
+        j->pg_missing = strdup(msg);
+        wake_in(j, 30000);
+    } else {
+        op_pass_failed(j, rc, "PodGroupFailed", OP_FAIL_OTHER, "cannot write PodGroup %s: %s",
+                       j->name, r.message[0] ? r.message : edl_strerror(rc));
+    }
+    edl_k8s_reply_clear(&r);
+    cJSON_Delete(pg);
+    cJSON_Delete(spec);
+    free(coll);
+    free(want);
+}
+
+/* A job in Kueue's queue (the label kueue.x-k8s.io/queue-name) that has not started is
+ * suspended before anything of it exists, and marked so (annotation edl.dev/queued): Kueue
+ * admits it by setting suspend to false, and it is never suspended by us again. true: the job
+ * was suspended now (the pass ends: its next one sees it). */
+static bool queue_for_kueue(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj)
+{
+    const cJSON *ann = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "annotations");
+    if (!tj->sched.kueue_queue || tj->suspend ||
+        cJSON_GetObjectItemCaseSensitive(ann, OP_QUEUED_ANNOTATION) ||
+        edl_k8s_str(obj, "status.startTime"))
+        return false;
+    cJSON *patch = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(patch, "metadata");
+    cJSON_AddStringToObject(md, "resourceVersion", edl_k8s_str(obj, "metadata.resourceVersion"));
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(md, "annotations"), OP_QUEUED_ANNOTATION,
+                            tj->sched.kueue_queue);
+    cJSON_AddBoolToObject(cJSON_AddObjectToObject(patch, "spec"), "suspend", true);
+    char *path = tj_path(j, NULL);
+    edl_k8s_reply r = {0};
+    int rc = path ? edl_k8s_merge_patch(o->k, path, patch, &r) : EDL_ENOMEM;
+    if (rc == 0) {
+        if (r.body)
+            edl_k8s_informer_store(o->tjs, r.body, false);
+        post_event(o, obj, "Normal", "Queued", "suspended until Kueue's queue %s admits it",
+                   tj->sched.kueue_queue);
+    } else {
+        op_pass_failed(j, rc, "QueueFailed", OP_FAIL_OTHER, "cannot suspend the job for Kueue: "
+                       "%s", r.message[0] ? r.message : edl_strerror(rc));
+    }
+    edl_k8s_reply_clear(&r);
+    cJSON_Delete(patch);
+    free(path);
+    return true;
+}
+
 /* The Secret and the Service, then each role's pods (unless suspended: then none). The pod
  * failures of this pass are added to *pod_failures. */
 static void manage_objects(op *o, op_job *j, const edl_trainingjob *tj, const cJSON *obj,
@@ -782,6 +875,7 @@ static void manage_objects(op *o, op_job *j, const edl_trainingjob *tj, const cJ
         j->have_secret = ensure_owned(o, j, "Secret", op_secret_new(tj, &o->etcd_tls));
     if (!j->have_service)
         j->have_service = ensure_owned(o, j, "Service", op_service_new(tj));
+    ensure_podgroup(o, j, tj);
     if (j->have_secret)
         *pod_failures += manage_pods(o, j, tj, obj, pods);
 }
@@ -792,6 +886,8 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
     const char *end_reason = NULL, *end = recorded_end(obj, &end_reason);
     if (end)
         return pass_ended(o, j, obj, tj, idx, end, end_reason);
+    if (queue_for_kueue(o, j, tj, obj))
+        return;
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "status");
     int64_t now = edl_wall_ms(), start_ms = 0, completion_ms = 0;
     const char *t = edl_k8s_str(st, "startTime");
@@ -857,7 +953,9 @@ static void pass_valid(op *o, op_job *j, const cJSON *obj, const edl_trainingjob
                  .create_error = j->create_error, .create_reason = j->create_reason,
                  .error = j->err && j->err_kind != OP_FAIL_CREATE && j->err != EDL_ECONFLICT ?
                           j->err_msg : NULL,
-                 .error_reason = j->err_reason};
+                 .error_reason = j->err_reason,
+                 .gang = tj->sched.gang != EDL_GANG_NONE && j->have_secret,
+                 .podgroup_missing = j->pg_missing};
     announce(o, j, obj, &v, tj->spec.replicas);
     write_status(o, j, obj, &v);
     free(pods.p);

@@ -80,8 +80,7 @@ cJSON *op_owner_ref(const edl_trainingjob *tj)
     return o;
 }
 
-/* metadata {name, namespace, labels (extra first, then the job's), ownerReferences} */
-static cJSON *owned_metadata(const edl_trainingjob *tj, const char *name, const cJSON *extra)
+cJSON *op_owned_metadata(const edl_trainingjob *tj, const char *name, const cJSON *extra)
 {
     cJSON *md = cJSON_CreateObject();
     cJSON_AddStringToObject(md, "name", name);
@@ -284,7 +283,7 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role r
     cJSON *pod = cJSON_CreateObject();
     cJSON_AddStringToObject(pod, "apiVersion", "v1");
     cJSON_AddStringToObject(pod, "kind", "Pod");
-    cJSON *md = owned_metadata(tj, name, cJSON_GetObjectItemCaseSensitive(tmd, "labels"));
+    cJSON *md = op_owned_metadata(tj, name, cJSON_GetObjectItemCaseSensitive(tmd, "labels"));
     cJSON *labels = cJSON_GetObjectItemCaseSensitive(md, "labels");
     cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_ROLE);
     cJSON_DeleteItemFromObjectCaseSensitive(labels, EDL_TJ_LABEL_INDEX);
@@ -316,6 +315,7 @@ cJSON *op_pod_new(const edl_trainingjob *tj, const op_pod_settings *s, op_role r
     char *secret = op_secret_name(tj->name);
     add_secret_volume(volumes, "edl-secret", secret ? secret : "");
     free(secret);
+    op_pod_schedule(pod, tj); /* spec.schedulingPolicy: the gang's marks, the priority */
     return pod;
 }
 
@@ -324,7 +324,7 @@ cJSON *op_service_new(const edl_trainingjob *tj)
     cJSON *svc = cJSON_CreateObject();
     cJSON_AddStringToObject(svc, "apiVersion", "v1");
     cJSON_AddStringToObject(svc, "kind", "Service");
-    cJSON_AddItemToObject(svc, "metadata", owned_metadata(tj, tj->name, NULL));
+    cJSON_AddItemToObject(svc, "metadata", op_owned_metadata(tj, tj->name, NULL));
     cJSON *spec = cJSON_AddObjectToObject(svc, "spec");
     cJSON_AddStringToObject(spec, "clusterIP", "None");
     cJSON_AddBoolToObject(spec, "publishNotReadyAddresses", true);
@@ -346,7 +346,7 @@ cJSON *op_secret_new(const edl_trainingjob *tj, const op_etcd_tls *tls)
     cJSON *sec = cJSON_CreateObject();
     cJSON_AddStringToObject(sec, "apiVersion", "v1");
     cJSON_AddStringToObject(sec, "kind", "Secret");
-    cJSON_AddItemToObject(sec, "metadata", owned_metadata(tj, name, NULL));
+    cJSON_AddItemToObject(sec, "metadata", op_owned_metadata(tj, name, NULL));
     cJSON_AddStringToObject(sec, "type", "Opaque");
     cJSON *data = cJSON_AddObjectToObject(sec, "data");
     cJSON_AddStringToObject(data, SECRET_KEY, b64);

@@ -97,6 +97,12 @@ static void add_conditions(cJSON *st, const cJSON *old_status, const op_view *v,
                        "creating the job's Secret, Service and pods";
     add_condition(conds, old_status, "Created", created, creason, cmsg, v->observed_generation,
                   now);
+    if (v->gang)
+        add_condition(conds, old_status, "PodGroup", !v->podgroup_missing,
+                      v->podgroup_missing ? "PodGroupCRDMissing" : "PodGroupCreated",
+                      v->podgroup_missing ? v->podgroup_missing
+                                          : "the job's PodGroup holds its gang",
+                      v->observed_generation, now);
     if (v->error || old_condition(old_status, SYNCED))
         add_condition(conds, old_status, SYNCED, !v->error,
                       v->error ? v->error_reason : "ReconcileSucceeded", v->error ? v->error : "",

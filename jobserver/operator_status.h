@@ -50,6 +50,8 @@ typedef struct op_view {
     const char *error;        /* another failure of this pass (NULL: none): the Synced
                                * condition, False, with error_reason */
     const char *error_reason;
+    bool gang;                /* the job has a gang scheduler: the PodGroup condition */
+    const char *podgroup_missing; /* the cluster serves no PodGroup of its kind: why */
 } op_view;
 
 /* The status object to write (caller frees), with conditions carried over from old_status

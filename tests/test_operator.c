@@ -999,6 +999,139 @@ static void test_a_persistent_403_on_status_backs_off_with_one_event(void **stat
                                      "--timeout=30s"), 0);
 }
 
+/* ---- gang scheduling, queues, priority (spec.schedulingPolicy, Kueue's label) ----------- */
+
+static void apply_text(cluster *c, const char *name, const char *yaml)
+{
+    char file[400], out[4096];
+    snprintf(file, sizeof file, "%s/%s.yaml", harness_k8s_dir(c->k), name);
+    FILE *f = fopen(file, "w");
+    fputs(yaml, f);
+    fclose(f);
+    if (harness_kubectl(c->k, out, sizeof out, "apply -f %s 2>&1", file) != 0)
+        fail_msg("kubectl apply %s: %s", name, out);
+}
+
+static const char GANG_FMT[] =
+    "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: %s}\n"
+    "spec:\n  replicas: 3\n  minReplicas: 2\n  maxReplicas: 6\n"
+    "  schedulingPolicy: {scheduler: %s, queue: q1, priorityClass: high, "
+    "scheduleTimeoutSeconds: 60}\n"
+    "  template:\n    spec:\n      containers: [{name: t, image: x, command: [sleep, \"1000\"], "
+    "resources: {requests: {cpu: 500m}}}]\n";
+
+/* Volcano's PodGroup, owned by the job: minMember the pods it needs at once, the queue, the
+ * priority and the summed requests; every pod marked for it. A scale above the minimum needs
+ * no new gang; an edit of minReplicas moves minMember. The coscheduling plugin's, whose CRD the
+ * cluster lacks at first: a condition says so and the pods are created all the same; once the
+ * CRD is there, the next pass writes the PodGroup. */
+static void test_gang_podgroups_follow_the_spec(void **state)
+{
+    cluster *c = *state;
+    char out[8192], yaml[1024];
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s/tests/fixtures/"
+                                     "podgroup-volcano.yaml", EDL_SOURCE_DIR), 0);
+    snprintf(yaml, sizeof yaml, GANG_FMT, "gang", "volcano");
+    apply_text(c, "gang", yaml);
+    harness_kubectl_wait(c->k, "podgroups.scheduling.volcano.sh gang",
+                         "{.spec.minMember}/{.spec.queue}/{.spec.priorityClassName}/"
+                         "{.spec.minResources.cpu}", "2/q1/high/1", 20000);
+    harness_kubectl_wait(c->k, "tj gang", "{.status.conditions[?(@.type==\"PodGroup\")].reason}",
+                         "PodGroupCreated", 20000);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=gang",
+                         "{.items[*].spec.schedulerName}/{.items[0].spec.priorityClassName}/"
+                         "{.items[0].metadata.annotations.scheduling\\.k8s\\.io/group-name}",
+                         "volcano volcano volcano/high/gang", 20000);
+    harness_kubectl(c->k, out, sizeof out, "get podgroups.scheduling.volcano.sh gang -o "
+                    "jsonpath='{.metadata.ownerReferences[0].kind}'");
+    assert_string_equal(out, "TrainingJob");
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/gang --replicas=5"), 0);
+    harness_kubectl_wait(c->k, "tj gang", "{.status.replicas}", "5", 20000);
+    harness_kubectl_wait(c->k, "podgroups.scheduling.volcano.sh gang", "{.spec.minMember}", "2",
+                         1000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj gang --type=merge -p "
+                                     "'{\"spec\":{\"minReplicas\":4}}'"), 0);
+    harness_kubectl_wait(c->k, "podgroups.scheduling.volcano.sh gang",
+                         "{.spec.minMember}/{.spec.minResources.cpu}", "4/2", 20000);
+    /* the coscheduling plugin, not installed yet */
+    snprintf(yaml, sizeof yaml, GANG_FMT, "cosched", "scheduler-plugins");
+    apply_text(c, "cosched", yaml);
+    harness_kubectl_wait(c->k, "tj cosched",
+                         "{.status.conditions[?(@.type==\"PodGroup\")].reason}",
+                         "PodGroupCRDMissing", 20000);
+    harness_kubectl(c->k, out, sizeof out, "get tj cosched -o jsonpath="
+                    "'{.status.conditions[?(@.type==\"PodGroup\")].message}'");
+    assert_non_null(strstr(out, "scheduling.x-k8s.io/v1alpha1"));
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=cosched",
+                         "{.items[0].metadata.labels.scheduling\\.x-k8s\\.io/pod-group}",
+                         "cosched", 20000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s/tests/fixtures/"
+                                     "podgroup-coscheduling.yaml", EDL_SOURCE_DIR), 0);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj cosched --type=merge -p "
+                                     "'{\"spec\":{\"minReplicas\":3}}'"), 0);
+    harness_kubectl_wait(c->k, "podgroups.scheduling.x-k8s.io cosched",
+                         "{.spec.minMember}/{.spec.scheduleTimeoutSeconds}", "3/60", 20000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj cosched --type=merge -p "
+                                     "'{\"spec\":{\"minReplicas\":2}}'"), 0);
+    harness_kubectl_wait(c->k, "podgroups.scheduling.x-k8s.io cosched", "{.spec.minMember}", "2",
+                         20000);
+    harness_kubectl_wait(c->k, "tj cosched",
+                         "{.status.conditions[?(@.type==\"PodGroup\")].reason}",
+                         "PodGroupCreated", 20000);
+}
+
+/* Kueue: a job that names a queue is suspended before anything of it exists; admitted (suspend
+ * false, with the node selector and tolerations Kueue puts into its template) it runs with
+ * them, and is not suspended again. */
+static void test_a_kueue_job_waits_suspended_until_admitted(void **state)
+{
+    cluster *c = *state;
+    char out[8192];
+    apply_text(c, "queued", "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\n"
+               "metadata: {name: queued, labels: {kueue.x-k8s.io/queue-name: lq}}\n"
+               "spec:\n  replicas: 2\n  template:\n    spec:\n      containers: [{name: t, "
+               "image: x, command: [sleep, \"1000\"]}]\n");
+    harness_kubectl_wait(c->k, "tj queued", "{.spec.suspend}/{.metadata.annotations.edl\\.dev/"
+                         "queued}/{.status.state}", "true/lq/Suspended", 20000);
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
+    event_reasons(c, "queued", out, sizeof out);
+    assert_non_null(strstr(out, "Queued"));
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch tj queued --type=merge -p "
+                                     "'{\"spec\":{\"suspend\":false,\"template\":{\"spec\":"
+                                     "{\"nodeSelector\":{\"pool\":\"a\"},\"tolerations\":[{\"key\""
+                                     ":\"k\",\"operator\":\"Exists\"}]}}}}'"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=queued",
+                         "{.items[*].spec.nodeSelector.pool}/{.items[0].spec.tolerations[0].key}",
+                         "a a/k", 20000);
+    harness_sleep_ms(1500);
+    harness_kubectl_wait(c->k, "tj queued", "{.spec.suspend}", "false", 1000);
+}
+
+/* A pod preempted (the scheduler's DisruptionTarget condition) is replaced as a leave: no
+ * failure is counted against the job's budget. */
+static void test_a_preempted_pod_spends_no_restart(void **state)
+{
+    cluster *c = *state;
+    char out[8192];
+    apply_text(c, "prem", "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\n"
+               "metadata: {name: prem}\nspec:\n  replicas: 2\n  schedulingPolicy: "
+               "{priorityClass: low}\n  template:\n    spec:\n      containers: [{name: t, "
+               "image: x, command: [sleep, \"1000\"]}]\n");
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=prem", "{.items[*].status.phase}",
+                         "Running Running", 20000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "patch pod prem-worker-0 "
+                                     "--subresource=status --type=merge -p '{\"status\":{\"phase\":"
+                                     "\"Failed\",\"conditions\":[{\"type\":\"DisruptionTarget\","
+                                     "\"status\":\"True\",\"reason\":\"PreemptionByScheduler\"}]}}'"),
+                     0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=prem", "{.items[*].metadata.name}",
+                         "prem-worker-1 prem-worker-2", 20000);
+    harness_kubectl_wait(c->k, "tj prem", "{.status.podFailures}", "0", 5000);
+    event_reasons(c, "prem", out, sizeof out);
+    assert_non_null(strstr(out, "PodPreempted"));
+    assert_null(strstr(out, "PodFailed"));
+}
+
 /* Every "<verb> <group>/<resource>" that the rules of the chart's Roles and ClusterRoles grant
  * (chart rendered with the real helm). */
 static cJSON *chart_grants(void)
@@ -1087,6 +1220,12 @@ int main(void)
                                         setup_kube_1_24, teardown),
         cmocka_unit_test_setup_teardown(test_a_persistent_403_on_status_backs_off_with_one_event,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gang_podgroups_follow_the_spec, setup_phase_only,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_kueue_job_waits_suspended_until_admitted,
+                                        setup_phase_only, teardown),
+        cmocka_unit_test_setup_teardown(test_a_preempted_pod_spends_no_restart, setup_phase_only,
+                                        teardown),
         cmocka_unit_test_setup_teardown(
             test_refused_pods_and_bad_templates_show_in_conditions_and_events, setup, teardown),
         cmocka_unit_test_setup_teardown(

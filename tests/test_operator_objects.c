@@ -463,6 +463,116 @@ static void test_etcd_tls_files_travel_in_the_job_secret(void **state)
     unlink(ca), unlink(cert), unlink(key), rmdir(dir);
 }
 
+static const char GANG_JOB[] =
+    "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","
+    "\"metadata\":{\"name\":\"big\",\"namespace\":\"team\",\"uid\":\"u-2\","
+    "\"labels\":{\"kueue.x-k8s.io/queue-name\":\"lq\"}},"
+    "\"spec\":{\"replicas\":4,\"minReplicas\":3,\"maxReplicas\":8,"
+    "\"schedulingPolicy\":{\"scheduler\":\"%s\",\"queue\":\"q1\",\"priorityClass\":\"high\","
+    "\"scheduleTimeoutSeconds\":90},"
+    "\"template\":{\"spec\":{\"containers\":[{\"name\":\"t\",\"command\":[\"x\"],"
+    "\"resources\":{\"requests\":{\"cpu\":\"500m\",\"memory\":\"1Gi\"},"
+    "\"limits\":{\"nvidia.com/gpu\":\"1\"}}},{\"name\":\"side\",\"image\":\"s\","
+    "\"resources\":{\"requests\":{\"cpu\":\"0.25\"}}}]}},"
+    "\"ps\":{\"replicas\":2,\"minReplicas\":2,\"template\":{\"spec\":{\"containers\":"
+    "[{\"name\":\"s\",\"command\":[\"y\"],\"resources\":{\"requests\":{\"cpu\":\"2\"}}}]}}}}}";
+
+static void parse_gang(edl_trainingjob *tj, cJSON **obj, const char *scheduler)
+{
+    char json[2048], field[128], err[256];
+    snprintf(json, sizeof json, GANG_JOB, scheduler);
+    *obj = cJSON_Parse(json);
+    assert_non_null(*obj);
+    if (edl_trainingjob_parse(*obj, tj, field, sizeof field, err, sizeof err) != 0)
+        fail_msg("%s: %s", field, err);
+}
+
+/* A gang: the PodGroup of each scheduler (minMember the roles' minimums, minResources their
+ * requests), the pods' marks, schedulerName and priority; the queue label read. */
+static void test_gang_scheduling_objects(void **state)
+{
+    (void)state;
+    edl_trainingjob tj;
+    cJSON *obj;
+    parse_gang(&tj, &obj, "volcano");
+    assert_int_equal(tj.sched.gang, EDL_GANG_VOLCANO);
+    assert_string_equal(tj.sched.kueue_queue, "lq");
+    assert_int_equal(edl_trainingjob_min_available(&tj), 5); /* 3 workers + 2 servers */
+    cJSON *pg = op_podgroup_new(&tj);
+    assert_string_equal(edl_k8s_str(pg, "apiVersion"), "scheduling.volcano.sh/v1beta1");
+    assert_string_equal(edl_k8s_str(pg, "metadata.name"), "big");
+    assert_int_equal(edl_k8s_int(pg, "spec.minMember", 0), 5);
+    assert_string_equal(edl_k8s_str(pg, "spec.queue"), "q1");
+    assert_string_equal(edl_k8s_str(pg, "spec.priorityClassName"), "high");
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(pg, "spec"), "scheduleTimeoutSeconds"));
+    /* 3 workers of 0.5 + 0.25 cpu, 1Gi and a GPU (a limit standing for its request), 2
+     * servers of 2 cpu */
+    const cJSON *res = cJSON_GetObjectItem(cJSON_GetObjectItem(pg, "spec"), "minResources");
+    assert_string_equal(cJSON_GetObjectItem(res, "cpu")->valuestring, "6250m");
+    assert_string_equal(cJSON_GetObjectItem(res, "memory")->valuestring, "3221225472");
+    assert_string_equal(cJSON_GetObjectItem(res, "nvidia.com/gpu")->valuestring, "3");
+    op_pod_settings set = {.etcd_job = "team.big", .etcd_endpoints = "http://e:2379",
+                           .agent_image = "edl:1"};
+    cJSON *pod = op_pod_new(&tj, &set, OP_PS, 0);
+    assert_string_equal(edl_k8s_str(pod, "spec.schedulerName"), "volcano");
+    assert_string_equal(edl_k8s_str(pod, "spec.priorityClassName"), "high");
+    const cJSON *ann = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "annotations");
+    assert_string_equal(cJSON_GetObjectItem(ann, "scheduling.k8s.io/group-name")->valuestring,
+                        "big");
+    cJSON_Delete(pod);
+    cJSON_Delete(pg);
+    edl_trainingjob_clear(&tj);
+    cJSON_Delete(obj);
+    parse_gang(&tj, &obj, "scheduler-plugins");
+    pg = op_podgroup_new(&tj);
+    assert_string_equal(edl_k8s_str(pg, "apiVersion"), "scheduling.x-k8s.io/v1alpha1");
+    assert_int_equal(edl_k8s_int(pg, "spec.scheduleTimeoutSeconds", 0), 90);
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(pg, "spec"), "queue"));
+    pod = op_pod_new(&tj, &set, OP_WORKER, 3);
+    assert_string_equal(edl_k8s_str(pod, "spec.schedulerName"), "scheduler-plugins-scheduler");
+    const cJSON *labels = cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "metadata"), "labels");
+    assert_string_equal(cJSON_GetObjectItem(labels, "scheduling.x-k8s.io/pod-group")->valuestring,
+                        "big");
+    cJSON_Delete(pod);
+    cJSON_Delete(pg);
+    edl_trainingjob_clear(&tj);
+    cJSON_Delete(obj);
+    parse_gang(&tj, &obj, "default"); /* no gang: no PodGroup, the priority still */
+    assert_null(op_podgroup_new(&tj));
+    pod = op_pod_new(&tj, &set, OP_WORKER, 0);
+    assert_null(edl_k8s_str(pod, "spec.schedulerName"));
+    assert_string_equal(edl_k8s_str(pod, "spec.priorityClassName"), "high");
+    cJSON_Delete(pod);
+    edl_trainingjob_clear(&tj);
+    cJSON_Delete(obj);
+}
+
+static void test_preempted_pods_are_told_apart(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *status;
+        bool preempted;
+    } cases[] = {
+        {"{\"phase\":\"Failed\",\"reason\":\"Evicted\"}", true},
+        {"{\"phase\":\"Failed\",\"reason\":\"Preempting\"}", true},
+        {"{\"phase\":\"Failed\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\"},"
+         "{\"type\":\"DisruptionTarget\",\"status\":\"True\"}]}", true},
+        {"{\"phase\":\"Failed\",\"conditions\":[{\"type\":\"DisruptionTarget\","
+         "\"status\":\"False\"}]}", false},
+        {"{\"phase\":\"Failed\",\"reason\":\"Error\"}", false},
+        {"{\"phase\":\"Failed\"}", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"status\":%s}", cases[i].status);
+        cJSON *pod = cJSON_Parse(json);
+        if (op_pod_preempted(pod) != cases[i].preempted)
+            fail_msg("case %zu: %s", i, cases[i].status);
+        cJSON_Delete(pod);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -476,6 +586,8 @@ int main(void)
         cmocka_unit_test(test_conditions_keep_their_transition_times),
         cmocka_unit_test(test_created_and_synced_say_only_what_is_true),
         cmocka_unit_test(test_states_of_generations),
+        cmocka_unit_test(test_gang_scheduling_objects),
+        cmocka_unit_test(test_preempted_pods_are_told_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

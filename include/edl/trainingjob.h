@@ -55,6 +55,30 @@ typedef enum edl_clean_pod_policy {
     EDL_CLEAN_NONE,        /* keep them all */
 } edl_clean_pod_policy;
 
+/* spec.schedulingPolicy's gang scheduler: the kind of PodGroup the job owns. */
+typedef enum edl_gang {
+    EDL_GANG_NONE = 0,     /* the cluster's default scheduler, pod by pod */
+    EDL_GANG_VOLCANO,      /* scheduling.volcano.sh/v1beta1 PodGroup, pods annotated
+                            * scheduling.k8s.io/group-name */
+    EDL_GANG_COSCHEDULING, /* scheduler-plugins' coscheduling: scheduling.x-k8s.io/v1alpha1
+                            * PodGroup, pods labelled scheduling.x-k8s.io/pod-group */
+} edl_gang;
+
+#define EDL_KUEUE_QUEUE_LABEL "kueue.x-k8s.io/queue-name" /* on the job: Kueue's queue */
+
+/* spec.schedulingPolicy, and Kueue's queue from the job's labels. */
+typedef struct edl_scheduling {
+    edl_gang gang;                 /* spec.schedulingPolicy.scheduler */
+    char *scheduler_name;          /* the pods' schedulerName (NULL: the template's, or for a
+                                    * gang "volcano" / "scheduler-plugins-scheduler") */
+    int min_available;             /* pods the gang needs at once (0: the default,
+                                    * edl_trainingjob_min_available) */
+    char *queue;                   /* Volcano's queue (NULL: none) */
+    char *priority_class;          /* priorityClassName of every pod and the PodGroup */
+    int64_t schedule_timeout_s;    /* scheduleTimeoutSeconds (-1: none) */
+    char *kueue_queue;             /* metadata.labels[kueue.x-k8s.io/queue-name] (NULL: none) */
+} edl_scheduling;
+
 typedef struct edl_trainingjob {
     char *name, *ns, *uid;         /* metadata (ns: "default" when absent; uid may be NULL) */
     int64_t generation;            /* metadata.generation (0 when absent) */
@@ -81,7 +105,15 @@ typedef struct edl_trainingjob {
     size_t n_teacher_command;
     char *teacher_model;           /* spec.teachers.model (NULL: the agent's default) */
     int teacher_capacity;          /* spec.teachers.capacity (0: the agent's default, 1) */
+    edl_scheduling sched;          /* spec.schedulingPolicy and Kueue's queue label */
 } edl_trainingjob;
+
+/* The pods a gang needs at once: spec.schedulingPolicy.minAvailable, else minReplicas plus the
+ * parameter servers' and teachers' minReplicas (for the roles the job has). */
+int edl_trainingjob_min_available(const edl_trainingjob *tj);
+/* The pods' schedulerName: the policy's, else the gang scheduler's usual one ("volcano",
+ * "scheduler-plugins-scheduler"), else NULL (the template's own, or the default). */
+const char *edl_trainingjob_scheduler_name(const edl_trainingjob *tj);
 
 /* Read a TrainingJob object. On a problem: EDL_EPROTO (wrong type, missing field) or
  * EDL_ECONFIG (a value out of range, min > max, spec.ps.replicas > spec.ps.maxReplicas, an
