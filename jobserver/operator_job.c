@@ -852,10 +852,11 @@ static bool queue_for_kueue(op *o, op_job *j, const edl_trainingjob *tj, const c
     edl_k8s_reply r = {0};
     int rc = path ? edl_k8s_merge_patch(o->k, path, patch, &r) : EDL_ENOMEM;
     if (rc == 0) {
-        if (r.body)
-            edl_k8s_informer_store(o->tjs, r.body, false);
         post_event(o, obj, "Normal", "Queued", "suspended until Kueue's queue %s admits it",
                    tj->sched.kueue_queue);
+        if (r.body) /* (replaces obj, freed now; no watch event will come for it) */
+            edl_k8s_informer_store(o->tjs, r.body, false);
+        wake_in(j, 0); /* the next pass reads it suspended and says so */
     } else {
         op_pass_failed(j, rc, "QueueFailed", OP_FAIL_OTHER, "cannot suspend the job for Kueue: "
                        "%s", r.message[0] ? r.message : edl_strerror(rc));
