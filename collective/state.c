@@ -108,8 +108,9 @@ int edl_coll_state_sync(edl_coll_state *s, edl_comm *c, int64_t *step)
     edl_coll_state_restore(s, NULL);
     int n = edl_coll_size(c), r = edl_coll_rank(c);
     if (n > 1) {
-        /* One allreduce(max) answers three questions: [0] newest step, [1] lowest rank with it
-         * (as n - rank), [2]/[3] whether every layout is the same (max(h) == -max(-h)). */
+        /* A first allreduce(max) answers two questions: [0] the newest step, [1]/[2] whether
+         * every layout is the same (max(h) == -max(-h)); a second one, which needs the newest
+         * step to ask, finds the lowest rank holding it (as max(n - rank)). */
         int64_t h = layout_hash(s), in[3] = {s->step, h, -h}, out[3];
         int rc = coll_cpu_allreduce_host(c, in, out, 3, EDL_INT64, EDL_MAX);
         if (rc)
