@@ -1,5 +1,5 @@
 /* jobserver.c: the job server of one job. A replica campaigns for `jobs/<job>/leader`; the
- * leader passes over the job (job.c: snapshot, decide, publish, fenced by its term) whenever an
+ * leader passes over the job (publisher.c: snapshot, decide, publish, fenced by its term) whenever an
  * event under the job can change a decision or reconcile asked to be woken. */
 #include <errno.h>
 #include <poll.h>
@@ -15,7 +15,7 @@
 #include "edl/etcd.h"
 #include "edl/log.h"
 #include "edl/metrics.h"
-#include "job.h"
+#include "publisher.h"
 #include "jobserver.h"
 
 #define LOG "jobserver"
@@ -25,7 +25,7 @@ typedef struct jobserver {
     int sigfd;
     bool stop;
     edl_etcd *c;
-    js_job job;               /* the job's etcd side (job.c) */
+    js_publisher job;               /* the job's etcd side (publisher.c) */
     int64_t lease;
     edl_lease_keeper *keeper;
     edl_metrics_server *metrics; /* /metrics and /healthz (NULL: off) */
@@ -96,7 +96,7 @@ static int lead(jobserver *js, int *exit_code)
     while (!signalled(js)) {
         if (dirty || (wake && edl_monotonic_ms() >= wake)) {
             dirty = false;
-            rc = js_job_pass(&js->job, &wake, &final_state);
+            rc = js_publisher_pass(&js->job, &wake, &final_state);
         }
         if (rc == EDL_ELEASE)
             break;
@@ -129,7 +129,7 @@ static int lead(jobserver *js, int *exit_code)
             dirty = true; /* no watch: poll */
         while (w && edl_watch_next(w, &ev, 0) == 0) {
             bool dead = ev->type == EDL_WATCH_ERROR;
-            dirty = dirty || js_job_event_matters(&js->job, ev);
+            dirty = dirty || js_publisher_event_matters(&js->job, ev);
             edl_watch_event_free(ev);
             if (dead) {
                 edl_watch_close(w);
@@ -208,7 +208,7 @@ int js_run(const js_config *cfg, int sigfd)
         EDL_ERROR(LOG, "etcd settings: %s", edl_strerror(rc));
         goto out;
     }
-    if (js_job_init(&js.job, js.c, cfg->prefix, cfg->job, cfg->id) != 0)
+    if (js_publisher_init(&js.job, js.c, cfg->prefix, cfg->job, cfg->id) != 0)
         goto out;
     if (cfg->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = cfg->metrics_addr, .port = cfg->metrics_port};
@@ -235,7 +235,7 @@ int js_run(const js_config *cfg, int sigfd)
         edl_lease_keeper_close(js.keeper, true); /* a standby takes over at once */
 out:
     edl_metrics_close(js.metrics);
-    js_job_clear(&js.job);
+    js_publisher_clear(&js.job);
     edl_etcd_close(js.c);
     return exit_code;
 }

@@ -18,7 +18,7 @@
 #include "edl/k8s.h"
 #include "edl/trainingjob.h"
 #include "operator.h"
-#include "operator_status.h"
+#include "status.h"
 
 static const char JOB[] =
     "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","

@@ -1,5 +1,5 @@
-/* job.c: one job's etcd side, shared by the job server of one job (jobserver.c) and the
- * operator that serves many (operator.c). A pass reads the whole job in one txn (a consistent
+/* publisher.c: the generation publisher, one job's etcd side, shared by the job server of one
+ * job (jobserver.c) and the operator that serves many (operator/). A pass reads the whole job in one txn (a consistent
  * snapshot), asks js_reconcile what the generation should be, and publishes it with a txn that
  * holds only while this replica still leads the job and nobody changed the generation document
  * since the snapshot. It never relies on having seen an event: each pass starts afresh. */
@@ -10,7 +10,7 @@
 #include "edl/etcd.h"
 #include "edl/job.h"
 #include "edl/log.h"
-#include "job.h"
+#include "publisher.h"
 #include "reconcile.h"
 
 #define LOG "jobserver"
@@ -53,7 +53,7 @@ static void snapshot_free(snapshot *s)
 }
 
 /* A malformed document is reported once per revision, not on every pass: true the first time. */
-static bool first_report(js_job *j, int64_t mod_revision)
+static bool first_report(js_publisher *j, int64_t mod_revision)
 {
     for (unsigned i = 0; i < 16 && i < j->n_bad; i++)
         if (j->bad_revs[i] == mod_revision)
@@ -62,13 +62,13 @@ static bool first_report(js_job *j, int64_t mod_revision)
     return true;
 }
 
-static void report_bad(js_job *j, const edl_kv *kv, const char *err)
+static void report_bad(js_publisher *j, const edl_kv *kv, const char *err)
 {
     if (first_report(j, kv->mod_revision))
         EDL_ERROR(LOG, "ignoring %s: %s", kv->key, err);
 }
 
-static void read_spec(js_job *j, const edl_range_result *r, snapshot *s)
+static void read_spec(js_publisher *j, const edl_range_result *r, snapshot *s)
 {
     if (r->n_kvs == 0)
         return;
@@ -102,7 +102,7 @@ static bool known_role(const edl_pod *p, char *err, size_t errlen)
     return false;
 }
 
-static int read_pods(js_job *j, const edl_range_result *r, snapshot *s)
+static int read_pods(js_publisher *j, const edl_range_result *r, snapshot *s)
 {
     s->pods = calloc(r->n_kvs + 1, sizeof *s->pods);
     s->status = calloc(r->n_kvs + 1, sizeof *s->status);
@@ -140,7 +140,7 @@ static int read_pods(js_job *j, const edl_range_result *r, snapshot *s)
     return 0;
 }
 
-static void read_status(js_job *j, const edl_range_result *r, snapshot *s)
+static void read_status(js_publisher *j, const edl_range_result *r, snapshot *s)
 {
     for (size_t i = 0; i < r->n_kvs; i++) {
         const edl_kv *kv = &r->kvs[i];
@@ -174,7 +174,7 @@ static void read_status(js_job *j, const edl_range_result *r, snapshot *s)
 
 /* Trainers (libedlcoll) declare a generation dead when its collective group broke; with every
  * member still alive nothing else would start the next one. */
-static void read_dead(js_job *j, const edl_range_result *r, snapshot *s)
+static void read_dead(js_publisher *j, const edl_range_result *r, snapshot *s)
 {
     for (size_t i = 0; i < r->n_kvs; i++) {
         const edl_kv *kv = &r->kvs[i];
@@ -196,7 +196,7 @@ static void read_dead(js_job *j, const edl_range_result *r, snapshot *s)
     }
 }
 
-static int take_snapshot(js_job *j, snapshot *s)
+static int take_snapshot(js_publisher *j, snapshot *s)
 {
     memset(s, 0, sizeof *s);
     edl_txn *t = edl_txn_new();
@@ -245,7 +245,7 @@ static int take_snapshot(js_job *j, snapshot *s)
 }
 
 /* Remember the generation (a copy through its document: the one codec there is). */
-static void keep_current(js_job *j, const edl_generation *g)
+static void keep_current(js_publisher *j, const edl_generation *g)
 {
     edl_generation_clear(&j->current);
     char *json = g->generation ? edl_generation_to_json(g) : NULL;
@@ -257,7 +257,7 @@ static void keep_current(js_job *j, const edl_generation *g)
 
 /* Publish `next` if we still lead and the generation document is as we read it.
  * 0: published; EDL_ECONFLICT: someone changed it (re-read); EDL_ELEASE: we no longer lead. */
-static int publish(js_job *j, const snapshot *s, const js_decision *d)
+static int publish(js_publisher *j, const snapshot *s, const js_decision *d)
 {
     char *json = edl_generation_to_json(&d->next);
     edl_txn *t = edl_txn_new();
@@ -322,7 +322,7 @@ static void pod_names(const edl_member *m, size_t n, char *buf, size_t len)
         used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "", m[i].pod);
 }
 
-static void log_publish(const js_job *j, const js_decision *d)
+static void log_publish(const js_publisher *j, const js_decision *d)
 {
     const edl_generation *n = &d->next;
     char ranks[512], servers[256];
@@ -335,7 +335,7 @@ static void log_publish(const js_job *j, const js_decision *d)
              n->reason ? n->reason : "");
 }
 
-int js_job_pass(js_job *j, int64_t *wake, int *final_state)
+int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
 {
     for (int attempt = 0; attempt < 5; attempt++) {
         snapshot s;
@@ -413,7 +413,7 @@ int js_job_pass(js_job *j, int64_t *wake, int *final_state)
  * (failure or success); "running" and step updates, a status write per pod per second and a
  * burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
  * are judged at the times reconcile asks to be woken, from the steps it reads then. */
-bool js_job_event_matters(const js_job *j, const edl_watch_event *ev)
+bool js_publisher_event_matters(const js_publisher *j, const edl_watch_event *ev)
 {
     if (ev->type != EDL_WATCH_PUT && ev->type != EDL_WATCH_DELETE)
         return ev->type != EDL_WATCH_PROGRESS;
@@ -433,7 +433,7 @@ bool js_job_event_matters(const js_job *j, const edl_watch_event *ev)
 }
 
 
-int js_job_init(js_job *j, edl_etcd *c, const char *prefix, const char *job, const char *id)
+int js_publisher_init(js_publisher *j, edl_etcd *c, const char *prefix, const char *job, const char *id)
 {
     memset(j, 0, sizeof *j);
     j->c = c;
@@ -444,11 +444,11 @@ int js_job_init(js_job *j, edl_etcd *c, const char *prefix, const char *job, con
         return EDL_ENOMEM;
     int rc = edl_job_keys_init(&j->k, prefix, job);
     if (rc)
-        js_job_clear(j);
+        js_publisher_clear(j);
     return rc;
 }
 
-void js_job_clear(js_job *j)
+void js_publisher_clear(js_publisher *j)
 {
     edl_leader_clear(&j->leader);
     js_memory_clear(&j->mem);

@@ -1,6 +1,6 @@
-/* operator_status.h: the TrainingJob status the operator writes (operator_status.c). */
-#ifndef EDL_JOBSERVER_OPERATOR_STATUS_H
-#define EDL_JOBSERVER_OPERATOR_STATUS_H
+/* operator/status.h: the TrainingJob status the operator writes (status.c). */
+#ifndef EDL_OPERATOR_STATUS_H
+#define EDL_OPERATOR_STATUS_H
 
 #include <stdbool.h>
 #include <stdint.h>

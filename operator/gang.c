@@ -1,4 +1,4 @@
-/* operator_gang.c: what a TrainingJob with spec.schedulingPolicy asks of a gang scheduler, as
+/* operator/gang.c: what a TrainingJob with spec.schedulingPolicy asks of a gang scheduler, as
  * Kubernetes objects (pure: no API calls; tested alone in test_operator_objects).
  *
  *   volcano            a scheduling.volcano.sh/v1beta1 PodGroup named after the job (minMember,

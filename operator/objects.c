@@ -1,4 +1,4 @@
-/* operator_objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker,
+/* operator/objects.c: the Kubernetes objects the operator creates for a TrainingJob (worker,
  * parameter-server and teacher pods, the headless Service, the job's Secret, Events), built from the
  * parsed job. Pure: no API calls (it reads the operator's etcd TLS files once, at start), so
  * each object's shape is tested alone.

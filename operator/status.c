@@ -1,4 +1,4 @@
-/* operator_status.c: a TrainingJob's status as the operator writes it through /status: the
+/* operator/status.c: a TrainingJob's status as the operator writes it through /status: the
  * scale subresource's replicas and selector (the workers'), the edl generation with its members
  * (and, with spec.ps, the parameter servers' pods and the generation's servers; with
  * spec.teachers, the teachers' pods wanted, existing and registered), the state,
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "edl/k8s.h"
-#include "operator_status.h"
+#include "status.h"
 
 static const char *const COND_TYPES[] = {"Created", "Running", "Restarting", "Succeeded",
                                          "Failed"};

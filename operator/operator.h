@@ -1,12 +1,12 @@
-/* operator.h: edl-jobserver --kubernetes, the operator of TrainingJob resources. One process
+/* operator/operator.h: edl-jobserver --kubernetes, the operator of TrainingJob resources. One process
  * serves every TrainingJob of a namespace (or of the cluster); its replicas elect a leader
  * with a coordination.k8s.io Lease. For each job the leader keeps the worker pods (and the
  * parameter servers' pods of spec.ps, the teachers' of spec.teachers), a headless Service and the job's Secret in line with the
- * spec, writes the job's spec to etcd, runs the job's generation decision (job.c, the same
+ * spec, writes the job's spec to etcd, runs the job's generation decision (jobserver/publisher.c, the same
  * pass as the job server of one job) and reports status, conditions and Events on the
  * TrainingJob. docs/kubernetes.md tells the whole story. */
-#ifndef EDL_JOBSERVER_OPERATOR_H
-#define EDL_JOBSERVER_OPERATOR_H
+#ifndef EDL_OPERATOR_H
+#define EDL_OPERATOR_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,7 +41,7 @@ typedef struct op_config {
  * restarted, as client-go's operators do); EDL_EXIT_USAGE for a bad configuration. */
 int op_run(const op_config *cfg, int sigfd);
 
-/* ---- the objects the operator creates (operator_objects.c; pure, tested alone) ------------- */
+/* ---- the objects the operator creates (objects.c; pure, tested alone) ------------- */
 
 /* The operator's own etcd TLS files (--cacert, --cert, --key), base64-encoded: each job's
  * Secret carries them to its pods, in the job's own namespace (NULL: that file is not used). */
@@ -104,7 +104,7 @@ cJSON *op_event_new(const cJSON *tj_obj, const char *type, const char *reason,
 /* The ownerReferences entry naming the job as controller. */
 cJSON *op_owner_ref(const edl_trainingjob *tj);
 
-/* ---- gang scheduling (operator_gang.c; pure) ----------------------------------------------- */
+/* ---- gang scheduling (gang.c; pure) ----------------------------------------------- */
 
 #define OP_VOLCANO_GROUP_ANNOTATION "scheduling.k8s.io/group-name"
 /* On a job suspended for Kueue's queue by the operator (its value: the queue). */

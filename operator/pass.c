@@ -1,5 +1,5 @@
-/* operator_job.c: one pass over one TrainingJob, in the manner of a Kubernetes controller:
- * read the job and its pods from the caches and the job from etcd (job.c), compare with what
+/* operator/pass.c: one pass over one TrainingJob, in the manner of a Kubernetes controller:
+ * read the job and its pods from the caches and the job from etcd (jobserver/publisher.c), compare with what
  * the spec asks, act, and write what was seen to the status. Safe to repeat: creations carry
  * names that say their index and are put into the cache at once; a pass after a crash finds
  * what the last one did and does only what is still missing.
@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "edl/log.h"
-#include "operator_internal.h"
+#include "internal.h"
 
 #define LOG "operator"
 #define CREATE_BATCH_MAX 64 /* pods created in one pass at most, before yielding to the loop */
@@ -369,7 +369,7 @@ static void etcd_pass(op *o, op_job *j, const edl_trainingjob *tj, bool stop)
     }
     int64_t wake = 0;
     int state = -1;
-    if (js_job_pass(&j->etcd, &wake, &state) == EDL_ELEASE)
+    if (js_publisher_pass(&j->etcd, &wake, &state) == EDL_ELEASE)
         edl_leader_clear(&j->etcd.leader);
     if (wake)
         wake_in(j, wake - edl_monotonic_ms());

@@ -1,8 +1,8 @@
-/* job.h: one job's etcd side (job.c): the state a replica keeps while it leads a job, and one
- * reconcile pass. The job server of one job (jobserver.c) and the operator (operator.c), which
+/* publisher.h: the generation publisher, one job's etcd side (publisher.c): the state a replica keeps while it leads a job, and one
+ * reconcile pass. The job server of one job (jobserver.c) and the operator (operator/), which
  * leads many jobs at once, both drive it; each pass starts from a fresh consistent snapshot. */
-#ifndef EDL_JOBSERVER_JOB_H
-#define EDL_JOBSERVER_JOB_H
+#ifndef EDL_JOBSERVER_PUBLISHER_H
+#define EDL_JOBSERVER_PUBLISHER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -16,7 +16,7 @@ typedef struct js_job_counters {
     int state;            /* -1: no generation yet */
 } js_job_counters;
 
-typedef struct js_job {
+typedef struct js_publisher {
     char *name;               /* the job (owned) */
     const char *id;           /* this replica's identity (the caller's) */
     edl_etcd *c;              /* the caller's client */
@@ -30,17 +30,17 @@ typedef struct js_job {
     js_job_counters m;
     edl_generation current;   /* the generation last read or published (0: none) */
     char *spec_error;         /* the spec in etcd is invalid: why (NULL: it is valid or absent) */
-} js_job;
+} js_publisher;
 
 /* 0, EDL_EINVAL for an invalid job name, EDL_ENOMEM. */
-int js_job_init(js_job *j, edl_etcd *c, const char *prefix, const char *job, const char *id);
-void js_job_clear(js_job *j);
+int js_publisher_init(js_publisher *j, edl_etcd *c, const char *prefix, const char *job, const char *id);
+void js_publisher_clear(js_publisher *j);
 /* One pass: snapshot, decide, publish. *wake: when to pass again without events (0: only on
  * events); *final_state: the job's state after the pass (-1: no generation yet). Returns
  * EDL_ELEASE when this replica no longer leads the job, else 0 (etcd errors are logged,
  * counted and retried by asking to be woken soon). */
-int js_job_pass(js_job *j, int64_t *wake, int *final_state);
+int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state);
 /* Whether a watch event under the job can change a decision (see job.c). */
-bool js_job_event_matters(const js_job *j, const edl_watch_event *ev);
+bool js_publisher_event_matters(const js_publisher *j, const edl_watch_event *ev);
 
 #endif

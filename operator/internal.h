@@ -1,7 +1,7 @@
-/* operator_internal.h: what the operator's files share: the operator (op), one job's memory
- * (op_job) and the per-job pass (operator_job.c). */
-#ifndef EDL_JOBSERVER_OPERATOR_INTERNAL_H
-#define EDL_JOBSERVER_OPERATOR_INTERNAL_H
+/* operator/internal.h: what the operator's files share: the operator (op), one job's memory
+ * (op_job) and the per-job pass (pass.c). */
+#ifndef EDL_OPERATOR_INTERNAL_H
+#define EDL_OPERATOR_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -10,9 +10,9 @@
 #include "edl/k8s.h"
 #include "edl/metrics.h"
 #include "edl/trainingjob.h"
-#include "job.h"
+#include "publisher.h"
 #include "operator.h"
-#include "operator_status.h"
+#include "status.h"
 
 /* What failed in a pass: the limiter then gates the retries of that kind of write. */
 typedef enum op_failure {
@@ -28,11 +28,11 @@ typedef struct op_job {
     char *ns, *name;
     char *etcd_name;          /* "<ns>.<name>" */
     char *selector;           /* "edl.dev/job=<name>": its pods (status.selector) */
-    js_job etcd;              /* the job's etcd side */
+    js_publisher etcd;              /* the job's etcd side */
     bool dirty;               /* an event concerns it: pass over it */
     int64_t wake_ms;          /* monotonic: pass again by then (0: only on events) */
     bool have_secret, have_service;
-    size_t pods_lo, pods_hi;  /* its pods in this round's pod index (operator_job.c) */
+    size_t pods_lo, pods_hi;  /* its pods in this round's pod index (pass.c) */
     int64_t next_index[OP_ROLES]; /* the next pod index of each role (op_role; beyond every
                                    * index of the role seen) */
     bool primed;              /* the ev_* below hold what the status said or we announced */
@@ -98,12 +98,12 @@ typedef struct op {
  * EDL_ECONFLICT (the object changed under us) is retried quietly, without an Event. */
 void op_pass_failed(op_job *j, int rc, const char *reason, op_failure kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* After the pass: the limiter's wait, and one Event per distinct error (operator.c). */
+/* After the pass: the limiter's wait, and one Event per distinct error (loop.c). */
 int64_t op_backoff_ms(op *o, op_job *j, int64_t now);
 
 op_job *op_job_find(op *o, const char *ns, const char *name, bool create);
 void op_job_drop(op *o, op_job *j);
-/* Pass over every job marked dirty (operator_job.c). */
+/* Pass over every job marked dirty (pass.c). */
 void op_reconcile_dirty(op *o);
 /* metadata.labels[key] of an object, or NULL. */
 const char *op_label(const cJSON *obj, const char *key);

@@ -1,7 +1,7 @@
-/* operator.c: the operator's event loop. It campaigns on a coordination.k8s.io Lease; the
+/* operator/loop.c: the operator's event loop. It campaigns on a coordination.k8s.io Lease; the
  * leader lists and watches TrainingJobs and their pods (informers: a cache each) and every
  * job's keys in etcd, marks the jobs an event concerns, and reconciles each marked job
- * (operator_job.c): level-triggered, from the caches and a fresh etcd snapshot, so any pass
+ * (pass.c): level-triggered, from the caches and a fresh etcd snapshot, so any pass
  * may run again after a crash, a restart or a takeover without doing anything twice. Jobs are
  * kept in a table keyed by namespace/name; no other state is global. */
 #include <errno.h>
@@ -14,7 +14,7 @@
 
 #include "edl/log.h"
 #include "edl/metrics.h"
-#include "operator_internal.h"
+#include "internal.h"
 
 #define LOG "operator"
 
@@ -39,7 +39,7 @@ op_job *op_job_find(op *o, const char *ns, const char *name, bool create)
     if (!j || !(j->ns = strdup(ns)) || !(j->name = strdup(name)) ||
         !(j->etcd_name = op_etcd_job_name(ns, name)) ||
         !(j->selector = op_selector(name)) ||
-        js_job_init(&j->etcd, o->c, o->cfg->prefix, j->etcd_name, o->cfg->id) != 0) {
+        js_publisher_init(&j->etcd, o->c, o->cfg->prefix, j->etcd_name, o->cfg->id) != 0) {
         if (j) {
             free(j->ns);
             free(j->name);
@@ -69,7 +69,7 @@ void op_job_drop(op *o, op_job *j)
         o->jobs[i] = o->jobs[--o->n_jobs];
         break;
     }
-    js_job_clear(&j->etcd);
+    js_publisher_clear(&j->etcd);
     free(j->ns);
     free(j->name);
     free(j->etcd_name);
@@ -131,7 +131,7 @@ static void drain_etcd(op *o)
             const char *name = ev->kv.key + plen;
             const char *slash = memchr(name, '/', ev->kv.key_len - plen);
             op_job *j = slash ? job_by_etcd_name(o, name, (size_t)(slash - name)) : NULL;
-            if (j && js_job_event_matters(&j->etcd, ev))
+            if (j && js_publisher_event_matters(&j->etcd, ev))
                 j->dirty = true;
         }
         edl_watch_event_free(ev);
