@@ -5,11 +5,13 @@
  * SIGINT, the GIL released.
  *
  * Signals: edl_fleet_run_server waits for SIGTERM and SIGINT blocked in its own thread, as
- * edl-ps's main() does. A Python process has other threads that do not block them (torch's
- * pool, for one), and the kernel may hand a process's signal to any of those: SIGTERM's default
- * action would then kill the server without its graceful leave, and Python's SIGINT handler
- * would run where nobody waits for it. So while it serves, a handler forwards the two signals
- * to the serving thread, where the server's wait takes them; Python's handlers come back after.
+ * edl-ps's main() does. A Python process has other threads that do not block them (threading's,
+ * torch's), and while the server's thread is not inside its wait (before it starts waiting;
+ * under edl, while it reads the job's map from etcd between waits) the kernel hands a
+ * process's signal to one of those: SIGTERM's default action would then kill the server
+ * without its graceful leave, and Python's SIGINT handler would run where nobody looks. So
+ * while it serves, a handler forwards the two signals to the serving thread, where they wait
+ * for the server's next wait; Python's handlers come back after.
  * A signal handler reaches its target only through a global: the serving thread (one server a
  * process), the one piece of global state of the module. */
 #include <pthread.h>
