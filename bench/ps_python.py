@@ -3,16 +3,17 @@
 examples/python/ctr.py's examples/s per trainer with the servers in async mode against its local
 nn.EmbeddingBag version.
 
-    python3 bench/ps_python.py [--build build] [--seconds 2] [--batch 10000] [--keys 1000000]
-                               [--dim 16] [--examples 200000] [--no-ctr] [--quick]
+    python3 bench/ps_python.py [--build build] [--seconds 1] [--rounds 6] [--batch 10000]
+                               [--keys 1048576] [--dim 16] [--examples 200000] [--no-ctr]
+                               [--quick]
 
 Keys/s: one edl-ps process (the build tree's, 127.0.0.1, 2 loops) and one client in this
 process, as bench/ps's 1 x 1: batches of --batch random keys of a --keys key space (every row
 made by a warm-up pull first), rows of --dim floats, SGD. The C client's figure is the
 extension's own loop of edl_ps_pull_sparse / edl_ps_push_sparse on the same client, the same
 batches and buffers (PsWorker.time_sparse); the Python figure is SparseTable.pull(keys, out) /
-push(keys, grads) called from a Python loop. They alternate, three tries each, and the best of
-each is printed with the ratio (goal: 0.9 at batches of 10,000 keys).
+push(keys, grads) called from a Python loop. They alternate, --rounds tries each, and the best
+and the median of each are printed with their ratios (goal: 0.9 at batches of 10,000 keys).
 
 Examples/s: examples/python/ctr.py --local (nn.EmbeddingBag, torch's Adagrad, one thread), then
 ctr.py with one server and one worker in async mode (processes with Paddle's variables, the
@@ -86,15 +87,18 @@ def sparse(args, build, tmp):
         keys = space[rng.integers(0, args.keys, size=args.batch * 64)]
         batches = [keys[i:i + args.batch] for i in range(0, len(keys), args.batch)]
         grads = np.full((args.batch, args.dim), 1e-3, np.float32)
-        print(f"what         batch   C client            Python (edl.ps)     of C   "
-              f"(1 x 1, rows of {args.dim} floats, best of 3 x {args.seconds} s)")
+        print(f"what         batch   C client          Python (edl.ps)   of C   (1 x 1, rows "
+              f"of {args.dim} floats; best, then median, of {args.rounds} x {args.seconds} s "
+              f"each, alternating)")
         for push, name, buf in ((False, "sparse pull", rows), (True, "sparse push", grads)):
-            best_c = best_py = 0
-            for _ in range(3):
-                best_c = max(best_c, c_rate(w, t, keys, args.batch, buf, push, args.seconds))
-                best_py = max(best_py, python_rate(t, batches, buf, push, args.seconds))
-            print(f"{name:12} {args.batch:6} {best_c / 1e6:8.2f} M keys/s    "
-                  f"{best_py / 1e6:8.2f} M keys/s    {best_py / best_c:5.2f}", flush=True)
+            c, py = [], []
+            for _ in range(args.rounds):
+                c.append(c_rate(w, t, keys, args.batch, buf, push, args.seconds))
+                py.append(python_rate(t, batches, buf, push, args.seconds))
+            for what, a, b in (("best", max(c), max(py)),
+                               ("median", np.median(c), np.median(py))):
+                print(f"{name:12} {args.batch:6} {a / 1e6:7.2f} M keys/s   {b / 1e6:7.2f} M keys/s"
+                      f"   {b / a:5.2f}  ({what})", flush=True)
         w.close()
     finally:
         server.terminate()
@@ -147,16 +151,17 @@ def ctr(args, build, tmp):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default=os.path.join(SOURCE, "build"))
-    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--seconds", type=float, default=1.0, help="one try of a path")
+    p.add_argument("--rounds", type=int, default=6, help="tries of each path, alternating")
     p.add_argument("--batch", type=int, default=10000)
     p.add_argument("--keys", type=int, default=1 << 20)
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--examples", type=int, default=200000)
     p.add_argument("--no-ctr", action="store_true", help="skip examples/python/ctr.py")
-    p.add_argument("--quick", action="store_true", help="0.5 s a figure, 50,000 examples")
+    p.add_argument("--quick", action="store_true", help="3 x 0.5 s a path, 50,000 examples")
     args = p.parse_args()
     if args.quick:
-        args.seconds, args.examples = 0.5, 50000
+        args.seconds, args.rounds, args.examples = 0.5, 3, 50000
     build = os.path.abspath(args.build)
     sys.path.insert(0, os.path.join(build, "python"))
     with tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp:

@@ -40,7 +40,7 @@ def _memory(x, what, kinds, writable=False):
     """(address, nbytes, count) of a contiguous array or CPU tensor of one of kinds
     ("float32", "int64", "uint64"); TypeError or ValueError, saying which, otherwise."""
     if isinstance(x, np.ndarray):
-        if x.dtype.name not in kinds:
+        if x.dtype not in _DTYPES[kinds]:  # (dtype objects: .name costs a string a call)
             raise TypeError(f"edl.ps: {what} is a numpy array of {x.dtype.name}; want "
                             f"{' or '.join(kinds)} (convert it: .astype(np.{kinds[0]}))")
         if not x.flags.c_contiguous:
@@ -48,7 +48,7 @@ def _memory(x, what, kinds, writable=False):
                              f"{x.shape}); pass np.ascontiguousarray({what})")
         if writable and not x.flags.writeable:
             raise ValueError(f"edl.ps: {what} is read-only; pull into a writable array")
-        return x.__array_interface__["data"][0], x.nbytes, x.size
+        return x.ctypes.data, x.nbytes, x.size
     if _is_tensor(x):
         name = str(x.dtype).replace("torch.", "")
         if name not in kinds:
@@ -68,6 +68,7 @@ def _memory(x, what, kinds, writable=False):
 
 _KEYS = ("int64", "uint64")
 _FLOATS = ("float32",)
+_DTYPES = {k: tuple(np.dtype(n) for n in k) for k in (_KEYS, _FLOATS)}
 
 
 def _new_rows(like, shape):
