@@ -27,8 +27,9 @@ def main(a):
     fleet.init()
     pod = os.environ.get("EDL_POD_ID", "pod")
     if fleet.is_server():
-        with open(os.path.join(a.out, f"server.{pod}"), "w") as f:
+        with open(os.path.join(a.out, f"server.{pod}.tmp"), "w") as f:
             f.write(str(os.getpid()))
+        os.replace(os.path.join(a.out, f"server.{pod}.tmp"), os.path.join(a.out, f"server.{pod}"))
         fleet.run_server()
         return 0
     fleet.init_worker()
@@ -43,8 +44,9 @@ def main(a):
         np.add.at(counts, ids.ravel(), 1)
         dense.push(ones)
         fleet.step()
-        with open(os.path.join(a.out, f"step.{pod}"), "w") as f:
+        with open(os.path.join(a.out, f"step.{pod}.tmp"), "w") as f:
             f.write(str(step + 1))
+        os.replace(os.path.join(a.out, f"step.{pod}.tmp"), os.path.join(a.out, f"step.{pod}"))
         time.sleep(a.step_ms / 1000)
     fleet.worker().flush()  # every push acknowledged: applied on every holder of its shard
     rows = emb.table.pull(torch.arange(IDS), direct=True).numpy()
