@@ -25,6 +25,8 @@ ROWS, BATCHES = 16, 200
 def teachers(tmp_path):
     """start(n) -> ["http://127.0.0.1:port", ...], [Popen]: examples/distill teachers, each
     taking at least 5 ms a batch."""
+    if not os.path.exists(TEACHER):
+        pytest.skip(f"{TEACHER} is not built (cmake --build build --target distill)")
     procs = []
 
     def start(n):
