@@ -321,10 +321,11 @@ static PyObject *distill_stats(PyObject *self, PyObject *noargs)
         return edl_py_raise(EDL_ECLOSED, "the distillation client is closed");
     edl_distill_stats st;
     edl_distill_get_stats(s->d, &st);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "submitted", st.submitted,
-                         "delivered", st.delivered, "retried", st.retried, "timeouts",
-                         st.timeouts, "conn_errors", st.conn_errors, "http_errors",
-                         st.http_errors, "bad_replies", st.bad_replies, "failed", st.failed);
+    const char *names[] = {"submitted", "delivered", "retried", "timeouts", "conn_errors",
+                           "http_errors", "bad_replies", "failed"};
+    uint64_t values[] = {st.submitted, st.delivered, st.retried, st.timeouts, st.conn_errors,
+                         st.http_errors, st.bad_replies, st.failed};
+    return edl_py_counters(names, values, sizeof values / sizeof values[0]);
 }
 
 static PyMethodDef DISTILL_METHODS[] = {

@@ -24,6 +24,9 @@ PyObject *edl_py_raise(int code, const char *fmt, ...) __attribute__((format(pri
  * 0 with an exception set. */
 int edl_py_item_str(PyObject *seq, Py_ssize_t i, const char **out);
 
+/* A dict of n named counters (NULL with an exception set). */
+PyObject *edl_py_counters(const char *const *names, const uint64_t *values, size_t n);
+
 /* Register each part's types and functions in the module: 0, or -1 with an exception set. */
 int edl_py_link_init(PyObject *m);
 int edl_py_ckpt_init(PyObject *m);

@@ -51,6 +51,18 @@ int edl_py_item_str(PyObject *seq, Py_ssize_t i, const char **out)
     return ok;
 }
 
+PyObject *edl_py_counters(const char *const *names, const uint64_t *values, size_t n)
+{
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(values[i]);
+        if (!v || PyDict_SetItemString(d, names[i], v) != 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
 /* error(code, message) -> edl.Error: for the Python side's own refusals. */
 static PyObject *py_error(PyObject *self, PyObject *args)
 {

@@ -177,10 +177,13 @@ static PyObject *worker_close(PyObject *self, PyObject *noargs)
 static void worker_dealloc(PyObject *self)
 {
     PsWorker *w = (PsWorker *)self;
-    PyObject *r = w->calls == 0 ? worker_close(self, NULL) : NULL;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* an exception on its way must survive the close */
+    PyObject *r = worker_close(self, NULL); /* no call runs: each holds a reference */
     if (!r)
         PyErr_Clear(); /* nowhere to report it: close() explicitly to see it */
     Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
     pthread_rwlock_destroy(&w->turns);
     PyTypeObject *tp = Py_TYPE(self);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -590,13 +593,13 @@ static PyObject *worker_stats(PyObject *self, PyObject *noargs)
     leave(&tn);
     if (rc)
         return edl_py_raise(rc, "the servers' stats: %s", why);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
-                         "tables", s.tables, "rows", s.rows, "bytes", s.bytes, "requests",
-                         s.requests, "errors", s.errors, "connections", s.connections,
-                         "rejected", s.rejected, "shards_in", s.shards_in, "shards_out",
-                         s.shards_out, "shards_lost", s.shards_lost, "shards_restored",
-                         s.shards_restored, "pushes", s.pushes, "sent", sent, "received",
-                         received);
+    const char *names[] = {"tables", "rows", "bytes", "requests", "errors", "connections",
+                           "rejected", "shards_in", "shards_out", "shards_lost",
+                           "shards_restored", "pushes", "sent", "received"};
+    uint64_t values[] = {s.tables, s.rows, s.bytes, s.requests, s.errors, s.connections,
+                         s.rejected, s.shards_in, s.shards_out, s.shards_lost,
+                         s.shards_restored, s.pushes, sent, received};
+    return edl_py_counters(names, values, sizeof values / sizeof values[0]);
 }
 
 static int64_t now_us(void)
