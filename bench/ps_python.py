@@ -141,7 +141,7 @@ def ctr(args, build, tmp):
     auc_a, ex_a = rate(worker.stdout + worker.stderr, "async")
     print(f"modes: examples/python/ctr.py, {args.examples} examples, batches of 256, one "
           f"torch thread")
-    print(f"mode       W x S      AUC   examples/s/trainer  of local")
+    print("mode       W x S      AUC   examples/s/trainer  of local")
     print(f"local      -       {auc_l:.4f}  {ex_l:18d}      1.00   (nn.EmbeddingBag, "
           f"sparse Adagrad)")
     print(f"async      1x1     {auc_a:.4f}  {ex_a:18d}  {ex_a / ex_l:8.2f}   "

@@ -128,7 +128,7 @@ def evaluate(model, args, who, seconds, trained):
           flush=True)
 
 
-# ---- local: nn.EmbeddingBag in this process -------------------------------------------------------
+# ---- local: nn.EmbeddingBag in this process -----------------------------------------------------
 
 def local_ids(keys):
     """(slot + 1) << 32 | id -> slot * VOCAB + id, the local tables' rows."""
