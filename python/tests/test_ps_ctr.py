@@ -60,9 +60,10 @@ def test_ctr_py_learns_as_well_on_servers_in_every_mode(tmp_path, ps_secret):
     assert local.returncode == 0, local.stdout + local.stderr
     want = auc_of(local.stdout)
     print(f"local: AUC {want:.4f}")
-    # as tests/test_ps_modes.c: async and half_async trail by how far their senders fall
-    # behind on a loaded machine, GEO's local copies the most
-    for mode, slack in (("sync", 0.01), ("async", 0.02), ("half_async", 0.02), ("geo", 0.03)):
+    # async and half_async trail by how far their senders fall behind, which a loaded 2-core
+    # machine stretches: two workers of ctr.py in async trailed by 0.003-0.022 over four runs
+    # there (examples/ctr in C by 0.000-0.017 in the same hour); GEO's local copies the most
+    for mode, slack in (("sync", 0.01), ("async", 0.03), ("half_async", 0.03), ("geo", 0.03)):
         auc = run_mode(mode, tmp_path)
         print(f"{mode}: AUC {auc:.4f}")
         assert auc >= want - slack, f"{mode}: AUC {auc:.4f}, the local model's {want:.4f}"
