@@ -160,6 +160,17 @@ uint32_t edl_fleet_generation(const edl_fleet *f) { return f->topts.generation; 
 edl_ps_client *edl_fleet_client(edl_fleet *f) { return f->client; }
 edl_ps_trainer *edl_fleet_trainer(edl_fleet *f) { return f->trainer; }
 
+int edl_fleet_set_mode(edl_fleet *f, edl_ps_mode mode, int geo_every, int threads)
+{
+    if (f->trainer || mode < EDL_PS_MODE_SYNC || mode > EDL_PS_MODE_GEO || geo_every < 0 ||
+        geo_every > 1000000 || threads < 0 || threads > 1024)
+        return EDL_EINVAL;
+    f->topts.mode = mode;
+    f->topts.geo_every = geo_every ? geo_every : f->topts.geo_every;
+    f->topts.threads = threads ? threads : f->topts.threads;
+    return 0;
+}
+
 const char *edl_fleet_server_endpoint(const edl_fleet *f, int i)
 {
     return i >= 0 && i < f->n_servers ? f->endpoints[i] : NULL;

@@ -34,10 +34,12 @@ class CMakeBuild(build_ext):
 setup(
     name="edl",
     version="0.1.0",
-    description="edl for Python trainers: elastic PyTorch in process, checkpoints of tensors",
+    description="edl for Python trainers: elastic PyTorch in process, checkpoints of tensors, "
+                "parameter servers (Fleet's roles, sparse embeddings), distillation readers",
     packages=["edl"],
     ext_modules=[Extension("edl._edl", sources=[], py_limited_api=True)],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
+    install_requires=["numpy"],  # edl.ps and edl.distill; torch is the trainer's own choice
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
 )

@@ -370,6 +370,11 @@ int edl_fleet_worker_num(const edl_fleet *f);
 int edl_fleet_server_num(const edl_fleet *f);
 const char *edl_fleet_server_endpoint(const edl_fleet *f, int i); /* NULL when out of range */
 edl_ps_mode edl_fleet_mode(const edl_fleet *f);
+/* The mode a program chose (Paddle's DistributedStrategy, edl.fleet's strategy) in place of
+ * EDL_PS_MODE, EDL_PS_GEO_EVERY and EDL_PS_THREADS, before edl_fleet_init_worker; geo_every
+ * and threads: 0 keeps the environment's. 0, or EDL_EINVAL (a value out of range, a worker
+ * already started). */
+int edl_fleet_set_mode(edl_fleet *f, edl_ps_mode mode, int geo_every, int threads);
 /* The workers' generation (EDL_GENERATION, the one the agent started this worker for; 0 outside
  * the agent or for a server). */
 uint32_t edl_fleet_generation(const edl_fleet *f);

@@ -25,6 +25,9 @@ edl the group is a world of one and the script runs as a single process.
 What edl's C side does here: the agent's announcements (edl/agent_link.h, through edl._edl) and
 the probe that lets ranks connect to the new store the moment it listens. torch does the
 collectives (gloo; nccl on GPUs) and this module only orders them.
+
+``SparseEmbedding`` (edl/_embedding.py) is the parameter server's side: an EmbeddingBag whose
+rows live on the servers (edl.ps, edl.fleet).
 """
 import copy
 import datetime
@@ -38,9 +41,10 @@ import torch
 import torch.distributed as dist
 
 from . import Error, _edl, _link
+from ._embedding import SparseEmbedding  # rows on the parameter server (edl.ps)
 
 __all__ = ["State", "elastic", "ElasticSampler", "allreduce_gradients", "HostsUpdated",
-           "world"]
+           "world", "SparseEmbedding"]
 
 # Words of the exceptions torch raises when a peer fails inside a collective.
 _COMM_WORDS = ("connection", "gloo", "nccl", "closed", "reset", "timed out", "timeout",

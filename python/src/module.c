@@ -43,6 +43,26 @@ PyObject *edl_py_raise(int code, const char *fmt, ...)
     return NULL;
 }
 
+int edl_py_item_str(PyObject *seq, Py_ssize_t i, const char **out)
+{
+    PyObject *item = PySequence_GetItem(seq, i);
+    int ok = item && PyArg_Parse(item, "s", out);
+    Py_XDECREF(item); /* the sequence keeps it, and with it the string */
+    return ok;
+}
+
+PyObject *edl_py_counters(const char *const *names, const uint64_t *values, size_t n)
+{
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(values[i]);
+        if (!v || PyDict_SetItemString(d, names[i], v) != 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
 /* error(code, message) -> edl.Error: for the Python side's own refusals. */
 static PyObject *py_error(PyObject *self, PyObject *args)
 {
@@ -97,7 +117,8 @@ PyMODINIT_FUNC PyInit__edl(void)
         "and the message (str(e)), which says what failed.",
         NULL, NULL);
     if (!edl_py_error || PyModule_AddObject(m, "Error", edl_py_error) != 0 ||
-        edl_py_link_init(m) != 0 || edl_py_ckpt_init(m) != 0) {
+        edl_py_link_init(m) != 0 || edl_py_ckpt_init(m) != 0 || edl_py_ps_init(m) != 0 ||
+        edl_py_fleet_init(m) != 0 || edl_py_distill_init(m) != 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -116,3 +116,39 @@ def scratch():
     d = tempfile.mkdtemp(prefix="edl-py-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def ps_secret(tmp_path, monkeypatch):
+    """A job secret in a 0600 file, named by EDL_JOB_SECRET_FILE for every process started."""
+    path = tmp_path / "job.secret"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    monkeypatch.setenv("EDL_JOB_SECRET_FILE", str(path))
+    return str(path)
+
+
+@pytest.fixture
+def ps_servers(ps_secret, tmp_path):
+    """start(n, job="pyjob") -> ["127.0.0.1:port", ...]: n edl-ps processes of the build tree,
+    serving once this returns; stopped when the test ends."""
+    from edl import _edl
+    procs = []
+
+    def start(n, job="pyjob"):
+        eps = []
+        for _ in range(n):
+            port = free_port()
+            log = open(tmp_path / f"edl-ps-{port}.log", "w")
+            procs.append((subprocess.Popen([os.path.join(BIN_DIR, "edl-ps"), "--port",
+                                            str(port), "--job", job, "--threads", "2"],
+                                           stdout=log, stderr=subprocess.STDOUT), log))
+            eps.append(f"127.0.0.1:{port}")
+        for ep in eps:
+            _edl.wait_listening("127.0.0.1", int(ep.split(":")[1]), 20000)
+        return eps
+
+    yield start
+    for proc, log in procs:
+        stop(proc)
+        log.close()

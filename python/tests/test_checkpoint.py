@@ -134,7 +134,8 @@ def test_pip_installs_the_package_offline(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
                     "--no-index", "--quiet", "--target", str(target), str(src / "python")],
                    check=True, timeout=900)
-    out = subprocess.run([sys.executable, "-c", "import edl, edl.checkpoint, edl.torch; "
+    out = subprocess.run([sys.executable, "-c", "import edl, edl.checkpoint, edl.torch, edl.ps, "
+                          "edl.fleet, edl.distill; "
                           "print(edl._edl.__file__, edl.context().world_size)"],
                          cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, check=True).stdout
