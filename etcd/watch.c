@@ -9,32 +9,24 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "edl/log.h"
+#include "edl/queue.h"
 #include "internal.h"
-
-typedef struct ev_node {
-    edl_watch_event *ev;
-    struct ev_node *next;
-} ev_node;
 
 struct edl_watch {
     edl_etcd *conn;   /* own client: config, endpoint rotation, auth token */
     char *key, *range_end;
     size_t key_len, range_end_len;
     bool prev_kv, progress_notify;
-    size_t max_queued;
 
     pthread_t thread;
     CURLM *multi;
     pthread_mutex_t mu;
-    pthread_cond_t cv;     /* queue changes, creation */
-    int efd;               /* readable while the queue is not empty */
-    ev_node *head, *tail;
-    size_t queued;
+    pthread_cond_t cv;     /* creation, stop */
+    edl_queue *q;          /* the events, handed to the caller's loop (edl/queue.h) */
     bool stop;
     bool created;          /* the server confirmed the current stream */
     bool ever_created;
@@ -64,35 +56,10 @@ void edl_watch_event_free(edl_watch_event *ev)
 /* Queue an event; waits while the queue is full (back-pressure). False when stopping. */
 static bool push(edl_watch *w, edl_watch_event *ev)
 {
-    ev_node *n = malloc(sizeof *n);
-    if (!n) {
-        watch_event_free(ev);
-        return false;
-    }
-    n->ev = ev;
-    n->next = NULL;
-    pthread_mutex_lock(&w->mu);
-    while (w->queued >= w->max_queued && !w->stop)
-        pthread_cond_wait(&w->cv, &w->mu);
-    if (w->stop) {
-        pthread_mutex_unlock(&w->mu);
-        watch_event_free(ev);
-        free(n);
-        return false;
-    }
-    if (w->tail)
-        w->tail->next = n;
-    else
-        w->head = n;
-    w->tail = n;
-    if (w->queued++ == 0) {
-        uint64_t one = 1;
-        if (write(w->efd, &one, sizeof one) < 0)
-            EDL_ERROR("etcd", "watch: cannot signal its fd");
-    }
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    return true;
+    if (edl_queue_push(w->q, ev))
+        return true;
+    watch_event_free(ev);
+    return false;
 }
 
 static bool push_simple(edl_watch *w, edl_watch_event_type type, int64_t rev, int64_t compact, int err)
@@ -449,18 +416,17 @@ static void *watch_main(void *arg)
     return NULL;
 }
 
+static void free_event(void *ev)
+{
+    watch_event_free(ev);
+}
+
 static void watch_destroy(edl_watch *w)
 {
-    for (ev_node *n = w->head, *next; n; n = next) {
-        next = n->next;
-        watch_event_free(n->ev);
-        free(n);
-    }
+    edl_queue_close(w->q, free_event);
     if (w->multi)
         curl_multi_cleanup(w->multi);
     edl_etcd_close(w->conn);
-    if (w->efd >= 0)
-        close(w->efd);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w->line.data);
@@ -473,14 +439,13 @@ static int watch_init(edl_watch *w, edl_etcd *c, edl_buf key, const edl_watch_op
 {
     pthread_mutex_init(&w->mu, NULL);
     edl_cond_init(&w->cv);
-    w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     w->line.max = (size_t)c->cfg.max_response_bytes;
     w->prev_kv = o->prev_kv;
     w->progress_notify = o->progress_notify;
-    w->max_queued = o->max_queued ? o->max_queued : 4096;
     w->next_rev = o->start_revision;
-    if (w->efd < 0)
-        return EDL_EIO;
+    int qrc = edl_queue_open(o->max_queued, &w->q);
+    if (qrc)
+        return qrc;
     if (!(w->multi = curl_multi_init()) || !(w->key = malloc(key.len + 1)))
         return EDL_ENOMEM;
     memcpy(w->key, key.data, key.len);
@@ -509,7 +474,6 @@ int edl_watch_open(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
     edl_watch *w = calloc(1, sizeof *w);
     if (!w)
         return EDL_ENOMEM;
-    w->efd = -1;
     int rc = watch_init(w, c, key, opts);
     if (!rc && pthread_create(&w->thread, NULL, watch_main, w) != 0)
         rc = EDL_ENOMEM;
@@ -537,36 +501,15 @@ int edl_watch_open(edl_etcd *c, edl_buf key, const edl_watch_opts *opts, edl_wat
 
 int edl_watch_next(edl_watch *w, edl_watch_event **ev, int timeout_ms)
 {
-    *ev = NULL;
-    int64_t deadline = timeout_ms >= 0 ? edl_monotonic_ms() + timeout_ms : INT64_MAX;
-    pthread_mutex_lock(&w->mu);
-    while (!w->head) {
-        int64_t left = deadline - edl_monotonic_ms();
-        if (left <= 0) {
-            pthread_mutex_unlock(&w->mu);
-            return EDL_ETIMEDOUT;
-        }
-        edl_cond_wait_ms(&w->cv, &w->mu, left > 1000 ? 1000 : left);
-    }
-    ev_node *n = w->head;
-    w->head = n->next;
-    if (!w->head)
-        w->tail = NULL;
-    if (--w->queued == 0) {
-        uint64_t v;
-        if (read(w->efd, &v, sizeof v) < 0) /* empty now: the fd stops being readable */
-            EDL_DEBUG("etcd", "watch: eventfd already drained");
-    }
-    pthread_cond_broadcast(&w->cv); /* room again for a paused stream */
-    pthread_mutex_unlock(&w->mu);
-    *ev = n->ev;
-    free(n);
-    return 0;
+    void *item;
+    int rc = edl_queue_pop(w->q, &item, timeout_ms);
+    *ev = rc ? NULL : item;
+    return rc;
 }
 
 int edl_watch_fd(const edl_watch *w)
 {
-    return w->efd;
+    return edl_queue_fd(w->q);
 }
 
 void edl_watch_close(edl_watch *w)
@@ -577,6 +520,7 @@ void edl_watch_close(edl_watch *w)
     w->stop = true;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    edl_queue_stop(w->q); /* a stream waiting for room gives up */
     curl_multi_wakeup(w->multi);
     pthread_join(w->thread, NULL);
     watch_destroy(w);

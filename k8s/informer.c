@@ -3,7 +3,7 @@
  *
  * A thread of its own (own curl handle in a multi handle, so close wakes it at once) lists
  * (in pages), then watches from the list's resourceVersion, line by line. It never touches the
- * cache: it queues what it read (one event, or a whole list) and makes an eventfd readable;
+ * cache: it queues what it read (one event, or a whole list) on an edl_queue, whose fd is readable;
  * edl_k8s_informer_next applies one event at a time on the caller's thread. A watch that ends
  * (the server's timeout) is opened again from the last resourceVersion (bookmarks move it); a
  * 410, as a reply or an in-stream ERROR, relists, and the caller sees the difference (ADDED or
@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "edl/log.h"
+#include "edl/queue.h"
 #include "internal.h"
 
 #define LIST_PAGE 500
@@ -25,12 +25,14 @@
 #define BACKOFF_MAX_MS 5000
 #define MAX_QUEUED 65536
 #define Q_LIST 0 /* a queue item holding a whole list */
+#define Q_MORE -1 /* the marker that keeps the fd readable while a relist is pending */
 
 typedef struct qitem {
-    int type;            /* EDL_K8S_ADDED.. or Q_LIST */
+    int type;            /* EDL_K8S_ADDED.., Q_LIST or Q_MORE */
     cJSON *obj;          /* the object, or the list's items (an array) */
-    struct qitem *next;
 } qitem;
+
+static qitem more_marker = {Q_MORE, NULL};
 
 typedef struct pending {
     edl_k8s_event_type type;
@@ -49,11 +51,9 @@ struct edl_k8s_informer {
     CURL *h;
     CURLM *multi;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int efd;
-    bool efd_set, stop;
-    qitem *head, *tail;
-    size_t queued;
+    pthread_cond_t cv;   /* stop, for the thread's back-off waits */
+    bool stop;
+    edl_queue *q;        /* the thread's lists and events, handed to the caller (edl/queue.h) */
 
     /* the thread's */
     char *rv;
@@ -66,6 +66,7 @@ struct edl_k8s_informer {
     unsigned mark;
     pending *pend;
     size_t npend, ipend;
+    bool marker_queued;  /* more_marker is in the queue */
     cJSON *dropped;      /* the last DELETED object, until the next call */
     bool synced;
 };
@@ -84,35 +85,14 @@ static bool stopped(edl_k8s_informer *inf)
 static bool push(edl_k8s_informer *inf, int type, cJSON *obj)
 {
     qitem *q = malloc(sizeof *q);
-    if (!q) {
-        cJSON_Delete(obj);
-        return false;
+    if (q) {
+        *q = (qitem){type, obj};
+        if (edl_queue_push(inf->q, q))
+            return true;
     }
-    *q = (qitem){type, obj, NULL};
-    pthread_mutex_lock(&inf->mu);
-    while (inf->queued >= MAX_QUEUED && !inf->stop)
-        pthread_cond_wait(&inf->cv, &inf->mu);
-    if (inf->stop) {
-        pthread_mutex_unlock(&inf->mu);
-        cJSON_Delete(obj);
-        free(q);
-        return false;
-    }
-    if (inf->tail)
-        inf->tail->next = q;
-    else
-        inf->head = q;
-    inf->tail = q;
-    inf->queued++;
-    if (!inf->efd_set) {
-        uint64_t one = 1;
-        if (write(inf->efd, &one, sizeof one) < 0)
-            EDL_ERROR("k8s", "informer %s: cannot signal its fd", inf->path);
-        inf->efd_set = true;
-    }
-    pthread_cond_broadcast(&inf->cv);
-    pthread_mutex_unlock(&inf->mu);
-    return true;
+    cJSON_Delete(obj);
+    free(q);
+    return false;
 }
 
 static void wait_ms(edl_k8s_informer *inf, int ms)
@@ -519,40 +499,19 @@ static int next_pending(edl_k8s_informer *inf, edl_k8s_event *ev)
     return EDL_ETIMEDOUT;
 }
 
-/* Take the next queued item, waiting up to timeout_ms. */
+/* Take the next queued item, waiting up to timeout_ms; NULL when none came. */
 static qitem *pop(edl_k8s_informer *inf, int timeout_ms)
 {
-    int64_t deadline = edl_monotonic_ms() + (timeout_ms > 0 ? timeout_ms : 0);
-    pthread_mutex_lock(&inf->mu);
-    while (!inf->head) {
-        int64_t left = deadline - edl_monotonic_ms();
-        if (left <= 0)
-            break;
-        edl_cond_wait_ms(&inf->cv, &inf->mu, left);
-    }
-    qitem *q = inf->head;
-    if (q) {
-        inf->head = q->next;
-        if (!inf->head)
-            inf->tail = NULL;
-        inf->queued--;
-        pthread_cond_broadcast(&inf->cv); /* room again for a paused stream */
-    }
-    pthread_mutex_unlock(&inf->mu);
-    return q;
+    void *item;
+    return edl_queue_pop(inf->q, &item, timeout_ms > 0 ? timeout_ms : 0) ? NULL : item;
 }
 
-/* The fd stays readable while anything waits, queued or pending. */
+/* The fd stays readable while anything waits, queued or pending: a relist's pending events
+ * keep a marker in front of the queue. */
 static void update_fd(edl_k8s_informer *inf)
 {
-    pthread_mutex_lock(&inf->mu);
-    if (inf->efd_set && !inf->head && inf->ipend >= inf->npend) {
-        uint64_t v;
-        if (read(inf->efd, &v, sizeof v) < 0)
-            EDL_DEBUG("k8s", "informer: eventfd already drained");
-        inf->efd_set = false;
-    }
-    pthread_mutex_unlock(&inf->mu);
+    if (inf->ipend < inf->npend && !inf->marker_queued)
+        inf->marker_queued = edl_queue_unpop(inf->q, &more_marker);
 }
 
 int edl_k8s_informer_next(edl_k8s_informer *inf, edl_k8s_event *ev, int timeout_ms)
@@ -565,6 +524,10 @@ int edl_k8s_informer_next(edl_k8s_informer *inf, edl_k8s_event *ev, int timeout_
         qitem *q = pop(inf, timeout_ms);
         if (!q)
             break;
+        if (q == &more_marker) {
+            inf->marker_queued = false;
+            continue;
+        }
         if (q->type == Q_LIST && (rc = expand_list(inf, q->obj)) == 0)
             rc = next_pending(inf, ev); /* an empty relist still yields SYNCED */
         else if (q->type != Q_LIST)
@@ -576,6 +539,15 @@ int edl_k8s_informer_next(edl_k8s_informer *inf, edl_k8s_event *ev, int timeout_
 }
 
 /* ---- open, close and the cache's readers ------------------------------------------------- */
+
+static void free_item(void *item)
+{
+    qitem *q = item;
+    if (q != &more_marker) {
+        cJSON_Delete(q->obj);
+        free(q);
+    }
+}
 
 static char *escape_selector(const char *sel)
 {
@@ -604,7 +576,7 @@ int edl_k8s_informer_open_trimmed(edl_k8s *k, const char *collection_path,
         return EDL_ENOMEM;
     inf->k = k;
     inf->keep = keep;
-    inf->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    int rc = edl_queue_open(MAX_QUEUED, &inf->q);
     inf->line.max = K8S_MAX_REPLY;
     pthread_mutex_init(&inf->mu, NULL);
     edl_cond_init(&inf->cv);
@@ -612,7 +584,6 @@ int edl_k8s_informer_open_trimmed(edl_k8s *k, const char *collection_path,
     inf->selector = escape_selector(label_selector);
     inf->h = curl_easy_init();
     inf->multi = curl_multi_init();
-    int rc = inf->efd < 0 ? EDL_EIO : 0;
     if (!rc && (!inf->path || !inf->h || !inf->multi || (label_selector && *label_selector && !inf->selector)))
         rc = EDL_ENOMEM;
     if (!rc && pthread_create(&inf->thread, NULL, informer_main, inf) != 0)
@@ -634,23 +605,19 @@ void edl_k8s_informer_close(edl_k8s_informer *inf)
     inf->stop = true;
     pthread_cond_broadcast(&inf->cv);
     pthread_mutex_unlock(&inf->mu);
+    if (inf->q)
+        edl_queue_stop(inf->q); /* a stream waiting for room gives up */
     if (inf->started) {
         curl_multi_wakeup(inf->multi);
         pthread_join(inf->thread, NULL);
     }
-    for (qitem *q = inf->head, *next; q; q = next) {
-        next = q->next;
-        cJSON_Delete(q->obj);
-        free(q);
-    }
+    edl_queue_close(inf->q, free_item);
     free_pending(inf);
     k8s_cache_clear(&inf->cache);
     cJSON_Delete(inf->dropped);
     if (inf->multi)
         curl_multi_cleanup(inf->multi);
     curl_easy_cleanup(inf->h);
-    if (inf->efd >= 0)
-        close(inf->efd);
     pthread_cond_destroy(&inf->cv);
     pthread_mutex_destroy(&inf->mu);
     edl_bytebuf_clear(&inf->line);
@@ -662,7 +629,7 @@ void edl_k8s_informer_close(edl_k8s_informer *inf)
 
 int edl_k8s_informer_fd(const edl_k8s_informer *inf)
 {
-    return inf->efd;
+    return edl_queue_fd(inf->q);
 }
 
 bool edl_k8s_informer_synced(const edl_k8s_informer *inf)

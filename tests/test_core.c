@@ -1,5 +1,5 @@
 /* test_core.c: libedlcore's plumbing: the error table, the byte buffer, the strict JSON reader,
- * child processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus
+ * the thread-to-loop queue, child processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus
  * writer. */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -26,6 +26,7 @@
 #include "edl/json.h"
 #include "edl/metrics.h"
 #include "edl/proc.h"
+#include "edl/queue.h"
 #include "harness.h"
 
 /* ---- errors --------------------------------------------------------------------------------- */
@@ -162,6 +163,75 @@ static void test_json_reader_checks_types_ranges_and_keeps_the_first_error(void 
     assert_non_null(o);
     assert_int_equal(rc, 0);
     cJSON_Delete(o);
+}
+
+/* ---- the thread-to-loop queue ------------------------------------------------------------- */
+
+static bool fd_readable(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1;
+}
+
+static void *push_three(void *arg)
+{
+    edl_queue *q = arg;
+    static int items[3] = {1, 2, 3};
+    intptr_t pushed = 0;
+    for (int i = 0; i < 3; i++)
+        pushed += edl_queue_push(q, &items[i]);
+    return (void *)pushed;
+}
+
+static void test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth(void **state)
+{
+    (void)state;
+    edl_queue *q;
+    assert_int_equal(edl_queue_open(2, &q), 0);
+    void *item;
+    assert_false(fd_readable(edl_queue_fd(q)));
+    assert_int_equal(edl_queue_pop(q, &item, 0), EDL_ETIMEDOUT);
+    assert_int_equal(edl_queue_pop(q, &item, 30), EDL_ETIMEDOUT);
+
+    /* a producer of three into a queue of two waits for room: back-pressure, nothing lost */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, push_three, q), 0);
+    for (int i = 0; i < 100 && edl_queue_len(q) < 2; i++)
+        usleep(10000);
+    usleep(50000);
+    assert_int_equal(edl_queue_len(q), 2); /* the third waits */
+    assert_true(fd_readable(edl_queue_fd(q)));
+    for (int want = 1; want <= 3; want++) {
+        assert_int_equal(edl_queue_pop(q, &item, 2000), 0);
+        assert_int_equal(*(int *)item, want);
+    }
+    void *pushed;
+    pthread_join(t, &pushed);
+    assert_int_equal((intptr_t)pushed, 3);
+    assert_false(fd_readable(edl_queue_fd(q)));
+
+    /* an item put back comes out first and keeps the fd readable */
+    int a = 10, b = 11;
+    assert_true(edl_queue_push(q, &a));
+    assert_true(edl_queue_unpop(q, &b));
+    assert_true(fd_readable(edl_queue_fd(q)));
+    assert_int_equal(edl_queue_pop(q, &item, 0), 0);
+    assert_ptr_equal(item, &b);
+    assert_true(fd_readable(edl_queue_fd(q)));
+    assert_int_equal(edl_queue_pop(q, &item, 0), 0);
+    assert_ptr_equal(item, &a);
+    assert_false(fd_readable(edl_queue_fd(q)));
+
+    /* a stopped queue refuses pushes, wakes a waiting producer, and frees what it holds */
+    assert_true(edl_queue_push(q, &a));
+    assert_true(edl_queue_push(q, &b));
+    assert_int_equal(pthread_create(&t, NULL, push_three, q), 0);
+    usleep(50000);
+    edl_queue_stop(q);
+    pthread_join(t, &pushed);
+    assert_int_equal((intptr_t)pushed, 0);
+    assert_false(edl_queue_push(q, &a));
+    edl_queue_close(q, NULL);
 }
 
 /* ---- child processes ----------------------------------------------------------------------- */
@@ -499,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_every_error_code_has_a_name_and_a_text),
         cmocka_unit_test(test_byte_buffer_grows_to_its_bound_and_no_further),
         cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
+        cmocka_unit_test(test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
