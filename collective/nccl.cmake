@@ -62,8 +62,8 @@ function(_edl_nccl_search)
   add_library(edlcoll_nccl STATIC ${CMAKE_CURRENT_LIST_DIR}/nccl.c)
   # NCCL's and CUDA's directories come first (nccl.c checks that <nccl.h> is NCCL's).
   target_include_directories(edlcoll_nccl BEFORE PUBLIC ${EDL_NCCL_INCLUDE_DIR} ${_cuda_inc})
-  target_include_directories(edlcoll_nccl
-    PUBLIC ${PROJECT_SOURCE_DIR}/include ${CMAKE_CURRENT_LIST_DIR})
+  # (include/edl comes with edlcore; nccl_backend.h is for test_nccl, in the build tree only)
+  target_include_directories(edlcoll_nccl PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_LIST_DIR}>)
   # edlcore: edl_strerror and edl_monotonic_ms (core/ is added before collective/).
   target_link_libraries(edlcoll_nccl PUBLIC edlcore ${EDL_NCCL_LIBRARY} ${_cudart})
   set_target_properties(edlcoll_nccl PROPERTIES POSITION_INDEPENDENT_CODE ON)
