@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "agent.h"
+#include "edl/http.h"
 #include "edl/json.h"
 
 void health_init(health_probe *h)
@@ -89,16 +90,15 @@ int health_start(health_probe *h, const char *addr, int port, const char *path,
     health_close(h);
     if (n < 0 || (size_t)n >= sizeof url || path[0] != '/')
         return EDL_EINVAL;
+    edl_http_global_init();
     if (make_multi(h) != 0 || !(h->easy = curl_easy_init()) ||
         !(h->headers = curl_slist_append(NULL, "Accept: application/json"))) {
         health_close(h);
         return EDL_ENOMEM;
     }
-    curl_easy_setopt(h->easy, CURLOPT_URL, url);
-    curl_easy_setopt(h->easy, CURLOPT_PROTOCOLS_STR, "http");
+    edl_http_prepare(h->easy, &(edl_http_opts){.timeout_ms = timeout_ms});
+    curl_easy_setopt(h->easy, CURLOPT_URL, url); /* http://, built above */
     curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, h->headers);
-    curl_easy_setopt(h->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-    curl_easy_setopt(h->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h->easy, CURLOPT_FORBID_REUSE, 1L);
     curl_easy_setopt(h->easy, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h->easy, CURLOPT_WRITEDATA, h);

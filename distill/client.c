@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "distill/wire.h"
+#include "edl/http.h"
 #include "edl/log.h"
 
 #define FAILED_MEMORY 8          /* teachers a batch remembers having failed on */
@@ -188,8 +189,7 @@ static teacher *pick(edl_distill *d, const batch *b, int64_t now)
 static void teacher_failed(teacher *t, batch *b, int64_t now)
 {
     t->fails++;
-    int64_t wait = BACKOFF_MIN_MS << (t->fails > 6 ? 6 : t->fails - 1);
-    t->backoff_until = now + (wait > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : wait);
+    t->backoff_until = now + edl_http_backoff_ms(t->fails - 1, BACKOFF_MIN_MS, BACKOFF_MAX_MS, -1);
     memmove(b->failed_by + 1, b->failed_by, (FAILED_MEMORY - 1) * sizeof *b->failed_by);
     b->failed_by[0] = t->serial;
 }
@@ -244,18 +244,15 @@ static CURL *easy_for(edl_distill *d, request *rq)
     if (!e)
         return NULL;
     int connect_ms = d->o.timeout_ms < 3000 ? d->o.timeout_ms : 3000;
+    edl_http_prepare(e, &(edl_http_opts){.connect_timeout_ms = connect_ms,
+                                         .timeout_ms = d->o.timeout_ms, .nodelay = true});
     curl_easy_setopt(e, CURLOPT_URL, rq->t->url);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, rq->b->body);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)rq->b->len);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, d->headers);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, rq);
     curl_easy_setopt(e, CURLOPT_PRIVATE, rq);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)d->o.timeout_ms);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_ms);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
     return e;
 }
 
@@ -409,7 +406,7 @@ int edl_distill_open(const edl_distill_opts *o, edl_distill **out)
         (o->format != EDL_DISTILL_JSON && o->format != EDL_DISTILL_BINARY) ||
         (o->model && (!*o->model || strlen(o->model) >= 128 || strpbrk(o->model, "/?#: "))))
         return EDL_EINVAL;
-    curl_global_init(CURL_GLOBAL_DEFAULT);
+    edl_http_global_init();
     edl_distill *d = calloc(1, sizeof *d);
     if (!d)
         return EDL_ENOMEM;

@@ -164,19 +164,10 @@ nomem:
 
 /* ---- client ------------------------------------------------------------------------------ */
 
-/* libcurl before 7.84 (Ubuntu 20.04, Debian 11) needs its global set-up done once, before
- * threads use it; later ones do it lazily and safely. Done here so callers need not know. */
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-
-static void curl_setup(void)
-{
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 int edl_etcd_open(const edl_etcd_config *cfg, edl_etcd **out)
 {
     *out = NULL;
-    pthread_once(&curl_once, curl_setup);
+    edl_http_global_init();
     if (!cfg || cfg->n_endpoints == 0) {
         EDL_ERROR("etcd", "no etcd endpoint configured");
         return EDL_EINVAL;
@@ -274,25 +265,11 @@ const char *etcd_key_str(edl_buf key, char *out, size_t outlen)
 
 void etcd_curl_common(edl_etcd *c, CURL *h)
 {
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->cfg.connect_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
-    /* a dead peer on a quiet connection (a watch with no events) is noticed within about a
-     * minute: 10 s idle, then the kernel's probes every 5 s (9 by default) */
-    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 10L);
-    curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 5L);
-#if LIBCURL_VERSION_NUM >= 0x075500
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-    if (c->cfg.ca_file)
-        curl_easy_setopt(h, CURLOPT_CAINFO, c->cfg.ca_file);
-    if (c->cfg.cert_file) {
-        curl_easy_setopt(h, CURLOPT_SSLCERT, c->cfg.cert_file);
-        curl_easy_setopt(h, CURLOPT_SSLKEY, c->cfg.key_file);
-    }
+    /* keep-alive: a dead peer on a quiet connection (a watch with no events) is noticed */
+    edl_http_prepare(h, &(edl_http_opts){.connect_timeout_ms = c->cfg.connect_timeout_ms,
+                                         .nodelay = true, .keepalive = true,
+                                         .ca_file = c->cfg.ca_file, .cert_file = c->cfg.cert_file,
+                                         .key_file = c->cfg.cert_file ? c->cfg.key_file : NULL});
 }
 
 struct curl_slist *etcd_headers(edl_etcd *c)
@@ -350,13 +327,6 @@ static void http_post(edl_etcd *c, const char *endpoint, const char *path, const
     curl_slist_free_all(hdrs);
 }
 
-/* TLS said no: the server's certificate is not trusted or ours is unusable. */
-static bool tls_refused(CURLcode cc)
-{
-    return cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE ||
-           cc == CURLE_SSL_CERTPROBLEM || cc == CURLE_SSL_ISSUER_ERROR;
-}
-
 /* The server ended the TLS session with an alert about our certificate (none, or one it does
  * not trust): with TLS 1.3 this comes after the handshake, as a failed read or send. */
 static bool tls_alert(const http_reply *r)
@@ -372,14 +342,6 @@ static bool client_cert_missing(const edl_etcd *c, const char *endpoint, const h
 {
     return !c->cfg.cert_file && strncmp(endpoint, "https://", 8) == 0 &&
            (tls_alert(r) || strstr(r->curl_err, "getpeername"));
-}
-
-/* The request never reached a server: safe to send elsewhere whatever it is. */
-static bool not_sent(CURLcode cc)
-{
-    return cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
-           cc == CURLE_COULDNT_RESOLVE_PROXY || cc == CURLE_SSL_CONNECT_ERROR ||
-           tls_refused(cc);
 }
 
 /* The server's own words from an error body: {"error":..,"message":..,"code":..} (3.4) or
@@ -441,7 +403,7 @@ int etcd_authenticate_locked(edl_etcd *c, const char *endpoint)
     int rc = 0;
     char msg[256];
     if (r.cc != CURLE_OK) {
-        rc = etcd_fail(c, not_sent(r.cc) ? EDL_EUNAVAIL : EDL_ETIMEDOUT,
+        rc = etcd_fail(c, edl_http_not_sent(r.cc) ? EDL_EUNAVAIL : EDL_ETIMEDOUT,
                        "%s: authenticate as '%s': %s", endpoint, c->cfg.username,
                        r.curl_err[0] ? r.curl_err : curl_easy_strerror(r.cc));
     } else if (r.status != 200) {
@@ -481,13 +443,13 @@ static int judge(edl_etcd *c, const char *endpoint, const char *path, edl_buf ke
                              "none was given: pass --cert FILE and --key FILE (or set "
                              "EDL_ETCD_CERT and EDL_ETCD_KEY) (%s)", endpoint, path, kl, ks, kr,
                              r->curl_err[0] ? r->curl_err : curl_easy_strerror(r->cc));
-        *retry = not_sent(r->cc) || idempotent;
+        *retry = edl_http_not_sent(r->cc) || idempotent;
         int code = r->cc == CURLE_OPERATION_TIMEDOUT ? EDL_ETIMEDOUT
-                   : tls_refused(r->cc) || tls_alert(r) ? EDL_EAUTH
+                   : edl_http_tls_refused(r->cc) || tls_alert(r) ? EDL_EAUTH
                                                      : EDL_EUNAVAIL;
         return etcd_fail(c, code, "%s%s%s%s%s: %s%s", endpoint, path, kl, ks, kr,
                          r->curl_err[0] ? r->curl_err : curl_easy_strerror(r->cc),
-                         not_sent(r->cc) || idempotent ? "" : " (the request may have been applied)");
+                         edl_http_not_sent(r->cc) || idempotent ? "" : " (the request may have been applied)");
     }
     if (r->status != 200) {
         server_message(&r->body, msg, sizeof msg);
@@ -521,7 +483,7 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
     pthread_mutex_lock(&c->mu);
     c->errmsg[0] = '\0';
     int64_t deadline = edl_monotonic_ms() + (timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
-    int rc = EDL_ETIMEDOUT, backoff = 25;
+    int rc = EDL_ETIMEDOUT, rounds = 0;
     bool reauthed = false;
     size_t tried = 0;
     for (;;) {
@@ -554,12 +516,11 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
         c->cur = (c->cur + 1) % c->cfg.n_endpoints;
         if (++tried % c->cfg.n_endpoints == 0) {
             /* every endpoint failed once: back off before the next round */
-            int64_t nap = deadline - edl_monotonic_ms();
-            if (nap > backoff)
-                nap = backoff;
+            int64_t nap = edl_http_backoff_ms(rounds++, 25, 500, -1), left_ms = deadline - edl_monotonic_ms();
+            if (nap > left_ms)
+                nap = left_ms;
             if (nap > 0)
                 nanosleep(&(struct timespec){nap / 1000, (nap % 1000) * 1000000}, NULL);
-            backoff = backoff * 2 > 500 ? 500 : backoff * 2;
         }
     }
     if (rc == EDL_ETIMEDOUT && !c->errmsg[0])

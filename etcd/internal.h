@@ -10,6 +10,7 @@
 #include <curl/curl.h>
 
 #include "edl/etcd.h"
+#include "edl/http.h"
 
 struct edl_etcd {
     edl_etcd_config cfg; /* deep copy, owned */

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "edl/etcd_server.h"
 #include "edl/common.h"
+#include "edl/http.h"
 #include "edl/proc.h"
 
 #include <curl/curl.h>
@@ -382,15 +383,9 @@ static bool health_ok(const edl_etcd_server *s, CURL *c, const char *endpoint)
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, small_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 300L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1500L);
-    if (s->tls_ca)
-        curl_easy_setopt(c, CURLOPT_CAINFO, s->tls_ca);
-    if (s->tls_client_cert) {
-        curl_easy_setopt(c, CURLOPT_SSLCERT, s->tls_client_cert);
-        curl_easy_setopt(c, CURLOPT_SSLKEY, s->tls_client_key);
-    }
+    edl_http_prepare(c, &(edl_http_opts){.connect_timeout_ms = 300, .timeout_ms = 1500,
+                                         .ca_file = s->tls_ca, .cert_file = s->tls_client_cert,
+                                         .key_file = s->tls_client_cert ? s->tls_client_key : NULL});
     if (curl_easy_perform(c) != CURLE_OK)
         return false;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -425,6 +420,7 @@ static void report_early_exit(edl_etcd_server *s, int i, int status, bool *port_
 /* Poll /health of the members in `mask` until all answer true, one exits, or time runs out. */
 static int wait_healthy(edl_etcd_server *s, unsigned mask, bool *port_clash)
 {
+    edl_http_global_init();
     CURL *c = curl_easy_init();
     int64_t deadline = edl_monotonic_ms() + s->start_timeout_ms;
     int status = 0, rc = 0;

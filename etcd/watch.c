@@ -363,7 +363,7 @@ static CURLcode run_stream(edl_watch *w, const char *endpoint, long *status)
 static void *watch_main(void *arg)
 {
     edl_watch *w = arg;
-    int backoff = 50;
+    int failures = 0; /* in a row, since a stream last worked */
     while (!xfer_check(w, 0, 0, 0, 0) && !w->fatal) {
         edl_etcd *c = w->conn;
         const char *ep = c->cfg.endpoints[c->cur];
@@ -386,7 +386,7 @@ static void *watch_main(void *arg)
         if (xfer_check(w, 0, 0, 0, 0) || w->fatal)
             break;
         if (w->restart) {
-            backoff = 50;
+            failures = 0;
             continue;
         }
         bool was_created = w->created;
@@ -404,13 +404,13 @@ static void *watch_main(void *arg)
         etcd_fail(c, EDL_EUNAVAIL, "watch on %s: %s", ep, curl_easy_strerror(cc));
         c->cur = (c->cur + 1) % c->cfg.n_endpoints;
         if (was_created)
-            backoff = 50;
+            failures = 0;
         /* wait before the next try, waking at once on stop */
+        int64_t nap = edl_http_backoff_ms(failures++, 50, 1000, -1);
         pthread_mutex_lock(&w->mu);
         if (!w->stop)
-            edl_cond_wait_ms(&w->cv, &w->mu, backoff);
+            edl_cond_wait_ms(&w->cv, &w->mu, nap);
         pthread_mutex_unlock(&w->mu);
-        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
     mark_created(w, EDL_ECLOSED);
     return NULL;

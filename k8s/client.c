@@ -57,17 +57,10 @@ static bool config_valid(const edl_k8s_config *c)
     return true;
 }
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-
-static void curl_setup(void)
-{
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 int edl_k8s_open(const edl_k8s_config *c, edl_k8s **out)
 {
     *out = NULL;
-    pthread_once(&curl_once, curl_setup);
+    edl_http_global_init();
     if (!config_valid(c))
         return EDL_EINVAL;
     edl_k8s *k = calloc(1, sizeof *k);
@@ -190,33 +183,6 @@ static struct curl_slist *request_headers(edl_k8s *k, const char *content_type)
     return h;
 }
 
-static void set_blob(CURL *h, CURLoption opt, const char *pem)
-{
-    struct curl_blob b = {(void *)pem, strlen(pem), CURL_BLOB_COPY};
-    curl_easy_setopt(h, opt, &b);
-}
-
-static void curl_tls(edl_k8s *k, CURL *h)
-{
-    const edl_k8s_config *c = &k->cfg;
-    if (c->ca_data)
-        set_blob(h, CURLOPT_CAINFO_BLOB, c->ca_data);
-    else if (c->ca_file)
-        curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_file);
-    if (c->cert_data)
-        set_blob(h, CURLOPT_SSLCERT_BLOB, c->cert_data);
-    else if (c->cert_file)
-        curl_easy_setopt(h, CURLOPT_SSLCERT, c->cert_file);
-    if (c->key_data)
-        set_blob(h, CURLOPT_SSLKEY_BLOB, c->key_data);
-    else if (c->key_file)
-        curl_easy_setopt(h, CURLOPT_SSLKEY, c->key_file);
-    if (c->insecure_skip_tls_verify) {
-        curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
-        curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
-    }
-}
-
 /* ---- one exchange ------------------------------------------------------------------------- */
 
 bool k8s_stopped(const k8s_conn *c)
@@ -268,16 +234,6 @@ static void set_method(CURL *h, const char *method, const char *body)
     }
 }
 
-static int64_t retry_after_ms(CURL *h)
-{
-    struct curl_header *hh;
-    if (curl_easy_header(h, "Retry-After", 0, CURLH_HEADER, -1, &hh) != CURLHE_OK)
-        return -1;
-    char *end;
-    long s = strtol(hh->value, &end, 10);
-    return end != hh->value && *end == '\0' && s >= 0 ? (int64_t)s * 1000 : -1; /* dates: ignored */
-}
-
 CURLcode k8s_transfer(edl_k8s *k, const k8s_conn *c, k8s_xfer *x)
 {
     size_t ulen = strlen(k->cfg.server) + strlen(x->path) + 1;
@@ -293,23 +249,23 @@ CURLcode k8s_transfer(edl_k8s *k, const k8s_conn *c, k8s_xfer *x)
         snprintf(url, ulen, "%s%s", k->cfg.server, x->path);
         curl_easy_reset(h); /* keeps the connection; drops the last request's options */
         curl_easy_setopt(h, CURLOPT_URL, url);
-        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)CONNECT_TIMEOUT_MS);
-        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, x->timeout_ms);
-        curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-        curl_easy_setopt(h, CURLOPT_USERAGENT, "edl-operator/0.1");
+        const edl_k8s_config *tls = &k->cfg;
+        edl_http_prepare(h, &(edl_http_opts){
+            .connect_timeout_ms = CONNECT_TIMEOUT_MS, .timeout_ms = x->timeout_ms,
+            .keepalive = true, .user_agent = "edl-operator/0.1",
+            .ca_file = tls->ca_file, .ca_pem = tls->ca_data, .cert_file = tls->cert_file,
+            .cert_pem = tls->cert_data, .key_file = tls->key_file, .key_pem = tls->key_data,
+            .insecure = tls->insecure_skip_tls_verify});
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, x->write ? x->write : edl_bytebuf_curl_write);
         curl_easy_setopt(h, CURLOPT_WRITEDATA, x->write ? x->arg : &x->buf);
-        curl_tls(k, h);
         set_method(h, x->method, x->body);
         atomic_fetch_add(&k->requests, 1);
         cc = perform(c);
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &x->status);
         if (x->status)
-            x->retry_after_ms = retry_after_ms(h);
+            x->retry_after_ms = edl_http_retry_after_ms(h);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
     }
@@ -319,27 +275,6 @@ CURLcode k8s_transfer(edl_k8s *k, const k8s_conn *c, k8s_xfer *x)
 }
 
 /* ---- replies and retries ------------------------------------------------------------------ */
-
-int k8s_curl_code(CURLcode cc)
-{
-    switch (cc) {
-    case CURLE_OPERATION_TIMEDOUT: return EDL_ETIMEDOUT;
-    case CURLE_OUT_OF_MEMORY: return EDL_ENOMEM;
-    case CURLE_PEER_FAILED_VERIFICATION:
-    case CURLE_SSL_CACERT_BADFILE:
-    case CURLE_SSL_CERTPROBLEM:
-    case CURLE_SSL_ISSUER_ERROR: return EDL_EAUTH;
-    case CURLE_ABORTED_BY_CALLBACK: return EDL_ECLOSED;
-    default: return EDL_EUNAVAIL;
-    }
-}
-
-/* Nothing reached the server: safe to send again whatever the method. */
-static bool not_sent(CURLcode cc)
-{
-    return cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
-           cc == CURLE_SSL_CONNECT_ERROR;
-}
 
 static void copy_printable(char *dst, size_t len, const char *src, size_t n)
 {
@@ -372,7 +307,7 @@ static void fill_reply(edl_k8s_reply *r, long status, edl_bytebuf *b)
 static int transport_error(edl_k8s *k, const char *method, const char *path, CURLcode cc,
                            const k8s_xfer *x, edl_k8s_reply *out)
 {
-    int code = x->buf.overflow ? EDL_ETOOBIG : k8s_curl_code(cc);
+    int code = x->buf.overflow ? EDL_ETOOBIG : edl_http_code(cc);
     memset(out, 0, sizeof *out);
     if (x->buf.overflow)
         snprintf(out->message, sizeof out->message, "%s %s%s: reply over %u bytes", method,
@@ -387,18 +322,14 @@ static int transport_error(edl_k8s *k, const char *method, const char *path, CUR
 static bool should_retry(const char *method, CURLcode cc, const k8s_xfer *x, int attempt,
                          int64_t *wait_ms)
 {
-    *wait_ms = (int64_t)K8S_RETRY_BASE_MS << attempt;
-    if (cc == CURLE_OK) {
-        if (x->status != 429 && x->status < 500)
-            return false;
-        if (x->retry_after_ms >= 0)
-            *wait_ms = x->retry_after_ms < K8S_RETRY_AFTER_CAP_MS ? x->retry_after_ms : K8S_RETRY_AFTER_CAP_MS;
-        return true;
-    }
-    if (x->buf.overflow || cc == CURLE_ABORTED_BY_CALLBACK || k8s_curl_code(cc) == EDL_EAUTH)
+    *wait_ms = edl_http_backoff_ms(attempt, K8S_RETRY_BASE_MS, K8S_RETRY_MAX_MS,
+                                   cc == CURLE_OK ? x->retry_after_ms : -1);
+    if (cc == CURLE_OK)
+        return x->status == 429 || x->status >= 500;
+    if (x->buf.overflow || cc == CURLE_ABORTED_BY_CALLBACK || edl_http_code(cc) == EDL_EAUTH)
         return false;
     /* a request that may have reached the server is sent again only when reading */
-    return not_sent(cc) || strcmp(method, "GET") == 0;
+    return edl_http_not_sent(cc) || strcmp(method, "GET") == 0;
 }
 
 void k8s_set_write_fence(edl_k8s *k, bool (*may_write)(void *), void *arg)

@@ -352,7 +352,7 @@ static watch_end do_watch(edl_k8s_informer *inf)
 static void *informer_main(void *arg)
 {
     edl_k8s_informer *inf = arg;
-    int backoff = BACKOFF_MIN_MS;
+    int failures = 0; /* in a row, since a list or a watch last worked */
     bool need_list = true, first = true;
     while (!stopped(inf)) {
         if (need_list) {
@@ -360,21 +360,18 @@ static void *informer_main(void *arg)
                 atomic_fetch_add(&inf->k->relists, 1);
             first = false;
             if (do_list(inf) != 0) {
-                wait_ms(inf, backoff);
-                backoff = backoff * 2 < BACKOFF_MAX_MS ? backoff * 2 : BACKOFF_MAX_MS;
+                wait_ms(inf, (int)edl_http_backoff_ms(failures++, BACKOFF_MIN_MS, BACKOFF_MAX_MS, -1));
                 continue;
             }
             need_list = false;
         }
         watch_end end = do_watch(inf);
         if (inf->got_event || end == W_ENDED)
-            backoff = BACKOFF_MIN_MS; /* it worked for a while */
+            failures = 0; /* it worked for a while */
         if (end == W_GONE || end == W_BAD)
             need_list = true;
-        if (end == W_BROKEN || end == W_BAD) {
-            wait_ms(inf, backoff);
-            backoff = backoff * 2 < BACKOFF_MAX_MS ? backoff * 2 : BACKOFF_MAX_MS;
-        }
+        if (end == W_BROKEN || end == W_BAD)
+            wait_ms(inf, (int)edl_http_backoff_ms(failures++, BACKOFF_MIN_MS, BACKOFF_MAX_MS, -1));
     }
     return NULL;
 }

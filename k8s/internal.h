@@ -10,13 +10,14 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 
+#include "edl/http.h"
 #include "edl/k8s.h"
 
 #define K8S_MAX_REPLY (16u << 20)   /* a reply, or one line of a watch stream */
 #define K8S_TOKEN_REREAD_MS 60000   /* a token file is read again after this long */
 #define K8S_RETRIES 4
 #define K8S_RETRY_BASE_MS 100
-#define K8S_RETRY_AFTER_CAP_MS 2000
+#define K8S_RETRY_MAX_MS 2000 /* also the cap on a server's Retry-After */
 
 struct edl_k8s {
     edl_k8s_config cfg;       /* deep copy, owned */
@@ -57,8 +58,6 @@ typedef struct k8s_xfer {
 } k8s_xfer;
 CURLcode k8s_transfer(edl_k8s *k, const k8s_conn *c, k8s_xfer *x);
 bool k8s_stopped(const k8s_conn *c);
-/* The transport error as a code (EDL_EUNAVAIL, EDL_ETIMEDOUT, EDL_EAUTH for TLS, ...). */
-int k8s_curl_code(CURLcode cc);
 /* One request with its reply parsed (as edl_k8s_request), retried when retry is set. */
 int k8s_request_on(edl_k8s *k, const k8s_conn *c, const char *method, const char *path,
                    const char *content_type, const char *body, bool retry, edl_k8s_reply *out);

@@ -12,6 +12,7 @@
  * handle, the upload being aborted when any part fails for good. 5xx replies and connection
  * errors are retried with jittered back-off. */
 #define _GNU_SOURCE
+#include "edl/http.h"
 #include "internal.h"
 
 #include <curl/curl.h>
@@ -69,13 +70,6 @@ typedef struct s3_req {
     char curl_err[CURL_ERROR_SIZE];
     struct curl_slist *hdrs;
 } s3_req;
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-
-static void curl_setup(void)
-{
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-}
 
 /* ---- configuration ------------------------------------------------------------------- */
 
@@ -139,7 +133,7 @@ static int parse_endpoint(edl_storage *s, s3_store *st, const char *ep)
 
 static int s3_open(edl_storage *s, const edl_storage_config *cfg, const char *rest)
 {
-    pthread_once(&curl_once, curl_setup);
+    edl_http_global_init();
     size_t blen = strcspn(rest, "/");
     if (!bucket_valid(rest, blen))
         return storage_fail(s, EDL_EINVAL, "S3 URI \"%.200s\": the bucket name must be 3-63 "
@@ -360,18 +354,11 @@ static bool setup_request(s3_store *st, CURL *h, s3_req *r)
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
     curl_easy_setopt(h, CURLOPT_USERNAME, st->access_key);
     curl_easy_setopt(h, CURLOPT_PASSWORD, st->secret_key);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)st->connect_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)st->timeout_ms);
+    edl_http_prepare(h, &(edl_http_opts){.connect_timeout_ms = (long)st->connect_timeout_ms,
+                                         .timeout_ms = (long)st->timeout_ms, .keepalive = true});
     /* A stalled transfer (frozen network) fails long before the whole-request timeout. */
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
-    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-#if LIBCURL_VERSION_NUM >= 0x075500
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, r->curl_err);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
@@ -456,12 +443,15 @@ static int classify(edl_storage *s, CURLcode cc, s3_req *r, const char *what)
                         code[0] ? " " : "", code, sep, msg);
 }
 
-static void backoff_sleep(edl_storage *s, s3_store *st, int attempt)
+/* When to try a failed request again (a 503 SlowDown may say, in Retry-After). */
+static int64_t backoff_ms(s3_store *st, CURL *h, int attempt)
 {
-    int64_t ms = st->retry_base_ms << (attempt < 16 ? attempt : 16);
-    if (ms > MAX_BACKOFF_MS)
-        ms = MAX_BACKOFF_MS;
-    ms = ms / 2 + (int64_t)(storage_rand(s) % (unsigned)(ms / 2 + 1)); /* jitter: 50-100 % */
+    return edl_http_backoff_ms(attempt, st->retry_base_ms, MAX_BACKOFF_MS, edl_http_retry_after_ms(h));
+}
+
+static void backoff_sleep(s3_store *st, int attempt)
+{
+    int64_t ms = backoff_ms(st, st->easy, attempt);
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
@@ -477,7 +467,7 @@ static int perform(edl_storage *s, s3_req *r, const char *what)
         CURLcode cc = curl_easy_perform(st->easy);
         curl_easy_getinfo(st->easy, CURLINFO_RESPONSE_CODE, &r->status);
         if (attempt < st->max_retries && retryable(cc, r->status, r)) {
-            backoff_sleep(s, st, attempt);
+            backoff_sleep(st, attempt);
             continue;
         }
         return classify(s, cc, r, what);
@@ -774,11 +764,7 @@ static int mp_part_done(multipart *m, part_slot *sl, CURLcode cc)
         return 0;
     }
     if (sl->attempts < m->st->max_retries && retryable(cc, sl->r.status, &sl->r)) {
-        int64_t ms = m->st->retry_base_ms << (sl->attempts < 16 ? sl->attempts : 16);
-        if (ms > MAX_BACKOFF_MS)
-            ms = MAX_BACKOFF_MS;
-        sl->attempts++;
-        sl->retry_at_ms = edl_monotonic_ms() + ms / 2 + (int64_t)(storage_rand(m->s) % (unsigned)(ms / 2 + 1));
+        sl->retry_at_ms = edl_monotonic_ms() + backoff_ms(m->st, sl->h, sl->attempts++);
         return 0;
     }
     char what[700];

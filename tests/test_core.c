@@ -1,5 +1,5 @@
 /* test_core.c: libedlcore's plumbing: the error table, the byte buffer, the strict JSON reader,
- * the thread-to-loop queue, child processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus
+ * the thread-to-loop queue, the HTTP clients' shared policy, child processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus
  * writer. */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "edl/common.h"
+#include "edl/http.h"
 #include "edl/json.h"
 #include "edl/metrics.h"
 #include "edl/proc.h"
@@ -232,6 +233,38 @@ static void test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth(v
     assert_int_equal((intptr_t)pushed, 0);
     assert_false(edl_queue_push(q, &a));
     edl_queue_close(q, NULL);
+}
+
+/* ---- the HTTP clients' shared policy ------------------------------------------------------- */
+
+static void test_http_backoff_doubles_caps_jitters_and_obeys_retry_after(void **state)
+{
+    (void)state;
+    for (int attempt = 0; attempt < 40; attempt++) {
+        int64_t full = attempt < 5 ? (int64_t)100 << attempt : 2000;
+        if (full > 2000)
+            full = 2000;
+        bool low = false, high = false;
+        for (int i = 0; i < 200; i++) {
+            int64_t ms = edl_http_backoff_ms(attempt, 100, 2000, -1);
+            assert_true(ms >= full / 2 && ms <= full); /* 50-100 % of the doubled base */
+            low |= ms < full * 3 / 4;
+            high |= ms >= full * 3 / 4;
+        }
+        assert_true(low && high); /* jittered, not fixed */
+    }
+    assert_int_equal(edl_http_backoff_ms(0, 100, 2000, 1000), 1000);  /* the server's word */
+    assert_int_equal(edl_http_backoff_ms(3, 100, 2000, 0), 0);
+    assert_int_equal(edl_http_backoff_ms(0, 100, 2000, 60000), 2000); /* capped */
+
+    assert_true(edl_http_not_sent(CURLE_COULDNT_CONNECT));
+    assert_true(edl_http_not_sent(CURLE_PEER_FAILED_VERIFICATION));
+    assert_false(edl_http_not_sent(CURLE_OPERATION_TIMEDOUT)); /* it may have arrived */
+    assert_false(edl_http_not_sent(CURLE_RECV_ERROR));
+    assert_int_equal(edl_http_code(CURLE_OPERATION_TIMEDOUT), EDL_ETIMEDOUT);
+    assert_int_equal(edl_http_code(CURLE_SSL_CACERT_BADFILE), EDL_EAUTH);
+    assert_int_equal(edl_http_code(CURLE_ABORTED_BY_CALLBACK), EDL_ECLOSED);
+    assert_int_equal(edl_http_code(CURLE_COULDNT_CONNECT), EDL_EUNAVAIL);
 }
 
 /* ---- child processes ----------------------------------------------------------------------- */
@@ -570,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_byte_buffer_grows_to_its_bound_and_no_further),
         cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
         cmocka_unit_test(test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth),
+        cmocka_unit_test(test_http_backoff_doubles_caps_jitters_and_obeys_retry_after),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
