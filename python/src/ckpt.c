@@ -192,7 +192,7 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args)
 
 /* save_async(step, generation, shards, metadata_json=None, keep=None) -> Pending: returns once
  * the shards are copied (at once with snapshot_in_background: see Pending.snapshot_wait);
- * keep is held until the save is done. */
+ * the shards (their bytes objects are read in place) and keep are held until the save is done. */
 static PyObject *ckpt_save_async(PyObject *self, PyObject *args)
 {
     Checkpoint *c = opened(self);
@@ -208,10 +208,13 @@ static PyObject *ckpt_save_async(PyObject *self, PyObject *args)
     if (!s)
         return NULL;
     Pending *p = (Pending *)PyObject_CallObject(pending_type, NULL);
-    if (!p) {
+    PyObject *held = p ? PyTuple_Pack(2, seq, keep) : NULL;
+    if (!held) {
+        Py_XDECREF(p);
         free(s);
         return NULL;
     }
+    p->keep = held;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = edl_ckpt_save_async(c->ck, step, gen, s, n, meta, &p->sv);
@@ -222,8 +225,6 @@ static PyObject *ckpt_save_async(PyObject *self, PyObject *args)
         return edl_py_raise(rc, "queueing checkpoint step %lld: %s", step,
                             edl_ckpt_errmsg(c->ck));
     }
-    Py_INCREF(keep);
-    p->keep = keep;
     Py_INCREF(self);
     p->owner = self;
     return (PyObject *)p;
@@ -306,6 +307,12 @@ static PyType_Slot CKPT_SLOTS[] = {
 static void pending_dealloc(PyObject *self)
 {
     Pending *p = (Pending *)self;
+    if (p->sv && p->keep && !edl_ckpt_save_done(p->sv)) {
+        /* a snapshot in the background may still read the memory held: let it finish */
+        Py_BEGIN_ALLOW_THREADS
+        edl_ckpt_snapshot_wait(p->sv, -1);
+        Py_END_ALLOW_THREADS
+    }
     edl_ckpt_save_free(p->sv); /* a save still running goes on and frees itself */
     Py_XDECREF(p->keep);
     Py_XDECREF(p->owner);

@@ -3,6 +3,7 @@ real s3rver the objects): save/load, async saves, fallback past a corrupt newest
 and clear refusals."""
 import glob
 import os
+import time
 
 import pytest
 
@@ -77,6 +78,30 @@ def test_async_saves_and_wait(url):
     big["w"].zero_()
     assert p.wait()
     assert torch.equal(ckpt.load(url)["w"], copy)
+
+
+def test_a_background_snapshot_keeps_what_it_reads_alive(url):
+    # The pickled structure is a bytes object that only the save holds once save_async returns;
+    # the snapshot copies it later, in the background. Freed memory reused at once by bytes of
+    # the same size must not end up in the checkpoint (and under ASan: no use after free).
+    big = {"w": torch.randn(1 << 22), "note": "x" * 40, "n": 7}
+    copy = big["w"].clone()
+    p = ckpt.save_async(big, 5, url, snapshot_in_background=True)
+    junk = [bytes([i % 251]) * n for i in range(2000) for n in (64, 75, 96, 128, 160)]
+    assert p.wait()
+    del junk
+    loaded = ckpt.load(url)
+    assert torch.equal(loaded["w"], copy) and loaded["note"] == "x" * 40 and loaded["n"] == 7
+    # a Pending dropped while its snapshot runs waits for it rather than free what it reads
+    shards, meta, _ = ckpt._shards({"w": copy})
+    q = ckpt._handle(url, True).save_async(6, 0, shards, meta)
+    del shards
+    del q
+    deadline = time.monotonic() + 30  # the save goes on alone and commits
+    while ckpt.load_latest(url)[1] != 6:
+        assert time.monotonic() < deadline, "the save of a dropped Pending never committed"
+        time.sleep(0.05)
+    assert torch.equal(ckpt.load_latest(url)[0]["w"], copy)
 
 
 def test_a_corrupt_newest_checkpoint_is_passed_over(in_job, scratch):
