@@ -212,6 +212,8 @@ static char *join_path(const char *parent, const char *key, int index)
 static int take_key(builder *b, frame *f, const yaml_event_t *ev)
 {
     const char *key = (const char *)ev->data.scalar.value;
+    if (!*key) /* "? " or "\"\": x": no field, label or variable has an empty name */
+        return fail_at(b, &ev->start_mark, EDL_EPROTO, "an empty key");
     char *path = join_path(f->path, key, 0);
     if (!path || !(f->key = strdup(key))) {
         free(path);

@@ -144,6 +144,10 @@ static void test_yaml_refusals_name_file_line_and_column(void **state)
     assert_int_equal(load_err("a: [1, 2\n", err, sizeof err), EDL_EPROTO);
     assert_int_equal(load_err("? [a]\n: 1\n", err, sizeof err), EDL_EPROTO);
     assert_non_null(strstr(err, "a key must be a scalar"));
+    assert_int_equal(load_err("kind: X\n?\n", err, sizeof err), EDL_EPROTO); /* fuzz_manifest */
+    assert_non_null(strstr(err, "t.yaml:2:2: an empty key"));
+    assert_int_equal(load_err("a:\n  \"\": 1\n", err, sizeof err), EDL_EPROTO);
+    assert_non_null(strstr(err, "t.yaml:2:3: an empty key"));
     assert_int_equal(load_err("a: !custom 1\n", err, sizeof err), EDL_EPROTO);
     assert_non_null(strstr(err, "tag !custom is not supported"));
     assert_int_equal(load_err("a: !!int x\n", err, sizeof err), EDL_EPROTO);

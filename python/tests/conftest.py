@@ -1,6 +1,11 @@
 """Fixtures of the edl package's tests: a real etcd on free loopback ports, a real s3rver,
 and the build tree's binaries (ctest passes EDL_BIN_DIR, EDL_SOURCE_DIR and PYTHONPATH; see
-python/tests/CMakeLists.txt). Every process a test starts is stopped when it ends."""
+python/CMakeLists.txt). Every process a test starts is stopped when it ends.
+
+A test marked whole_job starts a job of Python trainer processes (each imports torch) or builds
+the package again; ctest's sanitized build (EDL_SANITIZED=1) skips those: under ASan's runtime
+each trainer's start takes tens of seconds, the plain pass runs the same jobs, and the tests
+that drive the module in this process are the ones the sanitizers watch."""
 import os
 import shutil
 import signal
@@ -15,6 +20,20 @@ import pytest
 SOURCE_DIR = os.environ.get("EDL_SOURCE_DIR",
                             os.path.abspath(os.path.join(os.path.dirname(__file__), "../..")))
 BIN_DIR = os.environ.get("EDL_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "whole_job: starts a job of Python trainer processes or "
+                            "builds the package (skipped in the sanitized build)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("EDL_SANITIZED") != "1":
+        return
+    skip = pytest.mark.skip(reason="whole_job, left to the plain build (see conftest.py)")
+    for item in items:
+        if "whole_job" in item.keywords:
+            item.add_marker(skip)
 
 
 def free_port():

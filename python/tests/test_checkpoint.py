@@ -143,6 +143,7 @@ def test_refusals_name_the_cause(in_job, scratch, monkeypatch):
     assert e.value.name == "EDL_ECONFIG" and "run under edl" in str(e.value)
 
 
+@pytest.mark.whole_job
 def test_pip_installs_the_package_offline(tmp_path):
     """`pip install --no-build-isolation ./python` builds the module through CMake and the
     installed package imports on its own."""

@@ -54,6 +54,7 @@ def run_mode(mode, tmp_path):
         slog.close()
 
 
+@pytest.mark.whole_job
 def test_ctr_py_learns_as_well_on_servers_in_every_mode(tmp_path, ps_secret):
     local = subprocess.run([sys.executable, CTR, "--local", *ARGS], capture_output=True,
                            text=True, env=env(), timeout=300)

@@ -29,6 +29,7 @@ def read_int(path):
         return 0
 
 
+@pytest.mark.whole_job
 def test_servers_join_and_die_with_two_replicas_and_no_acknowledged_update_is_lost(tmp_path,
                                                                                     etcd):
     out = tmp_path / "out"

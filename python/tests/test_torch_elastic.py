@@ -98,6 +98,7 @@ def trainer_pid(job, pod):
     return pids[-1] if pids else None
 
 
+@pytest.mark.whole_job
 def test_churn_keeps_survivors_and_gives_the_same_model(tmp_path):
     want = local_weights(tmp_path)
     job = Job(tmp_path, "pychurn", 2, 40)
@@ -124,6 +125,7 @@ def test_churn_keeps_survivors_and_gives_the_same_model(tmp_path):
     assert_close(want, torch.load(job.out))
 
 
+@pytest.mark.whole_job
 def test_a_trainer_killed_inside_an_allreduce(tmp_path):
     want = local_weights(tmp_path, LONG)
     job = Job(tmp_path, "pykill", 2, 0, LONG, settle_ms=3000)  # both pods in generation 1
