@@ -534,9 +534,8 @@ static int teacher_exit_code(edl_job_state s)
 void agent_reconcile(agent *a)
 {
     if (a->leaving_signal || a->final_exit >= 0) {
-        if (a->teacher)
-            teacher_deregister(a); /* the key first, then the server */
-        trainer_stop(&a->tp, a->o->grace_ms);
+        if (!a->teacher || teacher_leave_ready(a)) /* the key first, then the server */
+            trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
     if (a->have_generation && edl_job_state_final(a->generation.state)) {
@@ -544,9 +543,8 @@ void agent_reconcile(agent *a)
                  edl_job_state_name(a->generation.state), (long long)a->generation.generation);
         a->final_exit = a->teacher ? teacher_exit_code(a->generation.state)
                                    : edl_job_exit_code(a->generation.state);
-        if (a->teacher)
-            teacher_deregister(a);
-        trainer_stop(&a->tp, a->o->grace_ms);
+        if (!a->teacher || teacher_leave_ready(a))
+            trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
     if (a->teacher) { /* a stateless server: kept running through a lost lease */
@@ -554,7 +552,8 @@ void agent_reconcile(agent *a)
         return;
     }
     if (!a->keeper) { /* no lease: this pod is no member or server of anything */
-        if (!a->ahead_register_ms) /* (a trainer started ahead waits for it to register) */
+        if (!a->ahead_register_ms && !a->reg_busy) /* (a trainer started ahead waits for its
+                                                    * registration, due or on its way) */
             trainer_stop(&a->tp, a->o->grace_ms);
         return;
     }
@@ -579,10 +578,10 @@ static void on_signals(agent *a, int sfd)
             }
             EDL_INFO("agent", "signal %d: stopping the trainer and leaving the job", sig);
             a->leaving_signal = sig;
-            if (a->teacher)
-                teacher_deregister(a); /* students stop asking it before it stops */
+            bool stop = !a->teacher || teacher_leave_ready(a); /* students stop asking first */
             registry_unregister(a); /* the job server sees the leave now, not after the TTL */
-            trainer_stop(&a->tp, a->o->grace_ms);
+            if (stop) /* else once the record is gone (agent_reconcile) */
+                trainer_stop(&a->tp, a->o->grace_ms);
         } else if (sig == SIGHUP) {
             EDL_INFO("agent", "SIGHUP ignored");
         }
@@ -600,7 +599,8 @@ static int min_timeout(int t, int64_t due_ms)
     return (t < 0 || left < t) ? (int)left : t;
 }
 
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, FD_HEALTH, N_FDS };
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, FD_HEALTH, FD_ETCD,
+       N_FDS };
 
 /* How long the loop may sleep: until the next timer of any of its parts is due. */
 static int loop_timeout(agent *a)
@@ -630,6 +630,7 @@ static void loop_once(agent *a, int sfd)
     for (int i = 0; i < N_FDS; i++)
         fds[i] = (struct pollfd){.fd = -1};
     fds[FD_SIG] = (struct pollfd){.fd = sfd, .events = POLLIN};
+    fds[FD_ETCD] = (struct pollfd){.fd = edl_worker_fd(a->worker), .events = POLLIN};
     if (a->keeper)
         fds[FD_KEEPER] = (struct pollfd){.fd = edl_lease_keeper_fd(a->keeper), .events = POLLIN};
     if (a->watch)
@@ -648,6 +649,8 @@ static void loop_once(agent *a, int sfd)
     }
     if (fds[FD_SIG].revents)
         on_signals(a, sfd);
+    if (fds[FD_ETCD].revents)
+        edl_worker_complete(a->worker); /* etcd's answers to registry.c */
     if (a->keeper && fds[FD_KEEPER].revents && edl_lease_keeper_status(a->keeper) != 0)
         registry_lease_lost(a);
     if (a->watch && fds[FD_WATCH].revents)
@@ -689,10 +692,8 @@ static int agent_loop(agent *a, int sfd)
         if (!trainer_running(&a->tp)) {
             if (a->leaving_signal)
                 return 128 + a->leaving_signal;
-            if (a->final_exit >= 0) {
-                a->status_next_ms = 0;
-                registry_status_flush(a); /* one last try; the lease goes next anyway */
-                registry_unregister(a);
+            if (a->final_exit >= 0 && registry_status_last(a)) {
+                registry_unregister(a); /* queued after the last status */
                 return a->final_exit;
             }
         }
@@ -714,6 +715,8 @@ static int make_keys(agent *a)
 
 static void agent_free(agent *a)
 {
+    edl_worker_close(a->worker); /* its queued requests (the revocation) end first */
+    edl_etcd_close(a->etcd_off);
     if (a->keeper)
         edl_lease_keeper_close(a->keeper, false);
     edl_watch_close(a->watch);
@@ -736,11 +739,17 @@ static void agent_free(agent *a)
 static int connect_etcd(agent *a)
 {
     edl_etcd_config cfg = a->o->etcd; /* borrowed: edl_etcd_open copies it */
-    cfg.timeout_ms = 2000; /* short calls keep the loop responsive while etcd is away */
+    cfg.timeout_ms = 2000; /* bounds each request of the worker, and start-up's wait for the spec */
     cfg.connect_timeout_ms = 1000;
     int rc = edl_etcd_open(&cfg, &a->etcd);
-    if (rc)
+    if (!rc)
+        rc = edl_etcd_open(&cfg, &a->etcd_off);
+    if (rc) {
         EDL_ERROR("agent", "invalid etcd settings: %s", edl_strerror(rc));
+        return rc;
+    }
+    if ((rc = edl_worker_open(&a->worker)) != 0)
+        EDL_ERROR("agent", "cannot start its etcd worker: %s", edl_strerror(rc));
     return rc;
 }
 

@@ -2,7 +2,8 @@
  *
  *   main.c         command line, defaults, exit codes
  *   agent.c        start-up, the poll() loop, reacting to generations (the state machine)
- *   registry.c     etcd side: lease, pod and status keys, the watch on the published generation
+ *   registry.c     etcd side: lease, pod and status keys, the watch on the published generation,
+ *                  every request run off the loop by the agent's etcd worker (edl/work.h)
  *   trainer_proc.c the trainer process: spawn, stop with grace, reap, progress and control pipes
  *   env.c          the environment a trainer gets
  *   error_file.c   TORCHELASTIC_ERROR_FILE: the trainer's error, read back after a failure
@@ -23,6 +24,7 @@
 #include "edl/job.h"
 #include "edl/metrics.h"
 #include "edl/proc.h"
+#include "edl/work.h"
 
 /* Exit codes: EDL_EXIT_* of edl/job.h (documented in --help and docs/agent.md); 128 + N when
  * the agent left gracefully on signal N. */
@@ -170,6 +172,8 @@ typedef struct teacher_state {
     bool registered;         /* our key is in etcd */
     int64_t reg_lease;       /* ... under this lease */
     double reg_load;         /* ... with this load */
+    bool busy;               /* a request about the record is on its way (registry_call) */
+    bool leave_sent;         /* leaving: the record's deletion was asked for */
     int64_t restart_at_ms;   /* start the server then (0: none due) */
     int64_t backoff_ms;      /* the next restart's delay */
     int64_t healthy_since_ms; /* when it last became healthy (a long healthy run resets the
@@ -184,7 +188,9 @@ typedef struct agent_metrics {
 
 typedef struct agent {
     agent_opts *o;
-    edl_etcd *etcd;
+    edl_etcd *etcd;           /* start-up's (the spec) and teacher.c's */
+    edl_etcd *etcd_off;       /* the worker's: every request of registry.c, off the loop */
+    edl_worker *worker;       /* runs them (edl/work.h); the loop completes them */
     edl_job_keys keys;
     char *k_pod, *k_status;   /* this pod's two keys */
     edl_job_spec spec;
@@ -197,11 +203,13 @@ typedef struct agent {
     int64_t reg_next_ms;      /* next registration attempt (0: none due) */
     int64_t reg_backoff_ms;
     int reg_attempt;
+    bool reg_busy;            /* a registration is on its way */
 
     /* the published generation (registry.c) */
     edl_watch *watch;
     int64_t watch_rev;        /* events at or below this revision are already known */
     int64_t watch_next_ms;    /* when to (re)start a failed watch (0: none due) */
+    bool watch_busy;          /* the generation being read and a watch opened */
     edl_generation generation;
     bool have_generation;
 
@@ -211,6 +219,8 @@ typedef struct agent {
     int64_t status_next_ms;   /* earliest next write (retry or step rate limit) */
     int64_t status_written_ms;
     int status_failures;
+    bool status_busy;         /* a write is on its way */
+    unsigned status_seq;      /* counts the statuses set */
 
     /* the trainer (agent.c + trainer_proc.c); with --role ps, the parameter server's process */
     bool ps;                  /* this pod's role is ps: it serves when listed in `servers` */
@@ -233,6 +243,7 @@ typedef struct agent {
     int64_t master_gen;       /* the members_generation master_port belongs to (0: none) */
     int master_port;          /* its MASTER_PORT, picked by rank 0's agent */
     int64_t master_retry_ms;  /* when to look for it again (0: not waiting) */
+    bool master_busy;         /* it is being published or read */
     char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */
     char error_file[300];
 
@@ -251,10 +262,11 @@ int agent_read_error_file(const char *path, char *out, size_t len);
 /* The pure part: the message in a file's contents buf[0..n) (buf[n] must be '\0'). */
 int agent_error_message(const char *buf, size_t n, char *out, size_t len);
 
-/* registry.c */
+/* registry.c: every request to etcd runs on a->worker; these only queue them (one of a kind
+ * at a time) and their results change the agent when the loop completes them. */
 /* The MASTER_PORT of the agent's current generation: rank 0's agent picks a free port on its
  * address and publishes gen/<n>/master, the others read it. 0 with a->master_port set;
- * EDL_ENOTFOUND while rank 0 has not published it yet (retry). */
+ * EDL_EBUSY while it is being published or read (ask again: the answer wakes the loop). */
 int registry_master_port(agent *a, int rank);
 int registry_register(agent *a);        /* grant, put pod + status, start keeper */
 void registry_lease_lost(agent *a);     /* drop the keeper, schedule re-registration */
@@ -263,6 +275,13 @@ int registry_watch_open(agent *a);     /* read the generation, watch from the ne
 void registry_watch_events(agent *a);
 void registry_status_set(agent *a, const edl_pod_status *s);
 void registry_status_flush(agent *a);   /* write if dirty and due */
+/* Run call(the worker's connection, arg) on the worker, then done(a, arg, its result, the
+ * connection's message) on the loop; done owns arg. EDL_ENOMEM: nothing queued. */
+int registry_call(agent *a, int (*call)(edl_etcd *etcd, void *arg),
+                  void (*done)(agent *a, void *arg, int rc, const char *err), void *arg);
+/* Before leaving: true once the newest status was given its one write (queued before the
+ * revocation that follows); false while a write of an older one is still on its way. */
+bool registry_status_last(agent *a);
 
 /* install.c: `edl-agent --install DIR`: copy this binary to DIR/edl-agent; an exit code. */
 int agent_install(const char *dir);
@@ -281,7 +300,10 @@ const edl_member *agent_server(const agent *a);
 void teacher_init(agent *a);
 void teacher_reconcile(agent *a);       /* start, check, (de)register: after every wake-up */
 void teacher_on_exit(agent *a, int wstatus, bool by_agent);
-void teacher_deregister(agent *a);      /* delete the service key now (when it is there) */
+void teacher_deregister(agent *a);      /* delete the service key (when it is there) */
+/* Leaving: the record's deletion asked for once; true when it is answered (the server may stop
+ * then: students stop asking it first). */
+bool teacher_leave_ready(agent *a);
 int teacher_timeout(const agent *a);    /* ms until its next timer (-1: none) */
 void teacher_poll_fd(const agent *a, struct pollfd *p); /* the health check's fd (or -1) */
 void teacher_on_poll(agent *a, short revents);

@@ -88,45 +88,113 @@ static void start_server(agent *a)
 
 /* ---- the service key ------------------------------------------------------------------------ */
 
-static void do_register(agent *a)
-{
+/* A request about the record, run on the agent's etcd worker (registry_call): what it needs,
+ * copied. */
+typedef struct svc_req {
     char endpoint[300];
-    snprintf(endpoint, sizeof endpoint, "http://%s:%d", a->o->addr, a->o->port);
-    edl_service_instance r = {.name = a->o->pod, .endpoint = endpoint, .model = a->o->model,
-                              .version = a->o->model_version, .capacity = a->o->capacity,
-                              .load = a->t.load};
-    int rc = edl_service_register(a->etcd, a->o->prefix, a->o->service, &r, a->lease);
+    const char *prefix, *service, *pod, *model, *version; /* the agent's options: constant */
+    int capacity;
+    double load;
+    int64_t lease;
+} svc_req;
+
+static int put_record(edl_etcd *etcd, void *arg)
+{
+    svc_req *q = arg;
+    edl_service_instance r = {.name = (char *)q->pod, .endpoint = q->endpoint,
+                              .model = (char *)q->model, .version = (char *)q->version,
+                              .capacity = q->capacity, .load = q->load};
+    return edl_service_register(etcd, q->prefix, q->service, &r, q->lease);
+}
+
+static void record_put(agent *a, void *arg, int rc, const char *err)
+{
+    svc_req *q = arg;
+    a->t.busy = false;
     if (rc) {
         a->m.etcd_errors++;
-        EDL_WARN("agent", "teacher: registering in service %s: %s (%s); retrying",
-                 a->o->service, edl_strerror(rc), edl_etcd_errmsg(a->etcd));
+        EDL_WARN("agent", "teacher: registering in service %s: %s (%s); retrying", q->service,
+                 edl_strerror(rc), err);
+    } else {
+        if (!a->t.registered || a->t.reg_lease != q->lease)
+            EDL_INFO("agent", "teacher: registered %s in service %s (%s, lease %lld)", q->pod,
+                     q->service, q->endpoint, (long long)q->lease);
+        a->t.registered = true;
+        a->t.reg_lease = q->lease;
+        a->t.reg_load = q->load;
+    }
+    free(q);
+}
+
+static svc_req *request(agent *a)
+{
+    svc_req *q = calloc(1, sizeof *q);
+    if (q)
+        *q = (svc_req){.prefix = a->o->prefix, .service = a->o->service, .pod = a->o->pod,
+                       .model = a->o->model, .version = a->o->model_version,
+                       .capacity = a->o->capacity, .load = a->t.load, .lease = a->lease};
+    return q;
+}
+
+static void do_register(agent *a)
+{
+    svc_req *q = request(a);
+    if (!q)
+        return;
+    snprintf(q->endpoint, sizeof q->endpoint, "http://%s:%d", a->o->addr, a->o->port);
+    if (registry_call(a, put_record, record_put, q) != 0) {
+        free(q);
         return;
     }
-    if (!a->t.registered || a->t.reg_lease != a->lease)
-        EDL_INFO("agent", "teacher: registered %s in service %s (%s, lease %lld)", a->o->pod,
-                 a->o->service, endpoint, (long long)a->lease);
-    a->t.registered = true;
-    a->t.reg_lease = a->lease;
-    a->t.reg_load = a->t.load;
+    a->t.busy = true;
+}
+
+static int delete_record(edl_etcd *etcd, void *arg)
+{
+    svc_req *q = arg;
+    return edl_service_deregister(etcd, q->prefix, q->service, q->pod);
+}
+
+static void record_deleted(agent *a, void *arg, int rc, const char *err)
+{
+    svc_req *q = arg;
+    a->t.busy = false;
+    if (rc && rc != EDL_ENOTFOUND) {
+        a->m.etcd_errors++;
+        EDL_WARN("agent", "teacher: deregistering from service %s: %s (%s); retrying",
+                 q->service, edl_strerror(rc), err);
+    } else {
+        EDL_INFO("agent", "teacher: deregistered %s from service %s", q->pod, q->service);
+        a->t.registered = false;
+    }
+    free(q);
 }
 
 void teacher_deregister(agent *a)
 {
-    if (!a->t.registered)
+    if (!a->t.registered || a->t.busy)
         return;
     if (!a->keeper) { /* the key went with the lease */
         a->t.registered = false;
         return;
     }
-    int rc = edl_service_deregister(a->etcd, a->o->prefix, a->o->service, a->o->pod);
-    if (rc && rc != EDL_ENOTFOUND) {
-        a->m.etcd_errors++;
-        EDL_WARN("agent", "teacher: deregistering from service %s: %s (%s); retrying",
-                 a->o->service, edl_strerror(rc), edl_etcd_errmsg(a->etcd));
+    svc_req *q = request(a);
+    if (!q || registry_call(a, delete_record, record_deleted, q) != 0) {
+        free(q);
         return;
     }
-    EDL_INFO("agent", "teacher: deregistered %s from service %s", a->o->pod, a->o->service);
-    a->t.registered = false;
+    a->t.busy = true;
+}
+
+bool teacher_leave_ready(agent *a)
+{
+    if (a->t.busy)
+        return false; /* a request on its way: its answer first */
+    if (!a->t.leave_sent) {
+        a->t.leave_sent = true;
+        teacher_deregister(a);
+    }
+    return !a->t.busy;
 }
 
 /* The record should be in etcd: a server that runs, answers, and a lease to put it under. */
@@ -137,6 +205,8 @@ static bool should_register(const agent *a)
 
 static void sync_registration(agent *a)
 {
+    if (a->t.busy)
+        return; /* the answer to the last request first */
     if (!a->keeper)
         a->t.registered = false;
     bool want = should_register(a);

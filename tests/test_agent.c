@@ -62,6 +62,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    pid_t etcd = edl_etcd_server_pid(srv, 0);
+    if (etcd > 0)
+        kill(etcd, SIGCONT); /* a test that froze it and failed */
     for (int i = 0; i < MAX_AGENTS; i++)
         if (agents[i] > 0) {
             kill(agents[i], SIGKILL);
@@ -769,6 +772,51 @@ static void test_etcd_outage_keeps_trainer_running(void **state)
     assert_int_equal(wait_exit(a, 8000), 4);
 }
 
+/* etcd frozen (SIGSTOP: connections accepted, nothing answered) while the trainer reports a
+ * step every 10 ms, so the agent has status to write: its loop still answers /metrics and a
+ * SIGTERM within 100 ms (its requests to etcd wait on its worker), and it leaves once etcd
+ * thaws. */
+static void test_a_frozen_etcd_never_stalls_the_loop(void **state)
+{
+    (void)state;
+    const char *job = "frozen";
+    put_spec(job, EDL_MODE_RESTART, 1, 10);
+    int mport = harness_free_port();
+    char mp[16], term[300], body[65536];
+    snprintf(mp, sizeof mp, "%d", mport);
+    snprintf(term, sizeof term, "%s/term", dir);
+    pid_t a = start_agent(job, "a",
+                          "trap 'echo > $T_DIR/term; exit 0' TERM; i=0; while :; do i=$((i+1)); "
+                          "echo \"step $i\" >&$EDL_PROGRESS_FD; sleep 0.01; done",
+                          (const char *[]){"--metrics-port", mp, "--metrics-addr", "127.0.0.1",
+                                           NULL});
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    wait_status(job, "a", 1, EDL_TRAINER_RUNNING, 3, 5000);
+    pid_t etcd = edl_etcd_server_pid(srv, 0);
+    assert_true(etcd > 0);
+    assert_int_equal(kill(etcd, SIGSTOP), 0);
+    int64_t worst = 0;
+    for (int i = 0; i < 30; i++) { /* 3 s: status writes (1/s) time out after 2 s each */
+        int64_t t0 = harness_now_ms();
+        assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
+        int64_t took = harness_now_ms() - t0;
+        worst = took > worst ? took : worst;
+        harness_sleep_ms(100);
+    }
+    if (worst >= 100)
+        fail_msg("with etcd frozen, a /metrics scrape took %lld ms", (long long)worst);
+    int64_t t0 = harness_now_ms();
+    kill(a, SIGTERM);
+    assert_true(wait_file(term, 2000));
+    int64_t took = harness_now_ms() - t0;
+    if (took >= 100)
+        fail_msg("with etcd frozen, SIGTERM reached the trainer after %lld ms", (long long)took);
+    assert_int_equal(kill(etcd, SIGCONT), 0);
+    assert_int_equal(wait_exit(a, 10000), 143); /* the revocation waited on the worker */
+    char k[256];
+    assert_true(wait_gone(key(job, "pods/a", k, sizeof k), 5000));
+}
+
 static void test_lost_lease_stops_trainer_and_reregisters(void **state)
 {
     (void)state;
@@ -1434,6 +1482,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_generation_is_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_steps_reach_status_and_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_trainer_running, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_frozen_etcd_never_stalls_the_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_servers_only_generation_keeps_the_trainer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_process_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_graceful_leave_deletes_registration_first, setup, teardown),

@@ -1,6 +1,6 @@
 /* test_core.c: libedlcore's plumbing: the error table, the byte buffer, the strict JSON reader,
- * the thread-to-loop queue, the HTTP clients' shared policy, child processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus
- * writer. */
+ * the thread-to-loop queue, works run off a loop, the HTTP clients' shared policy, child
+ * processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus writer. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +28,7 @@
 #include "edl/metrics.h"
 #include "edl/proc.h"
 #include "edl/queue.h"
+#include "edl/work.h"
 #include "harness.h"
 
 /* ---- errors --------------------------------------------------------------------------------- */
@@ -233,6 +234,70 @@ static void test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth(v
     assert_int_equal((intptr_t)pushed, 0);
     assert_false(edl_queue_push(q, &a));
     edl_queue_close(q, NULL);
+}
+
+/* ---- works run off the loop --------------------------------------------------------------- */
+
+typedef struct {
+    edl_work w;
+    int ms, order, *ran, *done_count, *last_done;
+    pthread_t run_thread;
+} slow_work;
+
+static void slow_run(edl_work *w)
+{
+    slow_work *s = (slow_work *)w;
+    usleep((useconds_t)s->ms * 1000);
+    s->run_thread = pthread_self();
+    *s->ran = s->order;
+}
+
+static void slow_done(edl_work *w)
+{
+    slow_work *s = (slow_work *)w;
+    assert_false(pthread_equal(s->run_thread, pthread_self())); /* run was on the worker */
+    assert_int_equal(*s->last_done + 1, s->order); /* in the order submitted */
+    *s->last_done = s->order;
+    (*s->done_count)++;
+    free(s);
+}
+
+static slow_work *slow(int ms, int order, int *ran, int *done_count, int *last_done)
+{
+    slow_work *s = calloc(1, sizeof *s);
+    *s = (slow_work){{slow_run, slow_done}, ms, order, ran, done_count, last_done, 0};
+    return s;
+}
+
+static void test_works_run_off_the_loop_and_complete_on_it_in_order(void **state)
+{
+    (void)state;
+    edl_worker *wk;
+    assert_int_equal(edl_worker_open(&wk), 0);
+    int ran = 0, done = 0, last = 0;
+    int64_t t0 = edl_monotonic_ms();
+    assert_int_equal(edl_worker_submit(wk, &slow(300, 1, &ran, &done, &last)->w), 0);
+    assert_int_equal(edl_worker_submit(wk, &slow(0, 2, &ran, &done, &last)->w), 0);
+    assert_true(edl_monotonic_ms() - t0 < 100); /* submitting never waits for the work */
+    assert_int_equal(edl_worker_pending(wk), 2);
+    assert_false(fd_readable(edl_worker_fd(wk)));
+    edl_worker_complete(wk); /* nothing finished: nothing done */
+    assert_int_equal(done, 0);
+    struct pollfd p = {.fd = edl_worker_fd(wk), .events = POLLIN};
+    while (done < 2) {
+        assert_int_equal(poll(&p, 1, 5000), 1);
+        edl_worker_complete(wk);
+    }
+    assert_int_equal(ran, 2);
+    assert_int_equal(edl_worker_pending(wk), 0);
+    assert_false(fd_readable(edl_worker_fd(wk)));
+
+    /* close lets the queued works finish and runs their done */
+    assert_int_equal(edl_worker_submit(wk, &slow(100, 3, &ran, &done, &last)->w), 0);
+    assert_int_equal(edl_worker_submit(wk, &slow(0, 4, &ran, &done, &last)->w), 0);
+    edl_worker_close(wk);
+    assert_int_equal(done, 4);
+    assert_int_equal(last, 4);
 }
 
 /* ---- the HTTP clients' shared policy ------------------------------------------------------- */
@@ -603,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_byte_buffer_grows_to_its_bound_and_no_further),
         cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
         cmocka_unit_test(test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth),
+        cmocka_unit_test(test_works_run_off_the_loop_and_complete_on_it_in_order),
         cmocka_unit_test(test_http_backoff_doubles_caps_jitters_and_obeys_retry_after),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
