@@ -59,14 +59,15 @@ static void work_free(reg_work *r)
 /* Queue r on the agent's worker: false (r freed) when it could not be. */
 static bool submit(agent *a, reg_work *r)
 {
-    if (r && edl_worker_submit(a->worker, &r->w) == 0)
+    int rc = edl_worker_submit(a->worker, &r->w);
+    if (rc == 0)
         return true;
-    if (r) {
-        if (r->keeper) /* a lease handed over for revocation: at least stop renewing it */
-            edl_lease_keeper_close(r->keeper, false);
-        work_free(r);
-    }
-    EDL_ERROR("agent", "cannot queue a request to etcd (out of memory or closing)");
+    if (r->keeper) /* a lease to revoke: the worker is closing as the agent exits (the done of a
+                    * registration that ended meanwhile), so this thread may wait for etcd */
+        edl_lease_keeper_close(r->keeper, rc == EDL_ECLOSED);
+    if (rc != EDL_ECLOSED)
+        EDL_ERROR("agent", "cannot queue a request to etcd: %s", edl_strerror(rc));
+    work_free(r);
     return false;
 }
 
