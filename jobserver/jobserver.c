@@ -1,6 +1,9 @@
 /* jobserver.c: the job server of one job. A replica campaigns for `jobs/<job>/leader`; the
  * leader passes over the job (publisher.c: snapshot, decide, publish, fenced by its term) whenever an
- * event under the job can change a decision or reconcile asked to be woken. */
+ * event under the job can change a decision or reconcile asked to be woken. Its loop never waits
+ * for etcd: each campaign attempt, each opening of the watch and each pass is a work
+ * (edl/work.h) on the server's etcd worker, one at a time; while one is on its way the loop
+ * answers signals and /metrics, and js->job belongs to the worker. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +18,7 @@
 #include "edl/etcd.h"
 #include "edl/log.h"
 #include "edl/metrics.h"
+#include "edl/work.h"
 #include "publisher.h"
 #include "jobserver.h"
 
@@ -24,13 +28,25 @@ typedef struct jobserver {
     const js_config *cfg;
     int sigfd;
     bool stop;
-    edl_etcd *c;
+    int exit_code;
+    edl_etcd *c;                    /* the worker's: every request runs there */
+    edl_worker *worker;
+    bool busy;                      /* a work is on its way: js->job, keeper, lease are its */
     js_publisher job;               /* the job's etcd side (publisher.c) */
+    js_job_counters m;              /* job.m as of the last pass: what /metrics shows */
     int64_t lease;
     edl_lease_keeper *keeper;
+    bool keeper_dead;               /* the lease is gone: the next campaign drops the keeper */
     edl_metrics_server *metrics; /* /metrics and /healthz (NULL: off) */
     bool leading;
     int64_t terms;
+    int64_t next_try_ms;            /* the next campaign attempt (back-off) */
+    int64_t campaign_backoff_ms;
+    edl_watch *w;                   /* leading: the job's keys (NULL: none, see watch_due) */
+    bool watch_due;                 /* leading without a watch: open one */
+    bool dirty;                     /* leading: an event may change a decision: pass */
+    int64_t wake;                   /* leading: pass then even without events (0: none) */
+    int final_state;
 } jobserver;
 
 /* ---- /metrics (Prometheus text format 0.0.4) ----------------------------------------------- */
@@ -43,23 +59,23 @@ static void write_metrics(void *arg, edl_prom *p)
     edl_prom_metric(p, "edl_jobserver_leader", "gauge", "1 while this replica leads the job.",
                     js->leading);
     edl_prom_metric(p, "edl_jobserver_generation", "gauge",
-                    "Generation last read or published (0: none).", js->job.m.generation);
+                    "Generation last read or published (0: none).", js->m.generation);
     edl_prom_metric(p, "edl_jobserver_members", "gauge", "Members of that generation.",
-                    js->job.m.members);
+                    js->m.members);
     edl_prom_metric(p, "edl_jobserver_servers", "gauge",
-                    "Parameter servers of that generation.", js->job.m.servers);
+                    "Parameter servers of that generation.", js->m.servers);
     edl_prom_metric(p, "edl_jobserver_restarts", "gauge",
-                    "Generations started because of trainer failures.", js->job.m.restarts);
+                    "Generations started because of trainer failures.", js->m.restarts);
     edl_prom_metric(p, "edl_jobserver_publications_total", "counter",
-                    "Publications by this replica.", js->job.m.publications);
+                    "Publications by this replica.", js->m.publications);
     edl_prom_metric(p, "edl_jobserver_etcd_errors_total", "counter",
-                    "Failed reads and publications.", js->job.m.etcd_errors);
+                    "Failed reads and publications.", js->m.etcd_errors);
     edl_prom_metric(p, "edl_jobserver_leader_terms_total", "counter",
                     "Times this replica became leader.", js->terms);
     edl_prom_family(p, "edl_jobserver_job_state", "gauge", "1 for the job's state.");
     for (int st = EDL_JOB_WAITING; st <= EDL_JOB_STOPPED; st++)
         edl_prom_sample(p, "edl_jobserver_job_state", "state",
-                        edl_job_state_name((edl_job_state)st), js->job.m.state == st);
+                        edl_job_state_name((edl_job_state)st), js->m.state == st);
     p->labels = NULL;
 }
 
@@ -80,129 +96,238 @@ static bool signalled(jobserver *js)
     return js->stop;
 }
 
-/* Lead until the lease is lost, a signal comes, or (exit_when_done) the job ends. */
-static int lead(jobserver *js, int *exit_code)
+/* ---- the works (on the worker) and their answers (on the loop) ---------------------------- */
+
+typedef struct js_work {
+    edl_work w;
+    jobserver *js;
+    int rc;
+    int64_t wake;
+    int final_state;
+    bool no_lease;                  /* a campaign's grant or keeper failed */
+    edl_watch *watch;
+    char err[300];
+} js_work;
+
+static void start_work(jobserver *js, void (*run)(edl_work *), void (*done)(edl_work *))
 {
-    edl_watch *w = NULL;
-    edl_watch_opts wo = {.prefix = true};
-    int rc = edl_watch_open(js->c, edl_str(js->job.k.job), &wo, &w);
-    if (rc) {
-        EDL_WARN(LOG, "watching %s failed: %s; polling instead", js->job.k.job, edl_strerror(rc));
-        w = NULL;
+    js_work *jw = calloc(1, sizeof *jw);
+    if (!jw)
+        return; /* out of memory: tried again after the next wake-up */
+    *jw = (js_work){.w = {run, done}, .js = js};
+    if (edl_worker_submit(js->worker, &jw->w) != 0) {
+        free(jw);
+        return;
     }
-    int64_t wake = 0;
-    int final_state = -1;
-    bool dirty = true;
-    while (!signalled(js)) {
-        if (dirty || (wake && edl_monotonic_ms() >= wake)) {
-            dirty = false;
-            rc = js_publisher_pass(&js->job, &wake, &final_state);
-        }
-        if (rc == EDL_ELEASE)
-            break;
-        if (js->cfg->exit_when_done && final_state >= 0 &&
-            edl_job_state_final((edl_job_state)final_state)) {
-            *exit_code = edl_job_exit_code((edl_job_state)final_state);
-            js->stop = true;
-            break;
-        }
-        int64_t now = edl_monotonic_ms();
-        int timeout = w ? -1 : 1000;
-        if (wake)
-            timeout = wake <= now ? 0 : (int)(wake - now > 60000 ? 60000 : wake - now);
-        struct pollfd pf[4] = {{js->sigfd, POLLIN, 0},
-                               {edl_lease_keeper_fd(js->keeper), POLLIN, 0},
-                               {w ? edl_watch_fd(w) : -1, POLLIN, 0},
-                               {js->metrics ? edl_metrics_fd(js->metrics) : -1, POLLIN, 0}};
-        int ht = js->metrics ? edl_metrics_timeout_ms(js->metrics) : -1;
-        if (ht >= 0 && (timeout < 0 || ht < timeout))
-            timeout = ht;
-        if (poll(pf, 4, timeout) < 0 && errno != EINTR)
-            break;
-        serve_http(js);
-        if (edl_lease_keeper_status(js->keeper)) {
-            rc = EDL_ELEASE;
-            break;
-        }
-        edl_watch_event *ev;
-        if (!w)
-            dirty = true; /* no watch: poll */
-        while (w && edl_watch_next(w, &ev, 0) == 0) {
-            bool dead = ev->type == EDL_WATCH_ERROR;
-            dirty = dirty || js_publisher_event_matters(&js->job, ev);
-            edl_watch_event_free(ev);
-            if (dead) {
-                edl_watch_close(w);
-                w = NULL;
-                if (edl_watch_open(js->c, edl_str(js->job.k.job), &wo, &w) != 0)
-                    w = NULL;
-                dirty = true; /* events may have been missed: read everything again */
-                break;
-            }
-        }
-    }
-    if (w)
-        edl_watch_close(w);
-    js->leading = false;
-    if (rc == EDL_ELEASE)
-        EDL_WARN(LOG, "job %s: lost the leadership; campaigning again", js->cfg->job);
-    return rc == EDL_ELEASE ? rc : 0;
+    js->busy = true;
 }
 
-/* Grant a lease and campaign until we lead or a signal comes. */
-static int campaign(jobserver *js)
+/* One attempt: a lease (and its keeper) when there is none, then up to 500 ms of campaign. */
+static void campaign_run(edl_work *w)
 {
-    int64_t backoff = 200;
-    while (!signalled(js)) {
-        if (!js->keeper) {
-            int rc = edl_etcd_lease_grant(js->c, js->cfg->ttl_s, 0, &js->lease, NULL);
-            if (!rc)
-                rc = edl_lease_keeper_open(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
-                                            &js->keeper);
-            if (rc == EDL_EAUTH) { /* retrying will not change the answer */
-                EDL_ERROR(LOG, "%s; %s", edl_etcd_errmsg(js->c), edl_etcd_advice(rc));
-                return rc;
-            }
-            if (rc) {
-                js->job.m.etcd_errors++;
-                serve_http(js);
-                EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying (check --etcd "
-                         "and, for https, --cacert, --cert and --key)", edl_strerror(rc),
-                         edl_etcd_errmsg(js->c));
-                usleep((useconds_t)backoff * 1000);
-                backoff = backoff < 3000 ? backoff * 2 : 3000;
-                continue;
-            }
-        }
-        edl_leader_clear(&js->job.leader);
-        serve_http(js);
-        int rc = edl_election_campaign(js->c, edl_str(js->job.k.leader), edl_str(js->cfg->id),
-                                       js->lease, 500, &js->job.leader);
-        if (rc == 0) {
-            js->leading = true;
-            js->terms++;
-            EDL_INFO(LOG, "job %s: %s leads (lease %llx)", js->cfg->job, js->cfg->id,
-                     (unsigned long long)js->lease);
-            return 0;
-        }
-        if (rc == EDL_ETIMEDOUT)
-            continue;
-        if (rc == EDL_ELEASE || edl_lease_keeper_status(js->keeper)) {
-            edl_lease_keeper_close(js->keeper, false);
-            js->keeper = NULL;
-            continue;
-        }
-        EDL_WARN(LOG, "campaign failed: %s (%s); retrying", edl_strerror(rc),
-                 edl_etcd_errmsg(js->c));
-        usleep(300 * 1000);
+    js_work *jw = (js_work *)w;
+    jobserver *js = jw->js;
+    if (js->keeper && (js->keeper_dead || edl_lease_keeper_status(js->keeper))) {
+        edl_lease_keeper_close(js->keeper, false);
+        js->keeper = NULL;
     }
-    return EDL_ECLOSED;
+    js->keeper_dead = false;
+    js_memory_clear(&js->job.mem); /* a later term starts its windows afresh */
+    if (!js->keeper) {
+        jw->rc = edl_etcd_lease_grant(js->c, js->cfg->ttl_s, 0, &js->lease, NULL);
+        if (!jw->rc)
+            jw->rc = edl_lease_keeper_open(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
+                                           &js->keeper);
+        if (jw->rc) {
+            snprintf(jw->err, sizeof jw->err, "%s", edl_etcd_errmsg(js->c));
+            jw->no_lease = true;
+            return;
+        }
+    }
+    edl_leader_clear(&js->job.leader);
+    jw->rc = edl_election_campaign(js->c, edl_str(js->job.k.leader), edl_str(js->cfg->id),
+                                   js->lease, 500, &js->job.leader);
+    if (jw->rc == EDL_ELEASE)
+        js->keeper_dead = true;
+    snprintf(jw->err, sizeof jw->err, "%s", edl_etcd_errmsg(js->c));
+}
+
+static void campaign_done(edl_work *w)
+{
+    js_work *jw = (js_work *)w;
+    jobserver *js = jw->js;
+    js->busy = false;
+    int rc = jw->rc;
+    int64_t now = edl_monotonic_ms();
+    if (rc == 0) {
+        js->leading = true;
+        js->terms++;
+        js->campaign_backoff_ms = 0;
+        js->watch_due = true;
+        js->dirty = true;
+        js->wake = 0;
+        EDL_INFO(LOG, "job %s: %s leads (lease %llx)", js->cfg->job, js->cfg->id,
+                 (unsigned long long)js->lease);
+    } else if (rc == EDL_EAUTH) { /* retrying will not change the answer */
+        EDL_ERROR(LOG, "%s; %s", jw->err, edl_etcd_advice(rc));
+        js->exit_code = EDL_EXIT_UNREACHABLE;
+        js->stop = true;
+    } else if (jw->no_lease) {
+        js->m.etcd_errors++;
+        EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying (check --etcd "
+                 "and, for https, --cacert, --cert and --key)", edl_strerror(rc), jw->err);
+        js->campaign_backoff_ms = js->campaign_backoff_ms ? js->campaign_backoff_ms * 2 : 200;
+        if (js->campaign_backoff_ms > 3000)
+            js->campaign_backoff_ms = 3000;
+        js->next_try_ms = now + js->campaign_backoff_ms;
+    } else if (rc != EDL_ETIMEDOUT && rc != EDL_ELEASE) {
+        EDL_WARN(LOG, "campaign failed: %s (%s); retrying", edl_strerror(rc), jw->err);
+        js->next_try_ms = now + 300;
+    }
+    free(jw);
+}
+
+static void watch_run(edl_work *w)
+{
+    js_work *jw = (js_work *)w;
+    edl_watch_opts wo = {.prefix = true};
+    jw->rc = edl_watch_open(jw->js->c, edl_str(jw->js->job.k.job), &wo, &jw->watch);
+}
+
+static void watch_done(edl_work *w)
+{
+    js_work *jw = (js_work *)w;
+    jobserver *js = jw->js;
+    js->busy = false;
+    js->watch_due = false;
+    if (jw->rc)
+        EDL_WARN(LOG, "watching %s failed: %s; polling instead", js->job.k.job,
+                 edl_strerror(jw->rc));
+    else if (js->leading)
+        js->w = jw->watch;
+    else
+        edl_watch_close(jw->watch);
+    js->dirty = true; /* events may have been missed: read everything again */
+    free(jw);
+}
+
+static void pass_run(edl_work *w)
+{
+    js_work *jw = (js_work *)w;
+    jw->rc = js_publisher_pass(&jw->js->job, &jw->wake, &jw->final_state);
+}
+
+/* Also while a pass is on its way (its fenced writes fail): nothing here is the worker's. */
+static void lost_leadership(jobserver *js)
+{
+    EDL_WARN(LOG, "job %s: lost the leadership; campaigning again", js->cfg->job);
+    js->leading = false;
+    js->keeper_dead = true; /* read by the next campaign only */
+    edl_watch_close(js->w); /* wakes its thread: no wait */
+    js->w = NULL;
+    js->watch_due = false;
+}
+
+static void pass_done(edl_work *w)
+{
+    js_work *jw = (js_work *)w;
+    jobserver *js = jw->js;
+    js->busy = false;
+    js->m = js->job.m;
+    js->wake = jw->wake;
+    js->final_state = jw->final_state;
+    int64_t poll_at = edl_monotonic_ms() + 1000; /* no watch: pass at least once a second */
+    if (!js->w && (!js->wake || js->wake > poll_at))
+        js->wake = poll_at;
+    if (jw->rc == EDL_ELEASE && js->leading)
+        lost_leadership(js);
+    else if (js->cfg->exit_when_done && jw->final_state >= 0 &&
+             edl_job_state_final((edl_job_state)jw->final_state)) {
+        js->exit_code = edl_job_exit_code((edl_job_state)jw->final_state);
+        js->stop = true;
+    }
+    free(jw);
+}
+
+/* ---- the loop -------------------------------------------------------------------------------- */
+
+/* Not busy: start whatever is due (a campaign attempt, the watch, a pass). */
+static void start_due(jobserver *js, int64_t now)
+{
+    if (!js->leading) {
+        if (now >= js->next_try_ms)
+            start_work(js, campaign_run, campaign_done);
+    } else if (js->watch_due) {
+        start_work(js, watch_run, watch_done);
+    } else if (js->dirty || (js->wake && now >= js->wake)) {
+        js->dirty = false;
+        start_work(js, pass_run, pass_done);
+    }
+}
+
+/* How long the loop may sleep when nothing happens. */
+static int loop_timeout(const jobserver *js, int64_t now)
+{
+    int64_t due = -1;
+    if (js->busy)
+        due = -1; /* the worker's fd wakes the loop */
+    else if (!js->leading)
+        due = js->next_try_ms > now ? js->next_try_ms - now : 0;
+    else if (js->wake)
+        due = js->wake <= now ? 0 : js->wake - now;
+    if (due > 60000)
+        due = 60000;
+    int ht = js->metrics ? edl_metrics_timeout_ms(js->metrics) : -1;
+    if (ht >= 0 && (due < 0 || ht < due))
+        due = ht;
+    return (int)due;
+}
+
+/* The watch's events: whether one can change a decision (any event while a pass runs: the
+ * publisher is the worker's then). A dead watch is opened again. */
+static void watch_events(jobserver *js)
+{
+    edl_watch_event *ev;
+    while (js->w && edl_watch_next(js->w, &ev, 0) == 0) {
+        bool dead = ev->type == EDL_WATCH_ERROR;
+        js->dirty = js->dirty || js->busy || js_publisher_event_matters(&js->job, ev);
+        edl_watch_event_free(ev);
+        if (dead) {
+            edl_watch_close(js->w);
+            js->w = NULL;
+            js->watch_due = true;
+        }
+    }
+}
+
+static void loop_once(jobserver *js)
+{
+    int64_t now = edl_monotonic_ms();
+    if (!js->busy)
+        start_due(js, now);
+    struct pollfd pf[5] = {{js->sigfd, POLLIN, 0},
+                           {edl_worker_fd(js->worker), POLLIN, 0},
+                           {js->leading && js->keeper ? edl_lease_keeper_fd(js->keeper) : -1,
+                            POLLIN, 0},
+                           {js->w ? edl_watch_fd(js->w) : -1, POLLIN, 0},
+                           {js->metrics ? edl_metrics_fd(js->metrics) : -1, POLLIN, 0}};
+    if (poll(pf, 5, loop_timeout(js, now)) < 0 && errno != EINTR) {
+        EDL_ERROR(LOG, "poll: %s", strerror(errno));
+        js->stop = true;
+        return;
+    }
+    signalled(js);
+    serve_http(js);
+    if (pf[1].revents)
+        edl_worker_complete(js->worker);
+    if (js->leading && edl_lease_keeper_status(js->keeper))
+        lost_leadership(js);
+    watch_events(js);
 }
 
 int js_run(const js_config *cfg, int sigfd)
 {
-    jobserver js = {.cfg = cfg, .sigfd = sigfd};
-    int exit_code = EDL_EXIT_USAGE;
+    jobserver js = {.cfg = cfg, .sigfd = sigfd, .exit_code = EDL_EXIT_USAGE, .final_state = -1};
     int rc = edl_etcd_open(cfg->etcd, &js.c);
     if (rc) {
         EDL_ERROR(LOG, "etcd settings: %s", edl_strerror(rc));
@@ -210,6 +335,11 @@ int js_run(const js_config *cfg, int sigfd)
     }
     if (js_publisher_init(&js.job, js.c, cfg->prefix, cfg->job, cfg->id) != 0)
         goto out;
+    js.m = js.job.m;
+    if ((rc = edl_worker_open(&js.worker)) != 0) {
+        EDL_ERROR(LOG, "cannot start its etcd worker: %s", edl_strerror(rc));
+        goto out;
+    }
     if (cfg->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = cfg->metrics_addr, .port = cfg->metrics_port};
         int hrc = edl_metrics_open(&mo, write_metrics, &js, &js.metrics);
@@ -219,23 +349,20 @@ int js_run(const js_config *cfg, int sigfd)
             goto out;
         }
     }
-    exit_code = EDL_EXIT_SUCCEEDED;
-    while (!js.stop && (rc = campaign(&js)) == 0) {
-        if (lead(&js, &exit_code) == EDL_ELEASE) {
-            edl_lease_keeper_close(js.keeper, false);
-            js.keeper = NULL;
-            js_memory_clear(&js.job.mem); /* a later term starts its windows afresh */
-        }
-    }
-    if (rc == EDL_EAUTH)
-        exit_code = EDL_EXIT_UNREACHABLE;
-    if (js.job.leader.kv && js.keeper && !edl_lease_keeper_status(js.keeper))
+    js.exit_code = EDL_EXIT_SUCCEEDED;
+    while (!js.stop)
+        loop_once(&js);
+    edl_worker_close(js.worker); /* the work on its way ends (bounded by its requests) */
+    js.worker = NULL;
+    edl_watch_close(js.w);
+    if (js.leading && js.job.leader.kv && js.keeper && !edl_lease_keeper_status(js.keeper))
         edl_election_resign(js.c, &js.job.leader);
     if (js.keeper)
         edl_lease_keeper_close(js.keeper, true); /* a standby takes over at once */
 out:
+    edl_worker_close(js.worker);
     edl_metrics_close(js.metrics);
     js_publisher_clear(&js.job);
     edl_etcd_close(js.c);
-    return exit_code;
+    return js.exit_code;
 }

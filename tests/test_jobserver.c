@@ -34,6 +34,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    pid_t etcd = edl_etcd_server_pid(g_srv, 0);
+    if (etcd > 0)
+        kill(etcd, SIGCONT); /* a test that froze it and failed */
     harness_close_etcd(&g_srv, &g_c);
     return 0;
 }
@@ -566,6 +569,47 @@ static void test_metrics_of_leader_and_standby(void **state)
     edl_generation_clear(&c);
 }
 
+/* etcd frozen (SIGSTOP: connections accepted, nothing answered) under a leader with a 2 s
+ * lease: the lease runs out and every campaign attempt hangs on etcd, yet /metrics answers
+ * within 100 ms throughout (those requests wait on the server's worker, not its loop), and
+ * SIGTERM ends it once etcd thaws. */
+static void test_a_frozen_etcd_never_stalls_the_loop(void **state)
+{
+    (void)state;
+    const char *job = "frozen";
+    harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":4,\"settle_ms\":100}");
+    int port = harness_free_port();
+    pid_t js = spawn_js_metrics(job, "js-f", port);
+    pod p;
+    pod_join(job, &p, "w0", 30);
+    edl_generation c = {0};
+    wait_gen(job, 1, 1, 5000, &c);
+    wait_metric(port, "edl_jobserver_leader{job=\"frozen\",id=\"js-f\"} 1");
+    pid_t etcd = edl_etcd_server_pid(g_srv, 0);
+    assert_true(etcd > 0);
+    assert_int_equal(kill(etcd, SIGSTOP), 0);
+    char body[16384];
+    int64_t worst = 0;
+    bool stepped_down = false;
+    for (int i = 0; i < 40; i++) { /* 4 s: past the 2 s TTL, into the campaigns */
+        int64_t t0 = harness_now_ms();
+        assert_int_equal(harness_http_get(port, "/metrics", body, sizeof body), 200);
+        int64_t took = harness_now_ms() - t0;
+        worst = took > worst ? took : worst;
+        stepped_down = stepped_down || strstr(body, "edl_jobserver_leader{job=\"frozen\","
+                                                    "id=\"js-f\"} 0");
+        harness_sleep_ms(100);
+    }
+    assert_int_equal(kill(etcd, SIGCONT), 0);
+    if (worst >= 100)
+        fail_msg("with etcd frozen, a /metrics scrape took %lld ms", (long long)worst);
+    assert_true(stepped_down); /* its lease ran out: it knew, and said so */
+    kill(js, SIGTERM);
+    assert_int_equal(harness_wait_exit(js, 15000), 0);
+    pod_leave(&p, true);
+    edl_generation_clear(&c);
+}
+
 static void test_help_and_bad_options(void **state)
 {
     (void)state;
@@ -598,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_failure_restarts_generation_then_fails),
         cmocka_unit_test(test_stalled_rank_restarts_generation),
         cmocka_unit_test(test_metrics_of_leader_and_standby),
+        cmocka_unit_test(test_a_frozen_etcd_never_stalls_the_loop),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*failure*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
