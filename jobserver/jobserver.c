@@ -141,6 +141,7 @@ static void campaign_run(edl_work *w)
         if (jw->rc) {
             snprintf(jw->err, sizeof jw->err, "%s", edl_etcd_errmsg(js->c));
             jw->no_lease = true;
+            js->job.m.etcd_errors++;
             return;
         }
     }
@@ -157,6 +158,7 @@ static void campaign_done(edl_work *w)
     js_work *jw = (js_work *)w;
     jobserver *js = jw->js;
     js->busy = false;
+    js->m = js->job.m;
     int rc = jw->rc;
     int64_t now = edl_monotonic_ms();
     if (rc == 0) {
@@ -173,7 +175,6 @@ static void campaign_done(edl_work *w)
         js->exit_code = EDL_EXIT_UNREACHABLE;
         js->stop = true;
     } else if (jw->no_lease) {
-        js->m.etcd_errors++;
         EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying (check --etcd "
                  "and, for https, --cacert, --cert and --key)", edl_strerror(rc), jw->err);
         js->campaign_backoff_ms = js->campaign_backoff_ms ? js->campaign_backoff_ms * 2 : 200;
