@@ -188,7 +188,7 @@ typedef struct agent_metrics {
 
 typedef struct agent {
     agent_opts *o;
-    edl_etcd *etcd;           /* start-up's (the spec) and teacher.c's */
+    edl_etcd *etcd;           /* the spec's: start-up's wait and its re-read before a start */
     edl_etcd *etcd_off;       /* the worker's: every request of registry.c, off the loop */
     edl_worker *worker;       /* runs them (edl/work.h); the loop completes them */
     edl_job_keys keys;
