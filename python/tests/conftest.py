@@ -61,27 +61,52 @@ def stop(proc, grace=5):
             proc.wait()
 
 
+def start_server(tmp_path, name, plan, ready, timeout):
+    """Start a server whose ports are chosen by plan() -> (argv, address) and wait until
+    ready(address). A server that exits first (its port taken meanwhile by another process:
+    free_port() only proposes one) is started again on new ports, up to three times; a failure
+    names the server and shows the end of its log. Returns (process, log file, address)."""
+    for attempt in range(1, 4):
+        argv, address = plan()
+        path = tmp_path / f"{name}-{attempt}.log"
+        log = open(path, "w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < end and not ready(address):
+            time.sleep(0.05)
+        if proc.poll() is None and ready(address):
+            return proc, log, address
+        exited = proc.poll() is not None
+        stop(proc)
+        log.close()
+        tail = path.read_text(errors="replace")[-2000:]
+        if not exited or attempt == 3:
+            why = f"exited ({proc.returncode})" if exited else f"not ready in {timeout} s"
+            raise AssertionError(f"{name} {why} at attempt {attempt}; its log ends:\n{tail}")
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def etcd(tmp_path):
     """A real etcd on free loopback ports: its client URL."""
     exe = shutil.which("etcd") or "/usr/bin/etcd"
-    client, peer = free_port(), free_port()
-    url = f"http://127.0.0.1:{client}"
-    log = open(tmp_path / "etcd.log", "w")
-    proc = subprocess.Popen([exe, "--data-dir", str(tmp_path / "etcd"), "--name", "t",
-                             "--listen-client-urls", url, "--advertise-client-urls", url,
-                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-cluster", f"t=http://127.0.0.1:{peer}"],
-                            stdout=log, stderr=subprocess.STDOUT)
 
-    def healthy():
+    def plan():
+        client, peer = free_port(), free_port()
+        url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        data = tmp_path / f"etcd-{client}"
+        return [exe, "--data-dir", str(data), "--name", "t", "--listen-client-urls", url,
+                "--advertise-client-urls", url, "--listen-peer-urls", peer_url,
+                "--initial-advertise-peer-urls", peer_url, "--initial-cluster",
+                f"t={peer_url}"], url
+
+    def healthy(url):
         try:
             return urllib.request.urlopen(url + "/health", timeout=1).status == 200
         except OSError:
             return False
 
-    wait_for(healthy, 20, "etcd")
+    proc, log, url = start_server(tmp_path, "etcd", plan, healthy, 30)
     yield url
     stop(proc)
     log.close()
@@ -104,15 +129,15 @@ def s3(tmp_path, monkeypatch):
     node = shutil.which("node") or shutil.which("nodejs")
     if not node or not os.path.exists(js):
         pytest.skip("s3rver is not installed (scripts/install-deps)")
-    port = free_port()
     data = tmp_path / "s3data"
     data.mkdir()
-    log = open(tmp_path / "s3rver.log", "w")
-    proc = subprocess.Popen([node, js, "-d", str(data), "-a", "127.0.0.1", "-p", str(port),
-                             "--service-endpoint", "localhost", "--configure-bucket",
-                             "edl-test"], stdout=log, stderr=subprocess.STDOUT)
 
-    def up():
+    def plan():
+        port = free_port()
+        return [node, js, "-d", str(data), "-a", "127.0.0.1", "-p", str(port),
+                "--service-endpoint", "localhost", "--configure-bucket", "edl-test"], port
+
+    def up(port):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/edl-test", timeout=1)
             return True
@@ -121,7 +146,7 @@ def s3(tmp_path, monkeypatch):
         except OSError:
             return False
 
-    wait_for(up, 30, "s3rver")
+    proc, log, port = start_server(tmp_path, "s3rver", plan, up, 30)
     for k, v in {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "S3RVER",
                  "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_REGION": "us-east-1"}.items():
         monkeypatch.setenv(k, v)
