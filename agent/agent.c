@@ -142,16 +142,70 @@ static int wait_for_spec(agent *a, int sfd)
     }
 }
 
-/* Re-read the spec before a start, so a trainer gets its current settings; the cached one
- * stays when etcd cannot be read or the new one is invalid. */
-static void refresh_spec(agent *a)
+/* ---- the spec, read again before each trainer start --------------------------------------- */
+
+/* A read of the job's spec on the etcd worker (registry_call) for one start: the start's number
+ * and the generation it was asked in. */
+typedef struct spec_read {
+    char *key;
+    edl_kv *kv;
+    int64_t start, gen;
+} spec_read;
+
+static int spec_read_run(edl_etcd *etcd, void *arg)
 {
-    edl_kv *kv = NULL;
-    if (edl_etcd_get(a->etcd, edl_str(a->keys.spec), &kv, NULL) == 0)
-        take_spec(a, kv);
-    else
+    spec_read *r = arg;
+    return edl_etcd_get(etcd, edl_str(r->key), &r->kv, NULL);
+}
+
+static void spec_read_done(agent *a, void *arg, int rc, const char *err)
+{
+    spec_read *r = arg;
+    a->spec_busy = false;
+    a->spec_start = r->start;
+    a->spec_gen = r->gen;
+    if (rc == 0) {
+        take_spec(a, r->kv); /* an invalid one is said there and the cached one kept */
+    } else {
         a->m.etcd_errors++;
-    edl_kv_free(kv);
+        EDL_WARN("agent", "reading %s before the trainer's start: %s; starting with the spec "
+                 "read before", a->keys.spec, err);
+    }
+    edl_kv_free(r->kv);
+    free(r->key);
+    free(r);
+}
+
+static int64_t generation_now(const agent *a)
+{
+    return a->have_generation ? a->generation.generation : 0;
+}
+
+/* The trainer's next start gets the job's current spec: true once the read asked for this start
+ * (in this generation) has come back, whatever it found (the cached spec stays when etcd cannot
+ * be read or the new one is invalid). Else the read is on its way on the etcd worker, and its
+ * answer wakes the loop, whose reconcile asks again. */
+static bool spec_read_for_start(agent *a)
+{
+    int64_t start = a->starts + 1, gen = generation_now(a);
+    if (a->spec_start == start && a->spec_gen == gen)
+        return true;
+    if (a->spec_busy)
+        return false;
+    spec_read *r = calloc(1, sizeof *r);
+    if (r && (r->key = strdup(a->keys.spec))) {
+        r->start = start;
+        r->gen = gen;
+        if (registry_call(a, spec_read_run, spec_read_done, r) == 0) {
+            a->spec_busy = true;
+            return false;
+        }
+    }
+    if (r)
+        free(r->key);
+    free(r);
+    EDL_WARN("agent", "cannot ask etcd for %s: starting with the spec read before", a->keys.spec);
+    return true;
 }
 
 /* ---- the trainer ------------------------------------------------------------------------------ */
@@ -255,7 +309,6 @@ static int spawn_trainer(agent *a, int rank, char *err, size_t errlen)
 static void start_trainer(agent *a, int rank)
 {
     int64_t gen = a->generation.generation;
-    refresh_spec(a);
     a->started_gen = gen; /* once per generation, whatever happens next */
     char err[EDL_STATUS_MESSAGE_MAX] = "";
     int rc = spawn_trainer(a, rank, err, sizeof err);
@@ -295,7 +348,6 @@ static void start_trainer(agent *a, int rank)
  * when it is a member. */
 static void start_ahead(agent *a)
 {
-    refresh_spec(a);
     char err[EDL_STATUS_MESSAGE_MAX] = "";
     if (spawn_trainer(a, -1, err, sizeof err) != 0) {
         EDL_WARN("agent", "the trainer could not be started ahead of membership: %s; it starts "
@@ -439,7 +491,7 @@ static bool trainer_ended(const agent *a)
 static void reconcile_worker(agent *a)
 {
     const edl_member *m = agent_member(a);
-    int64_t gen = a->have_generation ? a->generation.generation : 0;
+    int64_t gen = generation_now(a);
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
@@ -481,11 +533,11 @@ static void reconcile_worker(agent *a)
     if (m && gen > a->started_gen) {
         if (only_servers_changed(a) && trainer_ended(a))
             carry_to(a, gen); /* done (or failed) already: the job server decides */
-        else if (master_known(a, m->rank))
+        else if (master_known(a, m->rank) && spec_read_for_start(a))
             start_trainer(a, m->rank);
         return;
     }
-    if (!m && ahead_due(a))
+    if (!m && ahead_due(a) && spec_read_for_start(a))
         start_ahead(a);
     if (!m && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
         a->tp.step = -1;
@@ -499,7 +551,7 @@ static void reconcile_worker(agent *a)
 static void reconcile_server(agent *a)
 {
     const edl_member *s = agent_server(a);
-    int64_t gen = a->have_generation ? a->generation.generation : 0;
+    int64_t gen = generation_now(a);
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || gen <= a->run_gen)
             return;
@@ -515,7 +567,8 @@ static void reconcile_server(agent *a)
         return;
     }
     if (s && gen > a->started_gen) {
-        start_trainer(a, s->rank);
+        if (spec_read_for_start(a))
+            start_trainer(a, s->rank);
         return;
     }
     if (!s && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
@@ -716,7 +769,6 @@ static int make_keys(agent *a)
 static void agent_free(agent *a)
 {
     edl_worker_close(a->worker); /* its queued requests (the revocation) end first */
-    edl_etcd_close(a->etcd_off);
     if (a->keeper)
         edl_lease_keeper_close(a->keeper, false);
     edl_watch_close(a->watch);
@@ -742,8 +794,6 @@ static int connect_etcd(agent *a)
     cfg.timeout_ms = 2000; /* bounds each request of the worker, and start-up's wait for the spec */
     cfg.connect_timeout_ms = 1000;
     int rc = edl_etcd_open(&cfg, &a->etcd);
-    if (!rc)
-        rc = edl_etcd_open(&cfg, &a->etcd_off);
     if (rc) {
         EDL_ERROR("agent", "invalid etcd settings: %s", edl_strerror(rc));
         return rc;

@@ -188,8 +188,9 @@ typedef struct agent_metrics {
 
 typedef struct agent {
     agent_opts *o;
-    edl_etcd *etcd;           /* the spec's: start-up's wait and its re-read before a start */
-    edl_etcd *etcd_off;       /* the worker's: every request of registry.c, off the loop */
+    edl_etcd *etcd;           /* the worker's connection: every request, off the loop (the
+                               * loop never calls etcd); start-up's wait for the spec uses it
+                               * before the first work is queued */
     edl_worker *worker;       /* runs them (edl/work.h); the loop completes them */
     edl_job_keys keys;
     char *k_pod, *k_status;   /* this pod's two keys */
@@ -244,6 +245,9 @@ typedef struct agent {
     int master_port;          /* its MASTER_PORT, picked by rank 0's agent */
     int64_t master_retry_ms;  /* when to look for it again (0: not waiting) */
     bool master_busy;         /* it is being published or read */
+    int64_t spec_start, spec_gen; /* the start (a->starts + 1) and generation the spec was last
+                               * read again for (agent.c, spec_read_for_start) */
+    bool spec_busy;           /* that read is on its way */
     char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */
     char error_file[300];
 

@@ -41,7 +41,7 @@ static reg_work *work_new(agent *a, void (*run)(edl_work *), void (*done)(edl_wo
     if (r) {
         r->w = (edl_work){run, done};
         r->a = a;
-        r->etcd = a->etcd_off;
+        r->etcd = a->etcd;
     }
     return r;
 }

@@ -97,7 +97,8 @@ static char *key(const char *job, const char *what, char *buf, size_t len)
                            strcmp(what, "spec") == 0 ? EDL_KEY_SPEC : EDL_KEY_GENERATION, NULL, 0);
 }
 
-static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t ttl_s)
+static void put_spec_to(const char *job, edl_elastic_mode mode, int max, int64_t ttl_s,
+                        const char *checkpoint_uri)
 {
     edl_job_spec s;
     edl_spec_init(&s);
@@ -106,11 +107,16 @@ static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t tt
     s.mode = mode;
     s.ttl_s = ttl_s;
     s.max_restarts = 7;
-    s.checkpoint_uri = strdup("file:///tmp/ckpt");
+    s.checkpoint_uri = strdup(checkpoint_uri);
     char *j = edl_spec_to_json(&s), k[256];
     harness_put(cl, key(job, "spec", k, sizeof k), j);
     free(j);
     edl_spec_clear(&s);
+}
+
+static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t ttl_s)
+{
+    put_spec_to(job, mode, max, ttl_s, "file:///tmp/ckpt");
 }
 
 /* Start edl-agent for job/pod running `/bin/sh -c script`, with extra options (NULL-ended). */
@@ -539,6 +545,10 @@ static void test_new_generation_restarts_trainer(void **state)
     char p1[300], p2[300];
     assert_true(wait_file(path_of("a", 1, "env", p1, sizeof p1), 5000));
     long pid1 = read_long_file(path_of("a", 1, "pid", p1, sizeof p1));
+    assert_var(path_of("a", 1, "env", p1, sizeof p1), "EDL_CHECKPOINT_URI", "file:///tmp/ckpt");
+    /* the spec changes while the trainer runs: its next start gets the new one (read on the
+     * agent's etcd worker before the start) */
+    put_spec_to(job, EDL_MODE_RESTART, 2, 5, "file:///tmp/ckpt-moved");
     /* a second (fake) member joins as rank 0: a moves to rank 1 and must restart */
     char k[256];
     harness_put(cl, key("restart", "pods/z", k, sizeof k), "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
@@ -557,6 +567,7 @@ static void test_new_generation_restarts_trainer(void **state)
     assert_var(p2, "MASTER_ADDR", "10.1.2.3");
     assert_var(p2, "MASTER_PORT", "9123");
     assert_var(p2, "TORCHELASTIC_RESTART_COUNT", "0"); /* a restart for a join, not a failure */
+    assert_var(p2, "EDL_CHECKPOINT_URI", "file:///tmp/ckpt-moved");
     edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 2000);
     assert_int_equal(st.pid, pid2);
     assert_int_equal(st.restarts, 1);
