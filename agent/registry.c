@@ -87,14 +87,14 @@ static void etcd_failed(agent *a, const reg_work *r)
     EDL_WARN("agent", "%s: %s", r->what, r->err);
 }
 
-/* ---- any other request (teacher.c's service key) ------------------------------------------ */
+/* ---- any other request (teacher.c's service key, agent.c's spec read) ------------------- */
 
 static void call_run(edl_work *w)
 {
     reg_work *r = (reg_work *)w;
-    r->rc = r->call(r->etcd, r->arg);
-    if (r->rc)
-        snprintf(r->err, sizeof r->err, "%s", edl_etcd_errmsg(r->etcd));
+    int rc = r->call(r->etcd, r->arg);
+    if (rc)
+        step_failed(r, rc, NULL); /* the caller's done says what failed */
 }
 
 static void call_done(edl_work *w)

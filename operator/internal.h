@@ -3,6 +3,7 @@
 #ifndef EDL_OPERATOR_INTERNAL_H
 #define EDL_OPERATOR_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -10,6 +11,7 @@
 #include "edl/k8s.h"
 #include "edl/metrics.h"
 #include "edl/trainingjob.h"
+#include "edl/work.h"
 #include "publisher.h"
 #include "operator.h"
 #include "status.h"
@@ -60,10 +62,21 @@ typedef struct op_job {
     char *pg_missing;         /* the cluster serves no PodGroup of the job's kind: why */
 } op_job;
 
+/* What the operator counts (its /metrics). */
+typedef struct op_counters {
+    int64_t reconciles, pods_created, pods_deleted, status_writes, events, api_errors;
+} op_counters;
+
+/* The operator. The loop (loop.c) owns it, except while a round is on the worker (busy): the
+ * round then owns the jobs, the counters, both clients, the etcd lease and watch and the
+ * informers' caches, and the loop touches only what is marked loop's below. */
 typedef struct op {
     const op_config *cfg;
-    int sigfd;
-    bool stop;
+    int sigfd;                /* loop's */
+    atomic_bool stop;         /* a signal came (set by the loop, read by a round too) */
+    edl_worker *worker;       /* runs the rounds (edl/work.h) */
+    bool busy;                /* loop's: a round is on its way */
+    int64_t etcd_retry_ms;    /* loop's: etcd's lease or watch is tried again then */
     edl_k8s *k;
     edl_etcd *c;
     edl_k8s_elector *elector; /* campaigns on its own thread; fences o->k's writes */
@@ -79,9 +92,9 @@ typedef struct op {
     edl_metrics_server *metrics;
     double bucket_tokens;     /* the overall limiter of requeues after errors (a token bucket) */
     int64_t bucket_ms;
-    struct {
-        int64_t reconciles, pods_created, pods_deleted, status_writes, events, api_errors;
-    } m;
+    op_counters m;
+    op_counters shown;        /* loop's: m and n_jobs as of the last round, for /metrics */
+    size_t shown_jobs;
 } op;
 
 /* The failure policy, controller-runtime's rate-limited requeue: a pass that failed is passed

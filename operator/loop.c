@@ -3,7 +3,13 @@
  * job's keys in etcd, marks the jobs an event concerns, and reconciles each marked job
  * (pass.c): level-triggered, from the caches and a fresh etcd snapshot, so any pass
  * may run again after a crash, a restart or a takeover without doing anything twice. Jobs are
- * kept in a table keyed by namespace/name; no other state is global. */
+ * kept in a table keyed by namespace/name; no other state is global.
+ *
+ * The loop never waits on the API server or etcd: the passes over the marked jobs (and the
+ * etcd lease and watch they need) run as one round, a work (edl/work.h) on the operator's
+ * worker, one round at a time. Meanwhile the loop answers signals and /metrics and leaves the
+ * informers' and the watch's events queued: the round owns the caches and the jobs until its
+ * answer comes back. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -140,6 +146,13 @@ static void drain_etcd(op *o)
 
 /* ---- etcd: one lease for every job's term, one watch over every job ---------------------- */
 
+/* The lease is gone or missing, or the watch: the next round sees to them first. */
+static bool etcd_due(op *o)
+{
+    return !o->keeper || edl_lease_keeper_status(o->keeper) != 0 || !o->w;
+}
+
+/* On the worker, in a round. */
 static int etcd_ready(op *o)
 {
     if (o->keeper && edl_lease_keeper_status(o->keeper) != 0) {
@@ -186,17 +199,19 @@ static void write_metrics(void *arg, edl_prom *p)
     edl_prom_metric(p, "edl_operator_lease_renewals_late_total", "counter",
                     "Renewals more than two retry periods after the one before.",
                     es.late_renewals);
-    edl_prom_metric(p, "edl_operator_jobs", "gauge", "TrainingJobs known.", (int64_t)o->n_jobs);
-    edl_prom_metric(p, "edl_operator_reconciles_total", "counter", "Job passes.", o->m.reconciles);
+    const op_counters *m = &o->shown; /* as of the last round: a round may be on its way */
+    edl_prom_metric(p, "edl_operator_jobs", "gauge", "TrainingJobs known.",
+                    (int64_t)o->shown_jobs);
+    edl_prom_metric(p, "edl_operator_reconciles_total", "counter", "Job passes.", m->reconciles);
     edl_prom_metric(p, "edl_operator_pods_created_total", "counter", "Pods created.",
-                    o->m.pods_created);
+                    m->pods_created);
     edl_prom_metric(p, "edl_operator_pods_deleted_total", "counter", "Pods deleted.",
-                    o->m.pods_deleted);
+                    m->pods_deleted);
     edl_prom_metric(p, "edl_operator_status_writes_total", "counter",
-                    "TrainingJob status updates.", o->m.status_writes);
-    edl_prom_metric(p, "edl_operator_events_total", "counter", "Events posted.", o->m.events);
+                    "TrainingJob status updates.", m->status_writes);
+    edl_prom_metric(p, "edl_operator_events_total", "counter", "Events posted.", m->events);
     edl_prom_metric(p, "edl_operator_api_errors_total", "counter",
-                    "Kubernetes API calls that failed.", o->m.api_errors);
+                    "Kubernetes API calls that failed.", m->api_errors);
     edl_prom_metric(p, "edl_operator_api_requests_total", "counter",
                     "Kubernetes API requests, retries included.", ks.requests);
     p->labels = NULL;
@@ -215,17 +230,21 @@ static bool signalled(op *o)
 }
 
 /* Wait for fds or the timeout (ms), serving /metrics meanwhile; never past the moment our
- * leadership runs out without a renewal (the loop then ends). */
+ * leadership runs out without a renewal (the loop then ends). While a round is on its way the
+ * informers' and the watch's fds are left out (their events wait for the round's end) and the
+ * worker's fd wakes the loop with the round's answer. */
 static void wait_events(op *o, int timeout)
 {
-    struct pollfd pf[7] = {
+    bool mine = !o->busy;
+    struct pollfd pf[8] = {
         {o->sigfd, POLLIN, 0},
-        {o->tjs ? edl_k8s_informer_fd(o->tjs) : -1, POLLIN, 0},
-        {o->pods ? edl_k8s_informer_fd(o->pods) : -1, POLLIN, 0},
-        {o->w ? edl_watch_fd(o->w) : -1, POLLIN, 0},
-        {o->keeper ? edl_lease_keeper_fd(o->keeper) : -1, POLLIN, 0},
+        {mine && o->tjs ? edl_k8s_informer_fd(o->tjs) : -1, POLLIN, 0},
+        {mine && o->pods ? edl_k8s_informer_fd(o->pods) : -1, POLLIN, 0},
+        {mine && o->w ? edl_watch_fd(o->w) : -1, POLLIN, 0},
+        {mine && o->keeper ? edl_lease_keeper_fd(o->keeper) : -1, POLLIN, 0},
         {o->metrics ? edl_metrics_fd(o->metrics) : -1, POLLIN, 0},
         {edl_k8s_elector_fd(o->elector), POLLIN, 0},
+        {o->worker ? edl_worker_fd(o->worker) : -1, POLLIN, 0},
     };
     int ht = o->metrics ? edl_metrics_timeout_ms(o->metrics) : -1;
     if (ht >= 0 && (timeout < 0 || ht < timeout))
@@ -233,13 +252,15 @@ static void wait_events(op *o, int timeout)
     int64_t valid = edl_k8s_elector_valid_ms(o->elector);
     if (valid > 0 && (timeout < 0 || valid + 1 < timeout))
         timeout = (int)valid + 1;
-    if (poll(pf, 7, timeout) < 0 && errno != EINTR)
+    if (poll(pf, 8, timeout) < 0 && errno != EINTR)
         usleep(10000);
     uint64_t changes;
     if (pf[6].revents & POLLIN && read(pf[6].fd, &changes, sizeof changes) < 0)
         EDL_DEBUG(LOG, "elector fd: %s", strerror(errno));
     if (o->metrics)
         edl_metrics_serve(o->metrics);
+    if (pf[7].revents)
+        edl_worker_complete(o->worker); /* a round's answer (round_done) */
 }
 
 /* What the operator reads of a pod (of its containers, how each ended: whether the agent's
@@ -269,6 +290,7 @@ static int start_leading(op *o)
     return rc;
 }
 
+/* Mark the jobs whose wake time has come; the next wake time (0: none). */
 static int64_t pass_due(op *o)
 {
     int64_t now = edl_monotonic_ms(), next = 0;
@@ -301,35 +323,95 @@ static void report_start(op *o, int64_t since, bool *synced, bool *passed)
     *passed = true;
 }
 
+/* ---- the round: on the worker, etcd's lease and watch when due, then every marked job ----- */
+
+typedef struct op_round {
+    edl_work w;
+    op *o;
+    bool etcd;                /* see to etcd's lease and watch first */
+    int etcd_rc;
+} op_round;
+
+static void round_run(edl_work *w)
+{
+    op_round *r = (op_round *)w;
+    if (r->etcd)
+        r->etcd_rc = etcd_ready(r->o);
+    op_reconcile_dirty(r->o);
+}
+
+static void show_counters(op *o)
+{
+    o->shown = o->m;
+    o->shown_jobs = o->n_jobs;
+}
+
+static void round_done(edl_work *w)
+{
+    op_round *r = (op_round *)w;
+    op *o = r->o;
+    o->busy = false;
+    if (r->etcd && r->etcd_rc)
+        o->etcd_retry_ms = edl_monotonic_ms() + 1000;
+    show_counters(o);
+    free(r);
+}
+
+/* Not busy: start a round when a job is marked (once the caches are full: until then passes
+ * wait for their events) or etcd's lease or watch is due. */
+static void start_round(op *o, bool ready)
+{
+    bool any_dirty = false;
+    for (size_t i = 0; ready && i < o->n_jobs && !any_dirty; i++)
+        any_dirty = o->jobs[i]->dirty;
+    bool etcd = edl_monotonic_ms() >= o->etcd_retry_ms && etcd_due(o);
+    if (!any_dirty && !etcd)
+        return;
+    op_round *r = calloc(1, sizeof *r);
+    if (!r)
+        return; /* out of memory: tried again after the next wake-up */
+    *r = (op_round){.w = {round_run, round_done}, .o = o, .etcd = etcd};
+    if (edl_worker_submit(o->worker, &r->w) != 0) {
+        free(r);
+        return;
+    }
+    o->busy = true;
+}
+
+/* How long the loop may sleep when nothing happens: until a job's wake time or etcd's retry. */
+static int idle_timeout(op *o)
+{
+    if (o->busy)
+        return -1; /* the round's answer wakes the loop */
+    int64_t next = pass_due(o), now = edl_monotonic_ms();
+    int64_t until = now + 60000;
+    if (next && next < until)
+        until = next;
+    if (o->etcd_retry_ms > now && o->etcd_retry_ms < until)
+        until = o->etcd_retry_ms;
+    return until <= now ? 0 : (int)(until - now);
+}
+
 static void lead(op *o)
 {
-    int64_t etcd_retry = 0, since = edl_monotonic_ms();
+    int64_t since = edl_monotonic_ms();
     bool synced = false, passed = false;
     while (!signalled(o) && edl_k8s_elector_leading(o->elector)) {
-        drain_jobs(o);
-        drain_pods(o);
-        if (edl_monotonic_ms() >= etcd_retry && etcd_ready(o) != 0)
-            etcd_retry = edl_monotonic_ms() + 1000;
-        drain_etcd(o);
-        pass_due(o);
-        bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
-        if (ready) {
-            if (!synced)
+        if (!o->busy) {
+            bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
+            if (ready && synced && !passed)
+                report_start(o, since, &synced, &passed); /* before new events mark jobs */
+            drain_jobs(o);
+            drain_pods(o);
+            drain_etcd(o);
+            pass_due(o);
+            ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
+            if (ready && !synced)
                 report_start(o, since, &synced, &passed);
-            op_reconcile_dirty(o);
-            if (!passed)
-                report_start(o, since, &synced, &passed);
+            show_counters(o);
+            start_round(o, ready);
         }
-        int64_t next = pass_due(o), now = edl_monotonic_ms();
-        int64_t until = now + 60000;
-        if (next && next < until)
-            until = next;
-        if (etcd_retry > now && etcd_retry < until)
-            until = etcd_retry;
-        bool any_dirty = false; /* (until the caches are full, passes wait for their events) */
-        for (size_t i = 0; ready && i < o->n_jobs && !any_dirty; i++)
-            any_dirty = o->jobs[i]->dirty;
-        wait_events(o, any_dirty ? 0 : until <= now ? 0 : (int)(until - now));
+        wait_events(o, idle_timeout(o));
     }
 }
 
@@ -338,6 +420,10 @@ static int op_open(op *o)
     int rc = edl_k8s_open(o->cfg->k8s, &o->k);
     if (rc) {
         EDL_ERROR(LOG, "Kubernetes client: %s", edl_strerror(rc));
+        return rc;
+    }
+    if ((rc = edl_worker_open(&o->worker)) != 0) {
+        EDL_ERROR(LOG, "cannot start its worker: %s", edl_strerror(rc));
         return rc;
     }
     if ((rc = edl_etcd_open(o->cfg->etcd, &o->c)) != 0) {
@@ -379,6 +465,7 @@ static int op_open(op *o)
 
 static void op_close(op *o)
 {
+    edl_worker_close(o->worker); /* the round on its way ends first (bounded by its requests) */
     while (o->n_jobs)
         op_job_drop(o, o->jobs[0]);
     free(o->jobs);

@@ -1046,7 +1046,7 @@ void op_reconcile_dirty(op *o)
     pod_index idx;
     pod_index_build(o, &idx);
     size_t passes = 0;
-    for (size_t i = 0; i < o->n_jobs && edl_k8s_elector_leading(o->elector);) {
+    for (size_t i = 0; i < o->n_jobs && edl_k8s_elector_leading(o->elector) && !o->stop;) {
         op_job *j = o->jobs[i];
         if (!j->dirty) {
             i++;

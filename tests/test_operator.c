@@ -837,6 +837,41 @@ static void test_two_operators_never_make_more_pods_than_replicas(void **state)
                                      "--timeout=60s"), 0);
 }
 
+/* The loop does not wait for the API server: with every pod create taking a second, the
+ * passes' requests run on the operator's worker and /metrics is answered at once meanwhile
+ * (it waited behind each request when the passes ran on the loop). */
+static void test_a_slow_api_server_never_stalls_the_loop(void **state)
+{
+    cluster *c = *state;
+    char out[8192], file[400], metrics[16384];
+    harness_k8s_fault(c->k, "{\"verb\":\"create\",\"resource\":\"pods\",\"delayMs\":1000,"
+                            "\"count\":-1}");
+    snprintf(file, sizeof file, "%s/slow.yaml", harness_k8s_dir(c->k));
+    FILE *f = fopen(file, "w");
+    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: slow}\n"
+               "spec:\n  replicas: 3\n  maxReplicas: 3\n  template:\n    spec:\n"
+               "      containers: [{name: t, image: x, command: [sleep, \"1000\"]}]\n");
+    fclose(f);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+    int64_t worst = 0;
+    for (int i = 0; i < 40; i++) { /* 4 s: three creates of a second each on their way (the
+                                    * stand-in's counters are read after: that takes a kubectl) */
+        int64_t t0 = harness_now_ms();
+        assert_int_equal(harness_http_get(c->metrics_port[0], "/metrics", metrics,
+                                          sizeof metrics), 200);
+        int64_t took = harness_now_ms() - t0;
+        worst = took > worst ? took : worst;
+        harness_sleep_ms(100);
+    }
+    assert_true(harness_k8s_stat(c->k, "create pods") >= 2); /* the creates did run */
+    if (worst >= 300)
+        fail_msg("with the API server slow, a /metrics scrape took %lld ms", (long long)worst);
+    harness_k8s_fault(c->k, NULL);
+    harness_kubectl_wait(c->k, "tj slow", "{.status.replicas}", "3", 30000);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj slow --wait=true "
+                                     "--timeout=60s"), 0);
+}
+
 /* Eight jobs scaled down and up together, so that one round of passes deletes pods of one job
  * and then reads the next job's: each pass reads only its own job's pods (a pass that deleted
  * pods freed objects a later pass's search of the pod index read: a heap-use-after-free under
@@ -1213,6 +1248,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_two_operators_never_make_more_pods_than_replicas,
                                         setup_phase_only, teardown),
         cmocka_unit_test_setup_teardown(test_a_takeover_never_undoes_the_end_of_a_job, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_slow_api_server_never_stalls_the_loop, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_jobs_scaled_together_each_get_their_replicas,
                                         setup_phase_only, teardown),
