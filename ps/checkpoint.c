@@ -20,44 +20,49 @@
 
 int ps_ckpt_init(edl_ps_server *s, const edl_ckpt_config *cfg)
 {
-    pthread_mutex_init(&s->ck_mu, NULL);
+    pthread_mutex_init(&s->cp.mu, NULL);
     if (!cfg)
         return 0;
-    s->ck_cfg = *cfg;
-    s->ck_cfg.uri = cfg->uri ? strdup(cfg->uri) : NULL;
-    s->ck_cfg.job = cfg->job ? strdup(cfg->job) : NULL;
-    s->ck_cfg.prefix = cfg->prefix ? strdup(cfg->prefix) : NULL;
-    s->ck_on = true;
-    if (!s->ck_cfg.uri || !s->ck_cfg.job || (cfg->prefix && !s->ck_cfg.prefix))
+    s->cp.cfg = *cfg;
+    s->cp.cfg.uri = cfg->uri ? strdup(cfg->uri) : NULL;
+    s->cp.cfg.job = cfg->job ? strdup(cfg->job) : NULL;
+    s->cp.cfg.prefix = cfg->prefix ? strdup(cfg->prefix) : NULL;
+    s->cp.on = true;
+    if (!s->cp.cfg.uri || !s->cp.cfg.job || (cfg->prefix && !s->cp.cfg.prefix))
         return EDL_ENOMEM;
     return 0;
 }
 
+bool ps_ckpt_enabled(const edl_ps_server *s)
+{
+    return s->cp.on;
+}
+
 void ps_ckpt_close(edl_ps_server *s)
 {
-    for (size_t i = 0; i < sizeof s->ck_saves / sizeof *s->ck_saves; i++)
-        if (s->ck_saves[i]) {
-            edl_ckpt_wait(s->ck_saves[i], -1);
-            edl_ckpt_save_free(s->ck_saves[i]);
+    for (size_t i = 0; i < sizeof s->cp.saves / sizeof *s->cp.saves; i++)
+        if (s->cp.saves[i]) {
+            edl_ckpt_wait(s->cp.saves[i], -1);
+            edl_ckpt_save_free(s->cp.saves[i]);
         }
-    edl_ckpt_close(s->ck);
-    free((char *)s->ck_cfg.uri), free((char *)s->ck_cfg.job), free((char *)s->ck_cfg.prefix);
-    pthread_mutex_destroy(&s->ck_mu);
+    edl_ckpt_close(s->cp.ck);
+    free((char *)s->cp.cfg.uri), free((char *)s->cp.cfg.job), free((char *)s->cp.cfg.prefix);
+    pthread_mutex_destroy(&s->cp.mu);
 }
 
 /* A checkpoint handle for rank of world (under ck_mu). */
 static int ckpt_for(edl_ps_server *s, int rank, int world, char *why, size_t whylen)
 {
-    if (s->ck && s->ck_rank == rank && s->ck_world == world)
+    if (s->cp.ck && s->cp.rank == rank && s->cp.world == world)
         return 0;
-    edl_ckpt_close(s->ck); /* waits for its uploads */
-    s->ck = NULL;
-    edl_ckpt_config c = s->ck_cfg;
+    edl_ckpt_close(s->cp.ck); /* waits for its uploads */
+    s->cp.ck = NULL;
+    edl_ckpt_config c = s->cp.cfg;
     c.rank = rank;
     c.world_size = world;
     c.committer_rank = 0;
-    int rc = edl_ckpt_open(&c, &s->ck, why, whylen);
-    s->ck_rank = rank, s->ck_world = world;
+    int rc = edl_ckpt_open(&c, &s->cp.ck, why, whylen);
+    s->cp.rank = rank, s->cp.world = world;
     return rc;
 }
 
@@ -69,7 +74,7 @@ static uint8_t *table_file(edl_ps_server *s, uint16_t id, ps_table *t, size_t *l
     uint8_t *f = malloc(cap);
     *len = PS_CONFIG_BYTES + 8;
     for (uint32_t sh = 0; f && sh < cfg->shards; sh++) {
-        if ((s->own[id] && s->own[id][sh] != PS_SH_OWN) || !ps_elastic_owner(s, sh))
+        if (!ps_elastic_saves(s, id, sh))
             continue; /* its owner saves it, not its backups */
         uint8_t *blob;
         size_t bl;
@@ -108,9 +113,9 @@ static void free_file(void *data, void *arg)
 
 static int queue_save(edl_ps_server *s, edl_ckpt_pending *p)
 {
-    for (size_t i = 0; i < sizeof s->ck_saves / sizeof *s->ck_saves; i++)
-        if (!s->ck_saves[i]) {
-            s->ck_saves[i] = p;
+    for (size_t i = 0; i < sizeof s->cp.saves / sizeof *s->cp.saves; i++)
+        if (!s->cp.saves[i]) {
+            s->cp.saves[i] = p;
             return 0;
         }
     edl_ckpt_save_free(p); /* it goes on; its outcome is only not logged */
@@ -119,14 +124,14 @@ static int queue_save(edl_ps_server *s, edl_ckpt_pending *p)
 
 int ps_serve_save(edl_ps_server *s, const ps_request *r, char *why, size_t whylen)
 {
-    if (!s->ck_on)
+    if (!s->cp.on)
         return edl_errf(why, whylen, EDL_ECONFIG, "this server has no checkpoint storage "
                         "(EDL_CHECKPOINT_URI)");
     edl_ckpt_shard sh[EDL_PS_MAX_TABLES];
     char names[EDL_PS_MAX_TABLES][16];
     size_t n = 0;
     int rc = 0;
-    pthread_rwlock_rdlock(&s->route);
+    ps_elastic_read_lock(s); /* one map for the whole snapshot */
     for (uint16_t id = 0; id < EDL_PS_MAX_TABLES && rc == 0; id++) {
         ps_table *t = atomic_load(&s->tables[id]);
         size_t len;
@@ -139,16 +144,16 @@ int ps_serve_save(edl_ps_server *s, const ps_request *r, char *why, size_t whyle
         sh[n] = (edl_ckpt_shard){.name = names[n], .data = f, .len = len, .free_fn = free_file};
         n++;
     }
-    pthread_rwlock_unlock(&s->route);
-    pthread_mutex_lock(&s->ck_mu);
+    ps_elastic_read_unlock(s);
+    pthread_mutex_lock(&s->cp.mu);
     edl_ckpt_pending *p = NULL;
     if (rc == 0 && (rc = ckpt_for(s, (int)r->rank, (int)r->world, why, whylen)) == 0 &&
-        (rc = edl_ckpt_save_async(s->ck, (int64_t)r->step, (int64_t)r->gen, sh, n,
+        (rc = edl_ckpt_save_async(s->cp.ck, (int64_t)r->step, (int64_t)r->gen, sh, n,
                                   "{\"ps\":true}", &p)) != 0)
-        edl_errf(why, whylen, rc, "%s", edl_ckpt_errmsg(s->ck));
+        edl_errf(why, whylen, rc, "%s", edl_ckpt_errmsg(s->cp.ck));
     if (rc == 0)
         queue_save(s, p);
-    pthread_mutex_unlock(&s->ck_mu);
+    pthread_mutex_unlock(&s->cp.mu);
     for (size_t i = 0; rc && i < n; i++) /* not handed over: ours to free */
         free((void *)sh[i].data);
     return rc;
@@ -156,18 +161,18 @@ int ps_serve_save(edl_ps_server *s, const ps_request *r, char *why, size_t whyle
 
 void ps_ckpt_reap(edl_ps_server *s)
 {
-    pthread_mutex_lock(&s->ck_mu);
-    for (size_t i = 0; i < sizeof s->ck_saves / sizeof *s->ck_saves; i++) {
-        edl_ckpt_pending *p = s->ck_saves[i];
+    pthread_mutex_lock(&s->cp.mu);
+    for (size_t i = 0; i < sizeof s->cp.saves / sizeof *s->cp.saves; i++) {
+        edl_ckpt_pending *p = s->cp.saves[i];
         if (!p || !edl_ckpt_save_done(p))
             continue;
         int rc = edl_ckpt_wait(p, 0);
         if (rc)
             EDL_WARN("ps", "a PS checkpoint upload failed: %s", edl_ckpt_save_errmsg(p));
         edl_ckpt_save_free(p);
-        s->ck_saves[i] = NULL;
+        s->cp.saves[i] = NULL;
     }
-    pthread_mutex_unlock(&s->ck_mu);
+    pthread_mutex_unlock(&s->cp.mu);
 }
 
 /* ---- restore ------------------------------------------------------------------------------- */
@@ -194,17 +199,14 @@ static void take_entries(edl_ps_server *s, ps_table *t, uint16_t id, const uint8
         for (size_t i = 0; i < n; i++) {
             if (due[i].done || due[i].table != id || due[i].shard != sh)
                 continue;
-            pthread_rwlock_wrlock(&s->route);
-            uint8_t *st = &s->own[id][sh];
-            if (*st == PS_SH_RESTORE &&
-                ps_table_shard_import(t, sh, f + at + ENTRY_BYTES, bl, why, sizeof why) == 0) {
-                *st = PS_SH_OWN;
+            int rc = ps_elastic_restore_shard(s, t, id, sh, f + at + ENTRY_BYTES, bl, why,
+                                              sizeof why);
+            if (rc == 0) {
                 due[i].done = true;
                 atomic_fetch_add(&s->shards_restored, 1);
-            } else if (*st == PS_SH_RESTORE) {
+            } else if (rc != EDL_ECONFLICT) {
                 EDL_WARN("ps", "checkpoint shard %u of table %u: %s", sh, id, why);
             }
-            pthread_rwlock_unlock(&s->route);
         }
         at += ENTRY_BYTES + bl;
     }
@@ -224,31 +226,32 @@ void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from,
     char why[512];
     edl_ckpt_manifest *m = NULL;
     from[0] = '\0';
-    if (!s->ck_on || n == 0)
+    if (!s->cp.on || n == 0)
         return;
-    pthread_mutex_lock(&s->ck_mu);
-    int rc = ckpt_for(s, s->ck ? s->ck_rank : 0, s->ck ? s->ck_world : 1, why, sizeof why);
-    if (rc == 0 && (rc = edl_ckpt_load_latest(s->ck, &m)) != 0 && rc != EDL_ENOTFOUND)
+    pthread_mutex_lock(&s->cp.mu);
+    int rc = ckpt_for(s, s->cp.ck ? s->cp.rank : 0, s->cp.ck ? s->cp.world : 1, why, sizeof why);
+    if (rc == 0 && (rc = edl_ckpt_load_latest(s->cp.ck, &m)) != 0 && rc != EDL_ENOTFOUND)
         EDL_WARN("ps", "no PS checkpoint to restore %zu shards from: %s", n,
-                 edl_ckpt_errmsg(s->ck));
+                 edl_ckpt_errmsg(s->cp.ck));
     for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
         unsigned id;
         int used = 0;
         if (sscanf(m->shards[i].name, "table-%u%n", &id, &used) != 1 ||
-            m->shards[i].name[used] || id >= EDL_PS_MAX_TABLES || !wants_table(due, n, (uint16_t)id))
+            m->shards[i].name[used] || id >= EDL_PS_MAX_TABLES ||
+            !wants_table(due, n, (uint16_t)id))
             continue;
         ps_table *t = atomic_load(&s->tables[id]);
         void *f = NULL;
         size_t len;
-        if (t && edl_ckpt_read_shard(s->ck, m, i, &f, &len) == 0)
+        if (t && edl_ckpt_read_shard(s->cp.ck, m, i, &f, &len) == 0)
             take_entries(s, t, (uint16_t)id, f, len, due, n);
         else if (t)
             EDL_WARN("ps", "reading %s of checkpoint %s: %s", m->shards[i].key, m->dir,
-                     edl_ckpt_errmsg(s->ck));
+                     edl_ckpt_errmsg(s->cp.ck));
         free(f);
     }
     if (m)
         snprintf(from, fromlen, "PS checkpoint %s (step %lld)", m->dir, (long long)m->step);
     edl_ckpt_manifest_free(m);
-    pthread_mutex_unlock(&s->ck_mu);
+    pthread_mutex_unlock(&s->cp.mu);
 }

@@ -37,11 +37,11 @@ typedef struct peers {
 static edl_ps_client *dial(edl_ps_server *s, const char *name)
 {
     char ep[512] = "";
-    pthread_rwlock_rdlock(&s->route);
-    for (int i = 0; i < s->nserv; i++)
-        if (strcmp(s->names[i], name) == 0)
-            snprintf(ep, sizeof ep, "%s", s->eps[i]);
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_rdlock(&s->el.route);
+    for (int i = 0; i < s->el.nserv; i++)
+        if (strcmp(s->el.names[i], name) == 0)
+            snprintf(ep, sizeof ep, "%s", s->el.eps[i]);
+    pthread_rwlock_unlock(&s->el.route);
     const char *eps[] = {ep}, *names[] = {name};
     edl_ps_client_options o = {.endpoints = eps, .names = names, .n_servers = 1, .job = s->job,
                                .secret = &s->secret, .timeout_ms = 10000,
@@ -153,36 +153,36 @@ static size_t plan(edl_ps_server *s, held **out, int64_t *gen, ps_due **due, siz
     size_t n = 0, cap = 0, dcap = 0;
     *out = NULL, *due = NULL, *ndue = 0;
     int64_t now = edl_monotonic_ms();
-    pthread_rwlock_wrlock(&s->route);
-    *gen = s->gen;
+    pthread_rwlock_wrlock(&s->el.route);
+    *gen = s->el.gen;
     for (uint16_t id = 0; id < EDL_PS_MAX_TABLES; id++) {
         ps_table *t = atomic_load(&s->tables[id]);
-        for (uint32_t sh = 0; t && s->own[id] && sh < ps_table_config(t)->shards; sh++) {
-            uint8_t *st = &s->own[id][sh];
-            bool late = *st == PS_SH_PENDING && now >= s->pending_until[id];
+        for (uint32_t sh = 0; t && s->el.own[id] && sh < ps_table_config(t)->shards; sh++) {
+            uint8_t *st = &s->el.own[id][sh];
+            bool late = *st == PS_SH_PENDING && now >= s->el.pending_until[id];
             if ((late || *st == PS_SH_RESTORE) && add_due(due, ndue, &dcap, id, sh, late))
                 *st = PS_SH_RESTORE;
             if (*st == PS_SH_HELD && !add_held(out, &n, &cap, id, sh))
                 break; /* out of memory: the rest next round */
         }
     }
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_unlock(&s->el.route);
     return n;
 }
 
 /* The due shards the checkpoint did not have start anew (those overdue counted as lost). */
 static void start_anew(edl_ps_server *s, ps_due *due, size_t n)
 {
-    pthread_rwlock_wrlock(&s->route);
+    pthread_rwlock_wrlock(&s->el.route);
     for (size_t i = 0; i < n; i++) {
-        uint8_t *st = &s->own[due[i].table][due[i].shard];
+        uint8_t *st = &s->el.own[due[i].table][due[i].shard];
         if (due[i].done || *st != PS_SH_RESTORE)
             continue;
         *st = PS_SH_OWN;
         if (due[i].timed_out)
             atomic_fetch_add(&s->shards_lost, 1);
     }
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_unlock(&s->el.route);
 }
 
 /* One line a table for the shards whose hand-over never came (their server died): how many,
@@ -214,20 +214,21 @@ static void hand_over(edl_ps_server *s, peers *ps, const held *h, int64_t gen)
 {
     char to[EDL_PS_MAX_REPLICAS][256];
     ps_table *t = atomic_load(&s->tables[h->table]);
-    pthread_rwlock_rdlock(&s->route);
-    int k = s->own[h->table][h->shard] == PS_SH_HELD ? ps_elastic_holders(s, t, h->shard, to) : 0;
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_rdlock(&s->el.route);
+    int k = s->el.own[h->table][h->shard] == PS_SH_HELD ? ps_elastic_holders(s, t, h->shard, to)
+                                                          : 0;
+    pthread_rwlock_unlock(&s->el.route);
     int sent = 0;
     for (int i = 0; i < k; i++)
         sent += send_shard(s, ps, to[i], h->table, h->shard, gen) == 0;
     if (k == 0 || sent < k)
         return;
-    pthread_rwlock_wrlock(&s->route);
-    if (s->own[h->table][h->shard] == PS_SH_HELD) {
+    pthread_rwlock_wrlock(&s->el.route);
+    if (s->el.own[h->table][h->shard] == PS_SH_HELD) {
         ps_table_shard_drop(t, h->shard);
-        s->own[h->table][h->shard] = PS_SH_AWAY;
+        s->el.own[h->table][h->shard] = PS_SH_AWAY;
     }
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_unlock(&s->el.route);
 }
 
 /* Whether copy c is still to be made: 1 yes, 0 no (the shard left, or its target no longer
@@ -235,7 +236,7 @@ static void hand_over(edl_ps_server *s, peers *ps, const held *h, int64_t gen)
 static int copy_due(edl_ps_server *s, const ps_copy *c)
 {
     ps_table *t = atomic_load(&s->tables[c->table]);
-    uint8_t st = t && s->own[c->table] ? s->own[c->table][c->shard] : PS_SH_AWAY;
+    uint8_t st = t && s->el.own[c->table] ? s->el.own[c->table][c->shard] : PS_SH_AWAY;
     if (st == PS_SH_PENDING || st == PS_SH_RESTORE)
         return -1;
     return st == PS_SH_OWN && ps_elastic_holds(s, t, c->shard, c->to);
@@ -244,29 +245,29 @@ static int copy_due(edl_ps_server *s, const ps_copy *c)
 /* The queued copies; those not taken this round go back in the queue. */
 static void copy_round(edl_ps_server *s, peers *ps, int64_t gen)
 {
-    pthread_rwlock_wrlock(&s->route);
-    ps_copy *todo = s->copies;
-    size_t n = s->ncopies, kept = 0;
-    s->copies = NULL, s->ncopies = s->capcopies = 0;
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_wrlock(&s->el.route);
+    ps_copy *todo = s->el.copies;
+    size_t n = s->el.ncopies, kept = 0;
+    s->el.copies = NULL, s->el.ncopies = s->el.capcopies = 0;
+    pthread_rwlock_unlock(&s->el.route);
     for (size_t i = 0; i < n; i++) {
-        pthread_rwlock_rdlock(&s->route);
+        pthread_rwlock_rdlock(&s->el.route);
         int due = copy_due(s, &todo[i]);
-        pthread_rwlock_unlock(&s->route);
+        pthread_rwlock_unlock(&s->el.route);
         if (due < 0 ||
             (due == 1 && send_shard(s, ps, todo[i].to, todo[i].table, todo[i].shard, gen) != 0))
             todo[kept++] = todo[i];
     }
-    pthread_rwlock_wrlock(&s->route); /* those kept go first, before any queued since */
-    ps_copy *all = kept ? realloc(todo, (kept + s->ncopies) * sizeof *all) : NULL;
+    pthread_rwlock_wrlock(&s->el.route); /* those kept go first, before any queued since */
+    ps_copy *all = kept ? realloc(todo, (kept + s->el.ncopies) * sizeof *all) : NULL;
     if (all) {
-        if (s->ncopies)
-            memcpy(all + kept, s->copies, s->ncopies * sizeof *all);
-        free(s->copies);
-        s->copies = all, s->ncopies += kept, s->capcopies = s->ncopies;
+        if (s->el.ncopies)
+            memcpy(all + kept, s->el.copies, s->el.ncopies * sizeof *all);
+        free(s->el.copies);
+        s->el.copies = all, s->el.ncopies += kept, s->el.capcopies = s->el.ncopies;
         todo = NULL;
     }
-    pthread_rwlock_unlock(&s->route);
+    pthread_rwlock_unlock(&s->el.route);
     free(todo);
 }
 
@@ -295,20 +296,20 @@ static void move_round(edl_ps_server *s)
 void *ps_mover_main(void *arg)
 {
     edl_ps_server *s = arg;
-    pthread_mutex_lock(&s->mover_mu);
-    while (!s->mover_stop) {
-        pthread_mutex_unlock(&s->mover_mu);
+    pthread_mutex_lock(&s->el.mover_mu);
+    while (!s->el.mover_stop) {
+        pthread_mutex_unlock(&s->el.mover_mu);
         move_round(s);
-        pthread_mutex_lock(&s->mover_mu);
-        if (s->mover_stop)
+        pthread_mutex_lock(&s->el.mover_mu);
+        if (s->el.mover_stop)
             break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += MOVER_TICK_MS * 1000000L;
         ts.tv_sec += ts.tv_nsec / 1000000000L;
         ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&s->mover_cv, &s->mover_mu, &ts);
+        pthread_cond_timedwait(&s->el.mover_cv, &s->el.mover_mu, &ts);
     }
-    pthread_mutex_unlock(&s->mover_mu);
+    pthread_mutex_unlock(&s->el.mover_mu);
     return NULL;
 }

@@ -385,7 +385,7 @@ static int serve_shrink(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
     ps_table *t = NULL;
     uint64_t evicted, left;
     int rc = table_for(s, r, EDL_PS_SPARSE, &t, why, whylen);
-    const uint8_t *own = s->mapped ? s->own[r->h.table] : NULL;
+    const uint8_t *own = ps_elastic_states(s, r->h.table);
     if (rc == 0 && ps_table_shrink(t, r->token, own ? serves_shard : NULL, (void *)own,
                                    &evicted, &left) != 0)
         rc = edl_errf(why, whylen, EDL_EINVAL, "table %u has no CTR accessor: nothing to "
@@ -408,7 +408,7 @@ static int serve_stats(edl_ps_server *s, ps_conn *c, const ps_request *r)
     return 0;
 }
 
-/* The requests that touch tables (under the read side of s->route). */
+/* The requests that touch tables (under the read side of the route lock). */
 static int serve_data(edl_ps_server *s, ps_conn *c, const ps_request *r, char *why,
                       size_t whylen)
 {
@@ -447,9 +447,9 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
             break;
         case PS_STATS: rc = serve_stats(s, c, &r); break;
         default:
-            pthread_rwlock_rdlock(&s->route);
+            ps_elastic_read_lock(s);
             rc = serve_data(s, c, &r, why, sizeof why);
-            pthread_rwlock_unlock(&s->route);
+            ps_elastic_read_unlock(s);
             if (rc == 0 && (h->type == PS_PUSH_SPARSE || h->type == PS_PUSH_DENSE))
                 atomic_fetch_add(&s->pushes, 1);
         }

@@ -1,6 +1,7 @@
-/* server.h: the parameter server's state, shared by its network side (server.c) and its
- * elastic side (elastic.c: the map of servers, which shards this one owns, hand-overs).
- * Internal to ps/. */
+/* server.h: the parameter server's state: its network side's (server.c), with the elastic side's
+ * (elastic.c and mover.c: the map of servers, which shards this one owns, hand-overs) and the
+ * checkpoint side's (checkpoint.c) each in a struct of its own, that only its files touch;
+ * the other sides use its functions below. Internal to ps/. */
 #ifndef EDL_PS_SERVER_H
 #define EDL_PS_SERVER_H
 
@@ -17,6 +18,35 @@ typedef struct ps_copy {
     uint32_t shard;
     char to[256]; /* its name */
 } ps_copy;
+
+/* The elastic side (elastic.c, mover.c): this server's place in the map. Requests hold
+ * `route` for reading while they touch tables (ps_elastic_read_lock); map changes and
+ * hand-overs hold it for writing. Without a map (mapped false) every shard is served. */
+typedef struct ps_elastic {
+    pthread_rwlock_t route;
+    bool mapped, joining;
+    int64_t gen;
+    int nserv, self;              /* self: this server's index in the map; -1: leaving */
+    char **names, **eps;
+    uint8_t *own[EDL_PS_MAX_TABLES]; /* per shard: PS_SH_* */
+    int64_t pending_until[EDL_PS_MAX_TABLES]; /* monotonic ms: when unreceived shards start anew */
+    ps_copy *copies;              /* copies for new backups (replicas > 1), by the mover */
+    size_t ncopies, capcopies;
+    pthread_t mover;              /* hands over the shards held but not owned */
+    bool mover_started, mover_stop;
+    pthread_mutex_t mover_mu;
+    pthread_cond_t mover_cv;
+} ps_elastic;
+
+/* The checkpoint side (checkpoint.c): the job's PS checkpoints. */
+typedef struct ps_checkpoint {
+    bool on;
+    edl_ckpt_config cfg;          /* its strings are copies */
+    pthread_mutex_t mu;
+    edl_ckpt *ck;                 /* opened for rank of world (NULL: not yet) */
+    int rank, world;
+    edl_ckpt_pending *saves[8];   /* uploads in flight, checked by the mover */
+} ps_checkpoint;
 
 struct edl_ps_server {
     edl_ps_server_options o;
@@ -39,28 +69,8 @@ struct edl_ps_server {
     pthread_mutex_t why_mu;
     char last_why[256];             /* the last refusal's reason */
     atomic_uint_fast64_t shards_in, shards_out, shards_lost, pushes;
-    /* elastic.c: requests hold `route` for reading while they touch tables; map changes and
-     * hand-overs hold it for writing. Without a map (mapped false) every shard is served. */
-    pthread_rwlock_t route;
-    bool mapped, joining;
-    int64_t gen;
-    int nserv, self;              /* self: this server's index in the map; -1: leaving */
-    char **names, **eps;
-    uint8_t *own[EDL_PS_MAX_TABLES]; /* per shard: PS_SH_* */
-    int64_t pending_until[EDL_PS_MAX_TABLES]; /* monotonic ms: when unreceived shards start anew */
-    ps_copy *copies;              /* copies for new backups (replicas > 1), by the mover */
-    size_t ncopies, capcopies;
-    pthread_t mover;              /* hands over the shards held but not owned */
-    bool mover_started, mover_stop;
-    pthread_mutex_t mover_mu;
-    pthread_cond_t mover_cv;
-    /* checkpoint.c */
-    bool ck_on;
-    edl_ckpt_config ck_cfg;       /* its strings are copies */
-    pthread_mutex_t ck_mu;
-    edl_ckpt *ck;                 /* opened for ck_rank of ck_world (NULL: not yet) */
-    int ck_rank, ck_world;
-    edl_ckpt_pending *ck_saves[8]; /* uploads in flight, checked by the mover */
+    ps_elastic el;                /* elastic.c and mover.c only */
+    ps_checkpoint cp;             /* checkpoint.c only */
     atomic_uint_fast64_t shards_restored;
 };
 
@@ -80,8 +90,19 @@ int ps_server_create_table(edl_ps_server *s, uint16_t id, const edl_ps_table_con
 void ps_elastic_init(edl_ps_server *s);
 void ps_elastic_close(edl_ps_server *s);
 bool ps_elastic_mapped(edl_ps_server *s); /* a map was given */
-/* This server owns shard sh (no map: every shard), under the route lock. */
-bool ps_elastic_owner(edl_ps_server *s, uint32_t sh);
+/* The read side of the route lock: held by a request that touches tables, or by a snapshot. */
+void ps_elastic_read_lock(edl_ps_server *s);
+void ps_elastic_read_unlock(edl_ps_server *s);
+/* Under the read lock: the PS_SH_* state of each shard of table id (NULL: no map, every shard
+ * is served). */
+const uint8_t *ps_elastic_states(edl_ps_server *s, uint16_t id);
+/* Under the read lock: shard sh of table id is this server's to save (its owner, and here). */
+bool ps_elastic_saves(edl_ps_server *s, uint16_t id, uint32_t sh);
+/* A shard of table id to restore from a checkpoint (state PS_SH_RESTORE): imported from blob
+ * and served from then on. 0; EDL_ECONFLICT when it is not waiting for a restore (nothing done);
+ * else the import's error with why. Takes the route lock for writing. */
+int ps_elastic_restore_shard(edl_ps_server *s, ps_table *t, uint16_t id, uint32_t sh,
+                             const uint8_t *blob, size_t len, char *why, size_t whylen);
 /* The states of a new table's shards, from the map. EDL_ENOMEM. */
 int ps_elastic_table_new(edl_ps_server *s, uint16_t id, ps_table *t);
 /* Under the read lock: 0 when this server serves every shard a request touches; else
@@ -102,6 +123,7 @@ void *ps_mover_main(void *arg);
 
 /* checkpoint.c */
 int ps_ckpt_init(edl_ps_server *s, const edl_ckpt_config *cfg);
+bool ps_ckpt_enabled(const edl_ps_server *s); /* the job has checkpoint storage */
 void ps_ckpt_close(edl_ps_server *s);
 /* SAVE: snapshot the owned shards and queue their upload. */
 int ps_serve_save(edl_ps_server *s, const ps_request *r, char *why, size_t whylen);
