@@ -784,20 +784,29 @@ static int count_words(const char *text, const char *word)
  * does not take over; frozen (SIGSTOP) for longer than its lease mid-scale, it is taken over,
  * and wakes with its writes fenced: it creates nothing more and exits 1. At no instant are
  * there more pods than replicas (the stand-in's peak counter), and no index is skipped. */
+/* Apply job `name` of `replicas` pods that only sleep (up to maxReplicas = replicas). */
+static void apply_sleeping_job(cluster *c, const char *name, int replicas)
+{
+    char out[4096], file[400];
+    snprintf(file, sizeof file, "%s/%s.yaml", harness_k8s_dir(c->k), name);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: %s}\n"
+               "spec:\n  replicas: %d\n  maxReplicas: %d\n  template:\n    spec:\n"
+               "      containers: [{name: t, image: x, command: [sleep, \"1000\"]}]\n",
+            name, replicas, replicas);
+    fclose(f);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+}
+
 static void test_two_operators_never_make_more_pods_than_replicas(void **state)
 {
     cluster *c = *state;
-    char out[8192], file[400], metrics[16384];
+    char out[8192], metrics[16384];
     c->op[1] = start_operator(c, "op-b");
     harness_k8s_fault(c->k, "{\"verb\":\"create\",\"resource\":\"pods\",\"delayMs\":20,"
                             "\"count\":-1}");
-    snprintf(file, sizeof file, "%s/many.yaml", harness_k8s_dir(c->k));
-    FILE *f = fopen(file, "w");
-    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: many}\n"
-               "spec:\n  replicas: 1000\n  maxReplicas: 1000\n  template:\n    spec:\n"
-               "      containers: [{name: t, image: x, command: [sleep, \"1000\"]}]\n");
-    fclose(f);
-    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+    apply_sleeping_job(c, "many", 1000);
     for (int64_t end = harness_now_ms() + 60000;
          harness_k8s_stat(c->k, "create pods") < 300 && harness_now_ms() < end;)
         harness_sleep_ms(50);
@@ -843,16 +852,10 @@ static void test_two_operators_never_make_more_pods_than_replicas(void **state)
 static void test_a_slow_api_server_never_stalls_the_loop(void **state)
 {
     cluster *c = *state;
-    char out[8192], file[400], metrics[16384];
+    char out[8192], metrics[16384];
     harness_k8s_fault(c->k, "{\"verb\":\"create\",\"resource\":\"pods\",\"delayMs\":1000,"
                             "\"count\":-1}");
-    snprintf(file, sizeof file, "%s/slow.yaml", harness_k8s_dir(c->k));
-    FILE *f = fopen(file, "w");
-    fprintf(f, "apiVersion: edl.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: slow}\n"
-               "spec:\n  replicas: 3\n  maxReplicas: 3\n  template:\n    spec:\n"
-               "      containers: [{name: t, image: x, command: [sleep, \"1000\"]}]\n");
-    fclose(f);
-    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "apply -f %s", file), 0);
+    apply_sleeping_job(c, "slow", 3);
     int64_t worst = 0;
     for (int i = 0; i < 40; i++) { /* 4 s: three creates of a second each on their way (the
                                     * stand-in's counters are read after: that takes a kubectl) */
