@@ -398,14 +398,13 @@ static void lead(op *o)
     bool synced = false, passed = false;
     while (!signalled(o) && edl_k8s_elector_leading(o->elector)) {
         if (!o->busy) {
-            bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
-            if (ready && synced && !passed)
+            if (synced && !passed) /* (the caches stay synced once they are) */
                 report_start(o, since, &synced, &passed); /* before new events mark jobs */
             drain_jobs(o);
             drain_pods(o);
             drain_etcd(o);
             pass_due(o);
-            ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
+            bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
             if (ready && !synced)
                 report_start(o, since, &synced, &passed);
             show_counters(o);

@@ -50,7 +50,7 @@ void ps_ckpt_close(edl_ps_server *s)
     pthread_mutex_destroy(&s->cp.mu);
 }
 
-/* A checkpoint handle for rank of world (under ck_mu). */
+/* A checkpoint handle for rank of world (under s->cp.mu). */
 static int ckpt_for(edl_ps_server *s, int rank, int world, char *why, size_t whylen)
 {
     if (s->cp.ck && s->cp.rank == rank && s->cp.world == world)

@@ -72,10 +72,10 @@ def start_server(tmp_path, name, plan, ready, timeout):
         log = open(path, "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         end = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < end and not ready(address):
+        while proc.poll() is None and time.monotonic() < end:
+            if ready(address):
+                return proc, log, address
             time.sleep(0.05)
-        if proc.poll() is None and ready(address):
-            return proc, log, address
         exited = proc.poll() is not None
         stop(proc)
         log.close()
