@@ -485,7 +485,7 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
     int64_t deadline = edl_monotonic_ms() + (timeout_ms > 0 ? timeout_ms : c->cfg.timeout_ms);
     int rc = EDL_ETIMEDOUT, rounds = 0;
     bool reauthed = false;
-    size_t tried = 0;
+    size_t tried = 0, refused = 0;
     for (;;) {
         int64_t left = deadline - edl_monotonic_ms();
         if (left <= 0)
@@ -509,7 +509,9 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
         }
         rc = judge(c, ep, path, key, idempotent, &r, resp, &retry);
         free(r.body.data);
-        if (rc == 0 || !retry)
+        /* a TLS refusal (untrusted server, certificate refused) is not cured by waiting: another
+         * member may be configured right, but once every member has refused, that is the answer */
+        if (rc == 0 || !retry || (rc == EDL_EAUTH && ++refused >= c->cfg.n_endpoints))
             break;
     next_endpoint:
         EDL_DEBUG("etcd", "%s; trying the next endpoint", c->errmsg);

@@ -109,9 +109,14 @@ static void test_trusted_client_with_certificate_works(void **state)
 static void test_untrusted_server_is_refused(void **state)
 {
     (void)state;
-    edl_etcd *c = tls_client("other.crt", "client.crt", "client.key"); /* wrong CA */
+    /* wrong CA: refused at once, not retried until the deadline (which once ended in a
+     * "timed out" that hid the cause) */
+    edl_etcd *c = harness_tls_client(edl_etcd_server_endpoints(srv), 30000, path("other.crt"),
+                                     path("client.crt"), path("client.key"));
     edl_kv *kv;
+    int64_t t0 = edl_monotonic_ms();
     assert_int_equal(edl_etcd_get(c, edl_str("tls/k"), &kv, NULL), EDL_EAUTH);
+    assert_true(edl_monotonic_ms() - t0 < 15000);
     assert_non_null(strstr(edl_etcd_errmsg(c), edl_etcd_server_endpoint(srv, 0)));
     edl_etcd_close(c);
 }
