@@ -3,8 +3,10 @@
  * Order of the rules, most urgent first: a final job stays final; a stop request ends it; a
  * trainer that cannot be started fails it; trainer failures (exit, signal, hang) restart the
  * generation or fail the job (exclusion only for a pod that failed while others ran); all
- * ranks done is success; lost members form a new generation at once; joins wait for the
- * settle window; otherwise only details (standbys, spec error) are refreshed.
+ * ranks done is success, and so is rank 0 done when no rank failed and the others ended, left
+ * or outlived a grace; lost members form a new generation at once; joins wait for the settle
+ * window, and for ever once a rank is done; otherwise only details (standbys, spec error) are
+ * refreshed.
  *
  * Two roles: workers are the members (ranks, restarts, success, hangs); parameter servers
  * (pods of role "ps") are ranked apart in `servers`. A server whose process ended leaves the
@@ -171,16 +173,18 @@ static bool describe_failure(const edl_member *mb, const char *role, const edl_p
     return true;
 }
 
-/* Collect failed members of the current generation; *all_done when every member exited 0.
+/* Collect failed members of the current generation; *all_done when every member exited 0,
+ * *finishing when one did (the job is ending: joins no longer form a generation, as torch's
+ * rendezvous closes once a worker succeeded).
  * Exclusion is for a pod that fails while others run (or finished): when no member of the
  * generation reports its trainer running or done, every member failed (a broken program or
  * input, not a bad pod), and nobody is blamed: the restart budget alone bounds the job. */
 static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, bool *all_done,
-                               int64_t *wake)
+                               bool *finishing, int64_t *wake)
 {
     const edl_generation *c = o->current;
     size_t n = 0, done = 0, running = 0;
-    *all_done = false;
+    *all_done = *finishing = false;
     if (c->state != EDL_JOB_RUNNING || c->generation == 0)
         return 0;
     for (size_t k = 0; k < c->n_members; k++) {
@@ -211,7 +215,67 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
         }
     }
     *all_done = n == 0 && c->n_members > 0 && done == c->n_members;
+    *finishing = done > 0;
     return n;
+}
+
+/* How long the other ranks of a job without parameter servers may run on after rank 0 exited
+ * 0 before the job succeeds without them (their trainers are stopped). Ranks of one collective
+ * advance together and end within a step of each other; one that does not took no part in the
+ * last steps: a pod that joined just as rank 0 finished, waiting for rank 0's store, which
+ * closed with rank 0. Shorter than a trainer's rendezvous timeout (edl.torch: 60 s), so such
+ * a pod is stopped before it fails and spends a restart. */
+#define FINISH_GRACE_MS 30000
+
+typedef enum finish { FINISH_NONE, FINISH_WAIT, FINISH_NOW } finish;
+
+/* Rank 0 of a job without parameter servers exited 0 in the current generation and no member
+ * failed: FINISH_NOW when the job succeeds (every other rank exited 0 or left, or outlived the
+ * grace: reason written), FINISH_WAIT until then (*wake set). Failures are judged as ever. */
+static finish rank0_finished(const js_observed *o, js_memory *m, const failure *fl, size_t nf,
+                             char *reason, size_t len, int64_t *wake)
+{
+    const edl_generation *c = o->current;
+    if (o->spec->ps_max > 0 || c->state != EDL_JOB_RUNNING || c->generation == 0)
+        return FINISH_NONE;
+    for (size_t k = 0; k < nf; k++)
+        if (fl[k].code >= 0) /* an exit or a signal; a hang (-1) may be one waiting on rank 0 */
+            return FINISH_NONE;
+    const edl_member *rank0 = NULL;
+    size_t running = 0;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        const edl_pod_status *s = i >= 0 && o->has_status[i] &&
+                                  o->status[i].generation == c->generation ? &o->status[i] : NULL;
+        bool done = s && s->state == EDL_TRAINER_EXITED && s->exit_code == 0;
+        if (c->members[k].rank == 0 && !done)
+            return FINISH_NONE;
+        if (c->members[k].rank == 0)
+            rank0 = &c->members[k];
+        else
+            running += i >= 0 && !done;
+    }
+    if (!rank0)
+        return FINISH_NONE;
+    if (m->finish_gen != c->generation) {
+        m->finish_gen = c->generation;
+        m->finish_since_mono_ms = o->mono_ms;
+    }
+    int64_t due = m->finish_since_mono_ms + FINISH_GRACE_MS;
+    if (running && o->mono_ms < due) {
+        if (!*wake || due < *wake)
+            *wake = due;
+        return FINISH_WAIT;
+    }
+    if (running)
+        snprintf(reason, len, "rank 0 (pod %s) exited 0 and %zu other rank%s still ran %d s "
+                 "later: the job succeeded on rank 0's result (a rank that did not end with "
+                 "rank 0 took no part in its last steps); stopping them", rank0->pod, running,
+                 running == 1 ? "" : "s", FINISH_GRACE_MS / 1000);
+    else
+        snprintf(reason, len, "rank 0 (pod %s) exited 0; the other ranks exited 0 or left",
+                 rank0->pod);
+    return FINISH_NOW;
 }
 
 /* The process of pods[i], a ps pod, ended in the current generation (exited or killed): it
@@ -634,7 +698,7 @@ static edl_job_state next_state(const edl_job_spec *sp, const membership *ms)
 /* Membership step: candidates, ranks, and whether to publish now, later, or not at all. Worker
  * failures (fl, nf) restart the generation; server failures only drop the server. */
 static int reconcile_membership(const js_observed *o, js_memory *mem, const failure *fl,
-                                size_t nf, bool dead, js_decision *out)
+                                size_t nf, bool dead, bool finishing, js_decision *out)
 {
     const edl_generation *c = o->current;
     edl_generation failures = {0}; /* the failures in force for the next generation */
@@ -657,7 +721,8 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
     bool new_gen = nf > 0 || dead || changed || st != c->state || c->generation == 0;
     if (c->generation == 0 && ms.n == 0 && ms.n_servers == 0)
         new_gen = false; /* nobody yet: nothing to publish */
-    if (new_gen && nf == 0 && !dead && !lost && changed && settling(o, mem, &out->wake_mono_ms))
+    bool joins_only = new_gen && nf == 0 && !dead && !lost && changed;
+    if (joins_only && (finishing || settling(o, mem, &out->wake_mono_ms)))
         new_gen = false;
     if (new_gen || lost)
         mem->joins_since_mono_ms = 0;
@@ -830,9 +895,17 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     failure *fl = calloc(c->n_members + 1, sizeof *fl);
     if (!fl)
         return EDL_ENOMEM;
-    bool all_done = false;
+    bool all_done = false, finishing = false;
     int64_t wake = 0;
-    size_t nf = collect_failures(o, mem, fl, &all_done, &wake);
+    char reason[REASON_MAX];
+    size_t nf = collect_failures(o, mem, fl, &all_done, &finishing, &wake);
+    finish fin = all_done ? FINISH_NONE
+                          : rank0_finished(o, mem, fl, nf, reason, sizeof reason, &wake);
+    if (fin == FINISH_WAIT) {
+        out->wake_mono_ms = wake;
+        free(fl);
+        return 0;
+    }
     /* A member vanished: the failures of the others are the fallout of its loss (a new
      * generation without it follows, costing no restart and blaming nobody). */
     if (nf && member_lost(o))
@@ -847,9 +920,10 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     }
     bool dead = nf == 0 && declared_dead(o, mem, &wake);
     int rc = 0;
-    char reason[REASON_MAX];
     const failure *perm;
-    if (unstartable) {
+    if (fin == FINISH_NOW) {
+        rc = publish_final(o, EDL_JOB_SUCCEEDED, reason, out);
+    } else if (unstartable) {
         snprintf(reason, sizeof reason, "%s; the trainer cannot be started (not found or not "
                  "executable): fix the command; the job fails without restarts", bad.what);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
@@ -872,7 +946,7 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
                  "dead: %.200s", sp->max_restarts, (long long)c->generation, o->gen_dead);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
     } else {
-        rc = reconcile_membership(o, mem, fl, nf, dead, out);
+        rc = reconcile_membership(o, mem, fl, nf, dead, finishing, out);
     }
     if (wake && (!out->wake_mono_ms || wake < out->wake_mono_ms))
         out->wake_mono_ms = wake;

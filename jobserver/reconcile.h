@@ -6,7 +6,8 @@
  * caller (jobserver.c) reads a consistent snapshot, calls js_reconcile, and publishes the result
  * with a fenced txn. The only memory kept between calls (js_memory) is what a new leader may
  * lose without harm: when joins were first seen (it then waits one more settle window) and when
- * each rank's step last moved (it then waits one more progress timeout). */
+ * each rank's step last moved (it then waits one more progress timeout), when rank 0 was first
+ * seen done (it then waits one more finishing grace). */
 #ifndef EDL_JOBSERVER_RECONCILE_H
 #define EDL_JOBSERVER_RECONCILE_H
 
@@ -46,6 +47,8 @@ typedef struct js_memory {
     int64_t dead_since_mono_ms;
     int64_t hold_gen;           /* the generation whose failures wait for silent peers */
     int64_t hold_since_mono_ms;
+    int64_t finish_gen;         /* the generation whose rank 0 was first seen done at */
+    int64_t finish_since_mono_ms;
 } js_memory;
 
 typedef enum js_action {

@@ -1,7 +1,8 @@
 /* test_reconcile.c: the job server's decisions as a pure function (jobserver/reconcile.c):
  * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
  * cool-down (only for a pod that fails while others run), the restart budget, exit-code
- * policy, trainers that cannot be started, success, hangs, stop, spec errors; and the
+ * policy, trainers that cannot be started, success (all ranks, or rank 0 and a grace), hangs,
+ * stop, spec errors; and the
  * parameter-server role: waiting for ps_min servers, server changes as new generations that
  * keep the workers, server failures (no restart), success decided by the workers. */
 #include <setjmp.h>
@@ -940,6 +941,87 @@ static void test_server_failure_drops_it_without_restart(void **state)
 
 /* Success is the workers' alone: every rank exited 0 succeeds the job while the servers still
  * run; servers that all exit 0 do not end it (below ps_min it waits). */
+/* A pod joined just as rank 0 finished the job's last steps: it waits for rank 0's store,
+ * which closed, and reports "running". The job succeeds on rank 0's result once the grace has
+ * passed (30 s, within a trainer's 60 s rendezvous timeout), not after a failure and a
+ * restart. While a rank is done, joins form no generation. */
+static void test_rank0_done_ends_the_job_after_a_grace(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    int64_t g = w.cur.generation;
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
+    add_pod(&w, 2); /* a join while rank 0 is done: no generation for it */
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 30000);
+    js_decision_clear(&d);
+    advance(&w, 29999);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    members_are(&w, "p0 p1");
+    advance(&w, 1);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
+    assert_int_equal(w.cur.restarts, 0);
+    assert_non_null(strstr(w.cur.reason, "rank 0 (pod p0) exited 0 and 1 other rank still ran"));
+    world_free(&w);
+}
+
+/* Rank 0 done and another rank gone (its pod left): the job succeeded, at once. A rank that
+ * failed is judged as ever, even after rank 0 exited 0: its failure restarts the generation. */
+static void test_rank0_done_with_a_failure_or_a_loss(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 3);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 0, 9);
+    remove_pod(&w, 2);
+    js_decision d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
+    assert_non_null(strstr(w.cur.reason, "the other ranks exited 0 or left"));
+    world_free(&w);
+
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    int64_t g = w.cur.generation;
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 9);
+    d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.restarts, 1);
+    world_free(&w);
+}
+
+/* With parameter servers the workers are independent: rank 1 may train long after rank 0 is
+ * done, and nothing ends it (see test_success_is_decided_by_the_workers). */
+static void test_rank0_done_in_a_ps_job_waits_for_the_others(void **state)
+{
+    (void)state;
+    world w;
+    ps_world(&w, 2, 2, 1, 2);
+    start_ps_job(&w, 2, 1);
+    all_running(&w);
+    servers_running(&w);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, -1);
+    advance(&w, 600000);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    world_free(&w);
+}
+
 static void test_success_is_decided_by_the_workers(void **state)
 {
     (void)state;
@@ -1218,6 +1300,9 @@ int main(void)
         cmocka_unit_test(test_trainer_that_cannot_start_fails_the_job_at_once),
         cmocka_unit_test(test_every_member_failing_spends_the_budget_without_exclusion),
         cmocka_unit_test(test_all_members_failing_together_blames_nobody),
+        cmocka_unit_test(test_rank0_done_ends_the_job_after_a_grace),
+        cmocka_unit_test(test_rank0_done_with_a_failure_or_a_loss),
+        cmocka_unit_test(test_rank0_done_in_a_ps_job_waits_for_the_others),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*exclusion*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
