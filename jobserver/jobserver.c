@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "edl/http.h"
 #include "edl/job.h"
 #include "edl/etcd.h"
 #include "edl/log.h"
@@ -41,7 +42,7 @@ typedef struct jobserver {
     bool leading;
     int64_t terms;
     int64_t next_try_ms;            /* the next campaign attempt (back-off) */
-    int64_t campaign_backoff_ms;
+    int lease_failures;             /* in a row: the back-off's attempt */
     edl_watch *w;                   /* leading: the job's keys (NULL: none, see watch_due) */
     bool watch_due;                 /* leading without a watch: open one */
     bool dirty;                     /* leading: an event may change a decision: pass */
@@ -139,18 +140,18 @@ static void campaign_run(edl_work *w)
             jw->rc = edl_lease_keeper_open(js->c, js->lease, js->cfg->ttl_s, NULL, NULL,
                                            &js->keeper);
         if (jw->rc) {
-            snprintf(jw->err, sizeof jw->err, "%s", edl_etcd_errmsg(js->c));
             jw->no_lease = true;
             js->job.m.etcd_errors++;
-            return;
         }
     }
-    edl_leader_clear(&js->job.leader);
-    jw->rc = edl_election_campaign(js->c, edl_str(js->job.k.leader), edl_str(js->cfg->id),
-                                   js->lease, 500, &js->job.leader);
-    if (jw->rc == EDL_ELEASE)
-        js->keeper_dead = true;
-    snprintf(jw->err, sizeof jw->err, "%s", edl_etcd_errmsg(js->c));
+    if (!jw->no_lease) {
+        edl_leader_clear(&js->job.leader);
+        jw->rc = edl_election_campaign(js->c, edl_str(js->job.k.leader), edl_str(js->cfg->id),
+                                       js->lease, 500, &js->job.leader);
+        if (jw->rc == EDL_ELEASE)
+            js->keeper_dead = true;
+    }
+    snprintf(jw->err, sizeof jw->err, "%s", edl_etcd_errmsg(js->c)); /* read on the loop */
 }
 
 static void campaign_done(edl_work *w)
@@ -164,7 +165,7 @@ static void campaign_done(edl_work *w)
     if (rc == 0) {
         js->leading = true;
         js->terms++;
-        js->campaign_backoff_ms = 0;
+        js->lease_failures = 0;
         js->watch_due = true;
         js->dirty = true;
         js->wake = 0;
@@ -177,10 +178,7 @@ static void campaign_done(edl_work *w)
     } else if (jw->no_lease) {
         EDL_WARN(LOG, "cannot reach etcd for a lease: %s (%s); retrying (check --etcd "
                  "and, for https, --cacert, --cert and --key)", edl_strerror(rc), jw->err);
-        js->campaign_backoff_ms = js->campaign_backoff_ms ? js->campaign_backoff_ms * 2 : 200;
-        if (js->campaign_backoff_ms > 3000)
-            js->campaign_backoff_ms = 3000;
-        js->next_try_ms = now + js->campaign_backoff_ms;
+        js->next_try_ms = now + edl_http_backoff_ms(js->lease_failures++, 200, 3000, -1);
     } else if (rc != EDL_ETIMEDOUT && rc != EDL_ELEASE) {
         EDL_WARN(LOG, "campaign failed: %s (%s); retrying", edl_strerror(rc), jw->err);
         js->next_try_ms = now + 300;
