@@ -3,8 +3,8 @@
  * Order of the rules, most urgent first: a final job stays final; a stop request ends it; a
  * trainer that cannot be started fails it; trainer failures (exit, signal, hang) restart the
  * generation or fail the job (exclusion only for a pod that failed while others ran); all
- * ranks done is success, and so is rank 0 done when no rank failed and the others ended, left
- * or outlived a grace; lost members form a new generation at once; joins wait for the settle
+ * ranks done is success, and so is (in process mode) rank 0 done when no rank failed and the
+ * others ended, left or outlived a grace; lost members form a new generation at once; joins wait for the settle
  * window, and for ever once a rank is done; otherwise only details (standbys, spec error) are
  * refreshed.
  *
@@ -219,24 +219,27 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
     return n;
 }
 
-/* How long the other ranks of a job without parameter servers may run on after rank 0 exited
- * 0 before the job succeeds without them (their trainers are stopped). Ranks of one collective
- * advance together and end within a step of each other; one that does not took no part in the
- * last steps: a pod that joined just as rank 0 finished, waiting for rank 0's store, which
- * closed with rank 0. Shorter than a trainer's rendezvous timeout (edl.torch: 60 s), so such
- * a pod is stopped before it fails and spends a restart. */
+/* How long the other ranks of an in-process job without parameter servers may run on after
+ * rank 0 exited 0 before the job succeeds without them (their trainers are stopped). Such
+ * trainers re-form one collective (edl.torch, libedlcoll): its ranks advance together and end
+ * within a step of each other; one that does not took no part in the last steps: a pod that
+ * joined just as rank 0 finished, waiting for rank 0's store, which closed with rank 0.
+ * Shorter than a trainer's rendezvous timeout (edl.torch: 60 s), so such a pod is stopped
+ * before it fails and spends a restart. Restart mode runs any program, ranks that share no
+ * collective among them (a shard each): there every rank must end. */
 #define FINISH_GRACE_MS 30000
 
 typedef enum finish { FINISH_NONE, FINISH_WAIT, FINISH_NOW } finish;
 
-/* Rank 0 of a job without parameter servers exited 0 in the current generation and no member
- * failed: FINISH_NOW when the job succeeds (every other rank exited 0 or left, or outlived the
+/* Rank 0 of an in-process job without parameter servers exited 0 in the current generation
+ * and no member failed: FINISH_NOW when the job succeeds (every other rank exited 0 or left, or outlived the
  * grace: reason written), FINISH_WAIT until then (*wake set). Failures are judged as ever. */
 static finish rank0_finished(const js_observed *o, js_memory *m, const failure *fl, size_t nf,
                              char *reason, size_t len, int64_t *wake)
 {
     const edl_generation *c = o->current;
-    if (o->spec->ps_max > 0 || c->state != EDL_JOB_RUNNING || c->generation == 0)
+    if (o->spec->mode != EDL_MODE_INPROCESS || o->spec->ps_max > 0 ||
+        c->state != EDL_JOB_RUNNING || c->generation == 0)
         return FINISH_NONE;
     for (size_t k = 0; k < nf; k++)
         if (fl[k].code >= 0) /* an exit or a signal; a hang (-1) may be one waiting on rank 0 */

@@ -1,10 +1,10 @@
 /* test_reconcile.c: the job server's decisions as a pure function (jobserver/reconcile.c):
  * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
  * cool-down (only for a pod that fails while others run), the restart budget, exit-code
- * policy, trainers that cannot be started, success (all ranks, or rank 0 and a grace), hangs,
- * stop, spec errors; and the
- * parameter-server role: waiting for ps_min servers, server changes as new generations that
- * keep the workers, server failures (no restart), success decided by the workers. */
+ * policy, trainers that cannot be started, success (all ranks, or in process rank 0 and a
+ * grace), hangs, stop, spec errors; and the parameter-server role: waiting for ps_min servers,
+ * server changes as new generations that keep the workers, server failures (no restart),
+ * success decided by the workers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -950,6 +950,7 @@ static void test_rank0_done_ends_the_job_after_a_grace(void **state)
     (void)state;
     world w;
     world_init(&w, 1, 4);
+    w.spec.mode = EDL_MODE_INPROCESS;
     form(&w, 2);
     int64_t g = w.cur.generation;
     set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
@@ -980,6 +981,7 @@ static void test_rank0_done_with_a_failure_or_a_loss(void **state)
     (void)state;
     world w;
     world_init(&w, 1, 4);
+    w.spec.mode = EDL_MODE_INPROCESS;
     form(&w, 3);
     set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
     set_status(&w, 1, EDL_TRAINER_EXITED, 0, 9);
@@ -991,6 +993,7 @@ static void test_rank0_done_with_a_failure_or_a_loss(void **state)
     world_free(&w);
 
     world_init(&w, 1, 4);
+    w.spec.mode = EDL_MODE_INPROCESS;
     form(&w, 2);
     int64_t g = w.cur.generation;
     set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
@@ -1004,18 +1007,30 @@ static void test_rank0_done_with_a_failure_or_a_loss(void **state)
 }
 
 /* With parameter servers the workers are independent: rank 1 may train long after rank 0 is
- * done, and nothing ends it (see test_success_is_decided_by_the_workers). */
-static void test_rank0_done_in_a_ps_job_waits_for_the_others(void **state)
+ * done, and nothing ends it (see test_success_is_decided_by_the_workers). Nor in restart mode,
+ * which runs any program (ranks with a shard each, sharing no collective). */
+static void test_rank0_done_in_a_ps_job_or_restart_mode_waits_for_the_others(void **state)
 {
     (void)state;
     world w;
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 9);
+    advance(&w, 600000);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    world_free(&w);
+
     ps_world(&w, 2, 2, 1, 2);
+    w.spec.mode = EDL_MODE_INPROCESS;
     start_ps_job(&w, 2, 1);
     all_running(&w);
     servers_running(&w);
     set_status(&w, 0, EDL_TRAINER_EXITED, 0, -1);
     advance(&w, 600000);
-    js_decision d = step(&w);
+    d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
@@ -1302,7 +1317,7 @@ int main(void)
         cmocka_unit_test(test_all_members_failing_together_blames_nobody),
         cmocka_unit_test(test_rank0_done_ends_the_job_after_a_grace),
         cmocka_unit_test(test_rank0_done_with_a_failure_or_a_loss),
-        cmocka_unit_test(test_rank0_done_in_a_ps_job_waits_for_the_others),
+        cmocka_unit_test(test_rank0_done_in_a_ps_job_or_restart_mode_waits_for_the_others),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*exclusion*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
