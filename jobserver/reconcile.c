@@ -4,9 +4,9 @@
  * trainer that cannot be started fails it; trainer failures (exit, signal, hang) restart the
  * generation or fail the job (exclusion only for a pod that failed while others ran); all
  * ranks done is success, and so is (in process mode) rank 0 done when no rank failed and the
- * others ended, left or outlived a grace; lost members form a new generation at once; joins wait for the settle
- * window, and for ever once a rank is done; otherwise only details (standbys, spec error) are
- * refreshed.
+ * others ended, left or outlived a grace; lost members form a new generation at once; joins
+ * wait for the settle window, and for ever once a rank is done; otherwise only details
+ * (standbys, spec error) are refreshed.
  *
  * Two roles: workers are the members (ranks, restarts, success, hangs); parameter servers
  * (pods of role "ps") are ranked apart in `servers`. A server whose process ended leaves the
@@ -232,8 +232,9 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
 typedef enum finish { FINISH_NONE, FINISH_WAIT, FINISH_NOW } finish;
 
 /* Rank 0 of an in-process job without parameter servers exited 0 in the current generation
- * and no member failed: FINISH_NOW when the job succeeds (every other rank exited 0 or left, or outlived the
- * grace: reason written), FINISH_WAIT until then (*wake set). Failures are judged as ever. */
+ * and no member failed: FINISH_NOW when the job succeeds (every other rank exited 0 or left,
+ * or outlived the grace: reason written), FINISH_WAIT until then (*wake set). Failures are
+ * judged as ever. */
 static finish rank0_finished(const js_observed *o, js_memory *m, const failure *fl, size_t nf,
                              char *reason, size_t len, int64_t *wake)
 {
