@@ -19,7 +19,8 @@
  * the median, printed "±").
  * Then how long asynchronous saves block the caller, beside the save's wall time (until
  * edl_ckpt_wait returns), as medians of --repeat saves: the first save (alone: it allocates the
- * handle's staging memory); saves that reuse it (the copy only: its GB/s beside a memcpy into
+ * handle's staging memory); the first save of a handle that reserved its staging first (alone,
+ * the reserve's time beside it); saves that reuse it (the copy only: its GB/s beside a memcpy into
  * pre-faulted memory on one thread and on as many threads as the checkpoint copies with); saves
  * with snapshot_in_background in a training-like loop (save_async, a pass reading every byte as
  * forward and backward would, edl_ckpt_snapshot_wait, a pass writing every word as the optimizer
@@ -666,6 +667,30 @@ static int stall_handed_over(run *r, const char *label)
     return rc;
 }
 
+/* The first save of a handle whose staging was reserved at start-up (edl_ckpt_stage_reserve):
+ * it should block for the copy alone, as a save that reuses staging does. */
+static int stall_after_reserve(run *r, const char *label)
+{
+    edl_ckpt *ck = open_ck(r, false);
+    double t0 = now_s(), b, t;
+    int rc = edl_ckpt_stage_reserve(ck, r->size + 64 * (size_t)r->shards);
+    double reserve_s = now_s() - t0;
+    if (rc != 0)
+        fprintf(stderr, "checkpoint bench: reserve: %s\n", edl_ckpt_errmsg(ck));
+    else
+        rc = async_save(ck, r, false, &b, &t);
+    edl_ckpt_close(ck);
+    if (rc != 0)
+        return rc;
+    series blocked = {0}, total = {0};
+    add(&blocked, b);
+    add(&total, t);
+    char tail[64];
+    snprintf(tail, sizeof tail, " (the reserve took %.3f s)", reserve_s);
+    stall_line(label, "async save, first after reserve", &blocked, &total, tail);
+    return 0;
+}
+
 /* Every figure of one store. Each handle is closed before the next opens: one staging area
  * of --size at most is held at a time. */
 static int bench_store(run *r, const char *label)
@@ -677,6 +702,8 @@ static int bench_store(run *r, const char *label)
     if (rc == 0)
         rc = stall_reused(ck, r, label);
     edl_ckpt_close(ck);
+    if (rc == 0)
+        rc = stall_after_reserve(r, label);
     if (rc == 0)
         rc = stall_pipelined(r, label);
     if (rc == 0)

@@ -312,7 +312,7 @@ static int stage_shards(edl_ckpt *ck, edl_ckpt_pending *p, const edl_ckpt_shard 
         device |= shards[i].device && shards[i].len; /* nothing to copy from an empty one */
     }
     char *mem = NULL;
-    if (need && !(p->stage = ckpt_stage_take(&ck->stages, need, &mem)))
+    if (need && !(p->stage = ckpt_stage_take(&ck->stages, need, false, &mem)))
         return edl_errf(err, errlen, EDL_ENOMEM, "no memory for %zu bytes of staging", need);
     int rc = device ? ckpt_stage_pin(p->stage, err, errlen) : 0;
     ckpt_copy *copies = calloc(n_copies ? n_copies : 1, sizeof *copies);
@@ -345,7 +345,7 @@ int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes)
     if (!ck)
         return EDL_EINVAL;
     char *mem;
-    ckpt_stage *a = bytes ? ckpt_stage_take(&ck->stages, bytes, &mem) : NULL;
+    ckpt_stage *a = bytes ? ckpt_stage_take(&ck->stages, bytes, true, &mem) : NULL;
     if (bytes && !a)
         return edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOMEM, "no memory for %zu bytes of "
                         "checkpoint staging", bytes);

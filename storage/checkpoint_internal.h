@@ -79,7 +79,7 @@ typedef struct ckpt_stages {
 } ckpt_stages;
 
 void ckpt_stages_init(ckpt_stages *st);
-ckpt_stage *ckpt_stage_take(ckpt_stages *st, size_t bytes, char **mem);
+ckpt_stage *ckpt_stage_take(ckpt_stages *st, size_t bytes, bool every_page, char **mem);
 void ckpt_stage_give(ckpt_stages *st, ckpt_stage *a);
 void ckpt_stages_clear(ckpt_stages *st); /* every area given back */
 /* Pin a busy area for CUDA's asynchronous copies (once: it stays pinned while it is kept). */

@@ -132,7 +132,9 @@ int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt
                   size_t n_shards, const char *metadata_json);
 
 /* Allocate and fault in staging memory for `bytes` of copied shards now, so that not even the
- * first edl_ckpt_save_async pays for it (optional: a save allocates what it lacks). Staging is
+ * first edl_ckpt_save_async pays for it (optional: a save allocates what it lacks). Every page
+ * is written, which takes longer than a save's own fault-in but leaves nothing for the first
+ * copy, even where a virtual machine's host backs memory lazily. Staging is
  * kept until edl_ckpt_close and reused by every later save that fits; a save queued while
  * another still uploads from it gets a second area, also kept. */
 int edl_ckpt_stage_reserve(edl_ckpt *ck, size_t bytes);
