@@ -40,6 +40,9 @@ void js_memory_clear(js_memory *m)
     for (size_t i = 0; i < m->n_progress; i++)
         free(m->progress[i].pod);
     free(m->progress);
+    for (size_t i = 0; i < m->n_joins; i++)
+        free(m->joins[i].pod);
+    free(m->joins);
     memset(m, 0, sizeof *m);
 }
 
@@ -655,13 +658,62 @@ static int compose_next(const js_observed *o, membership *ms, edl_generation *fa
     return set_reason(next, reason);
 }
 
-/* Joins only: hold them until the settle window (from the first pending join) closes. True
- * while it is open (*wake set). */
-static bool settling(const js_observed *o, js_memory *mem, int64_t *wake)
+/* The pending joins of list m[0..n) (those the current list cur lacks) into v at *nv, each with
+ * when it was first seen: kept from mem, else now. */
+static int note_joins(const edl_member *cur, size_t n_cur, const edl_member *m, size_t n,
+                      const js_memory *mem, int64_t now, js_join *v, size_t *nv)
 {
-    if (!mem->joins_since_mono_ms)
-        mem->joins_since_mono_ms = o->mono_ms;
-    int64_t due = mem->joins_since_mono_ms + o->spec->settle_ms;
+    for (size_t j = 0; j < n; j++) {
+        if (has_incarnation(cur, n_cur, &m[j]))
+            continue;
+        int64_t since = now;
+        for (size_t i = 0; i < mem->n_joins; i++)
+            if (strcmp(mem->joins[i].pod, m[j].pod) == 0 && mem->joins[i].lease == m[j].lease)
+                since = mem->joins[i].since_mono_ms;
+        if (!(v[*nv].pod = strdup(m[j].pod)))
+            return EDL_ENOMEM;
+        v[*nv].lease = m[j].lease;
+        v[(*nv)++].since_mono_ms = since;
+    }
+    return 0;
+}
+
+/* Remember the joins pending now (members and servers of ms that the current generation lacks)
+ * and forget the rest: a pod that left before its join was published neither opens nor
+ * shortens the settle window of those that stay. */
+static int track_joins(const js_observed *o, const membership *ms, js_memory *mem)
+{
+    const edl_generation *c = o->current;
+    js_join *v = calloc(ms->n + ms->n_servers + 1, sizeof *v);
+    size_t nv = 0;
+    int rc = v ? note_joins(c->members, c->n_members, ms->members, ms->n, mem, o->mono_ms, v,
+                            &nv)
+               : EDL_ENOMEM;
+    if (!rc)
+        rc = note_joins(c->servers, c->n_servers, ms->servers, ms->n_servers, mem, o->mono_ms, v,
+                        &nv);
+    js_memory old = {.joins = v, .n_joins = nv};
+    if (!rc) { /* v becomes the memory's, the old list is freed */
+        old.joins = mem->joins;
+        old.n_joins = mem->n_joins;
+        mem->joins = v;
+        mem->n_joins = nv;
+    }
+    js_memory_clear(&old);
+    return rc;
+}
+
+/* Joins only: hold them until the settle window, opened by the earliest join still pending,
+ * closes. True while it is open (*wake set). */
+static bool settling(const js_observed *o, const js_memory *mem, int64_t *wake)
+{
+    if (mem->n_joins == 0)
+        return false;
+    int64_t first = mem->joins[0].since_mono_ms;
+    for (size_t i = 1; i < mem->n_joins; i++)
+        if (mem->joins[i].since_mono_ms < first)
+            first = mem->joins[i].since_mono_ms;
+    int64_t due = first + o->spec->settle_ms;
     if (o->mono_ms >= due)
         return false;
     *wake = due;
@@ -716,6 +768,8 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
                                                    : EDL_ENOMEM;
     if (!rc)
         rc = next_membership(o, nf || nsf ? &failures : c, &ms, &wake_excl);
+    if (!rc)
+        rc = track_joins(o, &ms, mem);
     if (rc)
         goto out;
     bool lost = membership_lost(c, &ms);
@@ -728,8 +782,6 @@ static int reconcile_membership(const js_observed *o, js_memory *mem, const fail
     bool joins_only = new_gen && nf == 0 && !dead && !lost && changed;
     if (joins_only && (finishing || settling(o, mem, &out->wake_mono_ms)))
         new_gen = false;
-    if (new_gen || lost)
-        mem->joins_since_mono_ms = 0;
     bool details = !same_standbys(c, ms.standbys, ms.n_standbys) ||
                    !same_str(c->spec_error, o->spec_error);
     if (new_gen || (details && c->generation > 0)) {

@@ -5,9 +5,9 @@
  * here, so every rule (settle window, failures, exclusion, success, hangs) is unit-tested; the
  * caller (jobserver.c) reads a consistent snapshot, calls js_reconcile, and publishes the result
  * with a fenced txn. The only memory kept between calls (js_memory) is what a new leader may
- * lose without harm: when joins were first seen (it then waits one more settle window) and when
- * each rank's step last moved (it then waits one more progress timeout), when rank 0 was first
- * seen done (it then waits one more finishing grace). */
+ * lose without harm: when each pending join was first seen (it then waits one more settle
+ * window), when each rank's step last moved (it then waits one more progress timeout), when
+ * rank 0 was first seen done (it then waits one more finishing grace). */
 #ifndef EDL_JOBSERVER_RECONCILE_H
 #define EDL_JOBSERVER_RECONCILE_H
 
@@ -39,8 +39,17 @@ typedef struct js_progress {
     int64_t changed_mono_ms; /* when this step was first seen */
 } js_progress;
 
+/* A join not yet published: a member or server of the next generation that the current one
+ * lacks (this incarnation: pod name and lease), and when it was first seen. */
+typedef struct js_join {
+    char *pod;
+    int64_t lease;
+    int64_t since_mono_ms;
+} js_join;
+
 typedef struct js_memory {
-    int64_t joins_since_mono_ms; /* 0: no join pending */
+    js_join *joins;             /* the joins pending now; a pod that left is forgotten */
+    size_t n_joins;
     js_progress *progress;
     size_t n_progress;
     int64_t dead_gen;           /* the generation whose dead key was first seen at dead_since */

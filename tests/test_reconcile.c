@@ -1,5 +1,6 @@
 /* test_reconcile.c: the job server's decisions as a pure function (jobserver/reconcile.c):
- * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
+ * settle window (a join that left before it was published neither opens nor shortens it), losses,
+ * waiting below min, failures with restarts, exclusion and its growing
  * cool-down (only for a pod that fails while others run), the restart budget, exit-code
  * policy, trainers that cannot be started, success (all ranks, or in process rank 0 and a
  * grace), hangs, stop, spec errors; and the parameter-server role: waiting for ps_min servers,
@@ -346,6 +347,73 @@ static void test_loss_is_published_at_once(void **state)
     assert_int_equal(w.cur.generation, g + 1);
     members_are(&w, "p0 p3 p2"); /* the highest rank fills the hole */
     assert_non_null(strstr(w.cur.reason, "pod p1 left"));
+    world_free(&w);
+}
+
+/* After a crash, a replacement pod registers and is scaled away before its join is published:
+ * it leaves no settle window behind, so a later real join still waits the whole window. */
+static void test_join_that_left_opens_no_settle_window(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 8);
+    form(&w, 3);
+    remove_pod(&w, 2); /* the crash: published at once */
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_clear(&d);
+    add_pod(&w, 3); /* the replacement opens a window ... */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    advance(&w, 300);
+    remove_pod(&w, 3); /* ... and is scaled away before its join is published */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, 0); /* nothing pending: no window to wake for */
+    js_decision_clear(&d);
+    advance(&w, 5000);
+    add_pod(&w, 4); /* a real join: the whole window, not at once */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 1000);
+    js_decision_clear(&d);
+    advance(&w, 1000);
+    d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_clear(&d);
+    members_are(&w, "p0 p1 p4");
+    world_free(&w);
+}
+
+/* Of two pending joins, the first leaves: the window of the one that stays runs from its own
+ * join, not from the one that left. */
+static void test_join_that_left_does_not_shorten_the_window(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 8);
+    form(&w, 2);
+    add_pod(&w, 2);
+    js_decision d = step(&w);
+    assert_int_equal(d.wake_mono_ms, w.mono + 1000);
+    js_decision_clear(&d);
+    advance(&w, 500);
+    add_pod(&w, 3);
+    d = step(&w);
+    assert_int_equal(d.wake_mono_ms, w.mono + 500); /* one window for both */
+    js_decision_clear(&d);
+    advance(&w, 100);
+    remove_pod(&w, 2);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 900); /* p3's own window */
+    js_decision_clear(&d);
+    advance(&w, 900);
+    d = step(&w);
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_clear(&d);
+    members_are(&w, "p0 p1 p3");
     world_free(&w);
 }
 
@@ -1295,6 +1363,8 @@ int main(void)
         cmocka_unit_test(test_first_generation_after_settle_window),
         cmocka_unit_test(test_scale_up_within_window_is_one_generation),
         cmocka_unit_test(test_loss_is_published_at_once),
+        cmocka_unit_test(test_join_that_left_opens_no_settle_window),
+        cmocka_unit_test(test_join_that_left_does_not_shorten_the_window),
         cmocka_unit_test(test_generation_declared_dead_reforms_same_members),
         cmocka_unit_test(test_below_min_waits_then_resumes),
         cmocka_unit_test(test_standby_promoted_on_loss),
