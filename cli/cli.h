@@ -77,6 +77,17 @@ cli_launcher cli_state_launcher(const char *job, long *pid);
  * their number in *n. */
 int cli_state_jobs(char names[][EDL_NAME_MAX + 1], size_t max, size_t *n);
 
+/* logs.c: edl run keeps each child's output in <state dir>/<job>.logs, a file per pod and
+ * rank: <pod>.rank<N>.log (a member of rank N), <pod>.server<N>.log (a parameter server),
+ * <pod>.log (no rank; the job server). cli_logs_dir: the directory's path in out, created
+ * (0700) when create; 0, or EDL_ENOTFOUND (no logs of the job: why says so) / EDL_EIO with
+ * why. cli_logs_reset empties it for a new run. cli_logs_path: one file's path (kind "rank",
+ * "server", or NULL for none). */
+int cli_logs_dir(const char *job, bool create, char *out, size_t n, char *why, size_t whylen);
+int cli_logs_reset(const char *dir);
+void cli_logs_path(const char *dir, const char *pod, const char *kind, int num, char *out,
+                   size_t n);
+
 /* Connect to the job's etcd (resolving the settings as above, then checked; job NULL: the one
  * job edl run runs on this machine, when there is exactly one). Prints why on failure and
  * returns an exit code: EDL_EXIT_FAILED when there is no such local job or its launcher is
@@ -112,6 +123,7 @@ int cli_run(int argc, char **argv);
 int cli_scale(int argc, char **argv);
 int cli_status(int argc, char **argv);
 int cli_stop(int argc, char **argv);
+int cli_logs(int argc, char **argv);
 /* service.c: `edl service register|list|deregister` (distillation's teachers). */
 int cli_service(int argc, char **argv);
 

@@ -1,4 +1,4 @@
-/* main.c: the `edl` command: dispatch to run, scale, status, stop and service. */
+/* main.c: the `edl` command: dispatch to run, scale, status, stop, logs and service. */
 #include <stdio.h>
 #include <string.h>
 
@@ -20,6 +20,8 @@ static void usage(FILE *out)
             "  status JOB [--json]                               generation, members, servers, trainers,\n"
             "                                                    teachers\n"
             "  stop JOB                                          stop the job\n"
+            "  logs JOB [--rank N] [--pod P] [--follow]          what a local job's trainers\n"
+            "                                                    printed, by pod and rank\n"
             "  service register|list|deregister --service NAME   teachers of a distillation\n"
             "                                                    service (docs/distill.md)\n"
             "\n"
@@ -55,6 +57,8 @@ int main(int argc, char **argv)
         return cli_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "stop"))
         return cli_stop(argc - 1, argv + 1);
+    if (!strcmp(cmd, "logs"))
+        return cli_logs(argc - 1, argv + 1);
     if (!strcmp(cmd, "service"))
         return cli_service(argc - 1, argv + 1);
     fprintf(stderr, "edl: unknown command \"%s\"\n\n", cmd);

@@ -1,8 +1,9 @@
 /* run.c: `edl run`, a whole elastic job on one machine.
  *
  * It starts an etcd of its own (unless given one), writes the job's spec, starts a job server
- * and as many agents as the spec's replicas ask for, streams their output with a prefix, and
- * exits with the job's result. Here the launcher plays the part the Kubernetes operator plays
+ * and as many agents as the spec's replicas ask for, streams their output with a prefix that
+ * names each pod's rank (and keeps it by pod and rank for `edl logs`, logs.c), and exits with
+ * the job's result. Here the launcher plays the part the Kubernetes operator plays
  * in a cluster, and only that part: it watches `replicas` (and, with the ps role, `ps.replicas`)
  * in the spec and starts or stops agent processes of each role to match (a crashed agent's
  * lease is revoked the moment it is reaped, and it is replaced by a new pod, as a ReplicaSet
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +50,12 @@ typedef struct child {
     bool exited;
     int status;               /* exit code or 128+signal */
     int role;                 /* ROLE_W, ROLE_PS (pods <job>-ps-N), ROLE_T (<job>-teacher-N) */
+    const char *kind;         /* what the pod is in the newest generation seen: "rank" (a
+                               * member), "server", or NULL (no rank) ... */
+    int num;                  /* ... and its rank or server index */
+    int log_fd;               /* its file in the job's logs for log_kind/log_num (-1: none) */
+    const char *log_kind;
+    int log_num;
 } child;
 
 typedef struct run_opts {
@@ -85,9 +93,9 @@ typedef struct launcher {
     edl_job_state state;
     int interrupted;          /* 0, or the signal that asked us to stop */
     int64_t started_ms;
-    int width;                /* of the output prefix */
     char secret[PATH_MAX];    /* the job secret made for this run ("": none made) */
     char scratch[PATH_MAX];   /* the agents' own directories go here ("": none made) */
+    char log_dir[PATH_MAX];   /* each child's output by pod and rank (logs.c; "": none) */
     int lock_fd;              /* holds <state dir>/<job>.lock (-1: not taken) */
     bool ran;                 /* the job was put into etcd: a summary line ends the output */
     bool deadline_passed;     /* activeDeadlineSeconds passed: the job is stopped as failed */
@@ -154,13 +162,54 @@ static int spawn(launcher *l, child *k, char **argv)
     fcntl(p[0], F_SETFL, O_NONBLOCK);
     k->pid = pid;
     k->out = p[0];
-    int w = (int)strlen(k->name);
-    if (w > l->width)
-        l->width = w;
     return 0;
 }
 
-/* Print complete lines with the child's name in front; flush a partial one at `eof`. */
+/* Append a line to the child's file for what the pod is now (opened again when that changed;
+ * the first failure to write ends the files of this run, with a warning). */
+static void log_line(launcher *l, child *k, const char *text, size_t len)
+{
+    if (!l->log_dir[0])
+        return;
+    if (k->log_fd >= 0 && (k->log_kind != k->kind || k->log_num != k->num)) {
+        close(k->log_fd);
+        k->log_fd = -1;
+    }
+    char path[PATH_MAX + 2 * EDL_NAME_MAX];
+    cli_logs_path(l->log_dir, k->name, k->kind, k->num, path, sizeof path);
+    if (k->log_fd < 0) {
+        k->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+        k->log_kind = k->kind;
+        k->log_num = k->num;
+    }
+    struct iovec iov[2] = {{(void *)text, len}, {"\n", 1}};
+    if (k->log_fd < 0 || writev(k->log_fd, iov, 2) != (ssize_t)len + 1) {
+        say("warning: cannot write %s (%s): no more log files for edl logs in this run", path,
+            strerror(errno));
+        l->log_dir[0] = '\0';
+    }
+}
+
+/* One line of a child: on our output behind what the pod is in the newest generation seen
+ * ("[rank 0 edl-job-1] ...", "[edl-job-3] ..." without a rank), and in its log file. */
+static void emit(launcher *l, child *k, const char *text, int len)
+{
+    if (k->kind)
+        printf("[%s %d %s] %.*s\n", k->kind, k->num, k->name, len, text);
+    else
+        printf("[%s] %.*s\n", k->name, len, text);
+    log_line(l, k, text, (size_t)len);
+}
+
+static void close_log(child *k)
+{
+    if (k->log_fd >= 0)
+        close(k->log_fd);
+    k->log_fd = -1;
+}
+
+/* Print complete lines with the child's rank and name in front; flush a partial one at
+ * `eof`. */
 static void pump(launcher *l, child *k, bool eof)
 {
     for (;;) {
@@ -177,11 +226,11 @@ static void pump(launcher *l, child *k, bool eof)
         char *nl;
         size_t start = 0;
         while ((nl = memchr(k->buf + start, '\n', k->len - start))) {
-            printf("%-*s | %.*s\n", l->width, k->name, (int)(nl - (k->buf + start)), k->buf + start);
+            emit(l, k, k->buf + start, (int)(nl - (k->buf + start)));
             start = (size_t)(nl - k->buf) + 1;
         }
         if (start == 0 && (k->len == sizeof k->buf || (eof && k->len))) {
-            printf("%-*s | %.*s\n", l->width, k->name, (int)k->len, k->buf);
+            emit(l, k, k->buf, (int)k->len);
             start = k->len;
         }
         memmove(k->buf, k->buf + start, k->len - start);
@@ -237,6 +286,7 @@ static int start_agent(launcher *l, int role)
     if (!k)
         return EDL_ENOMEM;
     k->role = role;
+    k->log_fd = -1;
     static const char *const suffix[N_ROLES] = {"", "-ps", "-teacher"};
     snprintf(k->name, sizeof k->name, "%s%s-%d", l->o.job, suffix[role],
              l->next_index[role]++);
@@ -397,6 +447,24 @@ static void pod_list(const edl_member *m, size_t n, char *buf, size_t len)
         used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? " " : "", m[i].pod);
 }
 
+/* What each pod is in generation g: a member's rank or a server's index, for the prefix and
+ * the log file of its lines from now on (lines written just before the launcher sees a new
+ * generation may carry the rank of the one before). */
+static void take_ranks(launcher *l, const edl_generation *g)
+{
+    for (size_t i = 0; i < l->n_kids; i++) {
+        child *k = l->kids[i];
+        const edl_member *m = edl_generation_member_named(g, k->name);
+        k->kind = m ? "rank" : NULL;
+        k->num = m ? m->rank : 0;
+        for (size_t j = 0; !m && j < g->n_servers; j++)
+            if (strcmp(g->servers[j].pod, k->name) == 0) {
+                k->kind = "server";
+                k->num = g->servers[j].rank;
+            }
+    }
+}
+
 /* Re-read spec (replicas) and generation (number, state); print a line per generation. */
 static void observe(launcher *l)
 {
@@ -420,6 +488,7 @@ static void observe(launcher *l)
             g.reason ? g.reason : "");
         l->gen = g.generation;
         l->state = g.state;
+        take_ranks(l, &g);
         if (edl_job_state_final(g.state) && !l->final)
             on_final(l);
     }
@@ -502,14 +571,22 @@ static int reap(launcher *l)
         if (k == &l->js) {
             if (!l->interrupted && !l->final) {
                 say("the job server exited (%d); restarting it", k->status);
+                close_log(&l->js);
                 memset(&l->js, 0, sizeof l->js);
                 l->js.out = -1;
+                l->js.log_fd = -1;
                 if (start_jobserver(l) != 0)
                     return EDL_EXIT_UNREACHABLE;
             }
             continue;
         }
-        if (k->stopping || l->final || l->interrupted)
+        if (l->final || l->interrupted)
+            continue;
+        /* Whatever we were doing with it: a scale-down may have picked an agent that had died
+         * but was not reaped yet, and its loss must not wait for the lease to expire. An
+         * agent that left cleanly took its lease with it (nothing to revoke). */
+        revoke_dead_agent(l, k);
+        if (k->stopping)
             continue;
         if (k->status == EDL_EXIT_USAGE) {
             say("%s exited with a configuration error (2); giving up", k->name);
@@ -519,7 +596,6 @@ static int reap(launcher *l)
             say("%s left (exit 0); a new pod replaces it while ps.replicas asks for it", k->name);
             continue;
         }
-        revoke_dead_agent(l, k);
         say("%s exited unexpectedly (%s %d): its lease revoked; starting a replacement",
             k->name, WIFEXITED(st) ? "code" : "signal",
             WIFEXITED(st) ? k->status : k->status - 128);
@@ -532,8 +608,10 @@ static void drop_exited(launcher *l)
     size_t j = 0;
     for (size_t i = 0; i < l->n_kids; i++) {
         child *k = l->kids[i];
-        if (k->exited && k->out < 0)
+        if (k->exited && k->out < 0) {
+            close_log(k);
             free(k);
+        }
         else
             l->kids[j++] = k;
     }
@@ -649,7 +727,8 @@ static const char run_usage[] =
     "\n"
     "Runs an elastic job on this machine: its own etcd on a free loopback port (unless --etcd),\n"
     "a job server, and one agent per replica, each supervising one TRAINER process. Output is\n"
-    "prefixed with the process name. Change the size from another terminal with\n"
+    "prefixed with the rank and the pod (`[rank 0 edl-job-1] ...`) and kept by pod and rank\n"
+    "for `edl logs JOB [--rank N]`. Change the size from another terminal with\n"
     "`edl scale JOB N` (servers: --role ps, teachers: --role teacher); see it with\n"
     "`edl status JOB`;\n"
     "end it with `edl stop JOB`.\n"
@@ -1078,8 +1157,10 @@ static void shutdown_rest(launcher *l)
     for (size_t i = 0; i < l->n_kids; i++) {
         if (l->kids[i]->out >= 0)
             close(l->kids[i]->out);
+        close_log(l->kids[i]);
         free(l->kids[i]);
     }
+    close_log(&l->js);
     l->n_kids = 0;
 }
 
@@ -1284,8 +1365,17 @@ static int claim_state(launcher *l)
     if (rc) {
         l->scratch[0] = '\0';
         fprintf(stderr, "edl run: %s\n", why);
+        return EDL_EXIT_USAGE;
     }
-    return rc ? EDL_EXIT_USAGE : 0;
+    if (cli_logs_dir(l->o.job, true, l->log_dir, sizeof l->log_dir, why, sizeof why) != 0 ||
+        (cli_logs_reset(l->log_dir) != 0 &&
+         snprintf(why, sizeof why, "cannot empty %s: %s", l->log_dir, strerror(errno)))) {
+        say("warning: no log files for edl logs: %s", why);
+        l->log_dir[0] = '\0';
+    } else {
+        say("logs by pod and rank in %s (edl logs %s [--rank N])", l->log_dir, l->o.job);
+    }
+    return 0;
 }
 
 /* The job's etcd and everything it needs, then the job: the exit code. */
@@ -1339,7 +1429,7 @@ static void free_opts(launcher *l)
 
 int cli_run(int argc, char **argv)
 {
-    launcher l = {.js = {.out = -1}, .gen = -1, .state = EDL_JOB_WAITING, .lock_fd = -1};
+    launcher l = {.js = {.out = -1, .log_fd = -1}, .gen = -1, .state = EDL_JOB_WAITING, .lock_fd = -1};
     edl_etcd_config_init(&l.o.etcd);
     edl_etcd_config_init(&l.cfg);
     if (parse_run(argc, argv, &l.o) != 0 || edl_job_keys_init(&l.k, l.o.prefix, l.o.job) != 0) {
