@@ -31,8 +31,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PUBLISHED = re.compile(r"^jobserver\s+\| (\S+) INFO  jobserver: job \S+: generation (\d+) running")
-REGISTERING = re.compile(r"^(\S+)\s+\| (\S+) INFO  agent: registering pod ")
+PUBLISHED = re.compile(r"^\[jobserver\] (\S+) INFO  jobserver: job \S+: generation (\d+) running")
+REGISTERING = re.compile(r"^\[(?:\w+ \d+ )?(\S+)\] (\S+) INFO  agent: registering pod ")
 
 
 def _wall(stamp):
@@ -61,7 +61,7 @@ class Run:
     def reports(self):
         out = []
         for line in self.lines():
-            _, _, rest = line.partition("| ")
+            _, _, rest = line.partition("] ")
             if rest.startswith("{\"first_allreduce\""):
                 out.append(json.loads(rest))
         return out

@@ -18,7 +18,7 @@ from conftest import BIN_DIR, stop, wait_for
 pytest.importorskip("torch")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ps_counting.py")
-STARTED = re.compile(r"^pycount-0\s+\| .*trainer \d+ started as rank")
+STARTED = re.compile(r"^\[(?:\w+ \d+ )?pycount-0\] .*trainer \d+ started as rank")
 
 
 def read_int(path):

@@ -21,7 +21,7 @@ from conftest import BIN_DIR, SOURCE_DIR, stop, wait_for
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "python")
 ARGS = ["--epochs", "3", "--samples", "2048", "--batch", "64"]
 LONG = ["--epochs", "12", "--samples", "2048", "--batch", "64"]  # seconds of steps, unslowed
-FORMED = re.compile(r"^(\S+)\s+\| edl\.torch: generation (\d+): rank (\d+) of (\d+) \(pid (\d+)\)")
+FORMED = re.compile(r"^\[(?:rank \d+ )?(\S+)\] edl\.torch: generation (\d+): rank (\d+) of (\d+) \(pid (\d+)\)")
 
 
 def env():
