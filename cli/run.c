@@ -448,8 +448,9 @@ static void pod_list(const edl_member *m, size_t n, char *buf, size_t len)
 }
 
 /* What each pod is in generation g: a member's rank or a server's index, for the prefix and
- * the log file of its lines from now on (lines written just before the launcher sees a new
- * generation may carry the rank of the one before). */
+ * the log file of its lines from now on. The agents learn it from the same document at about
+ * the same moment, so lines written around a re-formation (an old trainer's last words in its
+ * grace period, a new one's first) may carry the rank of the generation after or before. */
 static void take_ranks(launcher *l, const edl_generation *g)
 {
     for (size_t i = 0; i < l->n_kids; i++) {
@@ -611,9 +612,9 @@ static void drop_exited(launcher *l)
         if (k->exited && k->out < 0) {
             close_log(k);
             free(k);
-        }
-        else
+        } else {
             l->kids[j++] = k;
+        }
     }
     l->n_kids = j;
 }
