@@ -312,9 +312,11 @@ class State:
     rank goes back to its last commit, and after any re-formation the ranks take the state of
     the lowest rank holding the newest commit.
 
-    Checkpoints: ``State(..., checkpoint=url, every=N)`` saves every N-th commit to url, and
-    ``state.save()`` saves the last commit now. Rank 0 saves, alone (after a commit every rank
-    holds the same state), as step ``state.commits``; the checkpoint is the dict
+    Checkpoints: ``State(..., checkpoint=url, every=N)`` saves every N-th commit to url (with
+    no url, every does nothing: ``checkpoint=os.environ.get("EDL_CHECKPOINT_URI")`` runs in a
+    job with a checkpoint URI and without), and ``state.save()`` saves the last commit now.
+    Rank 0 saves, alone (after a commit every rank holds the same state), as step
+    ``state.commits``; the checkpoint is the dict
     ``{"model": ..., "optimizer": ..., "sampler": ..., <counter>: value, ...}``, the shape
     docs/python.md shows for edl.checkpoint.save. When no rank holds any state (the whole job
     started again), rank 0 loads the newest checkpoint of url, the others receive it, and the
@@ -331,9 +333,6 @@ class State:
         if not isinstance(every, int) or every < 0:
             raise ValueError(f"State(every={every!r}): every is how many commits apart "
                              f"checkpoints are saved, an int >= 0 (0: only state.save())")
-        if every and not checkpoint:
-            raise ValueError(f"State(every={every}) saves checkpoints to State(checkpoint=url): "
-                             f"give the url (file:///path or s3://bucket/prefix)")
         object.__setattr__(self, "_parts", {"model": model, "optimizer": optimizer,
                                             "sampler": sampler, "checkpoint": checkpoint,
                                             "every": every})
@@ -435,7 +434,7 @@ class State:
 
     def _save_every(self):
         every = self._parts["every"]
-        if not every or self._commits % every or world().rank != 0:
+        if not every or not self._parts["checkpoint"] or self._commits % every or world().rank != 0:
             return
         for step, pending in [s for s in self._saves if s[1].done]:
             self._saves.remove((step, pending))

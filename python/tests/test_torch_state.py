@@ -3,11 +3,13 @@ State(checkpoint=url) resumes from the shape docs/python.md shows for edl.checkp
 docs' own lines, run as written), from what State itself saves (every=N and save()), and from a
 foreign dict as far as it fits, or refuses it once with CheckpointMismatch naming what is
 missing. Two ranks of a real gloo group check that rank 0's load, or its refusal, reaches the
-other rank."""
+other rank; under `edl run` (scripts/state_resume.py) a trainer restarted with no state resumes
+from State's last checkpoint, and a foreign one fails the job once (--restart-policy ExitCode)."""
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,7 +18,9 @@ torch = pytest.importorskip("torch")  # Debian: python3-torch (scripts/install-d
 import edl
 import edl.checkpoint as ckpt
 import edl.torch as et
-from conftest import SOURCE_DIR, free_port
+from conftest import BIN_DIR, SOURCE_DIR, free_port
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "state_resume.py")
 
 
 def docs_block(containing):
@@ -175,13 +179,18 @@ def test_a_checkpoint_that_does_not_load_is_refused(url, saved, words):
         entered(et.State(model=fresh, optimizer=fresh_opt, checkpoint=url))
 
 
-def test_state_refuses_every_without_a_url():
-    with pytest.raises(ValueError, match="give the url"):
-        et.State(every=10)
+def test_state_checkpoint_options_and_refusals():
     with pytest.raises(ValueError, match="an int >= 0"):
         et.State(checkpoint="file:///tmp/x", every=-1)
     with pytest.raises(ValueError, match="nothing committed yet"):
         et.State(checkpoint="file:///tmp/x").save()
+    # every=N with no url saves nothing (outside a job a save would raise EDL_ECONFIG)
+    model = torch.nn.Linear(2, 1)
+    state = et.State(model=model, checkpoint=None, every=1)
+    entered(state)
+    assert state.commits == 1
+    with pytest.raises(ValueError, match="no url"):
+        state.save()
 
 
 RANK = r"""
@@ -237,3 +246,40 @@ def test_two_ranks_resume_from_rank_0s_load_or_both_refuse(url):
     assert [rc for rc, _, _ in ranks] == [3, 3], [err[-2000:] for _, _, err in ranks]
     outs = [out.strip() for _, out, _ in ranks]
     assert outs[0] == outs[1] and "has no 'model' and no 'optimizer'" in outs[0]
+
+
+def edl_run(tmp_path, name, *args, policy=()):
+    """`edl run` of scripts/state_resume.py, one pod, restart mode, checkpoints in tmp_path:
+    (exit code, seconds, output)."""
+    uri = tmp_path / f"{name}-ckpt"
+    uri.mkdir()
+    cmd = [os.path.join(BIN_DIR, "edl"), "run", "--job", name, "--np", "1", "--replicas", "1",
+           "--elastic-mode", "restart", *policy, "--checkpoint-uri", f"file://{uri}", "--",
+           sys.executable, SCRIPT, *args]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=180,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    return done.returncode, time.monotonic() - t0, done.stdout
+
+
+@pytest.mark.whole_job
+def test_a_trainer_started_again_resumes_from_states_checkpoint(tmp_path):
+    rc, _, out = edl_run(tmp_path, "state-resume", "--every", "10", "--crash-at", "25")
+    assert rc == 0, out[-3000:]
+    entries = re.findall(r"\| (entered at .*)", out)
+    # the crash after commit 25 lost 5 commits: the checkpoint of commit 20 (20 batches of 16)
+    assert entries == ["entered at commit 0 epoch 0 position 0",
+                       "entered at commit 20 epoch 0 position 320"], out[-3000:]
+    assert "| done at commit 80" in out
+
+
+@pytest.mark.whole_job
+def test_a_foreign_checkpoint_fails_the_job_once(tmp_path):
+    rc, seconds, out = edl_run(tmp_path, "state-foreign", "--foreign",
+                               policy=("--restart-policy", "ExitCode"))
+    assert rc != 0 and seconds < 60, out[-3000:]
+    refusals = re.findall(r"edl\.torch\.CheckpointMismatch: (.*)", out)
+    assert len(refusals) == 1, out[-3000:]
+    assert "has no 'model' and no 'optimizer' (its keys: 'net', 'iteration')" in refusals[0]
+    assert "entered at" not in out  # nothing trained from scratch
