@@ -434,7 +434,7 @@ class State:
 
     def _save_every(self):
         every = self._parts["every"]
-        if not every or not self._parts["checkpoint"] or self._commits % every or world().rank != 0:
+        if not every or self._commits % every or not self._parts["checkpoint"] or world().rank:
             return
         for step, pending in [s for s in self._saves if s[1].done]:
             self._saves.remove((step, pending))
@@ -476,7 +476,7 @@ class State:
         self._counters.update({k: copy.deepcopy(obj[k]) for k in taken})
         absent = [k for k in ("sampler",) if p[k] is not None and k not in obj]
         absent += [k for k in self._counters if k not in taken]
-        ignored = [k for k in obj if k not in _PARTS and k not in self._counters]
+        ignored = [k for k in obj if (k not in _PARTS or p[k] is None) and k not in taken]
         _log(f"resumed from {where}" +
              (f"; not in it, kept as they were: {', '.join(absent)}" if absent else "") +
              (f"; ignored: {', '.join(map(str, ignored))}" if ignored else ""))

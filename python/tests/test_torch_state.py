@@ -216,12 +216,18 @@ print("weights", model.weight.view(-1).tolist(), "step", state.step, "commits", 
 
 
 def two_ranks(url, seed):
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(port), url, str(seed)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-             for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    """[(exit code, stdout, stderr)] of RANK's two processes: again on another port, up to
+    three times, when the store's port was taken meanwhile (free_port() only proposes one)."""
+    for _ in range(3):
+        port = free_port()
+        procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(port), url,
+                                   str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True,
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                 for r in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        if "address already in use" not in outs[0][1].lower():
+            break
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
 
 
