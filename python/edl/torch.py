@@ -22,8 +22,9 @@ agrees to stop, torch's default process group is rebuilt in place for the new wo
 (a joining rank receives it). When a peer dies inside a collective (torch raises), each
 survivor waits for the next generation, restores its last commit and does the same. Outside
 edl the group is a world of one and the script runs as a single process. With
-``checkpoint=url`` a job started again resumes from the newest checkpoint there (State says
-which shape it reads and writes; one it cannot resume from raises CheckpointMismatch).
+``checkpoint=url`` trainers that start with no state in the job resume from the newest
+checkpoint there (State says which shape it reads and writes; one it cannot resume from raises
+CheckpointMismatch).
 
 What edl's C side does here: the agent's announcements (edl/agent_link.h, through edl._edl) and
 the probe that lets ranks connect to the new store the moment it listens. torch does the
@@ -318,13 +319,13 @@ class State:
     Rank 0 saves, alone (after a commit every rank holds the same state), as step
     ``state.commits``; the checkpoint is the dict
     ``{"model": ..., "optimizer": ..., "sampler": ..., <counter>: value, ...}``, the shape
-    docs/python.md shows for edl.checkpoint.save. When no rank holds any state (the whole job
-    started again), rank 0 loads the newest checkpoint of url, the others receive it, and the
-    commit count goes on from its step. A checkpoint of another shape is loaded as far as it
-    fits: the model's and the optimizer's state dicts are needed (when the State has them),
-    the sampler's position and the counters are taken when present (top-level keys naming the
-    State's counters), other keys are ignored; what it lacks or what does not load is refused
-    with CheckpointMismatch on every rank."""
+    docs/python.md shows for edl.checkpoint.save. When no rank holds any state (a trainer of
+    restart mode, or every trainer started again), rank 0 loads the newest checkpoint of url,
+    the others receive it, and the commit count goes on from its step. A checkpoint of another
+    shape is loaded as far as it fits: the model's and the optimizer's state dicts are needed
+    (when the State has them), the sampler's position and the counters are taken when present
+    (top-level keys naming the State's counters), other keys are ignored; what it lacks or what
+    does not load is refused with CheckpointMismatch on every rank."""
 
     _OWN = ("model", "optimizer", "sampler", "checkpoint", "every")
 
