@@ -1,7 +1,9 @@
 """A small MLP learns a planted function of generated data: train_local.py in one process,
-train_elastic.py the same made elastic with edl (`diff train_local.py train_elastic.py`: ten
-lines). Both print the final loss and can save the final weights (--out), so that a run with
-joins, leaves and crashes can be compared with one without.
+train_elastic.py the same made elastic with edl (`diff train_local.py train_elastic.py`:
+twelve lines). Both print the final loss and can save the final weights (--out), so that a run
+with joins, leaves and crashes can be compared with one without. With the job's checkpoint URI
+(`edl run --checkpoint-uri`) the elastic one saves every 10th commit there and, started with no
+state anywhere in the job, resumes from the newest checkpoint.
 
     python3 examples/python/train_local.py --epochs 3 --out local.pt
     build/bin/edl run --np 1:4 --replicas 2 --elastic-mode inprocess -- \
@@ -36,7 +38,8 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = et.ElasticSampler(args.samples, global_batch_size=args.batch)
-    state = et.State(model=model, optimizer=opt, sampler=sampler, epoch=0)
+    state = et.State(model=model, optimizer=opt, sampler=sampler, epoch=0,
+                     checkpoint=os.environ.get("EDL_CHECKPOINT_URI"), every=10)
 
     @et.elastic
     def train(state):

@@ -1,7 +1,8 @@
 """edl.torch: elastic PyTorch in one long-lived process per rank (Horovod Elastic's shape).
 
     import edl.torch as et
-    state = et.State(model=model, optimizer=opt, sampler=sampler, epoch=0)
+    state = et.State(model=model, optimizer=opt, sampler=sampler, epoch=0,
+                     checkpoint="s3://bucket/run1", every=100)   # optional: rank 0 saves
 
     @et.elastic
     def train(state):
@@ -20,7 +21,10 @@ agrees to stop, torch's default process group is rebuilt in place for the new wo
 ``train`` is entered again with the state synchronised from a rank that has the newest commit
 (a joining rank receives it). When a peer dies inside a collective (torch raises), each
 survivor waits for the next generation, restores its last commit and does the same. Outside
-edl the group is a world of one and the script runs as a single process.
+edl the group is a world of one and the script runs as a single process. With
+``checkpoint=url`` trainers that start with no state in the job resume from the newest
+checkpoint there (State says which shape it reads and writes; one it cannot resume from raises
+CheckpointMismatch).
 
 What edl's C side does here: the agent's announcements (edl/agent_link.h, through edl._edl) and
 the probe that lets ranks connect to the new store the moment it listens. torch does the
@@ -44,7 +48,7 @@ from . import Error, _edl, _link
 from ._embedding import SparseEmbedding  # rows on the parameter server (edl.ps)
 
 __all__ = ["State", "elastic", "ElasticSampler", "allreduce_gradients", "HostsUpdated",
-           "world", "SparseEmbedding"]
+           "CheckpointMismatch", "world", "SparseEmbedding"]
 
 # Words of the exceptions torch raises when a peer fails inside a collective.
 _COMM_WORDS = ("connection", "gloo", "nccl", "closed", "reset", "timed out", "timeout",
@@ -66,6 +70,18 @@ class HostsUpdated(Exception):
     def __init__(self, generation):
         super().__init__(f"generation {generation} was announced")
         self.generation = generation
+
+
+class CheckpointMismatch(Error):
+    """The newest checkpoint of State(checkpoint=url) does not fit the State: it is no dict, it
+    lacks the model's or the optimizer's state dict, or one of them does not load. Every rank
+    raises it, with the same message, in State.sync(); it is no communication failure, so
+    elastic() lets it escape and the trainer fails with it instead of training from scratch
+    (.name "EDL_EPROTO", as every edl.Error)."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.code, self.name = _edl.EDL_EPROTO, "EDL_EPROTO"
 
 
 def _seconds(name, default):
@@ -284,22 +300,48 @@ def _snapshot_tensors(d):
             for k, v in d.items()}
 
 
+_PARTS = ("model", "optimizer", "sampler")  # what a State holds besides its counters
+_REQUIRED = ("model", "optimizer")           # what a checkpoint must hold to resume a State
+_SHAPE = ("{'model': model.state_dict(), 'optimizer': optimizer.state_dict(), <counter>: value, "
+          "...}, as state.save() and edl.checkpoint.save write it")
+
+
 class State:
     """What survives a re-formation: a model, an optimizer, an ElasticSampler and any counters
     given as keywords (``State(model=m, optimizer=o, epoch=0, batch=0)``; read and set them as
     attributes: ``state.epoch``). ``commit()`` keeps a copy in memory; after a failure every
     rank goes back to its last commit, and after any re-formation the ranks take the state of
-    the lowest rank holding the newest commit. With ``checkpoint=url`` and no rank holding any
-    state (a whole job restarted), rank 0 loads the newest checkpoint of url first."""
+    the lowest rank holding the newest commit.
 
-    _OWN = ("model", "optimizer", "sampler", "checkpoint")
+    Checkpoints: ``State(..., checkpoint=url, every=N)`` saves every N-th commit to url (with
+    no url, every does nothing: ``checkpoint=os.environ.get("EDL_CHECKPOINT_URI")`` runs in a
+    job with a checkpoint URI and without), and ``state.save()`` saves the last commit now.
+    Rank 0 saves, alone (after a commit every rank holds the same state), as step
+    ``state.commits``; the checkpoint is the dict
+    ``{"model": ..., "optimizer": ..., "sampler": ..., <counter>: value, ...}``, the shape
+    docs/python.md shows for edl.checkpoint.save. When no rank holds any state (a trainer of
+    restart mode, or every trainer started again), rank 0 loads the newest checkpoint of url,
+    the others receive it, and the commit count goes on from its step. A checkpoint of another
+    shape is loaded as far as it fits: the model's and the optimizer's state dicts are needed
+    (when the State has them), the sampler's position and the counters are taken when present
+    (top-level keys naming the State's counters), other keys are ignored; what it lacks or what
+    does not load is refused with CheckpointMismatch on every rank."""
 
-    def __init__(self, model=None, optimizer=None, sampler=None, checkpoint=None, **counters):
+    _OWN = ("model", "optimizer", "sampler", "checkpoint", "every")
+
+    def __init__(self, model=None, optimizer=None, sampler=None, checkpoint=None, every=0,
+                 **counters):
+        if not isinstance(every, int) or every < 0:
+            raise ValueError(f"State(every={every!r}): every is how many commits apart "
+                             f"checkpoints are saved, an int >= 0 (0: only state.save())")
         object.__setattr__(self, "_parts", {"model": model, "optimizer": optimizer,
-                                            "sampler": sampler, "checkpoint": checkpoint})
+                                            "sampler": sampler, "checkpoint": checkpoint,
+                                            "every": every})
         object.__setattr__(self, "_counters", dict(counters))
         object.__setattr__(self, "_saved", None)   # the last commit
         object.__setattr__(self, "_commits", -1)   # its number (-1: none)
+        object.__setattr__(self, "_stored", -1)    # the step of the last checkpoint saved
+        object.__setattr__(self, "_saves", [])     # saves under way (every=N)
 
     def __getattr__(self, name):
         parts = object.__getattribute__(self, "_parts")
@@ -318,7 +360,8 @@ class State:
 
     @property
     def commits(self):
-        """How many commits this state has had (-1: none yet)."""
+        """How many commits this state has had (-1: none yet); a resumed State goes on from
+        its checkpoint's step."""
         return self._commits
 
     # ---- local copies ----------------------------------------------------------------------
@@ -351,14 +394,128 @@ class State:
             self._apply(self._saved)
 
     def commit(self):
-        """Keep this state as the one to go back to; then, if the agent announced a new
-        generation, stop every rank here together (HostsUpdated) to re-form."""
+        """Keep this state as the one to go back to (and save it, every N-th commit of
+        State(every=N)); then, if the agent announced a new generation, stop every rank here
+        together (HostsUpdated) to re-form."""
         self._keep(self._commits + 1)
+        self._save_every()
         w = world()
         w.link.report_step(self._commits)
         target = w.agreed_generation()
         if target > w.generation:
             raise HostsUpdated(target)
+
+    # ---- checkpoints -----------------------------------------------------------------------
+
+    def save(self, url=None, wait=True):
+        """Save the last commit as checkpoint step ``state.commits`` of url (the State's
+        checkpoint url by default). Rank 0 saves; on the other ranks, and for a commit already
+        saved, it does nothing and returns None. wait=False returns an edl.checkpoint.Pending
+        once the state is handed over (the upload goes on in the background; state.wait()
+        waits for every save of this State)."""
+        from . import checkpoint
+        url = url or self._parts["checkpoint"]
+        if not url:
+            raise ValueError("State.save(): no url: give save(url) or State(checkpoint=url)")
+        if self._saved is None:
+            raise ValueError("State.save(): nothing committed yet: call state.commit() (or "
+                             "run train under @edl.torch.elastic) first")
+        if world().rank != 0 or self._commits <= self._stored:
+            return None
+        obj = {k: self._saved[k] for k in _PARTS if self._saved[k] is not None}
+        obj.update(self._saved["counters"])
+        step = self._commits
+        object.__setattr__(self, "_stored", step)
+        if wait:
+            checkpoint.save(obj, step, url)
+            return None
+        pending = checkpoint.save_async(obj, step, url)
+        self._saves.append((step, pending))
+        return pending
+
+    def _save_every(self):
+        every = self._parts["every"]
+        if not every or self._commits % every or not self._parts["checkpoint"] or world().rank:
+            return
+        for step, pending in [s for s in self._saves if s[1].done]:
+            self._saves.remove((step, pending))
+            try:
+                pending.wait()
+            except Error as e:  # a storage outage costs a checkpoint, not the training
+                _log(f"checkpoint step {step} was not saved: {e}")
+        self.save(wait=False)
+
+    def wait(self):
+        """Wait for this State's saves under way (edl.Error for the first that failed).
+        elastic() calls it when the training function returns."""
+        while self._saves:
+            _, pending = self._saves.pop(0)
+            pending.wait()
+
+    def _resume_from(self, obj, step, url):
+        """Take checkpoint obj as far as it fits (see the class); CheckpointMismatch names
+        what it lacks or what does not load."""
+        where = f"checkpoint step {step} at {url}"
+        if not isinstance(obj, dict):
+            raise CheckpointMismatch(f"{where} holds a {type(obj).__name__}, not the dict "
+                                     f"State resumes from ({_SHAPE})")
+        p = self._parts
+        missing = [k for k in _REQUIRED if p[k] is not None and k not in obj]
+        if missing:
+            raise CheckpointMismatch(
+                f"{where} has no {' and no '.join(map(repr, missing))} (its keys: "
+                f"{', '.join(map(repr, obj)) or 'none'}): State resumes from {_SHAPE}; give "
+                f"State(checkpoint=) another URI, or save the state in that shape")
+        for k in _PARTS:
+            if p[k] is not None and k in obj:
+                try:
+                    p[k].load_state_dict(obj[k])
+                except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+                    raise CheckpointMismatch(f"{where}: its {k!r} does not fit this State's "
+                                             f"{k}: {e}") from None
+        taken = [k for k in self._counters if k in obj]
+        self._counters.update({k: copy.deepcopy(obj[k]) for k in taken})
+        absent = [k for k in ("sampler",) if p[k] is not None and k not in obj]
+        absent += [k for k in self._counters if k not in taken]
+        ignored = [k for k in obj if (k not in _PARTS or p[k] is None) and k not in taken]
+        _log(f"resumed from {where}" +
+             (f"; not in it, kept as they were: {', '.join(absent)}" if absent else "") +
+             (f"; ignored: {', '.join(map(str, ignored))}" if ignored else ""))
+
+    def _load_checkpoint(self):
+        """The newest checkpoint's step after taking it (-1: there is none)."""
+        from . import checkpoint
+        url = self._parts["checkpoint"]
+        got = checkpoint.load_latest(url)
+        if got is None:
+            return -1
+        obj, step = got
+        self._resume_from(obj, step, url)
+        return step
+
+    def _resume(self, w):
+        """Rank 0 loads the newest checkpoint; every rank learns its step (-1: none), or
+        raises the same error when rank 0's load failed (none trains from scratch)."""
+        outcome, failure = [None], None
+        if w.rank == 0:
+            try:
+                outcome = [(self._load_checkpoint(), None)]
+            except Exception as e:  # noqa: BLE001 - every rank must hear of any failure
+                failure = e
+                outcome = [(-1, (isinstance(e, CheckpointMismatch), getattr(e, "code", None),
+                                 str(e) if isinstance(e, Error) else f"{type(e).__name__}: {e}"))]
+        if w.world_size > 1:
+            dist.broadcast_object_list(outcome, src=0,
+                                       device=w.device if w.backend == "nccl" else None)
+        if failure is not None:
+            raise failure
+        step, refused = outcome[0]
+        if refused is not None:
+            mismatch, code, message = refused
+            raise CheckpointMismatch(message) if mismatch else \
+                _edl.error(code or _edl.EDL_EIO, f"rank 0 could not load the checkpoint: "
+                           f"{message}")
+        return step
 
     # ---- synchronising the ranks -------------------------------------------------------------
 
@@ -372,21 +529,15 @@ class State:
         dist.all_reduce(r, op=dist.ReduceOp.MIN)
         return newest, int(r.item())
 
-    def _load_checkpoint(self):
-        from . import checkpoint
-        got = checkpoint.load_latest(self._parts["checkpoint"])
-        if got is not None:
-            obj, step = got
-            self._apply(obj)
-
     def sync(self):
         """Every rank takes the state of the lowest rank with the newest commit (rank 0's when
         nobody committed, after rank 0 loaded the newest checkpoint when one is configured),
         and commits it. Collective: every rank of the group calls it."""
         w = world()
         newest, holder = (self._commits, 0) if w.world_size == 1 else self._holder(w)
-        if newest < 0 and w.rank == 0 and self._parts["checkpoint"]:
-            self._load_checkpoint()
+        if newest < 0 and self._parts["checkpoint"]:
+            newest = self._resume(w)
+            object.__setattr__(self, "_stored", newest)
         if w.world_size > 1:
             self._broadcast(holder, w)
         self._keep(max(newest, 0))
@@ -429,7 +580,9 @@ def elastic(func):
         while True:
             target, failure = None, None
             try:
-                return func(state, *args, **kwargs)
+                done = func(state, *args, **kwargs)
+                state.wait()  # its last checkpoint is committed before the trainer ends
+                return done
             except HostsUpdated as h:
                 target = h.generation
             except RuntimeError as e:
