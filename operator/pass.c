@@ -1013,7 +1013,8 @@ static void pass(op *o, op_job *j, const pod_index *idx)
     }
     edl_trainingjob tj;
     char field[256], err[512];
-    int rc = edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err);
+    int rc = edl_trainingjob_parse_bounded(obj, o->cfg->max_replicas, &tj, field, sizeof field,
+                                           err, sizeof err);
     if (edl_k8s_str(obj, "metadata.deletionTimestamp")) {
         finalize(o, j, obj);
     } else if (rc) {

@@ -463,8 +463,13 @@ static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **stat
         {"  teachers:\n    service: kd\n    replicas: 0\n"
          "    template: {spec: {containers: [{name: s}]}}\n", "replicas"},
     };
+    snprintf(file, sizeof file, "%s/badps.yaml", harness_k8s_dir(c->k));
+    /* a typo's replicas: the CRD's maximum, 1,024 (EDL_TJ_PODS_MAX), refuses it */
+    write_job(c, file, "typo", 100000, "10", NULL);
+    if (harness_kubectl(c->k, out, sizeof out, "apply --dry-run=server -f %s 2>&1", file) == 0 ||
+        !strstr(out, "spec.replicas in body should be less than or equal to 1024"))
+        fail_msg("replicas 100000: kubectl apply --dry-run=server: %s", out);
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        snprintf(file, sizeof file, "%s/badps.yaml", harness_k8s_dir(c->k));
         write_job(c, file, "badps", 1, "10", bad[i].ps);
         if (harness_kubectl(c->k, out, sizeof out, "apply -f %s 2>&1", file) == 0 ||
             !strstr(out, bad[i].says))
@@ -485,6 +490,17 @@ static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **stat
             !strstr(out, "metadata.name must"))
             fail_msg("%s: kubectl apply: %s", names[i], out);
     }
+    /* a cluster's administrator raises the CRD's maximum as docs/kubernetes.md says */
+    static const char *const bounds[] = {"replicas", "minReplicas", "maxReplicas"};
+    for (size_t i = 0; i < 3; i++)
+        if (harness_kubectl(c->k, out, sizeof out, "patch crd trainingjobs.edl.dev --type json "
+                            "-p '[{\"op\": \"replace\", \"path\": \"/spec/versions/0/schema/"
+                            "openAPIV3Schema/properties/spec/properties/%s/maximum\", "
+                            "\"value\": 4096}]' 2>&1", bounds[i]))
+            fail_msg("raising %s: %s", bounds[i], out);
+    write_job(c, file, "big", 2000, "10", NULL);
+    if (harness_kubectl(c->k, out, sizeof out, "apply --dry-run=server -f %s 2>&1", file))
+        fail_msg("replicas 2000 under a raised maximum: %s", out);
     assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
 }
 
@@ -666,6 +682,16 @@ static void test_invalid_job_gets_a_condition_and_nothing_is_created(void **stat
               "    template: {spec: {containers: [{name: s, command: [sleep, \"9\"]}]}}\n");
     harness_kubectl_wait(c->k, "tj badps", "{.status.conditions[?(@.type==\"Created\")].message}",
                          "spec.ps: minReplicas (3) is greater than maxReplicas (2)", 20000);
+    /* each role within the CRD's maximum, all together past the operator's bound (1,024) */
+    apply_job(c, "toomany", 1000, "10", "  ps:\n    replicas: 30\n    maxReplicas: 30\n"
+              "    template: {spec: {containers: [{name: s, command: [sleep, \"9\"]}]}}\n");
+    harness_kubectl_wait(c->k, "tj toomany", "{.status.conditions[?(@.type==\"Created\")]"
+                         ".reason}", "InvalidSpec", 20000);
+    harness_kubectl(c->k, out, sizeof out, "get tj toomany -o jsonpath="
+                    "'{.status.conditions[?(@.type==\"Created\")].message}'");
+    if (!strstr(out, "1000 workers (replicas) + 30 parameter servers + 0 teachers = 1030, are "
+                     "more than 1024") || !strstr(out, "--max-replicas"))
+        fail_msg("toomany: %s", out);
     assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
     /* fixed: it runs */
     apply_job(c, "bad", 1, "10", NULL);
