@@ -1171,6 +1171,31 @@ static void test_a_kueue_job_waits_suspended_until_admitted(void **state)
     harness_kubectl_wait(c->k, "tj queued", "{.spec.suspend}", "false", 1000);
 }
 
+/* A big scale-up ramps at the operator's creation rate (a job: 100 pods a second after a
+ * burst of 200) and says so in one RampingUp Event; every pod comes, and no more. */
+static void test_a_big_scale_up_ramps_and_says_so(void **state)
+{
+    cluster *c = *state;
+    char out[16384];
+    int64_t t0 = harness_now_ms();
+    apply_job(c, "wide", 400, "100000", NULL);
+    harness_kubectl_wait(c->k, "tj wide", "{.status.replicas}", "400", 60000);
+    print_message("400 pods in %lld ms\n", (long long)(harness_now_ms() - t0));
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), 400);
+    event_reasons(c, "wide", out, sizeof out);
+    assert_int_equal(count_words(out, "RampingUp"), 1);
+    harness_kubectl(c->k, out, sizeof out, "get events --field-selector involvedObject.name=wide,"
+                    "reason=RampingUp -o jsonpath='{.items[*].message}'");
+    if (!strstr(out, "creating 400 worker pods at most 100 a second (and 200 a second over "
+                     "every job of this operator): about 3 s"))
+        fail_msg("RampingUp: %s", out);
+    /* a small scale-up, within the tokens refilled meanwhile, is not announced */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/wide --replicas=402"), 0);
+    harness_kubectl_wait(c->k, "tj wide", "{.status.replicas}", "402", 30000);
+    event_reasons(c, "wide", out, sizeof out);
+    assert_int_equal(count_words(out, "RampingUp"), 1);
+}
+
 /* A pod preempted (the scheduler's DisruptionTarget condition) is replaced as a leave: no
  * failure is counted against the job's budget. */
 static void test_a_preempted_pod_spends_no_restart(void **state)
@@ -1291,6 +1316,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_kueue_job_waits_suspended_until_admitted,
                                         setup_phase_only, teardown),
         cmocka_unit_test_setup_teardown(test_a_preempted_pod_spends_no_restart, setup_phase_only,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_big_scale_up_ramps_and_says_so, setup_phase_only,
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_refused_pods_and_bad_templates_show_in_conditions_and_events, setup, teardown),
