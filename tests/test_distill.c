@@ -4,8 +4,8 @@
  * same model trained in this process), in order when asked, when teachers are killed, hang,
  * answer garbage or errors, close connections, appear late or are removed; a batch that no
  * teacher answers ends with a status that names the teachers and what each did, and the
- * example's student whose every teacher is bad (NaN, hanging) stops within its budget. Then the wire forms byte by byte, and the teacher's own
- * HTTP surface. */
+ * example's student whose every teacher is bad (NaN, hanging) stops within its budget. Then
+ * the wire forms byte by byte, and the teacher's own HTTP surface. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
