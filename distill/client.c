@@ -20,7 +20,6 @@
 
 #define FAILED_MEMORY 8          /* teachers a batch remembers having failed on */
 #define BACKOFF_MIN_MS 50
-#define BACKOFF_MAX_MS 2000
 #define POLL_MAX_MS 200
 
 typedef enum bstate { B_QUEUED, B_FLIGHT, B_READY } bstate;
@@ -33,6 +32,7 @@ typedef struct batch {
     bstate state;
     int tries;
     uint64_t failed_by[FAILED_MEMORY]; /* serials of the teachers that failed it */
+    char why[448];                     /* "<endpoint>: <what was wrong>; ...", once each */
     struct batch *next;                /* in the queue or the ready list */
     edl_distill_result res;            /* once READY */
 } batch;
@@ -189,7 +189,8 @@ static teacher *pick(edl_distill *d, const batch *b, int64_t now)
 static void teacher_failed(teacher *t, batch *b, int64_t now)
 {
     t->fails++;
-    t->backoff_until = now + edl_http_backoff_ms(t->fails - 1, BACKOFF_MIN_MS, BACKOFF_MAX_MS, -1);
+    t->backoff_until = now + edl_http_backoff_ms(t->fails - 1, BACKOFF_MIN_MS,
+                                                   EDL_DISTILL_BACKOFF_MAX_MS, -1);
     memmove(b->failed_by + 1, b->failed_by, (FAILED_MEMORY - 1) * sizeof *b->failed_by);
     b->failed_by[0] = t->serial;
 }
@@ -323,28 +324,29 @@ static int reply_fits(const edl_distill *d, const batch *b, const float *x, uint
     return 0;
 }
 
-/* Why a finished try failed (an EDL_E* code, counted), or 0 with its predictions in b->res. */
-static int judge(edl_distill *d, request *rq, CURLcode code)
+/* Why a finished try failed (an EDL_E* code, counted, and err), or 0 with its predictions in
+ * b->res. */
+static int judge(edl_distill *d, request *rq, CURLcode code, char *err, size_t errlen)
 {
     long http = 0;
-    char err[160] = "";
     curl_easy_getinfo(rq->easy, CURLINFO_RESPONSE_CODE, &http);
     int rc = 0;
     if (code == CURLE_OPERATION_TIMEDOUT)
-        d->st.timeouts++, rc = EDL_ETIMEDOUT, snprintf(err, sizeof err, "timed out");
+        d->st.timeouts++, rc = EDL_ETIMEDOUT, snprintf(err, errlen, "no answer within %d ms "
+                                                        "(timeout_ms)", d->o.timeout_ms);
     else if (code == CURLE_WRITE_ERROR)
-        d->st.bad_replies++, rc = EDL_ETOOBIG, snprintf(err, sizeof err, "reply too big");
+        d->st.bad_replies++, rc = EDL_ETOOBIG, snprintf(err, errlen, "reply too big");
     else if (code != CURLE_OK)
-        d->st.conn_errors++, rc = EDL_EUNAVAIL, snprintf(err, sizeof err, "%s",
+        d->st.conn_errors++, rc = EDL_EUNAVAIL, snprintf(err, errlen, "%s",
                                                           curl_easy_strerror(code));
     else if (http < 200 || http > 299)
-        d->st.http_errors++, rc = EDL_ESERVER, snprintf(err, sizeof err, "HTTP %ld", http);
+        d->st.http_errors++, rc = EDL_ESERVER, snprintf(err, errlen, "HTTP %ld", http);
     else {
         float *x = NULL;
         uint32_t rows = 0, cols = 0;
         rc = edl_distill_decode(d->o.format, true, rq->reply ? rq->reply : "", rq->len, &x,
-                                &rows, &cols, err, sizeof err);
-        if (rc == 0 && (rc = reply_fits(d, rq->b, x, rows, cols, err, sizeof err)) != 0)
+                                &rows, &cols, err, errlen);
+        if (rc == 0 && (rc = reply_fits(d, rq->b, x, rows, cols, err, errlen)) != 0)
             free(x);
         if (rc)
             d->st.bad_replies++;
@@ -358,19 +360,35 @@ static int judge(edl_distill *d, request *rq, CURLcode code)
     return rc;
 }
 
+/* What a teacher did wrong with b, kept once per teacher (its first failure) for the message
+ * of a batch that fails. */
+static void note_failure(batch *b, const teacher *t, const char *err)
+{
+    char key[136];
+    snprintf(key, sizeof key, "%s: ", t->endpoint);
+    size_t at = strlen(b->why);
+    if (strstr(b->why, key) || at + 1 >= sizeof b->why)
+        return;
+    snprintf(b->why + at, sizeof b->why - at, "%s%s%s", at ? "; " : "", key, err);
+}
+
 static void finish(edl_distill *d, request *rq, CURLcode code)
 {
     batch *b = rq->b;
     teacher *t = rq->t;
-    int rc = judge(d, rq, code);
+    char err[160] = "";
+    int rc = judge(d, rq, code, err, sizeof err);
     if (rc == 0) {
         t->fails = 0;
         batch_ready(d, b, t, 0);
     } else {
         teacher_failed(t, b, edl_monotonic_ms());
-        if (b->tries >= d->o.max_tries)
+        note_failure(b, t, err);
+        if (b->tries >= d->o.max_tries) {
+            snprintf(b->res.error, sizeof b->res.error, "no teacher answered it well in %d "
+                     "tries: %s", b->tries, b->why);
             batch_ready(d, b, t, EDL_EPEER);
-        else {
+        } else {
             d->st.retried++;
             queue_push(d, b, true);
         }

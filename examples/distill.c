@@ -17,7 +17,10 @@
  *          another shape or other values is a bad reply and its batch goes elsewhere),
  *          and the same student on the same labels computed in this process (the teacher's
  *          model trained here too): the reference without a network. Prints both accuracies,
- *          the teacher's, and the client's counters; exits 1 when a batch was lost. Its
+ *          the teacher's, and the client's counters. A batch that no teacher answered well
+ *          in --max-tries tries ends it at once, as edl.distill.Reader does: it says which
+ *          batch, each teacher that failed it and how, and exits 1 (every teacher bad: within
+ *          max_tries * (timeout_ms + 2 s), edl/distill.h). Its
  *          teachers: --teachers, or those edl_discovery assigns it in --service / $EDL_SERVICE
  *          (under edl run --teachers, the job's teachers), followed as they come and go.
  *   distill [--role teacher|student] [options]; distill --help */
@@ -38,7 +41,7 @@
 
 typedef struct opts {
     const char *role, *model, *teachers, *service;
-    int port, service_ms, steps, epochs, batch, in_flight, timeout_ms;
+    int port, service_ms, steps, epochs, batch, in_flight, timeout_ms, max_tries;
     float lr, student_lr;
     edl_distill_format format;
 } opts;
@@ -384,14 +387,14 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
 {
     /* the shape and bound it takes: C probabilities a row (it reads r.out as rows x C) */
     edl_distill_opts dopts = {.model = o->model, .format = o->format, .in_flight = o->in_flight,
-                              .timeout_ms = o->timeout_ms, .ordered = true, .cols = C,
-                              .max_abs = 1};
+                              .timeout_ms = o->timeout_ms, .max_tries = o->max_tries,
+                              .ordered = true, .cols = C, .max_abs = 1};
     edl_distill *dist = NULL;
     source src = {0};
     int rc = edl_distill_open(&dopts, &dist);
     if (rc == 0 && (rc = source_open(o, &src)) == 0 && (rc = source_apply(&src, dist, true)))
         fprintf(stderr, "distill: student: its teachers: %s\n", edl_strerror(rc));
-    long total = (long)o->epochs * (NTRAIN / o->batch), sent = 0, got = 0, lost = 0;
+    long total = (long)o->epochs * (NTRAIN / o->batch), sent = 0, got = 0;
     float *x = malloc((size_t)o->batch * D * sizeof *x), q[C];
     uint8_t *seen = calloc((size_t)total, 1); /* deliveries of each batch */
     int64_t waited = 0;
@@ -417,9 +420,12 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
             edl_distill_result_clear(&r);
             continue;
         }
-        if (r.status || r.id != (uint64_t)got)
-            lost++;
-        else {
+        if (r.status) { /* every teacher it went to failed it: none left to wait for */
+            fprintf(stderr, "distill: student: batch %llu: %s; stopping (check the teachers "
+                    "named, or raise --timeout-ms / --max-tries if they are only slow)\n",
+                    (unsigned long long)r.id, r.error);
+            rc = r.status;
+        } else {
             for (int i = 0; i < o->batch; i++) {
                 mlp_probs(tp, x + i * D, q);
                 for (int c = 0; c < C; c++)
@@ -435,7 +441,7 @@ static int student_remote(const opts *o, const data *d, const float *tp, student
     source_close(&src);
     free(x);
     free(seen);
-    return rc ? rc : lost || *dup ? EDL_EPEER : 0;
+    return rc ? rc : *dup ? EDL_EPEER : 0;
 }
 
 /* The reference: the same student on the same batches, the teacher computed here. */
@@ -474,7 +480,7 @@ static int student_main(const opts *o, const data *d, const float *tp)
            (unsigned long long)st.timeouts, (unsigned long long)st.conn_errors,
            (unsigned long long)st.http_errors, (unsigned long long)st.bad_replies,
            (unsigned long long)(st.submitted - st.delivered + st.failed), dup, mismatched);
-    if (rc)
+    if (rc && rc != EDL_EPEER) /* a failed batch said why already */
         fprintf(stderr, "distill: student: %s\n", edl_strerror(rc));
     return rc ? 1 : 0;
 }
@@ -504,6 +510,7 @@ static void usage(FILE *f)
         "  --batch N             samples a batch (32)\n"
         "  --in-flight N         batches in flight per teacher (4)\n"
         "  --timeout-ms MS       one try's deadline before the batch goes elsewhere (10000)\n"
+        "  --max-tries N         tries of a batch before the student gives up on it (8)\n"
         "  --student-lr X        the student's learning rate (0.5)\n");
 }
 
@@ -553,7 +560,8 @@ static bool option(opts *o, const char *k, const char *v)
                (strcmp(k, "--epochs") == 0 && int_arg(v, 1, 100000, &o->epochs)) ||
                (strcmp(k, "--batch") == 0 && int_arg(v, 1, NTRAIN, &o->batch)) ||
                (strcmp(k, "--in-flight") == 0 && int_arg(v, 1, 1024, &o->in_flight)) ||
-               (strcmp(k, "--timeout-ms") == 0 && int_arg(v, 1, 3600000, &o->timeout_ms));
+               (strcmp(k, "--timeout-ms") == 0 && int_arg(v, 1, 3600000, &o->timeout_ms)) ||
+               (strcmp(k, "--max-tries") == 0 && int_arg(v, 1, 1000, &o->max_tries));
     return *end == '\0' && *v && (o->lr > 0 && o->student_lr > 0);
 }
 
@@ -561,7 +569,7 @@ int main(int argc, char **argv)
 {
     opts o = {.role = getenv("EDL_ROLE_NAME"), .model = "default", .port = port_default(),
               .steps = 1500, .epochs = 5, .batch = 32, .in_flight = 4, .timeout_ms = 10000,
-              .lr = 0.2f, .student_lr = 0.5f};
+              .max_tries = 8, .lr = 0.2f, .student_lr = 0.5f};
     for (int i = 1; i < argc; i += 2) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);

@@ -28,6 +28,7 @@ typedef struct tj_ctx {
     char *err;
     size_t errlen;
     int rc;
+    int pods_max;   /* the most pods of a job, each role and all together (EDL_TJ_PODS_MAX) */
 } tj_ctx;
 
 /* Record the first problem: field = pre.name (pre alone when name is NULL). */
@@ -91,6 +92,25 @@ static bool get_int(tj_ctx *c, const cJSON *obj, const char *pre, const char *na
     if (!get_i64(c, obj, pre, name, lo, hi, &v))
         return false;
     *out = (int)v;
+    return true;
+}
+
+#define PODS_MAX_HOW "this cluster's bound on a job's pods: the operator's --max-replicas, " \
+    "the chart value maxReplicas and the CRD's maximum, which its administrator may raise " \
+    "(docs/kubernetes.md)"
+
+/* A role's replicas or bound: lo..hard (the role's own limit), and at most the cluster's
+ * bound on a job's pods, which a refusal names as such. */
+static bool get_pods(tj_ctx *c, const cJSON *obj, const char *pre, const char *name, int lo,
+                     int hard, int *out)
+{
+    int v;
+    if (!get_int(c, obj, pre, name, lo, hard, &v))
+        return false;
+    if (v > c->pods_max)
+        return fail(c, EDL_ECONFIG, pre, name, "is %d; at most %d (" PODS_MAX_HOW ")", v,
+                    c->pods_max);
+    *out = v;
     return true;
 }
 
@@ -319,9 +339,9 @@ static void read_ps(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
     if (!ps)
         return;
     int replicas = 1, min = 1, max = 0;
-    get_int(c, ps, pre, "replicas", 0, EDL_PS_SERVERS_MAX, &replicas);
-    get_int(c, ps, pre, "minReplicas", 1, EDL_PS_SERVERS_MAX, &min);
-    if (!get_int(c, ps, pre, "maxReplicas", 1, EDL_PS_SERVERS_MAX, &max))
+    get_pods(c, ps, pre, "replicas", 0, EDL_PS_SERVERS_MAX, &replicas);
+    get_pods(c, ps, pre, "minReplicas", 1, EDL_PS_SERVERS_MAX, &min);
+    if (!get_pods(c, ps, pre, "maxReplicas", 1, EDL_PS_SERVERS_MAX, &max))
         max = replicas > min ? replicas : min;
     s->ps_replicas = replicas;
     s->ps_min = min;
@@ -342,9 +362,9 @@ static void read_teachers(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
     if (!t)
         return;
     int replicas = 1, min = 1, max = 0;
-    get_int(c, t, pre, "replicas", 1, EDL_TEACHERS_MAX, &replicas);
-    get_int(c, t, pre, "minReplicas", 1, EDL_TEACHERS_MAX, &min);
-    if (!get_int(c, t, pre, "maxReplicas", 1, EDL_TEACHERS_MAX, &max))
+    get_pods(c, t, pre, "replicas", 1, EDL_TEACHERS_MAX, &replicas);
+    get_pods(c, t, pre, "minReplicas", 1, EDL_TEACHERS_MAX, &min);
+    if (!get_pods(c, t, pre, "maxReplicas", 1, EDL_TEACHERS_MAX, &max))
         max = replicas > min ? replicas : min;
     const char *svc = NULL, *model = NULL;
     if (get_str(c, t, pre, "service", true, 253, &svc) && !edl_teacher_service_valid(svc))
@@ -429,9 +449,9 @@ static void read_spec(tj_ctx *c, const cJSON *spec, edl_trainingjob *tj)
 {
     edl_job_spec *s = &tj->spec;
     int replicas = 1, min = 1, max = 0;
-    get_int(c, spec, "spec", "replicas", 0, EDL_MEMBERS_MAX, &replicas);
-    get_int(c, spec, "spec", "minReplicas", 1, EDL_MEMBERS_MAX, &min);
-    if (!get_int(c, spec, "spec", "maxReplicas", 1, EDL_MEMBERS_MAX, &max))
+    get_pods(c, spec, "spec", "replicas", 0, EDL_MEMBERS_MAX, &replicas);
+    get_pods(c, spec, "spec", "minReplicas", 1, EDL_MEMBERS_MAX, &min);
+    if (!get_pods(c, spec, "spec", "maxReplicas", 1, EDL_MEMBERS_MAX, &max))
         max = replicas > min ? replicas : min;
     s->replicas = replicas;
     s->min = min;
@@ -487,6 +507,13 @@ static void check_spec(tj_ctx *c, const edl_job_spec *s)
         !check_role(c, "spec.teachers", "teachers", s->teachers_min, s->teachers_max,
                     s->teachers_replicas, true))
         return;
+    int servers = edl_spec_desired_servers(s), teachers = edl_spec_desired_teachers(s);
+    if (s->replicas + servers + teachers > c->pods_max) {
+        fail(c, EDL_ECONFIG, "spec", NULL, "the job's pods, %d workers (replicas) + %d "
+             "parameter servers + %d teachers = %d, are more than %d (" PODS_MAX_HOW ")",
+             s->replicas, servers, teachers, s->replicas + servers + teachers, c->pods_max);
+        return;
+    }
     if (s->cooldown_max_ms < s->cooldown_ms) {
         fail(c, EDL_ECONFIG, "spec.elastic.exclusion", NULL, "maxCooldown (%lld ms) is below "
              "cooldown (%lld ms; maxCooldown defaults to 5m)", (long long)s->cooldown_max_ms,
@@ -633,7 +660,16 @@ static void check_type(tj_ctx *c, const cJSON *obj)
 int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
                           char *err, size_t errlen)
 {
-    tj_ctx c = {field, fieldlen, err, errlen, 0};
+    return edl_trainingjob_parse_bounded(obj, EDL_TJ_PODS_MAX, out, field, fieldlen, err,
+                                         errlen);
+}
+
+int edl_trainingjob_parse_bounded(const cJSON *obj, int pods_max, edl_trainingjob *out,
+                                  char *field, size_t fieldlen, char *err, size_t errlen)
+{
+    if (pods_max < 1 || pods_max > EDL_MEMBERS_MAX)
+        pods_max = EDL_TJ_PODS_MAX;
+    tj_ctx c = {field, fieldlen, err, errlen, 0, pods_max};
     edl_trainingjob tj = {0};
     edl_spec_init(&tj.spec);
     tj.ttl_after_finished_s = -1;

@@ -53,12 +53,15 @@ static void usage(FILE *out)
             "                      (default: %s)\n"
             "  --pod-etcd URLS     etcd as the pods reach it (default: --etcd); the pods get the\n"
             "                      operator's --cacert/--cert/--key through each job's Secret\n"
+            "  --max-replicas N    the most pods of a job, each role and all together: a job\n"
+            "                      past it is InvalidSpec (default: %d, the CRD's maximum; 1 to\n"
+            "                      %d; raise the CRD's too, docs/kubernetes.md)\n"
             "\n"
             "Exit codes: 0 stopped by SIGTERM/SIGINT (after resigning) or, with --exit-when-done,\n"
             "the job succeeded; 1 the job failed; 2 usage or configuration error; 3 etcd refused\n"
             "our TLS certificate or credentials (the message names the endpoint; an unreachable\n"
             "etcd is retried for ever); 4 the job was stopped (with --exit-when-done).\n",
-            EDL_DEFAULT_PREFIX, OP_DEFAULT_AGENT_IMAGE);
+            EDL_DEFAULT_PREFIX, OP_DEFAULT_AGENT_IMAGE, EDL_TJ_PODS_MAX, EDL_MEMBERS_MAX);
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -139,7 +142,7 @@ static int run_operator(k8s_options *ko, const js_config *cfg, int sigfd)
 }
 
 enum { OPT_K8S = 1000, OPT_KUBECONFIG, OPT_CONTEXT, OPT_NS, OPT_ALLNS, OPT_LNAME, OPT_LNS,
-       OPT_LDUR, OPT_LRENEW, OPT_LRETRY, OPT_IMAGE, OPT_PODETCD };
+       OPT_LDUR, OPT_LRENEW, OPT_LRETRY, OPT_IMAGE, OPT_PODETCD, OPT_MAXREP };
 
 static const struct option LONG_OPTIONS[] = {
     EDL_ETCD_LONG_OPTIONS,                 {"job", required_argument, 0, 'j'},
@@ -156,6 +159,7 @@ static const struct option LONG_OPTIONS[] = {
     {"leader-elect-renew-deadline", required_argument, 0, OPT_LRENEW},
     {"leader-elect-retry-period", required_argument, 0, OPT_LRETRY},
     {"agent-image", required_argument, 0, OPT_IMAGE}, {"pod-etcd", required_argument, 0, OPT_PODETCD},
+    {"max-replicas", required_argument, 0, OPT_MAXREP},
     {0, 0, 0, 0},
 };
 
@@ -175,6 +179,16 @@ static int k8s_option(k8s_options *ko, int ch, const char *name, const char *val
     case OPT_LRETRY: return duration_option(name, value, &ko->retry_ms);
     case OPT_IMAGE: ko->op.agent_image = value; return 0;
     case OPT_PODETCD: ko->op.pod_etcd_endpoints = value; return 0;
+    case OPT_MAXREP: {
+        long v;
+        if (parse_int(value, 1, EDL_MEMBERS_MAX, &v) == 0) {
+            ko->op.max_replicas = (int)v;
+            return 0;
+        }
+        fprintf(stderr, "edl-jobserver: --%s %s: expected a number of pods, 1 to %d\n", name,
+                value, EDL_MEMBERS_MAX);
+        return -1;
+    }
     }
     return -1;
 }
@@ -185,7 +199,8 @@ int main(int argc, char **argv)
     edl_log_setup_from_env();
     js_config cfg = {.job = getenv("EDL_JOB_ID"), .prefix = EDL_DEFAULT_PREFIX, .ttl_s = 10};
     k8s_options ko = {.lease_ms = 15000, .renew_ms = 10000, .retry_ms = 2000,
-                      .op = {.lease_name = "edl-operator", .agent_image = OP_DEFAULT_AGENT_IMAGE}};
+                      .op = {.lease_name = "edl-operator", .agent_image = OP_DEFAULT_AGENT_IMAGE,
+                             .max_replicas = EDL_TJ_PODS_MAX}};
     static edl_etcd_config etcd; /* static: still reachable on the early returns */
     edl_etcd_config_init(&etcd);
     cfg.etcd = &etcd;
@@ -193,7 +208,7 @@ int main(int argc, char **argv)
     int ch, idx = 0;
     long v;
     while ((ch = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
-        if (ch >= OPT_K8S && ch <= OPT_PODETCD) {
+        if (ch >= OPT_K8S && ch <= OPT_MAXREP) {
             if (k8s_option(&ko, ch, opts[idx].name, optarg))
                 return EDL_EXIT_USAGE;
             continue;

@@ -24,6 +24,12 @@ typedef enum op_failure {
     OP_FAIL_OTHER,            /* anything else (etcd, finalizers, deletions): retried on events */
 } op_failure;
 
+/* A token bucket: `rate` tokens a second up to `burst`, full at first (pass.c). */
+typedef struct op_bucket {
+    double tokens;            /* below 0 after a reservation: the wait for the next token */
+    int64_t ms;               /* monotonic: when it was last filled (0: never) */
+} op_bucket;
+
 /* What the operator remembers of one job. All of it may be lost (a restart, a takeover): it
  * only saves API calls and repeated Events; every decision is taken again from the caches. */
 typedef struct op_job {
@@ -44,6 +50,8 @@ typedef struct op_job {
     op_state ev_state;
     char *reported_invalid;   /* the InvalidSpec message last announced */
     int create_batch[OP_ROLES]; /* pods of a role created in its next batch (1, 2, 4 ...) */
+    op_bucket creates;        /* the job's pod creations (OP_CREATE_RATE) */
+    bool ramp_told[OP_ROLES]; /* the RampingUp Event of the role's scale-up under way is out */
     /* the failure policy (op_pass_failed, op_pass_settle): the first failure of the pass under
      * way, and the per-job limiter */
     int err;                  /* EDL_E* of the pass's first failure (0: none) */
@@ -90,8 +98,8 @@ typedef struct op {
     op_job **jobs;
     size_t n_jobs, cap_jobs;
     edl_metrics_server *metrics;
-    double bucket_tokens;     /* the overall limiter of requeues after errors (a token bucket) */
-    int64_t bucket_ms;
+    op_bucket requeues;       /* the overall limiter of requeues after errors */
+    op_bucket creates;        /* the overall limiter of pod creations (OP_CREATE_RATE_ALL) */
     op_counters m;
     op_counters shown;        /* loop's: m and n_jobs as of the last round, for /metrics */
     size_t shown_jobs;
@@ -104,6 +112,14 @@ typedef struct op {
 #define OP_BACKOFF_MAX_MS 1000000
 #define OP_BUCKET_RATE 10.0
 #define OP_BUCKET_BURST 100.0
+
+/* Pod creations, bounded per job and over every job (token buckets), so that a big scale-up
+ * ramps (announced by a RampingUp Event) instead of flooding the API server: a job creates
+ * at most 100 pods a second after a burst of 200, the operator 200 a second after 500. */
+#define OP_CREATE_RATE 100.0
+#define OP_CREATE_BURST 200.0
+#define OP_CREATE_RATE_ALL 200.0
+#define OP_CREATE_BURST_ALL 500.0
 
 /* Record that the pass under way failed (the first failure is the one kept): rc, a CamelCase
  * reason, what failed and a message. A creation that failed shows in the Created condition

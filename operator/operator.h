@@ -35,6 +35,8 @@ typedef struct op_config {
     const char *pod_etcd_endpoints; /* etcd as the pods reach it (NULL: the operator's) */
     int metrics_port;             /* 0: no /metrics */
     const char *metrics_addr;
+    int max_replicas;             /* the most pods of a job, each role and all together
+                                   * (--max-replicas; 0: EDL_TJ_PODS_MAX) */
 } op_config;
 
 /* Runs until SIGTERM/SIGINT (0) or the leadership is lost (1: the replica exits and is

@@ -74,22 +74,36 @@ static bool may_retry(op_job *j, op_failure kind)
     return false;
 }
 
+/* Fill the bucket up to now; its tokens. */
+static double bucket_fill(op_bucket *b, double rate, double burst, int64_t now)
+{
+    if (!b->ms) {
+        b->tokens = burst;
+        b->ms = now;
+    }
+    b->tokens += (double)(now - b->ms) * rate / 1000;
+    if (b->tokens > burst)
+        b->tokens = burst;
+    b->ms = now;
+    return b->tokens;
+}
+
+/* Milliseconds until the bucket holds a whole token (0: it does). */
+static int64_t bucket_wait_ms(const op_bucket *b, double rate)
+{
+    return b->tokens >= 1 ? 0 : (int64_t)((1 - b->tokens) * 1000 / rate) + 1;
+}
+
 int64_t op_backoff_ms(op *o, op_job *j, int64_t now)
 {
     int64_t mine = OP_BACKOFF_MAX_MS;
     if (j->failures < 28 && ((int64_t)OP_BACKOFF_BASE_MS << j->failures) < OP_BACKOFF_MAX_MS)
         mine = (int64_t)OP_BACKOFF_BASE_MS << j->failures;
     j->failures++;
-    if (!o->bucket_ms) {
-        o->bucket_tokens = OP_BUCKET_BURST;
-        o->bucket_ms = now;
-    }
-    o->bucket_tokens += (double)(now - o->bucket_ms) * OP_BUCKET_RATE / 1000;
-    if (o->bucket_tokens > OP_BUCKET_BURST)
-        o->bucket_tokens = OP_BUCKET_BURST;
-    o->bucket_ms = now;
-    o->bucket_tokens -= 1; /* a reservation: below 0, the wait for the token */
-    int64_t shared = o->bucket_tokens >= 0 ? 0 : (int64_t)(-o->bucket_tokens * 1000 / OP_BUCKET_RATE);
+    /* a reservation: below 0, the wait for the token */
+    double left = bucket_fill(&o->requeues, OP_BUCKET_RATE, OP_BUCKET_BURST, now) - 1;
+    o->requeues.tokens = left;
+    int64_t shared = left >= 0 ? 0 : (int64_t)(-left * 1000 / OP_BUCKET_RATE);
     return mine > shared ? mine : shared;
 }
 
@@ -444,6 +458,35 @@ static int pod_exists(op *o, op_job *j, const char *name)
     return rc;
 }
 
+/* The pods the job may create now: whole tokens in both its bucket and the operator's. None:
+ * the job is woken when both hold one. */
+static int creations_allowed(op *o, op_job *j)
+{
+    int64_t now = edl_monotonic_ms();
+    double mine = bucket_fill(&j->creates, OP_CREATE_RATE, OP_CREATE_BURST, now);
+    double all = bucket_fill(&o->creates, OP_CREATE_RATE_ALL, OP_CREATE_BURST_ALL, now);
+    double both = mine < all ? mine : all;
+    if (both >= 1)
+        return (int)both;
+    int64_t wait_mine = bucket_wait_ms(&j->creates, OP_CREATE_RATE);
+    int64_t wait_all = bucket_wait_ms(&o->creates, OP_CREATE_RATE_ALL);
+    wake_in(j, wait_mine > wait_all ? wait_mine : wait_all);
+    return 0;
+}
+
+/* A scale-up of n pods that the creation rate spreads out (more than the tokens there are
+ * now) is said once, in an Event: how many pods, how fast, about how long. */
+static void announce_ramp(op *o, op_job *j, const cJSON *obj, op_role role, int n, int allowed)
+{
+    if (n <= allowed || j->ramp_told[role])
+        return;
+    j->ramp_told[role] = true;
+    post_event(o, obj, "Normal", "RampingUp", "creating %d %s pods at most %.0f a second (and "
+               "%.0f a second over every job of this operator): about %.0f s", n,
+               op_role_name(role), OP_CREATE_RATE, OP_CREATE_RATE_ALL,
+               (double)(n - allowed) / OP_CREATE_RATE + 1);
+}
+
 /* Up to n new pods of a role, with the role's next indices, in one batch of the slow start
  * (ReplicaSet's: 1, 2, 4 ... pods, doubling after a batch that went through, back to 1 after
  * one that did not). A batch ends at its first failure; what remains waits for the next pass,
@@ -461,10 +504,16 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
                          .etcd_endpoints = o->pod_etcd_endpoints,
                          .etcd_tls = &o->etcd_tls,
                          .agent_image = o->cfg->agent_image};
+    int allowed = creations_allowed(o, j);
+    announce_ramp(o, j, obj, role, n, allowed);
+    if (allowed == 0)
+        return; /* woken when a creation is allowed */
     int *size = &j->create_batch[role];
     if (*size < 1)
         *size = 1;
     int batch = n < *size ? n : *size, made = 0;
+    if (batch > allowed)
+        batch = allowed;
     bool again = true; /* nothing failed: the rest at once */
     char *path = edl_k8s_path(NULL, "v1", j->ns, "pods", NULL, NULL);
     for (int stop = !path; made < batch && !stop;) {
@@ -498,6 +547,8 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
         cJSON_Delete(pod);
     }
     free(path);
+    j->creates.tokens -= made;
+    o->creates.tokens -= made;
     *size = made < batch ? 1 : *size * 2 > CREATE_BATCH_MAX ? CREATE_BATCH_MAX : *size * 2;
     if (again && made < n)
         wake_in(j, 0); /* the rest in the next batch, after the loop's other work */
@@ -528,8 +579,10 @@ static void scale_role(op *o, op_job *j, const edl_trainingjob *tj, const cJSON 
                role == OP_TEACHER ? edl_spec_desired_teachers(&tj->spec) : tj->spec.replicas;
     if (have < want && pods->succeeded[OP_WORKER] == 0)
         create_pods(o, j, tj, obj, role, want - have);
-    else
+    else {
         j->create_batch[role] = 1; /* the next scale-up starts slow again */
+        j->ramp_told[role] = false;
+    }
     if (have > want) {
         qsort(pods->p, pods->n, sizeof *pods->p, by_index_desc);
         int surplus = have - want;
@@ -1013,7 +1066,8 @@ static void pass(op *o, op_job *j, const pod_index *idx)
     }
     edl_trainingjob tj;
     char field[256], err[512];
-    int rc = edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err);
+    int rc = edl_trainingjob_parse_bounded(obj, o->cfg->max_replicas, &tj, field, sizeof field,
+                                           err, sizeof err);
     if (edl_k8s_str(obj, "metadata.deletionTimestamp")) {
         finalize(o, j, obj);
     } else if (rc) {

@@ -3,8 +3,9 @@
  * every batch is delivered exactly once with the teacher's predictions (checked against the
  * same model trained in this process), in order when asked, when teachers are killed, hang,
  * answer garbage or errors, close connections, appear late or are removed; a batch that no
- * teacher answers ends with a status. Then the wire forms byte by byte, and the teacher's own
- * HTTP surface. */
+ * teacher answers ends with a status that names the teachers and what each did, and the
+ * example's student whose every teacher is bad (NaN, hanging) stops within its budget. Then
+ * the wire forms byte by byte, and the teacher's own HTTP surface. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -448,6 +449,11 @@ static void test_a_batch_no_teacher_answers_ends_with_a_status(void **state)
         assert_int_equal(r.status, EDL_EPEER);
         assert_int_equal(r.tries, 3);
         assert_null(r.out);
+        /* why, in words: the teacher and what it did */
+        char want[160];
+        snprintf(want, sizeof want, "no teacher answered it well in 3 tries: %s: HTTP 503",
+                 harness_http_url(err));
+        assert_string_equal(r.error, want);
         assert_false(got[r.id]);
         got[r.id] = true;
     }
@@ -460,6 +466,71 @@ static void test_a_batch_no_teacher_answers_ends_with_a_status(void **state)
     edl_distill_close(t->d);
     free(t);
     harness_http_close(err);
+}
+
+/* ---- a student whose every teacher is bad ------------------------------------------------ */
+
+/* examples/distill's student against two bad teachers (binary form, --timeout-ms 300,
+ * --max-tries 3): it must end by itself within its budget, 3 * (300 ms + the longest back-off)
+ * plus its start, exit 1, and say which batch failed, naming both teachers and `why`. */
+static void student_fails_fast(harness_http *bad[2], const char *why)
+{
+    char teachers[160], out[16384];
+    snprintf(teachers, sizeof teachers, "%s,%s", harness_http_url(bad[0]),
+             harness_http_url(bad[1]));
+    const char *argv[] = {EDL_DISTILL_BIN, "--role", "student", "--format", "binary",
+                          "--teachers", teachers, "--timeout-ms", "300", "--max-tries", "3",
+                          NULL};
+    char log[128];
+    snprintf(log, sizeof log, "/tmp/test_distill.%d.student.log", (int)getpid());
+    int budget_ms = 3 * (300 + EDL_DISTILL_BACKOFF_MAX_MS);
+    int64_t t0 = harness_now_ms();
+    int rc = harness_run(argv, log, budget_ms + 8000, out, sizeof out);
+    int64_t took = harness_now_ms() - t0;
+    unlink(log);
+    print_message("student ended (%d) after %lld ms (budget %d ms):\n%s\n", rc,
+                  (long long)took, budget_ms, out);
+    assert_int_equal(rc, 1);
+    assert_true(took < budget_ms + 5000); /* 5 s: the process's start and its reference run */
+    assert_non_null(strstr(out, "batch 0: no teacher answered it well in 3 tries: "));
+    for (int i = 0; i < 2; i++) {
+        char named[96];
+        snprintf(named, sizeof named, "%s: %s", harness_http_url(bad[i]), why);
+        assert_non_null(strstr(out, named));
+    }
+}
+
+static void test_student_with_only_nan_teachers_fails_within_its_budget(void **state)
+{
+    (void)state;
+    float row[4] = {0.25f, 0.25f, 0.25f, 0.25f};
+    char *body = NULL;
+    size_t len = 0;
+    assert_int_equal(edl_distill_encode(EDL_DISTILL_BINARY, true, row, 1, 4, &body, &len), 0);
+    uint32_t nan_bits = 0x7fc00000u; /* a quiet NaN, in the reply's first value */
+    memcpy(body + len - 4 * sizeof(float), &nan_bits, sizeof nan_bits);
+    harness_http *bad[2];
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(bad[i] = harness_http_open());
+        harness_http_reply(bad[i], 200, body, len, HTTP_NORMAL);
+    }
+    free(body);
+    student_fails_fast(bad, "binary tensor: value 0 is not finite");
+    for (int i = 0; i < 2; i++)
+        harness_http_close(bad[i]);
+}
+
+static void test_student_with_only_hanging_teachers_fails_within_its_budget(void **state)
+{
+    (void)state;
+    harness_http *bad[2];
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(bad[i] = harness_http_open());
+        harness_http_reply(bad[i], 200, "{}", 2, HTTP_HANG);
+    }
+    student_fails_fast(bad, "no answer within 300 ms (timeout_ms)");
+    for (int i = 0; i < 2; i++)
+        harness_http_close(bad[i]);
 }
 
 /* ---- the wire forms ---------------------------------------------------------------------- */
@@ -617,6 +688,8 @@ int main(void)
         cmocka_unit_test(test_no_teachers_waits_then_a_teacher_appears),
         cmocka_unit_test(test_removed_teachers_batches_are_sent_again_at_once),
         cmocka_unit_test(test_a_batch_no_teacher_answers_ends_with_a_status),
+        cmocka_unit_test(test_student_with_only_nan_teachers_fails_within_its_budget),
+        cmocka_unit_test(test_student_with_only_hanging_teachers_fails_within_its_budget),
     };
     if (getenv("EDL_TEST_FILTER"))
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));

@@ -113,6 +113,16 @@ static void test_lint_strict_and_templates_with_each_option(void **state)
     assert_int_not_equal(helm(out, sizeof out, "template t " CHART " --set etcd.install=false"),
                          0);
     assert_non_null(strstr(out, "etcd.endpoints"));
+    /* the bound on a job's pods: the operator's --max-replicas, 1,024 as the CRD's maximum,
+     * raised by a value */
+    assert_int_equal(helm(out, sizeof out, "template t " CHART), 0);
+    assert_non_null(strstr(out, "- --max-replicas=1024\n"));
+    assert_int_equal(helm(out, sizeof out, "template t " CHART
+                          " --set operator.maxReplicas=4096"), 0);
+    assert_non_null(strstr(out, "- --max-replicas=4096\n"));
+    assert_int_not_equal(helm(out, sizeof out, "template t " CHART
+                              " --set operator.maxReplicas=0"), 0);
+    assert_non_null(strstr(out, "maxReplicas"));
     /* a typo or a wrong type in the values fails with the field named */
     assert_int_not_equal(helm(out, sizeof out, "template t " CHART " --set operator.replicass=2"),
                          0);

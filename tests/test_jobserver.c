@@ -626,6 +626,22 @@ static void test_help_and_bad_options(void **state)
                            "--metrics-port", "9", "--metrics-addr", "10.0.0.300", NULL};
     pid = harness_spawn(maddr, "/dev/null");
     assert_int_equal(harness_wait_exit(pid, 5000), 2);
+    /* the operator's bound on a job's pods: 1..100000, said so */
+    static char out[16384];
+    static const char *const counts[] = {"0", "100001", "many"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *maxrep[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--max-replicas", counts[i],
+                                NULL};
+        assert_int_equal(harness_run(maxrep, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                     sizeof out), 2);
+        assert_non_null(strstr(out, "expected a number of pods, 1 to 100000"));
+    }
+    unlink("/tmp/test_jobserver.maxrep.log");
+    const char *helped[] = {EDL_JOBSERVER_BIN, "--help", NULL};
+    assert_int_equal(harness_run(helped, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 0);
+    assert_non_null(strstr(out, "--max-replicas N"));
+    unlink("/tmp/test_jobserver.maxrep.log");
 }
 
 int main(void)

@@ -463,8 +463,13 @@ static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **stat
         {"  teachers:\n    service: kd\n    replicas: 0\n"
          "    template: {spec: {containers: [{name: s}]}}\n", "replicas"},
     };
+    snprintf(file, sizeof file, "%s/badps.yaml", harness_k8s_dir(c->k));
+    /* a typo's replicas: the CRD's maximum, 1,024 (EDL_TJ_PODS_MAX), refuses it */
+    write_job(c, file, "typo", 100000, "10", NULL);
+    if (harness_kubectl(c->k, out, sizeof out, "apply --dry-run=server -f %s 2>&1", file) == 0 ||
+        !strstr(out, "spec.replicas in body should be less than or equal to 1024"))
+        fail_msg("replicas 100000: kubectl apply --dry-run=server: %s", out);
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        snprintf(file, sizeof file, "%s/badps.yaml", harness_k8s_dir(c->k));
         write_job(c, file, "badps", 1, "10", bad[i].ps);
         if (harness_kubectl(c->k, out, sizeof out, "apply -f %s 2>&1", file) == 0 ||
             !strstr(out, bad[i].says))
@@ -485,6 +490,17 @@ static void test_examples_pass_the_schema_and_bad_ps_sections_do_not(void **stat
             !strstr(out, "metadata.name must"))
             fail_msg("%s: kubectl apply: %s", names[i], out);
     }
+    /* a cluster's administrator raises the CRD's maximum as docs/kubernetes.md says */
+    static const char *const bounds[] = {"replicas", "minReplicas", "maxReplicas"};
+    for (size_t i = 0; i < 3; i++)
+        if (harness_kubectl(c->k, out, sizeof out, "patch crd trainingjobs.edl.dev --type json "
+                            "-p '[{\"op\": \"replace\", \"path\": \"/spec/versions/0/schema/"
+                            "openAPIV3Schema/properties/spec/properties/%s/maximum\", "
+                            "\"value\": 4096}]' 2>&1", bounds[i]))
+            fail_msg("raising %s: %s", bounds[i], out);
+    write_job(c, file, "big", 2000, "10", NULL);
+    if (harness_kubectl(c->k, out, sizeof out, "apply --dry-run=server -f %s 2>&1", file))
+        fail_msg("replicas 2000 under a raised maximum: %s", out);
     assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
 }
 
@@ -666,6 +682,16 @@ static void test_invalid_job_gets_a_condition_and_nothing_is_created(void **stat
               "    template: {spec: {containers: [{name: s, command: [sleep, \"9\"]}]}}\n");
     harness_kubectl_wait(c->k, "tj badps", "{.status.conditions[?(@.type==\"Created\")].message}",
                          "spec.ps: minReplicas (3) is greater than maxReplicas (2)", 20000);
+    /* each role within the CRD's maximum, all together past the operator's bound (1,024) */
+    apply_job(c, "toomany", 1000, "10", "  ps:\n    replicas: 30\n    maxReplicas: 30\n"
+              "    template: {spec: {containers: [{name: s, command: [sleep, \"9\"]}]}}\n");
+    harness_kubectl_wait(c->k, "tj toomany", "{.status.conditions[?(@.type==\"Created\")]"
+                         ".reason}", "InvalidSpec", 20000);
+    harness_kubectl(c->k, out, sizeof out, "get tj toomany -o jsonpath="
+                    "'{.status.conditions[?(@.type==\"Created\")].message}'");
+    if (!strstr(out, "1000 workers (replicas) + 30 parameter servers + 0 teachers = 1030, are "
+                     "more than 1024") || !strstr(out, "--max-replicas"))
+        fail_msg("toomany: %s", out);
     assert_int_equal(harness_k8s_stat(c->k, "create pods"), 0);
     /* fixed: it runs */
     apply_job(c, "bad", 1, "10", NULL);
@@ -1145,6 +1171,31 @@ static void test_a_kueue_job_waits_suspended_until_admitted(void **state)
     harness_kubectl_wait(c->k, "tj queued", "{.spec.suspend}", "false", 1000);
 }
 
+/* A big scale-up ramps at the operator's creation rate (a job: 100 pods a second after a
+ * burst of 200) and says so in one RampingUp Event; every pod comes, and no more. */
+static void test_a_big_scale_up_ramps_and_says_so(void **state)
+{
+    cluster *c = *state;
+    char out[16384];
+    int64_t t0 = harness_now_ms();
+    apply_job(c, "wide", 400, "100000", NULL);
+    harness_kubectl_wait(c->k, "tj wide", "{.status.replicas}", "400", 60000);
+    print_message("400 pods in %lld ms\n", (long long)(harness_now_ms() - t0));
+    assert_int_equal(harness_k8s_stat(c->k, "create pods"), 400);
+    event_reasons(c, "wide", out, sizeof out);
+    assert_int_equal(count_words(out, "RampingUp"), 1);
+    harness_kubectl(c->k, out, sizeof out, "get events --field-selector involvedObject.name=wide,"
+                    "reason=RampingUp -o jsonpath='{.items[*].message}'");
+    if (!strstr(out, "creating 400 worker pods at most 100 a second (and 200 a second over "
+                     "every job of this operator): about 3 s"))
+        fail_msg("RampingUp: %s", out);
+    /* a small scale-up, within the tokens refilled meanwhile, is not announced */
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "scale tj/wide --replicas=402"), 0);
+    harness_kubectl_wait(c->k, "tj wide", "{.status.replicas}", "402", 30000);
+    event_reasons(c, "wide", out, sizeof out);
+    assert_int_equal(count_words(out, "RampingUp"), 1);
+}
+
 /* A pod preempted (the scheduler's DisruptionTarget condition) is replaced as a leave: no
  * failure is counted against the job's budget. */
 static void test_a_preempted_pod_spends_no_restart(void **state)
@@ -1265,6 +1316,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_kueue_job_waits_suspended_until_admitted,
                                         setup_phase_only, teardown),
         cmocka_unit_test_setup_teardown(test_a_preempted_pod_spends_no_restart, setup_phase_only,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_big_scale_up_ramps_and_says_so, setup_phase_only,
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_refused_pods_and_bad_templates_show_in_conditions_and_events, setup, teardown),

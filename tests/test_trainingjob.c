@@ -679,6 +679,95 @@ static void test_trainingjob_bad_inputs_name_field_and_code(void **state)
     }
 }
 
+/* A job's pods are bounded, each role and all together, by EDL_TJ_PODS_MAX (1,024) or the
+ * operator's --max-replicas: replicas: 100000 (a typo) is refused, naming the bound and how it
+ * is raised, instead of 13,695 pods in 20 s. */
+static void expect_pods_refused(const char *spec, int pods_max, const char *field,
+                                const char *words)
+{
+    edl_yaml *y = load_ok(spec);
+    edl_trainingjob tj;
+    char f[256], err[512];
+    int rc = edl_trainingjob_parse_bounded(edl_yaml_doc(y, 0), pods_max, &tj, f, sizeof f, err,
+                                           sizeof err);
+    if (rc != EDL_ECONFIG || strcmp(f, field) || !strstr(err, words) ||
+        !strstr(err, "--max-replicas"))
+        fail_msg("%s: got %d %s: %s; want %s: ...%s... naming --max-replicas", spec, rc, f,
+                 err, field, words);
+    edl_yaml_free(y);
+}
+
+static int pods_accepted(const char *spec, int pods_max)
+{
+    edl_yaml *y = load_ok(spec);
+    edl_trainingjob tj;
+    char f[256], err[512];
+    int rc = edl_trainingjob_parse_bounded(edl_yaml_doc(y, 0), pods_max, &tj, f, sizeof f, err,
+                                           sizeof err);
+    if (rc)
+        print_error("%s: %s: %s\n", spec, f, err);
+    int replicas = rc ? -1 : tj.spec.replicas;
+    if (!rc)
+        edl_trainingjob_clear(&tj);
+    edl_yaml_free(y);
+    return replicas;
+}
+
+static void test_trainingjob_pods_are_bounded(void **state)
+{
+    (void)state;
+    assert_int_equal(EDL_TJ_PODS_MAX, 1024);
+    expect_pods_refused(TJ_HEAD "spec:\n  replicas: 100000\n" TJ_TEMPLATE, EDL_TJ_PODS_MAX,
+                        "spec.replicas", "is 100000; at most 1024");
+    expect_pods_refused(TJ_HEAD "spec:\n  replicas: 1025\n" TJ_TEMPLATE, 0, "spec.replicas",
+                        "is 1025; at most 1024"); /* 0: the default */
+    expect_pods_refused(TJ_HEAD "spec:\n  maxReplicas: 1025\n" TJ_TEMPLATE, EDL_TJ_PODS_MAX,
+                        "spec.maxReplicas", "at most 1024");
+    expect_pods_refused(TJ_HEAD "spec:\n  minReplicas: 1025\n" TJ_TEMPLATE, EDL_TJ_PODS_MAX,
+                        "spec.minReplicas", "at most 1024");
+    assert_int_equal(pods_accepted(TJ_HEAD "spec:\n  replicas: 1024\n" TJ_TEMPLATE, 0), 1024);
+    /* the roles together: the workers' replicas and the servers' and teachers' pods */
+    expect_pods_refused(TJ_HEAD "spec:\n  replicas: 1000\n  ps:\n    replicas: 20\n" PS_TEMPLATE
+                        "  teachers:\n    service: b\n    replicas: 10\n" TEACHER_TEMPLATE
+                        TJ_TEMPLATE, 0, "spec", "1000 workers (replicas) + 20 parameter servers "
+                        "+ 10 teachers = 1030, are more than 1024");
+    assert_int_equal(pods_accepted(TJ_HEAD "spec:\n  replicas: 994\n  ps:\n    replicas: 20\n"
+                                   PS_TEMPLATE "  teachers:\n    service: b\n    replicas: 10\n"
+                                   TEACHER_TEMPLATE TJ_TEMPLATE, 0), 994);
+    /* a cluster's administrator raises it (--max-replicas 4096) or lowers it (8) */
+    assert_int_equal(pods_accepted(TJ_HEAD "spec:\n  replicas: 4000\n" TJ_TEMPLATE, 4096), 4000);
+    expect_pods_refused(TJ_HEAD "spec:\n  replicas: 4097\n" TJ_TEMPLATE, 4096, "spec.replicas",
+                        "is 4097; at most 4096");
+    expect_pods_refused(TJ_HEAD "spec:\n  ps:\n    replicas: 9\n" PS_TEMPLATE TJ_TEMPLATE, 8,
+                        "spec.ps.replicas", "is 9; at most 8");
+    expect_pods_refused(TJ_HEAD "spec:\n  replicas: 4\n  ps:\n    replicas: 5\n" PS_TEMPLATE
+                        TJ_TEMPLATE, 8, "spec", "= 9, are more than 8");
+}
+
+/* The CRD's maximum of spec.replicas, minReplicas and maxReplicas is EDL_TJ_PODS_MAX. */
+static void test_pods_bound_is_the_crds(void **state)
+{
+    (void)state;
+    edl_yaml *crd = NULL;
+    char err[512];
+    assert_int_equal(edl_yaml_load_file(EDL_SOURCE_DIR "/deploy/k8s/crd.yaml", &crd, err,
+                                        sizeof err), 0);
+    const cJSON *at = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(edl_yaml_doc(crd, 0), "spec"), "versions"), 0);
+    const char *path[] = {"schema", "openAPIV3Schema", "properties", "spec", "properties"};
+    for (size_t i = 0; i < 5; i++)
+        at = cJSON_GetObjectItemCaseSensitive(at, path[i]);
+    const cJSON *spec = at;
+    const char *names[] = {"replicas", "minReplicas", "maxReplicas"};
+    for (size_t i = 0; i < 3; i++) {
+        const cJSON *max = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(spec, names[i]), "maximum");
+        if (!cJSON_IsNumber(max) || max->valuedouble != EDL_TJ_PODS_MAX)
+            fail_msg("the CRD's spec.%s has no maximum %d", names[i], EDL_TJ_PODS_MAX);
+    }
+    edl_yaml_free(crd);
+}
+
 static void test_trainingjob_line_of_a_bad_field(void **state)
 {
     (void)state;
@@ -928,6 +1017,8 @@ int main(void)
         cmocka_unit_test(test_trainingjob_ps_role_round_trip),
         cmocka_unit_test(test_trainingjob_teachers_role_round_trip),
         cmocka_unit_test(test_trainingjob_bad_inputs_name_field_and_code),
+        cmocka_unit_test(test_trainingjob_pods_are_bounded),
+        cmocka_unit_test(test_pods_bound_is_the_crds),
         cmocka_unit_test(test_trainingjob_line_of_a_bad_field),
         cmocka_unit_test(test_cluster_only_fields_reported),
         cmocka_unit_test(test_durations),

@@ -24,6 +24,7 @@ extern "C" {
 #define EDL_DISTILL_MAX_ROWS 65536
 #define EDL_DISTILL_MAX_COLS 65536
 #define EDL_DISTILL_MAX_BODY (256u << 20) /* bytes of one request or reply */
+#define EDL_DISTILL_BACKOFF_MAX_MS 2000    /* longest back-off of a teacher after failures */
 
 typedef enum edl_distill_format { EDL_DISTILL_JSON = 0, EDL_DISTILL_BINARY = 1 } edl_distill_format;
 
@@ -33,7 +34,9 @@ typedef struct edl_distill_opts {
     int in_flight;            /* batches in flight per teacher (0: 4) */
     int timeout_ms;           /* one try's deadline (0: 10 s); then the batch goes elsewhere */
     bool ordered;             /* deliver in submission order */
-    int max_tries;            /* tries of one batch before it fails with EDL_EPEER (0: 8) */
+    int max_tries;            /* tries of one batch before it fails with EDL_EPEER (0: 8); a
+                                 batch that every teacher fails is so delivered within its
+                                 budget, max_tries * (timeout_ms + EDL_DISTILL_BACKOFF_MAX_MS) */
     uint32_t cols;            /* the columns every reply must have (0: any): a reply of
                                  another shape is a bad reply, so the caller may read
                                  rows x cols floats of every result without looking */
@@ -52,6 +55,9 @@ typedef struct edl_distill_result {
     uint32_t rows, cols;
     int tries;       /* tries it took: 1 when the first teacher answered */
     char teacher[128];
+    char error[512]; /* with a status: "no teacher answered it well in N tries: " and each
+                        teacher that failed it with what was wrong ("http://h:p: no answer
+                        within 10000 ms (timeout_ms); ..."); "" with status 0 */
 } edl_distill_result;
 
 int edl_distill_open(const edl_distill_opts *o, edl_distill **out);

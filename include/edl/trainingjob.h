@@ -124,6 +124,16 @@ const char *edl_trainingjob_scheduler_name(const edl_trainingjob *tj);
  * edl_trainingjob that holds a job before parsing into it again. */
 int edl_trainingjob_parse(const cJSON *obj, edl_trainingjob *out, char *field, size_t fieldlen,
                           char *err, size_t errlen);
+/* The most pods of a job by default: of each role (spec.replicas, ps and teachers with their
+ * bounds) and of its roles together (workers' replicas + the servers' and teachers' desired
+ * pods), as the CRD's maximum. A typo (replicas: 100000) is refused, not run. */
+#define EDL_TJ_PODS_MAX 1024
+/* edl_trainingjob_parse with another bound on a job's pods (the operator's --max-replicas;
+ * outside 1..EDL_MEMBERS_MAX: EDL_TJ_PODS_MAX). A value past it is EDL_ECONFIG naming the
+ * bound and how the cluster's administrator raises it; edl_trainingjob_parse is this with
+ * EDL_TJ_PODS_MAX. (The parameter servers and the teachers keep their own limit, 1,024.) */
+int edl_trainingjob_parse_bounded(const cJSON *obj, int pods_max, edl_trainingjob *out,
+                                  char *field, size_t fieldlen, char *err, size_t errlen);
 void edl_trainingjob_clear(edl_trainingjob *tj);
 
 /* The first field of a TrainingJob object that the CRD's schema does not have, found as the API

@@ -160,12 +160,12 @@ class Reader:
                     last = self._waiting(last, len(held))
                     continue
                 last = time.monotonic()
-                bid, status, rows, cols, tries, teacher, out = got
+                bid, status, rows, cols, tries, teacher, out, why = got
                 batch, tensor = held.pop(bid)
-                if status:
+                if status:  # why names each teacher that failed it and how
                     name, _ = _edl.strerror(status)
-                    raise _edl.error(status, f"edl.distill: batch {bid}: no teacher answered "
-                                     f"it well in {tries} tries ({name}; stats {d.stats()})")
+                    raise _edl.error(status, f"edl.distill: batch {bid}: {why} ({name}; "
+                                     f"stats {d.stats()})")
                 yield batch, self._predictions(out, rows, cols, tensor)
         finally:
             if held:  # left before the end: the client's batches in flight are not ours now

@@ -277,7 +277,8 @@ static PyObject *distill_submit(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(id);
 }
 
-/* next(timeout_ms) -> (id, status, rows, cols, tries, teacher, predictions) or None. */
+/* next(timeout_ms) -> (id, status, rows, cols, tries, teacher, predictions, error) or None
+ * (error: why a batch with a status failed, naming its teachers; "" without a status). */
 static PyObject *distill_next(PyObject *self, PyObject *args)
 {
     Distill *s = (Distill *)self;
@@ -296,8 +297,8 @@ static PyObject *distill_next(PyObject *self, PyObject *args)
         return edl_py_raise(rc, "waiting for the teachers: %s", edl_strerror(rc));
     size_t nbytes = r.status == 0 && r.out ? (size_t)r.rows * r.cols * sizeof(float) : 0;
     PyObject *out = PyByteArray_FromStringAndSize((const char *)r.out, (Py_ssize_t)nbytes);
-    PyObject *ret = out ? Py_BuildValue("(KiIIisO)", (unsigned long long)r.id, r.status, r.rows,
-                                        r.cols, r.tries, r.teacher, out)
+    PyObject *ret = out ? Py_BuildValue("(KiIIisOs)", (unsigned long long)r.id, r.status,
+                                        r.rows, r.cols, r.tries, r.teacher, out, r.error)
                         : NULL;
     Py_XDECREF(out);
     edl_distill_result_clear(&r);
@@ -337,7 +338,8 @@ static PyMethodDef DISTILL_METHODS[] = {
      "poll(timeout_ms=0, first=False) -> [(name, endpoint)] when the teachers changed"},
     {"submit", distill_submit, METH_VARARGS, "submit(addr, nbytes, rows, cols) -> id"},
     {"next", distill_next, METH_VARARGS,
-     "next(timeout_ms) -> (id, status, rows, cols, tries, teacher, predictions) or None"},
+     "next(timeout_ms) -> (id, status, rows, cols, tries, teacher, predictions, error) or "
+     "None"},
     {"pending", distill_pending, METH_NOARGS, "pending() -> batches not delivered yet"},
     {"stats", distill_stats, METH_NOARGS, "stats() -> dict of the client's counters"},
     {"close", distill_close, METH_NOARGS, "close(): the client, and the student's key"},

@@ -163,6 +163,7 @@ def test_bad_input_raises_exceptions_that_say_what_is_wrong(teachers, monkeypatc
     with pytest.raises(edl.Error, match="batch 0: no teacher answered it well in 2 tries") as e:
         list(ed.Reader(None, [x], teachers=[dead], max_tries=2))
     assert e.value.name == "EDL_EPEER"
+    assert f"in 2 tries: {dead}: " in str(e.value), str(e.value)  # the teacher, and what it did
     with pytest.raises(edl.Error, match="no batch answered") as e:
         list(ed.Reader(None, [x], teachers=[dead], max_tries=1000, wait_s=1))
     assert e.value.name == "EDL_ETIMEDOUT"
