@@ -491,7 +491,9 @@ static int recover_pointer(edl_ckpt *ck, edl_storage *st, int64_t stale_rev, cha
                            size_t errlen)
 {
     char *doc = NULL;
-    int rc = ckpt_pointer_from_store(st, ck->uri, ck->keep, &doc, err, errlen);
+    ckpt_pointer_entry newest;
+    size_t found;
+    int rc = ckpt_pointer_from_store(st, ck->uri, ck->keep, &doc, &newest, &found, err, errlen);
     if (rc != 0 && (rc != EDL_ENOTFOUND || !stale_rev))
         return rc;
     edl_txn *t = edl_txn_new();
@@ -513,8 +515,9 @@ static int recover_pointer(edl_ckpt *ck, edl_storage *st, int64_t stale_rev, cha
         rc = edl_errf(err, errlen, trc, "cannot seed the checkpoint pointer %s from %s: %s",
                       ck->pointer_key, ck->uri, edl_etcd_errmsg(ck->etcd));
     else if (res.succeeded && doc)
-        EDL_INFO("checkpoint", "job %s: no checkpoint pointer for %s in etcd; found the "
-                 "checkpoints in the store, newest first: %s", ck->job, ck->uri, doc);
+        EDL_INFO("checkpoint", "job %s: no checkpoint pointer for %s in etcd; found %zu "
+                 "complete checkpoint%s in the store, the newest %s (step %" PRId64 ")", ck->job,
+                 ck->uri, found, found == 1 ? "" : "s", newest.dir, newest.step);
     edl_txn_result_clear(&res);
     edl_txn_free(t);
     free(doc);

@@ -48,10 +48,11 @@ static int complete_dirs(char **keys, size_t n, ckpt_pointer *p)
     return 0;
 }
 
-int ckpt_pointer_from_store(edl_storage *st, const char *uri, int keep, char **doc, char *err,
-                            size_t errlen)
+int ckpt_pointer_from_store(edl_storage *st, const char *uri, int keep, char **doc,
+                            ckpt_pointer_entry *newest, size_t *found, char *err, size_t errlen)
 {
     *doc = NULL;
+    *found = 0;
     char **keys = NULL;
     size_t n = 0;
     int rc = edl_storage_list(st, "ckpt-", &keys, &n);
@@ -67,6 +68,8 @@ int ckpt_pointer_from_store(edl_storage *st, const char *uri, int keep, char **d
         ckpt_pointer older = {.entries = all.entries + 1, .n = all.n - 1};
         *doc = ckpt_pointer_doc(uri, &older, all.entries[0].step, all.entries[0].generation, keep);
         rc = *doc ? 0 : EDL_ENOMEM;
+        *newest = all.entries[0];
+        *found = all.n;
     }
     ckpt_pointer_clear(&all);
     return rc;
