@@ -4,7 +4,8 @@
  * any moment: shards first, then each rank's done.json, then the manifest, and only then the
  * etcd pointer, advanced by a txn that compares the pointer's mod_revision (or its absence)
  * and refuses to go backwards in step. A checkpoint the pointer does not name does not exist
- * for a reader; garbage left by a crash is deleted by a later commit.
+ * for a reader; garbage left by a crash is deleted by a later commit. A lost pointer (the job's
+ * etcd keys went) is rebuilt from the store's listing first (checkpoint_recover.c).
  *
  * Saves run on one background thread per edl_ckpt with a storage handle of its own, so the
  * caller's thread only copies its buffers, into staging memory the handle keeps

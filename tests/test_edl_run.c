@@ -4,7 +4,9 @@
  * standby promotion, a failing trainer restarted, excluded and finally failing the job, a
  * broken trainer failing within seconds, one that cannot be started failing at once, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
- * finishing with the right answer after being re-formed, and a job with parameter servers
+ * finishing with the right answer after being re-formed, a job run again (after edl stop, a
+ * SIGKILLed launcher, with --etcd and with its own) resuming from its checkpoints, --fresh,
+ * and a job with parameter servers
  * (--ps: the same trainer in both roles, servers scaled without restarting anyone). */
 #define _GNU_SOURCE
 #include <setjmp.h>
