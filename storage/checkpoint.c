@@ -715,6 +715,14 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
         int rc = read_pointer(ck, NULL, &kv, &old, p->errmsg, sizeof p->errmsg);
         if (rc != 0 && rc != EDL_ENOTFOUND)
             return rc;
+        if (rc == 0 && strcmp(old.entries[0].dir, dir) == 0) {
+            /* a reader rebuilt a lost pointer from the store between our manifest and this
+             * advance: it names our checkpoint already */
+            *doc_out = strndup(kv->value, kv->value_len);
+            edl_kv_free(kv);
+            ckpt_pointer_clear(&old);
+            return *doc_out ? 0 : EDL_ENOMEM;
+        }
         if (rc == 0 && old.entries[0].step >= p->step) {
             rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: "
                       "the pointer already names step %" PRId64 " (%s), and steps never go back",
