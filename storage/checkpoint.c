@@ -545,7 +545,8 @@ static int read_pointer(edl_ckpt *ck, edl_storage *st, edl_kv **kv, ckpt_pointer
             edl_kv_free(*kv);
             *kv = NULL;
             return edl_errf(err, errlen, rc, "the checkpoint pointer %s is malformed: %s (delete "
-                            "it to start the job's checkpoints afresh)", ck->pointer_key, why);
+                            "it: it is then rebuilt from the checkpoints in %s)", ck->pointer_key,
+                            why, ck->uri);
         }
         bool ours = rc == 0 && (!p->uri || strcmp(p->uri, ck->uri) == 0);
         if (ours || !st || (rc == EDL_ENOTFOUND && attempt > 0))
