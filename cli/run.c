@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "edl/checkpoint.h"
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 #include "edl/proc.h"
@@ -63,6 +64,7 @@ typedef struct run_opts {
     const char *job;
     edl_etcd_config etcd;     /* --etcd and its TLS/auth flags: an etcd of the user's */
     bool insecure;            /* our own etcd on plain http */
+    bool fresh;               /* --fresh: move the checkpoints aside, start over */
     const char *prefix;
     int64_t grace_ms;
     char **trainer;           /* argv after "--", or the manifest's command */
@@ -375,7 +377,60 @@ static size_t role_alive(const launcher *l, int role)
 
 /* ---- the job in etcd ---------------------------------------------------------------------- */
 
-/* Refuse to take over a job that another launcher or operator is running; else start fresh. */
+/* Every key of the job but its checkpoint pointer: a job run again resumes from its
+ * checkpoints (found from the store when the pointer is gone too, edl/checkpoint.h). */
+static int delete_job_keys(launcher *l)
+{
+    char *end = NULL, *after = NULL;
+    size_t end_len = 0, plen = strlen(l->k.checkpoint);
+    int rc = edl_etcd_prefix_end(edl_str(l->k.job), &end, &end_len);
+    edl_txn *t = rc ? NULL : edl_txn_new();
+    if (t && (after = calloc(1, plen + 1))) {
+        memcpy(after, l->k.checkpoint, plen); /* the key after the pointer: pointer + "\0" */
+        edl_delete_opts before = {.range_end = edl_str(l->k.checkpoint)};
+        edl_delete_opts rest = {.range_end = edl_bytes(end, end_len)};
+        edl_txn_delete(t, EDL_TXN_SUCCESS, edl_str(l->k.job), &before);
+        edl_txn_delete(t, EDL_TXN_SUCCESS, edl_bytes(after, plen + 1), &rest);
+        edl_txn_result r = {0};
+        rc = edl_etcd_txn(l->c, t, &r);
+        edl_txn_result_clear(&r);
+    } else if (!rc) {
+        rc = EDL_ENOMEM;
+    }
+    edl_txn_free(t);
+    free(after);
+    free(end);
+    return rc;
+}
+
+/* --fresh: the job starts over on purpose; its checkpoints move aside (edl_ckpt_set_aside). */
+static int set_checkpoints_aside(launcher *l)
+{
+    if (!l->o.spec.checkpoint_uri) {
+        say("--fresh: the job has no --checkpoint-uri: nothing to move aside");
+        return 0;
+    }
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = l->o.spec.checkpoint_uri;
+    cfg.etcd = l->c;
+    cfg.prefix = l->o.prefix;
+    cfg.job = l->o.job;
+    char where[PATH_MAX + 64], err[1024];
+    size_t moved = 0;
+    int rc = edl_ckpt_set_aside(&cfg, where, sizeof where, &moved, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "edl run: --fresh: %s\n", err);
+    else if (moved)
+        say("--fresh: moved %zu checkpoint%s of %s to %s; the job starts without them", moved,
+            moved == 1 ? "" : "s", cfg.uri, where);
+    else
+        say("--fresh: %s holds no checkpoint to move aside", cfg.uri);
+    return rc;
+}
+
+/* Refuse to take over a job that another launcher or operator is running; else start anew,
+ * from the job's checkpoints (from scratch with --fresh). */
 static int prepare_job(launcher *l)
 {
     int rc = 0;
@@ -392,12 +447,13 @@ static int prepare_job(launcher *l)
         edl_generation_clear(&g);
     }
     edl_kv_free(leader);
+    if (!rc && l->o.fresh && set_checkpoints_aside(l) != 0)
+        return EDL_EINVAL;
     char *spec = rc ? NULL : edl_spec_to_json(&l->o.spec);
     if (!rc && !spec)
         rc = EDL_ENOMEM;
     if (!rc) {
-        edl_delete_opts dp = {.prefix = true};
-        rc = edl_etcd_delete(l->c, edl_str(l->k.job), &dp, NULL);
+        rc = delete_job_keys(l);
         if (!rc)
             rc = edl_etcd_put(l->c, edl_str(l->k.spec), edl_str(spec), NULL, NULL);
         if (rc)
@@ -773,7 +829,10 @@ static const char run_usage[] =
     "  --exclude-after N         failures of one pod before it is excluded for a while (2)\n"
     "  --cooldown-ms MS          first exclusion; doubles with each further failure (10000)\n"
     "  --elastic-mode MODE       restart (default) or inprocess\n"
-    "  --checkpoint-uri URI      given to trainers as EDL_CHECKPOINT_URI\n"
+    "  --checkpoint-uri URI      given to trainers as EDL_CHECKPOINT_URI; a job run again\n"
+    "                            resumes from the newest complete checkpoint there\n"
+    "  --fresh                   start over: move the URI's checkpoints to\n"
+    "                            URI/previous-<UTC time>/ (file:// only) and forget them\n"
     "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
     "  -h, --help                this text\n"
     "\n"
@@ -872,7 +931,7 @@ static const struct option run_options[] = {
     {"checkpoint-uri", required_argument, 0, 'u'},
     {"grace-ms", required_argument, 0, 'g'},    {"help", no_argument, 0, 'h'},
     {"exclude-after", required_argument, 0, 'x'}, {"cooldown-ms", required_argument, 0, 'c'},
-    {"file", required_argument, 0, 'f'},
+    {"file", required_argument, 0, 'f'},        {"fresh", no_argument, 0, 'F'},
     {0, 0, 0, 0},
 };
 
@@ -960,6 +1019,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
                 return -1;
             break;
         case 'I': o->insecure = true; break;
+        case 'F': o->fresh = true; break;
         case 'n':
             if (parse_np(optarg, EDL_MEMBERS_MAX, &o->spec.min, &o->spec.max)) {
                 fprintf(stderr, "edl run: --np %s: expected MIN:MAX or N, 1 <= MIN <= MAX\n",
@@ -1293,7 +1353,7 @@ static int run_job(launcher *l, bool *wrote_state)
 {
     int rc = prepare_job(l);
     if (rc)
-        return rc == EDL_ECONFLICT ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
+        return rc == EDL_ECONFLICT || rc == EDL_EINVAL ? EDL_EXIT_USAGE : EDL_EXIT_UNREACHABLE;
     char why[700];
     if (cli_state_write(l->o.job, &l->cfg, why, sizeof why) != 0)
         say("warning: no state file for edl scale/status/stop (pass them --etcd): %s", why);

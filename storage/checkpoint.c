@@ -4,7 +4,8 @@
  * any moment: shards first, then each rank's done.json, then the manifest, and only then the
  * etcd pointer, advanced by a txn that compares the pointer's mod_revision (or its absence)
  * and refuses to go backwards in step. A checkpoint the pointer does not name does not exist
- * for a reader; garbage left by a crash is deleted by a later commit.
+ * for a reader; garbage left by a crash is deleted by a later commit. A lost pointer (the job's
+ * etcd keys went) is rebuilt from the store's listing first (checkpoint_recover.c).
  *
  * Saves run on one background thread per edl_ckpt with a storage handle of its own, so the
  * caller's thread only copies its buffers, into staging memory the handle keeps
@@ -482,26 +483,91 @@ int edl_ckpt_save(edl_ckpt *ck, int64_t step, int64_t generation, const edl_ckpt
 
 /* ---- the commit (on the committer rank) --------------------------------------------------- */
 
-/* Read the pointer: 0 (found), EDL_ENOTFOUND, or an error. *kv is the caller's. */
-static int read_pointer(edl_ckpt *ck, edl_kv **kv, ckpt_pointer *p, char *err, size_t errlen)
+/* The pointer is absent (the job's etcd keys went: a new run, an etcd that lost its data) or
+ * names another URI (stale_rev: its mod_revision; 0 when absent): rebuild it from the store's
+ * listing and put it in the state it was read in, so that every rank agrees on one lineage.
+ * 0 when there is a pointer now (ours or another rank's); EDL_ENOTFOUND when the store holds
+ * no checkpoint either (a stale pointer is then deleted); a store or etcd error. */
+static int recover_pointer(edl_ckpt *ck, edl_storage *st, int64_t stale_rev, char *err,
+                           size_t errlen)
 {
-    *kv = NULL;
-    memset(p, 0, sizeof *p);
-    int rc = edl_etcd_get(ck->etcd, edl_str(ck->pointer_key), kv, NULL);
-    if (rc == EDL_ENOTFOUND)
+    char *doc = NULL;
+    ckpt_pointer_entry newest;
+    size_t found;
+    int rc = ckpt_pointer_from_store(st, ck->uri, ck->keep, &doc, &newest, &found, err, errlen);
+    if (rc != 0 && (rc != EDL_ENOTFOUND || !stale_rev))
         return rc;
-    if (rc != 0)
-        return edl_errf(err, errlen, rc, "cannot read the checkpoint pointer %s from etcd: %s",
-                    ck->pointer_key, edl_etcd_errmsg(ck->etcd));
-    char why[256];
-    rc = ckpt_pointer_parse((*kv)->value, (*kv)->value_len, p, why, sizeof why);
-    if (rc != 0) {
+    edl_txn *t = edl_txn_new();
+    if (!t) {
+        free(doc);
+        return EDL_ENOMEM;
+    }
+    if (stale_rev)
+        edl_txn_cmp_mod(t, edl_str(ck->pointer_key), EDL_CMP_EQUAL, stale_rev);
+    else
+        edl_txn_cmp_create(t, edl_str(ck->pointer_key), EDL_CMP_EQUAL, 0);
+    if (doc)
+        edl_txn_put(t, EDL_TXN_SUCCESS, edl_str(ck->pointer_key), edl_str(doc), NULL);
+    else
+        edl_txn_delete(t, EDL_TXN_SUCCESS, edl_str(ck->pointer_key), NULL);
+    edl_txn_result res = {0};
+    int trc = edl_etcd_txn(ck->etcd, t, &res);
+    if (trc != 0)
+        rc = edl_errf(err, errlen, trc, "cannot seed the checkpoint pointer %s from %s: %s",
+                      ck->pointer_key, ck->uri, edl_etcd_errmsg(ck->etcd));
+    else if (res.succeeded && doc)
+        EDL_INFO("checkpoint", "job %s: no checkpoint pointer for %s in etcd; found %zu "
+                 "complete checkpoint%s in the store, the newest %s (step %" PRId64 ")", ck->job,
+                 ck->uri, found, found == 1 ? "" : "s", newest.dir, newest.step);
+    edl_txn_result_clear(&res);
+    edl_txn_free(t);
+    free(doc);
+    return rc;
+}
+
+/* Read the pointer: 0 (found), EDL_ENOTFOUND, or an error. *kv is the caller's. A pointer
+ * that is absent or names another URI is first rebuilt from the store through st (the calling
+ * thread's handle), unless st is NULL: when the commit advances the pointer, the listing would
+ * show the manifest it has just written (the commit rebuilt it before writing that). */
+static int read_pointer(edl_ckpt *ck, edl_storage *st, edl_kv **kv, ckpt_pointer *p, char *err,
+                        size_t errlen)
+{
+    for (int attempt = 0;; attempt++) {
+        *kv = NULL;
+        memset(p, 0, sizeof *p);
+        int rc = edl_etcd_get(ck->etcd, edl_str(ck->pointer_key), kv, NULL);
+        if (rc != 0 && rc != EDL_ENOTFOUND)
+            return edl_errf(err, errlen, rc, "cannot read the checkpoint pointer %s from etcd: "
+                            "%s", ck->pointer_key, edl_etcd_errmsg(ck->etcd));
+        char why[256];
+        if (rc == 0 && (rc = ckpt_pointer_parse((*kv)->value, (*kv)->value_len, p, why,
+                                                 sizeof why)) != 0) {
+            edl_kv_free(*kv);
+            *kv = NULL;
+            return edl_errf(err, errlen, rc, "the checkpoint pointer %s is malformed: %s (delete "
+                            "it: it is then rebuilt from the checkpoints in %s)", ck->pointer_key,
+                            why, ck->uri);
+        }
+        bool ours = rc == 0 && (!p->uri || strcmp(p->uri, ck->uri) == 0);
+        if (ours || !st || (rc == EDL_ENOTFOUND && attempt > 0))
+            return rc;
+        if (attempt == POINTER_TRIES) {
+            edl_kv_free(*kv);
+            *kv = NULL;
+            ckpt_pointer_clear(p);
+            return edl_errf(err, errlen, EDL_ECONFLICT, "the checkpoint pointer %s kept changing "
+                            "while it was rebuilt from %s", ck->pointer_key, ck->uri);
+        }
+        int64_t stale_rev = rc == 0 ? (*kv)->mod_revision : 0;
+        if (rc == 0)
+            EDL_WARN("checkpoint", "the checkpoint pointer %s names %s, not %s: rebuilding it "
+                     "from %s", ck->pointer_key, p->uri, ck->uri, ck->uri);
         edl_kv_free(*kv);
         *kv = NULL;
-        return edl_errf(err, errlen, rc, "the checkpoint pointer %s is malformed: %s (delete it to "
-                    "start the job's checkpoints afresh)", ck->pointer_key, why);
+        ckpt_pointer_clear(p);
+        if ((rc = recover_pointer(ck, st, stale_rev, err, errlen)) != 0)
+            return rc;
     }
-    return 0;
 }
 
 /* One poll of rank r's done.json: 0 and *out when it is there and agrees; EDL_ENOTFOUND while
@@ -647,9 +713,17 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
     for (int attempt = 0; attempt < POINTER_TRIES; attempt++) {
         edl_kv *kv;
         ckpt_pointer old;
-        int rc = read_pointer(ck, &kv, &old, p->errmsg, sizeof p->errmsg);
+        int rc = read_pointer(ck, NULL, &kv, &old, p->errmsg, sizeof p->errmsg);
         if (rc != 0 && rc != EDL_ENOTFOUND)
             return rc;
+        if (rc == 0 && strcmp(old.entries[0].dir, dir) == 0) {
+            /* a reader rebuilt a lost pointer from the store between our manifest and this
+             * advance: it names our checkpoint already */
+            *doc_out = strndup(kv->value, kv->value_len);
+            edl_kv_free(kv);
+            ckpt_pointer_clear(&old);
+            return *doc_out ? 0 : EDL_ENOMEM;
+        }
         if (rc == 0 && old.entries[0].step >= p->step) {
             rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_ECONFLICT, "checkpoint %s not committed: "
                       "the pointer already names step %" PRId64 " (%s), and steps never go back",
@@ -695,10 +769,11 @@ static int advance_pointer(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir, c
 
 static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 {
-    /* Refuse early, before waiting for other ranks, when a newer checkpoint is committed. */
+    /* Refuse early, before waiting for other ranks, when a newer checkpoint is committed (a
+     * lost pointer is rebuilt here, before this checkpoint's manifest shows in a listing). */
     edl_kv *kv;
     ckpt_pointer old;
-    int rc = read_pointer(ck, &kv, &old, p->errmsg, sizeof p->errmsg);
+    int rc = read_pointer(ck, ck->bg, &kv, &old, p->errmsg, sizeof p->errmsg);
     if (rc != 0 && rc != EDL_ENOTFOUND)
         return rc;
     int64_t cur = rc == 0 ? old.entries[0].step : -1;
@@ -1117,10 +1192,11 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
     *out = NULL;
     edl_kv *kv;
     ckpt_pointer ptr;
-    int rc = read_pointer(ck, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
+    int rc = read_pointer(ck, ck->fg, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
     if (rc == EDL_ENOTFOUND)
         return edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "job %s has no committed checkpoint "
-                    "(%s is absent): start from scratch", ck->job, ck->pointer_key);
+                    "(%s is absent and %s holds none): start from scratch", ck->job,
+                    ck->pointer_key, ck->uri);
     if (rc != 0)
         return rc;
     size_t used = 0;

@@ -352,7 +352,9 @@ char *ckpt_manifest_doc(const edl_ckpt_manifest *m)
 void ckpt_pointer_clear(ckpt_pointer *p)
 {
     free(p->entries);
+    free(p->uri);
     p->entries = NULL;
+    p->uri = NULL;
     p->n = 0;
 }
 
@@ -402,6 +404,9 @@ int ckpt_pointer_parse(const char *json, size_t len, ckpt_pointer *p, char *err,
     }
     if (rc == 0 && step != p->entries[0].step)
         rc = bad(err, errlen, "the pointer's \"step\" disagrees with its history");
+    const cJSON *uri = cJSON_GetObjectItemCaseSensitive(root, "uri");
+    if (rc == 0 && cJSON_IsString(uri) && !(p->uri = strdup(uri->valuestring)))
+        rc = EDL_ENOMEM;
     cJSON_Delete(root);
     if (rc != 0)
         ckpt_pointer_clear(p);

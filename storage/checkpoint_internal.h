@@ -42,6 +42,7 @@ typedef struct ckpt_pointer_entry {
 typedef struct ckpt_pointer {
     ckpt_pointer_entry *entries; /* newest first; n >= 1 */
     size_t n;
+    char *uri; /* the URI it was written for (NULL: the document names none) */
 } ckpt_pointer;
 
 int ckpt_pointer_parse(const char *json, size_t len, ckpt_pointer *p, char *err, size_t errlen);
@@ -50,6 +51,12 @@ int ckpt_pointer_parse(const char *json, size_t len, ckpt_pointer *p, char *err,
 char *ckpt_pointer_doc(const char *uri, const ckpt_pointer *old, int64_t step, int64_t generation,
                        int keep);
 void ckpt_pointer_clear(ckpt_pointer *p);
+/* The pointer rebuilt from a listing of the store (checkpoint_recover.c): its complete
+ * checkpoints (ckpt-<step>-g<gen>/ with a manifest.json), newest first, keep of them, as a
+ * new document in *doc; *newest and *found (how many the store holds) say what it found.
+ * EDL_ENOTFOUND when the store holds none; a store error (in err). */
+int ckpt_pointer_from_store(edl_storage *st, const char *uri, int keep, char **doc,
+                            ckpt_pointer_entry *newest, size_t *found, char *err, size_t errlen);
 
 /* Digests of shards (checkpoint_hash.c): "xxh3-128" for new checkpoints, "sha256" for old. */
 const char *ckpt_hash_name(edl_ckpt_hash alg);

@@ -1,7 +1,8 @@
 /* test_checkpoint.c: checkpoints (edl/checkpoint.h) against a real etcd and both stores:
  * multi-rank round trips read back in another world size, keep-K deletion, steps that never go
  * back, corrupt shards and truncated manifests detected and skipped, hostile manifests refused,
- * the pointer race between writers, a missing rank, staging memory reused by asynchronous saves,
+ * the pointer race between writers, the pointer rebuilt from the store when etcd lost it, a
+ * missing rank, staging memory reused by asynchronous saves,
  * snapshots copied in the background and on several threads, device shards refused clearly
  * where no CUDA answers (test_checkpoint_cuda stages real ones where a GPU is),
  * checkpoints written before XXH3 (SHA-256) that still load, and clear errors for an
@@ -364,6 +365,137 @@ static void test_s3_corrupt_shard_and_truncated_manifest_are_skipped(void **stat
     place pl;
     s3_place(&pl, "corrupt");
     corrupt_then_fall_back(&pl);
+}
+
+/* ---- a job run again: the pointer rebuilt from the store ----------------------------------- */
+
+static void delete_pointer(const place *pl)
+{
+    char key[256];
+    harness_job_key(key, sizeof key, pl->job, EDL_KEY_CHECKPOINT, NULL, 0);
+    assert_int_equal(edl_etcd_delete(fx->cl, edl_str(key), NULL, NULL), 0);
+}
+
+static bool has_dir(const place *pl, int step)
+{
+    edl_storage *s;
+    edl_storage_config c = pl->sc;
+    c.uri = pl->uri;
+    assert_int_equal(edl_storage_open(&c, &s, NULL, 0), 0);
+    char key[128];
+    edl_storage_stat st;
+    snprintf(key, sizeof key, "ckpt-%016d-g7/manifest.json", step);
+    bool found = edl_storage_stat_key(s, key, &st) == 0;
+    edl_storage_close(s);
+    return found;
+}
+
+/* The job's etcd keys went (a new run, an etcd that lost its data): the newest complete
+ * checkpoint is found from the store, the corrupt newest one passed over as ever, and every
+ * rank agrees on the pointer that the first load seeded. */
+static void lost_pointer_found_from_the_store(place *pl)
+{
+    for (int step = 1; step <= 3; step++)
+        assert_int_equal(save_all(pl, 2, step, 3000, 3), 0);
+    char *bad = pattern(6001, 999);
+    overwrite(pl, "ckpt-0000000000000003-g7/rank-1/shard-1", bad, 6001);
+    free(bad);
+    overwrite(pl, "ckpt-0000000000000004-g7/rank-0/shard-0", "a crashed save", 14); /* no manifest */
+    delete_pointer(pl);
+    edl_ckpt *ck = open_ck(pl, 0, 2, 3);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 2);
+    assert_int_equal(m->skipped, 1);
+    check_loaded(ck, m, 2, 2, 3000);
+    edl_ckpt_manifest_free(m);
+    char key[256], val[1024];
+    harness_job_key(key, sizeof key, pl->job, EDL_KEY_CHECKPOINT, NULL, 0);
+    assert_non_null(harness_get(fx->cl, key, val, sizeof val));
+    assert_non_null(strstr(val, "\"step\":2"));
+    edl_ckpt *other = open_ck(pl, 1, 2, 3);
+    m = load_ok(other);
+    assert_int_equal(m->step, 2);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(other);
+    edl_ckpt_close(ck);
+}
+
+static void test_file_lost_pointer_is_rebuilt_from_the_store(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "lost");
+    lost_pointer_found_from_the_store(&pl);
+}
+
+static void test_s3_lost_pointer_is_rebuilt_from_the_store(void **state)
+{
+    (void)state;
+    place pl;
+    s3_place(&pl, "lost");
+    lost_pointer_found_from_the_store(&pl);
+}
+
+/* A new run's saves continue the step series: one at or below the newest checkpoint is
+ * refused, and retention keeps the earlier run's checkpoints until newer ones are committed. */
+static void test_a_commit_after_recovery_keeps_the_earlier_runs_checkpoints(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "again");
+    for (int step = 1; step <= 3; step++)
+        assert_int_equal(save_all(&pl, 1, step, 1000, 3), 0);
+    delete_pointer(&pl);
+    assert_int_equal(save_all(&pl, 1, 2, 1000, 3), EDL_ECONFLICT);
+    for (int step = 1; step <= 3; step++)
+        assert_true(has_dir(&pl, step));
+    assert_int_equal(save_all(&pl, 1, 4, 1000, 3), 0);
+    assert_false(has_dir(&pl, 1)); /* keep 3: the fourth-newest goes once step 4 is complete */
+    for (int step = 2; step <= 4; step++)
+        assert_true(has_dir(&pl, step));
+    /* a pointer left for another URI (the job's checkpoint URI changed) is not followed */
+    char key[256];
+    harness_job_key(key, sizeof key, pl.job, EDL_KEY_CHECKPOINT, NULL, 0);
+    harness_put(fx->cl, key, "{\"step\":9,\"generation\":1,\"uri\":\"file:///elsewhere\","
+                "\"dir\":\"ckpt-0000000000000009-g1\",\"history\":[{\"step\":9,"
+                "\"generation\":1,\"dir\":\"ckpt-0000000000000009-g1\"}]}");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_manifest *m = load_ok(ck);
+    assert_int_equal(m->step, 4);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+    assert_int_equal(save_all(&pl, 1, 5, 1000, 3), 0);
+}
+
+/* edl run --fresh: the checkpoints move under previous-<time>/, and the job starts over. */
+static void test_set_aside_moves_checkpoints_and_the_job_starts_over(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "fresh");
+    for (int step = 1; step <= 2; step++)
+        assert_int_equal(save_all(&pl, 1, step, 1000, 3), 0);
+    edl_ckpt_config cfg;
+    config_at(&pl, &cfg);
+    char where[512], err[512];
+    size_t moved = 0;
+    int rc = edl_ckpt_set_aside(&cfg, where, sizeof where, &moved, err, sizeof err);
+    if (rc)
+        fail_msg("set_aside: %s: %s", edl_strerror(rc), err);
+    assert_int_equal(moved, 2);
+    assert_non_null(strstr(where, "/previous-"));
+    char path[600];
+    snprintf(path, sizeof path, "%s/ckpt-0000000000000002-g7/manifest.json", where + 7);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_manifest *m;
+    assert_int_equal(edl_ckpt_load_latest(ck, &m), EDL_ENOTFOUND);
+    edl_ckpt_close(ck);
+    assert_int_equal(save_all(&pl, 1, 1, 1000, 3), 0); /* step 1 again: a new lineage */
+    cfg.uri = "s3://bucket/x";
+    assert_int_equal(edl_ckpt_set_aside(&cfg, NULL, 0, &moved, err, sizeof err), EDL_ENOTSUP);
+    assert_non_null(strstr(err, "only file://"));
 }
 
 /* ---- checkpoints written before XXH3 ------------------------------------------------------ */
@@ -930,6 +1062,10 @@ int main(void)
         cmocka_unit_test(test_step_never_goes_backwards),
         cmocka_unit_test(test_file_corrupt_shard_and_truncated_manifest_are_skipped),
         cmocka_unit_test(test_s3_corrupt_shard_and_truncated_manifest_are_skipped),
+        cmocka_unit_test(test_file_lost_pointer_is_rebuilt_from_the_store),
+        cmocka_unit_test(test_s3_lost_pointer_is_rebuilt_from_the_store),
+        cmocka_unit_test(test_a_commit_after_recovery_keeps_the_earlier_runs_checkpoints),
+        cmocka_unit_test(test_set_aside_moves_checkpoints_and_the_job_starts_over),
         cmocka_unit_test(test_checkpoints_with_sha256_still_load_and_new_ones_use_xxh3),
         cmocka_unit_test(test_hostile_manifests_are_refused_with_reasons),
         cmocka_unit_test(test_pointer_race_between_two_writers_never_goes_back),

@@ -4,7 +4,9 @@
  * standby promotion, a failing trainer restarted, excluded and finally failing the job, a
  * broken trainer failing within seconds, one that cannot be started failing at once, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
- * finishing with the right answer after being re-formed, and a job with parameter servers
+ * finishing with the right answer after being re-formed, a job run again (after edl stop, a
+ * SIGKILLed launcher, with --etcd and with its own) resuming from its checkpoints, --fresh,
+ * and a job with parameter servers
  * (--ps: the same trainer in both roles, servers scaled without restarting anyone). */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -782,6 +784,136 @@ static void test_example_trainer_survives_reformation(void **state)
     edl_generation_clear(&c);
 }
 
+
+/* ---- a job run again resumes from its checkpoints ------------------------------------------- */
+
+/* The newest step among the complete checkpoints (ckpt-<step>-g<gen>/manifest.json) in dir,
+ * or -1; *count: how many there are (may be NULL). */
+static long newest_checkpoint(const char *dir, int *count)
+{
+    DIR *d = opendir(dir);
+    long newest = -1;
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        long step, gen;
+        char manifest[700];
+        struct stat st;
+        snprintf(manifest, sizeof manifest, "%s/%s/manifest.json", dir, e->d_name);
+        if (sscanf(e->d_name, "ckpt-%16ld-g%ld", &step, &gen) == 2 && stat(manifest, &st) == 0) {
+            n++;
+            newest = step > newest ? step : newest;
+        }
+    }
+    if (d)
+        closedir(d);
+    if (count)
+        *count = n;
+    return newest;
+}
+
+static bool has_checkpoint(const char *dir, long step)
+{
+    DIR *d = opendir(dir);
+    char want[64];
+    bool found = false;
+    snprintf(want, sizeof want, "ckpt-%016ld-g", step);
+    struct dirent *e;
+    while (d && !found && (e = readdir(d))) {
+        char manifest[700];
+        struct stat st;
+        snprintf(manifest, sizeof manifest, "%s/%s/manifest.json", dir, e->d_name);
+        found = strncmp(e->d_name, want, strlen(want)) == 0 && stat(manifest, &st) == 0;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static long wait_checkpoint(const char *dir, long at_least, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    long newest;
+    while ((newest = newest_checkpoint(dir, NULL)) < at_least && harness_now_ms() < deadline)
+        harness_sleep_ms(50);
+    if (newest < at_least)
+        fail_msg("no checkpoint of step %ld in %s after %d ms (newest: %ld)", at_least, dir,
+                 timeout_ms, newest);
+    return newest;
+}
+
+/* The step of the example trainer's nth (from 1) "resuming at step" line in the job's log,
+ * waited for; -1 when it did not come. */
+static long resumed_at(const char *job, int nth, int timeout_ms)
+{
+    char log[300], line[2048];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    for (int64_t deadline = harness_now_ms() + timeout_ms;; harness_sleep_ms(50)) {
+        FILE *f = fopen(log, "r");
+        int seen = 0;
+        long step = -1;
+        while (f && seen < nth && fgets(line, sizeof line, f)) {
+            const char *at = strstr(line, "resuming at step ");
+            if (at && ++seen == nth)
+                step = strtol(at + strlen("resuming at step "), NULL, 10);
+        }
+        if (f)
+            fclose(f);
+        if (step >= 0 || harness_now_ms() > deadline)
+            return step;
+    }
+}
+
+/* `edl stop` (with --etcd), then the same `edl run` with its own etcd (which knows nothing of
+ * the job): the example trainer resumes at the last committed step, and retention keeps the
+ * first run's checkpoints until newer ones are complete. A SIGKILLed launcher, then a run to
+ * the end: it resumes again. --fresh then starts at step 0 and moves the checkpoints aside. */
+static void test_a_job_run_again_resumes_from_its_checkpoints(void **state)
+{
+    (void)state;
+    const char *job = "again";
+    char dir[300], uri[320], steps[32];
+    snprintf(dir, sizeof dir, "%s/again", g_dir);
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    const char *with_etcd[] = {"--np", "1", "--grace-ms", "1000", "--etcd", ep(),
+                               "--checkpoint-uri", uri, NULL};
+    const char *own_etcd[] = {"--np", "1", "--grace-ms", "1000", "--checkpoint-uri", uri, NULL};
+    const char *endless[] = {EDL_EXAMPLE_TRAINER, "--steps", "1000000", "--step-ms", "5", NULL};
+    pid_t run = edl_run_argv(job, with_etcd, endless);
+    assert_int_equal(resumed_at(job, 1, 30000), 0);
+    wait_checkpoint(dir, 20, 30000);
+    const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
+    assert_int_equal(edl_cmd(NULL, 0, stop), 0);
+    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    long first = newest_checkpoint(dir, NULL);
+
+    run = edl_run_argv(job, own_etcd, endless);
+    assert_int_equal(resumed_at(job, 2, 30000), first);
+    wait_checkpoint(dir, first + 10, 30000);
+    assert_true(has_checkpoint(dir, first)); /* keep 3: the first run's newest two stay */
+    assert_true(has_checkpoint(dir, first - 10));
+    harness_kill(run, SIGKILL); /* its etcd, agent and trainer die with it */
+    long second = newest_checkpoint(dir, NULL);
+
+    snprintf(steps, sizeof steps, "%ld", second + 20);
+    const char *finite[] = {EDL_EXAMPLE_TRAINER, "--steps", steps, "--step-ms", "5", NULL};
+    run = edl_run_argv(job, own_etcd, finite);
+    long third = resumed_at(job, 3, 30000);
+    assert_true(third >= second && third < second + 20);
+    assert_int_equal(harness_wait_exit(run, 60000), 0);
+    int kept = 0;
+    assert_int_equal(newest_checkpoint(dir, &kept), second + 20);
+    assert_int_equal(kept, 3);
+
+    const char *fresh[] = {"--np", "1", "--grace-ms", "1000", "--checkpoint-uri", uri, "--fresh",
+                           NULL};
+    const char *short_run[] = {EDL_EXAMPLE_TRAINER, "--steps", "10", "--step-ms", "5", NULL};
+    run = edl_run_argv(job, fresh, short_run);
+    assert_int_equal(resumed_at(job, 4, 30000), 0);
+    assert_int_equal(harness_wait_exit(run, 60000), 0);
+    assert_true(log_has(job, "--fresh: moved 3 checkpoints of", uri, "/previous-"));
+    assert_int_equal(newest_checkpoint(dir, NULL), 10);
+}
 
 /* The trainer's pid of a pod, from its status. */
 static long trainer_pid(const char *job, const char *pod)
@@ -2076,6 +2208,7 @@ int main(void)
         cmocka_unit_test(test_peer_loss_in_process_spends_no_restart),
         cmocka_unit_test(test_etcd_outage_does_not_kill_trainers),
         cmocka_unit_test(test_example_trainer_survives_reformation),
+        cmocka_unit_test(test_a_job_run_again_resumes_from_its_checkpoints),
         cmocka_unit_test(test_manifest_runs_with_its_settings),
         cmocka_unit_test(test_manifest_errors_exit_2_and_start_nothing),
         cmocka_unit_test(test_manifest_deadline_fails_the_job),

@@ -2,8 +2,9 @@
  * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
  * local processes (edl-agent installed by the init container, wrapping the example trainer),
  * with a real etcd. Each test applies the CRD and a job and checks what a user would see (a
- * pod whose agent dies leaving the generation at once, a job with parameter servers too, one
- * with teachers, and every example manifest against the schema). The last one checks the Helm
+ * pod whose agent dies leaving the generation at once, a job deleted and applied again resuming
+ * from its checkpoints, a job with parameter servers too, one with teachers, and every example
+ * manifest against the schema). The last one checks the Helm
  * chart's RBAC against every request the operator made in them all: each allowed, no rule
  * unused. */
 #define _GNU_SOURCE
@@ -624,6 +625,51 @@ static void test_suspend_resume_and_ttl_after_finished(void **state)
     harness_etcdctl_out(keys, sizeof keys, edl_etcd_server_endpoints(c->etcd), NULL,
                         "get --prefix --keys-only /edl/v1/jobs/default.pause/");
     assert_string_equal(keys, "");
+}
+
+/* The newest step among the complete checkpoints in dir (ckpt-<step>-g<gen>/manifest.json). */
+static long newest_checkpoint(const char *dir)
+{
+    char cmd[700], out[256];
+    snprintf(cmd, sizeof cmd, "ls %s/ckpt-*/manifest.json 2>/dev/null | sed -n "
+             "'s|.*/ckpt-0*\\([0-9][0-9]*\\)-g[0-9]*/manifest.json|\\1|p' | sort -n | tail -1",
+             dir);
+    out[0] = '\0';
+    harness_shell(cmd, out, sizeof out);
+    return out[0] ? strtol(out, NULL, 10) : -1;
+}
+
+/* A TrainingJob deleted (the operator deletes its etcd keys, the checkpoint pointer with them)
+ * and applied again with the same checkpoint.uri resumes from its checkpoints, found in the
+ * store, and finishes from there. */
+static void test_a_job_applied_again_resumes_from_its_checkpoints(void **state)
+{
+    cluster *c = *state;
+    char out[8192], dir[400], steps[32], cmd[800];
+    snprintf(dir, sizeof dir, "%s/again", c->ckpt);
+    apply_job(c, "again", 1, "1000000", NULL);
+    int64_t end = harness_now_ms() + 60000;
+    while (newest_checkpoint(dir) < 20 && harness_now_ms() < end)
+        harness_sleep_ms(100);
+    assert_true(newest_checkpoint(dir) >= 20);
+    assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj again --wait=true "
+                                     "--timeout=30s"), 0);
+    harness_kubectl_wait(c->k, "pods -l edl.dev/job=again", "{.items[*].metadata.name}", "",
+                         30000);
+    long first = newest_checkpoint(dir);
+    snprintf(steps, sizeof steps, "%ld", first + 30);
+    apply_job(c, "again", 1, steps, NULL);
+    harness_kubectl_wait(c->k, "tj again", "{.status.state}", "Succeeded", 90000);
+    /* every pod's log of both runs: the newest "resuming at step" is the second run's */
+    snprintf(cmd, sizeof cmd, "cat %s/kubelet/*_again-*/*.log | sed -n 's/.*resuming at step "
+             "\\([0-9]*\\).*/\\1/p' | sort -n | tail -1", harness_k8s_dir(c->k));
+    out[0] = '\0';
+    harness_shell(cmd, out, sizeof out);
+    long resumed = out[0] ? strtol(out, NULL, 10) : -1;
+    if (resumed < first)
+        fail_msg("the job applied again resumed at step %ld, not at %ld or later", resumed,
+                 first);
+    assert_int_equal(newest_checkpoint(dir), first + 30);
 }
 
 /* InProcess: removing one pod re-forms the survivors in place: their trainers keep running. */
@@ -1305,6 +1351,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_slow_api_server_never_stalls_the_loop, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_a_job_applied_again_resumes_from_its_checkpoints,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_scaled_together_each_get_their_replicas,
                                         setup_phase_only, teardown),
         cmocka_unit_test_setup_teardown(test_old_servers_rules_and_names_are_the_operators,

@@ -8,6 +8,15 @@
  * etcd is advanced by a txn that refuses to go backwards in step; so no crash at any moment
  * leaves the job without a complete checkpoint.
  *
+ * The pointer only speeds up finding them: when it is absent (the job run again after its etcd
+ * keys went: a new `edl run`, a TrainingJob deleted and applied again, an etcd that lost its
+ * data) or names another URI, the first load or commit rebuilds it from a listing of the URI
+ * (the ckpt-* directories that hold a manifest.json, newest first, `keep` of them) and seeds
+ * it with a create-if-absent txn, so all ranks agree. The job then goes on from the newest of
+ * them: it loads as below, and its saves continue the step series (a save at a step at or
+ * below the newest checkpoint's is refused, EDL_ECONFLICT, as ever), so retention deletes an
+ * earlier run's checkpoints only once newer complete ones are committed.
+ *
  * Save (every rank, concurrently):
  *   1. the rank uploads its shards to ckpt-<step>-g<gen>/rank-<r>/shard-<i>,
  *   2. then rank-<r>/done.json listing them with sizes and checksums;
@@ -197,6 +206,15 @@ int edl_ckpt_read_shards_into(edl_ckpt *ck, const edl_ckpt_manifest *m,
                               const edl_ckpt_read *reads, size_t n);
 /* The index in m of the shard (rank, index), or -1. */
 long edl_ckpt_find_shard(const edl_ckpt_manifest *m, int rank, int index);
+
+/* ---- starting over ------------------------------------------------------------------------ */
+
+/* Move the job's checkpoints aside on purpose (edl run --fresh): delete the pointer, then
+ * rename every ckpt-* directory of cfg->uri into <uri>/previous-<UTC time>/ (named in where,
+ * may be NULL), which no listing finds; *moved: the directories moved. Only file:// URIs:
+ * EDL_ENOTSUP (with what to do in err) for others. Needs uri, etcd, prefix and job of cfg. */
+int edl_ckpt_set_aside(const edl_ckpt_config *cfg, char *where, size_t wherelen, size_t *moved,
+                       char *err, size_t errlen);
 
 /* Parse and validate a manifest (what load does with manifest.json): exposed for tests and
  * tools. EDL_EPROTO with a reason in errbuf for anything malformed or hostile. */
