@@ -115,6 +115,8 @@ class _Scan:
         elif name == "MARK":
             self.stack.append(_MARK)
         elif name in _MEMO_PUT:
+            if not 0 <= arg <= len(self.memo):  # the unpickler sizes its memo by the index
+                raise Malformed(f"memo index {arg} skips ahead of the {len(self.memo)} entries")
             self.memo[arg] = self.top()
         elif name == "MEMOIZE":
             self.memo[len(self.memo)] = self.top()
@@ -137,7 +139,9 @@ def scan(raw):
     before a single object is built."""
     s = _Scan(budget(raw))
     try:
-        for op, arg, _ in pickletools.genops(io.BytesIO(raw)):
+        for op, arg, pos in pickletools.genops(io.BytesIO(raw)):
+            if op.name == "FRAME" and arg > len(raw) - pos:
+                raise Malformed(f"a frame of {arg} bytes at byte {pos} runs past the end")
             s.step(op.name, arg)
     except Malformed:
         raise
