@@ -227,13 +227,17 @@ static int file_put(edl_storage *s, const char *key, storage_source *src)
     return 0;
 }
 
-/* Open path for reading only when it is a regular file: a FIFO, a device (a link to
- * /dev/zero) or a directory put where an object belongs would block a reader or feed it
- * without end, so it reads as absent (what stat says of it too). O_NONBLOCK keeps the open of
- * a FIFO from waiting for a writer; it is cleared before reading. */
+/* Open path for reading only when it is a regular file: a FIFO, a device or a directory put
+ * where an object belongs would block a reader or feed it without end, so it reads as absent
+ * (what stat says of it too). O_NONBLOCK keeps the open of a FIFO from waiting for a writer;
+ * it is cleared before reading. A put renames a file into place, never a link: a link at a
+ * key (to /dev/zero, to a file outside the store) is someone else's, and absent too. */
 static int open_regular(edl_storage *s, const char *path, int *fd_out)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0 && errno == ELOOP)
+        return storage_fail(s, EDL_ENOTFOUND, "%s is a symbolic link, which the store never "
+                            "writes: remove it", path);
     if (fd < 0)
         return storage_fail(s, errno_code(errno), "cannot open %s: %s", path, strerror(errno));
     struct stat sb;
