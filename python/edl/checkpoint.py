@@ -170,9 +170,15 @@ def _structure(m, trusted):
     except ValueError:
         meta = None
     form = meta.get("format") if isinstance(meta, dict) else None
-    if index is None or form != _FORMAT:
-        raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step} was not saved by "
-                         f"edl.checkpoint (format {form!r})")
+    if form != _FORMAT:
+        # another writer's checkpoint is not corrupt: no fall-back (which would drop it and
+        # every newer one from the job's pointer)
+        e = _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step} was not saved by "
+                       f"edl.checkpoint (format {form!r})")
+        e.foreign = True
+        raise e
+    if index is None:
+        raise _malformed(m, "it has no structure shard")
     raw = m.read(index)
     try:
         obj = pickle.loads(raw) if trusted else _structure_reader.load(raw)
@@ -223,7 +229,8 @@ def load_latest(url, map_location="cpu", trusted=False):
     """(obj, step) of the newest complete checkpoint at url, or None when the job has none.
     Tensors are read straight into new CPU tensors, then moved to map_location when it is
     not "cpu" ("as_saved": where they were saved). A malformed checkpoint (EDL_EPROTO) is
-    passed over for the one before it, as a corrupt one is."""
+    passed over for the one before it, as a corrupt one is; one that another writer saved
+    (not edl.checkpoint's format) is refused as it is."""
     h = _handle(url)
     m = h.load_latest()
     why = []
@@ -231,7 +238,7 @@ def load_latest(url, map_location="cpu", trusted=False):
         try:
             return _load(m, map_location, trusted)
         except _edl.Error as e:
-            if e.code != _edl.EDL_EPROTO:
+            if e.code != _edl.EDL_EPROTO or getattr(e, "foreign", False):
                 raise
             why.append(str(e))
             print(f"edl.checkpoint: {e}; falling back to the checkpoint before it",

@@ -131,6 +131,15 @@ def test_saves_go_on_after_a_fall_back_from_a_malformed_one(url):
     assert step == 2 and torch.equal(obj["w"], torch.ones(2))
 
 
+def test_another_writers_checkpoint_is_refused_not_passed_over(url):
+    # not malformed, someone else's: falling back would drop it from the job's pointer
+    ckpt._handle(url).save(2, ckpt._generation(None), [("raw", b"abc")], '{"format": "mine"}')
+    with pytest.raises(edl.Error) as e:
+        ckpt.load_latest(url)
+    assert e.value.name == "EDL_EPROTO" and "format 'mine'" in str(e.value)
+    assert ckpt._handle(url).load_latest().step == 2  # still the job's newest
+
+
 def replace_shard(scratch, make):
     """Put make(path) where the newest checkpoint's tensor shard was."""
     path = os.path.join(newest_dir(scratch), "rank-0", "shard-1")
