@@ -24,6 +24,7 @@ import torch
 
 MAX_DEPTH = 100        # containers inside containers (a state_dict nests 4 or 5 deep)
 MAX_DIMS = 64          # a tensor's dimensions (torch's own limit)
+_INT64 = 1 << 63
 NODES_PER_BYTE = 2     # the budget of nodes, per byte of the structure shard ...
 NODES_BASE = 4096      # ... plus this many
 
@@ -265,9 +266,14 @@ class _Walk:
             raise Malformed(f"tensor {i} is referenced twice")
         self.seen.add(i)
         if (type(shape) is not tuple or len(shape) > MAX_DIMS or
-                not all(type(d) is int and d >= 0 for d in shape)):
-            raise Malformed(f"tensor {i}'s shape {shape!r} is not a tuple of at most "
+                not all(type(d) is int and 0 <= d < _INT64 for d in shape)):
+            raise Malformed(f"tensor {i}'s shape {shape!r:.200} is not a tuple of at most "
                             f"{MAX_DIMS} non-negative integers")
+        span = 1
+        for d in shape:
+            span *= max(d, 1)
+        if span >= _INT64:  # torch's strides are int64, even of an empty tensor
+            raise Malformed(f"tensor {i}'s shape {shape!r:.200} spans more than 2**63 elements")
         _dtype(getattr(r, "dtype", None))
         if type(getattr(r, "device", None)) is not str:
             raise Malformed(f"tensor {i}'s device is not a string")

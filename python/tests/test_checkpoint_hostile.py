@@ -105,7 +105,7 @@ def test_a_structure_that_is_not_a_pickle_falls_back(url, name):
 
 @pytest.mark.parametrize("name,why", [
     ("bad-dtype", "is not a torch dtype"), ("negative-shape", "non-negative integers"),
-    ("huge-shape", "has no shard of"), ("ref-as-key", "a dict key or in a set"),
+    ("huge-shape", "has no shard of"), ("int64-shape", "spans more than 2**63"), ("ref-as-key", "a dict key or in a set"),
     ("cycle", "a cycle"), ("deep", "nests deeper")])
 def test_malformed_tensor_references_are_refused(url, name, why):
     save_raw(url, 2, seed(name), [bytes(16)])
