@@ -23,7 +23,7 @@ import pickletools
 import torch
 
 MAX_DEPTH = 100        # containers inside containers (a state_dict nests 4 or 5 deep)
-MAX_DIMS = 64          # a tensor's dimensions (torch's own limit)
+MAX_DIMS = 64          # a tensor's dimensions (no model has more)
 _INT64 = 1 << 63
 NODES_PER_BYTE = 2     # the budget of nodes, per byte of the structure shard ...
 NODES_BASE = 4096      # ... plus this many

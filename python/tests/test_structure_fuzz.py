@@ -93,4 +93,6 @@ def test_mutated_structures_are_read_or_refused_fast():
         runs += 1
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     print(f"structure fuzz: {runs} inputs, {refused} refused, max RSS grew {grown_mib:.0f} MiB")
-    assert runs > 100 and grown_mib < 512
+    assert runs > 100
+    # AddressSanitizer's quarantine holds freed memory (up to 256 MiB): RSS says nothing there
+    assert grown_mib < 512 or os.environ.get("EDL_SANITIZED")
