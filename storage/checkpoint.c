@@ -1233,6 +1233,41 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
     return rc;
 }
 
+int edl_ckpt_load_older(edl_ckpt *ck, int64_t step, edl_ckpt_manifest **out)
+{
+    if (!ck || !out)
+        return EDL_EINVAL;
+    *out = NULL;
+    edl_kv *kv;
+    ckpt_pointer ptr;
+    int rc = read_pointer(ck, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
+    if (rc != 0)
+        return rc;
+    size_t i = 0;
+    while (i < ptr.n && ptr.entries[i].step >= step)
+        i++;
+    rc = edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOTFOUND, "job %s keeps no committed "
+                  "checkpoint older than step %" PRId64, ck->job, step);
+    for (; i < ptr.n; i++) {
+        char why[512];
+        rc = load_one(ck, &ptr.entries[i], out, why, sizeof why);
+        if (rc == 0) {
+            (*out)->skipped = (int)i;
+            if (i > 0)
+                drop_corrupt(ck, kv, &ptr, i);
+            break;
+        }
+        edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "checkpoint %s: %s", ptr.entries[i].dir, why);
+        if (rc != EDL_EPROTO)
+            break;
+        EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: %s",
+                 ptr.entries[i].dir, ptr.entries[i].step, why);
+    }
+    edl_kv_free(kv);
+    ckpt_pointer_clear(&ptr);
+    return rc;
+}
+
 int edl_ckpt_read_shard(edl_ckpt *ck, const edl_ckpt_manifest *m, size_t i, void **data,
                         size_t *len)
 {

@@ -227,17 +227,49 @@ static int file_put(edl_storage *s, const char *key, storage_source *src)
     return 0;
 }
 
+/* Open path for reading only when it is a regular file: a FIFO, a device or a directory put
+ * where an object belongs would block a reader or feed it without end, so it reads as absent
+ * (what stat says of it too). O_NONBLOCK keeps the open of a FIFO from waiting for a writer;
+ * it is cleared before reading. A put renames a file into place, never a link: a link at a
+ * key (to /dev/zero, to a file outside the store) is someone else's, and absent too. */
+static int open_regular(edl_storage *s, const char *path, int *fd_out)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0 && errno == ELOOP)
+        return storage_fail(s, EDL_ENOTFOUND, "%s is a symbolic link, which the store never "
+                            "writes: remove it", path);
+    if (fd < 0)
+        return storage_fail(s, errno_code(errno), "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return storage_fail(s, errno_code(e), "fstat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return storage_fail(s, EDL_ENOTFOUND, "%s is not a regular file (a FIFO, device or "
+                            "directory where an object belongs): remove it", path);
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0)
+        fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    *fd_out = fd;
+    return 0;
+}
+
 static int file_get_stream(edl_storage *s, const char *key, edl_storage_write_fn write_fn,
                            void *arg, uint64_t *size_out)
 {
     char path[PATH_MAX];
     key_path(s, key, path, sizeof path);
     *size_out = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return storage_fail(s, errno_code(errno), "cannot open %s: %s", path, strerror(errno));
+    int fd = -1;
+    int rc = open_regular(s, path, &fd);
+    if (rc != 0)
+        return rc;
     char *chunk = malloc(IO_CHUNK);
-    int rc = chunk ? 0 : EDL_ENOMEM;
+    rc = chunk ? 0 : EDL_ENOMEM;
     while (rc == 0) {
         ssize_t n = read(fd, chunk, IO_CHUNK);
         if (n < 0 && errno == EINTR)

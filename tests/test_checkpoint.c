@@ -297,6 +297,35 @@ static void test_step_never_goes_backwards(void **state)
     edl_ckpt_close(ck);
 }
 
+/* A caller that finds the newest checkpoint malformed (edl.checkpoint's structure shard) loads
+ * the one before it; the newer ones leave the pointer, so saves after the older step commit. */
+static void test_load_older_passes_over_newer_ones_and_saves_go_on(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "older");
+    edl_ckpt *ck = open_ck(&pl, 0, 1, 3);
+    edl_ckpt_shard sh = {.name = "m", .data = "abc", .len = 3};
+    for (int64_t step = 1; step <= 3; step++)
+        assert_int_equal(edl_ckpt_save(ck, step, 1, &sh, 1, NULL), 0);
+    edl_ckpt_manifest *m;
+    assert_int_equal(edl_ckpt_load_older(ck, 3, &m), 0);
+    assert_int_equal(m->step, 2);
+    assert_int_equal(m->skipped, 1);
+    edl_ckpt_manifest_free(m);
+    m = load_ok(ck);
+    assert_int_equal(m->step, 2); /* step 3 left the pointer */
+    edl_ckpt_manifest_free(m);
+    assert_int_equal(edl_ckpt_load_older(ck, 1, &m), EDL_ENOTFOUND);
+    assert_non_null(strstr(edl_ckpt_errmsg(ck), "older than step 1"));
+    assert_int_equal(edl_ckpt_save(ck, 3, 2, &sh, 1, NULL), 0); /* step 3 again: not "going back" */
+    m = load_ok(ck);
+    assert_int_equal(m->step, 3);
+    assert_int_equal(m->generation, 2);
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(ck);
+}
+
 static void overwrite(const place *pl, const char *key, const void *data, size_t len)
 {
     edl_storage *s;
@@ -1060,6 +1089,7 @@ int main(void)
         cmocka_unit_test(test_no_checkpoint_yet_is_not_found),
         cmocka_unit_test(test_keep_deletes_older_checkpoints_after_the_pointer_moves),
         cmocka_unit_test(test_step_never_goes_backwards),
+        cmocka_unit_test(test_load_older_passes_over_newer_ones_and_saves_go_on),
         cmocka_unit_test(test_file_corrupt_shard_and_truncated_manifest_are_skipped),
         cmocka_unit_test(test_s3_corrupt_shard_and_truncated_manifest_are_skipped),
         cmocka_unit_test(test_file_lost_pointer_is_rebuilt_from_the_store),

@@ -596,6 +596,49 @@ static void test_s3_buffer_under_the_multipart_threshold_is_one_put(void **state
     harness_http_close(h);
 }
 
+/* Counts what a get streams (the test below fails on the first byte). */
+static int count_bytes(void *arg, const void *data, size_t len)
+{
+    (void)data;
+    *(size_t *)arg += len;
+    return 0;
+}
+
+/* A FIFO, a link to /dev/zero and a directory where an object belongs read as absent at once:
+ * none blocks the reader (a FIFO without a writer) or feeds it without end (/dev/zero); nor is
+ * a link to a regular file followed (a put never makes one). Before the fix the FIFO's open
+ * never returned: the alarm ends the test. */
+static void test_file_get_refuses_fifos_devices_and_directories(void **state)
+{
+    fixture *fx = *state;
+    edl_storage *s = open_file(fx, "special");
+    CHECK(s, edl_storage_put(s, "d/regular", "ok", 2));
+    char path[400];
+    snprintf(path, sizeof path, "%s/special/d/fifo", fx->dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    snprintf(path, sizeof path, "%s/special/d/zero", fx->dir);
+    assert_int_equal(symlink("/dev/zero", path), 0);
+    snprintf(path, sizeof path, "%s/special/d/dir", fx->dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/special/d/link", fx->dir);
+    assert_int_equal(symlink("regular", path), 0);
+    const char *keys[] = {"d/fifo", "d/zero", "d/dir", "d/link"};
+    alarm(20);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        size_t got = 0;
+        assert_int_equal(edl_storage_get_stream(s, keys[i], count_bytes, &got, NULL),
+                         EDL_ENOTFOUND);
+        assert_int_equal(got, 0);
+        assert_true(strstr(edl_storage_errmsg(s), "not a regular file") ||
+                    strstr(edl_storage_errmsg(s), "symbolic link"));
+    }
+    alarm(0);
+    size_t got = 0;
+    CHECK(s, edl_storage_get_stream(s, "d/regular", count_bytes, &got, NULL));
+    assert_int_equal(got, 2);
+    edl_storage_close(s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--put-once") == 0)
@@ -604,6 +647,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_file_round_trip),
         cmocka_unit_test(test_file_put_makes_new_directories_durable),
         cmocka_unit_test(test_file_put_leaves_no_temporary_files),
+        cmocka_unit_test(test_file_get_refuses_fifos_devices_and_directories),
         cmocka_unit_test(test_bad_keys_and_uris_are_refused_with_reasons),
         cmocka_unit_test(test_s3_round_trip_with_multipart),
         cmocka_unit_test(test_s3_virtual_host_addressing),

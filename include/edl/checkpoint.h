@@ -183,6 +183,12 @@ typedef struct edl_ckpt_manifest {
  * they are: the caller keeps its in-memory state and may try again. */
 int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out);
 void edl_ckpt_manifest_free(edl_ckpt_manifest *m);
+/* The newest complete checkpoint older than step: for a caller that found step's checkpoint
+ * malformed in a way only it can see (edl.checkpoint's structure shard). The newer ones are
+ * dropped from the pointer as corrupt ones are by load_latest. EDL_ENOTFOUND when none older
+ * is kept; EDL_EPROTO when none older is intact (the message says why the last failed). */
+int edl_ckpt_load_older(edl_ckpt *ck, int64_t step, edl_ckpt_manifest **out);
+
 
 /* Read shard i of m into a new buffer (caller frees), checking its size and digest
  * (EDL_EPROTO when they do not match). */

@@ -17,13 +17,13 @@ uploads in the background. Checkpoints need the job's etcd: outside edl these fu
 By default loading rebuilds only containers, numbers, strings, bytes and tensors (no code runs
 from a checkpoint's bytes); ``trusted=True`` accepts any pickled object, as torch.load does.
 """
-import io
 import json
 import pickle
+import sys
 
 import torch
 
-from . import _edl, context
+from . import _edl, _structure as _structure_reader, context
 
 __all__ = ["save", "save_async", "wait", "reserve", "load", "load_latest"]
 
@@ -146,20 +146,6 @@ def wait(timeout=None):
         p.wait(timeout)
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Containers, numbers, strings, bytes and edl's tensor references only."""
-
-    _ALLOWED = {("edl.checkpoint", "_Ref"), ("collections", "OrderedDict"),
-                ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
-                ("builtins", "slice"), ("builtins", "range")}
-
-    def find_class(self, module, name):
-        if (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not loaded from a checkpoint unless "
-                                     f"trusted=True")
-
-
 def _join(obj, tensors):
     if isinstance(obj, _Ref):
         return tensors[obj.i]
@@ -170,50 +156,64 @@ def _join(obj, tensors):
     return obj
 
 
+def _malformed(m, why):
+    return _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step} is malformed: {why}")
+
+
 def _structure(m, trusted):
+    """The structure's object and its tensor references, each checked against its shard
+    (EDL_EPROTO for anything malformed: edl._structure says what is refused)."""
     shards = m.shards
     index = next((i for i, s in enumerate(shards) if s[2] == _STRUCTURE), None)
-    meta = json.loads(m.metadata or "{}")
-    if index is None or meta.get("format") != _FORMAT:
-        raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step} was not saved by "
-                         f"edl.checkpoint (format {meta.get('format')!r})")
+    try:
+        meta = json.loads(m.metadata or "{}")
+    except ValueError:
+        meta = None
+    form = meta.get("format") if isinstance(meta, dict) else None
+    if form != _FORMAT:
+        # another writer's checkpoint is not corrupt: no fall-back (which would drop it and
+        # every newer one from the job's pointer)
+        e = _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step} was not saved by "
+                       f"edl.checkpoint (format {form!r})")
+        e.foreign = True
+        raise e
+    if index is None:
+        raise _malformed(m, "it has no structure shard")
     raw = m.read(index)
     try:
-        return (pickle.loads(raw) if trusted else _SafeUnpickler(io.BytesIO(raw)).load()), shards
-    except pickle.UnpicklingError as e:
-        raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step}: {e}") from None
+        obj = pickle.loads(raw) if trusted else _structure_reader.load(raw)
+        refs = _structure_reader.tensor_refs(obj, _Ref, raw)
+    except _structure_reader.Malformed as e:
+        raise _malformed(m, e) from None
+    except Exception as e:  # noqa: BLE001 - a trusted pickle may raise anything
+        raise _malformed(m, f"{type(e).__name__}: {e}") from None
+    return obj, refs
 
 
-def _collect(obj, refs):
-    if isinstance(obj, _Ref):
-        refs.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _collect(v, refs)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _collect(v, refs)
-
-
-def load_latest(url, map_location="cpu", trusted=False):
-    """(obj, step) of the newest complete checkpoint at url, or None when the job has none.
-    Tensors are read straight into new CPU tensors, then moved to map_location when it is
-    not "cpu" ("as_saved": where they were saved)."""
-    m = _handle(url).load_latest()
-    if m is None:
-        return None
-    structure, shards = _structure(m, trusted)
-    refs = []
-    _collect(structure, refs)
-    by_name = {s[2]: i for i, s in enumerate(shards)}
-    tensors, reads = {}, []
+def _reads(m, refs):
+    """[(shard index, nbytes)] of each reference: the shard named for it, of its size."""
+    by_name = {}
+    for i, s in enumerate(m.shards):
+        if s[2] in by_name:
+            raise _malformed(m, f"two shards are named {s[2]!r}")
+        by_name[s[2]] = i
+    out = []
     for r in refs:
-        t = torch.empty(r.shape, dtype=getattr(torch, r.dtype))
         index = by_name.get(f"t{r.i}")
-        nbytes = t.numel() * t.element_size()
-        if index is None or shards[index][3] != nbytes:
-            raise _edl.error(_edl.EDL_EPROTO, f"checkpoint step {m.step}: tensor {r.i} "
-                             f"({r.dtype} {list(r.shape)}) has no shard of {nbytes} bytes")
+        nbytes = _structure_reader.nbytes(r)
+        if index is None or m.shards[index][3] != nbytes:
+            raise _malformed(m, f"tensor {r.i} ({r.dtype} {list(r.shape)}) has no shard of "
+                             f"{nbytes} bytes")
+        out.append((index, nbytes))
+    return out
+
+
+def _load(m, map_location, trusted):
+    structure, refs = _structure(m, trusted)
+    places = _reads(m, refs)  # everything checked before the first allocation
+    tensors, reads = {}, []
+    for r, (index, nbytes) in zip(refs, places):
+        t = torch.empty(r.shape, dtype=getattr(torch, r.dtype))
         tensors[r.i] = t
         if nbytes:
             reads.append((index, t.data_ptr(), nbytes))
@@ -223,6 +223,30 @@ def load_latest(url, map_location="cpu", trusted=False):
         if where != "cpu":
             tensors[r.i] = tensors[r.i].to(where)
     return _join(structure, tensors), m.step
+
+
+def load_latest(url, map_location="cpu", trusted=False):
+    """(obj, step) of the newest complete checkpoint at url, or None when the job has none.
+    Tensors are read straight into new CPU tensors, then moved to map_location when it is
+    not "cpu" ("as_saved": where they were saved). A malformed checkpoint (EDL_EPROTO) is
+    passed over for the one before it, as a corrupt one is; one that another writer saved
+    (not edl.checkpoint's format) is refused as it is."""
+    h = _handle(url)
+    m = h.load_latest()
+    why = []
+    while m is not None:
+        try:
+            return _load(m, map_location, trusted)
+        except _edl.Error as e:
+            if e.code != _edl.EDL_EPROTO or getattr(e, "foreign", False):
+                raise
+            why.append(str(e))
+            print(f"edl.checkpoint: {e}; falling back to the checkpoint before it",
+                  file=sys.stderr, flush=True)
+        m = h.load_older(m.step)
+    if not why:
+        return None
+    raise _edl.error(_edl.EDL_EPROTO, f"no intact checkpoint at {url}: {'; '.join(why)}")
 
 
 def load(url, map_location="cpu", trusted=False):

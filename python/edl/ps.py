@@ -41,6 +41,10 @@ def _memory(x, what, kinds, writable=False):
     ("float32", "int64", "uint64"); TypeError or ValueError, saying which, otherwise."""
     if isinstance(x, np.ndarray):
         if x.dtype not in _DTYPES[kinds]:  # (dtype objects: .name costs a string a call)
+            if x.dtype.byteorder == ">" and x.dtype.newbyteorder("=") in _DTYPES[kinds]:
+                raise TypeError(f"edl.ps: {what} is a numpy array of big-endian "
+                                f"{x.dtype.name}; the servers take the machine's byte order: "
+                                f"pass {what}.astype(np.{x.dtype.name})")
             raise TypeError(f"edl.ps: {what} is a numpy array of {x.dtype.name}; want "
                             f"{' or '.join(kinds)} (convert it: .astype(np.{kinds[0]}))")
         if not x.flags.c_contiguous:

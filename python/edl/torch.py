@@ -642,6 +642,10 @@ class ElasticSampler:
                  drop_last=False):
         if (batch_size is None) == (global_batch_size is None):
             raise ValueError("give batch_size (per rank) or global_batch_size, not both")
+        for name, v in (("batch_size", batch_size), ("global_batch_size", global_batch_size)):
+            if v is not None and not _count(v, 1):
+                raise ValueError(f"ElasticSampler: {name}={v!r}; give a positive integer "
+                                 f"(a batch of none would never advance)")
         self.n = dataset if isinstance(dataset, int) else len(dataset)
         self.batch_size, self.global_batch_size = batch_size, global_batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
@@ -652,6 +656,10 @@ class ElasticSampler:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, d):
+        for name in ("epoch", "position"):
+            if not _count(d[name], 0):
+                raise ValueError(f"ElasticSampler.load_state_dict: {name}={d[name]!r}; give an "
+                                 f"integer >= 0 (a negative one would repeat samples)")
         self.epoch, self.position = d["epoch"], d["position"]
 
     def _order(self, epoch):
@@ -682,6 +690,11 @@ class ElasticSampler:
     def __len__(self):
         size = self.global_batch_size or self.batch_size * world().world_size
         return (self.n // size) if self.drop_last else -(-self.n // size)
+
+
+def _count(v, least):
+    """v is an integer (Python's or numpy's, not a bool) of at least `least`."""
+    return not isinstance(v, bool) and hasattr(v, "__index__") and v.__index__() >= least
 
 
 def _share(count, rank, size):

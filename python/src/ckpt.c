@@ -230,6 +230,25 @@ static PyObject *ckpt_save_async(PyObject *self, PyObject *args)
     return (PyObject *)p;
 }
 
+/* A Manifest of what a load returned, or None (EDL_ENOTFOUND), or NULL with an exception. */
+static PyObject *manifest_of(PyObject *self, int rc, edl_ckpt_manifest *m, const char *what)
+{
+    Checkpoint *c = (Checkpoint *)self;
+    if (rc == EDL_ENOTFOUND)
+        Py_RETURN_NONE;
+    if (rc)
+        return edl_py_raise(rc, "loading %s: %s", what, edl_ckpt_errmsg(c->ck));
+    Manifest *mf = (Manifest *)PyObject_CallObject(manifest_type, NULL);
+    if (!mf) {
+        edl_ckpt_manifest_free(m);
+        return NULL;
+    }
+    mf->m = m;
+    Py_INCREF(self);
+    mf->owner = self;
+    return (PyObject *)mf;
+}
+
 /* load_latest() -> Manifest, or None when the job has no checkpoint. */
 static PyObject *ckpt_load_latest(PyObject *self, PyObject *noargs)
 {
@@ -242,19 +261,24 @@ static PyObject *ckpt_load_latest(PyObject *self, PyObject *noargs)
     Py_BEGIN_ALLOW_THREADS
     rc = edl_ckpt_load_latest(c->ck, &m);
     Py_END_ALLOW_THREADS
-    if (rc == EDL_ENOTFOUND)
-        Py_RETURN_NONE;
-    if (rc)
-        return edl_py_raise(rc, "loading the newest checkpoint: %s", edl_ckpt_errmsg(c->ck));
-    Manifest *mf = (Manifest *)PyObject_CallObject(manifest_type, NULL);
-    if (!mf) {
-        edl_ckpt_manifest_free(m);
+    return manifest_of(self, rc, m, "the newest checkpoint");
+}
+
+/* load_older(step) -> Manifest of the newest complete checkpoint before step, or None. */
+static PyObject *ckpt_load_older(PyObject *self, PyObject *args)
+{
+    long long step;
+    if (!PyArg_ParseTuple(args, "L", &step))
         return NULL;
-    }
-    mf->m = m;
-    Py_INCREF(self);
-    mf->owner = self;
-    return (PyObject *)mf;
+    Checkpoint *c = opened(self);
+    if (!c)
+        return NULL;
+    edl_ckpt_manifest *m = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = edl_ckpt_load_older(c->ck, step, &m);
+    Py_END_ALLOW_THREADS
+    return manifest_of(self, rc, m, "a checkpoint older than the malformed one");
 }
 
 /* reserve(nbytes): allocate and fault in the staging memory of copied shards now. */
@@ -288,6 +312,10 @@ static PyMethodDef CKPT_METHODS[] = {
     {"load_latest", ckpt_load_latest, METH_NOARGS,
      "load_latest() -> Manifest of the newest complete checkpoint (a corrupt newer one is "
      "passed over), or None when the job has none."},
+    {"load_older", ckpt_load_older, METH_VARARGS,
+     "load_older(step) -> Manifest of the newest complete checkpoint before step (which the "
+     "caller found malformed: the newer ones are dropped from the pointer), or None when none "
+     "is kept; EDL_EPROTO when none older is intact."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,19 @@ PyObject *edl_py_raise(int code, const char *fmt, ...) __attribute__((format(pri
  * 0 with an exception set. */
 int edl_py_item_str(PyObject *seq, Py_ssize_t i, const char **out);
 
+/* An unsigned integer argument checked against its C type's range: "O&" with edl_py_uint and
+ * an edl_py_uint_arg (its name and maximum): the value lands in .value; a negative, too
+ * large or non-int one raises, naming the argument and the value as given ("dim=2**40" is
+ * not silently dim 0). 1, or 0 with an exception set (a converter's contract). */
+typedef struct edl_py_uint_arg {
+    const char *name;
+    unsigned long long max;
+    unsigned long long value;
+} edl_py_uint_arg;
+int edl_py_uint(PyObject *o, void *arg);
+#define EDL_PY_U32(n) ((edl_py_uint_arg){.name = (n), .max = UINT32_MAX})
+#define EDL_PY_U64(n) ((edl_py_uint_arg){.name = (n), .max = UINT64_MAX})
+
 /* A dict of n named counters (NULL with an exception set). */
 PyObject *edl_py_counters(const char *const *names, const uint64_t *values, size_t n);
 

@@ -51,6 +51,24 @@ int edl_py_item_str(PyObject *seq, Py_ssize_t i, const char **out)
     return ok;
 }
 
+int edl_py_uint(PyObject *o, void *arg)
+{
+    edl_py_uint_arg *a = arg;
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s=%R: want an int", a->name, o);
+        return 0;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o); /* OverflowError when < 0 or huge */
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > a->max) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s=%R is out of range: want 0..%llu", a->name, o,
+                     a->max);
+        return 0;
+    }
+    a->value = v;
+    return 1;
+}
+
 PyObject *edl_py_counters(const char *const *names, const uint64_t *values, size_t n)
 {
     PyObject *d = PyDict_New();

@@ -82,18 +82,18 @@ static int worker_init(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *endpoints = Py_None, *fleet = Py_None;
     const char *job = "edl", *secret_file = NULL, *mode = NULL;
     int timeout_ms = 0, lanes = 0;
-    unsigned int generation = 0;
+    edl_py_uint_arg generation = EDL_PY_U32("generation");
     edl_ps_trainer_options o = {.trainers = 1, .threads = 1, .geo_every = 10};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOszii$ziiiiI", kwlist, &endpoints, &fleet,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOszii$ziiiiO&", kwlist, &endpoints, &fleet,
                                      &job, &secret_file, &timeout_ms, &lanes, &mode,
                                      &o.trainer_id, &o.trainers, &o.threads, &o.geo_every,
-                                     &generation))
+                                     edl_py_uint, &generation))
         return -1;
     if (w->c || w->fleet) {
         PyErr_SetString(PyExc_RuntimeError, "PsWorker.__init__: already open");
         return -1;
     }
-    o.generation = generation;
+    o.generation = (uint32_t)generation.value;
     if (fleet != Py_None) { /* the fleet's client and trainer (edl.fleet.init_worker) */
         if (edl_py_fleet_lend(fleet, &w->c, &w->t, &w->mode) != 0)
             return -1;
@@ -245,9 +245,13 @@ static int ctr_of(PyObject *ctr, edl_ps_ctr_config *c)
 {
     if (ctr == Py_None)
         return 0;
-    return PyArg_ParseTuple(ctr, "fffffI", &c->nonclk_coeff, &c->click_coeff,
-                            &c->embedx_threshold, &c->show_click_decay_rate,
-                            &c->delete_threshold, &c->delete_after_unseen_days) ? 0 : -1;
+    edl_py_uint_arg days = EDL_PY_U32("ctr's delete_after_unseen_days");
+    if (!PyArg_ParseTuple(ctr, "fffffO&", &c->nonclk_coeff, &c->click_coeff,
+                          &c->embedx_threshold, &c->show_click_decay_rate,
+                          &c->delete_threshold, edl_py_uint, &days))
+        return -1;
+    c->delete_after_unseen_days = (uint32_t)days.value;
+    return 0;
 }
 
 /* create_table(table, kind, dim, size, ...): on every server, or checked against the one there. */
@@ -259,18 +263,29 @@ static PyObject *worker_create_table(PyObject *self, PyObject *args, PyObject *k
     PsWorker *w = (PsWorker *)self;
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
-    unsigned int table, kind = cfg.kind, opt = cfg.optimizer, init = cfg.init, acc = cfg.accessor;
-    unsigned long long size = 0, seed = 0;
+    edl_py_uint_arg tb = EDL_PY_U32("table"), kind = EDL_PY_U32("kind"), dim = EDL_PY_U32("dim"),
+                    size = EDL_PY_U64("size"), shards = EDL_PY_U32("shards"),
+                    opt = EDL_PY_U32("optimizer"), init = EDL_PY_U32("init"),
+                    seed = EDL_PY_U64("seed"), geo = EDL_PY_U32("geo_trainers"),
+                    acc = EDL_PY_U32("accessor"), replicas = EDL_PY_U32("replicas");
+    kind.value = cfg.kind, dim.value = cfg.dim, shards.value = cfg.shards;
+    opt.value = cfg.optimizer, init.value = cfg.init, geo.value = cfg.geo_trainers;
+    acc.value = cfg.accessor, replicas.value = cfg.replicas;
     PyObject *ctr = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "I|$IIKIIffffIfKIIIO", kwlist, &table, &kind,
-                                     &cfg.dim, &size, &cfg.shards, &opt, &cfg.lr, &cfg.beta1,
-                                     &cfg.beta2, &cfg.eps, &init, &cfg.init_scale, &seed,
-                                     &cfg.geo_trainers, &acc, &cfg.replicas, &ctr) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&O&O&O&O&ffffO&fO&O&O&O&O", kwlist,
+                                     edl_py_uint, &tb, edl_py_uint, &kind, edl_py_uint, &dim,
+                                     edl_py_uint, &size, edl_py_uint, &shards, edl_py_uint, &opt,
+                                     &cfg.lr, &cfg.beta1, &cfg.beta2, &cfg.eps, edl_py_uint,
+                                     &init, &cfg.init_scale, edl_py_uint, &seed, edl_py_uint,
+                                     &geo, edl_py_uint, &acc, edl_py_uint, &replicas, &ctr) ||
         ctr_of(ctr, &cfg.ctr) != 0)
         return NULL;
-    cfg.kind = (edl_ps_table_kind)kind, cfg.optimizer = (edl_ps_optimizer)opt;
-    cfg.init = (edl_ps_init)init, cfg.accessor = (edl_ps_accessor)acc;
-    cfg.size = size, cfg.seed = seed;
+    unsigned int table = (unsigned int)tb.value;
+    cfg.kind = (edl_ps_table_kind)kind.value, cfg.optimizer = (edl_ps_optimizer)opt.value;
+    cfg.init = (edl_ps_init)init.value, cfg.accessor = (edl_ps_accessor)acc.value;
+    cfg.dim = (uint32_t)dim.value, cfg.shards = (uint32_t)shards.value;
+    cfg.geo_trainers = (uint32_t)geo.value, cfg.replicas = (uint32_t)replicas.value;
+    cfg.size = size.value, cfg.seed = seed.value;
     char why[1024] = "";
     if (table >= EDL_PS_MAX_TABLES)
         return PyErr_Format(PyExc_ValueError, "table %u: ids are 0..%d", table,

@@ -81,12 +81,13 @@ static int sparse_call(PsWorker *w, int op, unsigned int table, const uint64_t *
 static PyObject *sparse(PyObject *self, PyObject *args, int op)
 {
     PsWorker *w = (PsWorker *)self;
-    unsigned int table;
+    edl_py_uint_arg tb = EDL_PY_U32("table");
     unsigned long long ka, kn, ra = 0, rn = 0;
     int direct = 0;
-    if (!PyArg_ParseTuple(args, op == OP_PREFETCH ? "IKK" : "IKKKK|p", &table, &ka, &kn, &ra,
-                          &rn, &direct))
+    if (!PyArg_ParseTuple(args, op == OP_PREFETCH ? "O&KK" : "O&KKKK|p", edl_py_uint, &tb, &ka,
+                          &kn, &ra, &rn, &direct))
         return NULL;
+    unsigned int table = (unsigned int)tb.value;
     const uint64_t *keys;
     size_t n;
     float *rows = NULL;
@@ -127,11 +128,14 @@ PyObject *edl_py_psw_prefetch_sparse(PyObject *self, PyObject *args)
 static PyObject *dense(PyObject *self, PyObject *args, int op)
 {
     PsWorker *w = (PsWorker *)self;
-    unsigned int table;
-    unsigned long long off, addr, nbytes;
+    edl_py_uint_arg tb = EDL_PY_U32("table"), offset = EDL_PY_U64("offset");
+    unsigned long long addr, nbytes;
     int direct = 0;
-    if (!PyArg_ParseTuple(args, "IKKK|p", &table, &off, &addr, &nbytes, &direct))
+    if (!PyArg_ParseTuple(args, "O&O&KK|p", edl_py_uint, &tb, edl_py_uint, &offset, &addr,
+                          &nbytes, &direct))
         return NULL;
+    unsigned int table = (unsigned int)tb.value;
+    unsigned long long off = offset.value;
     edl_ps_table_config *cfg = edl_py_psw_table(w, table, EDL_PS_DENSE);
     uint64_t n = nbytes / sizeof(float);
     float *v;
@@ -252,9 +256,11 @@ PyObject *edl_py_psw_set_trainers(PyObject *self, PyObject *args)
 PyObject *edl_py_psw_shrink(PyObject *self, PyObject *args)
 {
     PsWorker *w = (PsWorker *)self;
-    unsigned int table;
-    if (!PyArg_ParseTuple(args, "I", &table) || !edl_py_psw_table(w, table, EDL_PS_SPARSE))
+    edl_py_uint_arg tb = EDL_PY_U32("table");
+    if (!PyArg_ParseTuple(args, "O&", edl_py_uint, &tb) ||
+        !edl_py_psw_table(w, (unsigned int)tb.value, EDL_PS_SPARSE))
         return NULL;
+    unsigned int table = (unsigned int)tb.value;
     uint64_t evicted = 0;
     char why[1024] = "";
     turn tn;
@@ -313,13 +319,14 @@ static int64_t now_us(void)
 PyObject *edl_py_psw_time_sparse(PyObject *self, PyObject *args)
 {
     PsWorker *w = (PsWorker *)self;
-    unsigned int table, batch;
+    edl_py_uint_arg tb = EDL_PY_U32("table"), bt = EDL_PY_U32("batch");
     int push;
     unsigned long long ka, kn, ba, bn;
     double seconds;
-    if (!PyArg_ParseTuple(args, "IpKKIKKd", &table, &push, &ka, &kn, &batch, &ba, &bn,
-                          &seconds))
+    if (!PyArg_ParseTuple(args, "O&pKKO&KKd", edl_py_uint, &tb, &push, &ka, &kn, edl_py_uint,
+                          &bt, &ba, &bn, &seconds))
         return NULL;
+    unsigned int table = (unsigned int)tb.value, batch = (unsigned int)bt.value;
     const uint64_t *keys;
     size_t n;
     float *buf;
