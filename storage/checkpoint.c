@@ -1240,7 +1240,7 @@ int edl_ckpt_load_older(edl_ckpt *ck, int64_t step, edl_ckpt_manifest **out)
     *out = NULL;
     edl_kv *kv;
     ckpt_pointer ptr;
-    int rc = read_pointer(ck, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
+    int rc = read_pointer(ck, ck->fg, &kv, &ptr, ck->errmsg, sizeof ck->errmsg);
     if (rc != 0)
         return rc;
     size_t i = 0;
