@@ -953,6 +953,47 @@ static void test_links_past_max_connections_are_refused_after_the_handshake(void
     harness_ps_close(&k);
 }
 
+/* The flood of issue 39: hundreds of strangers (silent, reset, a well-formed hello without the
+ * secret, garbage) from four addresses, one of them the trainers', while trainers open links
+ * over and over: no open fails. (Before, a trainer's connection was evicted for newer strangers
+ * even after it sent its proof, and the open was not retried: 40 of 229 failed.) */
+static void test_a_flood_of_strangers_fails_no_open(void **state)
+{
+    (void)state;
+    enum { OPENS = 60, FLOODS = 4 };
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
+    uint8_t hello[PS_HELLO_BYTES], nc[PS_NONCE_BYTES] = {9};
+    ps_hello_encode(nc, hello);
+    harness_flood *f[FLOODS];
+    for (int i = 0; i < FLOODS; i++)
+        assert_non_null(f[i] = harness_flood_start(edl_ps_server_port(k.srv[0]), hello,
+                                                   sizeof hello, 150, 20000));
+    while (harness_flood_made(f[0]) < 500) /* the flood is on */
+        harness_sleep_ms(5);
+    int failed = 0;
+    char why[512], first[512] = "";
+    int64_t t0 = harness_now_ms();
+    for (int i = 0; i < OPENS; i++) {
+        edl_ps_client_options o = {.endpoints = k.ep, .n_servers = 1, .job = "job-a",
+                                   .secret = &k.secret, .timeout_ms = 5000, .lanes = 2};
+        edl_ps_client *c = NULL;
+        if (edl_ps_client_open(&o, &c, why, sizeof why) != 0) {
+            if (!failed++)
+                snprintf(first, sizeof first, "%s", why);
+            continue;
+        }
+        edl_ps_client_close(c);
+    }
+    long made = 0;
+    for (int i = 0; i < FLOODS; i++)
+        made += harness_flood_stop(f[i]);
+    print_message("%d of %d opens failed among %ld strangers in %lld ms%s%s\n", failed, OPENS,
+                  made, (long long)(harness_now_ms() - t0), failed ? "; the first: " : "", first);
+    assert_int_equal(failed, 0);
+    harness_ps_close(&k);
+}
+
 /* ---- edl-ps, the program ------------------------------------------------------------------ */
 
 static char dir[] = "/tmp/edl-test-ps-XXXXXX";
@@ -1165,6 +1206,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests_get_errors_and_the_link_goes_on),
         cmocka_unit_test(test_broken_frames_and_strangers_are_cut_off_and_others_served),
         cmocka_unit_test(test_links_past_max_connections_are_refused_after_the_handshake),
+        cmocka_unit_test(test_a_flood_of_strangers_fails_no_open),
         cmocka_unit_test(test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name),
         cmocka_unit_test(test_silent_strangers_past_the_limit_do_not_lock_trainers_out),
     };
