@@ -65,12 +65,12 @@ typedef struct ps_conn {
     bool pending;                  /* in the loop's queue of unauthenticated ones */
     bool evicted;                  /* out of it to make room: closed after this round */
     struct ps_conn *pprev, *pnext; /* that queue, oldest first (or the evicted ones) */
-    uint8_t src[16];               /* its source address (IPv6: the /64), for the bound */
+    uint8_t src[EDL_ADDR_KEY_BYTES]; /* its source (edl_peer_key), for the bound */
 } ps_conn;
 
 /* A source address and how many unauthenticated connections of the loop come from it. */
 typedef struct ps_source {
-    uint8_t key[16];
+    uint8_t key[EDL_ADDR_KEY_BYTES];
     int n;
 } ps_source;
 
@@ -476,29 +476,10 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
 
 /* ---- the queue of unauthenticated connections ---------------------------------------------- */
 
-/* The key of fd's peer: its IPv4 address, or its IPv6 /64 (one host may hold a whole /64). */
-static void source_key(int fd, uint8_t key[16])
-{
-    struct sockaddr_storage sa;
-    socklen_t len = sizeof sa;
-    memset(key, 0, 16);
-    if (getpeername(fd, (struct sockaddr *)&sa, &len) != 0)
-        return;
-    if (sa.ss_family == AF_INET) {
-        memcpy(key + 12, &((struct sockaddr_in *)&sa)->sin_addr, 4);
-    } else if (sa.ss_family == AF_INET6) {
-        const uint8_t *a = ((struct sockaddr_in6 *)&sa)->sin6_addr.s6_addr;
-        bool v4 = IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)a);
-        memcpy(key, a, v4 ? 16 : 8);
-        if (v4)
-            memset(key, 0, 12); /* the same key as the IPv4 address */
-    }
-}
-
-static ps_source *source_of(ps_loop *l, const uint8_t key[16])
+static ps_source *source_of(ps_loop *l, const uint8_t key[EDL_ADDR_KEY_BYTES])
 {
     for (int i = 0; i < l->nsrcs; i++)
-        if (memcmp(l->srcs[i].key, key, 16) == 0)
+        if (memcmp(l->srcs[i].key, key, EDL_ADDR_KEY_BYTES) == 0)
             return &l->srcs[i];
     return NULL;
 }
@@ -509,7 +490,7 @@ static void source_count(ps_loop *l, const ps_conn *c, int add)
     ps_source *src = source_of(l, c->src);
     if (!src && add > 0) { /* room: at most max_pending sources hold a connection */
         src = &l->srcs[l->nsrcs++];
-        memcpy(src->key, c->src, 16);
+        memcpy(src->key, c->src, EDL_ADDR_KEY_BYTES);
         src->n = 0;
     }
     if (src && (src->n += add) <= 0)
@@ -754,7 +735,7 @@ static ps_conn *eviction_victim(ps_loop *l)
         if (l->srcs[i].n > top->n)
             top = &l->srcs[i];
     for (ps_conn *c = l->phead; c; c = c->pnext)
-        if (memcmp(c->src, top->key, 16) == 0)
+        if (memcmp(c->src, top->key, EDL_ADDR_KEY_BYTES) == 0)
             return c;
     return l->phead;
 }
@@ -793,7 +774,7 @@ static void adopt(ps_loop *l, int fd)
     tune_socket(fd);
     *c = (ps_conn){.fd = fd, .state = C_HELLO, .loop = l,
                    .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms, .next = l->conns};
-    source_key(fd, c->src);
+    edl_peer_key(fd, c->src);
     if (l->conns)
         l->conns->prev = c;
     l->conns = c;
