@@ -541,10 +541,12 @@ static int join(edl_comm *c)
     free(c->fds);
     free(c->peer_local);
     free(c->links);
+    free(c->addrs);
     c->fds = malloc(sizeof *c->fds * (size_t)c->size);
     c->peer_local = calloc((size_t)c->size, sizeof *c->peer_local);
     c->links = calloc((size_t)c->size, sizeof *c->links);
-    if (!c->fds || !c->peer_local || !c->links)
+    c->addrs = calloc((size_t)c->size, sizeof *c->addrs);
+    if (!c->fds || !c->peer_local || !c->links || !c->addrs)
         return EDL_ENOMEM;
     for (int i = 0; i < c->size; i++)
         c->fds[i] = -1;
@@ -818,6 +820,7 @@ void edl_coll_close(edl_comm *c)
     free(c->fds);
     free(c->peer_local);
     free(c->links);
+    free(c->addrs);
     edl_job_secret_clear(&c->secret);
     edl_job_keys_clear(&c->keys);
     free(c->stage);

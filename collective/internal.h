@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "edl/collective.h"
 #include "edl/etcd.h"
@@ -80,6 +81,13 @@ typedef struct coll_link {
     uint8_t nonce_a[COLL_NONCE_BYTES]; /* the acceptor's */
 } coll_link;
 
+/* The address a connector reached a lower rank at: a link that broke before that rank's ready
+ * frame is made again there (net.c, coll_verify_links). */
+typedef struct coll_addr {
+    struct sockaddr_storage sa;
+    socklen_t len;
+} coll_addr;
+
 enum coll_mac_kind {
     COLL_MAC_CHALLENGE = 1,   /* from the acceptor */
     COLL_MAC_PROOF,           /* from the connector */
@@ -124,6 +132,7 @@ struct edl_comm {
     int rank, size;
     int *fds;             /* [size] sockets to each peer, -1 for self */
     coll_link *links;     /* [size] each link's handshake transcript */
+    coll_addr *addrs;     /* [size] where this rank connected to each lower rank */
     uint64_t seq;
     int64_t call_start_ms; /* when the collective in progress began (monotonic) */
     int call_kind;        /* and which it is (enum coll_kind) */

@@ -22,6 +22,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "edl/http.h"
 #include "edl/log.h"
 #include "internal.h"
 
@@ -238,26 +239,35 @@ static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, s
     return 0;
 }
 
-/* Connect to rank j and authenticate. A connection the acceptor dropped before challenging it
- * (it had too many unauthenticated connections: see accept_peers) is tried again until the
- * deadline. */
+/* Connect to rank j at c->addrs[j] and authenticate (*fd: the link). A connection the
+ * acceptor dropped before challenging it (it had too many unauthenticated connections: see
+ * take_new) is tried again, after edl's jittered back-off, until the deadline or until the
+ * generation is declared dead. */
+static int link_to(edl_comm *c, int j, uint64_t token, int64_t deadline, int *fd)
+{
+    const coll_addr *a = &c->addrs[j];
+    for (int attempt = 0;; attempt++) {
+        int rc = handshake_to(c, j, &a->sa, a->len, token, deadline, fd);
+        int64_t nap = edl_http_backoff_ms(attempt, 20, 200, -1);
+        if (rc != EDL_EPEER || edl_monotonic_ms() + nap >= deadline || coll_dead_announced(c))
+            return rc;
+        if (attempt == 0)
+            EDL_INFO("coll", "generation %" PRId64 ": %s; trying again", c->gen, c->err);
+        usleep((useconds_t)nap * 1000);
+    }
+}
+
+/* Connect to rank j and authenticate. */
 static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int64_t deadline)
 {
-    struct sockaddr_storage sa;
-    socklen_t salen;
-    if (resolve(ep, &sa, &salen) != 0) {
+    coll_addr *a = &c->addrs[j];
+    a->len = sizeof a->sa;
+    if (resolve(ep, &a->sa, &a->len) != 0) {
         coll_set_err(c, "generation %" PRId64 ": rank %d published an endpoint that does not "
                      "resolve, '%s'", c->gen, j, ep);
         return EDL_EPROTO;
     }
-    int fd = -1, rc, tries = 0;
-    while ((rc = handshake_to(c, j, &sa, salen, token, deadline, &fd)) == EDL_EPEER &&
-           edl_monotonic_ms() + 50 < deadline) {
-        if (tries++ == 0)
-            EDL_INFO("coll", "generation %" PRId64 ": %s; trying again every 50 ms", c->gen,
-                     c->err);
-        usleep(50 * 1000);
-    }
+    int fd = -1, rc = link_to(c, j, token, deadline, &fd);
     if (rc) {
         char why[sizeof c->err];
         snprintf(why, sizeof why, "%s", c->err);
@@ -277,7 +287,15 @@ typedef struct pending {
     uint8_t buf[COLL_HELLO_BYTES];
     coll_link link;
     char from[64];
+    uint8_t src[EDL_ADDR_KEY_BYTES]; /* its source (edl_peer_key) */
 } pending;
+
+/* The addresses the higher ranks connect from (their published endpoints' hosts): their
+ * connections are not evicted for a stranger's while the mesh forms. */
+typedef struct members {
+    uint8_t (*key)[EDL_ADDR_KEY_BYTES];
+    int n;
+} members;
 
 /* Does a well-formed hello fit this rank's generation? (why it does not is logged) */
 static bool hello_fits(edl_comm *c, const pending *p, const coll_hello *h, uint64_t my_token)
@@ -387,6 +405,7 @@ static void describe_peer(int fd, char *out, size_t len)
 
 enum {
     MAX_PENDING = 64,       /* unauthenticated connections held at once */
+    ACCEPT_BATCH = 32,      /* connections accepted between two reads of the pending ones */
     HANDSHAKE_MS = 3000,    /* a connection's time to complete the handshake */
 };
 
@@ -397,29 +416,84 @@ static void drop_pending(pending *pend, int *np, int i)
     (*np)--;
 }
 
-/* Take every connection waiting on the listening socket. At most MAX_PENDING unauthenticated
- * connections are held; when full, the oldest goes. That, rather than refusing newcomers,
- * is what lets a real peer in during a flood: strangers who hold silent connections (or
- * connections that stop after the hello) are the old ones, while a real peer sends its hello
- * with the connection, is read at once (below) and answers the challenge within a round
- * trip, so it is displaced only if MAX_PENDING strangers connect within that round trip. And
- * a connector whose connection is dropped before its challenge tries again (connect_peer).
- * Refusing newcomers instead would let MAX_PENDING silent strangers lock a real peer out for
- * a whole HANDSHAKE_MS at a time, again and again. */
-static int take_new(edl_comm *c, pending *pend, int *np, uint64_t my_token, int *evicted)
+static bool is_member(const members *m, const uint8_t *src)
+{
+    for (int i = 0; i < m->n; i++)
+        if (memcmp(m->key[i], src, EDL_ADDR_KEY_BYTES) == 0)
+            return true;
+    return false;
+}
+
+/* Connections from src among the pending ones; a member's address counts as none. */
+static int weight(const pending *pend, int np, const members *m, const uint8_t *src)
+{
+    int n = 0;
+    if (is_member(m, src))
+        return 0;
+    for (int i = 0; i < np; i++)
+        n += memcmp(pend[i].src, src, EDL_ADDR_KEY_BYTES) == 0;
+    return n;
+}
+
+/* The pending connection to evict: the oldest of the source that holds the most, where a
+ * member's address counts as holding none (so it goes last, the oldest of all then). */
+static int victim(const pending *pend, int np, const members *m)
+{
+    int v = 0, best = -1;
+    for (int i = 0; i < np; i++) {
+        int w = weight(pend, np, m, pend[i].src);
+        if (w > best) {
+            best = w;
+            v = i;
+        }
+    }
+    return v;
+}
+
+/* Free a slot of pend[]: the victim is read first if it was challenged, so a peer whose proof
+ * has arrived is authenticated (returns 1: it took its rank's slot) instead of evicted. */
+static int make_room(edl_comm *c, pending *pend, int *np, const members *m, uint64_t my_token,
+                     int *evicted)
 {
     int taken = 0;
-    for (;;) {
+    while (*np >= MAX_PENDING) {
+        int v = victim(pend, *np, m);
+        int r = pend[v].challenged ? step_pending(c, &pend[v], my_token) : 0;
+        if (r > 0) {
+            taken++;
+            memmove(pend + v, pend + v + 1, sizeof pend[0] * (size_t)(*np - v - 1));
+            (*np)--;
+            continue;
+        }
+        *evicted += r == 0;
+        drop_pending(pend, np, v);
+    }
+    return taken;
+}
+
+/* Take the connections waiting on the listening socket, at most ACCEPT_BATCH (the pending
+ * ones are read between batches). At most MAX_PENDING unauthenticated connections are held;
+ * when full, one goes (make_room: the oldest of the source that holds the most, a member's
+ * address last). That, rather than refusing newcomers, is what lets a real peer in during a
+ * flood: strangers who hold silent connections (or connections that stop after the hello) are
+ * the old ones, while a real peer sends its hello with the connection, is read at once (below)
+ * and answers the challenge within a round trip. A connector whose connection is dropped
+ * anyway (strangers flood from its own address) tries again: before its challenge in
+ * connect_peer, after its proof in coll_verify_links. Refusing newcomers instead would let
+ * MAX_PENDING silent strangers lock a real peer out for a whole HANDSHAKE_MS at a time. */
+static int take_new(edl_comm *c, pending *pend, int *np, const members *m, uint64_t my_token,
+                    int *evicted)
+{
+    int taken = 0;
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(c->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
             return taken;
-        if (*np == MAX_PENDING) {
-            drop_pending(pend, np, 0);
-            (*evicted)++;
-        }
+        taken += make_room(c, pend, np, m, my_token, evicted);
         pending *p = &pend[*np];
         *p = (pending){.fd = fd, .until = edl_monotonic_ms() + HANDSHAKE_MS};
         describe_peer(fd, p->from, sizeof p->from);
+        edl_peer_key(fd, p->src);
         (*np)++;
         int r = step_pending(c, p, my_token);
         if (r != 0) {
@@ -430,13 +504,14 @@ static int take_new(edl_comm *c, pending *pend, int *np, uint64_t my_token, int 
             (*np)--;
         }
     }
+    return taken;
 }
 
 /* Accept until every higher rank has connected and proved it holds the job secret, before the
  * deadline (the join's). A stranger's attempt costs it a pending slot until it fails, its
  * handshake deadline passes or newer connections push it out; it never takes or blocks a
  * rank's slot. */
-static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
+static int accept_peers(edl_comm *c, const members *m, uint64_t my_token, int64_t deadline)
 {
     int need = c->size - 1 - c->rank, np = 0, rc = 0, evicted = 0;
     pending pend[MAX_PENDING];
@@ -481,7 +556,7 @@ static int accept_peers(edl_comm *c, uint64_t my_token, int64_t deadline)
             }
         }
         if (pf[0].revents & POLLIN)
-            need -= take_new(c, pend, &np, my_token, &evicted);
+            need -= take_new(c, pend, &np, m, my_token, &evicted);
         now = edl_monotonic_ms();
         for (int i = 0; i < np; i++)
             if (now >= pend[i].until) {
@@ -514,7 +589,18 @@ int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t 
         if (rc)
             return rc;
     }
-    return accept_peers(c, my_token, deadline_ms);
+    members m = {.key = calloc((size_t)c->size, sizeof *m.key)};
+    if (!m.key)
+        return EDL_ENOMEM;
+    for (int j = c->rank + 1; j < c->size; j++) {
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof sa;
+        if (resolve(eps[j], &sa, &len) == 0)
+            edl_addr_key(&sa, m.key[m.n++]);
+    }
+    int rc = accept_peers(c, &m, my_token, deadline_ms);
+    free(m.key);
+    return rc;
 }
 
 /* The ready frame this rank sends to peer p, or expects from it. */
@@ -536,6 +622,38 @@ static int link_broken(edl_comm *c, int p, const char *what)
     return EDL_EPEER;
 }
 
+/* Send this rank's ready frame to p. */
+static int send_ready(edl_comm *c, int p, int64_t deadline_ms)
+{
+    uint8_t frame[64];
+    int rc = ready_frame(c, p, true, frame);
+    if (!rc && write_all(c->fds[p], frame, coll_frame_bytes(COLL_READY_MAGIC), deadline_ms) != 0)
+        rc = EDL_EPEER;
+    return rc;
+}
+
+/* The link to lower rank p broke before p's ready frame came (what: how). p may have dropped
+ * it before reading the proof, to make room for strangers flooding its port (take_new): then
+ * p still waits for this rank's connection, and a new one mends the link. A p that did take
+ * the link sent its ready frame first; one that failed since declares the generation dead,
+ * which ends the tries (link_to). */
+static int relink(edl_comm *c, int p, const char *what, int64_t deadline_ms)
+{
+    char why[sizeof c->err + 128];
+    int fd = -1;
+    EDL_INFO("coll", "generation %" PRId64 ": the link to rank %d broke before its ready frame "
+             "(%s; dropped unauthenticated during a flood?): connecting again", c->gen, p, what);
+    close(c->fds[p]);
+    c->fds[p] = -1;
+    int rc = link_to(c, p, c->links[p].h.token, deadline_ms, &fd);
+    if (rc) {
+        snprintf(why, sizeof why, "%s, and connecting again failed: %s", what, c->err);
+        return link_broken(c, p, why);
+    }
+    c->fds[p] = fd;
+    return send_ready(c, p, deadline_ms) ? link_broken(c, p, "cannot send on it") : 0;
+}
+
 int coll_verify_links(edl_comm *c, int64_t deadline_ms)
 {
     int n = c->size, rc = 0;
@@ -547,12 +665,9 @@ int coll_verify_links(edl_comm *c, int64_t deadline_ms)
     if (!in || !got || !pf || !who)
         rc = EDL_ENOMEM;
     for (int p = 0; !rc && p < n; p++) {
-        uint8_t frame[64];
-        if (p == c->rank)
-            continue;
-        if ((rc = ready_frame(c, p, true, frame)) == 0 &&
-            write_all(c->fds[p], frame, flen, deadline_ms) != 0)
-            rc = link_broken(c, p, "cannot send on it");
+        if (p != c->rank && (rc = send_ready(c, p, deadline_ms)) == EDL_EPEER)
+            rc = p < c->rank ? relink(c, p, "cannot send on it", deadline_ms)
+                             : link_broken(c, p, "cannot send on it");
     }
     for (int left = n - 1; !rc && left > 0;) {
         int np = 0;
@@ -575,8 +690,10 @@ int coll_verify_links(edl_comm *c, int64_t deadline_ms)
             if (r < 0 && (errno == EAGAIN || errno == EINTR))
                 continue;
             if (r <= 0) {
-                rc = link_broken(c, p, r == 0 ? "rank closed it" : strerror(errno));
-                break;
+                const char *what = r == 0 ? "rank closed it" : strerror(errno);
+                rc = p < c->rank && got[p] == 0 ? relink(c, p, what, deadline_ms)
+                                                : link_broken(c, p, what);
+                break; /* pf[] is stale now */
             }
             if ((got[p] += (size_t)r) < flen)
                 continue;

@@ -29,6 +29,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "edl/http.h"
 #include "edl/proc.h"
 #include "edl/wire.h"
 #include "internal.h"
@@ -253,9 +254,10 @@ static int handshake(edl_ps_client *c, ps_link *l, int64_t deadline)
     if (RAND_bytes(nc, sizeof nc) != 1)
         return fail(c, EDL_EIO, "no random bytes for the handshake");
     ps_hello_encode(nc, buf);
-    if (io_full(l->fd, buf, PS_HELLO_BYTES, true, deadline) != 0 ||
-        io_full(l->fd, buf, PS_HDR_BYTES, false, deadline) != 0)
-        return fail(c, EDL_EPROTO, "server %s did not answer the handshake", l->ep);
+    int rc = io_full(l->fd, buf, PS_HELLO_BYTES, true, deadline);
+    if (rc || (rc = io_full(l->fd, buf, PS_HDR_BYTES, false, deadline)) != 0)
+        return fail(c, rc, "server %s did not answer the handshake (%s)", l->ep,
+                    rc == EDL_EPEER ? "it closed the link" : edl_strerror(rc));
     if (edl_get32(buf) == PS_FRAME_MAGIC)
         return read_error_frame(c, l, buf, deadline) ?: fail(c, EDL_EPROTO, "server %s: an "
                                 "empty answer to the hello", l->ep);
@@ -268,9 +270,10 @@ static int handshake(edl_ps_client *c, ps_link *l, int64_t deadline)
                     "server, or a stranger on its port)", l->ep);
     ps_link_mac(&c->secret, c->job, PS_MAC_CLIENT, nc, ns, mac);
     ps_proof_encode(mac, proof);
-    if (io_full(l->fd, proof, sizeof proof, true, deadline) != 0 ||
-        io_full(l->fd, buf, PS_HDR_BYTES, false, deadline) != 0)
-        return fail(c, EDL_EPROTO, "server %s closed the link after the proof", l->ep);
+    if ((rc = io_full(l->fd, proof, sizeof proof, true, deadline)) != 0 ||
+        (rc = io_full(l->fd, buf, PS_HDR_BYTES, false, deadline)) != 0)
+        return fail(c, rc, "server %s %s after the proof", l->ep,
+                    rc == EDL_EPEER ? "closed the link" : "did not answer");
     return read_error_frame(c, l, buf, deadline);
 }
 
@@ -526,20 +529,29 @@ static const client_table *known_table(edl_ps_client *c, uint32_t table, edl_ps_
 
 /* ---- open, close, create ------------------------------------------------------------------- */
 
-/* Connect and authenticate l (c->err says why not). */
+/* Connect and authenticate l (c->err says why not). A server that closed the link during the
+ * handshake (it makes room for newer unauthenticated connections when strangers flood its
+ * port: server.c, make_room) is tried again, after edl's jittered back-off, until the
+ * deadline. */
 static int link_open(edl_ps_client *c, ps_link *l, int64_t deadline)
 {
     int rc = link_room(c, l, 7);
-    if (rc)
-        return rc;
-    rc = dial(l->ep, deadline, &l->fd);
-    if (rc)
-        return fail(c, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
-                    "cannot connect to parameter server %s: %s", l->ep, rc == EDL_EINVAL
-                    ? "not host:port" : rc == EDL_ETIMEDOUT ? "timed out"
-                    : "refused or unreachable");
-    if ((rc = handshake(c, l, deadline)) != 0)
+    for (int attempt = 0; !rc; attempt++) {
+        rc = dial(l->ep, deadline, &l->fd);
+        if (rc)
+            return fail(c, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
+                        "cannot connect to parameter server %s: %s", l->ep, rc == EDL_EINVAL
+                        ? "not host:port" : rc == EDL_ETIMEDOUT ? "timed out"
+                        : "refused or unreachable");
+        if ((rc = handshake(c, l, deadline)) == 0)
+            return 0;
         link_break(l);
+        int64_t nap = edl_http_backoff_ms(attempt, 10, 500, -1);
+        if (rc != EDL_EPEER || edl_monotonic_ms() + nap >= deadline)
+            break;
+        usleep((useconds_t)nap * 1000);
+        rc = 0;
+    }
     return rc;
 }
 

@@ -5,8 +5,10 @@
  * the job secret (handshake of internal.h), then sends frames, each answered in order.
  * Connections that have not proved it yet are bounded apart from the others (each loop holds
  * its share of max_unauthenticated, oldest first, and a newcomer at the bound closes the
- * oldest), so strangers that connect and stay silent cannot fill max_connections and lock the
- * trainers out; refusals are logged at most once a second, summed. A
+ * oldest of the source that holds the most, after reading the proof it may have sent), so
+ * strangers that connect and stay silent cannot fill max_connections and lock the trainers
+ * out, nor push out a trainer that has proved itself; refusals are logged at most once a
+ * second, summed. A
  * connection holds at most one request and one reply at a time: it is not read while its reply
  * waits to go out, so a slow reader cannot make the server queue without bound, and its input
  * buffer grows with the bytes that have arrived, not with the length a header announces.
@@ -38,6 +40,7 @@
 
 #define SOCK_BUF_BYTES (4 << 20)
 #define IN_STEP (1u << 20) /* the input buffer grows by at most this beyond what arrived */
+#define ACCEPT_BATCH 32     /* connections accepted in a round of the loop */
 
 enum conn_state { C_HELLO, C_PROOF, C_READY };
 
@@ -62,7 +65,14 @@ typedef struct ps_conn {
     bool pending;                  /* in the loop's queue of unauthenticated ones */
     bool evicted;                  /* out of it to make room: closed after this round */
     struct ps_conn *pprev, *pnext; /* that queue, oldest first (or the evicted ones) */
+    uint8_t src[EDL_ADDR_KEY_BYTES]; /* its source (edl_peer_key), for the bound */
 } ps_conn;
+
+/* A source address and how many unauthenticated connections of the loop come from it. */
+typedef struct ps_source {
+    uint8_t key[EDL_ADDR_KEY_BYTES];
+    int n;
+} ps_source;
 
 typedef struct ps_loop {
     edl_ps_server *s;
@@ -70,6 +80,8 @@ typedef struct ps_loop {
     ps_conn *conns;
     ps_conn *phead, *ptail; /* unauthenticated connections, oldest first */
     int npending, max_pending;
+    ps_source *srcs;        /* [max_pending] the sources of the queue, unordered */
+    int nsrcs;
     ps_conn *evicted;       /* to close once this round's events are handled */
 } ps_loop;
 
@@ -464,8 +476,30 @@ static void serve(edl_ps_server *s, ps_conn *c, const ps_hdr *h, const uint8_t *
 
 /* ---- the queue of unauthenticated connections ---------------------------------------------- */
 
+static ps_source *source_of(ps_loop *l, const uint8_t key[EDL_ADDR_KEY_BYTES])
+{
+    for (int i = 0; i < l->nsrcs; i++)
+        if (memcmp(l->srcs[i].key, key, EDL_ADDR_KEY_BYTES) == 0)
+            return &l->srcs[i];
+    return NULL;
+}
+
+/* Count c in (add 1) or out (-1) of its source's share. */
+static void source_count(ps_loop *l, const ps_conn *c, int add)
+{
+    ps_source *src = source_of(l, c->src);
+    if (!src && add > 0) { /* room: at most max_pending sources hold a connection */
+        src = &l->srcs[l->nsrcs++];
+        memcpy(src->key, c->src, EDL_ADDR_KEY_BYTES);
+        src->n = 0;
+    }
+    if (src && (src->n += add) <= 0)
+        *src = l->srcs[--l->nsrcs];
+}
+
 static void pending_add(ps_loop *l, ps_conn *c)
 {
+    source_count(l, c, 1);
     c->pending = true;
     c->pnext = NULL;
     c->pprev = l->ptail;
@@ -482,6 +516,7 @@ static void pending_remove(ps_loop *l, ps_conn *c)
     *(c->pnext ? &c->pnext->pprev : &l->ptail) = c->pprev;
     c->pending = false;
     l->npending--;
+    source_count(l, c, -1);
 }
 
 /* ---- the handshake ------------------------------------------------------------------------- */
@@ -680,11 +715,52 @@ static void tune_socket(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
-/* Serve the accepted socket fd on loop l, unauthenticated: at the loop's bound the oldest
- * unauthenticated connection makes room. A stranger holding a silent connection is always
- * older than a trainer that connects now and answers within a round trip, so a flood delays
- * trainers by no more than that, where refusing newcomers would lock them out (as the
- * collective's mesh does it: collective/net.c, take_new). */
+/* Close c after this round (its events may still be in this round's list). */
+static void close_later(ps_loop *l, ps_conn *c)
+{
+    pending_remove(l, c);
+    c->evicted = true;
+    c->pnext = l->evicted;
+    l->evicted = c;
+}
+
+/* The connection to make room with: the oldest unauthenticated one of the source that holds
+ * the most (the first of the queue from it). So a source holds at most its fair share of the
+ * loop's slots when they run out, and strangers from other addresses never take the slot of a
+ * trainer that connects alone from its own. */
+static ps_conn *eviction_victim(ps_loop *l)
+{
+    ps_source *top = &l->srcs[0];
+    for (int i = 1; i < l->nsrcs; i++)
+        if (l->srcs[i].n > top->n)
+            top = &l->srcs[i];
+    for (ps_conn *c = l->phead; c; c = c->pnext)
+        if (memcmp(c->src, top->key, EDL_ADDR_KEY_BYTES) == 0)
+            return c;
+    return l->phead;
+}
+
+/* Free a slot of the loop's queue. A victim that was challenged is read first: one whose proof
+ * has arrived is authenticated (and leaves the queue) instead of evicted for a stranger. */
+static void make_room(ps_loop *l)
+{
+    while (l->npending >= l->max_pending) {
+        ps_conn *c = eviction_victim(l);
+        if (c->state == C_PROOF && (conn_read(l->s, c) != 0 || conn_flush(l, c) != 0)) {
+            close_later(l, c);
+        } else if (c->pending) {
+            note_refusal(l->s, R_EVICTED, NULL);
+            close_later(l, c);
+        }
+    }
+}
+
+/* Serve the accepted socket fd on loop l, unauthenticated: at the loop's bound an older
+ * unauthenticated connection makes room (make_room). A stranger holding a silent connection
+ * is always older than a trainer that connects now and answers within a round trip, so a flood
+ * delays trainers by no more than that, where refusing newcomers would lock them out (as the
+ * collective's mesh does it: collective/net.c, take_new); a trainer that is displaced anyway
+ * (its source floods too) opens again (client.c, link_open). */
 static void adopt(ps_loop *l, int fd)
 {
     edl_ps_server *s = l->s;
@@ -694,17 +770,11 @@ static void adopt(ps_loop *l, int fd)
         close(fd);
         return;
     }
-    if (l->npending >= l->max_pending) { /* closed later: this round's events may name it */
-        ps_conn *old = l->phead;
-        note_refusal(s, R_EVICTED, NULL);
-        pending_remove(l, old);
-        old->evicted = true;
-        old->pnext = l->evicted;
-        l->evicted = old;
-    }
+    make_room(l);
     tune_socket(fd);
     *c = (ps_conn){.fd = fd, .state = C_HELLO, .loop = l,
                    .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms, .next = l->conns};
+    edl_peer_key(fd, c->src);
     if (l->conns)
         l->conns->prev = c;
     l->conns = c;
@@ -714,12 +784,13 @@ static void adopt(ps_loop *l, int fd)
     epoll_ctl(l->ep, EPOLL_CTL_ADD, fd, &ev);
 }
 
-/* Take every waiting connection; each goes to the next loop in turn (this one when that
- * loop's pipe is full). */
+/* Take the waiting connections, at most ACCEPT_BATCH a round (the loop reads the others'
+ * proofs between batches); each goes to the next loop in turn (this one when that loop's pipe
+ * is full). */
 static void accept_all(ps_loop *l)
 {
     edl_ps_server *s = l->s;
-    for (;;) {
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
@@ -798,6 +869,7 @@ static void *loop_main(void *arg)
     while (l->conns)
         conn_close(l, l->conns);
     close(l->ep);
+    free(l->srcs);
     free(l);
     return NULL;
 }
@@ -909,10 +981,12 @@ int edl_ps_server_start(edl_ps_server *s)
         ps_loop *l = calloc(1, sizeof *l);
         int ep = epoll_create1(EPOLL_CLOEXEC);
         int share = (s->o.max_unauthenticated + s->nthreads - 1) / s->nthreads;
-        if (l && ep >= 0)
+        ps_source *srcs = calloc((size_t)share + 1, sizeof *srcs);
+        if (l && ep >= 0 && srcs)
             *l = (ps_loop){.s = s, .index = i, .ep = ep, .wake_fd = s->wake_fd[i],
-                           .max_pending = share};
-        if (!l || ep < 0 || pthread_create(&s->th[i], NULL, loop_main, l) != 0) {
+                           .max_pending = share, .srcs = srcs};
+        if (!l || ep < 0 || !srcs || pthread_create(&s->th[i], NULL, loop_main, l) != 0) {
+            free(srcs);
             free(l);
             if (ep >= 0)
                 close(ep);

@@ -57,6 +57,21 @@ int harness_http_get(int port, const char *path, char *out, size_t outlen);
 /* A TCP port on 127.0.0.1 that was free a moment ago (-1 on failure). */
 int harness_free_port(void);
 
+/* ---- a flood of strangers on a port (harness_flood.c) -------------------------------- */
+
+typedef struct harness_flood harness_flood;
+/* Strangers on 127.0.0.1:port from a thread, until harness_flood_stop, max_ms or 50,000
+ * connections: in turn one that stays silent, one reset at once, one that sends `hello`
+ * (hello_len <= 256 bytes: a well-formed hello without the secret) and one that sends
+ * garbage, from 127.0.0.1, .2, .3 and .4; at most `hold` are held (the oldest is reset to make
+ * room). NULL when the thread cannot start. */
+harness_flood *harness_flood_start(int port, const void *hello, size_t hello_len, int hold,
+                                   int max_ms);
+/* Connections made so far. */
+long harness_flood_made(harness_flood *f);
+/* Stop the flood and reset what it holds: the connections it made. */
+long harness_flood_stop(harness_flood *f);
+
 /* ---- etcd ---------------------------------------------------------------------------- */
 
 /* Start `members` real etcd members (quiet: logs in the data dir) with optional extra flags

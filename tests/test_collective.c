@@ -10,7 +10,8 @@
  *   - mismatched collectives, a stranger on the port and a rendezvous that never completes
  *     give clear errors;
  *   - links are authenticated with the job secret: a stranger who read the endpoints and
- *     tokens in etcd cannot take a rank's slot, a flood of them cannot stop a join, a process
+ *     tokens in etcd cannot take a rank's slot, a flood of them (held, reset, hellos, garbage,
+ *     from four addresses) fails no join nor re-formation while it goes on, a process
  *     with another secret (or none) is refused with a clear error, and a broken link between
  *     two ranks that no barrier step pairs fails the join itself. */
 #define _GNU_SOURCE
@@ -678,6 +679,89 @@ static void test_flood_of_strangers_cannot_stop_a_join(void **state)
         close(s[i]);
 }
 
+/* Flood rank r's port (of generation 1, in a group of size) from `floods` threads of
+ * strangers whose hellos claim rank r + 1 with r's etcd token (harness_flood.c). */
+static void flood_rank(int r, int size, int floods, harness_flood **f)
+{
+    int port;
+    uint64_t token;
+    read_entry(r, &port, &token);
+    coll_hello h = {.version = COLL_PROTO_VERSION, .generation = 1, .from = r + 1, .to = r,
+                    .size = size, .token = token};
+    uint8_t hello[COLL_HELLO_BYTES];
+    coll_hello_encode(&h, hello);
+    for (int i = 0; i < floods; i++)
+        assert_non_null(f[i] = harness_flood_start(port, hello, sizeof hello, 100, 15000));
+}
+
+/* The flood of issue 39 while a group forms, three times: strangers (silent, reset, a
+ * well-formed hello with the etcd token but no secret, garbage; from the ranks' address and
+ * three others) flood the ports of both accepting ranks while the connectors connect. Every
+ * join succeeds. (Before, an acceptor evicted a connector's connection after the proof was
+ * sent and before it was read: "the link between ranks N and N failed the join's check
+ * (cannot send on it)" and the generation was declared dead.) */
+static void test_joins_succeed_under_a_flood_while_the_group_forms(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 3, SIZE = 3, FLOODS = 2 };
+    static const char *const first[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=20000",
+                                        "EDL_COLL_TIMEOUT_MS=5000", NULL};
+    static const char *const later[] = {"EDL_COLL_RENDEZVOUS_TIMEOUT_MS=20000",
+                                        "EDL_COLL_TIMEOUT_MS=5000",
+                                        "EDL_TEST_CONNECT_DELAY_MS=400", NULL};
+    long made = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        new_job();
+        worker w[SIZE];
+        harness_flood *f[2 * FLOODS];
+        for (int r = 0; r < SIZE; r++)
+            start(&w[r], "verify", NULL, r, SIZE, 1, false, r ? later : first);
+        for (int r = 0; r < 2; r++) /* the acceptors: ranks 0 and 1 */
+            flood_rank(r, SIZE, FLOODS, &f[r * FLOODS]);
+        expect_verified(w, SIZE);
+        for (int i = 0; i < 2 * FLOODS; i++)
+            made += harness_flood_stop(f[i]);
+    }
+    print_message("%d joins of %d ranks under a flood of %ld strangers\n", ROUNDS, SIZE, made);
+}
+
+/* The flood of issue 39 while a training group re-forms, twice, as the job server assigns new
+ * generations: every re-formation succeeds in the same processes (no restart spent), and the
+ * result is the undisturbed one. */
+static void test_reformations_under_a_flood_spend_no_restart(void **state)
+{
+    (void)state;
+    enum { SIZE = 3, FLOODS = 2 };
+    new_job();
+    char ref[32];
+    reference_hash("300", "1000", ref, sizeof ref);
+    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_COLL_TIMEOUT_MS=5000",
+                                        "EDL_COLL_RENDEZVOUS_TIMEOUT_MS=20000", NULL};
+    worker w[SIZE];
+    start_elastic(w, SIZE, "300", extra);
+    harness_flood *f[2 * FLOODS];
+    for (int r = 0; r < 2; r++)
+        flood_rank(r, SIZE, FLOODS, &f[r * FLOODS]);
+    pid_t pids[SIZE];
+    for (int r = 0; r < SIZE; r++)
+        pids[r] = w[r].pid;
+    for (int64_t gen = 2; gen <= 3; gen++) {
+        char want[32], line[512];
+        for (int r = 0; r < SIZE; r++)
+            announce(&w[r], gen, r, SIZE);
+        snprintf(want, sizeof want, "synced gen=%lld", (long long)gen);
+        for (int r = 0; r < SIZE; r++) {
+            need_line(&w[r], want, line, sizeof line, 20000);
+            assert_int_equal(field(line, "rc"), 0);
+        }
+    }
+    long made = 0;
+    for (int i = 0; i < 2 * FLOODS; i++)
+        made += harness_flood_stop(f[i]);
+    print_message("2 re-formations of %d ranks under a flood of %ld strangers\n", SIZE, made);
+    expect_done(w, SIZE, ref, pids);
+}
+
 /* With 3 ranks no barrier step pairs ranks 0 and 2 (recursive doubling folds 0 into 1), so a
  * broken link between them once surfaced only at the first collective that used it. Rank 2's
  * link to rank 0 is cut right after its handshake (coll_worker's EDL_TEST_CUT_LINK): the join
@@ -810,6 +894,8 @@ int main(void)
         cmocka_unit_test(test_stranger_with_the_etcd_token_cannot_take_a_slot),
         cmocka_unit_test(test_peer_with_another_secret_is_refused),
         cmocka_unit_test(test_flood_of_strangers_cannot_stop_a_join),
+        cmocka_unit_test(test_joins_succeed_under_a_flood_while_the_group_forms),
+        cmocka_unit_test(test_reformations_under_a_flood_spend_no_restart),
         cmocka_unit_test(test_broken_link_between_far_ranks_fails_the_join),
         cmocka_unit_test(test_no_secret_is_a_clear_error),
     };

@@ -1,6 +1,7 @@
 /* test_core.c: libedlcore's plumbing: the error table, the byte buffer, the strict JSON reader,
- * the thread-to-loop queue, works run off a loop, the HTTP clients' shared policy, child
- * processes (edl_spawn, edl_env_build) and the /metrics server with its Prometheus writer. */
+ * the thread-to-loop queue, works run off a loop, the HTTP clients' shared policy, the source
+ * keys of per-source bounds, child processes (edl_spawn, edl_env_build) and the /metrics
+ * server with its Prometheus writer. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -301,6 +303,57 @@ static void test_works_run_off_the_loop_and_complete_on_it_in_order(void **state
 }
 
 /* ---- the HTTP clients' shared policy ------------------------------------------------------- */
+
+/* Per-source bounds group connections by edl_addr_key: an IPv4 address, the same address
+ * mapped into IPv6 alike, an IPv6 address by its /64, and a connected socket's peer. */
+static void test_addr_keys_group_sources_by_ipv4_address_and_ipv6_64(void **state)
+{
+    (void)state;
+    uint8_t a[EDL_ADDR_KEY_BYTES], b[EDL_ADDR_KEY_BYTES], zero[EDL_ADDR_KEY_BYTES] = {0};
+    struct sockaddr_in v4 = {.sin_family = AF_INET, .sin_port = htons(1)};
+    struct sockaddr_in6 v6 = {.sin6_family = AF_INET6, .sin6_port = htons(2)};
+    inet_pton(AF_INET, "10.1.2.3", &v4.sin_addr);
+    inet_pton(AF_INET6, "::ffff:10.1.2.3", &v6.sin6_addr);
+    edl_addr_key(&v4, a);
+    edl_addr_key(&v6, b);
+    assert_memory_equal(a, b, sizeof a); /* mapped: the same source */
+    v4.sin_port = htons(9);
+    edl_addr_key(&v4, b);
+    assert_memory_equal(a, b, sizeof a); /* the port does not count */
+    inet_pton(AF_INET, "10.1.2.4", &v4.sin_addr);
+    edl_addr_key(&v4, b);
+    assert_memory_not_equal(a, b, sizeof a);
+    inet_pton(AF_INET6, "2001:db8:1:2::1", &v6.sin6_addr);
+    edl_addr_key(&v6, a);
+    inet_pton(AF_INET6, "2001:db8:1:2:ffff::7", &v6.sin6_addr);
+    edl_addr_key(&v6, b);
+    assert_memory_equal(a, b, sizeof a); /* one /64 */
+    inet_pton(AF_INET6, "2001:db8:1:3::1", &v6.sin6_addr);
+    edl_addr_key(&v6, b);
+    assert_memory_not_equal(a, b, sizeof a);
+    struct sockaddr un = {.sa_family = AF_UNIX};
+    edl_addr_key(&un, a);
+    assert_memory_equal(a, zero, sizeof a);
+    int sv[2]; /* a peer that is not IP: zeros; a loopback TCP peer: 127.0.0.1 */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    edl_peer_key(sv[0], a);
+    assert_memory_equal(a, zero, sizeof a);
+    close(sv[0]);
+    close(sv[1]);
+    int port = harness_free_port(), l = socket(AF_INET, SOCK_STREAM, 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in at = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    assert_int_equal(bind(l, (struct sockaddr *)&at, sizeof at), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&at, sizeof at), 0);
+    edl_peer_key(c, a);
+    edl_addr_key(&at, b);
+    assert_memory_equal(a, b, sizeof a);
+    close(c);
+    close(l);
+}
 
 static void test_http_backoff_doubles_caps_jitters_and_obeys_retry_after(void **state)
 {
@@ -670,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth),
         cmocka_unit_test(test_works_run_off_the_loop_and_complete_on_it_in_order),
         cmocka_unit_test(test_http_backoff_doubles_caps_jitters_and_obeys_retry_after),
+        cmocka_unit_test(test_addr_keys_group_sources_by_ipv4_address_and_ipv6_64),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),

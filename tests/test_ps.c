@@ -953,6 +953,109 @@ static void test_links_past_max_connections_are_refused_after_the_handshake(void
     harness_ps_close(&k);
 }
 
+/* A silent connection from 127.0.0.(2 + i % 3) (the strangers' addresses, not the trainers'). */
+static int stranger_from_elsewhere(int port, int i)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET}, to = {.sin_family = AF_INET};
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + (uint32_t)(i % 3));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    to.sin_port = htons((uint16_t)port);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&to, sizeof to), 0);
+    return fd;
+}
+
+/* A trainer that has its challenge but has not answered yet (descheduled, say) while 600
+ * strangers from three other addresses connect, more than twice the server's bound of
+ * unauthenticated connections: the evictions fall on the strangers' addresses, which hold
+ * the most, and the trainer's proof, sent after them, opens its link. (Before, the oldest
+ * unauthenticated connection went, whoever it was: the trainer.) */
+static void test_strangers_from_other_addresses_never_evict_a_trainer(void **state)
+{
+    (void)state;
+    enum { STRANGERS = 600 };
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
+    int port = edl_ps_server_port(k.srv[0]), fd = raw_connect(&k);
+    int *s = malloc(sizeof *s * STRANGERS);
+    uint8_t nc[PS_NONCE_BYTES] = {3}, ns[PS_NONCE_BYTES], buf[PS_CHALLENGE_BYTES];
+    uint8_t mac[EDL_SECRET_MAC_BYTES];
+    char why[256];
+    ps_hello_encode(nc, buf);
+    raw_send(fd, buf, PS_HELLO_BYTES);
+    raw_recv(fd, buf, PS_CHALLENGE_BYTES);
+    assert_int_equal(ps_challenge_parse(buf, sizeof buf, ns, mac, why, sizeof why), 0);
+    for (int i = 0; i < STRANGERS; i++)
+        s[i] = stranger_from_elsewhere(port, i);
+    edl_ps_server_stats st;
+    for (int64_t end = harness_now_ms() + 5000;; harness_sleep_ms(10)) { /* all taken */
+        edl_ps_server_get_stats(k.srv[0], &st);
+        if (st.connections >= STRANGERS + 1)
+            break;
+        if (harness_now_ms() > end)
+            fail_msg("the server took %llu of %d connections in 5 s",
+                     (unsigned long long)st.connections, STRANGERS + 1);
+    }
+    assert_true(st.rejected >= STRANGERS - 256); /* evictions happened */
+    ps_link_mac(&k.secret, "job-a", PS_MAC_CLIENT, nc, ns, mac);
+    ps_proof_encode(mac, buf);
+    raw_send(fd, buf, PS_PROOF_BYTES);
+    assert_int_equal(raw_frame(fd, NULL, 0).type, PS_REPLY); /* open */
+    for (int i = 0; i < STRANGERS; i++)
+        close(s[i]);
+    free(s);
+    close(fd);
+    harness_ps_close(&k);
+}
+
+/* The flood of issue 39: hundreds of strangers (silent, reset, a well-formed hello without the
+ * secret, garbage) from four addresses, one of them the trainers', while trainers open links
+ * over and over: no open fails. (Before, a trainer's connection was evicted for newer strangers
+ * even after it sent its proof, and the open was not retried: 40 of 229 failed.) */
+static void test_a_flood_of_strangers_fails_no_open(void **state)
+{
+    (void)state;
+    enum { OPENS = 100, FLOODS = 4 };
+    struct rlimit rl; /* 600 strangers held here, and the server's side of them */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 2048 && rl.rlim_max >= 2048) {
+        rl.rlim_cur = 2048;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    harness_ps k;
+    harness_ps_open(&k, 1, NULL);
+    uint8_t hello[PS_HELLO_BYTES], nc[PS_NONCE_BYTES] = {9};
+    ps_hello_encode(nc, hello);
+    harness_flood *f[FLOODS];
+    for (int i = 0; i < FLOODS; i++)
+        assert_non_null(f[i] = harness_flood_start(edl_ps_server_port(k.srv[0]), hello,
+                                                   sizeof hello, 150, 20000));
+    while (harness_flood_made(f[0]) < 500) /* the flood is on */
+        harness_sleep_ms(5);
+    int failed = 0;
+    char why[512], first[512] = "";
+    int64_t t0 = harness_now_ms();
+    for (int i = 0; i < OPENS; i++) {
+        edl_ps_client_options o = {.endpoints = k.ep, .n_servers = 1, .job = "job-a",
+                                   .secret = &k.secret, .timeout_ms = 5000, .lanes = 2};
+        edl_ps_client *c = NULL;
+        if (edl_ps_client_open(&o, &c, why, sizeof why) != 0) {
+            if (!failed++)
+                snprintf(first, sizeof first, "%s", why);
+            continue;
+        }
+        edl_ps_client_close(c);
+    }
+    long made = 0;
+    for (int i = 0; i < FLOODS; i++)
+        made += harness_flood_stop(f[i]);
+    print_message("%d of %d opens failed among %ld strangers in %lld ms%s%s\n", failed, OPENS,
+                  made, (long long)(harness_now_ms() - t0), failed ? "; the first: " : "", first);
+    assert_int_equal(failed, 0);
+    harness_ps_close(&k);
+}
+
 /* ---- edl-ps, the program ------------------------------------------------------------------ */
 
 static char dir[] = "/tmp/edl-test-ps-XXXXXX";
@@ -1165,6 +1268,8 @@ int main(void)
         cmocka_unit_test(test_bad_requests_get_errors_and_the_link_goes_on),
         cmocka_unit_test(test_broken_frames_and_strangers_are_cut_off_and_others_served),
         cmocka_unit_test(test_links_past_max_connections_are_refused_after_the_handshake),
+        cmocka_unit_test(test_strangers_from_other_addresses_never_evict_a_trainer),
+        cmocka_unit_test(test_a_flood_of_strangers_fails_no_open),
         cmocka_unit_test(test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name),
         cmocka_unit_test(test_silent_strangers_past_the_limit_do_not_lock_trainers_out),
     };
