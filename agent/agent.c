@@ -266,6 +266,29 @@ static void send_generation(agent *a, int rank)
     free(line);
 }
 
+/* The pod leaves the job (scaled down, told to leave by a signal): an in-process trainer that
+ * said "graceful" is told to stop at its next commit, where its peers move to leave_gen (the
+ * first generation without this pod) or later, and to exit 0; SIGTERM follows only after the
+ * grace period. Any other trainer gets SIGTERM now. */
+static void leave_or_stop(agent *a, int64_t leave_gen)
+{
+    if (!trainer_running(&a->tp) || a->tp.stopping)
+        return;
+    if (a->tp.graceful && !a->ahead && a->spec.mode == EDL_MODE_INPROCESS) {
+        edl_assignment g = {.generation = leave_gen, .leave = true};
+        char *line = edl_assignment_encode(&g);
+        int rc = line ? trainer_leave(&a->tp, line, a->o->grace_ms) : EDL_ENOMEM;
+        free(line);
+        if (rc == 0) {
+            EDL_INFO("agent", "generation %lld: the trainer leaves at its next commit (SIGTERM "
+                     "in %lld ms if it does not)", (long long)leave_gen,
+                     (long long)a->o->grace_ms);
+            return;
+        }
+    }
+    trainer_stop(&a->tp, a->o->grace_ms);
+}
+
 /* The latest generation keeps the workers of the one the trainer was started or re-formed for
  * (the job server kept members_generation): only the servers changed, so it keeps the trainer,
  * its environment and its rendezvous. */
@@ -524,10 +547,13 @@ static void reconcile_worker(agent *a)
         if (m)
             EDL_INFO("agent", "generation %lld: restarting the trainer (rank %d -> %d)",
                      (long long)gen, a->run_rank, m->rank);
-        else
-            EDL_INFO("agent", "generation %lld (%s): this pod is not a member; stopping the trainer",
-                     (long long)gen, edl_job_state_name(a->generation.state));
-        trainer_stop(&a->tp, a->o->grace_ms);
+        if (m) {
+            trainer_stop(&a->tp, a->o->grace_ms);
+            return;
+        }
+        EDL_INFO("agent", "generation %lld (%s): this pod is not a member; stopping the trainer",
+                 (long long)gen, edl_job_state_name(a->generation.state));
+        leave_or_stop(a, gen);
         return;
     }
     if (m && gen > a->started_gen) {
@@ -586,6 +612,10 @@ static int teacher_exit_code(edl_job_state s)
 
 void agent_reconcile(agent *a)
 {
+    if (a->leaving_signal && !a->teacher && a->final_exit < 0) {
+        leave_or_stop(a, a->run_gen + 1); /* the job server publishes one without this pod */
+        return;
+    }
     if (a->leaving_signal || a->final_exit >= 0) {
         if (!a->teacher || teacher_leave_ready(a)) /* the key first, then the server */
             trainer_stop(&a->tp, a->o->grace_ms);
@@ -634,7 +664,7 @@ static void on_signals(agent *a, int sfd)
             bool stop = !a->teacher || teacher_leave_ready(a); /* students stop asking first */
             registry_unregister(a); /* the job server sees the leave now, not after the TTL */
             if (stop) /* else once the record is gone (agent_reconcile) */
-                trainer_stop(&a->tp, a->o->grace_ms);
+                agent_reconcile(a);
         } else if (sig == SIGHUP) {
             EDL_INFO("agent", "SIGHUP ignored");
         }
