@@ -379,6 +379,7 @@ static void start_ahead(agent *a)
         return;
     }
     a->ahead = true;
+    a->ahead_since_ms = edl_monotonic_ms();
     a->run_gen = 0;
     a->run_rank = -1;
     EDL_INFO("agent", "trainer %d started ahead of membership: it waits for its first "
@@ -504,6 +505,23 @@ static void carry_to(agent *a, int64_t gen)
     registry_status_set(a, &s);
 }
 
+/* A pod that is no member reports "waiting" for the current generation. With a trainer started
+ * ahead (or about to be), only once it is ready (or AHEAD_READY_S passed; the loop wakes at least every second):
+ * after an in-process trainer failed, that report is what makes the pod a candidate again
+ * (reconcile.c, awaiting_replacement), so it joins when its trainer can take part at once. */
+static void report_waiting(agent *a, int64_t gen)
+{
+    if (ahead_due(a) && !trainer_running(&a->tp))
+        return; /* its start ahead waits for the spec's read */
+    if (a->ahead && !a->tp.ready &&
+        edl_monotonic_ms() < a->ahead_since_ms + AHEAD_READY_S * 1000)
+        return;
+    if (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen) {
+        a->tp.step = -1;
+        set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
+    }
+}
+
 /* The trainer of the last start ended by itself (its status says how). */
 static bool trainer_ended(const agent *a)
 {
@@ -518,8 +536,10 @@ static void reconcile_worker(agent *a)
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
-        if (!m && a->ahead && !edl_job_state_final(a->generation.state))
-            return; /* started ahead: still waiting to be a member */
+        if (!m && a->ahead && !edl_job_state_final(a->generation.state)) {
+            report_waiting(a, gen); /* started ahead: still waiting to be a member */
+            return;
+        }
         if (m && gen > a->run_gen && !a->ahead && only_servers_changed(a)) {
             carry_to(a, gen);
             return;
@@ -565,10 +585,8 @@ static void reconcile_worker(agent *a)
     }
     if (!m && ahead_due(a) && spec_read_for_start(a))
         start_ahead(a);
-    if (!m && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
-        a->tp.step = -1;
-        set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
-    }
+    if (!m)
+        report_waiting(a, gen);
 }
 
 /* A parameter server holds state: it starts when the pod is listed in `servers` and is never

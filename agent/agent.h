@@ -240,6 +240,7 @@ typedef struct agent {
     bool ahead;               /* the running trainer was started ahead of membership (InProcess:
                                * it waits for its first control line) */
     bool ahead_failed;        /* one started ahead ended: none again, the ordinary start follows */
+    int64_t ahead_since_ms;   /* monotonic: when the trainer started ahead was started */
     int64_t ahead_register_ms; /* monotonic: at start, the pod registers once its trainer started
                                * ahead says "ready", or by then (0: not waiting) */
     int run_rank;

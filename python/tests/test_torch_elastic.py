@@ -150,7 +150,9 @@ def test_a_trainer_killed_inside_an_allreduce(tmp_path):
         stop(job.proc)
     formed = job.formed()
     assert len({f[4] for f in formed if f[0] == f"{job.name}-0"}) == 1, formed
-    assert any(f[0] == f"{job.name}-1" and f[4] != victim for f in formed), formed
+    # the survivor goes on alone at once (the replacement joins once it is ready, if the job
+    # has not ended by then: test_a_trainer_killed_in_a_live_pod_costs_only_the_reformation)
+    assert any(f[0] == f"{job.name}-0" and f[3] == 1 for f in formed), formed
     assert_close(want, torch.load(job.out))
 
 
@@ -166,6 +168,18 @@ def redone(steps):
         if again:
             out[pod] = again
     return out
+
+
+def survivors_gap(steps, pods, since):
+    """The longest time between two consecutive steps of any of pods, from the last step
+    before `since` (wall clock) on."""
+    gap = 0.0
+    for pod in pods:
+        times = [t for _, t in steps[pod]]
+        first = max([i for i, t in enumerate(times) if t <= since], default=None)
+        assert first is not None and first + 1 < len(times), (pod, since, times[-3:])
+        gap = max(gap, max(b - a for a, b in zip(times[first:], times[first + 1:])))
+    return gap
 
 
 @pytest.mark.whole_job
@@ -208,16 +222,10 @@ def test_a_trainer_killed_in_a_live_pod_costs_only_the_reformation(tmp_path):
         assert job.finish() == 0, job.text()[-4000:]
     finally:
         stop(job.proc)
-    steps = job.steps()
-    gaps = []
-    for pod in (f"{job.name}-0", f"{job.name}-2"):
-        times = [t for _, t in steps[pod]]
-        after = [t for t in times if t > killed_at]
-        before = [t for t in times if t <= killed_at]
-        assert before and after, (pod, job.text()[-3000:])
-        gaps.append(after[0] - before[-1])
-    print(f"survivors' step gap after a trainer SIGKILL: {max(gaps):.3f} s")
-    assert max(gaps) < 2.0, f"survivors stalled {max(gaps):.3f} s:\n{job.text()[-4000:]}"
+    gap = survivors_gap(job.steps(), (f"{job.name}-0", f"{job.name}-2"), killed_at)
+    print(f"survivors' longest step gap from the SIGKILL to the end (the replacement's join "
+          f"included): {gap:.3f} s")
+    assert gap < 2.0, f"survivors stalled {gap:.3f} s:\n{job.text()[-4000:]}"
     assert_close(want, torch.load(job.out))
 
 
