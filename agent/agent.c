@@ -506,9 +506,10 @@ static void carry_to(agent *a, int64_t gen)
 }
 
 /* A pod that is no member reports "waiting" for the current generation. With a trainer started
- * ahead (or about to be), only once it is ready (or AHEAD_READY_S passed; the loop wakes at least every second):
- * after an in-process trainer failed, that report is what makes the pod a candidate again
- * (reconcile.c, awaiting_replacement), so it joins when its trainer can take part at once. */
+ * ahead (or about to be), only once it is ready (or AHEAD_READY_S passed: the loop wakes at
+ * least every second). After an in-process trainer failed, that report is what makes the pod a
+ * candidate again (reconcile.c, awaiting_replacement), so it joins when its trainer can take
+ * part at once. */
 static void report_waiting(agent *a, int64_t gen)
 {
     if (ahead_due(a) && !trainer_running(&a->tp))
@@ -564,10 +565,9 @@ static void reconcile_worker(agent *a)
             set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
             return;
         }
-        if (m)
+        if (m) {
             EDL_INFO("agent", "generation %lld: restarting the trainer (rank %d -> %d)",
                      (long long)gen, a->run_rank, m->rank);
-        if (m) {
             trainer_stop(&a->tp, a->o->grace_ms);
             return;
         }
