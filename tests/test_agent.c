@@ -677,15 +677,22 @@ static long leave_after_one_generation(const char *job, const char *pod, const c
     return pid;
 }
 
-static long long read_ns(const char *path)
+/* The nanoseconds a trainer wrote to path (`date +%s%N`), once the whole line is there (the file
+ * exists before its line does); -1 when none came within timeout_ms. */
+static long long wait_ns(const char *path, int timeout_ms)
 {
-    FILE *f = fopen(path, "r");
-    long long v = -1;
-    if (f && fscanf(f, "%lld", &v) != 1)
-        v = -1;
-    if (f)
-        fclose(f);
-    return v;
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        char line[64] = "";
+        FILE *f = fopen(path, "r");
+        bool whole = f && fgets(line, sizeof line, f) && strchr(line, '\n');
+        if (f)
+            fclose(f);
+        if (whole)
+            return atoll(line);
+        harness_sleep_ms(10);
+    } while (harness_now_ms() < end);
+    return -1;
 }
 
 /* In process, a trainer that said "graceful" is told of its pod's leave on the control pipe
@@ -706,10 +713,10 @@ static void test_inprocess_graceful_trainer_is_told_to_leave(void **state)
 
     pid = leave_after_one_generation("lingering", "b", GRACEFUL_TRAINER("sleep 30"));
     snprintf(p, sizeof p, "%s/b.left", dir);
-    long long left = read_ns(p);
+    long long left = wait_ns(p, 2000);
     snprintf(p, sizeof p, "%s/b.term", dir);
-    assert_true(wait_file(p, 4000));
-    long long term = read_ns(p);
+    long long term = wait_ns(p, 4000);
+    assert_true(left > 0 && term > 0);
     print_message("SIGTERM %lld ms after the leave line (grace 1000 ms)\n",
                   (term - left) / 1000000);
     assert_true(term - left >= 900LL * 1000000); /* the grace period, less the clocks' reads */
