@@ -3,19 +3,19 @@ crashes, in process (edl.torch re-forms the process group in place) against rest
 unmodified torch trainer, restarted in every generation), in one run on this machine.
 
 For each mode it runs bench/torch_reform_trainer.py under `edl run` (its own etcd, job server
-and agents), two pods of up to three, and repeats: a join (`edl scale` to 3; "ready" is the same join timed from the moment the new
-pod registered, which in process is once its trainer, started ahead, has loaded Python and
-torch), a crash (SIGKILL
-of a pod's agent and trainer; `edl run` replaces the pod: another join), "tkill" (SIGKILL of
-a trainer alone, its pod and agent live on: in process the survivors go on without it at once
-and its replacement, started ahead, joins when ready; the row is the time to the world without
-it), a leave (`edl scale` to 2: in process a graceful leave at the next commit). Each event is timed from the moment it happened to the new world's first allreduce
-(the last rank's), split at the job server's publication of the new generation (its log line):
-event -> published is the control plane's part (the settle window for a join, the detection
-for a crash), published -> allreduce the trainer's (re-forming, or restarting Python, torch
-and the group). Medians and [min, max] over the trials. "rollbacks" counts the ranks that went
-back to their last commit because a collective failed (edl.torch's "a collective failed" line),
-over all trials: a graceful leave has none.
+and agents), two pods of up to three, and repeats: a join (`edl scale` to 3; "ready" is the same
+join timed from the moment the new pod registered, which in process is once its trainer, started
+ahead, has loaded Python and torch), a crash (SIGKILL of a pod's agent and trainer; `edl run`
+replaces the pod: another join), "tkill" (SIGKILL of a trainer alone, its pod and agent live on:
+in process the survivors go on without it at once and its replacement, started ahead, joins when
+ready; the row is the time to the world without it), a leave (`edl scale` to 2: in process a
+graceful leave at the next commit). Each event is timed from the moment it happened to the new
+world's first allreduce (the last rank's), split at the job server's publication of the new
+generation (its log line): event -> published is the control plane's part (the settle window for
+a join, the detection for a crash), published -> allreduce the trainer's (re-forming, or
+restarting Python, torch and the group). Medians and [min, max] over the trials. "rollbacks"
+counts the ranks that went back to their last commit because a collective failed (edl.torch's "a
+collective failed" line), over all trials: a graceful leave has none.
 
 Goals on a 2-core machine (issue 31): in process, leave <= 0.3 s; join <= settle + 0.3 s;
 crash <= detection + 0.3 s; (issue 38) tkill <= 0.5 s; leave with no rollback.

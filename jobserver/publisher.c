@@ -410,9 +410,9 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
 }
 
 /* Whether an event can change a decision. A trainer's status matters only when it has ended
- * (failure or success) or waits (a pod whose trainer failed in process mode is a candidate again
- * once it reports waiting: reconcile.c); "running" and step updates, a status write per pod per second and a
- * burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
+ * (failure or success) or waits (a pod whose trainer failed in process mode is a candidate
+ * again once it reports waiting: reconcile.c); "running" and step updates, a status write per
+ * pod per second and a burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
  * are judged at the times reconcile asks to be woken, from the steps it reads then. */
 bool js_publisher_event_matters(const js_publisher *j, const edl_watch_event *ev)
 {
