@@ -266,6 +266,29 @@ static void send_generation(agent *a, int rank)
     free(line);
 }
 
+/* The pod leaves the job (scaled down, told to leave by a signal): an in-process trainer that
+ * said "graceful" is told to stop at its next commit, where its peers move to leave_gen (the
+ * first generation without this pod) or later, and to exit 0; SIGTERM follows only after the
+ * grace period. Any other trainer gets SIGTERM now. */
+static void leave_or_stop(agent *a, int64_t leave_gen)
+{
+    if (!trainer_running(&a->tp) || a->tp.stopping)
+        return;
+    if (a->tp.graceful && !a->ahead && a->spec.mode == EDL_MODE_INPROCESS) {
+        edl_assignment g = {.generation = leave_gen, .leave = true};
+        char *line = edl_assignment_encode(&g);
+        int rc = line ? trainer_leave(&a->tp, line, a->o->grace_ms) : EDL_ENOMEM;
+        free(line);
+        if (rc == 0) {
+            EDL_INFO("agent", "generation %lld: the trainer leaves at its next commit (SIGTERM "
+                     "in %lld ms if it does not)", (long long)leave_gen,
+                     (long long)a->o->grace_ms);
+            return;
+        }
+    }
+    trainer_stop(&a->tp, a->o->grace_ms);
+}
+
 /* The latest generation keeps the workers of the one the trainer was started or re-formed for
  * (the job server kept members_generation): only the servers changed, so it keeps the trainer,
  * its environment and its rendezvous. */
@@ -356,6 +379,7 @@ static void start_ahead(agent *a)
         return;
     }
     a->ahead = true;
+    a->ahead_since_ms = edl_monotonic_ms();
     a->run_gen = 0;
     a->run_rank = -1;
     EDL_INFO("agent", "trainer %d started ahead of membership: it waits for its first "
@@ -481,6 +505,24 @@ static void carry_to(agent *a, int64_t gen)
     registry_status_set(a, &s);
 }
 
+/* A pod that is no member reports "waiting" for the current generation. With a trainer started
+ * ahead (or about to be), only once it is ready (or AHEAD_READY_S passed: the loop wakes at
+ * least every second). After an in-process trainer failed, that report is what makes the pod a
+ * candidate again (reconcile.c, awaiting_replacement), so it joins when its trainer can take
+ * part at once. */
+static void report_waiting(agent *a, int64_t gen)
+{
+    if (ahead_due(a) && !trainer_running(&a->tp))
+        return; /* its start ahead waits for the spec's read */
+    if (a->ahead && !a->tp.ready &&
+        edl_monotonic_ms() < a->ahead_since_ms + AHEAD_READY_S * 1000)
+        return;
+    if (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen) {
+        a->tp.step = -1;
+        set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
+    }
+}
+
 /* The trainer of the last start ended by itself (its status says how). */
 static bool trainer_ended(const agent *a)
 {
@@ -495,8 +537,10 @@ static void reconcile_worker(agent *a)
     if (trainer_running(&a->tp)) {
         if (a->tp.stopping || (m && gen == a->run_gen))
             return;
-        if (!m && a->ahead && !edl_job_state_final(a->generation.state))
-            return; /* started ahead: still waiting to be a member */
+        if (!m && a->ahead && !edl_job_state_final(a->generation.state)) {
+            report_waiting(a, gen); /* started ahead: still waiting to be a member */
+            return;
+        }
         if (m && gen > a->run_gen && !a->ahead && only_servers_changed(a)) {
             carry_to(a, gen);
             return;
@@ -521,13 +565,15 @@ static void reconcile_worker(agent *a)
             set_status(a, EDL_TRAINER_RUNNING, gen, 0, 0);
             return;
         }
-        if (m)
+        if (m) {
             EDL_INFO("agent", "generation %lld: restarting the trainer (rank %d -> %d)",
                      (long long)gen, a->run_rank, m->rank);
-        else
-            EDL_INFO("agent", "generation %lld (%s): this pod is not a member; stopping the trainer",
-                     (long long)gen, edl_job_state_name(a->generation.state));
-        trainer_stop(&a->tp, a->o->grace_ms);
+            trainer_stop(&a->tp, a->o->grace_ms);
+            return;
+        }
+        EDL_INFO("agent", "generation %lld (%s): this pod is not a member; stopping the trainer",
+                 (long long)gen, edl_job_state_name(a->generation.state));
+        leave_or_stop(a, gen);
         return;
     }
     if (m && gen > a->started_gen) {
@@ -539,10 +585,8 @@ static void reconcile_worker(agent *a)
     }
     if (!m && ahead_due(a) && spec_read_for_start(a))
         start_ahead(a);
-    if (!m && (a->status.state != EDL_TRAINER_WAITING || a->status.generation != gen)) {
-        a->tp.step = -1;
-        set_status(a, EDL_TRAINER_WAITING, gen, 0, 0);
-    }
+    if (!m)
+        report_waiting(a, gen);
 }
 
 /* A parameter server holds state: it starts when the pod is listed in `servers` and is never
@@ -586,6 +630,10 @@ static int teacher_exit_code(edl_job_state s)
 
 void agent_reconcile(agent *a)
 {
+    if (a->leaving_signal && !a->teacher && a->final_exit < 0) {
+        leave_or_stop(a, a->run_gen + 1); /* the job server publishes one without this pod */
+        return;
+    }
     if (a->leaving_signal || a->final_exit >= 0) {
         if (!a->teacher || teacher_leave_ready(a)) /* the key first, then the server */
             trainer_stop(&a->tp, a->o->grace_ms);
@@ -634,7 +682,7 @@ static void on_signals(agent *a, int sfd)
             bool stop = !a->teacher || teacher_leave_ready(a); /* students stop asking first */
             registry_unregister(a); /* the job server sees the leave now, not after the TTL */
             if (stop) /* else once the record is gone (agent_reconcile) */
-                trainer_stop(&a->tp, a->o->grace_ms);
+                agent_reconcile(a);
         } else if (sig == SIGHUP) {
             EDL_INFO("agent", "SIGHUP ignored");
         }

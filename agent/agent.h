@@ -94,12 +94,14 @@ typedef struct trainer_proc {
     char line[256];         /* partial progress line */
     size_t line_len;
     bool line_skip;         /* dropping an overlong line up to its newline */
-    bool stopping;          /* the agent asked it to stop */
+    bool stopping;          /* the agent asked it to stop (or to leave at its next commit) */
+    int64_t term_at_ms;     /* SIGTERM time of a trainer asked to leave (0: none due) */
     int64_t kill_at_ms;     /* SIGKILL time while stopping (0: none yet / done) */
     int64_t step;           /* latest progress step (-1: none) */
     int64_t blocked_since_ms; /* monotonic: when the collective it waits in began (0: none) */
     char blocked_what[EDL_PROGRESS_WHAT_MAX + 1];
     bool ready;             /* started ahead of membership, it said "ready" */
+    bool graceful;          /* it said "graceful": it leaves at its next commit when told */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
@@ -112,9 +114,15 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
                   int child_progress, char *err, size_t errlen);
 /* SIGTERM to its process group; SIGKILL after grace_ms (see trainer_tick). */
 void trainer_stop(trainer_proc *t, int64_t grace_ms);
+/* Ask a graceful trainer to leave at its next commit (line: the leave control line): SIGTERM
+ * only after grace_ms, SIGKILL TRAINER_LEAVE_KILL_MS later. EDL_ECLOSED when the control pipe is
+ * gone (stop it instead). */
+#define TRAINER_LEAVE_KILL_MS 2000
+int trainer_leave(trainer_proc *t, const char *line, int64_t grace_ms);
 /* SIGKILL now. */
 void trainer_kill(trainer_proc *t);
-/* Send the SIGKILL when the grace period is over; ms until it is due (-1: nothing due). */
+/* Send the SIGTERM of a leave and the SIGKILL when their times come; ms until the next is due
+ * (-1: nothing due). */
 int trainer_tick(trainer_proc *t);
 /* Reap: 1 when the trainer ended (its wait status, and whether the agent had asked it to stop;
  * fds closed, state reset), else 0. */
@@ -232,6 +240,7 @@ typedef struct agent {
     bool ahead;               /* the running trainer was started ahead of membership (InProcess:
                                * it waits for its first control line) */
     bool ahead_failed;        /* one started ahead ended: none again, the ordinary start follows */
+    int64_t ahead_since_ms;   /* monotonic: when the trainer started ahead was started */
     int64_t ahead_register_ms; /* monotonic: at start, the pod registers once its trainer started
                                * ahead says "ready", or by then (0: not waiting) */
     int run_rank;

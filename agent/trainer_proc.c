@@ -74,10 +74,12 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     }
     t->pid = pid;
     t->stopping = false;
+    t->term_at_ms = 0;
     t->kill_at_ms = 0;
     t->step = -1;
     t->blocked_since_ms = 0;
     t->ready = false;
+    t->graceful = false;
     t->line_len = 0;
     t->line_skip = false;
     return 0;
@@ -93,11 +95,26 @@ void trainer_stop(trainer_proc *t, int64_t grace_ms)
         kill(t->pid, SIGTERM);
 }
 
+int trainer_leave(trainer_proc *t, const char *line, int64_t grace_ms)
+{
+    if (t->pid <= 0 || t->stopping)
+        return 0;
+    int rc = trainer_send_control(t, line);
+    if (rc)
+        return rc;
+    t->stopping = true;
+    t->term_at_ms = edl_monotonic_ms() + grace_ms;
+    t->kill_at_ms = t->term_at_ms + (grace_ms < TRAINER_LEAVE_KILL_MS ? grace_ms
+                                                                      : TRAINER_LEAVE_KILL_MS);
+    return 0;
+}
+
 void trainer_kill(trainer_proc *t)
 {
     if (t->pid <= 0)
         return;
     t->stopping = true;
+    t->term_at_ms = 0;
     t->kill_at_ms = 0;
     if (kill(-t->pid, SIGKILL) < 0)
         kill(t->pid, SIGKILL);
@@ -107,7 +124,17 @@ int trainer_tick(trainer_proc *t)
 {
     if (t->pid <= 0 || !t->stopping || !t->kill_at_ms)
         return -1;
-    int64_t left = t->kill_at_ms - edl_monotonic_ms();
+    int64_t now = edl_monotonic_ms();
+    if (t->term_at_ms && now >= t->term_at_ms) {
+        EDL_WARN("agent", "trainer %d told to leave did not reach a commit within the grace "
+                 "period: SIGTERM", (int)t->pid);
+        t->term_at_ms = 0;
+        if (kill(-t->pid, SIGTERM) < 0)
+            kill(t->pid, SIGTERM);
+    }
+    if (t->term_at_ms)
+        return (int)(t->term_at_ms - now);
+    int64_t left = t->kill_at_ms - now;
     if (left > 0)
         return (int)left;
     EDL_WARN("agent", "trainer %d did not stop within the grace period: SIGKILL", (int)t->pid);
@@ -130,6 +157,7 @@ int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent)
     *by_agent = t->stopping;
     t->pid = 0;
     t->stopping = false;
+    t->term_at_ms = 0;
     t->kill_at_ms = 0;
     close_fd(&t->progress_fd);
     close_fd(&t->control_fd);
@@ -167,6 +195,9 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
     case EDL_PROGRESS_READY:
         t->ready = true;
         return 1;
+    case EDL_PROGRESS_GRACEFUL:
+        t->graceful = true;
+        return 0;
     }
     return 0;
 }

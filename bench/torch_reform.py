@@ -3,18 +3,22 @@ crashes, in process (edl.torch re-forms the process group in place) against rest
 unmodified torch trainer, restarted in every generation), in one run on this machine.
 
 For each mode it runs bench/torch_reform_trainer.py under `edl run` (its own etcd, job server
-and agents), two pods of up to three, and repeats: a join (`edl scale` to 3; "ready" is the same join timed from the moment the new
-pod registered, which in process is once its trainer, started ahead, has loaded Python and
-torch), a crash (SIGKILL
-of a pod's agent and trainer; `edl run` replaces the pod: another join), a leave (`edl scale`
-to 2). Each event is timed from the moment it happened to the new world's first allreduce
-(the last rank's), split at the job server's publication of the new generation (its log line):
-event -> published is the control plane's part (the settle window for a join, the detection
-for a crash), published -> allreduce the trainer's (re-forming, or restarting Python, torch
-and the group). Medians and [min, max] over the trials.
+and agents), two pods of up to three, and repeats: a join (`edl scale` to 3; "ready" is the same
+join timed from the moment the new pod registered, which in process is once its trainer, started
+ahead, has loaded Python and torch), a crash (SIGKILL of a pod's agent and trainer; `edl run`
+replaces the pod: another join), "tkill" (SIGKILL of a trainer alone, its pod and agent live on:
+in process the survivors go on without it at once and its replacement, started ahead, joins when
+ready; the row is the time to the world without it), a leave (`edl scale` to 2: in process a
+graceful leave at the next commit). Each event is timed from the moment it happened to the new
+world's first allreduce (the last rank's), split at the job server's publication of the new
+generation (its log line): event -> published is the control plane's part (the settle window for
+a join, the detection for a crash), published -> allreduce the trainer's (re-forming, or
+restarting Python, torch and the group). Medians and [min, max] over the trials. "rollbacks"
+counts the ranks that went back to their last commit because a collective failed (edl.torch's "a
+collective failed" line), over all trials: a graceful leave has none.
 
 Goals on a 2-core machine (issue 31): in process, leave <= 0.3 s; join <= settle + 0.3 s;
-crash <= detection + 0.3 s.
+crash <= detection + 0.3 s; (issue 38) tkill <= 0.5 s; leave with no rollback.
 
     python3 bench/torch_reform.py [--trials 5] [--build build] [--settle-ms 300] [--ttl 3]
 """
@@ -33,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PUBLISHED = re.compile(r"^\[jobserver\] (\S+) INFO  jobserver: job \S+: generation (\d+) running")
 REGISTERING = re.compile(r"^\[(?:\w+ \d+ )?(\S+)\] (\S+) INFO  agent: registering pod ")
+ROLLBACK = re.compile(r"edl\.torch: generation \d+: a collective failed")
 
 
 def _wall(stamp):
@@ -106,7 +111,11 @@ class Run:
                        stdout=subprocess.DEVNULL)
         return t
 
-    def crash(self, pod):
+    def rollbacks(self):
+        return sum(1 for line in self.lines() if ROLLBACK.search(line))
+
+    def crash(self, pod, trainer_only=False):
+        """SIGKILL the pod's agent and trainer (or the trainer alone)."""
         agent = subprocess.run(["pgrep", "-f", f"edl-agent .*--pod {pod} "], capture_output=True,
                                text=True).stdout.split()
         if not agent:
@@ -114,7 +123,7 @@ class Run:
         children = subprocess.run(["pgrep", "-P", agent[0]], capture_output=True,
                                   text=True).stdout.split()
         t = time.time()
-        for pid in [agent[0], *children]:
+        for pid in children if trainer_only else [agent[0], *children]:
             os.kill(int(pid), signal.SIGKILL)
         return t
 
@@ -136,26 +145,37 @@ def newest_pod(run):
 
 
 def measure(args, mode, workdir):
+    """{event: [(t0, published, done)]} and {event: rollbacks over the trials}."""
     run = Run(args, mode, workdir)
-    times = {"join": [], "ready": [], "crash": [], "leave": []}
+    times = {"join": [], "ready": [], "crash": [], "tkill": [], "leave": []}
+    rolled = dict.fromkeys(times, 0)
+
+    def record(event, t0, gen, done, before):
+        times[event].append((t0, run.published(gen), done))
+        rolled[event] += run.rollbacks() - before
+
     try:
         gen, _ = run.world(2, 0, timeout=120)
         for _ in range(args.trials):
+            before = run.rollbacks()
             t0 = run.scale(3)
             gen, done = run.world(3, gen)
-            times["join"].append((t0, run.published(gen), done))
+            record("join", t0, gen, done, before)
             times["ready"].append((run.registered(newest_pod(run)), run.published(gen), done))
-            t0 = run.crash(newest_pod(run))
-            gen, done = run.world(None, gen)  # without it (its replacement may be in already)
-            times["crash"].append((t0, run.published(gen), done))
-            if not run.reports()[-1]["world"] == 3:
-                gen, _ = run.world(3, gen)  # the replacement joins
+            for event in ("crash", "tkill"):
+                before = run.rollbacks()
+                t0 = run.crash(newest_pod(run), trainer_only=event == "tkill")
+                gen, done = run.world(None, gen)  # without it (its replacement may be in already)
+                record(event, t0, gen, done, before)
+                if not run.reports()[-1]["world"] == 3:
+                    gen, _ = run.world(3, gen)  # the replacement joins
+            before = run.rollbacks()
             t0 = run.scale(2)
             gen, done = run.world(2, gen)
-            times["leave"].append((t0, run.published(gen), done))
+            record("leave", t0, gen, done, before)
     finally:
         run.stop()
-    return times
+    return times, rolled
 
 
 def summary(samples):
@@ -177,14 +197,16 @@ def main():
     print(f"torch_reform: {args.trials} trials, settle {args.settle_ms} ms, lease TTL {args.ttl} s,"
           f" logs in {workdir}")
     print(f"{'mode':10} {'event':6} {'event -> new world':28} {'event -> published':28} "
-          f"{'published -> allreduce':28}")
+          f"{'published -> allreduce':28} rollbacks")
     for mode in args.modes.split(","):
-        for event, samples in measure(args, mode, workdir).items():
+        times, rolled = measure(args, mode, workdir)
+        for event, samples in times.items():
             total = [d - t0 for t0, pub, d in samples]
             ctl = [pub - t0 for t0, pub, d in samples if pub]
             trainer = [d - pub for t0, pub, d in samples if pub]
+            rb = str(rolled.get(event, "-")) if mode == "inprocess" and event != "ready" else "-"
             print(f"{mode:10} {event:6} {summary(total):28} {summary(ctl):28} "
-                  f"{summary(trainer):28}", flush=True)
+                  f"{summary(trainer):28} {rb}", flush=True)
     return 0
 
 

@@ -18,13 +18,13 @@ static void control_line(const char *in, size_t len)
     if (edl_assignment_parse(in, len, &a) != 0)
         return;
     FUZZ_CHECK(fuzz_one_json((const uint8_t *)in, len));
-    FUZZ_CHECK(a.generation >= 1 && a.rank >= 0 && a.rank < a.world_size);
+    FUZZ_CHECK(a.generation >= 1 && (a.leave || (a.rank >= 0 && a.rank < a.world_size)));
     char *line = edl_assignment_encode(&a);
     FUZZ_CHECK(line);
     size_t n = strlen(line);
     FUZZ_CHECK(n && line[n - 1] == '\n' && !memchr(line, '\n', n - 1));
     FUZZ_CHECK(edl_assignment_parse(line, n - 1, &b) == 0);
-    FUZZ_CHECK(a.generation == b.generation && a.rank == b.rank &&
+    FUZZ_CHECK(a.generation == b.generation && a.leave == b.leave && a.rank == b.rank &&
                a.world_size == b.world_size && a.master_port == b.master_port &&
                strcmp(a.master_addr, b.master_addr) == 0);
     free(line);
@@ -41,6 +41,7 @@ static void progress_line(const char *in, size_t len)
             : a.kind == EDL_PROGRESS_BLOCKED
                 ? snprintf(buf, sizeof buf, "blocked %lld %s", (long long)a.value, a.what)
                 : a.kind == EDL_PROGRESS_READY ? snprintf(buf, sizeof buf, "ready")
+                : a.kind == EDL_PROGRESS_GRACEFUL ? snprintf(buf, sizeof buf, "graceful")
                 : snprintf(buf, sizeof buf, "unblocked");
     FUZZ_CHECK(n > 0 && (size_t)n < sizeof buf);
     FUZZ_CHECK(a.value >= 0 && strlen(a.what) <= EDL_PROGRESS_WHAT_MAX);

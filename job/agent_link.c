@@ -142,6 +142,11 @@ int edl_agent_link_report_ready(edl_agent_link *t)
     return t && t->generation == 0 ? write_progress(t, "ready\n", 6) : 0;
 }
 
+int edl_agent_link_report_graceful(edl_agent_link *t)
+{
+    return write_progress(t, "graceful\n", 9);
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -172,6 +177,10 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     }
     if (len == 5 && memcmp(line, "ready", 5) == 0) {
         out->kind = EDL_PROGRESS_READY;
+        return 0;
+    }
+    if (len == 8 && memcmp(line, "graceful", 8) == 0) {
+        out->kind = EDL_PROGRESS_GRACEFUL;
         return 0;
     }
     if (len < 8 || memcmp(line, "blocked ", 8) != 0)
@@ -288,8 +297,10 @@ int edl_agent_link_poll(edl_agent_link *t, edl_assignment *out)
             int prc = edl_assignment_parse(line, len, &g);
             if (prc == 0 && g.generation > t->generation) {
                 t->generation = g.generation;
-                t->rank = g.rank;
-                t->world_size = g.world_size;
+                if (!g.leave) { /* a leaving trainer keeps its place until it exits */
+                    t->rank = g.rank;
+                    t->world_size = g.world_size;
+                }
                 *out = g;
                 found = 1;
             } else if (prc != 0) {
@@ -311,10 +322,14 @@ char *edl_assignment_encode(const edl_assignment *g)
     if (!o)
         return NULL;
     cJSON_AddNumberToObject(o, "generation", (double)g->generation);
-    cJSON_AddNumberToObject(o, "rank", g->rank);
-    cJSON_AddNumberToObject(o, "world_size", g->world_size);
-    cJSON_AddStringToObject(o, "master_addr", g->master_addr);
-    cJSON_AddNumberToObject(o, "master_port", g->master_port);
+    if (g->leave) {
+        cJSON_AddTrueToObject(o, "leave");
+    } else {
+        cJSON_AddNumberToObject(o, "rank", g->rank);
+        cJSON_AddNumberToObject(o, "world_size", g->world_size);
+        cJSON_AddStringToObject(o, "master_addr", g->master_addr);
+        cJSON_AddNumberToObject(o, "master_port", g->master_port);
+    }
     char *s = edl_json_print_consume(o);
     if (!s)
         return NULL;
@@ -329,6 +344,20 @@ char *edl_assignment_encode(const edl_assignment *g)
     return line;
 }
 
+/* A leave line: {"generation":N,"leave":true} and nothing else. */
+static int parse_leave(cJSON *o, edl_assignment *out)
+{
+    edl_assignment a = {.leave = true};
+    edl_json_reader r = {o, "control line", NULL, 0, 0, true};
+    bool leave = false;
+    edl_json_i64(&r, "generation", 1, EDL_GENERATION_MAX, &a.generation);
+    edl_json_bool(&r, "leave", &leave);
+    if (r.rc || !leave || cJSON_GetArraySize(o) != 2)
+        return EDL_EPROTO;
+    *out = a;
+    return 0;
+}
+
 int edl_assignment_parse(const char *line, size_t len, edl_assignment *out)
 {
     memset(out, 0, sizeof *out);
@@ -336,6 +365,11 @@ int edl_assignment_parse(const char *line, size_t len, edl_assignment *out)
     cJSON *o = edl_json_parse_object(line, len, EDL_AGENT_LINE_MAX, "control line", NULL, 0, &rc);
     if (!o)
         return EDL_EPROTO;
+    if (cJSON_GetObjectItemCaseSensitive(o, "leave")) {
+        rc = parse_leave(o, out);
+        cJSON_Delete(o);
+        return rc;
+    }
     edl_assignment a = {0};
     const char *addr = NULL;
     edl_json_reader r = {o, "control line", NULL, 0, 0, true};

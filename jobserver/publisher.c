@@ -410,8 +410,9 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
 }
 
 /* Whether an event can change a decision. A trainer's status matters only when it has ended
- * (failure or success); "running" and step updates, a status write per pod per second and a
- * burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
+ * (failure or success) or waits (a pod whose trainer failed in process mode is a candidate
+ * again once it reports waiting: reconcile.c); "running" and step updates, a status write per
+ * pod per second and a burst of them at every generation change, would otherwise each cost a full snapshot. Hangs
  * are judged at the times reconcile asks to be woken, from the steps it reads then. */
 bool js_publisher_event_matters(const js_publisher *j, const edl_watch_event *ev)
 {
@@ -429,7 +430,8 @@ bool js_publisher_event_matters(const js_publisher *j, const edl_watch_event *ev
     char err[64];
     if (edl_pod_status_parse(ev->kv.value, ev->kv.value_len, &st, err, sizeof err) != 0)
         return true;
-    return st.state == EDL_TRAINER_EXITED || st.state == EDL_TRAINER_SIGNALED;
+    return st.state == EDL_TRAINER_EXITED || st.state == EDL_TRAINER_SIGNALED ||
+           st.state == EDL_TRAINER_WAITING;
 }
 
 

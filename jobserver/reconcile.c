@@ -2,9 +2,10 @@
  *
  * Order of the rules, most urgent first: a final job stays final; a stop request ends it; a
  * trainer that cannot be started fails it; trainer failures (exit, signal, hang) restart the
- * generation or fail the job (exclusion only for a pod that failed while others ran); all
- * ranks done is success, and so is (in process mode) rank 0 done when no rank failed and the
- * others ended, left or outlived a grace; lost members form a new generation at once; joins
+ * generation or fail the job (exclusion only for a pod that failed while others ran; in process
+ * mode the failed pod sits the restart out until its replacement trainer is ready); all ranks
+ * done is success, and so is (in process mode) rank 0 done when no rank failed and the others
+ * ended, left or outlived a grace; lost members form a new generation at once; joins
  * wait for the settle window, and for ever once a rank is done; otherwise only details
  * (standbys, spec error) are refreshed.
  *
@@ -533,9 +534,24 @@ static int join_standbys(membership *ms, char **sb, size_t n)
     return 0;
 }
 
+/* In process mode without parameter servers, a worker whose trainer failed (an exit other than
+ * 0, a signal) stays out of the membership until its agent reports for a later generation: the
+ * agent starts the replacement trainer ahead (it imports its framework meanwhile) and reports
+ * "waiting" once it is ready. So the survivors re-form without it at once, as after a lost
+ * pod, instead of waiting in the new group while it starts, and it comes back as a join (the
+ * settle window batches it). Restart mode restarts every trainer anyway: it stays a member. */
+static bool awaiting_replacement(const js_observed *o, size_t i)
+{
+    const edl_pod_status *s = &o->status[i];
+    return o->spec->mode == EDL_MODE_INPROCESS && o->spec->ps_max == 0 && o->has_status[i] &&
+           (s->state == EDL_TRAINER_SIGNALED ||
+            (s->state == EDL_TRAINER_EXITED && s->exit_code != 0));
+}
+
 /* Who may be a member or a server now: live pods that are not excluded (by `failures`, the
- * exclusions in force for the next generation), split by role (a ps pod whose process ended in
- * this generation is out), each role ranked by the rank rule. Pods of another role are
+ * exclusions in force for the next generation) nor awaiting their replacement trainer, split by
+ * role (a ps pod whose process ended in this generation is out), each role ranked by the rank
+ * rule. Pods of another role are
  * ignored (the job server logs them). *wake_excl: when the first exclusion ends (0: none). */
 static int next_membership(const js_observed *o, const edl_generation *failures,
                            membership *ms, int64_t *wake_excl)
@@ -553,7 +569,7 @@ static int next_membership(const js_observed *o, const edl_generation *failures,
                 *wake_excl = at;
             continue;
         }
-        if (is_worker(&o->pods[i]))
+        if (is_worker(&o->pods[i]) && !awaiting_replacement(o, i))
             work[nw++] = o->pods[i];
         else if (is_server(&o->pods[i]) && !server_ended(o, i))
             ps[np++] = o->pods[i];

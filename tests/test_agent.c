@@ -646,6 +646,84 @@ static void test_inprocess_keeps_trainer_across_generations(void **state)
     assert_int_equal(wait_exit(a, 8000), 1);
 }
 
+/* An in-process trainer that says "graceful" and "ready", then records its control lines; on a
+ * leave line it records the time and runs on_leave. SIGTERM: it records the time, exits 3. */
+#define GRACEFUL_TRAINER(on_leave)                                                               \
+    "f=$T_DIR/$EDL_POD_ID; echo $$ > $f.pid; trap 'date +%s%N > $f.term; exit 3' TERM; "         \
+    "echo graceful >&$EDL_PROGRESS_FD; echo ready >&$EDL_PROGRESS_FD; "                          \
+    "while read -r l <&$EDL_CONTROL_FD; do echo \"$l\" >> $f.ctl; "                               \
+    "case $l in *leave*) date +%s%N > $f.left; " on_leave " ;; esac; done; sleep 60"
+
+/* The pod of a running in-process trainer becomes a standby (generation 2 without it). */
+static long leave_after_one_generation(const char *job, const char *pod, const char *trainer)
+{
+    char k[256], p[300];
+    put_spec(job, EDL_MODE_INPROCESS, 2, 5);
+    start_agent(job, pod, trainer, (const char *[]){"--grace-ms", "1000", NULL});
+    snprintf(p, sizeof p, "pods/%s", pod);
+    edl_kv *reg = wait_kv(key(job, p, k, sizeof k), 5000); /* once it said "ready" */
+    assert_non_null(reg);
+    edl_kv_free(reg);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){pod, NULL});
+    wait_status(job, pod, 1, EDL_TRAINER_RUNNING, -1, 3000);
+    snprintf(p, sizeof p, "%s/%s.pid", dir, pod);
+    long pid = read_long_file(p);
+    assert_true(pid > 0);
+    harness_put(cl, key(job, "pods/z", k, sizeof k),
+                "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"z", NULL});
+    snprintf(p, sizeof p, "%s/%s.left", dir, pod);
+    assert_true(wait_file(p, 3000));
+    return pid;
+}
+
+/* The nanoseconds a trainer wrote to path (`date +%s%N`), once the whole line is there (the file
+ * exists before its line does); -1 when none came within timeout_ms. */
+static long long wait_ns(const char *path, int timeout_ms)
+{
+    int64_t end = harness_now_ms() + timeout_ms;
+    do {
+        char line[64] = "";
+        FILE *f = fopen(path, "r");
+        bool whole = f && fgets(line, sizeof line, f) && strchr(line, '\n');
+        if (f)
+            fclose(f);
+        if (whole)
+            return atoll(line);
+        harness_sleep_ms(10);
+    } while (harness_now_ms() < end);
+    return -1;
+}
+
+/* In process, a trainer that said "graceful" is told of its pod's leave on the control pipe
+ * instead of SIGTERM: it exits 0 at its commit. One that does not exit gets SIGTERM only after
+ * the grace period (1 s here). */
+static void test_inprocess_graceful_trainer_is_told_to_leave(void **state)
+{
+    (void)state;
+    char p[300], line[256] = "";
+    long pid = leave_after_one_generation("leaving", "a", GRACEFUL_TRAINER("exit 0"));
+    snprintf(p, sizeof p, "%s/a.ctl", dir);
+    assert_int_equal(wait_lines(p, 2, line, sizeof line), 2);
+    assert_string_equal(line, "{\"generation\":2,\"leave\":true}\n");
+    assert_true(wait_pid_dead((pid_t)pid, 2000));
+    snprintf(p, sizeof p, "%s/a.term", dir);
+    assert_false(wait_file(p, 0)); /* it left by itself: no SIGTERM */
+    publish_state("leaving", 2, EDL_JOB_STOPPED);
+
+    pid = leave_after_one_generation("lingering", "b", GRACEFUL_TRAINER("sleep 30"));
+    snprintf(p, sizeof p, "%s/b.left", dir);
+    long long left = wait_ns(p, 2000);
+    snprintf(p, sizeof p, "%s/b.term", dir);
+    long long term = wait_ns(p, 4000);
+    assert_true(left > 0 && term > 0);
+    print_message("SIGTERM %lld ms after the leave line (grace 1000 ms)\n",
+                  (term - left) / 1000000);
+    assert_true(term - left >= 900LL * 1000000); /* the grace period, less the clocks' reads */
+    assert_true(wait_pid_dead((pid_t)pid, 3000));
+    publish_state("lingering", 2, EDL_JOB_STOPPED);
+}
+
 static void test_standby_waits_then_starts(void **state)
 {
     (void)state;
@@ -1484,6 +1562,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_two_ranks_get_exact_environment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_new_generation_restarts_trainer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inprocess_keeps_trainer_across_generations, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inprocess_graceful_trainer_is_told_to_leave, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_standby_waits_then_starts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trainer_exit_reported_and_not_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_stops_trainer_and_leaves_at_once, setup, teardown),

@@ -313,6 +313,22 @@ static void test_agent_link_protocol_over_pipes(void **state)
     assert_int_equal(edl_agent_link_poll(t, &g), 0);
     free(old);
     free(line);
+    /* the pod leaves: a trainer that said "graceful" reads the leave line, and keeps its place
+     * (rank, world size) until it exits */
+    assert_int_equal(edl_agent_link_report_graceful(t), 0);
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(read(prog[0], buf, sizeof buf - 1), 9);
+    assert_string_equal(buf, "graceful\n");
+    out = (edl_assignment){.generation = 6, .leave = true};
+    line = edl_assignment_encode(&out);
+    assert_string_equal(line, "{\"generation\":6,\"leave\":true}\n");
+    assert_int_equal(write(ctl[1], line, strlen(line)), (ssize_t)strlen(line));
+    free(line);
+    assert_int_equal(edl_agent_link_poll(t, &g), 1);
+    assert_true(g.leave);
+    assert_int_equal(g.generation, 6);
+    assert_int_equal(edl_agent_link_generation(t), 6);
+    assert_int_equal(edl_agent_link_world_size(t), 3);
     /* the agent goes away */
     close(ctl[1]);
     assert_int_equal(edl_agent_link_poll(t, &g), EDL_EIO);
@@ -323,6 +339,28 @@ static void test_agent_link_protocol_over_pipes(void **state)
     unsetenv("EDL_RANK");
     unsetenv("EDL_WORLD_SIZE");
     unsetenv("EDL_GENERATION");
+}
+
+/* A leave line holds its generation and "leave":true, nothing more; an assignment never leaves. */
+static void test_leave_line_is_parsed_strictly(void **state)
+{
+    (void)state;
+    edl_assignment a;
+    const char *ok = "{\"leave\":true,\"generation\":9}";
+    assert_int_equal(edl_assignment_parse(ok, strlen(ok), &a), 0);
+    assert_true(a.leave);
+    assert_int_equal(a.generation, 9);
+    const char *assign = "{\"generation\":2,\"rank\":0,\"world_size\":1,\"master_addr\":\"a\","
+                         "\"master_port\":1}";
+    assert_int_equal(edl_assignment_parse(assign, strlen(assign), &a), 0);
+    assert_false(a.leave);
+    const char *bad[] = {"{\"leave\":false,\"generation\":9}", "{\"leave\":true}",
+                         "{\"leave\":1,\"generation\":9}", "{\"leave\":true,\"generation\":0}",
+                         "{\"leave\":true,\"generation\":9,\"rank\":0}",
+                         "{\"leave\":null,\"generation\":9}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (edl_assignment_parse(bad[i], strlen(bad[i]), &a) != EDL_EPROTO)
+            fail_msg("accepted: %s", bad[i]);
 }
 
 static void test_agent_link_drops_oversized_control_line(void **state)
@@ -368,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_ps_and_worker_environments),
         cmocka_unit_test(test_agent_link_standalone_does_nothing),
         cmocka_unit_test(test_agent_link_protocol_over_pipes),
+        cmocka_unit_test(test_leave_line_is_parsed_strictly),
         cmocka_unit_test(test_agent_link_drops_oversized_control_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2223,5 +2223,7 @@ int main(void)
     };
     if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
+    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*inprocess*' */
+        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -743,10 +743,13 @@ static void test_progress_lines(void **state)
     assert_string_equal(pl.what, "");
     assert_int_equal(progress("unblocked", &pl), 0);
     assert_int_equal(pl.kind, EDL_PROGRESS_UNBLOCKED);
+    assert_int_equal(progress("graceful", &pl), 0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_GRACEFUL);
     char big[400];
     snprintf(big, sizeof big, "blocked 5 %0*d", EDL_PROGRESS_WHAT_MAX + 1, 0);
     const char *bad[] = {"", "step", "step ", "step -1", "step 1x", "step 99999999999999999999",
-                         "blocked", "blocked x y", "blocked 1 a\tb", "unblocked ", "hello", big};
+                         "blocked", "blocked x y", "blocked 1 a\tb", "unblocked ", "hello",
+                         "graceful ", "gracefully", big};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (progress(bad[i], &pl) != EDL_EPROTO)
             fail_msg("accepted: \"%s\"", bad[i]);

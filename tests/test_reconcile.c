@@ -512,6 +512,45 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     world_free(&w);
 }
 
+/* In process mode a trainer killed in a live pod costs the survivors only the re-formation: the
+ * restart generation leaves the pod out at once (a restart spent, the pod blamed), and it comes
+ * back as a join once its agent reports waiting (its replacement trainer is ready). */
+static void test_inprocess_failed_pod_sits_out_until_its_replacement_is_ready(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.mode = EDL_MODE_INPROCESS;
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 10);
+    js_decision d = step(&w); /* no hold: in-process survivors keep running by design */
+    assert_int_equal(d.action, JS_PUBLISH);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 1);
+    assert_int_equal(w.cur.restarts, 1);
+    members_are(&w, "p0 p2");
+    assert_non_null(strstr(w.cur.reason, "killed by signal 9"));
+    all_running(&w);
+    advance(&w, 5000); /* its replacement is still starting: it stays out */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    js_decision_clear(&d);
+    members_are(&w, "p0 p2");
+    set_status(&w, 1, EDL_TRAINER_WAITING, 0, -1); /* ready: a join, after the window */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + w.spec.settle_ms);
+    js_decision_clear(&d);
+    advance(&w, w.spec.settle_ms);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.generation, g + 2);
+    assert_int_equal(w.cur.restarts, 1);
+    members_are(&w, "p0 p2 p1");
+    world_free(&w);
+}
+
 static void test_exit_code_policy(void **state)
 {
     (void)state;
@@ -1369,6 +1408,7 @@ int main(void)
         cmocka_unit_test(test_below_min_waits_then_resumes),
         cmocka_unit_test(test_standby_promoted_on_loss),
         cmocka_unit_test(test_failure_restarts_then_excludes_then_fails),
+        cmocka_unit_test(test_inprocess_failed_pod_sits_out_until_its_replacement_is_ready),
         cmocka_unit_test(test_exit_code_policy),
         cmocka_unit_test(test_never_policy_fails_at_once),
         cmocka_unit_test(test_all_ranks_exit_zero_is_success),

@@ -8,17 +8,24 @@
  *                    once per call, after a second); "unblocked" when that call returned;
  *                    "ready" when a trainer the agent started ahead of its pod's membership
  *                    (EDL_GENERATION=0) has loaded what it needs and waits for its first
- *                    assignment: the agent registers the pod then;
+ *                    assignment: the agent registers the pod then; "graceful" when the trainer
+ *                    stops at its next commit when told to leave (edl.torch says it at start):
+ *                    the agent then tells it of a leave instead of sending SIGTERM at once;
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
  *                    {"generation":N,"rank":R,"world_size":W,"master_addr":"...","master_port":P}
+ *                    or, to a trainer that said "graceful" and whose pod leaves the job, a leave:
+ *                    {"generation":N,"leave":true}: stop at the next commit that moves to
+ *                    generation N or later, together with the others, and exit 0 (the agent
+ *                    sends SIGTERM only after its grace period);
  *
  * A link holds everything (no global state). Without the variables (a trainer started by hand)
  * every call works and does nothing, so the same trainer also runs standalone. */
 #ifndef EDL_AGENT_LINK_H
 #define EDL_AGENT_LINK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "edl/common.h"
@@ -38,6 +45,7 @@ typedef struct edl_assignment {
     int world_size;
     char master_addr[256]; /* rank 0's address and port (MASTER_ADDR, MASTER_PORT) */
     int master_port;
+    bool leave; /* a leave line: only generation is set (the first generation without this pod) */
 } edl_assignment;
 
 /* Read EDL_PROGRESS_FD, EDL_CONTROL_FD, EDL_RANK, EDL_WORLD_SIZE, EDL_GENERATION; set the fds
@@ -56,9 +64,13 @@ int edl_agent_link_report_unblocked(edl_agent_link *l);
 /* Report that this trainer, started ahead of its pod's membership, is ready for its first
  * assignment (a no-op for one the agent started with an assignment). */
 int edl_agent_link_report_ready(edl_agent_link *l);
+/* Say that this trainer stops at its next commit when told to leave (it then reads leave lines
+ * from edl_agent_link_poll). A trainer that never says it is stopped by SIGTERM as before. */
+int edl_agent_link_report_graceful(edl_agent_link *l);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
- * link then takes its rank, world size and generation), 0 when none, <0 on error (EDL_EIO:
+ * link then takes its rank, world size and generation; for a leave line, out->leave and only
+ * its generation), 0 when none, <0 on error (EDL_EIO:
  * the agent closed the pipe). Cheap enough for every step boundary. */
 int edl_agent_link_poll(edl_agent_link *l, edl_assignment *out);
 
@@ -70,8 +82,9 @@ int edl_agent_link_rank(const edl_agent_link *l);       /* 0 when standalone */
 int edl_agent_link_world_size(const edl_agent_link *l); /* 1 when standalone */
 int64_t edl_agent_link_generation(const edl_agent_link *l); /* 0 when standalone */
 
-/* The agent's side: one control line (JSON + '\n', malloc'ed; NULL when out of memory), and
- * its parser (EDL_EPROTO for anything malformed). */
+/* The agent's side: one control line (JSON + '\n', malloc'ed; NULL when out of memory; a leave
+ * line when a->leave), and its parser (EDL_EPROTO for anything malformed: a leave line holds
+ * exactly "generation" and "leave":true). */
 char *edl_assignment_encode(const edl_assignment *a);
 int edl_assignment_parse(const char *line, size_t len, edl_assignment *out);
 
@@ -82,6 +95,7 @@ typedef enum edl_progress_kind {
     EDL_PROGRESS_BLOCKED,  /* value: ms waited so far; what: in which call */
     EDL_PROGRESS_UNBLOCKED,
     EDL_PROGRESS_READY,    /* started ahead of membership: ready for the first assignment */
+    EDL_PROGRESS_GRACEFUL, /* it stops at its next commit when told to leave */
 } edl_progress_kind;
 typedef struct edl_progress_line {
     edl_progress_kind kind;

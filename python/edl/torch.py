@@ -20,11 +20,13 @@ in ``InProcess`` mode), the trainer is not restarted: at the next ``state.commit
 agrees to stop, torch's default process group is rebuilt in place for the new world, and
 ``train`` is entered again with the state synchronised from a rank that has the newest commit
 (a joining rank receives it). When a peer dies inside a collective (torch raises), each
-survivor waits for the next generation, restores its last commit and does the same. Outside
-edl the group is a world of one and the script runs as a single process. With
-``checkpoint=url`` trainers that start with no state in the job resume from the newest
-checkpoint there (State says which shape it reads and writes; one it cannot resume from raises
-CheckpointMismatch).
+survivor waits for the next generation, restores its last commit and does the same. A rank
+whose pod leaves (scaled down, its pod deleted or preempted) is told so by its agent: it stops
+at the next ``state.commit()`` together with the others, closes the group and exits 0, and the
+survivors re-form from that commit with nothing redone. Outside edl the group is a world of one
+and the script runs as a single process. With ``checkpoint=url`` trainers that start with no
+state in the job resume from the newest checkpoint there (State says which shape it reads and
+writes; one it cannot resume from raises CheckpointMismatch).
 
 What edl's C side does here: the agent's announcements (edl/agent_link.h, through edl._edl) and
 the probe that lets ranks connect to the new store the moment it listens. torch does the
@@ -109,6 +111,7 @@ class _World:
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if self.backend == "nccl" else torch.device("cpu")
         self.reforms = []        # seconds each re-formation took (for benchmarks and logs)
+        self.link.report_graceful()  # a leave reaches this process as a control line, not SIGTERM
 
     # ---- what the agent says -------------------------------------------------------------
 
@@ -120,7 +123,8 @@ class _World:
                 "master_port": int(os.environ.get("MASTER_PORT", "0") or 0)}
 
     def poll(self):
-        """The newest announced generation beyond the formed one (None: none)."""
+        """The newest announced generation beyond the formed one (None: none): an assignment,
+        or this pod's leave ({"generation": N, "leave": True}, the agent's last word)."""
         while True:
             a = self.link.poll()
             if a is None:
@@ -131,12 +135,12 @@ class _World:
         return self.pending
 
     def wait_beyond(self, generation, timeout_s):
-        """Block until the agent announces a generation beyond `generation` (None: none came
-        within timeout_s, or there is no agent)."""
+        """Block until the agent announces a generation beyond `generation`, or this pod's
+        leave (None: none came within timeout_s, or there is no agent)."""
         end = time.monotonic() + timeout_s
         while True:
             a = self.poll()
-            if a and a["generation"] > generation:
+            if a and (a.get("leave") or a["generation"] > generation):
                 return a
             left = end - time.monotonic()
             if left <= 0 or not self.link.active:
@@ -218,11 +222,25 @@ class _World:
         dist.init_process_group(self.backend, store=self.store, rank=a["rank"],
                                 world_size=a["world_size"], timeout=self.timeout)
 
+    def _leave(self, a):
+        """This pod left the job at generation a: close the group (every rank agreed to move on
+        at a commit, so none waits in it) and end the process with 0."""
+        _log(f"generation {a['generation']}: this pod leaves the job; rank {self.rank} of "
+             f"generation {self.generation} stops at this commit and exits 0")
+        self._destroy()
+        try:  # its interpreter's teardown yields the CPU to the survivors' re-formation
+            os.nice(19)
+        except OSError:
+            pass
+        raise SystemExit(0)
+
     def form(self, a):
         """Build the default process group for assignment a (the old one destroyed first), or
-        for a newer one announced while forming."""
+        for a newer one announced while forming; a leave ends the process (_leave)."""
         t0 = time.monotonic()
         while True:
+            if a.get("leave"):
+                self._leave(a)
             try:
                 self._form_once(a)
                 break
@@ -268,8 +286,10 @@ class _World:
         return int(t.item())
 
     def reform_to(self, generation, timeout_s):
-        """Re-form for the announced generation `generation` or a later one."""
-        a = self.pending if self.pending and self.pending["generation"] >= generation else \
+        """Re-form for the announced generation `generation` or a later one (or leave, when
+        this pod's leave was announced: the others may have agreed on a later generation)."""
+        p = self.pending
+        a = p if p and (p.get("leave") or p["generation"] >= generation) else \
             self.wait_beyond(generation - 1, timeout_s)
         if a is None:
             raise _edl.error(_edl.EDL_ETIMEDOUT, f"generation {generation} was agreed on but the "
@@ -594,6 +614,8 @@ def elastic(func):
             if failure is None:
                 w.reform_to(target, _seconds("EDL_TORCH_REFORM_TIMEOUT_S", 120))
             else:
+                _log(f"generation {w.generation}: a collective failed ({failure}); going back "
+                     f"to commit {state.commits}")
                 _recover(w, failure)
                 state.restore()
             state.sync()

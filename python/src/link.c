@@ -24,6 +24,9 @@ typedef struct {
 
 static PyObject *assignment_dict(const edl_assignment *a)
 {
+    if (a->leave) /* this pod leaves: stop at the next commit that moves to this generation */
+        return Py_BuildValue("{s:L,s:O}", "generation", (long long)a->generation, "leave",
+                             Py_True);
     return Py_BuildValue("{s:L,s:i,s:i,s:s,s:i}", "generation", (long long)a->generation, "rank",
                          a->rank, "world_size", a->world_size, "master_addr", a->master_addr,
                          "master_port", a->master_port);
@@ -165,6 +168,16 @@ static PyObject *link_report_ready(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *link_report_graceful(PyObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    edl_agent_link_report_graceful(l);
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_close(PyObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -191,7 +204,8 @@ static PyObject *link_get(PyObject *self, void *what)
 static PyMethodDef LINK_METHODS[] = {
     {"poll", link_poll, METH_NOARGS,
      "poll() -> dict or None: the assignment of a newer generation (generation, rank, "
-     "world_size, master_addr, master_port) when the agent announced one; never blocks."},
+     "world_size, master_addr, master_port), or a leave (generation, leave=True), when the "
+     "agent announced one; never blocks."},
     {"wait", link_wait, METH_VARARGS,
      "wait(timeout_ms=-1) -> dict or None: as poll(), waiting up to timeout_ms for it."},
     {"report_step", link_report_step, METH_VARARGS,
@@ -203,6 +217,9 @@ static PyMethodDef LINK_METHODS[] = {
     {"report_ready", link_report_ready, METH_NOARGS,
      "report_ready(): started ahead of membership (generation 0), this trainer is ready for "
      "its first assignment: the agent registers the pod now."},
+    {"report_graceful", link_report_graceful, METH_NOARGS,
+     "report_graceful(): this trainer stops at its next commit when its pod leaves: the agent "
+     "then sends a leave ({'generation': N, 'leave': True} from poll/wait) instead of SIGTERM."},
     {"close", link_close, METH_NOARGS, "close(): close the pipes."},
     {NULL, NULL, 0, NULL},
 };

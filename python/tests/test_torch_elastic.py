@@ -21,6 +21,8 @@ from conftest import BIN_DIR, SOURCE_DIR, stop, wait_for
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "python")
 ARGS = ["--epochs", "3", "--samples", "2048", "--batch", "64"]
 LONG = ["--epochs", "12", "--samples", "2048", "--batch", "64"]  # seconds of steps, unslowed
+STEPS_TRAINER = os.path.join(os.path.dirname(__file__), "scripts", "steps_trainer.py")
+STEP = re.compile(r"edl-steps pod (\S+) step (\d+) rank \d+ world \d+ t ([\d.]+)")
 FORMED = re.compile(r"^\[(?:rank \d+ )?(\S+)\] edl\.torch: generation (\d+): rank (\d+) of (\d+) \(pid (\d+)\)")
 
 
@@ -49,13 +51,14 @@ def assert_close(a, b):
 class Job:
     """`edl run` of train_elastic.py in InProcess mode; its output collected in a file."""
 
-    def __init__(self, tmp_path, name, replicas, step_ms, args=ARGS, settle_ms=300):
+    def __init__(self, tmp_path, name, replicas, step_ms, args=ARGS, settle_ms=300,
+                 script=os.path.join(EXAMPLES, "train_elastic.py")):
         self.name, self.log = name, tmp_path / f"{name}.log"
         self.out = tmp_path / f"{name}.pt"
         cmd = [os.path.join(BIN_DIR, "edl"), "run", "--job", name, "--np", "1:3", "--replicas",
                str(replicas), "--elastic-mode", "inprocess", "--settle-ms", str(settle_ms),
                "--ttl", "3",
-               "--", sys.executable, os.path.join(EXAMPLES, "train_elastic.py"), *args,
+               "--", sys.executable, script, *args,
                "--step-ms", str(step_ms), "--out", str(self.out)]
         self.f = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.f, stderr=subprocess.STDOUT, env=env(),
@@ -73,6 +76,13 @@ class Job:
         wait_for(lambda: any(f[3] == size for f in self.formed()[-size:]) and
                  len({f[1] for f in self.formed()[-size:]}) == 1, timeout,
                  f"a generation of {size} formed:\n{self.text()[-3000:]}")
+
+    def steps(self):
+        """{pod: [(step, wall time)]} of steps_trainer.py's lines, in order."""
+        out = {}
+        for m in STEP.finditer(self.text()):
+            out.setdefault(m[1], []).append((int(m[2]), float(m[3])))
+        return out
 
     def edl(self, *args):
         subprocess.run([os.path.join(BIN_DIR, "edl"), *args], check=True, env=env(),
@@ -140,7 +150,82 @@ def test_a_trainer_killed_inside_an_allreduce(tmp_path):
         stop(job.proc)
     formed = job.formed()
     assert len({f[4] for f in formed if f[0] == f"{job.name}-0"}) == 1, formed
-    assert any(f[0] == f"{job.name}-1" and f[4] != victim for f in formed), formed
+    # the survivor goes on alone at once (the replacement joins once it is ready, if the job
+    # has not ended by then: test_a_trainer_killed_in_a_live_pod_costs_only_the_reformation)
+    assert any(f[0] == f"{job.name}-0" and f[3] == 1 for f in formed), formed
+    assert_close(want, torch.load(job.out))
+
+
+def redone(steps):
+    """Steps a pod ran more than once (went back to a commit), as {pod: [step]}."""
+    out = {}
+    for pod, seq in steps.items():
+        seen, again = set(), []
+        for step, _ in seq:
+            if step in seen:
+                again.append(step)
+            seen.add(step)
+        if again:
+            out[pod] = again
+    return out
+
+
+def survivors_gap(steps, pods, since):
+    """The longest time between two consecutive steps of any of pods, from the last step
+    before `since` (wall clock) on."""
+    gap = 0.0
+    for pod in pods:
+        times = [t for _, t in steps[pod]]
+        first = max([i for i, t in enumerate(times) if t <= since], default=None)
+        assert first is not None and first + 1 < len(times), (pod, since, times[-3:])
+        gap = max(gap, max(b - a for a, b in zip(times[first:], times[first + 1:])))
+    return gap
+
+
+@pytest.mark.whole_job
+def test_a_graceful_leave_stops_at_a_commit_with_nothing_redone(tmp_path):
+    """`edl scale J 2` of 3: the leaving trainer is told, stops at the next commit together with
+    the others and exits 0; no survivor's collective fails and no step is run twice."""
+    args = ["--epochs", "4", "--commit-every", "5"]
+    job = Job(tmp_path, "pyleave", 3, 40, args, script=STEPS_TRAINER)
+    try:
+        job.wait_world(3)
+        wait_for(lambda: len(job.steps().get(f"{job.name}-2", [])) >= 12, 60, "steps in 3")
+        job.edl("scale", job.name, "2")
+        job.wait_world(2)
+        assert job.finish() == 0, job.text()[-4000:]
+    finally:
+        stop(job.proc)
+    text = job.text()
+    assert "a collective failed" not in text, text[-4000:]
+    assert "this pod leaves the job" in text, text[-4000:]
+    assert "did not reach a commit" not in text, text[-4000:]
+    assert redone(job.steps()) == {}, f"steps run again after going back: {redone(job.steps())}"
+
+
+@pytest.mark.whole_job
+def test_a_trainer_killed_in_a_live_pod_costs_only_the_reformation(tmp_path):
+    """SIGKILL one trainer of 3 (its pod and agent live on): the survivors continue in the
+    smaller world at once, and the replacement joins once it has imported torch."""
+    args = ["--epochs", "6", "--commit-every", "5"]
+    want = local_weights(tmp_path, ["--epochs", "6", "--samples", "2048", "--batch", "64"])
+    job = Job(tmp_path, "pycrash", 3, 20, args, script=STEPS_TRAINER)
+    try:
+        job.wait_world(3)
+        victim_pod = f"{job.name}-1"
+        wait_for(lambda: len(job.steps().get(victim_pod, [])) >= 10, 60, "steps in 3")
+        victim = trainer_pid(job, victim_pod)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any(f[0] == victim_pod and f[4] != victim for f in job.formed()), 60,
+                 "the replacement trainer joined")
+        assert job.finish() == 0, job.text()[-4000:]
+    finally:
+        stop(job.proc)
+    gap = survivors_gap(job.steps(), (f"{job.name}-0", f"{job.name}-2"), killed_at)
+    print(f"survivors' longest step gap from the SIGKILL to the end (the replacement's join "
+          f"included): {gap:.3f} s")
+    assert gap < 2.0, f"survivors stalled {gap:.3f} s:\n{job.text()[-4000:]}"
     assert_close(want, torch.load(job.out))
 
 

@@ -273,11 +273,11 @@ def edl_run(tmp_path, name, *args, policy=()):
 def test_a_trainer_started_again_resumes_from_states_checkpoint(tmp_path):
     rc, _, out = edl_run(tmp_path, "state-resume", "--every", "10", "--crash-at", "25")
     assert rc == 0, out[-3000:]
-    entries = re.findall(r"\| (entered at .*)", out)
+    entries = re.findall(r"\] (entered at .*)", out)
     # the crash after commit 25 lost 5 commits: the checkpoint of commit 20 (20 batches of 16)
     assert entries == ["entered at commit 0 epoch 0 position 0",
                        "entered at commit 20 epoch 0 position 320"], out[-3000:]
-    assert "| done at commit 80" in out
+    assert "] done at commit 80" in out
 
 
 @pytest.mark.whole_job
