@@ -105,11 +105,13 @@ class Pending:
 
     def wait(self, timeout=None):
         """True once committed; False while it runs past timeout (seconds); edl.Error when it
-        failed."""
-        done = self._p.wait(-1 if timeout is None else int(timeout * 1000))
-        if done and self in _pending:
-            _pending.remove(self)
-        return done
+        failed (once: then, as once it is stored, the save is forgotten and its tensors are
+        released)."""
+        try:
+            return self._p.wait(-1 if timeout is None else int(timeout * 1000))
+        finally:
+            if self._p.done and self in _pending:
+                _pending.remove(self)
 
     def snapshot_wait(self, timeout=None):
         """True once the tensors are copied: from then on they may be written again."""
@@ -141,9 +143,16 @@ def reserve(url, obj, snapshot_in_background=False):
 
 
 def wait(timeout=None):
-    """Wait for every save this process queued (edl.Error for the first that failed)."""
+    """Wait for every save this process queued; then raise edl.Error for the first that
+    failed. Each failure is raised once: a later wait() waits only for later saves."""
+    failed = None
     for p in list(_pending):
-        p.wait(timeout)
+        try:
+            p.wait(timeout)
+        except _edl.Error as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 def _join(obj, tensors):

@@ -131,26 +131,28 @@ static int shard_of(PyObject *item, edl_ckpt_shard *s)
     return 0;
 }
 
-/* The shards of a sequence, malloc'ed (NULL with an exception set). */
-static edl_ckpt_shard *shards_of(PyObject *seq, size_t *n)
+/* The shards of any iterable, malloc'ed (NULL with an exception set). Their names and bytes
+ * point into the items of *items, a tuple of them (a list could be changed by another thread,
+ * a generator's items exist only in what it made): the caller keeps *items alive for as long
+ * as the save reads the shards. */
+static edl_ckpt_shard *shards_of(PyObject *seq, PyObject **items, size_t *n)
 {
-    PyObject *fast = PySequence_Fast(seq, "shards must be a sequence");
-    if (!fast)
+    PyObject *t = PySequence_Tuple(seq);
+    if (!t)
         return NULL;
-    Py_ssize_t len = PySequence_Size(fast);
+    Py_ssize_t len = PyTuple_Size(t);
     edl_ckpt_shard *s = calloc(len > 0 ? (size_t)len : 1, sizeof *s);
     for (Py_ssize_t i = 0; s && i < len; i++) {
-        PyObject *item = PySequence_GetItem(fast, i);
-        int rc = item ? shard_of(item, &s[i]) : -1;
-        Py_XDECREF(item);
-        if (rc) {
+        if (shard_of(PyTuple_GetItem(t, i), &s[i]) != 0) {
             free(s);
             s = NULL;
         }
     }
-    Py_DECREF(fast);
     if (!s && !PyErr_Occurred())
         PyErr_NoMemory();
+    if (!s)
+        Py_CLEAR(t);
+    *items = t;
     *n = (size_t)(len > 0 ? len : 0);
     return s;
 }
@@ -177,7 +179,8 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "LLO|z", &step, &gen, &seq, &meta))
         return NULL;
     size_t n;
-    edl_ckpt_shard *s = shards_of(seq, &n);
+    PyObject *items;
+    edl_ckpt_shard *s = shards_of(seq, &items, &n);
     if (!s)
         return NULL;
     int rc;
@@ -185,6 +188,7 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args)
     rc = edl_ckpt_save(c->ck, step, gen, s, n, meta);
     Py_END_ALLOW_THREADS
     free(s);
+    Py_DECREF(items);
     if (rc)
         return edl_py_raise(rc, "saving checkpoint step %lld: %s", step, edl_ckpt_errmsg(c->ck));
     Py_RETURN_NONE;
@@ -192,7 +196,8 @@ static PyObject *ckpt_save(PyObject *self, PyObject *args)
 
 /* save_async(step, generation, shards, metadata_json=None, keep=None) -> Pending: returns once
  * the shards are copied (at once with snapshot_in_background: see Pending.snapshot_wait);
- * the shards (their bytes objects are read in place) and keep are held until the save is done. */
+ * the shards (their bytes objects are read in place) and keep are held until the save is done,
+ * well or not. */
 static PyObject *ckpt_save_async(PyObject *self, PyObject *args)
 {
     Checkpoint *c = opened(self);
@@ -204,11 +209,13 @@ static PyObject *ckpt_save_async(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "LLO|zO", &step, &gen, &seq, &meta, &keep))
         return NULL;
     size_t n;
-    edl_ckpt_shard *s = shards_of(seq, &n);
+    PyObject *items;
+    edl_ckpt_shard *s = shards_of(seq, &items, &n);
     if (!s)
         return NULL;
     Pending *p = (Pending *)PyObject_CallObject(pending_type, NULL);
-    PyObject *held = p ? PyTuple_Pack(2, seq, keep) : NULL;
+    PyObject *held = p ? PyTuple_Pack(2, items, keep) : NULL;
+    Py_DECREF(items);
     if (!held) {
         Py_XDECREF(p);
         free(s);
@@ -362,9 +369,8 @@ static PyObject *pending_wait_for(PyObject *self, PyObject *args, bool snapshot)
     Py_END_ALLOW_THREADS
     if (rc == EDL_ETIMEDOUT && !edl_ckpt_save_done(p->sv))
         Py_RETURN_FALSE;
-    if (!snapshot && rc == 0) {
-        Py_CLEAR(p->keep); /* uploaded: the memory is the caller's again */
-    }
+    if (edl_ckpt_save_done(p->sv))
+        Py_CLEAR(p->keep); /* stored or failed: nothing reads the memory any more */
     if (rc)
         return edl_py_raise(rc, "%s", edl_ckpt_save_done(p->sv) ? edl_ckpt_save_errmsg(p->sv)
                                                                : edl_strerror(rc));

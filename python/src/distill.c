@@ -23,6 +23,10 @@ typedef struct {
     edl_discovery *disc;  /* NULL: the teachers are set by the caller */
     int calls;
     pthread_mutex_t mu;
+    /* the client's counters as the last call left them, read by pending() and stats() under
+     * the GIL: the client's own change under mu while a call runs (next() for seconds) */
+    edl_distill_stats st;
+    size_t pending;
 } Distill;
 
 static PyObject *distill_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
@@ -114,8 +118,12 @@ static PyThreadState *enter(Distill *s)
 
 static void leave(Distill *s, PyThreadState *ts)
 {
+    edl_distill_stats st;
+    edl_distill_get_stats(s->d, &st);
+    size_t pending = edl_distill_pending(s->d);
     pthread_mutex_unlock(&s->mu);
     PyEval_RestoreThread(ts);
+    s->st = st, s->pending = pending; /* published with the GIL held */
     s->calls--;
 }
 
@@ -161,14 +169,16 @@ static PyObject *distill_follow(PyObject *self, PyObject *args)
     if (!edl_service_name_ok(o.service) || !edl_service_name_ok(o.student))
         return PyErr_Format(PyExc_ValueError, "service '%s', student '%s': each a DNS label "
                             "(1-63 of [a-z0-9-])", o.service, o.student);
-    if (s->disc)
-        return edl_py_raise(EDL_EINVAL, "follow(): this student follows a service already");
     char err[1024] = "";
     PyThreadState *ts = enter(s);
     if (!ts)
         return NULL;
-    int rc = edl_etcd_open_env(&s->etcd, err, sizeof err);
-    if (rc == 0 && (rc = edl_discovery_open(s->etcd, &o, &s->disc)) != 0) {
+    int rc = 0;
+    if (s->disc) { /* looked at in the turn: another thread's follow() may have just set it */
+        rc = EDL_EINVAL;
+        snprintf(err, sizeof err, "this student follows a service already");
+    } else if ((rc = edl_etcd_open_env(&s->etcd, err, sizeof err)) == 0 &&
+               (rc = edl_discovery_open(s->etcd, &o, &s->disc)) != 0) {
         snprintf(err, sizeof err, "discovering service %s: %s (%s)", o.service,
                  edl_strerror(rc), edl_etcd_errmsg(s->etcd));
         edl_etcd_close(s->etcd);
@@ -311,7 +321,7 @@ static PyObject *distill_pending(PyObject *self, PyObject *noargs)
     Distill *s = (Distill *)self;
     if (!s->d)
         return edl_py_raise(EDL_ECLOSED, "the distillation client is closed");
-    return PyLong_FromSize_t(edl_distill_pending(s->d));
+    return PyLong_FromSize_t(s->pending);
 }
 
 static PyObject *distill_stats(PyObject *self, PyObject *noargs)
@@ -320,8 +330,7 @@ static PyObject *distill_stats(PyObject *self, PyObject *noargs)
     Distill *s = (Distill *)self;
     if (!s->d)
         return edl_py_raise(EDL_ECLOSED, "the distillation client is closed");
-    edl_distill_stats st;
-    edl_distill_get_stats(s->d, &st);
+    const edl_distill_stats st = s->st;
     const char *names[] = {"submitted", "delivered", "retried", "timeouts", "conn_errors",
                            "http_errors", "bad_replies", "failed"};
     uint64_t values[] = {st.submitted, st.delivered, st.retried, st.timeouts, st.conn_errors,
@@ -340,8 +349,11 @@ static PyMethodDef DISTILL_METHODS[] = {
     {"next", distill_next, METH_VARARGS,
      "next(timeout_ms) -> (id, status, rows, cols, tries, teacher, predictions, error) or "
      "None"},
-    {"pending", distill_pending, METH_NOARGS, "pending() -> batches not delivered yet"},
-    {"stats", distill_stats, METH_NOARGS, "stats() -> dict of the client's counters"},
+    {"pending", distill_pending, METH_NOARGS,
+     "pending() -> batches not delivered yet, as the last call returned left them (never "
+     "waits for another thread's next())"},
+    {"stats", distill_stats, METH_NOARGS,
+     "stats() -> dict of the client's counters, as the last call returned left them"},
     {"close", distill_close, METH_NOARGS, "close(): the client, and the student's key"},
     {NULL, NULL, 0, NULL},
 };

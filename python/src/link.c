@@ -20,6 +20,7 @@
 typedef struct {
     PyObject_HEAD
     edl_agent_link *l;
+    int calls; /* wait()s in flight, the GIL released over the link: close() refuses then */
 } Link;
 
 static PyObject *assignment_dict(const edl_assignment *a)
@@ -54,7 +55,7 @@ static int link_init(PyObject *self, PyObject *args, PyObject *kw)
 static void link_dealloc(PyObject *self)
 {
     Link *k = (Link *)self;
-    edl_agent_link_close(k->l);
+    edl_agent_link_close(k->l); /* no wait() runs: each holds a reference */
     PyTypeObject *tp = Py_TYPE(self);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     f(self);
@@ -86,15 +87,9 @@ static PyObject *link_poll(PyObject *self, PyObject *noargs)
     return assignment_dict(&a);
 }
 
-/* wait(timeout_ms=-1) -> dict or None: as poll(), waiting up to timeout_ms (GIL released). */
-static PyObject *link_wait(PyObject *self, PyObject *args)
+/* As poll(), waiting up to timeout_ms with the GIL released between polls. */
+static PyObject *wait_for(edl_agent_link *l, long long timeout)
 {
-    long long timeout = -1;
-    if (!PyArg_ParseTuple(args, "|L", &timeout))
-        return NULL;
-    edl_agent_link *l = need(self);
-    if (!l)
-        return NULL;
     int64_t end = timeout < 0 ? -1 : edl_monotonic_ms() + timeout;
     for (;;) {
         edl_assignment a;
@@ -119,6 +114,23 @@ static PyObject *link_wait(PyObject *self, PyObject *args)
         if (PyErr_CheckSignals() < 0) /* Ctrl-C while waiting */
             return NULL;
     }
+}
+
+/* wait(timeout_ms=-1) -> dict or None: as poll(), waiting up to timeout_ms (GIL released; the
+ * link stays open meanwhile: close() from another thread refuses with EDL_EBUSY). */
+static PyObject *link_wait(PyObject *self, PyObject *args)
+{
+    long long timeout = -1;
+    if (!PyArg_ParseTuple(args, "|L", &timeout))
+        return NULL;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    Link *k = (Link *)self;
+    k->calls++;
+    PyObject *ret = wait_for(l, timeout);
+    k->calls--;
+    return ret;
 }
 
 static PyObject *link_report_step(PyObject *self, PyObject *args)
@@ -182,6 +194,9 @@ static PyObject *link_close(PyObject *self, PyObject *noargs)
 {
     (void)noargs;
     Link *k = (Link *)self;
+    if (k->calls > 0)
+        return edl_py_raise(EDL_EBUSY, "close(): wait() still runs on this link in another "
+                            "thread; close it once that returns (give wait() a timeout)");
     edl_agent_link_close(k->l);
     k->l = NULL;
     Py_RETURN_NONE;
@@ -220,7 +235,8 @@ static PyMethodDef LINK_METHODS[] = {
     {"report_graceful", link_report_graceful, METH_NOARGS,
      "report_graceful(): this trainer stops at its next commit when its pod leaves: the agent "
      "then sends a leave ({'generation': N, 'leave': True} from poll/wait) instead of SIGTERM."},
-    {"close", link_close, METH_NOARGS, "close(): close the pipes."},
+    {"close", link_close, METH_NOARGS,
+     "close(): close the pipes (edl.Error EDL_EBUSY while another thread's wait() runs)."},
     {NULL, NULL, 0, NULL},
 };
 

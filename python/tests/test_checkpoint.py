@@ -4,6 +4,7 @@ and clear refusals."""
 import glob
 import os
 import time
+import weakref
 
 import pytest
 
@@ -102,6 +103,51 @@ def test_a_background_snapshot_keeps_what_it_reads_alive(url):
         assert time.monotonic() < deadline, "the save of a dropped Pending never committed"
         time.sleep(0.05)
     assert torch.equal(ckpt.load_latest(url)[0]["w"], copy)
+
+
+class Held:
+    """Stands for the tensors a save holds (a weakref says when they are let go)."""
+
+
+def test_a_failed_save_is_raised_once_and_lets_its_memory_go(in_job, scratch):
+    url = "file://" + scratch
+    ckpt.save({"w": torch.ones(4)}, 20, url)
+    p = ckpt.save_async({"w": torch.zeros(4)}, 15, url)  # older than the pointer: refused
+    with pytest.raises(edl.Error) as e:
+        ckpt.wait()
+    assert e.value.name == "EDL_ECONFLICT"
+    assert p.done
+    ckpt.wait()  # the failure was reported: nothing is left to raise
+    later = ckpt.save_async({"w": torch.full((4,), 3.0)}, 30, url)
+    ckpt.wait()
+    assert later.done and torch.equal(ckpt.load(url)["w"], torch.full((4,), 3.0))
+    # the handle of a failed save kept by the caller no longer holds what the save read
+    keep = Held()
+    gone = weakref.ref(keep)
+    shards, meta, _ = ckpt._shards({"w": torch.zeros(4)})
+    q = ckpt._handle(url).save_async(25, 0, shards, meta, keep)
+    del keep
+    with pytest.raises(edl.Error):
+        q.wait()
+    assert gone() is None, "a failed save still holds its shards' memory"
+
+
+def test_shards_from_a_generator_stay_alive_while_they_are_saved(in_job, scratch):
+    # The only references to these bytes are the generator's items: the save reads them with
+    # the GIL released (1 MiB each: freed, glibc returns them to the system at once).
+    url = "file://" + scratch
+    h = ckpt._handle(url)
+
+    def shards(fill):
+        return ((f"s{i}", bytes([fill + i]) * (1 << 20)) for i in range(4))
+
+    h.save(1, 0, shards(10))
+    p = h.save_async(2, 0, shards(20))
+    assert p.wait()
+    m = h.load_latest()
+    assert m.step == 2
+    assert [m.read(i) for i in range(4)] == [bytes([20 + i]) * (1 << 20) for i in range(4)]
+    assert h.load_older(2).read(3) == bytes([13]) * (1 << 20)
 
 
 def test_a_corrupt_newest_checkpoint_is_passed_over(in_job, scratch):
