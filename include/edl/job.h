@@ -244,6 +244,9 @@ typedef struct edl_pod_status {
     int64_t step;      /* last progress the trainer reported (-1: never) */
     int64_t restarts;  /* trainer starts by this agent so far, minus one */
     char message[EDL_STATUS_MESSAGE_MAX]; /* "" or: the trainer's error, or why it hung */
+    bool own_error;    /* exited: the trainer said the failure is its own (an exception in the
+                        * script, not a peer's loss: edl.torch marks its error file so), and
+                        * restarting would repeat it; JSON "own_error" */
 } edl_pod_status;
 
 const char *edl_trainer_state_name(edl_trainer_state s);
