@@ -2,10 +2,10 @@
  * settle window, losses, waiting below min, failures with restarts, exclusion and its growing
  * cool-down (only for a pod that fails while others run), the restart budget, exit-code
  * policy, trainers that cannot be started, the script's own bug (a failure the trainer marked,
- * every rank failing by itself, a rank repeating its failure: the job fails at once), success (all ranks, or in process rank 0 and a
- * grace), hangs, stop, spec errors; and the parameter-server role: waiting for ps_min servers,
- * server changes as new generations that keep the workers, server failures (no restart),
- * success decided by the workers. */
+ * every rank failing by itself, a rank repeating its failure: the job fails at once), success
+ * (all ranks, or in process rank 0 and a grace), hangs, stop, spec errors; and the
+ * parameter-server role: waiting for ps_min servers, server changes as new generations that
+ * keep the workers, server failures (no restart), success decided by the workers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
