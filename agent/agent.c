@@ -210,16 +210,23 @@ static bool spec_read_for_start(agent *a)
 
 /* ---- the trainer ------------------------------------------------------------------------------ */
 
-/* Publish the trainer's state, with a message for people ("" or NULL: none). */
-static void set_status_msg(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
-                           const char *msg)
+/* Publish the trainer's state, with a message for people ("" or NULL: none); own: the
+ * trainer's error file marked its failure as the script's own (edl_pod_status.own_error). */
+static void set_status_own(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
+                           const char *msg, bool own)
 {
     bool live = st == EDL_TRAINER_RUNNING || st == EDL_TRAINER_HUNG;
     edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
-                        .pid = live ? a->tp.pid : 0,
+                        .pid = live ? a->tp.pid : 0, .own_error = own,
                         .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
     snprintf(s.message, sizeof s.message, "%s", msg ? msg : "");
     registry_status_set(a, &s);
+}
+
+static void set_status_msg(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
+                           const char *msg)
+{
+    set_status_own(a, st, gen, code, sig, msg, false);
 }
 
 static void set_status(agent *a, edl_trainer_state st, int64_t gen, int code, int sig)
@@ -418,8 +425,10 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
         return;
     }
     char msg[EDL_STATUS_MESSAGE_MAX] = "";
-    if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg) == 0)
-        EDL_WARN("agent", "trainer of generation %lld failed: %s", (long long)gen, msg);
+    bool own = false;
+    if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg, &own) == 0)
+        EDL_WARN("agent", "trainer of generation %lld failed%s: %s", (long long)gen,
+                 own ? " (the script's own error, it says)" : "", msg);
     if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0 && a->ps) {
         /* it handed its shards over (or was told to drain): the pod leaves the job */
         EDL_INFO("agent", "parameter server of generation %lld exited with code 0: a clean "
@@ -432,7 +441,7 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
     } else if (WIFEXITED(wstatus)) {
         EDL_INFO("agent", "trainer of generation %lld exited with code %d; waiting for the job "
                  "server's decision", (long long)gen, WEXITSTATUS(wstatus));
-        set_status_msg(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0, msg);
+        set_status_own(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0, msg, own);
     } else {
         EDL_WARN("agent", "trainer of generation %lld killed by signal %d; waiting for the job "
                  "server's decision", (long long)gen, WTERMSIG(wstatus));

@@ -259,12 +259,13 @@ typedef struct agent {
 } agent;
 
 /* error_file.c: TORCHELASTIC_ERROR_FILE in a private directory of the agent's; read back (one
- * line, cut to len) after a failure: 0, or EDL_ENOTFOUND when the trainer left nothing. */
+ * line, cut to len) after a failure: 0, or EDL_ENOTFOUND when the trainer left nothing. *own
+ * (may be NULL): the file says the failure is the script's own ("edl_own_error": true). */
 int agent_error_file_open(agent *a);
 void agent_error_file_close(agent *a);
-int agent_read_error_file(const char *path, char *out, size_t len);
+int agent_read_error_file(const char *path, char *out, size_t len, bool *own);
 /* The pure part: the message in a file's contents buf[0..n) (buf[n] must be '\0'). */
-int agent_error_message(const char *buf, size_t n, char *out, size_t len);
+int agent_error_message(const char *buf, size_t n, char *out, size_t len, bool *own);
 
 /* registry.c: every request to etcd runs on a->worker; these only queue them (one of a kind
  * at a time) and their results change the agent when the loop completes them. */

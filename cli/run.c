@@ -83,6 +83,7 @@ typedef struct launcher {
     int64_t gen;
     bool final;
     edl_job_state state;
+    char failed_why[600];     /* a failed job's reason, for the last line ("": none) */
     int interrupted;          /* 0, or the signal that asked us to stop */
     int64_t started_ms;
     int width;                /* of the output prefix */
@@ -420,6 +421,8 @@ static void observe(launcher *l)
             g.reason ? g.reason : "");
         l->gen = g.generation;
         l->state = g.state;
+        if (g.state == EDL_JOB_FAILED)
+            snprintf(l->failed_why, sizeof l->failed_why, "%s", g.reason ? g.reason : "");
         if (edl_job_state_final(g.state) && !l->final)
             on_final(l);
     }
@@ -1310,10 +1313,12 @@ static void finish(launcher *l, bool wrote_state, int ret)
     shutdown_rest(l);
     if (l->w)
         edl_watch_close(l->w);
-    if (l->ran)
-        say("job %s %s after %.1f s: generation %lld, exit code %d", l->o.job,
+    if (l->ran) /* a failure's cause last, where people look first */
+        say("job %s %s after %.1f s: generation %lld, exit code %d%s%s", l->o.job,
             l->interrupted ? "interrupted" : edl_job_state_name(l->state),
-            (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret);
+            (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret,
+            l->failed_why[0] && !l->interrupted ? ": " : "",
+            l->interrupted ? "" : l->failed_why);
     if (wrote_state)
         cli_state_remove(l->o.job);
     if (l->secret[0])
