@@ -218,6 +218,7 @@ static void set_status_own(agent *a, edl_trainer_state st, int64_t gen, int code
     bool live = st == EDL_TRAINER_RUNNING || st == EDL_TRAINER_HUNG;
     edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
                         .pid = live ? a->tp.pid : 0, .own_error = own,
+                        .inprocess = a->inprocess,
                         .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
     snprintf(s.message, sizeof s.message, "%s", msg ? msg : "");
     registry_status_set(a, &s);
@@ -384,12 +385,40 @@ static void register_started_ahead(agent *a, int64_t now)
         registry_register(a);
 }
 
+/* This pod's trainers re-form in process: the spec says so, or (the mode not given) one of
+ * them said so ("inprocess" on its progress pipe). The explicit mode wins either way. */
+static bool in_process(const agent *a)
+{
+    return a->spec.mode == EDL_MODE_INPROCESS || (a->spec.mode == EDL_MODE_AUTO && a->inprocess);
+}
+
+/* The running trainer takes a new generation over its control pipe: the spec says trainers
+ * re-form in process, or (the mode not given) this one said it does, or it was started ahead
+ * (for a trainer that re-forms in process) and waits for its first assignment. */
+static bool reforms_running(const agent *a)
+{
+    return a->spec.mode == EDL_MODE_INPROCESS ||
+           (a->spec.mode == EDL_MODE_AUTO && (a->tp.inprocess || a->ahead));
+}
+
+/* The trainer said "inprocess": with the mode not given, the pod re-forms in process from now
+ * on (and says so in its status, for the job server). */
+static void took_inprocess(agent *a)
+{
+    if (!a->tp.inprocess || a->inprocess)
+        return;
+    a->inprocess = true;
+    EDL_INFO("agent", "the trainer re-forms in process (it said so)%s", a->spec.mode ==
+             EDL_MODE_AUTO ? ": new generations reach it over its control pipe" :
+             a->spec.mode == EDL_MODE_RESTART ? ", but the job's elastic mode is restart: it is "
+             "restarted on every change" : "");
+}
+
 /* A worker of an InProcess job without parameter servers (a Fleet trainer reads its servers
  * from the environment it starts with, which one started ahead would not have). */
 static bool ahead_kind(const agent *a)
 {
-    return !a->ps && !a->teacher && a->o->job && a->spec.mode == EDL_MODE_INPROCESS &&
-           a->spec.ps_max == 0;
+    return !a->ps && !a->teacher && a->o->job && in_process(a) && a->spec.ps_max == 0;
 }
 
 static bool ahead_at_start(const agent *a)
@@ -512,7 +541,7 @@ static void reconcile_worker(agent *a)
         }
         /* In process mode the trainer keeps running whatever its new rank: it learns the rank
          * from the control line (its environment keeps the values it started with). */
-        if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && a->tp.control_fd >= 0) {
+        if (m && gen > a->run_gen && reforms_running(a) && a->tp.control_fd >= 0) {
             if (!master_known(a, m->rank))
                 return;
             if (a->ahead)
@@ -717,9 +746,11 @@ static void loop_once(agent *a, int sfd)
         registry_lease_lost(a);
     if (a->watch && fds[FD_WATCH].revents)
         registry_watch_events(a);
-    if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp) && trainer_running(&a->tp) &&
-        a->status.state == EDL_TRAINER_RUNNING)
-        set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp)) {
+        took_inprocess(a);
+        if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING)
+            set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    }
     check_hung(a);
     if (fds[FD_CONTROL].revents)
         trainer_flush_control(&a->tp);

@@ -100,6 +100,7 @@ typedef struct trainer_proc {
     int64_t blocked_since_ms; /* monotonic: when the collective it waits in began (0: none) */
     char blocked_what[EDL_PROGRESS_WHAT_MAX + 1];
     bool ready;             /* started ahead of membership, it said "ready" */
+    bool inprocess;         /* it said "inprocess": it re-forms in process */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
@@ -248,6 +249,9 @@ typedef struct agent {
     int64_t spec_start, spec_gen; /* the start (a->starts + 1) and generation the spec was last
                                * read again for (agent.c, spec_read_for_start) */
     bool spec_busy;           /* that read is on its way */
+    bool inprocess;           /* a trainer of this pod said "inprocess" (sticky: the pod runs
+                               * one program); with the mode not given, the pod then re-forms
+                               * in process (agent.c, in_process) */
     char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */
     char error_file[300];
 

@@ -78,6 +78,7 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     t->step = -1;
     t->blocked_since_ms = 0;
     t->ready = false;
+    t->inprocess = false;
     t->line_len = 0;
     t->line_skip = false;
     return 0;
@@ -166,6 +167,11 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
         return 1;
     case EDL_PROGRESS_READY:
         t->ready = true;
+        return 1;
+    case EDL_PROGRESS_INPROCESS:
+        if (t->inprocess)
+            return 0;
+        t->inprocess = true;
         return 1;
     }
     return 0;

@@ -695,7 +695,8 @@ static const char run_usage[] =
     "  --progress-timeout-ms MS  a rank whose step stalls this long is failed (0: off)\n"
     "  --exclude-after N         failures of one pod before it is excluded for a while (2)\n"
     "  --cooldown-ms MS          first exclusion; doubles with each further failure (10000)\n"
-    "  --elastic-mode MODE       restart (default) or inprocess\n"
+    "  --elastic-mode MODE       restart or inprocess (default: the trainer's; edl.torch\n"
+    "                            asks for inprocess, other trainers get restart)\n"
     "  --checkpoint-uri URI      given to trainers as EDL_CHECKPOINT_URI\n"
     "  --grace-ms MS             SIGTERM-to-SIGKILL grace for trainers (10000)\n"
     "  -h, --help                this text\n"
@@ -968,8 +969,8 @@ static int parse_run(int argc, char **argv, run_opts *o)
             break;
         case 'M':
             if (edl_elastic_mode_parse(optarg, &o->spec.mode) != 0) {
-                fprintf(stderr, "edl run: --elastic-mode %s: expected restart or inprocess\n",
-                        optarg);
+                fprintf(stderr, "edl run: --elastic-mode %s: expected restart, inprocess or "
+                        "auto\n", optarg);
                 return -1;
             }
             break;

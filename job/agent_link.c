@@ -142,6 +142,11 @@ int edl_agent_link_report_ready(edl_agent_link *t)
     return t && t->generation == 0 ? write_progress(t, "ready\n", 6) : 0;
 }
 
+int edl_agent_link_report_inprocess(edl_agent_link *t)
+{
+    return write_progress(t, "inprocess\n", 10);
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -172,6 +177,10 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     }
     if (len == 5 && memcmp(line, "ready", 5) == 0) {
         out->kind = EDL_PROGRESS_READY;
+        return 0;
+    }
+    if (len == 9 && memcmp(line, "inprocess", 9) == 0) {
+        out->kind = EDL_PROGRESS_INPROCESS;
         return 0;
     }
     if (len < 8 || memcmp(line, "blocked ", 8) != 0)

@@ -67,6 +67,22 @@ static const edl_pod_failures *failures_of(const edl_generation *c, const char *
     return NULL;
 }
 
+/* The current generation's workers re-form in process: the spec says so, or (the mode not
+ * given) every member's agent reports that its trainer said so (edl_pod_status.inprocess,
+ * sticky per agent: one status of any generation suffices). Otherwise restart mode. */
+static bool in_process(const js_observed *o)
+{
+    const edl_generation *c = o->current;
+    if (o->spec->mode != EDL_MODE_AUTO)
+        return o->spec->mode == EDL_MODE_INPROCESS;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        if (i < 0 || !o->has_status[i] || !o->status[i].inprocess)
+            return false;
+    }
+    return c->n_members > 0;
+}
+
 /* ---- progress (hang detection) ------------------------------------------------------------ */
 
 static js_progress *progress_entry(js_memory *m, const char *pod)
@@ -281,8 +297,8 @@ static finish rank0_finished(const js_observed *o, js_memory *m, const failure *
                              char *reason, size_t len, int64_t *wake)
 {
     const edl_generation *c = o->current;
-    if (o->spec->mode != EDL_MODE_INPROCESS || o->spec->ps_max > 0 ||
-        c->state != EDL_JOB_RUNNING || c->generation == 0)
+    if (!in_process(o) || o->spec->ps_max > 0 || c->state != EDL_JOB_RUNNING ||
+        c->generation == 0)
         return FINISH_NONE;
     for (size_t k = 0; k < nf; k++)
         if (fl[k].code >= 0) /* an exit or a signal; a hang (-1) may be one waiting on rank 0 */
@@ -829,7 +845,7 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
     bool exits = false;
     for (size_t k = 0; k < nf; k++)
         exits = exits || fl[k].code >= 0; /* a hang is no peer's loss: its agent reported it */
-    if (!exits || o->spec->mode != EDL_MODE_RESTART || o->spec->ps_max > 0)
+    if (!exits || in_process(o) || o->spec->ps_max > 0)
         return false;
     for (size_t k = 0; k < c->n_members; k++) {
         int i = pod_index(o, c->members[k].pod, c->members[k].lease);

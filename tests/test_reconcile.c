@@ -1413,6 +1413,48 @@ static void test_repeated_failure_fails_the_job(void **state)
     world_free(&w);
 }
 
+/* The elastic mode not given: the job is in process once every member's trainer said so
+ * (status inprocess): a failure is decided at once (in-process survivors keep running, their
+ * status says nothing) and rank 0's success ends the job; otherwise, or with restart given
+ * explicitly, restart mode's rules hold (the decision waits for silent peers). */
+static void test_mode_follows_the_trainers(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 3; c++) { /* 0: all say inprocess; 1: one does not; 2: restart given */
+        world w;
+        world_init(&w, 1, 4);
+        w.spec.ttl_s = 10;
+        if (c == 2)
+            w.spec.mode = EDL_MODE_RESTART;
+        form(&w, 2);
+        all_running(&w);
+        for (size_t i = 0; i < w.n; i++)
+            w.st[i].inprocess = !(c == 1 && i == 0);
+        set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 30);
+        w.st[1].inprocess = true;
+        js_decision d = step(&w);
+        assert_int_equal(d.new_generation, c == 0); /* at once only in process */
+        js_decision_clear(&d);
+        world_free(&w);
+    }
+    world w; /* rank 0 done, rank 1 still running: in process, success after the grace */
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    all_running(&w);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 90);
+    for (size_t i = 0; i < w.n; i++)
+        w.st[i].inprocess = true;
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_true(d.wake_mono_ms > w.mono);
+    advance(&w, d.wake_mono_ms - w.mono);
+    js_decision_clear(&d);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1420,6 +1462,7 @@ int main(void)
         cmocka_unit_test(test_trainer_marked_error_fails_the_job_at_once),
         cmocka_unit_test(test_every_rank_failing_by_itself_fails_the_job),
         cmocka_unit_test(test_repeated_failure_fails_the_job),
+        cmocka_unit_test(test_mode_follows_the_trainers),
         cmocka_unit_test(test_peer_loss_blames_nobody),
         cmocka_unit_test(test_dead_generation_waits_for_its_silent_member),
         cmocka_unit_test(test_failure_hold_ends_after_the_ttl),

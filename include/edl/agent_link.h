@@ -8,7 +8,10 @@
  *                    once per call, after a second); "unblocked" when that call returned;
  *                    "ready" when a trainer the agent started ahead of its pod's membership
  *                    (EDL_GENERATION=0) has loaded what it needs and waits for its first
- *                    assignment: the agent registers the pod then;
+ *                    assignment: the agent registers the pod then; "inprocess" when the
+ *                    trainer re-forms in process (edl.torch says so as it starts): in a job
+ *                    whose elastic mode is not given, its agent then sends it new generations
+ *                    instead of restarting it (docs/elastic.md);
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
@@ -56,6 +59,9 @@ int edl_agent_link_report_unblocked(edl_agent_link *l);
 /* Report that this trainer, started ahead of its pod's membership, is ready for its first
  * assignment (a no-op for one the agent started with an assignment). */
 int edl_agent_link_report_ready(edl_agent_link *l);
+/* Say that this trainer re-forms in process (it reads new generations from the control pipe
+ * and keeps running): once, as it starts. */
+int edl_agent_link_report_inprocess(edl_agent_link *l);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
  * link then takes its rank, world size and generation), 0 when none, <0 on error (EDL_EIO:
@@ -82,6 +88,7 @@ typedef enum edl_progress_kind {
     EDL_PROGRESS_BLOCKED,  /* value: ms waited so far; what: in which call */
     EDL_PROGRESS_UNBLOCKED,
     EDL_PROGRESS_READY,    /* started ahead of membership: ready for the first assignment */
+    EDL_PROGRESS_INPROCESS, /* the trainer re-forms in process */
 } edl_progress_kind;
 typedef struct edl_progress_line {
     edl_progress_kind kind;

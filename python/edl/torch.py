@@ -85,6 +85,7 @@ class _World:
 
     def __init__(self):
         self.link = _link()
+        self.link.report_inprocess()  # the job then runs in process without --elastic-mode
         self.generation = None   # the generation the group is formed for
         self.rank, self.world_size = 0, 1
         self.pending = None      # the newest assignment the agent announced, not formed yet

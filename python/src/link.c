@@ -165,6 +165,16 @@ static PyObject *link_report_ready(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *link_report_inprocess(PyObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    edl_agent_link_report_inprocess(l);
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_close(PyObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -203,6 +213,9 @@ static PyMethodDef LINK_METHODS[] = {
     {"report_ready", link_report_ready, METH_NOARGS,
      "report_ready(): started ahead of membership (generation 0), this trainer is ready for "
      "its first assignment: the agent registers the pod now."},
+    {"report_inprocess", link_report_inprocess, METH_NOARGS,
+     "report_inprocess(): this trainer re-forms in process (reads new generations and keeps "
+     "running): in a job whose elastic mode is not given, the agent then keeps it running."},
     {"close", link_close, METH_NOARGS, "close(): close the pipes."},
     {NULL, NULL, 0, NULL},
 };
