@@ -287,9 +287,9 @@ static bool only_servers_changed(const agent *a)
  * code with the reason in err. */
 static int spawn_trainer(agent *a, int rank, char *err, size_t errlen)
 {
-    int child_ctl, child_prog;
+    int child_ctl, child_prog, child_err;
     char **env = NULL;
-    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
+    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog, &child_err);
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd = &a->o->etcd,
                               .prefix = a->o->prefix, .role = a->o->role, .spec = &a->spec,
@@ -303,8 +303,10 @@ static int spawn_trainer(agent *a, int rank, char *err, size_t errlen)
         if (rc) {
             close(child_ctl);
             close(child_prog);
+            close(child_err);
         } else {
-            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err, errlen);
+            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, child_err, err,
+                               errlen);
         }
         edl_env_free(env);
     }
@@ -432,6 +434,15 @@ static bool ahead_due(const agent *a)
            !edl_job_state_final(a->generation.state) && !a->leaving_signal;
 }
 
+/* "last stderr: <line> | <line>" from the trainer's last stderr lines ("" : none). */
+static void stderr_message(const agent *a, char *msg, size_t len)
+{
+    char tail[TRAINER_TAIL_LINES * 240 + 16];
+    trainer_stderr_tail(&a->tp, tail, sizeof tail);
+    if (tail[0])
+        snprintf(msg, len, "last stderr: %s", tail);
+}
+
 static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
 {
     int64_t gen = a->run_gen;
@@ -458,6 +469,8 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
     if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg, &own) == 0)
         EDL_WARN("agent", "trainer of generation %lld failed%s: %s", (long long)gen,
                  own ? " (the script's own error, it says)" : "", msg);
+    else /* no error file: what it said last on stderr (a traceback ends with the exception) */
+        stderr_message(a, msg, sizeof msg);
     if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0 && a->ps) {
         /* it handed its shards over (or was told to drain): the pod leaves the job */
         EDL_INFO("agent", "parameter server of generation %lld exited with code 0: a clean "
@@ -690,7 +703,7 @@ static int min_timeout(int t, int64_t due_ms)
     return (t < 0 || left < t) ? (int)left : t;
 }
 
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, FD_HEALTH, FD_ETCD,
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_STDERR, FD_CONTROL, FD_METRICS, FD_HEALTH, FD_ETCD,
        N_FDS };
 
 /* How long the loop may sleep: until the next timer of any of its parts is due. */
@@ -728,6 +741,8 @@ static void loop_once(agent *a, int sfd)
         fds[FD_WATCH] = (struct pollfd){.fd = edl_watch_fd(a->watch), .events = POLLIN};
     if (a->tp.progress_fd >= 0)
         fds[FD_PROGRESS] = (struct pollfd){.fd = a->tp.progress_fd, .events = POLLIN};
+    if (a->tp.stderr_fd >= 0)
+        fds[FD_STDERR] = (struct pollfd){.fd = a->tp.stderr_fd, .events = POLLIN};
     if (a->tp.control_fd >= 0 && a->tp.ctl_len)
         fds[FD_CONTROL] = (struct pollfd){.fd = a->tp.control_fd, .events = POLLOUT};
     if (a->metrics)
@@ -751,6 +766,8 @@ static void loop_once(agent *a, int sfd)
         if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING)
             set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
     }
+    if (fds[FD_STDERR].revents)
+        trainer_read_stderr(&a->tp);
     check_hung(a);
     if (fds[FD_CONTROL].revents)
         trainer_flush_control(&a->tp);
