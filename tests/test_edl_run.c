@@ -2,7 +2,9 @@
  * and real trainer processes (small sh scripts). What a user sees: the exact environment of
  * every rank, scale up within the settle window as one generation, graceful leave and SIGKILL,
  * standby promotion, a failing trainer restarted, excluded and finally failing the job, a
- * broken trainer failing within seconds, one that cannot be started failing at once, an etcd
+ * broken trainer failing within seconds, one that cannot be started failing at once, a
+ * script's own bug (a path typo) failing at once with its cause (its last stderr lines) in the
+ * last line, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
  * finishing with the right answer after being re-formed, and a job with parameter servers
  * (--ps: the same trainer in both roles, servers scaled without restarting anyone). */
@@ -652,6 +654,24 @@ static void test_script_path_typo_fails_at_once_printing_its_error_once(void **s
     assert_non_null(strstr(last, "the script's own error"));
     assert_true(took < 5000);
     edl_generation_clear(&c);
+}
+
+/* A trainer that fails without an error file is reported with its last stderr lines, the last
+ * first (a traceback ends with its exception), a last line without its newline included; the
+ * lines still reach edl run's output, once each. */
+static void test_failure_cause_is_the_last_stderr_lines(void **state)
+{
+    (void)state;
+    const char *job = "tail";
+    const char *opts[] = {"--np", "1", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts, "echo zero >&2; echo one >&2; echo >&2; echo two >&2; "
+                                   "printf 'three, no newline' >&2; exit 4");
+    assert_int_equal(harness_wait_exit(run, 30000), 1);
+    char last[2048];
+    assert_int_equal(log_count(job, "| one", last, sizeof last), 1);
+    assert_int_equal(log_count(job, "| three, no newline", last, sizeof last), 1);
+    if (!strstr(last, "exited with code 4: last stderr: three, no newline (after: one | two)"))
+        fail_msg("last line: %s", last);
 }
 
 /* An agent SIGKILLed on this machine: the launcher reaps it at once and revokes its lease, so
@@ -2121,6 +2141,7 @@ int main(void)
         cmocka_unit_test(test_broken_trainer_spends_its_budget_in_seconds),
         cmocka_unit_test(test_trainer_that_cannot_start_fails_the_job_at_once),
         cmocka_unit_test(test_script_path_typo_fails_at_once_printing_its_error_once),
+        cmocka_unit_test(test_failure_cause_is_the_last_stderr_lines),
         cmocka_unit_test(test_killed_agent_leaves_the_generation_at_once),
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
         cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),

@@ -68,7 +68,7 @@ def test_a_plain_script_failing_twice_the_same_way_fails_the_job(tmp_path):
     assert rc == 1, text[-3000:]
     assert "restart 1 of 10" in text and "restart 2 of" not in text, text[-3000:]
     assert "rank 1 failed the same way in generation" in last, last
-    assert "exited with code 1" in last, last
+    assert "exited with code 1: last stderr: ValueError: boom at step 50" in last, last
     assert took < 30, f"{took:.1f} s\n{text[-3000:]}"
     print(f"plain script, ValueError at step 50 on rank 1, restart mode: failed in {took:.1f} s")
 
