@@ -703,8 +703,8 @@ static int min_timeout(int t, int64_t due_ms)
     return (t < 0 || left < t) ? (int)left : t;
 }
 
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_STDERR, FD_CONTROL, FD_METRICS, FD_HEALTH, FD_ETCD,
-       N_FDS };
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_STDERR, FD_CONTROL, FD_METRICS, FD_HEALTH,
+       FD_ETCD, N_FDS };
 
 /* How long the loop may sleep: until the next timer of any of its parts is due. */
 static int loop_timeout(agent *a)

@@ -56,6 +56,7 @@ int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress, int 
     }
     if (child_err) {
         fcntl(err[0], F_SETFL, O_NONBLOCK);
+        close_fd(&t->stderr_fd); /* a spawn that never happened left it */
         t->stderr_fd = err[0];
         *child_err = err[1];
     }

@@ -762,8 +762,8 @@ static void test_progress_lines(void **state)
     char big[400];
     snprintf(big, sizeof big, "blocked 5 %0*d", EDL_PROGRESS_WHAT_MAX + 1, 0);
     const char *bad[] = {"", "step", "step ", "step -1", "step 1x", "step 99999999999999999999",
-                         "blocked", "blocked x y", "blocked 1 a\tb", "unblocked ", "hello", "inprocess ",
-                         "in process", big};
+                         "blocked", "blocked x y", "blocked 1 a\tb", "unblocked ", "hello",
+                         "inprocess ", "in process", big};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (progress(bad[i], &pl) != EDL_EPROTO)
             fail_msg("accepted: \"%s\"", bad[i]);
