@@ -2,9 +2,11 @@
 judged"): a Python exception at step 50 fails the job at once with the exception in `edl run`'s
 last line, in process (edl.torch marks it as the script's own) and in restart mode (edl.torch's
 mark, or for a plain script the same rank failing the same way twice in a row); an edl.torch
-trainer run without --elastic-mode re-forms in process."""
+trainer run without --elastic-mode re-forms in process, and still after its trainer is
+SIGKILLed (a failure from outside)."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -97,6 +99,10 @@ def test_edl_torch_without_elastic_mode_reforms_in_process(tmp_path):
         subprocess.run([os.path.join(BIN_DIR, "edl"), "scale", "pyauto", "3"], check=True,
                        env=env(), timeout=60, stdout=subprocess.DEVNULL)
         wait_for(lambda: world_of(3), 60, "a generation of 3 formed")
+        victim = [x[3] for x in formed() if x[0] == "pyauto-1"][-1]
+        os.kill(victim, signal.SIGKILL)  # from outside: a restart, the survivors re-form
+        wait_for(lambda: world_of(3) and victim not in {x[3] for x in formed()[-3:]}, 60,
+                 "the killed trainer's replacement in a generation of 3")
         subprocess.run([os.path.join(BIN_DIR, "edl"), "stop", "pyauto"], check=True, env=env(),
                        timeout=60, stdout=subprocess.DEVNULL)
         proc.wait(60)
