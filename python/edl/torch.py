@@ -286,7 +286,7 @@ def _record_own_error(e):
     message in the pod's status and the job server fails the job at once instead of restarting
     it into the same exception (docs/elastic.md, "How failures are judged")."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
+    if not path or isinstance(e, Error):  # edl's own errors (etcd, storage) are not the script's
         return
     doc = {"message": {"message": f"{type(e).__name__}: {e}",
                        "extraInfo": {"py_callstack": traceback.format_exc(),
@@ -456,8 +456,7 @@ def elastic(func):
                 target = h.generation
             except RuntimeError as e:
                 if isinstance(e, Error) or not _is_comm_error(e):
-                    if not isinstance(e, Error):  # edl's own errors are the job's, not the script's
-                        _record_own_error(e)
+                    _record_own_error(e)
                     raise
                 failure = str(e)
             except Exception as e:  # noqa: BLE001 - recorded and raised again

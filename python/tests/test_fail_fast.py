@@ -114,3 +114,38 @@ def test_edl_torch_without_elastic_mode_reforms_in_process(tmp_path):
     assert len(pids) == 1, f"pod 0's trainer was restarted: {formed()}\n{text[-3000:]}"
     assert "re-forming in process as rank" in text, text[-3000:]
     assert "restarting the trainer" not in text, text[-3000:]
+
+
+def test_the_scripts_own_exception_is_left_in_the_error_file(tmp_path, monkeypatch):
+    """Without processes: edl.torch writes the exception, marked as the script's own, where the
+    agent reads it (TORCHELASTIC_ERROR_FILE), and raises it unchanged; a communication failure
+    or an edl error is not marked."""
+    import json
+
+    import torch
+    import edl.torch as et
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    state = et.State(model=torch.nn.Linear(2, 1), step=0)
+
+    @et.elastic
+    def bad(state):
+        raise KeyError("sampler")
+
+    with pytest.raises(KeyError, match="sampler"):
+        bad(state)
+    doc = json.loads(path.read_text())
+    assert doc["edl_own_error"] is True
+    assert doc["message"]["message"] == "KeyError: 'sampler'"
+    assert "raise KeyError" in doc["message"]["extraInfo"]["py_callstack"]
+    path.unlink()
+
+    import edl
+
+    @et.elastic
+    def edl_failure(state):
+        raise edl._edl.error(edl._edl.EDL_ETIMEDOUT, "etcd did not answer")
+
+    with pytest.raises(edl.Error):
+        edl_failure(state)
+    assert not path.exists()
