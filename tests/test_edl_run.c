@@ -645,12 +645,16 @@ static void test_script_path_typo_fails_at_once_printing_its_error_once(void **s
     assert_int_equal(c.restarts, 0);
     assert_non_null(strstr(c.reason, "every rank (2 of 2) failed by itself"));
     char last[2048];
-    int n = log_count(job, "can't open file '/no/such/train.py'", last, sizeof last);
+    /* the interpreter's own line, "typo-0    | /usr/bin/python3: can't open file ..." (the
+     * reason quotes it too, after "last stderr: ") */
+    int n = log_count(job, "| /usr/bin/python3: can't open file '/no/such/train.py'", last,
+                      sizeof last);
     print_message("python3 /no/such/train.py under edl run --np 2: failed in %lld ms, its "
                   "error printed %d times; last line: %s", (long long)took, n, last);
     assert_int_equal(n, 2); /* once per pod */
     assert_non_null(strstr(last, "job typo failed after"));
-    assert_non_null(strstr(last, "exited with code 2"));
+    assert_non_null(strstr(last, "exited with code 2: last stderr: /usr/bin/python3: can't open "
+                              "file '/no/such/train.py'"));
     assert_non_null(strstr(last, "the script's own error"));
     assert_true(took < 5000);
     edl_generation_clear(&c);
