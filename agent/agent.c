@@ -210,16 +210,24 @@ static bool spec_read_for_start(agent *a)
 
 /* ---- the trainer ------------------------------------------------------------------------------ */
 
-/* Publish the trainer's state, with a message for people ("" or NULL: none). */
-static void set_status_msg(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
-                           const char *msg)
+/* Publish the trainer's state, with a message for people ("" or NULL: none); own: the
+ * trainer's error file marked its failure as the script's own (edl_pod_status.own_error). */
+static void set_status_own(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
+                           const char *msg, bool own)
 {
     bool live = st == EDL_TRAINER_RUNNING || st == EDL_TRAINER_HUNG;
     edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
-                        .pid = live ? a->tp.pid : 0,
+                        .pid = live ? a->tp.pid : 0, .own_error = own,
+                        .inprocess = a->inprocess,
                         .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
     snprintf(s.message, sizeof s.message, "%s", msg ? msg : "");
     registry_status_set(a, &s);
+}
+
+static void set_status_msg(agent *a, edl_trainer_state st, int64_t gen, int code, int sig,
+                           const char *msg)
+{
+    set_status_own(a, st, gen, code, sig, msg, false);
 }
 
 static void set_status(agent *a, edl_trainer_state st, int64_t gen, int code, int sig)
@@ -302,9 +310,9 @@ static bool only_servers_changed(const agent *a)
  * code with the reason in err. */
 static int spawn_trainer(agent *a, int rank, char *err, size_t errlen)
 {
-    int child_ctl, child_prog;
+    int child_ctl, child_prog, child_err;
     char **env = NULL;
-    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
+    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog, &child_err);
     if (rc == 0) {
         agent_env_input in = {.job = a->o->job, .pod = a->o->pod, .etcd = &a->o->etcd,
                               .prefix = a->o->prefix, .role = a->o->role, .spec = &a->spec,
@@ -318,8 +326,10 @@ static int spawn_trainer(agent *a, int rank, char *err, size_t errlen)
         if (rc) {
             close(child_ctl);
             close(child_prog);
+            close(child_err);
         } else {
-            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err, errlen);
+            rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, child_err, err,
+                               errlen);
         }
         edl_env_free(env);
     }
@@ -401,12 +411,40 @@ static void register_started_ahead(agent *a, int64_t now)
         registry_register(a);
 }
 
+/* This pod's trainers re-form in process: the spec says so, or (the mode not given) one of
+ * them said so ("inprocess" on its progress pipe). The explicit mode wins either way. */
+static bool in_process(const agent *a)
+{
+    return a->spec.mode == EDL_MODE_INPROCESS || (a->spec.mode == EDL_MODE_AUTO && a->inprocess);
+}
+
+/* The running trainer takes a new generation over its control pipe: the spec says trainers
+ * re-form in process, or (the mode not given) this one said it does, or it was started ahead
+ * (for a trainer that re-forms in process) and waits for its first assignment. */
+static bool reforms_running(const agent *a)
+{
+    return a->spec.mode == EDL_MODE_INPROCESS ||
+           (a->spec.mode == EDL_MODE_AUTO && (a->tp.inprocess || a->ahead));
+}
+
+/* The trainer said "inprocess": with the mode not given, the pod re-forms in process from now
+ * on (and says so in its status, for the job server). */
+static void took_inprocess(agent *a)
+{
+    if (!a->tp.inprocess || a->inprocess)
+        return;
+    a->inprocess = true;
+    EDL_INFO("agent", "the trainer re-forms in process (it said so)%s", a->spec.mode ==
+             EDL_MODE_AUTO ? ": new generations reach it over its control pipe" :
+             a->spec.mode == EDL_MODE_RESTART ? ", but the job's elastic mode is restart: it is "
+             "restarted on every change" : "");
+}
+
 /* A worker of an InProcess job without parameter servers (a Fleet trainer reads its servers
  * from the environment it starts with, which one started ahead would not have). */
 static bool ahead_kind(const agent *a)
 {
-    return !a->ps && !a->teacher && a->o->job && a->spec.mode == EDL_MODE_INPROCESS &&
-           a->spec.ps_max == 0;
+    return !a->ps && !a->teacher && a->o->job && in_process(a) && a->spec.ps_max == 0;
 }
 
 static bool ahead_at_start(const agent *a)
@@ -418,6 +456,15 @@ static bool ahead_due(const agent *a)
 {
     return ahead_kind(a) && !a->ahead && !a->ahead_failed && a->have_generation &&
            !edl_job_state_final(a->generation.state) && !a->leaving_signal;
+}
+
+/* "last stderr: <line> | <line>" from the trainer's last stderr lines ("" : none). */
+static void stderr_message(const agent *a, char *msg, size_t len)
+{
+    char tail[TRAINER_TAIL_LINES * 240 + 16];
+    trainer_stderr_tail(&a->tp, tail, sizeof tail);
+    if (tail[0])
+        snprintf(msg, len, "last stderr: %s", tail);
 }
 
 static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
@@ -442,8 +489,12 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
         return;
     }
     char msg[EDL_STATUS_MESSAGE_MAX] = "";
-    if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg) == 0)
-        EDL_WARN("agent", "trainer of generation %lld failed: %s", (long long)gen, msg);
+    bool own = false;
+    if (a->error_file[0] && agent_read_error_file(a->error_file, msg, sizeof msg, &own) == 0)
+        EDL_WARN("agent", "trainer of generation %lld failed%s: %s", (long long)gen,
+                 own ? " (the script's own error, it says)" : "", msg);
+    else /* no error file: what it said last on stderr (a traceback ends with the exception) */
+        stderr_message(a, msg, sizeof msg);
     if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0 && a->ps) {
         /* it handed its shards over (or was told to drain): the pod leaves the job */
         EDL_INFO("agent", "parameter server of generation %lld exited with code 0: a clean "
@@ -456,7 +507,7 @@ static void on_trainer_exit(agent *a, int wstatus, bool by_agent)
     } else if (WIFEXITED(wstatus)) {
         EDL_INFO("agent", "trainer of generation %lld exited with code %d; waiting for the job "
                  "server's decision", (long long)gen, WEXITSTATUS(wstatus));
-        set_status_msg(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0, msg);
+        set_status_own(a, EDL_TRAINER_EXITED, gen, WEXITSTATUS(wstatus), 0, msg, own);
     } else {
         EDL_WARN("agent", "trainer of generation %lld killed by signal %d; waiting for the job "
                  "server's decision", (long long)gen, WTERMSIG(wstatus));
@@ -547,7 +598,7 @@ static void reconcile_worker(agent *a)
         }
         /* In process mode the trainer keeps running whatever its new rank: it learns the rank
          * from the control line (its environment keeps the values it started with). */
-        if (m && gen > a->run_gen && a->spec.mode == EDL_MODE_INPROCESS && a->tp.control_fd >= 0) {
+        if (m && gen > a->run_gen && reforms_running(a) && a->tp.control_fd >= 0) {
             if (!master_known(a, m->rank))
                 return;
             if (a->ahead)
@@ -700,8 +751,8 @@ static int min_timeout(int t, int64_t due_ms)
     return (t < 0 || left < t) ? (int)left : t;
 }
 
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_CONTROL, FD_METRICS, FD_HEALTH, FD_ETCD,
-       N_FDS };
+enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_STDERR, FD_CONTROL, FD_METRICS, FD_HEALTH,
+       FD_ETCD, N_FDS };
 
 /* How long the loop may sleep: until the next timer of any of its parts is due. */
 static int loop_timeout(agent *a)
@@ -738,6 +789,8 @@ static void loop_once(agent *a, int sfd)
         fds[FD_WATCH] = (struct pollfd){.fd = edl_watch_fd(a->watch), .events = POLLIN};
     if (a->tp.progress_fd >= 0)
         fds[FD_PROGRESS] = (struct pollfd){.fd = a->tp.progress_fd, .events = POLLIN};
+    if (a->tp.stderr_fd >= 0)
+        fds[FD_STDERR] = (struct pollfd){.fd = a->tp.stderr_fd, .events = POLLIN};
     if (a->tp.control_fd >= 0 && a->tp.ctl_len)
         fds[FD_CONTROL] = (struct pollfd){.fd = a->tp.control_fd, .events = POLLOUT};
     if (a->metrics)
@@ -756,9 +809,13 @@ static void loop_once(agent *a, int sfd)
         registry_lease_lost(a);
     if (a->watch && fds[FD_WATCH].revents)
         registry_watch_events(a);
-    if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp) && trainer_running(&a->tp) &&
-        a->status.state == EDL_TRAINER_RUNNING)
-        set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp)) {
+        took_inprocess(a);
+        if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING)
+            set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    }
+    if (fds[FD_STDERR].revents)
+        trainer_read_stderr(&a->tp);
     check_hung(a);
     if (fds[FD_CONTROL].revents)
         trainer_flush_control(&a->tp);

@@ -85,6 +85,8 @@ int agent_assignment(const edl_generation *g, int rank, int master_port, edl_ass
 
 /* ---- trainer_proc.c ------------------------------------------------------------------- */
 
+#define TRAINER_TAIL_LINES 3 /* stderr lines a failure's status message quotes */
+
 typedef struct trainer_proc {
     pid_t pid;              /* 0: none */
     int progress_fd;        /* our read end (-1: none) */
@@ -102,16 +104,31 @@ typedef struct trainer_proc {
     char blocked_what[EDL_PROGRESS_WHAT_MAX + 1];
     bool ready;             /* started ahead of membership, it said "ready" */
     bool graceful;          /* it said "graceful": it leaves at its next commit when told */
+    bool inprocess;         /* it said "inprocess": it re-forms in process */
+    int stderr_fd;          /* our read end of its stderr (-1: it writes to ours directly) */
+    char err_line[512];     /* a partial stderr line, passed on when complete (or full) */
+    size_t err_line_len;
+    char err_tail[TRAINER_TAIL_LINES][240]; /* its last stderr lines (a ring; kept after it
+                                             * ended, until the next spawn) */
+    unsigned err_tail_next; /* lines taken so far */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
 /* Create the pipes: the agent keeps its ends in t, the child's ends come back (close-on-exec;
- * trainer_spawn moves them to AGENT_CONTROL_FD and AGENT_PROGRESS_FD in the child). */
-int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress);
+ * trainer_spawn moves them to AGENT_CONTROL_FD and AGENT_PROGRESS_FD in the child). With
+ * child_err (may be NULL) also one for its stderr, which the agent passes on line by line to
+ * its own and keeps the last lines of (trainer_stderr_tail). */
+int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress, int *child_err);
 /* Start argv with envp in its own process group (edl_spawn); closes the child's pipe ends
- * here. On failure err says why, for people ("/no/such: No such file or directory"). */
+ * here (child_err -1: none). On failure err says why, for people ("/no/such: No such file or
+ * directory"). */
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
-                  int child_progress, char *err, size_t errlen);
+                  int child_progress, int child_err, char *err, size_t errlen);
+/* Pass on what the trainer wrote to its stderr (whole lines), keeping the last lines. */
+void trainer_read_stderr(trainer_proc *t);
+/* The last stderr lines of the trainer (the running one, else the last one): "<last> (after:
+ * <earlier> | <earlier>)" ("" : none). */
+void trainer_stderr_tail(const trainer_proc *t, char *out, size_t len);
 /* SIGTERM to its process group; SIGKILL after grace_ms (see trainer_tick). */
 void trainer_stop(trainer_proc *t, int64_t grace_ms);
 /* Ask a graceful trainer to leave at its next commit (line: the leave control line): SIGTERM
@@ -257,6 +274,9 @@ typedef struct agent {
     int64_t spec_start, spec_gen; /* the start (a->starts + 1) and generation the spec was last
                                * read again for (agent.c, spec_read_for_start) */
     bool spec_busy;           /* that read is on its way */
+    bool inprocess;           /* a trainer of this pod said "inprocess" (sticky: the pod runs
+                               * one program); with the mode not given, the pod then re-forms
+                               * in process (agent.c, in_process) */
     char error_dir[256];      /* private directory of TORCHELASTIC_ERROR_FILE ("" : none) */
     char error_file[300];
 
@@ -268,12 +288,13 @@ typedef struct agent {
 } agent;
 
 /* error_file.c: TORCHELASTIC_ERROR_FILE in a private directory of the agent's; read back (one
- * line, cut to len) after a failure: 0, or EDL_ENOTFOUND when the trainer left nothing. */
+ * line, cut to len) after a failure: 0, or EDL_ENOTFOUND when the trainer left nothing. *own
+ * (may be NULL): the file says the failure is the script's own ("edl_own_error": true). */
 int agent_error_file_open(agent *a);
 void agent_error_file_close(agent *a);
-int agent_read_error_file(const char *path, char *out, size_t len);
+int agent_read_error_file(const char *path, char *out, size_t len, bool *own);
 /* The pure part: the message in a file's contents buf[0..n) (buf[n] must be '\0'). */
-int agent_error_message(const char *buf, size_t n, char *out, size_t len);
+int agent_error_message(const char *buf, size_t n, char *out, size_t len, bool *own);
 
 /* registry.c: every request to etcd runs on a->worker; these only queue them (one of a kind
  * at a time) and their results change the agent when the loop completes them. */

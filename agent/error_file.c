@@ -39,7 +39,8 @@ void agent_error_file_close(agent *a)
 }
 
 /* torch writes {"message": {"message": "...", "extraInfo": {...}}}; older versions and other
- * writers a plain {"message": "..."}. Anything else: the text itself. */
+ * writers a plain {"message": "..."}. Anything else: the text itself. edl.torch adds
+ * "edl_own_error": true for an exception of the script's own (no communication failure). */
 static const char *message_of(const cJSON *root)
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "message");
@@ -49,10 +50,12 @@ static const char *message_of(const cJSON *root)
     return cJSON_IsString(m) ? m->valuestring : NULL;
 }
 
-int agent_error_message(const char *buf, size_t n, char *out, size_t len)
+int agent_error_message(const char *buf, size_t n, char *out, size_t len, bool *own)
 {
     cJSON *root = cJSON_ParseWithLength(buf, n);
     const char *msg = root ? message_of(root) : NULL;
+    if (own)
+        *own = msg && *msg && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "edl_own_error"));
     snprintf(out, len, "%s", msg ? msg : buf);
     cJSON_Delete(root);
     for (char *p = out; *p; p++) /* one line in logs, statuses and tables */
@@ -61,8 +64,10 @@ int agent_error_message(const char *buf, size_t n, char *out, size_t len)
     return out[0] ? 0 : EDL_ENOTFOUND;
 }
 
-int agent_read_error_file(const char *path, char *out, size_t len)
+int agent_read_error_file(const char *path, char *out, size_t len, bool *own)
 {
+    if (own)
+        *own = false;
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return EDL_ENOTFOUND;
@@ -74,7 +79,7 @@ int agent_read_error_file(const char *path, char *out, size_t len)
         return EDL_ENOTFOUND;
     }
     buf[n] = '\0';
-    int rc = agent_error_message(buf, (size_t)n, out, len);
+    int rc = agent_error_message(buf, (size_t)n, out, len, own);
     free(buf);
     return rc;
 }

@@ -364,6 +364,7 @@ void registry_status_set(agent *a, const edl_pod_status *s)
     bool only_step = s->generation == a->status.generation && s->state == a->status.state &&
                      s->pid == a->status.pid && s->exit_code == a->status.exit_code &&
                      s->signal == a->status.signal && s->restarts == a->status.restarts &&
+                     s->own_error == a->status.own_error && s->inprocess == a->status.inprocess &&
                      strcmp(s->message, a->status.message) == 0;
     if (only_step && s->step == a->status.step)
         return;

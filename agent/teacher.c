@@ -60,12 +60,12 @@ static void start_server(agent *a)
     int child_ctl, child_prog;
     char **env = NULL, err[512] = "";
     a->t.restart_at_ms = 0;
-    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog);
+    int rc = trainer_pipes(&a->tp, &child_ctl, &child_prog, NULL);
     if (!rc && (rc = agent_env_build_teacher(&in, environ, &env)) != 0) {
         close(child_ctl);
         close(child_prog);
     } else if (!rc) {
-        rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, err, sizeof err);
+        rc = trainer_spawn(&a->tp, a->o->argv, env, child_ctl, child_prog, -1, err, sizeof err);
     }
     edl_env_free(env);
     a->starts++;

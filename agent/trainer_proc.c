@@ -19,6 +19,7 @@ void trainer_init(trainer_proc *t)
     memset(t, 0, sizeof *t);
     t->progress_fd = -1;
     t->control_fd = -1;
+    t->stderr_fd = -1;
     t->step = -1;
 }
 
@@ -27,6 +28,8 @@ bool trainer_running(const trainer_proc *t)
     return t->pid > 0;
 }
 
+static void trainer_read_stderr_line(trainer_proc *t);
+
 static void close_fd(int *fd)
 {
     if (*fd >= 0)
@@ -34,15 +37,28 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress)
+int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress, int *child_err)
 {
-    int ctl[2], prog[2];
+    int ctl[2], prog[2], err[2] = {-1, -1};
     if (pipe2(ctl, O_CLOEXEC) < 0)
         return EDL_EIO;
     if (pipe2(prog, O_CLOEXEC) < 0) {
         close(ctl[0]);
         close(ctl[1]);
         return EDL_EIO;
+    }
+    if (child_err && pipe2(err, O_CLOEXEC) < 0) {
+        close(ctl[0]);
+        close(ctl[1]);
+        close(prog[0]);
+        close(prog[1]);
+        return EDL_EIO;
+    }
+    if (child_err) {
+        fcntl(err[0], F_SETFL, O_NONBLOCK);
+        close_fd(&t->stderr_fd); /* a spawn that never happened left it */
+        t->stderr_fd = err[0];
+        *child_err = err[1];
     }
     /* Only the agent's ends are non-blocking: the flag belongs to the open file, and the
      * trainer's ends are the trainer's to choose (its library sets them non-blocking). */
@@ -56,20 +72,26 @@ int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress)
 }
 
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
-                  int child_progress, char *err, size_t errlen)
+                  int child_progress, int child_err, char *err, size_t errlen)
 {
     /* The two pipes, and only these, cross the exec, at fixed low numbers (shells such as dash
-     * can only redirect fds 0-9); stdout and stderr are the agent's. */
+     * can only redirect fds 0-9); stdout is the agent's, stderr too or a pipe to it. */
     edl_spawn_opts so = {.argv = argv, .envp = envp, .new_group = true, .n_fds = 2,
+                         .err = child_err >= 0 ? child_err : 0,
                          .fds = {{child_control, AGENT_CONTROL_FD},
                                  {child_progress, AGENT_PROGRESS_FD}}};
     pid_t pid = 0;
     int rc = edl_spawn(&so, &pid, err, errlen);
     close(child_control);
     close(child_progress);
+    if (child_err >= 0)
+        close(child_err);
+    t->err_tail_next = 0;
+    t->err_line_len = 0;
     if (rc) {
         close_fd(&t->control_fd);
         close_fd(&t->progress_fd);
+        close_fd(&t->stderr_fd);
         return rc;
     }
     t->pid = pid;
@@ -80,6 +102,7 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     t->blocked_since_ms = 0;
     t->ready = false;
     t->graceful = false;
+    t->inprocess = false;
     t->line_len = 0;
     t->line_skip = false;
     return 0;
@@ -153,6 +176,10 @@ int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent)
     /* What the trainer left behind in its group goes with it. */
     kill(-t->pid, SIGKILL);
     trainer_read_progress(t); /* the last lines it wrote */
+    trainer_read_stderr(t);
+    if (t->err_line_len) /* its last words, without a newline */
+        trainer_read_stderr_line(t);
+    close_fd(&t->stderr_fd);
     *wstatus = st;
     *by_agent = t->stopping;
     t->pid = 0;
@@ -198,6 +225,11 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
     case EDL_PROGRESS_GRACEFUL:
         t->graceful = true;
         return 0;
+    case EDL_PROGRESS_INPROCESS:
+        if (t->inprocess)
+            return 0;
+        t->inprocess = true;
+        return 1;
     }
     return 0;
 }
@@ -243,6 +275,71 @@ int trainer_read_progress(trainer_proc *t)
         changed |= trainer_progress_feed(t, buf, (size_t)n);
     }
     return changed;
+}
+
+/* Pass one stderr line on to the agent's stderr (whole: the launcher prefixes lines) and keep
+ * it, as printable text, in the ring of last lines (blank lines are not kept). */
+static void trainer_read_stderr_line(trainer_proc *t)
+{
+    char line[sizeof t->err_line + 1];
+    memcpy(line, t->err_line, t->err_line_len);
+    line[t->err_line_len] = '\n';
+    for (size_t off = 0; off <= t->err_line_len;) {
+        ssize_t w = write(STDERR_FILENO, line + off, t->err_line_len + 1 - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    size_t n = t->err_line_len;
+    t->err_line_len = 0;
+    while (n && (line[n - 1] == '\r' || line[n - 1] == ' '))
+        n--;
+    if (!n)
+        return;
+    char *keep = t->err_tail[t->err_tail_next++ % TRAINER_TAIL_LINES];
+    size_t k = n < sizeof t->err_tail[0] - 1 ? n : sizeof t->err_tail[0] - 1;
+    for (size_t i = 0; i < k; i++)
+        keep[i] = (unsigned char)line[i] < 0x20 || line[i] == 0x7f ? ' ' : line[i];
+    keep[k] = '\0';
+}
+
+void trainer_read_stderr(trainer_proc *t)
+{
+    char buf[4096];
+    while (t->stderr_fd >= 0) {
+        ssize_t n = read(t->stderr_fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                close_fd(&t->stderr_fd);
+            return;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] != '\n')
+                t->err_line[t->err_line_len++] = buf[i];
+            if (buf[i] == '\n' || t->err_line_len == sizeof t->err_line)
+                trainer_read_stderr_line(t);
+        }
+    }
+}
+
+void trainer_stderr_tail(const trainer_proc *t, char *out, size_t len)
+{
+    unsigned n = t->err_tail_next < TRAINER_TAIL_LINES ? t->err_tail_next : TRAINER_TAIL_LINES;
+    unsigned last = t->err_tail_next - 1;
+    out[0] = '\0';
+    if (!n)
+        return;
+    /* the last line first: messages are cut to fit, and a traceback ends with its exception */
+    size_t used = (size_t)snprintf(out, len, "%s", t->err_tail[last % TRAINER_TAIL_LINES]);
+    for (unsigned i = t->err_tail_next - n; i < last && used < len; i++)
+        used += (size_t)snprintf(out + used, len - used, "%s%s", i == t->err_tail_next - n ?
+                                 " (after: " : " | ", t->err_tail[i % TRAINER_TAIL_LINES]);
+    if (n > 1 && used < len)
+        snprintf(out + used, len - used, ")");
 }
 
 void trainer_flush_control(trainer_proc *t)

@@ -93,6 +93,7 @@ typedef struct launcher {
     int64_t gen;
     bool final;
     edl_job_state state;
+    char failed_why[600];     /* a failed job's reason, for the last line ("": none) */
     int interrupted;          /* 0, or the signal that asked us to stop */
     int64_t started_ms;
     char secret[PATH_MAX];    /* the job secret made for this run ("": none made) */
@@ -546,6 +547,8 @@ static void observe(launcher *l)
         l->gen = g.generation;
         l->state = g.state;
         take_ranks(l, &g);
+        if (g.state == EDL_JOB_FAILED)
+            snprintf(l->failed_why, sizeof l->failed_why, "%s", g.reason ? g.reason : "");
         if (edl_job_state_final(g.state) && !l->final)
             on_final(l);
     }
@@ -828,7 +831,8 @@ static const char run_usage[] =
     "  --progress-timeout-ms MS  a rank whose step stalls this long is failed (0: off)\n"
     "  --exclude-after N         failures of one pod before it is excluded for a while (2)\n"
     "  --cooldown-ms MS          first exclusion; doubles with each further failure (10000)\n"
-    "  --elastic-mode MODE       restart (default) or inprocess\n"
+    "  --elastic-mode MODE       restart or inprocess (default: the trainer's; edl.torch\n"
+    "                            asks for inprocess, other trainers get restart)\n"
     "  --checkpoint-uri URI      given to trainers as EDL_CHECKPOINT_URI; a job run again\n"
     "                            resumes from the newest complete checkpoint there\n"
     "  --fresh                   start over: move the URI's checkpoints to\n"
@@ -1105,8 +1109,8 @@ static int parse_run(int argc, char **argv, run_opts *o)
             break;
         case 'M':
             if (edl_elastic_mode_parse(optarg, &o->spec.mode) != 0) {
-                fprintf(stderr, "edl run: --elastic-mode %s: expected restart or inprocess\n",
-                        optarg);
+                fprintf(stderr, "edl run: --elastic-mode %s: expected restart, inprocess or "
+                        "auto\n", optarg);
                 return -1;
             }
             break;
@@ -1461,10 +1465,12 @@ static void finish(launcher *l, bool wrote_state, int ret)
     shutdown_rest(l);
     if (l->w)
         edl_watch_close(l->w);
-    if (l->ran)
-        say("job %s %s after %.1f s: generation %lld, exit code %d", l->o.job,
+    if (l->ran) /* a failure's cause last, where people look first */
+        say("job %s %s after %.1f s: generation %lld, exit code %d%s%s", l->o.job,
             l->interrupted ? "interrupted" : edl_job_state_name(l->state),
-            (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret);
+            (double)(edl_monotonic_ms() - l->started_ms) / 1000.0, (long long)l->gen, ret,
+            l->failed_why[0] && !l->interrupted ? ": " : "",
+            l->interrupted ? "" : l->failed_why);
     if (wrote_state)
         cli_state_remove(l->o.job);
     if (l->secret[0])

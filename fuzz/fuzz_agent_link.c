@@ -30,7 +30,7 @@ static void control_line(const char *in, size_t len)
     free(line);
 }
 
-/* As edl_agent_link_report_step/_blocked/_unblocked write them. */
+/* As edl_agent_link_report_step/_blocked/_unblocked/_ready/_inprocess write them. */
 static void progress_line(const char *in, size_t len)
 {
     edl_progress_line a, b;
@@ -42,6 +42,7 @@ static void progress_line(const char *in, size_t len)
                 ? snprintf(buf, sizeof buf, "blocked %lld %s", (long long)a.value, a.what)
                 : a.kind == EDL_PROGRESS_READY ? snprintf(buf, sizeof buf, "ready")
                 : a.kind == EDL_PROGRESS_GRACEFUL ? snprintf(buf, sizeof buf, "graceful")
+                : a.kind == EDL_PROGRESS_INPROCESS ? snprintf(buf, sizeof buf, "inprocess")
                 : snprintf(buf, sizeof buf, "unblocked");
     FUZZ_CHECK(n > 0 && (size_t)n < sizeof buf);
     FUZZ_CHECK(a.value >= 0 && strlen(a.what) <= EDL_PROGRESS_WHAT_MAX);

@@ -11,7 +11,9 @@ static void one(const char *buf, size_t n, size_t len)
 {
     char out[512];
     memset(out, 'X', sizeof out);
-    int rc = agent_error_message(buf, n, out, len);
+    bool own = true;
+    int rc = agent_error_message(buf, n, out, len, &own);
+    FUZZ_CHECK(!own || rc == 0); /* a mark only with a message */
     size_t got = strnlen(out, len);
     FUZZ_CHECK(got < len); /* NUL-terminated within its buffer */
     for (size_t i = 0; i < got; i++)

@@ -147,6 +147,11 @@ int edl_agent_link_report_graceful(edl_agent_link *t)
     return write_progress(t, "graceful\n", 9);
 }
 
+int edl_agent_link_report_inprocess(edl_agent_link *t)
+{
+    return write_progress(t, "inprocess\n", 10);
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -181,6 +186,10 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     }
     if (len == 8 && memcmp(line, "graceful", 8) == 0) {
         out->kind = EDL_PROGRESS_GRACEFUL;
+        return 0;
+    }
+    if (len == 9 && memcmp(line, "inprocess", 9) == 0) {
+        out->kind = EDL_PROGRESS_INPROCESS;
         return 0;
     }
     if (len < 8 || memcmp(line, "blocked ", 8) != 0)

@@ -98,6 +98,8 @@ int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char
     const char *msg = NULL;
     if (edl_json_cstr(&r, "message", sizeof s.message - 1, &msg))
         snprintf(s.message, sizeof s.message, "%s", msg);
+    edl_json_bool(&r, "own_error", &s.own_error);
+    edl_json_bool(&r, "inprocess", &s.inprocess);
     cJSON_Delete(root);
     if (r.rc)
         return r.rc;
@@ -106,6 +108,8 @@ int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char
         s.exit_code = 0;
     if (s.state != EDL_TRAINER_SIGNALED)
         s.signal = 0;
+    if (s.state != EDL_TRAINER_EXITED)
+        s.own_error = false;
     *out = s;
     return 0;
 }
@@ -127,5 +131,9 @@ char *edl_pod_status_to_json(const edl_pod_status *s)
     cJSON_AddNumberToObject(o, "restarts", (double)s->restarts);
     if (s->message[0])
         cJSON_AddStringToObject(o, "message", s->message);
+    if (s->own_error && s->state == EDL_TRAINER_EXITED)
+        cJSON_AddBoolToObject(o, "own_error", 1);
+    if (s->inprocess)
+        cJSON_AddBoolToObject(o, "inprocess", 1);
     return edl_json_print_consume(o);
 }

@@ -9,7 +9,7 @@
 #include "edl/json.h"
 
 static const char *const policy_names[] = {"OnFailure", "ExitCode", "Never"};
-static const char *const mode_names[] = {"restart", "inprocess"};
+static const char *const mode_names[] = {"restart", "inprocess", "auto"};
 
 static int name_index(const char *s, const char *const *names, int n)
 {
@@ -35,12 +35,12 @@ int edl_restart_policy_parse(const char *s, edl_restart_policy *out)
 
 const char *edl_elastic_mode_name(edl_elastic_mode m)
 {
-    return (unsigned)m < 2 ? mode_names[m] : "unknown";
+    return (unsigned)m < 3 ? mode_names[m] : "unknown";
 }
 
 int edl_elastic_mode_parse(const char *s, edl_elastic_mode *out)
 {
-    int i = name_index(s, mode_names, 2);
+    int i = name_index(s, mode_names, 3);
     if (i < 0)
         return EDL_ECONFIG;
     *out = (edl_elastic_mode)i;
@@ -61,7 +61,7 @@ void edl_spec_init(edl_job_spec *s)
     s->cooldown_ms = 10000;
     s->cooldown_max_ms = 300000;
     s->ttl_s = 10;
-    s->mode = EDL_MODE_RESTART;
+    s->mode = EDL_MODE_AUTO;
     s->ps_replicas = -1; /* ps_min = ps_max = 0: no parameter servers */
     s->teachers_replicas = -1; /* teachers_min = teachers_max = 0: no teachers */
 }
@@ -284,7 +284,7 @@ static void read_spec(edl_json_reader *r, edl_job_spec *s)
     edl_json_i64(r, "progress_timeout_ms", 0, day, &s->progress_timeout_ms);
     edl_json_i64(r, "ttl_s", INT32_MIN, 86400, &s->ttl_s);
     v = (int)s->mode;
-    if (edl_json_enum(r, "elastic_mode", mode_names, 2, &v))
+    if (edl_json_enum(r, "elastic_mode", mode_names, 3, &v))
         s->mode = (edl_elastic_mode)v;
     edl_json_str(r, "checkpoint_uri", 4096, &s->checkpoint_uri);
     edl_json_bool(r, "stopped", &s->stopped);

@@ -1,7 +1,9 @@
 /* reconcile.c: from an observed job to the generation it should have (see reconcile.h).
  *
  * Order of the rules, most urgent first: a final job stays final; a stop request ends it; a
- * trainer that cannot be started fails it; trainer failures (exit, signal, hang) restart the
+ * trainer that cannot be started fails it; so does the trainer's own bug (script_bug: a
+ * failure the trainer marked as its own, every member failing on its own, or one rank failing
+ * as it did in the last restarted generation); trainer failures (exit, signal, hang) restart the
  * generation or fail the job (exclusion only for a pod that failed while others ran; in process
  * mode the failed pod sits the restart out until its replacement trainer is ready); all ranks
  * done is success, and so is (in process mode) rank 0 done when no rank failed and the others
@@ -13,6 +15,7 @@
  * (pods of role "ps") are ranked apart in `servers`. A server whose process ended leaves the
  * servers at once (a failure counts towards its exclusion) but restarts nobody; servers join
  * with the settle window; the job runs only with ps_min servers. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +26,12 @@
 
 typedef struct failure {
     const char *pod;
+    int rank;
     int code;      /* exit code, 128+signal, or -1 for a hang */
+    bool own;      /* the program's own failure (an exit code or a crash), not one from outside
+                    * (SIGKILL: OOM or a drained node; SIGTERM; a hang): see own_failure */
+    bool marked;   /* the trainer said so itself (edl_pod_status.own_error) */
+    uint32_t message_hash;
     bool blamed;   /* counts against the pod (exclusion): it failed while others ran; not when
                     * it waited on a peer, nor when every member failed */
     bool unstartable; /* the trainer could not be started (cannot_start) */
@@ -61,6 +69,22 @@ static const edl_pod_failures *failures_of(const edl_generation *c, const char *
         if (strcmp(c->failures[i].pod, pod) == 0)
             return &c->failures[i];
     return NULL;
+}
+
+/* The current generation's workers re-form in process: the spec says so, or (the mode not
+ * given) every member's agent reports that its trainer said so (edl_pod_status.inprocess,
+ * sticky per agent: one status of any generation suffices). Otherwise restart mode. */
+static bool in_process(const js_observed *o)
+{
+    const edl_generation *c = o->current;
+    if (o->spec->mode != EDL_MODE_AUTO)
+        return o->spec->mode == EDL_MODE_INPROCESS;
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        if (i < 0 || !o->has_status[i] || !o->status[i].inprocess)
+            return false;
+    }
+    return c->n_members > 0;
 }
 
 /* ---- progress (hang detection) ------------------------------------------------------------ */
@@ -144,6 +168,35 @@ static bool cannot_start(const edl_pod_status *s)
            s->step < 0;
 }
 
+/* Signals that say the program itself went wrong (a crash), as against those that end a
+ * process from outside: SIGKILL (the OOM killer, a drained node), SIGTERM, SIGINT, SIGHUP. */
+static bool crash_signal(int sig)
+{
+    return sig == SIGSEGV || sig == SIGABRT || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;
+}
+
+/* The program failed by itself: an exit code (a shell's 128 + N for its child's signal N is
+ * judged as that signal) or a crash. Restarting such a failure repeats it unless the cause was
+ * outside (the judgement in script_bug decides when it was not). */
+static bool own_failure(const edl_pod_status *s)
+{
+    if (s->state == EDL_TRAINER_SIGNALED)
+        return crash_signal(s->signal);
+    if (s->state != EDL_TRAINER_EXITED || s->exit_code == 0)
+        return false;
+    return s->exit_code > 128 && s->exit_code < 128 + 65 ? crash_signal(s->exit_code - 128)
+                                                         : true;
+}
+
+/* FNV-1a: messages are compared by their hash (kept in js_memory). */
+static uint32_t message_hash(const char *m)
+{
+    uint32_t h = 2166136261u;
+    for (; *m; m++)
+        h = (h ^ (unsigned char)*m) * 16777619u;
+    return h;
+}
+
 /* A member's status as a failure (false: it is no failure). A trainer's own message (its
  * error file, why it hung, why it could not be started) follows, cut to fit. */
 static bool describe_failure(const edl_member *mb, const char *role, const edl_pod_status *s,
@@ -152,8 +205,12 @@ static bool describe_failure(const edl_member *mb, const char *role, const edl_p
     const char *msg = s->message[0] ? s->message : NULL;
     int len = 0;
     f->pod = mb->pod;
+    f->rank = mb->rank;
     f->blamed = true;
     f->unstartable = cannot_start(s);
+    f->own = own_failure(s);
+    f->marked = f->own && s->own_error;
+    f->message_hash = message_hash(s->message);
     if (s->state == EDL_TRAINER_EXITED) {
         f->code = s->exit_code;
         len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) exited with code %d", mb->pod,
@@ -209,6 +266,7 @@ static size_t collect_failures(const js_observed *o, js_memory *m, failure *fl, 
         int h = find_hung(o, m, wake);
         if (h >= 0) {
             fl[0].pod = c->members[h].pod;
+            fl[0].rank = c->members[h].rank;
             fl[0].code = -1;
             fl[0].blamed = true;
             snprintf(fl[0].what, sizeof fl[0].what,
@@ -243,8 +301,8 @@ static finish rank0_finished(const js_observed *o, js_memory *m, const failure *
                              char *reason, size_t len, int64_t *wake)
 {
     const edl_generation *c = o->current;
-    if (o->spec->mode != EDL_MODE_INPROCESS || o->spec->ps_max > 0 ||
-        c->state != EDL_JOB_RUNNING || c->generation == 0)
+    if (!in_process(o) || o->spec->ps_max > 0 || c->state != EDL_JOB_RUNNING ||
+        c->generation == 0)
         return FINISH_NONE;
     for (size_t k = 0; k < nf; k++)
         if (fl[k].code >= 0) /* an exit or a signal; a hang (-1) may be one waiting on rank 0 */
@@ -855,7 +913,7 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
     bool exits = false;
     for (size_t k = 0; k < nf; k++)
         exits = exits || fl[k].code >= 0; /* a hang is no peer's loss: its agent reported it */
-    if (!exits || o->spec->mode != EDL_MODE_RESTART || o->spec->ps_max > 0)
+    if (!exits || in_process(o) || o->spec->ps_max > 0)
         return false;
     for (size_t k = 0; k < c->n_members; k++) {
         int i = pod_index(o, c->members[k].pod, c->members[k].lease);
@@ -927,6 +985,70 @@ static const failure *first_permanent(const edl_job_spec *sp, const failure *fl,
     return NULL;
 }
 
+/* ---- the trainer's own bug (fail fast) --------------------------------------------------- */
+
+/* The first failure the trainer marked as its own (edl.torch: an exception that is no
+ * communication failure): restarting repeats it, whatever the mode. NULL: none. */
+static const failure *marked_failure(const failure *fl, size_t nf)
+{
+    for (size_t k = 0; k < nf; k++)
+        if (fl[k].marked)
+            return &fl[k];
+    return NULL;
+}
+
+/* The same rank failed the same way (exit code or signal, and message) in the generation
+ * restarted last for its members' own failures. */
+static bool repeats(const js_memory *m, int64_t gen, const failure *f)
+{
+    if (m->failed_gen <= 0 || m->failed_gen >= gen)
+        return false;
+    for (size_t i = 0; i < m->n_failed; i++)
+        if (m->failed[i].rank == f->rank && m->failed[i].code == f->code &&
+            m->failed[i].message_hash == f->message_hash)
+            return true;
+    return false;
+}
+
+/* The script's bug, judged once the failures are in (after any hold): every member of the
+ * generation failed on its own (no peer was lost: js_reconcile dropped such failures), or one
+ * rank failed exactly as in the last restarted generation. Either way a restart runs the same
+ * program on the same input into the same failure, so the job fails now, its reason in buf.
+ * Failures from outside (SIGKILL, SIGTERM, a hang) never count: they spend restarts as ever. */
+static bool script_bug(const js_observed *o, const js_memory *m, const failure *fl, size_t nf,
+                       char *buf, size_t len)
+{
+    const edl_generation *c = o->current;
+    size_t own = 0;
+    for (size_t k = 0; k < nf; k++)
+        own += fl[k].own;
+    if (nf && own == nf && nf == c->n_members) {
+        snprintf(buf, len, "%s; every rank (%zu of %zu) failed by itself: the script's own "
+                 "error (restarting would repeat it): fix it and run the job again", fl[0].what,
+                 nf, c->n_members);
+        return true;
+    }
+    for (size_t k = 0; k < nf; k++)
+        if (fl[k].own && repeats(m, c->generation, &fl[k])) {
+            snprintf(buf, len, "%s; rank %d failed the same way in generation %lld: the "
+                     "script's own error (restarting would repeat it): fix it and run the job "
+                     "again", fl[k].what, fl[k].rank, (long long)m->failed_gen);
+            return true;
+        }
+    return false;
+}
+
+/* Remember the own failures of the generation being restarted, for the next judgement. */
+static void remember_failures(js_memory *m, int64_t gen, const failure *fl, size_t nf)
+{
+    m->failed_gen = gen;
+    m->n_failed = 0;
+    for (size_t k = 0; k < nf && m->n_failed < JS_FAILURES_KEPT; k++)
+        if (fl[k].own)
+            m->failed[m->n_failed++] = (js_failure_sig){
+                .rank = fl[k].rank, .code = fl[k].code, .message_hash = fl[k].message_hash};
+}
+
 /* A generation its trainers declared dead (their collective group broke) with nobody gone:
  * re-form with the same members. A grace of one settle window (at least 1 s) lets the usual
  * signals (a trainer's exit, a lease's expiry) arrive first and name the cause. True once it
@@ -985,7 +1107,9 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     /* A trainer that cannot be started fails the job at once: no hold, no restart. */
     failure bad;
     bool unstartable = !member_lost(o) && find_unstartable(o, fl, nf, &bad);
-    if (nf && !unstartable && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
+    /* A failure the trainer marked as its own is no peer's fallout: no hold either. */
+    const failure *marked = marked_failure(fl, nf);
+    if (nf && !unstartable && !marked && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
         out->wake_mono_ms = wake;
         free(fl);
         return 0;
@@ -999,6 +1123,11 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
         snprintf(reason, sizeof reason, "%s; the trainer cannot be started (not found or not "
                  "executable): fix the command; the job fails without restarts", bad.what);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else if (marked) {
+        snprintf(reason, sizeof reason, "%s; the trainer's own error (not a communication "
+                 "failure): restarting would repeat it, the job fails: fix the script and run "
+                 "the job again", marked->what);
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
     } else if (all_done) {
         snprintf(reason, sizeof reason, "all %zu ranks exited 0", c->n_members);
         rc = publish_final(o, EDL_JOB_SUCCEEDED, reason, out);
@@ -1009,6 +1138,8 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
                (perm = first_permanent(sp, fl, nf)) != NULL) {
         snprintf(reason, sizeof reason, "%s, a permanent exit code", perm->what);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
+    } else if (nf && script_bug(o, mem, fl, nf, reason, sizeof reason)) {
+        rc = publish_final(o, EDL_JOB_FAILED, reason, out);
     } else if (nf && c->restarts + 1 > sp->max_restarts) {
         snprintf(reason, sizeof reason, "restart budget of %d spent; last failure: %s",
                  sp->max_restarts, fl[0].what);
@@ -1018,6 +1149,8 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
                  "dead: %.200s", sp->max_restarts, (long long)c->generation, o->gen_dead);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
     } else {
+        if (nf)
+            remember_failures(mem, c->generation, fl, nf);
         rc = reconcile_membership(o, mem, fl, nf, dead, finishing, out);
     }
     if (wake && (!out->wake_mono_ms || wake < out->wake_mono_ms))

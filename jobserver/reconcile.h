@@ -7,7 +7,9 @@
  * with a fenced txn. The only memory kept between calls (js_memory) is what a new leader may
  * lose without harm: when each pending join was first seen (it then waits one more settle
  * window), when each rank's step last moved (it then waits one more progress timeout), when
- * rank 0 was first seen done (it then waits one more finishing grace). */
+ * rank 0 was first seen done (it then waits one more finishing grace), the failures of the last
+ * restarted generation (it then allows one more restart before a repeated failure fails the
+ * job). */
 #ifndef EDL_JOBSERVER_RECONCILE_H
 #define EDL_JOBSERVER_RECONCILE_H
 
@@ -47,6 +49,14 @@ typedef struct js_join {
     int64_t since_mono_ms;
 } js_join;
 
+/* One failure as the fail-fast judgement compares it with the next (reconcile.c, script_bug). */
+typedef struct js_failure_sig {
+    int rank;
+    int code;               /* exit code or 128 + signal */
+    uint32_t message_hash;  /* of the trainer's message (its error file) */
+} js_failure_sig;
+#define JS_FAILURES_KEPT 16 /* the failures of one generation remembered (more: not compared) */
+
 typedef struct js_memory {
     js_join *joins;             /* the joins pending now; a pod that left is forgotten */
     size_t n_joins;
@@ -58,6 +68,10 @@ typedef struct js_memory {
     int64_t hold_since_mono_ms;
     int64_t finish_gen;         /* the generation whose rank 0 was first seen done at */
     int64_t finish_since_mono_ms;
+    int64_t failed_gen;         /* the last generation restarted after its members' own failures */
+    size_t n_failed;            /* ... and those failures (a new leader forgets them: one more
+                                 * restart before a repeat is seen) */
+    js_failure_sig failed[JS_FAILURES_KEPT];
 } js_memory;
 
 typedef enum js_action {

@@ -724,6 +724,60 @@ static void test_inprocess_graceful_trainer_is_told_to_leave(void **state)
     publish_state("lingering", 2, EDL_JOB_STOPPED);
 }
 
+/* The spec's mode not given: a trainer that says "inprocess" on its progress pipe (as
+ * edl.torch does) is kept across generations and sent each one over its control pipe, and its
+ * status says inprocess (for the job server); a trainer that says nothing is restarted. */
+static void test_mode_not_given_follows_the_trainer(void **state)
+{
+    (void)state;
+    const char *job = "automode";
+    put_spec(job, EDL_MODE_AUTO, 2, 5);
+    pid_t a = start_agent(job, "a",
+                          "echo $$ > $T_DIR/pid; echo inprocess >&$EDL_PROGRESS_FD; "
+                          "while read -r l <&$EDL_CONTROL_FD; do echo \"$l\" >> $T_DIR/ctl; done; "
+                          "sleep 60",
+                          NULL);
+    char k0[256], pf[300], cf[300], line[1024] = "";
+    edl_kv *reg = wait_kv(key(job, "pods/a", k0, sizeof k0), 5000);
+    assert_non_null(reg); /* registered at once: nobody said in-process yet, nothing ahead */
+    edl_kv_free(reg);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    snprintf(pf, sizeof pf, "%s/pid", dir);
+    snprintf(cf, sizeof cf, "%s/ctl", dir);
+    assert_true(wait_file(pf, 5000));
+    long pid1 = read_long_file(pf);
+    edl_pod_status st = {0};
+    for (int64_t end = harness_now_ms() + 3000; harness_now_ms() < end && !st.inprocess;)
+        st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 3000);
+    assert_true(st.inprocess);
+    char k[256];
+    const char *z = "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}";
+    harness_put(cl, key(job, "pods/z", k, sizeof k), z);
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", "z", NULL});
+    st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
+    assert_int_equal(st.pid, pid1); /* re-formed in process, not restarted */
+    assert_int_equal(st.restarts, 0);
+    assert_int_equal(wait_lines(cf, 2, line, sizeof line), 2);
+    assert_non_null(strstr(line, "\"generation\":2"));
+    publish_state(job, 2, EDL_JOB_FAILED);
+    assert_int_equal(wait_exit(a, 8000), 1);
+
+    job = "automode2"; /* a trainer that says nothing: restart mode */
+    put_spec(job, EDL_MODE_AUTO, 2, 5);
+    a = start_agent(job, "a", RECORDING_TRAINER, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    char p1[300], p2[300];
+    assert_true(wait_file(path_of("a", 1, "env", p1, sizeof p1), 5000));
+    long first = read_long_file(path_of("a", 1, "pid", p2, sizeof p2));
+    assert_var(p1, "EDL_ELASTIC_MODE", "auto");
+    harness_put(cl, key(job, "pods/z", k, sizeof k), z);
+    publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", "z", NULL});
+    assert_true(wait_file(path_of("a", 2, "env", p2, sizeof p2), 8000));
+    assert_true(read_long_file(path_of("a", 2, "pid", p2, sizeof p2)) != first);
+    publish_state(job, 2, EDL_JOB_STOPPED);
+    assert_int_equal(wait_exit(a, 8000), 4);
+}
+
 static void test_standby_waits_then_starts(void **state)
 {
     (void)state;
@@ -1564,6 +1618,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_inprocess_keeps_trainer_across_generations, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inprocess_graceful_trainer_is_told_to_leave, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_mode_not_given_follows_the_trainer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_standby_waits_then_starts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trainer_exit_reported_and_not_restarted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_stops_trainer_and_leaves_at_once, setup, teardown),

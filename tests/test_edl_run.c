@@ -2,7 +2,9 @@
  * and real trainer processes (small sh scripts). What a user sees: the exact environment of
  * every rank, scale up within the settle window as one generation, graceful leave and SIGKILL,
  * standby promotion, a failing trainer restarted, excluded and finally failing the job, a
- * broken trainer failing within seconds, one that cannot be started failing at once, an etcd
+ * broken trainer failing within seconds, one that cannot be started failing at once, a
+ * script's own bug (a path typo) failing at once with its cause (its last stderr lines) in the
+ * last line, an etcd
  * outage ridden out without killing trainers, `edl status/scale/stop`, the example trainer
  * finishing with the right answer after being re-formed, a job run again (after edl stop, a
  * SIGKILLed launcher, with --etcd and with its own) resuming from its checkpoints, --fresh,
@@ -508,12 +510,13 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
 {
     (void)state;
     const char *job = "flaky";
-    /* the pod named flaky-1 always fails with 3; the others run */
+    /* the pod named flaky-1 is always killed (as the OOM killer does: from outside, so no
+     * script's bug however often it happens); the others run */
     const char *opts[] = {"--np", "2:3", "--etcd", ep(), "--settle-ms", "300",
                           "--max-restarts", "2", "--exclude-after", "2", "--cooldown-ms", "1500",
                           "--grace-ms", "1000", NULL};
     pid_t run = edl_run(job, opts,
-                        "if [ \"$EDL_POD_ID\" = flaky-1 ]; then sleep 0.3; exit 3; fi; "
+                        "if [ \"$EDL_POD_ID\" = flaky-1 ]; then sleep 0.3; kill -KILL $$; fi; "
                         "exec sleep 120");
     int rc = harness_wait_exit(run, 60000);
     assert_int_equal(rc, 1); /* the job failed */
@@ -542,16 +545,16 @@ static void test_failing_trainer_restarted_excluded_then_job_fails(void **state)
     edl_generation_clear(&c);
 }
 
-/* A trainer that fails at once on every pod (`sh -c 'exit 3'`) is broken, not a pod: the job
- * spends its restart budget (10 by default) without exclusion cool-downs (10 s, doubling, by
- * default) and fails within seconds, as torchrun would. */
+/* A trainer killed from outside at once on every pod (SIGKILL, as the OOM killer sends it) is
+ * no pod's fault: the job spends its restart budget (10 by default) without exclusion
+ * cool-downs (10 s, doubling, by default) and fails within seconds, as torchrun would. */
 static void test_broken_trainer_spends_its_budget_in_seconds(void **state)
 {
     (void)state;
     const char *job = "broken";
     const char *opts[] = {"--np", "1", "--etcd", ep(), "--grace-ms", "1000", NULL};
     int64_t t0 = harness_now_ms();
-    pid_t run = edl_run(job, opts, "exit 3");
+    pid_t run = edl_run(job, opts, "kill -KILL $$");
     int rc = harness_wait_exit(run, 20000);
     if (rc == -1)
         harness_kill(run, SIGKILL);
@@ -563,9 +566,9 @@ static void test_broken_trainer_spends_its_budget_in_seconds(void **state)
     assert_int_equal(c.restarts, 10);
     assert_int_equal(c.n_failures, 0); /* nobody was excluded */
     assert_non_null(strstr(c.reason, "restart budget of 10 spent"));
-    assert_non_null(strstr(c.reason, "exited with code 3"));
-    print_message("sh -c 'exit 3' under edl run --np 1: failed after 10 restarts in %lld ms\n",
-                  (long long)took);
+    assert_non_null(strstr(c.reason, "killed by signal 9"));
+    print_message("sh -c 'kill -KILL $$' under edl run --np 1: failed after 10 restarts in "
+                  "%lld ms\n", (long long)took);
     assert_true(took < 10000); /* the first exclusion alone would wait 10 s */
     edl_generation_clear(&c);
 }
@@ -602,6 +605,79 @@ static void test_trainer_that_cannot_start_fails_the_job_at_once(void **state)
     (void)state;
     cannot_start_case("nofile", "/no/such/trainer", "/no/such/trainer: No such file or directory");
     cannot_start_case("nopath", "no-such-trainer-in-path", "not found in PATH");
+}
+
+/* The log's lines holding `what`, and its last line (into last). */
+static int log_count(const char *job, const char *what, char *last, size_t len)
+{
+    char log[300], line[2048];
+    snprintf(log, sizeof log, "%s/%s.log", g_dir, job);
+    FILE *f = fopen(log, "r");
+    int n = 0;
+    last[0] = '\0';
+    while (f && fgets(line, sizeof line, f)) {
+        n += strstr(line, what) != NULL;
+        snprintf(last, len, "%s", line);
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* A typo in the script's path (python3 /no/such/train.py: the interpreter starts, then exits
+ * 2) fails on every rank by itself: the script's own error, so the job fails at once, without
+ * restarts: within 5 s, the interpreter's error printed once per pod, and the cause in `edl
+ * run`'s last line. */
+static void test_script_path_typo_fails_at_once_printing_its_error_once(void **state)
+{
+    (void)state;
+    const char *job = "typo";
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    const char *argv[] = {"/usr/bin/python3", "/no/such/train.py", NULL};
+    int64_t t0 = harness_now_ms();
+    pid_t run = edl_run_argv(job, opts, argv);
+    int rc = harness_wait_exit(run, 30000);
+    if (rc == -1)
+        harness_kill(run, SIGKILL);
+    int64_t took = harness_now_ms() - t0;
+    assert_int_equal(rc, 1);
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_int_equal(c.restarts, 0);
+    assert_non_null(strstr(c.reason, "every rank (2 of 2) failed by itself"));
+    char last[2048];
+    /* the interpreter's own line, "typo-0    | /usr/bin/python3: can't open file ..." (the
+     * reason quotes it too, after "last stderr: ") */
+    int n = log_count(job, "| /usr/bin/python3: can't open file '/no/such/train.py'", last,
+                      sizeof last);
+    print_message("python3 /no/such/train.py under edl run --np 2: failed in %lld ms, its "
+                  "error printed %d times; last line: %s", (long long)took, n, last);
+    assert_int_equal(n, 2); /* once per pod */
+    assert_non_null(strstr(last, "job typo failed after"));
+    assert_non_null(strstr(last, "exited with code 2: last stderr: /usr/bin/python3: can't open "
+                              "file '/no/such/train.py'"));
+    assert_non_null(strstr(last, "the script's own error"));
+    assert_true(took < 5000);
+    edl_generation_clear(&c);
+}
+
+/* A trainer that fails without an error file is reported with its last stderr lines, the last
+ * first (a traceback ends with its exception), a last line without its newline included; the
+ * lines still reach edl run's output, once each. */
+static void test_failure_cause_is_the_last_stderr_lines(void **state)
+{
+    (void)state;
+    const char *job = "tail";
+    const char *opts[] = {"--np", "1", "--etcd", ep(), "--grace-ms", "1000", NULL};
+    pid_t run = edl_run(job, opts, "echo zero >&2; echo one >&2; echo >&2; echo two >&2; "
+                                   "printf 'three, no newline' >&2; exit 4");
+    assert_int_equal(harness_wait_exit(run, 30000), 1);
+    char last[2048];
+    assert_int_equal(log_count(job, "| one", last, sizeof last), 1);
+    assert_int_equal(log_count(job, "| three, no newline", last, sizeof last), 1);
+    if (!strstr(last, "exited with code 4: last stderr: three, no newline (after: one | two)"))
+        fail_msg("last line: %s", last);
 }
 
 /* An agent SIGKILLed on this machine: the launcher reaps it at once and revokes its lease, so
@@ -2201,6 +2277,8 @@ int main(void)
         cmocka_unit_test(test_failing_trainer_restarted_excluded_then_job_fails),
         cmocka_unit_test(test_broken_trainer_spends_its_budget_in_seconds),
         cmocka_unit_test(test_trainer_that_cannot_start_fails_the_job_at_once),
+        cmocka_unit_test(test_script_path_typo_fails_at_once_printing_its_error_once),
+        cmocka_unit_test(test_failure_cause_is_the_last_stderr_lines),
         cmocka_unit_test(test_killed_agent_leaves_the_generation_at_once),
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
         cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),

@@ -580,13 +580,15 @@ static void test_pod_and_status_documents(void **state)
     assert_string_equal(p.addr, "10.1.2.3");
     edl_pod_clear(&p);
 
-    edl_pod_status s = {.generation = 3, .state = EDL_TRAINER_EXITED, .exit_code = 3, .step = 9};
+    edl_pod_status s = {.generation = 3, .state = EDL_TRAINER_EXITED, .exit_code = 3, .step = 9,
+                        .own_error = true, .inprocess = true};
     char *t = edl_pod_status_to_json(&s);
     edl_pod_status u;
     assert_int_equal(edl_pod_status_parse(t, strlen(t), &u, err, sizeof err), 0);
     assert_int_equal(u.state, EDL_TRAINER_EXITED);
     assert_int_equal(u.exit_code, 3);
     assert_int_equal(u.step, 9);
+    assert_true(u.own_error && u.inprocess);
     free(t);
     assert_int_equal(edl_pod_status_parse("{\"generation\":1}", 16, &u, err, sizeof err),
                      EDL_EPROTO);
@@ -597,6 +599,10 @@ static void test_pod_and_status_documents(void **state)
     assert_int_equal(u.state, EDL_TRAINER_RUNNING);
     assert_int_equal(u.signal, 0);
     assert_int_equal(u.exit_code, 0);
+    /* own_error belongs to an exit, as an exit code does */
+    odd = "{\"generation\":2,\"state\":\"signaled\",\"signal\":9,\"own_error\":true}";
+    assert_int_equal(edl_pod_status_parse(odd, strlen(odd), &u, err, sizeof err), 0);
+    assert_false(u.own_error);
 }
 
 static void test_names_and_keys(void **state)
@@ -703,6 +709,14 @@ static void test_exit_codes_and_names_have_one_source(void **state)
     assert_int_equal(edl_elastic_mode_parse("inprocess", &m), 0);
     assert_string_equal(edl_elastic_mode_name(m), "inprocess");
     assert_int_equal(edl_elastic_mode_parse("in-process", &m), EDL_ECONFIG);
+    edl_job_spec d; /* not given: the trainer's choice, told apart from an explicit restart */
+    edl_spec_init(&d);
+    assert_int_equal(d.mode, EDL_MODE_AUTO);
+    char err[128];
+    const char *rs = "{\"elastic_mode\":\"restart\"}";
+    assert_int_equal(edl_spec_parse(rs, strlen(rs), &d, err, sizeof err), 0);
+    assert_int_equal(d.mode, EDL_MODE_RESTART);
+    edl_spec_clear(&d);
     edl_job_spec a, b;
     edl_spec_init(&a);
     edl_spec_init(&b);
@@ -745,11 +759,13 @@ static void test_progress_lines(void **state)
     assert_int_equal(pl.kind, EDL_PROGRESS_UNBLOCKED);
     assert_int_equal(progress("graceful", &pl), 0);
     assert_int_equal(pl.kind, EDL_PROGRESS_GRACEFUL);
+    assert_int_equal(progress("inprocess", &pl), 0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_INPROCESS);
     char big[400];
     snprintf(big, sizeof big, "blocked 5 %0*d", EDL_PROGRESS_WHAT_MAX + 1, 0);
     const char *bad[] = {"", "step", "step ", "step -1", "step 1x", "step 99999999999999999999",
                          "blocked", "blocked x y", "blocked 1 a\tb", "unblocked ", "hello",
-                         "graceful ", "gracefully", big};
+                         "graceful ", "gracefully", "inprocess ", "in process", big};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (progress(bad[i], &pl) != EDL_EPROTO)
             fail_msg("accepted: \"%s\"", bad[i]);

@@ -1015,9 +1015,15 @@ static void test_a_takeover_never_undoes_the_end_of_a_job(void **state)
     snprintf(extra, sizeof extra, "  activeDeadlineSeconds: 15\n  checkpoint: {uri: "
              "\"file://%s/done\"}\n", c->ckpt);
     apply_command_job(c, "done", cmd, extra);
-    apply_command_job(c, "broken", "[sh, -c, \"exit 3\"]", NULL);
+    apply_command_job(c, "broken", "[sh, -c, \"echo boom >&2; exit 3\"]", NULL);
     harness_kubectl_wait(c->k, "tj done", "{.status.state}", "Succeeded", 60000);
     harness_kubectl_wait(c->k, "tj broken", "{.status.state}", "Failed", 60000);
+    /* the script's own bug (its only rank failed by itself): failed at once, the cause in the
+     * Failed condition */
+    harness_kubectl(c->k, out, sizeof out, "get tj broken -o jsonpath='{.status.conditions[?("
+                    "@.type==\"Failed\")].message}'");
+    if (!strstr(out, "exited with code 3: last stderr: boom") || !strstr(out, "every rank"))
+        fail_msg("the Failed condition: %s", out);
     harness_kubectl_wait(c->k, "pods -l 'edl.dev/job in (done,broken)'",
                          "{.items[*].metadata.name}", "", 30000);
     harness_kubectl(c->k, done_at, sizeof done_at, "get tj done -o "

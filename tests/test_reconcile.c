@@ -2,10 +2,11 @@
  * settle window (a join that left before it was published neither opens nor shortens it), losses,
  * waiting below min, failures with restarts, exclusion and its growing
  * cool-down (only for a pod that fails while others run), the restart budget, exit-code
- * policy, trainers that cannot be started, success (all ranks, or in process rank 0 and a
- * grace), hangs, stop, spec errors; and the parameter-server role: waiting for ps_min servers,
- * server changes as new generations that keep the workers, server failures (no restart),
- * success decided by the workers. */
+ * policy, trainers that cannot be started, the script's own bug (a failure the trainer marked,
+ * every rank failing by itself, a rank repeating its failure: the job fails at once), success
+ * (all ranks, or in process rank 0 and a grace), hangs, stop, spec errors; and the
+ * parameter-server role: waiting for ps_min servers, server changes as new generations that
+ * keep the workers, server failures (no restart), success decided by the workers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -476,7 +477,9 @@ static void test_failure_restarts_then_excludes_then_fails(void **state)
     members_are(&w, "p0 p1 p2");
     assert_non_null(strstr(w.cur.reason, "exited with code 3"));
     all_running(&w);
-    set_status(&w, 1, EDL_TRAINER_EXITED, 3, 10); /* second failure: excluded for 10 s */
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 10); /* second failure: excluded for 10 s
+                                                      * (a second exit 3 would be a repeat:
+                                                      * test_repeated_failure_fails_the_job) */
     d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 2);
@@ -1184,8 +1187,9 @@ static void test_worker_restart_keeps_the_servers(void **state)
     world w;
     ps_world(&w, 2, 2, 1, 2);
     start_ps_job(&w, 2, 2);
-    set_status(&w, 1, EDL_TRAINER_EXITED, 1, -1);
-    set_status(&w, 0, EDL_TRAINER_EXITED, 1, -1);
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, -1); /* from outside (both failing by
+                                                     * themselves would be the script's bug) */
+    set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, -1);
     int64_t g = w.cur.generation;
     js_decision d = step(&w);
     js_decision_clear(&d);
@@ -1304,9 +1308,9 @@ static void test_trainer_that_cannot_start_fails_the_job_at_once(void **state)
     world_free(&w);
 
     world_init(&w, 1, 4); /* it had reported progress: it started; a restart */
-    form(&w, 1);
+    form(&w, 2);
     set_status(&w, 0, EDL_TRAINER_EXITED, 127, 40);
-    d = step(&w);
+    d = step_past_hold(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
     assert_int_equal(w.cur.restarts, 1);
@@ -1321,9 +1325,10 @@ static void test_trainer_that_cannot_start_fails_the_job_at_once(void **state)
     world_free(&w);
 }
 
-/* Every member fails (here the only one, as `edl run --np 1 -- sh -c 'exit 3'`): the program
- * is broken, not a pod, so nobody is excluded and no cool-down is waited: each failure is
- * restarted at once and the job fails when its budget is spent. */
+/* Every member is killed from outside (here the only one, SIGKILL as the OOM killer sends
+ * it): no pod is to blame, so nobody is excluded and no cool-down is waited: each failure is
+ * restarted at once and the job fails when its budget is spent. (Every member failing by
+ * itself is the script's bug: test_every_rank_failing_by_itself_fails_the_job.) */
 static void test_every_member_failing_spends_the_budget_without_exclusion(void **state)
 {
     (void)state;
@@ -1333,7 +1338,7 @@ static void test_every_member_failing_spends_the_budget_without_exclusion(void *
     w.spec.exclude_after = 2;
     form(&w, 1);
     for (int i = 1; i <= 3; i++) {
-        set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1);
+        set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, -1);
         js_decision d = step(&w);
         assert_true(d.new_generation); /* at once: no hold, no cool-down */
         js_decision_clear(&d);
@@ -1342,7 +1347,7 @@ static void test_every_member_failing_spends_the_budget_without_exclusion(void *
         assert_int_equal(w.cur.n_failures, 0);
         all_running(&w);
     }
-    set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1);
+    set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, -1);
     js_decision d = step(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.state, EDL_JOB_FAILED);
@@ -1350,9 +1355,10 @@ static void test_every_member_failing_spends_the_budget_without_exclusion(void *
     world_free(&w);
 }
 
-/* Three members all fail the same way, one after another, the later ones not yet started for
- * the generation when the first failure is seen (rank 0 starts first): the decision waits for
- * them to report, then restarts everyone, blaming nobody. */
+/* Three members all fail, one after another, the later ones not yet started for the
+ * generation when the first failure is seen (rank 0 starts first): the decision waits for
+ * them to report, then restarts everyone, blaming nobody. One of them killed from outside
+ * each time, so this is no script's bug; no rank repeats its failure. */
 static void test_all_members_failing_together_blames_nobody(void **state)
 {
     (void)state;
@@ -1362,7 +1368,7 @@ static void test_all_members_failing_together_blames_nobody(void **state)
     w.spec.exclude_after = 1;
     w.spec.ttl_s = 10;
     form(&w, 3);
-    set_status(&w, 0, EDL_TRAINER_EXITED, 3, -1);
+    set_status(&w, 0, EDL_TRAINER_SIGNALED, 9, -1);
     set_status(&w, 1, EDL_TRAINER_EXITED, 3, -1);
     set_status(&w, 2, EDL_TRAINER_EXITED, 3, -1);
     js_decision d = step(&w);
@@ -1378,7 +1384,7 @@ static void test_all_members_failing_together_blames_nobody(void **state)
     assert_true(d.wake_mono_ms > w.mono && d.wake_mono_ms <= w.mono + 11000);
     js_decision_clear(&d);
     advance(&w, 100);
-    set_status(&w, 1, EDL_TRAINER_EXITED, 3, -1);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 4, -1);
     set_status(&w, 2, EDL_TRAINER_SIGNALED, 9, -1);
     d = step(&w);
     js_decision_clear(&d);
@@ -1389,10 +1395,181 @@ static void test_all_members_failing_together_blames_nobody(void **state)
     world_free(&w);
 }
 
+/* ---- fail fast on the script's own bug ------------------------------------------------------ */
+
+static void set_message(world *w, int id, const char *msg, bool own_error)
+{
+    char name[16];
+    snprintf(name, sizeof name, "p%d", id);
+    for (size_t i = 0; i < w->n; i++)
+        if (strcmp(w->pods[i].name, name) == 0) {
+            snprintf(w->st[i].message, sizeof w->st[i].message, "%s", msg);
+            w->st[i].own_error = own_error;
+        }
+}
+
+/* edl.torch marks an exception that is no communication failure as the trainer's own error:
+ * the job fails at once (no hold for peers, no restart), in either mode, the exception in the
+ * reason. */
+static void test_trainer_marked_error_fails_the_job_at_once(void **state)
+{
+    (void)state;
+    for (int mode = EDL_MODE_RESTART; mode <= EDL_MODE_INPROCESS; mode++) {
+        world w;
+        world_init(&w, 1, 4);
+        w.spec.mode = (edl_elastic_mode)mode;
+        form(&w, 3);
+        set_status(&w, 1, EDL_TRAINER_EXITED, 1, 50);
+        set_message(&w, 1, "ValueError: boom at step 50", true);
+        js_decision d = step(&w);
+        assert_int_equal(d.action, JS_PUBLISH);
+        js_decision_clear(&d);
+        assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+        assert_int_equal(w.cur.restarts, 0);
+        assert_non_null(strstr(w.cur.reason, "pod p1 (rank 1) exited with code 1: ValueError: "
+                                             "boom at step 50"));
+        assert_non_null(strstr(w.cur.reason, "own error"));
+        world_free(&w);
+    }
+}
+
+/* Every rank failing by itself (an exit code or a crash; the only rank of a job of one) is the
+ * script's bug: the job fails at once. Every rank killed from outside is not (see
+ * test_every_member_failing_spends_the_budget_without_exclusion). */
+static void test_every_rank_failing_by_itself_fails_the_job(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    form(&w, 1);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 1, 50);
+    set_message(&w, 0, "Traceback: ValueError: boom", false);
+    js_decision d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_int_equal(w.cur.restarts, 0);
+    assert_non_null(strstr(w.cur.reason, "ValueError: boom"));
+    assert_non_null(strstr(w.cur.reason, "every rank (1 of 1) failed by itself"));
+    world_free(&w);
+
+    world_init(&w, 1, 4); /* two ranks: one exits 1, the other crashes (SIGSEGV) */
+    form(&w, 2);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 1, 50);
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 11, 50);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "every rank (2 of 2)"));
+    world_free(&w);
+
+    world_init(&w, 1, 4); /* a shell's 137 is its child's SIGKILL: from outside, a restart */
+    form(&w, 2);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 137, 50);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 50);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.restarts, 1);
+    world_free(&w);
+}
+
+/* One rank failing twice in a row the same way (exit code and message) while the others ran
+ * is the script's bug; a different failure, or a SIGKILL (the OOM killer) twice, restarts. */
+static void test_repeated_failure_fails_the_job(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.exclude_after = 5;
+    form(&w, 3);
+    int64_t g = w.cur.generation;
+    set_status(&w, 2, EDL_TRAINER_SIGNALED, 9, 30); /* OOM-killed twice: restarts */
+    js_decision d = step_past_hold(&w);
+    js_decision_clear(&d);
+    all_running(&w);
+    set_status(&w, 2, EDL_TRAINER_SIGNALED, 9, 30);
+    d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.restarts, 2);
+    all_running(&w);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 50);
+    set_message(&w, 1, "KeyError: 'x'", false);
+    d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 3); /* the first time: a restart */
+    all_running(&w);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 50);
+    set_message(&w, 1, "KeyError: 'y'", false); /* not the same failure: a restart */
+    d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 4);
+    all_running(&w);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 50);
+    set_message(&w, 1, "KeyError: 'y'", false); /* the same again: the script's bug */
+    d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_int_equal(w.cur.restarts, 4);
+    char expect[64];
+    snprintf(expect, sizeof expect, "rank 1 failed the same way in generation %lld",
+             (long long)g + 3);
+    if (!strstr(w.cur.reason, expect))
+        fail_msg("reason: %s", w.cur.reason);
+    assert_non_null(strstr(w.cur.reason, "KeyError: 'y'"));
+    world_free(&w);
+}
+
+/* The elastic mode not given: the job is in process once every member's trainer said so
+ * (status inprocess): a failure is decided at once (in-process survivors keep running, their
+ * status says nothing) and rank 0's success ends the job; otherwise, or with restart given
+ * explicitly, restart mode's rules hold (the decision waits for silent peers). */
+static void test_mode_follows_the_trainers(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 3; c++) { /* 0: all say inprocess; 1: one does not; 2: restart given */
+        world w;
+        world_init(&w, 1, 4);
+        w.spec.ttl_s = 10;
+        if (c == 2)
+            w.spec.mode = EDL_MODE_RESTART;
+        form(&w, 2);
+        all_running(&w);
+        for (size_t i = 0; i < w.n; i++)
+            w.st[i].inprocess = !(c == 1 && i == 0);
+        set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 30);
+        w.st[1].inprocess = true;
+        js_decision d = step(&w);
+        assert_int_equal(d.new_generation, c == 0); /* at once only in process */
+        js_decision_clear(&d);
+        world_free(&w);
+    }
+    world w; /* rank 0 done, rank 1 still running: in process, success after the grace */
+    world_init(&w, 1, 4);
+    form(&w, 2);
+    all_running(&w);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 0, 90);
+    for (size_t i = 0; i < w.n; i++)
+        w.st[i].inprocess = true;
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_true(d.wake_mono_ms > w.mono);
+    advance(&w, d.wake_mono_ms - w.mono);
+    js_decision_clear(&d);
+    d = step(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_SUCCEEDED);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
+        cmocka_unit_test(test_trainer_marked_error_fails_the_job_at_once),
+        cmocka_unit_test(test_every_rank_failing_by_itself_fails_the_job),
+        cmocka_unit_test(test_repeated_failure_fails_the_job),
+        cmocka_unit_test(test_mode_follows_the_trainers),
         cmocka_unit_test(test_peer_loss_blames_nobody),
         cmocka_unit_test(test_dead_generation_waits_for_its_silent_member),
         cmocka_unit_test(test_failure_hold_ends_after_the_ttl),

@@ -250,7 +250,7 @@ static void test_trainingjob_defaults(void **state)
     assert_int_equal(tj->spec.ttl_s, 10);
     assert_int_equal(tj->spec.max_restarts, 10);
     assert_int_equal(tj->spec.restart_policy, EDL_RESTART_ON_FAILURE);
-    assert_int_equal(tj->spec.mode, EDL_MODE_RESTART);
+    assert_int_equal(tj->spec.mode, EDL_MODE_AUTO); /* not given: the trainer chooses */
     assert_int_equal(tj->spec.progress_timeout_ms, 0);
     assert_int_equal(tj->spec.exclude_after, 2);
     assert_int_equal(tj->spec.cooldown_ms, 10000);

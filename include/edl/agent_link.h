@@ -11,6 +11,10 @@
  *                    assignment: the agent registers the pod then; "graceful" when the trainer
  *                    stops at its next commit when told to leave (edl.torch says it at start):
  *                    the agent then tells it of a leave instead of sending SIGTERM at once;
+ *                    assignment: the agent registers the pod then; "inprocess" when the
+ *                    trainer re-forms in process (edl.torch says so as it starts): in a job
+ *                    whose elastic mode is not given, its agent then sends it new generations
+ *                    instead of restarting it (docs/elastic.md);
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
@@ -67,6 +71,9 @@ int edl_agent_link_report_ready(edl_agent_link *l);
 /* Say that this trainer stops at its next commit when told to leave (it then reads leave lines
  * from edl_agent_link_poll). A trainer that never says it is stopped by SIGTERM as before. */
 int edl_agent_link_report_graceful(edl_agent_link *l);
+/* Say that this trainer re-forms in process (it reads new generations from the control pipe
+ * and keeps running): once, as it starts. */
+int edl_agent_link_report_inprocess(edl_agent_link *l);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
  * link then takes its rank, world size and generation; for a leave line, out->leave and only
@@ -96,6 +103,7 @@ typedef enum edl_progress_kind {
     EDL_PROGRESS_UNBLOCKED,
     EDL_PROGRESS_READY,    /* started ahead of membership: ready for the first assignment */
     EDL_PROGRESS_GRACEFUL, /* it stops at its next commit when told to leave */
+    EDL_PROGRESS_INPROCESS, /* the trainer re-forms in process */
 } edl_progress_kind;
 typedef struct edl_progress_line {
     edl_progress_kind kind;

@@ -124,6 +124,9 @@ typedef enum edl_restart_policy {
 typedef enum edl_elastic_mode {
     EDL_MODE_RESTART = 0, /* the agent restarts trainers on every membership change */
     EDL_MODE_INPROCESS,   /* running trainers keep running and re-form (rank on fd 3) */
+    EDL_MODE_AUTO,        /* not given (the default): the trainer's choice: in process once
+                           * it says "inprocess" on its progress pipe (edl.torch does), else
+                           * restart (docs/elastic.md, "The mode follows the trainer") */
 } edl_elastic_mode;
 
 typedef struct edl_job_spec {
@@ -140,7 +143,7 @@ typedef struct edl_job_spec {
     int64_t progress_timeout_ms; /* a rank whose step stalls this long while others advance
                                   * is treated as failed (0: off) */
     int64_t ttl_s;              /* agents' lease TTL unless the agent is told otherwise (10) */
-    edl_elastic_mode mode;
+    edl_elastic_mode mode;      /* EDL_MODE_AUTO unless given ("elastic_mode") */
     char *checkpoint_uri;       /* passed to trainers as EDL_CHECKPOINT_URI (may be NULL) */
     bool stopped;               /* `edl stop`: trainers stop and the job ends as stopped */
     /* The parameter-server role, JSON "ps": {"min":..,"max":..,"replicas":..}; absent: no
@@ -244,6 +247,12 @@ typedef struct edl_pod_status {
     int64_t step;      /* last progress the trainer reported (-1: never) */
     int64_t restarts;  /* trainer starts by this agent so far, minus one */
     char message[EDL_STATUS_MESSAGE_MAX]; /* "" or: the trainer's error, or why it hung */
+    bool own_error;    /* exited: the trainer said the failure is its own (an exception in the
+                        * script, not a peer's loss: edl.torch marks its error file so), and
+                        * restarting would repeat it; JSON "own_error" */
+    bool inprocess;    /* the pod's trainer said it re-forms in process (edl.torch does): in a
+                        * job whose elastic mode is not given, the pod is then in process;
+                        * JSON "inprocess" */
 } edl_pod_status;
 
 const char *edl_trainer_state_name(edl_trainer_state s);

@@ -75,7 +75,8 @@ class Context:
 
     @property
     def elastic_mode(self):
-        """"inprocess" (the trainer is re-formed in place) or "restart"."""
+        """"inprocess" (the trainer is re-formed in place), "restart", or "auto" (not given:
+        the trainer's choice; edl.torch tells its agent it re-forms in process)."""
         return os.environ.get("EDL_ELASTIC_MODE", "restart")
 
     @property

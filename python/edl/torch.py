@@ -39,9 +39,11 @@ import copy
 import datetime
 import functools
 import gc
+import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -101,6 +103,7 @@ class _World:
 
     def __init__(self):
         self.link = _link()
+        self.link.report_inprocess()  # the job then runs in process without --elastic-mode
         self.generation = None   # the generation the group is formed for
         self.rank, self.world_size = 0, 1
         self.pending = None      # the newest assignment the agent announced, not formed yet
@@ -311,6 +314,25 @@ def world():
 def _is_comm_error(e):
     text = str(e).lower()
     return any(w in text for w in _COMM_WORDS)
+
+
+def _record_own_error(e):
+    """Leave the script's own exception (no communication failure) in TORCHELASTIC_ERROR_FILE,
+    as torch's ``@record`` writes it, marked ``edl_own_error``: the agent puts its type and
+    message in the pod's status and the job server fails the job at once instead of restarting
+    it into the same exception (docs/elastic.md, "How failures are judged")."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or isinstance(e, Error):  # edl's own errors (etcd, storage) are not the script's
+        return
+    doc = {"message": {"message": f"{type(e).__name__}: {e}",
+                       "extraInfo": {"py_callstack": traceback.format_exc(),
+                                     "timestamp": str(int(time.time()))}},
+           "edl_own_error": True}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+    except OSError as err:
+        _log(f"cannot write the error file {path}: {err}")
 
 
 # ---- the elastic state --------------------------------------------------------------------
@@ -607,8 +629,12 @@ def elastic(func):
                 target = h.generation
             except RuntimeError as e:
                 if isinstance(e, Error) or not _is_comm_error(e):
+                    _record_own_error(e)
                     raise
                 failure = str(e)
+            except Exception as e:  # noqa: BLE001 - recorded and raised again
+                _record_own_error(e)
+                raise
             # (out of the except blocks: their tracebacks would keep the broken group, and with
             # it the sockets its peers wait on, alive through the re-formation)
             if failure is None:

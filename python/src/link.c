@@ -190,6 +190,16 @@ static PyObject *link_report_graceful(PyObject *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *link_report_inprocess(PyObject *self, PyObject *noargs)
+{
+    (void)noargs;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    edl_agent_link_report_inprocess(l);
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_close(PyObject *self, PyObject *noargs)
 {
     (void)noargs;
@@ -235,6 +245,9 @@ static PyMethodDef LINK_METHODS[] = {
     {"report_graceful", link_report_graceful, METH_NOARGS,
      "report_graceful(): this trainer stops at its next commit when its pod leaves: the agent "
      "then sends a leave ({'generation': N, 'leave': True} from poll/wait) instead of SIGTERM."},
+    {"report_inprocess", link_report_inprocess, METH_NOARGS,
+     "report_inprocess(): this trainer re-forms in process (reads new generations and keeps "
+     "running): in a job whose elastic mode is not given, the agent then keeps it running."},
     {"close", link_close, METH_NOARGS,
      "close(): close the pipes (edl.Error EDL_EBUSY while another thread's wait() runs)."},
     {NULL, NULL, 0, NULL},
