@@ -205,7 +205,7 @@ static int install_python(const char *bundle, const char *dir)
     char src[PATH_MAX + 16], dst[PATH_MAX + 48];
     struct stat st;
     snprintf(src, sizeof src, "%s/../python", bundle);
-    snprintf(dst, sizeof dst, "%s/python/edl/__init__.py", src);
+    snprintf(dst, sizeof dst, "%s/edl/__init__.py", src);
     if (stat(dst, &st) != 0)
         return 0;
     snprintf(dst, sizeof dst, "%s/python", dir);
