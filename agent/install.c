@@ -8,8 +8,9 @@
  * C library. When the image also holds the Python package (PREFIX/lib/edl/python/edl, made by
  * scripts/bundle-python), DIR/python gets it: the operator puts DIR/python on the trainer's
  * PYTHONPATH, so a Python image with torch runs edl.torch as it is. Without a bundle (a build
- * tree: the stand-in kubelet of the tests runs pods as host processes) this very binary (/proc/self/exe) is copied to DIR/edl-agent. Where no /proc
- * is mounted (a plain chroot), the path this binary was started by stands for /proc/self/exe.
+ * tree: the stand-in kubelet of the tests runs pods as host processes) this very binary
+ * (/proc/self/exe) is copied to DIR/edl-agent. Where no /proc is mounted (a plain chroot), the
+ * path this binary was started by stands for /proc/self/exe.
  *
  * Every file is written to a temporary name, then renamed, and the agent comes last: a
  * half-installed agent is never started. */
