@@ -19,17 +19,17 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# EDL_SOURCE_DIR: the source tree when python/ was copied elsewhere (the package's own test
-# builds a wheel from a copy); EDL_BUILD_DIR: an existing CMake build of it to build the module
-# in, as configured (else a Release build of its own under build_temp).
-ROOT = os.environ.get("EDL_SOURCE_DIR") or os.path.dirname(HERE)
+# EDL_WHEEL_SOURCE_DIR: the source tree when python/ was copied elsewhere (the package's own
+# test builds a wheel from a copy); EDL_WHEEL_BUILD_DIR: an existing CMake build of it to build
+# the module in, as configured (else a Release build of its own under build_temp).
+ROOT = os.environ.get("EDL_WHEEL_SOURCE_DIR") or os.path.dirname(HERE)
 
 
 class CMakeBuild(build_ext):
     """Build edl._edl with CMake instead of compiling sources here (one build description)."""
 
     def build_extension(self, ext):
-        build = os.environ.get("EDL_BUILD_DIR")
+        build = os.environ.get("EDL_WHEEL_BUILD_DIR")
         if not build:
             build = os.path.abspath(os.path.join(self.build_temp, "cmake"))
             subprocess.check_call(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",

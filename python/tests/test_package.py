@@ -38,7 +38,8 @@ def test_wheel_installs_into_a_fresh_venv_with_its_own_libraries(tmp_path):
         pytest.skip("needs patchelf (scripts/install-deps)")
     shutil.copytree(os.path.join(SOURCE_DIR, "python"), tmp_path / "python",
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "tests"))
-    env = dict(clean_env(), EDL_SOURCE_DIR=SOURCE_DIR, EDL_BUILD_DIR=os.path.dirname(BIN_DIR))
+    env = dict(clean_env(), EDL_WHEEL_SOURCE_DIR=SOURCE_DIR,
+               EDL_WHEEL_BUILD_DIR=os.path.dirname(BIN_DIR))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                     "--no-index", "--quiet", "-w", str(tmp_path / "dist"),
                     str(tmp_path / "python")], env=env, check=True, timeout=600)
