@@ -5,9 +5,12 @@
  * the portable bundle of scripts/bundle-agent: an edl-agent that loads its own dynamic loader
  * and libraries from /edl/bin/lib, and those files in lib/. Then DIR/lib/ gets the bundle's
  * lib/ and DIR/edl-agent its agent, which runs in any x86-64 Linux image, even one without a
- * C library. Without a bundle (a build tree: the stand-in kubelet of the tests runs pods as
- * host processes) this very binary (/proc/self/exe) is copied to DIR/edl-agent. Where no /proc
- * is mounted (a plain chroot), the path this binary was started by stands for /proc/self/exe.
+ * C library. When the image also holds the Python package (PREFIX/lib/edl/python/edl, made by
+ * scripts/bundle-python), DIR/python gets it: the operator puts DIR/python on the trainer's
+ * PYTHONPATH, so a Python image with torch runs edl.torch as it is. Without a bundle (a build
+ * tree: the stand-in kubelet of the tests runs pods as host processes) this very binary
+ * (/proc/self/exe) is copied to DIR/edl-agent. Where no /proc is mounted (a plain chroot), the
+ * path this binary was started by stands for /proc/self/exe.
  *
  * Every file is written to a temporary name, then renamed, and the agent comes last: a
  * half-installed agent is never started. */
@@ -113,11 +116,11 @@ static bool find_bundle(char out[PATH_MAX])
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* Copy every regular file of the bundle's lib/ into dst (made if missing): how many, or -1. */
-static int copy_libs(const char *bundle, const char *dst)
+/* Copy the regular files of src, and of its directories to `depth` levels, into dst (made if
+ * missing): how many files, or -1 with a message. */
+static int copy_tree(const char *src, const char *dst, int depth)
 {
-    char src[PATH_MAX + 8], from[PATH_MAX + 8], to[PATH_MAX + 8];
-    snprintf(src, sizeof src, "%s/lib", bundle);
+    char from[PATH_MAX + 8], to[PATH_MAX + 8];
     if (mkdir(dst, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "edl-agent --install: cannot make %s: %s\n", dst, strerror(errno));
         return -1;
@@ -137,8 +140,13 @@ static int copy_libs(const char *bundle, const char *dst)
             snprintf(to, sizeof to, "%s/%s", dst, e->d_name) >= (int)sizeof to) {
             fprintf(stderr, "edl-agent --install: %s/%s: path too long\n", dst, e->d_name);
             n = -1;
-        } else if (stat(from, &st) == 0 && S_ISREG(st.st_mode)) {
+        } else if (stat(from, &st) != 0) {
+            continue;
+        } else if (S_ISREG(st.st_mode)) {
             n = copy_file(from, to, st.st_mode & 0777) == 0 ? n + 1 : -1;
+        } else if (depth > 0 && S_ISDIR(st.st_mode)) {
+            int m = copy_tree(from, to, depth - 1);
+            n = m < 0 ? -1 : n + m;
         }
     }
     closedir(d);
@@ -190,6 +198,25 @@ static void warn_if_elsewhere(const char *installed, const char *dir)
             at > 1 ? at - 1 : 1, interp);
 }
 
+/* The Python package that the image holds beside the bundle (<bundle>/../python/edl, made by
+ * scripts/bundle-python: it carries its libraries) into DIR/python, for the trainer's
+ * PYTHONPATH: 0 (also when the image has none), or -1 with a message. */
+static int install_python(const char *bundle, const char *dir)
+{
+    char src[PATH_MAX + 16], dst[PATH_MAX + 48];
+    struct stat st;
+    snprintf(src, sizeof src, "%s/../python", bundle);
+    snprintf(dst, sizeof dst, "%s/edl/__init__.py", src);
+    if (stat(dst, &st) != 0)
+        return 0;
+    snprintf(dst, sizeof dst, "%s/python", dir);
+    int n = copy_tree(src, dst, 2);
+    if (n < 0)
+        return -1;
+    printf("edl-agent: installed the Python package edl (%d files) in %s\n", n, dst);
+    return 0;
+}
+
 int agent_install(const char *dir)
 {
     char dst[PATH_MAX], bundle[PATH_MAX], from[PATH_MAX + 16], libs[PATH_MAX + 8];
@@ -205,9 +232,12 @@ int agent_install(const char *dir)
                "runs)\n", dst);
         return 0;
     }
+    if (install_python(bundle, dir) != 0)
+        return 1;
     snprintf(libs, sizeof libs, "%s/lib", dir);
+    snprintf(from, sizeof from, "%s/lib", bundle);
+    int n = copy_tree(from, libs, 0);
     snprintf(from, sizeof from, "%s/edl-agent", bundle);
-    int n = copy_libs(bundle, libs);
     if (n < 0 || copy_file(from, dst, 0755) != 0)
         return 1;
     printf("edl-agent: installed %s, and its loader and libraries (%d files) in %s, from %s\n",

@@ -24,7 +24,8 @@ static const char usage_text[] =
     "generation this pod is a member of (see docs/agent.md). --install copies the agent\n"
     "to DIR/edl-agent and exits (the operator's init container does that, DIR being\n"
     "/edl/bin): in the images, the portable bundle of PREFIX/lib/edl/agent (the agent\n"
-    "and, in DIR/lib, its own loader and libraries), else this very binary.\n"
+    "and, in DIR/lib, its own loader and libraries), else this very binary; and the\n"
+    "Python package edl of PREFIX/lib/edl/python, when there is one, to DIR/python.\n"
     "\n"
     "options:\n"
     EDL_ETCD_OPTIONS_HELP

@@ -8,7 +8,8 @@
  * container mounts at /edl/bin; its command becomes
  * /edl/bin/edl-agent --job <ns>.<name> [--role ps | --role teacher --service S ...] --
  * <the template's command and args> (the workers' template, spec.ps's for a parameter server,
- * spec.teachers's for a teacher). */
+ * spec.teachers's for a teacher). An agent image that holds the Python package also installs
+ * it in /edl/bin/python, which the first container's PYTHONPATH names. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include "operator.h"
 
 #define AGENT_DIR "/edl/bin"
+#define PYTHON_DIR AGENT_DIR "/python" /* the edl Python package, when the agent image has it */
 #define SECRET_DIR "/edl/secret"
 #define SECRET_KEY "job-secret"
 #define TLS_FILE_MAX (64 << 10)
@@ -159,6 +161,31 @@ static void add_arg(cJSON *cmd, const char *a)
     cJSON_AddItemToArray(cmd, cJSON_CreateString(a));
 }
 
+/* The trainer imports the edl package that the init container installed (PYTHON_DIR): after
+ * the template's own PYTHONPATH value when its env sets one (one set from a ConfigMap stays as
+ * it is; an image's ENV PYTHONPATH is replaced: docs/kubernetes.md says so). */
+static void add_python_path(cJSON *env)
+{
+    cJSON *e;
+    cJSON_ArrayForEach(e, env) {
+        const char *name = edl_k8s_str(e, "name"), *value = edl_k8s_str(e, "value");
+        if (!name || strcmp(name, "PYTHONPATH") != 0)
+            continue;
+        if (cJSON_GetObjectItemCaseSensitive(e, "valueFrom"))
+            return;
+        size_t len = (value ? strlen(value) : 0) + sizeof ":" PYTHON_DIR;
+        char *joined = malloc(len);
+        if (!joined)
+            return;
+        snprintf(joined, len, "%s%s" PYTHON_DIR, value ? value : "", value && *value ? ":" : "");
+        cJSON_DeleteItemFromObjectCaseSensitive(e, "value");
+        cJSON_AddStringToObject(e, "value", joined);
+        free(joined);
+        return;
+    }
+    cJSON_AddItemToArray(env, env_value("PYTHONPATH", PYTHON_DIR));
+}
+
 /* The first container: edl-agent (of the role) in front of the template's command, edl's
  * environment. */
 static void wrap_container(cJSON *c, const edl_trainingjob *tj, op_role role,
@@ -212,6 +239,7 @@ static void wrap_container(cJSON *c, const edl_trainingjob *tj, op_role role,
     cJSON_AddItemToArray(env, env_field("POD_IP", "status.podIP"));
     cJSON_AddItemToArray(env, env_value("EDL_ETCD_ENDPOINTS", s->etcd_endpoints));
     cJSON_AddItemToArray(env, env_value("EDL_JOB_SECRET_FILE", SECRET_DIR "/" SECRET_KEY));
+    add_python_path(env);
     for (size_t i = 0; i < sizeof TLS_FILES / sizeof TLS_FILES[0]; i++)
         if (tls_file(s->etcd_tls, i)) {
             char path[64];

@@ -10,6 +10,12 @@
  * the installed /edl/bin/edl-agent chrooted in "worker" as user 1000, against a real etcd and
  * the real edl-jobserver on the host's loopback (harness_chroot.c).
  *
+ * A third root, "python", holds only Debian's python3 and python3-torch (tests/python-root) and
+ * busybox: the image also carries the Python package (scripts/bundle-python, beside the agent's
+ * bundle as in docker/), the init container installs it in /edl/bin/python, and two trainers of
+ * examples/python/train_elastic.py import edl.torch from there (the PYTHONPATH that the
+ * operator sets) and train, with no libmicrohttpd, libxxhash or -dev package in their root.
+ *
  * Needs root (chroot), busybox-static and patchelf, and in a sanitized build unshare (see
  * harness_chroot.c): exits 77 (skipped) without them. */
 #include <setjmp.h>
@@ -49,6 +55,13 @@ static int group_setup(void **state)
                           EDL_AGENT_BIN, bundle, NULL};
     if (harness_run(argv, log, 30000, out, sizeof out) != 0)
         fail_msg("scripts/bundle-agent failed:\n%s", out);
+#ifdef EDL_PYTHON_PKG
+    char python[400];
+    snprintf(python, sizeof python, "%s/usr/local/lib/edl/python", image);
+    const char *pyargv[] = {EDL_SOURCE_DIR "/scripts/bundle-python", EDL_PYTHON_PKG, python, NULL};
+    if (harness_run(pyargv, log, 30000, out, sizeof out) != 0)
+        fail_msg("scripts/bundle-python failed:\n%s", out);
+#endif
     harness_open_etcd(1, NULL, &job_in_worker.srv, &job_in_worker.client);
     return 0;
 }
@@ -108,6 +121,43 @@ static void test_trainer_exit_code_reaches_the_job(void **state)
     edl_generation_clear(&g);
 }
 
+/* The trainer: edl comes from the injected package, then the example trains on two ranks. */
+#define PYTHON_TRAINER_SCRIPT                                                                   \
+    "export PYTHONPATH=/edl/bin/python; cd /tmp && "                                            \
+    "python3 -c 'import edl; assert edl.__file__ == \"/edl/bin/python/edl/__init__.py\", "       \
+    "edl.__file__' && exec python3 /train_elastic.py --epochs 1 --samples 512"
+
+static void test_python_trainer_in_a_root_of_python_and_torch(void **state)
+{
+    (void)state;
+#ifndef EDL_PYTHON_PKG
+    skip(); /* the Python package is not built here (python3-dev) */
+#else
+    char out[4096], log[400], pyroot[300];
+    snprintf(pyroot, sizeof pyroot, "%s/python", dir);
+    snprintf(log, sizeof log, "%s/python-root.log", dir);
+    const char *argv[] = {EDL_SOURCE_DIR "/tests/python-root", pyroot, NULL};
+    if (harness_run(argv, log, 60000, out, sizeof out) != 0) {
+        print_message("skipped: tests/python-root: %s\n", out); /* no python3-torch here */
+        skip();
+    }
+    harness_busybox_root(pyroot);
+    harness_sh("cp '%s/examples/python/train_elastic.py' '%s/'", EDL_SOURCE_DIR, pyroot);
+    snprintf(log, sizeof log, "%s/install-python.log", dir);
+    harness_chroot_install(image, pyroot, log, out, sizeof out);
+    assert_non_null(strstr(out, "installed the Python package edl"));
+    harness_sh("test -f '%s/edl/bin/python/edl/_libs/libmicrohttpd.so.12' && "
+               "test ! -e '%s/usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12'", pyroot, pyroot);
+    harness_chroot_job job = {.agent = "/edl/bin/edl-agent", .userspec = "1000:1000",
+                              .root = pyroot, .log_dir = dir, .srv = job_in_worker.srv,
+                              .client = job_in_worker.client};
+    edl_generation g = {0};
+    harness_chroot_run(&job, "inject-python", PYTHON_TRAINER_SCRIPT, 0, &g);
+    assert_int_equal(g.state, EDL_JOB_SUCCEEDED);
+    edl_generation_clear(&g);
+#endif
+}
+
 static const char *missing(void)
 {
     char path[256];
@@ -132,6 +182,7 @@ int main(void)
         cmocka_unit_test(test_install_from_a_scratch_image),
         cmocka_unit_test(test_job_runs_in_a_busybox_root),
         cmocka_unit_test(test_trainer_exit_code_reaches_the_job),
+        cmocka_unit_test(test_python_trainer_in_a_root_of_python_and_torch),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

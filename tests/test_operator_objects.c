@@ -1,6 +1,6 @@
 /* test_operator_objects.c: what the operator writes to Kubernetes, checked without a server:
  * the worker pod made from a template (edl-agent wrapping the command, the downward API, the
- * job's Secret, owned by the job), the parameter server's pod from spec.ps's template (its own
+ * job's Secret, owned by the job, PYTHONPATH naming the injected Python package), the parameter server's pod from spec.ps's template (its own
  * name, role label and `edl-agent --role ps`), the teacher's from spec.teachers's (`edl-agent
  * --role teacher --service ...`, its port from the container's), the Service, the Secret (with the operator's
  * etcd TLS files), Events, and the status with its conditions (transition times kept while a
@@ -89,6 +89,44 @@ static void test_pod_wraps_the_command_in_the_agent(void **state)
     cJSON_Delete(pod);
     cJSON_Delete(obj);
     edl_trainingjob_clear(&tj);
+}
+
+/* The trainer's PYTHONPATH names the package that the init container installed in
+ * /edl/bin/python: alone, or after the template's own value. */
+static void test_trainer_imports_the_injected_python_package(void **state)
+{
+    (void)state;
+    const char *templates[][2] = {
+        {"{\"name\":\"A\",\"value\":\"1\"}", "/edl/bin/python"},
+        {"{\"name\":\"PYTHONPATH\",\"value\":\"/app:/lib\"}", "/app:/lib:/edl/bin/python"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        char job[1024];
+        snprintf(job, sizeof job,
+                 "{\"apiVersion\":\"edl.dev/v1alpha1\",\"kind\":\"TrainingJob\","
+                 "\"metadata\":{\"name\":\"t\",\"namespace\":\"n\",\"uid\":\"u\"},"
+                 "\"spec\":{\"replicas\":1,\"template\":{\"spec\":{\"containers\":[{"
+                 "\"name\":\"t\",\"image\":\"i\",\"command\":[\"python3\",\"t.py\"],"
+                 "\"env\":[%s]}]}}}}", templates[i][0]);
+        cJSON *obj = cJSON_Parse(job);
+        edl_trainingjob tj;
+        char field[128], err[256];
+        assert_int_equal(edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err), 0);
+        op_pod_settings s = {.etcd_job = "n.t", .etcd_endpoints = "http://etcd:2379",
+                             .agent_image = "edl:1"};
+        cJSON *pod = op_pod_new(&tj, &s, OP_WORKER, 0);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(pod, "spec"),
+                                                                "containers"), 0);
+        const cJSON *env = cJSON_GetObjectItem(c, "env"), *e;
+        int n = 0;
+        cJSON_ArrayForEach(e, env)
+            n += strcmp(edl_k8s_str(e, "name"), "PYTHONPATH") == 0;
+        assert_int_equal(n, 1);
+        assert_string_equal(edl_k8s_str(find_named(env, "PYTHONPATH"), "value"), templates[i][1]);
+        cJSON_Delete(pod);
+        cJSON_Delete(obj);
+        edl_trainingjob_clear(&tj);
+    }
 }
 
 static const char PS_JOB[] =
@@ -577,6 +615,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pod_wraps_the_command_in_the_agent),
+        cmocka_unit_test(test_trainer_imports_the_injected_python_package),
         cmocka_unit_test(test_ps_pod_runs_the_agent_with_role_ps),
         cmocka_unit_test(test_status_reports_the_servers),
         cmocka_unit_test(test_status_reports_the_teachers),
