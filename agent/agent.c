@@ -709,8 +709,10 @@ static void loop_once(agent *a, int sfd)
     if (a->watch && fds[FD_WATCH].revents)
         registry_watch_events(a);
     if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp) && trainer_running(&a->tp) &&
-        a->status.state == EDL_TRAINER_RUNNING)
+        a->status.state == EDL_TRAINER_RUNNING) {
+        agent_metrics_progress(a);
         set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    }
     check_hung(a);
     if (fds[FD_CONTROL].revents)
         trainer_flush_control(&a->tp);

@@ -360,6 +360,7 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
         j->m.members = (int64_t)s.current.n_members;
         j->m.servers = (int64_t)s.current.n_servers;
         j->m.restarts = s.current.restarts;
+        j->m.max_restarts = j->have_spec ? j->spec.max_restarts : -1;
         j->m.state = *final_state;
         js_observed o = {
             .spec = j->have_spec ? &j->spec : NULL,
@@ -383,6 +384,9 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
             keep_current(j, &d.next);
             *final_state = (int)d.next.state;
             j->m.publications++;
+            if (d.next.generation != j->m.generation) /* a new world, not a new state */
+                *(d.next.restarts > j->m.restarts ? &j->m.gens_failure
+                                                  : &j->m.gens_membership) += 1;
             j->m.generation = d.next.generation;
             j->m.members = (int64_t)d.next.n_members;
             j->m.servers = (int64_t)d.next.n_servers;
@@ -439,6 +443,7 @@ int js_publisher_init(js_publisher *j, edl_etcd *c, const char *prefix, const ch
     j->c = c;
     j->id = id;
     j->m.state = -1;
+    j->m.max_restarts = -1;
     edl_spec_init(&j->spec);
     if (!(j->name = strdup(job)))
         return EDL_ENOMEM;
