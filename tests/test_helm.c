@@ -176,6 +176,7 @@ static void test_monitoring_switches_render_their_objects(void **state)
     assert_int_equal(helm(out, sizeof out, "template t " CHART), 0);
     for (int k = 0; k < 3; k++)
         assert_null(strstr(out, kinds[k]));
+    assert_null(strstr(out, "--agent-metrics-port"));
     for (int s = 0; s < 3; s++) {
         char args[256];
         snprintf(args, sizeof args, "template t " CHART " --set %s", sets[s]);
@@ -183,6 +184,8 @@ static void test_monitoring_switches_render_their_objects(void **state)
         for (int k = 0; k < 3; k++)
             if ((strstr(out, kinds[k]) != NULL) != (k == s))
                 fail_msg("--set %s: '%s' %s", sets[s], kinds[k], k == s ? "missing" : "rendered");
+        /* what the PodMonitor scrapes: the operator gives the agents their port */
+        assert_true((strstr(out, "- --agent-metrics-port=9400\n") != NULL) == (s == 1));
     }
     assert_int_equal(helm(out, sizeof out, "template t " CHART " --set monitoring.rules.enabled"
                           "=true --set monitoring.rules.stalledSeconds=120 --set "
