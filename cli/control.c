@@ -1094,7 +1094,8 @@ static int watch_job(job_ctx *j, const cli_common *co, int64_t interval_ms)
 int cli_status(int argc, char **argv)
 {
     static const char usage[] =
-        "Usage: edl status JOB [--json | --watch [--interval SECONDS]] [--etcd URLS] [--prefix PREFIX]\n"
+        "Usage: edl status JOB [--json | -w, --watch [--interval SECONDS]] [--etcd URLS]\n"
+        "                  [--prefix PREFIX]\n"
         "Shows the job's state, generation, members, its restarts after trainer failures, and\n"
         "a row per pod in rank order (workers, parameter servers as \"ps N\", standbys, excluded\n"
         "pods): its trainer, the generation and step it reported and STARTS, how often its agent\n"

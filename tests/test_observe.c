@@ -407,7 +407,8 @@ static pid_t start_ps(const char *job, int mport)
     const char *argv[] = {EDL_PS_BIN, "--job", job, "--metrics-port", port, "--metrics-addr",
                           "127.0.0.1", "--threads", "1", NULL};
     pid_t pid = harness_spawn(argv, log);
-    unsetenv("EDL_POD_ID");
+    unsetenv("EDL_POD_ID"); /* the job's own processes get theirs from edl run */
+    unsetenv("EDL_JOB_SECRET");
     assert_true(pid > 0);
     return pid;
 }
@@ -425,9 +426,14 @@ static void check_panels(const prom *p, const char *job)
         cJSON_ArrayForEach(t, cJSON_GetObjectItem(panel, "targets")) {
             const char *e = cJSON_GetObjectItem(t, "expr")->valuestring;
             size_t o = 0;
-            for (const char *c = e; *c && o < sizeof expr - 64; c++)
-                o += strncmp(c, "$job", 4) == 0 ? (c += 3, (size_t)snprintf(expr + o, 64, "%s", job))
-                                                : (expr[o] = *c, 1);
+            for (const char *c = e; *c && o < sizeof expr - 64; c++) {
+                if (strncmp(c, "$job", 4) == 0) {
+                    o += (size_t)snprintf(expr + o, 64, "%s", job);
+                    c += 3;
+                } else {
+                    expr[o++] = *c;
+                }
+            }
             expr[o] = '\0';
             query_wait(p, expr, cJSON_GetObjectItem(panel, "title")->valuestring, value,
                        sizeof value);
@@ -487,6 +493,20 @@ static void wait_firing(const prom *p, const char *alert, const char *pod)
     fail_msg("%s never fired for %s:\n%s", alert, pod, body);
 }
 
+/* EDL_OBSERVE_PNG=path: the dashboard drawn from this Prometheus (docs/observability.md's
+ * picture) by scripts/render-dashboard. */
+static void render_png(const prom *p, const char *job)
+{
+    const char *png = getenv("EDL_OBSERVE_PNG");
+    if (!png)
+        return;
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, EDL_SOURCE_DIR "/scripts/render-dashboard http://127.0.0.1:%d %s "
+             "%s 2>&1", p->port, job, png);
+    if (harness_shell(cmd, out, sizeof out) != 0)
+        fail_msg("scripts/render-dashboard: %s", out);
+}
+
 static void test_prometheus_sees_every_panel_and_alert(void **state)
 {
     (void)state;
@@ -531,6 +551,7 @@ static void test_prometheus_sees_every_panel_and_alert(void **state)
     wait_firing(&p, "EdlTrainerStalled", g.members[0].pod);
     check_alert_exprs(&p, rules);
     kill(stopped, SIGCONT);
+    render_png(&p, job);
     harness_kill(p.pid, SIGTERM);
     harness_wait_exit(p.pid, 10000);
     stop_job(job, run);
