@@ -811,8 +811,10 @@ static void loop_once(agent *a, int sfd)
         registry_watch_events(a);
     if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp)) {
         took_inprocess(a);
-        if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING)
+        if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING) {
+            agent_metrics_progress(a);
             set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+        }
     }
     if (fds[FD_STDERR].revents)
         trainer_read_stderr(&a->tp);

@@ -111,6 +111,11 @@ typedef struct trainer_proc {
     char err_tail[TRAINER_TAIL_LINES][240]; /* its last stderr lines (a ring; kept after it
                                              * ended, until the next spawn) */
     unsigned err_tail_next; /* lines taken so far */
+    /* for /metrics, kept across trainers (only trainer_init clears them) */
+    int64_t steps_total;        /* forward steps seen: what rate() turns into steps per second */
+    int64_t last_step_wall_ms;  /* when the step last changed (0: never) */
+    int64_t first_step_wall_ms; /* when the current trainer reported its first step */
+    unsigned first_steps;       /* first steps seen: one per trainer that stepped */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);
@@ -209,6 +214,8 @@ typedef struct teacher_state {
 
 typedef struct agent_metrics {
     int64_t etcd_errors, lease_losses;
+    edl_prom_hist reformation; /* seconds from a generation's publication to its first step */
+    unsigned first_steps_seen; /* tp.first_steps already observed */
 } agent_metrics;
 
 typedef struct agent {
@@ -344,5 +351,8 @@ void teacher_on_poll(agent *a, short revents);
 
 /* metrics.c: writes the agent's /metrics (an edl_metrics_fn; arg is the agent). */
 void agent_metrics_write(void *arg, edl_prom *out);
+/* After the trainer's progress changed: a first step of the current generation's trainer
+ * observes the re-formation time. */
+void agent_metrics_progress(agent *a);
 
 #endif

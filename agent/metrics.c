@@ -1,6 +1,45 @@
 /* metrics.c: the agent's /metrics (Prometheus text format 0.0.4), written through edl/metrics.h
- * from the agent's own state; the server answers from the agent's loop. */
+ * from the agent's own state; the server answers from the agent's loop. docs/observability.md
+ * says what a dashboard makes of each. */
 #include "agent.h"
+
+/* Re-formation takes from under a second (a scale) to minutes (new pods, a checkpoint load). */
+static const double REFORM_BOUNDS[] = {0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600};
+#define N_REFORM_BOUNDS (sizeof REFORM_BOUNDS / sizeof REFORM_BOUNDS[0])
+
+void agent_metrics_progress(agent *a)
+{
+    if (a->tp.first_steps == a->m.first_steps_seen)
+        return;
+    a->m.first_steps_seen = a->tp.first_steps;
+    if (!a->have_generation || a->generation.published_ms <= 0 ||
+        a->run_gen != edl_generation_of_members(&a->generation))
+        return; /* a trainer of an older generation, or a generation we never saw published */
+    int64_t ms = a->tp.first_step_wall_ms - a->generation.published_ms;
+    a->m.reformation.bounds = REFORM_BOUNDS;
+    a->m.reformation.n = N_REFORM_BOUNDS;
+    edl_prom_observe(&a->m.reformation, ms > 0 ? (double)ms / 1000.0 : 0.0);
+}
+
+/* The trainer's progress: steps, when it last stepped, how long each world took to form. */
+static void write_progress(const agent *a, edl_prom *p)
+{
+    edl_prom_metric(p, "edl_agent_trainer_step", "gauge",
+                    "Last step the trainer reported (-1: none).", a->tp.step);
+    edl_prom_metric(p, "edl_agent_trainer_steps_total", "counter",
+                    "Forward steps the trainers of this agent reported: rate() is steps per "
+                    "second.", a->tp.steps_total);
+    edl_prom_family(p, "edl_agent_trainer_last_step_timestamp_seconds", "gauge",
+                    "When the step last changed, Unix time (absent: never).");
+    if (a->tp.last_step_wall_ms > 0)
+        edl_prom_sample(p, "edl_agent_trainer_last_step_timestamp_seconds", NULL, NULL,
+                        a->tp.last_step_wall_ms / 1000);
+    edl_prom_hist h = a->m.reformation;
+    h.bounds = REFORM_BOUNDS;
+    h.n = N_REFORM_BOUNDS;
+    edl_prom_histogram(p, "edl_agent_reformation_seconds",
+                       "From a generation's publication to its trainer's first step here.", &h);
+}
 
 void agent_metrics_write(void *arg, edl_prom *p)
 {
@@ -29,8 +68,7 @@ void agent_metrics_write(void *arg, edl_prom *p)
         edl_prom_sample(p, "edl_agent_trainer_state", "state",
                         edl_trainer_state_name((edl_trainer_state)s),
                         a->status.state == (edl_trainer_state)s);
-    edl_prom_metric(p, "edl_agent_trainer_step", "gauge",
-                    "Last step the trainer reported (-1: none).", a->tp.step);
+    write_progress(a, p);
     edl_prom_metric(p, "edl_agent_etcd_errors_total", "counter", "Failed etcd calls of the agent.",
                     a->m.etcd_errors);
     edl_prom_metric(p, "edl_agent_lease_losses_total", "counter",

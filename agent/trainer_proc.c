@@ -194,6 +194,18 @@ int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent)
     return 1;
 }
 
+/* What /metrics counts of a new step: forward steps, when, and a trainer's first step. */
+static void note_step(trainer_proc *t, int64_t step)
+{
+    t->last_step_wall_ms = edl_wall_ms();
+    if (t->step < 0) {
+        t->first_step_wall_ms = t->last_step_wall_ms;
+        t->first_steps++;
+    } else if (step > t->step) {
+        t->steps_total += step - t->step;
+    }
+}
+
 /* Take one complete progress line: a step (which also ends a wait), a wait in a collective
  * (kept with when it began), or the end of one. 1 when something changed. */
 static int take_line(trainer_proc *t, const char *line, size_t len)
@@ -208,6 +220,7 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
         t->blocked_since_ms = 0;
         if (t->step == pl.value)
             return 0;
+        note_step(t, pl.value);
         t->step = pl.value;
         return 1;
     case EDL_PROGRESS_BLOCKED:

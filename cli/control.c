@@ -846,43 +846,293 @@ static void print_json(const job_view *v)
     free(text);
 }
 
+/* The spec, generation, pods and teachers of the job: EDL_EXIT_SUCCEEDED, or the exit code of
+ * an etcd error already reported. */
+static int read_view(job_ctx *j, const cli_common *co, job_view *v)
+{
+    edl_spec_init(&v->spec);
+    int rc = cli_read_spec(j->c, &j->k, &v->spec, NULL);
+    v->have_spec = rc == 0;
+    if (rc == EDL_ENOTFOUND || (rc && rc != EDL_ECONFIG && rc != EDL_EPROTO))
+        return report_etcd_error(j, rc);
+    rc = cli_read_generation(j->c, &j->k, &v->gen);
+    v->have_gen = rc == 0;
+    if (rc && rc != EDL_ENOTFOUND && rc != EDL_EPROTO && rc != EDL_ECONFIG)
+        return report_etcd_error(j, rc);
+    if ((rc = read_pods(j->c, &j->k, v)) != 0 || (rc = read_teachers(j->c, co->prefix, v)) != 0)
+        return report_etcd_error(j, rc);
+    return EDL_EXIT_SUCCEEDED;
+}
+
+/* ---- status --watch ---------------------------------------------------------------------- */
+
+/* What the watch remembers between reads: each pod's step and when it last moved, the
+ * generations it saw and when their world first stepped, the newest checkpoint's step. */
+#define WATCH_PODS 256
+#define WATCH_GENS 5
+#define STALL_MS 10000 /* a running rank without a step this long is marked */
+
+typedef struct pod_seen {
+    char name[EDL_NAME_MAX + 1];
+    int64_t step, moved_ms; /* moved_ms: when its step last changed (0: never seen moving) */
+    double rate;            /* steps per second over the last interval */
+} pod_seen;
+
+typedef struct gen_seen {
+    int64_t gen, published_ms, formed_ms; /* formed_ms: its first step seen (0: not yet; -1:
+                                           * formed before the watch began) */
+    char reason[160];
+} gen_seen;
+
+typedef struct watch_state {
+    pod_seen pods[WATCH_PODS];
+    size_t n_pods;
+    gen_seen gens[WATCH_GENS]; /* newest first */
+    size_t n_gens;
+    int64_t ckpt_step, ckpt_seen_ms; /* -1: none */
+    int64_t last_ms;
+} watch_state;
+
+/* -w/--watch and --interval SECONDS, taken out of argv for the common options' parser. */
+static int take_watch_args(int *argc, char **argv, int64_t *interval_ms)
+{
+    bool watch = false;
+    double secs = 1;
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            while (i < *argc)
+                argv[out++] = argv[i++];
+            break;
+        }
+        if (strcmp(argv[i], "-w") == 0 || strcmp(argv[i], "--watch") == 0) {
+            watch = true;
+        } else if (strcmp(argv[i], "--interval") == 0) {
+            char *end = NULL;
+            secs = i + 1 < *argc ? strtod(argv[++i], &end) : 0;
+            if (!end || *end || !(secs >= 0.05 && secs <= 3600)) {
+                fprintf(stderr, "edl status: --interval %s: expected seconds, 0.05 to 3600\n",
+                        i < *argc ? argv[i] : "(missing)");
+                return EDL_EXIT_USAGE;
+            }
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    argv[out] = NULL;
+    *argc = out;
+    *interval_ms = watch ? (int64_t)(secs * 1000) : 0;
+    return 0;
+}
+
+static pod_seen *pod_seen_of(watch_state *w, const char *name)
+{
+    for (size_t i = 0; i < w->n_pods; i++)
+        if (strcmp(w->pods[i].name, name) == 0)
+            return &w->pods[i];
+    if (w->n_pods == WATCH_PODS)
+        return NULL;
+    pod_seen *p = &w->pods[w->n_pods++];
+    *p = (pod_seen){.step = -1};
+    snprintf(p->name, sizeof p->name, "%s", name);
+    return p;
+}
+
+/* Fold one read into the memory: step rates, stalls, generations and their formation. */
+static void watch_update(watch_state *w, const job_view *v, int64_t now)
+{
+    double dt = w->last_ms ? (double)(now - w->last_ms) / 1000.0 : 0;
+    bool stepped_in_gen = false;
+    for (size_t i = 0; i < v->n_pods; i++) {
+        pod_seen *p = pod_seen_of(w, v->pods[i].name);
+        if (!p || !v->has_st[i])
+            continue;
+        int64_t step = v->st[i].step;
+        p->rate = dt > 0 && p->step >= 0 && step > p->step ? (double)(step - p->step) / dt : 0;
+        if (step != p->step && step >= 0) {
+            p->moved_ms = now;
+            if (w->n_gens && v->st[i].generation >= w->gens[0].gen && p->step >= 0)
+                stepped_in_gen = true;
+        }
+        p->step = step;
+    }
+    if (v->have_gen && (!w->n_gens || w->gens[0].gen != v->gen.generation)) {
+        memmove(&w->gens[1], &w->gens[0], sizeof w->gens[0] * (WATCH_GENS - 1));
+        w->n_gens += w->n_gens < WATCH_GENS;
+        /* a world already there at the first read formed before we looked: time unknown */
+        w->gens[0] = (gen_seen){.gen = v->gen.generation, .published_ms = v->gen.published_ms,
+                                .formed_ms = w->last_ms ? 0 : -1};
+        snprintf(w->gens[0].reason, sizeof w->gens[0].reason, "%s",
+                 v->gen.reason ? v->gen.reason : "");
+    } else if (w->n_gens && !w->gens[0].formed_ms && stepped_in_gen) {
+        w->gens[0].formed_ms = edl_wall_ms();
+    }
+    w->last_ms = now;
+}
+
+/* The newest checkpoint's step from the job's pointer (-1: none or unreadable). */
+static int64_t newest_checkpoint(job_ctx *j)
+{
+    edl_kv *kv = NULL;
+    int64_t rev, step = -1;
+    if (edl_etcd_get(j->c, edl_str(j->k.checkpoint), &kv, &rev) != 0 || !kv)
+        return -1;
+    cJSON *o = cJSON_ParseWithLength(kv->value, kv->value_len);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
+    if (cJSON_IsNumber(s))
+        step = (int64_t)s->valuedouble;
+    cJSON_Delete(o);
+    edl_kv_free(kv);
+    return step;
+}
+
+static void print_watch_pods(const watch_state *w, const job_view *v, int64_t now)
+{
+    printf("%-6s %-24s %-9s %-5s %-9s %-8s %s\n", "RANK", "POD", "TRAINER", "GEN", "STEP",
+           "STEP/S", "LAST STEP");
+    row_key *rows = calloc(v->n_pods + 1, sizeof *rows);
+    for (size_t i = 0; rows && i < v->n_pods; i++)
+        row_of(v, i, &rows[i]);
+    if (rows)
+        qsort(rows, v->n_pods, sizeof *rows, row_cmp);
+    for (size_t r = 0; rows && r < v->n_pods; r++) {
+        size_t i = rows[r].i;
+        const pod_seen *p = NULL;
+        for (size_t k = 0; k < w->n_pods; k++)
+            if (strcmp(w->pods[k].name, v->pods[i].name) == 0)
+                p = &w->pods[k];
+        char rk[16], gen[24] = "-", step[24] = "-", last[48] = "-";
+        const edl_pod_status *s = v->has_st[i] ? &v->st[i] : NULL;
+        if (s)
+            snprintf(gen, sizeof gen, "%lld", (long long)s->generation);
+        if (s && s->step >= 0)
+            snprintf(step, sizeof step, "%lld", (long long)s->step);
+        bool running = s && s->state == EDL_TRAINER_RUNNING;
+        if (p && p->moved_ms)
+            snprintf(last, sizeof last, "%.1f s ago%s", (double)(now - p->moved_ms) / 1000.0,
+                     running && now - p->moved_ms > STALL_MS ? "  STALLED" : "");
+        printf("%-6s %-24s %-9s %-5s %-9s %-8.1f %s\n", role_of(v, &v->pods[i], rk, sizeof rk),
+               v->pods[i].name, s ? edl_trainer_state_name(s->state) : "-", gen, step,
+               p ? p->rate : 0.0, last);
+    }
+    free(rows);
+}
+
+static void print_watch_gens(const watch_state *w)
+{
+    printf("generations (newest first):\n");
+    for (size_t i = 0; i < w->n_gens; i++) {
+        const gen_seen *g = &w->gens[i];
+        char formed[48] = "forming";
+        if (g->formed_ms > 0 && g->published_ms)
+            snprintf(formed, sizeof formed, "formed in %.1f s",
+                     (double)(g->formed_ms - g->published_ms) / 1000.0);
+        else if (i > 0 || !g->published_ms || g->formed_ms < 0)
+            snprintf(formed, sizeof formed, "-");
+        printf("  %-5lld %-18s %s\n", (long long)g->gen, formed, g->reason);
+    }
+}
+
+/* One screen: the job's line, the ranks, the generations, the checkpoint. */
+static void print_watch(const char *job, const watch_state *w, const job_view *v, int64_t now)
+{
+    if (!v->have_gen)
+        printf("job %s: no generation yet (%zu pods registered)\n", job, v->n_pods);
+    else
+        printf("job %s: %s, generation %lld, world size %zu, %d restarts\n", job,
+               edl_job_state_name(v->gen.state), (long long)v->gen.generation,
+               v->gen.n_members, v->gen.restarts);
+    print_watch_pods(w, v, now);
+    print_watch_gens(w);
+    if (w->ckpt_step >= 0)
+        printf("newest checkpoint: step %lld, seen %.0f s ago\n", (long long)w->ckpt_step,
+               (double)(now - w->ckpt_seen_ms) / 1000.0);
+    else
+        printf("newest checkpoint: none\n");
+}
+
+static bool job_over(const job_view *v)
+{
+    return v->have_gen && (v->gen.state == EDL_JOB_SUCCEEDED ||
+                           v->gen.state == EDL_JOB_FAILED || v->gen.state == EDL_JOB_STOPPED);
+}
+
+/* Read, fold, show, sleep, until the job ends (or a read fails). On a terminal the screen is
+ * cleared and drawn again from its top; otherwise each block follows a "--- TIME" line. */
+static int watch_job(job_ctx *j, const cli_common *co, int64_t interval_ms)
+{
+    static watch_state w; /* large: off the stack */
+    w = (watch_state){.ckpt_step = -1};
+    bool tty = isatty(STDOUT_FILENO);
+    for (;;) {
+        job_view v = {0};
+        int ret = read_view(j, co, &v);
+        int64_t now = edl_monotonic_ms();
+        if (ret == EDL_EXIT_SUCCEEDED) {
+            watch_update(&w, &v, now);
+            int64_t ck = newest_checkpoint(j);
+            if (ck != w.ckpt_step)
+                w.ckpt_step = ck, w.ckpt_seen_ms = now;
+            char when[16];
+            time_t t = time(NULL);
+            strftime(when, sizeof when, "%H:%M:%S", localtime(&t));
+            if (tty)
+                printf("\033[H\033[2J%s  edl status %s --watch (Ctrl-C quits)\n", when, j->name);
+            else
+                printf("--- %s\n", when);
+            print_watch(j->name, &w, &v, now);
+            fflush(stdout);
+        }
+        bool over = job_over(&v);
+        view_free(&v);
+        if (ret != EDL_EXIT_SUCCEEDED || over)
+            return ret;
+        usleep((useconds_t)(interval_ms * 1000));
+    }
+}
+
 int cli_status(int argc, char **argv)
 {
     static const char usage[] =
-        "Usage: edl status JOB [--json] [--etcd URLS] [--prefix PREFIX]\n"
+        "Usage: edl status JOB [--json | -w, --watch [--interval SECONDS]] [--etcd URLS]\n"
+        "                  [--prefix PREFIX]\n"
         "Shows the job's state, generation, members, its restarts after trainer failures, and\n"
         "a row per pod in rank order (workers, parameter servers as \"ps N\", standbys, excluded\n"
         "pods): its trainer, the generation and step it reported and STARTS, how often its agent\n"
         "started a trainer (every generation starts one, not only failures); then what trainers\n"
         "said, when each exclusion ends, and the teachers registered in the service of the job's\n"
         "teachers (instance, endpoint, load); --json: the spec, generation (with \"servers\"),\n"
-        "pods (with their role) and teachers as one JSON object.\n";
+        "pods (with their role) and teachers as one JSON object.\n"
+        "-w, --watch: read again every --interval seconds (1) until the job ends: each rank's\n"
+        "step, steps per second and time since its last step, the last generations with their\n"
+        "reasons and re-formation times, the newest checkpoint; one screen refreshed in place on\n"
+        "a terminal, the same block after a \"--- TIME\" line otherwise.\n";
     cli_common co = {0};
     bool json = false;
-    job_ctx j;
-    int rc = open_job(argc, argv, usage, &co, &json, NULL, &j);
+    int64_t interval_ms = 0;
+    int rc = take_watch_args(&argc, argv, &interval_ms);
     if (rc)
         return rc;
-    job_view v = {0};
-    edl_spec_init(&v.spec);
-    rc = cli_read_spec(j.c, &j.k, &v.spec, NULL);
-    v.have_spec = rc == 0;
-    int ret = EDL_EXIT_SUCCEEDED;
-    if (rc == EDL_ENOTFOUND || (rc && rc != EDL_ECONFIG && rc != EDL_EPROTO)) {
-        ret = report_etcd_error(&j, rc);
-    } else {
-        rc = cli_read_generation(j.c, &j.k, &v.gen);
-        v.have_gen = rc == 0;
-        if (rc && rc != EDL_ENOTFOUND && rc != EDL_EPROTO && rc != EDL_ECONFIG)
-            ret = report_etcd_error(&j, rc);
-        else if ((rc = read_pods(j.c, &j.k, &v)) != 0 ||
-                 (rc = read_teachers(j.c, co.prefix, &v)) != 0)
-            ret = report_etcd_error(&j, rc);
-        else if (json)
-            print_json(&v);
-        else
-            print_table(j.name, &v);
+    job_ctx j;
+    rc = open_job(argc, argv, usage, &co, &json, NULL, &j);
+    if (rc)
+        return rc;
+    if (interval_ms > 0 && json) {
+        fprintf(stderr, "edl status: --watch and --json do not go together; use one\n");
+        job_close(&j);
+        return EDL_EXIT_USAGE;
     }
+    if (interval_ms > 0) {
+        rc = watch_job(&j, &co, interval_ms);
+        job_close(&j);
+        return rc;
+    }
+    job_view v = {0};
+    int ret = read_view(&j, &co, &v);
+    if (ret == EDL_EXIT_SUCCEEDED && json)
+        print_json(&v);
+    else if (ret == EDL_EXIT_SUCCEEDED)
+        print_table(j.name, &v);
     view_free(&v);
     job_close(&j);
     return ret;

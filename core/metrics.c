@@ -90,6 +90,55 @@ void edl_prom_metric(edl_prom *p, const char *name, const char *type, const char
     edl_prom_sample(p, name, NULL, NULL, value);
 }
 
+void edl_prom_observe(edl_prom_hist *h, double v)
+{
+    size_t i = 0;
+    while (i < h->n && v > h->bounds[i])
+        i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+/* The constant labels, then le="bound", closed. */
+static void put_le(edl_prom *p, const char *name, const char *le, uint64_t v)
+{
+    put(p, "%s_bucket", name);
+    bool first = true;
+    for (size_t i = 0; p->labels && p->labels[i] && p->labels[i + 1]; i += 2, first = false)
+        put_label(p, first, p->labels[i], p->labels[i + 1]);
+    put_label(p, first, "le", le);
+    put(p, "} %llu\n", (unsigned long long)v);
+}
+
+/* The constant labels on a _sum or _count line, or nothing. */
+static void put_labels_closed(edl_prom *p)
+{
+    bool first = true;
+    for (size_t i = 0; p->labels && p->labels[i] && p->labels[i + 1]; i += 2, first = false)
+        put_label(p, first, p->labels[i], p->labels[i + 1]);
+    if (!first)
+        put(p, "}");
+}
+
+void edl_prom_histogram(edl_prom *p, const char *name, const char *help, const edl_prom_hist *h)
+{
+    edl_prom_family(p, name, "histogram", help);
+    uint64_t cum = 0;
+    char le[32];
+    for (size_t i = 0; i < h->n && i < EDL_PROM_BUCKETS_MAX; i++) {
+        cum += h->counts[i];
+        snprintf(le, sizeof le, "%g", h->bounds[i]);
+        put_le(p, name, le, cum);
+    }
+    put_le(p, name, "+Inf", h->count);
+    put(p, "%s_sum", name);
+    put_labels_closed(p);
+    put(p, " %.6f\n%s_count", h->sum, name);
+    put_labels_closed(p);
+    put(p, " %llu\n", (unsigned long long)h->count);
+}
+
 /* ---- the server ------------------------------------------------------------------------ */
 
 /* A connection MHD holds, from its start, oldest first in the server's list. */

@@ -67,6 +67,29 @@ static void write_metrics(void *arg, edl_prom *p)
                     "Parameter servers of that generation.", js->m.servers);
     edl_prom_metric(p, "edl_jobserver_restarts", "gauge",
                     "Generations started because of trainer failures.", js->m.restarts);
+    edl_prom_family(p, "edl_jobserver_restarts_left", "gauge",
+                    "Restarts the job's budget (spec max_restarts) still allows.");
+    if (js->m.max_restarts >= 0)
+        edl_prom_sample(p, "edl_jobserver_restarts_left", NULL, NULL,
+                        js->m.max_restarts > js->m.restarts ? js->m.max_restarts - js->m.restarts
+                                                            : 0);
+    edl_prom_family(p, "edl_jobserver_generations_total", "counter",
+                    "New generations this replica published, by cause: failure (a restart "
+                    "after trainer failures) or membership (joins, leaves, scales).");
+    edl_prom_sample(p, "edl_jobserver_generations_total", "reason", "failure",
+                    js->m.gens_failure);
+    edl_prom_sample(p, "edl_jobserver_generations_total", "reason", "membership",
+                    js->m.gens_membership);
+    bool ckpt = js->m.ckpt_step >= 0;
+    edl_prom_family(p, "edl_jobserver_checkpoint_step", "gauge",
+                    "Step of the job's newest committed checkpoint (absent: none).");
+    if (ckpt)
+        edl_prom_sample(p, "edl_jobserver_checkpoint_step", NULL, NULL, js->m.ckpt_step);
+    edl_prom_family(p, "edl_jobserver_checkpoint_timestamp_seconds", "gauge",
+                    "When this replica first read that checkpoint, Unix time (absent: none).");
+    if (ckpt)
+        edl_prom_sample(p, "edl_jobserver_checkpoint_timestamp_seconds", NULL, NULL,
+                        js->m.ckpt_seen_ms / 1000);
     edl_prom_metric(p, "edl_jobserver_publications_total", "counter",
                     "Publications by this replica.", js->m.publications);
     edl_prom_metric(p, "edl_jobserver_etcd_errors_total", "counter",

@@ -51,6 +51,8 @@ static void usage(FILE *out)
             "  --leader-elect-retry-period D           (default: 2s)\n"
             "  --agent-image IMAGE the init container image that installs edl-agent into pods\n"
             "                      (default: %s)\n"
+            "  --agent-metrics-port P  the agents in the pods serve /metrics on port P, named\n"
+            "                      edl-metrics for a PodMonitor (default: 0, off)\n"
             "  --pod-etcd URLS     etcd as the pods reach it (default: --etcd); the pods get the\n"
             "                      operator's --cacert/--cert/--key through each job's Secret\n"
             "  --max-replicas N    the most pods of a job, each role and all together: a job\n"
@@ -142,7 +144,8 @@ static int run_operator(k8s_options *ko, const js_config *cfg, int sigfd)
 }
 
 enum { OPT_K8S = 1000, OPT_KUBECONFIG, OPT_CONTEXT, OPT_NS, OPT_ALLNS, OPT_LNAME, OPT_LNS,
-       OPT_LDUR, OPT_LRENEW, OPT_LRETRY, OPT_IMAGE, OPT_PODETCD, OPT_MAXREP };
+       OPT_LDUR, OPT_LRENEW, OPT_LRETRY, OPT_IMAGE, OPT_PODETCD, OPT_MAXREP,
+       OPT_AGENTMP };
 
 static const struct option LONG_OPTIONS[] = {
     EDL_ETCD_LONG_OPTIONS,                 {"job", required_argument, 0, 'j'},
@@ -160,6 +163,7 @@ static const struct option LONG_OPTIONS[] = {
     {"leader-elect-retry-period", required_argument, 0, OPT_LRETRY},
     {"agent-image", required_argument, 0, OPT_IMAGE}, {"pod-etcd", required_argument, 0, OPT_PODETCD},
     {"max-replicas", required_argument, 0, OPT_MAXREP},
+    {"agent-metrics-port", required_argument, 0, OPT_AGENTMP},
     {0, 0, 0, 0},
 };
 
@@ -179,6 +183,15 @@ static int k8s_option(k8s_options *ko, int ch, const char *name, const char *val
     case OPT_LRETRY: return duration_option(name, value, &ko->retry_ms);
     case OPT_IMAGE: ko->op.agent_image = value; return 0;
     case OPT_PODETCD: ko->op.pod_etcd_endpoints = value; return 0;
+    case OPT_AGENTMP: {
+        long v;
+        if (parse_int(value, 0, 65535, &v) == 0) {
+            ko->op.agent_metrics_port = (int)v;
+            return 0;
+        }
+        fprintf(stderr, "edl-jobserver: --%s %s: expected a port, 0 to 65535\n", name, value);
+        return -1;
+    }
     case OPT_MAXREP: {
         long v;
         if (parse_int(value, 1, EDL_MEMBERS_MAX, &v) == 0) {

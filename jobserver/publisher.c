@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "edl/etcd.h"
 #include "edl/job.h"
 #include "edl/log.h"
@@ -34,6 +36,7 @@ typedef struct snapshot {
     bool current_bad;
     char current_error[512];
     int64_t max_status_gen;
+    int64_t ckpt_step;        /* the checkpoint pointer's step (-1: none) */
     char *gen_dead; /* gen/<current>/dead, as trainers published it (NULL: none) */
     bool *gen_alive; /* [current.n_members]: gen/<current>/alive/<rank> exists (NULL: none) */
 } snapshot;
@@ -196,6 +199,19 @@ static void read_dead(js_publisher *j, const edl_range_result *r, snapshot *s)
     }
 }
 
+/* The newest checkpoint's step in the pointer (edl/checkpoint.h's document; -1: none). Only
+ * /metrics reads it: a malformed pointer is the checkpoint library's to report. */
+static int64_t checkpoint_step(const edl_range_result *r)
+{
+    if (r->n_kvs == 0)
+        return -1;
+    cJSON *o = cJSON_ParseWithLength(r->kvs[0].value, r->kvs[0].value_len);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
+    int64_t step = cJSON_IsNumber(s) && s->valuedouble >= 0 ? (int64_t)s->valuedouble : -1;
+    cJSON_Delete(o);
+    return step;
+}
+
 static int take_snapshot(js_publisher *j, snapshot *s)
 {
     memset(s, 0, sizeof *s);
@@ -210,12 +226,13 @@ static int take_snapshot(js_publisher *j, snapshot *s)
     edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(j->k.status), &prefix);
     edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(j->k.generation), NULL);
     edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(j->k.gens), &prefix); /* rendezvous: small */
+    edl_txn_range(t, EDL_TXN_SUCCESS, edl_str(j->k.checkpoint), NULL); /* for /metrics only */
     edl_txn_result r;
     int rc = edl_etcd_txn(j->c, t, &r);
     edl_txn_free(t);
     if (rc)
         return rc;
-    if (r.n_results != 5) {
+    if (r.n_results != 6) {
         edl_txn_result_clear(&r);
         return EDL_EPROTO;
     }
@@ -238,6 +255,7 @@ static int take_snapshot(js_publisher *j, snapshot *s)
         read_status(j, &r.results[2].range, s); /* after the generation: bounded by it */
     if (!rc && s->current.generation > 0)
         read_dead(j, &r.results[4].range, s);
+    s->ckpt_step = checkpoint_step(&r.results[5].range);
     edl_txn_result_clear(&r);
     if (rc)
         snapshot_free(s);
@@ -360,6 +378,11 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
         j->m.members = (int64_t)s.current.n_members;
         j->m.servers = (int64_t)s.current.n_servers;
         j->m.restarts = s.current.restarts;
+        j->m.max_restarts = j->have_spec ? j->spec.max_restarts : -1;
+        if (s.ckpt_step != j->m.ckpt_step) { /* its age counts from when we saw it */
+            j->m.ckpt_step = s.ckpt_step;
+            j->m.ckpt_seen_ms = s.ckpt_step >= 0 ? edl_wall_ms() : 0;
+        }
         j->m.state = *final_state;
         js_observed o = {
             .spec = j->have_spec ? &j->spec : NULL,
@@ -383,6 +406,9 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
             keep_current(j, &d.next);
             *final_state = (int)d.next.state;
             j->m.publications++;
+            if (d.next.generation != j->m.generation) /* a new world, not a new state */
+                *(d.next.restarts > j->m.restarts ? &j->m.gens_failure
+                                                  : &j->m.gens_membership) += 1;
             j->m.generation = d.next.generation;
             j->m.members = (int64_t)d.next.n_members;
             j->m.servers = (int64_t)d.next.n_servers;
@@ -441,6 +467,8 @@ int js_publisher_init(js_publisher *j, edl_etcd *c, const char *prefix, const ch
     j->c = c;
     j->id = id;
     j->m.state = -1;
+    j->m.max_restarts = -1;
+    j->m.ckpt_step = -1;
     edl_spec_init(&j->spec);
     if (!(j->name = strdup(job)))
         return EDL_ENOMEM;

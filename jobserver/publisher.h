@@ -13,6 +13,9 @@
 
 typedef struct js_job_counters {
     int64_t generation, members, servers, restarts, publications, etcd_errors;
+    int64_t max_restarts; /* the spec's budget (-1: no spec yet) */
+    int64_t ckpt_step, ckpt_seen_ms; /* the newest checkpoint (-1: none), when first read */
+    int64_t gens_failure, gens_membership; /* new generations published, by their cause */
     int state;            /* -1: no generation yet */
 } js_job_counters;
 

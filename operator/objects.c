@@ -227,6 +227,12 @@ static void wrap_container(cJSON *c, const edl_trainingjob *tj, op_role role,
             add_arg(cmd, num);
         }
     }
+    char mport[16];
+    snprintf(mport, sizeof mport, "%d", s->agent_metrics_port);
+    if (s->agent_metrics_port > 0) {
+        add_arg(cmd, "--metrics-port");
+        add_arg(cmd, mport);
+    }
     cJSON_AddItemToArray(cmd, cJSON_CreateString("--"));
     for (size_t i = 0; i < n_command; i++)
         cJSON_AddItemToArray(cmd, cJSON_CreateString(command[i]));
@@ -248,6 +254,12 @@ static void wrap_container(cJSON *c, const edl_trainingjob *tj, op_role role,
         }
     add_mount(c, "edl-bin", AGENT_DIR, true);
     add_mount(c, "edl-secret", SECRET_DIR, true);
+    if (s->agent_metrics_port > 0) { /* after the template's: a teacher's port stays first */
+        cJSON *mp = cJSON_CreateObject();
+        cJSON_AddStringToObject(mp, "name", "edl-metrics");
+        cJSON_AddNumberToObject(mp, "containerPort", s->agent_metrics_port);
+        cJSON_AddItemToArray(array_of(c, "ports"), mp);
+    }
 }
 
 static cJSON *install_container(const char *image)

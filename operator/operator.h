@@ -35,6 +35,7 @@ typedef struct op_config {
     const char *pod_etcd_endpoints; /* etcd as the pods reach it (NULL: the operator's) */
     int metrics_port;             /* 0: no /metrics */
     const char *metrics_addr;
+    int agent_metrics_port;       /* the agents' /metrics in the pods, port edl-metrics (0: off) */
     int max_replicas;             /* the most pods of a job, each role and all together
                                    * (--max-replicas; 0: EDL_TJ_PODS_MAX) */
 } op_config;
@@ -57,6 +58,7 @@ typedef struct op_pod_settings {
     const char *etcd_endpoints;
     const op_etcd_tls *etcd_tls; /* which files the job's Secret holds (NULL: none) */
     const char *agent_image;
+    int agent_metrics_port;    /* edl-agent --metrics-port and a containerPort edl-metrics (0: none) */
 } op_pod_settings;
 
 /* metadata {name, namespace, labels (extra first, then the job's), ownerReferences to the

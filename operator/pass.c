@@ -503,7 +503,8 @@ static void create_pods(op *o, op_job *j, const edl_trainingjob *tj, const cJSON
                                                                               : NULL,
                          .etcd_endpoints = o->pod_etcd_endpoints,
                          .etcd_tls = &o->etcd_tls,
-                         .agent_image = o->cfg->agent_image};
+                         .agent_image = o->cfg->agent_image,
+                         .agent_metrics_port = o->cfg->agent_metrics_port};
     int allowed = creations_allowed(o, j);
     announce_ramp(o, j, obj, role, n, allowed);
     if (allowed == 0)

@@ -272,7 +272,7 @@ static void publish_servers(const char *job, int64_t gen, int64_t members_gen,
     size_t n = member_list(job, pods, m), ns = member_list(job, servers, sv);
     edl_generation c = {.generation = gen, .members_generation = members_gen, .state = state,
                         .members = m, .n_members = n, .servers = sv, .n_servers = ns,
-                        .reason = (char *)"test"};
+                        .reason = (char *)"test", .published_ms = edl_wall_ms()};
     char *j = edl_generation_to_json(&c), k[256];
     harness_put(cl, key(job, "generation", k, sizeof k), j);
     free(j);
@@ -1065,6 +1065,11 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
         "edl_agent_trainer_state{job=\"metrics\",pod=\"a\",state=\"running\"} 1\n",
         "edl_agent_trainer_state{job=\"metrics\",pod=\"a\",state=\"waiting\"} 0\n",
         "edl_agent_trainer_step{job=\"metrics\",pod=\"a\"} 7\n",
+        "# TYPE edl_agent_trainer_steps_total counter",
+        "edl_agent_trainer_last_step_timestamp_seconds{job=\"metrics\",pod=\"a\"} 1",
+        "# TYPE edl_agent_reformation_seconds histogram",
+        "edl_agent_reformation_seconds_bucket{job=\"metrics\",pod=\"a\",le=\"+Inf\"} 1\n",
+        "edl_agent_reformation_seconds_count{job=\"metrics\",pod=\"a\"} 1\n",
         "edl_agent_etcd_errors_total{job=\"metrics\",pod=\"a\"} 0\n",
         "edl_agent_lease_losses_total{job=\"metrics\",pod=\"a\"} 0\n",
         "edl_agent_up{job=\"metrics\",pod=\"a\"} 1\n", NULL};

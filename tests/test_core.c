@@ -514,6 +514,30 @@ static void serve_stop(served *sv)
     edl_metrics_close(sv->s);
 }
 
+/* A histogram's buckets are cumulative, +Inf holds every observation, and the constant
+ * labels come before le. */
+static void test_prom_histogram_is_cumulative(void **state)
+{
+    (void)state;
+    static const double bounds[] = {1, 5};
+    edl_prom_hist h = {.bounds = bounds, .n = 2};
+    edl_prom_observe(&h, 0.5);
+    edl_prom_observe(&h, 3);
+    edl_prom_observe(&h, 1);
+    edl_prom_observe(&h, 60);
+    const char *labels[] = {"job", "j", NULL};
+    edl_prom p = {.labels = labels};
+    edl_prom_histogram(&p, "x_seconds", "X.", &h);
+    assert_false(p.oom);
+    assert_string_equal(p.buf, "# HELP x_seconds X.\n# TYPE x_seconds histogram\n"
+                               "x_seconds_bucket{job=\"j\",le=\"1\"} 2\n"
+                               "x_seconds_bucket{job=\"j\",le=\"5\"} 3\n"
+                               "x_seconds_bucket{job=\"j\",le=\"+Inf\"} 4\n"
+                               "x_seconds_sum{job=\"j\"} 64.500000\n"
+                               "x_seconds_count{job=\"j\"} 4\n");
+    free(p.buf);
+}
+
 static void test_metrics_server_answers_and_survives_bad_clients(void **state)
 {
     (void)state;
@@ -726,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_addr_keys_group_sources_by_ipv4_address_and_ipv6_64),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
+        cmocka_unit_test(test_prom_histogram_is_cumulative),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
         cmocka_unit_test(test_metrics_server_listens_where_it_is_told),
         cmocka_unit_test(test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are_closed),

@@ -161,6 +161,74 @@ static void test_rendered_manifests_apply_to_the_api_server(void **state)
     harness_k8s_close(k);
 }
 
+/* ---- monitoring (docs/observability.md) ------------------------------------------------- */
+
+/* Each switch renders its one object and nothing else; all off, none: the chart installs
+ * without the Prometheus operator's CRDs. */
+static void test_monitoring_switches_render_their_objects(void **state)
+{
+    (void)state;
+    static char out[1 << 17];
+    static const char *const kinds[] = {"grafana_dashboard: \"1\"", "kind: PodMonitor",
+                                        "kind: PrometheusRule"};
+    static const char *const sets[] = {"monitoring.dashboard=true", "monitoring.podMonitor=true",
+                                       "monitoring.rules.enabled=true"};
+    assert_int_equal(helm(out, sizeof out, "template t " CHART), 0);
+    for (int k = 0; k < 3; k++)
+        assert_null(strstr(out, kinds[k]));
+    assert_null(strstr(out, "--agent-metrics-port"));
+    for (int s = 0; s < 3; s++) {
+        char args[256];
+        snprintf(args, sizeof args, "template t " CHART " --set %s", sets[s]);
+        assert_int_equal(helm(out, sizeof out, args), 0);
+        for (int k = 0; k < 3; k++)
+            if ((strstr(out, kinds[k]) != NULL) != (k == s))
+                fail_msg("--set %s: '%s' %s", sets[s], kinds[k], k == s ? "missing" : "rendered");
+        /* what the PodMonitor scrapes: the operator gives the agents their port */
+        assert_true((strstr(out, "- --agent-metrics-port=9400\n") != NULL) == (s == 1));
+    }
+    assert_int_equal(helm(out, sizeof out, "template t " CHART " --set monitoring.rules.enabled"
+                          "=true --set monitoring.rules.stalledSeconds=120 --set "
+                          "monitoring.rules.for=1m"), 0);
+    assert_non_null(strstr(out, "edl_agent_trainer_last_step_timestamp_seconds) > 120 and"));
+    assert_non_null(strstr(out, "for: 1m\n"));
+    assert_int_not_equal(helm(out, sizeof out, "template t " CHART
+                              " --set monitoring.rules.for=soon"), 0);
+    assert_non_null(strstr(out, "for"));
+}
+
+/* The dashboard's ConfigMap, the PodMonitor and the PrometheusRule, as a cluster with the
+ * Prometheus operator's CRDs takes them: `kubectl apply --dry-run=server`. */
+static void test_monitoring_objects_apply_with_the_operators_crds(void **state)
+{
+    (void)state;
+    if (!harness_kubectl_available())
+        skip();
+    harness_k8s *k = harness_k8s_open(NULL);
+    static char out[1 << 16];
+    char args[1024];
+    snprintf(args, sizeof args, "template t " CHART " --set monitoring.dashboard=true --set "
+             "monitoring.podMonitor=true --set monitoring.rules.enabled=true --show-only "
+             "templates/monitoring.yaml > %s/monitoring.yaml", harness_k8s_dir(k));
+    assert_int_equal(helm(out, sizeof out, args), 0);
+    int rc = harness_kubectl(k, out, sizeof out, "apply -f " EDL_SOURCE_DIR
+                             "/tests/fixtures/monitoring-crds.yaml 2>&1");
+    if (rc != 0)
+        fail_msg("kubectl apply of the monitoring CRDs: %s", out);
+    rc = harness_kubectl(k, out, sizeof out, "apply --dry-run=server -f %s/monitoring.yaml 2>&1",
+                         harness_k8s_dir(k));
+    if (rc != 0)
+        fail_msg("kubectl apply --dry-run=server of the monitoring objects: %s", out);
+    assert_non_null(strstr(out, "configmap/t-edl-dashboard created (server dry run)"));
+    assert_non_null(strstr(out, "podmonitor.monitoring.coreos.com/t-edl-jobs created"));
+    assert_non_null(strstr(out, "prometheusrule.monitoring.coreos.com/t-edl-alerts "
+                                "created"));
+    /* a dry run: nothing stays */
+    assert_int_not_equal(harness_kubectl(k, out, sizeof out, "get configmap "
+                                         "t-edl-dashboard 2>&1"), 0);
+    harness_k8s_close(k);
+}
+
 /* ---- the in-chart etcd's certificates, for real ---------------------------------------- */
 
 #define ETCD_MEMBERS 3
@@ -388,6 +456,8 @@ int main(void)
         cmocka_unit_test(test_names_follow_the_release_and_the_docs_say_them),
         cmocka_unit_test(test_lint_strict_and_templates_with_each_option),
         cmocka_unit_test(test_rendered_manifests_apply_to_the_api_server),
+        cmocka_unit_test(test_monitoring_switches_render_their_objects),
+        cmocka_unit_test(test_monitoring_objects_apply_with_the_operators_crds),
         cmocka_unit_test(test_generated_certificates_serve_a_tls_etcd_cluster),
         cmocka_unit_test(test_upgrade_keeps_the_generated_certificates),
     };

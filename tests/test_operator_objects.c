@@ -74,6 +74,7 @@ static void test_pod_wraps_the_command_in_the_agent(void **state)
     assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.mnist\",\"--\","
                              "\"python\",\"train.py\",\"--lr\",\"0.1\"]");
     free(cmd);
+    assert_null(find_named(cJSON_GetObjectItem(c, "ports"), "edl-metrics")); /* off: none */
     assert_null(cJSON_GetObjectItem(c, "args"));
     const cJSON *env = cJSON_GetObjectItem(c, "env");
     assert_non_null(find_named(env, "A"));
@@ -209,7 +210,7 @@ static void test_teacher_pod_runs_the_agent_with_role_teacher(void **state)
     char field[128], err[256];
     assert_int_equal(edl_trainingjob_parse(obj, &tj, field, sizeof field, err, sizeof err), 0);
     op_pod_settings s = {.etcd_job = "team.kd", .etcd_endpoints = "http://e:1",
-                         .agent_image = "edl:1"};
+                         .agent_image = "edl:1", .agent_metrics_port = 9400};
     cJSON *pod = op_pod_new(&tj, &s, OP_TEACHER, 5);
     assert_string_equal(edl_k8s_str(pod, "metadata.name"), "kd-teacher-5");
     assert_string_equal(edl_k8s_str(pod, "metadata.namespace"), "team");
@@ -236,9 +237,16 @@ static void test_teacher_pod_runs_the_agent_with_role_teacher(void **state)
     char *cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
     assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.kd\",\"--role\","
                              "\"teacher\",\"--service\",\"mlp\",\"--model\",\"mlp\","
-                             "\"--capacity\",\"4\",\"--port\",\"8501\",\"--\",\"distill\","
+                             "\"--capacity\",\"4\",\"--port\",\"8501\",\"--metrics-port\","
+                             "\"9400\",\"--\",\"distill\","
                              "\"--steps\",\"300\"]");
     free(cmd);
+    /* the agent's /metrics after the template's port, which stays the teacher's (first) */
+    const cJSON *ports = cJSON_GetObjectItem(c, "ports");
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ports, 0), "containerPort")->valueint,
+                     8501);
+    assert_int_equal(cJSON_GetObjectItem(find_named(ports, "edl-metrics"),
+                                         "containerPort")->valueint, 9400);
     assert_null(cJSON_GetObjectItem(c, "args"));
     const cJSON *env = cJSON_GetObjectItem(c, "env");
     assert_string_equal(edl_k8s_str(find_named(env, "A"), "value"), "1");
@@ -263,7 +271,8 @@ static void test_teacher_pod_runs_the_agent_with_role_teacher(void **state)
                            0);
     cmd = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "command"));
     assert_string_equal(cmd, "[\"/edl/bin/edl-agent\",\"--job\",\"team.kd\",\"--role\","
-                             "\"teacher\",\"--service\",\"mlp\",\"--\",\"distill\","
+                             "\"teacher\",\"--service\",\"mlp\",\"--metrics-port\",\"9400\","
+                             "\"--\",\"distill\","
                              "\"--steps\",\"300\"]");
     free(cmd);
     cJSON_Delete(pod);

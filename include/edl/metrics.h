@@ -43,6 +43,21 @@ void edl_prom_family(edl_prom *p, const char *name, const char *type, const char
 void edl_prom_sample(edl_prom *p, const char *name, const char *label, const char *label_value,
                      int64_t value);
 
+/* A histogram of observations (seconds, bytes) in fixed buckets: edl_prom_observe counts one,
+ * edl_prom_histogram writes the family (_bucket with le, _sum, _count), the buckets cumulative
+ * as the format wants. */
+#define EDL_PROM_BUCKETS_MAX 16
+typedef struct edl_prom_hist {
+    const double *bounds; /* upper bounds, ascending, n of them (+Inf is implied) */
+    size_t n;             /* <= EDL_PROM_BUCKETS_MAX */
+    uint64_t counts[EDL_PROM_BUCKETS_MAX + 1]; /* per bucket, not cumulative; [n]: above all */
+    double sum;
+    uint64_t count;
+} edl_prom_hist;
+
+void edl_prom_observe(edl_prom_hist *h, double v);
+void edl_prom_histogram(edl_prom *p, const char *name, const char *help, const edl_prom_hist *h);
+
 /* ---- the server ------------------------------------------------------------------------ */
 
 typedef struct edl_metrics_server edl_metrics_server;
