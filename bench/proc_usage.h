@@ -34,4 +34,26 @@ static inline void proc_usage(pid_t pid, long *ticks, long *rss_kib)
         fclose(f);
 }
 
+/* What a process's resident memory is made of, in KiB, from /proc/PID/smaps_rollup: rss (all
+ * its resident pages), pss (each shared page divided among the processes that map it) and anon
+ * (its own memory: heap, stacks, the libraries' relocated data); rss - anon is the pages of
+ * files it maps, shared library code mostly. All 0 when unreadable. */
+typedef struct proc_mem {
+    long rss, pss, anon;
+} proc_mem;
+
+static inline proc_mem proc_memory(pid_t pid)
+{
+    char path[64], buf[256];
+    proc_mem m = {0, 0, 0};
+    snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(buf, sizeof buf, f))
+        if (sscanf(buf, "Rss: %ld", &m.rss) != 1 && sscanf(buf, "Pss: %ld", &m.pss) != 1)
+            sscanf(buf, "Anonymous: %ld", &m.anon);
+    if (f)
+        fclose(f);
+    return m;
+}
+
 #endif

@@ -13,14 +13,17 @@
  *           Only the lease's expiry reveals it, which comes between 2/3 TTL and TTL after the
  *           kill (renewals every TTL/3), so what is beyond the TTL is the cost of detection and
  *           re-formation
- * Then the agents' resident memory and CPU use while idle, and the job server's time to publish
+ * Then the agents' resident memory (what it is made of: their own memory, the shared libraries'
+ * pages, beside the floor of a process that only loads those libraries and initialises
+ * libcurl) and CPU use while idle, and the job server's time to publish
  * a generation of 1,000 members registered directly by this program (with js_reconcile's own
  * time measured in-process beside it).
  *
  * For comparison (a documented default, not measured here): TorchElastic's c10d/etcd rendezvous
  * waits a last-call window of 30 s after a join before the new round starts.
  *
- * Usage: reform [--sizes 4,16,64] [--trials 10] [--ttl 2] [--settle-ms 500] */
+ * Usage: reform [--sizes 4,16,64] [--trials 10] [--ttl 2] [--settle-ms 500] [--idle-only]
+ * (--idle-only: form each size's job and measure its idle agents only) */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <signal.h>
@@ -34,6 +37,7 @@
 #include "edl/job.h"
 #include "edl/etcd.h"
 #include "edl/etcd_server.h"
+#include "edl/http.h"
 #include "edl/log.h"
 #include "edl/proc.h"
 #include "proc_usage.h"
@@ -227,7 +231,7 @@ static void report(int n, const char *event, int64_t *v, int k, const char *note
     fflush(stdout);
 }
 
-static void run_size(bench *b, int n)
+static void run_size(bench *b, int n, int trials)
 {
     set_job(b, "bench", n);
     char spec[256];
@@ -247,9 +251,14 @@ static void run_size(bench *b, int n)
         start_agent(b);
     int64_t gen = 0;
     wait_formed(b, n, 0, &gen);
+    if (trials == 0) {
+        edl_watch_close(b->w);
+        b->w = NULL;
+        return;
+    }
     int64_t leave[64], join[64], killv[64], pub_leave[64], crash[64], pub_crash[64];
     int t;
-    for (t = 0; t < b->trials && t < 64; t++) {
+    for (t = 0; t < trials && t < 64; t++) {
         int victim = 1 + t % (n - 1); /* never the pod of rank 0 */
         int64_t t0 = edl_monotonic_ms();
         remove_agent(b, victim, SIGTERM);
@@ -287,29 +296,59 @@ static void run_size(bench *b, int n)
     report(n, "kill", killv, t, note);
 }
 
+/* The floor under an agent's memory: this program's process with the same libraries (libcurl
+ * and its dependencies, libmicrohttpd, libcjson, OpenSSL) loaded and libcurl initialised, as
+ * every agent does before it reaches etcd, and nothing else. */
+static int libcurl_floor(void)
+{
+    edl_http_global_init();
+    pause();
+    return 0;
+}
+
+static void print_memory(const char *what, int n, proc_mem sum, long max_rss)
+{
+    printf("%s (N=%d): RSS %.1f MiB (max %.1f): own memory (anonymous) %.1f MiB, mapped files "
+           "(shared library code) %.1f MiB; PSS %.1f MiB\n", what, n,
+           (double)sum.rss / n / 1024.0, (double)max_rss / 1024.0, (double)sum.anon / n / 1024.0,
+           (double)(sum.rss - sum.anon) / n / 1024.0, (double)sum.pss / n / 1024.0);
+}
+
 static void idle_cost(bench *b, int seconds)
 {
-    long t0[MAX_AGENTS], rss = 0, total0 = 0, total1 = 0, r;
+    long t0[MAX_AGENTS], total0 = 0, total1 = 0, r;
     for (int i = 0; i < b->n_agents; i++) {
         proc_usage(b->agents[i], &t0[i], &r);
         total0 += t0[i];
     }
+    char self[] = "/proc/self/exe", floor_arg[] = "--libcurl-floor";
+    char *fv[] = {self, floor_arg, NULL};
+    pid_t floor = spawn(fv);
     sleep((unsigned)seconds);
     long max_rss = 0;
+    proc_mem sum = {0, 0, 0};
     for (int i = 0; i < b->n_agents; i++) {
         long t1;
         proc_usage(b->agents[i], &t1, &r);
         total1 += t1;
-        rss += r;
-        if (r > max_rss)
-            max_rss = r;
+        proc_mem m = proc_memory(b->agents[i]);
+        sum.rss += m.rss;
+        sum.pss += m.pss;
+        sum.anon += m.anon;
+        if (m.rss > max_rss)
+            max_rss = m.rss;
     }
     double cpu = (double)(total1 - total0) / (double)sysconf(_SC_CLK_TCK) / seconds /
                  b->n_agents * 100.0;
     printf("agent idle (N=%d, %d s): RSS mean %.1f MiB, max %.1f MiB; CPU %.3f %% of a core "
            "each (lease renewals every TTL/3 = %.1f s, one watch)\n",
-           b->n_agents, seconds, (double)rss / b->n_agents / 1024.0, (double)max_rss / 1024.0,
-           cpu, b->ttl / 3.0);
+           b->n_agents, seconds, (double)sum.rss / b->n_agents / 1024.0,
+           (double)max_rss / 1024.0, cpu, b->ttl / 3.0);
+    print_memory("agent idle", b->n_agents, sum, max_rss);
+    proc_mem f = proc_memory(floor);
+    print_memory("floor: the same libraries, libcurl initialised, nothing else", 1, f, f.rss);
+    kill(floor, SIGKILL);
+    waitpid(floor, NULL, 0);
 }
 
 static void stop_all(bench *b)
@@ -436,10 +475,12 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"sizes", required_argument, 0, 's'},  {"trials", required_argument, 0, 't'},
         {"ttl", required_argument, 0, 'l'},    {"settle-ms", required_argument, 0, 'w'},
+        {"idle-only", no_argument, 0, 'i'},    {"libcurl-floor", no_argument, 0, 'f'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     bench b = {.ttl = 2, .settle_ms = 500, .trials = 10};
     char sizes[128] = "4,16,64";
+    bool idle_only = false; /* form each size's job and measure the idle agents, no events */
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -447,8 +488,11 @@ int main(int argc, char **argv)
         case 't': b.trials = atoi(optarg); break;
         case 'l': b.ttl = atoi(optarg); break;
         case 'w': b.settle_ms = atoi(optarg); break;
+        case 'i': idle_only = true; break;
+        case 'f': return libcurl_floor();
         case 'h':
-            printf("Usage: reform [--sizes 4,16,64] [--trials 10] [--ttl 2] [--settle-ms 500]\n");
+            printf("Usage: reform [--sizes 4,16,64] [--trials 10] [--ttl 2] [--settle-ms 500] "
+                   "[--idle-only]\n");
             return 0;
         default: return 2;
         }
@@ -478,12 +522,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "reform: size %d out of range 2..%d\n", n, MAX_AGENTS - 8);
             continue;
         }
-        run_size(&b, n);
-        if (n == 16)
+        run_size(&b, n, idle_only ? 0 : b.trials);
+        if (n == 16 || idle_only)
             idle_cost(&b, 10);
         stop_all(&b);
     }
-    big_generation(&b, 1000);
+    if (!idle_only)
+        big_generation(&b, 1000);
     edl_etcd_close(b.c);
     edl_etcd_server_close(b.srv);
     return 0;

@@ -2,12 +2,19 @@
 on the same disk.
 
     sync    edl.checkpoint.save(state, step, file://DIR) (committed through a real etcd)
-            against torch.save(state, FILE) + fsync of the file: seconds and GB/s, median of
-            the trials (goal: edl >= 2x)
+            against torch.save(state, FILE) + fsync of the file: seconds and GB/s (goal:
+            edl >= 2x)
+    load    edl.checkpoint.load(file://DIR) against torch.load(FILE) of the same state, warm
+            (the files in the page cache; goal: edl >= 2x) and cold (both evicted first with
+            posix_fadvise DONTNEED; goal: edl at least the disk's speed, which
+            dd iflag=direct of torch's file measures in the same run)
     async   a training loop of fixed steps (compute of --step-ms each) that queues
             edl.checkpoint.save_async every --every steps: the share of the loop's time spent
             blocked in checkpointing (copying, then waiting for the previous save), with the
             snapshot copied before save_async returns and in the background (goal: <= 5 %)
+
+Each figure is the median of --trials runs, edl's and the other's alternated, with the
+spread (lowest-highest) in brackets.
 
     python3 bench/torch_checkpoint.py [--gib 1] [--trials 3] [--dir /var/tmp] [--build build]
 """
@@ -60,24 +67,89 @@ def fsync_file(path):
     os.close(fd)
 
 
+def spread(xs):
+    """'median s [lowest-highest]' of a list of seconds."""
+    return f"{statistics.median(xs):.3f} s [{min(xs):.3f}-{max(xs):.3f}]"
+
+
+def alternate(trials, runs, before=None):
+    """{name: [seconds]} of each run in runs ({name: fn}), called in turn trials times;
+    before(name) (not timed) runs before each."""
+    times = {name: [] for name in runs}
+    for _ in range(trials):
+        for name, fn in runs.items():
+            if before:
+                before(name)
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def sync_trials(args, sd, workdir, torch, ckpt):
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-    edl_s, torch_s = [], []
-    for trial in range(args.trials):
-        path = os.path.join(workdir, f"torch-{trial}.pt")
-        t0 = time.perf_counter()
+    path, step = os.path.join(workdir, "torch-save.pt"), [0]
+
+    def torch_save():
         torch.save(sd, path)
         fsync_file(path)
-        torch_s.append(time.perf_counter() - t0)
         os.unlink(path)
-        t0 = time.perf_counter()
-        ckpt.save(sd, trial + 1, "file://" + os.path.join(workdir, "edl"))
-        edl_s.append(time.perf_counter() - t0)
-    te, tt = statistics.median(edl_s), statistics.median(torch_s)
+
+    def edl_save():
+        step[0] += 1
+        ckpt.save(sd, step[0], "file://" + os.path.join(workdir, "edl"))
+
+    t = alternate(args.trials, {"torch": torch_save, "edl": edl_save})
+    te, tt = statistics.median(t["edl"]), statistics.median(t["torch"])
     gb = nbytes / 1e9
-    print(f"sync: {gb:.2f} GB state dict: edl.checkpoint.save {te:.2f} s ({gb / te:.2f} GB/s), "
-          f"torch.save + fsync {tt:.2f} s ({gb / tt:.2f} GB/s): edl {tt / te:.2f}x "
-          f"(goal >= 2x; medians of {args.trials})", flush=True)
+    print(f"sync: {gb:.2f} GB state dict: edl.checkpoint.save {spread(t['edl'])} "
+          f"({gb / te:.2f} GB/s), torch.save + fsync {spread(t['torch'])} ({gb / tt:.2f} GB/s): "
+          f"edl {tt / te:.2f}x (goal >= 2x; medians of {args.trials}, alternated)", flush=True)
+
+
+def evict(top):
+    """Drop top's files (a file or a directory's) from the page cache: they are clean, so
+    DONTNEED lets them go and the next read comes from the disk."""
+    paths = [top] if os.path.isfile(top) else [os.path.join(d, f) for d, _, fs in os.walk(top)
+                                                for f in fs]
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def direct_read(path):
+    """Read path with O_DIRECT (dd iflag=direct): the disk's own speed, no page cache."""
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def load_trials(args, sd, workdir, torch, ckpt):
+    gb = sum(t.numel() * t.element_size() for t in sd.values()) / 1e9
+    path, url = os.path.join(workdir, "torch-load.pt"), "file://" + os.path.join(workdir, "edl")
+    torch.save(sd, path)
+    ckpt.save(sd, 500, url)  # after the sync rows' steps: one job's steps only grow
+    edl_dir = os.path.join(workdir, "edl")
+    warm = {"torch": lambda: torch.load(path), "edl": lambda: ckpt.load(url)}
+    for fn in warm.values():  # the files into the page cache, the code paths run once
+        fn()
+    t = alternate(args.trials, warm)
+    print(f"load warm: {gb:.2f} GB: edl.checkpoint.load {spread(t['edl'])} "
+          f"({gb / statistics.median(t['edl']):.2f} GB/s), torch.load {spread(t['torch'])}: edl "
+          f"{statistics.median(t['torch']) / statistics.median(t['edl']):.2f}x (goal >= 2x)",
+          flush=True)
+    cold = {"torch": lambda: torch.load(path), "edl": lambda: ckpt.load(url),
+            "dd": lambda: direct_read(path)}
+    t = alternate(args.trials, cold, lambda name: (evict(path), evict(edl_dir)))
+    disk = gb / statistics.median(t["dd"])
+    edl = gb / statistics.median(t["edl"])
+    print(f"load cold: {gb:.2f} GB: edl.checkpoint.load {spread(t['edl'])} ({edl:.2f} GB/s), "
+          f"torch.load {spread(t['torch'])} "
+          f"({gb / statistics.median(t['torch']):.2f} GB/s), disk (dd iflag=direct) "
+          f"{spread(t['dd'])} ({disk:.2f} GB/s): edl at {100 * edl / disk:.0f} % of the disk "
+          f"(goal >= 100 %)", flush=True)
+    os.unlink(path)
 
 
 def async_loop(args, sd, workdir, torch, ckpt, background):
@@ -111,7 +183,8 @@ def async_loop(args, sd, workdir, torch, ckpt, background):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gib", type=float, default=1.0)
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--only", default="save,load,async", help="which figures: save,load,async")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--step-ms", type=float, default=200)
     p.add_argument("--every", type=int, default=20)
@@ -126,7 +199,12 @@ def main():
     os.environ.update(EDL_JOB_ID="bench-ckpt", EDL_ETCD_ENDPOINTS=url)
     try:
         sd = state_dict(args.gib, torch)
-        sync_trials(args, sd, workdir, torch, ckpt)
+        if "save" in args.only:
+            sync_trials(args, sd, workdir, torch, ckpt)
+        if "load" in args.only:
+            load_trials(args, sd, workdir, torch, ckpt)
+        if "async" not in args.only:
+            return 0
         async_loop(args, sd, workdir, torch, ckpt, False)
         async_loop(args, sd, workdir, torch, ckpt, True)
     finally:

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,7 +233,7 @@ static int file_put(edl_storage *s, const char *key, storage_source *src)
  * (what stat says of it too). O_NONBLOCK keeps the open of a FIFO from waiting for a writer;
  * it is cleared before reading. A put renames a file into place, never a link: a link at a
  * key (to /dev/zero, to a file outside the store) is someone else's, and absent too. */
-static int open_regular(edl_storage *s, const char *path, int *fd_out)
+static int open_regular(edl_storage *s, const char *path, int *fd_out, uint64_t *size_out)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0 && errno == ELOOP)
@@ -255,6 +256,7 @@ static int open_regular(edl_storage *s, const char *path, int *fd_out)
     if (flags >= 0)
         fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     *fd_out = fd;
+    *size_out = (uint64_t)sb.st_size;
     return 0;
 }
 
@@ -265,7 +267,8 @@ static int file_get_stream(edl_storage *s, const char *key, edl_storage_write_fn
     key_path(s, key, path, sizeof path);
     *size_out = 0;
     int fd = -1;
-    int rc = open_regular(s, path, &fd);
+    uint64_t size;
+    int rc = open_regular(s, path, &fd, &size);
     if (rc != 0)
         return rc;
     char *chunk = malloc(IO_CHUNK);
@@ -289,6 +292,55 @@ static int file_get_stream(edl_storage *s, const char *key, edl_storage_write_fn
     }
     free(chunk);
     close(fd);
+    return rc;
+}
+
+/* One read(2) of up to len bytes: its count, 0 at the end, or -1 with errno (EINTR retried). */
+static ssize_t read_some(int fd, char *p, size_t len)
+{
+    ssize_t n;
+    do
+        n = read(fd, p, len);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* Straight into the caller's memory: the page cache is copied once, by the kernel, into dst,
+ * and each piece is shown to observe while it is still in the CPU's cache. A file larger than
+ * cap (found by its size, or by a byte past cap if it grew while read) is refused. */
+static int file_get_into(edl_storage *s, const char *key, char *dst, size_t cap,
+                         edl_storage_observe_fn observe, void *arg, uint64_t *size_out)
+{
+    char path[PATH_MAX];
+    key_path(s, key, path, sizeof path);
+    *size_out = 0;
+    int fd = -1;
+    uint64_t size;
+    int rc = open_regular(s, path, &fd, &size);
+    if (rc == 0 && size > cap)
+        rc = storage_fail(s, EDL_ETOOBIG, "%s holds %" PRIu64 " bytes, more than the %zu "
+                          "of the buffer given", path, size, cap);
+    if (rc == 0)
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    size_t got = 0;
+    while (rc == 0) {
+        char past;
+        size_t want = cap - got < IO_CHUNK ? cap - got : IO_CHUNK;
+        ssize_t n = read_some(fd, want ? dst + got : &past, want ? want : 1);
+        if (n < 0)
+            rc = storage_fail(s, errno_code(errno), "read %s: %s", path, strerror(errno));
+        else if (n > 0 && !want)
+            rc = storage_fail(s, EDL_ETOOBIG, "%s grew past the %zu bytes of the buffer "
+                              "given while it was read", path, cap);
+        if (rc != 0 || n == 0)
+            break;
+        if (observe)
+            observe(arg, dst + got, (size_t)n);
+        got += (size_t)n;
+    }
+    *size_out = got;
+    if (fd >= 0)
+        close(fd);
     return rc;
 }
 
@@ -384,6 +436,7 @@ const storage_backend storage_file_backend = {
     .close = file_close,
     .put = file_put,
     .get_stream = file_get_stream,
+    .get_into = file_get_into,
     .stat_key = file_stat,
     .list = file_list,
     .del = file_delete,

@@ -35,6 +35,9 @@ typedef struct storage_backend {
     int (*put)(edl_storage *s, const char *key, storage_source *src);
     int (*get_stream)(edl_storage *s, const char *key, edl_storage_write_fn write, void *arg,
                       uint64_t *size_out);
+    /* May be NULL (storage.c then copies from get_stream). */
+    int (*get_into)(edl_storage *s, const char *key, char *dst, size_t cap,
+                    edl_storage_observe_fn observe, void *arg, uint64_t *size_out);
     int (*stat_key)(edl_storage *s, const char *key, edl_storage_stat *st);
     /* Unsorted: storage.c sorts. */
     int (*list)(edl_storage *s, const char *prefix, char ***keys, size_t *n, size_t *cap);

@@ -223,6 +223,48 @@ int edl_storage_get_stream(edl_storage *s, const char *key, edl_storage_write_fn
     return rc ? rc : s->be->get_stream(s, key, write, arg, size_out ? size_out : &dummy);
 }
 
+/* edl_storage_get_into for a back end without its own: each piece copied out of the stream. */
+typedef struct into_sink {
+    char *dst;
+    size_t cap, len;
+    edl_storage_observe_fn observe;
+    void *arg;
+} into_sink;
+
+static int into_write(void *arg, const void *buf, size_t len)
+{
+    into_sink *t = arg;
+    if (len == 0)
+        return 0;
+    if (len > t->cap - t->len)
+        return EDL_ETOOBIG;
+    memcpy(t->dst + t->len, buf, len);
+    if (t->observe)
+        t->observe(t->arg, t->dst + t->len, len);
+    t->len += len;
+    return 0;
+}
+
+int edl_storage_get_into(edl_storage *s, const char *key, void *dst, size_t cap,
+                         edl_storage_observe_fn observe, void *arg, uint64_t *size_out)
+{
+    uint64_t dummy;
+    size_out = size_out ? size_out : &dummy;
+    *size_out = 0;
+    if (!s || (!dst && cap))
+        return EDL_EINVAL;
+    int rc = check_key(s, key);
+    if (rc != 0 || s->be->get_into)
+        return rc ? rc : s->be->get_into(s, key, dst, cap, observe, arg, size_out);
+    into_sink t = {.dst = dst, .cap = cap, .observe = observe, .arg = arg};
+    rc = s->be->get_stream(s, key, into_write, &t, &dummy);
+    if (rc == EDL_ETOOBIG)
+        storage_fail(s, rc, "%s/%s is larger than the %zu bytes of the buffer given", s->uri,
+                     key, cap);
+    *size_out = t.len;
+    return rc;
+}
+
 /* A sink into a byte buffer whose max is the caller's max_bytes (0: an empty object only). */
 static int bytebuf_write(void *arg, const void *buf, size_t len)
 {

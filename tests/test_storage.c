@@ -155,6 +155,30 @@ static void observe_into(void *arg, const void *buf, size_t len)
     sink_write(arg, buf, len);
 }
 
+/* edl_storage_get_into: the object straight into the caller's buffer, each piece shown to the
+ * observer once, in order, after it landed; a buffer one byte short is refused (ETOOBIG). */
+static void get_into_checks(edl_storage *s, const char *key, const char *data, size_t len)
+{
+    char *dst = malloc(len);
+    assert_non_null(dst);
+    sink seen = {.fail_after = -1};
+    uint64_t size = 0;
+    CHECK(s, edl_storage_get_into(s, key, dst, len, observe_into, &seen, &size));
+    assert_int_equal(size, len);
+    assert_memory_equal(dst, data, len);
+    assert_int_equal(seen.len, len);
+    assert_memory_equal(seen.data, data, len);
+    free(seen.data);
+    assert_int_equal(edl_storage_get_into(s, key, dst, len - 1, NULL, NULL, &size),
+                     EDL_ETOOBIG);
+    assert_non_null(strstr(edl_storage_errmsg(s), key));
+    CHECK(s, edl_storage_get_into(s, "a/empty", NULL, 0, NULL, NULL, &size));
+    assert_int_equal(size, 0);
+    assert_int_equal(edl_storage_get_into(s, "a/none", dst, len, NULL, NULL, NULL),
+                     EDL_ENOTFOUND);
+    free(dst);
+}
+
 /* The whole API on one store: the same checks for both back ends. */
 static void round_trip(edl_storage *s, size_t big)
 {
@@ -206,6 +230,7 @@ static void round_trip(edl_storage *s, size_t big)
         CHECK(s, edl_storage_stat_key(s, bigkeys[i], &st));
         assert_int_equal(st.size, big);
     }
+    get_into_checks(s, "b/big", data, big);
     /* a small stream goes up in one PUT */
     piecewise small = {"tiny", 4, 0};
     CHECK(s, edl_storage_put_stream(s, "b/tiny", piece_read, &small));
@@ -631,6 +656,9 @@ static void test_file_get_refuses_fifos_devices_and_directories(void **state)
         assert_int_equal(got, 0);
         assert_true(strstr(edl_storage_errmsg(s), "not a regular file") ||
                     strstr(edl_storage_errmsg(s), "symbolic link"));
+        char buf[16];
+        assert_int_equal(edl_storage_get_into(s, keys[i], buf, sizeof buf, NULL, NULL, NULL),
+                         EDL_ENOTFOUND);
     }
     alarm(0);
     size_t got = 0;

@@ -105,6 +105,15 @@ typedef int (*edl_storage_write_fn)(void *arg, const void *buf, size_t len);
 int edl_storage_get_stream(edl_storage *s, const char *key, edl_storage_write_fn write, void *arg,
                            uint64_t *size_out);
 
+/* The whole object straight into dst (cap bytes), with no buffer between the store and dst
+ * where the back end can (file://: read(2) into dst; s3://: a copy out of each piece received).
+ * observe (may be NULL) sees each piece just after it lands in dst, in order: a digest made
+ * while the bytes are in the CPU's cache. EDL_ENOTFOUND when absent; EDL_ETOOBIG when the
+ * object is larger than cap (dst holds part of it, or nothing). *size_out (may be NULL): the
+ * bytes written to dst. */
+int edl_storage_get_into(edl_storage *s, const char *key, void *dst, size_t cap,
+                         edl_storage_observe_fn observe, void *arg, uint64_t *size_out);
+
 typedef struct edl_storage_stat {
     uint64_t size;
     int64_t mtime;  /* seconds since the epoch (0 when the store does not say) */

@@ -30,7 +30,7 @@ __all__ = ["save", "save_async", "wait", "reserve", "load", "load_latest"]
 _FORMAT = "edl.torch/1"
 _STRUCTURE = "structure"
 
-_handles = {}     # (uri, background) -> _edl.Checkpoint: staging memory kept between saves
+_handles = {}     # (uri, background, verify) -> _edl.Checkpoint: staging kept between saves
 _pending = []     # saves under way (save_async)
 
 
@@ -44,11 +44,19 @@ class _Ref:
         return (_Ref, (self.i, self.dtype, self.shape, self.device))
 
 
-def _handle(url, background=False):
-    key = (url, background)
+def _handle(url, background=False, verify=True):
+    key = (url, background, verify)
     if key not in _handles:
-        _handles[key] = _edl.Checkpoint(url, snapshot_in_background=background)
+        _handles[key] = _edl.Checkpoint(url, snapshot_in_background=background, verify=verify)
     return _handles[key]
+
+
+def _loader(url):
+    """The handle loads go through. Its load_latest checks that every shard is there, of its
+    size, but digests none: _load reads each shard it uses once, straight into its tensor, and
+    the digest is checked in that pass (a mismatch is EDL_EPROTO, which falls back as a
+    corrupt checkpoint does). Verifying first would read the whole checkpoint twice."""
+    return _handle(url, verify=False)
 
 
 def _split(obj, tensors, path="obj"):
@@ -240,7 +248,7 @@ def load_latest(url, map_location="cpu", trusted=False):
     not "cpu" ("as_saved": where they were saved). A malformed checkpoint (EDL_EPROTO) is
     passed over for the one before it, as a corrupt one is; one that another writer saved
     (not edl.checkpoint's format) is refused as it is."""
-    h = _handle(url)
+    h = _loader(url)
     m = h.load_latest()
     why = []
     while m is not None:

@@ -165,6 +165,27 @@ def test_a_corrupt_newest_checkpoint_is_passed_over(in_job, scratch):
     assert_same(state_dict(1), loaded)
 
 
+def read_bytes():
+    with open("/proc/self/io") as f:  # every thread's read(2)s, sockets included
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_a_load_reads_each_byte_once(in_job, scratch):
+    """The digest is checked in the pass that reads each shard into its tensor: the
+    checkpoint is not read a second time to verify it first."""
+    url = "file://" + scratch
+    saved = {"w": torch.randn(1 << 20), "b": torch.randn(1 << 19), "step": 4}
+    ckpt.save(saved, 4, url)
+    stored = sum(os.path.getsize(p) for p in glob.glob(os.path.join(scratch, "ckpt-*", "**"),
+                                                        recursive=True) if os.path.isfile(p))
+    before = read_bytes()
+    loaded = ckpt.load(url)
+    read = read_bytes() - before
+    assert_same(saved, loaded)
+    tensors = ((1 << 20) + (1 << 19)) * 4
+    assert tensors <= read < 1.25 * stored, f"a load of {stored} bytes read {read}"
+
+
 def test_refusals_name_the_cause(in_job, scratch, monkeypatch):
     url = "file://" + scratch
     with pytest.raises(TypeError, match=r"obj\['f'\] is a function"):
