@@ -555,6 +555,97 @@ static void test_net_resolves_host_and_port(void **state)
     assert_int_equal(edl_net_listen("no.such.host.invalid", 0, &fd, NULL), EDL_ECONFIG);
 }
 
+/* ---- streams of lines and stoppable transfers ---------------------------------------------- */
+
+typedef struct {
+    char got[8][32];
+    int n, stop_at; /* on_line refuses line stop_at */
+} lines_seen;
+
+static bool take_line(void *arg, const char *line, size_t len)
+{
+    lines_seen *s = arg;
+    if (s->n == s->stop_at)
+        return false;
+    snprintf(s->got[s->n++], sizeof s->got[0], "%.*s", (int)len, line);
+    return true;
+}
+
+/* Lines arrive cut anywhere: each whole line is handed over once, empty ones skipped, the
+ * unfinished one held within its bound; a refusal ends the feed. */
+static void test_lines_are_split_across_pieces_within_a_bound(void **state)
+{
+    (void)state;
+    edl_bytebuf held = {.max = 8};
+    lines_seen s = {.stop_at = -1};
+    const char *pieces[] = {"ab", "c\n\nde", "f\ng", "hi\n"};
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(edl_lines_feed(&held, pieces[i], strlen(pieces[i]), take_line, &s), 0);
+    assert_int_equal(s.n, 3);
+    assert_string_equal(s.got[0], "abc");
+    assert_string_equal(s.got[1], "def");
+    assert_string_equal(s.got[2], "ghi");
+    assert_int_equal(held.len, 0);
+    assert_int_equal(edl_lines_feed(&held, "12345", 5, take_line, &s), 0);
+    assert_int_equal(edl_lines_feed(&held, "6789\n", 5, take_line, &s), EDL_ETOOBIG);
+    edl_bytebuf_clear(&held);
+    s = (lines_seen){.stop_at = 1};
+    assert_int_equal(edl_lines_feed(&held, "x\ny\nz\n", 6, take_line, &s), EDL_ECLOSED);
+    assert_int_equal(s.n, 1);
+    edl_bytebuf_clear(&held);
+}
+
+typedef struct {
+    CURLM *multi;
+    CURL *h;
+    atomic_bool stop;
+    atomic_int cc;  /* -1 while the transfer runs */
+} stoppable;
+
+static bool stop_read(void *arg)
+{
+    return atomic_load(&((stoppable *)arg)->stop);
+}
+
+static void *perform_thread(void *arg)
+{
+    stoppable *x = arg;
+    atomic_store(&x->cc, (int)edl_http_perform(x->multi, x->h, stop_read, x));
+    return NULL;
+}
+
+/* A transfer to a server that never answers ends at once when another thread stops it, not at
+ * its next timeout. */
+static void test_http_transfer_stops_at_once_when_asked(void **state)
+{
+    (void)state;
+    int l, port, c;
+    assert_int_equal(net_pair(&l, &port, &c, NULL), 0);
+    close(c);
+    edl_http_global_init();
+    stoppable x = {.multi = curl_multi_init(), .h = curl_easy_init()};
+    atomic_init(&x.stop, false);
+    atomic_init(&x.cc, -1);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", port);
+    edl_http_prepare(x.h, &(edl_http_opts){.timeout_ms = 60000});
+    curl_easy_setopt(x.h, CURLOPT_URL, url);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, perform_thread, &x), 0);
+    /* the request is on its way: the server's queue holds its connection */
+    assert_int_equal(edl_net_wait(l, POLLIN, edl_monotonic_ms() + 10000), 0);
+    assert_int_equal(atomic_load(&x.cc), -1);
+    int64_t t0 = edl_monotonic_ms();
+    atomic_store(&x.stop, true);
+    curl_multi_wakeup(x.multi);
+    pthread_join(t, NULL);
+    assert_true(edl_monotonic_ms() - t0 < 900); /* the wake-up, not the once-a-second check */
+    assert_int_equal(atomic_load(&x.cc), CURLE_ABORTED_BY_CALLBACK);
+    curl_easy_cleanup(x.h);
+    curl_multi_cleanup(x.multi);
+    close(l);
+}
+
 /* ---- child processes ----------------------------------------------------------------------- */
 
 static char dir[] = "/tmp/edl-test-core-XXXXXX";
@@ -898,6 +989,8 @@ int main(void)
         cmocka_unit_test(test_net_exact_read_gathers_short_reads),
         cmocka_unit_test(test_net_closed_peer_ends_reads_writes_and_dials_at_once),
         cmocka_unit_test(test_net_resolves_host_and_port),
+        cmocka_unit_test(test_lines_are_split_across_pieces_within_a_bound),
+        cmocka_unit_test(test_http_transfer_stops_at_once_when_asked),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
