@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "edl/http.h"
 #include "edl/log.h"
 
 /* One request to etcd: what run needs (copied from the agent when submitted), what it found.
@@ -205,11 +206,11 @@ static char *pod_json(const agent *a)
     return edl_pod_to_json(&p);
 }
 
+/* edl's jittered back-off: after an etcd outage the agents of a job register again spread
+ * over the window, not all at once. reg_attempt counts the attempts since the last success. */
 static void schedule_register(agent *a)
 {
-    a->reg_backoff_ms = a->reg_backoff_ms ? a->reg_backoff_ms * 2 : 500;
-    if (a->reg_backoff_ms > 5000)
-        a->reg_backoff_ms = 5000;
+    a->reg_backoff_ms = edl_http_backoff_ms(a->reg_attempt - 1, 500, 5000, -1);
     a->reg_next_ms = edl_monotonic_ms() + a->reg_backoff_ms;
 }
 
@@ -407,8 +408,7 @@ static void status_done(edl_work *w)
         if (a->status_failures == 1 || a->status_failures % 10 == 0)
             EDL_WARN("agent", "writing status (attempt %d): %s; retrying", a->status_failures,
                      r->err);
-        int64_t backoff = 250LL << (a->status_failures < 4 ? a->status_failures : 4);
-        a->status_next_ms = now + backoff;
+        a->status_next_ms = now + edl_http_backoff_ms(a->status_failures, 250, 4000, -1);
     }
     work_free(r);
 }

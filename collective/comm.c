@@ -18,6 +18,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "edl/http.h"
 #include "edl/job.h"
 #include "edl/json.h"
 #include "edl/log.h"
@@ -435,8 +436,8 @@ static int kv_wait_cb(void *arg, const char *name, char **value, size_t *len, in
     if (!k)
         return EDL_ENOMEM;
     int64_t deadline = edl_monotonic_ms() + timeout_ms;
-    int rc, pause = 1;
-    for (;;) {
+    int rc;
+    for (int attempt = 0;; attempt++) {
         edl_kv *kv = NULL;
         rc = c->etcd ? edl_etcd_get(c->etcd, edl_str(k), &kv, NULL) : EDL_ENOTFOUND;
         if (rc == 0) {
@@ -460,8 +461,7 @@ static int kv_wait_cb(void *arg, const char *name, char **value, size_t *len, in
             rc = EDL_ETIMEDOUT;
             break;
         }
-        usleep((useconds_t)pause * 1000);
-        pause = pause < 16 ? pause * 2 : 16;
+        usleep((useconds_t)edl_http_backoff_ms(attempt, 2, 16, -1) * 1000); /* 1-2, ... 8-16 ms */
     }
     free(k);
     return rc;

@@ -8,11 +8,9 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <stdio.h>
@@ -24,77 +22,17 @@
 
 #include "edl/http.h"
 #include "edl/log.h"
+#include "edl/net.h"
 #include "internal.h"
-
-#define SOCK_BUF_BYTES (4 << 20)
-
-static void tune_socket(int fd)
-{
-    int one = 1, buf = SOCK_BUF_BYTES;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-}
-
-static void set_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-/* "host:port" (the last colon splits) into an IPv4/IPv6 address. */
-static int resolve(const char *ep, struct sockaddr_storage *sa, socklen_t *salen)
-{
-    char host[256];
-    const char *colon = strrchr(ep, ':');
-    if (!colon || (size_t)(colon - ep) >= sizeof host || colon == ep)
-        return EDL_EINVAL;
-    memcpy(host, ep, (size_t)(colon - ep));
-    host[colon - ep] = '\0';
-    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-        memmove(host, host + 1, strlen(host));
-        host[strlen(host) - 1] = '\0';
-    }
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
-        return EDL_EINVAL;
-    memcpy(sa, res->ai_addr, res->ai_addrlen);
-    *salen = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
 
 int coll_listen(edl_comm *c)
 {
-    char ep[300];
-    snprintf(ep, sizeof ep, "%s:0", c->listen_addr);
-    struct sockaddr_storage sa;
-    socklen_t salen;
-    if (resolve(ep, &sa, &salen) != 0) {
+    int rc = edl_net_listen(c->listen_addr, 0, &c->lfd, &c->lport);
+    if (rc == EDL_ECONFIG)
         coll_set_err(c, "cannot resolve the address to listen on, '%s'", c->listen_addr);
-        return EDL_ECONFIG;
-    }
-    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        coll_set_err(c, "socket: %s", strerror(errno));
-        return EDL_EIO;
-    }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    tune_socket(fd); /* accepted sockets inherit the buffer sizes (window scaling) */
-    if (bind(fd, (struct sockaddr *)&sa, salen) != 0 || listen(fd, 512) != 0) {
+    else if (rc)
         coll_set_err(c, "cannot listen on %s: %s", c->listen_addr, strerror(errno));
-        close(fd);
-        return EDL_EIO;
-    }
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    c->lport = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-                                              : ((struct sockaddr_in *)&sa)->sin_port);
-    set_nonblock(fd);
-    c->lfd = fd;
-    return 0;
+    return rc;
 }
 
 void coll_close_peers(edl_comm *c)
@@ -104,53 +42,6 @@ void coll_close_peers(edl_comm *c)
             close(c->fds[i]);
             c->fds[i] = -1;
         }
-}
-
-/* Write all of buf to a non-blocking fd before the deadline. */
-static int write_all(int fd, const void *buf, size_t len, int64_t deadline)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno != EAGAIN)
-            return EDL_EIO;
-        int64_t left = deadline - edl_monotonic_ms();
-        if (left <= 0)
-            return EDL_ETIMEDOUT;
-        struct pollfd p1 = {.fd = fd, .events = POLLOUT};
-        poll(&p1, 1, (int)left);
-    }
-    return 0;
-}
-
-/* Read exactly len bytes from a non-blocking fd before the deadline: 0, EDL_EPEER when the
- * connection closed or failed first, EDL_ETIMEDOUT. */
-static int read_all(int fd, void *buf, size_t len, int64_t deadline)
-{
-    char *p = buf;
-    while (len) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n == 0 || (errno != EAGAIN && errno != EINTR))
-            return EDL_EPEER;
-        int64_t left = deadline - edl_monotonic_ms();
-        if (left <= 0)
-            return EDL_ETIMEDOUT;
-        struct pollfd p1 = {.fd = fd, .events = POLLIN};
-        poll(&p1, 1, (int)left);
-    }
-    return 0;
 }
 
 static int new_nonce(edl_comm *c, uint8_t nonce[COLL_NONCE_BYTES])
@@ -174,31 +65,14 @@ static int mac_of(edl_comm *c, const coll_link *l, enum coll_mac_kind kind, uint
 static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, socklen_t salen,
                         uint64_t token, int64_t deadline, int *out)
 {
-    int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return EDL_EIO;
-    tune_socket(fd);
-    set_nonblock(fd);
-    int rc = connect(fd, (const struct sockaddr *)sa, salen);
-    if (rc != 0 && errno == EINPROGRESS) {
-        int64_t left = deadline - edl_monotonic_ms();
-        struct pollfd p1 = {.fd = fd, .events = POLLOUT};
-        int err = 0;
-        socklen_t el = sizeof err;
-        if (left > 0 && poll(&p1, 1, (int)left) == 1 &&
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0)
-            rc = 0;
-        else
-            errno = err ? err : ETIMEDOUT;
-    }
+    int fd = -1, rc = edl_net_dial_addr((const struct sockaddr *)sa, salen, deadline, &fd);
     coll_link *l = &c->links[j];
     *l = (coll_link){.h = {.version = COLL_PROTO_VERSION, .generation = c->gen,
                            .from = c->rank, .to = j, .size = c->size, .token = token}};
     uint8_t hello[COLL_HELLO_BYTES], ch[64], mac[EDL_SECRET_MAC_BYTES], want[EDL_SECRET_MAC_BYTES];
     if (rc != 0) {
         coll_set_err(c, "cannot connect to rank %d: %s", j, strerror(errno));
-        close(fd);
-        return EDL_ECLOSED; /* not retried */
+        return rc == EDL_EIO ? rc : EDL_ECLOSED; /* not retried */
     }
     if ((rc = new_nonce(c, l->h.nonce)) != 0) {
         close(fd);
@@ -206,10 +80,8 @@ static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, s
     }
     coll_hello_encode(&l->h, hello);
     size_t chlen = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
-    if ((rc = write_all(fd, hello, sizeof hello, deadline)) == 0)
-        rc = read_all(fd, ch, chlen, deadline);
-    if (rc == EDL_EIO)
-        rc = EDL_EPEER; /* reset: dropped by the acceptor, like a close */
+    if ((rc = edl_net_write_all(fd, hello, sizeof hello, deadline)) == 0)
+        rc = edl_net_read_all(fd, ch, chlen, deadline);
     if (rc) {
         coll_set_err(c, "rank %d closed the connection before its challenge (%s)", j,
                      edl_strerror(rc));
@@ -226,7 +98,7 @@ static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, s
     }
     if (!rc && (rc = mac_of(c, l, COLL_MAC_PROOF, mac)) == 0) {
         coll_frame_encode(COLL_PROOF_MAGIC, NULL, mac, ch);
-        if (write_all(fd, ch, coll_frame_bytes(COLL_PROOF_MAGIC), deadline) != 0) {
+        if (edl_net_write_all(fd, ch, coll_frame_bytes(COLL_PROOF_MAGIC), deadline) != 0) {
             coll_set_err(c, "rank %d closed the connection during the handshake", j);
             rc = EDL_EPEER;
         }
@@ -262,7 +134,7 @@ static int connect_peer(edl_comm *c, int j, const char *ep, uint64_t token, int6
 {
     coll_addr *a = &c->addrs[j];
     a->len = sizeof a->sa;
-    if (resolve(ep, &a->sa, &a->len) != 0) {
+    if (edl_net_resolve(ep, &a->sa, &a->len) != 0) {
         coll_set_err(c, "generation %" PRId64 ": rank %d published an endpoint that does not "
                      "resolve, '%s'", c->gen, j, ep);
         return EDL_EPROTO;
@@ -595,7 +467,7 @@ int coll_connect_mesh(edl_comm *c, char **eps, const uint64_t *tokens, uint64_t 
     for (int j = c->rank + 1; j < c->size; j++) {
         struct sockaddr_storage sa;
         socklen_t len = sizeof sa;
-        if (resolve(eps[j], &sa, &len) == 0)
+        if (edl_net_resolve(eps[j], &sa, &len) == 0)
             edl_addr_key(&sa, m.key[m.n++]);
     }
     int rc = accept_peers(c, &m, my_token, deadline_ms);
@@ -627,7 +499,7 @@ static int send_ready(edl_comm *c, int p, int64_t deadline_ms)
 {
     uint8_t frame[64];
     int rc = ready_frame(c, p, true, frame);
-    if (!rc && write_all(c->fds[p], frame, coll_frame_bytes(COLL_READY_MAGIC), deadline_ms) != 0)
+    if (!rc && edl_net_write_all(c->fds[p], frame, coll_frame_bytes(COLL_READY_MAGIC), deadline_ms) != 0)
         rc = EDL_EPEER;
     return rc;
 }

@@ -1,6 +1,7 @@
 /* bytes.c: the growable byte buffer of edl/common.h, for bytes that arrive in pieces. It grows
  * by doubling as the bytes come, never from a size someone announced, and never past its bound.
- * Also the bounded reader of a whole small file (manifests, certificates). */
+ * Also the splitting of a stream into lines, and the bounded reader of a whole small file
+ * (manifests, certificates). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -46,6 +47,30 @@ void edl_bytebuf_clear(edl_bytebuf *b)
 size_t edl_bytebuf_curl_write(char *ptr, size_t size, size_t nmemb, void *bytebuf)
 {
     return edl_bytebuf_append(bytebuf, ptr, size * nmemb) == 0 ? size * nmemb : 0;
+}
+
+int edl_lines_feed(edl_bytebuf *held, const char *p, size_t n, edl_line_fn on_line, void *arg)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '\n')
+            continue;
+        const char *line = p + start;
+        size_t len = i - start;
+        if (held->len) { /* complete the line held from the last piece */
+            int rc = edl_bytebuf_append(held, line, len);
+            if (rc)
+                return rc;
+            line = held->data;
+            len = held->len;
+        }
+        bool ok = len == 0 || on_line(arg, line, len);
+        held->len = 0;
+        start = i + 1;
+        if (!ok)
+            return EDL_ECLOSED;
+    }
+    return start < n ? edl_bytebuf_append(held, p + start, n - start) : 0;
 }
 
 int edl_file_read(const char *path, size_t max, char **out, size_t *len, char *err,

@@ -1,5 +1,6 @@
 /* http.c: the libcurl plumbing every HTTP client of edl shares (edl/http.h): the global set-up,
- * a handle's common options, the reading of libcurl's failures and the retry back-off. */
+ * a handle's common options, a stoppable transfer, the reading of libcurl's failures and the
+ * retry back-off. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,29 @@ void edl_http_prepare(CURL *h, const edl_http_opts *o)
     if (o->user_agent)
         curl_easy_setopt(h, CURLOPT_USERAGENT, o->user_agent);
     prepare_tls(h, o);
+}
+
+CURLcode edl_http_perform(CURLM *multi, CURL *h, bool (*stopped)(void *arg), void *arg)
+{
+    if (!multi)
+        return curl_easy_perform(h);
+    if (curl_multi_add_handle(multi, h) != CURLM_OK)
+        return CURLE_OUT_OF_MEMORY;
+    int running = 1;
+    while (running && !stopped(arg)) {
+        if (curl_multi_perform(multi, &running) != CURLM_OK)
+            break;
+        if (running)
+            curl_multi_poll(multi, NULL, 0, 1000, NULL);
+    }
+    CURLcode cc = CURLE_ABORTED_BY_CALLBACK;
+    int left;
+    CURLMsg *m;
+    while ((m = curl_multi_info_read(multi, &left)))
+        if (m->msg == CURLMSG_DONE)
+            cc = m->data.result;
+    curl_multi_remove_handle(multi, h);
+    return cc;
 }
 
 bool edl_http_tls_refused(CURLcode cc)

@@ -259,43 +259,33 @@ static bool handle_message(edl_watch *w, const char *line, size_t len)
     return ok;
 }
 
+static bool on_line(void *w, const char *line, size_t len)
+{
+    return handle_message(w, line, len);
+}
+
 static size_t on_stream(char *ptr, size_t size, size_t nmemb, void *arg)
 {
     edl_watch *w = arg;
-    size_t n = size * nmemb, start = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ptr[i] != '\n')
-            continue;
-        const char *line = ptr + start;
-        size_t len = i - start;
-        if (w->line.len) { /* complete the partial line held from the last chunk */
-            if (edl_bytebuf_append(&w->line, line, len) != 0)
-                goto too_big;
-            line = w->line.data;
-            len = w->line.len;
-        }
-        bool ok = len == 0 || handle_message(w, line, len);
-        w->line.len = 0;
-        start = i + 1;
-        if (!ok)
-            return 0; /* close this stream; the thread decides what comes next */
-    }
-    if (start < n && edl_bytebuf_append(&w->line, ptr + start, n - start) != 0)
-        goto too_big;
-    return n;
-too_big:
-    watch_fatal(w, EDL_ETOOBIG, "a stream message exceeds the reply size limit");
-    return 0;
+    int rc = edl_lines_feed(&w->line, ptr, size * nmemb, on_line, w);
+    if (rc == EDL_ETOOBIG || rc == EDL_ENOMEM)
+        watch_fatal(w, EDL_ETOOBIG, "a stream message exceeds the reply size limit");
+    return rc ? 0 : size * nmemb; /* 0 closes this stream; the thread decides what comes next */
 }
 
-static int xfer_check(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+static bool stop_asked(void *arg)
 {
-    (void)a, (void)b, (void)c, (void)d;
     edl_watch *w = arg;
     pthread_mutex_lock(&w->mu);
     bool stop = w->stop;
     pthread_mutex_unlock(&w->mu);
     return stop;
+}
+
+static int xfer_check(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    (void)a, (void)b, (void)c, (void)d;
+    return stop_asked(arg);
 }
 
 static char *create_body(edl_watch *w)
@@ -335,24 +325,8 @@ static CURLcode run_stream(edl_watch *w, const char *endpoint, long *status)
         curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, xfer_check);
         curl_easy_setopt(h, CURLOPT_XFERINFODATA, w);
-        curl_multi_add_handle(w->multi, h);
-        int running = 1;
-        while (running) {
-            if (curl_multi_perform(w->multi, &running) != CURLM_OK)
-                break;
-            if (running)
-                curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
-            if (xfer_check(w, 0, 0, 0, 0))
-                break;
-        }
-        int left;
-        CURLMsg *m;
-        cc = CURLE_ABORTED_BY_CALLBACK;
-        while ((m = curl_multi_info_read(w->multi, &left)))
-            if (m->msg == CURLMSG_DONE)
-                cc = m->data.result;
+        cc = edl_http_perform(w->multi, h, stop_asked, w);
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
-        curl_multi_remove_handle(w->multi, h);
     }
     curl_easy_cleanup(h);
     curl_slist_free_all(hdrs);
@@ -364,7 +338,7 @@ static void *watch_main(void *arg)
 {
     edl_watch *w = arg;
     int failures = 0; /* in a row, since a stream last worked */
-    while (!xfer_check(w, 0, 0, 0, 0) && !w->fatal) {
+    while (!stop_asked(w) && !w->fatal) {
         edl_etcd *c = w->conn;
         const char *ep = c->cfg.endpoints[c->cur];
         if (c->cfg.username && !c->token) {
@@ -383,7 +357,7 @@ static void *watch_main(void *arg)
         pthread_mutex_unlock(&w->mu);
         long status;
         CURLcode cc = run_stream(w, ep, &status);
-        if (xfer_check(w, 0, 0, 0, 0) || w->fatal)
+        if (stop_asked(w) || w->fatal)
             break;
         if (w->restart) {
             failures = 0;

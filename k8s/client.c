@@ -195,29 +195,16 @@ bool k8s_stopped(const k8s_conn *c)
     return s;
 }
 
+static bool stop_asked(void *c)
+{
+    return k8s_stopped(c);
+}
+
 /* Run the transfer; in a multi handle when there is one, so a stop (curl_multi_wakeup) ends
  * it at once. */
 static CURLcode perform(const k8s_conn *c)
 {
-    if (!c->multi)
-        return curl_easy_perform(c->h);
-    CURLcode cc = CURLE_ABORTED_BY_CALLBACK;
-    if (curl_multi_add_handle(c->multi, c->h) != CURLM_OK)
-        return CURLE_OUT_OF_MEMORY;
-    int running = 1;
-    while (running && !k8s_stopped(c)) {
-        if (curl_multi_perform(c->multi, &running) != CURLM_OK)
-            break;
-        if (running)
-            curl_multi_poll(c->multi, NULL, 0, 1000, NULL);
-    }
-    int left;
-    CURLMsg *m;
-    while ((m = curl_multi_info_read(c->multi, &left)))
-        if (m->msg == CURLMSG_DONE)
-            cc = m->data.result;
-    curl_multi_remove_handle(c->multi, c->h);
-    return cc;
+    return edl_http_perform(c->multi, c->h, stop_asked, (void *)c);
 }
 
 static void set_method(CURL *h, const char *method, const char *body)

@@ -287,33 +287,21 @@ static bool handle_line(edl_k8s_informer *inf, const char *line, size_t len)
     return ok;
 }
 
+static bool on_line(void *inf, const char *line, size_t len)
+{
+    return handle_line(inf, line, len);
+}
+
 static size_t on_stream(char *ptr, size_t size, size_t nmemb, void *arg)
 {
     edl_k8s_informer *inf = arg;
-    size_t n = size * nmemb, start = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ptr[i] != '\n')
-            continue;
-        const char *line = ptr + start;
-        size_t len = i - start;
-        if (inf->line.len) { /* complete the line held from the last piece */
-            if (edl_bytebuf_append(&inf->line, line, len) != 0)
-                goto too_big;
-            line = inf->line.data;
-            len = inf->line.len;
-        }
-        bool ok = len == 0 || handle_line(inf, line, len);
-        inf->line.len = 0;
-        start = i + 1;
-        if (!ok)
-            return 0;
+    size_t n = size * nmemb;
+    int rc = edl_lines_feed(&inf->line, ptr, n, on_line, inf);
+    if (rc == EDL_ETOOBIG || rc == EDL_ENOMEM) {
+        edl_bytebuf_clear(&inf->line); /* keeps max */
+        return bad_line(inf, "a line over 16 MiB", "", 0) ? n : 0;
     }
-    if (start < n && edl_bytebuf_append(&inf->line, ptr + start, n - start) != 0)
-        goto too_big;
-    return n;
-too_big:
-    edl_bytebuf_clear(&inf->line); /* keeps max */
-    return bad_line(inf, "a line over 16 MiB", "", 0) ? n : 0;
+    return rc ? 0 : n;
 }
 
 static watch_end do_watch(edl_k8s_informer *inf)

@@ -14,9 +14,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <pthread.h>
@@ -30,11 +27,10 @@
 #include <unistd.h>
 
 #include "edl/http.h"
+#include "edl/net.h"
 #include "edl/proc.h"
 #include "edl/wire.h"
 #include "internal.h"
-
-#define SOCK_BUF_BYTES (4 << 20)
 
 /* One connection to a server: the server's first lane, or one of its others (lane_index). */
 typedef struct ps_link {
@@ -160,71 +156,6 @@ static void *grow(void *p, size_t *cap, size_t want, size_t elem)
     return q;
 }
 
-/* ---- blocking I/O for the handshake -------------------------------------------------------- */
-
-static int wait_fd(int fd, short ev, int64_t deadline)
-{
-    struct pollfd p = {.fd = fd, .events = ev};
-    int64_t left = deadline - edl_monotonic_ms();
-    if (left <= 0)
-        return EDL_ETIMEDOUT;
-    int n = poll(&p, 1, (int)left);
-    return n > 0 ? 0 : n == 0 ? EDL_ETIMEDOUT : EDL_EIO;
-}
-
-static int io_full(int fd, void *buf, size_t len, bool out, int64_t deadline)
-{
-    for (size_t done = 0; done < len;) {
-        ssize_t n = out ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                        : recv(fd, (char *)buf + done, len - done, MSG_DONTWAIT);
-        if (n > 0) {
-            done += (size_t)n;
-        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-            return EDL_EPEER;
-        } else {
-            int rc = wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
-            if (rc)
-                return rc;
-        }
-    }
-    return 0;
-}
-
-static int dial(const char *ep, int64_t deadline, int *out)
-{
-    char host[256];
-    const char *colon = strrchr(ep, ':');
-    if (!colon || colon == ep || (size_t)(colon - ep) >= sizeof host)
-        return EDL_EINVAL;
-    memcpy(host, ep, (size_t)(colon - ep));
-    host[colon - ep] = '\0';
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
-        return EDL_EINVAL;
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), rc = 0;
-    int one = 1, buf = SOCK_BUF_BYTES;
-    if (fd < 0) {
-        freeaddrinfo(res);
-        return EDL_EIO;
-    }
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-        int err = 0;
-        socklen_t el = sizeof err;
-        if (errno != EINPROGRESS || (rc = wait_fd(fd, POLLOUT, deadline)) != 0 ||
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0)
-            rc = rc ? rc : EDL_EUNAVAIL;
-    }
-    freeaddrinfo(res);
-    if (rc)
-        close(fd);
-    else
-        *out = fd;
-    return rc;
-}
-
 /* An error frame whose header is in h16: its message into c->err. */
 static int read_error_frame(edl_ps_client *c, ps_link *l, const uint8_t *h16, int64_t deadline)
 {
@@ -238,7 +169,7 @@ static int read_error_frame(edl_ps_client *c, ps_link *l, const uint8_t *h16, in
         h.len < 4)
         return fail(c, EDL_EPROTO, "server %s: not a parameter server (an unexpected answer "
                     "to the handshake)", l->ep);
-    if (io_full(l->fd, body, h.len, false, deadline) != 0)
+    if (edl_net_read_all(l->fd, body, h.len, deadline) != 0)
         return fail(c, EDL_EPROTO, "server %s closed the link during the handshake", l->ep);
     memcpy(msg, body + 4, h.len - 4);
     int code = (int32_t)edl_get32(body);
@@ -254,14 +185,14 @@ static int handshake(edl_ps_client *c, ps_link *l, int64_t deadline)
     if (RAND_bytes(nc, sizeof nc) != 1)
         return fail(c, EDL_EIO, "no random bytes for the handshake");
     ps_hello_encode(nc, buf);
-    int rc = io_full(l->fd, buf, PS_HELLO_BYTES, true, deadline);
-    if (rc || (rc = io_full(l->fd, buf, PS_HDR_BYTES, false, deadline)) != 0)
+    int rc = edl_net_write_all(l->fd, buf, PS_HELLO_BYTES, deadline);
+    if (rc || (rc = edl_net_read_all(l->fd, buf, PS_HDR_BYTES, deadline)) != 0)
         return fail(c, rc, "server %s did not answer the handshake (%s)", l->ep,
                     rc == EDL_EPEER ? "it closed the link" : edl_strerror(rc));
     if (edl_get32(buf) == PS_FRAME_MAGIC)
         return read_error_frame(c, l, buf, deadline) ?: fail(c, EDL_EPROTO, "server %s: an "
                                 "empty answer to the hello", l->ep);
-    if (io_full(l->fd, buf + PS_HDR_BYTES, sizeof buf - PS_HDR_BYTES, false, deadline) != 0 ||
+    if (edl_net_read_all(l->fd, buf + PS_HDR_BYTES, sizeof buf - PS_HDR_BYTES, deadline) != 0 ||
         ps_challenge_parse(buf, sizeof buf, ns, mac, why, sizeof why) != 0)
         return fail(c, EDL_EPROTO, "server %s: a bad challenge (%s)", l->ep, why);
     if (ps_link_mac(&c->secret, c->job, PS_MAC_SERVER, nc, ns, want) != 0 ||
@@ -270,8 +201,8 @@ static int handshake(edl_ps_client *c, ps_link *l, int64_t deadline)
                     "server, or a stranger on its port)", l->ep);
     ps_link_mac(&c->secret, c->job, PS_MAC_CLIENT, nc, ns, mac);
     ps_proof_encode(mac, proof);
-    if ((rc = io_full(l->fd, proof, sizeof proof, true, deadline)) != 0 ||
-        (rc = io_full(l->fd, buf, PS_HDR_BYTES, false, deadline)) != 0)
+    if ((rc = edl_net_write_all(l->fd, proof, sizeof proof, deadline)) != 0 ||
+        (rc = edl_net_read_all(l->fd, buf, PS_HDR_BYTES, deadline)) != 0)
         return fail(c, rc, "server %s %s after the proof", l->ep,
                     rc == EDL_EPEER ? "closed the link" : "did not answer");
     return read_error_frame(c, l, buf, deadline);
@@ -537,7 +468,7 @@ static int link_open(edl_ps_client *c, ps_link *l, int64_t deadline)
 {
     int rc = link_room(c, l, 7);
     for (int attempt = 0; !rc; attempt++) {
-        rc = dial(l->ep, deadline, &l->fd);
+        rc = edl_net_dial(l->ep, deadline, &l->fd);
         if (rc)
             return fail(c, rc == EDL_EINVAL ? EDL_EINVAL : EDL_EUNAVAIL,
                         "cannot connect to parameter server %s: %s", l->ep, rc == EDL_EINVAL

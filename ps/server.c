@@ -18,9 +18,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <openssl/rand.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,12 +30,12 @@
 #include <unistd.h>
 
 #include "edl/log.h"
+#include "edl/net.h"
 #include "edl/proc.h"
 #include "edl/wire.h"
 #include "internal.h"
 #include "server.h"
 
-#define SOCK_BUF_BYTES (4 << 20)
 #define IN_STEP (1u << 20) /* the input buffer grows by at most this beyond what arrived */
 #define ACCEPT_BATCH 32     /* connections accepted in a round of the loop */
 
@@ -707,14 +704,6 @@ static void resume_parked(ps_loop *l)
     }
 }
 
-static void tune_socket(int fd)
-{
-    int one = 1, buf = SOCK_BUF_BYTES;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-}
-
 /* Close c after this round (its events may still be in this round's list). */
 static void close_later(ps_loop *l, ps_conn *c)
 {
@@ -771,7 +760,7 @@ static void adopt(ps_loop *l, int fd)
         return;
     }
     make_room(l);
-    tune_socket(fd);
+    edl_net_tune(fd);
     *c = (ps_conn){.fd = fd, .state = C_HELLO, .loop = l,
                    .deadline = edl_monotonic_ms() + s->o.handshake_timeout_ms, .next = l->conns};
     edl_peer_key(fd, c->src);
@@ -878,32 +867,12 @@ static void *loop_main(void *arg)
 
 static int listen_on(edl_ps_server *s, char *why, size_t whylen)
 {
-    char port[16];
-    snprintf(port, sizeof port, "%d", s->o.port);
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
-    if (getaddrinfo(s->addr, port, &hints, &res) != 0 || !res)
-        return edl_errf(why, whylen, EDL_ECONFIG, "cannot resolve the address to listen on, "
-                        "'%s'", s->addr);
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
-    if (fd >= 0)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (fd >= 0)
-        tune_socket(fd);
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 512) != 0) {
-        int e = errno;
-        freeaddrinfo(res);
-        if (fd >= 0)
-            close(fd);
-        return edl_errf(why, whylen, EDL_EIO, "cannot listen on %s:%d: %s", s->addr, s->o.port,
-                        strerror(e));
-    }
-    freeaddrinfo(res);
-    struct sockaddr_storage sa;
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    s->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-                                             : ((struct sockaddr_in *)&sa)->sin_port);
-    s->lfd = fd;
+    int rc = edl_net_listen(s->addr, s->o.port, &s->lfd, &s->port);
+    if (rc == EDL_ECONFIG)
+        return edl_errf(why, whylen, rc, "cannot resolve the address to listen on, '%s'", s->addr);
+    if (rc)
+        return edl_errf(why, whylen, rc, "cannot listen on %s:%d: %s", s->addr, s->o.port,
+                        strerror(errno));
     return 0;
 }
 

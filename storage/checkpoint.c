@@ -12,6 +12,7 @@
  * (checkpoint_stage.c). */
 #define _GNU_SOURCE
 #include "checkpoint_internal.h"
+#include "edl/http.h"
 #include "edl/job.h"
 #include "edl/log.h"
 #include "edl/proc.h"
@@ -604,8 +605,8 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
     edl_ckpt_manifest **got = calloc((size_t)ck->world_size, sizeof *got);
     if (!got)
         return EDL_ENOMEM;
-    int64_t deadline = edl_monotonic_ms() + ck->commit_timeout_ms, wait = POLL_MIN_MS;
-    int missing = ck->world_size, rc = 0;
+    int64_t deadline = edl_monotonic_ms() + ck->commit_timeout_ms;
+    int missing = ck->world_size, rc = 0, attempt = 0;
     char why[512] = "";
     while (rc == 0 && missing > 0) {
         why[0] = '\0';
@@ -618,6 +619,7 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
             else if (rc == EDL_ENOTFOUND)
                 rc = 0;
         }
+        int64_t wait = edl_http_backoff_ms(attempt++, POLL_MIN_MS, POLL_MAX_MS, -1);
         if (rc == 0 && missing > 0) {
             if (edl_monotonic_ms() + wait > deadline) {
                 if (why[0])
@@ -630,7 +632,6 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
                 break;
             }
             sleep_ms(wait);
-            wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
         }
     }
     size_t total = 0;

@@ -19,7 +19,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +30,7 @@
 #include "edl/http.h"
 #include "edl/json.h"
 #include "edl/metrics.h"
+#include "edl/net.h"
 #include "edl/proc.h"
 #include "edl/queue.h"
 #include "edl/work.h"
@@ -383,6 +386,264 @@ static void test_http_backoff_doubles_caps_jitters_and_obeys_retry_after(void **
     assert_int_equal(edl_http_code(CURLE_SSL_CACERT_BADFILE), EDL_EAUTH);
     assert_int_equal(edl_http_code(CURLE_ABORTED_BY_CALLBACK), EDL_ECLOSED);
     assert_int_equal(edl_http_code(CURLE_COULDNT_CONNECT), EDL_EUNAVAIL);
+}
+
+/* ---- the socket layer (edl/net.h) ---------------------------------------------------------- */
+
+/* A listening socket on 127.0.0.1 that the test never accepts from, and a connection to it. */
+static int net_pair(int *l, int *port, int *client, int *server)
+{
+    assert_int_equal(edl_net_listen("127.0.0.1", 0, l, port), 0);
+    assert_true(*port > 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", *port);
+    int rc = edl_net_dial(ep, edl_monotonic_ms() + 5000, client);
+    if (rc || !server)
+        return rc;
+    assert_int_equal(edl_net_wait(*l, POLLIN, edl_monotonic_ms() + 5000), 0);
+    *server = accept(*l, NULL, NULL);
+    assert_true(*server >= 0);
+    return 0;
+}
+
+/* A peer that never answers: reads, writes and dials end at their deadline, not before and not
+ * much after, with EDL_ETIMEDOUT. */
+static void test_net_deadline_holds_on_a_peer_that_never_answers(void **state)
+{
+    (void)state;
+    int l, port, c, s;
+    assert_int_equal(net_pair(&l, &port, &c, &s), 0);
+    char b[16];
+    int64_t t0 = edl_monotonic_ms();
+    assert_int_equal(edl_net_read_all(c, b, sizeof b, t0 + 200), EDL_ETIMEDOUT);
+    int64_t took = edl_monotonic_ms() - t0;
+    assert_true(took >= 200 && took < 3000);
+    size_t big = 64 << 20; /* more than both sockets' buffers hold: the peer never reads */
+    char *p = calloc(1, big);
+    assert_non_null(p);
+    t0 = edl_monotonic_ms();
+    assert_int_equal(edl_net_write_all(c, p, big, t0 + 200), EDL_ETIMEDOUT);
+    took = edl_monotonic_ms() - t0;
+    assert_true(took >= 200 && took < 3000);
+    free(p);
+    close(c);
+    close(s);
+    close(l);
+
+    /* a full accept queue drops the next SYN: the dial waits for an answer until its deadline */
+    int q = socket(AF_INET, SOCK_STREAM, 0), held[8], n = 0, rc = 0;
+    struct sockaddr_in at = {.sin_family = AF_INET};
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof at;
+    assert_int_equal(bind(q, (struct sockaddr *)&at, sizeof at), 0);
+    assert_int_equal(listen(q, 0), 0);
+    assert_int_equal(getsockname(q, (struct sockaddr *)&at, &al), 0);
+    while (n < 8) {
+        t0 = edl_monotonic_ms();
+        rc = edl_net_dial_addr((struct sockaddr *)&at, al, t0 + 300, &held[n]);
+        took = edl_monotonic_ms() - t0;
+        if (rc)
+            break;
+        n++;
+    }
+    assert_int_equal(rc, EDL_ETIMEDOUT);
+    assert_true(took >= 300 && took < 3000);
+    while (n--)
+        close(held[n]);
+    close(q);
+}
+
+typedef struct {
+    int fd;
+    char buf[10];
+    atomic_int rc;   /* INT32_MIN while the read runs */
+} net_reader;
+
+static void *net_read_thread(void *arg)
+{
+    net_reader *r = arg;
+    atomic_store(&r->rc, edl_net_read_all(r->fd, r->buf, sizeof r->buf,
+                                          edl_monotonic_ms() + 10000));
+    return NULL;
+}
+
+static int unread_bytes(int fd)
+{
+    int n = -1;
+    return ioctl(fd, FIONREAD, &n) == 0 ? n : -1;
+}
+
+/* An exact read gathers what the kernel hands over in pieces, returns only when all of it is
+ * there, and takes nothing past it. */
+static void test_net_exact_read_gathers_short_reads(void **state)
+{
+    (void)state;
+    int l, port, c, s;
+    assert_int_equal(net_pair(&l, &port, &c, &s), 0);
+    net_reader r = {.fd = c};
+    atomic_init(&r.rc, INT32_MIN);
+    assert_int_equal(send(s, "012", 3, 0), 3);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, net_read_thread, &r), 0);
+    /* the reader has taken the first piece and waits for the rest */
+    int64_t end = edl_monotonic_ms() + 5000;
+    while (unread_bytes(c) != 0 && edl_monotonic_ms() < end)
+        sched_yield();
+    assert_int_equal(unread_bytes(c), 0);
+    assert_int_equal(atomic_load(&r.rc), INT32_MIN);
+    assert_int_equal(send(s, "3456", 4, 0), 4);
+    assert_int_equal(send(s, "789abcde", 8, 0), 8);
+    pthread_join(t, NULL);
+    assert_int_equal(atomic_load(&r.rc), 0);
+    assert_memory_equal(r.buf, "0123456789", 10);
+    char rest[5];
+    assert_int_equal(edl_net_read_all(c, rest, sizeof rest, edl_monotonic_ms() + 5000), 0);
+    assert_memory_equal(rest, "abcde", 5);
+    assert_int_equal(edl_net_write_all(s, "xyz", 3, edl_monotonic_ms() + 5000), 0);
+    assert_int_equal(edl_net_read_all(c, rest, 3, edl_monotonic_ms() + 5000), 0);
+    assert_memory_equal(rest, "xyz", 3);
+    close(c);
+    close(s);
+    close(l);
+}
+
+/* A peer that closed: a read short of its length and a write end at once with EDL_EPEER (not
+ * at the deadline); a dial to a port nobody listens on is refused at once. */
+static void test_net_closed_peer_ends_reads_writes_and_dials_at_once(void **state)
+{
+    (void)state;
+    int l, port, c, s;
+    assert_int_equal(net_pair(&l, &port, &c, &s), 0);
+    assert_int_equal(send(s, "ab", 2, 0), 2);
+    close(s);
+    char b[8];
+    int64_t t0 = edl_monotonic_ms();
+    assert_int_equal(edl_net_read_all(c, b, sizeof b, t0 + 10000), EDL_EPEER);
+    int rc = 0;
+    for (int i = 0; i < 100 && rc == 0; i++) /* the first writes may land before the reset */
+        rc = edl_net_write_all(c, b, sizeof b, t0 + 10000);
+    assert_int_equal(rc, EDL_EPEER);
+    assert_true(edl_monotonic_ms() - t0 < 5000);
+    close(c);
+    close(l); /* nobody listens on port now */
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    t0 = edl_monotonic_ms();
+    assert_int_equal(edl_net_dial(ep, t0 + 10000, &c), EDL_EUNAVAIL);
+    assert_int_equal(errno, ECONNREFUSED);
+    assert_true(edl_monotonic_ms() - t0 < 5000);
+}
+
+/* "host:port" resolves one way everywhere: the last colon splits, IPv6 in brackets. */
+static void test_net_resolves_host_and_port(void **state)
+{
+    (void)state;
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    assert_int_equal(edl_net_resolve("127.0.0.1:8080", &sa, &len), 0);
+    assert_int_equal(sa.ss_family, AF_INET);
+    assert_int_equal(ntohs(((struct sockaddr_in *)&sa)->sin_port), 8080);
+    len = sizeof sa;
+    assert_int_equal(edl_net_resolve("[::1]:7", &sa, &len), 0);
+    assert_int_equal(sa.ss_family, AF_INET6);
+    assert_int_equal(ntohs(((struct sockaddr_in6 *)&sa)->sin6_port), 7);
+    const char *bad[] = {"127.0.0.1", ":80", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:70000",
+                         "no.such.host.invalid:80"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_int_equal(edl_net_resolve(bad[i], &sa, &len), EDL_EINVAL);
+    int fd;
+    assert_int_equal(edl_net_listen("no.such.host.invalid", 0, &fd, NULL), EDL_ECONFIG);
+}
+
+/* ---- streams of lines and stoppable transfers ---------------------------------------------- */
+
+typedef struct {
+    char got[8][32];
+    int n, stop_at; /* on_line refuses line stop_at */
+} lines_seen;
+
+static bool take_line(void *arg, const char *line, size_t len)
+{
+    lines_seen *s = arg;
+    if (s->n == s->stop_at)
+        return false;
+    snprintf(s->got[s->n++], sizeof s->got[0], "%.*s", (int)len, line);
+    return true;
+}
+
+/* Lines arrive cut anywhere: each whole line is handed over once, empty ones skipped, the
+ * unfinished one held within its bound; a refusal ends the feed. */
+static void test_lines_are_split_across_pieces_within_a_bound(void **state)
+{
+    (void)state;
+    edl_bytebuf held = {.max = 8};
+    lines_seen s = {.stop_at = -1};
+    const char *pieces[] = {"ab", "c\n\nde", "f\ng", "hi\n"};
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(edl_lines_feed(&held, pieces[i], strlen(pieces[i]), take_line, &s), 0);
+    assert_int_equal(s.n, 3);
+    assert_string_equal(s.got[0], "abc");
+    assert_string_equal(s.got[1], "def");
+    assert_string_equal(s.got[2], "ghi");
+    assert_int_equal(held.len, 0);
+    assert_int_equal(edl_lines_feed(&held, "12345", 5, take_line, &s), 0);
+    assert_int_equal(edl_lines_feed(&held, "6789\n", 5, take_line, &s), EDL_ETOOBIG);
+    edl_bytebuf_clear(&held);
+    s = (lines_seen){.stop_at = 1};
+    assert_int_equal(edl_lines_feed(&held, "x\ny\nz\n", 6, take_line, &s), EDL_ECLOSED);
+    assert_int_equal(s.n, 1);
+    edl_bytebuf_clear(&held);
+}
+
+typedef struct {
+    CURLM *multi;
+    CURL *h;
+    atomic_bool stop;
+    atomic_int cc;  /* -1 while the transfer runs */
+} stoppable;
+
+static bool stop_read(void *arg)
+{
+    return atomic_load(&((stoppable *)arg)->stop);
+}
+
+static void *perform_thread(void *arg)
+{
+    stoppable *x = arg;
+    atomic_store(&x->cc, (int)edl_http_perform(x->multi, x->h, stop_read, x));
+    return NULL;
+}
+
+/* A transfer to a server that never answers ends at once when another thread stops it, not at
+ * its next timeout. */
+static void test_http_transfer_stops_at_once_when_asked(void **state)
+{
+    (void)state;
+    int l, port, c;
+    assert_int_equal(net_pair(&l, &port, &c, NULL), 0);
+    close(c);
+    edl_http_global_init();
+    stoppable x = {.multi = curl_multi_init(), .h = curl_easy_init()};
+    atomic_init(&x.stop, false);
+    atomic_init(&x.cc, -1);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", port);
+    edl_http_prepare(x.h, &(edl_http_opts){.timeout_ms = 60000});
+    curl_easy_setopt(x.h, CURLOPT_URL, url);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, perform_thread, &x), 0);
+    /* the request is on its way: the server's queue holds its connection */
+    assert_int_equal(edl_net_wait(l, POLLIN, edl_monotonic_ms() + 10000), 0);
+    assert_int_equal(atomic_load(&x.cc), -1);
+    int64_t t0 = edl_monotonic_ms();
+    atomic_store(&x.stop, true);
+    curl_multi_wakeup(x.multi);
+    pthread_join(t, NULL);
+    assert_true(edl_monotonic_ms() - t0 < 900); /* the wake-up, not the once-a-second check */
+    assert_int_equal(atomic_load(&x.cc), CURLE_ABORTED_BY_CALLBACK);
+    curl_easy_cleanup(x.h);
+    curl_multi_cleanup(x.multi);
+    close(l);
 }
 
 /* ---- child processes ----------------------------------------------------------------------- */
@@ -748,6 +1009,12 @@ int main(void)
         cmocka_unit_test(test_works_run_off_the_loop_and_complete_on_it_in_order),
         cmocka_unit_test(test_http_backoff_doubles_caps_jitters_and_obeys_retry_after),
         cmocka_unit_test(test_addr_keys_group_sources_by_ipv4_address_and_ipv6_64),
+        cmocka_unit_test(test_net_deadline_holds_on_a_peer_that_never_answers),
+        cmocka_unit_test(test_net_exact_read_gathers_short_reads),
+        cmocka_unit_test(test_net_closed_peer_ends_reads_writes_and_dials_at_once),
+        cmocka_unit_test(test_net_resolves_host_and_port),
+        cmocka_unit_test(test_lines_are_split_across_pieces_within_a_bound),
+        cmocka_unit_test(test_http_transfer_stops_at_once_when_asked),
         cmocka_unit_test(test_spawn_places_fds_resets_signals_and_keeps_the_rest_out),
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_prom_histogram_is_cumulative),

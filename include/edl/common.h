@@ -123,6 +123,13 @@ void edl_bytebuf_clear(edl_bytebuf *b);
  * count (which aborts the transfer) when the reply would go past max, so it is refused, not
  * buffered. */
 size_t edl_bytebuf_curl_write(char *ptr, size_t size, size_t nmemb, void *bytebuf);
+/* A stream of one message a line ('\n'; a watch's body): each whole line of the n bytes at p
+ * goes to on_line (without its '\n'; empty lines skipped); the unfinished last line waits in
+ * held (its bound is the longest line) until its end arrives. 0 when every line was taken;
+ * EDL_ECLOSED when on_line returned false (the rest is left unread); EDL_ETOOBIG (a line
+ * outgrew held) or EDL_ENOMEM: the stream cannot go on as it was. */
+typedef bool (*edl_line_fn)(void *arg, const char *line, size_t len);
+int edl_lines_feed(edl_bytebuf *held, const char *p, size_t n, edl_line_fn on_line, void *arg);
 
 /* Read the whole regular file at path, at most max bytes, into *out (NUL-terminated after its
  * bytes; the caller frees it) and *len. EDL_EIO when it cannot be read or is not a regular

@@ -1,7 +1,8 @@
 /* edl/http.h: what every HTTP client of edl shares over libcurl — the etcd gateway client and
  * its watches, the Kubernetes API client and its informers, the S3 store, the distillation
  * client. One global set-up, one way to prepare a handle (no signals, http and https only,
- * deadlines, TCP keep-alive, TLS from files or PEM text), one reading of libcurl's failures
+ * deadlines, TCP keep-alive, TLS from files or PEM text), one transfer that another thread can
+ * stop (the watches'), one reading of libcurl's failures
  * (what never reached the server, what TLS refused, which EDL_E* code) and one retry back-off
  * (doubling, capped, jittered, Retry-After honoured). Each client keeps only its protocol. */
 #ifndef EDL_HTTP_H
@@ -38,6 +39,13 @@ typedef struct edl_http_opts {
 /* Set what o says, signals off and the protocols to http and https, on h (after
  * curl_easy_reset, or on a new handle). */
 void edl_http_prepare(CURL *h, const edl_http_opts *o);
+
+/* Run h's transfer to its end inside multi (which holds no other handle), so that another
+ * thread can end it at once: it makes stopped(arg) true, then calls curl_multi_wakeup(multi).
+ * stopped is asked before the transfer starts and after every wake-up, at least once a second.
+ * multi NULL: a plain curl_easy_perform, which only ends by itself. The transfer's result;
+ * CURLE_ABORTED_BY_CALLBACK when stopped first. h is out of multi again on return. */
+CURLcode edl_http_perform(CURLM *multi, CURL *h, bool (*stopped)(void *arg), void *arg);
 
 /* The request never reached the server (no connection, no name, the TLS handshake failed):
  * safe to send again whatever it was. */

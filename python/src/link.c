@@ -4,7 +4,6 @@
  * a new generation connect to rank 0's store the moment it listens, instead of after torch's
  * one-second retry). Outside edl a Link is inactive and every call works and does nothing. */
 #include <errno.h>
-#include <netdb.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include "edl/agent_link.h"
 #include "edl/etcd.h"
 #include "edl/job.h"
+#include "edl/net.h"
 #include "internal.h"
 
 typedef struct {
@@ -361,34 +361,27 @@ PyObject *edl_py_generation(PyObject *self, PyObject *noargs)
 
 /* ---- a listening port -------------------------------------------------------------------- */
 
-static int connect_once(const struct addrinfo *ai)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-        return -errno;
-    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : -errno;
-    close(fd);
-    return rc;
-}
-
 static int probe(const char *host, int port, int64_t timeout_ms, char *err, size_t errlen)
 {
-    char service[16];
-    snprintf(service, sizeof service, "%d", port);
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-    int g = getaddrinfo(host, service, &hints, &ai);
-    if (g != 0) {
-        snprintf(err, errlen, "%s: %s", host, gai_strerror(g));
+    char ep[300];
+    snprintf(ep, sizeof ep, "%s:%d", host, port);
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    if (edl_net_resolve(ep, &sa, &len) != 0) {
+        snprintf(err, errlen, "%s: not a host name or address that resolves", host);
         return EDL_ECONFIG;
     }
     int64_t end = edl_monotonic_ms() + timeout_ms;
-    int rc;
-    while ((rc = connect_once(ai)) != 0 && edl_monotonic_ms() < end)
+    int rc, fd = -1;
+    while ((rc = edl_net_dial_addr((struct sockaddr *)&sa, len, end, &fd)) == EDL_EUNAVAIL &&
+           edl_monotonic_ms() < end)
         nanosleep(&(struct timespec){0, 5 * 1000000}, NULL);
-    freeaddrinfo(ai);
-    if (rc)
+    int e = errno;
+    if (rc == 0)
+        close(fd);
+    else
         snprintf(err, errlen, "%s:%d did not accept a connection within %lld ms (%s)", host, port,
-                 (long long)timeout_ms, strerror(-rc));
+                 (long long)timeout_ms, strerror(rc == EDL_ETIMEDOUT ? ETIMEDOUT : e));
     return rc ? EDL_ETIMEDOUT : 0;
 }
 

@@ -287,3 +287,35 @@ def test_state_counters_commit_restore_and_refusals():
     assert state.epoch == 2 and state.batch == 5 and torch.all(model.weight == 1.0)
     with pytest.raises(ValueError, match="batch_size"):
         et.ElasticSampler(10)
+
+
+def test_the_store_probe_ends_at_its_timeout_on_a_port_that_never_answers():
+    """edl.torch probes rank 0's store with _edl.wait_listening before torch connects. A port
+    whose accept queue is full drops the SYN: the probe gives up at its timeout, not after the
+    kernel's minutes of SYN retries."""
+    import socket
+    from edl import _edl
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(0)
+    port = lsn.getsockname()[1]
+    held = []
+    try:
+        for _ in range(8):  # fill the queue: the first connection that is not answered ends it
+            s = socket.socket()
+            s.settimeout(0.3)
+            held.append(s)
+            try:
+                s.connect(("127.0.0.1", port))
+            except socket.timeout:
+                break
+        else:
+            pytest.skip("this kernel answers every SYN of a full accept queue")
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="did not accept a connection within 300 ms"):
+            _edl.wait_listening("127.0.0.1", port, 300)
+        assert time.monotonic() - t0 < 5
+    finally:
+        for s in held:
+            s.close()
+        lsn.close()
