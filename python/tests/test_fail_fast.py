@@ -18,7 +18,7 @@ from conftest import BIN_DIR, SOURCE_DIR, stop, wait_for
 pytest.importorskip("torch")  # Debian: python3-torch (scripts/install-deps)
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "raise_at_step.py")
-FORMED = re.compile(r"^(\S+)\s+\| edl\.torch: generation (\d+): rank (\d+) of (\d+) \(pid (\d+)\)")
+FORMED = re.compile(r"^\[(?:rank \d+ )?(\S+)\] edl\.torch: generation (\d+): rank (\d+) of (\d+) \(pid (\d+)\)")
 
 
 def env():

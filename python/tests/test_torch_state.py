@@ -285,7 +285,7 @@ def test_a_foreign_checkpoint_fails_the_job_once(tmp_path):
     rc, seconds, out = edl_run(tmp_path, "state-foreign", "--foreign",
                                policy=("--restart-policy", "ExitCode"))
     assert rc != 0 and seconds < 60, out[-3000:]
-    refusals = re.findall(r"edl\.torch\.CheckpointMismatch: (.*)", out)
+    refusals = re.findall(r"^\[[^]]*\] edl\.torch\.CheckpointMismatch: (.*)", out, re.M)  # the trainer's own line
     assert len(refusals) == 1, out[-3000:]
     assert "has no 'model' and no 'optimizer' (its keys: 'net', 'iteration')" in refusals[0]
     assert "entered at" not in out  # nothing trained from scratch

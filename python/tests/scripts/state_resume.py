@@ -1,14 +1,17 @@
 """state_resume.py: a trainer whose State saves checkpoints to the job's EDL_CHECKPOINT_URI,
 for test_torch_state.py. Each entry into the elastic function prints where it starts
 ("entered at commit C epoch E position P"); with --crash-at N the first process of the job
-(TORCHELASTIC_RESTART_COUNT 0) waits for its saves and exits 9 after commit N, so that the next
-generation's process starts with no state and resumes from the checkpoint. With --foreign,
+(TORCHELASTIC_RESTART_COUNT 0) waits for its saves and SIGKILLs itself after commit N (a crash
+from outside, as the OOM killer's: an exit code of its own would be judged the script's bug
+and fail the job), so that the next generation's process starts with no state and resumes
+from the checkpoint. With --foreign,
 rank 0 first saves a checkpoint in a shape State cannot resume from (no model, no optimizer).
 
     state_resume.py [--every 10] [--crash-at N] [--foreign] [--samples 640] [--batch 16]
 """
 import argparse
 import os
+import signal
 
 import torch
 
@@ -42,7 +45,7 @@ def main(a):
                 state.commit()
                 if first and state.commits == a.crash_at:
                     state.wait()
-                    os._exit(9)
+                    os.kill(os.getpid(), signal.SIGKILL)
 
     train(state)
     print(f"done at commit {state.commits}", flush=True)
