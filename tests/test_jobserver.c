@@ -626,21 +626,36 @@ static void test_help_and_bad_options(void **state)
                            "--metrics-port", "9", "--metrics-addr", "10.0.0.300", NULL};
     pid = harness_spawn(maddr, "/dev/null");
     assert_int_equal(harness_wait_exit(pid, 5000), 2);
-    /* the operator's bound on a job's pods: 1..100000, said so */
+    /* the operator's bound on a job's pods: 1..100000, said so, by edl-operator and by the
+     * alias that still starts it for one release (which says it is deprecated) */
     static char out[16384];
     static const char *const counts[] = {"0", "100001", "many"};
     for (size_t i = 0; i < 3; i++) {
-        const char *maxrep[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--max-replicas", counts[i],
-                                NULL};
+        const char *maxrep[] = {EDL_OPERATOR_BIN, "--max-replicas", counts[i], NULL};
         assert_int_equal(harness_run(maxrep, "/tmp/test_jobserver.maxrep.log", 5000, out,
                                      sizeof out), 2);
+        assert_non_null(strstr(out, "edl-operator: --max-replicas"));
         assert_non_null(strstr(out, "expected a number of pods, 1 to 100000"));
     }
-    unlink("/tmp/test_jobserver.maxrep.log");
+    const char *alias[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--max-replicas", "0", NULL};
+    assert_int_equal(harness_run(alias, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 2);
+    assert_non_null(strstr(out, "--kubernetes is deprecated"));
+    assert_non_null(strstr(out, "edl-operator: --max-replicas 0: expected a number of pods"));
+    /* without --kubernetes the job server knows none of the operator's flags */
+    const char *jsmax[] = {EDL_JOBSERVER_BIN, "--job", "x", "--max-replicas", "3", NULL};
+    assert_int_equal(harness_run(jsmax, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 2);
     const char *helped[] = {EDL_JOBSERVER_BIN, "--help", NULL};
     assert_int_equal(harness_run(helped, "/tmp/test_jobserver.maxrep.log", 5000, out,
                                  sizeof out), 0);
+    assert_null(strstr(out, "--max-replicas"));
+    assert_non_null(strstr(out, "edl-operator"));
+    const char *ophelp[] = {EDL_OPERATOR_BIN, "--help", NULL};
+    assert_int_equal(harness_run(ophelp, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 0);
     assert_non_null(strstr(out, "--max-replicas N"));
+    assert_non_null(strstr(out, "Usage: edl-operator"));
     unlink("/tmp/test_jobserver.maxrep.log");
 }
 

@@ -1,4 +1,4 @@
-/* test_operator.c: the TrainingJob operator (edl-jobserver --kubernetes) end to end, driven by
+/* test_operator.c: the TrainingJob operator (edl-operator) end to end, driven by
  * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
  * local processes (edl-agent installed by the init container, wrapping the example trainer),
  * with a real etcd. Each test applies the CRD and a job and checks what a user would see (a
@@ -44,7 +44,7 @@ static pid_t start_operator_ttl(cluster *c, const char *id, const char *ttl)
     c->metrics_port[slot] = harness_free_port();
     snprintf(port, sizeof port, "%d", c->metrics_port[slot]);
     snprintf(log, sizeof log, "%s/operator-%s.log", harness_k8s_dir(c->k), id);
-    const char *argv[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--kubeconfig",
+    const char *argv[] = {EDL_OPERATOR_BIN, "--kubeconfig",
                           harness_k8s_kubeconfig(c->k), "--etcd",
                           edl_etcd_server_endpoints(c->etcd), "--id", id, "--ttl", ttl,
                           "--agent-image", "edl-test/agent:dev",
