@@ -19,6 +19,20 @@
 
 int64_t harness_now_ms(void); /* CLOCK_MONOTONIC in milliseconds */
 void harness_sleep_ms(int ms);
+/* Poll cond(arg) every 20 ms until it holds or timeout_ms have passed:
+ * whether it held. The way to wait for something a test can observe, instead of a fixed
+ * sleep; a fixed sleep is for "nothing happens in this time" and says so in a comment. */
+bool harness_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms);
+/* The same for a condition written inline: HARNESS_WAIT_UNTIL(expr, timeout_ms) is whether
+ * expr held within timeout_ms, evaluated every 20 ms. */
+#define HARNESS_WAIT_UNTIL(expr, timeout_ms)                                                   \
+    __extension__({                                                                            \
+        int64_t harness_deadline_ = harness_now_ms() + (timeout_ms);                           \
+        bool harness_held_;                                                                    \
+        while (!(harness_held_ = (expr)) && harness_now_ms() < harness_deadline_)              \
+            harness_sleep_ms(20);                                                              \
+        harness_held_;                                                                         \
+    })
 /* Remove a directory and everything below it (links are removed, not followed). */
 void harness_rmtree(const char *dir);
 

@@ -48,6 +48,9 @@ static void test_names_follow_the_release_and_the_docs_say_them(void **state)
     assert_non_null(strstr(out, "kind: Deployment\nmetadata:\n  name: edl-operator\n"));
     assert_non_null(strstr(out, "kind: StatefulSet\nmetadata:\n  name: edl-etcd\n"));
     assert_non_null(strstr(out, "--leader-elect-resource-name=edl-operator\n"));
+    /* the Deployment runs the operator's own program, not the job server's alias */
+    assert_non_null(strstr(out, "command:\n            - edl-operator\n"));
+    assert_null(strstr(out, "--kubernetes"));
     assert_null(strstr(out, "edl-edl"));
     assert_int_equal(helm(out, sizeof out, "template my-edl " CHART), 0);
     assert_non_null(strstr(out, "  name: my-edl-operator\n"));
