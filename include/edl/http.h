@@ -3,7 +3,8 @@
  * client. One global set-up, one way to prepare a handle (no signals, http and https only,
  * deadlines, TCP keep-alive, TLS from files or PEM text), one reading of libcurl's failures
  * (what never reached the server, what TLS refused, which EDL_E* code) and one retry back-off
- * (doubling, capped, jittered, Retry-After honoured). Each client keeps only its protocol. */
+ * for them (doubling, capped, jittered, Retry-After honoured). Each client keeps only its
+ * protocol. (The agent's etcd registration, agent/registry.c, still backs off on its own.) */
 #ifndef EDL_HTTP_H
 #define EDL_HTTP_H
 
