@@ -299,13 +299,9 @@ static void test_generated_certificates_serve_a_tls_etcd_cluster(void **state)
     for (int i = 0; i < ETCD_MEMBERS; i++)
         pids[i] = start_member(dir, i, ports, flags, n_flags);
     for (int i = 0; i < ETCD_MEMBERS; i++) { /* each member healthy: the cluster formed */
-        int64_t end = harness_now_ms() + 20000;
-        while (!(harness_http_get(ports[i][2], "/health", out, sizeof out) == 200 &&
-                 strstr(out, "\"true\"")))
-            if (harness_now_ms() > end)
-                fail_msg("etcd member %d not healthy (see %s/m%d.log)", i, dir, i);
-            else
-                harness_sleep_ms(100);
+        if (!HARNESS_WAIT_UNTIL(harness_http_get(ports[i][2], "/health", out, sizeof out) == 200
+                                && strstr(out, "\"true\""), 20000))
+            fail_msg("etcd member %d not healthy (see %s/m%d.log)", i, dir, i);
     }
     edl_etcd *c = client_of(ports, dir, true);
     harness_put(c, "chart/k", "v");
