@@ -618,7 +618,9 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
                 rc = 0;
         }
         if (rc == 0 && missing > 0) {
-            if (edl_monotonic_ms() + wait > deadline) {
+            /* give up at the deadline, not before: a last look when it comes */
+            int64_t left = deadline - edl_monotonic_ms();
+            if (left <= 0) {
                 if (why[0])
                     rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_EPROTO, "commit of %s: %s",
                                   all->dir, why);
@@ -628,7 +630,7 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
                                   " ms", all->dir, missing, ck->world_size, ck->commit_timeout_ms);
                 break;
             }
-            sleep_ms(wait);
+            sleep_ms(wait < left ? wait : left);
             wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
         }
     }
