@@ -1,4 +1,4 @@
-/* operator.c: what the TrainingJob operator (edl-jobserver --kubernetes) costs, measured
+/* operator.c: what the TrainingJob operator (edl-operator) costs, measured
  * against the stand-in API server and kubelet of tests/k8s_standin with a real etcd.
  *
  *   scale     `kubectl scale` of a running job by one pod (its kubelet runs real agents and
@@ -124,7 +124,7 @@ static pid_t spawn_operator(bench *b, const char *id, int port, const char *log_
     char log[256], ports[16];
     snprintf(log, sizeof log, "%s/%s", b->dir, log_name);
     snprintf(ports, sizeof ports, "%d", port);
-    const char *argv[] = {EDL_BIN_DIR "/edl-jobserver", "--kubernetes", "--kubeconfig",
+    const char *argv[] = {EDL_BIN_DIR "/edl-operator", "--kubeconfig",
                           b->kubeconfig, "--etcd", edl_etcd_server_endpoints(b->srv), "--id", id,
                           "--ttl", "5", "--metrics-port", ports, "--metrics-addr", "127.0.0.1",
                           "--leader-elect-retry-period", "200ms", "--log-level",

@@ -1,4 +1,4 @@
-/* operator/operator.h: edl-jobserver --kubernetes, the operator of TrainingJob resources. One process
+/* operator/operator.h: edl-operator (main.c), the operator of TrainingJob resources. One process
  * serves every TrainingJob of a namespace (or of the cluster); its replicas elect a leader
  * with a coordination.k8s.io Lease. For each job the leader keeps the worker pods (and the
  * parameter servers' pods of spec.ps, the teachers' of spec.teachers), a headless Service and the job's Secret in line with the

@@ -621,7 +621,9 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
         }
         int64_t wait = edl_http_backoff_ms(attempt++, POLL_MIN_MS, POLL_MAX_MS, -1);
         if (rc == 0 && missing > 0) {
-            if (edl_monotonic_ms() + wait > deadline) {
+            /* give up at the deadline, not before: a last look when it comes */
+            int64_t left = deadline - edl_monotonic_ms();
+            if (left <= 0) {
                 if (why[0])
                     rc = edl_errf(p->errmsg, sizeof p->errmsg, EDL_EPROTO, "commit of %s: %s",
                                   all->dir, why);
@@ -631,7 +633,7 @@ static int gather_ranks(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *al
                                   " ms", all->dir, missing, ck->world_size, ck->commit_timeout_ms);
                 break;
             }
-            sleep_ms(wait);
+            sleep_ms(wait < left ? wait : left);
         }
     }
     size_t total = 0;

@@ -49,6 +49,11 @@ void harness_sleep_ms(int ms)
     }
 }
 
+bool harness_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms)
+{
+    return HARNESS_WAIT_UNTIL(cond(arg), timeout_ms);
+}
+
 edl_etcd_server *harness_etcd_open(int members, const char *const *extra_args)
 {
     edl_etcd_server_opts o = {

@@ -19,6 +19,25 @@
 
 int64_t harness_now_ms(void); /* CLOCK_MONOTONIC in milliseconds */
 void harness_sleep_ms(int ms);
+/* Poll cond(arg) until it holds or timeout_ms have passed: whether it held. The pause between
+ * two polls starts at 10 ms and doubles up to 200 ms, so that a quick condition is seen at once
+ * and a costly one (a kubectl, an HTTP request) does not load the machine. The way to wait for
+ * something a test can observe, instead of a fixed sleep; a fixed sleep is for "nothing
+ * happens in this time" (or for time that must pass, a TTL) and says so in a comment. */
+bool harness_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms);
+/* The same for a condition written inline: HARNESS_WAIT_UNTIL(expr, timeout_ms) is whether
+ * expr held within timeout_ms. */
+#define HARNESS_WAIT_UNTIL(expr, timeout_ms)                                                   \
+    __extension__({                                                                            \
+        int64_t harness_deadline_ = harness_now_ms() + (timeout_ms);                           \
+        int harness_pause_ = 10;                                                               \
+        bool harness_held_;                                                                    \
+        while (!(harness_held_ = (expr)) && harness_now_ms() < harness_deadline_) {            \
+            harness_sleep_ms(harness_pause_);                                                  \
+            harness_pause_ = harness_pause_ < 200 ? harness_pause_ * 2 : 200;                  \
+        }                                                                                      \
+        harness_held_;                                                                         \
+    })
 /* Remove a directory and everything below it (links are removed, not followed). */
 void harness_rmtree(const char *dir);
 
@@ -56,6 +75,9 @@ int harness_http_request(int port, const char *req, size_t req_len, char *out, s
 int harness_http_get(int port, const char *path, char *out, size_t outlen);
 /* A TCP port on 127.0.0.1 that was free a moment ago (-1 on failure). */
 int harness_free_port(void);
+/* Whether something listens on 127.0.0.1:port (a connection is opened and closed at once):
+ * with HARNESS_WAIT_UNTIL, the wait for a server to be up. */
+bool harness_port_open(int port);
 
 /* ---- a flood of strangers on a port (harness_flood.c) -------------------------------- */
 

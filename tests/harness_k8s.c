@@ -111,13 +111,10 @@ void harness_kubectl_wait(harness_k8s *k, const char *what, const char *jsonpath
                           const char *want, int timeout_ms)
 {
     char out[4096] = "";
-    int64_t end = harness_now_ms() + timeout_ms;
-    while (harness_now_ms() < end) {
-        if (harness_kubectl(k, out, sizeof out, "get %s -o jsonpath='%s' 2>/dev/null", what,
-                            jsonpath) == 0 && strcmp(out, want) == 0)
-            return;
-        harness_sleep_ms(150);
-    }
+    if (HARNESS_WAIT_UNTIL(harness_kubectl(k, out, sizeof out, "get %s -o jsonpath='%s' "
+                                           "2>/dev/null", what, jsonpath) == 0 &&
+                           strcmp(out, want) == 0, timeout_ms))
+        return;
     fail_msg("kubectl get %s -o jsonpath='%s': \"%s\", waited %d ms for \"%s\"", what, jsonpath,
              out, timeout_ms, want);
 }

@@ -53,3 +53,15 @@ int harness_free_port(void)
     return port > 0 ? port : -1;
 }
 
+bool harness_port_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool open = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return open;
+}
+

@@ -387,6 +387,36 @@ static char *path_of(const char *pod, int gen, const char *ext, char *buf, size_
     return buf;
 }
 
+static int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        n++;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The set-up of most tests: a job of one pod "a" (restart mode, lease ttl_s) whose agent runs
+ * script, and a first generation that lists it. The agent's pid. */
+static pid_t start_alone(const char *job, int64_t ttl_s, const char *script)
+{
+    put_spec(job, EDL_MODE_RESTART, 1, ttl_s);
+    pid_t a = start_agent(job, "a", script, NULL);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    return a;
+}
+
+/* The pid of pod a's RECORDING_TRAINER of generation gen, once it has started. */
+static long trainer_of(int gen)
+{
+    char p[300];
+    assert_true(wait_file(path_of("a", gen, "env", p, sizeof p), 5000));
+    return read_long_file(path_of("a", gen, "pid", p, sizeof p));
+}
+
 /* ---- tests --------------------------------------------------------------------------------- */
 
 static int run_status(const char *const *argv)
@@ -432,7 +462,7 @@ static void test_registers_pod_under_lease_and_waits(void **state)
     /* no spec yet: the agent waits for it before registering */
     pid_t pid = start_agent(job, "a", "exec sleep 60", (const char *[]){"--port", "7123", NULL});
     char k[256];
-    harness_sleep_ms(400);
+    harness_sleep_ms(400); /* time to register too early, which it must not do */
     assert_null(wait_kv(key(job, "pods/a", k, sizeof k), 0));
     put_spec(job, EDL_MODE_RESTART, 1, 3);
     edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
@@ -791,7 +821,7 @@ static void test_standby_waits_then_starts(void **state)
     edl_kv_free(kv);
     publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"z", NULL});
     wait_status(job, "a", 1, EDL_TRAINER_WAITING, -1, 3000);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* time to start a trainer, which a standby must not do */
     assert_false(wait_file(path_of("a", 1, "env", p, sizeof p), 0));
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
@@ -810,25 +840,15 @@ static void test_trainer_exit_reported_and_not_restarted(void **state)
 {
     (void)state;
     const char *job = "exits";
-    put_spec(job, EDL_MODE_RESTART, 1, 5);
-    pid_t a = start_agent(job, "a",
+    pid_t a = start_alone(job, 5,
                           "echo x >> $T_DIR/starts; if [ $EDL_GENERATION = 1 ]; then exit 3; fi; "
-                          "kill -9 $$",
-                          NULL);
-    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+                          "kill -9 $$");
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_EXITED, -1, 5000);
     assert_int_equal(st.exit_code, 3);
-    harness_sleep_ms(1000);
+    harness_sleep_ms(1000); /* time to restart it, which it must not do: nothing to wait for */
     char sf[300];
     snprintf(sf, sizeof sf, "%s/starts", dir);
-    FILE *f = fopen(sf, "r");
-    int n = 0;
-    char line[16];
-    while (f && fgets(line, sizeof line, f))
-        n++;
-    if (f)
-        fclose(f);
-    assert_int_equal(n, 1); /* the agent waits for the job server instead of restarting */
+    assert_int_equal(count_lines(sf), 1); /* the agent waits for the job server instead */
     assert_true(get_status(job, "a", &st));
     assert_int_equal(st.state, EDL_TRAINER_EXITED);
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
@@ -843,12 +863,9 @@ static void test_sigterm_stops_trainer_and_leaves_at_once(void **state)
 {
     (void)state;
     const char *job = "sigterm";
-    put_spec(job, EDL_MODE_RESTART, 1, 10);
-    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
-    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
-    char p[300], k[256];
-    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
-    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    pid_t a = start_alone(job, 10, RECORDING_TRAINER);
+    char k[256];
+    long tpid = trainer_of(1);
     int64_t t0 = harness_now_ms();
     kill(a, SIGTERM);
     assert_int_equal(wait_exit(a, 5000), 143);
@@ -876,12 +893,9 @@ static void test_sigkilled_agent_takes_trainer_and_lease_expires(void **state)
 {
     (void)state;
     const char *job = "sigkill";
-    put_spec(job, EDL_MODE_RESTART, 1, 2);
-    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
-    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
-    char p[300], k[256];
-    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
-    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    pid_t a = start_alone(job, 2, RECORDING_TRAINER);
+    char k[256];
+    long tpid = trainer_of(1);
     kill(a, SIGKILL);
     assert_int_equal(wait_exit(a, 2000), 128 + SIGKILL);
     assert_true(wait_pid_dead((pid_t)tpid, 2000)); /* PR_SET_PDEATHSIG */
@@ -892,16 +906,13 @@ static void test_etcd_outage_keeps_trainer_running(void **state)
 {
     (void)state;
     const char *job = "outage";
-    put_spec(job, EDL_MODE_RESTART, 1, 10);
-    pid_t a = start_agent(job, "a",
+    pid_t a = start_alone(job, 10,
                           "echo $$ > $T_DIR/pid; i=0; while :; do i=$((i+1)); "
-                          "echo \"step $i\" >&$EDL_PROGRESS_FD; sleep 0.1; done",
-                          NULL);
-    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+                          "echo \"step $i\" >&$EDL_PROGRESS_FD; sleep 0.1; done");
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, 1, 5000);
     long tpid = st.pid;
     assert_int_equal(edl_etcd_server_stop_member(srv, 0, false), 0);
-    harness_sleep_ms(5000);
+    harness_sleep_ms(5000); /* the outage's length is the test: half the lease's TTL */
     assert_true(pid_alive((pid_t)tpid));
     assert_int_equal(edl_etcd_server_restart_member(srv, 0), 0);
     int64_t before = st.step;
@@ -944,7 +955,7 @@ static void test_a_frozen_etcd_never_stalls_the_loop(void **state)
         assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
         int64_t took = harness_now_ms() - t0;
         worst = took > worst ? took : worst;
-        harness_sleep_ms(100);
+        harness_sleep_ms(100); /* a scrape every 100 ms */
     }
     if (worst >= 100)
         fail_msg("with etcd frozen, a /metrics scrape took %lld ms", (long long)worst);
@@ -964,12 +975,9 @@ static void test_lost_lease_stops_trainer_and_reregisters(void **state)
 {
     (void)state;
     const char *job = "lost";
-    put_spec(job, EDL_MODE_RESTART, 1, 3);
-    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
-    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    pid_t a = start_alone(job, 3, RECORDING_TRAINER);
     char p[300], k[256];
-    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
-    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    long tpid = trainer_of(1);
     edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 1000);
     assert_non_null(kv);
     int64_t old_lease = kv->lease;
@@ -987,7 +995,8 @@ static void test_lost_lease_stops_trainer_and_reregisters(void **state)
         harness_sleep_ms(25);
     }
     assert_true(new_lease != 0);
-    /* the old generation names the old lease: the agent is no member of it */
+    /* the old generation names the old lease: the agent is no member of it (time to start a
+     * trainer, which it must not do) */
     harness_sleep_ms(300);
     assert_false(wait_file(path_of("a", 2, "env", p, sizeof p), 0));
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
@@ -1001,16 +1010,13 @@ static void test_malformed_generation_is_ignored(void **state)
 {
     (void)state;
     const char *job = "malformed";
-    put_spec(job, EDL_MODE_RESTART, 1, 5);
-    pid_t a = start_agent(job, "a", RECORDING_TRAINER, NULL);
-    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    pid_t a = start_alone(job, 5, RECORDING_TRAINER);
     char p[300], k[256];
-    assert_true(wait_file(path_of("a", 1, "env", p, sizeof p), 5000));
-    long tpid = read_long_file(path_of("a", 1, "pid", p, sizeof p));
+    long tpid = trainer_of(1);
     harness_put(cl, key(job, "generation", k, sizeof k), "{not json");
     harness_put(cl, k, "{\"generation\":\"two\",\"state\":\"running\"}");
     harness_put(cl, k, "{\"generation\":5,\"state\":\"exploded\",\"members\":[]}");
-    harness_sleep_ms(700);
+    harness_sleep_ms(700); /* time to act on them, if it would: nothing to observe if not */
     assert_true(pid_alive((pid_t)tpid));
     edl_pod_status st;
     assert_true(get_status(job, "a", &st));
@@ -1119,18 +1125,6 @@ static void fake_server(const char *job, const char *pod, int port)
     harness_put(cl, key(job, rest, k, sizeof k), v);
 }
 
-static int count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    char line[256];
-    while (f && fgets(line, sizeof line, f))
-        n++;
-    if (f)
-        fclose(f);
-    return n;
-}
-
 /* A generation that changes only the servers keeps a worker's trainer: not restarted (restart
  * mode), no control line (in-process mode); its status follows the new generation, also after
  * the trainer ended. The worker's environment names the servers of its start. */
@@ -1153,8 +1147,8 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, -1, 5000);
     assert_true(wait_file(ef, 3000));
     char line[1024];
+    /* the trainer writes ctl after env: env is whole */
     assert_int_equal(wait_lines(cf, 1, line, sizeof line), 1);
-    harness_sleep_ms(200);
     assert_var(ef, "PADDLE_PSERVERS_IP_PORT_LIST", "10.1.2.9:8100");
     assert_var(ef, "EDL_PS_SERVERS", "1");
     assert_var(ef, "TRAINING_ROLE", "TRAINER");
@@ -1164,7 +1158,7 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
     st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
     assert_int_equal(st.restarts, 0);
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* time to restart or signal it, which it must not do */
     assert_true(pid_alive((pid_t)pid));
     assert_int_equal(count_lines(sf), 1);    /* one start */
     assert_int_equal(count_lines(cf), 1);    /* the first control line only */
@@ -1179,7 +1173,7 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
                     (const char *[]){"s0", "s1", NULL});
     st = wait_status(job, "a", 4, EDL_TRAINER_SIGNALED, -1, 5000);
     assert_int_equal(st.signal, 9);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* time to start it again, which it must not do */
     assert_int_equal(count_lines(sf), 1);
     /* a restart with the same workers (a new members generation) does start it again */
     edl_member m[1], sv[1];
@@ -1263,7 +1257,7 @@ static void test_ps_process_lifecycle(void **state)
     assert_int_equal(st.pid, pid);
     publish_servers(job, 3, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", NULL});
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* time to stop it, which it must not do */
     assert_true(pid_alive((pid_t)pid)); /* unlisted: it drains by itself */
     assert_int_equal(count_lines(sf), 1);
     publish_servers(job, 4, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
@@ -1277,7 +1271,7 @@ static void test_ps_process_lifecycle(void **state)
     st = wait_status(job, "s", 4, EDL_TRAINER_EXITED, -1, 5000);
     assert_int_equal(st.exit_code, 3);
     assert_int_equal(unlink(qf), 0);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* time to restart it, which it must not do */
     assert_int_equal(count_lines(sf), 1);
     publish_servers(job, 5, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", NULL});

@@ -380,7 +380,7 @@ static void test_hung_peer_times_out_then_all_reform(void **state)
     static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_COLL_TIMEOUT_MS=1000", NULL};
     worker w[3];
     start_elastic(w, 3, "80", extra);
-    harness_sleep_ms(200);
+    harness_sleep_ms(200); /* some steps under way (the workers report none to wait for) */
     int64_t t_stop = harness_now_ms();
     harness_kill(w[1].pid, SIGSTOP);
     for (int i = 0; i < 3; i += 2)
@@ -406,7 +406,7 @@ static void test_join_during_training_gets_the_state(void **state)
     static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_TEST_ELEMS=5000", NULL};
     worker w[3];
     start_elastic(w, 2, "150", extra);
-    harness_sleep_ms(400);
+    harness_sleep_ms(400); /* a join in the middle of training (no steps to wait for) */
     start(&w[2], "elastic", "150", 2, 3, 2, true, extra);
     announce(&w[0], 2, 0, 3);
     announce(&w[1], 2, 1, 3);
@@ -526,7 +526,7 @@ static void test_stranger_on_the_port_is_turned_away(void **state)
         s[i] = connect_to(port);
     assert_true(write(s[0], "GET / HTTP/1.0\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 46) > 0);
     assert_true(write(s[1], "EDLH", 4) == 4);
-    harness_sleep_ms(200);
+    harness_sleep_ms(200); /* the strangers in place first: the listener reports nothing */
     start(&w[1], "verify", NULL, 1, 2, 1, false, NULL);
     for (int r = 0; r < 2; r++) {
         int st = finish(&w[r], 60000);
@@ -669,7 +669,7 @@ static void test_flood_of_strangers_cannot_stop_a_join(void **state)
     int s[N];
     for (int i = 0; i < N; i++)
         s[i] = i % 2 ? connect_to(port) : stranger_hello(port, 1, 0, 2, token);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* the strangers in place first: the listener reports nothing */
     int64_t t0 = harness_now_ms();
     start(&w[1], "verify", NULL, 1, 2, 1, false, extra);
     expect_verified(w, 2);

@@ -838,7 +838,7 @@ static void test_metrics_server_answers_and_survives_bad_clients(void **state)
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         connect(fds[i], (struct sockaddr *)&a, sizeof a);
     }
-    harness_sleep_ms(200);
+    harness_sleep_ms(200); /* held a while: the server reports nothing to wait for */
     for (int i = 0; i < 40; i++)
         close(fds[i]);
     int64_t end = harness_now_ms() + 5000;
@@ -918,7 +918,7 @@ static void test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are
     int64_t t0 = harness_now_ms();
     while (!loris_closed(one) && harness_now_ms() - t0 < 9000) {
         send(one, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-        harness_sleep_ms(500);
+        harness_sleep_ms(500); /* the slow client's pace: a byte every 0.5 s */
     }
     int64_t lived = harness_now_ms() - t0;
     close(one);
@@ -931,8 +931,9 @@ static void test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are
     for (int i = 0; i < LORISES; i++)
         l->fds[i] = loris_connect(port);
     assert_int_equal(pthread_create(&l->th, NULL, loris_main, l), 0);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* the slow clients under way first */
     int ok = 0, failed = 0;
+    /* a scrape every 250 ms: the pace of a busy Prometheus */
     for (int64_t end = harness_now_ms() + 8000; harness_now_ms() < end; harness_sleep_ms(250)) {
         if (harness_http_get(port, "/metrics", body, sizeof body) == 200 &&
             strstr(body, "edl_test_scrapes_total"))

@@ -133,13 +133,9 @@ static void wait_local_running(const char *job, int n, int timeout_ms)
     char out[8192], want[64];
     const char *st[] = {"status", job, NULL};
     snprintf(want, sizeof want, ", %d members", n);
-    int64_t end = harness_now_ms() + timeout_ms;
-    while (harness_now_ms() < end) {
-        if (edl_cmd(out, sizeof out, st) == 0 && strstr(out, "running, generation") &&
-            strstr(out, want))
-            return;
-        harness_sleep_ms(200);
-    }
+    if (HARNESS_WAIT_UNTIL(edl_cmd(out, sizeof out, st) == 0 &&
+                           strstr(out, "running, generation") && strstr(out, want), timeout_ms))
+        return;
     fail_msg("local job %s: not running with %d members within %d ms:\n%s", job, n, timeout_ms,
              out);
 }
@@ -219,6 +215,19 @@ static void signal_agent(const char *job, const char *pod, int sig)
 static void wait_running(const char *job, int n, int timeout_ms, edl_generation *c)
 {
     wait_running_after(job, 0, n, timeout_ms, c);
+}
+
+/* Wait until a pod's trainer has reported step `step` (edl_agent_link_report_step). */
+static void wait_step(const char *job, const char *pod, int64_t step, int timeout_ms)
+{
+    char buf[2048], err[128];
+    edl_pod_status st = {.step = -1};
+    if (HARNESS_WAIT_UNTIL(harness_get(g_c, key(job, EDL_KEY_STATUS, pod), buf, sizeof buf) &&
+                           edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) == 0 &&
+                           st.step >= step, timeout_ms))
+        return;
+    fail_msg("%s: no step %lld within %d ms (last %lld)", pod, (long long)step, timeout_ms,
+             (long long)st.step);
 }
 
 static int count_lines(const char *path)
@@ -418,7 +427,7 @@ static void test_scale_leave_kill_and_stop(void **state)
     const char *scale_huge[] = {"scale", job, "1025", NULL};
     assert_int_equal(edl_cmd(out, sizeof out, scale_huge), 2);
     assert_non_null(strstr(out, "at most 1024"));
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* time to change the job, which it must not do */
     int64_t g_before = c.generation;
     assert_true(read_generation(job, &c));
     assert_int_equal(c.generation, g_before);
@@ -761,7 +770,7 @@ static void peer_loss_case(const char *job, const char *mode)
     edl_generation c = {0};
     wait_running(job, 3, 20000, &c);
     int64_t g = c.generation;
-    harness_sleep_ms(1000);
+    wait_step(job, pod, 10, 20000); /* training is under way */
     signal_agent(job, pod, SIGKILL);
     assert_int_equal(harness_wait_exit(run, 90000), 0);
     assert_true(read_generation(job, &c));
@@ -812,10 +821,10 @@ static void test_etcd_outage_does_not_kill_trainers(void **state)
     assert_int_equal(count_lines(starts), 2);
     edl_etcd_close(g_c);
     assert_int_equal(edl_etcd_server_stop_member(g_srv, 0, false), 0);
-    harness_sleep_ms(5000);
+    harness_sleep_ms(5000); /* the outage's length is the test */
     assert_int_equal(edl_etcd_server_restart_member(g_srv, 0), 0);
     g_c = harness_client(ep(), 0);
-    harness_sleep_ms(3000);
+    harness_sleep_ms(3000); /* time for a wrong new generation or restart to show, after it */
     wait_running(job, 2, 10000, &c);
     assert_int_equal(c.generation, g);       /* same generation */
     assert_int_equal(count_lines(starts), 2); /* no trainer was restarted */
@@ -841,7 +850,7 @@ static void test_example_trainer_survives_reformation(void **state)
     pid_t run = harness_spawn(argv, log);
     edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
-    harness_sleep_ms(1500);
+    wait_step(job, "learn-0", 60, 20000); /* a fifth of the steps before it re-forms */
     const char *scale[] = {"scale", job, "3", "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(NULL, 0, scale), 0);
     wait_running(job, 3, 20000, &c);
@@ -1030,7 +1039,7 @@ static void test_inprocess_mlp_survives_scale_and_kill_without_restarts(void **s
     edl_generation c = {0};
     wait_running(job, 2, 20000, &c);
     long pid0 = trainer_pid(job, "mlp-0"), pid1 = trainer_pid(job, "mlp-1");
-    harness_sleep_ms(1500);
+    harness_sleep_ms(1500); /* some training first: elastic_mlp reports no steps to wait for */
     const char *scale[] = {"scale", job, "3", "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(NULL, 0, scale), 0);
     int64_t g1 = c.generation;
@@ -1038,7 +1047,7 @@ static void test_inprocess_mlp_survives_scale_and_kill_without_restarts(void **s
     assert_int_equal(trainer_pid(job, "mlp-0"), pid0); /* re-formed in process */
     assert_int_equal(trainer_pid(job, "mlp-1"), pid1);
     long pid2 = trainer_pid(job, "mlp-2");
-    harness_sleep_ms(1500);
+    harness_sleep_ms(1500); /* some training in three first (no steps to wait for) */
     assert_int_equal(kill((pid_t)pid1, SIGKILL), 0); /* a trainer crashes mid-training */
     assert_int_equal(harness_wait_exit(run, 120000), 0);
     char path[400];
@@ -1234,7 +1243,7 @@ static void test_stop_returns_when_the_jobs_etcd_is_gone(void **state)
     const char *argv[] = {EDL_CLI_BIN, "stop", job, NULL};
     pid_t stop = harness_spawn(argv, log);
     assert_true(stop > 0);
-    harness_sleep_ms(1500);
+    harness_sleep_ms(1500); /* time to return too early, which it must not do */
     assert_int_equal(harness_wait_exit(stop, 0), -1); /* still waiting */
     kill(run, SIGTERM); /* the launcher ends, and its etcd with it */
     assert_int_equal(harness_wait_exit(run, 30000), 143);
@@ -1827,7 +1836,7 @@ static void test_ps_role_end_to_end(void **state)
         long pid = running_pid(job, c.servers[s].pod, c.generation);
         assert_true(pid == sp[0] || pid == sp[1]);
     }
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* time to restart a worker, which it must not do */
     assert_int_equal(start_pids(ws, wp, 8), 2); /* no worker restarted */
     assert_int_equal(start_pids(ps, sp, 8), 3); /* only the new server started */
     assert_true(log_has(job, "edl", "3 servers [", NULL));
@@ -2061,22 +2070,6 @@ static void test_distill_student_follows_teachers_that_scale_and_die(void **stat
     edl_generation_clear(&c);
 }
 
-/* Wait until a pod's trainer has reported step `step` (edl_agent_link_report_step). */
-static void wait_step(const char *job, const char *pod, int64_t step, int timeout_ms)
-{
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    char buf[2048], err[128];
-    edl_pod_status st = {.step = -1};
-    while (harness_now_ms() < deadline) {
-        if (harness_get(g_c, key(job, EDL_KEY_STATUS, pod), buf, sizeof buf) &&
-            edl_pod_status_parse(buf, strlen(buf), &st, err, sizeof err) == 0 &&
-            st.step >= step)
-            return;
-        harness_sleep_ms(20);
-    }
-    fail_msg("%s: no step %lld within %d ms (last %lld)", pod, (long long)step, timeout_ms,
-             (long long)st.step);
-}
 
 /* The "test AUC" that examples/ctr printed into path (-1: none). */
 static double ctr_auc(const char *path)

@@ -91,7 +91,7 @@ static void test_campaign_takes_over_at_once_after_resign(void **state)
     campaigner c = {.endpoints = edl_etcd_server_endpoints(srv), .lease = l2};
     pthread_t th;
     pthread_create(&th, NULL, campaign, &c);
-    harness_sleep_ms(700);
+    harness_sleep_ms(700); /* time to win too early, which it must not do */
     assert_int_equal(c.won_at, 0); /* still waiting */
     int64_t t0 = harness_now_ms();
     assert_int_equal(edl_election_resign(cl, &first), 0);

@@ -174,10 +174,8 @@ static void test_programs_work_over_client_certificates(void **state)
     }
     char out[8192];
     const char *st_env[] = {EDL_CLI_BIN, "status", "tj", NULL};
-    int64_t until = harness_now_ms() + 20000;
-    while (run(st_env, out, sizeof out, 20000) == 0 && !strstr(out, "succeeded") &&
-           harness_now_ms() < until)
-        harness_sleep_ms(300);
+    HARNESS_WAIT_UNTIL(run(st_env, out, sizeof out, 20000) != 0 || strstr(out, "succeeded"),
+                       20000);
     assert_non_null(strstr(out, "job tj:"));
     unsetenv("EDL_TEST_STEP_MS");
     clear_env();
@@ -308,12 +306,8 @@ static void state_setting(const char *job, const char *name, char *out, size_t l
 /* Wait until `edl run` of job has written its state file with endpoints. */
 static void wait_state(const char *job, char *eps, size_t len)
 {
-    for (int i = 0; i < 300; i++) {
-        state_setting(job, "EDL_ETCD_ENDPOINTS", eps, len);
-        if (eps[0])
-            return;
-        harness_sleep_ms(100);
-    }
+    if (HARNESS_WAIT_UNTIL((state_setting(job, "EDL_ETCD_ENDPOINTS", eps, len), eps[0]), 30000))
+        return;
     fail_msg("edl run wrote no state file for %s", job);
 }
 

@@ -225,7 +225,7 @@ static void test_etcd_restart_during_watch_loses_nothing(void **state)
     assert_int_equal(edl_watch_open(wc, edl_str("w8/"), &o, &w), 0);
     put_rev(cl, "w8/a", "before");
     assert_int_equal(edl_etcd_server_stop_member(srv, 0, false), 0);
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* an outage the watch notices: the length is the test */
     assert_int_equal(edl_etcd_server_restart_member(srv, 0), 0);
     put_rev(cl, "w8/b", "after");
     put_rev(cl, "w8/c", "after2");

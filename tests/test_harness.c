@@ -1,4 +1,5 @@
-/* test_harness.c: the test proxy and the fake HTTP server do what the other tests rely on. */
+/* test_harness.c: the test proxy, the fake HTTP server and the wait for a condition do what the
+ * other tests rely on. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,30 @@
 #include <curl/curl.h>
 
 #include "harness.h"
+
+/* ---- harness_wait_until ------------------------------------------------------------------ */
+
+static bool past(void *arg)
+{
+    return harness_now_ms() >= *(int64_t *)arg;
+}
+
+/* It returns as soon as the condition holds, not at the timeout; false when it never holds. */
+static void test_wait_until_returns_when_the_condition_holds(void **state)
+{
+    (void)state;
+    int64_t t0 = harness_now_ms(), at = t0 + 150;
+    assert_true(harness_wait_until(past, &at, 20000));
+    int64_t took = harness_now_ms() - t0;
+    assert_true(took >= 150 && took < 2000);
+    at = INT64_MAX;
+    t0 = harness_now_ms();
+    assert_false(harness_wait_until(past, &at, 200));
+    assert_true(harness_now_ms() - t0 >= 200);
+    int calls = 0;
+    assert_true(HARNESS_WAIT_UNTIL(++calls == 3, 20000));
+    assert_int_equal(calls, 3);
+}
 
 /* ---- a tiny echo server: one thread, poll-based ---------------------------------------- */
 
@@ -556,6 +581,7 @@ static void test_http_pipelined_requests_on_one_connection(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wait_until_returns_when_the_condition_holds),
         cmocka_unit_test(test_proxy_forwards_both_ways),
         cmocka_unit_test(test_proxy_freeze_holds_bytes_until_thaw),
         cmocka_unit_test(test_proxy_drop_closes_every_connection),

@@ -48,6 +48,9 @@ static void test_names_follow_the_release_and_the_docs_say_them(void **state)
     assert_non_null(strstr(out, "kind: Deployment\nmetadata:\n  name: edl-operator\n"));
     assert_non_null(strstr(out, "kind: StatefulSet\nmetadata:\n  name: edl-etcd\n"));
     assert_non_null(strstr(out, "--leader-elect-resource-name=edl-operator\n"));
+    /* the Deployment runs the operator's own program, not the job server's alias */
+    assert_non_null(strstr(out, "command:\n            - edl-operator\n"));
+    assert_null(strstr(out, "--kubernetes"));
     assert_null(strstr(out, "edl-edl"));
     assert_int_equal(helm(out, sizeof out, "template my-edl " CHART), 0);
     assert_non_null(strstr(out, "  name: my-edl-operator\n"));
@@ -364,13 +367,9 @@ static void test_generated_certificates_serve_a_tls_etcd_cluster(void **state)
     for (int i = 0; i < ETCD_MEMBERS; i++)
         pids[i] = start_member(dir, i, ports, flags, n_flags);
     for (int i = 0; i < ETCD_MEMBERS; i++) { /* each member healthy: the cluster formed */
-        int64_t end = harness_now_ms() + 20000;
-        while (!(harness_http_get(ports[i][2], "/health", out, sizeof out) == 200 &&
-                 strstr(out, "\"true\"")))
-            if (harness_now_ms() > end)
-                fail_msg("etcd member %d not healthy (see %s/m%d.log)", i, dir, i);
-            else
-                harness_sleep_ms(100);
+        if (!HARNESS_WAIT_UNTIL(harness_http_get(ports[i][2], "/health", out, sizeof out) == 200
+                                && strstr(out, "\"true\""), 20000))
+            fail_msg("etcd member %d not healthy (see %s/m%d.log)", i, dir, i);
     }
     edl_etcd *c = client_of(ports, dir, true);
     harness_put(c, "chart/k", "v");

@@ -159,7 +159,7 @@ static void test_the_images_hold_what_they_should(void **state)
     assert_string_equal(config_str(agent_config, "User"), "65532:65532");
     assert_true(config_env_has(agent_config, "PATH=/usr/local/bin"));
     harness_sh("set -e; cd '%s'; for f in usr/bin/etcd usr/local/bin/edl usr/local/bin/edl-agent "
-               "usr/local/bin/edl-jobserver usr/local/bin/elastic_trainer "
+               "usr/local/bin/edl-jobserver usr/local/bin/edl-operator usr/local/bin/elastic_trainer "
                "usr/local/bin/edl-ps usr/local/bin/ctr usr/local/bin/distill "
                "usr/local/lib/edl/agent/edl-agent usr/local/lib/edl/agent/lib/libc.so.6; do "
                "test -x \"$f\" || test -f \"$f\"; done; "

@@ -147,7 +147,7 @@ static void test_scale_up_within_settle_window_is_one_generation(void **state)
 
     int64_t t0 = harness_now_ms();
     pod_join(job, &p[2], "w2", 10);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* the second join comes later, but inside the settle window */
     pod_join(job, &p[3], "w3", 10);
     wait_gen(job, 2, -1, 5000, &c);
     int64_t took = harness_now_ms() - t0;
@@ -205,7 +205,8 @@ static void test_leader_killed_standby_takes_over(void **state)
     const char *job = "failover";
     harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":200}");
     pid_t a = spawn_js(job, "js-a", NULL);
-    harness_sleep_ms(300);
+    char first[64]; /* a leads before b starts */
+    assert_string_equal(leader_of(job, first, sizeof first), "js-a");
     pid_t b = spawn_js(job, "js-b", NULL);
     pod p[3];
     pod_join(job, &p[0], "w0", 10);
@@ -294,7 +295,8 @@ static void test_paused_leader_is_fenced(void **state)
     const char *job = "fence";
     harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
     pid_t a = spawn_js(job, "js-a", NULL);
-    harness_sleep_ms(300);
+    char first[64]; /* a leads before b starts */
+    assert_string_equal(leader_of(job, first, sizeof first), "js-a");
     pid_t b = spawn_js(job, "js-b", NULL);
     pod p[4];
     pod_join(job, &p[0], "w0", 20);
@@ -324,10 +326,11 @@ static void test_paused_leader_is_fenced(void **state)
     kill(a, SIGCONT); /* wakes with a stale view; its writes must be refused */
     pod_join(job, &p[3], "w3", 20);
     wait_gen(job, 3, 4, 5000, &c);
+    /* a fixed time on purpose: the stale leader's chance to write, which must be refused */
     harness_sleep_ms(1500);
     pod_leave(&p[3], true);
     wait_gen(job, 4, 3, 5000, &c);
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* the same, after the last generation: nothing may follow it */
 
     int64_t last = 1;
     int seen = 0;
@@ -401,7 +404,7 @@ static void test_bad_spec_leaves_job_intact(void **state)
     assert_int_equal(c.generation, 2);
     /* a corrupt generation document: the server refuses to guess and stays up */
     harness_put(g_c, key(job, EDL_KEY_GENERATION, NULL), "{\"generation\":\"x\"");
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* time to crash, if it would: nothing to observe when it does not */
     assert_int_equal(harness_wait_exit(js, 0), -1);
     stop_js(js);
     for (int i = 0; i < 3; i++)
@@ -427,7 +430,7 @@ static void test_success_and_retired_generation_data(void **state)
     char buf[64];
     assert_null(harness_get(g_c, gk, buf, sizeof buf));
     pod_status(job, &p[0], 2, "exited", 0);
-    harness_sleep_ms(300);
+    harness_sleep_ms(300); /* time to end the job too early, if it would */
     read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_RUNNING); /* one rank still runs */
     pod_status(job, &p[1], 2, "exited", 0);
@@ -497,7 +500,7 @@ static void test_stalled_rank_restarts_generation(void **state)
     int64_t t0 = harness_now_ms(), step = 0;
     while (harness_now_ms() - t0 < 6000 && read_generation(job, &c) && c.generation == 1) {
         pod_step(job, &p[0], 1, ++step);
-        harness_sleep_ms(200);
+        harness_sleep_ms(200); /* w0's pace */
     }
     int64_t took = harness_now_ms() - t0;
     assert_int_equal(c.generation, 2);
@@ -599,7 +602,7 @@ static void test_a_frozen_etcd_never_stalls_the_loop(void **state)
         worst = took > worst ? took : worst;
         stepped_down = stepped_down || strstr(body, "edl_jobserver_leader{job=\"frozen\","
                                                     "id=\"js-f\"} 0");
-        harness_sleep_ms(100);
+        harness_sleep_ms(100); /* a scrape every 100 ms, through the freeze */
     }
     assert_int_equal(kill(etcd, SIGCONT), 0);
     if (worst >= 100)
@@ -627,21 +630,36 @@ static void test_help_and_bad_options(void **state)
                            "--metrics-port", "9", "--metrics-addr", "10.0.0.300", NULL};
     pid = harness_spawn(maddr, "/dev/null");
     assert_int_equal(harness_wait_exit(pid, 5000), 2);
-    /* the operator's bound on a job's pods: 1..100000, said so */
+    /* the operator's bound on a job's pods: 1..100000, said so, by edl-operator and by the
+     * alias that still starts it for one release (which says it is deprecated) */
     static char out[16384];
     static const char *const counts[] = {"0", "100001", "many"};
     for (size_t i = 0; i < 3; i++) {
-        const char *maxrep[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--max-replicas", counts[i],
-                                NULL};
+        const char *maxrep[] = {EDL_OPERATOR_BIN, "--max-replicas", counts[i], NULL};
         assert_int_equal(harness_run(maxrep, "/tmp/test_jobserver.maxrep.log", 5000, out,
                                      sizeof out), 2);
+        assert_non_null(strstr(out, "edl-operator: --max-replicas"));
         assert_non_null(strstr(out, "expected a number of pods, 1 to 100000"));
     }
-    unlink("/tmp/test_jobserver.maxrep.log");
+    const char *alias[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--max-replicas", "0", NULL};
+    assert_int_equal(harness_run(alias, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 2);
+    assert_non_null(strstr(out, "--kubernetes is deprecated"));
+    assert_non_null(strstr(out, "edl-operator: --max-replicas 0: expected a number of pods"));
+    /* without --kubernetes the job server knows none of the operator's flags */
+    const char *jsmax[] = {EDL_JOBSERVER_BIN, "--job", "x", "--max-replicas", "3", NULL};
+    assert_int_equal(harness_run(jsmax, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 2);
     const char *helped[] = {EDL_JOBSERVER_BIN, "--help", NULL};
     assert_int_equal(harness_run(helped, "/tmp/test_jobserver.maxrep.log", 5000, out,
                                  sizeof out), 0);
+    assert_null(strstr(out, "--max-replicas"));
+    assert_non_null(strstr(out, "edl-operator"));
+    const char *ophelp[] = {EDL_OPERATOR_BIN, "--help", NULL};
+    assert_int_equal(harness_run(ophelp, "/tmp/test_jobserver.maxrep.log", 5000, out,
+                                 sizeof out), 0);
     assert_non_null(strstr(out, "--max-replicas N"));
+    assert_non_null(strstr(out, "Usage: edl-operator"));
     unlink("/tmp/test_jobserver.maxrep.log");
 }
 

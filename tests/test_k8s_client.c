@@ -679,7 +679,7 @@ static void test_token_file_rotation_reread(void **state)
     assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0);
     write_file(dir, "token", "two\n");
     assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0); /* read less than 300 ms ago */
-    harness_sleep_ms(350);
+    harness_sleep_ms(350); /* past the 300 ms the client keeps a token read */
     assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0);
     assert_string_equal(f->auth[0], "Bearer one");
     assert_string_equal(f->auth[1], "Bearer one");
@@ -1270,7 +1270,7 @@ static void test_informer_close_is_prompt(void **state)
     /* in a quiet watch */
     assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
     assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
-    harness_sleep_ms(100);
+    harness_sleep_ms(100); /* well into the quiet watch: nothing to observe */
     int64_t t0 = harness_now_ms();
     edl_k8s_informer_close(inf);
     assert_true(harness_now_ms() - t0 < 1000);
@@ -1279,7 +1279,7 @@ static void test_informer_close_is_prompt(void **state)
     s.list_status = 500;
     pthread_mutex_unlock(&f->mu);
     assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
-    harness_sleep_ms(700);
+    harness_sleep_ms(700); /* inside the back-off between failed lists */
     t0 = harness_now_ms();
     edl_k8s_informer_close(inf);
     assert_true(harness_now_ms() - t0 < 1000);

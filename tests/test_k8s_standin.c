@@ -1182,7 +1182,7 @@ static void test_a_delay_fault_delays_each_request_on_its_own(void **state)
     int64_t t0 = harness_now_ms();
     pthread_create(&ta, NULL, create_cm, &a);
     pthread_create(&tb, NULL, create_cm, &b);
-    harness_sleep_ms(100);
+    harness_sleep_ms(100); /* both creates inside their 400 ms delay */
     int64_t g0 = harness_now_ms();
     assert_int_equal(api(s, "GET", "/api/v1/namespaces/default/configmaps", NULL, NULL, NULL), 200);
     int64_t got = harness_now_ms() - g0;

@@ -1,4 +1,4 @@
-/* test_operator.c: the TrainingJob operator (edl-jobserver --kubernetes) end to end, driven by
+/* test_operator.c: the TrainingJob operator (edl-operator) end to end, driven by
  * the real kubectl against the stand-in API server and kubelet (tests/k8s_standin): pods run as
  * local processes (edl-agent installed by the init container, wrapping the example trainer),
  * with a real etcd. Each test applies the CRD and a job and checks what a user would see (a
@@ -44,7 +44,7 @@ static pid_t start_operator_ttl(cluster *c, const char *id, const char *ttl)
     c->metrics_port[slot] = harness_free_port();
     snprintf(port, sizeof port, "%d", c->metrics_port[slot]);
     snprintf(log, sizeof log, "%s/operator-%s.log", harness_k8s_dir(c->k), id);
-    const char *argv[] = {EDL_JOBSERVER_BIN, "--kubernetes", "--kubeconfig",
+    const char *argv[] = {EDL_OPERATOR_BIN, "--kubeconfig",
                           harness_k8s_kubeconfig(c->k), "--etcd",
                           edl_etcd_server_endpoints(c->etcd), "--id", id, "--ttl", ttl,
                           "--agent-image", "edl-test/agent:dev",
@@ -267,12 +267,10 @@ static void wait_etcd_spec(cluster *c, const char *job, const char *want)
 {
     char spec[4096] = "", cmd[256];
     snprintf(cmd, sizeof cmd, "get --print-value-only /edl/v1/jobs/default.%s/spec", job);
-    for (int64_t end = harness_now_ms() + 20000; harness_now_ms() < end; harness_sleep_ms(100)) {
-        harness_etcdctl_out(spec, sizeof spec, edl_etcd_server_endpoints(c->etcd), NULL, "%s",
-                            cmd);
-        if (strstr(spec, want))
-            return;
-    }
+    if (HARNESS_WAIT_UNTIL((harness_etcdctl_out(spec, sizeof spec,
+                                                edl_etcd_server_endpoints(c->etcd), NULL, "%s",
+                                                cmd), strstr(spec, want)), 20000))
+        return;
     fail_msg("the spec of %s in etcd: %s; waited for %s", job, spec, want);
 }
 
@@ -613,11 +611,8 @@ static void test_suspend_resume_and_ttl_after_finished(void **state)
                          30000);
     /* it resumes from its checkpoint, succeeds, and is deleted a second later (too soon, maybe,
      * to see its state: its Events stay) */
-    int64_t end = harness_now_ms() + 90000;
-    while (harness_now_ms() < end &&
-           harness_kubectl(c->k, out, sizeof out, "get tj pause 2>/dev/null") == 0)
-        harness_sleep_ms(200);
-    assert_int_not_equal(harness_kubectl(c->k, out, sizeof out, "get tj pause 2>/dev/null"), 0);
+    assert_true(HARNESS_WAIT_UNTIL(harness_kubectl(c->k, out, sizeof out,
+                                                   "get tj pause 2>/dev/null") != 0, 90000));
     harness_kubectl(c->k, out, sizeof out, "get events --field-selector involvedObject.name=pause "
                     "-o jsonpath='{.items[*].reason}'");
     assert_non_null(strstr(out, "Suspended"));
@@ -648,10 +643,7 @@ static void test_a_job_applied_again_resumes_from_its_checkpoints(void **state)
     char out[8192], dir[400], steps[32], cmd[800];
     snprintf(dir, sizeof dir, "%s/again", c->ckpt);
     apply_job(c, "again", 1, "1000000", NULL);
-    int64_t end = harness_now_ms() + 60000;
-    while (newest_checkpoint(dir) < 20 && harness_now_ms() < end)
-        harness_sleep_ms(100);
-    assert_true(newest_checkpoint(dir) >= 20);
+    assert_true(HARNESS_WAIT_UNTIL(newest_checkpoint(dir) >= 20, 60000));
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj again --wait=true "
                                      "--timeout=30s"), 0);
     harness_kubectl_wait(c->k, "pods -l edl.dev/job=again", "{.items[*].metadata.name}", "",
@@ -690,12 +682,9 @@ static void test_inprocess_survivors_keep_running_when_a_pod_goes(void **state)
     harness_kubectl_wait(c->k, "tj inproc", "{.status.state}/{.status.memberCount}", "Running/3",
                          30000);
     pid_t t0 = -1, t1 = -1; /* the generation is out: the agents start their trainers */
-    for (int64_t end = harness_now_ms() + 10000; (t0 < 0 || t1 < 0) && harness_now_ms() < end;
-         harness_sleep_ms(100)) {
-        t0 = process_of("inproc-worker-0", "elastic_mlp");
-        t1 = process_of("inproc-worker-1", "elastic_mlp");
-    }
-    assert_true(t0 > 0 && t1 > 0);
+    assert_true(HARNESS_WAIT_UNTIL((t0 = process_of("inproc-worker-0", "elastic_mlp")) > 0 &&
+                                   (t1 = process_of("inproc-worker-1", "elastic_mlp")) > 0,
+                                   10000));
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete pod inproc-worker-2 "
                                      "--wait=false"), 0);
     /* replaced by a new pod, and the group grows back to three */
@@ -823,10 +812,8 @@ static void test_standby_takes_over_mid_scale_and_nothing_is_done_twice(void **s
 static void wait_log(const char *path, const char *text, int timeout_ms)
 {
     static char buf[1 << 20];
-    for (int64_t end = harness_now_ms() + timeout_ms; harness_now_ms() < end;
-         harness_sleep_ms(100))
-        if (strstr(harness_read_file(path, buf, sizeof buf), text))
-            return;
+    if (HARNESS_WAIT_UNTIL(strstr(harness_read_file(path, buf, sizeof buf), text), timeout_ms))
+        return;
     fail_msg("%s: no \"%s\" within %d ms", path, text, timeout_ms);
 }
 
@@ -906,7 +893,7 @@ static void test_two_operators_never_make_more_pods_than_replicas(void **state)
     operator_log(c, lead ? "op-b" : "op-a", log, sizeof log);
     wait_log(log, "lost the leadership", 1000);
     harness_kubectl_wait(c->k, "tj many", "{.status.replicas}", "1000", 180000);
-    harness_sleep_ms(500);
+    harness_sleep_ms(500); /* time for a pod too many, which must not come */
     assert_int_equal(harness_k8s_stat(c->k, "live pods default"), 1000);
     assert_int_equal(harness_k8s_stat(c->k, "peak pods default"), 1000);
     harness_kubectl(c->k, out, sizeof out, "get pods -l edl.dev/job=many -o jsonpath="
@@ -936,7 +923,7 @@ static void test_a_slow_api_server_never_stalls_the_loop(void **state)
                                           sizeof metrics), 200);
         int64_t took = harness_now_ms() - t0;
         worst = took > worst ? took : worst;
-        harness_sleep_ms(100);
+        harness_sleep_ms(100); /* a scrape every 100 ms */
     }
     assert_true(harness_k8s_stat(c->k, "create pods") >= 2); /* the creates did run */
     if (worst >= 300)
@@ -1100,6 +1087,7 @@ static void test_a_persistent_403_on_status_backs_off_with_one_event(void **stat
                             "\"code\":403,\"reason\":\"Forbidden\",\"message\":\"denied by "
                             "policy\",\"count\":-1}");
     apply_job(c, "denied", 1, "100000", NULL);
+    /* the writes counted in two fixed windows: the back-off's growth is the test */
     harness_sleep_ms(12000);
     long first = harness_k8s_stat(c->k, "patch trainingjobs/status");
     harness_sleep_ms(6000);
@@ -1219,7 +1207,7 @@ static void test_a_kueue_job_waits_suspended_until_admitted(void **state)
     harness_kubectl_wait(c->k, "pods -l edl.dev/job=queued",
                          "{.items[*].spec.nodeSelector.pool}/{.items[0].spec.tolerations[0].key}",
                          "a a/k", 20000);
-    harness_sleep_ms(1500);
+    harness_sleep_ms(1500); /* more passes: time to suspend it again, which it must not do */
     harness_kubectl_wait(c->k, "tj queued", "{.spec.suspend}", "false", 1000);
 }
 

@@ -929,7 +929,7 @@ static double run_ctr(const char *mode, const char *accessor, const char *secret
         snprintf(log, sizeof log, "%s/%s-%s-server%d.log", dir, mode, accessor, i);
         srv[i] = harness_spawn(args, log);
     }
-    harness_sleep_ms(300);
+    assert_true(HARNESS_WAIT_UNTIL(harness_port_open(p0) && harness_port_open(p1), 20000));
     setenv("TRAINING_ROLE", "TRAINER", 1);
     for (int i = 0; i < 2; i++) {
         snprintf(id, sizeof id, "%d", i);

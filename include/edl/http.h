@@ -4,7 +4,9 @@
  * deadlines, TCP keep-alive, TLS from files or PEM text), one transfer that another thread can
  * stop (the watches'), one reading of libcurl's failures
  * (what never reached the server, what TLS refused, which EDL_E* code) and one retry back-off
- * (doubling, capped, jittered, Retry-After honoured). Each client keeps only its protocol. */
+ * for them (doubling, capped, jittered, Retry-After honoured). Each client keeps only its
+ * protocol; the back-off is also the one of every other retry in edl (the agent's
+ * registration, the PS client's handshake, the collective's connects). */
 #ifndef EDL_HTTP_H
 #define EDL_HTTP_H
 

@@ -1,5 +1,5 @@
 /* edl/k8s.h: a Kubernetes API client in C over libcurl, written to the documented API (not to
- * any one server): what the operator (edl-jobserver --kubernetes) needs and nothing more.
+ * any one server): what the operator (edl-operator) needs and nothing more.
  *
  *   config     where the API server is and who we are: in-cluster (service-account token, re-read
  *              as it rotates; CA; namespace) or a kubeconfig file (libyaml: server, CA data or
