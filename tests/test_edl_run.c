@@ -656,9 +656,9 @@ static void test_script_path_typo_fails_at_once_printing_its_error_once(void **s
     assert_int_equal(c.restarts, 0);
     assert_non_null(strstr(c.reason, "every rank (2 of 2) failed by itself"));
     char last[2048];
-    /* the interpreter's own line, "typo-0    | /usr/bin/python3: can't open file ..." (the
+    /* the interpreter's own line, "[rank 0 typo-0] /usr/bin/python3: can't open file ..." (the
      * reason quotes it too, after "last stderr: ") */
-    int n = log_count(job, "| /usr/bin/python3: can't open file '/no/such/train.py'", last,
+    int n = log_count(job, "] /usr/bin/python3: can't open file '/no/such/train.py'", last,
                       sizeof last);
     print_message("python3 /no/such/train.py under edl run --np 2: failed in %lld ms, its "
                   "error printed %d times; last line: %s", (long long)took, n, last);
@@ -683,8 +683,8 @@ static void test_failure_cause_is_the_last_stderr_lines(void **state)
                                    "printf 'three, no newline' >&2; exit 4");
     assert_int_equal(harness_wait_exit(run, 30000), 1);
     char last[2048];
-    assert_int_equal(log_count(job, "| one", last, sizeof last), 1);
-    assert_int_equal(log_count(job, "| three, no newline", last, sizeof last), 1);
+    assert_int_equal(log_count(job, "] one", last, sizeof last), 1);
+    assert_int_equal(log_count(job, "] three, no newline", last, sizeof last), 1);
     if (!strstr(last, "exited with code 4: last stderr: three, no newline (after: one | two)"))
         fail_msg("last line: %s", last);
 }
