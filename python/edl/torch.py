@@ -662,7 +662,10 @@ class State:
 def elastic(func):
     """Run func(state, ...) elastically: on a new generation (agreed at a commit) or a peer's
     failure inside a collective, re-form the group in place and call it again with the state
-    synchronised. Outside edl it simply calls func once, in a world of one."""
+    synchronised. Outside edl it simply calls func once, in a world of one. ``@elastic(state)``
+    does the same for a function that takes no state (its caller calls ``train()``)."""
+    if isinstance(func, State):
+        return functools.partial(_elastic_on, func)
 
     @functools.wraps(func)
     def run(state, *args, **kwargs):
@@ -697,6 +700,17 @@ def elastic(func):
                 state.restore()
 
     return run
+
+
+def _elastic_on(state, func):
+    """@elastic(state): func() run as elastic runs func(state)."""
+    run = elastic(lambda _state, *args, **kwargs: func(*args, **kwargs))
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        return run(state, *args, **kwargs)
+
+    return call
 
 
 def _recover(w, failure):
@@ -788,7 +802,7 @@ class ElasticSampler:
     as the workers prefetch, so a commit keeps what the loop consumed."""
 
     def __init__(self, dataset, batch_size=None, global_batch_size=None, shuffle=True, seed=0,
-                 drop_last=False):
+                 drop_last=False, epoch=0):
         if (batch_size is None) == (global_batch_size is None):
             raise ValueError("give batch_size (per rank) or global_batch_size, not both")
         for name, v in (("batch_size", batch_size), ("global_batch_size", global_batch_size)):
@@ -798,7 +812,9 @@ class ElasticSampler:
         self.n = dataset if isinstance(dataset, int) else len(dataset)
         self.batch_size, self.global_batch_size = batch_size, global_batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.epoch, self.position = 0, 0
+        if not _count(epoch, 0):
+            raise ValueError(f"ElasticSampler: epoch={epoch!r}; give an integer >= 0")
+        self.epoch, self.position = epoch, 0
         self.batch_total = 0   # samples in the current global batch, over every rank
         self._ahead = collections.deque()  # [start, end) of batches drawn, not yet taken
         self._deferred = False  # DataLoader says when the loop takes a batch (_taken)
