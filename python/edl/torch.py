@@ -9,11 +9,16 @@
         for state.epoch in range(state.epoch, epochs):
             for idx in sampler.batches(state.epoch):     # this rank's share of a global batch
                 ...forward, backward...
-                et.allreduce_gradients(model)            # sum over the ranks
+                et.allreduce_gradients(model)            # averaged over the ranks
                 opt.step()
                 state.commit()
 
     train(state)
+
+DDP scripts keep theirs: ``model = et.DistributedDataParallel(model)`` (torch's DDP, built again
+on each generation's group), ``et.DataLoader(dataset, batch_sampler=sampler, num_workers=2)``
+(the sampler's position is what the loop took, not what the workers prefetched) and
+``@et.elastic(state)`` over a function of no arguments (examples/python/train_ddp_elastic.py).
 
 When the agent announces a new generation (a pod joined or left; ``edl run`` and the operator
 in ``InProcess`` mode), the trainer is not restarted: at the next ``state.commit()`` every rank
