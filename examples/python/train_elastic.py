@@ -48,7 +48,7 @@ def main():
                 opt.zero_grad()
                 loss = ((model(x[idx]) - y[idx]) ** 2).sum() / args.batch
                 loss.backward()
-                et.allreduce_gradients(model)
+                et.allreduce_gradients(model, average=False)  # the loss is over the global batch
                 opt.step()
                 state.commit()
                 time.sleep(args.step_ms / 1000)

@@ -9,11 +9,16 @@
         for state.epoch in range(state.epoch, epochs):
             for idx in sampler.batches(state.epoch):     # this rank's share of a global batch
                 ...forward, backward...
-                et.allreduce_gradients(model)            # sum over the ranks
+                et.allreduce_gradients(model)            # averaged over the ranks
                 opt.step()
                 state.commit()
 
     train(state)
+
+DDP scripts keep theirs: ``model = et.DistributedDataParallel(model)`` (torch's DDP, built again
+on each generation's group), ``et.DataLoader(dataset, batch_sampler=sampler, num_workers=2)``
+(the sampler's position is what the loop took, not what the workers prefetched) and
+``@et.elastic(state)`` over a function of no arguments (examples/python/train_ddp_elastic.py).
 
 When the agent announces a new generation (a pod joined or left; ``edl run`` and the operator
 in ``InProcess`` mode), the trainer is not restarted: at the next ``state.commit()`` every rank
@@ -35,6 +40,8 @@ collectives (gloo; nccl on GPUs) and this module only orders them.
 ``SparseEmbedding`` (edl/_embedding.py) is the parameter server's side: an EmbeddingBag whose
 rows live on the servers (edl.ps, edl.fleet).
 """
+import collections
+import contextlib
 import copy
 import datetime
 import functools
@@ -44,6 +51,7 @@ import os
 import sys
 import time
 import traceback
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -51,10 +59,14 @@ import torch.distributed as dist
 from . import Error, _edl, _link
 from ._embedding import SparseEmbedding  # rows on the parameter server (edl.ps)
 
-__all__ = ["State", "elastic", "ElasticSampler", "allreduce_gradients", "HostsUpdated",
-           "CheckpointMismatch", "world", "SparseEmbedding"]
+__all__ = ["State", "elastic", "ElasticSampler", "DataLoader", "DistributedDataParallel",
+           "allreduce_gradients", "HostsUpdated", "CheckpointMismatch", "world", "SparseEmbedding"]
 
-# Words of the exceptions torch raises when a peer fails inside a collective.
+# The exceptions torch raises when a peer fails inside a collective or the store: torch 2.x
+# names them (DistBackendError, DistNetworkError, DistStoreError, all DistError); torch 1.13
+# raises a bare RuntimeError, recognised by its words as the last resort.
+_COMM_TYPES = tuple(t for t in (getattr(dist, n, None) for n in (
+    "DistError", "DistBackendError", "DistNetworkError", "DistStoreError")) if isinstance(t, type))
 _COMM_WORDS = ("connection", "gloo", "nccl", "closed", "reset", "timed out", "timeout",
                "broken pipe", "peer", "socket", "abort", "unbound buffer", "transport")
 
@@ -114,6 +126,7 @@ class _World:
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if self.backend == "nccl" else torch.device("cpu")
         self.reforms = []        # seconds each re-formation took (for benchmarks and logs)
+        self.on_destroy = []     # weak methods that drop what holds the group (DDP modules)
         self.link.report_graceful()  # a leave reaches this process as a control line, not SIGTERM
 
     # ---- what the agent says -------------------------------------------------------------
@@ -157,6 +170,9 @@ class _World:
     def _destroy(self):
         if not dist.is_initialized():
             return
+        for drop in [d for d in self.on_destroy if d() is not None]:
+            drop()()  # a DDP module built on the group lets go of it, so that its sockets close
+        self.on_destroy = [d for d in self.on_destroy if d() is not None]
         if self.backend == "nccl":  # an NCCL communicator with a dead peer is aborted, not waited for
             abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
             try:
@@ -312,6 +328,12 @@ def world():
 
 
 def _is_comm_error(e):
+    """e is torch's report of a failed collective or store (a peer died or left): one of
+    torch's distributed exception types, or (torch 1.13) a RuntimeError naming the transport."""
+    if isinstance(e, _COMM_TYPES):
+        return True
+    if type(e) is not RuntimeError:  # its subclasses (NotImplementedError...) are the script's
+        return False
     text = str(e).lower()
     return any(w in text for w in _COMM_WORDS)
 
@@ -336,6 +358,11 @@ def _record_own_error(e):
 
 
 # ---- the elastic state --------------------------------------------------------------------
+
+def _stateful(v):
+    return callable(getattr(v, "state_dict", None)) and \
+        callable(getattr(v, "load_state_dict", None))
+
 
 def _snapshot_tensors(d):
     return {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
@@ -384,6 +411,7 @@ class State:
         object.__setattr__(self, "_commits", -1)   # its number (-1: none)
         object.__setattr__(self, "_stored", -1)    # the step of the last checkpoint saved
         object.__setattr__(self, "_saves", [])     # saves under way (every=N)
+        object.__setattr__(self, "_resets", [])    # register_reset_callbacks()
 
     def __getattr__(self, name):
         parts = object.__getattribute__(self, "_parts")
@@ -408,12 +436,40 @@ class State:
 
     # ---- local copies ----------------------------------------------------------------------
 
+    def register_reset_callbacks(self, callbacks):
+        """Call each of `callbacks` (no arguments) after every re-formation, once the state is
+        synchronised and before the elastic function is entered again: for what a script
+        rebuilds for a new world (an LR scaled by world().world_size, a DataLoader)."""
+        self._resets.extend(callbacks)
+
+    def _reset(self):
+        for callback in self._resets:
+            callback()
+
+    def _counter_values(self):
+        """The counters as plain values: a counter with state_dict()/load_state_dict() (an LR
+        scheduler, a GradScaler) is kept as its state dict."""
+        return {k: copy.deepcopy(v.state_dict() if _stateful(v) else v)
+                for k, v in self._counters.items()}
+
+    def _set_counters(self, values, only=False):
+        """Take counter values (_counter_values' shape); only=False also drops plain counters
+        the values lack, as a restore to a commit does."""
+        if not only:
+            for k in [k for k, v in self._counters.items() if k not in values and not _stateful(v)]:
+                del self._counters[k]
+        for k, v in values.items():
+            if _stateful(self._counters.get(k)):
+                self._counters[k].load_state_dict(copy.deepcopy(v))
+            else:
+                self._counters[k] = copy.deepcopy(v)
+
     def _capture(self):
         p = self._parts
         return {"model": _snapshot_tensors(p["model"].state_dict()) if p["model"] else None,
                 "optimizer": copy.deepcopy(p["optimizer"].state_dict()) if p["optimizer"] else None,
                 "sampler": p["sampler"].state_dict() if p["sampler"] else None,
-                "counters": copy.deepcopy(self._counters)}
+                "counters": self._counter_values()}
 
     def _apply(self, saved):
         p = self._parts
@@ -423,8 +479,7 @@ class State:
             p["optimizer"].load_state_dict(saved["optimizer"])
         if p["sampler"] is not None and saved["sampler"] is not None:
             p["sampler"].load_state_dict(saved["sampler"])
-        self._counters.clear()
-        self._counters.update(copy.deepcopy(saved["counters"]))
+        self._set_counters(saved["counters"])
 
     def _keep(self, commits):
         object.__setattr__(self, "_saved", self._capture())
@@ -516,7 +571,7 @@ class State:
                     raise CheckpointMismatch(f"{where}: its {k!r} does not fit this State's "
                                              f"{k}: {e}") from None
         taken = [k for k in self._counters if k in obj]
-        self._counters.update({k: copy.deepcopy(obj[k]) for k in taken})
+        self._set_counters({k: obj[k] for k in taken}, only=True)
         absent = [k for k in ("sampler",) if p[k] is not None and k not in obj]
         absent += [k for k in self._counters if k not in taken]
         ignored = [k for k in obj if (k not in _PARTS or p[k] is None) and k not in taken]
@@ -600,7 +655,7 @@ class State:
             p = self._parts
             rest = [{"optimizer": p["optimizer"].state_dict() if p["optimizer"] else None,
                      "sampler": p["sampler"].state_dict() if p["sampler"] else None,
-                     "counters": self._counters}]
+                     "counters": self._counter_values()}]
         dist.broadcast_object_list(rest, src=holder,
                                    device=w.device if w.backend == "nccl" else None)
         if w.rank != holder:
@@ -612,29 +667,33 @@ class State:
 def elastic(func):
     """Run func(state, ...) elastically: on a new generation (agreed at a commit) or a peer's
     failure inside a collective, re-form the group in place and call it again with the state
-    synchronised. Outside edl it simply calls func once, in a world of one."""
+    synchronised. Outside edl it simply calls func once, in a world of one. ``@elastic(state)``
+    does the same for a function that takes no state (its caller calls ``train()``)."""
+    if isinstance(func, State):
+        return functools.partial(_elastic_on, func)
 
     @functools.wraps(func)
     def run(state, *args, **kwargs):
         w = world()
         w.ensure()
-        state.sync()
+        reformed = False
         while True:
             target, failure = None, None
-            try:
+            try:  # the sync too: a peer may die in its broadcasts (then it is recovered from)
+                state.sync()
+                if reformed:
+                    state._reset()
                 done = func(state, *args, **kwargs)
                 state.wait()  # its last checkpoint is committed before the trainer ends
                 return done
             except HostsUpdated as h:
                 target = h.generation
-            except RuntimeError as e:
-                if isinstance(e, Error) or not _is_comm_error(e):
+            except Exception as e:  # noqa: BLE001 - recorded and raised again unless torch's
+                if not _is_comm_error(e):
                     _record_own_error(e)
                     raise
-                failure = str(e)
-            except Exception as e:  # noqa: BLE001 - recorded and raised again
-                _record_own_error(e)
-                raise
+                failure = f"{type(e).__name__}: {e}"
+            reformed = True
             # (out of the except blocks: their tracebacks would keep the broken group, and with
             # it the sockets its peers wait on, alive through the re-formation)
             if failure is None:
@@ -644,9 +703,19 @@ def elastic(func):
                      f"to commit {state.commits}")
                 _recover(w, failure)
                 state.restore()
-            state.sync()
 
     return run
+
+
+def _elastic_on(state, func):
+    """@elastic(state): func() run as elastic runs func(state)."""
+    run = elastic(lambda _state, *args, **kwargs: func(*args, **kwargs))
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        return run(state, *args, **kwargs)
+
+    return call
 
 
 def _recover(w, failure):
@@ -659,8 +728,11 @@ def _recover(w, failure):
 
 # ---- gradients ------------------------------------------------------------------------------
 
-def allreduce_gradients(model, average=False):
-    """Sum (or average) every parameter's gradient over the ranks, in one flat buffer."""
+def allreduce_gradients(model, average=True):
+    """Average (as DDP does; average=False: sum) every parameter's gradient over the ranks, in
+    one flat buffer. Averaging suits a loss that is a mean over the rank's own batch (the
+    default nn.MSELoss(), nn.CrossEntropyLoss()); a loss already divided by the global batch
+    (sum over the rank's samples / global batch size) needs average=False."""
     w = world()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if w.world_size == 1 or not grads:
@@ -676,6 +748,49 @@ def allreduce_gradients(model, average=False):
         offset += n
 
 
+class DistributedDataParallel(torch.nn.Module):
+    """torch's DistributedDataParallel on the current generation's group, built again from the
+    same module (no parameter copies) after every re-formation: gradients are bucketed and
+    their allreduce overlaps the backward pass. Every keyword (find_unused_parameters,
+    bucket_cap_mb, gradient_as_bucket_view, device_ids...) goes to torch's DDP; no_sync()
+    and .module work as there, and state_dict() has its "module." keys."""
+
+    def __init__(self, module, **kwargs):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_kwargs", kwargs)
+        object.__setattr__(self, "_ddp", None)        # torch's DDP (no submodule: no new keys)
+        object.__setattr__(self, "_generation", None)
+        world().on_destroy.append(weakref.WeakMethod(self._drop))
+
+    def _drop(self):
+        object.__setattr__(self, "_ddp", None)
+
+    def _current(self):
+        """torch's DDP for the formed generation (built on the first use after a formation:
+        collective, as every rank's first forward is)."""
+        w = world()
+        w.ensure()
+        if self._ddp is None or self._generation != w.generation:
+            kwargs = dict(self._kwargs)
+            if w.backend == "nccl" and "device_ids" not in kwargs:
+                kwargs["device_ids"] = [w.device.index]
+            object.__setattr__(self, "_ddp", None)
+            object.__setattr__(self, "_ddp", torch.nn.parallel.DistributedDataParallel(
+                self.module, **kwargs))
+            object.__setattr__(self, "_generation", w.generation)
+        return self._ddp
+
+    def forward(self, *args, **kwargs):
+        return self._current()(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (torch's DDP.no_sync())."""
+        with self._current().no_sync():
+            yield
+
+
 # ---- data -----------------------------------------------------------------------------------
 
 class ElasticSampler:
@@ -684,10 +799,15 @@ class ElasticSampler:
     of the State. Each step consumes one global batch, split among the ranks of the current
     world; with ``global_batch_size`` it keeps its size whatever the world's (so training with
     joins and leaves computes what it computes without them), else it is ``batch_size`` per
-    rank."""
+    rank.
+
+    Two ways to draw: ``for idx in sampler.batches(epoch)`` in the loop, or as the
+    ``batch_sampler`` of ``edl.torch.DataLoader`` (torch's, with workers and prefetching) after
+    ``sampler.set_epoch(epoch)``. There the position advances as the loop takes each batch, not
+    as the workers prefetch, so a commit keeps what the loop consumed."""
 
     def __init__(self, dataset, batch_size=None, global_batch_size=None, shuffle=True, seed=0,
-                 drop_last=False):
+                 drop_last=False, epoch=0):
         if (batch_size is None) == (global_batch_size is None):
             raise ValueError("give batch_size (per rank) or global_batch_size, not both")
         for name, v in (("batch_size", batch_size), ("global_batch_size", global_batch_size)):
@@ -697,8 +817,12 @@ class ElasticSampler:
         self.n = dataset if isinstance(dataset, int) else len(dataset)
         self.batch_size, self.global_batch_size = batch_size, global_batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.epoch, self.position = 0, 0
+        if not _count(epoch, 0):
+            raise ValueError(f"ElasticSampler: epoch={epoch!r}; give an integer >= 0")
+        self.epoch, self.position = epoch, 0
         self.batch_total = 0   # samples in the current global batch, over every rank
+        self._ahead = collections.deque()  # [start, end) of batches drawn, not yet taken
+        self._deferred = False  # DataLoader says when the loop takes a batch (_taken)
 
     def state_dict(self):
         return {"epoch": self.epoch, "position": self.position}
@@ -717,27 +841,68 @@ class ElasticSampler:
         g.manual_seed(self.seed + epoch)
         return torch.randperm(self.n, generator=g)
 
-    def batches(self, epoch):
-        """This rank's indices of each remaining global batch of `epoch` (a new epoch starts
-        at its beginning; the current one goes on from its position)."""
+    def set_epoch(self, epoch):
+        """Draw `epoch` next (a new epoch starts at its beginning; the current one goes on
+        from its position), as DistributedSampler.set_epoch."""
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
-        order = self._order(epoch)
-        while self.position < self.n:
+
+    def batches(self, epoch):
+        """This rank's indices of each remaining global batch of `epoch`, the position
+        advanced as each is drawn (the loop takes it at once)."""
+        self.set_epoch(epoch)
+        return self._walk(deferred=False)
+
+    def __iter__(self):
+        """The batches of the current epoch (set_epoch) from the position: a batch sampler."""
+        return self._walk(deferred=self._deferred)
+
+    def _walk(self, deferred):
+        order = self._order(self.epoch)
+        start = self.position
+        self._ahead.clear()
+        while start < self.n:
             w = world()
             size = self.global_batch_size or self.batch_size * w.world_size
-            end = min(self.position + size, self.n)
-            if end - self.position < size and self.drop_last:
+            end = min(start + size, self.n)
+            if end - start < size and self.drop_last:
                 break
-            mine = _share(end - self.position, w.rank, w.world_size)
-            start = self.position
-            self.batch_total = end - start
-            self.position = end  # counted before the step: a commit after it keeps it
+            mine = _share(end - start, w.rank, w.world_size)
+            if deferred:
+                self._ahead.append((start, end))
+            else:  # counted before the step: a commit after it keeps it
+                self.batch_total, self.position = end - start, end
             yield order[start + mine[0]:start + mine[1]].tolist()
+            start = end
+
+    def _taken(self):
+        """The loop took the oldest batch drawn (DataLoader calls it)."""
+        start, end = self._ahead.popleft()
+        self.batch_total, self.position = end - start, end
 
     def __len__(self):
         size = self.global_batch_size or self.batch_size * world().world_size
         return (self.n // size) if self.drop_last else -(-self.n // size)
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch's DataLoader (every argument as there) that, given an ElasticSampler as its
+    batch_sampler, moves the sampler's position as the loop takes each batch: with
+    num_workers > 0 the workers prefetch prefetch_factor x num_workers batches ahead, and a
+    commit must keep only what the loop consumed (exactly once across re-formations)."""
+
+    def __iter__(self):
+        sampler = self.batch_sampler
+        if not isinstance(sampler, ElasticSampler):
+            yield from super().__iter__()
+            return
+        sampler._deferred = True
+        try:
+            for batch in super().__iter__():
+                sampler._taken()
+                yield batch
+        finally:
+            sampler._deferred = False
 
 
 def _count(v, least):

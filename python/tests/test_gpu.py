@@ -1,6 +1,7 @@
 """On a machine with a CUDA device (skipped elsewhere, saying why): CUDA tensors checkpointed
 through the device path and loaded back where they were saved, and the nccl group formed,
-aborted and formed again in place (one GPU: a world of one)."""
+aborted and formed again in place with edl.torch.DistributedDataParallel built again on it
+(one GPU: a world of one)."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -37,4 +38,27 @@ def test_nccl_group_reforms_in_place(monkeypatch):
     w.form(dict(a, generation=2))  # the old communicator aborted, a new one formed
     torch.distributed.all_reduce(t)
     assert w.generation == 2 and torch.equal(t, torch.ones(4, device="cuda"))
+    w._destroy()
+
+
+def test_ddp_on_nccl_is_built_again_after_a_reformation(monkeypatch):
+    """edl.torch.DistributedDataParallel on the nccl group (device_ids: the generation's GPU),
+    built again from the same module after the group is aborted and formed again."""
+    monkeypatch.setenv("EDL_TORCH_BACKEND", "nccl")
+    w = et._World()
+    monkeypatch.setattr(et, "_the_world", w)
+    a = {"generation": 1, "rank": 0, "world_size": 1, "master_addr": "127.0.0.1",
+         "master_port": 0}
+    w.form(a)
+    module = torch.nn.Linear(8, 2).cuda()
+    model = et.DistributedDataParallel(module)
+    x = torch.randn(4, 8, device="cuda")
+    model(x).sum().backward()
+    first, grad = model._ddp, module.weight.grad.clone()
+    module.zero_grad()
+    w.form(dict(a, generation=2))
+    assert model._ddp is None
+    model(x).sum().backward()
+    assert model._ddp is not first and model._ddp.device_ids == [w.device.index]
+    assert torch.allclose(module.weight.grad, grad)
     w._destroy()

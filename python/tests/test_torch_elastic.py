@@ -108,11 +108,35 @@ def trainer_pid(job, pod):
     return pids[-1] if pids else None
 
 
+DDP_ELASTIC = os.path.join(EXAMPLES, "train_ddp_elastic.py")
+# a global batch every world of 1-3 splits evenly: DDP's mean of the ranks' mean losses is
+# then the global batch's mean, and the weights are one process's
+DDP_ARGS = ["--epochs", "3", "--samples", "1800", "--batch", "60", "--workers", "2"]
+
+
 @pytest.mark.whole_job
 def test_churn_keeps_survivors_and_gives_the_same_model(tmp_path):
     want = local_weights(tmp_path)
     job = Job(tmp_path, "pychurn", 2, 100)  # slow enough that pod 0 alone cannot finish
     # the job before the replacement of the killed pod joins (python and torch start first)
+    churn(job, want)
+
+
+@pytest.mark.whole_job
+def test_ddp_with_dataloader_workers_under_churn_gives_the_same_model(tmp_path):
+    """train_ddp_elastic.py (edl.torch.DistributedDataParallel rebuilt in every generation, a
+    DataLoader with 2 workers over ElasticSampler, StepLR in the State) through the same
+    churn gives the weights of the same script run alone."""
+    alone = tmp_path / "alone.pt"
+    subprocess.run([sys.executable, DDP_ELASTIC, *DDP_ARGS, "--out", str(alone)], check=True,
+                   env=env(), timeout=120)
+    job = Job(tmp_path, "pyddp", 2, 100, DDP_ARGS, script=DDP_ELASTIC)
+    churn(job, torch.load(alone))
+
+
+def churn(job, want):
+    """Scale job 2 -> 3 -> 2, SIGKILL a pod's agent; the survivor keeps its process and the
+    weights are want's."""
     try:
         job.wait_world(2)
         job.edl("scale", job.name, "3")
