@@ -294,14 +294,19 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    sigprocmask(SIG_BLOCK, &set, NULL); /* before any thread: they all inherit the mask */
     signal(SIGPIPE, SIG_IGN);
+    if (!ko.on) {
+        int rc = js_run(&cfg); /* its loop takes the signals */
+        edl_etcd_config_clear(&etcd);
+        return rc;
+    }
     int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) {
         perror("edl-jobserver: signalfd");
         return EDL_EXIT_USAGE;
     }
-    int rc = ko.on ? run_operator(&ko, &cfg, sigfd) : js_run(&cfg, sigfd);
+    int rc = run_operator(&ko, &cfg, sigfd);
     close(sigfd);
     edl_etcd_config_clear(&etcd);
     return rc;
