@@ -765,7 +765,7 @@ static void test_loop_sleeps_until_the_earliest_timer_and_no_longer(void **state
 {
     (void)state;
     edl_loop *l;
-    assert_int_equal(edl_loop_open(-1, &l), 0);
+    assert_int_equal(edl_loop_open(3000, &l), 0); /* a loop blind to timers wakes at 3 s */
     loop_seen s = {0}, late = {0};
     int64_t t0 = edl_monotonic_ms();
     s.due = t0 + 150;
@@ -776,7 +776,7 @@ static void test_loop_sleeps_until_the_earliest_timer_and_no_longer(void **state
     assert_int_equal(s.fired, 1);
     assert_int_equal(late.fired, 0);
     assert_true(s.fired_at >= t0 + 150);
-    assert_true(s.fired_at < t0 + 5000);
+    assert_true(s.fired_at < t0 + 2500);
     assert_int_equal(s.due, 0);
     /* A cleared timer never fires again; the loop's own bound ends the turn. */
     assert_int_equal(edl_loop_turn(l, 0), 0);
@@ -858,11 +858,20 @@ static void stop_when_done(edl_loop *l, void *arg)
         edl_loop_stop(l, 0);
 }
 
+/* A guard: a loop that misses what it waits for ends at 5 s with -1, not hanging the test. */
+static void give_up(edl_loop *l, void *arg)
+{
+    *(int64_t *)arg = 0;
+    edl_loop_stop(l, -1);
+}
+
 static void test_loop_takes_signals_and_completes_works_on_its_thread(void **state)
 {
     (void)state;
     edl_loop *l;
     assert_int_equal(edl_loop_open(-1, &l), 0);
+    int64_t guard = edl_monotonic_ms() + 5000;
+    assert_int_equal(edl_loop_timer_add(l, &guard, give_up, &guard), 0);
     sigset_t set, old;
     sigemptyset(&set);
     sigaddset(&set, SIGUSR2);
@@ -885,7 +894,9 @@ static void test_loop_takes_signals_and_completes_works_on_its_thread(void **sta
         assert_int_equal(edl_worker_submit(wk, &o->w), 0);
     }
     edl_loop_after_turn(l, stop_when_done, &len);
-    assert_int_equal(edl_loop_run(l), 0); /* no timer: only the worker's fd wakes it */
+    guard = edl_monotonic_ms() + 5000;
+    assert_int_equal(edl_loop_run(l), 0); /* only the worker's fd wakes it before the guard */
+    assert_int_equal(len, 3);
     assert_int_equal(order[0], 0);
     assert_int_equal(order[2], 2);
     edl_worker_close(wk);
