@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "edl/job.h"
@@ -113,7 +112,7 @@ typedef struct k8s_options {
 } k8s_options;
 
 /* The operator: its Kubernetes configuration, then op_run. */
-static int run_operator(k8s_options *ko, const js_config *cfg, int sigfd)
+static int run_operator(k8s_options *ko, const js_config *cfg)
 {
     edl_k8s_config kc = {0};
     char err[600];
@@ -136,7 +135,7 @@ static int run_operator(k8s_options *ko, const js_config *cfg, int sigfd)
     oc->lease_duration_s = (int)((ko->lease_ms + 999) / 1000);
     oc->renew_deadline_ms = (int)ko->renew_ms;
     oc->retry_period_ms = (int)ko->retry_ms;
-    int rc = op_run(oc, sigfd);
+    int rc = op_run(oc);
     edl_k8s_config_clear(&kc);
     return rc;
 }
@@ -296,18 +295,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL); /* before any thread: they all inherit the mask */
     signal(SIGPIPE, SIG_IGN);
-    if (!ko.on) {
-        int rc = js_run(&cfg); /* its loop takes the signals */
-        edl_etcd_config_clear(&etcd);
-        return rc;
-    }
-    int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sigfd < 0) {
-        perror("edl-jobserver: signalfd");
-        return EDL_EXIT_USAGE;
-    }
-    int rc = run_operator(&ko, &cfg, sigfd);
-    close(sigfd);
+    int rc = ko.on ? run_operator(&ko, &cfg) : js_run(&cfg); /* their loops take the signals */
     edl_etcd_config_clear(&etcd);
     return rc;
 }
