@@ -32,7 +32,9 @@ typedef struct jobserver {
     int exit_code;
     edl_etcd *c;                    /* the worker's: every request runs there */
     edl_worker *worker;
-    bool busy;                      /* a work is on its way: js->job, keeper, lease are its */
+    bool busy;                      /* a work is on its way: js->job, keeper, lease are its
+                                     * (the loop still polls the keeper while leading: a pass
+                                     * never replaces it, only a campaign does) */
     js_publisher job;               /* the job's etcd side (publisher.c) */
     js_job_counters m;              /* job.m as of the last pass: what /metrics shows */
     int64_t lease;
