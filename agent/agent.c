@@ -861,12 +861,21 @@ static void on_watch_due(edl_loop *l, void *arg)
     registry_watch_open(arg);
 }
 
+/* The next registration attempt, once no trainer of the lost lease runs any more (its exit
+ * wakes the loop) and the pod is not leaving. */
+static int64_t register_due(void *arg)
+{
+    agent *a = arg;
+    if ((trainer_running(&a->tp) && !a->teacher) || a->leaving_signal || a->final_exit >= 0 ||
+        a->reg_busy || a->keeper)
+        return 0;
+    return a->reg_next_ms;
+}
+
 static void on_register_due(edl_loop *l, void *arg)
 {
     (void)l;
-    agent *a = arg;
-    if ((!trainer_running(&a->tp) || a->teacher) && !a->leaving_signal && a->final_exit < 0)
-        registry_register(a);
+    registry_register(arg);
 }
 
 /* A trainer started ahead: register once it is ready, or ended, or at ahead_register_ms. */
@@ -883,8 +892,8 @@ static void register_ahead_when_ready(edl_loop *l, void *arg)
 static int64_t status_due(void *arg)
 {
     agent *a = arg;
-    if (!a->status_dirty || !a->keeper)
-        return 0;
+    if (!a->status_dirty || !a->keeper || !a->k_status || a->status_busy)
+        return 0; /* (a write on its way: its answer wakes the loop, which flushes after it) */
     return a->status_next_ms ? a->status_next_ms : 1;
 }
 
@@ -956,7 +965,7 @@ static int loop_register(agent *a)
     rc = rc ? rc : edl_loop_timer_follow(l, hang_due, on_hang_due, a);
     rc = rc ? rc : edl_loop_timer_follow(l, stop_due, on_stop_due, a);
     rc = rc ? rc : edl_loop_timer_add(l, &a->watch_next_ms, on_watch_due, a);
-    rc = rc ? rc : edl_loop_timer_add(l, &a->reg_next_ms, on_register_due, a);
+    rc = rc ? rc : edl_loop_timer_follow(l, register_due, on_register_due, a);
     rc = rc ? rc : edl_loop_timer_add(l, &a->ahead_register_ms, register_ahead_when_ready, a);
     rc = rc ? rc : edl_loop_timer_follow(l, status_due, on_status_due, a);
     rc = rc ? rc : edl_loop_timer_add(l, &a->master_retry_ms, wake_only, a);
