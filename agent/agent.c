@@ -1,4 +1,4 @@
-/* agent.c: the agent's start-up and its single-threaded poll() loop.
+/* agent.c: the agent's start-up and its single-threaded loop (edl/loop.h).
  *
  * The loop waits on a signalfd, the lease keeper's fd, the generation watch, the trainer's pipes,
  * the metrics server and a few timers. After anything happens, agent_reconcile() compares what
@@ -12,12 +12,10 @@
  * too). With --role teacher the process is an inference server, started at once and kept in
  * the service while healthy (teacher.c); it needs no generation, but ends with the job. */
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,34 +26,22 @@ extern char **environ;
 
 /* ---- start-up ------------------------------------------------------------------------------ */
 
-static int open_signals(void)
+static void ignore_fd(edl_loop *l, int fd, int events, void *arg)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGHUP);
-    /* Blocked before any thread exists (keeper, watch), so every thread inherits the mask and
-     * the signals wait for the signalfd. */
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN); /* a trainer closing its control pipe must not kill the agent */
-    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    (void)l, (void)fd, (void)events, (void)arg; /* woken: the caller reads what came */
 }
 
-/* A leave requested during start-up: 128+signal, else 0. */
-static int startup_signal(int sfd, int timeout_ms)
+/* One wait of start-up on the loop (its signals, the metrics server, the spec's watch w):
+ * 128+signal when a leave was asked for, else 0. */
+static int startup_wait(agent *a, edl_watch *w, int timeout_ms)
 {
-    struct pollfd p = {.fd = sfd, .events = POLLIN};
-    if (poll(&p, 1, timeout_ms) <= 0)
-        return 0;
-    struct signalfd_siginfo si;
-    while (read(sfd, &si, sizeof si) == sizeof si)
-        if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-            EDL_INFO("agent", "signal %d during start-up: leaving", (int)si.ssi_signo);
-            return 128 + (int)si.ssi_signo;
-        }
-    return 0;
+    int wfd = w ? edl_watch_fd(w) : -1;
+    if (wfd >= 0)
+        edl_loop_fd_add(a->loop, wfd, EDL_LOOP_READ, ignore_fd, NULL);
+    edl_loop_turn(a->loop, timeout_ms);
+    if (wfd >= 0)
+        edl_loop_fd_del(a->loop, wfd);
+    return a->leaving_signal ? 128 + a->leaving_signal : 0;
 }
 
 /* Parse and adopt the spec; EDL_EXIT_USAGE when it is invalid. */
@@ -76,7 +62,7 @@ static int take_spec(agent *a, const edl_kv *kv)
 
 /* Read the job's spec, waiting for etcd (up to the start-up timeout) and for the spec to be
  * written (indefinitely, watching it). Returns 0 or an exit code. */
-static int wait_for_spec(agent *a, int sfd)
+static int wait_for_spec(agent *a)
 {
     int64_t deadline = edl_monotonic_ms() + a->o->startup_timeout_ms, next_note = 0;
     bool noted_absent = false, reached = false;
@@ -100,10 +86,7 @@ static int wait_for_spec(agent *a, int sfd)
             edl_watch_opts wo = {.start_revision = rev + 1};
             if (!w && edl_watch_open(a->etcd, edl_str(a->keys.spec), &wo, &w) != 0)
                 w = NULL;
-            struct pollfd p[2] = {{.fd = sfd, .events = POLLIN},
-                                  {.fd = w ? edl_watch_fd(w) : -1, .events = POLLIN}};
-            if (poll(p, 2, w ? 5000 : 1000) > 0 && (p[0].revents & POLLIN) &&
-                (sig = startup_signal(sfd, 0)) != 0) {
+            if ((sig = startup_wait(a, w, w ? 5000 : 1000)) != 0) {
                 edl_watch_close(w);
                 return sig;
             }
@@ -135,7 +118,7 @@ static int wait_for_spec(agent *a, int sfd)
                      edl_etcd_errmsg(a->etcd), (long long)((deadline - edl_monotonic_ms()) / 1000));
             next_note = edl_monotonic_ms() + 5000;
         }
-        if ((sig = startup_signal(sfd, 500)) != 0) {
+        if ((sig = startup_wait(a, NULL, 500)) != 0) {
             edl_watch_close(w);
             return sig;
         }
@@ -717,114 +700,247 @@ void agent_reconcile(agent *a)
 
 /* ---- the loop -------------------------------------------------------------------------------- */
 
-static void on_signals(agent *a, int sfd)
+static void on_signal(edl_loop *l, int sig, void *arg)
 {
-    struct signalfd_siginfo si;
-    while (read(sfd, &si, sizeof si) == sizeof si) {
-        int sig = (int)si.ssi_signo;
-        if (sig == SIGTERM || sig == SIGINT) {
-            if (a->leaving_signal) {
-                EDL_WARN("agent", "signal %d again: killing the trainer now", sig);
-                trainer_kill(&a->tp);
-                continue;
-            }
-            EDL_INFO("agent", "signal %d: stopping the trainer and leaving the job", sig);
+    (void)l;
+    agent *a = arg;
+    if (!a->looping) { /* start-up (wait_for_spec) ends on it */
+        if ((sig == SIGTERM || sig == SIGINT) && !a->leaving_signal) {
+            EDL_INFO("agent", "signal %d during start-up: leaving", sig);
             a->leaving_signal = sig;
-            bool stop = !a->teacher || teacher_leave_ready(a); /* students stop asking first */
-            registry_unregister(a); /* the job server sees the leave now, not after the TTL */
-            if (stop) /* else once the record is gone (agent_reconcile) */
-                agent_reconcile(a);
-        } else if (sig == SIGHUP) {
-            EDL_INFO("agent", "SIGHUP ignored");
         }
-        /* SIGCHLD: the loop reaps after every wake-up */
-    }
-}
-
-static int min_timeout(int t, int64_t due_ms)
-{
-    if (due_ms <= 0)
-        return t;
-    int64_t left = due_ms - edl_monotonic_ms();
-    if (left < 0)
-        left = 0;
-    return (t < 0 || left < t) ? (int)left : t;
-}
-
-enum { FD_SIG, FD_KEEPER, FD_WATCH, FD_PROGRESS, FD_STDERR, FD_CONTROL, FD_METRICS, FD_HEALTH,
-       FD_ETCD, N_FDS };
-
-/* How long the loop may sleep: until the next timer of any of its parts is due. */
-static int loop_timeout(agent *a)
-{
-    int timeout = 1000;
-    timeout = min_timeout(timeout, a->reg_next_ms);
-    timeout = min_timeout(timeout, a->watch_next_ms);
-    if (a->status_dirty && a->keeper)
-        timeout = min_timeout(timeout, a->status_next_ms ? a->status_next_ms : 1);
-    int t = trainer_tick(&a->tp);
-    if (t >= 0 && t < timeout)
-        timeout = t;
-    if (a->metrics && (t = edl_metrics_timeout_ms(a->metrics)) >= 0 && t < timeout)
-        timeout = t;
-    timeout = min_timeout(timeout, a->master_retry_ms);
-    timeout = min_timeout(timeout, a->ahead_register_ms);
-    if (a->teacher && (t = teacher_timeout(a)) >= 0 && t < timeout)
-        timeout = t;
-    return min_timeout(timeout, hang_due_ms(a));
-}
-
-/* One wake-up: wait for anything, handle it, then reconcile (cheap and idempotent, so it runs
- * after every wake-up rather than only after the events that may matter). */
-static void loop_once(agent *a, int sfd)
-{
-    struct pollfd fds[N_FDS];
-    for (int i = 0; i < N_FDS; i++)
-        fds[i] = (struct pollfd){.fd = -1};
-    fds[FD_SIG] = (struct pollfd){.fd = sfd, .events = POLLIN};
-    fds[FD_ETCD] = (struct pollfd){.fd = edl_worker_fd(a->worker), .events = POLLIN};
-    if (a->keeper)
-        fds[FD_KEEPER] = (struct pollfd){.fd = edl_lease_keeper_fd(a->keeper), .events = POLLIN};
-    if (a->watch)
-        fds[FD_WATCH] = (struct pollfd){.fd = edl_watch_fd(a->watch), .events = POLLIN};
-    if (a->tp.progress_fd >= 0)
-        fds[FD_PROGRESS] = (struct pollfd){.fd = a->tp.progress_fd, .events = POLLIN};
-    if (a->tp.stderr_fd >= 0)
-        fds[FD_STDERR] = (struct pollfd){.fd = a->tp.stderr_fd, .events = POLLIN};
-    if (a->tp.control_fd >= 0 && a->tp.ctl_len)
-        fds[FD_CONTROL] = (struct pollfd){.fd = a->tp.control_fd, .events = POLLOUT};
-    if (a->metrics)
-        fds[FD_METRICS] = (struct pollfd){.fd = edl_metrics_fd(a->metrics), .events = POLLIN};
-    if (a->teacher)
-        teacher_poll_fd(a, &fds[FD_HEALTH]);
-    if (poll(fds, N_FDS, loop_timeout(a)) < 0 && errno != EINTR) {
-        EDL_ERROR("agent", "poll: %s", strerror(errno));
         return;
     }
-    if (fds[FD_SIG].revents)
-        on_signals(a, sfd);
-    if (fds[FD_ETCD].revents)
-        edl_worker_complete(a->worker); /* etcd's answers to registry.c */
-    if (a->keeper && fds[FD_KEEPER].revents && edl_lease_keeper_status(a->keeper) != 0)
-        registry_lease_lost(a);
-    if (a->watch && fds[FD_WATCH].revents)
-        registry_watch_events(a);
-    if (fds[FD_PROGRESS].revents && trainer_read_progress(&a->tp)) {
-        took_inprocess(a);
-        if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING) {
-            agent_metrics_progress(a);
-            set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    if (sig == SIGTERM || sig == SIGINT) {
+        if (a->leaving_signal) {
+            EDL_WARN("agent", "signal %d again: killing the trainer now", sig);
+            trainer_kill(&a->tp);
+            return;
         }
+        EDL_INFO("agent", "signal %d: stopping the trainer and leaving the job", sig);
+        a->leaving_signal = sig;
+        bool stop = !a->teacher || teacher_leave_ready(a); /* students stop asking first */
+        registry_unregister(a); /* the job server sees the leave now, not after the TTL */
+        if (stop) /* else once the record is gone (agent_reconcile) */
+            agent_reconcile(a);
+    } else if (sig == SIGHUP) {
+        EDL_INFO("agent", "SIGHUP ignored");
     }
-    if (fds[FD_STDERR].revents)
-        trainer_read_stderr(&a->tp);
-    check_hung(a);
-    if (fds[FD_CONTROL].revents)
-        trainer_flush_control(&a->tp);
-    if (a->metrics)
-        edl_metrics_serve(a->metrics); /* also when only its timeout is due */
-    if (a->teacher) /* the check also moves on libcurl's timers, without revents */
-        teacher_on_poll(a, fds[FD_HEALTH].fd >= 0 ? fds[FD_HEALTH].revents : 0);
+    /* SIGCHLD: the loop reaps after every wake-up */
+}
+
+/* The agent's signals, blocked before any thread exists (keeper, watch), so every thread
+ * inherits the mask and the signals wait for the loop's signalfd. */
+static int take_signals(agent *a)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGHUP);
+    signal(SIGPIPE, SIG_IGN); /* a trainer closing its control pipe must not kill the agent */
+    return edl_loop_signals(a->loop, &set, on_signal, a);
+}
+
+static int keeper_fd(void *arg, int *events)
+{
+    (void)events;
+    agent *a = arg;
+    return a->keeper ? edl_lease_keeper_fd(a->keeper) : -1;
+}
+
+static void on_keeper(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    agent *a = arg;
+    if (a->keeper && edl_lease_keeper_status(a->keeper) != 0)
+        registry_lease_lost(a);
+}
+
+static int watch_fd(void *arg, int *events)
+{
+    (void)events;
+    agent *a = arg;
+    return a->watch ? edl_watch_fd(a->watch) : -1;
+}
+
+static void on_watch(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    agent *a = arg;
+    if (a->watch)
+        registry_watch_events(a);
+}
+
+static int progress_fd(void *arg, int *events)
+{
+    (void)events;
+    return ((agent *)arg)->tp.progress_fd;
+}
+
+static void on_progress(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    agent *a = arg;
+    if (!trainer_read_progress(&a->tp))
+        return;
+    took_inprocess(a);
+    if (trainer_running(&a->tp) && a->status.state == EDL_TRAINER_RUNNING) {
+        agent_metrics_progress(a);
+        set_status(a, EDL_TRAINER_RUNNING, a->run_gen, 0, 0);
+    }
+}
+
+static int stderr_fd(void *arg, int *events)
+{
+    (void)events;
+    return ((agent *)arg)->tp.stderr_fd;
+}
+
+static void on_stderr(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    trainer_read_stderr(&((agent *)arg)->tp);
+}
+
+/* The control pipe, while a line waits to be written. */
+static int control_fd(void *arg, int *events)
+{
+    agent *a = arg;
+    *events = EDL_LOOP_WRITE;
+    return a->tp.ctl_len ? a->tp.control_fd : -1;
+}
+
+static void on_control(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    trainer_flush_control(&((agent *)arg)->tp);
+}
+
+static int health_fd(void *arg, int *events)
+{
+    return teacher_fd(arg, events);
+}
+
+static void on_health(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd;
+    teacher_on_poll(arg, events);
+}
+
+/* ---- the loop's timers: each due time is kept where it is decided; these act on it ---------- */
+
+static int64_t hang_due(void *arg)
+{
+    return hang_due_ms(arg);
+}
+
+static void on_hang_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    check_hung(arg);
+}
+
+/* The grace period's next step (SIGTERM, then SIGKILL) of a trainer told to stop. */
+static int64_t stop_due(void *arg)
+{
+    const trainer_proc *t = &((agent *)arg)->tp;
+    if (t->pid <= 0 || !t->stopping || !t->kill_at_ms)
+        return 0;
+    return t->term_at_ms ? t->term_at_ms : t->kill_at_ms;
+}
+
+static void on_stop_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    trainer_tick(&((agent *)arg)->tp);
+}
+
+static void on_watch_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    registry_watch_open(arg);
+}
+
+/* The next registration attempt, once no trainer of the lost lease runs any more (its exit
+ * wakes the loop) and the pod is not leaving. */
+static int64_t register_due(void *arg)
+{
+    agent *a = arg;
+    if ((trainer_running(&a->tp) && !a->teacher) || a->leaving_signal || a->final_exit >= 0 ||
+        a->reg_busy || a->keeper)
+        return 0;
+    return a->reg_next_ms;
+}
+
+static void on_register_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    registry_register(arg);
+}
+
+/* A trainer started ahead: register once it is ready, or ended, or at ahead_register_ms. */
+static void register_ahead_when_ready(edl_loop *l, void *arg)
+{
+    (void)l;
+    agent *a = arg;
+    int64_t now = edl_monotonic_ms();
+    if (a->ahead_register_ms && (a->tp.ready || !a->ahead || now >= a->ahead_register_ms))
+        register_started_ahead(a, now);
+}
+
+/* A status waiting to be written, due at once or after its rate limit or retry back-off. */
+static int64_t status_due(void *arg)
+{
+    agent *a = arg;
+    if (!a->status_dirty || !a->keeper || !a->k_status || a->status_busy)
+        return 0; /* (a write on its way: its answer wakes the loop, which flushes after it) */
+    return a->status_next_ms ? a->status_next_ms : 1;
+}
+
+static void on_status_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    registry_status_flush(arg);
+}
+
+/* The reconcile after the turn acts on these: the loop only wakes for them. */
+static void wake_only(edl_loop *l, void *arg)
+{
+    (void)l, (void)arg;
+}
+
+static int64_t teacher_timer_due(void *arg)
+{
+    return teacher_due(arg);
+}
+
+static void on_teacher_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    teacher_on_poll(arg, 0); /* the health check moves on libcurl's timers too */
+}
+
+/* Whether the agent is done: its trainer gone, and leaving (a signal or a final job state). */
+static void stop_when_done(agent *a)
+{
+    if (trainer_running(&a->tp))
+        return;
+    if (a->leaving_signal) {
+        edl_loop_stop(a->loop, 128 + a->leaving_signal);
+    } else if (a->final_exit >= 0 && registry_status_last(a)) {
+        registry_unregister(a); /* queued after the last status */
+        edl_loop_stop(a->loop, a->final_exit);
+    }
+}
+
+/* After every wake-up: reap, then reconcile (cheap and idempotent, so it runs after every
+ * wake-up rather than only after the events that may matter). */
+static void after_turn(edl_loop *l, void *arg)
+{
+    (void)l;
+    agent *a = arg;
     int wstatus;
     bool by_agent;
     if (trainer_reap(&a->tp, &wstatus, &by_agent)) {
@@ -833,32 +949,45 @@ static void loop_once(agent *a, int sfd)
         else
             on_trainer_exit(a, wstatus, by_agent);
     }
-    trainer_tick(&a->tp);
-    int64_t now = edl_monotonic_ms();
-    if (a->watch_next_ms && now >= a->watch_next_ms)
-        registry_watch_open(a);
-    if (a->reg_next_ms && now >= a->reg_next_ms && (!trainer_running(&a->tp) || a->teacher) &&
-        !a->leaving_signal && a->final_exit < 0)
-        registry_register(a);
-    if (a->ahead_register_ms && (a->tp.ready || !a->ahead || now >= a->ahead_register_ms))
-        register_started_ahead(a, now);
+    register_ahead_when_ready(l, a);
     agent_reconcile(a);
     registry_status_flush(a);
+    stop_when_done(a);
 }
 
-static int agent_loop(agent *a, int sfd)
+/* Everything the loop waits on past start-up, each registered once with what it does. */
+static int loop_register(agent *a)
 {
-    for (;;) {
-        if (!trainer_running(&a->tp)) {
-            if (a->leaving_signal)
-                return 128 + a->leaving_signal;
-            if (a->final_exit >= 0 && registry_status_last(a)) {
-                registry_unregister(a); /* queued after the last status */
-                return a->final_exit;
-            }
-        }
-        loop_once(a, sfd);
+    edl_loop *l = a->loop;
+    int rc = edl_loop_fd_follow(l, keeper_fd, on_keeper, a);
+    rc = rc ? rc : edl_loop_fd_follow(l, watch_fd, on_watch, a);
+    rc = rc ? rc : edl_loop_fd_follow(l, progress_fd, on_progress, a);
+    rc = rc ? rc : edl_loop_fd_follow(l, stderr_fd, on_stderr, a);
+    rc = rc ? rc : edl_loop_fd_follow(l, control_fd, on_control, a);
+    rc = rc ? rc : edl_loop_timer_follow(l, hang_due, on_hang_due, a);
+    rc = rc ? rc : edl_loop_timer_follow(l, stop_due, on_stop_due, a);
+    rc = rc ? rc : edl_loop_timer_add(l, &a->watch_next_ms, on_watch_due, a);
+    rc = rc ? rc : edl_loop_timer_follow(l, register_due, on_register_due, a);
+    rc = rc ? rc : edl_loop_timer_add(l, &a->ahead_register_ms, register_ahead_when_ready, a);
+    rc = rc ? rc : edl_loop_timer_follow(l, status_due, on_status_due, a);
+    rc = rc ? rc : edl_loop_timer_add(l, &a->master_retry_ms, wake_only, a);
+    if (a->teacher) {
+        rc = rc ? rc : edl_loop_fd_follow(l, health_fd, on_health, a);
+        rc = rc ? rc : edl_loop_timer_follow(l, teacher_timer_due, on_teacher_due, a);
     }
+    edl_loop_after_turn(l, after_turn, a);
+    return rc;
+}
+
+static int agent_loop(agent *a)
+{
+    if (loop_register(a) != 0) {
+        EDL_ERROR("agent", "out of memory setting up its loop");
+        return EDL_EXIT_FAILED;
+    }
+    a->looping = true;
+    stop_when_done(a);
+    return edl_loop_run(a->loop);
 }
 
 static int make_keys(agent *a)
@@ -880,6 +1009,7 @@ static void agent_free(agent *a)
         edl_lease_keeper_close(a->keeper, false);
     edl_watch_close(a->watch);
     edl_metrics_close(a->metrics);
+    edl_loop_free(a->loop);
     edl_etcd_close(a->etcd);
     edl_generation_clear(&a->generation);
     edl_spec_clear(&a->spec);
@@ -905,7 +1035,7 @@ static int connect_etcd(agent *a)
         EDL_ERROR("agent", "invalid etcd settings: %s", edl_strerror(rc));
         return rc;
     }
-    if ((rc = edl_worker_open(&a->worker)) != 0)
+    if ((rc = edl_worker_open(&a->worker)) != 0 || (rc = edl_loop_worker(a->loop, a->worker)) != 0)
         EDL_ERROR("agent", "cannot start its etcd worker: %s", edl_strerror(rc));
     return rc;
 }
@@ -918,9 +1048,9 @@ int agent_run(agent_opts *o)
     teacher_init(&a);
     edl_spec_init(&a.spec);
     int code = EDL_EXIT_USAGE;
-    int sfd = open_signals();
-    if (sfd < 0) {
-        EDL_ERROR("agent", "signalfd: %s", strerror(errno));
+    if (edl_loop_open(1000, &a.loop) != 0 || take_signals(&a) != 0) { /* wakes every second */
+        EDL_ERROR("agent", "cannot set up its loop (signalfd: %s)", strerror(errno));
+        edl_loop_free(a.loop);
         return EDL_EXIT_FAILED;
     }
     snprintf(a.host, sizeof a.host, "%s", o->host);
@@ -930,14 +1060,15 @@ int agent_run(agent_opts *o)
         agent_error_file_open(&a);
     if (o->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = o->metrics_addr, .port = o->metrics_port};
-        if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0) {
+        if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0 ||
+            edl_metrics_attach(a.metrics, a.loop) != 0) {
             EDL_ERROR("agent", "cannot serve metrics on %s port %d; choose another "
                       "--metrics-port or --metrics-addr", o->metrics_addr ? o->metrics_addr :
                       "0.0.0.0", o->metrics_port);
             goto out;
         }
     }
-    code = o->job ? wait_for_spec(&a, sfd) : 0;
+    code = o->job ? wait_for_spec(&a) : 0;
     if (code)
         goto out;
     if (a.spec.stopped) {
@@ -954,14 +1085,13 @@ int agent_run(agent_opts *o)
         registry_register(&a);
     registry_watch_open(&a);
     agent_reconcile(&a);
-    code = agent_loop(&a, sfd);
+    code = agent_loop(&a);
 out:
     if (trainer_running(&a.tp)) { /* only on an internal error: never leave it orphaned */
         trainer_kill(&a.tp);
         waitpid(a.tp.pid, NULL, 0);
     }
     agent_free(&a);
-    close(sfd);
     EDL_INFO("agent", "exit %d", code);
     return code;
 }

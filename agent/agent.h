@@ -22,6 +22,7 @@
 #include "edl/agent_link.h"
 #include "edl/etcd.h"
 #include "edl/job.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/proc.h"
 #include "edl/work.h"
@@ -290,6 +291,8 @@ typedef struct agent {
     agent_metrics m;
     edl_metrics_server *metrics;
 
+    edl_loop *loop;           /* the one loop (agent.c): every fd and timer above is its */
+    bool looping;             /* past start-up: signals are the loop's, not start-up's */
     int leaving_signal;       /* SIGTERM/SIGINT received: leave once the trainer is gone */
     int final_exit;           /* -1, or the exit code of a final job state */
 } agent;
@@ -345,9 +348,10 @@ void teacher_deregister(agent *a);      /* delete the service key (when it is th
 /* Leaving: the record's deletion asked for once; true when it is answered (the server may stop
  * then: students stop asking it first). */
 bool teacher_leave_ready(agent *a);
-int teacher_timeout(const agent *a);    /* ms until its next timer (-1: none) */
-void teacher_poll_fd(const agent *a, struct pollfd *p); /* the health check's fd (or -1) */
-void teacher_on_poll(agent *a, short revents);
+int64_t teacher_due(const agent *a);   /* its next timer, monotonic ms (0: none) */
+/* The health check's fd (-1: none) and the EDL_LOOP_* events it waits for. */
+int teacher_fd(const agent *a, int *events);
+void teacher_on_poll(agent *a, int events); /* EDL_LOOP_* ready (0: a timer is due) */
 
 /* metrics.c: writes the agent's /metrics (an edl_metrics_fn; arg is the agent). */
 void agent_metrics_write(void *arg, edl_prom *out);

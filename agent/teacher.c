@@ -256,33 +256,35 @@ static void check_tick(agent *a)
         check_done(a, false, 0);
 }
 
-void teacher_on_poll(agent *a, short revents)
+void teacher_on_poll(agent *a, int events)
 {
     double load = 0;
+    short revents = (short)(((events & EDL_LOOP_READ) ? POLLIN : 0) |
+                            ((events & EDL_LOOP_WRITE) ? POLLOUT : 0));
     int rc = health_busy(&a->t.probe) ? health_step(&a->t.probe, revents, &load) : 0;
     if (rc)
         check_done(a, rc > 0, load);
 }
 
-void teacher_poll_fd(const agent *a, struct pollfd *p)
+int teacher_fd(const agent *a, int *events)
 {
-    health_poll_fd(&a->t.probe, p);
+    struct pollfd p;
+    health_poll_fd(&a->t.probe, &p);
+    *events = ((p.events & POLLIN) ? EDL_LOOP_READ : 0) | ((p.events & POLLOUT) ? EDL_LOOP_WRITE : 0);
+    return p.fd;
 }
 
-static int until(int64_t due)
+static int64_t sooner(int64_t a, int64_t b)
 {
-    if (!due)
-        return -1;
-    int64_t left = due - edl_monotonic_ms();
-    return left < 0 ? 0 : left > 1000 ? 1000 : (int)left;
+    return !a ? b : !b || a < b ? a : b;
 }
 
-int teacher_timeout(const agent *a)
+int64_t teacher_due(const agent *a)
 {
-    int t = until(a->t.restart_at_ms), c = -1;
+    int64_t c = 0;
     if (trainer_running(&a->tp))
-        c = until(health_busy(&a->t.probe) ? health_due(&a->t.probe) : a->t.next_check_ms);
-    return t < 0 ? c : c < 0 || t < c ? t : c;
+        c = health_busy(&a->t.probe) ? health_due(&a->t.probe) : a->t.next_check_ms;
+    return sooner(a->t.restart_at_ms, c);
 }
 
 /* ---- the lifecycle ---------------------------------------------------------------------------- */

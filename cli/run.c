@@ -17,13 +17,11 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -33,6 +31,7 @@
 #include "edl/checkpoint.h"
 #include "edl/etcd_server.h"
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "edl/proc.h"
 #include "edl/secret.h"
 
@@ -85,7 +84,7 @@ typedef struct launcher {
     child *kids[MAX_KIDS];
     size_t n_kids;
     int next_index[N_ROLES];  /* each role's next pod number */
-    int sigfd;
+    edl_loop *loop;           /* the one loop: signals, the children's output, the watch */
     edl_watch *w;             /* the job's keys; only spec and generation matter here */
     edl_job_keys k;
     int desired[N_ROLES];     /* agents of each role that replicas, ps.replicas and
@@ -143,6 +142,23 @@ static void find_bin(const char *env, const char *name, char *out, size_t n)
     snprintf(out, n, "%s", name);
 }
 
+static void pump(launcher *l, child *k, bool eof);
+
+static void on_output(edl_loop *lp, int fd, int events, void *arg);
+
+/* The loop pumps k's output while its pipe is open (pump closes it and says so). */
+static int watch_output(launcher *l, child *k)
+{
+    return edl_loop_fd_add(l->loop, k->out, EDL_LOOP_READ, on_output, l);
+}
+
+static void close_output(launcher *l, child *k)
+{
+    edl_loop_fd_del(l->loop, k->out);
+    close(k->out);
+    k->out = -1;
+}
+
 /* Start a child whose stdout and stderr come back through a pipe (k->out), in a process group
  * of its own (the terminal's Ctrl-C reaches the launcher only; it stops them), dying with the
  * launcher. */
@@ -165,7 +181,7 @@ static int spawn(launcher *l, child *k, char **argv)
     fcntl(p[0], F_SETFL, O_NONBLOCK);
     k->pid = pid;
     k->out = p[0];
-    return 0;
+    return watch_output(l, k);
 }
 
 /* Append a line to the child's file for what the pod is now (opened again when that changed;
@@ -221,8 +237,7 @@ static void pump(launcher *l, child *k, bool eof)
             if (n > 0)
                 k->len += (size_t)n;
             else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-                close(k->out);
-                k->out = -1;
+                close_output(l, k);
                 eof = true;
             }
         }
@@ -632,6 +647,8 @@ static int reap(launcher *l)
             if (!l->interrupted && !l->final) {
                 say("the job server exited (%d); restarting it", k->status);
                 close_log(&l->js);
+                if (l->js.out >= 0) /* its output still coming: no longer pumped */
+                    close_output(l, &l->js);
                 memset(&l->js, 0, sizeof l->js);
                 l->js.out = -1;
                 l->js.log_fd = -1;
@@ -678,22 +695,21 @@ static void drop_exited(launcher *l)
     l->n_kids = j;
 }
 
-static void on_signal(launcher *l)
+static void on_signal(edl_loop *lp, int sig, void *arg)
 {
-    struct signalfd_siginfo si;
-    while (read(l->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (si.ssi_signo == SIGCHLD)
-            continue;
-        if (!l->interrupted) {
-            l->interrupted = (int)si.ssi_signo;
-            say("signal %u: stopping the agents (again to kill them)", si.ssi_signo);
-            for (size_t i = 0; i < l->n_kids; i++)
-                stop_child(l->kids[i], l->o.grace_ms + 5000);
-        } else {
-            for (size_t i = 0; i < l->n_kids; i++)
-                if (!l->kids[i]->exited)
-                    kill(l->kids[i]->pid, SIGKILL);
-        }
+    (void)lp;
+    launcher *l = arg;
+    if (sig == SIGCHLD)
+        return; /* reaped after the turn */
+    if (!l->interrupted) {
+        l->interrupted = sig;
+        say("signal %d: stopping the agents (again to kill them)", sig);
+        for (size_t i = 0; i < l->n_kids; i++)
+            stop_child(l->kids[i], l->o.grace_ms + 5000);
+    } else {
+        for (size_t i = 0; i < l->n_kids; i++)
+            if (!l->kids[i]->exited)
+                kill(l->kids[i]->pid, SIGKILL);
     }
 }
 
@@ -723,59 +739,86 @@ static void check_deadline(launcher *l)
     edl_spec_clear(&after);
 }
 
+/* A child's output: pumped (the child is the one whose pipe this is). */
+static void on_output(edl_loop *lp, int fd, int events, void *arg)
+{
+    (void)lp, (void)events;
+    launcher *l = arg;
+    child *k = l->js.out == fd ? &l->js : NULL;
+    for (size_t i = 0; !k && i < l->n_kids; i++)
+        if (l->kids[i]->out == fd)
+            k = l->kids[i];
+    if (k)
+        pump(l, k, false);
+}
+
+static int watch_fd(void *arg, int *events)
+{
+    (void)events;
+    const launcher *l = arg;
+    return l->w ? edl_watch_fd(l->w) : -1;
+}
+
+static void on_watch(edl_loop *lp, int fd, int events, void *arg)
+{
+    (void)lp, (void)fd, (void)events, (void)arg; /* read after the turn (follow_job) */
+}
+
+/* The watch's events: observe the job again when one matters, or while there is no watch. */
+static void follow_job(launcher *l)
+{
+    edl_watch_event *ev;
+    bool changed = false;
+    while (l->w && edl_watch_next(l->w, &ev, 0) == 0) {
+        changed = changed || event_matters(l, ev);
+        if (ev->type == EDL_WATCH_ERROR) {
+            edl_watch_event_free(ev);
+            edl_watch_close(l->w);
+            l->w = NULL;
+            break;
+        }
+        edl_watch_event_free(ev);
+    }
+    if (changed || !l->w)
+        observe(l);
+}
+
+static void kill_late_children(launcher *l)
+{
+    int64_t now = edl_monotonic_ms();
+    for (size_t i = 0; i < l->n_kids; i++)
+        if (!l->kids[i]->exited && l->kids[i]->kill_at && now > l->kids[i]->kill_at) {
+            say("%s did not stop in time: killing it", l->kids[i]->name);
+            kill(l->kids[i]->pid, SIGKILL);
+            l->kids[i]->kill_at = 0;
+        }
+}
+
+/* After every wake-up (and at least every 200 ms): reap, follow the job, match the replicas;
+ * the run ends on an error or once the job is over and its agents gone. */
+static void after_turn(edl_loop *lp, void *arg)
+{
+    launcher *l = arg;
+    int rc = reap(l);
+    follow_job(l);
+    if (!rc)
+        rc = match_replicas(l);
+    check_deadline(l);
+    drop_exited(l);
+    kill_late_children(l);
+    if (rc || ((l->final || l->interrupted) && agents_alive(l, true) == 0))
+        edl_loop_stop(lp, rc);
+}
+
 static int loop(launcher *l)
 {
-    int rc = 0;
-    while (!rc) {
-        struct pollfd pf[MAX_KIDS + 4];
-        child *who[MAX_KIDS + 4];
-        nfds_t n = 0;
-        pf[n++] = (struct pollfd){l->sigfd, POLLIN, 0};
-        pf[n++] = (struct pollfd){l->w ? edl_watch_fd(l->w) : -1, POLLIN, 0};
-        if (l->js.out >= 0) {
-            who[n] = &l->js;
-            pf[n++] = (struct pollfd){l->js.out, POLLIN, 0};
-        }
-        for (size_t i = 0; i < l->n_kids; i++)
-            if (l->kids[i]->out >= 0) {
-                who[n] = l->kids[i];
-                pf[n++] = (struct pollfd){l->kids[i]->out, POLLIN, 0};
-            }
-        poll(pf, n, 200);
-        on_signal(l);
-        for (nfds_t i = 2; i < n; i++)
-            if (pf[i].revents)
-                pump(l, who[i], false);
-        rc = reap(l);
-        edl_watch_event *ev;
-        bool changed = false;
-        while (l->w && edl_watch_next(l->w, &ev, 0) == 0) {
-            changed = changed || event_matters(l, ev);
-            if (ev->type == EDL_WATCH_ERROR) {
-                edl_watch_event_free(ev);
-                edl_watch_close(l->w);
-                l->w = NULL;
-                break;
-            }
-            edl_watch_event_free(ev);
-        }
-        if (changed || !l->w)
-            observe(l);
-        if (!rc)
-            rc = match_replicas(l);
-        check_deadline(l);
-        drop_exited(l);
-        int64_t now = edl_monotonic_ms();
-        for (size_t i = 0; i < l->n_kids; i++)
-            if (!l->kids[i]->exited && l->kids[i]->kill_at && now > l->kids[i]->kill_at) {
-                say("%s did not stop in time: killing it", l->kids[i]->name);
-                kill(l->kids[i]->pid, SIGKILL);
-                l->kids[i]->kill_at = 0;
-            }
-        if ((l->final || l->interrupted) && agents_alive(l, true) == 0)
-            break;
+    int rc = edl_loop_fd_follow(l->loop, watch_fd, on_watch, l);
+    if (rc) {
+        say("cannot follow the job: %s", edl_strerror(rc));
+        return EDL_EXIT_FAILED;
     }
-    return rc;
+    edl_loop_after_turn(l->loop, after_turn, l);
+    return edl_loop_run(l->loop);
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -1229,8 +1272,9 @@ static void shutdown_rest(launcher *l)
     l->n_kids = 0;
 }
 
-/* Signals arrive on a signalfd, read in the loop. */
-static int open_signals(void)
+/* The loop, waking at least every 200 ms (the replicas, the deadline and the late children
+ * are checked after each turn), and the signals on its signalfd. */
+static int open_loop(launcher *l)
 {
     sigset_t set;
     sigemptyset(&set);
@@ -1238,9 +1282,9 @@ static int open_signals(void)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGHUP);
-    sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    int rc = edl_loop_open(200, &l->loop);
+    return rc ? rc : edl_loop_signals(l->loop, &set, on_signal, l);
 }
 
 /* Our own etcd's throwaway CA and certificates, in l->tls_dir: 0 or an exit code. */
@@ -1509,11 +1553,16 @@ int cli_run(int argc, char **argv)
     l.started_ms = edl_monotonic_ms();
     find_bin("EDL_AGENT_BIN", "edl-agent", l.agent_bin, sizeof l.agent_bin);
     find_bin("EDL_JOBSERVER_BIN", "edl-jobserver", l.js_bin, sizeof l.js_bin);
-    l.sigfd = open_signals();
+    if (open_loop(&l) != 0) {
+        fprintf(stderr, "edl run: cannot set up its loop (signalfd: %s)\n", strerror(errno));
+        edl_loop_free(l.loop);
+        free_opts(&l);
+        return EDL_EXIT_FAILED;
+    }
     bool wrote_state = false;
     int ret = run_all(&l, &wrote_state);
     finish(&l, wrote_state, ret);
     free_opts(&l);
-    close(l.sigfd);
+    edl_loop_free(l.loop);
     return ret;
 }

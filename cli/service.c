@@ -6,17 +6,16 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "edl/discovery.h"
 #include "edl/json.h"
+#include "edl/loop.h"
 
 static const char service_usage[] =
     "Usage: edl service register --service NAME --instance NAME --endpoint URL [--capacity N]\n"
@@ -158,31 +157,66 @@ static int register_leased(edl_etcd *c, const service_args *a, edl_lease_keeper 
     return rc;
 }
 
-/* Hold the registration until SIGTERM or SIGINT; a lost lease (etcd away for a whole TTL) is
- * taken again every second. Deregisters before returning. */
-static int hold_registration(edl_etcd *c, const service_args *a, edl_lease_keeper *k, int sfd)
+/* A registration held on a loop: its keeper, and when to take a lost lease again. */
+typedef struct holder {
+    edl_etcd *c;
+    const service_args *a;
+    edl_lease_keeper *k;      /* NULL: the lease was lost */
+    int64_t retry_ms;         /* register again then (0: registered) */
+} holder;
+
+static void on_signal(edl_loop *l, int sig, void *arg)
 {
-    for (;;) {
-        struct pollfd p[2] = {{sfd, POLLIN, 0}, {k ? edl_lease_keeper_fd(k) : -1, POLLIN, 0}};
-        if (poll(p, 2, k ? -1 : 1000) < 0 && errno == EINTR)
-            continue;
-        if (p[0].revents & POLLIN)
-            break;
-        if (k && edl_lease_keeper_status(k) != 0) {
-            fprintf(stderr, "edl service: the lease of %s was lost (%s): registering again\n",
-                    a->instance, edl_strerror(edl_lease_keeper_status(k)));
-            edl_lease_keeper_close(k, false);
-            k = NULL;
-        }
-        if (!k && register_leased(c, a, &k) == 0)
-            fprintf(stderr, "edl service: %s registered again\n", a->instance);
+    (void)sig, (void)arg;
+    edl_loop_stop(l, 0);
+}
+
+static int keeper_fd(void *arg, int *events)
+{
+    (void)events;
+    const holder *h = arg;
+    return h->k ? edl_lease_keeper_fd(h->k) : -1;
+}
+
+static void on_keeper(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    holder *h = arg;
+    if (!h->k || edl_lease_keeper_status(h->k) == 0)
+        return;
+    fprintf(stderr, "edl service: the lease of %s was lost (%s): registering again\n",
+            h->a->instance, edl_strerror(edl_lease_keeper_status(h->k)));
+    edl_lease_keeper_close(h->k, false);
+    h->k = NULL;
+    h->retry_ms = edl_monotonic_ms();
+}
+
+static void on_retry(edl_loop *l, void *arg)
+{
+    (void)l;
+    holder *h = arg;
+    if (register_leased(h->c, h->a, &h->k) != 0) {
+        h->retry_ms = edl_monotonic_ms() + 1000;
+        return;
     }
-    int rc = edl_service_deregister(c, a->co.prefix, a->service, a->instance);
-    if (k)
-        edl_lease_keeper_close(k, true);
+    h->retry_ms = 0;
+    fprintf(stderr, "edl service: %s registered again\n", h->a->instance);
+}
+
+/* Hold the registration until SIGTERM or SIGINT (on the loop's signalfd); a lost lease (etcd
+ * away for a whole TTL) is taken again every second. Deregisters before returning. */
+static int hold_registration(edl_loop *l, holder *h)
+{
+    int rc = edl_loop_fd_follow(l, keeper_fd, on_keeper, h);
+    rc = rc ? rc : edl_loop_timer_add(l, &h->retry_ms, on_retry, h);
+    if (!rc)
+        edl_loop_run(l);
+    rc = edl_service_deregister(h->c, h->a->co.prefix, h->a->service, h->a->instance);
+    if (h->k)
+        edl_lease_keeper_close(h->k, true);
     if (rc && rc != EDL_ENOTFOUND)
-        return etcd_failed(c, "deregistering", rc);
-    printf("deregistered %s from service %s\n", a->instance, a->service);
+        return etcd_failed(h->c, "deregistering", rc);
+    printf("deregistered %s from service %s\n", h->a->instance, h->a->service);
     return 0;
 }
 
@@ -208,20 +242,21 @@ static int service_register(edl_etcd *c, service_args *a)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    sigprocmask(SIG_BLOCK, &set, NULL); /* before the lease: a signal now still deregisters */
-    int sfd = signalfd(-1, &set, SFD_CLOEXEC);
-    edl_lease_keeper *k = NULL;
-    int rc = sfd < 0 ? EDL_EIO : register_leased(c, a, &k);
+    holder h = {.c = c, .a = a};
+    edl_loop *l = NULL;
+    int rc = edl_loop_open(-1, &l);
+    rc = rc ? rc : edl_loop_signals(l, &set, on_signal, &h); /* before the lease: a signal
+                                                               * now still deregisters */
+    rc = rc ? rc : register_leased(c, a, &h.k);
     if (rc) {
-        if (sfd >= 0)
-            close(sfd);
+        edl_loop_free(l);
         return etcd_failed(c, "registering", rc);
     }
     printf("registered %s (%s) in service %s under a %lds lease; SIGTERM or Ctrl-C deregisters\n",
            a->instance, a->in.endpoint, a->service, a->ttl_s);
     fflush(stdout);
-    rc = hold_registration(c, a, k, sfd);
-    close(sfd);
+    rc = hold_registration(l, &h);
+    edl_loop_free(l);
     return rc;
 }
 

@@ -5,6 +5,7 @@
  * poll, every connection older than the whole-request deadline, and the oldest one when a
  * newcomer passes MAX_CONNS: slow clients cannot hold the scrapes off. */
 #define _GNU_SOURCE
+#include "edl/loop.h"
 #include "edl/metrics.h"
 
 #include <arpa/inet.h>
@@ -368,4 +369,28 @@ void edl_metrics_serve(edl_metrics_server *s)
 {
     MHD_run(s->d);
     cut_overdue(s);
+}
+
+static void serve_ready(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    edl_metrics_serve(arg);
+}
+
+static int64_t serve_due(void *arg)
+{
+    int t = edl_metrics_timeout_ms(arg);
+    return t < 0 ? 0 : edl_monotonic_ms() + t;
+}
+
+static void serve_timeout(edl_loop *l, void *arg)
+{
+    (void)l;
+    edl_metrics_serve(arg);
+}
+
+int edl_metrics_attach(edl_metrics_server *s, edl_loop *l)
+{
+    int rc = edl_loop_fd_add(l, edl_metrics_fd(s), EDL_LOOP_READ, serve_ready, s);
+    return rc ? rc : edl_loop_timer_follow(l, serve_due, serve_timeout, s);
 }

@@ -3,14 +3,13 @@
  * event under the job can change a decision or reconcile asked to be woken. Its loop never waits
  * for etcd: each campaign attempt, each opening of the watch and each pass is a work
  * (edl/work.h) on the server's etcd worker, one at a time; while one is on its way the loop
- * answers signals and /metrics, and js->job belongs to the worker. */
+ * answers signals and /metrics, and js->job belongs to the worker. The loop is edl/loop.h's:
+ * each fd and the due work registered once (loop_open). */
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include "edl/job.h"
 #include "edl/etcd.h"
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/work.h"
 #include "publisher.h"
@@ -27,12 +27,14 @@
 
 typedef struct jobserver {
     const js_config *cfg;
-    int sigfd;
+    edl_loop *loop;
     bool stop;
     int exit_code;
     edl_etcd *c;                    /* the worker's: every request runs there */
     edl_worker *worker;
-    bool busy;                      /* a work is on its way: js->job, keeper, lease are its */
+    bool busy;                      /* a work is on its way: js->job, keeper, lease are its
+                                     * (the loop still polls the keeper while leading: a pass
+                                     * never replaces it, only a campaign does) */
     js_publisher job;               /* the job's etcd side (publisher.c) */
     js_job_counters m;              /* job.m as of the last pass: what /metrics shows */
     int64_t lease;
@@ -103,21 +105,12 @@ static void write_metrics(void *arg, edl_prom *p)
     p->labels = NULL;
 }
 
-/* Serve whatever /metrics requests are ready, without waiting. */
-static void serve_http(jobserver *js)
+static void on_signal(edl_loop *l, int sig, void *arg)
 {
-    if (js->metrics)
-        edl_metrics_serve(js->metrics);
-}
-
-static bool signalled(jobserver *js)
-{
-    struct signalfd_siginfo si;
-    while (read(js->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        EDL_INFO(LOG, "signal %u: stepping down and exiting", si.ssi_signo);
-        js->stop = true;
-    }
-    return js->stop;
+    (void)l;
+    jobserver *js = arg;
+    EDL_INFO(LOG, "signal %d: stepping down and exiting", sig);
+    js->stop = true;
 }
 
 /* ---- the works (on the worker) and their answers (on the loop) ---------------------------- */
@@ -287,22 +280,39 @@ static void start_due(jobserver *js, int64_t now)
     }
 }
 
-/* How long the loop may sleep when nothing happens. */
-static int loop_timeout(const jobserver *js, int64_t now)
+/* When the next work is due without any event: a campaign's retry, or a pass reconcile
+ * asked for (none while a work is on its way: the worker's fd wakes the loop). */
+static int64_t work_due(void *arg)
 {
-    int64_t due = -1;
+    const jobserver *js = arg;
     if (js->busy)
-        due = -1; /* the worker's fd wakes the loop */
-    else if (!js->leading)
-        due = js->next_try_ms > now ? js->next_try_ms - now : 0;
-    else if (js->wake)
-        due = js->wake <= now ? 0 : js->wake - now;
-    if (due > 60000)
-        due = 60000;
-    int ht = js->metrics ? edl_metrics_timeout_ms(js->metrics) : -1;
-    if (ht >= 0 && (due < 0 || ht < due))
-        due = ht;
-    return (int)due;
+        return 0;
+    if (!js->leading)
+        return js->next_try_ms > 0 ? js->next_try_ms : 1;
+    return js->wake;
+}
+
+static void on_work_due(edl_loop *l, void *arg)
+{
+    (void)l;
+    jobserver *js = arg;
+    if (!js->busy && !js->stop)
+        start_due(js, edl_monotonic_ms());
+}
+
+static int keeper_fd(void *arg, int *events)
+{
+    (void)events;
+    const jobserver *js = arg;
+    return js->leading && js->keeper ? edl_lease_keeper_fd(js->keeper) : -1;
+}
+
+static void on_keeper(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events;
+    jobserver *js = arg;
+    if (js->leading && edl_lease_keeper_status(js->keeper))
+        lost_leadership(js);
 }
 
 /* The watch's events: whether one can change a decision (any event while a pass runs: the
@@ -322,34 +332,53 @@ static void watch_events(jobserver *js)
     }
 }
 
-static void loop_once(jobserver *js)
+static int watch_fd(void *arg, int *events)
 {
-    int64_t now = edl_monotonic_ms();
-    if (!js->busy)
-        start_due(js, now);
-    struct pollfd pf[5] = {{js->sigfd, POLLIN, 0},
-                           {edl_worker_fd(js->worker), POLLIN, 0},
-                           {js->leading && js->keeper ? edl_lease_keeper_fd(js->keeper) : -1,
-                            POLLIN, 0},
-                           {js->w ? edl_watch_fd(js->w) : -1, POLLIN, 0},
-                           {js->metrics ? edl_metrics_fd(js->metrics) : -1, POLLIN, 0}};
-    if (poll(pf, 5, loop_timeout(js, now)) < 0 && errno != EINTR) {
-        EDL_ERROR(LOG, "poll: %s", strerror(errno));
-        js->stop = true;
-        return;
-    }
-    signalled(js);
-    serve_http(js);
-    if (pf[1].revents)
-        edl_worker_complete(js->worker);
-    if (js->leading && edl_lease_keeper_status(js->keeper))
-        lost_leadership(js);
-    watch_events(js);
+    (void)events;
+    const jobserver *js = arg;
+    return js->w ? edl_watch_fd(js->w) : -1;
 }
 
-int js_run(const js_config *cfg, int sigfd)
+static void on_watch(edl_loop *l, int fd, int events, void *arg)
 {
-    jobserver js = {.cfg = cfg, .sigfd = sigfd, .exit_code = EDL_EXIT_USAGE, .final_state = -1};
+    (void)l, (void)fd, (void)events;
+    watch_events(arg);
+}
+
+/* After every wake-up: stop, or start what is due (a pass after an event, the watch). */
+static void after_turn(edl_loop *l, void *arg)
+{
+    jobserver *js = arg;
+    if (js->stop)
+        edl_loop_stop(l, js->exit_code);
+    else if (!js->busy)
+        start_due(js, edl_monotonic_ms());
+}
+
+/* The signals, the worker, the lease, the watch, /metrics and the due work, on one loop. */
+static int loop_open(jobserver *js)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int rc = edl_loop_open(60000, &js->loop);
+    rc = rc ? rc : edl_loop_signals(js->loop, &set, on_signal, js);
+    rc = rc ? rc : edl_loop_fd_follow(js->loop, keeper_fd, on_keeper, js);
+    rc = rc ? rc : edl_loop_fd_follow(js->loop, watch_fd, on_watch, js);
+    rc = rc ? rc : edl_loop_timer_follow(js->loop, work_due, on_work_due, js);
+    if (!rc)
+        edl_loop_after_turn(js->loop, after_turn, js);
+    else
+        EDL_ERROR(LOG, "cannot set up its loop: %s", edl_strerror(rc));
+    return rc;
+}
+
+int js_run(const js_config *cfg)
+{
+    jobserver js = {.cfg = cfg, .exit_code = EDL_EXIT_USAGE, .final_state = -1};
+    if (loop_open(&js) != 0)
+        goto out;
     int rc = edl_etcd_open(cfg->etcd, &js.c);
     if (rc) {
         EDL_ERROR(LOG, "etcd settings: %s", edl_strerror(rc));
@@ -358,13 +387,14 @@ int js_run(const js_config *cfg, int sigfd)
     if (js_publisher_init(&js.job, js.c, cfg->prefix, cfg->job, cfg->id) != 0)
         goto out;
     js.m = js.job.m;
-    if ((rc = edl_worker_open(&js.worker)) != 0) {
+    if ((rc = edl_worker_open(&js.worker)) != 0 || (rc = edl_loop_worker(js.loop, js.worker))) {
         EDL_ERROR(LOG, "cannot start its etcd worker: %s", edl_strerror(rc));
         goto out;
     }
     if (cfg->metrics_port > 0) {
         edl_metrics_opts mo = {.addr = cfg->metrics_addr, .port = cfg->metrics_port};
         int hrc = edl_metrics_open(&mo, write_metrics, &js, &js.metrics);
+        hrc = hrc ? hrc : edl_metrics_attach(js.metrics, js.loop);
         if (hrc) {
             EDL_ERROR(LOG, "cannot serve /metrics on %s port %d: %s", cfg->metrics_addr ?
                       cfg->metrics_addr : "0.0.0.0", cfg->metrics_port, edl_strerror(hrc));
@@ -372,8 +402,9 @@ int js_run(const js_config *cfg, int sigfd)
         }
     }
     js.exit_code = EDL_EXIT_SUCCEEDED;
-    while (!js.stop)
-        loop_once(&js);
+    start_due(&js, edl_monotonic_ms());
+    if (edl_loop_run(js.loop) == EDL_EIO)
+        js.exit_code = EDL_EXIT_FAILED;
     edl_worker_close(js.worker); /* the work on its way ends (bounded by its requests) */
     js.worker = NULL;
     edl_watch_close(js.w);
@@ -386,5 +417,6 @@ out:
     edl_metrics_close(js.metrics);
     js_publisher_clear(&js.job);
     edl_etcd_close(js.c);
+    edl_loop_free(js.loop);
     return js.exit_code;
 }

@@ -22,7 +22,8 @@ typedef struct js_config {
 /* Runs until SIGTERM/SIGINT (returns 0 after resigning), or a bad configuration (returns
  * EDL_EXIT_USAGE); an unreachable etcd is retried for ever, one that refuses our certificate or
  * credentials is EDL_EXIT_UNREACHABLE. With exit_when_done, the job's final
- * state as an exit code (edl_job_exit_code). sigfd: a signalfd for SIGTERM and SIGINT. */
-int js_run(const js_config *cfg, int sigfd);
+ * state as an exit code (edl_job_exit_code). SIGTERM and SIGINT arrive on its loop's signalfd
+ * (block them before any thread starts). */
+int js_run(const js_config *cfg);
 
 #endif

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "edl/job.h"
@@ -223,13 +222,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sigfd < 0) {
-        perror("edl-jobserver: signalfd");
-        return EDL_EXIT_USAGE;
-    }
-    int rc = js_run(&cfg, sigfd);
-    close(sigfd);
+    int rc = js_run(&cfg); /* its loop takes the signals */
     edl_etcd_config_clear(&etcd);
     return rc;
 }

@@ -9,6 +9,7 @@
 
 #include "edl/etcd.h"
 #include "edl/k8s.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/trainingjob.h"
 #include "edl/work.h"
@@ -80,7 +81,7 @@ typedef struct op_counters {
  * informers' caches, and the loop touches only what is marked loop's below. */
 typedef struct op {
     const op_config *cfg;
-    int sigfd;                /* loop's */
+    edl_loop *loop;           /* loop's (edl/loop.h) */
     atomic_bool stop;         /* a signal came (set by the loop, read by a round too) */
     edl_worker *worker;       /* runs the rounds (edl/work.h) */
     bool busy;                /* loop's: a round is on its way */

@@ -11,14 +11,13 @@
  * informers' and the watch's events queued: the round owns the caches and the jobs until its
  * answer comes back. */
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "internal.h"
 
@@ -219,48 +218,67 @@ static void write_metrics(void *arg, edl_prom *p)
 
 /* ---- the loop ---------------------------------------------------------------------------- */
 
-static bool signalled(op *o)
+static void on_signal(edl_loop *l, int sig, void *arg)
 {
-    struct signalfd_siginfo si;
-    while (read(o->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        EDL_INFO(LOG, "signal %u: stepping down and exiting", si.ssi_signo);
-        o->stop = true;
-    }
-    return o->stop;
+    (void)l;
+    EDL_INFO(LOG, "signal %d: stepping down and exiting", sig);
+    ((op *)arg)->stop = true;
 }
 
-/* Wait for fds or the timeout (ms), serving /metrics meanwhile; never past the moment our
- * leadership runs out without a renewal (the loop then ends). While a round is on its way the
- * informers' and the watch's fds are left out (their events wait for the round's end) and the
- * worker's fd wakes the loop with the round's answer. */
-static void wait_events(op *o, int timeout)
+/* The informers', the watch's and the lease keeper's fds, while no round owns them (a round on
+ * its way leaves their events queued; its answer comes through the worker's fd). Their events
+ * are read after the turn (lead_turn). */
+static int tjs_fd(void *arg, int *events)
 {
-    bool mine = !o->busy;
-    struct pollfd pf[8] = {
-        {o->sigfd, POLLIN, 0},
-        {mine && o->tjs ? edl_k8s_informer_fd(o->tjs) : -1, POLLIN, 0},
-        {mine && o->pods ? edl_k8s_informer_fd(o->pods) : -1, POLLIN, 0},
-        {mine && o->w ? edl_watch_fd(o->w) : -1, POLLIN, 0},
-        {mine && o->keeper ? edl_lease_keeper_fd(o->keeper) : -1, POLLIN, 0},
-        {o->metrics ? edl_metrics_fd(o->metrics) : -1, POLLIN, 0},
-        {edl_k8s_elector_fd(o->elector), POLLIN, 0},
-        {o->worker ? edl_worker_fd(o->worker) : -1, POLLIN, 0},
-    };
-    int ht = o->metrics ? edl_metrics_timeout_ms(o->metrics) : -1;
-    if (ht >= 0 && (timeout < 0 || ht < timeout))
-        timeout = ht;
-    int64_t valid = edl_k8s_elector_valid_ms(o->elector);
-    if (valid > 0 && (timeout < 0 || valid + 1 < timeout))
-        timeout = (int)valid + 1;
-    if (poll(pf, 8, timeout) < 0 && errno != EINTR)
-        usleep(10000);
+    (void)events;
+    op *o = arg;
+    return !o->busy && o->tjs ? edl_k8s_informer_fd(o->tjs) : -1;
+}
+
+static int pods_fd(void *arg, int *events)
+{
+    (void)events;
+    op *o = arg;
+    return !o->busy && o->pods ? edl_k8s_informer_fd(o->pods) : -1;
+}
+
+static int watch_fd(void *arg, int *events)
+{
+    (void)events;
+    op *o = arg;
+    return !o->busy && o->w ? edl_watch_fd(o->w) : -1;
+}
+
+static int keeper_fd(void *arg, int *events)
+{
+    (void)events;
+    op *o = arg;
+    return !o->busy && o->keeper ? edl_lease_keeper_fd(o->keeper) : -1;
+}
+
+static void read_after_turn(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)fd, (void)events, (void)arg;
+}
+
+static void on_elector(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l, (void)events, (void)arg;
     uint64_t changes;
-    if (pf[6].revents & POLLIN && read(pf[6].fd, &changes, sizeof changes) < 0)
+    if (read(fd, &changes, sizeof changes) < 0)
         EDL_DEBUG(LOG, "elector fd: %s", strerror(errno));
-    if (o->metrics)
-        edl_metrics_serve(o->metrics);
-    if (pf[7].revents)
-        edl_worker_complete(o->worker); /* a round's answer (round_done) */
+}
+
+/* Never sleep past the moment our leadership runs out without a renewal. */
+static int64_t leadership_due(void *arg)
+{
+    int64_t valid = edl_k8s_elector_valid_ms(((op *)arg)->elector);
+    return valid > 0 ? edl_monotonic_ms() + valid + 1 : 0;
+}
+
+static void wake_only(edl_loop *l, void *arg)
+{
+    (void)l, (void)arg; /* the turn's end looks at what changed */
 }
 
 /* What the operator reads of a pod (of its containers, how each ended: whether the agent's
@@ -378,40 +396,102 @@ static void start_round(op *o, bool ready)
     o->busy = true;
 }
 
-/* How long the loop may sleep when nothing happens: until a job's wake time or etcd's retry. */
-static int idle_timeout(op *o)
+/* When the loop must wake though nothing happens: a job's wake time or etcd's retry (none while
+ * a round is on its way: its answer wakes the loop). */
+static int64_t idle_due(void *arg)
 {
+    op *o = arg;
     if (o->busy)
-        return -1; /* the round's answer wakes the loop */
+        return 0;
     int64_t next = pass_due(o), now = edl_monotonic_ms();
-    int64_t until = now + 60000;
-    if (next && next < until)
-        until = next;
-    if (o->etcd_retry_ms > now && o->etcd_retry_ms < until)
-        until = o->etcd_retry_ms;
-    return until <= now ? 0 : (int)(until - now);
+    if (o->etcd_retry_ms > now && (!next || o->etcd_retry_ms < next))
+        next = o->etcd_retry_ms;
+    return next;
+}
+
+/* The leader's state between turns: when it took the lead, what it reported of its start. */
+typedef struct leader {
+    op *o;
+    int64_t since;
+    bool synced, passed;
+} leader;
+
+/* Between turns, while no round is on its way: read the events, mark the jobs they concern
+ * (and those whose wake time came) and start a round over them. */
+static void lead_turn(edl_loop *l, void *arg)
+{
+    leader *ld = arg;
+    op *o = ld->o;
+    if (o->stop || !edl_k8s_elector_leading(o->elector)) {
+        edl_loop_stop(l, 0);
+        return;
+    }
+    if (o->busy)
+        return;
+    if (ld->synced && !ld->passed) /* (the caches stay synced once they are) */
+        report_start(o, ld->since, &ld->synced, &ld->passed); /* before new events mark jobs */
+    drain_jobs(o);
+    drain_pods(o);
+    drain_etcd(o);
+    pass_due(o);
+    bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
+    if (ready && !ld->synced)
+        report_start(o, ld->since, &ld->synced, &ld->passed);
+    show_counters(o);
+    start_round(o, ready);
 }
 
 static void lead(op *o)
 {
-    int64_t since = edl_monotonic_ms();
-    bool synced = false, passed = false;
-    while (!signalled(o) && edl_k8s_elector_leading(o->elector)) {
-        if (!o->busy) {
-            if (synced && !passed) /* (the caches stay synced once they are) */
-                report_start(o, since, &synced, &passed); /* before new events mark jobs */
-            drain_jobs(o);
-            drain_pods(o);
-            drain_etcd(o);
-            pass_due(o);
-            bool ready = edl_k8s_informer_synced(o->tjs) && edl_k8s_informer_synced(o->pods);
-            if (ready && !synced)
-                report_start(o, since, &synced, &passed);
-            show_counters(o);
-            start_round(o, ready);
-        }
-        wait_events(o, idle_timeout(o));
+    leader ld = {.o = o, .since = edl_monotonic_ms()};
+    int rc = edl_loop_fd_follow(o->loop, tjs_fd, read_after_turn, o);
+    rc = rc ? rc : edl_loop_fd_follow(o->loop, pods_fd, read_after_turn, o);
+    rc = rc ? rc : edl_loop_fd_follow(o->loop, watch_fd, read_after_turn, o);
+    rc = rc ? rc : edl_loop_fd_follow(o->loop, keeper_fd, read_after_turn, o);
+    rc = rc ? rc : edl_loop_timer_follow(o->loop, idle_due, wake_only, o);
+    if (rc) {
+        EDL_ERROR(LOG, "cannot set up its loop: %s", edl_strerror(rc));
+        return;
     }
+    edl_loop_after_turn(o->loop, lead_turn, &ld);
+    lead_turn(o->loop, &ld);
+    edl_loop_run(o->loop);
+}
+
+/* Standing by: until a signal or the Lease is ours. */
+static void standby_turn(edl_loop *l, void *arg)
+{
+    op *o = arg;
+    if (o->stop || edl_k8s_elector_leading(o->elector))
+        edl_loop_stop(l, 0);
+}
+
+static void stand_by(op *o)
+{
+    edl_loop_after_turn(o->loop, standby_turn, o);
+    standby_turn(o->loop, o);
+    edl_loop_run(o->loop);
+}
+
+/* The loop and what it waits on in every role: the signals, the worker (the rounds' answers),
+ * the elector's changes, /metrics, and the end of our leadership. */
+static int loop_open(op *o)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int rc = edl_loop_open(60000, &o->loop);
+    rc = rc ? rc : edl_loop_signals(o->loop, &set, on_signal, o);
+    rc = rc ? rc : edl_loop_worker(o->loop, o->worker);
+    rc = rc ? rc : edl_loop_fd_add(o->loop, edl_k8s_elector_fd(o->elector), EDL_LOOP_READ,
+                                   on_elector, o);
+    rc = rc ? rc : edl_loop_timer_follow(o->loop, leadership_due, wake_only, o);
+    if (!rc && o->metrics)
+        rc = edl_metrics_attach(o->metrics, o->loop);
+    if (rc)
+        EDL_ERROR(LOG, "cannot set up its loop: %s", edl_strerror(rc));
+    return rc;
 }
 
 static int op_open(op *o)
@@ -479,6 +559,7 @@ static void op_close(op *o)
         edl_k8s_elector_close(o->elector);
     }
     edl_metrics_close(o->metrics);
+    edl_loop_free(o->loop);
     edl_etcd_close(o->c);
     edl_k8s_close(o->k);
     free(o->jobs_prefix);
@@ -486,17 +567,16 @@ static void op_close(op *o)
     op_etcd_tls_clear(&o->etcd_tls);
 }
 
-int op_run(const op_config *cfg, int sigfd)
+int op_run(const op_config *cfg)
 {
-    op o = {.cfg = cfg, .sigfd = sigfd};
+    op o = {.cfg = cfg};
     int exit_code = EDL_EXIT_USAGE;
-    if (op_open(&o) != 0)
+    if (op_open(&o) != 0 || loop_open(&o) != 0)
         goto out;
     EDL_INFO(LOG, "operator %s serving TrainingJobs of %s on %s; standing by for the Lease "
              "%s/%s", cfg->id, cfg->ns ? cfg->ns : "every namespace", edl_k8s_server(o.k),
              cfg->lease_ns, cfg->lease_name);
-    while (!signalled(&o) && !edl_k8s_elector_leading(o.elector))
-        wait_events(&o, -1);
+    stand_by(&o);
     exit_code = EDL_EXIT_SUCCEEDED;
     if (o.stop)
         goto out;

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "edl/job.h"
@@ -208,7 +207,7 @@ static int check_options(options *o)
 }
 
 /* The Kubernetes configuration, then op_run until a signal or a lost leadership. */
-static int run(options *o, int sigfd)
+static int run(options *o)
 {
     edl_k8s_config kc = {0};
     char err[600];
@@ -227,7 +226,7 @@ static int run(options *o, int sigfd)
     oc->lease_duration_s = (int)((o->lease_ms + 999) / 1000);
     oc->renew_deadline_ms = (int)o->renew_ms;
     oc->retry_period_ms = (int)o->retry_ms;
-    int rc = op_run(oc, sigfd);
+    int rc = op_run(oc);
     edl_k8s_config_clear(&kc);
     return rc;
 }
@@ -273,13 +272,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sigfd < 0) {
-        perror("edl-operator: signalfd");
-        return EDL_EXIT_USAGE;
-    }
-    int rc = run(&o, sigfd);
-    close(sigfd);
+    int rc = run(&o); /* op_run's loop takes the signals */
     edl_etcd_config_clear(&o.etcd);
     return rc;
 }

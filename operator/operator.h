@@ -41,8 +41,9 @@ typedef struct op_config {
 } op_config;
 
 /* Runs until SIGTERM/SIGINT (0) or the leadership is lost (1: the replica exits and is
- * restarted, as client-go's operators do); EDL_EXIT_USAGE for a bad configuration. */
-int op_run(const op_config *cfg, int sigfd);
+ * restarted, as client-go's operators do); EDL_EXIT_USAGE for a bad configuration. The
+ * signals arrive on its loop's signalfd: block them before any thread starts. */
+int op_run(const op_config *cfg);
 
 /* ---- the objects the operator creates (objects.c; pure, tested alone) ------------- */
 

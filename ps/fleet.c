@@ -271,10 +271,13 @@ int edl_fleet_run_server(edl_fleet *f, char *why, size_t whylen)
         int sig;
         EDL_INFO("ps", "serving on %s:%d%s", f->ip, edl_ps_server_port(s),
                  f->follow ? ", following the job's map of servers" : "");
-        if (f->follow)
-            ps_follow_serve(s, f->follow, &sigs, PS_DRAIN_TIMEOUT_MS, NULL);
+        ps_waiter w;
+        if (f->follow && ps_waiter_open(&w, &sigs) == 0)
+            ps_follow_serve(s, f->follow, &w, PS_DRAIN_TIMEOUT_MS);
         else
-            sigwait(&sigs, &sig);
+            sigwait(&sigs, &sig); /* no loop: the signal ends it at once (no hand-over) */
+        if (f->follow)
+            ps_waiter_close(&w);
     }
     edl_ps_server_close(s);
     return rc;

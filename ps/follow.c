@@ -200,12 +200,11 @@ static bool in_map(ps_follow *f)
     return in;
 }
 
-int ps_follow_serve(edl_ps_server *s, ps_follow *f, const sigset_t *sigs, int drain_timeout_ms,
-                    struct edl_metrics_server *m)
+int ps_follow_serve(edl_ps_server *s, ps_follow *f, ps_waiter *w, int drain_timeout_ms)
 {
     int64_t gen = 0, leave_by = 0;
     for (;;) {
-        int sig = ps_wait_signal(sigs, m, FOLLOW_POLL_MS);
+        int sig = ps_wait_signal(w, FOLLOW_POLL_MS);
         if (sig > 0 && !leave_by) {
             EDL_INFO("ps", "%s: leaving: handing the shards over first (up to %d ms)",
                      strsignal(sig), drain_timeout_ms);

@@ -318,11 +318,11 @@ int ps_follow_read(void *arg, int64_t newer_than, edl_ps_servers *out);
 const char *ps_follow_self(const ps_follow *f); /* EDL_POD_ID: this server's name in maps */
 const edl_ckpt_config *ps_follow_checkpoint(const ps_follow *f); /* NULL: no checkpoints */
 bool ps_follow_job_over(ps_follow *f);
-/* Serve following the map until one of sigs (blocked by the caller), then leave gracefully:
+/* Serve following the map until a signal reaches w (ps_waiter_open), then leave gracefully:
  * until a map without this server is published and every shard is handed over, the job is
  * over, or drain_timeout_ms. 0, or the signal when a second one came first. */
-int ps_follow_serve(edl_ps_server *s, ps_follow *f, const sigset_t *sigs, int drain_timeout_ms,
-                    struct edl_metrics_server *m);
+struct ps_waiter;
+int ps_follow_serve(edl_ps_server *s, ps_follow *f, struct ps_waiter *w, int drain_timeout_ms);
 #define PS_DRAIN_TIMEOUT_MS 60000
 
 /* ---- /metrics (metrics.c) ------------------------------------------------------------------ */
@@ -334,9 +334,18 @@ typedef struct ps_metrics_src {
 } ps_metrics_src;
 /* An edl_metrics_fn: the server's counters (arg: a ps_metrics_src). */
 void ps_write_metrics(void *arg, struct edl_prom *p);
-/* Wait up to timeout_ms (-1: for ever) for one of sigs (blocked by the caller), serving m
- * (NULL: none) meanwhile: the signal, or 0 when the time passed. */
-int ps_wait_signal(const sigset_t *sigs, struct edl_metrics_server *m, int timeout_ms);
+/* The main thread's loop (edl/loop.h): sigs (blocked before any thread starts) on its
+ * signalfd, and /metrics when on (edl_metrics_attach to loop). */
+struct edl_loop;
+typedef struct ps_waiter {
+    struct edl_loop *loop;
+    int sig;                /* arrived and not yet returned by ps_wait_signal (0: none) */
+} ps_waiter;
+int ps_waiter_open(ps_waiter *w, const sigset_t *sigs); /* EDL_ENOMEM, EDL_EIO */
+void ps_waiter_close(ps_waiter *w);
+/* Turn the loop up to timeout_ms (-1: for ever) until a signal: the signal, or 0 when the time
+ * passed. */
+int ps_wait_signal(ps_waiter *w, int timeout_ms);
 
 /* splitmix64's finaliser: the key's hash for shards and initial values. */
 static inline uint64_t ps_mix64(uint64_t x)

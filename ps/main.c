@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/ps.h"
 #include "internal.h"
@@ -178,14 +178,16 @@ static void raise_fd_limit(const edl_ps_server_options *o)
                  (unsigned long long)want);
 }
 
-/* /metrics when asked for (--metrics-port): 0, or 1 when it cannot listen. */
-static int open_metrics(const ps_args *a, ps_metrics_src *src, edl_metrics_server **m)
+/* /metrics when asked for (--metrics-port), served from loop: 0, or 1 when it cannot listen. */
+static int open_metrics(const ps_args *a, ps_metrics_src *src, edl_loop *loop,
+                        edl_metrics_server **m)
 {
     *m = NULL;
     if (a->metrics_port < 0)
         return 0;
     edl_metrics_opts mo = {.addr = a->metrics_addr, .port = a->metrics_port};
-    if (edl_metrics_open(&mo, ps_write_metrics, src, m) != 0) {
+    if (edl_metrics_open(&mo, ps_write_metrics, src, m) != 0 ||
+        edl_metrics_attach(*m, loop) != 0) {
         fprintf(stderr, "edl-ps: cannot serve /metrics on %s:%d\n",
                 a->metrics_addr ? a->metrics_addr : "0.0.0.0", a->metrics_port);
         return 1;
@@ -211,13 +213,19 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before the loops start: they inherit it */
+    ps_waiter w; /* the signals blocked before the loops start: they inherit the mask */
+    if (ps_waiter_open(&w, &sigs) != 0) {
+        fprintf(stderr, "edl-ps: cannot set up its loop (signalfd)\n");
+        ps_waiter_close(&w);
+        return 1;
+    }
     edl_ps_server *s;
     char why[512];
     ps_follow *f = NULL;
     if ((rc = ps_follow_open(&f, why, sizeof why)) != 0 && rc != EDL_ENOTFOUND) {
         fprintf(stderr, "edl-ps: %s\n", why);
         edl_job_secret_clear(&secret);
+        ps_waiter_close(&w);
         return 2;
     }
     a.o.checkpoint = f ? ps_follow_checkpoint(f) : NULL;
@@ -226,20 +234,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "edl-ps: %s\n", why);
         edl_job_secret_clear(&secret);
         ps_follow_close(f);
+        ps_waiter_close(&w);
         return rc == EDL_ECONFIG ? 2 : 1;
     }
     edl_job_secret_clear(&secret);
     if (edl_ps_server_start(s) != 0) {
         fprintf(stderr, "edl-ps: cannot start the event loops\n");
         edl_ps_server_close(s);
+        ps_waiter_close(&w);
         return 1;
     }
     ps_metrics_src src = {.s = s, .job = a.o.job ? a.o.job : "edl",
                           .pod = getenv("EDL_POD_ID") ? getenv("EDL_POD_ID") : ""};
     edl_metrics_server *m = NULL;
-    if (open_metrics(&a, &src, &m) != 0) {
+    if (open_metrics(&a, &src, w.loop, &m) != 0) {
         edl_ps_server_close(s);
         ps_follow_close(f);
+        ps_waiter_close(&w);
         return 1;
     }
     printf("edl-ps: serving on %s:%d\n", a.o.listen_addr ? a.o.listen_addr : "127.0.0.1",
@@ -247,14 +258,15 @@ int main(int argc, char **argv)
     fflush(stdout);
     int sig = 0;
     if (f) {
-        ps_follow_serve(s, f, &sigs, a.drain_ms, m);
+        ps_follow_serve(s, f, &w, a.drain_ms);
     } else {
-        while ((sig = ps_wait_signal(&sigs, m, -1)) == 0) {
+        while ((sig = ps_wait_signal(&w, -1)) == 0) {
         }
         EDL_INFO("ps", "%s: stopping", strsignal(sig));
     }
     edl_metrics_close(m);
     edl_ps_server_close(s);
     ps_follow_close(f);
+    ps_waiter_close(&w);
     return 0;
 }

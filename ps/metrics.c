@@ -1,12 +1,11 @@
 /* metrics.c: the parameter server's /metrics (edl/metrics.h's server, polled from edl-ps's main
  * thread): its counters (edl_ps_server_stats, atomics read without locks), the shards lost
- * and restored among them; and the wait for a signal that serves /metrics meanwhile. */
+ * and restored among them; and the main thread's loop (edl/loop.h): the wait for a signal that
+ * serves /metrics meanwhile. */
 #define _GNU_SOURCE
-#include <poll.h>
 #include <signal.h>
-#include <sys/signalfd.h>
-#include <unistd.h>
 
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "internal.h"
 
@@ -43,38 +42,36 @@ void ps_write_metrics(void *arg, edl_prom *p)
     p->labels = NULL;
 }
 
-int ps_wait_signal(const sigset_t *sigs, edl_metrics_server *m, int timeout_ms)
+static void on_signal(edl_loop *l, int sig, void *arg)
 {
-    if (!m) {
-        struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
-        int sig = timeout_ms < 0 ? sigwaitinfo(sigs, NULL) : sigtimedwait(sigs, NULL, &ts);
-        return sig > 0 ? sig : 0;
-    }
-    int sfd = signalfd(-1, sigs, SFD_CLOEXEC | SFD_NONBLOCK);
+    ((ps_waiter *)arg)->sig = sig;
+    edl_loop_stop(l, sig);
+}
+
+int ps_waiter_open(ps_waiter *w, const sigset_t *sigs)
+{
+    *w = (ps_waiter){0};
+    int rc = edl_loop_open(-1, &w->loop);
+    return rc ? rc : edl_loop_signals(w->loop, sigs, on_signal, w);
+}
+
+void ps_waiter_close(ps_waiter *w)
+{
+    edl_loop_free(w->loop);
+    w->loop = NULL;
+}
+
+int ps_wait_signal(ps_waiter *w, int timeout_ms)
+{
     int64_t end = timeout_ms < 0 ? -1 : edl_monotonic_ms() + timeout_ms;
-    for (;;) {
-        struct signalfd_siginfo si;
-        if (sfd >= 0 && read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-            close(sfd);
-            return (int)si.ssi_signo;
-        }
+    while (!w->sig) {
         int64_t left = end < 0 ? -1 : end - edl_monotonic_ms();
         if (end >= 0 && left <= 0)
-            break;
-        int t = edl_metrics_timeout_ms(m);
-        if (left >= 0 && (t < 0 || left < t))
-            t = (int)left;
-        struct pollfd pf[2] = {{.fd = edl_metrics_fd(m), .events = POLLIN},
-                               {.fd = sfd, .events = POLLIN}};
-        poll(pf, sfd >= 0 ? 2 : 1, sfd >= 0 ? t : (t < 0 || t > 100 ? 100 : t));
-        edl_metrics_serve(m);
-        if (sfd < 0) { /* no signalfd: look for the signal between polls */
-            int sig = sigtimedwait(sigs, NULL, &(struct timespec){0, 0});
-            if (sig > 0)
-                return sig;
-        }
+            return 0;
+        if (edl_loop_turn(w->loop, (int)left) != 0)
+            return 0;
     }
-    if (sfd >= 0)
-        close(sfd);
-    return 0;
+    int sig = w->sig;
+    w->sig = 0;
+    return sig;
 }

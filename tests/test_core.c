@@ -1,5 +1,5 @@
 /* test_core.c: libedlcore's plumbing: the error table, the byte buffer, the strict JSON reader,
- * the thread-to-loop queue, works run off a loop, the HTTP clients' shared policy, the source
+ * the thread-to-loop queue, the event loop, works run off a loop, the HTTP clients' shared policy, the source
  * keys of per-source bounds, child processes (edl_spawn, edl_env_build) and the /metrics
  * server with its Prometheus writer. */
 #define _GNU_SOURCE
@@ -29,6 +29,7 @@
 #include "edl/common.h"
 #include "edl/http.h"
 #include "edl/json.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/net.h"
 #include "edl/proc.h"
@@ -987,6 +988,208 @@ static void test_metrics_server_listens_where_it_is_told(void **state)
     }
 }
 
+/* ---- the event loop ------------------------------------------------------------------------ */
+
+typedef struct {
+    int reads, writes, fired, turns, signo, follow_fd;
+    int64_t due, fired_at;
+    char got[16];
+} loop_seen;
+
+static void on_read(edl_loop *l, int fd, int events, void *arg)
+{
+    loop_seen *s = arg;
+    assert_true(events & EDL_LOOP_READ);
+    ssize_t n = read(fd, s->got, sizeof s->got - 1);
+    s->got[n > 0 ? n : 0] = '\0';
+    s->reads++;
+    edl_loop_stop(l, 7);
+}
+
+static void on_timer(edl_loop *l, void *arg)
+{
+    loop_seen *s = arg;
+    s->fired++;
+    s->fired_at = edl_monotonic_ms();
+    s->due = 0; /* one shot: cleared, else it runs again */
+    edl_loop_stop(l, 3);
+}
+
+static void count_turn(edl_loop *l, void *arg)
+{
+    (void)l;
+    ((loop_seen *)arg)->turns++;
+}
+
+static void test_loop_calls_an_fd_back_when_readable_and_run_returns_the_stop_code(void **state)
+{
+    (void)state;
+    edl_loop *l;
+    assert_int_equal(edl_loop_open(-1, &l), 0);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    loop_seen s = {0};
+    assert_int_equal(edl_loop_fd_add(l, p[0], EDL_LOOP_READ, on_read, &s), 0);
+    edl_loop_after_turn(l, count_turn, &s);
+    assert_int_equal(edl_loop_turn(l, 0), 0); /* nothing ready: no callback */
+    assert_int_equal(s.reads, 0);
+    assert_int_equal(s.turns, 1);
+    assert_int_equal(write(p[1], "hi", 2), 2);
+    assert_int_equal(edl_loop_run(l), 7);
+    assert_int_equal(s.reads, 1);
+    assert_string_equal(s.got, "hi");
+    edl_loop_fd_del(l, p[0]); /* deleted: a readable fd is not reported any more */
+    assert_int_equal(write(p[1], "x", 1), 1);
+    assert_int_equal(edl_loop_turn(l, 0), 0);
+    assert_int_equal(s.reads, 1);
+    edl_loop_free(l);
+    close(p[0]);
+    close(p[1]);
+}
+
+static void test_loop_sleeps_until_the_earliest_timer_and_no_longer(void **state)
+{
+    (void)state;
+    edl_loop *l;
+    assert_int_equal(edl_loop_open(3000, &l), 0); /* a loop blind to timers wakes at 3 s */
+    loop_seen s = {0}, late = {0};
+    int64_t t0 = edl_monotonic_ms();
+    s.due = t0 + 150;
+    late.due = t0 + 60000;
+    assert_int_equal(edl_loop_timer_add(l, &late.due, on_timer, &late), 0);
+    assert_int_equal(edl_loop_timer_add(l, &s.due, on_timer, &s), 0);
+    assert_int_equal(edl_loop_run(l), 3); /* no fd at all: only the timer can end the wait */
+    assert_int_equal(s.fired, 1);
+    assert_int_equal(late.fired, 0);
+    assert_true(s.fired_at >= t0 + 150);
+    assert_true(s.fired_at < t0 + 2500);
+    assert_int_equal(s.due, 0);
+    /* A cleared timer never fires again; the loop's own bound ends the turn. */
+    assert_int_equal(edl_loop_turn(l, 0), 0);
+    assert_int_equal(s.fired, 1);
+    edl_loop_free(l);
+}
+
+static int follow_src(void *arg, int *events)
+{
+    *events = EDL_LOOP_WRITE;
+    return ((loop_seen *)arg)->follow_fd;
+}
+
+static void on_write(edl_loop *l, int fd, int events, void *arg)
+{
+    (void)l;
+    (void)fd;
+    assert_true(events & EDL_LOOP_WRITE);
+    ((loop_seen *)arg)->writes++;
+}
+
+static int64_t follow_due(void *arg)
+{
+    return ((loop_seen *)arg)->due;
+}
+
+static void test_loop_follows_fds_and_due_times_that_come_and_go(void **state)
+{
+    (void)state;
+    edl_loop *l;
+    assert_int_equal(edl_loop_open(-1, &l), 0);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    loop_seen s = {.follow_fd = -1};
+    assert_int_equal(edl_loop_fd_follow(l, follow_src, on_write, &s), 0);
+    assert_int_equal(edl_loop_timer_follow(l, follow_due, on_timer, &s), 0);
+    assert_int_equal(edl_loop_turn(l, 0), 0);
+    assert_int_equal(s.writes, 0); /* none to follow yet */
+    s.follow_fd = p[1];
+    assert_int_equal(edl_loop_turn(l, 0), 0);
+    assert_int_equal(s.writes, 1);
+    s.follow_fd = -1;
+    s.due = edl_monotonic_ms() + 50;
+    assert_int_equal(edl_loop_run(l), 3);
+    assert_int_equal(s.writes, 1);
+    assert_int_equal(s.fired, 1);
+    edl_loop_free(l);
+    close(p[0]);
+    close(p[1]);
+}
+
+static void on_signal(edl_loop *l, int signo, void *arg)
+{
+    ((loop_seen *)arg)->signo = signo;
+    edl_loop_stop(l, 128 + signo);
+}
+
+typedef struct {
+    edl_work w;
+    int *order;
+    int n, *len;
+} order_work;
+
+static void order_run(edl_work *w)
+{
+    (void)w;
+}
+
+static void order_done(edl_work *w)
+{
+    order_work *o = (order_work *)w;
+    o->order[(*o->len)++] = o->n;
+    free(o);
+}
+
+static void stop_when_done(edl_loop *l, void *arg)
+{
+    if (*(int *)arg == 3)
+        edl_loop_stop(l, 0);
+}
+
+/* A guard: a loop that misses what it waits for ends at 5 s with -1, not hanging the test. */
+static void give_up(edl_loop *l, void *arg)
+{
+    *(int64_t *)arg = 0;
+    edl_loop_stop(l, -1);
+}
+
+static void test_loop_takes_signals_and_completes_works_on_its_thread(void **state)
+{
+    (void)state;
+    edl_loop *l;
+    assert_int_equal(edl_loop_open(-1, &l), 0);
+    int64_t guard = edl_monotonic_ms() + 5000;
+    assert_int_equal(edl_loop_timer_add(l, &guard, give_up, &guard), 0);
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, NULL, &old);
+    loop_seen s = {0};
+    assert_int_equal(edl_loop_signals(l, &set, on_signal, &s), 0);
+    assert_int_equal(edl_loop_signals(l, &set, on_signal, &s), EDL_EINVAL);
+    assert_int_equal(kill(getpid(), SIGUSR2), 0); /* blocked: waits for the loop's signalfd */
+    assert_int_equal(edl_loop_run(l), 128 + SIGUSR2);
+    assert_int_equal(s.signo, SIGUSR2);
+
+    edl_worker *wk;
+    assert_int_equal(edl_worker_open(&wk), 0);
+    assert_int_equal(edl_loop_worker(l, wk), 0);
+    int order[3], len = 0;
+    for (int i = 0; i < 3; i++) {
+        order_work *o = calloc(1, sizeof *o);
+        *o = (order_work){.w = {.run = order_run, .done = order_done}, .order = order, .n = i,
+                          .len = &len};
+        assert_int_equal(edl_worker_submit(wk, &o->w), 0);
+    }
+    edl_loop_after_turn(l, stop_when_done, &len);
+    guard = edl_monotonic_ms() + 5000;
+    assert_int_equal(edl_loop_run(l), 0); /* only the worker's fd wakes it before the guard */
+    assert_int_equal(len, 3);
+    assert_int_equal(order[0], 0);
+    assert_int_equal(order[2], 2);
+    edl_worker_close(wk);
+    edl_loop_free(l);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1008,6 +1211,10 @@ int main(void)
         cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
         cmocka_unit_test(test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth),
         cmocka_unit_test(test_works_run_off_the_loop_and_complete_on_it_in_order),
+        cmocka_unit_test(test_loop_calls_an_fd_back_when_readable_and_run_returns_the_stop_code),
+        cmocka_unit_test(test_loop_sleeps_until_the_earliest_timer_and_no_longer),
+        cmocka_unit_test(test_loop_follows_fds_and_due_times_that_come_and_go),
+        cmocka_unit_test(test_loop_takes_signals_and_completes_works_on_its_thread),
         cmocka_unit_test(test_http_backoff_doubles_caps_jitters_and_obeys_retry_after),
         cmocka_unit_test(test_addr_keys_group_sources_by_ipv4_address_and_ipv6_64),
         cmocka_unit_test(test_net_deadline_holds_on_a_peer_that_never_answers),

@@ -84,6 +84,9 @@ int edl_metrics_port(const edl_metrics_server *s);
 int edl_metrics_fd(const edl_metrics_server *s);
 int edl_metrics_timeout_ms(edl_metrics_server *s);
 void edl_metrics_serve(edl_metrics_server *s);
+struct edl_loop;
+/* Or let an edl_loop do both: register the fd and the timeout with it. EDL_ENOMEM. */
+int edl_metrics_attach(edl_metrics_server *s, struct edl_loop *l);
 
 #ifdef __cplusplus
 }

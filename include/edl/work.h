@@ -1,9 +1,17 @@
 /* edl/work.h: calls that may block (a request to etcd) run off an event loop, as libuv's
  * uv_queue_work: one worker thread runs the submitted works in order; each finished work goes
  * back to the loop through an edl_queue, whose fd the loop polls next to its others, and its
- * done function runs there, on the loop's thread, when the loop calls edl_worker_complete.
- * What a work reads and writes on the worker is its own (a copy of what it needs, a place for
- * its result): the loop's state is touched only by done. */
+ * done function runs there, on the loop's thread, when the loop calls edl_worker_complete
+ * (edl_loop_worker does that when the fd wakes an edl/loop.h loop).
+ * What a work reads and writes on the worker is its own: a copy of what it needs and a place
+ * for its result, or a part of the loop's state handed over for the work's time: the loop
+ * changes that part only in done, and reads of it meanwhile only what the declaration says
+ * stays readable. The hand-overs are stated where the state is declared: the job server's
+ * work owns the publisher, the lease and its keeper (jobserver.c: the loop still polls the
+ * keeper of a lease a pass does not replace); the operator's round owns the jobs, the
+ * counters, both clients, etcd's lease and watch and the informers' caches, whose fds the
+ * loop then leaves out (operator/internal.h). Anything else of the loop's state is touched
+ * only by done. */
 #ifndef EDL_WORK_H
 #define EDL_WORK_H
 
