@@ -1216,6 +1216,45 @@ static void drop_corrupt(edl_ckpt *ck, const edl_kv *kv, const ckpt_pointer *ptr
     free(doc);
 }
 
+/* Load the newest intact checkpoint among ptr's entries from `first` on, falling back over
+ * corrupt ones (dropped from the pointer once an older one loads). EDL_EPROTO when none is
+ * intact (errmsg lists why each failed); a store's or etcd's error as it is. */
+static int load_from(edl_ckpt *ck, const edl_kv *kv, const ckpt_pointer *ptr, size_t first,
+                     edl_ckpt_manifest **out)
+{
+    size_t used = 0;
+    int rc = EDL_EPROTO;
+    ck->errmsg[0] = '\0';
+    for (size_t i = first; i < ptr->n; i++) {
+        char why[512];
+        rc = load_one(ck, &ptr->entries[i], out, why, sizeof why);
+        if (rc == 0) {
+            (*out)->skipped = (int)i;
+            if (i > 0)
+                drop_corrupt(ck, kv, ptr, i);
+            break;
+        }
+        if (rc != EDL_EPROTO) { /* the store cannot be asked: no verdict on the checkpoint */
+            edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "cannot load checkpoint %s: %s",
+                 ptr->entries[i].dir, why);
+            break;
+        }
+        if (i + 1 < ptr->n)
+            EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: "
+                     "%s; falling back to %s (step %" PRId64 ")", ptr->entries[i].dir,
+                     ptr->entries[i].step, why, ptr->entries[i + 1].dir, ptr->entries[i + 1].step);
+        else
+            EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: "
+                     "%s; no older checkpoint is kept", ptr->entries[i].dir, ptr->entries[i].step,
+                     why);
+        used += (size_t)snprintf(ck->errmsg + used, sizeof ck->errmsg - used, "%s%s: %s",
+                                 used ? "; " : "no intact checkpoint: ", ptr->entries[i].dir, why);
+        if (used >= sizeof ck->errmsg)
+            used = sizeof ck->errmsg - 1;
+    }
+    return rc;
+}
+
 int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
 {
     if (!ck || !out)
@@ -1230,35 +1269,7 @@ int edl_ckpt_load_latest(edl_ckpt *ck, edl_ckpt_manifest **out)
                     ck->pointer_key, ck->uri);
     if (rc != 0)
         return rc;
-    size_t used = 0;
-    ck->errmsg[0] = '\0';
-    for (size_t i = 0; i < ptr.n; i++) {
-        char why[512];
-        rc = load_one(ck, &ptr.entries[i], out, why, sizeof why);
-        if (rc == 0) {
-            (*out)->skipped = (int)i;
-            if (i > 0)
-                drop_corrupt(ck, kv, &ptr, i);
-            break;
-        }
-        if (rc != EDL_EPROTO) { /* the store cannot be asked: no verdict on the checkpoint */
-            edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "cannot load checkpoint %s: %s",
-                 ptr.entries[i].dir, why);
-            break;
-        }
-        if (i + 1 < ptr.n)
-            EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: "
-                     "%s; falling back to %s (step %" PRId64 ")", ptr.entries[i].dir,
-                     ptr.entries[i].step, why, ptr.entries[i + 1].dir, ptr.entries[i + 1].step);
-        else
-            EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: "
-                     "%s; no older checkpoint is kept", ptr.entries[i].dir, ptr.entries[i].step,
-                     why);
-        used += (size_t)snprintf(ck->errmsg + used, sizeof ck->errmsg - used, "%s%s: %s",
-                                 used ? "; " : "no intact checkpoint: ", ptr.entries[i].dir, why);
-        if (used >= sizeof ck->errmsg)
-            used = sizeof ck->errmsg - 1;
-    }
+    rc = load_from(ck, kv, &ptr, 0, out);
     edl_kv_free(kv);
     ckpt_pointer_clear(&ptr);
     return rc;
@@ -1277,23 +1288,11 @@ int edl_ckpt_load_older(edl_ckpt *ck, int64_t step, edl_ckpt_manifest **out)
     size_t i = 0;
     while (i < ptr.n && ptr.entries[i].step >= step)
         i++;
-    rc = edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOTFOUND, "job %s keeps no committed "
-                  "checkpoint older than step %" PRId64, ck->job, step);
-    for (; i < ptr.n; i++) {
-        char why[512];
-        rc = load_one(ck, &ptr.entries[i], out, why, sizeof why);
-        if (rc == 0) {
-            (*out)->skipped = (int)i;
-            if (i > 0)
-                drop_corrupt(ck, kv, &ptr, i);
-            break;
-        }
-        edl_errf(ck->errmsg, sizeof ck->errmsg, rc, "checkpoint %s: %s", ptr.entries[i].dir, why);
-        if (rc != EDL_EPROTO)
-            break;
-        EDL_WARN("checkpoint", "checkpoint %s (step %" PRId64 ") is incomplete or corrupt: %s",
-                 ptr.entries[i].dir, ptr.entries[i].step, why);
-    }
+    if (i == ptr.n)
+        rc = edl_errf(ck->errmsg, sizeof ck->errmsg, EDL_ENOTFOUND, "job %s keeps no committed "
+                      "checkpoint older than step %" PRId64, ck->job, step);
+    else
+        rc = load_from(ck, kv, &ptr, i, out);
     edl_kv_free(kv);
     ckpt_pointer_clear(&ptr);
     return rc;
