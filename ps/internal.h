@@ -332,6 +332,9 @@ typedef struct ps_metrics_src {
     edl_ps_server *s;
     const char *job, *pod; /* the labels */
 } ps_metrics_src;
+/* The sparse keys pulled and pushed so far (server.c): /metrics' edl_ps_keys_total, kept out
+ * of edl_ps_server_stats so that the STATS answer keeps its wire format. */
+void ps_server_key_counts(edl_ps_server *s, uint64_t *pulled, uint64_t *pushed);
 /* An edl_metrics_fn: the server's counters (arg: a ps_metrics_src). */
 void ps_write_metrics(void *arg, struct edl_prom *p);
 /* The main thread's loop (edl/loop.h): sigs (blocked before any thread starts) on its

@@ -1,7 +1,7 @@
 /* metrics.c: the parameter server's /metrics (edl/metrics.h's server, polled from edl-ps's main
- * thread): its counters (edl_ps_server_stats, atomics read without locks), the shards lost
- * and restored among them; and the main thread's loop (edl/loop.h): the wait for a signal that
- * serves /metrics meanwhile. */
+ * thread): its counters (edl_ps_server_stats and the sparse keys served, atomics read without
+ * locks), the shards lost and restored among them; and the main thread's loop (edl/loop.h):
+ * the wait for a signal that serves /metrics meanwhile. */
 #define _GNU_SOURCE
 #include <signal.h>
 
@@ -30,6 +30,12 @@ void ps_write_metrics(void *arg, edl_prom *p)
                     "closed before they authenticated, or cut for breaking the protocol.",
                     (int64_t)st.rejected);
     edl_prom_metric(p, "edl_ps_pushes_total", "counter", "Pushes applied.", (int64_t)st.pushes);
+    uint64_t pulled, pushed;
+    ps_server_key_counts(m->s, &pulled, &pushed);
+    edl_prom_family(p, "edl_ps_keys_total", "counter", "Sparse keys served, by operation: "
+                    "rows pulled, and rows pushed and applied.");
+    edl_prom_sample(p, "edl_ps_keys_total", "op", "pull", (int64_t)pulled);
+    edl_prom_sample(p, "edl_ps_keys_total", "op", "push", (int64_t)pushed);
     edl_prom_metric(p, "edl_ps_shards_in_total", "counter", "Shards received from servers.",
                     (int64_t)st.shards_in);
     edl_prom_metric(p, "edl_ps_shards_out_total", "counter", "Shards handed to servers.",

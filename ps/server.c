@@ -239,8 +239,10 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
         int rc = r->h.flags == PS_F_SYNC ? ps_sync_push(s->sync[PS_SPACE_STEPS], t, r, why, whylen)
                  : geo ? ps_table_geo_add(t, r->keys, r->n, r->values, r->trainer, &r->id)
                        : ps_table_push_sparse(t, r->keys, r->n, r->values, &r->id);
-        if (rc == 0)
+        if (rc == 0) {
             reply_begin(c, &r->h, 0);
+            atomic_fetch_add(&s->keys_pushed, r->n);
+        }
         return rc;
     }
     uint64_t len = 8 + 4 * (uint64_t)r->n * dim;
@@ -256,6 +258,8 @@ static int serve_sparse(edl_ps_server *s, ps_conn *c, const ps_request *r, char 
     int rc = ps_table_pull_sparse(t, r->keys, r->n, (float *)(void *)(p + 8));
     if (rc)
         c->out_len -= PS_HDR_BYTES + len;
+    else
+        atomic_fetch_add(&s->keys_pulled, r->n);
     return rc;
 }
 
@@ -1007,6 +1011,12 @@ void edl_ps_server_close(edl_ps_server *s)
     pthread_mutex_destroy(&s->why_mu);
     edl_job_secret_clear(&s->secret);
     free(s);
+}
+
+void ps_server_key_counts(edl_ps_server *s, uint64_t *pulled, uint64_t *pushed)
+{
+    *pulled = atomic_load(&s->keys_pulled);
+    *pushed = atomic_load(&s->keys_pushed);
 }
 
 void edl_ps_server_get_stats(edl_ps_server *s, edl_ps_server_stats *out)

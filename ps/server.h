@@ -72,6 +72,9 @@ struct edl_ps_server {
     ps_elastic el;                /* elastic.c and mover.c only */
     ps_checkpoint cp;             /* checkpoint.c only */
     atomic_uint_fast64_t shards_restored;
+    /* sparse keys served, for /metrics only: not in edl_ps_server_stats, whose bytes are
+     * the STATS answer's wire format */
+    atomic_uint_fast64_t keys_pulled, keys_pushed;
 };
 
 

@@ -1141,6 +1141,67 @@ static void test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_nam
     edl_job_secret_clear(&s);
 }
 
+/* The value of the sample of `name` whose labels end with `label` (e.g. op="pull"); -1 when
+ * absent. */
+static long long labelled_metric(const char *body, const char *name, const char *label)
+{
+    char want[128];
+    snprintf(want, sizeof want, "%s}", label);
+    for (const char *at = strstr(body, name); at; at = strstr(at + 1, name)) {
+        const char *end = strchr(at, '\n'), *l = strstr(at, want);
+        if (at[-1] == '\n' && at[strlen(name)] == '{' && l && end && l < end)
+            return atoll(l + strlen(want));
+    }
+    return -1;
+}
+
+/* edl-ps's /metrics counts the sparse keys it serves by operation, each key of a call once
+ * (edl_ps_keys_total{op}), and neither a dense call nor a refused one adds to them. */
+static void test_edl_ps_metrics_count_the_keys_pulled_and_pushed(void **state)
+{
+    (void)state;
+    char path[256], why[512], ep[32];
+    snprintf(path, sizeof path, "%s/secret-keys", dir);
+    assert_int_equal(edl_job_secret_generate(path, why, sizeof why), 0);
+    int port, mport = harness_free_port();
+    pid_t ps = start_edl_ps_metrics("keys", path, &port, mport);
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    const char *eps[] = {ep};
+    edl_job_secret s;
+    edl_job_secret_init(&s);
+    assert_int_equal(edl_job_secret_load_file(&s, path, why, sizeof why), 0);
+    edl_ps_client_options o = {.endpoints = eps, .n_servers = 1, .job = "job-a", .secret = &s,
+                               .timeout_ms = 5000, .lanes = 1};
+    edl_ps_client *c = NULL;
+    assert_int_equal(edl_ps_client_open(&o, &c, why, sizeof why), 0);
+    edl_ps_table_config cfg, dense;
+    edl_ps_table_config_init(&cfg);
+    edl_ps_table_config_init(&dense);
+    dense.kind = EDL_PS_DENSE, dense.dim = 1, dense.size = 16;
+    harness_ps_ok(c, edl_ps_create_table(c, 0, &cfg));
+    harness_ps_ok(c, edl_ps_create_table(c, 1, &dense));
+    uint64_t keys[40];
+    float rows[40 * 8] = {0}, d[16] = {0};
+    for (int i = 0; i < 40; i++)
+        keys[i] = (uint64_t)i * 31;
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, keys, 40, rows));
+    harness_ps_ok(c, edl_ps_pull_sparse(c, 0, keys, 5, rows));
+    harness_ps_ok(c, edl_ps_push_sparse(c, 0, keys, 12, rows));
+    harness_ps_ok(c, edl_ps_pull_dense(c, 1, 0, 16, d));
+    harness_ps_ok(c, edl_ps_push_dense(c, 1, 0, 16, d));
+    assert_int_not_equal(edl_ps_pull_sparse(c, 7, keys, 3, rows), 0); /* no table 7 */
+    static char body[65536];
+    assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
+    assert_int_equal(labelled_metric(body, "edl_ps_keys_total", "op=\"pull\""), 45);
+    assert_int_equal(labelled_metric(body, "edl_ps_keys_total", "op=\"push\""), 12);
+    assert_non_null(strstr(body, "# TYPE edl_ps_keys_total counter\n"));
+    assert_non_null(strstr(body, "edl_ps_keys_total{job=\"job-a\",pod=\"\",op=\"pull\"} 45\n"));
+    edl_ps_client_close(c);
+    edl_job_secret_clear(&s);
+    harness_kill(ps, SIGTERM);
+    assert_int_equal(harness_wait_exit(ps, 5000), 0);
+}
+
 /* Lines of the file that hold `what`. */
 static int count_lines(const char *path, const char *what)
 {
@@ -1273,6 +1334,7 @@ int main(void)
         cmocka_unit_test(test_strangers_from_other_addresses_never_evict_a_trainer),
         cmocka_unit_test(test_a_flood_of_strangers_fails_no_open),
         cmocka_unit_test(test_edl_ps_serves_until_sigterm_and_a_killed_one_fails_calls_by_name),
+        cmocka_unit_test(test_edl_ps_metrics_count_the_keys_pulled_and_pushed),
         cmocka_unit_test(test_silent_strangers_past_the_limit_do_not_lock_trainers_out),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*secret*' */
