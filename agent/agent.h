@@ -117,6 +117,8 @@ typedef struct trainer_proc {
     int64_t last_step_wall_ms;  /* when the step last changed (0: never) */
     int64_t first_step_wall_ms; /* when the current trainer reported its first step */
     unsigned first_steps;       /* first steps seen: one per trainer that stepped */
+    edl_prom_hist ckpt_seconds[2]; /* checkpoints the trainers reported: [0] saves, [1] loads */
+    int64_t ckpt_bytes[2];         /* and their bytes */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);

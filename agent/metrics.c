@@ -21,7 +21,8 @@ void agent_metrics_progress(agent *a)
     edl_prom_observe(&a->m.reformation, ms > 0 ? (double)ms / 1000.0 : 0.0);
 }
 
-/* The trainer's progress: steps, when it last stepped, how long each world took to form. */
+/* The trainer's progress: steps, when it last stepped, how long each world took to form, its
+ * checkpoints' times and sizes. */
 static void write_progress(const agent *a, edl_prom *p)
 {
     edl_prom_metric(p, "edl_agent_trainer_step", "gauge",
@@ -39,6 +40,16 @@ static void write_progress(const agent *a, edl_prom *p)
     h.n = N_REFORM_BOUNDS;
     edl_prom_histogram(p, "edl_agent_reformation_seconds",
                        "From a generation's publication to its trainer's first step here.", &h);
+    edl_prom_histogram(p, "edl_agent_checkpoint_save_seconds",
+                       "Checkpoint saves the trainers reported, by the time they took.",
+                       &a->tp.ckpt_seconds[0]);
+    edl_prom_histogram(p, "edl_agent_checkpoint_load_seconds",
+                       "Checkpoint loads the trainers reported, by the time they took.",
+                       &a->tp.ckpt_seconds[1]);
+    edl_prom_family(p, "edl_agent_checkpoint_bytes_total", "counter",
+                    "Bytes of the checkpoints the trainers saved and loaded, by operation.");
+    edl_prom_sample(p, "edl_agent_checkpoint_bytes_total", "op", "save", a->tp.ckpt_bytes[0]);
+    edl_prom_sample(p, "edl_agent_checkpoint_bytes_total", "op", "load", a->tp.ckpt_bytes[1]);
 }
 
 void agent_metrics_write(void *arg, edl_prom *p)

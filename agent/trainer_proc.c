@@ -14,6 +14,10 @@
 #include "agent.h"
 #include "edl/log.h"
 
+/* A checkpoint takes from a fraction of a second (a small model to a local disk) to minutes
+ * (gigabytes to an object store). */
+static const double CKPT_BOUNDS[] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+
 void trainer_init(trainer_proc *t)
 {
     memset(t, 0, sizeof *t);
@@ -21,6 +25,10 @@ void trainer_init(trainer_proc *t)
     t->control_fd = -1;
     t->stderr_fd = -1;
     t->step = -1;
+    for (int i = 0; i < 2; i++) {
+        t->ckpt_seconds[i].bounds = CKPT_BOUNDS;
+        t->ckpt_seconds[i].n = sizeof CKPT_BOUNDS / sizeof CKPT_BOUNDS[0];
+    }
 }
 
 bool trainer_running(const trainer_proc *t)
@@ -207,7 +215,8 @@ static void note_step(trainer_proc *t, int64_t step)
 }
 
 /* Take one complete progress line: a step (which also ends a wait), a wait in a collective
- * (kept with when it began), or the end of one. 1 when something changed. */
+ * (kept with when it began), or the end of one, a checkpoint's time and size (counted for
+ * /metrics). 1 when the trainer's status changed. */
 static int take_line(trainer_proc *t, const char *line, size_t len)
 {
     edl_progress_line pl;
@@ -243,6 +252,13 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
             return 0;
         t->inprocess = true;
         return 1;
+    case EDL_PROGRESS_CHECKPOINT_SAVE:
+    case EDL_PROGRESS_CHECKPOINT_LOAD: {
+        int i = pl.kind == EDL_PROGRESS_CHECKPOINT_LOAD; /* for /metrics only: no change */
+        edl_prom_observe(&t->ckpt_seconds[i], (double)pl.value / 1000.0);
+        t->ckpt_bytes[i] += pl.bytes;
+        return 0;
+    }
     }
     return 0;
 }

@@ -152,6 +152,16 @@ int edl_agent_link_report_inprocess(edl_agent_link *t)
     return write_progress(t, "inprocess\n", 10);
 }
 
+int edl_agent_link_report_checkpoint(edl_agent_link *t, bool load, int64_t ms, int64_t bytes)
+{
+    if (ms < 0 || bytes < 0 || ms > EDL_GENERATION_MAX || bytes > EDL_GENERATION_MAX)
+        return EDL_EINVAL;
+    char buf[80];
+    return write_progress(t, buf, snprintf(buf, sizeof buf, "checkpoint %s %lld %lld\n",
+                                           load ? "load" : "save", (long long)ms,
+                                           (long long)bytes));
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -166,6 +176,18 @@ static int parse_count(const char *s, size_t len, int64_t *v)
     if (x > EDL_GENERATION_MAX)
         return EDL_EPROTO;
     *v = x;
+    return 0;
+}
+
+/* "<ms> <bytes>", the rest of a checkpoint line: 0, else EDL_EPROTO. */
+static int parse_checkpoint(const char *s, size_t len, edl_progress_line *out)
+{
+    const char *sp = memchr(s, ' ', len);
+    if (!sp)
+        return EDL_EPROTO;
+    size_t mlen = (size_t)(sp - s);
+    if (parse_count(s, mlen, &out->value) || parse_count(sp + 1, len - mlen - 1, &out->bytes))
+        return EDL_EPROTO;
     return 0;
 }
 
@@ -191,6 +213,11 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     if (len == 9 && memcmp(line, "inprocess", 9) == 0) {
         out->kind = EDL_PROGRESS_INPROCESS;
         return 0;
+    }
+    if (len >= 16 && (memcmp(line, "checkpoint save ", 16) == 0 ||
+                      memcmp(line, "checkpoint load ", 16) == 0)) {
+        out->kind = line[11] == 's' ? EDL_PROGRESS_CHECKPOINT_SAVE : EDL_PROGRESS_CHECKPOINT_LOAD;
+        return parse_checkpoint(line + 16, len - 16, out);
     }
     if (len < 8 || memcmp(line, "blocked ", 8) != 0)
         return EDL_EPROTO;

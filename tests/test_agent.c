@@ -1040,8 +1040,12 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     snprintf(mp, sizeof mp, "%d", mport);
     pid_t a = start_agent(job, "a",
                           "echo 'step 5' >&$EDL_PROGRESS_FD; echo 'garbage' >&$EDL_PROGRESS_FD; "
-                          "echo 'step -2' >&$EDL_PROGRESS_FD; echo 'step 7' >&$EDL_PROGRESS_FD; "
-                          "exec sleep 60",
+                          "echo 'step -2' >&$EDL_PROGRESS_FD; "
+                          "echo 'checkpoint load 1500 4096' >&$EDL_PROGRESS_FD; "
+                          "echo 'checkpoint save 250 1000' >&$EDL_PROGRESS_FD; "
+                          "echo 'checkpoint save 30000 2000' >&$EDL_PROGRESS_FD; "
+                          "echo 'checkpoint save x 1' >&$EDL_PROGRESS_FD; "
+                          "echo 'step 7' >&$EDL_PROGRESS_FD; exec sleep 60",
                           (const char *[]){"--metrics-port", mp, "--metrics-addr", "127.0.0.1",
                                            NULL});
     char k[256];
@@ -1076,6 +1080,18 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
         "# TYPE edl_agent_reformation_seconds histogram",
         "edl_agent_reformation_seconds_bucket{job=\"metrics\",pod=\"a\",le=\"+Inf\"} 1\n",
         "edl_agent_reformation_seconds_count{job=\"metrics\",pod=\"a\"} 1\n",
+        /* the checkpoint lines came before step 7 on the same pipe */
+        "# TYPE edl_agent_checkpoint_save_seconds histogram",
+        "edl_agent_checkpoint_save_seconds_bucket{job=\"metrics\",pod=\"a\",le=\"0.25\"} 1\n",
+        "edl_agent_checkpoint_save_seconds_bucket{job=\"metrics\",pod=\"a\",le=\"30\"} 2\n",
+        "edl_agent_checkpoint_save_seconds_sum{job=\"metrics\",pod=\"a\"} 30.250000\n",
+        "edl_agent_checkpoint_save_seconds_count{job=\"metrics\",pod=\"a\"} 2\n",
+        "edl_agent_checkpoint_load_seconds_bucket{job=\"metrics\",pod=\"a\",le=\"1\"} 0\n",
+        "edl_agent_checkpoint_load_seconds_bucket{job=\"metrics\",pod=\"a\",le=\"2.5\"} 1\n",
+        "edl_agent_checkpoint_load_seconds_count{job=\"metrics\",pod=\"a\"} 1\n",
+        "# TYPE edl_agent_checkpoint_bytes_total counter",
+        "edl_agent_checkpoint_bytes_total{job=\"metrics\",pod=\"a\",op=\"save\"} 3000\n",
+        "edl_agent_checkpoint_bytes_total{job=\"metrics\",pod=\"a\",op=\"load\"} 4096\n",
         "edl_agent_etcd_errors_total{job=\"metrics\",pod=\"a\"} 0\n",
         "edl_agent_lease_losses_total{job=\"metrics\",pod=\"a\"} 0\n",
         "edl_agent_up{job=\"metrics\",pod=\"a\"} 1\n", NULL};
