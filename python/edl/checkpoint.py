@@ -20,10 +20,11 @@ from a checkpoint's bytes); ``trusted=True`` accepts any pickled object, as torc
 import json
 import pickle
 import sys
+import time
 
 import torch
 
-from . import _edl, _structure as _structure_reader, context
+from . import _edl, _link, _structure as _structure_reader, context
 
 __all__ = ["save", "save_async", "wait", "reserve", "load", "load_latest"]
 
@@ -94,29 +95,46 @@ def _shards(obj):
     return shards, meta, tensors
 
 
+def _report(load, began, nbytes):
+    """Tell the agent how long a save or a load took since `began` (time.monotonic()) and its
+    bytes: its /metrics (edl_agent_checkpoint_*); nothing outside edl."""
+    _link().report_checkpoint(load, int((time.monotonic() - began) * 1000), nbytes)
+
+
+def _size(shards):
+    return sum(len(s[1]) if len(s) == 2 else s[2] for s in shards)
+
+
 def _generation(generation):
     return context().generation if generation is None else generation
 
 
 def save(obj, step, url, generation=None):
     """Save obj as checkpoint `step` of the job at url and wait until it is committed."""
+    began = time.monotonic()
     shards, meta, tensors = _shards(obj)
     _handle(url).save(step, _generation(generation), shards, meta)
     del tensors
+    _report(False, began, _size(shards))
 
 
 class Pending:
     """A save under way (save_async)."""
 
-    def __init__(self, p):
+    def __init__(self, p, began, nbytes):
         self._p = p
+        self._began, self._bytes = began, nbytes  # reported to the agent once committed
 
     def wait(self, timeout=None):
         """True once committed; False while it runs past timeout (seconds); edl.Error when it
         failed (once: then, as once it is stored, the save is forgotten and its tensors are
         released)."""
         try:
-            return self._p.wait(-1 if timeout is None else int(timeout * 1000))
+            done = self._p.wait(-1 if timeout is None else int(timeout * 1000))
+            if done and self._bytes is not None:
+                _report(False, self._began, self._bytes)
+                self._bytes = None
+            return done
         finally:
             if self._p.done and self in _pending:
                 _pending.remove(self)
@@ -133,9 +151,10 @@ class Pending:
 def save_async(obj, step, url, generation=None, snapshot_in_background=False):
     """Queue checkpoint `step`; returns a Pending once the tensors are copied (at once with
     snapshot_in_background: do not write them before Pending.snapshot_wait())."""
+    began = time.monotonic()
     shards, meta, tensors = _shards(obj)
     p = Pending(_handle(url, snapshot_in_background).save_async(
-        step, _generation(generation), shards, meta, tensors))
+        step, _generation(generation), shards, meta, tensors), began, _size(shards))
     _pending.append(p)
     return p
 
@@ -248,12 +267,15 @@ def load_latest(url, map_location="cpu", trusted=False):
     not "cpu" ("as_saved": where they were saved). A malformed checkpoint (EDL_EPROTO) is
     passed over for the one before it, as a corrupt one is; one that another writer saved
     (not edl.checkpoint's format) is refused as it is."""
+    began = time.monotonic()
     h = _loader(url)
     m = h.load_latest()
     why = []
     while m is not None:
         try:
-            return _load(m, map_location, trusted)
+            got = _load(m, map_location, trusted)
+            _report(True, began, sum(s[3] for s in m.shards))
+            return got
         except _edl.Error as e:
             if e.code != _edl.EDL_EPROTO or getattr(e, "foreign", False):
                 raise

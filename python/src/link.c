@@ -147,6 +147,22 @@ static PyObject *link_report_step(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *link_report_checkpoint(PyObject *self, PyObject *args)
+{
+    int load;
+    long long ms, bytes;
+    if (!PyArg_ParseTuple(args, "pLL", &load, &ms, &bytes))
+        return NULL;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    int rc = edl_agent_link_report_checkpoint(l, load, ms, bytes);
+    if (rc && rc != EDL_EIO) /* EDL_EIO: the agent is gone; the next poll says so */
+        return edl_py_raise(rc, "reporting a checkpoint %s of %lld bytes in %lld ms: %s",
+                            load ? "load" : "save", bytes, ms, edl_strerror(rc));
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_report_blocked(PyObject *self, PyObject *args)
 {
     long long ms;
@@ -235,6 +251,9 @@ static PyMethodDef LINK_METHODS[] = {
      "wait(timeout_ms=-1) -> dict or None: as poll(), waiting up to timeout_ms for it."},
     {"report_step", link_report_step, METH_VARARGS,
      "report_step(step): tell the agent a step finished (its progress and hang checks)."},
+    {"report_checkpoint", link_report_checkpoint, METH_VARARGS,
+     "report_checkpoint(load, ms, bytes): a checkpoint was saved (load False) or loaded in ms "
+     "milliseconds, bytes in size (the agent's /metrics)."},
     {"report_blocked", link_report_blocked, METH_VARARGS,
      "report_blocked(ms, what): a collective has waited ms on its peers."},
     {"report_unblocked", link_report_unblocked, METH_NOARGS,

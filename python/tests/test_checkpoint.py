@@ -81,6 +81,28 @@ def test_async_saves_and_wait(url):
     assert torch.equal(ckpt.load(url)["w"], copy)
 
 
+def test_saves_and_loads_tell_the_agent_their_time_and_bytes(in_job, scratch, monkeypatch):
+    """Each save (a save_async once committed) and each load writes a progress line to the
+    agent, "checkpoint save|load <ms> <bytes>": what its /metrics counts."""
+    progress_r, progress_w = os.pipe()
+    monkeypatch.setenv("EDL_PROGRESS_FD", str(progress_w))
+    monkeypatch.delenv("EDL_CONTROL_FD", raising=False)
+    monkeypatch.setattr(edl, "_the_link", None)  # a link of this test's, on the pipe
+    url = "file://" + scratch
+    saved = {"w": torch.zeros(1000), "step": 3}  # 4,000 bytes of tensor and the structure
+    ckpt.save(saved, 1, url)
+    assert ckpt.save_async(saved, 2, url).wait()
+    assert ckpt.load_latest(url)[1] == 2
+    edl._the_link.close()  # and the pipe's write end with it
+    with os.fdopen(progress_r, "rb") as f:
+        lines = [line.split() for line in f.read().decode().splitlines()]
+    assert [line[:2] for line in lines] == [["checkpoint", "save"], ["checkpoint", "save"],
+                                           ["checkpoint", "load"]], lines
+    sizes = {int(line[3]) for line in lines}
+    assert len(sizes) == 1 and 4000 < sizes.pop() < 5000, lines  # the same checkpoint's bytes
+    assert all(0 <= int(line[2]) < 60000 for line in lines), lines
+
+
 def test_a_background_snapshot_keeps_what_it_reads_alive(url):
     # The pickled structure is a bytes object that only the save holds once save_async returns;
     # the snapshot copies it later, in the background. Freed memory reused at once by bytes of
