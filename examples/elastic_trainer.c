@@ -8,7 +8,8 @@
  * and applies the sum (added in rank order, so every rank holds the same weights). Rank 0
  * checkpoints the weights every few steps and every start resumes from the newest checkpoint:
  * under an agent through edl/checkpoint.h (EDL_CHECKPOINT_URI, asynchronous saves committed by
- * the etcd pointer), standalone to a file in DIR.
+ * the etcd pointer; each save once committed and each load reported to the agent as a
+ * "checkpoint" progress line), standalone to a file in DIR.
  * Because a step's batch depends only on the step number, the result does not depend on how
  * often the job was re-formed or at which sizes: it is checked against the true weights.
  *
@@ -49,6 +50,7 @@ typedef struct trainer {
     edl_etcd *etcd;         /* with ckpt: checkpoints through edl/checkpoint.h */
     edl_ckpt *ckpt;
     edl_ckpt_pending *saving;
+    int64_t saving_since_ms; /* when it was queued; 0: reported to the agent (or none) */
 } trainer;
 
 static double true_w(int j)
@@ -177,8 +179,27 @@ static int ckpt_open(trainer *t)
     return rc;
 }
 
+static void report_line(const trainer *t, const char *line, int n)
+{
+    if (t->progress_fd < 0 || n <= 0)
+        return;
+    ssize_t w = write(t->progress_fd, line, (size_t)n);
+    (void)w; /* progress is advisory: a full or closed pipe never stops training */
+}
+
+/* A checkpoint saved or loaded since since_ms, to the agent (its /metrics). */
+static void report_checkpoint(const trainer *t, bool load, int64_t since_ms)
+{
+    char line[80];
+    report_line(t, line, snprintf(line, sizeof line, "checkpoint %s %lld %zu\n",
+                                  load ? "load" : "save",
+                                  (long long)(edl_monotonic_ms() - since_ms),
+                                  sizeof(double) * D));
+}
+
 static int ckpt_load(trainer *t, long *step, double w[D])
 {
+    int64_t t0 = edl_monotonic_ms();
     edl_ckpt_manifest *m = NULL;
     *step = 0;
     for (int j = 0; j < D; j++)
@@ -195,6 +216,7 @@ static int ckpt_load(trainer *t, long *step, double w[D])
         rc = edl_ckpt_read_shard_into(t->ckpt, m, (size_t)i, w, sizeof(double) * D);
     if (!rc) {
         *step = (long)m->step;
+        report_checkpoint(t, true, t0);
     } else {
         fprintf(stderr, "rank %d: loading the latest checkpoint: %s (%s)\n", t->rank,
                 edl_strerror(rc), edl_ckpt_errmsg(t->ckpt));
@@ -205,11 +227,23 @@ static int ckpt_load(trainer *t, long *step, double w[D])
     return rc;
 }
 
+/* Once the save under way is committed, tell the agent how long it took (checked each step:
+ * the time is right to a step). */
+static void ckpt_note_saved(trainer *t)
+{
+    if (t->saving && t->saving_since_ms && edl_ckpt_save_done(t->saving) &&
+        edl_ckpt_wait(t->saving, 0) == 0) {
+        report_checkpoint(t, false, t->saving_since_ms);
+        t->saving_since_ms = 0;
+    }
+}
+
 /* Finish the previous save (it had a whole step interval to run), then queue this one. */
 static void ckpt_save(trainer *t, long step, const double w[D], bool wait)
 {
     if (t->saving) {
         int rc = edl_ckpt_wait(t->saving, -1);
+        ckpt_note_saved(t);
         if (rc && rc != EDL_ECONFLICT)
             fprintf(stderr, "rank 0: checkpoint failed: %s\n", edl_ckpt_save_errmsg(t->saving));
         edl_ckpt_save_free(t->saving);
@@ -218,6 +252,7 @@ static void ckpt_save(trainer *t, long step, const double w[D], bool wait)
     if (step < 0)
         return;
     edl_ckpt_shard sh = {.name = "weights", .data = w, .len = sizeof(double) * D};
+    t->saving_since_ms = edl_monotonic_ms();
     if (edl_ckpt_save_async(t->ckpt, step, t->gen, &sh, 1, NULL, &t->saving) != 0)
         fprintf(stderr, "rank 0: cannot queue checkpoint %ld: %s\n", step,
                 edl_ckpt_errmsg(t->ckpt));
@@ -296,12 +331,8 @@ static int allreduce(const trainer *t, long s, double g[D])
 
 static void report_progress(const trainer *t, long step)
 {
-    if (t->progress_fd < 0)
-        return;
     char line[32];
-    int n = snprintf(line, sizeof line, "step %ld\n", step);
-    ssize_t w = write(t->progress_fd, line, (size_t)n);
-    (void)w; /* progress is advisory: a full or closed pipe never stops training */
+    report_line(t, line, snprintf(line, sizeof line, "step %ld\n", step));
 }
 
 static void mkdirs(const char *dir)
@@ -393,6 +424,7 @@ int main(int argc, char **argv)
             remove_step(&t, step - 2);
         step++;
         report_progress(&t, step);
+        ckpt_note_saved(&t);
         if (t.rank == 0 && (step % CKPT_EVERY == 0 || step == t.steps)) {
             if (t.ckpt)
                 ckpt_save(&t, step, w, step == t.steps);
