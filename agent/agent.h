@@ -119,6 +119,10 @@ typedef struct trainer_proc {
     unsigned first_steps;       /* first steps seen: one per trainer that stepped */
     edl_prom_hist ckpt_seconds[2]; /* checkpoints the trainers reported: [0] saves, [1] loads */
     int64_t ckpt_bytes[2];         /* and their bytes */
+    int64_t distill_in_flight;     /* a student's batches in flight, as last reported (-1: no
+                                      trainer of this agent reported any) */
+    int64_t distill_retried;       /* its retries: the sum over its trainers */
+    int64_t distill_retried_seen;  /* the current trainer's count, as last reported */
 } trainer_proc;
 
 void trainer_init(trainer_proc *t);

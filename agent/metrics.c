@@ -52,6 +52,22 @@ static void write_progress(const agent *a, edl_prom *p)
     edl_prom_sample(p, "edl_agent_checkpoint_bytes_total", "op", "load", a->tp.ckpt_bytes[1]);
 }
 
+/* A distillation student's batches (absent until its trainer reports them). */
+static void write_distill(const agent *a, edl_prom *p)
+{
+    bool on = a->tp.distill_in_flight >= 0;
+    edl_prom_family(p, "edl_agent_distill_batches_in_flight", "gauge",
+                    "Batches the trainer, a distillation student, has in flight to teachers.");
+    if (on)
+        edl_prom_sample(p, "edl_agent_distill_batches_in_flight", NULL, NULL,
+                        a->tp.distill_in_flight);
+    edl_prom_family(p, "edl_agent_distill_retries_total", "counter",
+                    "Tries the trainers sent to a teacher again (after a failure, or a removed "
+                    "teacher's).");
+    if (on)
+        edl_prom_sample(p, "edl_agent_distill_retries_total", NULL, NULL, a->tp.distill_retried);
+}
+
 void agent_metrics_write(void *arg, edl_prom *p)
 {
     const agent *a = arg;
@@ -80,6 +96,7 @@ void agent_metrics_write(void *arg, edl_prom *p)
                         edl_trainer_state_name((edl_trainer_state)s),
                         a->status.state == (edl_trainer_state)s);
     write_progress(a, p);
+    write_distill(a, p);
     edl_prom_metric(p, "edl_agent_etcd_errors_total", "counter", "Failed etcd calls of the agent.",
                     a->m.etcd_errors);
     edl_prom_metric(p, "edl_agent_lease_losses_total", "counter",

@@ -25,6 +25,7 @@ void trainer_init(trainer_proc *t)
     t->control_fd = -1;
     t->stderr_fd = -1;
     t->step = -1;
+    t->distill_in_flight = -1;
     for (int i = 0; i < 2; i++) {
         t->ckpt_seconds[i].bounds = CKPT_BOUNDS;
         t->ckpt_seconds[i].n = sizeof CKPT_BOUNDS / sizeof CKPT_BOUNDS[0];
@@ -111,6 +112,7 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     t->ready = false;
     t->graceful = false;
     t->inprocess = false;
+    t->distill_retried_seen = 0; /* a new client counts from 0 */
     t->line_len = 0;
     t->line_skip = false;
     return 0;
@@ -215,8 +217,8 @@ static void note_step(trainer_proc *t, int64_t step)
 }
 
 /* Take one complete progress line: a step (which also ends a wait), a wait in a collective
- * (kept with when it began), or the end of one, a checkpoint's time and size (counted for
- * /metrics). 1 when the trainer's status changed. */
+ * (kept with when it began), or the end of one, a checkpoint's time and size or a student's
+ * batches (counted for /metrics). 1 when the trainer's status changed. */
 static int take_line(trainer_proc *t, const char *line, size_t len)
 {
     edl_progress_line pl;
@@ -256,9 +258,16 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
     case EDL_PROGRESS_CHECKPOINT_LOAD: {
         int i = pl.kind == EDL_PROGRESS_CHECKPOINT_LOAD; /* for /metrics only: no change */
         edl_prom_observe(&t->ckpt_seconds[i], (double)pl.value / 1000.0);
-        t->ckpt_bytes[i] += pl.bytes;
+        t->ckpt_bytes[i] += pl.value2;
         return 0;
     }
+    case EDL_PROGRESS_DISTILL: /* for /metrics only: no change */
+        t->distill_in_flight = pl.value;
+        /* a lower count than the last is a new client's, counted from 0 (as rate() would) */
+        t->distill_retried += pl.value2 - (pl.value2 >= t->distill_retried_seen
+                                           ? t->distill_retried_seen : 0);
+        t->distill_retried_seen = pl.value2;
+        return 0;
     }
     return 0;
 }

@@ -30,8 +30,8 @@ static void control_line(const char *in, size_t len)
     free(line);
 }
 
-/* As edl_agent_link_report_step/_blocked/_unblocked/_ready/_inprocess/_checkpoint write
- * them. */
+/* As edl_agent_link_report_step/_blocked/_unblocked/_ready/_inprocess/_checkpoint/_distill
+ * write them. */
 static void progress_line(const char *in, size_t len)
 {
     edl_progress_line a, b;
@@ -47,12 +47,15 @@ static void progress_line(const char *in, size_t len)
                 : a.kind == EDL_PROGRESS_CHECKPOINT_SAVE || a.kind == EDL_PROGRESS_CHECKPOINT_LOAD
                 ? snprintf(buf, sizeof buf, "checkpoint %s %lld %lld", a.kind ==
                            EDL_PROGRESS_CHECKPOINT_LOAD ? "load" : "save", (long long)a.value,
-                           (long long)a.bytes)
+                           (long long)a.value2)
+                : a.kind == EDL_PROGRESS_DISTILL
+                ? snprintf(buf, sizeof buf, "distill %lld %lld", (long long)a.value,
+                           (long long)a.value2)
                 : snprintf(buf, sizeof buf, "unblocked");
     FUZZ_CHECK(n > 0 && (size_t)n < sizeof buf);
-    FUZZ_CHECK(a.value >= 0 && a.bytes >= 0 && strlen(a.what) <= EDL_PROGRESS_WHAT_MAX);
+    FUZZ_CHECK(a.value >= 0 && a.value2 >= 0 && strlen(a.what) <= EDL_PROGRESS_WHAT_MAX);
     FUZZ_CHECK(edl_progress_line_parse(buf, (size_t)n, &b) == 0);
-    FUZZ_CHECK(a.kind == b.kind && a.value == b.value && a.bytes == b.bytes &&
+    FUZZ_CHECK(a.kind == b.kind && a.value == b.value && a.value2 == b.value2 &&
                strcmp(a.what, b.what) == 0);
 }
 

@@ -162,6 +162,16 @@ int edl_agent_link_report_checkpoint(edl_agent_link *t, bool load, int64_t ms, i
                                            (long long)bytes));
 }
 
+int edl_agent_link_report_distill(edl_agent_link *t, int64_t in_flight, int64_t retried)
+{
+    if (in_flight < 0 || retried < 0 || in_flight > EDL_GENERATION_MAX ||
+        retried > EDL_GENERATION_MAX)
+        return EDL_EINVAL;
+    char buf[64];
+    return write_progress(t, buf, snprintf(buf, sizeof buf, "distill %lld %lld\n",
+                                           (long long)in_flight, (long long)retried));
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -179,14 +189,15 @@ static int parse_count(const char *s, size_t len, int64_t *v)
     return 0;
 }
 
-/* "<ms> <bytes>", the rest of a checkpoint line: 0, else EDL_EPROTO. */
-static int parse_checkpoint(const char *s, size_t len, edl_progress_line *out)
+/* "<N> <M>", the rest of a checkpoint or distill line, into value and value2: 0, else
+ * EDL_EPROTO. */
+static int parse_two(const char *s, size_t len, edl_progress_line *out)
 {
     const char *sp = memchr(s, ' ', len);
     if (!sp)
         return EDL_EPROTO;
     size_t mlen = (size_t)(sp - s);
-    if (parse_count(s, mlen, &out->value) || parse_count(sp + 1, len - mlen - 1, &out->bytes))
+    if (parse_count(s, mlen, &out->value) || parse_count(sp + 1, len - mlen - 1, &out->value2))
         return EDL_EPROTO;
     return 0;
 }
@@ -217,7 +228,11 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     if (len >= 16 && (memcmp(line, "checkpoint save ", 16) == 0 ||
                       memcmp(line, "checkpoint load ", 16) == 0)) {
         out->kind = line[11] == 's' ? EDL_PROGRESS_CHECKPOINT_SAVE : EDL_PROGRESS_CHECKPOINT_LOAD;
-        return parse_checkpoint(line + 16, len - 16, out);
+        return parse_two(line + 16, len - 16, out);
+    }
+    if (len >= 8 && memcmp(line, "distill ", 8) == 0) {
+        out->kind = EDL_PROGRESS_DISTILL;
+        return parse_two(line + 8, len - 8, out);
     }
     if (len < 8 || memcmp(line, "blocked ", 8) != 0)
         return EDL_EPROTO;

@@ -1045,6 +1045,9 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
                           "echo 'checkpoint save 250 1000' >&$EDL_PROGRESS_FD; "
                           "echo 'checkpoint save 30000 2000' >&$EDL_PROGRESS_FD; "
                           "echo 'checkpoint save x 1' >&$EDL_PROGRESS_FD; "
+                          "echo 'distill 9 4' >&$EDL_PROGRESS_FD; "
+                          "echo 'distill 6 2' >&$EDL_PROGRESS_FD; "
+                          "echo 'distill 3 5' >&$EDL_PROGRESS_FD; "
                           "echo 'step 7' >&$EDL_PROGRESS_FD; exec sleep 60",
                           (const char *[]){"--metrics-port", mp, "--metrics-addr", "127.0.0.1",
                                            NULL});
@@ -1092,6 +1095,11 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
         "# TYPE edl_agent_checkpoint_bytes_total counter",
         "edl_agent_checkpoint_bytes_total{job=\"metrics\",pod=\"a\",op=\"save\"} 3000\n",
         "edl_agent_checkpoint_bytes_total{job=\"metrics\",pod=\"a\",op=\"load\"} 4096\n",
+        /* the latest in flight; retries 4, then 2 of a new client (a lower count), then 3
+         * more of it */
+        "edl_agent_distill_batches_in_flight{job=\"metrics\",pod=\"a\"} 3\n",
+        "# TYPE edl_agent_distill_retries_total counter",
+        "edl_agent_distill_retries_total{job=\"metrics\",pod=\"a\"} 9\n",
         "edl_agent_etcd_errors_total{job=\"metrics\",pod=\"a\"} 0\n",
         "edl_agent_lease_losses_total{job=\"metrics\",pod=\"a\"} 0\n",
         "edl_agent_up{job=\"metrics\",pod=\"a\"} 1\n", NULL};

@@ -764,11 +764,15 @@ static void test_progress_lines(void **state)
     assert_int_equal(progress("checkpoint save 1250 1048576", &pl), 0);
     assert_int_equal(pl.kind, EDL_PROGRESS_CHECKPOINT_SAVE);
     assert_int_equal(pl.value, 1250);
-    assert_int_equal(pl.bytes, 1048576);
+    assert_int_equal(pl.value2, 1048576);
     assert_int_equal(progress("checkpoint load 0 7", &pl), 0);
     assert_int_equal(pl.kind, EDL_PROGRESS_CHECKPOINT_LOAD);
     assert_int_equal(pl.value, 0);
-    assert_int_equal(pl.bytes, 7);
+    assert_int_equal(pl.value2, 7);
+    assert_int_equal(progress("distill 12 3", &pl), 0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_DISTILL);
+    assert_int_equal(pl.value, 12);
+    assert_int_equal(pl.value2, 3);
     char big[400];
     snprintf(big, sizeof big, "blocked 5 %0*d", EDL_PROGRESS_WHAT_MAX + 1, 0);
     const char *bad[] = {"", "step", "step ", "step -1", "step 1x", "step 99999999999999999999",
@@ -777,7 +781,9 @@ static void test_progress_lines(void **state)
                          "checkpoint", "checkpoint save", "checkpoint save 1", "checkpoint save 1 ",
                          "checkpoint save  1 2", "checkpoint save 1  2", "checkpoint save 1 2 3",
                          "checkpoint save -1 2", "checkpoint load 1 -2", "checkpoint store 1 2",
-                         "checkpoint load 1 99999999999999999999", "checkpoint save 1 2x", big};
+                         "checkpoint load 1 99999999999999999999", "checkpoint save 1 2x",
+                         "distill", "distill ", "distill 1", "distill 1 ", "distill -1 2",
+                         "distill 1 2 3", "distill x 2", "distill  1 2", big};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (progress(bad[i], &pl) != EDL_EPROTO)
             fail_msg("accepted: \"%s\"", bad[i]);

@@ -16,7 +16,9 @@
  *                    whose elastic mode is not given, its agent then sends it new generations
  *                    instead of restarting it (docs/elastic.md); "checkpoint save <MS> <BYTES>"
  *                    and "checkpoint load <MS> <BYTES>" after the trainer saved or loaded a
- *                    checkpoint of BYTES bytes in MS ms (the agent's /metrics);
+ *                    checkpoint of BYTES bytes in MS ms (the agent's /metrics); "distill
+ *                    <IN_FLIGHT> <RETRIED>" from a distillation student: its batches in flight
+ *                    to teachers now, and the tries it sent again so far (the agent's /metrics);
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
@@ -79,6 +81,9 @@ int edl_agent_link_report_inprocess(edl_agent_link *l);
 /* Report a checkpoint saved (load false) or loaded: how long it took and its size, both
  * non-negative (EDL_EINVAL otherwise). Never blocks, as report_step. */
 int edl_agent_link_report_checkpoint(edl_agent_link *l, bool load, int64_t ms, int64_t bytes);
+/* Report a distillation student's batches in flight and its retries so far (edl/distill.h's
+ * edl_distill_pending and stats.retried; non-negative, EDL_EINVAL otherwise). Never blocks. */
+int edl_agent_link_report_distill(edl_agent_link *l, int64_t in_flight, int64_t retried);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
  * link then takes its rank, world size and generation; for a leave line, out->leave and only
@@ -109,13 +114,14 @@ typedef enum edl_progress_kind {
     EDL_PROGRESS_READY,    /* started ahead of membership: ready for the first assignment */
     EDL_PROGRESS_GRACEFUL, /* it stops at its next commit when told to leave */
     EDL_PROGRESS_INPROCESS, /* the trainer re-forms in process */
-    EDL_PROGRESS_CHECKPOINT_SAVE, /* value: ms the save took; bytes: its size */
-    EDL_PROGRESS_CHECKPOINT_LOAD, /* value: ms the load took; bytes: its size */
+    EDL_PROGRESS_CHECKPOINT_SAVE, /* value: ms the save took; value2: its bytes */
+    EDL_PROGRESS_CHECKPOINT_LOAD, /* value: ms the load took; value2: its bytes */
+    EDL_PROGRESS_DISTILL,  /* value: batches in flight; value2: retries so far */
 } edl_progress_kind;
 typedef struct edl_progress_line {
     edl_progress_kind kind;
     int64_t value;
-    int64_t bytes; /* a checkpoint's */
+    int64_t value2; /* the second number of a checkpoint or distill line */
     char what[EDL_PROGRESS_WHAT_MAX + 1];
 } edl_progress_line;
 /* EDL_EPROTO for anything malformed (numbers are bounded by EDL_GENERATION_MAX). */

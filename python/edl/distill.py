@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from . import _edl
+from . import _edl, _link
 from .ps import _is_tensor, _memory
 
 __all__ = ["Reader"]
@@ -152,8 +152,10 @@ class Reader:
                     bid, tensor = self._submit(d, batch)
                     held[bid] = (batch, tensor)
                 if not held:
+                    self._report(d, True)
                     return
                 got = d.next(100)
+                self._report(d)
                 if self.service:
                     self._apply(d.poll(0))
                 if got is None:
@@ -170,6 +172,13 @@ class Reader:
         finally:
             if held:  # left before the end: the client's batches in flight are not ours now
                 self.close()
+
+    def _report(self, d, now=False):
+        """Tell the agent the batches in flight and the retries so far (its /metrics), at most
+        once a second (now: at once); nothing outside edl."""
+        if now or time.monotonic() - getattr(self, "_reported", 0) >= 1:
+            self._reported = time.monotonic()
+            _link().report_distill(d.pending(), d.stats()["retried"])
 
     def _waiting(self, last, outstanding):
         waited = time.monotonic() - last

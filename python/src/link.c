@@ -163,6 +163,21 @@ static PyObject *link_report_checkpoint(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *link_report_distill(PyObject *self, PyObject *args)
+{
+    long long in_flight, retried;
+    if (!PyArg_ParseTuple(args, "LL", &in_flight, &retried))
+        return NULL;
+    edl_agent_link *l = need(self);
+    if (!l)
+        return NULL;
+    int rc = edl_agent_link_report_distill(l, in_flight, retried);
+    if (rc && rc != EDL_EIO) /* EDL_EIO: the agent is gone; the next poll says so */
+        return edl_py_raise(rc, "reporting %lld batches in flight and %lld retries: %s",
+                            in_flight, retried, edl_strerror(rc));
+    Py_RETURN_NONE;
+}
+
 static PyObject *link_report_blocked(PyObject *self, PyObject *args)
 {
     long long ms;
@@ -254,6 +269,9 @@ static PyMethodDef LINK_METHODS[] = {
     {"report_checkpoint", link_report_checkpoint, METH_VARARGS,
      "report_checkpoint(load, ms, bytes): a checkpoint was saved (load False) or loaded in ms "
      "milliseconds, bytes in size (the agent's /metrics)."},
+    {"report_distill", link_report_distill, METH_VARARGS,
+     "report_distill(in_flight, retried): a distillation student's batches in flight and its "
+     "retries so far (the agent's /metrics)."},
     {"report_blocked", link_report_blocked, METH_VARARGS,
      "report_blocked(ms, what): a collective has waited ms on its peers."},
     {"report_unblocked", link_report_unblocked, METH_NOARGS,

@@ -1,8 +1,8 @@
 """edl.distill.Reader against examples/distill's C teachers (real processes, a real etcd): the
 teachers of a service found in etcd, one SIGKILLed while the reader runs (every batch yielded
 once, in order when asked, with the predictions a healthy run gives); teachers answering
-another shape or values past the student's bound (bad replies, the batches sent elsewhere);
-and bad input raising exceptions that say what is wrong."""
+another shape or values past the student's bound (bad replies, the batches sent elsewhere,
+the retries reported to the agent); and bad input raising exceptions that say what is wrong."""
 import json
 import os
 import signal
@@ -118,7 +118,23 @@ def bad_teacher(cols, value):
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def test_replies_of_another_shape_or_past_the_bound_are_bad_replies(teachers):
+@pytest.fixture
+def agent_progress(monkeypatch):
+    """The progress pipe an agent gives its trainer: read() -> the lines written so far, once
+    the process's link (this test's) is closed."""
+    progress_r, progress_w = os.pipe()
+    monkeypatch.setenv("EDL_PROGRESS_FD", str(progress_w))
+    monkeypatch.delenv("EDL_CONTROL_FD", raising=False)
+    monkeypatch.setattr(edl, "_the_link", None)
+
+    def read():
+        edl._the_link.close()  # and the pipe's write end with it
+        with os.fdopen(progress_r, "rb") as f:
+            return f.read().decode().splitlines()
+    return read
+
+
+def test_replies_of_another_shape_or_past_the_bound_are_bad_replies(teachers, agent_progress):
     urls, _ = teachers(1)
     want = reference(urls)
     wide, wide_url = bad_teacher(7, 0.25)    # another shape than the student states
@@ -135,6 +151,10 @@ def test_replies_of_another_shape_or_past_the_bound_are_bad_replies(teachers):
     for i, p in got.items():
         assert np.allclose(p, want[i], atol=1e-6), f"batch {i}: not the good teacher's"
     assert st["bad_replies"] >= 2 and st["failed"] == 0, st
+    # the agent heard of the batches in flight and the retries: at the end, none and all
+    lines = agent_progress()
+    assert lines and all(line.startswith("distill ") for line in lines), lines
+    assert lines[-1] == f"distill 0 {st['retried']}" and st["retried"] >= 2, (lines, st)
 
 
 def test_bad_input_raises_exceptions_that_say_what_is_wrong(teachers, monkeypatch):
