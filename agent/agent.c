@@ -202,7 +202,8 @@ static void set_status_own(agent *a, edl_trainer_state st, int64_t gen, int code
     edl_pod_status s = {.generation = gen, .state = st, .exit_code = code, .signal = sig,
                         .pid = live ? a->tp.pid : 0, .own_error = own,
                         .inprocess = a->inprocess,
-                        .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0};
+                        .step = a->tp.step, .restarts = a->starts > 0 ? a->starts - 1 : 0,
+                        .total_steps = a->tp.total};
     snprintf(s.message, sizeof s.message, "%s", msg ? msg : "");
     registry_status_set(a, &s);
 }

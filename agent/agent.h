@@ -101,6 +101,7 @@ typedef struct trainer_proc {
     int64_t term_at_ms;     /* SIGTERM time of a trainer asked to leave (0: none due) */
     int64_t kill_at_ms;     /* SIGKILL time while stopping (0: none yet / done) */
     int64_t step;           /* latest progress step (-1: none) */
+    int64_t total;          /* the step its training ends at, as it said (0: not said) */
     int64_t blocked_since_ms; /* monotonic: when the collective it waits in began (0: none) */
     char blocked_what[EDL_PROGRESS_WHAT_MAX + 1];
     bool ready;             /* started ahead of membership, it said "ready" */

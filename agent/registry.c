@@ -367,8 +367,8 @@ void registry_status_set(agent *a, const edl_pod_status *s)
                      s->signal == a->status.signal && s->restarts == a->status.restarts &&
                      s->own_error == a->status.own_error && s->inprocess == a->status.inprocess &&
                      strcmp(s->message, a->status.message) == 0;
-    if (only_step && s->step == a->status.step)
-        return;
+    if (only_step && s->step == a->status.step && s->total_steps == a->status.total_steps)
+        return; /* a new step or total goes out at most once a second, as below */
     a->status = *s;
     a->status_seq++;
     a->status_dirty = true;

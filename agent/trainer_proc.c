@@ -108,6 +108,7 @@ int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int chi
     t->term_at_ms = 0;
     t->kill_at_ms = 0;
     t->step = -1;
+    t->total = 0;
     t->blocked_since_ms = 0;
     t->ready = false;
     t->graceful = false;
@@ -261,6 +262,11 @@ static int take_line(trainer_proc *t, const char *line, size_t len)
         t->ckpt_bytes[i] += pl.value2;
         return 0;
     }
+    case EDL_PROGRESS_TOTAL:
+        if (t->total == pl.value)
+            return 0;
+        t->total = pl.value;
+        return 1;
     case EDL_PROGRESS_DISTILL: /* for /metrics only: no change */
         t->distill_in_flight = pl.value;
         /* a lower count than the last is a new client's, counted from 0 (as rate() would) */

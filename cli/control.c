@@ -1033,6 +1033,41 @@ static void print_watch_gens(const watch_state *w)
     }
 }
 
+/* The time to the end, where a running trainer of the current generation said its total
+ * ("total" progress line): the furthest such rank's step, and the fastest rate the watch
+ * measured among them (data-parallel ranks step together). */
+static void print_watch_eta(const watch_state *w, const job_view *v)
+{
+    int64_t total = 0, step = -1;
+    double rate = 0;
+    for (size_t i = 0; v->have_gen && i < v->n_pods; i++) {
+        const edl_pod_status *s = v->has_st[i] ? &v->st[i] : NULL;
+        if (!s || s->total_steps <= 0 || s->state != EDL_TRAINER_RUNNING ||
+            s->generation != v->gen.generation)
+            continue;
+        total = s->total_steps > total ? s->total_steps : total;
+        step = s->step > step ? s->step : step;
+        for (size_t k = 0; k < w->n_pods; k++)
+            if (strcmp(w->pods[k].name, v->pods[i].name) == 0 && w->pods[k].rate > rate)
+                rate = w->pods[k].rate;
+    }
+    if (total <= 0)
+        return;
+    if (step < 0 || rate <= 0) {
+        printf("time to the end: step %lld of %lld, no estimate (no step since the last "
+               "read)\n", (long long)(step < 0 ? 0 : step), (long long)total);
+        return;
+    }
+    long long secs = step >= total ? 0 : (long long)((double)(total - step) / rate + 0.5);
+    char left[48];
+    if (secs >= 3600)
+        snprintf(left, sizeof left, "%lldh %02lldm", secs / 3600, secs / 60 % 60);
+    else
+        snprintf(left, sizeof left, "%lldm %02llds", secs / 60, secs % 60);
+    printf("time to the end: step %lld of %lld, about %s at %.1f steps/s\n", (long long)step,
+           (long long)total, left, rate);
+}
+
 /* One screen: the job's line, the ranks, the generations, the checkpoint. */
 static void print_watch(const char *job, const watch_state *w, const job_view *v, int64_t now)
 {
@@ -1043,6 +1078,7 @@ static void print_watch(const char *job, const watch_state *w, const job_view *v
                edl_job_state_name(v->gen.state), (long long)v->gen.generation,
                v->gen.n_members, v->gen.restarts);
     print_watch_pods(w, v, now);
+    print_watch_eta(w, v);
     print_watch_gens(w);
     if (w->ckpt_step >= 0)
         printf("newest checkpoint: step %lld, seen %.0f s ago\n", (long long)w->ckpt_step,
@@ -1104,9 +1140,10 @@ int cli_status(int argc, char **argv)
         "teachers (instance, endpoint, load); --json: the spec, generation (with \"servers\"),\n"
         "pods (with their role) and teachers as one JSON object.\n"
         "-w, --watch: read again every --interval seconds (1) until the job ends: each rank's\n"
-        "step, steps per second and time since its last step, the last generations with their\n"
-        "reasons and re-formation times, the newest checkpoint; one screen refreshed in place on\n"
-        "a terminal, the same block after a \"--- TIME\" line otherwise.\n";
+        "step, steps per second and time since its last step, the time to the end where the\n"
+        "trainers said their total steps, the last generations with their reasons and\n"
+        "re-formation times, the newest checkpoint; one screen refreshed in place on a\n"
+        "terminal, the same block after a \"--- TIME\" line otherwise.\n";
     cli_common co = {0};
     bool json = false;
     int64_t interval_ms = 0;

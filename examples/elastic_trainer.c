@@ -407,6 +407,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "rank %d: unreadable checkpoint\n", t.rank);
         return 3;
     }
+    char total[40]; /* the agent's pod status, and edl status --watch's time to the end */
+    report_line(&t, total, snprintf(total, sizeof total, "total %ld\n", t.steps));
     if (t.rank == 0)
         printf("rank 0: generation %ld, world size %d, resuming at step %ld (loss %.6f)\n", t.gen,
                t.world, step, loss_of(w));

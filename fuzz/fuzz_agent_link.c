@@ -30,8 +30,8 @@ static void control_line(const char *in, size_t len)
     free(line);
 }
 
-/* As edl_agent_link_report_step/_blocked/_unblocked/_ready/_inprocess/_checkpoint/_distill
- * write them. */
+/* As edl_agent_link_report_step/_blocked/_unblocked/_ready/_inprocess/_checkpoint/_distill/
+ * _total write them. */
 static void progress_line(const char *in, size_t len)
 {
     edl_progress_line a, b;
@@ -48,6 +48,8 @@ static void progress_line(const char *in, size_t len)
                 ? snprintf(buf, sizeof buf, "checkpoint %s %lld %lld", a.kind ==
                            EDL_PROGRESS_CHECKPOINT_LOAD ? "load" : "save", (long long)a.value,
                            (long long)a.value2)
+                : a.kind == EDL_PROGRESS_TOTAL
+                ? snprintf(buf, sizeof buf, "total %lld", (long long)a.value)
                 : a.kind == EDL_PROGRESS_DISTILL
                 ? snprintf(buf, sizeof buf, "distill %lld %lld", (long long)a.value,
                            (long long)a.value2)

@@ -172,6 +172,14 @@ int edl_agent_link_report_distill(edl_agent_link *t, int64_t in_flight, int64_t 
                                            (long long)in_flight, (long long)retried));
 }
 
+int edl_agent_link_report_total(edl_agent_link *t, int64_t total)
+{
+    if (total < 1 || total > EDL_GENERATION_MAX)
+        return EDL_EINVAL;
+    char buf[40];
+    return write_progress(t, buf, snprintf(buf, sizeof buf, "total %lld\n", (long long)total));
+}
+
 /* A decimal in [0, EDL_GENERATION_MAX] spanning s[0..len): 0 and *v, else EDL_EPROTO. */
 static int parse_count(const char *s, size_t len, int64_t *v)
 {
@@ -208,6 +216,10 @@ int edl_progress_line_parse(const char *line, size_t len, edl_progress_line *out
     if (len >= 5 && memcmp(line, "step ", 5) == 0) {
         out->kind = EDL_PROGRESS_STEP;
         return parse_count(line + 5, len - 5, &out->value);
+    }
+    if (len >= 6 && memcmp(line, "total ", 6) == 0) {
+        out->kind = EDL_PROGRESS_TOTAL;
+        return parse_count(line + 6, len - 6, &out->value) || out->value < 1 ? EDL_EPROTO : 0;
     }
     if (len == 9 && memcmp(line, "unblocked", 9) == 0) {
         out->kind = EDL_PROGRESS_UNBLOCKED;

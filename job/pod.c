@@ -95,6 +95,7 @@ int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char
     edl_json_i64(&r, "pid", 0, INT32_MAX, &s.pid);
     edl_json_i64(&r, "step", -1, EDL_GENERATION_MAX, &s.step);
     edl_json_i64(&r, "restarts", 0, EDL_GENERATION_MAX, &s.restarts);
+    edl_json_i64(&r, "total_steps", 0, EDL_GENERATION_MAX, &s.total_steps);
     const char *msg = NULL;
     if (edl_json_cstr(&r, "message", sizeof s.message - 1, &msg))
         snprintf(s.message, sizeof s.message, "%s", msg);
@@ -129,6 +130,8 @@ char *edl_pod_status_to_json(const edl_pod_status *s)
         cJSON_AddNumberToObject(o, "pid", (double)s->pid);
     cJSON_AddNumberToObject(o, "step", (double)s->step);
     cJSON_AddNumberToObject(o, "restarts", (double)s->restarts);
+    if (s->total_steps > 0)
+        cJSON_AddNumberToObject(o, "total_steps", (double)s->total_steps);
     if (s->message[0])
         cJSON_AddStringToObject(o, "message", s->message);
     if (s->own_error && s->state == EDL_TRAINER_EXITED)

@@ -1048,6 +1048,7 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
                           "echo 'distill 9 4' >&$EDL_PROGRESS_FD; "
                           "echo 'distill 6 2' >&$EDL_PROGRESS_FD; "
                           "echo 'distill 3 5' >&$EDL_PROGRESS_FD; "
+                          "echo 'total 400' >&$EDL_PROGRESS_FD; "
                           "echo 'step 7' >&$EDL_PROGRESS_FD; exec sleep 60",
                           (const char *[]){"--metrics-port", mp, "--metrics-addr", "127.0.0.1",
                                            NULL});
@@ -1066,6 +1067,7 @@ static void test_progress_steps_reach_status_and_metrics(void **state)
     publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_RUNNING, 7, 5000);
     assert_int_equal(st.step, 7);
+    assert_int_equal(st.total_steps, 400); /* said before step 7: in the same status */
     assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
     assert_non_null(strstr(body, "Content-Type: text/plain; version=0.0.4"));
     const char *want[] = {

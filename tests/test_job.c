@@ -581,13 +581,14 @@ static void test_pod_and_status_documents(void **state)
     edl_pod_clear(&p);
 
     edl_pod_status s = {.generation = 3, .state = EDL_TRAINER_EXITED, .exit_code = 3, .step = 9,
-                        .own_error = true, .inprocess = true};
+                        .own_error = true, .inprocess = true, .total_steps = 400};
     char *t = edl_pod_status_to_json(&s);
     edl_pod_status u;
     assert_int_equal(edl_pod_status_parse(t, strlen(t), &u, err, sizeof err), 0);
     assert_int_equal(u.state, EDL_TRAINER_EXITED);
     assert_int_equal(u.exit_code, 3);
     assert_int_equal(u.step, 9);
+    assert_int_equal(u.total_steps, 400);
     assert_true(u.own_error && u.inprocess);
     free(t);
     assert_int_equal(edl_pod_status_parse("{\"generation\":1}", 16, &u, err, sizeof err),
@@ -769,6 +770,9 @@ static void test_progress_lines(void **state)
     assert_int_equal(pl.kind, EDL_PROGRESS_CHECKPOINT_LOAD);
     assert_int_equal(pl.value, 0);
     assert_int_equal(pl.value2, 7);
+    assert_int_equal(progress("total 400", &pl), 0);
+    assert_int_equal(pl.kind, EDL_PROGRESS_TOTAL);
+    assert_int_equal(pl.value, 400);
     assert_int_equal(progress("distill 12 3", &pl), 0);
     assert_int_equal(pl.kind, EDL_PROGRESS_DISTILL);
     assert_int_equal(pl.value, 12);
@@ -783,7 +787,8 @@ static void test_progress_lines(void **state)
                          "checkpoint save -1 2", "checkpoint load 1 -2", "checkpoint store 1 2",
                          "checkpoint load 1 99999999999999999999", "checkpoint save 1 2x",
                          "distill", "distill ", "distill 1", "distill 1 ", "distill -1 2",
-                         "distill 1 2 3", "distill x 2", "distill  1 2", big};
+                         "distill 1 2 3", "distill x 2", "distill  1 2", "total", "total ",
+                         "total 0", "total -1", "total 1 2", "totals 1", big};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (progress(bad[i], &pl) != EDL_EPROTO)
             fail_msg("accepted: \"%s\"", bad[i]);

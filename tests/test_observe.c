@@ -229,6 +229,9 @@ static void test_watch_redraws_a_scale_and_a_kill_in_place(void **state)
     fcntl(t.fd, F_SETFL, O_NONBLOCK);
     term_wait(&t, (const char *[]){"world size 3", "STEP/S", "LAST STEP", " s ago",
                                    "newest checkpoint: step", NULL}, "three stepping ranks");
+    /* the trainers said their total ("total" progress line): the time to the end */
+    term_wait(&t, (const char *[]){"time to the end: step ", " of 100000000, about ", "h ",
+                                   " steps/s", NULL}, "the time to the end");
     char left[EDL_NAME_MAX + 16];
     scale(job, "2");
     wait_stepping(job, 2, 0, &g);

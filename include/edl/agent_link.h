@@ -19,6 +19,8 @@
  *                    checkpoint of BYTES bytes in MS ms (the agent's /metrics); "distill
  *                    <IN_FLIGHT> <RETRIED>" from a distillation student: its batches in flight
  *                    to teachers now, and the tries it sent again so far (the agent's /metrics);
+ *                    "total <N>": the training ends at step N (its pod status, and the time to
+ *                    the end that `edl status --watch` estimates);
  *   EDL_CONTROL_FD   read end: the agent writes one JSON line per generation the trainer takes
  *                    part in (at start, then at every in-process re-form), the trainer's
  *                    assignment in it:
@@ -84,6 +86,8 @@ int edl_agent_link_report_checkpoint(edl_agent_link *l, bool load, int64_t ms, i
 /* Report a distillation student's batches in flight and its retries so far (edl/distill.h's
  * edl_distill_pending and stats.retried; non-negative, EDL_EINVAL otherwise). Never blocks. */
 int edl_agent_link_report_distill(edl_agent_link *l, int64_t in_flight, int64_t retried);
+/* Say that the training ends at step total (>= 1; EDL_EINVAL otherwise): once, when known. */
+int edl_agent_link_report_total(edl_agent_link *l, int64_t total);
 
 /* Non-blocking: 1 and *out filled when a newer generation than the current one arrived (the
  * link then takes its rank, world size and generation; for a leave line, out->leave and only
@@ -117,6 +121,7 @@ typedef enum edl_progress_kind {
     EDL_PROGRESS_CHECKPOINT_SAVE, /* value: ms the save took; value2: its bytes */
     EDL_PROGRESS_CHECKPOINT_LOAD, /* value: ms the load took; value2: its bytes */
     EDL_PROGRESS_DISTILL,  /* value: batches in flight; value2: retries so far */
+    EDL_PROGRESS_TOTAL,    /* value: the step the training ends at (>= 1) */
 } edl_progress_kind;
 typedef struct edl_progress_line {
     edl_progress_kind kind;

@@ -246,6 +246,8 @@ typedef struct edl_pod_status {
     int64_t pid;       /* the trainer's pid while running */
     int64_t step;      /* last progress the trainer reported (-1: never) */
     int64_t restarts;  /* trainer starts by this agent so far, minus one */
+    int64_t total_steps; /* the step the trainer said its training ends at (0: not said);
+                          * JSON "total_steps" */
     char message[EDL_STATUS_MESSAGE_MAX]; /* "" or: the trainer's error, or why it hung */
     bool own_error;    /* exited: the trainer said the failure is its own (an exception in the
                         * script, not a peer's loss: edl.torch marks its error file so), and
