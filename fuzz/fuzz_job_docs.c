@@ -59,7 +59,8 @@ static bool status(const char *in, size_t len)
         FUZZ_CHECK(edl_pod_status_parse(j1, strlen(j1), &b, err, sizeof err) == 0);
         FUZZ_CHECK(a.generation == b.generation && a.state == b.state &&
                    a.exit_code == b.exit_code && a.signal == b.signal && a.pid == b.pid &&
-                   a.step == b.step && a.restarts == b.restarts);
+                   a.step == b.step && a.restarts == b.restarts &&
+                   a.total_steps == b.total_steps);
         free(j1);
     }
     return ok;
