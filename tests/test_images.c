@@ -161,15 +161,21 @@ static void test_the_images_hold_what_they_should(void **state)
     harness_sh("set -e; cd '%s'; for f in usr/bin/etcd usr/local/bin/edl usr/local/bin/edl-agent "
                "usr/local/bin/edl-jobserver usr/local/bin/edl-operator usr/local/bin/elastic_trainer "
                "usr/local/bin/edl-ps usr/local/bin/ctr usr/local/bin/distill "
-               "usr/local/lib/edl/agent/edl-agent usr/local/lib/edl/agent/lib/libc.so.6; do "
+               "usr/local/lib/edl/agent/edl-agent usr/local/lib/edl/agent/lib/libc.so.6 "
+               "usr/local/lib/edl/python/edl/__init__.py usr/local/lib/edl/python/edl/torch.py; do "
                "test -x \"$f\" || test -f \"$f\"; done; "
                "test ! -e usr/bin/gcc && test ! -e usr/bin/cmake; "
                "test -z \"$(find var/lib/apt/lists -type f ! -name lock)\"", runtime);
-    /* FROM scratch: the launcher and the bundle, nothing else */
+    /* FROM scratch: the launcher, the agent's bundle and the Python package's (with the
+     * libraries its module needs beside it), nothing else */
     harness_sh("set -e; cd '%s'; test -x usr/local/bin/edl-agent; "
                "test -x usr/local/lib/edl/agent/lib/ld-linux-x86-64.so.2; "
+               "test -f usr/local/lib/edl/python/edl/torch.py; "
+               "ls usr/local/lib/edl/python/edl/_edl*.so usr/local/lib/edl/python/edl/_libs/libcurl* "
+               ">/dev/null; "
                "test -z \"$(find . ! -type d ! -path ./usr/local/bin/edl-agent "
-               "! -path './usr/local/lib/edl/agent/*')\"", agent);
+               "! -path './usr/local/lib/edl/agent/*' ! -path './usr/local/lib/edl/python/*')\"",
+               agent);
 }
 
 static void test_edl_run_in_the_runtime_image(void **state)
