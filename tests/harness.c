@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -40,6 +41,38 @@ void harness_rmtree(const char *dir)
 {
     if (dir && *dir)
         nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void harness_scratch_open(char *dir, size_t len, const char *template, bool own_state)
+{
+    snprintf(dir, len, "%s", template);
+    assert_non_null(mkdtemp(dir));
+    if (own_state) {
+        char st[PATH_MAX];
+        snprintf(st, sizeof st, "%s/state", dir);
+        setenv("EDL_STATE_DIR", st, 1);
+    }
+}
+
+void harness_scratch_close(const char *dir)
+{
+    if (getenv("EDL_TEST_KEEP")) /* keep the logs to look at */
+        fprintf(stderr, "kept %s\n", dir);
+    else
+        harness_rmtree(dir);
+}
+
+int harness_edl(const char *dir, int timeout_ms, char *out, size_t outlen,
+                const char *const *args)
+{
+    const char *argv[32] = {EDL_CLI_BIN};
+    size_t n = 1;
+    for (; args[n - 1] && n < 31; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    char log[PATH_MAX];
+    snprintf(log, sizeof log, "%s/cmd.out", dir);
+    return harness_run(argv, log, timeout_ms, out, outlen);
 }
 
 void harness_sleep_ms(int ms)

@@ -40,6 +40,15 @@ bool harness_wait_until(bool (*cond)(void *arg), void *arg, int timeout_ms);
     })
 /* Remove a directory and everything below it (links are removed, not followed). */
 void harness_rmtree(const char *dir);
+/* A test program's scratch directory: mkdtemp of template (".../name.XXXXXX") into dir; with
+ * own_state, EDL_STATE_DIR is set to <dir>/state so that `edl run` keeps its state there.
+ * harness_scratch_close removes it (kept, and named on stderr, under EDL_TEST_KEEP). */
+void harness_scratch_open(char *dir, size_t len, const char *template, bool own_state);
+void harness_scratch_close(const char *dir);
+/* Run `edl ARGS...` (args NULL-terminated, at most 30) to its end, killed after timeout_ms,
+ * with its output in <dir>/cmd.out and copied into out: its exit status (harness_run). */
+int harness_edl(const char *dir, int timeout_ms, char *out, size_t outlen,
+                const char *const *args);
 
 /* ---- processes (harness_proc.c) ------------------------------------------------------ */
 

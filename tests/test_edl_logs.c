@@ -29,11 +29,7 @@ static int setup(void **state)
 {
     (void)state;
     harness_open_etcd(1, NULL, &g_srv, &g_c);
-    snprintf(g_dir, sizeof g_dir, "/tmp/edl-test-logs.XXXXXX");
-    assert_non_null(mkdtemp(g_dir));
-    char st[300];
-    snprintf(st, sizeof st, "%s/state", g_dir);
-    setenv("EDL_STATE_DIR", st, 1);
+    harness_scratch_open(g_dir, sizeof g_dir, "/tmp/edl-test-logs.XXXXXX", true);
     return 0;
 }
 
@@ -41,24 +37,14 @@ static int teardown(void **state)
 {
     (void)state;
     harness_close_etcd(&g_srv, &g_c);
-    if (getenv("EDL_TEST_KEEP"))
-        fprintf(stderr, "kept %s\n", g_dir);
-    else
-        harness_rmtree(g_dir);
+    harness_scratch_close(g_dir);
     return 0;
 }
 
 /* Run `edl ARGS` to completion: its exit status, its output (stdout and stderr) in out. */
 static int edl_cmd(char *out, size_t outlen, const char *const *args)
 {
-    const char *argv[32] = {EDL_CLI_BIN};
-    size_t n = 1;
-    for (; args[n - 1] && n < 31; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    char log[300];
-    snprintf(log, sizeof log, "%s/cmd.out", g_dir);
-    return harness_run(argv, log, 60000, out, outlen);
+    return harness_edl(g_dir, 60000, out, outlen, args);
 }
 
 /* `edl run --job JOB OPTS --etcd ... -- sh -c SCRIPT` in the background, output in

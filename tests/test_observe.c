@@ -41,8 +41,7 @@ static int setup(void **state)
 {
     (void)state;
     harness_open_etcd(1, NULL, &g_srv, &g_c);
-    snprintf(g_dir, sizeof g_dir, "/tmp/edl-test-observe.XXXXXX");
-    assert_non_null(mkdtemp(g_dir));
+    harness_scratch_open(g_dir, sizeof g_dir, "/tmp/edl-test-observe.XXXXXX", false);
     return 0;
 }
 
@@ -50,10 +49,7 @@ static int teardown(void **state)
 {
     (void)state;
     harness_close_etcd(&g_srv, &g_c);
-    if (getenv("EDL_TEST_KEEP"))
-        fprintf(stderr, "kept %s\n", g_dir);
-    else
-        harness_rmtree(g_dir);
+    harness_scratch_close(g_dir);
     return 0;
 }
 
@@ -81,14 +77,8 @@ static pid_t start_job(const char *job)
 
 static int edl_cmd(const char *const *args)
 {
-    const char *argv[16] = {EDL_CLI_BIN};
-    size_t n = 1;
-    for (; args[n - 1] && n < 15; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    char log[300], out[4096];
-    snprintf(log, sizeof log, "%s/cmd.out", g_dir);
-    return harness_run(argv, log, 30000, out, sizeof out);
+    char out[4096];
+    return harness_edl(g_dir, 30000, out, sizeof out, args);
 }
 
 static char *key(const char *job, edl_job_key_kind kind, const char *pod)
