@@ -278,7 +278,7 @@ static void print_json(const edl_service_instance *l, size_t n)
         cJSON_AddStringToObject(o, "lease", lease); /* 64 bits: a JSON number would round it */
         cJSON_AddItemToArray(arr, o);
     }
-    char *text = cJSON_Print(arr);
+    char *text = edl_json_print(arr, true);
     printf("%s\n", text ? text : "[]");
     free(text);
     cJSON_Delete(arr);

@@ -157,7 +157,7 @@ static void publish_dead(edl_comm *c, const char *reason)
     cJSON_AddNumberToObject(o, "rank", c->rank);
     cJSON_AddNumberToObject(o, "pid", (double)getpid());
     cJSON_AddStringToObject(o, "reason", reason);
-    char *v = cJSON_PrintUnformatted(o), *k = gen_key(c, c->gen, EDL_GEN_DEAD);
+    char *v = edl_json_print(o, false), *k = gen_key(c, c->gen, EDL_GEN_DEAD);
     cJSON_Delete(o);
     if (v && k) {
         int rc = edl_etcd_put(c->etcd, edl_str(k), edl_str(v), NULL, NULL);
@@ -402,7 +402,7 @@ static int publish_entry(edl_comm *c, uint64_t token)
 #ifdef EDL_HAVE_NCCL
     cJSON_AddBoolToObject(o, "nccl_broken", coll_nccl_is_broken(c->nccl));
 #endif
-    v = cJSON_PrintUnformatted(o);
+    v = edl_json_print(o, false);
     cJSON_Delete(o);
     int rc = EDL_ENOMEM;
     if (key && v) {

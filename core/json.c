@@ -225,9 +225,51 @@ const cJSON *edl_json_object(edl_json_reader *r, const char *name)
     return f;
 }
 
+/* Each number of the tree that cJSON's 15 digits would round becomes raw text with 17 (which
+ * reads back to the same double) while the tree is printed, and a number again after (a raw
+ * node of the caller's has valuedouble 0 == valueint, so is left alone). NaN and infinities
+ * stay numbers (cJSON writes them as null). */
+static bool exact_numbers(cJSON *node, bool back_to_numbers)
+{
+    for (cJSON *c = node->child; c; c = c->next)
+        if (!exact_numbers(c, back_to_numbers) && !back_to_numbers)
+            return false;
+    if (back_to_numbers) {
+        if (cJSON_IsRaw(node) && node->valuedouble != (double)node->valueint) {
+            free(node->valuestring);
+            node->valuestring = NULL;
+            node->type = cJSON_Number | (node->type & ~0xFF);
+        }
+        return true;
+    }
+    double d = node->valuedouble, back = 0;
+    char text[32];
+    if (!cJSON_IsNumber(node) || !isfinite(d) || d == (double)node->valueint)
+        return true;
+    snprintf(text, sizeof text, "%1.15g", d);
+    if (sscanf(text, "%lg", &back) == 1 && back == d)
+        return true;
+    snprintf(text, sizeof text, "%1.17g", d);
+    if (!(node->valuestring = strdup(text)))
+        return false;
+    node->type = cJSON_Raw | (node->type & ~0xFF);
+    return true;
+}
+
+char *edl_json_print(const cJSON *o, bool pretty)
+{
+    cJSON *tree = (cJSON *)o; /* changed while printed, as it was on return */
+    if (!tree)
+        return NULL;
+    char *s = exact_numbers(tree, false) ? (pretty ? cJSON_Print(tree) : cJSON_PrintUnformatted(tree))
+                                         : NULL;
+    exact_numbers(tree, true);
+    return s;
+}
+
 char *edl_json_print_consume(cJSON *o)
 {
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    char *s = edl_json_print(o, false);
     cJSON_Delete(o);
     return s;
 }

@@ -7,8 +7,8 @@
 #include "edl/log.h"
 
 #include "edl/common.h"
+#include "edl/json.h"
 
-#include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -169,7 +169,7 @@ static char *build_json(const char *ts, edl_log_level level, const char *compone
 
     if (obj && cJSON_AddStringToObject(obj, "ts", ts) && cJSON_AddStringToObject(obj, "level", level_names[level]) &&
         cJSON_AddStringToObject(obj, "component", component) && cJSON_AddStringToObject(obj, "msg", msg)) {
-        char *text = cJSON_PrintUnformatted(obj);
+        char *text = edl_json_print(obj, false);
         if (text) {
             size_t n = strlen(text);
             line = malloc(n + 2);

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <stddef.h>
 
+#include "edl/json.h"
 #include "edl/log.h"
 #include "internal.h"
 
@@ -391,7 +392,7 @@ int etcd_authenticate_locked(edl_etcd *c, const char *endpoint)
         cJSON_Delete(req);
         return EDL_ENOMEM;
     }
-    char *body = cJSON_PrintUnformatted(req);
+    char *body = edl_json_print(req, false);
     cJSON_Delete(req);
     if (!body)
         return EDL_ENOMEM;
@@ -476,7 +477,7 @@ int etcd_call(edl_etcd *c, const char *path, cJSON *req, cJSON **resp, edl_buf k
               bool idempotent, int timeout_ms)
 {
     *resp = NULL;
-    char *body = req ? cJSON_PrintUnformatted(req) : NULL;
+    char *body = edl_json_print(req, false);
     cJSON_Delete(req);
     if (!body)
         return etcd_fail(c, EDL_ENOMEM, "%s: out of memory building the request", path);

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "edl/json.h"
 #include "edl/log.h"
 #include "edl/queue.h"
 #include "internal.h"
@@ -300,7 +301,7 @@ static char *create_body(edl_watch *w)
         ok = cJSON_AddTrueToObject(cr, "prev_kv") != NULL;
     if (ok && w->progress_notify)
         ok = cJSON_AddTrueToObject(cr, "progress_notify") != NULL;
-    char *s = ok ? cJSON_PrintUnformatted(req) : NULL;
+    char *s = ok ? edl_json_print(req, false) : NULL;
     cJSON_Delete(req);
     return s;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edl/json.h"
 #include "internal.h"
 
 int edl_k8s_status_code(long s)
@@ -42,7 +43,7 @@ static int verb(edl_k8s *k, const char *method, const char *path, const char *ct
 
 static char *print(const cJSON *obj)
 {
-    return obj ? cJSON_PrintUnformatted(obj) : NULL;
+    return edl_json_print(obj, false);
 }
 
 int edl_k8s_get(edl_k8s *k, const char *path, edl_k8s_reply *out)
@@ -86,7 +87,7 @@ int edl_k8s_delete(edl_k8s *k, const char *path, const char *propagation, int64_
             ok = cJSON_AddStringToObject(o, "propagationPolicy", propagation) != NULL;
         if (ok && grace_s >= 0)
             ok = cJSON_AddNumberToObject(o, "gracePeriodSeconds", (double)grace_s) != NULL;
-        body = ok ? cJSON_PrintUnformatted(o) : NULL;
+        body = ok ? edl_json_print(o, false) : NULL;
         cJSON_Delete(o);
         if (!body) {
             if (out)

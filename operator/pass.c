@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edl/json.h"
 #include "edl/log.h"
 #include "internal.h"
 
@@ -841,7 +842,7 @@ static void ensure_podgroup(op *o, op_job *j, const edl_trainingjob *tj)
     if (!api)
         return;
     cJSON *spec = op_podgroup_spec(tj);
-    char *want = cJSON_PrintUnformatted(spec);
+    char *want = edl_json_print(spec, false);
     if (want && j->pg_spec && !strcmp(want, j->pg_spec)) {
         free(want);
         cJSON_Delete(spec);

@@ -238,7 +238,7 @@ int edl_ckpt_manifest_parse(const char *json, size_t len, edl_ckpt_manifest **ou
     r.required = false;
     const cJSON *meta = rc == 0 ? edl_json_object(&r, "metadata") : NULL;
     if (rc == 0 && (rc = reader_rc(&r)) == 0 &&
-        !(m->metadata_json = meta ? cJSON_PrintUnformatted(meta) : strdup("{}")))
+        !(m->metadata_json = meta ? edl_json_print(meta, false) : strdup("{}")))
         rc = EDL_ENOMEM;
     /* a rank with no shard at all is allowed (it had nothing to save); a shard of a rank
      * beyond world_size is not (parse_shard checks it) */
@@ -327,7 +327,7 @@ char *ckpt_rank_doc(const edl_ckpt_manifest *m, int rank)
     cJSON *o = common_doc(m, CKPT_RANK_FORMAT);
     char *s = NULL;
     if (o && cJSON_AddNumberToObject(o, "rank", rank) && add_shards(o, m, rank))
-        s = cJSON_PrintUnformatted(o);
+        s = edl_json_print(o, false);
     cJSON_Delete(o);
     return s;
 }
@@ -340,7 +340,7 @@ char *ckpt_manifest_doc(const edl_ckpt_manifest *m)
     if (o && meta && cJSON_AddItemToObject(o, "metadata", meta)) {
         meta = NULL;
         if (add_shards(o, m, -1))
-            s = cJSON_Print(o); /* indented: people read manifests */
+            s = edl_json_print(o, true); /* indented: people read manifests */
     }
     cJSON_Delete(meta);
     cJSON_Delete(o);
@@ -442,7 +442,7 @@ char *ckpt_pointer_doc(const char *uri, const ckpt_pointer *old, int64_t step, i
         cJSON_AddStringToObject(e, "dir", i < 0 ? dir : old->entries[i].dir);
         cJSON_AddItemToArray(hist, e);
     }
-    s = cJSON_PrintUnformatted(o);
+    s = edl_json_print(o, false);
     cJSON_Delete(o);
     return s;
 }

@@ -181,6 +181,41 @@ static bool fd_readable(int fd)
     return poll(&p, 1, 0) == 1;
 }
 
+/* cJSON prints 15 significant digits whenever they come within a relative DBL_EPSILON of the
+ * number: a teacher's load of 0.1 + 2^-56 read back as 0.1 and a checkpoint's step 2^53 - 1
+ * as 2^53 - 2 (its directory name then disagreed). edl_json_print writes every number so it
+ * reads back the same, and leaves the tree as it was. */
+static void test_json_print_writes_every_number_exactly_and_leaves_the_tree(void **state)
+{
+    (void)state;
+    const double values[] = {0.1 + 0x1p-56, 9007199254740991.0, 4503599627370497.0, 0.1, 3,
+                             -2.5e-310, 1e300, 123456789012.345678};
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "v");
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(values[i]));
+    cJSON_AddItemToObject(o, "raw", cJSON_CreateRaw("[1,2]"));
+    for (int pretty = 0; pretty <= 1; pretty++) {
+        char *s = edl_json_print(o, pretty);
+        assert_non_null(s);
+        cJSON *back = cJSON_Parse(s);
+        assert_non_null(back);
+        const cJSON *v = cJSON_GetObjectItem(back, "v");
+        for (size_t i = 0; i < sizeof values / sizeof values[0]; i++)
+            assert_true(cJSON_GetArrayItem(v, (int)i)->valuedouble == values[i]);
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(back, "raw")), 2);
+        assert_non_null(strstr(s, "0.1,")); /* 0.1 itself stays short */
+        cJSON_Delete(back);
+        free(s);
+    }
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        const cJSON *n = cJSON_GetArrayItem(arr, (int)i);
+        assert_true(cJSON_IsNumber(n) && n->valuedouble == values[i] && !n->valuestring);
+    }
+    assert_true(cJSON_IsRaw(cJSON_GetObjectItem(o, "raw")));
+    assert_null(edl_json_print(NULL, false));
+    cJSON_Delete(o);
+}
+
 static void *push_three(void *arg)
 {
     edl_queue *q = arg;
@@ -1209,6 +1244,7 @@ int main(void)
         cmocka_unit_test(test_every_error_code_has_a_name_and_a_text),
         cmocka_unit_test(test_byte_buffer_grows_to_its_bound_and_no_further),
         cmocka_unit_test(test_json_reader_checks_types_ranges_and_keeps_the_first_error),
+        cmocka_unit_test(test_json_print_writes_every_number_exactly_and_leaves_the_tree),
         cmocka_unit_test(test_queue_keeps_order_bounds_producers_and_its_fd_tells_the_truth),
         cmocka_unit_test(test_works_run_off_the_loop_and_complete_on_it_in_order),
         cmocka_unit_test(test_loop_calls_an_fd_back_when_readable_and_run_returns_the_stop_code),

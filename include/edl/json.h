@@ -74,7 +74,14 @@ const cJSON *edl_json_array(edl_json_reader *r, const char *name, int max_items)
 /* A nested object (NULL when absent, or with a failure when it is not an object). */
 const cJSON *edl_json_object(edl_json_reader *r, const char *name);
 
-/* cJSON_PrintUnformatted then cJSON_Delete: the document's text (malloc'ed) or NULL. */
+/* The document's text (malloc'ed; NULL when out of memory), every number exactly: cJSON
+ * prints a number with 15 significant digits whenever those come within a relative
+ * DBL_EPSILON of it, so 0.1 + 2^-56 came back as 0.1 and the integer 2^53 - 1 as 2^53 - 2.
+ * Each number that would not read back to the same double is printed with 17 digits (the
+ * tree is changed while it is printed and is as it was on return). pretty: indented, as
+ * people read it (manifests), else on one line. */
+char *edl_json_print(const cJSON *o, bool pretty);
+/* edl_json_print(o, false) then cJSON_Delete. */
 char *edl_json_print_consume(cJSON *o);
 
 #ifdef __cplusplus
