@@ -4,8 +4,10 @@
  *   table config(PS_CONFIG_BYTES) n(4) 0(4) then n times: shard(4) 0(4) length(8) the bytes
  *   of ps_table_shard_export,
  * snapshotted under the table's shard locks and uploaded in the background; rank 0 commits.
- * A restore reads every rank's file of a table and takes the shards this server needs, so a
- * checkpoint loads on any number of servers. Each shard is saved by its owner only. */
+ * A restore reads every rank's file of a table it restores (once, its digest checked as it
+ * arrives) and takes the shards this server needs, so a checkpoint loads on any number of
+ * servers; the shards of a corrupt file come from the next older checkpoint. Each shard is
+ * saved by its owner only. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +63,7 @@ static int ckpt_for(edl_ps_server *s, int rank, int world, char *why, size_t why
     c.rank = rank;
     c.world_size = world;
     c.committer_rank = 0;
+    c.verify_on_load = false; /* the restore's one read of each file checks it */
     int rc = edl_ckpt_open(&c, &s->cp.ck, why, whylen);
     s->cp.rank = rank, s->cp.world = world;
     return rc;
@@ -220,6 +223,46 @@ static bool wants_table(const ps_due *due, size_t n, uint16_t id)
     return false;
 }
 
+/* Take the due shards from checkpoint m: each table file this server wants is read once, its
+ * digest checked as it arrives. Returns whether a wanted file was unreadable or corrupt (its
+ * shards stay due, for an older checkpoint). */
+static bool restore_from(edl_ps_server *s, const edl_ckpt_manifest *m, ps_due *due, size_t n)
+{
+    bool bad = false;
+    for (size_t i = 0; i < m->n_shards; i++) {
+        unsigned id;
+        int used = 0;
+        if (sscanf(m->shards[i].name, "table-%u%n", &id, &used) != 1 ||
+            m->shards[i].name[used] || id >= EDL_PS_MAX_TABLES ||
+            !wants_table(due, n, (uint16_t)id))
+            continue;
+        ps_table *t = atomic_load(&s->tables[id]);
+        void *f = NULL;
+        size_t len;
+        if (t && edl_ckpt_read_shard(s->cp.ck, m, i, &f, &len) == 0) {
+            take_entries(s, t, (uint16_t)id, f, len, due, n);
+        } else if (t) {
+            EDL_WARN("ps", "reading %s of checkpoint %s: %s", m->shards[i].key, m->dir,
+                     edl_ckpt_errmsg(s->cp.ck));
+            bad = true;
+        }
+        free(f);
+    }
+    return bad;
+}
+
+static bool any_due(const ps_due *due, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!due[i].done)
+            return true;
+    return false;
+}
+
+/* The newest checkpoint, then (for the shards a corrupt or unreadable file held) each older one
+ * the pointer keeps. A load checks only that the files are there at their sizes (the handle is
+ * opened without verify_on_load): the one read of each wanted file checks its digest, and no
+ * server reads the files of tables it does not restore. */
 void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from,
                      size_t fromlen)
 {
@@ -233,25 +276,21 @@ void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from,
     if (rc == 0 && (rc = edl_ckpt_load_latest(s->cp.ck, &m)) != 0 && rc != EDL_ENOTFOUND)
         EDL_WARN("ps", "no PS checkpoint to restore %zu shards from: %s", n,
                  edl_ckpt_errmsg(s->cp.ck));
-    for (size_t i = 0; rc == 0 && i < m->n_shards; i++) {
-        unsigned id;
-        int used = 0;
-        if (sscanf(m->shards[i].name, "table-%u%n", &id, &used) != 1 ||
-            m->shards[i].name[used] || id >= EDL_PS_MAX_TABLES ||
-            !wants_table(due, n, (uint16_t)id))
-            continue;
-        ps_table *t = atomic_load(&s->tables[id]);
-        void *f = NULL;
-        size_t len;
-        if (t && edl_ckpt_read_shard(s->cp.ck, m, i, &f, &len) == 0)
-            take_entries(s, t, (uint16_t)id, f, len, due, n);
-        else if (t)
-            EDL_WARN("ps", "reading %s of checkpoint %s: %s", m->shards[i].key, m->dir,
-                     edl_ckpt_errmsg(s->cp.ck));
-        free(f);
+    size_t used = 0;
+    while (rc == 0) {
+        bool bad = restore_from(s, m, due, n);
+        if (used < fromlen)
+            used += (size_t)snprintf(from + used, fromlen - used, "%sPS checkpoint %s (step %lld)",
+                                     used ? ", then " : "", m->dir, (long long)m->step);
+        if (!bad || !any_due(due, n))
+            break;
+        int64_t step = m->step;
+        edl_ckpt_manifest_free(m);
+        m = NULL;
+        if ((rc = edl_ckpt_load_older(s->cp.ck, step, &m)) == 0)
+            EDL_WARN("ps", "the shards left of checkpoint step %lld come from step %lld",
+                     (long long)step, (long long)m->step);
     }
-    if (m)
-        snprintf(from, fromlen, "PS checkpoint %s (step %lld)", m->dir, (long long)m->step);
     edl_ckpt_manifest_free(m);
     pthread_mutex_unlock(&s->cp.mu);
 }

@@ -152,7 +152,9 @@ static void *pusher_main(void *arg)
 
 /* Every key and element must have been applied `want` times (want_lost for the keys and
  * elements of the shards in lost[], when given). */
-static void check_counts(maps *m, int want, const bool *lost, int want_lost)
+/* check_counts with the lost shards of the sparse table at want_sparse and of the dense one at
+ * want_dense (restored from different checkpoints). */
+static void check_counts_of(maps *m, int want, const bool *lost, int want_sparse, int want_dense)
 {
     edl_ps_client *c = client_of(m, atomic_load(&m->now));
     create_tables(c, m);
@@ -164,17 +166,22 @@ static void check_counts(maps *m, int want, const bool *lost, int want_lost)
     harness_ps_ok(c, edl_ps_pull_dense(c, 1, 0, DENSE, dense));
     for (int i = 0; i < KEYS * DIM; i++) {
         bool l = lost && lost[edl_ps_key_shard(keys[i / DIM], SHARDS)];
-        if (rows[i] != -(float)(l ? want_lost : want))
+        if (rows[i] != -(float)(l ? want_sparse : want))
             fail_msg("key %llu column %d: applied %g times, not %d", (unsigned long long)
-                     keys[i / DIM], i % DIM, -(double)rows[i], l ? want_lost : want);
+                     keys[i / DIM], i % DIM, -(double)rows[i], l ? want_sparse : want);
     }
     for (int i = 0; i < DENSE; i++) {
         bool l = lost && lost[SHARDS + edl_ps_dense_shard(i, DENSE, SHARDS)];
-        if (dense[i] != -(float)(l ? want_lost : want))
+        if (dense[i] != -(float)(l ? want_dense : want))
             fail_msg("dense %d: applied %g times, not %d", i, -(double)dense[i],
-                     l ? want_lost : want);
+                     l ? want_dense : want);
     }
     edl_ps_client_close(c);
+}
+
+static void check_counts(maps *m, int want, const bool *lost, int want_lost)
+{
+    check_counts_of(m, want, lost, want_lost, want_lost);
 }
 
 static void start_pushers(pusher *p, pthread_t *th, maps *m, int rounds, atomic_int *done)
@@ -811,6 +818,68 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
     assert_int_equal(system(cmd), 0);
 }
 
+/* The newest checkpoint's file of the sparse table saved by the server that dies is corrupt:
+ * those shards come from the checkpoint before (each file's digest is checked on its one read),
+ * not from the corrupt bytes nor from initial values, while its intact dense file still gives
+ * the newest state (a whole-checkpoint fallback lost three rounds of it); the log says where
+ * the shards came from. */
+static void test_a_corrupt_checkpoint_file_falls_back_to_the_older_checkpoint(void **state)
+{
+    (void)state;
+    edl_etcd_server *etcd = harness_etcd_open(1, NULL);
+    struct edl_etcd *cl = harness_client(edl_etcd_server_endpoints(etcd), 5000);
+    char dir[] = "/tmp/edl-psck-XXXXXX", uri[64], cmd[512], out[4096];
+    assert_non_null(mkdtemp(dir));
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    edl_ckpt_config cfg;
+    edl_ckpt_config_init(&cfg);
+    cfg.uri = uri, cfg.etcd = cl, cfg.job = "psbad", cfg.commit_timeout_ms = 20000;
+    edl_ps_server_options o = {.handover_timeout_ms = 300, .checkpoint = &cfg};
+    harness_ps k;
+    maps m = {.k = &k};
+    start_maps(&m, &o, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
+    edl_ps_client *c = client_of(&m, 1);
+    create_tables(c, &m);
+    for (int r = 0; r < 8; r++) {
+        harness_ps_ok(c, push_round(c));
+        if (r == 4 || r == 7)
+            harness_ps_ok(c, edl_ps_save(c, r + 1)); /* steps 5 and 8 */
+        if (r == 4 || r == 7)
+            wait_checkpoint(&cfg, r + 1);
+    }
+    /* flip a byte in the middle of the sparse table's file server 2 (rank 2) saved at step 8 */
+    snprintf(cmd, sizeof cmd, "n=0; for f in $(find %s -path '*ckpt-0000000000000008*' -path "
+             "'*rank-2/shard-0' -type f); do s=$(stat -c %%s $f); printf '\\377' | "
+             "dd of=$f bs=1 seek=$((s / 2)) conv=notrunc status=none; n=$((n+1)); done; echo $n",
+             dir);
+    assert_int_equal(harness_shell(cmd, out, sizeof out), 0);
+    assert_int_equal(atoi(out), 1); /* its sparse table's (table 0, its first shard) */
+    FILE *log = log_capture();
+    edl_ps_server_close(k.srv[2]);
+    k.srv[2] = NULL;
+    publish(&m, 2, (int[]){0, 1}, 2, -1);
+    harness_ps_ok(c, push_round(c));
+    bool lost[2 * SHARDS] = {0};
+    int nlost = 0;
+    for (uint32_t sh = 0; sh < SHARDS; sh++)
+        if (edl_ps_shard_owner(m.names[1], 3, sh) == 2)
+            lost[sh] = lost[SHARDS + sh] = true, nlost += 2;
+    check_counts_of(&m, 9, lost, 6, 9); /* sparse as of step 5, dense of 8; one more round */
+    edl_ps_server_stats s0, s1;
+    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
+    assert_int_equal(s0.shards_restored + s1.shards_restored, nlost);
+    edl_ps_client_close(c);
+    harness_ps_close(&k);
+    loss_lines l = log_losses(log);
+    check_loss_lines(&l, 2, (unsigned)nlost, 0);
+    assert_non_null(strstr(l.first, "(step 8), then PS checkpoint")); /* where they came from */
+    assert_non_null(strstr(l.first, "(step 5)"));
+    edl_etcd_close(cl);
+    edl_etcd_server_close(etcd);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -826,6 +895,7 @@ int main(void)
         cmocka_unit_test(test_a_ctr_table_moves_to_a_joining_server),
         cmocka_unit_test(
             test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_servers),
+        cmocka_unit_test(test_a_corrupt_checkpoint_file_falls_back_to_the_older_checkpoint),
     };
     if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*joins*' */
         cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
