@@ -166,6 +166,7 @@ static int ckpt_open(trainer *t)
     cfg.uri = uri;
     cfg.job = job;
     cfg.etcd = NULL; /* set below, once connected */
+    cfg.verify_on_load = false; /* ckpt_load's one read of the weights checks their digest */
     cfg.prefix = getenv("EDL_ETCD_PREFIX");
     cfg.rank = 0;
     cfg.world_size = 1;
@@ -197,32 +198,47 @@ static void report_checkpoint(const trainer *t, bool load, int64_t since_ms)
                                   sizeof(double) * D));
 }
 
+/* The weights of checkpoint m, read straight into w (size and digest checked). */
+static int read_weights(trainer *t, const edl_ckpt_manifest *m, double w[D])
+{
+    long i = edl_ckpt_find_shard(m, 0, 0);
+    if (i < 0 || m->shards[i].size != sizeof(double) * D) {
+        fprintf(stderr, "rank %d: checkpoint step %" PRId64 " holds no weights of this model\n",
+                t->rank, m->step);
+        return EDL_EPROTO;
+    }
+    return edl_ckpt_read_shard_into(t->ckpt, m, (size_t)i, w, sizeof(double) * D);
+}
+
+/* The newest checkpoint whose weights read back intact: a corrupt one (EDL_EPROTO) falls back
+ * to the one before it, as edl_ckpt_load_latest's own check would have. */
 static int ckpt_load(trainer *t, long *step, double w[D])
 {
     int64_t t0 = edl_monotonic_ms();
     edl_ckpt_manifest *m = NULL;
     *step = 0;
-    for (int j = 0; j < D; j++)
-        w[j] = 0;
     int rc = edl_ckpt_load_latest(t->ckpt, &m);
     if (rc == EDL_ENOTFOUND)
         return 0;
-    long i = rc ? -1 : edl_ckpt_find_shard(m, 0, 0);
-    if (!rc && (i < 0 || m->shards[i].size != sizeof(double) * D)) {
-        fprintf(stderr, "rank %d: checkpoint step %" PRId64 " holds no weights of this model\n",
-                t->rank, m->step);
-        rc = EDL_EPROTO;
-    } else if (!rc) /* straight into the weights, size and digest checked */
-        rc = edl_ckpt_read_shard_into(t->ckpt, m, (size_t)i, w, sizeof(double) * D);
+    while (!rc && (rc = read_weights(t, m, w)) == EDL_EPROTO) {
+        int64_t bad = m->step;
+        edl_ckpt_manifest_free(m);
+        m = NULL;
+        fprintf(stderr, "rank %d: checkpoint step %" PRId64 " is unusable (%s): trying the one "
+                "before\n", t->rank, bad, edl_ckpt_errmsg(t->ckpt));
+        if ((rc = edl_ckpt_load_older(t->ckpt, bad, &m)) == EDL_ENOTFOUND)
+            rc = EDL_EPROTO; /* none intact: an error, not "no checkpoint yet" */
+    }
     if (!rc) {
         *step = (long)m->step;
         report_checkpoint(t, true, t0);
     } else {
         fprintf(stderr, "rank %d: loading the latest checkpoint: %s (%s)\n", t->rank,
                 edl_strerror(rc), edl_ckpt_errmsg(t->ckpt));
+    }
+    if (rc)
         for (int j = 0; j < D; j++)
             w[j] = 0; /* a failed read may have left part of a shard */
-    }
     edl_ckpt_manifest_free(m);
     return rc;
 }
