@@ -793,16 +793,18 @@ static void on_progress(edl_loop *l, int fd, int events, void *arg)
     }
 }
 
+/* The trainer's stderr pipe, while its relay has room. */
 static int stderr_fd(void *arg, int *events)
 {
     (void)events;
-    return ((agent *)arg)->tp.stderr_fd;
+    const trainer_proc *t = &((agent *)arg)->tp;
+    return t->relay && stderr_relay_full(t->relay) ? -1 : t->stderr_fd;
 }
 
 static void on_stderr(edl_loop *l, int fd, int events, void *arg)
 {
     (void)l, (void)fd, (void)events;
-    trainer_read_stderr(&((agent *)arg)->tp);
+    trainer_read_stderr(&((agent *)arg)->tp, false);
 }
 
 /* The control pipe, while a line waits to be written. */
@@ -1006,6 +1008,10 @@ static int make_keys(agent *a)
 static void agent_free(agent *a)
 {
     edl_worker_close(a->worker); /* its queued requests (the revocation) end first */
+    if (a->tp.relay) {
+        edl_log_set_sink(NULL, NULL);
+        stderr_relay_close(a->tp.relay); /* the last lines, the trainer's and ours */
+    }
     if (a->keeper)
         edl_lease_keeper_close(a->keeper, false);
     edl_watch_close(a->watch);
@@ -1057,6 +1063,12 @@ int agent_run(agent_opts *o)
     snprintf(a.host, sizeof a.host, "%s", o->host);
     if (make_keys(&a) != 0 || connect_etcd(&a) != 0)
         goto out;
+    if (stderr_relay_open(&a.relay, a.loop, STDERR_FILENO) == 0) {
+        a.tp.relay = &a.relay;
+        edl_log_set_sink(stderr_relay_log, &a.relay); /* its own lines too, in order */
+    } else /* the lines are then written on the loop, as before the relay */
+        EDL_WARN("agent", "cannot start the thread that writes the trainer's stderr: %s",
+                 strerror(errno));
     if (!a.ps && !a.teacher) /* TORCHELASTIC_ERROR_FILE is a worker's */
         agent_error_file_open(&a);
     if (o->metrics_port > 0) {

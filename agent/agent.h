@@ -5,6 +5,7 @@
  *   registry.c     etcd side: lease, pod and status keys, the watch on the published generation,
  *                  every request run off the loop by the agent's etcd worker (edl/work.h)
  *   trainer_proc.c the trainer process: spawn, stop with grace, reap, progress and control pipes
+ *   stderr_relay.c its stderr lines and the agent's log lines written off the loop
  *   env.c          the environment a trainer gets
  *   error_file.c   TORCHELASTIC_ERROR_FILE: the trainer's error, read back after a failure
  *   metrics.c      /metrics and /healthz
@@ -15,6 +16,7 @@
 
 #include <curl/curl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -88,6 +90,32 @@ int agent_assignment(const edl_generation *g, int rank, int master_port, edl_ass
 
 #define TRAINER_TAIL_LINES 3 /* stderr lines a failure's status message quotes */
 
+/* stderr_relay.c: what the agent writes to its stderr (the trainer's stderr lines, its own log
+ * lines) written off the loop, on a worker thread of its own, in order; at most
+ * STDERR_RELAY_MAX bytes of the trainer's wait (then the loop stops reading the trainer's pipe
+ * until they are written). */
+#define STDERR_RELAY_MAX (1 << 20)
+typedef struct stderr_relay {
+    edl_worker *wk;        /* NULL: not open (puts write straight to fd) */
+    pthread_mutex_t mu;    /* puts come from any thread (log lines): guards what follows */
+    edl_bytebuf waiting;   /* bytes not yet handed to the worker */
+    bool writing;          /* a batch is on the worker */
+    unsigned long dropped; /* log lines dropped since the last note of it */
+    int fd;                /* where they go: the agent's stderr */
+} stderr_relay;
+
+/* Open r (zeroed) on loop l, writing to fd. EDL_ENOMEM, EDL_EIO. */
+int stderr_relay_open(stderr_relay *r, edl_loop *l, int fd);
+/* Queue the trainer's bytes (never blocks once open; not open: written to fd at once). */
+void stderr_relay_put(stderr_relay *r, const char *data, size_t len);
+/* An edl_log_set_sink sink (arg: the relay): a log line, dropped (and counted) once twice
+ * STDERR_RELAY_MAX bytes wait. */
+void stderr_relay_log(const char *line, size_t len, void *arg);
+/* Whether STDERR_RELAY_MAX bytes or more wait: read no more of the trainer's pipe for now. */
+bool stderr_relay_full(stderr_relay *r);
+/* Write what waits (blocking), stop the worker. Unset the log sink first. */
+void stderr_relay_close(stderr_relay *r);
+
 typedef struct trainer_proc {
     pid_t pid;              /* 0: none */
     int progress_fd;        /* our read end (-1: none) */
@@ -108,6 +136,7 @@ typedef struct trainer_proc {
     bool graceful;          /* it said "graceful": it leaves at its next commit when told */
     bool inprocess;         /* it said "inprocess": it re-forms in process */
     int stderr_fd;          /* our read end of its stderr (-1: it writes to ours directly) */
+    stderr_relay *relay;    /* passes its stderr lines on (NULL: written here, blocking) */
     char err_line[512];     /* a partial stderr line, passed on when complete (or full) */
     size_t err_line_len;
     char err_tail[TRAINER_TAIL_LINES][240]; /* its last stderr lines (a ring; kept after it
@@ -137,8 +166,9 @@ int trainer_pipes(trainer_proc *t, int *child_control, int *child_progress, int 
  * directory"). */
 int trainer_spawn(trainer_proc *t, char *const *argv, char *const *envp, int child_control,
                   int child_progress, int child_err, char *err, size_t errlen);
-/* Pass on what the trainer wrote to its stderr (whole lines), keeping the last lines. */
-void trainer_read_stderr(trainer_proc *t);
+/* Pass on what the trainer wrote to its stderr (whole lines), keeping the last lines; while
+ * its relay is full, nothing more (all: everything, the relay full or not). */
+void trainer_read_stderr(trainer_proc *t, bool all);
 /* The last stderr lines of the trainer (the running one, else the last one): "<last> (after:
  * <earlier> | <earlier>)" ("" : none). */
 void trainer_stderr_tail(const trainer_proc *t, char *out, size_t len);
@@ -268,6 +298,7 @@ typedef struct agent {
     bool teacher;             /* --role teacher (teacher.c): no generation, no rank */
     teacher_state t;
     trainer_proc tp;
+    stderr_relay relay;       /* the trainer's stderr on its way to ours (tp.relay) */
     int64_t run_gen;          /* generation the running trainer serves (0: none) */
     bool ahead;               /* the running trainer was started ahead of membership (InProcess:
                                * it waits for its first control line) */

@@ -187,7 +187,7 @@ int trainer_reap(trainer_proc *t, int *wstatus, bool *by_agent)
     /* What the trainer left behind in its group goes with it. */
     kill(-t->pid, SIGKILL);
     trainer_read_progress(t); /* the last lines it wrote */
-    trainer_read_stderr(t);
+    trainer_read_stderr(t, true); /* all of it: the pipe goes with the trainer */
     if (t->err_line_len) /* its last words, without a newline */
         trainer_read_stderr_line(t);
     close_fd(&t->stderr_fd);
@@ -328,13 +328,11 @@ static void trainer_read_stderr_line(trainer_proc *t)
     char line[sizeof t->err_line + 1];
     memcpy(line, t->err_line, t->err_line_len);
     line[t->err_line_len] = '\n';
-    for (size_t off = 0; off <= t->err_line_len;) {
-        ssize_t w = write(STDERR_FILENO, line + off, t->err_line_len + 1 - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        off += (size_t)w;
+    if (t->relay) {
+        stderr_relay_put(t->relay, line, t->err_line_len + 1);
+    } else {
+        stderr_relay direct = {.fd = STDERR_FILENO};
+        stderr_relay_put(&direct, line, t->err_line_len + 1);
     }
     size_t n = t->err_line_len;
     t->err_line_len = 0;
@@ -349,10 +347,10 @@ static void trainer_read_stderr_line(trainer_proc *t)
     keep[k] = '\0';
 }
 
-void trainer_read_stderr(trainer_proc *t)
+void trainer_read_stderr(trainer_proc *t, bool all)
 {
     char buf[4096];
-    while (t->stderr_fd >= 0) {
+    while (t->stderr_fd >= 0 && (all || !t->relay || !stderr_relay_full(t->relay))) {
         ssize_t n = read(t->stderr_fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;

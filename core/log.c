@@ -23,6 +23,8 @@
 static _Atomic int log_level = EDL_LOG_INFO;
 static _Atomic int log_format = EDL_LOG_PLAIN;
 static FILE *log_out; /* NULL means stderr; guarded by log_lock */
+static edl_log_sink_fn log_sink; /* when set, lines go there instead; guarded by log_lock */
+static void *log_sink_arg;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
@@ -37,6 +39,14 @@ void edl_log_setup(edl_log_level level, edl_log_format format, FILE *out)
     log_out = out;
     atomic_store(&log_level, (int)level);
     atomic_store(&log_format, (int)format);
+    pthread_mutex_unlock(&log_lock);
+}
+
+void edl_log_set_sink(edl_log_sink_fn sink, void *arg)
+{
+    pthread_mutex_lock(&log_lock);
+    log_sink = sink;
+    log_sink_arg = arg;
     pthread_mutex_unlock(&log_lock);
 }
 
@@ -187,9 +197,13 @@ static char *build_json(const char *ts, edl_log_level level, const char *compone
 static void write_line(const char *line)
 {
     pthread_mutex_lock(&log_lock);
-    FILE *out = log_out ? log_out : stderr;
-    fwrite(line, 1, strlen(line), out);
-    fflush(out);
+    if (log_sink) {
+        log_sink(line, strlen(line), log_sink_arg);
+    } else {
+        FILE *out = log_out ? log_out : stderr;
+        fwrite(line, 1, strlen(line), out);
+        fflush(out);
+    }
     pthread_mutex_unlock(&log_lock);
 }
 

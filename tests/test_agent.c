@@ -4,6 +4,7 @@
  * documents itself, exactly as a job server would (edl_spec_to_json, edl_generation_to_json), and
  * observes the pods/ and status/ keys, the trainers' environment files and pids, the agent's
  * exit code and its /metrics. Every wait is bounded. */
+#define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -12,10 +13,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1631,6 +1634,107 @@ static void test_teacher_ends_with_the_job_and_runs_without_one(void **state)
     assert_true(wait_gone(k, 0));
 }
 
+/* ---- a reader of the agent's stderr that stops reading -------------------------------------- */
+
+/* Bytes waiting in a pipe (-1: cannot tell). */
+static int pipe_queued(int fd)
+{
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 ? n : -1;
+}
+
+/* Everything until EOF from fd into a growing buffer (the caller frees it); *len its size. */
+static char *read_to_eof(int fd, size_t *len, int timeout_ms)
+{
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    int64_t end = harness_now_ms() + timeout_ms;
+    assert_non_null(buf);
+    while (harness_now_ms() < end) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 200) <= 0)
+            continue;
+        if (n == cap && !(buf = realloc(buf, (cap *= 2) + 1)))
+            fail_msg("out of memory");
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got <= 0)
+            break;
+        n += (size_t)got;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Whether the trainer's step on the agent's /metrics is the one seen last time (*last,
+ * updated; -1: none seen yet). */
+static bool step_stopped(int mport, long long *last)
+{
+    static char body[65536];
+    const char *name = "edl_agent_trainer_step{";
+    long long step = -1;
+    const char *s;
+    if (harness_http_get(mport, "/metrics", body, sizeof body) == 200 &&
+        (s = strstr(body, name)) && (s = strstr(s, "} ")))
+        step = strtoll(s + 2, NULL, 10);
+    bool same = step >= 0 && step == *last;
+    *last = step;
+    return same;
+}
+
+/* The agent's stderr is a pipe nobody reads (a paused terminal, `edl run | less`): once it is
+ * full the trainer's lines and the agent's own wait in the agent (then the trainer blocks on
+ * its own writes), but the loop goes on: /healthz answers and SIGTERM stops the trainer and
+ * revokes the pod's lease. Read again, every line the trainer wrote arrives, in order. */
+static void test_a_stalled_stderr_reader_never_stalls_the_loop(void **state)
+{
+    (void)state;
+    const char *job = "stalled";
+    put_spec(job, EDL_MODE_RESTART, 1, 10);
+    int mport = harness_free_port(), p[2];
+    char mp[16], body[4096], k[256];
+    snprintf(mp, sizeof mp, "%d", mport);
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    int saved = dup(STDERR_FILENO); /* the agent inherits the pipe as its stderr */
+    assert_true(saved >= 0 && dup2(p[1], STDERR_FILENO) == STDERR_FILENO);
+    pid_t a = start_agent(job, "a",
+                          "i=0; while :; do i=$((i+1)); echo \"step $i\" >&$EDL_PROGRESS_FD; "
+                          "echo \"line $i of a trainer that has a lot to say on its stderr, "
+                          "more than anybody reads\" >&2; done",
+                          (const char *[]){"--metrics-port", mp, "--metrics-addr", "127.0.0.1",
+                                           NULL});
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(p[1]);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
+    int cap = fcntl(p[0], F_GETPIPE_SZ);
+    assert_true(cap > 0);
+    /* full (to within two of its pages: a write that does not fit a page's rest takes the
+     * next page): the agent's next writes block */
+    assert_true(HARNESS_WAIT_UNTIL(pipe_queued(p[0]) >= cap - 8192, 30000));
+    /* the relay takes its megabyte, then the trainer blocks on its stderr: its steps stop */
+    long long last = -1;
+    assert_true(HARNESS_WAIT_UNTIL(step_stopped(mport, &last), 30000));
+    for (int i = 0; i < 5; i++) /* each within the harness's 5 s receive timeout */
+        assert_int_equal(harness_http_get(mport, "/healthz", body, sizeof body), 200);
+    assert_int_equal(kill(a, SIGTERM), 0);
+    assert_true(wait_gone(key(job, "pods/a", k, sizeof k), 10000)); /* revoked: it left */
+    size_t len;
+    char *out = read_to_eof(p[0], &len, 30000);
+    close(p[0]);
+    assert_int_equal(wait_exit(a, 10000), 143);
+    long next = 1, lines = 0;
+    for (char *s = out; (s = strstr(s, "line ")) != NULL; s++) {
+        long n = strtol(s + 5, NULL, 10);
+        if (n != next)
+            fail_msg("stderr line %ld came after line %ld", n, next - 1);
+        next++, lines++;
+    }
+    print_message("%ld trainer lines (%zu bytes) came through once read again\n", lines, len);
+    assert_true(lines > 10000); /* more than the pipe and the relay hold */
+    free(out);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1654,6 +1758,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_progress_steps_reach_status_and_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_outage_keeps_trainer_running, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_frozen_etcd_never_stalls_the_loop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_stalled_stderr_reader_never_stalls_the_loop, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_servers_only_generation_keeps_the_trainer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_process_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ps_graceful_leave_deletes_registration_first, setup, teardown),

@@ -28,6 +28,11 @@ typedef enum edl_log_format {
  * Defaults before any call: EDL_LOG_INFO, EDL_LOG_PLAIN, stderr. The stream is not closed
  * by edl; each line is flushed as it is written. */
 void edl_log_setup(edl_log_level level, edl_log_format format, FILE *out);
+/* Hand each line (with its newline) to sink instead of writing it to the stream, in order,
+ * under the log's lock (sink must not log); NULL: back to the stream. For a program whose
+ * stderr may block (a reader that stopped reading) and whose loop must not: the agent. */
+typedef void (*edl_log_sink_fn)(const char *line, size_t len, void *arg);
+void edl_log_set_sink(edl_log_sink_fn sink, void *arg);
 /* Apply EDL_LOG_LEVEL (debug|info|warn|error|off) and EDL_LOG_FORMAT (plain|json) if set.
  * Returns 0, or EDL_ECONFIG for a value it does not know (then nothing changes, and one
  * error line naming the variable is logged with the settings in force). Empty = unset. */
