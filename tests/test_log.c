@@ -235,6 +235,26 @@ static void *log_many(void *arg)
     return NULL;
 }
 
+/* A sink takes each whole line, in order, instead of the stream; NULL gives the stream back. */
+static void sink_to_buf(const char *line, size_t len, void *arg)
+{
+    strncat(arg, line, len);
+}
+
+static void test_a_sink_takes_the_lines_instead_of_the_stream(void **state)
+{
+    char got[512] = "";
+    edl_log_set_sink(sink_to_buf, got);
+    EDL_INFO("agent", "first");
+    EDL_WARN("agent", "second");
+    edl_log_set_sink(NULL, NULL);
+    EDL_INFO("agent", "third");
+    assert_matches(got, "^" TS_RE " INFO  agent: first\n" TS_RE " WARN  agent: second\n$");
+    char *text = read_all(*state);
+    assert_matches(text, "^" TS_RE " INFO  agent: third\n$");
+    free(text);
+}
+
 static void test_lines_from_threads_never_interleave(void **state)
 {
     pthread_t th[THREADS];
@@ -266,6 +286,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_env_applies_level_and_format, open_log, close_log),
         cmocka_unit_test_setup_teardown(test_env_bad_value_changes_nothing, open_log, close_log),
         cmocka_unit_test_setup_teardown(test_lines_from_threads_never_interleave, open_log, close_log),
+        cmocka_unit_test_setup_teardown(test_a_sink_takes_the_lines_instead_of_the_stream, open_log,
+                                        close_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
