@@ -285,6 +285,7 @@ double harness_etcd_metric(const edl_etcd_server *s, const char *sample)
             continue; /* stopped: its counters went with it */
         /* HTTP/1.0: etcd closes the connection after the reply and sends it unchunked */
         static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+        body[0] = '\0'; /* left as it is when the connection fails */
         harness_http_request(edl_etcd_server_client_port(s, i), req, sizeof req - 1, body, cap);
         if (strncmp(body, "HTTP/1.0 200 ", 13) != 0) {
             sum = -1;
