@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "edl/etcd.h"
 
 extern char **environ;
 
@@ -259,4 +260,51 @@ void harness_stored_equal(const edl_storage_config *sc, const char *uri, const c
     assert_memory_equal(got, want, len);
     free(got);
     edl_storage_close(s);
+}
+
+/* The value of one /metrics line: what follows its last space before the line's end. */
+static double metric_value(const char *line)
+{
+    const char *end = strchr(line, '\n'), *sp = NULL;
+    for (const char *p = line; *p && p != end; p++)
+        if (*p == ' ')
+            sp = p;
+    return sp ? strtod(sp + 1, NULL) : 0;
+}
+
+double harness_etcd_metric(const edl_etcd_server *s, const char *sample)
+{
+    size_t cap = 1 << 20, len = strlen(sample);
+    bool labelled = strchr(sample, '{') != NULL;
+    char *body = malloc(cap);
+    if (!body)
+        return -1;
+    double sum = 0;
+    for (int i = 0; i < edl_etcd_server_members(s) && sum >= 0; i++) {
+        if (edl_etcd_server_pid(s, i) == 0)
+            continue; /* stopped: its counters went with it */
+        /* HTTP/1.0: etcd closes the connection after the reply and sends it unchunked */
+        static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+        body[0] = '\0'; /* left as it is when the connection fails */
+        harness_http_request(edl_etcd_server_client_port(s, i), req, sizeof req - 1, body, cap);
+        if (strncmp(body, "HTTP/1.0 200 ", 13) != 0) {
+            sum = -1;
+            break;
+        }
+        for (const char *l = strchr(body, '\n'); l; l = strchr(l + 1, '\n')) {
+            const char *at = l + 1;
+            if (strncmp(at, sample, len) == 0 && (labelled || at[len] == ' ' || at[len] == '{'))
+                sum += metric_value(at);
+        }
+    }
+    free(body);
+    return sum;
+}
+
+bool harness_etcd_outlive_lease(struct edl_etcd *c, int64_t ttl_s, int timeout_ms)
+{
+    int64_t id, ttl;
+    if (edl_etcd_lease_grant(c, ttl_s, 0, &id, NULL) != 0)
+        fail_msg("granting a %llds witness lease: %s", (long long)ttl_s, edl_etcd_errmsg(c));
+    return HARNESS_WAIT_UNTIL(edl_etcd_lease_ttl(c, id, &ttl, NULL) == EDL_ENOTFOUND, timeout_ms);
 }

@@ -350,4 +350,16 @@ edl_ps_client *harness_ps_client(const harness_ps *k, int timeout_ms);
 /* Fails the test with the client's message when rc != 0. */
 void harness_ps_ok(edl_ps_client *c, int rc);
 
+/* ---- etcd's own events, for waits (harness.c) ------------------------------------------ */
+
+/* The sum over etcd's running members of the samples on /metrics whose line starts with
+ * `sample` ("name" alone matches the unlabelled "name value" and every labelled "name{...}"):
+ * how a test sees etcd renew a lease (etcd_debugging_lease_renewed_total) or a client open a
+ * watch (etcd_debugging_mvcc_watcher_total). -1 when a member's /metrics cannot be read. */
+double harness_etcd_metric(const edl_etcd_server *s, const char *sample);
+/* Grant a witness lease of ttl_s seconds that nobody renews and wait up to timeout_ms for etcd
+ * to expire it: whether it did. A lease granted before the call with the same TTL and still
+ * alive afterwards was renewed: etcd would have expired it first. */
+bool harness_etcd_outlive_lease(struct edl_etcd *c, int64_t ttl_s, int timeout_ms);
+
 #endif

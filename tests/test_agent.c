@@ -122,9 +122,10 @@ static void put_spec(const char *job, edl_elastic_mode mode, int max, int64_t tt
     put_spec_to(job, mode, max, ttl_s, "file:///tmp/ckpt");
 }
 
-/* Start edl-agent for job/pod running `/bin/sh -c script`, with extra options (NULL-ended). */
-static pid_t start_agent(const char *job, const char *pod, const char *script,
-                         const char *const *extra)
+/* Start edl-agent for job/pod running `/bin/sh -c script`, with extra options (NULL-ended),
+ * its output appended to log (NULL: the test's own). */
+static pid_t start_agent_logged(const char *job, const char *pod, const char *script,
+                                const char *const *extra, const char *log)
 {
     const char *argv[40];
     int n = 0;
@@ -145,7 +146,7 @@ static pid_t start_agent(const char *job, const char *pod, const char *script,
     argv[n++] = script;
     argv[n] = NULL;
     setenv("T_DIR", dir, 1); /* the agent passes its environment on to the trainer */
-    pid_t pid = harness_spawn(argv, NULL);
+    pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     for (int i = 0; i < MAX_AGENTS; i++)
         if (agents[i] == 0) {
@@ -153,6 +154,12 @@ static pid_t start_agent(const char *job, const char *pod, const char *script,
             break;
         }
     return pid;
+}
+
+static pid_t start_agent(const char *job, const char *pod, const char *script,
+                         const char *const *extra)
+{
+    return start_agent_logged(job, pod, script, extra, NULL);
 }
 
 static void forget_agent(pid_t pid)
@@ -354,6 +361,15 @@ static long read_long_file(const char *path)
     return strtol(v, NULL, 10);
 }
 
+/* How many times needle occurs in text. */
+static int count_in(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *at = strstr(text, needle); at; at = strstr(at + 1, needle))
+        n++;
+    return n;
+}
+
 static bool pid_alive(pid_t pid)
 {
     char path[64], st[512];
@@ -462,10 +478,14 @@ static void test_registers_pod_under_lease_and_waits(void **state)
 {
     (void)state;
     const char *job = "reg";
-    /* no spec yet: the agent waits for it before registering */
+    /* no spec yet: the agent waits for it before registering, with a watch on it (etcd holds
+     * one more watcher once it does) */
+    double watchers = harness_etcd_metric(srv, "etcd_debugging_mvcc_watcher_total");
+    assert_true(watchers >= 0);
     pid_t pid = start_agent(job, "a", "exec sleep 60", (const char *[]){"--port", "7123", NULL});
     char k[256];
-    harness_sleep_ms(400); /* time to register too early, which it must not do */
+    assert_true(HARNESS_WAIT_UNTIL(
+        harness_etcd_metric(srv, "etcd_debugging_mvcc_watcher_total") > watchers, 5000));
     assert_null(wait_kv(key(job, "pods/a", k, sizeof k), 0));
     put_spec(job, EDL_MODE_RESTART, 1, 3);
     edl_kv *kv = wait_kv(key(job, "pods/a", k, sizeof k), 5000);
@@ -586,7 +606,9 @@ static void test_new_generation_restarts_trainer(void **state)
     char k[256];
     harness_put(cl, key("restart", "pods/z", k, sizeof k), "{\"role\":\"worker\",\"addr\":\"10.1.2.3\",\"port\":9000}");
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"z", "a", NULL});
-    harness_sleep_ms(300); /* a waits for its rank 0 (z, faked here) to publish MASTER_PORT */
+    /* a stopped its trainer for generation 2 (and said so) and waits for its rank 0 (z, faked
+     * here) to publish MASTER_PORT */
+    wait_status(job, "a", 1, EDL_TRAINER_STOPPED, -1, 5000);
     assert_false(wait_file(path_of("a", 2, "env", p2, sizeof p2), 0));
     publish_master(job, 2, "9123");
     assert_true(wait_file(path_of("a", 2, "env", p2, sizeof p2), 8000));
@@ -824,12 +846,13 @@ static void test_standby_waits_then_starts(void **state)
     edl_kv_free(kv);
     publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"z", NULL});
     wait_status(job, "a", 1, EDL_TRAINER_WAITING, -1, 3000);
-    harness_sleep_ms(300); /* time to start a trainer, which a standby must not do */
-    assert_false(wait_file(path_of("a", 1, "env", p, sizeof p), 0));
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
     assert_var(p, "RANK", "0");
-    wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 3000);
+    /* generation 2's trainer is the first start: a standby started none in generation 1 */
+    edl_pod_status st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 3000);
+    assert_int_equal(st.restarts, 0);
+    assert_false(wait_file(path_of("a", 1, "env", p, sizeof p), 0));
     /* back to standby: the trainer stops */
     publish(job, 3, EDL_JOB_RUNNING, (const char *[]){"z", NULL});
     wait_status(job, "a", 3, EDL_TRAINER_WAITING, -1, 5000);
@@ -848,16 +871,15 @@ static void test_trainer_exit_reported_and_not_restarted(void **state)
                           "kill -9 $$");
     edl_pod_status st = wait_status(job, "a", 1, EDL_TRAINER_EXITED, -1, 5000);
     assert_int_equal(st.exit_code, 3);
-    harness_sleep_ms(1000); /* time to restart it, which it must not do: nothing to wait for */
     char sf[300];
     snprintf(sf, sizeof sf, "%s/starts", dir);
     assert_int_equal(count_lines(sf), 1); /* the agent waits for the job server instead */
-    assert_true(get_status(job, "a", &st));
-    assert_int_equal(st.state, EDL_TRAINER_EXITED);
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     st = wait_status(job, "a", 2, EDL_TRAINER_SIGNALED, -1, 5000);
     assert_int_equal(st.signal, 9);
+    /* two starts in all, generation 2's the second: none while generation 1 was over */
     assert_int_equal(st.restarts, 1);
+    assert_int_equal(count_lines(sf), 2);
     publish_state(job, 2, EDL_JOB_FAILED);
     assert_int_equal(wait_exit(a, 5000), 1);
 }
@@ -952,14 +974,21 @@ static void test_a_frozen_etcd_never_stalls_the_loop(void **state)
     pid_t etcd = edl_etcd_server_pid(srv, 0);
     assert_true(etcd > 0);
     assert_int_equal(kill(etcd, SIGSTOP), 0);
-    int64_t worst = 0;
-    for (int i = 0; i < 30; i++) { /* 3 s: status writes (1/s) time out after 2 s each */
+    /* scrape until the agent counts a failed etcd call: its status write times out after 2 s,
+     * so its worker has been stuck on the frozen etcd all along */
+    int64_t worst = 0, errors = -1, first = -1, end = harness_now_ms() + 15000;
+    while ((first < 0 || errors <= first) && harness_now_ms() < end) {
         int64_t t0 = harness_now_ms();
         assert_int_equal(harness_http_get(mport, "/metrics", body, sizeof body), 200);
         int64_t took = harness_now_ms() - t0;
         worst = took > worst ? took : worst;
-        harness_sleep_ms(100); /* a scrape every 100 ms */
+        const char *e = strstr(body, "\nedl_agent_etcd_errors_total{");
+        assert_non_null(e);
+        errors = strtoll(strchr(e, '}') + 1, NULL, 10);
+        first = first < 0 ? errors : first;
+        harness_sleep_ms(100); /* a scrape every 100 ms: a pace, not a wait */
     }
+    assert_true(errors > first);
     if (worst >= 100)
         fail_msg("with etcd frozen, a /metrics scrape took %lld ms", (long long)worst);
     int64_t t0 = harness_now_ms();
@@ -998,9 +1027,9 @@ static void test_lost_lease_stops_trainer_and_reregisters(void **state)
         harness_sleep_ms(25);
     }
     assert_true(new_lease != 0);
-    /* the old generation names the old lease: the agent is no member of it (time to start a
-     * trainer, which it must not do) */
-    harness_sleep_ms(300);
+    /* the old generation names the old lease: the agent, registered anew, says it is no member
+     * of it (waiting) instead of starting a trainer */
+    wait_status(job, "a", 1, EDL_TRAINER_WAITING, -1, 5000);
     assert_false(wait_file(path_of("a", 2, "env", p, sizeof p), 0));
     publish(job, 2, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     assert_true(wait_file(path_of("a", 2, "env", p, sizeof p), 5000));
@@ -1013,13 +1042,19 @@ static void test_malformed_generation_is_ignored(void **state)
 {
     (void)state;
     const char *job = "malformed";
-    pid_t a = start_alone(job, 5, RECORDING_TRAINER);
-    char p[300], k[256];
+    char p[300], k[256], log[300], out[65536];
+    snprintf(log, sizeof log, "%s/agent.log", dir);
+    put_spec(job, EDL_MODE_RESTART, 1, 5);
+    pid_t a = start_agent_logged(job, "a", RECORDING_TRAINER, NULL, log);
+    publish(job, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL});
     long tpid = trainer_of(1);
     harness_put(cl, key(job, "generation", k, sizeof k), "{not json");
     harness_put(cl, k, "{\"generation\":\"two\",\"state\":\"running\"}");
     harness_put(cl, k, "{\"generation\":5,\"state\":\"exploded\",\"members\":[]}");
-    harness_sleep_ms(700); /* time to act on them, if it would: nothing to observe if not */
+    /* the agent has read all three: it said so for each */
+    assert_true(HARNESS_WAIT_UNTIL(
+        count_in(harness_read_file(log, out, sizeof out), "ignoring a malformed document") == 3,
+        5000));
     assert_true(pid_alive((pid_t)tpid));
     edl_pod_status st;
     assert_true(get_status(job, "a", &st));
@@ -1187,14 +1222,14 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
     st = wait_status(job, "a", 2, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
     assert_int_equal(st.restarts, 0);
-    harness_sleep_ms(500); /* time to restart or signal it, which it must not do */
-    assert_true(pid_alive((pid_t)pid));
-    assert_int_equal(count_lines(sf), 1);    /* one start */
-    assert_int_equal(count_lines(cf), 1);    /* the first control line only */
     publish_servers(job, 3, 1, EDL_JOB_RUNNING, (const char *[]){"a", NULL},
                     (const char *[]){"s1", NULL});
     st = wait_status(job, "a", 3, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
+    /* with generation 3 taken as well, nothing restarted or signalled the trainer for 2 or 3 */
+    assert_true(pid_alive((pid_t)pid));
+    assert_int_equal(count_lines(sf), 1);    /* one start */
+    assert_int_equal(count_lines(cf), 1);    /* the first control line only */
     /* the trainer ends; a servers-only generation carries how it ended, without a start */
     kill((pid_t)pid, SIGKILL);
     st = wait_status(job, "a", 3, EDL_TRAINER_SIGNALED, -1, 5000);
@@ -1202,8 +1237,7 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
                     (const char *[]){"s0", "s1", NULL});
     st = wait_status(job, "a", 4, EDL_TRAINER_SIGNALED, -1, 5000);
     assert_int_equal(st.signal, 9);
-    harness_sleep_ms(300); /* time to start it again, which it must not do */
-    assert_int_equal(count_lines(sf), 1);
+    assert_int_equal(count_lines(sf), 1); /* not started again (counted after generation 5) */
     /* a restart with the same workers (a new members generation) does start it again */
     edl_member m[1], sv[1];
     member_list(job, (const char *[]){"a", NULL}, m);
@@ -1217,7 +1251,7 @@ static void servers_change_keeps_trainer(const char *job, edl_elastic_mode mode)
     free_list(sv, 1);
     st = wait_status(job, "a", 5, EDL_TRAINER_RUNNING, -1, 5000);
     assert_true(st.pid != pid);
-    assert_int_equal(count_lines(sf), 2);
+    assert_int_equal(count_lines(sf), 2); /* generation 5's start, and none for 4 */
     publish_state(job, 5, EDL_JOB_SUCCEEDED);
     assert_int_equal(wait_exit(a, 5000), 0);
 }
@@ -1286,13 +1320,13 @@ static void test_ps_process_lifecycle(void **state)
     assert_int_equal(st.pid, pid);
     publish_servers(job, 3, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", NULL});
-    harness_sleep_ms(500); /* time to stop it, which it must not do */
-    assert_true(pid_alive((pid_t)pid)); /* unlisted: it drains by itself */
-    assert_int_equal(count_lines(sf), 1);
     publish_servers(job, 4, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", "s", NULL});
     st = wait_status(job, "s", 4, EDL_TRAINER_RUNNING, -1, 5000);
     assert_int_equal(st.pid, pid);
+    /* unlisted in generation 3 it was not stopped (it drains by itself) nor started anew */
+    assert_true(pid_alive((pid_t)pid));
+    assert_int_equal(count_lines(sf), 1);
     /* a failure is reported; the agent waits for the job server */
     FILE *q = fopen(qf, "w");
     fputs("3\n", q);
@@ -1300,11 +1334,10 @@ static void test_ps_process_lifecycle(void **state)
     st = wait_status(job, "s", 4, EDL_TRAINER_EXITED, -1, 5000);
     assert_int_equal(st.exit_code, 3);
     assert_int_equal(unlink(qf), 0);
-    harness_sleep_ms(300); /* time to restart it, which it must not do */
-    assert_int_equal(count_lines(sf), 1);
     publish_servers(job, 5, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", NULL});
     wait_status(job, "s", 5, EDL_TRAINER_WAITING, -1, 5000);
+    assert_int_equal(count_lines(sf), 1); /* not restarted after its failure in generation 4 */
     publish_servers(job, 6, 0, EDL_JOB_RUNNING, (const char *[]){"w", NULL},
                          (const char *[]){"t", "s", NULL});
     st = wait_status(job, "s", 6, EDL_TRAINER_RUNNING, -1, 5000);

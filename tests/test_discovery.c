@@ -220,8 +220,9 @@ static void test_lease_expiry_removes_teacher(void **state)
     const edl_service_instance *mine = edl_discovery_teachers(d, &n);
     assert_int_equal(n, 1);
     assert_string_equal(mine[0].name, "t-stays");
-    /* the student's own 2 s lease is kept alive by its keeper, well past its TTL */
-    harness_sleep_ms(2500);
+    /* the student's own 2 s lease is kept alive by its keeper, well past its TTL: a 2 s lease
+     * granted now (later than the student's), that nobody renews, expires first */
+    assert_true(harness_etcd_outlive_lease(cl, 2, 8000));
     char v[16];
     assert_non_null(harness_get(cl, PREFIX "/services/exp/students/s-0", v, sizeof v));
     edl_discovery_close(d);
@@ -436,7 +437,8 @@ static void test_cli_register_with_ttl_holds_until_sigterm(void **state)
     while (strcmp(listed("held", buf, sizeof buf), "t-fg") && harness_now_ms() - t0 < 5000)
         harness_sleep_ms(50);
     assert_string_equal(buf, "t-fg");
-    harness_sleep_ms(3500); /* beyond the 2 s TTL: the command keeps it alive */
+    /* beyond the 2 s TTL: a 2 s lease granted after the command's, unrenewed, expires */
+    assert_true(harness_etcd_outlive_lease(cl, 2, 8000));
     assert_string_equal(listed("held", buf, sizeof buf), "t-fg");
     edl_service_instance *l;
     size_t n;

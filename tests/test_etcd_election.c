@@ -89,9 +89,13 @@ static void test_campaign_takes_over_at_once_after_resign(void **state)
     edl_leader first = {0};
     assert_int_equal(edl_election_campaign(cl, edl_str("el2/leader"), edl_str("first"), l1, 1000, &first), 0);
     campaigner c = {.endpoints = edl_etcd_server_endpoints(srv), .lease = l2};
+    double watchers = harness_etcd_metric(srv, "etcd_debugging_mvcc_watcher_total");
+    assert_true(watchers >= 0);
     pthread_t th;
     pthread_create(&th, NULL, campaign, &c);
-    harness_sleep_ms(700); /* time to win too early, which it must not do */
+    /* the campaign lost its attempt and watches for a vacancy: etcd holds one more watcher */
+    assert_true(HARNESS_WAIT_UNTIL(
+        harness_etcd_metric(srv, "etcd_debugging_mvcc_watcher_total") > watchers, 5000));
     assert_int_equal(c.won_at, 0); /* still waiting */
     int64_t t0 = harness_now_ms();
     assert_int_equal(edl_election_resign(cl, &first), 0);

@@ -131,7 +131,8 @@ static void test_keeper_keeps_lease_alive_past_ttl(void **state)
     lost_box box = {.mu = PTHREAD_MUTEX_INITIALIZER};
     edl_lease_keeper *k;
     assert_int_equal(edl_lease_keeper_open(cl, id, 2, on_lost, &box, &k), 0);
-    harness_sleep_ms(5000); /* 2.5 TTLs */
+    /* past the TTL in etcd's own terms: a lease granted after ours, that nobody renews, expired */
+    assert_true(harness_etcd_outlive_lease(cl, 2, 8000));
     assert_true(key_exists(cl, "keep/alive"));
     assert_int_equal(edl_lease_keeper_status(k), 0);
     assert_false(fd_readable(edl_lease_keeper_fd(k), 0));
@@ -172,7 +173,11 @@ static void test_keeper_blocked_by_partition_reports_loss_within_ttl(void **stat
     lost_box box = {.mu = PTHREAD_MUTEX_INITIALIZER};
     edl_lease_keeper *k;
     assert_int_equal(edl_lease_keeper_open(via, id, 2, on_lost, &box, &k), 0);
-    harness_sleep_ms(1000); /* the keeper in its rhythm, renewals done, before the partition */
+    /* the keeper in its rhythm before the partition: etcd has seen two of its renewals */
+    double renewed = harness_etcd_metric(srv, "etcd_debugging_lease_renewed_total");
+    assert_true(renewed >= 0);
+    assert_true(HARNESS_WAIT_UNTIL(
+        harness_etcd_metric(srv, "etcd_debugging_lease_renewed_total") >= renewed + 2, 5000));
     int64_t t0 = harness_now_ms();
     harness_proxy_freeze(px, true); /* renewals now hang: no reply, no error */
     assert_true(fd_readable(edl_lease_keeper_fd(k), 4000));
@@ -196,10 +201,13 @@ static void test_keeper_rides_out_short_outage(void **state)
     edl_lease_keeper *k;
     assert_int_equal(edl_lease_keeper_open(via, id, 6, NULL, NULL, &k), 0);
     harness_proxy_freeze(px, true);
-    harness_sleep_ms(2500); /* misses at least one renewal, well inside the TTL */
+    /* misses at least one renewal (one every 2 s), well inside the TTL: etcd counts 3 s or less
+     * left of the 6 */
+    int64_t left = 6;
+    assert_true(HARNESS_WAIT_UNTIL(edl_etcd_lease_ttl(cl, id, &left, NULL) == 0 && left <= 3, 6000));
     harness_proxy_drop(px);
     harness_proxy_freeze(px, false);
-    /* a renewal through a new connection brings the TTL back up (3.5 s were left) */
+    /* a renewal through a new connection brings the TTL back up (about 3 s were left) */
     int64_t ttl = 0;
     assert_true(HARNESS_WAIT_UNTIL(edl_etcd_lease_ttl(cl, id, &ttl, NULL) == 0 && ttl >= 5, 6000));
     assert_int_equal(edl_lease_keeper_status(k), 0);

@@ -49,13 +49,33 @@ static char *key(const char *job, edl_job_key_kind kind, const char *pod)
     return harness_job_key(buf[k++ % 4], 256, job, kind, pod, 0);
 }
 
-static pid_t spawn_js(const char *job, const char *id, const char *extra)
+/* A job server with its output appended to log (NULL: the test's own). */
+static pid_t spawn_js_logged(const char *job, const char *id, const char *extra, const char *log)
 {
     const char *argv[] = {EDL_JOBSERVER_BIN, "--etcd", edl_etcd_server_endpoints(g_srv), "--job",
                           job, "--id", id, "--ttl", "2", extra, NULL};
-    pid_t pid = harness_spawn(argv, NULL);
+    pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
+}
+
+static pid_t spawn_js(const char *job, const char *id, const char *extra)
+{
+    return spawn_js_logged(job, id, extra, NULL);
+}
+
+/* A log file for a job server, in etcd's data directory (removed with it). */
+static char *js_log(const char *name, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/%s.log", edl_etcd_server_data_dir(g_srv), name);
+    return buf;
+}
+
+/* Whether the file holds `text`. */
+static bool log_says(const char *path, const char *text)
+{
+    static char buf[262144];
+    return strstr(harness_read_file(path, buf, sizeof buf), text) != NULL;
 }
 
 typedef struct pod {
@@ -147,7 +167,8 @@ static void test_scale_up_within_settle_window_is_one_generation(void **state)
 
     int64_t t0 = harness_now_ms();
     pod_join(job, &p[2], "w2", 10);
-    harness_sleep_ms(300); /* the second join comes later, but inside the settle window */
+    /* the gap is the scenario, not a wait: the second join comes later, inside the window */
+    harness_sleep_ms(300);
     pod_join(job, &p[3], "w3", 10);
     wait_gen(job, 2, -1, 5000, &c);
     int64_t took = harness_now_ms() - t0;
@@ -246,8 +267,13 @@ static void test_stopping_a_standby_leaves_the_leader_alone(void **state)
     assert_string_equal(leader_of(job, lead, sizeof lead), "js-a");
     edl_kv *before = NULL;
     assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, EDL_KEY_LEADER, NULL)), &before, NULL), 0);
+    /* several of the standby's campaign rounds time out: each round opens a watch for the
+     * vacancy, so etcd starts at least three watch streams (two rounds over) */
+    const char *streams = "grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\"";
+    double started = harness_etcd_metric(g_srv, streams);
+    assert_true(started >= 0);
     pid_t b = spawn_js(job, "js-b", NULL);
-    harness_sleep_ms(1500); /* several of the standby's campaign rounds time out */
+    assert_true(HARNESS_WAIT_UNTIL(harness_etcd_metric(g_srv, streams) >= started + 3, 8000));
     stop_js(b);
     edl_kv *after = NULL;
     assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, EDL_KEY_LEADER, NULL)), &after, NULL), 0);
@@ -294,7 +320,8 @@ static void test_paused_leader_is_fenced(void **state)
     (void)state;
     const char *job = "fence";
     harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":1,\"max\":8,\"settle_ms\":100}");
-    pid_t a = spawn_js(job, "js-a", NULL);
+    char alog[512];
+    pid_t a = spawn_js_logged(job, "js-a", NULL, js_log("fence-js-a", alog, sizeof alog));
     char first[64]; /* a leads before b starts */
     assert_string_equal(leader_of(job, first, sizeof first), "js-a");
     pid_t b = spawn_js(job, "js-b", NULL);
@@ -326,11 +353,13 @@ static void test_paused_leader_is_fenced(void **state)
     kill(a, SIGCONT); /* wakes with a stale view; its writes must be refused */
     pod_join(job, &p[3], "w3", 20);
     wait_gen(job, 3, 4, 5000, &c);
-    /* a fixed time on purpose: the stale leader's chance to write, which must be refused */
-    harness_sleep_ms(1500);
+    /* the stale leader's chance to write, which must be refused, lasts until it knows */
+    assert_true(HARNESS_WAIT_UNTIL(log_says(alog, "lost the leadership"), 8000));
     pod_leave(&p[3], true);
     wait_gen(job, 4, 3, 5000, &c);
-    harness_sleep_ms(500); /* the same, after the last generation: nothing may follow it */
+    /* the same, after generation 4: js-b acts on a later leave and nothing else comes between */
+    pod_leave(&p[2], true);
+    wait_gen(job, 5, 2, 5000, &c);
 
     int64_t last = 1;
     int seen = 0;
@@ -350,12 +379,12 @@ static void test_paused_leader_is_fenced(void **state)
         edl_watch_event_free(ev);
     }
     edl_watch_close(w);
-    assert_int_equal(last, 4);
-    assert_true(seen >= 3);
+    assert_int_equal(last, 5);
+    assert_true(seen >= 4);
     assert_int_equal(harness_wait_exit(a, 0), -1); /* js-a still runs, as a standby */
     stop_js(a);
     stop_js(b);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 2; i++)
         pod_leave(&p[i], true);
     edl_generation_clear(&c);
 }
@@ -365,7 +394,8 @@ static void test_bad_spec_leaves_job_intact(void **state)
     (void)state;
     const char *job = "badspec";
     harness_put(g_c, key(job, EDL_KEY_SPEC, NULL), "{\"min\":2,\"max\":4,\"settle_ms\":100}");
-    pid_t js = spawn_js(job, "js-a", NULL);
+    char log[512];
+    pid_t js = spawn_js_logged(job, "js-a", NULL, js_log("badspec", log, sizeof log));
     pod p[3];
     pod_join(job, &p[0], "w0", 10);
     pod_join(job, &p[1], "w1", 10);
@@ -404,7 +434,8 @@ static void test_bad_spec_leaves_job_intact(void **state)
     assert_int_equal(c.generation, 2);
     /* a corrupt generation document: the server refuses to guess and stays up */
     harness_put(g_c, key(job, EDL_KEY_GENERATION, NULL), "{\"generation\":\"x\"");
-    harness_sleep_ms(500); /* time to crash, if it would: nothing to observe when it does not */
+    /* it read the document and said so; it must not have crashed on the way */
+    assert_true(HARNESS_WAIT_UNTIL(log_says(log, "is unreadable"), 5000));
     assert_int_equal(harness_wait_exit(js, 0), -1);
     stop_js(js);
     for (int i = 0; i < 3; i++)
@@ -430,14 +461,24 @@ static void test_success_and_retired_generation_data(void **state)
     char buf[64];
     assert_null(harness_get(g_c, gk, buf, sizeof buf));
     pod_status(job, &p[0], 2, "exited", 0);
-    harness_sleep_ms(300); /* time to end the job too early, if it would */
     read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_RUNNING); /* one rank still runs */
-    pod_status(job, &p[1], 2, "exited", 0);
+    edl_put_opts po = {.lease = p[1].lease};
+    edl_put_result last;
+    assert_int_equal(edl_etcd_put(g_c, edl_str(key(job, EDL_KEY_STATUS, "w1")),
+                                  edl_str("{\"generation\":2,\"state\":\"exited\",\"exit_code\":0,"
+                                          "\"step\":1}"), &po, &last), 0);
     assert_int_equal(harness_wait_exit(js, 5000), 0); /* --exit-when-done: succeeded */
     read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(c.generation, 2);
+    /* not too early: the job ended on both ranks' reports, after the last one */
+    assert_non_null(strstr(c.reason, "all 2 ranks exited 0"));
+    edl_kv *gkv;
+    assert_int_equal(edl_etcd_get(g_c, edl_str(key(job, EDL_KEY_GENERATION, NULL)), &gkv, NULL), 0);
+    assert_true(gkv->mod_revision > last.revision);
+    edl_kv_free(gkv);
+    edl_put_result_clear(&last);
     pod_leave(&p[0], true);
     pod_leave(&p[1], true);
     edl_generation_clear(&c);
@@ -500,7 +541,7 @@ static void test_stalled_rank_restarts_generation(void **state)
     int64_t t0 = harness_now_ms(), step = 0;
     while (harness_now_ms() - t0 < 6000 && read_generation(job, &c) && c.generation == 1) {
         pod_step(job, &p[0], 1, ++step);
-        harness_sleep_ms(200); /* w0's pace */
+        harness_sleep_ms(200); /* w0's pace: the scenario (it advances, w1 stalls), not a wait */
     }
     int64_t took = harness_now_ms() - t0;
     assert_int_equal(c.generation, 2);
@@ -595,14 +636,16 @@ static void test_a_frozen_etcd_never_stalls_the_loop(void **state)
     char body[16384];
     int64_t worst = 0;
     bool stepped_down = false;
-    for (int i = 0; i < 40; i++) { /* 4 s: past the 2 s TTL, into the campaigns */
+    /* past the 2 s TTL (it steps down) and ten scrapes more, into the campaigns */
+    int64_t end = harness_now_ms() + 15000;
+    for (int after = 0; after < 10 && harness_now_ms() < end; after += stepped_down) {
         int64_t t0 = harness_now_ms();
         assert_int_equal(harness_http_get(port, "/metrics", body, sizeof body), 200);
         int64_t took = harness_now_ms() - t0;
         worst = took > worst ? took : worst;
         stepped_down = stepped_down || strstr(body, "edl_jobserver_leader{job=\"frozen\","
                                                     "id=\"js-f\"} 0");
-        harness_sleep_ms(100); /* a scrape every 100 ms, through the freeze */
+        harness_sleep_ms(100); /* a scrape every 100 ms through the freeze: a pace, not a wait */
     }
     assert_int_equal(kill(etcd, SIGCONT), 0);
     if (worst >= 100)
