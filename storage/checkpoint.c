@@ -115,6 +115,17 @@ void edl_ckpt_config_init(edl_ckpt_config *cfg)
     cfg->parallel_shards = PARALLEL_SHARDS;
 }
 
+edl_storage_config ckpt_store_config(const edl_ckpt_config *cfg)
+{
+    edl_storage_config sc;
+    if (cfg->storage)
+        sc = *cfg->storage;
+    else
+        edl_storage_config_init(&sc);
+    sc.uri = cfg->uri;
+    return sc;
+}
+
 static void *worker_main(void *arg);
 
 static int default_copy_threads(void)
@@ -191,12 +202,7 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
     ck->copy_threads = cfg->copy_threads ? cfg->copy_threads : default_copy_threads();
     ck->background = cfg->snapshot_in_background;
     ck->etcd = cfg->etcd;
-    edl_storage_config sc;
-    if (cfg->storage)
-        sc = *cfg->storage;
-    else
-        edl_storage_config_init(&sc);
-    sc.uri = cfg->uri;
+    edl_storage_config sc = ckpt_store_config(cfg);
     if (!sc.multipart_threshold) /* shards in flight are the parallel streams already */
         sc.multipart_threshold = SINGLE_PUT_MAX;
     int lanes = cfg->parallel_shards ? cfg->parallel_shards : PARALLEL_SHARDS, rc = 0;

@@ -27,6 +27,8 @@ void ckpt_dir_name(int64_t step, int64_t generation, char *out, size_t len);
 bool ckpt_dir_parse(const char *name, size_t len, int64_t *step, int64_t *generation);
 
 /* One rank's shards (done.json) or the whole manifest: both hold a manifest structure. */
+/* The store settings of cfg: its storage options (defaults and AWS_* without), at its uri. */
+edl_storage_config ckpt_store_config(const edl_ckpt_config *cfg);
 char *ckpt_rank_doc(const edl_ckpt_manifest *m, int rank);
 int ckpt_rank_doc_parse(const char *json, size_t len, int rank, const edl_ckpt_manifest *expect,
                         edl_ckpt_manifest **out, char *err, size_t errlen);

@@ -138,12 +138,7 @@ int edl_ckpt_set_aside(const edl_ckpt_config *cfg, char *where, size_t wherelen,
         return edl_errf(err, errlen, EDL_ENOTSUP, "cannot move the checkpoints of %s aside: only "
                         "file:// URIs can be (move or delete its ckpt-* objects yourself, e.g. "
                         "aws s3 rm --recursive, then run again)", cfg->uri);
-    edl_storage_config sc;
-    if (cfg->storage)
-        sc = *cfg->storage;
-    else
-        edl_storage_config_init(&sc);
-    sc.uri = cfg->uri;
+    edl_storage_config sc = ckpt_store_config(cfg);
     edl_storage *st;
     int rc = edl_storage_open(&sc, &st, err, errlen);
     if (rc != 0)
