@@ -871,6 +871,9 @@ static const char run_usage[] =
     "  --max-restarts N          restart budget for trainer failures (10)\n"
     "  --restart-policy P        OnFailure (default), ExitCode or Never\n"
     "  --permanent-exit-codes L  for ExitCode: codes that fail the job at once (1-127)\n"
+    "  --no-fail-fast            the script's own error (every rank failing by itself, one\n"
+    "                            failing the same way twice, an exception edl.torch marks)\n"
+    "                            spends restarts like any failure instead of failing the job\n"
     "  --progress-timeout-ms MS  a rank whose step stalls this long is failed (0: off)\n"
     "  --exclude-after N         failures of one pod before it is excluded for a while (2)\n"
     "  --cooldown-ms MS          first exclusion; doubles with each further failure (10000)\n"
@@ -979,6 +982,7 @@ static const struct option run_options[] = {
     {"grace-ms", required_argument, 0, 'g'},    {"help", no_argument, 0, 'h'},
     {"exclude-after", required_argument, 0, 'x'}, {"cooldown-ms", required_argument, 0, 'c'},
     {"file", required_argument, 0, 'f'},        {"fresh", no_argument, 0, 'F'},
+    {"no-fail-fast", no_argument, 0, 'N'},
     {0, 0, 0, 0},
 };
 
@@ -1067,6 +1071,7 @@ static int parse_run(int argc, char **argv, run_opts *o)
             break;
         case 'I': o->insecure = true; break;
         case 'F': o->fresh = true; break;
+        case 'N': o->spec.fail_fast = false; break;
         case 'n':
             if (parse_np(optarg, EDL_MEMBERS_MAX, &o->spec.min, &o->spec.max)) {
                 fprintf(stderr, "edl run: --np %s: expected MIN:MAX or N, 1 <= MIN <= MAX\n",

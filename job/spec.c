@@ -58,6 +58,7 @@ void edl_spec_init(edl_job_spec *s)
     s->restart_policy = EDL_RESTART_ON_FAILURE;
     edl_exit_codes_parse("1-127", s->permanent_codes);
     s->exclude_after = 2;
+    s->fail_fast = true;
     s->cooldown_ms = 10000;
     s->cooldown_max_ms = 300000;
     s->ttl_s = 10;
@@ -288,6 +289,7 @@ static void read_spec(edl_json_reader *r, edl_job_spec *s)
         s->mode = (edl_elastic_mode)v;
     edl_json_str(r, "checkpoint_uri", 4096, &s->checkpoint_uri);
     edl_json_bool(r, "stopped", &s->stopped);
+    edl_json_bool(r, "fail_fast", &s->fail_fast);
     read_ps(r, s);
     read_teachers(r, s);
 }
@@ -339,6 +341,7 @@ char *edl_spec_to_json(const edl_job_spec *s)
     if (s->checkpoint_uri)
         cJSON_AddStringToObject(o, "checkpoint_uri", s->checkpoint_uri);
     cJSON_AddBoolToObject(o, "stopped", s->stopped);
+    cJSON_AddBoolToObject(o, "fail_fast", s->fail_fast);
     if (s->ps_max > 0) {
         cJSON *ps = cJSON_AddObjectToObject(o, "ps");
         cJSON_AddNumberToObject(ps, "min", s->ps_min);

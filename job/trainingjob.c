@@ -317,6 +317,7 @@ static void read_elastic(tj_ctx *c, const cJSON *spec, edl_job_spec *s)
     if (get_enum(c, el, pre, "restartPolicy", policy_names, 3, &v))
         s->restart_policy = (edl_restart_policy)v;
     get_int(c, el, pre, "maxRestarts", 0, EDL_RESTARTS_MAX, &s->max_restarts);
+    get_bool(c, el, pre, "failFast", &s->fail_fast);
     /* like `edl run --permanent-exit-codes`: accepted with any policy, used by ExitCode */
     read_exit_codes(c, el, s);
     get_duration(c, el, pre, "progressTimeout", DAY_MS, &s->progress_timeout_ms);

@@ -27,7 +27,7 @@ static const char *const scheduling_fields[] = {
     "scheduler", "schedulerName", "minAvailable", "queue", "priorityClass",
     "scheduleTimeoutSeconds", NULL};
 static const char *const elastic_fields[] = {
-    "mode", "settleWindow", "leaseTTLSeconds", "restartPolicy", "maxRestarts",
+    "mode", "settleWindow", "leaseTTLSeconds", "restartPolicy", "maxRestarts", "failFast",
     "permanentExitCodes", "progressTimeout", "exclusion", NULL};
 static const char *const exclusion_fields[] = {"afterFailures", "cooldown", "maxCooldown", NULL};
 static const char *const checkpoint_fields[] = {"uri", NULL};

@@ -1108,7 +1108,7 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     failure bad;
     bool unstartable = !member_lost(o) && find_unstartable(o, fl, nf, &bad);
     /* A failure the trainer marked as its own is no peer's fallout: no hold either. */
-    const failure *marked = marked_failure(fl, nf);
+    const failure *marked = sp->fail_fast ? marked_failure(fl, nf) : NULL; /* else: a failure */
     if (nf && !unstartable && !marked && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
         out->wake_mono_ms = wake;
         free(fl);
@@ -1138,7 +1138,7 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
                (perm = first_permanent(sp, fl, nf)) != NULL) {
         snprintf(reason, sizeof reason, "%s, a permanent exit code", perm->what);
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
-    } else if (nf && script_bug(o, mem, fl, nf, reason, sizeof reason)) {
+    } else if (nf && sp->fail_fast && script_bug(o, mem, fl, nf, reason, sizeof reason)) {
         rc = publish_final(o, EDL_JOB_FAILED, reason, out);
     } else if (nf && c->restarts + 1 > sp->max_restarts) {
         snprintf(reason, sizeof reason, "restart budget of %d spent; last failure: %s",

@@ -175,7 +175,8 @@ static void test_spec_parse_and_round_trip(void **state)
     char err[256];
     const char *j = "{\"min\":2,\"max\":4,\"replicas\":3,\"settle_ms\":500,\"restart_policy\":"
                     "\"ExitCode\",\"permanent_exit_codes\":\"1-10,42\",\"elastic_mode\":"
-                    "\"inprocess\",\"checkpoint_uri\":\"file:///tmp/ck\",\"ttl_s\":3}";
+                    "\"inprocess\",\"checkpoint_uri\":\"file:///tmp/ck\",\"ttl_s\":3,"
+                    "\"fail_fast\":false}";
     assert_int_equal(edl_spec_parse(j, strlen(j), &s, err, sizeof err), 0);
     assert_int_equal(s.min, 2);
     assert_int_equal(s.max, 4);
@@ -187,12 +188,14 @@ static void test_spec_parse_and_round_trip(void **state)
     assert_false(edl_exit_code_in(s.permanent_codes, 11));
     assert_int_equal(s.mode, EDL_MODE_INPROCESS);
     assert_string_equal(s.checkpoint_uri, "file:///tmp/ck");
+    assert_false(s.fail_fast);
     char *out = edl_spec_to_json(&s);
     edl_job_spec t;
     edl_spec_init(&t);
     assert_int_equal(edl_spec_parse(out, strlen(out), &t, err, sizeof err), 0);
     assert_memory_equal(s.permanent_codes, t.permanent_codes, 32);
     assert_int_equal(t.ttl_s, 3);
+    assert_false(t.fail_fast);
     assert_string_equal(t.checkpoint_uri, "file:///tmp/ck");
     free(out);
     edl_spec_clear(&s);
@@ -218,6 +221,7 @@ static void test_bad_specs_rejected_with_reason(void **state)
         {"{\"restart_policy\":\"Sometimes\"}", EDL_ECONFIG, "unknown value \"Sometimes\""},
         {"{\"permanent_exit_codes\":\"1-999\"}", EDL_ECONFIG, "permanent_exit_codes"},
         {"{\"stopped\":\"yes\"}", EDL_EPROTO, "true or false"},
+        {"{\"fail_fast\":0}", EDL_EPROTO, "fail_fast"},
         {"{\"settle_ms\":-1}", EDL_ECONFIG, "settle_ms"},
         {"{\"max_restarts\":2147483647}", EDL_ECONFIG, "max_restarts"},
         {"{\"exclude_after\":2147483647}", EDL_ECONFIG, "exclude_after"},

@@ -1473,6 +1473,34 @@ static void test_every_rank_failing_by_itself_fails_the_job(void **state)
     world_free(&w);
 }
 
+/* fail_fast off (`edl run --no-fail-fast`, failFast: false): what would be the script's own
+ * error (a marked exception, every rank failing by itself) spends a restart like any failure,
+ * until the budget is spent. */
+static void test_without_fail_fast_the_scripts_error_spends_restarts(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.fail_fast = false;
+    w.spec.max_restarts = 1;
+    form(&w, 2);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 50);
+    set_message(&w, 1, "OSError: the bucket is not reachable", true);
+    js_decision d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_RUNNING);
+    assert_int_equal(w.cur.restarts, 1);
+    all_running(&w);
+    set_status(&w, 0, EDL_TRAINER_EXITED, 1, 60); /* every rank by itself: budget spent */
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 60);
+    d = step_past_hold(&w);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(w.cur.reason, "restart budget of 1 spent"));
+    assert_null(strstr(w.cur.reason, "own error"));
+    world_free(&w);
+}
+
 /* One rank failing twice in a row the same way (exit code and message) while the others ran
  * is the script's bug; a different failure, or a SIGKILL (the OOM killer) twice, restarts. */
 static void test_repeated_failure_fails_the_job(void **state)
@@ -1568,6 +1596,7 @@ int main(void)
         cmocka_unit_test(test_new_generation_never_repeats_a_reported_one),
         cmocka_unit_test(test_trainer_marked_error_fails_the_job_at_once),
         cmocka_unit_test(test_every_rank_failing_by_itself_fails_the_job),
+        cmocka_unit_test(test_without_fail_fast_the_scripts_error_spends_restarts),
         cmocka_unit_test(test_repeated_failure_fails_the_job),
         cmocka_unit_test(test_mode_follows_the_trainers),
         cmocka_unit_test(test_peer_loss_blames_nobody),

@@ -250,6 +250,7 @@ static void test_trainingjob_defaults(void **state)
     assert_int_equal(tj->spec.ttl_s, 10);
     assert_int_equal(tj->spec.max_restarts, 10);
     assert_int_equal(tj->spec.restart_policy, EDL_RESTART_ON_FAILURE);
+    assert_true(tj->spec.fail_fast);
     assert_int_equal(tj->spec.mode, EDL_MODE_AUTO); /* not given: the trainer chooses */
     assert_int_equal(tj->spec.progress_timeout_ms, 0);
     assert_int_equal(tj->spec.exclude_after, 2);
@@ -298,6 +299,7 @@ static void test_trainingjob_every_field_mapped(void **state)
                       "  activeDeadlineSeconds: 3600\n"
                       "  elastic:\n    mode: InProcess\n    settleWindow: 1.5s\n"
                       "    leaseTTLSeconds: 3\n    restartPolicy: ExitCode\n    maxRestarts: 0\n"
+                      "    failFast: false\n"
                       "    permanentExitCodes: [3, 127]\n    progressTimeout: 2m\n"
                       "    exclusion:\n      afterFailures: 5\n      cooldown: 30s\n"
                       "      maxCooldown: 1h\n"
@@ -323,6 +325,7 @@ static void test_trainingjob_every_field_mapped(void **state)
     assert_int_equal(tj->spec.ttl_s, 3);
     assert_int_equal(tj->spec.restart_policy, EDL_RESTART_EXIT_CODE);
     assert_int_equal(tj->spec.max_restarts, 0);
+    assert_false(tj->spec.fail_fast);
     for (int c = 0; c < 256; c++)
         assert_int_equal(edl_exit_code_in(tj->spec.permanent_codes, c), c == 3 || c == 127);
     assert_int_equal(tj->spec.progress_timeout_ms, 120000);
@@ -491,6 +494,8 @@ static void test_trainingjob_bad_inputs_name_field_and_code(void **state)
         {"spec:\n  minReplicas: 3\n  maxReplicas: 2\n" TJ_TEMPLATE, EDL_ECONFIG, "spec",
          "minReplicas (3) is greater than maxReplicas (2)"},
         {"spec:\n  suspend: \"yes\"\n" TJ_TEMPLATE, EDL_EPROTO, "spec.suspend", "true or false"},
+        {"spec:\n  elastic:\n    failFast: 1\n" TJ_TEMPLATE, EDL_EPROTO, "spec.elastic.failFast",
+         "true or false"},
         {"spec:\n  cleanPodPolicy: Some\n" TJ_TEMPLATE, EDL_ECONFIG, "spec.cleanPodPolicy",
          "one of Running, All, None"},
         {"spec:\n  activeDeadlineSeconds: 0\n" TJ_TEMPLATE, EDL_ECONFIG,

@@ -146,6 +146,8 @@ typedef struct edl_job_spec {
     edl_elastic_mode mode;      /* EDL_MODE_AUTO unless given ("elastic_mode") */
     char *checkpoint_uri;       /* passed to trainers as EDL_CHECKPOINT_URI (may be NULL) */
     bool stopped;               /* `edl stop`: trainers stop and the job ends as stopped */
+    bool fail_fast;             /* the script's own error fails the job at once (true); false:
+                                   it spends restarts like any failure ("fail_fast") */
     /* The parameter-server role, JSON "ps": {"min":..,"max":..,"replicas":..}; absent: no
      * servers (ps_max 0). When present 1 <= ps_min <= ps_max <= EDL_PS_SERVERS_MAX. */
     int ps_min;                 /* fewest servers the job trains with (0: no ps role) */
