@@ -91,6 +91,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* CPU seconds of the calling thread (a worker's client runs in its caller's thread). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static void die(const char *what)
 {
     fprintf(stderr, "ps: %s\n", what);
@@ -461,20 +469,22 @@ static void worker(int idx, const char *const *eps, const int *echo_ports, int s
     echo_open(echo_ports, s, s * ps_client_lanes(c), fds);
     for (int ph = 0; ph < N_PHASES; ph++) {
         char b;
-        double r[2] = {0}, calls = 0, n;
+        double r[3] = {0}, calls = 0, n, cpu = 0;
         uint64_t s0, r0, s1, r1;
         if (write(io.res, r, sizeof r) != sizeof r || read(io.go, &b, 1) != 1)
             _exit(1);
         edl_ps_client_traffic(c, &s0, &r0);
         for (int k = 0; k < ECHO_SLICES; k++) { /* the PS and its echo in turns: the same load */
-            double slice = o->seconds / ECHO_SLICES;
+            double slice = o->seconds / ECHO_SLICES, c0 = cpu_s();
             r[0] += (ph <= PH_SPUSH ? run_sparse(c, o, ph == PH_SPUSH, slice, &seed, &n)
                                     : run_dense(c, o, ph == PH_DPUSH, slice, &n)) / ECHO_SLICES;
+            cpu += cpu_s() - c0;
             calls += n;
             edl_ps_client_traffic(c, &s1, &r1);
             echo_plan p = echo_plan_of(o, s, ps_client_lanes(c), ph <= PH_SPUSH, calls,
                                        (double)(s1 - s0), (double)(r1 - r0));
             r[1] += run_echo(fds, &p, slice) / ECHO_SLICES;
+            r[2] = 1e9 * cpu / (calls * p.units); /* ns a key (a float) */
         }
         if (write(io.res, r, sizeof r) != sizeof r)
             _exit(1);
@@ -629,6 +639,15 @@ static void measure_table(const opts *o, double *pull, double *push)
     free(keys), free(wire), free(grads), free(rows);
 }
 
+/* The CPU clock ticks of s server processes. */
+static long server_ticks(const pid_t *srv, int s)
+{
+    long all = 0, t, rss;
+    for (int i = 0; i < s; i++, all += t)
+        proc_usage(srv[i], &t, &rss);
+    return all;
+}
+
 static void run_pair(int w, int s, const opts *o, const char *secret_file)
 {
     fflush(stdout); /* the children must not inherit unwritten output */
@@ -664,7 +683,8 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
         res[i] = r[0];
     }
     for (int ph = 0; ph < N_PHASES; ph++) {
-        double r[2], total[2] = {0};
+        double r[3], total[3] = {0};
+        long t0 = server_ticks(srv, s);
         for (int i = 0; i < w; i++) /* all ready */
             if (read(res[i], r, sizeof r) != sizeof r)
                 die("a worker failed (its message is above)");
@@ -674,9 +694,14 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
         for (int i = 0; i < w; i++) {
             if (read(res[i], r, sizeof r) != sizeof r)
                 die("a worker failed (its message is above)");
-            total[0] += r[0], total[1] += r[1];
+            total[0] += r[0], total[1] += r[1], total[2] += r[2] / w;
         }
         print_line(w, s, ph, total, o, bound);
+        if (ph <= PH_SPUSH) /* the servers work in the PS's turns, o->seconds in all */
+            printf("  CPU a key: the servers %.0f ns, a client %.0f ns\n",
+                   1e9 * (double)(server_ticks(srv, s) - t0) / (double)sysconf(_SC_CLK_TCK) /
+                       (total[0] * o->seconds),
+                   total[2]);
         if (ph == PH_SPUSH && o->pairs[0][0] == w && o->pairs[0][1] == s) {
             double pull = 0, push = 0;
             measure_table(o, &pull, &push);
