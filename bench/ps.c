@@ -1,4 +1,5 @@
-/* ps.c: the parameter server's throughput beside the loopback bound, measured in the same run.
+/* ps.c: the parameter server's throughput beside two bounds measured in the same run: the
+ * loopback's streams, and an echo of the PS's own bytes (the transport bound).
  *
  *   ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M] [--dense 16M] [--seconds 2]
  *      [--quick]
@@ -8,19 +9,31 @@
  *   bound        W receiver processes each connected to S sender processes (plain TCP, 4 MiB
  *                socket buffers, 1 MiB writes from a buffer in cache), all streams at once:
  *                the bytes per second the loopback carries in one direction with this
- *                topology, the best of three tries of --seconds each. No parameter server
- *                moves its heavy direction faster.
+ *                topology, the best of three tries of --seconds each (the echo's calls,
+ *                whose buffers stay in cache, can move more).
  *   sparse pull  batches of --batch random keys of a --keys key space (every row created by a
  *                warm-up pull first), rows of --dim floats: keys/s over all workers; its
  *                payload is the rows (4 dim bytes a key)
  *   sparse push  the same keys with gradients (SGD on the server): payload 8 + 4 dim a key
  *   dense pull   the whole dense table of --dense floats (split over 1,024 shards), GB/s
  *   dense push   its gradients (SGD), GB/s
+ *   echo         each phase's echo bound, in turns with it (ECHO_SLICES turns of --seconds /
+ *                ECHO_SLICES each): S echo processes (a thread a connection: read a request
+ *                whole, write its reply) and, in each worker, as many connections as its PS
+ *                client has links; each echo call moves, on each link the PS call used, the
+ *                bytes the PS call moved there (from the client's byte counters; requests and
+ *                replies of the same sizes, dense ranges in as many pieces), all links at once
+ *                in one poll loop, one call in flight. What a PS whose work cost nothing would
+ *                do with these sockets and this protocol's bytes: the transport bound.
+ *   CPU a key    under each sparse line: the servers' CPU (/proc ticks over the phase; they
+ *                work only in the PS's turns) and a client's (its thread's CPU clock in them),
+ *                in ns a key moved; and the echo servers' CPU a key the echo moved.
  *   table        one thread on the same table in this process (ps/table.c: no network, no
  *                client), the same batches sorted by shard as the client sends them, only the
  *                table's call timed: what one loop of a server can do at most, printed once
  *                under the first pair's sparse lines.
- * Each line: the rate, the payload GB/s and its share of the bound. Then the servers' memory:
+ * Each line: the rate, the payload GB/s and its share of the bound, the echo's rate and the
+ * PS's share of it. Then the servers' memory:
  * bytes a row of the sparse table, and of a CTR table over the same keys (the CTR accessor,
  * rows of --dim floats): without embedx, with it, and after a shrink that evicts half.
  *
@@ -684,7 +697,7 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
     }
     for (int ph = 0; ph < N_PHASES; ph++) {
         double r[3], total[3] = {0};
-        long t0 = server_ticks(srv, s);
+        long t0 = server_ticks(srv, s), e0 = server_ticks(echo, s);
         for (int i = 0; i < w; i++) /* all ready */
             if (read(res[i], r, sizeof r) != sizeof r)
                 die("a worker failed (its message is above)");
@@ -697,11 +710,12 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
             total[0] += r[0], total[1] += r[1], total[2] += r[2] / w;
         }
         print_line(w, s, ph, total, o, bound);
-        if (ph <= PH_SPUSH) /* the servers work in the PS's turns, o->seconds in all */
-            printf("  CPU a key: the servers %.0f ns, a client %.0f ns\n",
-                   1e9 * (double)(server_ticks(srv, s) - t0) / (double)sysconf(_SC_CLK_TCK) /
-                       (total[0] * o->seconds),
-                   total[2]);
+        double tick = 1e9 / (double)sysconf(_SC_CLK_TCK); /* ns */
+        if (ph <= PH_SPUSH) /* each side's servers work in its turns, o->seconds in all */
+            printf("  CPU a key: the servers %.0f ns, a client %.0f ns; the echo's servers "
+                   "%.0f ns\n", tick * (double)(server_ticks(srv, s) - t0) /
+                   (total[0] * o->seconds), total[2], tick * (double)(server_ticks(echo, s) -
+                   e0) / (total[1] * o->seconds));
         if (ph == PH_SPUSH && o->pairs[0][0] == w && o->pairs[0][1] == s) {
             double pull = 0, push = 0;
             measure_table(o, &pull, &push);
