@@ -1076,8 +1076,9 @@ static void usage(FILE *f)
     fprintf(f, "Usage: ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M]\n"
                "          [--dense 16M] [--seconds 2] [--ctr-examples 200000] [--join 1]\n"
                "          [--lanes N] [--quick]\n"
-               "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
-               "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
+               "Parameter-server throughput (edl-ps) beside the loopback bound and an echo of\n"
+               "its own bytes (the transport bound): see the header of bench/ps.c and\n"
+               "docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
                "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes;\n"
                "--join 0: no server joining and no replication figure. --lanes: the\n"
                "clients' connections to each server (EDL_PS_LANES; default min(CPUs, 4)).\n");
