@@ -1,4 +1,5 @@
-/* ps.c: the parameter server's throughput beside the loopback bound, measured in the same run.
+/* ps.c: the parameter server's throughput beside two bounds measured in the same run: the
+ * loopback's streams, and an echo of the PS's own bytes (the transport bound).
  *
  *   ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M] [--dense 16M] [--seconds 2]
  *      [--quick]
@@ -8,19 +9,31 @@
  *   bound        W receiver processes each connected to S sender processes (plain TCP, 4 MiB
  *                socket buffers, 1 MiB writes from a buffer in cache), all streams at once:
  *                the bytes per second the loopback carries in one direction with this
- *                topology, the best of three tries of --seconds each. No parameter server
- *                moves its heavy direction faster.
+ *                topology, the best of three tries of --seconds each (the echo's calls,
+ *                whose buffers stay in cache, can move more).
  *   sparse pull  batches of --batch random keys of a --keys key space (every row created by a
  *                warm-up pull first), rows of --dim floats: keys/s over all workers; its
  *                payload is the rows (4 dim bytes a key)
  *   sparse push  the same keys with gradients (SGD on the server): payload 8 + 4 dim a key
  *   dense pull   the whole dense table of --dense floats (split over 1,024 shards), GB/s
  *   dense push   its gradients (SGD), GB/s
+ *   echo         each phase's echo bound, in turns with it (ECHO_SLICES turns of --seconds /
+ *                ECHO_SLICES each): S echo processes (a thread a connection: read a request
+ *                whole, write its reply) and, in each worker, as many connections as its PS
+ *                client has links; each echo call moves, on each link the PS call used, the
+ *                bytes the PS call moved there (from the client's byte counters; requests and
+ *                replies of the same sizes, dense ranges in as many pieces), all links at once
+ *                in one poll loop, one call in flight. What a PS whose work cost nothing would
+ *                do with these sockets and this protocol's bytes: the transport bound.
+ *   CPU a key    under each sparse line: the servers' CPU (/proc ticks over the phase; they
+ *                work only in the PS's turns) and a client's (its thread's CPU clock in them),
+ *                in ns a key moved; and the echo servers' CPU a key the echo moved.
  *   table        one thread on the same table in this process (ps/table.c: no network, no
  *                client), the same batches sorted by shard as the client sends them, only the
  *                table's call timed: what one loop of a server can do at most, printed once
  *                under the first pair's sparse lines.
- * Each line: the rate, the payload GB/s and its share of the bound. Then the servers' memory:
+ * Each line: the rate, the payload GB/s and its share of the bound, the echo's rate and the
+ * PS's share of it. Then the servers' memory:
  * bytes a row of the sparse table, and of a CTR table over the same keys (the CTR accessor,
  * rows of --dim floats): without embedx, with it, and after a shrink that evicts half.
  *
@@ -46,6 +59,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -59,6 +73,7 @@
 #include <stdatomic.h>
 
 #include "edl/log.h"
+#include "edl/net.h"
 #include "edl/proc.h"
 #include "edl/ps.h"
 #include "edl/wire.h"
@@ -67,6 +82,7 @@
 
 #define MAX_PROCS 8
 #define CHUNK (1u << 20)
+#define ECHO_SLICES 4 /* turns of a PS phase and its echo */
 
 typedef struct opts {
     int pairs[8][2], n_pairs;
@@ -85,6 +101,14 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU seconds of the calling thread (a worker's client runs in its caller's thread). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
@@ -196,6 +220,142 @@ static double measure_bound(int w, int s, double seconds)
     return total;
 }
 
+/* ---- the echo bound ---------------------------------------------------------------------------- */
+
+/* What a PS call moved on each of its links, from the client's byte counters: the echo moves
+ * the same bytes the same way. */
+typedef struct echo_plan {
+    int links, rounds;  /* connections a call uses; requests on each, one after the other */
+    size_t req, resp;   /* bytes of one request and of its reply, on one link */
+    double units;       /* keys or floats a call moves: the echo's rate in the PS's unit */
+} echo_plan;
+
+static int io_full(int fd, void *buf, size_t len, bool out)
+{
+    for (size_t done = 0; done < len;) {
+        ssize_t n = out ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL)
+                        : recv(fd, (char *)buf + done, len - done, 0);
+        if (n <= 0 && !(n < 0 && errno == EINTR))
+            return -1;
+        done += n > 0 ? (size_t)n : 0;
+    }
+    return 0;
+}
+
+/* One connection of an echo server: each request starts with the sizes of itself and of its
+ * reply (two little-endian 64-bit counts); read it whole, then write the reply. */
+static void *echo_conn(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    uint8_t h[16];
+    char *buf = NULL;
+    size_t cap = 0;
+    while (io_full(fd, h, sizeof h, false) == 0) {
+        uint64_t req = edl_get64(h), resp = edl_get64(h + 8), need = req > resp ? req : resp;
+        if (req < sizeof h || need > (1ull << 30))
+            break;
+        if (need > cap && !(buf = realloc(buf, cap = need)))
+            die("out of memory");
+        if (io_full(fd, buf, req - sizeof h, false) || io_full(fd, buf, resp, true))
+            break;
+    }
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+/* An echo server: a thread for each connection, as edl-ps has a loop for each lane. */
+static void echo_server(int lfd)
+{
+    for (int fd; (fd = accept(lfd, NULL, NULL)) >= 0;) {
+        pthread_t t;
+        edl_net_tune(fd);
+        if (pthread_create(&t, NULL, echo_conn, (void *)(intptr_t)fd) == 0)
+            pthread_detach(t);
+    }
+    _exit(0);
+}
+
+/* The plan of the calls a worker made: bytes sent and received over calls, as the client cut
+ * them (PS_LANE_MIN_*, PS_DENSE_PIECE). */
+static echo_plan echo_plan_of(const opts *o, int s, int lanes, bool sparse, double calls,
+                              double sent, double received)
+{
+    echo_plan p = {.links = s, .rounds = 1};
+    uint64_t amount = sparse ? o->batch : o->dense;
+    if (amount >= (uint64_t)s * (uint64_t)lanes * (sparse ? PS_LANE_MIN_KEYS : PS_LANE_MIN_FLOATS))
+        p.links = s * lanes;
+    if (!sparse) {
+        uint64_t piece = (uint64_t)PS_DENSE_PIECE * (uint64_t)(s * lanes);
+        p.rounds = (int)((amount + piece - 1) / piece);
+    }
+    double per = calls * p.rounds * p.links;
+    p.req = (size_t)(sent / per), p.resp = (size_t)(received / per);
+    p.req = p.req < 16 ? 16 : p.req;
+    p.units = (double)amount;
+    return p;
+}
+
+/* One echo call: every link sends its request and reads its reply, all in one poll loop (as
+ * the PS client does), `rounds` times. The replies land in `in` (a caller's array). */
+static void echo_call(const int *fds, const echo_plan *p, const uint8_t *out, uint8_t *in)
+{
+    struct pollfd pf[8 * EDL_PS_MAX_LANES];
+    size_t sent[8 * EDL_PS_MAX_LANES], got[8 * EDL_PS_MAX_LANES];
+    for (int r = 0; r < p->rounds; r++) {
+        for (int i = 0; i < p->links; i++)
+            pf[i] = (struct pollfd){.fd = fds[i], .events = POLLOUT}, sent[i] = got[i] = 0;
+        for (int left = p->links; left > 0;) {
+            if (poll(pf, (nfds_t)p->links, 60000) <= 0)
+                die("echo: no progress in 60 s");
+            for (int i = 0; i < p->links; i++) {
+                if (pf[i].revents & (POLLERR | POLLHUP | POLLNVAL))
+                    die("echo: a connection failed");
+                ssize_t n;
+                if (sent[i] < p->req && (pf[i].revents & POLLOUT) &&
+                    (n = send(fds[i], out + sent[i], p->req - sent[i],
+                              MSG_NOSIGNAL | MSG_DONTWAIT)) > 0 &&
+                    (sent[i] += (size_t)n) == p->req)
+                    pf[i].events = POLLIN;
+                else if (sent[i] == p->req && (pf[i].revents & POLLIN) &&
+                         (n = recv(fds[i], in + (size_t)i * p->resp + got[i], p->resp - got[i],
+                                   MSG_DONTWAIT)) > 0 &&
+                         (got[i] += (size_t)n) == p->resp)
+                    pf[i].fd = -1, left--;
+            }
+        }
+    }
+}
+
+/* Connections to s echo servers, n of them: link i to server i % s, as the PS client's links. */
+static void echo_open(const int *ports, int s, int n, int *fds)
+{
+    for (int i = 0; i < n; i++) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ports[i % s]),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if ((fds[i] = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+            connect(fds[i], (struct sockaddr *)&a, sizeof a))
+            die("echo: cannot connect to its server on 127.0.0.1");
+        edl_net_tune(fds[i]);
+    }
+}
+
+/* Echo calls of plan p for `seconds`: keys or floats a second, as the PS phase counts them. */
+static double run_echo(const int *fds, const echo_plan *p, double seconds)
+{
+    uint8_t *out = calloc(1, p->req), *in = malloc((size_t)p->links * (p->resp ? p->resp : 1));
+    if (!out || !in)
+        die("out of memory");
+    edl_put64(out, p->req), edl_put64(out + 8, p->resp);
+    double t0 = now_s(), n = 0;
+    while (now_s() - t0 < seconds) {
+        echo_call(fds, p, out, in);
+        n += p->units;
+    }
+    free(out), free(in);
+    return n / (now_s() - t0);
+}
+
 /* ---- servers ----------------------------------------------------------------------------------- */
 
 /* Start edl-ps; its "serving on" line gives the port. */
@@ -235,7 +395,7 @@ static uint64_t key_of(uint64_t i)
 }
 
 static double run_sparse(edl_ps_client *c, const opts *o, bool push, double seconds,
-                         unsigned *seed)
+                         unsigned *seed, double *calls)
 {
     uint64_t *keys = malloc(o->batch * sizeof *keys);
     float *rows = calloc((size_t)o->batch * o->dim, sizeof *rows);
@@ -252,13 +412,15 @@ static double run_sparse(edl_ps_client *c, const opts *o, bool push, double seco
             die(edl_ps_client_errmsg(c));
         n += o->batch;
     }
+    *calls = n / o->batch;
     double rate = n / (now_s() - t0);
     free(keys);
     free(rows);
     return rate;
 }
 
-static double run_dense(edl_ps_client *c, const opts *o, bool push, double seconds)
+static double run_dense(edl_ps_client *c, const opts *o, bool push, double seconds,
+                        double *calls)
 {
     float *v = calloc(o->dense, sizeof *v);
     double t0 = now_s(), n = 0;
@@ -269,6 +431,7 @@ static double run_dense(edl_ps_client *c, const opts *o, bool push, double secon
             die(edl_ps_client_errmsg(c));
         n += (double)o->dense;
     }
+    *calls = n / (double)o->dense;
     free(v);
     return n / (now_s() - t0);
 }
@@ -297,8 +460,8 @@ static edl_ps_client *worker_client(const char *const *eps, int s, const char *s
     return c;
 }
 
-static void worker(int idx, const char *const *eps, int s, const char *secret_file,
-                   const opts *o, worker_io io)
+static void worker(int idx, const char *const *eps, const int *echo_ports, int s,
+                   const char *secret_file, const opts *o, worker_io io)
 {
     edl_ps_client *c = worker_client(eps, s, secret_file, o);
     unsigned seed = 12345u + (unsigned)idx;
@@ -315,16 +478,32 @@ static void worker(int idx, const char *const *eps, int s, const char *secret_fi
         free(keys);
         free(rows);
     }
+    int fds[8 * EDL_PS_MAX_LANES];
+    echo_open(echo_ports, s, s * ps_client_lanes(c), fds);
     for (int ph = 0; ph < N_PHASES; ph++) {
         char b;
-        double r = 0;
-        if (write(io.res, &r, sizeof r) != sizeof r || read(io.go, &b, 1) != 1)
+        double r[3] = {0}, calls = 0, n, cpu = 0;
+        uint64_t s0, r0, s1, r1;
+        if (write(io.res, r, sizeof r) != sizeof r || read(io.go, &b, 1) != 1)
             _exit(1);
-        r = ph <= PH_SPUSH ? run_sparse(c, o, ph == PH_SPUSH, o->seconds, &seed)
-                           : run_dense(c, o, ph == PH_DPUSH, o->seconds);
-        if (write(io.res, &r, sizeof r) != sizeof r)
+        edl_ps_client_traffic(c, &s0, &r0);
+        for (int k = 0; k < ECHO_SLICES; k++) { /* the PS and its echo in turns: the same load */
+            double slice = o->seconds / ECHO_SLICES, c0 = cpu_s();
+            r[0] += (ph <= PH_SPUSH ? run_sparse(c, o, ph == PH_SPUSH, slice, &seed, &n)
+                                    : run_dense(c, o, ph == PH_DPUSH, slice, &n)) / ECHO_SLICES;
+            cpu += cpu_s() - c0;
+            calls += n;
+            edl_ps_client_traffic(c, &s1, &r1);
+            echo_plan p = echo_plan_of(o, s, ps_client_lanes(c), ph <= PH_SPUSH, calls,
+                                       (double)(s1 - s0), (double)(r1 - r0));
+            r[1] += run_echo(fds, &p, slice) / ECHO_SLICES;
+            r[2] = 1e9 * cpu / (calls * p.units); /* ns a key (a float) */
+        }
+        if (write(io.res, r, sizeof r) != sizeof r)
             _exit(1);
     }
+    for (int i = 0; i < s * ps_client_lanes(c); i++)
+        close(fds[i]);
     edl_ps_client_close(c);
     _exit(0);
 }
@@ -407,18 +586,20 @@ static void report_ctr_memory(const char *const *eps, int s, const char *secret_
 
 /* ---- one W x S --------------------------------------------------------------------------------- */
 
-static void print_line(int w, int s, int ph, double rate, const opts *o, double bound)
+static void print_line(int w, int s, int ph, const double rate[2], const opts *o, double bound)
 {
-    double payload = ph == PH_SPULL   ? rate * 4.0 * o->dim
-                     : ph == PH_SPUSH ? rate * (8.0 + 4.0 * o->dim)
-                                      : rate * 4.0;
-    char r[64];
-    if (ph <= PH_SPUSH)
-        snprintf(r, sizeof r, "%.2f M keys/s", rate / 1e6);
-    else
-        snprintf(r, sizeof r, "%.2f GB/s", rate * 4 / 1e9);
-    printf("%d x %-13d %-12s %-16s %8.2f %12.2f %8.0f %%\n", w, s, phase_names[ph], r,
-           payload / 1e9, bound / 1e9, 100 * payload / bound);
+    double payload = ph == PH_SPULL   ? rate[0] * 4.0 * o->dim
+                     : ph == PH_SPUSH ? rate[0] * (8.0 + 4.0 * o->dim)
+                                      : rate[0] * 4.0;
+    char r[2][64];
+    for (int i = 0; i < 2; i++)
+        if (ph <= PH_SPUSH)
+            snprintf(r[i], sizeof r[i], "%.2f M keys/s", rate[i] / 1e6);
+        else
+            snprintf(r[i], sizeof r[i], "%.2f GB/s", rate[i] * 4 / 1e9);
+    printf("%d x %-13d %-12s %-16s %8.2f %12.2f %8.0f %%   %-16s %6.0f %%\n", w, s,
+           phase_names[ph], r[0], payload / 1e9, bound / 1e9, 100 * payload / bound, r[1],
+           100 * rate[0] / rate[1]);
 }
 
 static int by_shard(const void *a, const void *b)
@@ -471,6 +652,15 @@ static void measure_table(const opts *o, double *pull, double *push)
     free(keys), free(wire), free(grads), free(rows);
 }
 
+/* The CPU clock ticks of s server processes. */
+static long server_ticks(const pid_t *srv, int s)
+{
+    long all = 0, t, rss;
+    for (int i = 0; i < s; i++, all += t)
+        proc_usage(srv[i], &t, &rss);
+    return all;
+}
+
 static void run_pair(int w, int s, const opts *o, const char *secret_file)
 {
     fflush(stdout); /* the children must not inherit unwritten output */
@@ -486,6 +676,14 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
         srv[i] = start_server(secret_file, eps_buf[i], sizeof eps_buf[i]);
         eps[i] = eps_buf[i];
     }
+    pid_t echo[MAX_PROCS];
+    int echo_ports[MAX_PROCS];
+    for (int i = 0; i < s; i++) {
+        int lfd = listen_any(&echo_ports[i]);
+        if ((echo[i] = fork()) == 0)
+            echo_server(lfd);
+        close(lfd);
+    }
     worker_io io[MAX_PROCS];
     int res[MAX_PROCS];
     for (int i = 0; i < w; i++) {
@@ -493,24 +691,31 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
         if (pipe(g) || pipe(r))
             die("pipe");
         if ((wk[i] = fork()) == 0)
-            worker(i, eps, s, secret_file, o, (worker_io){.go = g[0], .res = r[1]});
+            worker(i, eps, echo_ports, s, secret_file, o, (worker_io){.go = g[0], .res = r[1]});
         io[i] = (worker_io){.go = g[1]};
         res[i] = r[0];
     }
     for (int ph = 0; ph < N_PHASES; ph++) {
-        double r, total = 0;
+        double r[3], total[3] = {0};
+        long t0 = server_ticks(srv, s), e0 = server_ticks(echo, s);
         for (int i = 0; i < w; i++) /* all ready */
-            if (read(res[i], &r, sizeof r) != sizeof r)
+            if (read(res[i], r, sizeof r) != sizeof r)
                 die("a worker failed (its message is above)");
         for (int i = 0; i < w; i++)
             if (write(io[i].go, "g", 1) != 1)
                 die("a worker is gone");
         for (int i = 0; i < w; i++) {
-            if (read(res[i], &r, sizeof r) != sizeof r)
+            if (read(res[i], r, sizeof r) != sizeof r)
                 die("a worker failed (its message is above)");
-            total += r;
+            total[0] += r[0], total[1] += r[1], total[2] += r[2] / w;
         }
         print_line(w, s, ph, total, o, bound);
+        double tick = 1e9 / (double)sysconf(_SC_CLK_TCK); /* ns */
+        if (ph <= PH_SPUSH) /* each side's servers work in its turns, o->seconds in all */
+            printf("  CPU a key: the servers %.0f ns, a client %.0f ns; the echo's servers "
+                   "%.0f ns\n", tick * (double)(server_ticks(srv, s) - t0) /
+                   (total[0] * o->seconds), total[2], tick * (double)(server_ticks(echo, s) -
+                   e0) / (total[1] * o->seconds));
         if (ph == PH_SPUSH && o->pairs[0][0] == w && o->pairs[0][1] == s) {
             double pull = 0, push = 0;
             measure_table(o, &pull, &push);
@@ -527,7 +732,9 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
     report_ctr_memory(eps, s, secret_file, o);
     for (int i = 0; i < s; i++) {
         kill(srv[i], SIGTERM);
+        kill(echo[i], SIGTERM);
         waitpid(srv[i], NULL, 0);
+        waitpid(echo[i], NULL, 0);
     }
 }
 
@@ -869,8 +1076,9 @@ static void usage(FILE *f)
     fprintf(f, "Usage: ps [--pairs 1x1,2x2] [--dim 16] [--batch 10000] [--keys 1M]\n"
                "          [--dense 16M] [--seconds 2] [--ctr-examples 200000] [--join 1]\n"
                "          [--lanes N] [--quick]\n"
-               "Parameter-server throughput (edl-ps) beside the loopback bound: see the header\n"
-               "of bench/ps.c and docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
+               "Parameter-server throughput (edl-ps) beside the loopback bound and an echo of\n"
+               "its own bytes (the transport bound): see the header of bench/ps.c and\n"
+               "docs/ps.md. --quick: 1x1 only, 0.5 s per figure, 100K keys,\n"
                "a 1M-float dense table, 20000 CTR examples. --ctr-examples 0: no modes;\n"
                "--join 0: no server joining and no replication figure. --lanes: the\n"
                "clients' connections to each server (EDL_PS_LANES; default min(CPUs, 4)).\n");
@@ -937,8 +1145,8 @@ int main(int argc, char **argv)
     printf("bench/ps: edl-ps on 127.0.0.1, %d CPUs; rows of %u floats, batches of %u keys from "
            "%llu, a dense table of %llu floats; %.1f s a figure\n", edl_cpu_count(), o.dim,
            o.batch, (unsigned long long)o.keys, (unsigned long long)o.dense, o.seconds);
-    printf("%-17s %-12s %-16s %8s %12s %10s\n", "workers x servers", "what", "rate",
-           "GB/s", "bound GB/s", "of bound");
+    printf("%-17s %-12s %-16s %8s %12s %10s   %-16s %8s\n", "workers x servers", "what",
+           "rate", "GB/s", "bound GB/s", "of bound", "echo", "of echo");
     for (int i = 0; i < o.n_pairs; i++)
         run_pair(o.pairs[i][0], o.pairs[i][1], &o, secret);
     if (o.ctr_examples > 0)

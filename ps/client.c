@@ -74,12 +74,6 @@ typedef struct client_table {
     int nrep;   /* min(replicas, servers) */
 } client_table;
 
-/* A call this big (keys, or floats of a dense range) per link is cut into lanes (split_links);
- * a smaller one goes on the servers' first lanes. */
-#define LANE_MIN_KEYS 1024
-#define LANE_MIN_FLOATS (64u << 10)
-#define DENSE_PIECE (256u << 10) /* floats a link, about, in one piece of a big dense call */
-
 struct edl_ps_client {
     int n;          /* servers */
     int k, nl;      /* lanes per server; links, n * k: lane_index */
@@ -976,7 +970,7 @@ static int plan_sparse(edl_ps_client *c, const client_table *t, int nrep, const 
         c->cnt[s + 1] += c->cnt[s];
     for (size_t u = 0; u < nu; u++)
         c->order[c->cnt[c->tmp[u]]++] = (uint32_t)u;
-    int *const *link = split_links(c, t, n, LANE_MIN_KEYS);
+    int *const *link = split_links(c, t, n, PS_LANE_MIN_KEYS);
     memset(c->cnt, 0, ((size_t)c->nl + 1) * sizeof *c->cnt);
     for (size_t u = 0; u < nu; u++)
         for (int r = 0; r < nrep; r++)
@@ -1155,7 +1149,7 @@ static int plan_dense(edl_ps_client *c, const client_table *t, int nrep, uint64_
     c->plan_shards = 0; /* the links' first and count are about to change */
     for (int i = 0; i < c->nl; i++)
         c->links[i].nseg = 0, c->links[i].total = 0;
-    int *const *link = split_links(c, t, n, LANE_MIN_FLOATS);
+    int *const *link = split_links(c, t, n, PS_LANE_MIN_FLOATS);
     uint32_t s0 = edl_ps_dense_shard(off, cfg->size, cfg->shards);
     uint32_t s1 = edl_ps_dense_shard(off + n - 1, cfg->size, cfg->shards);
     for (int r = 0; r < nrep; r++)
@@ -1251,11 +1245,11 @@ static int dense_op(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n, 
         return fail(c, EDL_EINVAL, "[%llu, %llu) is outside dense table %u (%llu floats)",
                     (unsigned long long)off, (unsigned long long)(off + n), table,
                     (unsigned long long)t->cfg.size);
-    /* a range goes in pieces of about DENSE_PIECE floats a link (each element is in one piece,
+    /* a range goes in pieces of about PS_DENSE_PIECE floats a link (each element is in one piece,
      * so a push still applies each gradient once): the buffers of both sides stay in cache
      * and small; at most max_message / 8 floats, which leaves room for the segments of up to
      * EDL_PS_MAX_SHARDS shards */
-    uint64_t piece = (uint64_t)DENSE_PIECE * (uint64_t)c->nl;
+    uint64_t piece = (uint64_t)PS_DENSE_PIECE * (uint64_t)c->nl;
     piece = piece < c->max_message / 8 ? piece : c->max_message / 8;
     bool own = call_begin(c);
     for (uint64_t done = 0; rc == 0 && done < n; done += piece)
@@ -1283,6 +1277,11 @@ int edl_ps_push_dense(edl_ps_client *c, uint32_t table, uint64_t off, uint64_t n
 }
 
 /* ---- the modes' calls ---------------------------------------------------------------------- */
+
+int ps_client_lanes(const edl_ps_client *c)
+{
+    return c->k;
+}
 
 const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t table)
 {

@@ -258,6 +258,15 @@ int ps_client_geo_pull(edl_ps_client *c, uint32_t table, uint32_t trainer,
  * c, under map gen. 0 once it has it; EDL_EBUSY / EDL_EMOVED when it cannot take it now. */
 int ps_client_put_shard(edl_ps_client *c, uint32_t table, const edl_ps_table_config *cfg,
                         uint32_t shard, int64_t gen, const uint8_t *blob, size_t len);
+/* How a call is cut over a client's links (client.c; bench/ps moves the same bytes the same
+ * way for its echo bound): a call of at least PS_LANE_MIN_KEYS keys (or PS_LANE_MIN_FLOATS
+ * floats) per link goes on every lane of its servers, a smaller one on their first lanes; a big
+ * dense range goes in pieces of about PS_DENSE_PIECE floats a link, one after the other. */
+#define PS_LANE_MIN_KEYS 1024
+#define PS_LANE_MIN_FLOATS (64u << 10)
+#define PS_DENSE_PIECE (256u << 10)
+/* The connections c has to each server (its lanes). */
+int ps_client_lanes(const edl_ps_client *c);
 /* The config a client knows a table by (after edl_ps_create_table); NULL otherwise. */
 const edl_ps_table_config *ps_client_table(const edl_ps_client *c, uint32_t table);
 /* A second client to c's servers, with c's options and map (its own links and push token):
