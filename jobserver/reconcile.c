@@ -955,9 +955,9 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
     int64_t due = m->hold_since_mono_ms + ttl_ms + HOLD_MARGIN_MS;
     if (o->mono_ms >= due)
         return false;
-    snprintf(why, len, "%s; waiting up to %.1f s for pod %s, which still reports running, to "
-             "step, fail or vanish (a peer whose agent died reports nothing until its lease "
-             "expires)", fl[0].what, (double)(ttl_ms + HOLD_MARGIN_MS) / 1000, silent);
+    snprintf(why, len, "%s; waiting up to %.1f s for pod %s to step, fail or vanish (it may be "
+             "silent: a pod whose agent died reports nothing until its lease expires)",
+             fl[0].what, (double)(ttl_ms + HOLD_MARGIN_MS) / 1000, silent);
     if (stepping && o->mono_ms + HOLD_SAMPLE_MS < due)
         due = o->mono_ms + HOLD_SAMPLE_MS;
     if (!*wake || due < *wake)
