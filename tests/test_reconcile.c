@@ -851,6 +851,35 @@ static void test_failure_beside_stepping_peers_is_not_held_for_a_ttl(void **stat
     world_free(&w);
 }
 
+/* A peer whose step stays put after a failure may be silent (its agent died after its last
+ * step went out): the hold samples it every 250 ms and waits the whole TTL + 1 s for it. */
+static void test_failure_beside_a_peer_whose_step_stays_put_is_held_for_the_ttl(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 2;
+    form(&w, 2);
+    set_status(&w, 0, EDL_TRAINER_RUNNING, 0, 40);
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 40);
+    int64_t due = w.mono + 3000;
+    int passes = 0;
+    js_decision d = step(&w);
+    while (d.action == JS_NOTHING && w.mono < due) {
+        assert_true(d.wake_mono_ms > w.mono && d.wake_mono_ms <= w.mono + 250);
+        passes++;
+        advance(&w, d.wake_mono_ms - w.mono);
+        js_decision_clear(&d);
+        d = step(&w);
+    }
+    assert_int_equal(w.mono, due); /* decided at the TTL + 1 s, not before */
+    assert_true(passes >= 12);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    world_free(&w);
+}
+
 /* A rank blocked in a collective past the progress timeout (its agent reports "hung"): the
  * generation restarts at once (a restart is spent) but the pod is not blamed: it waited on a
  * peer. The hang's message reaches the reason. */
@@ -1613,6 +1642,7 @@ int main(void)
         cmocka_unit_test(test_dead_generation_waits_for_its_silent_member),
         cmocka_unit_test(test_failure_hold_ends_after_the_ttl),
         cmocka_unit_test(test_failure_beside_stepping_peers_is_not_held_for_a_ttl),
+        cmocka_unit_test(test_failure_beside_a_peer_whose_step_stays_put_is_held_for_the_ttl),
         cmocka_unit_test(test_hung_rank_restarts_without_blame),
         cmocka_unit_test(test_failure_count_saturates_at_its_bound),
         cmocka_unit_test(test_settling_joins_do_not_leak_into_the_running_generation),
