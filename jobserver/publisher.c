@@ -395,6 +395,11 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
         js_decision d;
         rc = js_reconcile(&o, &j->mem, &d);
         *wake = d.wake_mono_ms;
+        if (!rc && d.waiting[0] && j->waiting_gen != s.current.generation) {
+            j->waiting_gen = s.current.generation; /* once a generation: the wait is bounded */
+            EDL_INFO(LOG, "job %s: generation %lld: %s", j->name,
+                     (long long)s.current.generation, d.waiting);
+        }
         if (rc || d.action == JS_NOTHING) {
             js_decision_clear(&d);
             snapshot_free(&s);

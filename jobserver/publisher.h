@@ -33,6 +33,7 @@ typedef struct js_publisher {
     js_job_counters m;
     edl_generation current;   /* the generation last read or published (0: none) */
     char *spec_error;         /* the spec in etcd is invalid: why (NULL: it is valid or absent) */
+    int64_t waiting_gen;      /* the generation whose wait (js_decision.waiting) was logged */
 } js_publisher;
 
 /* 0, EDL_EINVAL for an invalid job name, EDL_ENOMEM. */

@@ -107,6 +107,22 @@ static js_progress *progress_entry(js_memory *m, const char *pod)
     return p;
 }
 
+/* Record a running member's step in the current generation; *advanced when it differs from the
+ * one recorded before in this generation (changed_mono_ms: when this step was first seen). */
+static js_progress *note_step(js_memory *m, const edl_generation *c, const char *pod,
+                              int64_t step, int64_t now, bool *advanced)
+{
+    js_progress *p = progress_entry(m, pod);
+    *advanced = false;
+    if (p && (p->generation != c->generation || p->step != step)) {
+        *advanced = p->generation == c->generation;
+        p->generation = c->generation;
+        p->step = step;
+        p->changed_mono_ms = now;
+    }
+    return p;
+}
+
 /* Record the step of every running member; return the index of a member that made no progress
  * for the timeout while another advanced within it (-1: none). *wake: next check. */
 static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
@@ -121,19 +137,12 @@ static int find_hung(const js_observed *o, js_memory *m, int64_t *wake)
         if (i < 0 || !o->has_status[i] || o->status[i].generation != c->generation ||
             o->status[i].state != EDL_TRAINER_RUNNING)
             continue;
-        js_progress *p = progress_entry(m, c->members[k].pod);
+        bool advanced;
+        js_progress *p = note_step(m, c, c->members[k].pod, o->status[i].step, now, &advanced);
         if (!p)
             return -1;
-        if (p->generation != c->generation || p->step != o->status[i].step) {
-            bool advanced = p->generation == c->generation;
-            p->generation = c->generation;
-            p->step = o->status[i].step;
-            p->changed_mono_ms = now;
-            if (advanced)
-                someone_advanced = true;
-        } else if (now - p->changed_mono_ms <= timeout && p->step >= 0) {
+        if (advanced || (now - p->changed_mono_ms <= timeout && p->step >= 0))
             someone_advanced = true;
-        }
     }
     /* Running statuses do not wake the server (see jobserver.c): sample them regularly, so a
      * step is seen within a quarter of the timeout of when it changed. */
@@ -900,38 +909,57 @@ static bool member_lost(const js_observed *o)
  * reported for this generation yet (its trainer may be starting: whether it fails too decides
  * who is blamed, see collect_failures), until it reports or its pod disappears (then it is a
  * loss: see js_reconcile), at most its lease TTL (plus etcd's expiry check) from the first
- * failure seen. True while holding (*wake set). In-process
+ * failure seen. A member whose step advanced after that is not silent (its agent wrote since):
+ * nobody is waited for then, so a rank killed beside trainers that step on is restarted within
+ * about a second (the agent writes steps once a second; running statuses wake nobody, so the
+ * hold samples them). True while holding (*wake set; *why: whom it waits for). In-process
  * trainers keep running by design, and so do the workers of a job with parameter servers (they
  * share no collective: each talks to the servers only), so there a running status says
  * nothing: no hold, and the failed worker's share is not left idle for a lease TTL. */
 #define HOLD_MARGIN_MS 1000
+#define HOLD_SAMPLE_MS 250
 static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const failure *fl,
-                                  size_t nf, int64_t *wake)
+                                  size_t nf, int64_t *wake, char *why, size_t len)
 {
     const edl_generation *c = o->current;
     int64_t ttl_ms = 0;
-    bool exits = false;
+    bool exits = false, stepping = false;
+    const char *silent = NULL;
     for (size_t k = 0; k < nf; k++)
         exits = exits || fl[k].code >= 0; /* a hang is no peer's loss: its agent reported it */
     if (!exits || in_process(o) || o->spec->ps_max > 0)
-        return false;
-    for (size_t k = 0; k < c->n_members; k++) {
-        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
-        bool reported = i >= 0 && o->has_status[i] && o->status[i].generation == c->generation;
-        if (i < 0 || (reported && o->status[i].state != EDL_TRAINER_RUNNING))
-            continue;
-        int64_t t = pod_ttl_ms(o, i);
-        ttl_ms = t > ttl_ms ? t : ttl_ms;
-    }
-    if (!ttl_ms)
         return false;
     if (m->hold_gen != c->generation) {
         m->hold_gen = c->generation;
         m->hold_since_mono_ms = o->mono_ms;
     }
+    for (size_t k = 0; k < c->n_members; k++) {
+        int i = pod_index(o, c->members[k].pod, c->members[k].lease);
+        bool reported = i >= 0 && o->has_status[i] && o->status[i].generation == c->generation;
+        if (i < 0 || (reported && o->status[i].state != EDL_TRAINER_RUNNING))
+            continue;
+        if (reported && o->status[i].step >= 0) {
+            bool advanced;
+            js_progress *p = note_step(m, c, c->members[k].pod, o->status[i].step, o->mono_ms,
+                                       &advanced);
+            if (p && p->changed_mono_ms > m->hold_since_mono_ms)
+                continue; /* stepped since the failure */
+            stepping = true;
+        }
+        int64_t t = pod_ttl_ms(o, i);
+        ttl_ms = t > ttl_ms ? t : ttl_ms;
+        silent = silent ? silent : c->members[k].pod;
+    }
+    if (!ttl_ms)
+        return false;
     int64_t due = m->hold_since_mono_ms + ttl_ms + HOLD_MARGIN_MS;
     if (o->mono_ms >= due)
         return false;
+    snprintf(why, len, "%s; waiting up to %.1f s for pod %s to step, fail or vanish (it may be "
+             "silent: a pod whose agent died reports nothing until its lease expires)",
+             fl[0].what, (double)(ttl_ms + HOLD_MARGIN_MS) / 1000, silent);
+    if (stepping && o->mono_ms + HOLD_SAMPLE_MS < due)
+        due = o->mono_ms + HOLD_SAMPLE_MS;
     if (!*wake || due < *wake)
         *wake = due;
     return true;
@@ -1109,7 +1137,8 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     bool unstartable = !member_lost(o) && find_unstartable(o, fl, nf, &bad);
     /* A failure the trainer marked as its own is no peer's fallout: no hold either. */
     const failure *marked = sp->fail_fast ? marked_failure(fl, nf) : NULL; /* else: a failure */
-    if (nf && !unstartable && !marked && hold_for_silent_peers(o, mem, fl, nf, &wake)) {
+    if (nf && !unstartable && !marked &&
+        hold_for_silent_peers(o, mem, fl, nf, &wake, out->waiting, sizeof out->waiting)) {
         out->wake_mono_ms = wake;
         free(fl);
         return 0;

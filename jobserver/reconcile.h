@@ -84,6 +84,8 @@ typedef struct js_decision {
     edl_generation next;       /* when JS_PUBLISH */
     bool new_generation;    /* next.generation > current (see next_generation_number) */
     int64_t wake_mono_ms;   /* reconcile again by then even without events (0: no need) */
+    char waiting[640];      /* JS_NOTHING: why a failure is not decided yet ("": it is not
+                             * waiting), for the job server's log */
 } js_decision;
 
 int js_reconcile(const js_observed *obs, js_memory *mem, js_decision *out);

@@ -812,6 +812,74 @@ static void test_failure_hold_ends_after_the_ttl(void **state)
     world_free(&w);
 }
 
+/* A trainer is killed while its peers' trainers step on (programs that share no collective, or
+ * that have not noticed yet): a peer whose agent writes a new step after the failure is alive,
+ * so the decision is not held for a lease TTL in case it is silent. The hold samples the steps
+ * (running statuses wake nobody) and decides once every peer stepped; one whose step stays
+ * put may have lost its agent and is still waited for, and the wait says so. */
+static void test_failure_beside_stepping_peers_is_not_held_for_a_ttl(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 10;
+    form(&w, 3);
+    for (int i = 0; i < 3; i++)
+        set_status(&w, i, EDL_TRAINER_RUNNING, 0, 40);
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 40);
+    int64_t failed_at = w.mono;
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_true(d.wake_mono_ms > w.mono && d.wake_mono_ms <= w.mono + 250); /* it samples */
+    assert_non_null(strstr(d.waiting, "killed by signal 9; waiting up to 11.0 s for pod p0"));
+    js_decision_clear(&d);
+    advance(&w, 250);
+    set_status(&w, 0, EDL_TRAINER_RUNNING, 0, 41); /* p0's agent wrote a step: not silent */
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING); /* p2 has not stepped since */
+    assert_non_null(strstr(d.waiting, "for pod p2"));
+    js_decision_clear(&d);
+    advance(&w, 250);
+    set_status(&w, 2, EDL_TRAINER_RUNNING, 0, 42);
+    d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_true(w.mono - failed_at < 1000);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(w.cur.n_failures, 1); /* p1 failed while the others ran: it is blamed */
+    assert_string_equal(w.cur.failures[0].pod, "p1");
+    world_free(&w);
+}
+
+/* A peer whose step stays put after a failure may be silent (its agent died after its last
+ * step went out): the hold samples it every 250 ms and waits the whole TTL + 1 s for it. */
+static void test_failure_beside_a_peer_whose_step_stays_put_is_held_for_the_ttl(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 2;
+    form(&w, 2);
+    set_status(&w, 0, EDL_TRAINER_RUNNING, 0, 40);
+    set_status(&w, 1, EDL_TRAINER_SIGNALED, 9, 40);
+    int64_t due = w.mono + 3000;
+    int passes = 0;
+    js_decision d = step(&w);
+    while (d.action == JS_NOTHING && w.mono < due) {
+        assert_true(d.wake_mono_ms > w.mono && d.wake_mono_ms <= w.mono + 250);
+        passes++;
+        advance(&w, d.wake_mono_ms - w.mono);
+        js_decision_clear(&d);
+        d = step(&w);
+    }
+    assert_int_equal(w.mono, due); /* decided at the TTL + 1 s, not before */
+    assert_true(passes >= 12);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    world_free(&w);
+}
+
 /* A rank blocked in a collective past the progress timeout (its agent reports "hung"): the
  * generation restarts at once (a restart is spent) but the pod is not blamed: it waited on a
  * peer. The hang's message reaches the reason. */
@@ -1602,6 +1670,8 @@ int main(void)
         cmocka_unit_test(test_peer_loss_blames_nobody),
         cmocka_unit_test(test_dead_generation_waits_for_its_silent_member),
         cmocka_unit_test(test_failure_hold_ends_after_the_ttl),
+        cmocka_unit_test(test_failure_beside_stepping_peers_is_not_held_for_a_ttl),
+        cmocka_unit_test(test_failure_beside_a_peer_whose_step_stays_put_is_held_for_the_ttl),
         cmocka_unit_test(test_hung_rank_restarts_without_blame),
         cmocka_unit_test(test_failure_count_saturates_at_its_bound),
         cmocka_unit_test(test_settling_joins_do_not_leak_into_the_running_generation),
