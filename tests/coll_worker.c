@@ -8,7 +8,9 @@
  *                 or at which sizes the group re-formed. Prints event lines (see below).
  *   mismatch      rank 0 calls allreduce of 10 int32, rank 1 of 11 (or float32 with
  *                 EDL_TEST_MISMATCH=type); prints the error.
- * Event lines: "joined", "failed", "synced", "done" with key=value fields, flushed at once.
+ * Event lines: "joined", "failed", "synced", "done" with key=value fields, flushed at once;
+ * with EDL_TEST_STEP_LINES=1 also "stepped step=S gen=G rank=R" after each step, for a test
+ * to wait on training being under way.
  * EDL_TEST_ELEMS: elements of the elastic state (default 1000); EDL_TEST_STEP_MS: a pause per
  * step; EDL_TEST_STUCK_AT=S: in a first start (TORCHELASTIC_RESTART_COUNT 0) the last rank stops
  * at step S for ever, outside any collective, so its peers wait inside one (a hang);
@@ -296,7 +298,8 @@ static int run_elastic(edl_comm *c, long steps)
 {
     const char *e = getenv("EDL_TEST_ELEMS"), *p = getenv("EDL_TEST_STEP_MS");
     size_t n = e ? (size_t)atol(e) : 1000;
-    int pause = p ? atoi(p) : 0;
+    int pause_ms = p ? atoi(p) : 0;
+    bool step_lines = getenv("EDL_TEST_STEP_LINES") != NULL;
     int64_t *w = calloc(n, sizeof *w), *g = calloc(n, sizeof *g), step = 0;
     edl_coll_state *st;
     edl_coll_state_new(&st);
@@ -324,7 +327,7 @@ static int run_elastic(edl_comm *c, long steps)
         int size = edl_coll_size(c), rank = edl_coll_rank(c);
         if (stuck_here(step, rank, size))
             for (;;)
-                sleep(3600);
+                pause(); /* for ever: only a signal that ends the process ends this */
         memset(g, 0, n * sizeof *g);
         for (int k = rank; k < 12; k += size)
             for (size_t i = 0; i < n; i++)
@@ -347,8 +350,13 @@ static int run_elastic(edl_comm *c, long steps)
         step++;
         edl_coll_state_commit(st, step);
         edl_agent_link_report_step(edl_coll_agent_link(c), step);
-        if (pause)
-            usleep((useconds_t)pause * 1000);
+        if (step_lines) {
+            printf("stepped step=%" PRId64 " gen=%" PRId64 " rank=%d\n", step,
+                   edl_coll_generation(c), rank);
+            fflush(stdout);
+        }
+        if (pause_ms)
+            usleep((useconds_t)pause_ms * 1000);
     }
     if (step >= 0)
         printf("done gen=%" PRId64 " rank=%d size=%d step=%" PRId64 " hash=%016" PRIx64

@@ -149,7 +149,7 @@ static const char *const stage_names[] = {"before any shard", "during a shard up
                                           "after a shard upload", "before the manifest",
                                           "after the manifest, before the pointer",
                                           "at a random moment",
-                                          "after some commits (1.5 s in)"};
+                                          "after two commits"};
 
 static bool reached(const char *root, int64_t step, enum stage st)
 {
@@ -179,6 +179,20 @@ static bool reached(const char *root, int64_t step, enum stage st)
     return hit;
 }
 
+/* Whether a fresh reader's latest checkpoint is past step `past`: the trainer committed since. */
+static bool committed_past(const char *uri, const edl_storage_config *sc, int64_t past)
+{
+    edl_ckpt *ck = open_ck(fx->cl, uri, sc);
+    edl_ckpt_manifest *m;
+    bool is_past = false;
+    if (ck && edl_ckpt_load_latest(ck, &m) == 0) {
+        is_past = m->step > past;
+        edl_ckpt_manifest_free(m);
+    }
+    edl_ckpt_close(ck);
+    return is_past;
+}
+
 /* One kill; returns the step the reader then loads (0 when nothing is committed yet). */
 static int64_t kill_and_check(const char *uri, const edl_storage_config *sc, const char *root,
                               size_t shard_size, enum stage st, int64_t last)
@@ -190,7 +204,9 @@ static int64_t kill_and_check(const char *uri, const edl_storage_config *sc, con
     assert_true(pid > 0);
     int64_t deadline = harness_now_ms() + 20000;
     if (st == LATE) {
-        harness_sleep_ms(1500); /* the other stages all kill before a commit: let some happen */
+        /* the other stages all kill before a commit: let two happen */
+        if (!HARNESS_WAIT_UNTIL(committed_past(uri, sc, last + 1), 20000))
+            fail_msg("no commit past step %lld within 20 s", (long long)last + 1);
     } else if (st == RANDOM || !root) {
         harness_sleep_ms(rand() % 600);
     } else if (st != AT_START) {

@@ -207,6 +207,16 @@ static void need_line(const worker *w, const char *prefix, char *out, size_t len
     }
 }
 
+/* Training is under way: each of the n workers (started with EDL_TEST_STEP_LINES=1) has
+ * committed step `step` of its first generation. */
+static void need_step(const worker *w, int n, int step)
+{
+    char prefix[64], line[512];
+    snprintf(prefix, sizeof prefix, "stepped step=%d ", step);
+    for (int r = 0; r < n; r++)
+        need_line(&w[r], prefix, line, sizeof line, 30000);
+}
+
 static long long field(const char *line, const char *name)
 {
     char key[40];
@@ -342,10 +352,10 @@ static void test_peer_killed_mid_allreduce_survivors_reform(void **state)
     char ref[32];
     reference_hash("60", "1000000", ref, sizeof ref);
     static const char *const extra[] = {"EDL_TEST_ELEMS=1000000", "EDL_COLL_TIMEOUT_MS=20000",
-                                        NULL};
+                                        "EDL_TEST_STEP_LINES=1", NULL};
     worker w[4];
     start_elastic(w, 4, "60", extra);
-    harness_sleep_ms(700); /* steps of 8 MB allreduces are under way */
+    need_step(w, 4, 2); /* steps of 8 MB allreduces are under way */
     int64_t t_kill = harness_now_ms();
     harness_kill(w[2].pid, SIGKILL); /* and reaped */
     worker s[3] = {w[0], w[1], w[3]};
@@ -377,10 +387,11 @@ static void test_hung_peer_times_out_then_all_reform(void **state)
     new_job();
     char ref[32];
     reference_hash("80", "1000", ref, sizeof ref);
-    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_COLL_TIMEOUT_MS=1000", NULL};
+    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_COLL_TIMEOUT_MS=1000",
+                                        "EDL_TEST_STEP_LINES=1", NULL};
     worker w[3];
     start_elastic(w, 3, "80", extra);
-    harness_sleep_ms(200); /* some steps under way (the workers report none to wait for) */
+    need_step(w, 3, 5); /* some steps under way */
     int64_t t_stop = harness_now_ms();
     harness_kill(w[1].pid, SIGSTOP);
     for (int i = 0; i < 3; i += 2)
@@ -403,10 +414,11 @@ static void test_join_during_training_gets_the_state(void **state)
     new_job();
     char ref[32];
     reference_hash("150", "5000", ref, sizeof ref);
-    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_TEST_ELEMS=5000", NULL};
+    static const char *const extra[] = {"EDL_TEST_STEP_MS=10", "EDL_TEST_ELEMS=5000",
+                                        "EDL_TEST_STEP_LINES=1", NULL};
     worker w[3];
     start_elastic(w, 2, "150", extra);
-    harness_sleep_ms(400); /* a join in the middle of training (no steps to wait for) */
+    need_step(w, 2, 30); /* a join in the middle of training */
     start(&w[2], "elastic", "150", 2, 3, 2, true, extra);
     announce(&w[0], 2, 0, 3);
     announce(&w[1], 2, 1, 3);
@@ -526,7 +538,9 @@ static void test_stranger_on_the_port_is_turned_away(void **state)
         s[i] = connect_to(port);
     assert_true(write(s[0], "GET / HTTP/1.0\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 46) > 0);
     assert_true(write(s[1], "EDLH", 4) == 4);
-    harness_sleep_ms(200); /* the strangers in place first: the listener reports nothing */
+    /* the strangers are in place first: their connect() and write() have returned, so they
+     * wait in rank 0's accept queue (backlog 512) ahead of rank 1, and rank 0 accepts from
+     * it only once rank 1's entry completes the rendezvous */
     start(&w[1], "verify", NULL, 1, 2, 1, false, NULL);
     for (int r = 0; r < 2; r++) {
         int st = finish(&w[r], 60000);
@@ -669,7 +683,8 @@ static void test_flood_of_strangers_cannot_stop_a_join(void **state)
     int s[N];
     for (int i = 0; i < N; i++)
         s[i] = i % 2 ? connect_to(port) : stranger_hello(port, 1, 0, 2, token);
-    harness_sleep_ms(300); /* the strangers in place first: the listener reports nothing */
+    /* the strangers are in place first: connected, in rank 0's accept queue ahead of rank 1
+     * (rank 0 accepts only once the rendezvous is complete) */
     int64_t t0 = harness_now_ms();
     start(&w[1], "verify", NULL, 1, 2, 1, false, extra);
     expect_verified(w, 2);

@@ -835,6 +835,37 @@ static void test_prom_histogram_is_cumulative(void **state)
     free(p.buf);
 }
 
+/* A connection to 127.0.0.1:port that starts a request and never ends it (-1: refused). */
+static int loris_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        send(fd, "GET /metrics HTTP/1.1\r\nX: ", 26, MSG_NOSIGNAL) != 26) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Whether the server closed fd (its end read, or reset). */
+static bool loris_closed(int fd)
+{
+    char b[64];
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* How many of the n connections the server closed. */
+static int count_closed(const int *fds, int n)
+{
+    int closed = 0;
+    for (int i = 0; i < n; i++)
+        closed += loris_closed(fds[i]);
+    return closed;
+}
+
 static void test_metrics_server_answers_and_survives_bad_clients(void **state)
 {
     (void)state;
@@ -866,7 +897,8 @@ static void test_metrics_server_answers_and_survives_bad_clients(void **state)
     /* a request line that is not one: libmicrohttpd closes the connection without a word */
     st = harness_http_request(port, "BLAH\r\n\r\n", 8, body, sizeof body);
     assert_true(st == -1 || st == 400);
-    /* more idle connections than the limit: refused beyond it, served again once they go */
+    /* more idle connections than the limit (32): each newcomer past it cuts the oldest, and
+     * the server serves again once they go */
     int fds[40];
     for (int i = 0; i < 40; i++) {
         fds[i] = socket(AF_INET, SOCK_STREAM, 0);
@@ -874,7 +906,9 @@ static void test_metrics_server_answers_and_survives_bad_clients(void **state)
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         connect(fds[i], (struct sockaddr *)&a, sizeof a);
     }
-    harness_sleep_ms(200); /* held a while: the server reports nothing to wait for */
+    int cut = 0; /* the server has taken all 40 in: 8 of them cut */
+    if (!HARNESS_WAIT_UNTIL((cut = count_closed(fds, 40)) >= 8, 5000))
+        fail_msg("40 idle connections: the server cut %d, not the 8 past its limit", cut);
     for (int i = 0; i < 40; i++)
         close(fds[i]);
     int64_t end = harness_now_ms() + 5000;
@@ -884,28 +918,6 @@ static void test_metrics_server_answers_and_survives_bad_clients(void **state)
     serve_stop(&sv);
 }
 
-/* A connection to 127.0.0.1:port that starts a request and never ends it (-1: refused). */
-static int loris_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        send(fd, "GET /metrics HTTP/1.1\r\nX: ", 26, MSG_NOSIGNAL) != 26) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* Whether the server closed fd (its end read, or reset). */
-static bool loris_closed(int fd)
-{
-    char b[64];
-    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
-}
-
 enum { LORISES = 32 };
 
 typedef struct lorises {
@@ -913,6 +925,7 @@ typedef struct lorises {
     pthread_t th;
     atomic_bool stop;
     atomic_int closed; /* by the server */
+    atomic_int rounds; /* of a byte on each connection */
 } lorises;
 
 /* One byte every 2 s on each connection, each a header that never ends; a connection the
@@ -931,6 +944,7 @@ static void *loris_main(void *arg)
             if (l->fds[i] < 0)
                 l->fds[i] = loris_connect(l->port);
         }
+        l->rounds++;
         for (int k = 0; k < 40 && !l->stop; k++)
             harness_sleep_ms(50);
     }
@@ -954,7 +968,8 @@ static void test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are
     int64_t t0 = harness_now_ms();
     while (!loris_closed(one) && harness_now_ms() - t0 < 9000) {
         send(one, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-        harness_sleep_ms(500); /* the slow client's pace: a byte every 0.5 s */
+        struct pollfd pf = {.fd = one, .events = POLLIN};
+        poll(&pf, 1, 500); /* the slow client's pace, a byte every 0.5 s, or the server's close */
     }
     int64_t lived = harness_now_ms() - t0;
     close(one);
@@ -967,7 +982,7 @@ static void test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are
     for (int i = 0; i < LORISES; i++)
         l->fds[i] = loris_connect(port);
     assert_int_equal(pthread_create(&l->th, NULL, loris_main, l), 0);
-    harness_sleep_ms(300); /* the slow clients under way first */
+    assert_true(HARNESS_WAIT_UNTIL(l->rounds >= 1, 5000)); /* the slow clients under way first */
     int ok = 0, failed = 0;
     /* a scrape every 250 ms: the pace of a busy Prometheus */
     for (int64_t end = harness_now_ms() + 8000; harness_now_ms() < end; harness_sleep_ms(250)) {

@@ -657,6 +657,19 @@ static void scripted(fake *f, const fake_req *r, fake_reply *out)
         snprintf(out->retry_after, sizeof out->retry_after, "%s", s->retry_after);
 }
 
+/* A GET through k: whether the fake saw it carry `Bearer <token>`. */
+static bool get_carries(edl_k8s *k, fake *f, const char *token)
+{
+    char want[64];
+    snprintf(want, sizeof want, "Bearer %s", token);
+    if (edl_k8s_get(k, "/api/v1/pods", NULL) != 0)
+        return false;
+    pthread_mutex_lock(&f->mu);
+    bool carried = f->requests > 0 && strcmp(f->auth[f->requests - 1], want) == 0;
+    pthread_mutex_unlock(&f->mu);
+    return carried;
+}
+
 static void test_token_file_rotation_reread(void **state)
 {
     (void)state;
@@ -676,14 +689,16 @@ static void test_token_file_rotation_reread(void **state)
     edl_k8s *k;
     assert_int_equal(edl_k8s_open(&c, &k), 0);
     edl_k8s_config_clear(&c);
+    int64_t t_read = harness_now_ms();
     assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0);
     write_file(dir, "token", "two\n");
     assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0); /* read less than 300 ms ago */
-    harness_sleep_ms(350); /* past the 300 ms the client keeps a token read */
-    assert_int_equal(edl_k8s_get(k, "/api/v1/pods", NULL), 0);
-    assert_string_equal(f->auth[0], "Bearer one");
-    assert_string_equal(f->auth[1], "Bearer one");
-    assert_string_equal(f->auth[2], "Bearer two");
+    /* the new token goes out once the 300 ms the client keeps a token read have passed, and
+     * not before: every request until then carried the old one */
+    assert_true(HARNESS_WAIT_UNTIL(get_carries(k, f, "two"), 5000));
+    assert_true(harness_now_ms() - t_read >= 300);
+    for (int i = 0; i < f->requests - 1; i++)
+        assert_string_equal(f->auth[i], "Bearer one");
     assert_string_equal(f->last_ua, "edl-operator/0.1");
     edl_k8s_close(k);
     fake_close(f);
@@ -1269,8 +1284,7 @@ static void test_informer_close_is_prompt(void **state)
     edl_k8s_informer *inf;
     /* in a quiet watch */
     assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
-    assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
-    harness_sleep_ms(100); /* well into the quiet watch: nothing to observe */
+    assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0); /* the client waits in it */
     int64_t t0 = harness_now_ms();
     edl_k8s_informer_close(inf);
     assert_true(harness_now_ms() - t0 < 1000);
@@ -1278,8 +1292,14 @@ static void test_informer_close_is_prompt(void **state)
     pthread_mutex_lock(&f->mu);
     s.list_status = 500;
     pthread_mutex_unlock(&f->mu);
+    pthread_mutex_lock(&f->mu);
+    int before = f->requests;
+    pthread_mutex_unlock(&f->mu);
     assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
-    harness_sleep_ms(700); /* inside the back-off between failed lists */
+    /* a second list failed: the informer backs off before the third */
+    int first = fake_wait_request(f, before, "GET", 5000);
+    assert_true(first >= 0);
+    assert_true(fake_wait_request(f, first + 1, "GET", 5000) > first);
     t0 = harness_now_ms();
     edl_k8s_informer_close(inf);
     assert_true(harness_now_ms() - t0 < 1000);
@@ -1569,10 +1589,9 @@ static void test_started_elector_renews_alone_and_fences_writes(void **state)
     edl_k8s_elector_fence(e, k);
     assert_true(wait_leading(e, true, 3000));
     assert_true(edl_k8s_elector_fd(e) >= 0);
-    harness_sleep_ms(1500); /* the caller busy: no tick from it */
+    /* the caller busy, no tick from it: 8 renewals (every 100 ms), each on time */
     edl_k8s_elector_stats st;
-    edl_k8s_elector_get_stats(e, &st);
-    assert_true(st.renewals >= 8);
+    assert_true(HARNESS_WAIT_UNTIL((edl_k8s_elector_get_stats(e, &st), st.renewals >= 8), 5000));
     assert_int_equal(st.late_renewals, 0);
     assert_true(edl_k8s_elector_valid_ms(e) > 0 && edl_k8s_elector_valid_ms(e) <= 1200);
     cJSON *obj = cJSON_Parse("{\"metadata\":{\"name\":\"lead\"}}");

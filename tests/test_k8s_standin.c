@@ -1179,10 +1179,13 @@ static void test_a_delay_fault_delays_each_request_on_its_own(void **state)
     pthread_t ta, tb;
     assert_int_equal(api(s, "POST", "/standin/faults", "application/json",
                          "{\"verb\":\"create\",\"resource\":\"configmaps\",\"delayMs\":400,\"count\":-1}", NULL), 201);
+    double before = stat_of(s, "create configmaps"); /* -1: none yet */
+    before = before < 0 ? 0 : before;
     int64_t t0 = harness_now_ms();
     pthread_create(&ta, NULL, create_cm, &a);
     pthread_create(&tb, NULL, create_cm, &b);
-    harness_sleep_ms(100); /* both creates inside their 400 ms delay */
+    /* both creates inside their 400 ms delay: the stand-in counts a request before it waits */
+    assert_true(HARNESS_WAIT_UNTIL(stat_of(s, "create configmaps") >= before + 2, 5000));
     int64_t g0 = harness_now_ms();
     assert_int_equal(api(s, "GET", "/api/v1/namespaces/default/configmaps", NULL, NULL, NULL), 200);
     int64_t got = harness_now_ms() - g0;

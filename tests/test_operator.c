@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -838,6 +839,60 @@ static int count_words(const char *text, const char *word)
     return n;
 }
 
+/* The value of the operator's (slot's) metric `name` on its /metrics, -1 when not read. */
+static long operator_metric(cluster *c, int slot, const char *name)
+{
+    static char metrics[65536];
+    char key[128];
+    snprintf(key, sizeof key, "\n%s{", name);
+    if (harness_http_get(c->metrics_port[slot], "/metrics", metrics, sizeof metrics) != 200)
+        return -1;
+    const char *p = strstr(metrics, key);
+    p = p ? strstr(p, "} ") : NULL;
+    return p ? strtol(p + 2, NULL, 10) : -1;
+}
+
+/* More passes over the jobs (n of them), seen through: twice, each is annotated (an event of
+ * the job: a pass at once) and the operator's count of passes moves by n. (The count is as of
+ * the last round done; a round already on its way when it is read may make the first move,
+ * the second then comes from a round that began after that one.) */
+static void pass_again(cluster *c, int slot, const char *const *jobs, int n)
+{
+    static int pokes;
+    char out[4096];
+    for (int round = 0; round < 2; round++) {
+        long before = operator_metric(c, slot, "edl_operator_reconciles_total");
+        assert_true(before >= 0);
+        pokes++;
+        for (int i = 0; i < n; i++)
+            assert_int_equal(harness_kubectl(c->k, out, sizeof out, "annotate --overwrite tj "
+                                             "%s test.edl.dev/poke=%d", jobs[i], pokes), 0);
+        long now = before;
+        if (!HARNESS_WAIT_UNTIL((now = operator_metric(c, slot,
+                                                       "edl_operator_reconciles_total")) >=
+                                before + n, 30000))
+            fail_msg("after annotating %d jobs the operator passed %ld times, not %d", n,
+                     now - before, n);
+    }
+}
+
+/* Sleep until the wall clock is a second past the job's status.startTime + secs: the time
+ * itself is the test (a deadline measured from the job's start), only what is left of it. */
+static void sleep_past_start(cluster *c, const char *job, int secs)
+{
+    char out[64];
+    struct tm tm = {0};
+    harness_kubectl(c->k, out, sizeof out, "get tj %s -o jsonpath='{.status.startTime}'", job);
+    if (!strptime(out, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        fail_msg("tj %s: no status.startTime (\"%s\")", job, out);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t left = ((int64_t)timegm(&tm) + secs + 1) * 1000 -
+                   ((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+    if (left > 0)
+        harness_sleep_ms((int)left);
+}
+
 /* Two operators, pod creations that take 20 ms each (as on a real API server), a scale to
  * 1,000. The leader renews its Lease on a thread of its own while it creates, so the standby
  * does not take over; frozen (SIGSTOP) for longer than its lease mid-scale, it is taken over,
@@ -885,7 +940,8 @@ static void test_two_operators_never_make_more_pods_than_replicas(void **state)
     }
     assert_true(lead >= 0);
     kill(c->op[lead], SIGSTOP); /* longer than its lease: the other takes over */
-    harness_sleep_ms(3500);
+    if (!HARNESS_WAIT_UNTIL(operator_metric(c, 1 - lead, "edl_operator_leader") == 1, 30000))
+        fail_msg("op-%c did not take over from the stopped op-%c", 'a' + 1 - lead, 'a' + lead);
     kill(c->op[lead], SIGCONT);
     assert_int_equal(harness_wait_exit(c->op[lead], 10000), 1);
     c->op[lead] = -1;
@@ -893,7 +949,8 @@ static void test_two_operators_never_make_more_pods_than_replicas(void **state)
     operator_log(c, lead ? "op-b" : "op-a", log, sizeof log);
     wait_log(log, "lost the leadership", 1000);
     harness_kubectl_wait(c->k, "tj many", "{.status.replicas}", "1000", 180000);
-    harness_sleep_ms(500); /* time for a pod too many, which must not come */
+    /* the new leader's next passes, where a pod too many would come: it must not */
+    pass_again(c, 1 - lead, (const char *const[]){"many"}, 1);
     assert_int_equal(harness_k8s_stat(c->k, "live pods default"), 1000);
     assert_int_equal(harness_k8s_stat(c->k, "peak pods default"), 1000);
     harness_kubectl(c->k, out, sizeof out, "get pods -l edl.dev/job=many -o jsonpath="
@@ -903,6 +960,16 @@ static void test_two_operators_never_make_more_pods_than_replicas(void **state)
     harness_k8s_fault(c->k, NULL);
     assert_int_equal(harness_kubectl(c->k, out, sizeof out, "delete tj many --wait=true "
                                      "--timeout=60s"), 0);
+}
+
+/* GET the operator's (slot 0) /metrics into buf, the slowest answer so far in *worst. */
+static bool timed_scrape(cluster *c, char *buf, size_t len, int64_t *worst)
+{
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(harness_http_get(c->metrics_port[0], "/metrics", buf, len), 200);
+    int64_t took = harness_now_ms() - t0;
+    *worst = took > *worst ? took : *worst;
+    return true;
 }
 
 /* The loop does not wait for the API server: with every pod create taking a second, the
@@ -916,15 +983,13 @@ static void test_a_slow_api_server_never_stalls_the_loop(void **state)
                             "\"count\":-1}");
     apply_sleeping_job(c, "slow", 3);
     int64_t worst = 0;
-    for (int i = 0; i < 40; i++) { /* 4 s: three creates of a second each on their way (the
-                                    * stand-in's counters are read after: that takes a kubectl) */
-        int64_t t0 = harness_now_ms();
-        assert_int_equal(harness_http_get(c->metrics_port[0], "/metrics", metrics,
-                                          sizeof metrics), 200);
-        int64_t took = harness_now_ms() - t0;
-        worst = took > worst ? took : worst;
-        harness_sleep_ms(100); /* a scrape every 100 ms */
-    }
+    /* scrapes while three creates of a second each are on their way, until the operator
+     * counts the three done */
+    bool created = HARNESS_WAIT_UNTIL(
+        timed_scrape(c, metrics, sizeof metrics, &worst) &&
+        strstr(metrics, "edl_operator_pods_created_total{id=\"op-a\"} 3\n"), 30000);
+    if (!created)
+        fail_msg("the operator did not count 3 pods created within 30 s: %s", metrics);
     assert_true(harness_k8s_stat(c->k, "create pods") >= 2); /* the creates did run */
     if (worst >= 300)
         fail_msg("with the API server slow, a /metrics scrape took %lld ms", (long long)worst);
@@ -1027,7 +1092,9 @@ static void test_a_takeover_never_undoes_the_end_of_a_job(void **state)
     c->op[0] = start_operator(c, "op-b-takeover"); /* while op-a-long's terms live on */
     operator_log(c, "op-b-takeover", log, sizeof log);
     wait_log(log, "every job passed once", 30000);
-    harness_sleep_ms(16000); /* past done's deadline, measured from its start */
+    sleep_past_start(c, "done", 15); /* past done's deadline, measured from its start */
+    /* op-b-takeover's (slot 1) passes after it */
+    pass_again(c, 1, (const char *const[]){"done", "broken"}, 2);
     harness_kubectl_wait(c->k, "tj done", "{.status.state}/{.status.completionTime}",
                          strcat(strcpy(cmd, "Succeeded/"), done_at), 1000);
     harness_kubectl_wait(c->k, "tj broken", "{.status.state}/{.status.completionTime}",
@@ -1066,7 +1133,8 @@ static void test_old_servers_rules_and_names_are_the_operators(void **state)
     }
     harness_kubectl_wait(c->k, "tj minmax", "{.status.conditions[?(@.type==\"Created\")]"
                          ".reason}", "InvalidSpec", 20000);
-    harness_sleep_ms(1500); /* more passes: still one Event each */
+    pass_again(c, 0, (const char *const[]){names[0], names[1], names[2], "minmax"}, 4);
+    /* more passes: still one Event each */
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         event_reasons(c, names[i], out, sizeof out);
         assert_string_equal(out, "InvalidSpec");
@@ -1207,7 +1275,7 @@ static void test_a_kueue_job_waits_suspended_until_admitted(void **state)
     harness_kubectl_wait(c->k, "pods -l edl.dev/job=queued",
                          "{.items[*].spec.nodeSelector.pool}/{.items[0].spec.tolerations[0].key}",
                          "a a/k", 20000);
-    harness_sleep_ms(1500); /* more passes: time to suspend it again, which it must not do */
+    pass_again(c, 0, (const char *const[]){"queued"}, 1); /* it must not be suspended again */
     harness_kubectl_wait(c->k, "tj queued", "{.spec.suspend}", "false", 1000);
 }
 

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,7 @@ typedef struct run {
     edl_ps_mode mode;
     int id, trainers, threads, steps, leave_after; /* leave_after: stop after so many steps */
     uint32_t generation;                           /* the workers' (0: none) */
+    atomic_int in_step;                            /* sync: s + 1 once at step s's barrier */
     edl_ps_trainer *t;
     edl_ps_client *c;
     int rc;
@@ -130,6 +132,7 @@ static void *sync_trainer(void *arg)
         int rc = edl_ps_trainer_push_sparse(r->t, 0, keys, 16, g);
         if (!rc)
             rc = edl_ps_trainer_push_dense(r->t, 1, 0, DENSE, dg);
+        r->in_step = s + 1; /* its pushes done (sync mode sends them at once) */
         if (!rc)
             rc = edl_ps_trainer_step(r->t);
         if (!rc)
@@ -271,6 +274,14 @@ static void test_sync_applies_the_sum_of_every_trainers_gradients_once_a_step(vo
     harness_ps_close(&k);
 }
 
+/* Requests server i has served. */
+static uint64_t ps_requests(harness_ps *k, int i)
+{
+    edl_ps_server_stats st;
+    edl_ps_server_get_stats(k->srv[i], &st);
+    return st.requests;
+}
+
 /* Trainer 2 leaves after two steps; the others wait at step 2's barrier until they are told
  * the new count (as an agent would on the next generation), then the step completes with
  * their gradients alone. */
@@ -282,7 +293,13 @@ static void test_sync_barrier_follows_the_trainer_count_when_one_leaves(void **s
     pthread_t th[3];
     start_sync(&k, runs, th, 4, 2);
     pthread_join(th[2], NULL);
-    harness_sleep_ms(500); /* the survivors wait at step 2 */
+    /* the survivors wait at step 2: both at its barrier, then at least 4 more requests to
+     * server 0, which only their barrier questions can be (a parked barrier is answered
+     * "not yet" after 200 ms and asked again): some were answered "not yet" */
+    assert_true(HARNESS_WAIT_UNTIL(runs[0].in_step == 3 && runs[1].in_step == 3, 10000));
+    uint64_t asked = ps_requests(&k, 0);
+    assert_true(HARNESS_WAIT_UNTIL(ps_requests(&k, 0) >= asked + 4, 10000));
+    assert_true(runs[0].rc == 0 && runs[1].rc == 0);
     int64_t t0 = harness_now_ms();
     assert_int_equal(edl_ps_trainer_set_trainers(runs[0].t, 0, 2), 0);
     assert_int_equal(edl_ps_trainer_set_trainers(runs[1].t, 1, 2), 0);
