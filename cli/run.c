@@ -1276,15 +1276,10 @@ static void shutdown_rest(launcher *l)
  * are checked after each turn), and the signals on its signalfd. */
 static int open_loop(launcher *l)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGHUP);
     signal(SIGPIPE, SIG_IGN);
     int rc = edl_loop_open(200, &l->loop);
-    return rc ? rc : edl_loop_signals(l->loop, &set, on_signal, l);
+    return rc ? rc : edl_loop_signals(l->loop, EDL_SIGNALS_STOP | EDL_SIGNALS_CHILD |
+                                      EDL_SIGNALS_HUP, on_signal, l);
 }
 
 /* Our own etcd's throwaway CA and certificates, in l->tls_dir: 0 or an exit code. */
