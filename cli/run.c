@@ -32,6 +32,7 @@
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 #include "edl/loop.h"
+#include "edl/net.h"
 #include "edl/proc.h"
 #include "edl/secret.h"
 

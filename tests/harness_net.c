@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "edl/common.h"
+#include "edl/net.h"
 #include "harness.h"
 
 /* HTTP/1.0-style request on a fresh connection; the whole reply into out. Returns its status. */
