@@ -869,6 +869,7 @@ static int loop(launcher *l)
         return EDL_EXIT_FAILED;
     }
     edl_loop_after_turn(l->loop, after_turn, l);
+    after_turn(l->loop, l); /* the agents start now, not at the first wake-up */
     return edl_loop_run(l->loop);
 }
 
