@@ -734,14 +734,9 @@ static void on_signal(edl_loop *l, int sig, void *arg)
  * inherits the mask and the signals wait for the loop's signalfd. */
 static int take_signals(agent *a)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGHUP);
     signal(SIGPIPE, SIG_IGN); /* a trainer closing its control pipe must not kill the agent */
-    return edl_loop_signals(a->loop, &set, on_signal, a);
+    return edl_loop_signals(a->loop, EDL_SIGNALS_STOP | EDL_SIGNALS_CHILD | EDL_SIGNALS_HUP,
+                            on_signal, a);
 }
 
 static int keeper_fd(void *arg, int *events)

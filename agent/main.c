@@ -13,6 +13,7 @@
 
 #include "agent.h"
 #include "edl/log.h"
+#include "edl/net.h"
 
 static const char usage_text[] =
     "usage: edl-agent --etcd URLS --job NAME [options] -- TRAINER [ARGS...]\n"

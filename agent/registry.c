@@ -14,6 +14,7 @@
 #include "agent.h"
 #include "edl/http.h"
 #include "edl/log.h"
+#include "edl/net.h"
 
 /* One request to etcd: what run needs (copied from the agent when submitted), what it found.
  * Only done, on the loop, reads or changes the agent. */

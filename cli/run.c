@@ -32,6 +32,7 @@
 #include "edl/etcd_server.h"
 #include "edl/log.h"
 #include "edl/loop.h"
+#include "edl/net.h"
 #include "edl/proc.h"
 #include "edl/secret.h"
 
@@ -102,6 +103,8 @@ typedef struct launcher {
     bool ran;                 /* the job was put into etcd: a summary line ends the output */
     bool deadline_passed;     /* activeDeadlineSeconds passed: the job is stopped as failed */
     bool deadline_stopped;    /* ... and the stop is in the spec */
+    int64_t deadline_retry_ms; /* when to write the stop again after a failed write (0: none) */
+    int64_t poll_due_ms;      /* without a watch: when to read the job again (0: a watch) */
     char teacher_capacity[16]; /* -f: spec.teachers.capacity as the teachers' --capacity */
 } launcher;
 
@@ -719,13 +722,25 @@ static void set_stopped(edl_job_spec *s, void *arg)
     s->stopped = true;
 }
 
+/* How often a failed write of the deadline's stop is tried again, and the job read again when
+ * there is no watch. */
+#define RETRY_MS 200
+
+/* When the manifest's activeDeadlineSeconds is due (0: none, or done with). */
+static int64_t deadline_due(void *arg)
+{
+    const launcher *l = arg;
+    if (l->o.deadline_s < 0 || l->final || l->interrupted || l->deadline_stopped)
+        return 0;
+    return l->deadline_passed ? l->deadline_retry_ms : l->started_ms + l->o.deadline_s * 1000;
+}
+
 /* The manifest's activeDeadlineSeconds, as the operator applies it: once the job has run this
  * long it is stopped (trainers get SIGTERM and the grace period) and ends as failed. */
-static void check_deadline(launcher *l)
+static void check_deadline(edl_loop *lp, void *arg)
 {
-    if (l->o.deadline_s < 0 || l->final || l->interrupted || l->deadline_stopped ||
-        edl_monotonic_ms() - l->started_ms < l->o.deadline_s * 1000)
-        return;
+    (void)lp;
+    launcher *l = arg;
     if (!l->deadline_passed)
         say("activeDeadlineSeconds (%lld s) passed: stopping the job; it ends as failed",
             (long long)l->o.deadline_s);
@@ -734,7 +749,9 @@ static void check_deadline(launcher *l)
     edl_spec_init(&before);
     edl_spec_init(&after);
     if (cli_update_spec(l->c, &l->k, set_stopped, NULL, &before, &after) == 0)
-        l->deadline_stopped = true; /* else tried again on the next turn */
+        l->deadline_stopped = true;
+    else
+        l->deadline_retry_ms = edl_monotonic_ms() + RETRY_MS;
     edl_spec_clear(&before);
     edl_spec_clear(&after);
 }
@@ -764,7 +781,22 @@ static void on_watch(edl_loop *lp, int fd, int events, void *arg)
     (void)lp, (void)fd, (void)events, (void)arg; /* read after the turn (follow_job) */
 }
 
-/* The watch's events: observe the job again when one matters, or while there is no watch. */
+/* Without a watch (it failed to open, or ended), the job is read every RETRY_MS. */
+static int64_t poll_due(void *arg)
+{
+    return ((const launcher *)arg)->poll_due_ms;
+}
+
+static void poll_job(edl_loop *lp, void *arg)
+{
+    (void)lp;
+    launcher *l = arg;
+    observe(l);
+    l->poll_due_ms = l->w ? 0 : edl_monotonic_ms() + RETRY_MS;
+}
+
+/* The watch's events: observe the job again when one matters; a watch that fails is dropped
+ * for polling (poll_job). */
 static void follow_job(launcher *l)
 {
     edl_watch_event *ev;
@@ -775,27 +807,45 @@ static void follow_job(launcher *l)
             edl_watch_event_free(ev);
             edl_watch_close(l->w);
             l->w = NULL;
+            l->poll_due_ms = edl_monotonic_ms(); /* read now, then every RETRY_MS */
             break;
         }
         edl_watch_event_free(ev);
     }
-    if (changed || !l->w)
+    if (changed)
         observe(l);
 }
 
-static void kill_late_children(launcher *l)
+/* The earliest time a stopping child is killed (0: none is). */
+static int64_t kill_due(void *arg)
 {
+    const launcher *l = arg;
+    int64_t due = 0;
+    for (size_t i = 0; i < l->n_kids; i++) {
+        const child *k = l->kids[i];
+        if (!k->exited && k->kill_at && (!due || k->kill_at < due))
+            due = k->kill_at;
+    }
+    return due;
+}
+
+static void kill_late_children(edl_loop *lp, void *arg)
+{
+    (void)lp;
+    launcher *l = arg;
     int64_t now = edl_monotonic_ms();
     for (size_t i = 0; i < l->n_kids; i++)
-        if (!l->kids[i]->exited && l->kids[i]->kill_at && now > l->kids[i]->kill_at) {
+        if (!l->kids[i]->exited && l->kids[i]->kill_at && now >= l->kids[i]->kill_at) {
             say("%s did not stop in time: killing it", l->kids[i]->name);
             kill(l->kids[i]->pid, SIGKILL);
             l->kids[i]->kill_at = 0;
         }
 }
 
-/* After every wake-up (and at least every 200 ms): reap, follow the job, match the replicas;
- * the run ends on an error or once the job is over and its agents gone. */
+/* After every wake-up (a child's exit or output, the watch, a signal, a timer): reap, follow
+ * the job, match the replicas; the run ends on an error or once the job is over and its agents
+ * gone. What is due at a time (the deadline, a late child's kill, a read without a watch) is a
+ * timer instead: a turn caused by an fd does not run it. */
 static void after_turn(edl_loop *lp, void *arg)
 {
     launcher *l = arg;
@@ -803,9 +853,7 @@ static void after_turn(edl_loop *lp, void *arg)
     follow_job(l);
     if (!rc)
         rc = match_replicas(l);
-    check_deadline(l);
     drop_exited(l);
-    kill_late_children(l);
     if (rc || ((l->final || l->interrupted) && agents_alive(l, true) == 0))
         edl_loop_stop(lp, rc);
 }
@@ -813,11 +861,15 @@ static void after_turn(edl_loop *lp, void *arg)
 static int loop(launcher *l)
 {
     int rc = edl_loop_fd_follow(l->loop, watch_fd, on_watch, l);
+    rc = rc ? rc : edl_loop_timer_follow(l->loop, deadline_due, check_deadline, l);
+    rc = rc ? rc : edl_loop_timer_follow(l->loop, kill_due, kill_late_children, l);
+    rc = rc ? rc : edl_loop_timer_follow(l->loop, poll_due, poll_job, l);
     if (rc) {
         say("cannot follow the job: %s", edl_strerror(rc));
         return EDL_EXIT_FAILED;
     }
     edl_loop_after_turn(l->loop, after_turn, l);
+    after_turn(l->loop, l); /* the agents start now, not at the first wake-up */
     return edl_loop_run(l->loop);
 }
 
@@ -1277,19 +1329,13 @@ static void shutdown_rest(launcher *l)
     l->n_kids = 0;
 }
 
-/* The loop, waking at least every 200 ms (the replicas, the deadline and the late children
- * are checked after each turn), and the signals on its signalfd. */
+/* The loop, asleep until a child, the watch, a signal (on its signalfd) or a timer wakes it. */
 static int open_loop(launcher *l)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGHUP);
     signal(SIGPIPE, SIG_IGN);
-    int rc = edl_loop_open(200, &l->loop);
-    return rc ? rc : edl_loop_signals(l->loop, &set, on_signal, l);
+    int rc = edl_loop_open(-1, &l->loop);
+    return rc ? rc : edl_loop_signals(l->loop, EDL_SIGNALS_STOP | EDL_SIGNALS_CHILD |
+                                      EDL_SIGNALS_HUP, on_signal, l);
 }
 
 /* Our own etcd's throwaway CA and certificates, in l->tls_dir: 0 or an exit code. */
@@ -1414,7 +1460,8 @@ static int run_job(launcher *l, bool *wrote_state)
         *wrote_state = true;
     edl_watch_opts wo = {.prefix = true};
     if (edl_watch_open(l->c, edl_str(l->k.job), &wo, &l->w) != 0)
-        l->w = NULL; /* then it polls every 200 ms */
+        l->w = NULL;
+    l->poll_due_ms = l->w ? 0 : edl_monotonic_ms(); /* without a watch: polls (poll_job) */
     if (l->o.spec.ps_max > 0)
         say("job %s: min %d, max %d, replicas %d; servers: min %d, max %d, replicas %d; "
             "trainer: %s", l->o.job, l->o.spec.min, l->o.spec.max, l->desired[ROLE_W],

@@ -238,15 +238,11 @@ static int service_register(edl_etcd *c, service_args *a)
                a->in.endpoint, a->service);
         return 0;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
     holder h = {.c = c, .a = a};
     edl_loop *l = NULL;
     int rc = edl_loop_open(-1, &l);
-    rc = rc ? rc : edl_loop_signals(l, &set, on_signal, &h); /* before the lease: a signal
-                                                               * now still deregisters */
+    /* the signals before the lease: a signal now still deregisters */
+    rc = rc ? rc : edl_loop_signals(l, EDL_SIGNALS_STOP, on_signal, &h);
     rc = rc ? rc : register_leased(c, a, &h.k);
     if (rc) {
         edl_loop_free(l);

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,12 +146,29 @@ static void read_signals(edl_loop *l, int fd, int events, void *arg)
             l->on_signal(l, (int)si.ssi_signo, l->signal_arg);
 }
 
-int edl_loop_signals(edl_loop *l, const sigset_t *set, edl_loop_signal_fn fn, void *arg)
+void edl_loop_block_signals(int which, sigset_t *set)
+{
+    sigset_t own;
+    set = set ? set : &own;
+    sigemptyset(set);
+    if (which & EDL_SIGNALS_STOP) {
+        sigaddset(set, SIGTERM);
+        sigaddset(set, SIGINT);
+    }
+    if (which & EDL_SIGNALS_CHILD)
+        sigaddset(set, SIGCHLD);
+    if (which & EDL_SIGNALS_HUP)
+        sigaddset(set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+}
+
+int edl_loop_signals(edl_loop *l, int which, edl_loop_signal_fn fn, void *arg)
 {
     if (l->sigfd >= 0)
         return EDL_EINVAL;
-    sigprocmask(SIG_BLOCK, set, NULL);
-    l->sigfd = signalfd(-1, set, SFD_NONBLOCK | SFD_CLOEXEC);
+    sigset_t set;
+    edl_loop_block_signals(which, &set);
+    l->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (l->sigfd < 0)
         return EDL_EIO;
     l->on_signal = fn;

@@ -358,12 +358,8 @@ static void after_turn(edl_loop *l, void *arg)
 /* The signals, the worker, the lease, the watch, /metrics and the due work, on one loop. */
 static int loop_open(jobserver *js)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
     int rc = edl_loop_open(60000, &js->loop);
-    rc = rc ? rc : edl_loop_signals(js->loop, &set, on_signal, js);
+    rc = rc ? rc : edl_loop_signals(js->loop, EDL_SIGNALS_STOP, on_signal, js);
     rc = rc ? rc : edl_loop_fd_follow(js->loop, keeper_fd, on_keeper, js);
     rc = rc ? rc : edl_loop_fd_follow(js->loop, watch_fd, on_watch, js);
     rc = rc ? rc : edl_loop_timer_follow(js->loop, work_due, on_work_due, js);

@@ -12,6 +12,7 @@
 
 #include "edl/job.h"
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/trainingjob.h"
 #include "jobserver.h"
@@ -216,11 +217,7 @@ int main(int argc, char **argv)
         snprintf(idbuf, sizeof idbuf, "%s-%d", host, (int)getpid());
         cfg.id = idbuf;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    edl_loop_block_signals(EDL_SIGNALS_STOP, NULL); /* before any thread starts */
     signal(SIGPIPE, SIG_IGN);
     int rc = js_run(&cfg); /* its loop takes the signals */
     edl_etcd_config_clear(&etcd);

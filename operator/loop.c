@@ -477,12 +477,8 @@ static void stand_by(op *o)
  * the elector's changes, /metrics, and the end of our leadership. */
 static int loop_open(op *o)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
     int rc = edl_loop_open(60000, &o->loop);
-    rc = rc ? rc : edl_loop_signals(o->loop, &set, on_signal, o);
+    rc = rc ? rc : edl_loop_signals(o->loop, EDL_SIGNALS_STOP, on_signal, o);
     rc = rc ? rc : edl_loop_worker(o->loop, o->worker);
     rc = rc ? rc : edl_loop_fd_add(o->loop, edl_k8s_elector_fd(o->elector), EDL_LOOP_READ,
                                    on_elector, o);

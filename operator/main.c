@@ -10,6 +10,7 @@
 
 #include "edl/job.h"
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "edl/metrics.h"
 #include "edl/trainingjob.h"
 #include "operator.h"
@@ -266,11 +267,7 @@ int main(int argc, char **argv)
         snprintf(idbuf, sizeof idbuf, "%s-%d", host, (int)getpid());
         o.op.id = idbuf;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    edl_loop_block_signals(EDL_SIGNALS_STOP, NULL); /* before any thread starts */
     signal(SIGPIPE, SIG_IGN);
     int rc = run(&o); /* op_run's loop takes the signals */
     edl_etcd_config_clear(&o.etcd);

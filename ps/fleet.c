@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "edl/log.h"
+#include "edl/loop.h"
 #include "internal.h"
 
 #define FLEET_MAX_SERVERS 1024
@@ -256,10 +257,7 @@ int edl_fleet_run_server(edl_fleet *f, char *why, size_t whylen)
         return edl_errf(why, whylen, EDL_EINVAL, "this process is a worker (TRAINING_ROLE="
                         "TRAINER)");
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* before the loops start: they inherit it */
+    edl_loop_block_signals(EDL_SIGNALS_STOP, &sigs); /* before the loops start: they inherit it */
     edl_ps_server_options o = {.listen_addr = f->ip, .port = f->port, .job = f->job,
                                .secret = &f->secret, .wait_for_map = f->follow != NULL,
                                .checkpoint = f->follow ? ps_follow_checkpoint(f->follow) : NULL};
@@ -272,7 +270,7 @@ int edl_fleet_run_server(edl_fleet *f, char *why, size_t whylen)
         EDL_INFO("ps", "serving on %s:%d%s", f->ip, edl_ps_server_port(s),
                  f->follow ? ", following the job's map of servers" : "");
         ps_waiter w;
-        if (f->follow && ps_waiter_open(&w, &sigs) == 0)
+        if (f->follow && ps_waiter_open(&w) == 0)
             ps_follow_serve(s, f->follow, &w, PS_DRAIN_TIMEOUT_MS);
         else
             sigwait(&sigs, &sig); /* no loop: the signal ends it at once (no hand-over) */

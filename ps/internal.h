@@ -346,14 +346,14 @@ typedef struct ps_metrics_src {
 void ps_server_key_counts(edl_ps_server *s, uint64_t *pulled, uint64_t *pushed);
 /* An edl_metrics_fn: the server's counters (arg: a ps_metrics_src). */
 void ps_write_metrics(void *arg, struct edl_prom *p);
-/* The main thread's loop (edl/loop.h): sigs (blocked before any thread starts) on its
- * signalfd, and /metrics when on (edl_metrics_attach to loop). */
+/* The main thread's loop (edl/loop.h): SIGTERM and SIGINT (blocked before any thread starts)
+ * on its signalfd, and /metrics when on (edl_metrics_attach to loop). */
 struct edl_loop;
 typedef struct ps_waiter {
     struct edl_loop *loop;
     int sig;                /* arrived and not yet returned by ps_wait_signal (0: none) */
 } ps_waiter;
-int ps_waiter_open(ps_waiter *w, const sigset_t *sigs); /* EDL_ENOMEM, EDL_EIO */
+int ps_waiter_open(ps_waiter *w); /* EDL_ENOMEM, EDL_EIO */
 void ps_waiter_close(ps_waiter *w);
 /* Turn the loop up to timeout_ms (-1: for ever) until a signal: the signal, or 0 when the time
  * passed. */

@@ -209,12 +209,8 @@ int main(int argc, char **argv)
         return 2;
     a.o.secret = &secret;
     raise_fd_limit(&a.o);
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
     ps_waiter w; /* the signals blocked before the loops start: they inherit the mask */
-    if (ps_waiter_open(&w, &sigs) != 0) {
+    if (ps_waiter_open(&w) != 0) {
         fprintf(stderr, "edl-ps: cannot set up its loop (signalfd)\n");
         ps_waiter_close(&w);
         return 1;

@@ -54,11 +54,11 @@ static void on_signal(edl_loop *l, int sig, void *arg)
     edl_loop_stop(l, sig);
 }
 
-int ps_waiter_open(ps_waiter *w, const sigset_t *sigs)
+int ps_waiter_open(ps_waiter *w)
 {
     *w = (ps_waiter){0};
     int rc = edl_loop_open(-1, &w->loop);
-    return rc ? rc : edl_loop_signals(w->loop, sigs, on_signal, w);
+    return rc ? rc : edl_loop_signals(w->loop, EDL_SIGNALS_STOP, on_signal, w);
 }
 
 void ps_waiter_close(ps_waiter *w)

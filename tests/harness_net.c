@@ -1,39 +1,44 @@
-/* harness_net.c: a minimal HTTP client for tests of /metrics endpoints, and free ports. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
+/* harness_net.c: a minimal HTTP client for tests of /metrics endpoints, and free ports, on
+ * core/net.c's dial with a deadline (edl/net.h). */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "edl/common.h"
+#include "edl/net.h"
 #include "harness.h"
 
-/* HTTP/1.0-style request on a fresh connection; the whole reply into out. Returns its status. */
+/* The whole reply on fd, until the server closes it or the deadline passes. */
+static size_t read_reply(int fd, char *out, size_t outlen, int64_t deadline)
+{
+    size_t got = 0;
+    while (got < outlen - 1 && edl_net_wait(fd, POLLIN, deadline) == 0) {
+        ssize_t n = recv(fd, out + got, outlen - 1 - got, 0);
+        if (n > 0)
+            got += (size_t)n;
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+            break;
+    }
+    out[got] = '\0';
+    return got;
+}
+
+/* HTTP/1.0-style request on a fresh connection, within 5 s; the whole reply into out. Returns
+ * its status (-1: no connection, or no reply). */
 int harness_http_request(int port, const char *req, size_t req_len, char *out, size_t outlen)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    int64_t deadline = edl_monotonic_ms() + 5000;
+    int fd;
+    out[0] = '\0';
+    if (edl_net_dial(ep, deadline, &fd) != 0)
         return -1;
-    }
-    size_t off = 0;
-    while (off < req_len) {
-        ssize_t n = send(fd, req + off, req_len - off, MSG_NOSIGNAL);
-        if (n <= 0)
-            break;
-        off += (size_t)n;
-    }
-    size_t got = 0;
-    ssize_t n;
-    while (got < outlen - 1 && (n = recv(fd, out + got, outlen - 1 - got, 0)) > 0)
-        got += (size_t)n;
-    out[got] = '\0';
+    if (edl_net_write_all(fd, req, req_len, deadline) == 0)
+        read_reply(fd, out, outlen, deadline);
     close(fd);
     int status = -1;
     sscanf(out, "HTTP/1.1 %d", &status);
@@ -55,13 +60,12 @@ int harness_free_port(void)
 
 bool harness_port_open(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    int fd;
+    if (edl_net_dial(ep, edl_monotonic_ms() + 1000, &fd) != 0)
         return false;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool open = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
     close(fd);
-    return open;
+    return true;
 }
 

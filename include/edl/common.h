@@ -74,19 +74,6 @@ bool edl_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadli
 /* The deadline timeout_ms from now (-1 for a negative timeout: none). */
 int64_t edl_deadline_ms(int64_t timeout_ms);
 
-/* A TCP port free on this IPv4 address now (bind to port 0, then release; NULL or an
- * unparsable address: any address); 0 when none can be had. Another process may take it
- * before the caller's child binds it: callers must survive that. */
-int edl_free_port(const char *ipv4);
-
-/* The key that groups connections by their source, for per-source bounds: an IPv4 address (an
- * IPv4-mapped IPv6 one alike) or an IPv6 /64 (one host may hold a whole /64). edl_addr_key
- * takes a struct sockaddr_in or sockaddr_in6; edl_peer_key the peer of a connected socket.
- * All zeros for anything else (a connection already reset has no peer). */
-#define EDL_ADDR_KEY_BYTES 16
-void edl_addr_key(const void *sockaddr, uint8_t key[EDL_ADDR_KEY_BYTES]);
-void edl_peer_key(int fd, uint8_t key[EDL_ADDR_KEY_BYTES]);
-
 /* A borrowed byte string: keys and values in etcd are binary-safe. */
 typedef struct edl_buf {
     const char *data;

@@ -52,10 +52,16 @@ int edl_loop_timer_add(edl_loop *l, const int64_t *due_ms, edl_loop_fn fn, void 
 /* As edl_loop_timer_add with the due time asked of src before each sleep. */
 int edl_loop_timer_follow(edl_loop *l, edl_loop_due_src src, edl_loop_fn fn, void *arg);
 
-/* Block the signals of set in this thread (call before any thread starts, so every thread
- * inherits the mask) and call fn for each one that arrives. Once per loop. EDL_EIO (no
- * signalfd), EDL_EINVAL (a second time). */
-int edl_loop_signals(edl_loop *l, const sigset_t *set, edl_loop_signal_fn fn, void *arg);
+/* The signals a program takes, or'ed: STOP is SIGTERM and SIGINT (every program), CHILD is
+ * SIGCHLD (a program that runs children), HUP is SIGHUP. */
+enum { EDL_SIGNALS_STOP = 1, EDL_SIGNALS_CHILD = 2, EDL_SIGNALS_HUP = 4 };
+/* Block which's signals in this thread, and fill *set with them when set is not NULL. Call it
+ * before any thread starts (a client's, a server's loops), so every thread inherits the mask
+ * and the signals wait for the loop's signalfd; edl_loop_signals calls it too. */
+void edl_loop_block_signals(int which, sigset_t *set);
+/* Block which's signals (edl_loop_block_signals) and call fn for each one that arrives. Once
+ * per loop. EDL_EIO (no signalfd), EDL_EINVAL (a second time). */
+int edl_loop_signals(edl_loop *l, int which, edl_loop_signal_fn fn, void *arg);
 /* Complete wk's finished works (edl_worker_complete) when its fd wakes the loop. */
 int edl_loop_worker(edl_loop *l, edl_worker *wk);
 /* Call fn after every wake-up, once the fds' and timers' callbacks ran. */

@@ -1,7 +1,8 @@
 /* edl/net.h: edl's TCP socket layer (Redis's anet), under the collective's mesh, the parameter
  * server's client and server and the Python link's probe: "host:port" resolved one way, a
  * listening socket, a dial with a deadline, exact reads and writes with a deadline, and one
- * tuning of every data socket. Sockets are non-blocking and close-on-exec; deadlines are
+ * tuning of every data socket; beside them a free port to hand a child, and the key that groups
+ * connections by their source. Sockets are non-blocking and close-on-exec; deadlines are
  * edl_monotonic_ms() times. Errors are EDL_E* codes; where a system call failed, errno is left
  * as it said, for the caller's message. */
 #ifndef EDL_NET_H
@@ -49,6 +50,19 @@ int edl_net_wait(int fd, short events, int64_t deadline_ms);
  * blocking or not. */
 int edl_net_write_all(int fd, const void *buf, size_t len, int64_t deadline_ms);
 int edl_net_read_all(int fd, void *buf, size_t len, int64_t deadline_ms);
+
+/* A TCP port free on this IPv4 address now (bind to port 0, then release; NULL or an
+ * unparsable address: any address); 0 when none can be had. Another process may take it
+ * before the caller's child binds it: callers must survive that. */
+int edl_free_port(const char *ipv4);
+
+/* The key that groups connections by their source, for per-source bounds: an IPv4 address (an
+ * IPv4-mapped IPv6 one alike) or an IPv6 /64 (one host may hold a whole /64). edl_addr_key
+ * takes a struct sockaddr_in or sockaddr_in6; edl_peer_key the peer of a connected socket.
+ * All zeros for anything else (a connection already reset has no peer). */
+#define EDL_ADDR_KEY_BYTES 16
+void edl_addr_key(const void *sockaddr, uint8_t key[EDL_ADDR_KEY_BYTES]);
+void edl_peer_key(int fd, uint8_t key[EDL_ADDR_KEY_BYTES]);
 
 #ifdef __cplusplus
 }
