@@ -1803,7 +1803,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_teacher_killed_agent_key_expires, setup, teardown),
         cmocka_unit_test_setup_teardown(test_teacher_ends_with_the_job_and_runs_without_one, setup, teardown),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*teacher*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

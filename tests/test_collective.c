@@ -914,7 +914,5 @@ int main(void)
         cmocka_unit_test(test_broken_link_between_far_ranks_fails_the_join),
         cmocka_unit_test(test_no_secret_is_a_clear_error),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*stranger*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -691,8 +691,6 @@ int main(void)
         cmocka_unit_test(test_student_with_only_nan_teachers_fails_within_its_budget),
         cmocka_unit_test(test_student_with_only_hanging_teachers_fails_within_its_budget),
     };
-    if (getenv("EDL_TEST_FILTER"))
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     signal(SIGPIPE, SIG_IGN);
     train_reference();
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

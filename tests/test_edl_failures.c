@@ -426,7 +426,5 @@ int main(void)
         cmocka_unit_test(test_peer_loss_in_process_spends_no_restart),
         cmocka_unit_test(test_etcd_outage_does_not_kill_trainers),
     };
-    if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, edl_run_setup, edl_run_teardown);
 }

@@ -297,7 +297,5 @@ int main(void)
         cmocka_unit_test(test_manifest_example_runs),
         cmocka_unit_test(test_manifest_volume_is_this_users),
     };
-    if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, edl_run_setup, edl_run_teardown);
 }

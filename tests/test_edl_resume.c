@@ -290,7 +290,5 @@ int main(void)
         cmocka_unit_test(test_example_trainer_survives_reformation),
         cmocka_unit_test(test_a_job_run_again_resumes_from_its_checkpoints),
     };
-    if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, edl_run_setup, edl_run_teardown);
 }

@@ -576,7 +576,5 @@ int main(void)
         cmocka_unit_test(test_ctr_a_server_killed_without_replicas_is_reported_once_a_table),
         cmocka_unit_test(test_ctr_resumes_while_workers_join_and_die),
     };
-    if (getenv("EDL_TEST_FILTER")) /* run only the tests whose names match (cmocka's globs) */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, edl_run_setup, edl_run_teardown);
 }

@@ -226,7 +226,5 @@ int main(void)
         cmocka_unit_test(test_keeper_blocked_by_partition_reports_loss_within_ttl),
         cmocka_unit_test(test_keeper_rides_out_short_outage),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*holder*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

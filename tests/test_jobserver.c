@@ -722,7 +722,5 @@ int main(void)
         cmocka_unit_test(test_metrics_of_leader_and_standby),
         cmocka_unit_test(test_a_frozen_etcd_never_stalls_the_loop),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*failure*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

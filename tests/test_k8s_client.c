@@ -1643,7 +1643,5 @@ int main(void)
         cmocka_unit_test(test_elector_create_race_and_renew_deadline),
         cmocka_unit_test(test_started_elector_renews_alone_and_fences_writes),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*trims*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -548,7 +548,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_prometheus_sees_every_panel_and_alert, setup,
                                         teardown),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*watch*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

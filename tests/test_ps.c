@@ -1337,7 +1337,5 @@ int main(void)
         cmocka_unit_test(test_edl_ps_metrics_count_the_keys_pulled_and_pushed),
         cmocka_unit_test(test_silent_strangers_past_the_limit_do_not_lock_trainers_out),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*secret*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

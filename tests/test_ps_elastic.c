@@ -897,7 +897,5 @@ int main(void)
             test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_servers),
         cmocka_unit_test(test_a_corrupt_checkpoint_file_falls_back_to_the_older_checkpoint),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*joins*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

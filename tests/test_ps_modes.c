@@ -1022,8 +1022,6 @@ int main(void)
         cmocka_unit_test(test_fleet_reads_paddles_environment_and_names_what_is_wrong),
         cmocka_unit_test(test_ctr_example_learns_as_well_on_servers_in_every_mode),
     };
-    if (getenv("EDL_TEST_FILTER"))
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     if (!mkdtemp(dir))
         return 1;
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

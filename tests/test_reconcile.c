@@ -1705,7 +1705,5 @@ int main(void)
         cmocka_unit_test(test_rank0_done_with_a_failure_or_a_loss),
         cmocka_unit_test(test_rank0_done_in_a_ps_job_or_restart_mode_waits_for_the_others),
     };
-    if (getenv("EDL_TEST_FILTER")) /* e.g. EDL_TEST_FILTER='*exclusion*' */
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1030,7 +1030,5 @@ int main(void)
         cmocka_unit_test(test_unknown_fields_are_named),
         cmocka_unit_test(test_known_fields_are_the_crds),
     };
-    if (getenv("EDL_TEST_FILTER"))
-        cmocka_set_test_filter(getenv("EDL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
