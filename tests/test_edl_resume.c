@@ -142,6 +142,32 @@ static long resumed_at(const char *job, int nth, int timeout_ms)
     }
 }
 
+/* The newest checkpoint's weights are corrupt (a byte flipped in its shard): the example
+ * trainer, which reads them once with their digest checked, says so and resumes from the one
+ * before, and the job ends as it should. */
+static void test_a_corrupt_newest_checkpoint_resumes_from_the_one_before(void **state)
+{
+    (void)state;
+    const char *job = "corrupt";
+    char dir[300], uri[320], cmd[900], out[256];
+    snprintf(dir, sizeof dir, "%s/corrupt", g_dir);
+    snprintf(uri, sizeof uri, "file://%s", dir);
+    const char *opts[] = {"--np", "1", "--grace-ms", "1000", "--checkpoint-uri", uri, NULL};
+    const char *to30[] = {EDL_EXAMPLE_TRAINER, "--steps", "30", "--step-ms", "5", NULL};
+    assert_int_equal(harness_wait_exit(edl_run_argv(job, opts, to30), 60000), 0);
+    assert_int_equal(newest_checkpoint(dir, NULL), 30);
+    snprintf(cmd, sizeof cmd, "f=$(ls -d %s/ckpt-0000000000000030-g*)/rank-0/shard-0; "
+             "printf '\\377\\377\\377\\377' | dd of=$f bs=1 seek=8 conv=notrunc status=none && "
+             "echo flipped", dir);
+    assert_int_equal(harness_shell(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "flipped"));
+    const char *to40[] = {EDL_EXAMPLE_TRAINER, "--steps", "40", "--step-ms", "5", NULL};
+    assert_int_equal(harness_wait_exit(edl_run_argv(job, opts, to40), 60000), 0);
+    assert_int_equal(resumed_at(job, 2, 0), 20);
+    assert_true(log_has(job, "checkpoint step 30 is unusable", "corrupt", "trying the one before"));
+    assert_int_equal(newest_checkpoint(dir, NULL), 40);
+}
+
 /* `edl stop` (with --etcd), then the same `edl run` with its own etcd (which knows nothing of
  * the job): the example trainer resumes at the last committed step, and retention keeps the
  * first run's checkpoints until newer ones are complete. A SIGKILLed launcher, then a run to
@@ -289,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_inprocess_mlp_survives_scale_and_kill_without_restarts),
         cmocka_unit_test(test_example_trainer_survives_reformation),
         cmocka_unit_test(test_a_job_run_again_resumes_from_its_checkpoints),
+        cmocka_unit_test(test_a_corrupt_newest_checkpoint_resumes_from_the_one_before),
     };
     return cmocka_run_group_tests(tests, edl_run_setup, edl_run_teardown);
 }
