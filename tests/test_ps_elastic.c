@@ -736,6 +736,76 @@ static void test_a_ctr_table_moves_to_a_joining_server(void **state)
     harness_ps_close(&k);
 }
 
+/* A PS job that checkpoints: etcd, a file:// store in a new directory, servers 0..2 on map 1
+ * (map 2: servers 0 and 1), a client with both tables. */
+typedef struct psck {
+    edl_etcd_server *etcd;
+    struct edl_etcd *cl;
+    char dir[32], uri[64];
+    edl_ckpt_config cfg;
+    edl_ps_server_options o;
+    harness_ps k;
+    maps m;
+    edl_ps_client *c;
+    bool lost[2 * SHARDS]; /* after lose_server_2: the shards that were server 2's */
+    int nlost;
+} psck;
+
+static void psck_open(psck *p, const char *job)
+{
+    memset(p, 0, sizeof *p);
+    p->etcd = harness_etcd_open(1, NULL);
+    p->cl = harness_client(edl_etcd_server_endpoints(p->etcd), 5000);
+    snprintf(p->dir, sizeof p->dir, "/tmp/edl-psck-XXXXXX");
+    assert_non_null(mkdtemp(p->dir));
+    snprintf(p->uri, sizeof p->uri, "file://%s", p->dir);
+    edl_ckpt_config_init(&p->cfg);
+    p->cfg.uri = p->uri, p->cfg.etcd = p->cl, p->cfg.job = job, p->cfg.commit_timeout_ms = 20000;
+    p->o = (edl_ps_server_options){.handover_timeout_ms = 300, .checkpoint = &p->cfg};
+    p->m.k = &p->k;
+    start_maps(&p->m, &p->o, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
+    p->c = client_of(&p->m, 1);
+    create_tables(p->c, &p->m);
+}
+
+/* Server 2 dies and map 2 goes out; one more round is pushed. The log from then on: returned. */
+static FILE *lose_server_2(psck *p)
+{
+    FILE *log = log_capture();
+    edl_ps_server_close(p->k.srv[2]);
+    p->k.srv[2] = NULL;
+    publish(&p->m, 2, (int[]){0, 1}, 2, -1);
+    harness_ps_ok(p->c, push_round(p->c));
+    for (uint32_t sh = 0; sh < SHARDS; sh++)
+        if (edl_ps_shard_owner(p->m.names[1], 3, sh) == 2)
+            p->lost[sh] = p->lost[SHARDS + sh] = true, p->nlost += 2;
+    return log;
+}
+
+/* The survivors restored every lost shard (none started anew); the client and servers close;
+ * the loss lines are checked and returned. */
+static loss_lines restored_all(psck *p, FILE *log)
+{
+    edl_ps_server_stats s0, s1;
+    stats_of(p->k.srv[0], &s0), stats_of(p->k.srv[1], &s1);
+    assert_int_equal(s0.shards_restored + s1.shards_restored, p->nlost);
+    assert_int_equal(s0.shards_lost + s1.shards_lost, 0);
+    edl_ps_client_close(p->c);
+    harness_ps_close(&p->k);
+    loss_lines l = log_losses(log);
+    check_loss_lines(&l, 2, (unsigned)p->nlost, 0);
+    return l;
+}
+
+static void psck_close(psck *p)
+{
+    edl_etcd_close(p->cl);
+    edl_etcd_server_close(p->etcd);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", p->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Wait for the checkpoint of step to be committed (the pointer in etcd names it). */
 static void wait_checkpoint(const edl_ckpt_config *cfg, int64_t step)
 {
@@ -763,59 +833,27 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
     void **state)
 {
     (void)state;
-    edl_etcd_server *etcd = harness_etcd_open(1, NULL);
-    struct edl_etcd *cl = harness_client(edl_etcd_server_endpoints(etcd), 5000);
-    char dir[] = "/tmp/edl-psck-XXXXXX", uri[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(uri, sizeof uri, "file://%s", dir);
-    edl_ckpt_config cfg;
-    edl_ckpt_config_init(&cfg);
-    cfg.uri = uri, cfg.etcd = cl, cfg.job = "psck", cfg.commit_timeout_ms = 20000;
-    edl_ps_server_options o = {.handover_timeout_ms = 300, .checkpoint = &cfg};
-    harness_ps k;
-    maps m = {.k = &k};
-    start_maps(&m, &o, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
-    edl_ps_client *c = client_of(&m, 1);
-    create_tables(c, &m);
+    psck p;
+    psck_open(&p, "psck");
     for (int r = 0; r < 5; r++)
-        harness_ps_ok(c, push_round(c));
-    harness_ps_ok(c, edl_ps_save(c, 5));
-    wait_checkpoint(&cfg, 5);
+        harness_ps_ok(p.c, push_round(p.c));
+    harness_ps_ok(p.c, edl_ps_save(p.c, 5));
+    wait_checkpoint(&p.cfg, 5);
     for (int r = 0; r < 3; r++) /* after the checkpoint: lost with the server that dies */
-        harness_ps_ok(c, push_round(c));
-    FILE *log = log_capture();
-    edl_ps_server_close(k.srv[2]);
-    k.srv[2] = NULL;
-    publish(&m, 2, (int[]){0, 1}, 2, -1);
-    harness_ps_ok(c, push_round(c));
-    bool lost[2 * SHARDS] = {0};
-    int nlost = 0;
-    for (uint32_t sh = 0; sh < SHARDS; sh++)
-        if (edl_ps_shard_owner(m.names[1], 3, sh) == 2)
-            lost[sh] = lost[SHARDS + sh] = true, nlost += 2;
-    check_counts(&m, 9, lost, 6); /* its shards as of step 5, then one more round */
-    edl_ps_server_stats s0, s1;
-    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
-    assert_int_equal(s0.shards_restored + s1.shards_restored, nlost);
-    assert_int_equal(s0.shards_lost + s1.shards_lost, 0);
-    edl_ps_client_close(c);
-    harness_ps_close(&k);
-    loss_lines l = log_losses(log);
-    check_loss_lines(&l, 2, (unsigned)nlost, 0);
+        harness_ps_ok(p.c, push_round(p.c));
+    FILE *log = lose_server_2(&p);
+    check_counts(&p.m, 9, p.lost, 6); /* its shards as of step 5, then one more round */
+    loss_lines l = restored_all(&p, log);
     assert_non_null(strstr(l.first, "PS checkpoint")); /* which one */
     assert_non_null(strstr(l.first, "(step 5)"));
 
-    harness_ps_open(&k, 2, &o); /* the job again, on two servers: all from step 5 */
-    maps m2 = {.k = &k};
+    harness_ps_open(&p.k, 2, &p.o); /* the job again, on two servers: all from step 5 */
+    maps m2 = {.k = &p.k};
     make_map(&m2, 1, (int[]){0, 1}, 2);
     publish(&m2, 1, (int[]){0, 1}, 2, -1);
     check_counts(&m2, 5, NULL, 0);
-    harness_ps_close(&k);
-    edl_etcd_close(cl);
-    edl_etcd_server_close(etcd);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    harness_ps_close(&p.k);
+    psck_close(&p);
 }
 
 /* The newest checkpoint's file of the sparse table saved by the server that dies is corrupt:
@@ -826,58 +864,29 @@ static void test_a_checkpoint_restores_a_dead_servers_shards_and_loads_on_fewer_
 static void test_a_corrupt_checkpoint_file_falls_back_to_the_older_checkpoint(void **state)
 {
     (void)state;
-    edl_etcd_server *etcd = harness_etcd_open(1, NULL);
-    struct edl_etcd *cl = harness_client(edl_etcd_server_endpoints(etcd), 5000);
-    char dir[] = "/tmp/edl-psck-XXXXXX", uri[64], cmd[512], out[4096];
-    assert_non_null(mkdtemp(dir));
-    snprintf(uri, sizeof uri, "file://%s", dir);
-    edl_ckpt_config cfg;
-    edl_ckpt_config_init(&cfg);
-    cfg.uri = uri, cfg.etcd = cl, cfg.job = "psbad", cfg.commit_timeout_ms = 20000;
-    edl_ps_server_options o = {.handover_timeout_ms = 300, .checkpoint = &cfg};
-    harness_ps k;
-    maps m = {.k = &k};
-    start_maps(&m, &o, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2);
-    edl_ps_client *c = client_of(&m, 1);
-    create_tables(c, &m);
+    psck p;
+    char cmd[512], out[4096];
+    psck_open(&p, "psbad");
     for (int r = 0; r < 8; r++) {
-        harness_ps_ok(c, push_round(c));
-        if (r == 4 || r == 7)
-            harness_ps_ok(c, edl_ps_save(c, r + 1)); /* steps 5 and 8 */
-        if (r == 4 || r == 7)
-            wait_checkpoint(&cfg, r + 1);
+        harness_ps_ok(p.c, push_round(p.c));
+        if (r == 4 || r == 7) { /* steps 5 and 8 */
+            harness_ps_ok(p.c, edl_ps_save(p.c, r + 1));
+            wait_checkpoint(&p.cfg, r + 1);
+        }
     }
     /* flip a byte in the middle of the sparse table's file server 2 (rank 2) saved at step 8 */
     snprintf(cmd, sizeof cmd, "n=0; for f in $(find %s -path '*ckpt-0000000000000008*' -path "
              "'*rank-2/shard-0' -type f); do s=$(stat -c %%s $f); printf '\\377' | "
              "dd of=$f bs=1 seek=$((s / 2)) conv=notrunc status=none; n=$((n+1)); done; echo $n",
-             dir);
+             p.dir);
     assert_int_equal(harness_shell(cmd, out, sizeof out), 0);
     assert_int_equal(atoi(out), 1); /* its sparse table's (table 0, its first shard) */
-    FILE *log = log_capture();
-    edl_ps_server_close(k.srv[2]);
-    k.srv[2] = NULL;
-    publish(&m, 2, (int[]){0, 1}, 2, -1);
-    harness_ps_ok(c, push_round(c));
-    bool lost[2 * SHARDS] = {0};
-    int nlost = 0;
-    for (uint32_t sh = 0; sh < SHARDS; sh++)
-        if (edl_ps_shard_owner(m.names[1], 3, sh) == 2)
-            lost[sh] = lost[SHARDS + sh] = true, nlost += 2;
-    check_counts_of(&m, 9, lost, 6, 9); /* sparse as of step 5, dense of 8; one more round */
-    edl_ps_server_stats s0, s1;
-    stats_of(k.srv[0], &s0), stats_of(k.srv[1], &s1);
-    assert_int_equal(s0.shards_restored + s1.shards_restored, nlost);
-    edl_ps_client_close(c);
-    harness_ps_close(&k);
-    loss_lines l = log_losses(log);
-    check_loss_lines(&l, 2, (unsigned)nlost, 0);
+    FILE *log = lose_server_2(&p);
+    check_counts_of(&p.m, 9, p.lost, 6, 9); /* sparse as of step 5, dense of 8; one more round */
+    loss_lines l = restored_all(&p, log);
     assert_non_null(strstr(l.first, "(step 8), then PS checkpoint")); /* where they came from */
     assert_non_null(strstr(l.first, "(step 5)"));
-    edl_etcd_close(cl);
-    edl_etcd_server_close(etcd);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    psck_close(&p);
 }
 
 int main(void)
