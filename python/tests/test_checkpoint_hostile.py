@@ -33,7 +33,9 @@ def save_raw(url, step, structure, tensors=()):
 
 
 def newest_dir(scratch):
-    return max(glob.glob(os.path.join(scratch, "ckpt-*")), key=os.path.getmtime)
+    """The checkpoint of the highest step: by name (ckpt-<16-digit step>-g<gen>), not mtime,
+    whose granularity (a few ms) can make two quick saves look equally new."""
+    return max(glob.glob(os.path.join(scratch, "ckpt-*")), key=os.path.basename)
 
 
 @pytest.fixture
