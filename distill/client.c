@@ -165,7 +165,9 @@ static bool teacher_free(const edl_distill *d, const teacher *t, int64_t now)
 }
 
 /* The teacher for b: a free one that has not failed it, the least busy first; one that has
- * failed it only when every teacher out of back-off has. NULL: wait. */
+ * failed it only when every teacher has (a batch waits for an untried teacher that is busy or
+ * backing off, at most EDL_DISTILL_BACKOFF_MAX_MS, so its tries spread over the teachers
+ * rather than going back to whichever failed first). NULL: wait. */
 static teacher *pick(edl_distill *d, const batch *b, int64_t now)
 {
     teacher *best = NULL, *best_failed = NULL;
@@ -173,7 +175,7 @@ static teacher *pick(edl_distill *d, const batch *b, int64_t now)
     for (size_t k = 0; k < d->nt; k++) {
         teacher *t = d->t[(d->rr + k) % d->nt];
         bool failed = failed_on(b, t);
-        if (!failed && t->backoff_until <= now)
+        if (!failed)
             other_untried = true;
         if (!teacher_free(d, t, now))
             continue;
