@@ -652,6 +652,47 @@ static void measure_table(const opts *o, double *pull, double *push)
     free(keys), free(wire), free(grads), free(rows);
 }
 
+/* The table's physical bound, in the same process: ns a key for two random cache-line misses
+ * (a slot in an array of 2 slots of 16 bytes a key, a row of dim floats in an array of the
+ * keys' rows), hinted 64 keys at a time, the row copied out: what a table with a slot and a
+ * row a key cannot beat on this machine. */
+static double measure_misses(const opts *o)
+{
+    size_t row = (size_t)o->dim * 4, nslot = 2 * (size_t)o->keys;
+    char *rows = aligned_alloc(64, (o->keys * row + 63) / 64 * 64);
+    uint64_t *slots = aligned_alloc(64, nslot * 16);
+    uint32_t *at = malloc(2 * sizeof *at * o->batch);
+    float *out = malloc((size_t)o->batch * row);
+    if (!rows || !slots || !at || !out)
+        die("out of memory");
+    memset(rows, 1, o->keys * row);
+    memset(slots, 0, nslot * 16);
+    unsigned seed = 99;
+    uint64_t sum = 0;
+    double in_calls = 0, n = 0, t0 = now_s();
+    while (now_s() - t0 < o->seconds) {
+        for (uint32_t j = 0; j < 2 * o->batch; j++)
+            at[j] = (uint32_t)(((uint64_t)rand_r(&seed) << 16 ^ (uint64_t)rand_r(&seed)) %
+                               (j & 1 ? nslot : o->keys));
+        double a = now_s();
+        for (uint32_t j = 0; j < o->batch; j += 64) {
+            uint32_t m = o->batch - j < 64 ? o->batch - j : 64;
+            for (uint32_t x = 0; x < m; x++) {
+                __builtin_prefetch(&slots[2 * (size_t)at[2 * (j + x) + 1]]);
+                __builtin_prefetch(rows + row * at[2 * (j + x)]);
+            }
+            for (uint32_t x = 0; x < m; x++) {
+                sum += slots[2 * (size_t)at[2 * (j + x) + 1]];
+                memcpy((char *)out + row * (j + x), rows + row * at[2 * (j + x)], row);
+            }
+        }
+        in_calls += now_s() - a;
+        n += o->batch;
+    }
+    free(rows), free(slots), free(at), free(out);
+    return sum == 1 ? 0 : 1e9 * in_calls / n; /* sum: the loads are not optimised away */
+}
+
 /* The CPU clock ticks of s server processes. */
 static long server_ticks(const pid_t *srv, int s)
 {
@@ -723,6 +764,10 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
                    "%.0f %% of the bound), push %.2f M keys/s: one server loop's most\n",
                    pull / 1e6, pull * 4 * o->dim / 1e9, 100 * pull * 4 * o->dim / bound,
                    push / 1e6);
+            double miss = measure_misses(o);
+            printf("  its physical bound, two random cache-line misses a key (a slot, a row) over "
+                   "the same memory: %.0f ns a key; the table's pull %.0f ns, %.0f %% of it\n",
+                   miss, 1e9 / pull, 100 * miss * pull / 1e9);
         }
         fflush(stdout);
     }

@@ -42,11 +42,14 @@ typedef struct dedup {
 
 #define DEDUP_MAX 4096 /* clients remembered per shard (the least recent seq goes first) */
 
-/* A slot of a shard's hash: a key and its row, together (one cache miss a probe). */
+/* A slot of a shard's hash: a key and its row's index, four to a cache line (the hash is on
+ * lines). A probe from a key's home slot mostly ends within its line or the next. */
 typedef struct slot {
     uint64_t key;
     uint32_t row1;    /* row index + 1; 0: empty */
 } slot;
+
+#define SLOTS_A_LINE (64 / sizeof(slot))
 
 typedef struct sparse_shard {
     pthread_mutex_t mu;
@@ -281,9 +284,10 @@ static void publish_slots(sparse_shard *s, slot *slots, size_t cap)
 static int sparse_grow_slots(sparse_shard *s)
 {
     size_t cap = s->cap ? s->cap * 2 : 64;
-    slot *slots = calloc(cap, sizeof *slots);
-    if (!slots)
+    slot *slots = NULL;
+    if (posix_memalign((void **)&slots, 64, cap * sizeof *slots) != 0)
         return EDL_ENOMEM;
+    memset(slots, 0, cap * sizeof *slots);
     for (size_t i = 0; i < s->cap; i++)
         if (s->slots[i].row1)
             slots[find_slot(slots, cap, s->slots[i].key, ps_mix64(s->slots[i].key))] = s->slots[i];
@@ -298,9 +302,13 @@ static int sparse_grow_rows(const ps_table *t, sparse_shard *s)
     size_t cap = s->rows_cap ? s->rows_cap * 2 : 16;
     if (cap >= UINT32_MAX)
         return EDL_ENOMEM;
-    float *rows = realloc(s->rows, cap * t->stride * sizeof *rows);
-    if (rows)
+    float *rows = NULL; /* on cache lines: a row of 16 floats is one line, not two */
+    if (posix_memalign((void **)&rows, 64, cap * t->stride * sizeof *rows) == 0) {
+        if (s->nrows)
+            memcpy(rows, s->rows, s->nrows * t->stride * sizeof *rows);
+        free(s->rows);
         s->rows = rows;
+    }
     uint64_t *rk = rows ? realloc(s->rowkey, cap * sizeof *rk) : NULL;
     if (rk)
         s->rowkey = rk;
@@ -422,8 +430,6 @@ static uint32_t shard_of(const ps_table *t, uint64_t h)
     return ps_hash_shard(h, t->cfg.shards);
 }
 
-#define RUN_MAX 64 /* keys of one shard looked up together */
-
 /* One key's part of a request, its row found or made (under the shard's lock). */
 static int sparse_one(ps_table *t, sparse_shard *s, uint64_t key, uint64_t h, uint32_t i,
                       float *out, const uint8_t *grads)
@@ -445,62 +451,114 @@ static int sparse_one(ps_table *t, sparse_shard *s, uint64_t key, uint64_t h, ui
     return 0;
 }
 
-/* The run of keys from i on that share a shard (at most RUN_MAX): their hashes into hs, the
- * run's length returned. */
-static uint32_t key_run(const ps_table *t, const uint8_t *keys, uint32_t n, uint32_t i,
-                        uint64_t *hs)
+/* Hints for the cache lines of a row that a pull reads (its dim weights) or a push writes
+ * (the whole row), at most 4 lines. */
+static void row_hint(const ps_table *t, const float *row, bool push)
 {
-    uint32_t m = 1, sh = shard_of(t, hs[0] = ps_mix64(edl_get64(keys + 8 * (size_t)i)));
-    while (m < RUN_MAX && i + m < n &&
-           shard_of(t, hs[m] = ps_mix64(edl_get64(keys + 8 * (size_t)(i + m)))) == sh)
-        m++;
-    return m;
+    size_t bytes = (push || t->xstride ? t->stride : t->cfg.dim) * sizeof *row;
+    const char *p = (const char *)row, *end = p + (bytes < 256 ? bytes : 256);
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a < (uintptr_t)end; a += 64)
+        __builtin_prefetch((const void *)a);
 }
 
-/* Hints for the slots of a run in shard s, whose lock is not held: where its hash is, read
- * atomically (publish_slots); a stale address wastes a hint, a prefetch never faults. */
-static void hint_slots(const sparse_shard *s, const uint64_t *hs, uint32_t m)
+/* A request's keys go through a software pipeline, one key a step: key i + SLOT_AHEAD is
+ * hashed and its slot hinted (no lock: where the shard's hash is, read atomically by
+ * publish_slots; a stale address wastes a hint, a prefetch never faults); key i + ROW_AHEAD's
+ * shard is locked, its slot looked up (in cache by now) and its row hinted; key i's work is
+ * done. On a big table every slot and row is a cache miss; this keeps ~2 * ROW_AHEAD of them
+ * in flight, whatever the shards (the client sends keys by shard: ~10 a shard at 10,000 keys
+ * a call over 1024 shards, too few to hide a miss behind, so the locks follow the keys: a
+ * shard is locked when its first key enters the lookup and unlocked after its last key's
+ * work). Locks are taken in ascending shard order only (deadlock-free): a key whose shard is
+ * lower than the one before starts a new segment, entered once the one before is done. */
+#define SLOT_AHEAD 24
+#define ROW_AHEAD 12
+#define PIPE 32 /* a ring of the keys in flight: a power of two over SLOT_AHEAD + 1 */
+
+typedef struct sparse_pipe {
+    ps_table *t;
+    const uint8_t *keys, *grads;
+    uint32_t n;
+    uint32_t hashed; /* keys hashed and hinted */
+    uint32_t looked; /* keys whose shard is locked and row hinted */
+    uint32_t end;    /* the segment's end: a key whose shard goes down, or n */
+    uint64_t h[PIPE];
+    uint32_t sh[PIPE];
+    bool apply[PIPE];      /* key's push admitted on its shard (always, for a pull) */
+    uint32_t locked[PIPE]; /* the shards locked, ascending, at lo..hi - 1 (mod PIPE) */
+    uint32_t lo, hi;
+    bool top_apply;        /* the highest locked shard's admission */
+    const ps_push_id *id;
+    uint64_t req;
+} sparse_pipe;
+
+static uint64_t pipe_key(const sparse_pipe *p, uint32_t k)
 {
+    return edl_get64(p->keys + 8 * (size_t)k);
+}
+
+/* Key p->hashed: its hash and shard, its slot hinted; the segment ends there when its shard is
+ * lower than the key's before (the check begins at `from`, the segment's first key). */
+static void pipe_hash(sparse_pipe *p, uint32_t from)
+{
+    uint32_t k = p->hashed++;
+    uint64_t h = p->h[k % PIPE] = ps_mix64(pipe_key(p, k));
+    uint32_t sh = p->sh[k % PIPE] = shard_of(p->t, h);
+    if (k > from && sh < p->sh[(k - 1) % PIPE])
+        p->end = k;
+    const sparse_shard *s = &p->t->sp[sh];
     const slot *slots = __atomic_load_n(&s->slots, __ATOMIC_RELAXED);
     size_t cap = __atomic_load_n(&s->cap, __ATOMIC_RELAXED);
-    for (uint32_t x = 0; cap && x < m; x++)
-        __builtin_prefetch(&slots[slot_home(hs[x], cap)]);
+    if (cap) {
+        __builtin_prefetch(&slots[slot_home(h, cap)]);
+        __builtin_prefetch(&slots[(slot_home(h, cap) + SLOTS_A_LINE - 1) & (cap - 1)]);
+    }
 }
 
-/* Keys come in runs of one shard (the client sends them by shard). While a run is handled,
- * under its shard's lock, the slots of the next run are hinted; then the run's rows are
- * hinted (their slots in cache by now), then the work is done. On a big table every slot and
- * row is a cache miss; the hints overlap them, a run and the next at a time. */
+/* Key p->looked: its shard locked (when it is a new one: a push admitted there), its slot
+ * looked up and its row hinted. */
+static void pipe_look(sparse_pipe *p)
+{
+    uint32_t k = p->looked++, sh = p->sh[k % PIPE];
+    sparse_shard *s = &p->t->sp[sh];
+    if (p->lo == p->hi || p->locked[(p->hi - 1) % PIPE] != sh) {
+        pthread_mutex_lock(&s->mu);
+        p->locked[p->hi++ % PIPE] = sh;
+        p->top_apply = !p->grads || admit(&s->dd, p->id, p->req);
+    }
+    p->apply[k % PIPE] = p->top_apply;
+    if (!p->top_apply || !s->cap)
+        return;
+    const slot *e = &s->slots[find_slot(s->slots, s->cap, pipe_key(p, k), p->h[k % PIPE])];
+    if (e->row1)
+        row_hint(p->t, s->rows + (size_t)(e->row1 - 1) * p->t->stride, p->grads != NULL);
+}
+
+static void pipe_unlock_all(sparse_pipe *p)
+{
+    while (p->lo != p->hi)
+        pthread_mutex_unlock(&p->t->sp[p->locked[p->lo++ % PIPE]].mu);
+}
+
 static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
                        const uint8_t *grads, const ps_push_id *id)
 {
-    uint64_t req = id ? atomic_fetch_add(&next_req, 1) : 0, ha[RUN_MAX], hb[RUN_MAX];
-    uint64_t *hs = ha, *next = hb;
-    uint32_t m = n ? key_run(t, keys, n, 0, hs) : 0;
+    sparse_pipe p = {.t = t, .keys = keys, .grads = grads, .n = n, .end = n, .id = id,
+                     .req = id ? atomic_fetch_add(&next_req, 1) : 0};
     int rc = 0;
-    if (m)
-        hint_slots(&t->sp[shard_of(t, hs[0])], hs, m);
-    for (uint32_t i = 0; i < n && rc == 0;) {
-        uint32_t mn = i + m < n ? key_run(t, keys, n, i + m, next) : 0;
-        if (mn)
-            hint_slots(&t->sp[shard_of(t, next[0])], next, mn);
-        sparse_shard *s = &t->sp[shard_of(t, hs[0])];
-        pthread_mutex_lock(&s->mu);
-        bool apply = !grads || admit(&s->dd, id, req);
-        for (uint32_t x = 0; apply && s->cap && x < m; x++) {
-            const slot *e = &s->slots[find_slot(s->slots, s->cap,
-                                                edl_get64(keys + 8 * (size_t)(i + x)), hs[x])];
-            if (e->row1)
-                __builtin_prefetch(s->rows + (size_t)(e->row1 - 1) * t->stride);
+    for (uint32_t from = 0; from < n && rc == 0; from = p.end, p.end = n) {
+        for (uint32_t i = from; i < p.end && rc == 0; i++) {
+            while (p.hashed < p.end && p.hashed <= i + SLOT_AHEAD)
+                pipe_hash(&p, from);
+            while (p.looked < p.end && p.looked <= i + ROW_AHEAD)
+                pipe_look(&p);
+            uint32_t sh = p.sh[i % PIPE];
+            if (p.apply[i % PIPE])
+                rc = sparse_one(t, &t->sp[sh], pipe_key(&p, i), p.h[i % PIPE], i, out, grads);
+            if (i + 1 == p.end || p.sh[(i + 1) % PIPE] != sh)
+                pthread_mutex_unlock(&t->sp[p.locked[p.lo++ % PIPE]].mu);
         }
-        for (uint32_t x = 0; apply && x < m && rc == 0; x++)
-            rc = sparse_one(t, s, edl_get64(keys + 8 * (size_t)(i + x)), hs[x], i + x, out,
-                            grads);
-        pthread_mutex_unlock(&s->mu);
-        uint64_t *was = hs;
-        hs = next, next = was;
-        i += m;
-        m = mn;
+        pipe_unlock_all(&p); /* after an error */
     }
     return rc;
 }

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -544,6 +545,122 @@ static void owners(const char *const *names, int n, int *out)
 /* 1,024 shards: balanced within 25 % over 4 servers; a fifth server takes about 1/5 of the
  * shards, all of them from the others (none moves between the old four); removing a server
  * moves its shards only; dense shards tile the table. */
+/* ---- the table's pipeline: keys in any order, threads crossing shards ------------------- */
+
+enum { TK_KEYS = 3000, TK_DIM = 4, TK_SHARDS = 64, TK_THREADS = 4, TK_ROUNDS = 30 };
+
+typedef struct table_run {
+    ps_table *t;
+    int order; /* 0: by shard, up (as clients send); 1: by shard, down; 2: shuffled, repeats */
+    uint64_t *keys;
+    uint32_t *count; /* pushes each key got from this thread */
+} table_run;
+
+static int by_shard_up(const void *a, const void *b)
+{
+    uint32_t x = edl_ps_key_shard(*(const uint64_t *)a, TK_SHARDS);
+    uint32_t y = edl_ps_key_shard(*(const uint64_t *)b, TK_SHARDS);
+    return (x > y) - (x < y);
+}
+
+static int by_shard_down(const void *a, const void *b)
+{
+    return by_shard_up(b, a);
+}
+
+/* keys in one of the orders, as wire bytes; idx: each one's index in keys */
+static void table_order(const uint64_t *keys, int order, uint64_t *out, uint8_t *wire)
+{
+    for (int i = 0; i < TK_KEYS; i++)
+        out[i] = order == 2 ? keys[rnd64() % TK_KEYS] : keys[i];
+    if (order < 2)
+        qsort(out, TK_KEYS, sizeof *out, order == 0 ? by_shard_up : by_shard_down);
+    for (int i = 0; i < TK_KEYS; i++)
+        edl_put64(wire + 8 * (size_t)i, out[i]);
+}
+
+static int key_index(const uint64_t *keys, uint64_t k)
+{
+    for (int i = 0; i < TK_KEYS; i++)
+        if (keys[i] == k)
+            return i;
+    return -1;
+}
+
+static void *table_pusher(void *arg)
+{
+    table_run *r = arg;
+    static _Thread_local uint64_t order[TK_KEYS];
+    static _Thread_local uint8_t wire[8 * TK_KEYS], grads[4 * TK_DIM * TK_KEYS];
+    float one = 1;
+    for (int i = 0; i < TK_KEYS * TK_DIM; i++)
+        memcpy(grads + 4 * i, &one, 4);
+    for (int round = 0; round < TK_ROUNDS; round++) {
+        table_order(r->keys, (r->order + round) % 3, order, wire);
+        if (ps_table_push_sparse(r->t, wire, TK_KEYS, grads, NULL) != 0)
+            return "push failed";
+        for (int i = 0; i < TK_KEYS; i++)
+            r->count[key_index(r->keys, order[i])]++;
+    }
+    return NULL;
+}
+
+/* A server's table looks keys up in a pipeline that locks shards as their keys come and in
+ * ascending order only (a key of a lower shard starts over): keys sent by shard up, down or
+ * shuffled with repeats give the same rows, and threads pushing in different orders at once
+ * neither deadlock nor lose a push (SGD, lr 0.5, zero rows, gradients of 1: exact sums). */
+static void test_keys_in_any_order_and_threads_crossing_shards_get_the_same_rows(void **state)
+{
+    (void)state;
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = TK_DIM, cfg.shards = TK_SHARDS, cfg.lr = 0.5f, cfg.seed = 11;
+    ps_table *t;
+    assert_int_equal(ps_table_new(&cfg, &t), 0);
+    static uint64_t keys[TK_KEYS], order[TK_KEYS];
+    static uint8_t wire[8 * TK_KEYS];
+    static float rows[TK_KEYS * TK_DIM], want[TK_KEYS * TK_DIM];
+    for (int i = 0; i < TK_KEYS; i++)
+        keys[i] = rnd64();
+    for (int i = 0; i < TK_KEYS; i++)
+        edl_put64(wire + 8 * (size_t)i, keys[i]);
+    assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS, want), 0); /* born in key order */
+    for (int o = 0; o < 3; o++) {
+        table_order(keys, o, order, wire);
+        assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS, rows), 0);
+        for (int i = 0; i < TK_KEYS; i++)
+            assert_memory_equal(rows + TK_DIM * i, want + TK_DIM * key_index(keys, order[i]),
+                                TK_DIM * sizeof(float));
+    }
+    ps_table_free(t);
+
+    cfg.init = EDL_PS_INIT_ZERO;
+    assert_int_equal(ps_table_new(&cfg, &t), 0);
+    pthread_t th[TK_THREADS];
+    table_run run[TK_THREADS];
+    static uint32_t count[TK_THREADS][TK_KEYS];
+    for (int k = 0; k < TK_THREADS; k++) {
+        run[k] = (table_run){t, k % 3, keys, count[k]};
+        assert_int_equal(pthread_create(&th[k], NULL, table_pusher, &run[k]), 0);
+    }
+    for (int k = 0; k < TK_THREADS; k++) {
+        void *err;
+        pthread_join(th[k], &err);
+        assert_null(err);
+    }
+    for (int i = 0; i < TK_KEYS; i++)
+        edl_put64(wire + 8 * (size_t)i, keys[i]);
+    assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS, rows), 0);
+    for (int i = 0; i < TK_KEYS; i++) {
+        uint32_t n = 0;
+        for (int k = 0; k < TK_THREADS; k++)
+            n += count[k][i];
+        for (int j = 0; j < TK_DIM; j++)
+            assert_true(rows[TK_DIM * i + j] == -0.5f * (float)n);
+    }
+    ps_table_free(t);
+}
+
 static void test_shard_map_is_balanced_and_moves_one_in_s_plus_one(void **state)
 {
     (void)state;
@@ -1325,6 +1442,7 @@ int main(void)
         cmocka_unit_test(test_ctr_embedx_is_born_when_the_score_reaches_the_threshold),
         cmocka_unit_test(test_ctr_shrink_decays_evicts_and_gives_the_memory_back),
         cmocka_unit_test(test_ctr_configs_round_trip_and_bad_fields_are_named),
+        cmocka_unit_test(test_keys_in_any_order_and_threads_crossing_shards_get_the_same_rows),
         cmocka_unit_test(test_shard_map_is_balanced_and_moves_one_in_s_plus_one),
         cmocka_unit_test(test_a_client_without_the_secret_is_refused),
         cmocka_unit_test(test_a_table_keeps_its_config_and_calls_are_checked),
