@@ -11,7 +11,7 @@
 
 /* Names the agent sets (or removes): inherited values of these never reach the trainer. */
 static const char *const owned[] = {
-    "EDL_JOB_ID", "EDL_POD_ID", "EDL_RANK", "EDL_WORLD_SIZE", "EDL_GENERATION",
+    "EDL_JOB_ID", "EDL_POD_ID", "EDL_RANK", "EDL_WORLD_SIZE", "EDL_GENERATION", "EDL_RUN_ID",
     EDL_ETCD_ENV_NAMES, "EDL_ETCD_PREFIX", "EDL_ELASTIC_MODE", "EDL_CHECKPOINT_URI",
     "EDL_CONTROL_FD", "EDL_PROGRESS_FD", "RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
@@ -145,6 +145,8 @@ static void set_edl(strv *s, const agent_env_input *in)
                   : in->rank < 0 ? 0 /* started ahead: no generation yet */
                                  : edl_generation_of_members(in->generation);
     setf(s, "EDL_GENERATION", "%lld", (long long)gen);
+    if (in->generation->started_ms > 0) /* the run: a checkpoint's ranks name it (checkpoint.h) */
+        setf(s, "EDL_RUN_ID", "%lld", (long long)in->generation->started_ms);
     setf(s, "EDL_PS_SERVERS", "%zu", in->generation->n_servers);
     set_etcd(s, in->etcd);
     setf(s, "EDL_ETCD_PREFIX", "%s", in->prefix);

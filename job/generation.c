@@ -193,6 +193,7 @@ int edl_generation_parse(const char *json, size_t len, edl_generation *out, char
     edl_json_str(&r, "spec_error", 4096, &g.spec_error);
     edl_json_str(&r, "leader", 256, &g.leader);
     edl_json_i64(&r, "published_ms", 0, EDL_GENERATION_MAX, &g.published_ms);
+    edl_json_i64(&r, "started_ms", 0, EDL_GENERATION_MAX, &g.started_ms);
     const cJSON *a;
     if ((a = edl_json_array(&r, "members", EDL_MEMBERS_MAX)))
         read_objects(&r, a, "members", read_member, (void **)&g.members, &g.n_members, sizeof(edl_member));
@@ -271,5 +272,7 @@ char *edl_generation_to_json(const edl_generation *g)
     if (g->leader)
         cJSON_AddStringToObject(o, "leader", g->leader);
     cJSON_AddNumberToObject(o, "published_ms", (double)g->published_ms);
+    if (g->started_ms > 0)
+        cJSON_AddNumberToObject(o, "started_ms", (double)g->started_ms);
     return edl_json_print_consume(o);
 }

@@ -476,6 +476,7 @@ static int copy_current(const js_observed *o, edl_generation *next)
     next->state = c->state;
     next->restarts = c->restarts;
     next->published_ms = o->now_ms;
+    next->started_ms = c->started_ms > 0 ? c->started_ms : o->now_ms; /* the run's first */
     if (edl_members_copy(c->members, c->n_members, &next->members) != 0)
         return EDL_ENOMEM;
     next->n_members = c->n_members;

@@ -64,6 +64,7 @@ struct edl_ckpt_pending {
 
 struct edl_ckpt {
     char *uri, *job, *pointer_key;
+    char *run;             /* edl_ckpt_config.run; NULL: none */
     int rank, world_size, committer, keep;
     int64_t commit_timeout_ms;
     bool verify;
@@ -145,6 +146,7 @@ static void ckpt_free(edl_ckpt *ck)
     free(ck->uri);
     free(ck->job);
     free(ck->pointer_key);
+    free(ck->run);
     ckpt_stages_clear(&ck->stages);
     free(ck);
 }
@@ -179,10 +181,18 @@ int edl_ckpt_open(const edl_ckpt_config *cfg, edl_ckpt **out, char *errbuf, size
         return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint copy_threads=%d: 1..%d (0: the "
                         "CPUs this process may use, at most %d)", cfg->copy_threads,
                         COPY_THREADS_MAX, COPY_THREADS_DEFAULT_MAX);
+    const char *run = cfg->run ? cfg->run : getenv("EDL_RUN_ID");
+    if (run && strlen(run) > CKPT_MAX_RUN)
+        return edl_errf(errbuf, errlen, EDL_EINVAL, "checkpoint run \"%.80s\" is longer than %d "
+                        "characters", run, CKPT_MAX_RUN);
     edl_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck)
         return EDL_ENOMEM;
     ckpt_stages_init(&ck->stages);
+    if (run && run[0] && !(ck->run = strdup(run))) {
+        ckpt_free(ck);
+        return EDL_ENOMEM;
+    }
     edl_job_keys keys;
     ck->uri = strdup(cfg->uri);
     ck->job = strdup(cfg->job);
@@ -794,7 +804,8 @@ static int commit(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
                     "pointer already names step %" PRId64 ", and steps never go back", dir, cur);
 
     edl_ckpt_manifest all = {.step = p->step, .generation = p->generation,
-                             .world_size = ck->world_size, .metadata_json = p->metadata};
+                             .world_size = ck->world_size, .metadata_json = p->metadata,
+                             .run = ck->run};
     if (!(all.dir = strdup(dir)))
         return EDL_ENOMEM;
     rc = gather_ranks(ck, p, &all);
@@ -958,7 +969,7 @@ static int upload_shards(edl_ckpt *ck, edl_ckpt_pending *p, edl_ckpt_manifest *m
 static int upload_rank(edl_ckpt *ck, edl_ckpt_pending *p, const char *dir)
 {
     edl_ckpt_manifest mine = {.step = p->step, .generation = p->generation,
-                              .world_size = ck->world_size, .dir = (char *)dir};
+                              .world_size = ck->world_size, .dir = (char *)dir, .run = ck->run};
     mine.shards = calloc(p->n ? p->n : 1, sizeof *mine.shards);
     int rc = mine.shards ? 0 : EDL_ENOMEM;
     for (size_t i = 0; i < p->n && rc == 0; i++) {

@@ -112,6 +112,7 @@ void edl_ckpt_manifest_free(edl_ckpt_manifest *m)
     free(m->shards);
     free(m->dir);
     free(m->metadata_json);
+    free(m->run);
     free(m);
 }
 
@@ -193,6 +194,9 @@ static int parse_common(edl_json_reader *r, const char *format, const char *old_
     edl_json_i64(r, "generation", 0, CKPT_MAX_STEP, &m->generation);
     edl_json_int(r, "world_size", 1, CKPT_MAX_WORLD, &m->world_size);
     edl_json_cstr(r, "dir", 63, &d);
+    r->required = false;
+    edl_json_str(r, "run", CKPT_MAX_RUN, &m->run); /* absent from documents before runs */
+    r->required = true;
     if (r->rc)
         return reader_rc(r);
     char dir[64];
@@ -273,6 +277,9 @@ int ckpt_rank_doc_parse(const char *json, size_t len, int rank, const edl_ckpt_m
                  "not step %" PRId64 " generation %" PRId64 " world size %d", m->step,
                  m->generation, m->world_size, expect->step, expect->generation,
                  expect->world_size);
+    if (rc == 0 && expect->run && m->run && strcmp(m->run, expect->run) != 0)
+        rc = bad(err, errlen, "it was written by run %s of the job, not by this run (%s): a save "
+                 "that an earlier run left half done", m->run, expect->run);
     if (rc == 0)
         rc = parse_shards(&r, m, rank);
     cJSON_Delete(root);
@@ -296,6 +303,8 @@ static cJSON *common_doc(const edl_ckpt_manifest *m, const char *format)
     cJSON_AddNumberToObject(o, "generation", (double)m->generation);
     cJSON_AddNumberToObject(o, "world_size", m->world_size);
     cJSON_AddStringToObject(o, "dir", m->dir);
+    if (m->run)
+        cJSON_AddStringToObject(o, "run", m->run);
     return o;
 }
 

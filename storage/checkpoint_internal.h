@@ -16,6 +16,7 @@
 #define CKPT_FORMAT_V1 "edl-checkpoint/1"
 #define CKPT_RANK_FORMAT_V1 "edl-checkpoint-rank/1"
 #define CKPT_MAX_STEP 9007199254740991LL  /* 2^53 - 1: exact in every JSON reader */
+#define CKPT_MAX_RUN 63                    /* characters of a run's name (EDL_RUN_ID) */
 #define CKPT_MAX_WORLD 65536
 #define CKPT_MAX_SHARDS 1000000
 #define CKPT_MAX_SHARD_SIZE (1ULL << 50)   /* 1 PiB: anything larger is a hostile manifest */

@@ -46,7 +46,7 @@ static void test_environment_names_and_local_ranks(void **state)
                        {(char *)"p2", 2, (char *)"10.0.0.1", 7002, 3},
                        {(char *)"p3", 3, (char *)"10.0.0.1", 7003, 4}};
     edl_generation c = {.generation = 9, .state = EDL_JOB_RUNNING, .members = m, .n_members = 4,
-                        .restarts = 2};
+                        .restarts = 2, .started_ms = 1764300000123};
     edl_job_spec s;
     edl_spec_init(&s);
     s.max_restarts = 3;
@@ -70,6 +70,7 @@ static void test_environment_names_and_local_ranks(void **state)
     assert_var(env, "EDL_RANK", "3");
     assert_var(env, "EDL_WORLD_SIZE", "4");
     assert_var(env, "EDL_GENERATION", "9");
+    assert_var(env, "EDL_RUN_ID", "1764300000123"); /* the run, for checkpoints */
     assert_var(env, "EDL_ETCD_ENDPOINTS", "http://e:2379");
     assert_var(env, "EDL_ETCD_PREFIX", "/edl/v1");
     assert_var(env, "EDL_ELASTIC_MODE", "inprocess");

@@ -764,6 +764,60 @@ static void test_commit_waits_for_every_rank_then_times_out(void **state)
     edl_ckpt_close(ck);
 }
 
+/* A save that an earlier run of the job left half done (rank 1's done.json of step 5,
+ * generation 1, then the run ended) has the directory this run's save of step 5 gets in its
+ * generation 1. The committer of this run must not take the earlier run's done.json for rank
+ * 1's: until this run's rank 1 writes its own it waits, and at its deadline it says whose the
+ * file was; once rank 1 has saved, the checkpoint holds this run's bytes only. */
+static void test_a_half_done_save_of_an_earlier_run_is_not_taken_for_this_runs(void **state)
+{
+    (void)state;
+    place pl;
+    file_place(&pl, "runs");
+    edl_ckpt_config cfg;
+    config_at(&pl, &cfg);
+    cfg.world_size = 2;
+    cfg.rank = 1;
+    cfg.run = "1764300000000";
+    edl_ckpt *old1 = open_cfg(&cfg);
+    edl_ckpt_shard sh = {.data = "old rank 1", .len = 10};
+    assert_int_equal(edl_ckpt_save(old1, 5, 1, &sh, 1, NULL), 0); /* no committer: half done */
+    edl_ckpt_close(old1);
+
+    cfg.run = "1764300099999"; /* the job run again */
+    cfg.rank = 0;
+    cfg.commit_timeout_ms = 600;
+    edl_ckpt *new0 = open_cfg(&cfg);
+    sh = (edl_ckpt_shard){.data = "new rank 0", .len = 10};
+    assert_int_equal(edl_ckpt_save(new0, 5, 1, &sh, 1, NULL), EDL_EPROTO);
+    assert_non_null(strstr(edl_ckpt_errmsg(new0), "rank-1/done.json is unusable: it was written "
+                           "by run 1764300000000 of the job, not by this run (1764300099999)"));
+    edl_ckpt_manifest *m;
+    assert_int_equal(edl_ckpt_load_latest(new0, &m), EDL_ENOTFOUND);
+
+    cfg.rank = 1;
+    edl_ckpt *new1 = open_cfg(&cfg);
+    edl_ckpt_shard sh1 = {.data = "new rank 1", .len = 10};
+    assert_int_equal(edl_ckpt_save(new1, 5, 1, &sh1, 1, NULL), 0);
+    assert_int_equal(edl_ckpt_save(new0, 5, 1, &sh, 1, NULL), 0);
+    m = load_ok(new0);
+    assert_int_equal(m->step, 5);
+    assert_string_equal(m->run, "1764300099999");
+    assert_int_equal(m->n_shards, 2);
+    for (int r = 0; r < 2; r++) {
+        void *got = NULL;
+        size_t len = 0;
+        assert_int_equal(edl_ckpt_read_shard(new0, m, (size_t)edl_ckpt_find_shard(m, r, 0), &got,
+                                             &len), 0);
+        assert_int_equal(len, 10);
+        assert_memory_equal(got, r ? "new rank 1" : "new rank 0", 10);
+        free(got);
+    }
+    edl_ckpt_manifest_free(m);
+    edl_ckpt_close(new1);
+    edl_ckpt_close(new0);
+}
+
 static void count_free(void *data, void *arg)
 {
     (*(int *)arg)++;
@@ -1107,6 +1161,7 @@ int main(void)
         cmocka_unit_test(test_hostile_manifests_are_refused_with_reasons),
         cmocka_unit_test(test_pointer_race_between_two_writers_never_goes_back),
         cmocka_unit_test(test_commit_waits_for_every_rank_then_times_out),
+        cmocka_unit_test(test_a_half_done_save_of_an_earlier_run_is_not_taken_for_this_runs),
         cmocka_unit_test(test_async_save_takes_handed_over_buffers),
         cmocka_unit_test(test_staging_is_reused_and_queued_saves_keep_their_own_bytes),
         cmocka_unit_test(test_snapshots_in_the_background_and_on_many_threads_keep_their_bytes),

@@ -427,12 +427,13 @@ static void test_generation_round_trip(void **state)
     edl_generation c = {.generation = 7, .state = EDL_JOB_RUNNING, .reason = (char *)"join",
                      .members = m, .n_members = 2, .standbys = sb, .n_standbys = 1,
                      .failures = f, .n_failures = 1, .restarts = 2, .leader = (char *)"js-1",
-                     .published_ms = 42};
+                     .published_ms = 42, .started_ms = 1764300000123};
     char *j = edl_generation_to_json(&c);
     edl_generation d = {0};
     char err[256];
     assert_int_equal(edl_generation_parse(j, strlen(j), &d, err, sizeof err), 0);
     assert_int_equal(d.generation, 7);
+    assert_true(d.published_ms == 42 && d.started_ms == 1764300000123); /* the run's name */
     assert_int_equal(d.state, EDL_JOB_RUNNING);
     assert_int_equal(d.n_members, 2);
     assert_string_equal(d.members[1].pod, "b");

@@ -235,6 +235,8 @@ static void test_scale_up_within_window_is_one_generation(void **state)
     d = step(&w);
     js_decision_clear(&d);
     assert_int_equal(w.cur.generation, 1);
+    int64_t started = w.cur.started_ms; /* the run's name: its first generation's time */
+    assert_true(started > 0 && started == w.cur.published_ms);
     add_pod(&w, 2);
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
@@ -249,6 +251,7 @@ static void test_scale_up_within_window_is_one_generation(void **state)
     js_decision_clear(&d);
     assert_int_equal(w.cur.generation, 2);
     members_are(&w, "p0 p1 p2 p3");
+    assert_true(w.cur.started_ms == started && w.cur.published_ms > started); /* one run */
     world_free(&w);
 }
 

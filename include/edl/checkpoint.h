@@ -72,6 +72,12 @@ typedef struct edl_ckpt_config {
                                           flight, up to that size */
     int copy_threads;         /* threads copying shards into staging (0: the CPUs this process
                                  may use, at most 8; the calling thread is one of them) */
+    const char *run;          /* the run of the job this process is part of (EDL_RUN_ID, which
+                                 the agent sets; NULL: read from the environment; "" or unset:
+                                 none): each rank names it in its done.json, and the committer
+                                 takes only done.json files of its own run, so a save that an
+                                 earlier run left half done at the same step and generation
+                                 never lends its files to this one (at most 63 characters) */
     bool snapshot_in_background; /* false: edl_ckpt_save_async returns once the copied shards
                                     are copied. true: it returns at once and the copy runs on
                                     the checkpoint's threads; the caller may read its buffers
@@ -172,6 +178,7 @@ typedef struct edl_ckpt_manifest {
     int world_size;
     char *dir;            /* "ckpt-<step>-g<generation>" */
     char *metadata_json;  /* the saver's metadata ("{}" when none) */
+    char *run;            /* the run that saved it (edl_ckpt_config.run; NULL: none named) */
     edl_ckpt_shard_info *shards; /* ordered by rank, then index */
     size_t n_shards;
     int skipped;          /* newer committed checkpoints that were corrupt and passed over */

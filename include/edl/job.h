@@ -318,6 +318,11 @@ typedef struct edl_generation {
     char *spec_error;        /* the spec in etcd is invalid (the last valid one is in force) */
     char *leader;            /* the job server that published this */
     int64_t published_ms;    /* wall clock */
+    int64_t started_ms;      /* wall clock when this run of the job published its first
+                              * generation, copied into every later one: names the run
+                              * (EDL_RUN_ID; JSON "started_ms", absent: 0, a document of an
+                              * older job server). A job run again (`edl run` anew, its etcd
+                              * keys gone) is another run. */
 } edl_generation;
 
 void edl_generation_clear(edl_generation *g); /* frees what it owns; leaves it zeroed */
