@@ -353,6 +353,68 @@ static void log_publish(const js_publisher *j, const js_decision *d)
              n->reason ? n->reason : "");
 }
 
+/* ---- the leases a hold waits for -------------------------------------------------------- */
+
+static bool renewed_since_hold(const js_renewals *r, int64_t lease)
+{
+    for (size_t k = 0; k < r->n; k++)
+        if (r->leases[k] == lease)
+            return true;
+    return false;
+}
+
+/* [i]: pods[i]'s lease was seen renewed since the current hold began (NULL: none was, or out of
+ * memory: the hold then waits as without probes). A new hold forgets the last one's. */
+static bool *renewed_flags(js_publisher *j, const snapshot *s)
+{
+    js_renewals *r = &j->renewals;
+    if (r->hold_gen != j->mem.hold_gen || r->hold_since_mono_ms != j->mem.hold_since_mono_ms) {
+        r->hold_gen = j->mem.hold_gen;
+        r->hold_since_mono_ms = j->mem.hold_since_mono_ms;
+        r->n = 0;
+    }
+    bool *f = r->n ? calloc(s->n_pods + 1, sizeof *f) : NULL;
+    for (size_t i = 0; f && i < s->n_pods; i++)
+        f[i] = renewed_since_hold(r, s->pods[i].lease);
+    return f;
+}
+
+/* Ask etcd how long each lease the hold waits for has left (at most once a second). A lease
+ * with more left than its TTL less the whole seconds since the hold began was renewed since:
+ * its agent lives (its trainer is blocked in a collective, not gone). True when one was found
+ * (decide again at once). */
+static bool probe_renewals(js_publisher *j, const snapshot *s, const js_decision *d)
+{
+    js_renewals *r = &j->renewals;
+    int64_t now = edl_monotonic_ms();
+    if (!d->n_probe || now - r->probed_mono_ms < 900 || r->hold_gen != j->mem.hold_gen)
+        return false;
+    r->probed_mono_ms = now;
+    int64_t held_s = (now - j->mem.hold_since_mono_ms) / 1000;
+    bool found = false;
+    for (size_t k = 0; k < d->n_probe; k++) {
+        const edl_pod *p = &s->pods[d->probe[k]];
+        int64_t left_s, granted_s;
+        if (renewed_since_hold(r, p->lease) ||
+            edl_etcd_lease_ttl(j->c, p->lease, &left_s, &granted_s) != 0 ||
+            left_s <= granted_s - held_s)
+            continue;
+        if (r->n == r->cap) {
+            size_t cap = r->cap ? 2 * r->cap : 8;
+            int64_t *l = realloc(r->leases, cap * sizeof *l);
+            if (!l)
+                return found;
+            r->leases = l, r->cap = cap;
+        }
+        r->leases[r->n++] = p->lease;
+        found = true;
+        EDL_INFO(LOG, "job %s: pod %s renewed its lease after the failure: its agent lives (its "
+                 "trainer waits in a collective, it is not gone); not waiting for it", j->name,
+                 p->name);
+    }
+    return found;
+}
+
 int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
 {
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -391,10 +453,14 @@ int js_publisher_pass(js_publisher *j, int64_t *wake, int *final_state)
             .current = &s.current, .max_status_gen = s.max_status_gen,
             .now_ms = edl_wall_ms(), .mono_ms = edl_monotonic_ms(),
             .leader_id = j->id, .gen_dead = s.gen_dead, .gen_alive = s.gen_alive,
+            .renewed = renewed_flags(j, &s),
         };
         js_decision d;
         rc = js_reconcile(&o, &j->mem, &d);
+        free((bool *)o.renewed);
         *wake = d.wake_mono_ms;
+        if (!rc && d.action == JS_NOTHING && probe_renewals(j, &s, &d))
+            *wake = edl_monotonic_ms(); /* a member found alive: decide again now */
         if (!rc && d.waiting[0] && j->waiting_gen != s.current.generation) {
             j->waiting_gen = s.current.generation; /* once a generation: the wait is bounded */
             EDL_INFO(LOG, "job %s: generation %lld: %s", j->name,
@@ -492,5 +558,6 @@ void js_publisher_clear(js_publisher *j)
     edl_generation_clear(&j->current);
     free(j->spec_error);
     free(j->name);
+    free(j->renewals.leases);
     memset(j, 0, sizeof *j);
 }

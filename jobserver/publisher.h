@@ -19,6 +19,15 @@ typedef struct js_job_counters {
     int state;            /* -1: no generation yet */
 } js_job_counters;
 
+/* Leases of pods that a hold on a failure waits for, found renewed after the hold began (their
+ * agents live: js_observed.renewed). */
+typedef struct js_renewals {
+    int64_t hold_gen, hold_since_mono_ms; /* the hold they belong to (js_memory's) */
+    int64_t *leases;
+    size_t n, cap;
+    int64_t probed_mono_ms;               /* the last probe (at most one a second) */
+} js_renewals;
+
 typedef struct js_publisher {
     char *name;               /* the job (owned) */
     const char *id;           /* this replica's identity (the caller's) */
@@ -34,6 +43,7 @@ typedef struct js_publisher {
     edl_generation current;   /* the generation last read or published (0: none) */
     char *spec_error;         /* the spec in etcd is invalid: why (NULL: it is valid or absent) */
     int64_t waiting_gen;      /* the generation whose wait (js_decision.waiting) was logged */
+    js_renewals renewals;
 } js_publisher;
 
 /* 0, EDL_EINVAL for an invalid job name, EDL_ENOMEM. */

@@ -41,6 +41,7 @@ typedef struct failure {
 void js_decision_clear(js_decision *d)
 {
     edl_generation_clear(&d->next);
+    free(d->probe);
     memset(d, 0, sizeof *d);
 }
 
@@ -913,15 +914,23 @@ static bool member_lost(const js_observed *o)
  * failure seen. A member whose step advanced after that is not silent (its agent wrote since):
  * nobody is waited for then, so a rank killed beside trainers that step on is restarted within
  * about a second (the agent writes steps once a second; running statuses wake nobody, so the
- * hold samples them). True while holding (*wake set; *why: whom it waits for). In-process
- * trainers keep running by design, and so do the workers of a job with parameter servers (they
- * share no collective: each talks to the servers only), so there a running status says
- * nothing: no hold, and the failed worker's share is not left idle for a lease TTL. */
+ * hold samples them). A member whose lease was renewed after the hold began is not silent
+ * either (its agent is alive: its trainer is blocked in a collective, not gone): the job server
+ * probes the leases of those the hold waits for (out->probe, js_observed.renewed) every
+ * HOLD_PROBE_MS, so a failure beside peers blocked in a collective is decided about a third of
+ * a TTL (the agents' renewal period) and a second after it, not a TTL. True while holding
+ * (*wake set; out->waiting: whom it waits for). In-process trainers keep running by design,
+ * and so do the workers of a job with parameter servers (they share no collective: each talks
+ * to the servers only), so there a running status says nothing: no hold, and the failed
+ * worker's share is not left idle for a lease TTL. */
 #define HOLD_MARGIN_MS 1000
 #define HOLD_SAMPLE_MS 250
+#define HOLD_PROBE_MS 1000
 static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const failure *fl,
-                                  size_t nf, int64_t *wake, char *why, size_t len)
+                                  size_t nf, int64_t *wake, js_decision *out)
 {
+    char *why = out->waiting;
+    size_t len = sizeof out->waiting;
     const edl_generation *c = o->current;
     int64_t ttl_ms = 0;
     bool exits = false, stepping = false;
@@ -939,6 +948,8 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
         bool reported = i >= 0 && o->has_status[i] && o->status[i].generation == c->generation;
         if (i < 0 || (reported && o->status[i].state != EDL_TRAINER_RUNNING))
             continue;
+        if (o->renewed && o->renewed[i])
+            continue; /* its agent renewed its lease since: alive, its trainer blocked */
         if (reported && o->status[i].step >= 0) {
             bool advanced;
             js_progress *p = note_step(m, c, c->members[k].pod, o->status[i].step, o->mono_ms,
@@ -950,17 +961,23 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
         int64_t t = pod_ttl_ms(o, i);
         ttl_ms = t > ttl_ms ? t : ttl_ms;
         silent = silent ? silent : c->members[k].pod;
+        if (!out->probe && !(out->probe = calloc(c->n_members, sizeof *out->probe)))
+            return false; /* out of memory: decide now rather than hold blind */
+        out->probe[out->n_probe++] = (size_t)i;
     }
-    if (!ttl_ms)
-        return false;
     int64_t due = m->hold_since_mono_ms + ttl_ms + HOLD_MARGIN_MS;
-    if (o->mono_ms >= due)
+    if (!ttl_ms || o->mono_ms >= due) {
+        free(out->probe);
+        out->probe = NULL, out->n_probe = 0;
         return false;
+    }
     snprintf(why, len, "%s; waiting up to %.1f s for pod %s to step, fail or vanish (it may be "
              "silent: a pod whose agent died reports nothing until its lease expires)",
              fl[0].what, (double)(ttl_ms + HOLD_MARGIN_MS) / 1000, silent);
     if (stepping && o->mono_ms + HOLD_SAMPLE_MS < due)
         due = o->mono_ms + HOLD_SAMPLE_MS;
+    else if (out->n_probe && o->mono_ms + HOLD_PROBE_MS < due)
+        due = o->mono_ms + HOLD_PROBE_MS;
     if (!*wake || due < *wake)
         *wake = due;
     return true;
@@ -1139,7 +1156,7 @@ int js_reconcile(const js_observed *o, js_memory *mem, js_decision *out)
     /* A failure the trainer marked as its own is no peer's fallout: no hold either. */
     const failure *marked = sp->fail_fast ? marked_failure(fl, nf) : NULL; /* else: a failure */
     if (nf && !unstartable && !marked &&
-        hold_for_silent_peers(o, mem, fl, nf, &wake, out->waiting, sizeof out->waiting)) {
+        hold_for_silent_peers(o, mem, fl, nf, &wake, out)) {
         out->wake_mono_ms = wake;
         free(fl);
         return 0;

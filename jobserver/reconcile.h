@@ -32,6 +32,10 @@ typedef struct js_observed {
     const char *leader_id;
     const char *gen_dead;       /* the current generation's gen/<n>/dead value (NULL: none) */
     const bool *gen_alive;      /* [rank]: gen/<n>/alive/<rank> exists (NULL: none does) */
+    const bool *renewed;        /* [i]: pods[i]'s lease was renewed after the current hold on a
+                                 * failure began (js_memory.hold_since_mono_ms; probed by the job
+                                 * server for the pods of js_decision.probe): its agent is alive,
+                                 * so its trainer is no silent peer (NULL: none known) */
 } js_observed;
 
 typedef struct js_progress {
@@ -86,6 +90,9 @@ typedef struct js_decision {
     int64_t wake_mono_ms;   /* reconcile again by then even without events (0: no need) */
     char waiting[640];      /* JS_NOTHING: why a failure is not decided yet ("": it is not
                              * waiting), for the job server's log */
+    size_t *probe;          /* holding: the pods (indexes into js_observed.pods) it waits for,
+                             * whose leases the job server probes (js_observed.renewed) */
+    size_t n_probe;
 } js_decision;
 
 int js_reconcile(const js_observed *obs, js_memory *mem, js_decision *out);

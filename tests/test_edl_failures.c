@@ -328,6 +328,39 @@ static void test_rank_stuck_in_a_collective_is_a_hang(void **state)
     edl_generation_clear(&c);
 }
 
+/* Rank 1's script fails (exit 3) while rank 0 waits, reporting "running" and no step, as a
+ * peer blocked in a collective does (collective timeouts are minutes). The job server cannot
+ * tell it from a pod whose agent died, except that its agent renews its lease: it probes the
+ * lease, sees the renewal and decides within about a third of the TTL and a second, not after
+ * the TTL (--ttl 6: before, 7 s from the exit); --max-restarts 0, so the decision ends the job,
+ * blaming rank 1. */
+static void test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renews(void **state)
+{
+    (void)state;
+    const char *job = "blocked";
+    char marker[300], script[800];
+    snprintf(marker, sizeof marker, "%s/blocked.exited", g_dir);
+    unlink(marker);
+    const char *opts[] = {"--np", "2", "--etcd", ep(), "--settle-ms", "300", "--ttl", "6",
+                          "--max-restarts", "0", "--grace-ms", "1000", NULL};
+    snprintf(script, sizeof script, "if [ \"$EDL_RANK\" = 1 ]; then sleep 1; touch %s; "
+             "exit 3; fi; exec sleep 120", marker);
+    pid_t run = edl_run(job, opts, script);
+    assert_true(HARNESS_WAIT_UNTIL(access(marker, F_OK) == 0, 30000));
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(harness_wait_exit(run, 30000), 1);
+    int64_t took = harness_now_ms() - t0;
+    print_message("a failure beside a blocked peer: the job ended %lld ms after the exit "
+                  "(lease TTL 6 s)\n", (long long)took);
+    assert_true(took < 6000); /* before the TTL: the renewal decided it, not the TTL */
+    edl_generation c = {0};
+    assert_true(read_generation(job, &c));
+    assert_int_equal(c.state, EDL_JOB_FAILED);
+    assert_non_null(strstr(c.reason, "blocked-1"));
+    assert_true(log_has(job, "pod blocked-0 renewed its lease after the failure", NULL, NULL));
+    edl_generation_clear(&c);
+}
+
 /* A pod's agent is SIGKILLed (its trainer dies with it) while the others train. Restart mode:
  * torchrun-style trainers exit 1 when their collective breaks; in-process mode: libedlcoll's
  * trainers declare the generation dead and wait to re-form. Either way the survivors' reaction
@@ -421,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_failure_cause_is_the_last_stderr_lines),
         cmocka_unit_test(test_killed_agent_leaves_the_generation_at_once),
         cmocka_unit_test(test_rank_stuck_in_a_collective_is_a_hang),
+        cmocka_unit_test(test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renews),
         cmocka_unit_test(test_trainer_error_file_restart_count_and_master_port),
         cmocka_unit_test(test_peer_loss_spends_no_restart),
         cmocka_unit_test(test_peer_loss_in_process_spends_no_restart),

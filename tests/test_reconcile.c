@@ -119,6 +119,7 @@ static void all_running(world *w)
 
 static const char *g_dead; /* the current generation's dead key, as trainers published it */
 static const bool *g_alive; /* [rank]: its gen/<n>/alive/<rank> key (NULL: none) */
+static const bool *g_renewed; /* [pod index]: its lease renewed since the hold began */
 
 /* Run the reconciler; when it publishes, the result becomes the current generation. */
 static js_decision step(world *w)
@@ -130,7 +131,7 @@ static js_decision step(world *w)
     js_observed o = {.spec = &w->spec, .pods = w->pods, .n_pods = w->n, .status = w->st,
                      .has_status = w->has, .current = &w->cur, .max_status_gen = max_status_gen,
                      .now_ms = w->now, .mono_ms = w->mono, .leader_id = "js", .gen_dead = g_dead,
-                     .gen_alive = g_alive};
+                     .gen_alive = g_alive, .renewed = g_renewed};
     js_decision d;
     assert_int_equal(js_reconcile(&o, &w->mem, &d), 0);
     if (d.action == JS_PUBLISH) {
@@ -151,16 +152,19 @@ static void advance(world *w, int64_t ms)
 
 /* Decide a failure while other members still report running: the server first holds the
  * decision for up to one lease TTL (plus 1 s), in case the failure is the fallout of a peer
- * whose agent died; nobody vanishes here, so it then decides. */
+ * whose agent died, waking each second to probe the leases of those it waits for (nobody
+ * renews here); nobody vanishes either, so it then decides. */
 static js_decision step_past_hold(world *w)
 {
     js_decision d = step(w);
-    if (d.action == JS_NOTHING && d.wake_mono_ms > w->mono) {
-        assert_true(d.wake_mono_ms - w->mono <= w->spec.ttl_s * 1000 + 1000);
+    int64_t t0 = w->mono;
+    while (d.action == JS_NOTHING && d.waiting[0] && d.wake_mono_ms > w->mono) {
+        assert_true(d.n_probe > 0 && d.wake_mono_ms - w->mono <= 1000);
         advance(w, d.wake_mono_ms - w->mono);
         js_decision_clear(&d);
         d = step(w);
     }
+    assert_true(w->mono - t0 <= w->spec.ttl_s * 1000 + 1000);
     return d;
 }
 
@@ -799,14 +803,54 @@ static void test_failure_hold_ends_after_the_ttl(void **state)
     set_status(&w, 1, EDL_TRAINER_EXITED, 1, 7);
     js_decision d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
-    assert_int_equal(d.wake_mono_ms, w.mono + 3000);
+    assert_int_equal(d.wake_mono_ms, w.mono + 1000); /* to probe p0's lease */
+    assert_int_equal(d.n_probe, 1);
+    assert_string_equal(w.pods[d.probe[0]].name, "p0");
     js_decision_clear(&d);
     advance(&w, 2999);
     d = step(&w);
     assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.wake_mono_ms, w.mono + 1); /* the TTL + 1 s comes before a probe */
     js_decision_clear(&d);
     advance(&w, 1);
     d = step(&w);
+    assert_true(d.new_generation);
+    js_decision_clear(&d);
+    assert_int_equal(w.cur.restarts, 1);
+    assert_int_equal(w.cur.n_failures, 1);
+    assert_string_equal(w.cur.failures[0].pod, "p1");
+    world_free(&w);
+}
+
+/* The peer that still reports running is blocked in a collective, not gone: its agent renewed
+ * its lease after the failure (the job server probes the leases of those a hold waits for).
+ * The failure is decided on the pass that learns it, not after a lease TTL. */
+static void test_a_peer_whose_lease_was_renewed_is_not_waited_for(void **state)
+{
+    (void)state;
+    world w;
+    world_init(&w, 1, 4);
+    w.spec.ttl_s = 10;
+    form(&w, 3);
+    set_status(&w, 1, EDL_TRAINER_EXITED, 1, 7);
+    js_decision d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.n_probe, 2); /* p0 and p2 */
+    js_decision_clear(&d);
+    bool renewed[8] = {false};
+    renewed[0] = true; /* p0's agent renewed: p2 is still waited for */
+    g_renewed = renewed;
+    advance(&w, 1000);
+    d = step(&w);
+    assert_int_equal(d.action, JS_NOTHING);
+    assert_int_equal(d.n_probe, 1);
+    assert_string_equal(w.pods[d.probe[0]].name, "p2");
+    assert_non_null(strstr(d.waiting, "pod p2"));
+    js_decision_clear(&d);
+    renewed[2] = true;
+    advance(&w, 1000);
+    d = step(&w); /* 2 s after the failure, not 11 */
+    g_renewed = NULL;
     assert_true(d.new_generation);
     js_decision_clear(&d);
     assert_int_equal(w.cur.restarts, 1);
@@ -1673,6 +1717,7 @@ int main(void)
         cmocka_unit_test(test_peer_loss_blames_nobody),
         cmocka_unit_test(test_dead_generation_waits_for_its_silent_member),
         cmocka_unit_test(test_failure_hold_ends_after_the_ttl),
+        cmocka_unit_test(test_a_peer_whose_lease_was_renewed_is_not_waited_for),
         cmocka_unit_test(test_failure_beside_stepping_peers_is_not_held_for_a_ttl),
         cmocka_unit_test(test_failure_beside_a_peer_whose_step_stays_put_is_held_for_the_ttl),
         cmocka_unit_test(test_hung_rank_restarts_without_blame),
