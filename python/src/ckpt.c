@@ -452,6 +452,10 @@ static PyObject *manifest_get(PyObject *self, void *what)
     case 2: return PyLong_FromLong(m->world_size);
     case 3: return PyUnicode_FromString(m->metadata_json ? m->metadata_json : "{}");
     case 4: return PyLong_FromLong(m->skipped);
+    case 6:
+        if (!m->run)
+            Py_RETURN_NONE;
+        return PyUnicode_FromString(m->run);
     default: break;
     }
     PyObject *list = PyList_New((Py_ssize_t)m->n_shards);
@@ -552,6 +556,8 @@ static PyGetSetDef MANIFEST_GETSET[] = {
     {"metadata", manifest_get, NULL, "the saver's metadata (a JSON object, as text)", (void *)3},
     {"skipped", manifest_get, NULL, "newer checkpoints passed over as corrupt", (void *)4},
     {"shards", manifest_get, NULL, "[(rank, index, name, size)] in manifest order", (void *)5},
+    {"run", manifest_get, NULL, "the run of the job that saved it (EDL_RUN_ID; None: not named)",
+     (void *)6},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -168,8 +168,20 @@ def test_shards_from_a_generator_stay_alive_while_they_are_saved(in_job, scratch
     assert p.wait()
     m = h.load_latest()
     assert m.step == 2
+    assert m.run is None  # no EDL_RUN_ID here: the save names no run
     assert [m.read(i) for i in range(4)] == [bytes([20 + i]) * (1 << 20) for i in range(4)]
     assert h.load_older(2).read(3) == bytes([13]) * (1 << 20)
+
+
+def test_a_checkpoint_names_the_run_that_saved_it(in_job, scratch, monkeypatch):
+    # The agent sets EDL_RUN_ID (the run's first generation's time); a handle opened under it
+    # writes it into every document of its saves, and the manifest says it.
+    monkeypatch.setenv("EDL_RUN_ID", "1764300000123")
+    h = edl._edl.Checkpoint("file://" + scratch)
+    h.save(3, 1, [("w", b"x" * 64)])
+    assert h.load_latest().run == "1764300000123"
+    with open(glob.glob(os.path.join(scratch, "ckpt-*3-g1", "rank-0", "done.json"))[0]) as f:
+        assert '"run":"1764300000123"' in f.read().replace(" ", "")
 
 
 def test_a_corrupt_newest_checkpoint_is_passed_over(in_job, scratch):
