@@ -106,7 +106,8 @@ typedef struct stderr_relay {
 
 /* Open r (zeroed) on loop l, writing to fd. EDL_ENOMEM, EDL_EIO. */
 int stderr_relay_open(stderr_relay *r, edl_loop *l, int fd);
-/* Queue the trainer's bytes (never blocks once open; not open: written to fd at once). */
+/* Queue the trainer's bytes (never blocks once open; not open: written to fd at once; r NULL:
+ * written to the agent's stderr at once). */
 void stderr_relay_put(stderr_relay *r, const char *data, size_t len);
 /* An edl_log_set_sink sink (arg: the relay): a log line, dropped (and counted) once twice
  * STDERR_RELAY_MAX bytes wait. */

@@ -128,7 +128,10 @@ static void put(stderr_relay *r, const char *data, size_t len, size_t max)
 
 void stderr_relay_put(stderr_relay *r, const char *data, size_t len)
 {
-    put(r, data, len, SIZE_MAX); /* bounded by the loop, which stops reading when full */
+    if (!r)
+        write_all(STDERR_FILENO, data, len);
+    else
+        put(r, data, len, SIZE_MAX); /* bounded by the loop, which stops reading when full */
 }
 
 void stderr_relay_log(const char *line, size_t len, void *arg)

@@ -328,12 +328,7 @@ static void trainer_read_stderr_line(trainer_proc *t)
     char line[sizeof t->err_line + 1];
     memcpy(line, t->err_line, t->err_line_len);
     line[t->err_line_len] = '\n';
-    if (t->relay) {
-        stderr_relay_put(t->relay, line, t->err_line_len + 1);
-    } else {
-        stderr_relay direct = {.fd = STDERR_FILENO};
-        stderr_relay_put(&direct, line, t->err_line_len + 1);
-    }
+    stderr_relay_put(t->relay, line, t->err_line_len + 1);
     size_t n = t->err_line_len;
     t->err_line_len = 0;
     while (n && (line[n - 1] == '\r' || line[n - 1] == ' '))
