@@ -403,6 +403,25 @@ static double ctr_auc(const char *path)
     return auc;
 }
 
+/* examples/ctr under edl run with `args`, each pod's output appended to <dir>/<name>.out.<pod>
+ * (out: that path without the pod), once `servers` servers serve (0: any), its 2 workers run
+ * and both have stepped 20 times (the tables are on the servers then): c is that generation. */
+static pid_t ctr_run(const char *job, const char *name, const char *args,
+                     const char *const *opts, size_t servers, char *out, size_t outlen,
+                     edl_generation *c)
+{
+    char script[1024];
+    snprintf(out, outlen, "%s/%s.out", g_dir, name);
+    snprintf(script, sizeof script, "exec %s %s >>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, args, out);
+    pid_t run = edl_run(job, opts, script);
+    if (servers)
+        wait_servers(job, servers, 60000, c);
+    wait_running(job, 2, 60000, c);
+    for (int r = 0; r < 2; r++)
+        wait_step(job, c->members[r].pod, 20, 60000);
+    return run;
+}
+
 /* examples/ctr (logistic regression plus embeddings on parameter servers) under edl run with
  * 2 workers and 2 elastic servers whose tables have 2 replicas: a third server joins while the
  * workers train, then one is SIGKILLed; the workers re-route, are never restarted, no shard
@@ -411,20 +430,14 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
 {
     (void)state;
     const char *job = "ctrjob";
-    char script[1024], out[300], ckpt[400];
-    snprintf(out, sizeof out, "%s/ctr.out", g_dir);
+    char out[300], ckpt[400];
     snprintf(ckpt, sizeof ckpt, "file://%s/ctr-ckpt", g_dir);
-    snprintf(script, sizeof script,
-             "exec %s --examples 600000 --test 20000 --replicas 2 --save-every 200 "
-             ">>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, out);
     const char *opts[] = {"--np", "2", "--ps", "2:3", "--ps-replicas", "2", "--etcd", ep(),
                           "--settle-ms", "300", "--grace-ms", "5000", "--checkpoint-uri", ckpt,
                           NULL};
-    pid_t run = edl_run(job, opts, script);
     edl_generation c = {0};
-    wait_running(job, 2, 60000, &c);
-    for (int r = 0; r < 2; r++) /* training: the tables are on the servers */
-        wait_step(job, c.members[r].pod, 20, 60000);
+    pid_t run = ctr_run(job, "ctr", "--examples 600000 --test 20000 --replicas 2 --save-every 200",
+                        opts, 0, out, sizeof out, &c);
     char w0[256], path[600], cmd[8192];
     snprintf(w0, sizeof w0, "%s", c.members[0].pod);
     const char *scale3[] = {"scale", job, "3", "--role", "ps", "--etcd", ep(), NULL};
@@ -471,18 +484,12 @@ static void test_ctr_a_server_killed_without_replicas_is_reported_once_a_table(v
 {
     (void)state;
     const char *job = "ctrlost";
-    char script[1024], out[300], cmd[1024];
-    snprintf(out, sizeof out, "%s/ctrlost.out", g_dir);
-    snprintf(script, sizeof script, "exec %s --examples 300000 --test 20000 --replicas 1 "
-             ">>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, out);
+    char out[300], cmd[1024];
     const char *opts[] = {"--np", "2", "--ps", "1:2", "--ps-replicas", "2", "--etcd", ep(),
                           "--settle-ms", "300", "--grace-ms", "5000", NULL};
-    pid_t run = edl_run(job, opts, script);
     edl_generation c = {0};
-    wait_servers(job, 2, 60000, &c);
-    wait_running(job, 2, 60000, &c);
-    for (int r = 0; r < 2; r++)
-        wait_step(job, c.members[r].pod, 20, 60000);
+    pid_t run = ctr_run(job, "ctrlost", "--examples 300000 --test 20000 --replicas 1", opts, 2,
+                        out, sizeof out, &c);
     const char *names[2] = {c.servers[0].pod, c.servers[1].pod};
     int dead = 0; /* of each table's 1,024 shards, those the victim owned */
     for (uint32_t sh = 0; sh < 1024; sh++)
@@ -524,17 +531,12 @@ static void test_ctr_resumes_while_workers_join_and_die(void **state)
 {
     (void)state;
     const char *job = "ctrwjob";
-    char script[1024], out[300], cmd[8192];
-    snprintf(out, sizeof out, "%s/ctrw.out", g_dir);
-    snprintf(script, sizeof script, "exec %s --examples 1200000 --test 20000 "
-             ">>%s.$EDL_POD_ID 2>&1", EDL_CTR_BIN, out);
+    char out[300], cmd[8192];
     const char *opts[] = {"--np", "2:3", "--replicas", "2", "--ps", "2", "--etcd", ep(),
                           "--settle-ms", "300", "--grace-ms", "5000", NULL};
-    pid_t run = edl_run(job, opts, script);
     edl_generation c = {0};
-    wait_running(job, 2, 60000, &c);
-    for (int r = 0; r < 2; r++)
-        wait_step(job, c.members[r].pod, 20, 60000);
+    pid_t run = ctr_run(job, "ctrw", "--examples 1200000 --test 20000", opts, 0, out,
+                        sizeof out, &c);
     const char *scale3[] = {"scale", job, "3", "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(cmd, sizeof cmd, scale3), 0);
     wait_running_after(job, c.generation, 3, 30000, &c);
