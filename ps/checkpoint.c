@@ -215,10 +215,11 @@ static void take_entries(edl_ps_server *s, ps_table *t, uint16_t id, const uint8
     }
 }
 
-static bool wants_table(const ps_due *due, size_t n, uint16_t id)
+/* Whether a shard of table `table` (-1: of any table) is still due. */
+static bool still_due(const ps_due *due, size_t n, int table)
 {
     for (size_t i = 0; i < n; i++)
-        if (!due[i].done && due[i].table == id)
+        if (!due[i].done && (table < 0 || due[i].table == table))
             return true;
     return false;
 }
@@ -234,7 +235,7 @@ static bool restore_from(edl_ps_server *s, const edl_ckpt_manifest *m, ps_due *d
         int used = 0;
         if (sscanf(m->shards[i].name, "table-%u%n", &id, &used) != 1 ||
             m->shards[i].name[used] || id >= EDL_PS_MAX_TABLES ||
-            !wants_table(due, n, (uint16_t)id))
+            !still_due(due, n, (int)id))
             continue;
         ps_table *t = atomic_load(&s->tables[id]);
         void *f = NULL;
@@ -249,14 +250,6 @@ static bool restore_from(edl_ps_server *s, const edl_ckpt_manifest *m, ps_due *d
         free(f);
     }
     return bad;
-}
-
-static bool any_due(const ps_due *due, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!due[i].done)
-            return true;
-    return false;
 }
 
 /* The newest checkpoint, then (for the shards a corrupt or unreadable file held) each older one
@@ -282,7 +275,7 @@ void ps_ckpt_restore(edl_ps_server *s, ps_due *due, size_t n, char *from,
         if (used < fromlen)
             used += (size_t)snprintf(from + used, fromlen - used, "%sPS checkpoint %s (step %lld)",
                                      used ? ", then " : "", m->dir, (long long)m->step);
-        if (!bad || !any_due(due, n))
+        if (!bad || !still_due(due, n, -1))
             break;
         int64_t step = m->step;
         edl_ckpt_manifest_free(m);
