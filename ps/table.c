@@ -430,12 +430,14 @@ static uint32_t shard_of(const ps_table *t, uint64_t h)
     return ps_hash_shard(h, t->cfg.shards);
 }
 
-/* One key's part of a request, its row found or made (under the shard's lock). */
-static int sparse_one(ps_table *t, sparse_shard *s, uint64_t key, uint64_t h, uint32_t i,
-                      float *out, const uint8_t *grads)
+/* One key's part of a request, its row found (row, when the lookahead found it) or made (under
+ * the shard's lock). */
+static int sparse_one(ps_table *t, sparse_shard *s, float *row, uint64_t key, uint64_t h,
+                      uint32_t i, float *out, const uint8_t *grads)
 {
     size_t dim = t->cfg.dim;
-    float *row = sparse_row(t, s, key, h);
+    if (!row)
+        row = sparse_row(t, s, key, h);
     if (!row)
         return EDL_ENOMEM;
     if (t->xstride && grads)
@@ -485,6 +487,8 @@ typedef struct sparse_pipe {
     uint64_t h[PIPE];
     uint32_t sh[PIPE];
     bool apply[PIPE];      /* key's push admitted on its shard (always, for a pull) */
+    float *row[PIPE];      /* key's row when looked up (NULL: none yet) ... */
+    const float *rows[PIPE]; /* ... valid while its shard's rows are where they were then */
     uint32_t locked[PIPE]; /* the shards locked, ascending, at lo..hi - 1 (mod PIPE) */
     uint32_t lo, hi;
     bool top_apply;        /* the highest locked shard's admission */
@@ -527,11 +531,15 @@ static void pipe_look(sparse_pipe *p)
         p->top_apply = !p->grads || admit(&s->dd, p->id, p->req);
     }
     p->apply[k % PIPE] = p->top_apply;
+    p->row[k % PIPE] = NULL;
     if (!p->top_apply || !s->cap)
         return;
     const slot *e = &s->slots[find_slot(s->slots, s->cap, pipe_key(p, k), p->h[k % PIPE])];
-    if (e->row1)
-        row_hint(p->t, s->rows + (size_t)(e->row1 - 1) * p->t->stride, p->grads != NULL);
+    if (!e->row1)
+        return;
+    p->row[k % PIPE] = s->rows + (size_t)(e->row1 - 1) * p->t->stride;
+    p->rows[k % PIPE] = s->rows;
+    row_hint(p->t, p->row[k % PIPE], p->grads != NULL);
 }
 
 static void pipe_unlock_all(sparse_pipe *p)
@@ -553,8 +561,10 @@ static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
             while (p.looked < p.end && p.looked <= i + ROW_AHEAD)
                 pipe_look(&p);
             uint32_t sh = p.sh[i % PIPE];
+            sparse_shard *s = &t->sp[sh];
+            float *row = p.row[i % PIPE] && p.rows[i % PIPE] == s->rows ? p.row[i % PIPE] : NULL;
             if (p.apply[i % PIPE])
-                rc = sparse_one(t, &t->sp[sh], pipe_key(&p, i), p.h[i % PIPE], i, out, grads);
+                rc = sparse_one(t, s, row, pipe_key(&p, i), p.h[i % PIPE], i, out, grads);
             if (i + 1 == p.end || p.sh[(i + 1) % PIPE] != sh)
                 pthread_mutex_unlock(&t->sp[p.locked[p.lo++ % PIPE]].mu);
         }

@@ -556,11 +556,12 @@ typedef struct table_run {
     uint32_t *count; /* pushes each key got from this thread */
 } table_run;
 
+/* by shard, then by key (so a shard's rows that exist and those to be born interleave) */
 static int by_shard_up(const void *a, const void *b)
 {
-    uint32_t x = edl_ps_key_shard(*(const uint64_t *)a, TK_SHARDS);
-    uint32_t y = edl_ps_key_shard(*(const uint64_t *)b, TK_SHARDS);
-    return (x > y) - (x < y);
+    uint64_t ka = *(const uint64_t *)a, kb = *(const uint64_t *)b;
+    uint32_t x = edl_ps_key_shard(ka, TK_SHARDS), y = edl_ps_key_shard(kb, TK_SHARDS);
+    return x != y ? (x > y) - (x < y) : (ka > kb) - (ka < kb);
 }
 
 static int by_shard_down(const void *a, const void *b)
@@ -625,6 +626,11 @@ static void test_keys_in_any_order_and_threads_crossing_shards_get_the_same_rows
     for (int i = 0; i < TK_KEYS; i++)
         edl_put64(wire + 8 * (size_t)i, keys[i]);
     assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS, want), 0); /* born in key order */
+    ps_table_free(t);
+    /* another table with half the rows: pulled by shard, the other half is born amid rows
+     * already looked up (a shard's rows move as it grows) */
+    assert_int_equal(ps_table_new(&cfg, &t), 0);
+    assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS / 2, rows), 0);
     for (int o = 0; o < 3; o++) {
         table_order(keys, o, order, wire);
         assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS, rows), 0);
@@ -634,7 +640,26 @@ static void test_keys_in_any_order_and_threads_crossing_shards_get_the_same_rows
     }
     ps_table_free(t);
 
+    /* pushes, the same way: to half the keys, then to all by shard (SGD, lr 0.5, zero rows,
+     * gradients of 1: exact), so none lands in a row's old place */
     cfg.init = EDL_PS_INIT_ZERO;
+    assert_int_equal(ps_table_new(&cfg, &t), 0);
+    static uint8_t ones[4 * TK_DIM * TK_KEYS];
+    float one = 1;
+    for (int i = 0; i < TK_KEYS * TK_DIM; i++)
+        memcpy(ones + 4 * i, &one, 4);
+    for (int i = 0; i < TK_KEYS; i++)
+        edl_put64(wire + 8 * (size_t)i, keys[i]);
+    assert_int_equal(ps_table_push_sparse(t, wire, TK_KEYS / 2, ones, NULL), 0);
+    table_order(keys, 0, order, wire);
+    assert_int_equal(ps_table_push_sparse(t, wire, TK_KEYS, ones, NULL), 0);
+    for (int i = 0; i < TK_KEYS; i++)
+        edl_put64(wire + 8 * (size_t)i, keys[i]);
+    assert_int_equal(ps_table_pull_sparse(t, wire, TK_KEYS, rows), 0);
+    for (int i = 0; i < TK_KEYS * TK_DIM; i++)
+        assert_true(rows[i] == (i / TK_DIM < TK_KEYS / 2 ? -1.0f : -0.5f));
+    ps_table_free(t);
+
     assert_int_equal(ps_table_new(&cfg, &t), 0);
     pthread_t th[TK_THREADS];
     table_run run[TK_THREADS];
