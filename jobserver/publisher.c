@@ -363,9 +363,8 @@ static bool renewed_since_hold(const js_renewals *r, int64_t lease)
     return false;
 }
 
-/* [i]: pods[i]'s lease was seen renewed since the current hold began (NULL: none was, or out of
- * memory: the hold then waits as without probes). A new hold forgets the last one's. */
-static bool *renewed_flags(js_publisher *j, const snapshot *s)
+/* The renewals seen for the current hold (js_memory's): a new hold forgets the last one's. */
+static js_renewals *renewals_of_hold(js_publisher *j)
 {
     js_renewals *r = &j->renewals;
     if (r->hold_gen != j->mem.hold_gen || r->hold_since_mono_ms != j->mem.hold_since_mono_ms) {
@@ -373,6 +372,14 @@ static bool *renewed_flags(js_publisher *j, const snapshot *s)
         r->hold_since_mono_ms = j->mem.hold_since_mono_ms;
         r->n = 0;
     }
+    return r;
+}
+
+/* [i]: pods[i]'s lease was seen renewed since the current hold began (NULL: none was, or out of
+ * memory: the hold then waits as without probes). */
+static bool *renewed_flags(js_publisher *j, const snapshot *s)
+{
+    js_renewals *r = renewals_of_hold(j);
     bool *f = r->n ? calloc(s->n_pods + 1, sizeof *f) : NULL;
     for (size_t i = 0; f && i < s->n_pods; i++)
         f[i] = renewed_since_hold(r, s->pods[i].lease);
@@ -385,9 +392,9 @@ static bool *renewed_flags(js_publisher *j, const snapshot *s)
  * (decide again at once). */
 static bool probe_renewals(js_publisher *j, const snapshot *s, const js_decision *d)
 {
-    js_renewals *r = &j->renewals;
+    js_renewals *r = renewals_of_hold(j); /* the hold may have begun in this pass */
     int64_t now = edl_monotonic_ms();
-    if (!d->n_probe || now - r->probed_mono_ms < 900 || r->hold_gen != j->mem.hold_gen)
+    if (!d->n_probe || now - r->probed_mono_ms < 900)
         return false;
     r->probed_mono_ms = now;
     int64_t held_s = (now - j->mem.hold_since_mono_ms) / 1000;
