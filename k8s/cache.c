@@ -91,6 +91,7 @@ cJSON *k8s_cache_remove(k8s_cache *c, const char *key)
         if (e->hash == h && strcmp(e->key, key) == 0) {
             cJSON *obj = e->obj;
             *p = e->next;
+            free(e->awaited_rv);
             free(e->key);
             free(e);
             c->count--;
@@ -106,10 +107,18 @@ void k8s_cache_clear(k8s_cache *c)
         for (k8s_entry *e = c->buckets[i], *next; e; e = next) {
             next = e->next;
             cJSON_Delete(e->obj);
+            free(e->awaited_rv);
             free(e->key);
             free(e);
         }
     }
     free(c->buckets);
     memset(c, 0, sizeof *c);
+}
+
+void k8s_entry_await(k8s_entry *e, const char *rv, int64_t until)
+{
+    free(e->awaited_rv);
+    e->awaited_rv = rv ? strdup(rv) : NULL; /* no memory: trust the stream, as before */
+    e->awaited_until = until;
 }

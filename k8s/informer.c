@@ -26,6 +26,8 @@
 #define MAX_QUEUED 65536
 #define Q_LIST 0 /* a queue item holding a whole list */
 #define Q_MORE -1 /* the marker that keeps the fd readable while a relist is pending */
+#define AHEAD_MS 10000 /* how long a write-through outranks the stream's events at most */
+#define MAX_TOMBS 1024
 
 typedef struct qitem {
     int type;            /* EDL_K8S_ADDED.., Q_LIST or Q_MORE */
@@ -39,6 +41,11 @@ typedef struct pending {
     cJSON *obj;          /* owned; NULL for a DELETED of a cached object, and SYNCED */
     char *key;
 } pending;
+
+typedef struct tomb { /* an object deleted through edl_k8s_informer_store */
+    char *key, *uid;
+    int64_t until;       /* monotonic ms */
+} tomb;
 
 typedef enum watch_end { W_ENDED, W_GONE, W_BROKEN, W_BAD, W_STOP } watch_end;
 
@@ -69,6 +76,8 @@ struct edl_k8s_informer {
     bool marker_queued;  /* more_marker is in the queue */
     cJSON *dropped;      /* the last DELETED object, until the next call */
     bool synced;
+    tomb *tombs;         /* deleted through store, until their DELETED comes */
+    size_t ntombs;
 };
 
 /* ---- the thread's side: queue, list, watch ------------------------------------------------ */
@@ -375,6 +384,63 @@ static void event_of(edl_k8s_event *ev, edl_k8s_event_type type, const cJSON *ob
 }
 
 /* Apply an event whose object comes with it (owned). */
+static bool same_str(const char *a, const char *b)
+{
+    return a && b && strcmp(a, b) == 0;
+}
+
+static void drop_tomb(edl_k8s_informer *inf, size_t i)
+{
+    free(inf->tombs[i].key);
+    free(inf->tombs[i].uid);
+    inf->tombs[i] = inf->tombs[--inf->ntombs];
+}
+
+static void drop_writes_ahead(edl_k8s_informer *inf)
+{
+    while (inf->ntombs)
+        drop_tomb(inf, 0);
+    for (size_t i = 0; i < inf->cache.nbuckets; i++)
+        for (k8s_entry *e = inf->cache.buckets[i]; e; e = e->next)
+            k8s_entry_await(e, NULL, 0);
+}
+
+/* An event the stream sent before a write that the caller stored through already (the
+ * stream has not reached the write yet): applied, it would undo the write in the cache (a
+ * pod deleted coming back Failed, a status going back a step). resourceVersions are compared
+ * for equality only, as Kubernetes allows: an object stored waits for the event carrying its
+ * version; an object deleted drops the events of its uid until its DELETED. */
+static bool behind_a_write(edl_k8s_informer *inf, edl_k8s_event_type type, const char *key,
+                           const cJSON *obj)
+{
+    int64_t now = edl_monotonic_ms();
+    const char *uid = edl_k8s_str(obj, "metadata.uid");
+    for (size_t i = 0; i < inf->ntombs; i++) {
+        tomb *t = &inf->tombs[i];
+        if (strcmp(t->key, key) != 0 || !same_str(t->uid, uid))
+            continue;
+        if (type == EDL_K8S_DELETED || now >= t->until) {
+            drop_tomb(inf, i);
+            return false;
+        }
+        return true;
+    }
+    k8s_entry *e = k8s_cache_find(&inf->cache, key);
+    if (!e || !e->awaited_rv)
+        return false;
+    const char *cached_uid = edl_k8s_str(e->obj, "metadata.uid");
+    if (now >= e->awaited_until || same_str(edl_k8s_str(obj, "metadata.resourceVersion"),
+                                            e->awaited_rv)) {
+        k8s_entry_await(e, NULL, 0); /* the stream caught up */
+        return false;
+    }
+    if (type == EDL_K8S_DELETED) /* only an earlier object of the same name's */
+        return uid && cached_uid && strcmp(uid, cached_uid) != 0;
+    return true;
+}
+
+/* Apply one event to the cache and describe it in ev; EDL_ETIMEDOUT (nothing to say) for an
+ * event behind a write-through. */
 static int apply(edl_k8s_informer *inf, edl_k8s_event_type type, cJSON *obj, edl_k8s_event *ev)
 {
     char key[512];
@@ -382,6 +448,10 @@ static int apply(edl_k8s_informer *inf, edl_k8s_event_type type, cJSON *obj, edl
     if (!k8s_object_key(obj, key, sizeof key)) { /* checked by the thread already */
         cJSON_Delete(obj);
         return EDL_EPROTO;
+    }
+    if (behind_a_write(inf, type, key, obj)) {
+        cJSON_Delete(obj);
+        return EDL_ETIMEDOUT;
     }
     if (type == EDL_K8S_DELETED) {
         cJSON_Delete(k8s_cache_remove(&inf->cache, key));
@@ -427,6 +497,7 @@ static int expand_list(edl_k8s_informer *inf, cJSON *items)
     }
     inf->npend = inf->ipend = 0;
     inf->mark++;
+    drop_writes_ahead(inf); /* a whole list is the server's word on everything */
     char key[512];
     while (!rc && items->child) { /* (GetArraySize walks the list: quadratic over 10,000) */
         cJSON *it = cJSON_DetachItemViaPointer(items, items->child);
@@ -471,7 +542,10 @@ static int next_pending(edl_k8s_informer *inf, edl_k8s_event *ev)
         if (p->obj) {
             cJSON *obj = p->obj;
             p->obj = NULL;
-            return apply(inf, p->type, obj, ev);
+            int rc = apply(inf, p->type, obj, ev);
+            if (rc != EDL_ETIMEDOUT)
+                return rc;
+            continue;
         }
         cJSON *gone = k8s_cache_remove(&inf->cache, p->key);
         if (gone) { /* else a write-through delete came first: nothing to say */
@@ -598,6 +672,8 @@ void edl_k8s_informer_close(edl_k8s_informer *inf)
     }
     edl_queue_close(inf->q, free_item);
     free_pending(inf);
+    drop_writes_ahead(inf);
+    free(inf->tombs);
     k8s_cache_clear(&inf->cache);
     cJSON_Delete(inf->dropped);
     if (inf->multi)
@@ -641,20 +717,50 @@ size_t edl_k8s_informer_list(const edl_k8s_informer *inf, const cJSON **objs, si
     return n;
 }
 
+/* Remember that the object of uid under key was deleted (no uid: the objects of that name
+ * cannot be told apart, so nothing is dropped). */
+static int add_tomb(edl_k8s_informer *inf, const char *key, const char *uid)
+{
+    int64_t now = edl_monotonic_ms();
+    for (size_t i = inf->ntombs; i-- > 0;)
+        if (now >= inf->tombs[i].until || same_str(inf->tombs[i].key, key))
+            drop_tomb(inf, i);
+    if (!uid)
+        return 0;
+    if (inf->ntombs == MAX_TOMBS)
+        drop_tomb(inf, 0);
+    if (!inf->tombs && !(inf->tombs = calloc(MAX_TOMBS, sizeof *inf->tombs)))
+        return EDL_ENOMEM;
+    tomb *t = &inf->tombs[inf->ntombs];
+    if (!(t->key = strdup(key)) || !(t->uid = strdup(uid))) {
+        free(t->key);
+        return EDL_ENOMEM;
+    }
+    t->until = now + AHEAD_MS;
+    inf->ntombs++;
+    return 0;
+}
+
 int edl_k8s_informer_store(edl_k8s_informer *inf, const cJSON *obj, bool deleted)
 {
     char key[512];
     if (!inf || !k8s_object_key(obj, key, sizeof key))
         return EDL_EINVAL;
-    if (deleted) {
+    if (deleted) { /* (obj may be the cached object itself) */
+        int rc = add_tomb(inf, key, edl_k8s_str(obj, "metadata.uid"));
         cJSON_Delete(k8s_cache_remove(&inf->cache, key));
-        return 0;
+        return rc;
     }
     cJSON *copy = inf->keep ? k8s_trim(obj, inf->keep) : cJSON_Duplicate(obj, true), *old = NULL;
     if (!copy || k8s_cache_put(&inf->cache, key, copy, &old) != 0) {
         cJSON_Delete(copy);
         return EDL_ENOMEM;
     }
+    /* the stream still owes the write's own event, unless the write changed nothing */
+    const char *rv = edl_k8s_str(copy, "metadata.resourceVersion");
+    bool unchanged = same_str(rv, edl_k8s_str(old, "metadata.resourceVersion"));
+    k8s_entry_await(k8s_cache_find(&inf->cache, key), unchanged ? NULL : rv,
+                    edl_monotonic_ms() + AHEAD_MS);
     cJSON_Delete(old);
     return 0;
 }

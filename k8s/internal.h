@@ -98,6 +98,8 @@ typedef struct k8s_entry {
     cJSON *obj;
     uint32_t hash;
     unsigned mark;            /* relist generation that saw it */
+    char *awaited_rv;         /* written through, ahead of the stream: the write's version */
+    int64_t awaited_until;    /* monotonic ms after which the stream is trusted again */
     struct k8s_entry *next;
 } k8s_entry;
 
@@ -119,5 +121,7 @@ int k8s_cache_put(k8s_cache *c, const char *key, cJSON *obj, cJSON **old);
 /* Remove key: its object (caller frees), or NULL. */
 cJSON *k8s_cache_remove(k8s_cache *c, const char *key);
 void k8s_cache_clear(k8s_cache *c);
+/* Mark e as ahead of the stream until the event carrying rv comes (or until); rv NULL: not. */
+void k8s_entry_await(k8s_entry *e, const char *rv, int64_t until);
 
 #endif

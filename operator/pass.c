@@ -253,9 +253,13 @@ static int delete_pod(op *o, op_job *j, pod_view *v)
     free(path);
     if (rc == 0 || rc == EDL_ENOTFOUND) {
         o->m.pods_deleted += rc == 0;
+        /* a pod given time to stop comes back terminating; one removed at once (a Failed or
+         * Succeeded pod, grace 0) comes back as it was, Failed still: gone for the cache, or
+         * the next pass would count its failure again */
         const char *kind = edl_k8s_str(r.body, "kind");
-        if (rc == 0 && kind && strcmp(kind, "Pod") == 0)
-            edl_k8s_informer_store(o->pods, r.body, false); /* terminating: do not count it */
+        if (rc == 0 && kind && strcmp(kind, "Pod") == 0 &&
+            edl_k8s_str(r.body, "metadata.deletionTimestamp"))
+            edl_k8s_informer_store(o->pods, r.body, false);
         else
             edl_k8s_informer_store(o->pods, v->obj, true);
         *v = (pod_view){.index = v->index, .role = v->role, .terminating = true,

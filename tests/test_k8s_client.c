@@ -1224,9 +1224,103 @@ static void test_informer_store_writes_through(void **state)
     assert_int_equal(edl_k8s_informer_store(inf, noname, false), EDL_EINVAL);
     cJSON_Delete(noname);
     assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
+    /* the write's own event, then a later one */
+    fake_push(f, "{\"type\":\"ADDED\",\"object\":%s}", "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"resourceVersion\":\"50\"}}");
     fake_push(f, "{\"type\":\"MODIFIED\",\"object\":%s}", "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"c\",\"resourceVersion\":\"51\"}}");
+    expect_event(inf, EDL_K8S_ADDED, "c");
     expect_event(inf, EDL_K8S_MODIFIED, "c");
     assert_string_equal(cached_rv(inf, "c"), "51");
+    edl_k8s_informer_close(inf);
+    edl_k8s_close(k);
+    fake_close(f);
+    free(s.list_body);
+}
+
+static void push_pod(fake *f, const char *type, const char *name, const char *uid, int rv,
+                     const char *phase)
+{
+    fake_push(f, "{\"type\":\"%s\",\"object\":{\"metadata\":{\"namespace\":\"ns\","
+              "\"name\":\"%s\",\"uid\":\"%s\",\"resourceVersion\":\"%d\"},"
+              "\"status\":{\"phase\":\"%s\"}}}", type, name, uid, rv, phase);
+}
+
+static void store_pod(edl_k8s_informer *inf, const char *name, const char *uid, int rv,
+                      const char *phase)
+{
+    char doc[512];
+    snprintf(doc, sizeof doc, "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"%s\","
+             "\"uid\":\"%s\",\"resourceVersion\":\"%d\",\"deletionTimestamp\":"
+             "\"2026-11-28T00:00:00Z\"},\"status\":{\"phase\":\"%s\"}}", name, uid, rv, phase);
+    cJSON *o = cJSON_Parse(doc);
+    assert_int_equal(edl_k8s_informer_store(inf, o, false), 0);
+    cJSON_Delete(o);
+}
+
+static const char *cached_phase(edl_k8s_informer *inf, const char *name)
+{
+    return edl_k8s_str(edl_k8s_informer_get(inf, "ns", name), "status.phase");
+}
+
+/* The stream's events from before a write the caller stored through never undo it in the
+ * cache (the operator once counted a failed pod twice: the kubelet's "Failed" came after the
+ * operator's delete was stored). A stored object waits for the event of its own version; a
+ * deleted one drops its uid's events until its DELETED; another object of the same name, a
+ * write that changed nothing and a relist are trusted at once. */
+static void test_informer_events_behind_a_write_through_do_not_undo_it(void **state)
+{
+    (void)state;
+    lw s = {0};
+    fake *f = fake_open(list_watch, &s);
+    set_list(f, xstrdup("{\"metadata\":{\"resourceVersion\":\"10\"},\"items\":["
+                        "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"a\",\"uid\":\"ua\","
+                        "\"resourceVersion\":\"5\"},\"status\":{\"phase\":\"Running\"}},"
+                        "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"b\",\"uid\":\"ub\","
+                        "\"resourceVersion\":\"6\"},\"status\":{\"phase\":\"Running\"}}]}"));
+    edl_k8s *k = client_for(f);
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    expect_event(inf, EDL_K8S_ADDED, "a");
+    expect_event(inf, EDL_K8S_ADDED, "b");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
+    /* a: the kubelet says Failed (11); the operator's graceful delete (12) is stored first */
+    store_pod(inf, "a", "ua", 12, "Failed");
+    push_pod(f, "MODIFIED", "a", "ua", 11, "Failed");
+    /* b: Failed (13), deleted at once; the caller stored the delete (of the cached object
+     * itself) before either came */
+    assert_int_equal(edl_k8s_informer_store(inf, edl_k8s_informer_get(inf, "ns", "b"), true), 0);
+    push_pod(f, "MODIFIED", "b", "ub", 13, "Failed");
+    push_pod(f, "MODIFIED", "a", "ua", 12, "Failed"); /* the write's own event */
+    push_pod(f, "DELETED", "b", "ub", 14, "Failed");
+    expect_event(inf, EDL_K8S_MODIFIED, "a"); /* 11 said nothing */
+    assert_string_equal(cached_rv(inf, "a"), "12");
+    expect_event(inf, EDL_K8S_DELETED, "b"); /* b's 13 never came back */
+    assert_null(edl_k8s_informer_get(inf, "ns", "b"));
+    /* after the write's event the stream is trusted again; a new b (another uid) at once */
+    push_pod(f, "MODIFIED", "a", "ua", 15, "Succeeded");
+    push_pod(f, "ADDED", "b", "ub2", 16, "Pending");
+    expect_event(inf, EDL_K8S_MODIFIED, "a");
+    assert_string_equal(cached_phase(inf, "a"), "Succeeded");
+    expect_event(inf, EDL_K8S_ADDED, "b");
+    assert_string_equal(cached_phase(inf, "b"), "Pending");
+    /* a write that changed nothing (the same version back) waits for no event */
+    store_pod(inf, "b", "ub2", 16, "Pending");
+    push_pod(f, "MODIFIED", "b", "ub2", 17, "Running");
+    expect_event(inf, EDL_K8S_MODIFIED, "b");
+    assert_string_equal(cached_phase(inf, "b"), "Running");
+    /* a relist is the server's word: a write still ahead of the stream gives way to it */
+    store_pod(inf, "b", "ub2", 30, "Failed");
+    push_pod(f, "MODIFIED", "b", "ub2", 18, "Running");
+    expect_quiet(inf, 200);
+    assert_string_equal(cached_phase(inf, "b"), "Failed");
+    set_list(f, xstrdup("{\"metadata\":{\"resourceVersion\":\"40\"},\"items\":["
+                        "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"b\",\"uid\":\"ub2\","
+                        "\"resourceVersion\":\"31\"},\"status\":{\"phase\":\"Succeeded\"}}]}"));
+    fake_push(f, "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"code\":410}}");
+    expect_event(inf, EDL_K8S_MODIFIED, "b");
+    assert_string_equal(cached_phase(inf, "b"), "Succeeded");
+    expect_event(inf, EDL_K8S_DELETED, "a");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
     edl_k8s_informer_close(inf);
     edl_k8s_close(k);
     fake_close(f);
@@ -1636,6 +1730,7 @@ int main(void)
         cmocka_unit_test(test_informer_410_in_stream_and_as_reply_relists),
         cmocka_unit_test(test_informer_bad_input_keeps_cache),
         cmocka_unit_test(test_informer_store_writes_through),
+        cmocka_unit_test(test_informer_events_behind_a_write_through_do_not_undo_it),
         cmocka_unit_test(test_informer_trims_through_arrays),
         cmocka_unit_test(test_informer_close_is_prompt),
         cmocka_unit_test(test_informer_10000_objects_in_pages),

@@ -162,7 +162,10 @@ const cJSON *edl_k8s_informer_get(const edl_k8s_informer *inf, const char *ns, c
 size_t edl_k8s_informer_list(const edl_k8s_informer *inf, const cJSON **objs, size_t max);
 /* Put an object we just wrote (the reply of a create or update) into the cache at once, so a
  * pass that runs before its watch event does not act on it twice (client-go's "expectations").
- * A later event for the same object replaces it. deleted: drop it instead. */
+ * The stream's events from before the write are dropped until the write's own event comes
+ * (its resourceVersion, compared for equality only) and replaces it; deleted: drop the object
+ * instead, and its uid's events until its DELETED. A relist, or 10 s without that event,
+ * trusts the stream again. */
 int edl_k8s_informer_store(edl_k8s_informer *inf, const cJSON *obj, bool deleted);
 
 /* ---- leader election on a coordination.k8s.io/v1 Lease ---------------------------------- */
