@@ -1744,7 +1744,17 @@ static void test_a_stalled_stderr_reader_never_stalls_the_loop(void **state)
     assert_true(cap > 0);
     /* full (to within two of its pages: a write that does not fit a page's rest takes the
      * next page): the agent's next writes block */
-    assert_true(HARNESS_WAIT_UNTIL(pipe_queued(p[0]) >= cap - 8192, 30000));
+    if (!HARNESS_WAIT_UNTIL(pipe_queued(p[0]) >= cap - 8192, 30000)) {
+        /* say what the agent wrote (one ASan CI run never filled the pipe) */
+        char got[4097];
+        int queued = pipe_queued(p[0]);
+        ssize_t n = read(p[0], got, sizeof got - 1);
+        got[n > 0 ? n : 0] = '\0';
+        int st = 0;
+        bool gone = waitpid(a, &st, WNOHANG) == a;
+        fail_msg("the agent's stderr holds %d of %d bytes after 30 s (agent %s, status %d); "
+                 "it begins:\n%s", queued, cap, gone ? "exited" : "running", st, got);
+    }
     /* the relay takes its megabyte, then the trainer blocks on its stderr: its steps stop */
     long long last = -1;
     assert_true(HARNESS_WAIT_UNTIL(step_stopped(mport, &last), 30000));
