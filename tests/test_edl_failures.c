@@ -328,12 +328,12 @@ static void test_rank_stuck_in_a_collective_is_a_hang(void **state)
     edl_generation_clear(&c);
 }
 
-/* Rank 1's script fails (exit 3) while rank 0 waits, reporting "running" and no step, as a
- * peer blocked in a collective does (collective timeouts are minutes). The job server cannot
- * tell it from a pod whose agent died, except that its agent renews its lease: it probes the
- * lease, sees the renewal and decides within about a third of the TTL and a second, not after
- * the TTL (--ttl 6: before, 7 s from the exit); --max-restarts 0, so the decision ends the job,
- * blaming rank 1. */
+/* Pod blocked-1's script fails (exit 3) while blocked-0 waits, reporting "running" and no
+ * step, as a peer blocked in a collective does (collective timeouts are minutes). The job
+ * server cannot tell it from a pod whose agent died, except that its agent renews its lease:
+ * it probes the lease, sees the renewal and decides within about a third of the TTL and a
+ * second, not after the TTL (--ttl 6: before, 7 s from the exit); --max-restarts 0, so the
+ * decision ends the job, blaming blocked-1. */
 static void test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renews(void **state)
 {
     (void)state;
@@ -343,8 +343,10 @@ static void test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renew
     unlink(marker);
     const char *opts[] = {"--np", "2", "--etcd", ep(), "--settle-ms", "300", "--ttl", "6",
                           "--max-restarts", "0", "--grace-ms", "1000", NULL};
-    snprintf(script, sizeof script, "if [ \"$EDL_RANK\" = 1 ]; then sleep 1; touch %s; "
-             "exit 3; fi; exec sleep 120", marker);
+    /* by the pod's name: which pod gets rank 1 is join order, and under load blocked-1 may
+     * join first (likely what one ASan CI run hit: its reason did not name blocked-1) */
+    snprintf(script, sizeof script, "if [ \"$EDL_POD_ID\" = blocked-1 ]; then sleep 1; "
+             "touch %s; exit 3; fi; exec sleep 120", marker);
     pid_t run = edl_run(job, opts, script);
     assert_true(HARNESS_WAIT_UNTIL(access(marker, F_OK) == 0, 30000));
     int64_t t0 = harness_now_ms();
@@ -356,7 +358,7 @@ static void test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renew
     edl_generation c = {0};
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_FAILED);
-    if (!strstr(c.reason, "blocked-1")) /* say what it was: one CI run under ASan missed it */
+    if (!strstr(c.reason, "blocked-1"))
         fail_msg("the job's reason does not name blocked-1: %s", c.reason);
     assert_true(log_has(job, "pod blocked-0 renewed its lease after the failure", NULL, NULL));
     edl_generation_clear(&c);
