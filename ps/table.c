@@ -480,7 +480,6 @@ static void row_hint(const ps_table *t, const float *row, bool push)
 typedef struct sparse_pipe {
     ps_table *t;
     const uint8_t *keys, *grads;
-    uint32_t n;
     uint32_t hashed; /* keys hashed and hinted */
     uint32_t looked; /* keys whose shard is locked and row hinted */
     uint32_t end;    /* the segment's end: a key whose shard goes down, or n */
@@ -551,7 +550,7 @@ static void pipe_unlock_all(sparse_pipe *p)
 static int sparse_each(ps_table *t, const uint8_t *keys, uint32_t n, float *out,
                        const uint8_t *grads, const ps_push_id *id)
 {
-    sparse_pipe p = {.t = t, .keys = keys, .grads = grads, .n = n, .end = n, .id = id,
+    sparse_pipe p = {.t = t, .keys = keys, .grads = grads, .end = n, .id = id,
                      .req = id ? atomic_fetch_add(&next_req, 1) : 0};
     int rc = 0;
     for (uint32_t from = 0; from < n && rc == 0; from = p.end, p.end = n) {
