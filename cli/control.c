@@ -776,6 +776,37 @@ static void print_pods(const job_view *v)
     free(rows);
 }
 
+/* A member's failure in the running generation that the job server has not acted on yet
+ * (it holds the decision while a peer may be silent: docs/elastic.md, "How failures are
+ * judged"), so a pause after a failure is not a mystery. */
+static void print_pending_failures(const job_view *v)
+{
+    if (!v->have_gen || v->gen.state != EDL_JOB_RUNNING)
+        return;
+    int64_t ttl = 0;
+    for (size_t i = 0; i < v->n_pods; i++)
+        ttl = v->pods[i].ttl_s > ttl ? v->pods[i].ttl_s : ttl;
+    for (size_t i = 0; i < v->n_pods; i++) {
+        const edl_pod_status *s = v->has_st[i] ? &v->st[i] : NULL;
+        const edl_member *m = edl_generation_member(&v->gen, v->pods[i].name, v->pods[i].lease);
+        if (!m || !s || s->generation != v->gen.generation)
+            continue;
+        char what[48];
+        if (s->state == EDL_TRAINER_EXITED && s->exit_code != 0)
+            snprintf(what, sizeof what, "exited with code %d", s->exit_code);
+        else if (s->state == EDL_TRAINER_SIGNALED)
+            snprintf(what, sizeof what, "was killed by signal %d", s->signal);
+        else if (s->state == EDL_TRAINER_HUNG)
+            snprintf(what, sizeof what, "hung");
+        else
+            continue;
+        printf("pending: pod %s (rank %d) %s in generation %lld; the job server decides once its "
+               "peers step, fail, renew their leases or lose them (at most %lld s after it)\n",
+               v->pods[i].name, m->rank, what, (long long)v->gen.generation,
+               (long long)(ttl > 0 ? ttl + 1 : 11));
+    }
+}
+
 static void print_table(const char *job, const job_view *v)
 {
     if (!v->have_gen) {
@@ -803,6 +834,7 @@ static void print_table(const char *job, const job_view *v)
     if (v->n_bad)
         printf("(%zu keys under pods/ are no valid pod name: ignored)\n", v->n_bad);
     print_pods(v);
+    print_pending_failures(v);
     print_teachers(v);
 }
 
@@ -1078,6 +1110,7 @@ static void print_watch(const char *job, const watch_state *w, const job_view *v
                edl_job_state_name(v->gen.state), (long long)v->gen.generation,
                v->gen.n_members, v->gen.restarts);
     print_watch_pods(w, v, now);
+    print_pending_failures(v);
     print_watch_eta(w, v);
     print_watch_gens(w);
     if (w->ckpt_step >= 0)

@@ -350,6 +350,13 @@ static void test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renew
     pid_t run = edl_run(job, opts, script);
     assert_true(HARNESS_WAIT_UNTIL(access(marker, F_OK) == 0, 30000));
     int64_t t0 = harness_now_ms();
+    /* while the job server holds, edl status says so (the hold lasts about 3 s) */
+    const char *st[] = {"status", job, "--etcd", ep(), NULL};
+    char out[8192] = "";
+    if (!HARNESS_WAIT_UNTIL((edl_cmd(out, sizeof out, st), strstr(out, "pending: pod blocked-1 "
+                                                                  "(rank ")), 2500))
+        fail_msg("edl status during the hold shows no pending failure:\n%s", out);
+    assert_non_null(strstr(out, "exited with code 3 in generation"));
     assert_int_equal(harness_wait_exit(run, 30000), 1);
     int64_t took = harness_now_ms() - t0;
     print_message("a failure beside a blocked peer: the job ended %lld ms after the exit "
