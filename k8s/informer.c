@@ -383,7 +383,6 @@ static void event_of(edl_k8s_event *ev, edl_k8s_event_type type, const cJSON *ob
     ev->name = edl_k8s_str(obj, "metadata.name");
 }
 
-/* Apply an event whose object comes with it (owned). */
 static bool same_str(const char *a, const char *b)
 {
     return a && b && strcmp(a, b) == 0;
@@ -439,8 +438,8 @@ static bool behind_a_write(edl_k8s_informer *inf, edl_k8s_event_type type, const
     return true;
 }
 
-/* Apply one event to the cache and describe it in ev; EDL_ETIMEDOUT (nothing to say) for an
- * event behind a write-through. */
+/* Apply an event whose object comes with it (owned) to the cache and describe it in ev;
+ * EDL_ETIMEDOUT (nothing to say) for an event behind a write-through. */
 static int apply(edl_k8s_informer *inf, edl_k8s_event_type type, cJSON *obj, edl_k8s_event *ev)
 {
     char key[512];
@@ -757,9 +756,8 @@ int edl_k8s_informer_store(edl_k8s_informer *inf, const cJSON *obj, bool deleted
         return EDL_ENOMEM;
     }
     /* the stream still owes the write's own event, unless the write changed nothing */
-    const char *rv = edl_k8s_str(copy, "metadata.resourceVersion");
-    bool unchanged = same_str(rv, edl_k8s_str(old, "metadata.resourceVersion"));
-    k8s_entry_await(k8s_cache_find(&inf->cache, key), unchanged ? NULL : rv,
+    k8s_entry_await(k8s_cache_find(&inf->cache, key),
+                    same_version(copy, old) ? NULL : edl_k8s_str(copy, "metadata.resourceVersion"),
                     edl_monotonic_ms() + AHEAD_MS);
     cJSON_Delete(old);
     return 0;

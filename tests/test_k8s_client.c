@@ -998,6 +998,17 @@ static bool fd_readable(int fd)
     return poll(&p, 1, 0) == 1;
 }
 
+/* An informer on ns's pods (no selector) past its first list: pods a and b, then SYNCED. */
+static edl_k8s_informer *open_synced_on_a_and_b(edl_k8s *k)
+{
+    edl_k8s_informer *inf;
+    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
+    expect_event(inf, EDL_K8S_ADDED, "a");
+    expect_event(inf, EDL_K8S_ADDED, "b");
+    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    return inf;
+}
+
 static void test_informer_list_watch_in_order_bookmark_moves_rv(void **state)
 {
     (void)state;
@@ -1060,11 +1071,7 @@ static void test_informer_410_in_stream_and_as_reply_relists(void **state)
     fake *f = fake_open(list_watch, &s);
     set_list(f, list_json("10", (const char *[]){"a:5", "b:6", NULL}));
     edl_k8s *k = client_for(f);
-    edl_k8s_informer *inf;
-    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
-    expect_event(inf, EDL_K8S_ADDED, "a");
-    expect_event(inf, EDL_K8S_ADDED, "b");
-    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    edl_k8s_informer *inf = open_synced_on_a_and_b(k);
     int w = fake_wait_request(f, 1, "watch=1", 3000);
     assert_true(w > 0);
     /* in the stream: b vanished and c came while we were away; a is unchanged */
@@ -1277,11 +1284,7 @@ static void test_informer_events_behind_a_write_through_do_not_undo_it(void **st
                         "{\"metadata\":{\"namespace\":\"ns\",\"name\":\"b\",\"uid\":\"ub\","
                         "\"resourceVersion\":\"6\"},\"status\":{\"phase\":\"Running\"}}]}"));
     edl_k8s *k = client_for(f);
-    edl_k8s_informer *inf;
-    assert_int_equal(edl_k8s_informer_open(k, "/api/v1/namespaces/ns/pods", NULL, &inf), 0);
-    expect_event(inf, EDL_K8S_ADDED, "a");
-    expect_event(inf, EDL_K8S_ADDED, "b");
-    expect_event(inf, EDL_K8S_SYNCED, NULL);
+    edl_k8s_informer *inf = open_synced_on_a_and_b(k);
     assert_true(fake_wait_request(f, 1, "watch=1", 3000) > 0);
     /* a: the kubelet says Failed (11); the operator's graceful delete (12) is stored first */
     store_pod(inf, "a", "ua", 12, "Failed");
