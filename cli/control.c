@@ -783,27 +783,20 @@ static void print_pending_failures(const job_view *v)
 {
     if (!v->have_gen || v->gen.state != EDL_JOB_RUNNING)
         return;
-    int64_t ttl = 0;
+    int64_t ttl = v->have_spec ? v->spec.ttl_s : 0; /* the longest a peer's lease may run */
     for (size_t i = 0; i < v->n_pods; i++)
         ttl = v->pods[i].ttl_s > ttl ? v->pods[i].ttl_s : ttl;
     for (size_t i = 0; i < v->n_pods; i++) {
         const edl_pod_status *s = v->has_st[i] ? &v->st[i] : NULL;
         const edl_member *m = edl_generation_member(&v->gen, v->pods[i].name, v->pods[i].lease);
-        if (!m || !s || s->generation != v->gen.generation)
-            continue;
         char what[48];
-        if (s->state == EDL_TRAINER_EXITED && s->exit_code != 0)
-            snprintf(what, sizeof what, "exited with code %d", s->exit_code);
-        else if (s->state == EDL_TRAINER_SIGNALED)
-            snprintf(what, sizeof what, "was killed by signal %d", s->signal);
-        else if (s->state == EDL_TRAINER_HUNG)
-            snprintf(what, sizeof what, "hung");
-        else
+        if (!m || !s || s->generation != v->gen.generation ||
+            !edl_trainer_failure(s, what, sizeof what))
             continue;
         printf("pending: pod %s (rank %d) %s in generation %lld; the job server decides once its "
                "peers step, fail, renew their leases or lose them (at most %lld s after it)\n",
                v->pods[i].name, m->rank, what, (long long)v->gen.generation,
-               (long long)(ttl > 0 ? ttl + 1 : 11));
+               (long long)(ttl + EDL_HOLD_MARGIN_MS / 1000));
     }
 }
 

@@ -75,6 +75,19 @@ const char *edl_trainer_state_name(edl_trainer_state s)
     return (unsigned)s < 6 ? trainer_state_names[s] : "unknown";
 }
 
+bool edl_trainer_failure(const edl_pod_status *s, char *buf, size_t len)
+{
+    if (s->state == EDL_TRAINER_EXITED && s->exit_code != 0)
+        snprintf(buf, len, "exited with code %d", s->exit_code);
+    else if (s->state == EDL_TRAINER_SIGNALED)
+        snprintf(buf, len, "was killed by signal %d", s->signal);
+    else if (s->state == EDL_TRAINER_HUNG)
+        snprintf(buf, len, "hung");
+    else
+        return false;
+    return true;
+}
+
 int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char *err,
                          size_t errlen)
 {

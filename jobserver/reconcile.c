@@ -221,23 +221,19 @@ static bool describe_failure(const edl_member *mb, const char *role, const edl_p
     f->own = own_failure(s);
     f->marked = f->own && s->own_error;
     f->message_hash = message_hash(s->message);
+    char failed[48];
+    if (!edl_trainer_failure(s, failed, sizeof failed))
+        return false;
     if (s->state == EDL_TRAINER_EXITED) {
         f->code = s->exit_code;
-        len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) exited with code %d", mb->pod,
-                       role, mb->rank, s->exit_code);
     } else if (s->state == EDL_TRAINER_SIGNALED) {
         f->code = 128 + s->signal;
-        len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) was killed by signal %d",
-                       mb->pod, role, mb->rank, s->signal);
-    } else if (s->state == EDL_TRAINER_HUNG) {
-        /* It waited on a peer inside a collective: the generation is stuck, not this pod's
-         * fault as far as anyone can tell, so it costs a restart but no exclusion. */
+    } else { /* hung: it waited on a peer inside a collective: the generation is stuck, not
+              * this pod's fault as far as anyone can tell, so a restart but no exclusion */
         f->code = -1;
         f->blamed = false;
-        len = snprintf(f->what, sizeof f->what, "pod %s (rank %d) hung", mb->pod, mb->rank);
-    } else {
-        return false;
     }
+    len = snprintf(f->what, sizeof f->what, "pod %s (%s %d) %s", mb->pod, role, mb->rank, failed);
     if (msg && len > 0 && (size_t)len < sizeof f->what)
         snprintf(f->what + len, sizeof f->what - (size_t)len, ": %.*s",
                  (int)(sizeof f->what - (size_t)len), msg);
@@ -923,7 +919,6 @@ static bool member_lost(const js_observed *o)
  * and so do the workers of a job with parameter servers (they share no collective: each talks
  * to the servers only), so there a running status says nothing: no hold, and the failed
  * worker's share is not left idle for a lease TTL. */
-#define HOLD_MARGIN_MS 1000
 #define HOLD_SAMPLE_MS 250
 #define HOLD_PROBE_MS 1000
 static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const failure *fl,
@@ -965,7 +960,7 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
             return false; /* out of memory: decide now rather than hold blind */
         out->probe[out->n_probe++] = (size_t)i;
     }
-    int64_t due = m->hold_since_mono_ms + ttl_ms + HOLD_MARGIN_MS;
+    int64_t due = m->hold_since_mono_ms + ttl_ms + EDL_HOLD_MARGIN_MS;
     if (!ttl_ms || o->mono_ms >= due) {
         free(out->probe);
         out->probe = NULL, out->n_probe = 0;
@@ -973,7 +968,7 @@ static bool hold_for_silent_peers(const js_observed *o, js_memory *m, const fail
     }
     snprintf(why, len, "%s; waiting up to %.1f s for pod %s to step, fail or vanish (it may be "
              "silent: a pod whose agent died reports nothing until its lease expires)",
-             fl[0].what, (double)(ttl_ms + HOLD_MARGIN_MS) / 1000, silent);
+             fl[0].what, (double)(ttl_ms + EDL_HOLD_MARGIN_MS) / 1000, silent);
     if (stepping && o->mono_ms + HOLD_SAMPLE_MS < due)
         due = o->mono_ms + HOLD_SAMPLE_MS;
     else if (out->n_probe && o->mono_ms + HOLD_PROBE_MS < due)
@@ -1002,7 +997,7 @@ static int64_t silent_until(const js_observed *o, int64_t dead_since)
         int64_t t = pod_ttl_ms(o, i);
         ttl_ms = t > ttl_ms ? t : ttl_ms;
     }
-    return ttl_ms ? dead_since + ttl_ms + HOLD_MARGIN_MS : 0;
+    return ttl_ms ? dead_since + ttl_ms + EDL_HOLD_MARGIN_MS : 0;
 }
 
 /* The first member or server of the current generation whose trainer could not be started

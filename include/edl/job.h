@@ -34,6 +34,7 @@ extern "C" {
 #define EDL_MEMBERS_MAX 100000    /* largest membership a generation may list */
 #define EDL_GENERATION_MAX (INT64_C(1) << 52) /* highest generation number a document may hold */
 #define EDL_RESTARTS_MAX 1000000  /* most restarts a job counts, and failures one pod counts */
+#define EDL_HOLD_MARGIN_MS 1000   /* a failure waits for a silent peer its lease TTL + this */
 #define EDL_PS_SERVERS_MAX 1024   /* most parameter servers a job may have (spec ps.max) */
 #define EDL_TEACHERS_MAX 1024     /* most teachers a job may have (spec teachers.max) */
 #define EDL_TEACHER_SERVICE_MAX EDL_DNS_LABEL_MAX /* a teachers' service name: a DNS label */
@@ -260,6 +261,9 @@ typedef struct edl_pod_status {
 } edl_pod_status;
 
 const char *edl_trainer_state_name(edl_trainer_state s);
+/* A trainer's failure in words ("exited with code 3", "was killed by signal 9", "hung") into
+ * buf; false when the status is no failure (starting, running, stopped, exited 0). */
+bool edl_trainer_failure(const edl_pod_status *s, char *buf, size_t len);
 int edl_pod_status_parse(const char *json, size_t len, edl_pod_status *out, char *err,
                          size_t errlen);
 char *edl_pod_status_to_json(const edl_pod_status *s);
