@@ -52,6 +52,10 @@ static int new_nonce(edl_comm *c, uint8_t nonce[COLL_NONCE_BYTES])
     return EDL_EIO;
 }
 
+enum {
+    CONNECT_TRY_MS = 250, /* a connection's first try at its SYN and hello; doubled, to 2 s */
+};
+
 static int mac_of(edl_comm *c, const coll_link *l, enum coll_mac_kind kind, uint8_t *out)
 {
     int rc = coll_link_mac(&c->secret, c->keys.job, l, kind, out);
@@ -60,16 +64,36 @@ static int mac_of(edl_comm *c, const coll_link *l, enum coll_mac_kind kind, uint
     return rc;
 }
 
-/* One connection to rank j and the connector's side of the handshake. EDL_EPEER when the
- * connection closed before the challenge came (the acceptor dropped it: worth a retry). */
-static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, socklen_t salen,
-                        uint64_t token, int64_t deadline, int *out)
+/* Read rank j's challenge on fd. An attempt that the acceptor's kernel has not taken by
+ * try_until (the hello unacknowledged: its accept queue overflowed under a flood, and TCP's
+ * own retransmissions would wait seconds, doubling) ends there with EDL_EPEER, for a fresh
+ * connection (EDL_EBUSY); one it holds waits for the acceptor until the join's deadline. */
+static int read_challenge(int fd, uint8_t *ch, size_t chlen, int64_t try_until, int64_t deadline)
 {
-    int fd = -1, rc = edl_net_dial_addr((const struct sockaddr *)sa, salen, deadline, &fd);
+    int rc = edl_net_wait(fd, POLLIN, try_until);
+    if (rc == EDL_ETIMEDOUT && try_until < deadline && edl_net_unacked(fd))
+        return EDL_EBUSY;
+    return rc && rc != EDL_ETIMEDOUT ? rc : edl_net_read_all(fd, ch, chlen, deadline);
+}
+
+/* One connection to rank j and the connector's side of the handshake, the connection's own
+ * part (its SYN answered, its hello taken by the acceptor's kernel) within try_ms. EDL_EPEER
+ * when the acceptor dropped the connection before its challenge, or did not take it in time:
+ * worth a retry. */
+static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, socklen_t salen,
+                        uint64_t token, int64_t try_ms, int64_t deadline, int *out)
+{
+    int64_t try_until = edl_monotonic_ms() + try_ms;
+    try_until = try_until < deadline ? try_until : deadline;
+    int fd = -1, rc = edl_net_dial_addr((const struct sockaddr *)sa, salen, try_until, &fd);
     coll_link *l = &c->links[j];
     *l = (coll_link){.h = {.version = COLL_PROTO_VERSION, .generation = c->gen,
                            .from = c->rank, .to = j, .size = c->size, .token = token}};
     uint8_t hello[COLL_HELLO_BYTES], ch[64], mac[EDL_SECRET_MAC_BYTES], want[EDL_SECRET_MAC_BYTES];
+    if (rc == EDL_ETIMEDOUT && try_until < deadline) {
+        coll_set_err(c, "rank %d did not answer a connection in %lld ms", j, (long long)try_ms);
+        return EDL_EPEER;
+    }
     if (rc != 0) {
         coll_set_err(c, "cannot connect to rank %d: %s", j, strerror(errno));
         return rc == EDL_EIO ? rc : EDL_ECLOSED; /* not retried */
@@ -81,8 +105,14 @@ static int handshake_to(edl_comm *c, int j, const struct sockaddr_storage *sa, s
     coll_hello_encode(&l->h, hello);
     size_t chlen = coll_frame_bytes(COLL_CHALLENGE_MAGIC);
     if ((rc = edl_net_write_all(fd, hello, sizeof hello, deadline)) == 0)
-        rc = edl_net_read_all(fd, ch, chlen, deadline);
-    if (rc) {
+        rc = read_challenge(fd, ch, chlen, try_until, deadline);
+    if (rc == EDL_EBUSY) {
+        coll_set_err(c, "rank %d's host did not take the connection in %lld ms (its listen "
+                     "queue full?)", j, (long long)try_ms);
+        struct linger reset = {.l_onoff = 1, .l_linger = 0}; /* an RST: its kernel forgets it */
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+        rc = EDL_EPEER;
+    } else if (rc) {
         coll_set_err(c, "rank %d closed the connection before its challenge (%s)", j,
                      edl_strerror(rc));
     } else if (coll_frame_parse(ch, chlen, COLL_CHALLENGE_MAGIC, l->nonce_a, mac) != 0) {
@@ -119,7 +149,8 @@ static int link_to(edl_comm *c, int j, uint64_t token, int64_t deadline, int *fd
 {
     const coll_addr *a = &c->addrs[j];
     for (int attempt = 0;; attempt++) {
-        int rc = handshake_to(c, j, &a->sa, a->len, token, deadline, fd);
+        int rc = handshake_to(c, j, &a->sa, a->len, token, CONNECT_TRY_MS << (attempt < 3 ? attempt : 3),
+                              deadline, fd);
         int64_t nap = edl_http_backoff_ms(attempt, 20, 200, -1);
         if (rc != EDL_EPEER || edl_monotonic_ms() + nap >= deadline || coll_dead_announced(c))
             return rc;

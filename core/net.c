@@ -153,6 +153,13 @@ int edl_net_dial_addr(const struct sockaddr *sa, socklen_t len, int64_t deadline
     return 0;
 }
 
+bool edl_net_unacked(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    return getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_unacked > 0;
+}
+
 int edl_net_dial(const char *ep, int64_t deadline_ms, int *fd)
 {
     struct sockaddr_storage sa;

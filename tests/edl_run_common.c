@@ -90,6 +90,21 @@ pid_t edl_run_argv(const char *job, const char *const *opts, const char *const *
     return edl_run_in(job, opts, trainer, false);
 }
 
+void run_exits(const char *job, pid_t run, int timeout_ms, int code)
+{
+    int rc = harness_wait_exit(run, timeout_ms);
+    if (rc == code)
+        return;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "tail -n 60 %s/%s.log >&2", g_dir, job);
+    fprintf(stderr, "edl run of job %s: exit %d, not %d (-1: still running after %d ms); the end "
+            "of its log:\n", job, rc, code, timeout_ms);
+    fflush(stderr);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log)\n");
+    fail_msg("edl run of job %s exited %d, not %d", job, rc, code);
+}
+
 /* The same with a shell script as the trainer. */
 pid_t edl_run(const char *job, const char *const *opts, const char *script)
 {

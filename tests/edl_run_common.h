@@ -31,6 +31,9 @@ pid_t edl_run_in(const char *job, const char *const *opts, const char *const *tr
                  bool group);
 /* The same in the test's process group. */
 pid_t edl_run_argv(const char *job, const char *const *opts, const char *const *trainer);
+/* Wait for `edl run` of job (pid run) to exit with code; otherwise print the end of the job's
+ * log (what the launcher, agents and trainers said) and fail. */
+void run_exits(const char *job, pid_t run, int timeout_ms, int code);
 /* The same with a shell script as the trainer. */
 pid_t edl_run(const char *job, const char *const *opts, const char *script);
 /* A key of the job (edl/job.h's builder); a few live at once in one expression. */

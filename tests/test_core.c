@@ -489,6 +489,25 @@ static void test_net_deadline_holds_on_a_peer_that_never_answers(void **state)
     close(q);
 }
 
+/* edl_net_unacked: bytes sent on a connection that the peer's kernel holds are acknowledged
+ * at once, even though the peer's program never accepts it (what a joining rank reads to tell
+ * an acceptor that is merely busy from one whose accept queue dropped the connection). */
+static void test_net_unacked_clears_once_the_peers_kernel_holds_the_bytes(void **state)
+{
+    (void)state;
+    int l, port, c;
+    assert_int_equal(net_pair(&l, &port, &c, NULL), 0);
+    assert_false(edl_net_unacked(c)); /* nothing sent */
+    assert_int_equal(edl_net_write_all(c, "hello", 5, edl_monotonic_ms() + 1000), 0);
+    int64_t until = edl_monotonic_ms() + 5000;
+    while (edl_net_unacked(c) && edl_monotonic_ms() < until)
+        usleep(1000);
+    assert_false(edl_net_unacked(c));
+    close(c);
+    close(l);
+    assert_false(edl_net_unacked(0)); /* not a socket: no bytes waiting */
+}
+
 typedef struct {
     int fd;
     char buf[10];
@@ -1267,6 +1286,7 @@ int main(void)
         cmocka_unit_test(test_http_backoff_doubles_caps_jitters_and_obeys_retry_after),
         cmocka_unit_test(test_addr_keys_group_sources_by_ipv4_address_and_ipv6_64),
         cmocka_unit_test(test_net_deadline_holds_on_a_peer_that_never_answers),
+        cmocka_unit_test(test_net_unacked_clears_once_the_peers_kernel_holds_the_bytes),
         cmocka_unit_test(test_net_exact_read_gathers_short_reads),
         cmocka_unit_test(test_net_closed_peer_ends_reads_writes_and_dials_at_once),
         cmocka_unit_test(test_net_resolves_host_and_port),

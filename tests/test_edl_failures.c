@@ -60,7 +60,7 @@ static void test_trainer_error_file_restart_count_and_master_port(void **state)
              "\"$TORCHELASTIC_RESTART_COUNT\" > \"$TORCHELASTIC_ERROR_FILE\"; exit 1; fi; sleep 1",
              g_dir);
     pid_t run = edl_run(job, opts, script);
-    assert_int_equal(harness_wait_exit(run, 60000), 1); /* budget of 1 spent */
+    run_exits(job, run, 60000, 1); /* budget of 1 spent */
     edl_generation c = {0};
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_FAILED);
@@ -257,7 +257,7 @@ static void test_failure_cause_is_the_last_stderr_lines(void **state)
     const char *opts[] = {"--np", "1", "--etcd", ep(), "--grace-ms", "1000", NULL};
     pid_t run = edl_run(job, opts, "echo zero >&2; echo one >&2; echo >&2; echo two >&2; "
                                    "printf 'three, no newline' >&2; exit 4");
-    assert_int_equal(harness_wait_exit(run, 30000), 1);
+    run_exits(job, run, 30000, 1);
     char last[2048];
     assert_int_equal(log_count(job, "] one", last, sizeof last), 1);
     assert_int_equal(log_count(job, "] three, no newline", last, sizeof last), 1);
@@ -296,7 +296,7 @@ static void test_killed_agent_leaves_the_generation_at_once(void **state)
     assert_non_null(strstr(c.reason, "left"));
     assert_true(log_has(job, victim, "exited unexpectedly", NULL));
     kill(run, SIGTERM);
-    assert_int_equal(harness_wait_exit(run, 30000), 143);
+    run_exits(job, run, 30000, 143);
     edl_generation_clear(&c);
 }
 
@@ -316,7 +316,7 @@ static void test_rank_stuck_in_a_collective_is_a_hang(void **state)
              "elastic 40", EDL_COLL_WORKER);
     int64_t t0 = harness_now_ms();
     pid_t run = edl_run(job, opts, script);
-    assert_int_equal(harness_wait_exit(run, 60000), 0);
+    run_exits(job, run, 60000, 0);
     edl_generation c = {0};
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
@@ -357,7 +357,7 @@ static void test_a_failure_beside_a_blocked_peer_is_decided_once_its_lease_renew
                                                                   "(rank ")), 2500))
         fail_msg("edl status during the hold shows no pending failure:\n%s", out);
     assert_non_null(strstr(out, "exited with code 3 in generation"));
-    assert_int_equal(harness_wait_exit(run, 30000), 1);
+    run_exits(job, run, 30000, 1);
     int64_t took = harness_now_ms() - t0;
     print_message("a failure beside a blocked peer: the job ended %lld ms after the exit "
                   "(lease TTL 6 s)\n", (long long)took);
@@ -391,7 +391,7 @@ static void peer_loss_case(const char *job, const char *mode)
     int64_t g = c.generation;
     wait_step(job, pod, 10, 20000); /* training is under way */
     signal_agent(job, pod, SIGKILL);
-    assert_int_equal(harness_wait_exit(run, 90000), 0);
+    run_exits(job, run, 90000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_true(c.generation > g);
@@ -450,7 +450,7 @@ static void test_etcd_outage_does_not_kill_trainers(void **state)
     assert_int_equal(harness_wait_exit(run, 0), -1);
     const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(NULL, 0, stop), 0);
-    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    run_exits(job, run, 30000, 4);
     edl_generation_clear(&c);
 }
 

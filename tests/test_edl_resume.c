@@ -48,7 +48,7 @@ static void test_example_trainer_survives_reformation(void **state)
     const char *scale[] = {"scale", job, "3", "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(NULL, 0, scale), 0);
     wait_running(job, 3, 20000, &c);
-    assert_int_equal(harness_wait_exit(run, 90000), 0);
+    run_exits(job, run, 90000, 0);
     char path[300], line[256];
     snprintf(path, sizeof path, "%s/learn/shared/result.txt", g_dir);
     FILE *f = fopen(path, "r");
@@ -154,7 +154,7 @@ static void test_a_corrupt_newest_checkpoint_resumes_from_the_one_before(void **
     snprintf(uri, sizeof uri, "file://%s", dir);
     const char *opts[] = {"--np", "1", "--grace-ms", "1000", "--checkpoint-uri", uri, NULL};
     const char *to30[] = {EDL_EXAMPLE_TRAINER, "--steps", "30", "--step-ms", "5", NULL};
-    assert_int_equal(harness_wait_exit(edl_run_argv(job, opts, to30), 60000), 0);
+    run_exits(job, edl_run_argv(job, opts, to30), 60000, 0);
     assert_int_equal(newest_checkpoint(dir, NULL), 30);
     snprintf(cmd, sizeof cmd, "f=$(ls -d %s/ckpt-0000000000000030-g*)/rank-0/shard-0; "
              "printf '\\377\\377\\377\\377' | dd of=$f bs=1 seek=8 conv=notrunc status=none && "
@@ -162,7 +162,7 @@ static void test_a_corrupt_newest_checkpoint_resumes_from_the_one_before(void **
     assert_int_equal(harness_shell(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "flipped"));
     const char *to40[] = {EDL_EXAMPLE_TRAINER, "--steps", "40", "--step-ms", "5", NULL};
-    assert_int_equal(harness_wait_exit(edl_run_argv(job, opts, to40), 60000), 0);
+    run_exits(job, edl_run_argv(job, opts, to40), 60000, 0);
     assert_int_equal(resumed_at(job, 2, 0), 20);
     assert_true(log_has(job, "checkpoint step 30 is unusable", "corrupt", "trying the one before"));
     assert_int_equal(newest_checkpoint(dir, NULL), 40);
@@ -188,7 +188,7 @@ static void test_a_job_run_again_resumes_from_its_checkpoints(void **state)
     wait_checkpoint(dir, 20, 30000);
     const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(NULL, 0, stop), 0);
-    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    run_exits(job, run, 30000, 4);
     long first = newest_checkpoint(dir, NULL);
 
     run = edl_run_argv(job, own_etcd, endless);
@@ -204,7 +204,7 @@ static void test_a_job_run_again_resumes_from_its_checkpoints(void **state)
     run = edl_run_argv(job, own_etcd, finite);
     long third = resumed_at(job, 3, 30000);
     assert_true(third >= second && third < second + 20);
-    assert_int_equal(harness_wait_exit(run, 60000), 0);
+    run_exits(job, run, 60000, 0);
     int kept = 0;
     assert_int_equal(newest_checkpoint(dir, &kept), second + 20);
     assert_int_equal(kept, 3);
@@ -214,7 +214,7 @@ static void test_a_job_run_again_resumes_from_its_checkpoints(void **state)
     const char *short_run[] = {EDL_EXAMPLE_TRAINER, "--steps", "10", "--step-ms", "5", NULL};
     run = edl_run_argv(job, fresh, short_run);
     assert_int_equal(resumed_at(job, 4, 30000), 0);
-    assert_int_equal(harness_wait_exit(run, 60000), 0);
+    run_exits(job, run, 60000, 0);
     assert_true(log_has(job, "--fresh: moved 3 checkpoints of", uri, "/previous-"));
     assert_int_equal(newest_checkpoint(dir, NULL), 10);
 }
@@ -279,7 +279,7 @@ static void test_inprocess_mlp_survives_scale_and_kill_without_restarts(void **s
     long pid2 = trainer_pid(job, "mlp-2");
     wait_step(job, "mlp-2", pod_step(job, "mlp-0") + 100, 20000); /* some training in three */
     assert_int_equal(kill((pid_t)pid1, SIGKILL), 0); /* a trainer crashes mid-training */
-    assert_int_equal(harness_wait_exit(run, 120000), 0);
+    run_exits(job, run, 120000, 0);
     char path[400];
     snprintf(path, sizeof path, "%s/result.txt", out);
     FILE *f = fopen(path, "r");

@@ -181,7 +181,7 @@ static void test_ps_role_end_to_end(void **state)
     FILE *f = fopen(go, "w");
     assert_non_null(f);
     fclose(f);
-    assert_int_equal(harness_wait_exit(run, 30000), 0);
+    run_exits(job, run, 30000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     for (int s = 0; s < 3; s++)
@@ -284,7 +284,7 @@ static void test_teacher_role_end_to_end(void **state)
     FILE *f = fopen(go, "w");
     assert_non_null(f);
     fclose(f);
-    assert_int_equal(harness_wait_exit(run, 30000), 0);
+    run_exits(job, run, 30000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(teacher_names("tsvc", names, 8), 0); /* they left the service */
@@ -364,7 +364,7 @@ static void test_distill_student_follows_teachers_that_scale_and_die(void **stat
     snprintf(cmd, sizeof cmd, "grep -q 'distill: student: test accuracy' %s", student);
     assert_int_not_equal(system(cmd), 0); /* all of it while the student trained */
     assert_int_equal(edl_cmd(o2, sizeof o2, up), 0); /* four again, to finish sooner */
-    assert_int_equal(harness_wait_exit(run, 120000), 0);
+    run_exits(job, run, 120000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(c.restarts, 0);
@@ -455,7 +455,7 @@ static void test_ctr_trains_while_servers_join_and_die(void **state)
     snprintf(path, sizeof path, "%s.%s", out, w0);
     assert_true(ctr_auc(path) < 0);
     assert_int_equal(kill((pid_t)victim, SIGKILL), 0);
-    assert_int_equal(harness_wait_exit(run, 240000), 0);
+    run_exits(job, run, 240000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(c.restarts, 0); /* no worker was restarted */
@@ -497,7 +497,7 @@ static void test_ctr_a_server_killed_without_replicas_is_reported_once_a_table(v
     long victim = running_pid(job, c.servers[0].pod, c.generation);
     assert_true(victim > 0);
     assert_int_equal(kill((pid_t)victim, SIGKILL), 0);
-    assert_int_equal(harness_wait_exit(run, 240000), 0);
+    run_exits(job, run, 240000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     snprintf(cmd, sizeof cmd, "cat %s.* | grep -c 'shard [0-9]* of table'", out);
@@ -544,7 +544,7 @@ static void test_ctr_resumes_while_workers_join_and_die(void **state)
     long victim = running_pid(job, c.members[1].pod, c.generation);
     assert_true(victim > 0);
     assert_int_equal(kill((pid_t)victim, SIGKILL), 0);
-    assert_int_equal(harness_wait_exit(run, 240000), 0);
+    run_exits(job, run, 240000, 0);
     assert_true(read_generation(job, &c));
     assert_int_equal(c.state, EDL_JOB_SUCCEEDED);
     assert_int_equal(c.restarts, 1); /* the kill; the join restarted the workers for free */

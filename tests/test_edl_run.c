@@ -64,7 +64,7 @@ static void test_every_rank_gets_the_exact_environment(void **state)
     snprintf(script, sizeof script, "env > %s/env.$EDL_RANK", g_dir);
     const char *opts[] = {"--np", "3", "--settle-ms", "200", NULL};
     pid_t run = edl_run("envjob", opts, script);
-    assert_int_equal(harness_wait_exit(run, 60000), 0); /* all exit 0: succeeded */
+    run_exits("envjob", run, 60000, 0); /* all exit 0: succeeded */
     char master_addr[64], master_port[16], eps[512], v[512], path[300];
     snprintf(path, sizeof path, "%s/env.0", g_dir);
     assert_non_null(env_value(path, "MASTER_ADDR", master_addr, sizeof master_addr));
@@ -225,7 +225,7 @@ static void test_scale_leave_kill_and_stop(void **state)
     const char *stop[] = {"stop", job, NULL};
     assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
     assert_non_null(strstr(out, "stopped"));
-    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    run_exits(job, run, 30000, 4);
     read_generation(job, &c);
     assert_int_equal(c.state, EDL_JOB_STOPPED);
     edl_generation_clear(&c);
@@ -256,7 +256,7 @@ static void test_standby_promoted_when_a_member_leaves(void **state)
     printf("# standby promoted and running %lld ms after a member's graceful leave\n",
            (long long)(harness_now_ms() - t0));
     kill(run, SIGTERM);
-    assert_int_equal(harness_wait_exit(run, 30000), 143);
+    run_exits(job, run, 30000, 143);
     edl_generation_clear(&c);
 }
 
@@ -288,7 +288,7 @@ static void test_idle_launcher_sleeps_until_something_is_due(void **state)
     harness_sleep_ms(2000); /* the time is the test: nothing is due in it */
     long woke = wakeups(run) - before;
     kill(run, SIGTERM);
-    assert_int_equal(harness_wait_exit(run, 30000), 143);
+    run_exits(job, run, 30000, 143);
     edl_generation_clear(&c);
     if (before < 0 || woke > 3)
         fail_msg("the idle launcher woke %ld times in 2 s (at most 3 expected)", woke);
@@ -463,7 +463,7 @@ static void test_stop_returns_when_the_jobs_etcd_is_gone(void **state)
     harness_sleep_ms(1500); /* time to return too early, which it must not do */
     assert_int_equal(harness_wait_exit(stop, 0), -1); /* still waiting */
     kill(run, SIGTERM); /* the launcher ends, and its etcd with it */
-    assert_int_equal(harness_wait_exit(run, 30000), 143);
+    run_exits(job, run, 30000, 143);
     int64_t t0 = harness_now_ms();
     int rc = harness_wait_exit(stop, 15000);
     if (rc == -1) {
@@ -555,7 +555,7 @@ static void test_service_commands_find_a_local_jobs_etcd(void **state)
     assert_non_null(strstr(out, "http://127.0.0.1:9"));
     const char *stop[] = {"stop", job, NULL};
     assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
-    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    run_exits(job, run, 30000, 4);
 }
 
 /* An agent killed outright leaves nothing behind: its private directory (the trainer's
@@ -579,7 +579,7 @@ static void test_killed_agents_leave_no_directories(void **state)
     wait_running_after(job, c.generation, 1, 20000, &c); /* its replacement */
     const char *stop[] = {"stop", job, "--etcd", ep(), NULL};
     assert_int_equal(edl_cmd(out, sizeof out, stop), 0);
-    assert_int_equal(harness_wait_exit(run, 30000), 4);
+    run_exits(job, run, 30000, 4);
     snprintf(cmd, sizeof cmd, "ls -A %s; ls -A %s | grep '^%s' | grep -vx '%s.logs' || true",
              tmp, getenv("EDL_STATE_DIR"), job, job);
     assert_int_equal(harness_shell(cmd, out, sizeof out), 0);

@@ -8,6 +8,7 @@
 #ifndef EDL_NET_H
 #define EDL_NET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -40,6 +41,12 @@ int edl_net_listen(const char *host, int port, int *fd, int *bound_port);
 int edl_net_dial_addr(const struct sockaddr *sa, socklen_t len, int64_t deadline_ms, int *fd);
 /* The same to "host:port" (EDL_EINVAL when it does not resolve). */
 int edl_net_dial(const char *ep, int64_t deadline_ms, int *fd);
+
+/* Whether bytes sent on the TCP connection fd still wait for the peer's acknowledgement. A
+ * connection whose handshake the peer's kernel did not complete (its accept queue was full:
+ * the final ACK and the data behind it are dropped and retransmitted with a growing back-off)
+ * shows its first bytes unacknowledged; one the peer's kernel holds for its program does not. */
+bool edl_net_unacked(int fd);
 
 /* Wait until fd is ready for events (POLLIN, POLLOUT): 0 (ready, or hung up: the next call
  * says which), EDL_ETIMEDOUT, EDL_EIO. */
