@@ -1066,13 +1066,14 @@ int agent_run(agent_opts *o)
                  strerror(errno));
     if (!a.ps && !a.teacher) /* TORCHELASTIC_ERROR_FILE is a worker's */
         agent_error_file_open(&a);
-    if (o->metrics_port > 0) {
-        edl_metrics_opts mo = {.addr = o->metrics_addr, .port = o->metrics_port};
+    if (o->metrics_port != 0) {
+        edl_metrics_opts mo = {.addr = o->metrics_addr,
+                               .port = o->metrics_port == AGENT_METRICS_AUTO ? 0 : o->metrics_port};
         if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0 ||
             edl_metrics_attach(a.metrics, a.loop) != 0) {
             EDL_ERROR("agent", "cannot serve metrics on %s port %d; choose another "
                       "--metrics-port or --metrics-addr", o->metrics_addr ? o->metrics_addr :
-                      "0.0.0.0", o->metrics_port);
+                      "0.0.0.0", mo.port);
             goto out;
         }
     }

@@ -37,7 +37,8 @@ static const char usage_text[] =
     "  --addr ADDR          address peers reach the trainer at (default: $POD_IP, else 127.0.0.1)\n"
     "  --port PORT          the trainer's port; rank 0's is MASTER_PORT; a teacher's server\n"
     "                       listens on it (default: a free port)\n"
-    "  --metrics-port PORT  serve /metrics and /healthz on this port (default: 0 = off)\n"
+    "  --metrics-port PORT  serve /metrics and /healthz on this port; auto: a free one, named\n"
+    "                       in the pod's registration (edl status shows it) (default: 0 = off)\n"
     "  --metrics-addr ADDR  the address /metrics listens on, IPv4 or IPv6 (default: 0.0.0.0)\n"
     "  --grace-ms MS        SIGTERM-to-SIGKILL grace when stopping the trainer (default: 10000)\n"
     "  --scratch-dir DIR    where the agent makes its private directory (the trainer's\n"
@@ -200,8 +201,10 @@ static int parse_args(int argc, char **argv, agent_opts *o)
             o->port = (int)v;
             break;
         case O_MPORT:
-            if (parse_int(optarg, 0, 65535, &v))
-                return bad("--metrics-port '%s': expected 0..65535", optarg);
+            if (strcmp(optarg, "auto") == 0)
+                v = AGENT_METRICS_AUTO;
+            else if (parse_int(optarg, 0, 65535, &v))
+                return bad("--metrics-port '%s': expected 0..65535 or auto", optarg);
             o->metrics_port = (int)v;
             break;
         case O_GRACE:

@@ -311,9 +311,8 @@ static int start_agent(launcher *l, int role)
     static const char *const suffix[N_ROLES] = {"", "-ps", "-teacher"};
     snprintf(k->name, sizeof k->name, "%s%s-%d", l->o.job, suffix[role],
              l->next_index[role]++);
-    char grace[32], mport[16], tport[16];
+    char grace[32], tport[16];
     snprintf(grace, sizeof grace, "%lld", (long long)l->o.grace_ms);
-    snprintf(mport, sizeof mport, "%d", edl_free_port(LOCAL_METRICS_ADDR));
     char *argv[64 + 1024];
     size_t a = 0;
     argv[a++] = l->agent_bin;
@@ -330,12 +329,12 @@ static int start_agent(launcher *l, int role)
         argv[a++] = l->scratch;
     }
     a += role_args(l, role, argv + a, tport, sizeof tport);
-    if (strcmp(mport, "0") != 0) { /* edl status shows where each agent's /metrics is */
-        argv[a++] = "--metrics-port";
-        argv[a++] = mport;
-        argv[a++] = "--metrics-addr";
-        argv[a++] = LOCAL_METRICS_ADDR;
-    }
+    /* edl status shows where each agent's /metrics is, from its registration: a port chosen
+     * here would be free only until the agent binds it (another process may take it first) */
+    argv[a++] = "--metrics-port";
+    argv[a++] = "auto";
+    argv[a++] = "--metrics-addr";
+    argv[a++] = LOCAL_METRICS_ADDR;
     argv[a++] = "--";
     for (char **t = l->o.trainer; *t && a < sizeof argv / sizeof argv[0] - 1; t++)
         argv[a++] = *t;

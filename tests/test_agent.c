@@ -462,6 +462,9 @@ static void test_help_and_bad_options_exit_codes(void **state)
                                "--metrics-port", "9", "--metrics-addr", "localhost", "--", "true",
                                NULL};
     assert_int_equal(run_status(bad_maddr), 2);
+    const char *bad_mport[] = {EDL_AGENT_BIN, "--etcd", "http://127.0.0.1:1", "--job", "j",
+                               "--metrics-port", "any", "--", "true", NULL};
+    assert_int_equal(run_status(bad_mport), 2);
 }
 
 static void test_unreachable_etcd_at_startup_exits_3(void **state)
