@@ -1068,7 +1068,7 @@ int agent_run(agent_opts *o)
         agent_error_file_open(&a);
     if (o->metrics_port != 0) {
         edl_metrics_opts mo = {.addr = o->metrics_addr,
-                               .port = o->metrics_port == AGENT_METRICS_AUTO ? 0 : o->metrics_port};
+                               .port = edl_metrics_listen_port(o->metrics_port)};
         if (edl_metrics_open(&mo, agent_metrics_write, &a, &a.metrics) != 0 ||
             edl_metrics_attach(a.metrics, a.loop) != 0) {
             EDL_ERROR("agent", "cannot serve metrics on %s port %d; choose another "

@@ -32,13 +32,11 @@
 /* Exit codes: EDL_EXIT_* of edl/job.h (documented in --help and docs/agent.md); 128 + N when
  * the agent left gracefully on signal N. */
 
-enum { AGENT_METRICS_AUTO = -1 }; /* --metrics-port auto: a free port, bound at start */
-
 typedef struct agent_opts {
     edl_etcd_config etcd; /* endpoints, TLS and auth: flags, else EDL_ETCD_* (checked) */
     char *job, *pod, *prefix, *addr, *role, *host;
     int64_t ttl_s;        /* 0: the spec's */
-    int port, metrics_port; /* metrics_port 0: off; AGENT_METRICS_AUTO: a free one */
+    int port, metrics_port; /* metrics_port 0: off; EDL_METRICS_PORT_AUTO */
     char *metrics_addr;   /* listen address of /metrics (NULL: 0.0.0.0) */
     char *scratch_dir;    /* where the agent makes its own directory (NULL: $TMPDIR, /tmp) */
     int64_t grace_ms;

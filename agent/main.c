@@ -201,11 +201,8 @@ static int parse_args(int argc, char **argv, agent_opts *o)
             o->port = (int)v;
             break;
         case O_MPORT:
-            if (strcmp(optarg, "auto") == 0)
-                v = AGENT_METRICS_AUTO;
-            else if (parse_int(optarg, 0, 65535, &v))
+            if (edl_metrics_port_parse(optarg, &o->metrics_port))
                 return bad("--metrics-port '%s': expected 0..65535 or auto", optarg);
-            o->metrics_port = (int)v;
             break;
         case O_GRACE:
             if (parse_int(optarg, 0, 3600000, &v))

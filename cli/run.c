@@ -353,14 +353,10 @@ static int start_jobserver(launcher *l)
     snprintf(l->js.name, sizeof l->js.name, "jobserver");
     char id[EDL_NAME_MAX + 32];
     snprintf(id, sizeof id, "%s-jobserver-%d", l->o.job, (int)getpid());
-    char mport[16];
-    int port = edl_free_port(LOCAL_METRICS_ADDR);
-    snprintf(mport, sizeof mport, "%d", port);
+    /* it binds a free port itself and names it in its first lines ("/metrics at URL") */
     char *argv[] = {l->js_bin, "--job", (char *)l->o.job, "--prefix", (char *)l->o.prefix,
-                    "--id", id, "--ttl", "5", "--metrics-port", mport, "--metrics-addr",
+                    "--id", id, "--ttl", "5", "--metrics-port", "auto", "--metrics-addr",
                     LOCAL_METRICS_ADDR, NULL};
-    if (port)
-        say("job server metrics: http://%s:%d/metrics", LOCAL_METRICS_ADDR, port);
     return spawn(l, &l->js, argv);
 }
 

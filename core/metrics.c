@@ -9,6 +9,7 @@
 #include "edl/metrics.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -289,6 +290,21 @@ static bool listen_addr(const char *addr, int port, struct sockaddr_storage *ss,
         return true;
     }
     return false;
+}
+
+int edl_metrics_port_parse(const char *s, int *port)
+{
+    if (s && strcmp(s, "auto") == 0) {
+        *port = EDL_METRICS_PORT_AUTO;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    long v = s && *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : -1; /* no sign, no space */
+    if (v < 0 || *end || errno || v > 65535)
+        return EDL_EINVAL;
+    *port = (int)v;
+    return 0;
 }
 
 bool edl_metrics_addr_valid(const char *addr)

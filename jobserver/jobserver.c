@@ -387,15 +387,20 @@ int js_run(const js_config *cfg)
         EDL_ERROR(LOG, "cannot start its etcd worker: %s", edl_strerror(rc));
         goto out;
     }
-    if (cfg->metrics_port > 0) {
-        edl_metrics_opts mo = {.addr = cfg->metrics_addr, .port = cfg->metrics_port};
+    if (cfg->metrics_port != 0) {
+        edl_metrics_opts mo = {.addr = cfg->metrics_addr,
+                               .port = edl_metrics_listen_port(cfg->metrics_port)};
         int hrc = edl_metrics_open(&mo, write_metrics, &js, &js.metrics);
         hrc = hrc ? hrc : edl_metrics_attach(js.metrics, js.loop);
         if (hrc) {
             EDL_ERROR(LOG, "cannot serve /metrics on %s port %d: %s", cfg->metrics_addr ?
-                      cfg->metrics_addr : "0.0.0.0", cfg->metrics_port, edl_strerror(hrc));
+                      cfg->metrics_addr : "0.0.0.0", mo.port, edl_strerror(hrc));
             goto out;
         }
+        if (cfg->metrics_port == EDL_METRICS_PORT_AUTO)
+            EDL_INFO(LOG, "job %s: /metrics at http://%s:%d/metrics", cfg->job,
+                     cfg->metrics_addr ? cfg->metrics_addr : "0.0.0.0",
+                     edl_metrics_port(js.metrics));
     }
     js.exit_code = EDL_EXIT_SUCCEEDED;
     start_due(&js, edl_monotonic_ms());

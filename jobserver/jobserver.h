@@ -14,7 +14,7 @@ typedef struct js_config {
     char *prefix;      /* key prefix (EDL_DEFAULT_PREFIX) */
     char *id;          /* this replica's identity (hostname-pid) */
     int64_t ttl_s;     /* leadership lease TTL: a standby takes over within it (10) */
-    int metrics_port;  /* 0: no /metrics */
+    int metrics_port;  /* 0: no /metrics; EDL_METRICS_PORT_AUTO: a free port */
     char *metrics_addr; /* its listen address (NULL: 0.0.0.0) */
     bool exit_when_done; /* exit once the job is final (0 succeeded, 1 failed, 4 stopped) */
 } js_config;

@@ -33,7 +33,8 @@ static void usage(FILE *out)
             "  --id ID             this replica's name in the election (default: host-pid)\n"
             "  --ttl SECONDS       leadership lease TTL (default: 10)\n"
             "  --exit-when-done    exit once the job has succeeded, failed or been stopped\n"
-            "  --metrics-port P    serve /metrics (Prometheus) and /healthz on port P (0: off)\n"
+            "  --metrics-port P    serve /metrics (Prometheus) and /healthz on port P (0: off;\n"
+            "                      auto: a free one, named in a log line at start)\n"
             "  --metrics-addr ADDR the address /metrics listens on, IPv4 or IPv6 (default: 0.0.0.0)\n"
             "  --log-level LEVEL   debug, info, warn or error (default: $EDL_LOG_LEVEL or info)\n"
             "  -h, --help          this text\n"
@@ -169,12 +170,11 @@ int main(int argc, char **argv)
         case 'x': cfg.exit_when_done = true; break;
         case 'M': cfg.metrics_addr = optarg; break;
         case 'm':
-            if (parse_int(optarg, 0, 65535, &v)) {
-                fprintf(stderr, "edl-jobserver: --metrics-port %s: expected a port, 0 to 65535\n",
-                        optarg);
+            if (edl_metrics_port_parse(optarg, &cfg.metrics_port)) {
+                fprintf(stderr, "edl-jobserver: --metrics-port %s: expected a port, 0 to 65535, "
+                        "or auto\n", optarg);
                 return EDL_EXIT_USAGE;
             }
-            cfg.metrics_port = (int)v;
             break;
         case 'l': {
             edl_log_level lv;

@@ -1024,6 +1024,28 @@ static void test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are
     serve_stop(&sv);
 }
 
+/* A program's --metrics-port: a port, 0 (off) or auto; anything else is refused whole. */
+static void test_metrics_port_option_takes_a_port_or_auto(void **state)
+{
+    (void)state;
+    int port = 1;
+    assert_int_equal(edl_metrics_port_parse("9400", &port), 0);
+    assert_int_equal(port, 9400);
+    assert_int_equal(edl_metrics_port_parse("0", &port), 0);
+    assert_int_equal(port, 0);
+    assert_int_equal(edl_metrics_port_parse("auto", &port), 0);
+    assert_int_equal(port, EDL_METRICS_PORT_AUTO);
+    assert_int_equal(edl_metrics_listen_port(port), 0); /* the server's "a free port" */
+    assert_int_equal(edl_metrics_listen_port(9400), 9400);
+    const char *bad[] = {"", "-1", "65536", "9400x", "Auto", "any", " 1", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        port = 7;
+        assert_int_equal(edl_metrics_port_parse(bad[i], &port), EDL_EINVAL);
+        assert_int_equal(port, 7);
+    }
+    assert_int_equal(edl_metrics_port_parse(NULL, &port), EDL_EINVAL);
+}
+
 static void test_metrics_server_listens_where_it_is_told(void **state)
 {
     (void)state;
@@ -1296,6 +1318,7 @@ int main(void)
         cmocka_unit_test(test_spawn_reports_what_cannot_run),
         cmocka_unit_test(test_prom_histogram_is_cumulative),
         cmocka_unit_test(test_metrics_server_answers_and_survives_bad_clients),
+        cmocka_unit_test(test_metrics_port_option_takes_a_port_or_auto),
         cmocka_unit_test(test_metrics_server_listens_where_it_is_told),
         cmocka_unit_test(test_metrics_scrapes_succeed_under_slow_clients_and_old_requests_are_closed),
     };

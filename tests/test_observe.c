@@ -359,15 +359,19 @@ static void check_endpoints(const char *const *urls)
     }
 }
 
-/* The job server's /metrics port, from `edl run`'s output. */
+/* The job server's /metrics port, from its line in `edl run`'s output (the last: a job server
+ * that `edl run` restarted binds another). */
 static int jobserver_port(const char *job)
 {
+    static const char said[] = "/metrics at http://127.0.0.1:";
     char path[300], text[65536];
     snprintf(path, sizeof path, "%s/%s.log", g_dir, job);
     assert_non_null(harness_read_file(path, text, sizeof text));
-    const char *p = strstr(text, "job server metrics: http://127.0.0.1:");
-    assert_non_null(p);
-    return atoi(p + strlen("job server metrics: http://127.0.0.1:"));
+    const char *p = strstr(text, said), *last = NULL;
+    for (; p; p = strstr(p + 1, said))
+        last = p;
+    assert_non_null(last);
+    return atoi(last + strlen(said));
 }
 
 static int agent_port(const char *job, const char *pod)

@@ -71,6 +71,17 @@ typedef struct edl_metrics_opts {
     int port;         /* 0: a free port (edl_metrics_port says which) */
 } edl_metrics_opts;
 
+/* A program's --metrics-port: 0..65535 (0: no /metrics), or "auto": a free port the program
+ * binds itself and says where (EDL_METRICS_PORT_AUTO). A port picked for a program by another
+ * is free only until the program binds it. 0 or EDL_EINVAL. */
+enum { EDL_METRICS_PORT_AUTO = -1 };
+int edl_metrics_port_parse(const char *s, int *port);
+/* The edl_metrics_opts port for a parsed --metrics-port that is not 0. */
+static inline int edl_metrics_listen_port(int parsed)
+{
+    return parsed == EDL_METRICS_PORT_AUTO ? 0 : parsed;
+}
+
 /* Whether addr is a listen address the server takes (an IPv4 or IPv6 literal): for checking a
  * command line before anything starts. */
 bool edl_metrics_addr_valid(const char *addr);
