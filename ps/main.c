@@ -36,7 +36,7 @@ static void usage(FILE *out)
             "  --max-connections N authenticated connections (default: 1024)\n"
             "  --max-unauthenticated N  connections not authenticated yet, bounded apart: at\n"
             "                      the bound a newcomer closes the oldest (default: 256)\n"
-            "  --metrics-port P    serve /metrics and /healthz on port P (0: any free port;\n"
+            "  --metrics-port P    serve /metrics and /healthz on port P (0 or auto: a free one;\n"
             "                      default: off): the server's counters, the shards lost and\n"
             "                      restored among them\n"
             "  --metrics-addr A    the address they listen on (default: 0.0.0.0)\n"
@@ -111,7 +111,10 @@ static int parse_args(int argc, char **argv, ps_args *a)
             a->o.max_connections = (int)v;
             break;
         case 'M':
-            bad = number("--metrics-port", optarg, 0, 65535, &v);
+            if (strcmp(optarg, "auto") == 0) /* as the agent's and job server's: a free port */
+                v = 0;
+            else
+                bad = number("--metrics-port", optarg, 0, 65535, &v);
             a->metrics_port = (int)v;
             break;
         case 'A':
