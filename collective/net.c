@@ -149,8 +149,8 @@ static int link_to(edl_comm *c, int j, uint64_t token, int64_t deadline, int *fd
 {
     const coll_addr *a = &c->addrs[j];
     for (int attempt = 0;; attempt++) {
-        int rc = handshake_to(c, j, &a->sa, a->len, token, CONNECT_TRY_MS << (attempt < 3 ? attempt : 3),
-                              deadline, fd);
+        int64_t try_ms = (int64_t)CONNECT_TRY_MS << (attempt < 3 ? attempt : 3);
+        int rc = handshake_to(c, j, &a->sa, a->len, token, try_ms, deadline, fd);
         int64_t nap = edl_http_backoff_ms(attempt, 20, 200, -1);
         if (rc != EDL_EPEER || edl_monotonic_ms() + nap >= deadline || coll_dead_announced(c))
             return rc;

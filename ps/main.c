@@ -110,13 +110,16 @@ static int parse_args(int argc, char **argv, ps_args *a)
             bad = number("--max-connections", optarg, 1, 1 << 20, &v);
             a->o.max_connections = (int)v;
             break;
-        case 'M':
-            if (strcmp(optarg, "auto") == 0) /* as the agent's and job server's: a free port */
-                v = 0;
-            else
-                bad = number("--metrics-port", optarg, 0, 65535, &v);
-            a->metrics_port = (int)v;
+        case 'M': { /* the agent's and job server's parser; here 0 is a free port too */
+            int mport = 0;
+            if (edl_metrics_port_parse(optarg, &mport) != 0) {
+                fprintf(stderr, "edl-ps: --metrics-port '%s': want an integer in 0..65535 or "
+                        "auto\n", optarg);
+                bad = -1;
+            }
+            a->metrics_port = edl_metrics_listen_port(mport);
             break;
+        }
         case 'A':
             if (!edl_metrics_addr_valid(optarg)) {
                 fprintf(stderr, "edl-ps: --metrics-addr '%s': an IPv4 or IPv6 address\n", optarg);
