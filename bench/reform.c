@@ -14,8 +14,9 @@
  *           kill (renewals every TTL/3), so what is beyond the TTL is the cost of detection and
  *           re-formation
  * Then the agents' resident memory (what it is made of: their own memory, the shared libraries'
- * pages, beside the floor of a process that only loads those libraries and initialises
- * libcurl) and CPU use while idle, and the job server's time to publish
+ * pages, beside the floors of processes that hold libc alone, OpenSSL alone (linked, then
+ * initialised as libcurl does), and the agent's libraries with libcurl initialised) and CPU
+ * use while idle, and the job server's time to publish
  * a generation of 1,000 members registered directly by this program (with js_reconcile's own
  * time measured in-process beside it).
  *
@@ -314,6 +315,37 @@ static void print_memory(const char *what, int n, proc_mem sum, long max_rss)
            (double)(sum.rss - sum.anon) / n / 1024.0, (double)sum.pss / n / 1024.0);
 }
 
+/* The floors an agent's memory stands on, each a process that waits to be measured: libc alone
+ * (sleep), OpenSSL linked (then initialised as libcurl does: tls_floor, beside this program),
+ * and everything an agent links with libcurl initialised (this program, --libcurl-floor). */
+enum { FLOORS = 4 };
+static const char *const floor_names[FLOORS] = {
+    "floor: libc alone (sleep)",
+    "floor: OpenSSL linked, not initialised",
+    "floor: OpenSSL initialised as libcurl does",
+    "floor: the same libraries, libcurl initialised, nothing else",
+};
+
+static void spawn_floors(pid_t *pids)
+{
+    char sleep_[] = "sleep", forever[] = "3600", self[] = "/proc/self/exe";
+    char tls[] = EDL_BENCH_DIR "/tls_floor", loaded[] = "--loaded", lc[] = "--libcurl-floor";
+    char *argv[FLOORS][3] = {{sleep_, forever, NULL}, {tls, loaded, NULL}, {tls, NULL, NULL},
+                             {self, lc, NULL}};
+    for (int i = 0; i < FLOORS; i++)
+        pids[i] = spawn(argv[i]);
+}
+
+static void print_floors(const pid_t *pids)
+{
+    for (int i = 0; i < FLOORS; i++) {
+        proc_mem f = proc_memory(pids[i]);
+        print_memory(floor_names[i], 1, f, f.rss);
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], NULL, 0);
+    }
+}
+
 static void idle_cost(bench *b, int seconds)
 {
     long t0[MAX_AGENTS], total0 = 0, total1 = 0, r;
@@ -321,9 +353,8 @@ static void idle_cost(bench *b, int seconds)
         proc_usage(b->agents[i], &t0[i], &r);
         total0 += t0[i];
     }
-    char self[] = "/proc/self/exe", floor_arg[] = "--libcurl-floor";
-    char *fv[] = {self, floor_arg, NULL};
-    pid_t floor = spawn(fv);
+    pid_t floors[FLOORS];
+    spawn_floors(floors);
     sleep((unsigned)seconds);
     long max_rss = 0;
     proc_mem sum = {0, 0, 0};
@@ -345,10 +376,7 @@ static void idle_cost(bench *b, int seconds)
            b->n_agents, seconds, (double)sum.rss / b->n_agents / 1024.0,
            (double)max_rss / 1024.0, cpu, b->ttl / 3.0);
     print_memory("agent idle", b->n_agents, sum, max_rss);
-    proc_mem f = proc_memory(floor);
-    print_memory("floor: the same libraries, libcurl initialised, nothing else", 1, f, f.rss);
-    kill(floor, SIGKILL);
-    waitpid(floor, NULL, 0);
+    print_floors(floors);
 }
 
 static void stop_all(bench *b)
