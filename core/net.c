@@ -9,6 +9,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -199,19 +201,61 @@ int edl_net_read_all(int fd, void *buf, size_t len, int64_t deadline_ms)
     return transfer_all(fd, buf, len, false, deadline_ms);
 }
 
+/* The ports edl_free_port handed out last in this process. The kernel's bind to port 0 picks
+ * at random among the free ones, and a port handed out is free again until the caller's child
+ * binds it, so two picks a moment apart may return the same port (1 in 12,500 pairs on the
+ * build machine): a launcher's two children, or an agent's trainer and rendezvous ports,
+ * would then clash. A port in this ring is not handed out again while the ring holds it. */
+#define RECENT_PORTS 64
+#define FREE_PORT_TRIES 16
+
+static struct {
+    pthread_mutex_t mu;
+    int port[RECENT_PORTS];
+    unsigned next;
+} recent_ports = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static bool port_recent(int port)
+{
+    for (int i = 0; i < RECENT_PORTS; i++)
+        if (recent_ports.port[i] == port)
+            return true;
+    return false;
+}
+
+/* Bind fd to port 0 of sa's address: the port the kernel chose, or 0. */
+static int bind_any_port(int fd, struct sockaddr_in sa)
+{
+    socklen_t len = sizeof sa;
+    sa.sin_port = 0;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+        return 0;
+    return ntohs(sa.sin_port);
+}
+
 int edl_free_port(const char *ipv4)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET};
     if (!ipv4 || inet_pton(AF_INET, ipv4, &sa.sin_addr) != 1)
         sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0)
-        close(fd);
+    /* a recent port's socket stays bound while the next try runs, so the kernel picks anew */
+    int fds[FREE_PORT_TRIES], n = 0, port = 0;
+    pthread_mutex_lock(&recent_ports.mu);
+    while (n < FREE_PORT_TRIES && !port) {
+        if ((fds[n] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+            break;
+        int p = bind_any_port(fds[n++], sa);
+        if (!p)
+            break;
+        if (!port_recent(p))
+            port = p;
+    }
+    if (port)
+        recent_ports.port[recent_ports.next++ % RECENT_PORTS] = port;
+    pthread_mutex_unlock(&recent_ports.mu);
+    while (n > 0)
+        close(fds[--n]);
     return port;
 }
 

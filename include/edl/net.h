@@ -59,8 +59,9 @@ int edl_net_write_all(int fd, const void *buf, size_t len, int64_t deadline_ms);
 int edl_net_read_all(int fd, void *buf, size_t len, int64_t deadline_ms);
 
 /* A TCP port free on this IPv4 address now (bind to port 0, then release; NULL or an
- * unparsable address: any address); 0 when none can be had. Another process may take it
- * before the caller's child binds it: callers must survive that. */
+ * unparsable address: any address); 0 when none can be had. None of the last 64 ports it
+ * returned in this process is returned again. Another process may take it before the
+ * caller's child binds it: callers must survive that (or bind port 0 themselves). */
 int edl_free_port(const char *ipv4);
 
 /* The key that groups connections by their source, for per-source bounds: an IPv4 address (an
