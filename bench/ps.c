@@ -609,47 +609,93 @@ static int by_shard(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* One thread's sparse pulls and pushes (SGD) on an in-process table of the bench's keys, the
- * batches of run_sparse sorted by shard: keys/s of the table's calls alone. */
-static void measure_table(const opts *o, double *pull, double *push)
+/* The table-alone figures: pulls, pushes without ids (a trainer's local table), pushes with
+ * the ids a job's clients send (ACTIVE_CLIENTS trainers in turn), and those again after
+ * GONE_CLIENTS other trainers pushed once each (restarted trainers: each is a new client
+ * that every shard remembers). */
+enum { TP_PULL, TP_PUSH, TP_PUSH_IDS, TP_PUSH_AFTER_GONE, TABLE_PHASES };
+#define ACTIVE_CLIENTS 64
+#define GONE_CLIENTS 1024
+
+typedef struct table_run {
+    const opts *o;
+    ps_table *t;
+    uint64_t *keys;
+    uint8_t *wire, *grads;
+    float *rows;
+    uint64_t seq, first_token; /* the active trainers: first_token + 0..ACTIVE_CLIENTS-1 */
+} table_run;
+
+/* Batches of run_sparse's keys sorted by shard for o->seconds: keys/s of the table's calls. */
+static double table_phase(table_run *r, int ph, unsigned *seed)
+{
+    const opts *o = r->o;
+    double t0 = now_s(), in_calls = 0, n = 0;
+    while (now_s() - t0 < o->seconds) {
+        uint64_t base = (uint64_t)rand_r(seed) << 16 ^ (uint64_t)rand_r(seed);
+        for (uint32_t j = 0; j < o->batch; j++)
+            r->keys[j] = key_of((base + (uint64_t)j * 7919) % o->keys);
+        qsort(r->keys, o->batch, sizeof *r->keys, by_shard);
+        for (uint32_t j = 0; j < o->batch; j++)
+            edl_put64(r->wire + 8 * (size_t)j, r->keys[j]);
+        r->seq++;
+        ps_push_id id = {.token = r->first_token + r->seq % ACTIVE_CLIENTS, .seq = r->seq};
+        double a = now_s();
+        if (ph == TP_PULL)
+            ps_table_pull_sparse(r->t, r->wire, o->batch, r->rows);
+        else
+            ps_table_push_sparse(r->t, r->wire, o->batch, r->grads, ph == TP_PUSH ? NULL : &id);
+        in_calls += now_s() - a;
+        n += o->batch;
+    }
+    return n / in_calls;
+}
+
+/* A push of o->batch keys (every shard) from each of n clients, first_token on: each shard
+ * now knows them, the last first (their first sight is not in the timed phase). */
+static void pushes_from(table_run *r, uint64_t first_token, uint64_t n)
+{
+    for (uint32_t j = 0; j < r->o->batch; j++)
+        r->keys[j] = key_of(j);
+    qsort(r->keys, r->o->batch, sizeof *r->keys, by_shard);
+    for (uint32_t j = 0; j < r->o->batch; j++)
+        edl_put64(r->wire + 8 * (size_t)j, r->keys[j]);
+    for (uint64_t c = 0; c < n; c++) {
+        ps_push_id id = {.token = first_token + c, .seq = ++r->seq};
+        ps_table_push_sparse(r->t, r->wire, r->o->batch, r->grads, &id);
+    }
+}
+
+/* One thread's sparse calls (SGD) on an in-process table of the bench's keys: rate[phase]. */
+static void measure_table(const opts *o, double rate[TABLE_PHASES])
 {
     edl_ps_table_config cfg;
     edl_ps_table_config_init(&cfg);
     cfg.dim = o->dim;
-    ps_table *t;
-    uint64_t *keys = malloc(o->batch * sizeof *keys);
-    uint8_t *wire = malloc(o->batch * 8ull), *grads = calloc((size_t)o->batch * o->dim, 4);
-    float *rows = malloc((size_t)o->batch * o->dim * sizeof *rows);
-    if (!keys || !wire || !grads || !rows || ps_table_new(&cfg, &t) != 0)
+    table_run r = {.o = o, .keys = malloc(o->batch * sizeof *r.keys),
+                   .wire = malloc(o->batch * 8ull),
+                   .grads = calloc((size_t)o->batch * o->dim, 4),
+                   .rows = malloc((size_t)o->batch * o->dim * sizeof *r.rows)};
+    if (!r.keys || !r.wire || !r.grads || !r.rows || ps_table_new(&cfg, &r.t) != 0)
         die("out of memory");
     for (uint64_t k = 0; k < o->keys; k += o->batch) { /* every row made first */
         uint32_t n = (uint32_t)(o->keys - k < o->batch ? o->keys - k : o->batch);
         for (uint32_t j = 0; j < n; j++)
-            edl_put64(wire + 8 * (size_t)j, key_of(k + j));
-        ps_table_pull_sparse(t, wire, n, rows);
+            edl_put64(r.wire + 8 * (size_t)j, key_of(k + j));
+        ps_table_pull_sparse(r.t, r.wire, n, r.rows);
     }
     unsigned seed = 777;
-    for (int ph = 0; ph < 2; ph++) {
-        double t0 = now_s(), in_calls = 0, n = 0;
-        while (now_s() - t0 < o->seconds) {
-            uint64_t base = (uint64_t)rand_r(&seed) << 16 ^ (uint64_t)rand_r(&seed);
-            for (uint32_t j = 0; j < o->batch; j++)
-                keys[j] = key_of((base + (uint64_t)j * 7919) % o->keys);
-            qsort(keys, o->batch, sizeof *keys, by_shard);
-            for (uint32_t j = 0; j < o->batch; j++)
-                edl_put64(wire + 8 * (size_t)j, keys[j]);
-            double a = now_s();
-            if (ph == 0)
-                ps_table_pull_sparse(t, wire, o->batch, rows);
-            else
-                ps_table_push_sparse(t, wire, o->batch, grads, NULL);
-            in_calls += now_s() - a;
-            n += o->batch;
+    for (int ph = 0; ph < TABLE_PHASES; ph++) {
+        if (ph == TP_PUSH_IDS)
+            pushes_from(&r, r.first_token = 1, ACTIVE_CLIENTS);
+        if (ph == TP_PUSH_AFTER_GONE) { /* the gone, then the trainers that replaced them */
+            pushes_from(&r, 1000000, GONE_CLIENTS);
+            pushes_from(&r, r.first_token = 2000000, ACTIVE_CLIENTS);
         }
-        *(ph == 0 ? pull : push) = n / in_calls;
+        rate[ph] = table_phase(&r, ph, &seed);
     }
-    ps_table_free(t);
-    free(keys), free(wire), free(grads), free(rows);
+    ps_table_free(r.t);
+    free(r.keys), free(r.wire), free(r.grads), free(r.rows);
 }
 
 /* The table's physical bound, in the same process: ns a key for two random cache-line misses
@@ -758,12 +804,17 @@ static void run_pair(int w, int s, const opts *o, const char *secret_file)
                    (total[0] * o->seconds), total[2], tick * (double)(server_ticks(echo, s) -
                    e0) / (total[1] * o->seconds));
         if (ph == PH_SPUSH && o->pairs[0][0] == w && o->pairs[0][1] == s) {
-            double pull = 0, push = 0;
-            measure_table(o, &pull, &push);
+            double rate[TABLE_PHASES], pull;
+            measure_table(o, rate);
+            pull = rate[TP_PULL];
             printf("  the table alone, one thread in one process: pull %.2f M keys/s (%.2f GB/s, "
                    "%.0f %% of the bound), push %.2f M keys/s: one server loop's most\n",
                    pull / 1e6, pull * 4 * o->dim / 1e9, 100 * pull * 4 * o->dim / bound,
-                   push / 1e6);
+                   rate[TP_PUSH] / 1e6);
+            printf("  its pushes with a job's ids, %d trainers in turn: %.2f M keys/s; from %d "
+                   "new ones after %d came and went (restarted trainers are new clients): "
+                   "%.2f M keys/s\n", ACTIVE_CLIENTS, rate[TP_PUSH_IDS] / 1e6, ACTIVE_CLIENTS,
+                   GONE_CLIENTS, rate[TP_PUSH_AFTER_GONE] / 1e6);
             double miss = measure_misses(o);
             printf("  its physical bound, two random cache-line misses a key (a slot, a row) over "
                    "the same memory: %.0f ns a key; the table's pull %.0f ns, %.0f %% of it\n",

@@ -126,6 +126,10 @@ typedef struct ps_push_id {
     uint64_t token, seq;
 } ps_push_id;
 
+/* Clients whose last push a shard remembers; past it, the one that pushed least recently is
+ * forgotten. */
+#define PS_DEDUP_MAX 4096
+
 /* A request's body, checked: counts agree with the length, every count within the limits.
  * The arrays point into the body (keys and values little-endian, maybe unaligned). */
 typedef struct ps_request {

@@ -40,7 +40,6 @@ typedef struct dedup {
     uint32_t n, cap;
 } dedup;
 
-#define DEDUP_MAX 4096 /* clients remembered per shard (the least recent seq goes first) */
 
 /* A slot of a shard's hash: a key and its row's index, four to a cache line (the hash is on
  * lines). A probe from a key's home slot mostly ends within its line or the next. */
@@ -84,32 +83,44 @@ struct ps_table {
 
 static atomic_uint_fast64_t next_req = 1;
 
-/* Whether push id may apply to a shard (under its lock); a first sight is remembered. Out of
- * memory, it applies (the push is not lost; a duplicate of it could apply twice). */
+/* Put e (not in d's array) first: the array is in order of last use, so the clients pushing
+ * now are found in its first entries however many clients a long job has seen (a restarted
+ * trainer is a new client: a job that re-formed often leaves hundreds behind). */
+static void dedup_to_front(dedup *d, uint32_t from, applied e)
+{
+    memmove(&d->a[1], &d->a[0], from * sizeof *d->a);
+    d->a[0] = e;
+}
+
+/* Whether push id may apply to a shard (under its lock); a first sight is remembered, the
+ * client used least recently forgotten when PS_DEDUP_MAX are. Out of memory, it applies (the
+ * push is not lost; a duplicate of it could apply twice). */
 static bool admit(dedup *d, const ps_push_id *id, uint64_t req)
 {
     if (!id)
         return true;
-    applied *least = NULL;
     for (uint32_t i = 0; i < d->n; i++) {
         applied *e = &d->a[i];
         if (e->token == id->token) {
             if (e->seq > id->seq || (e->seq == id->seq && e->req != req))
                 return false;
-            e->seq = id->seq, e->req = req;
+            if (i > 0)
+                dedup_to_front(d, i, (applied){id->token, id->seq, req});
+            else
+                e->seq = id->seq, e->req = req;
             return true;
         }
-        least = !least || e->seq < least->seq ? e : least;
     }
-    if (d->n == d->cap && d->cap < DEDUP_MAX) {
+    if (d->n == d->cap && d->cap < PS_DEDUP_MAX) {
         uint32_t cap = d->cap ? 2 * d->cap : 4;
         applied *a = realloc(d->a, cap * sizeof *a);
         if (a)
             d->a = a, d->cap = cap;
     }
-    applied *e = d->n < d->cap ? &d->a[d->n++] : least;
-    if (e)
-        *e = (applied){id->token, id->seq, req};
+    if (d->n < d->cap)
+        d->n++;
+    if (d->n) /* full: the last, least recently used, is overwritten */
+        dedup_to_front(d, d->n - 1, (applied){id->token, id->seq, req});
     return true;
 }
 
@@ -995,7 +1006,7 @@ static void dedup_put(const dedup *d, uint8_t *p)
 
 static int dedup_get(dedup *d, const uint8_t *p, uint32_t n)
 {
-    if (n > DEDUP_MAX)
+    if (n > PS_DEDUP_MAX)
         return EDL_EPROTO;
     if (n && !(d->a = calloc(n, sizeof *d->a)))
         return EDL_ENOMEM;
@@ -1144,7 +1155,7 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
     int rc = dedup_get(&s->dd, p + fixed + 4 * (uint64_t)nx * xstride, (uint32_t)np);
     if (rc)
         return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
-                        (unsigned long long)np, DEDUP_MAX);
+                        (unsigned long long)np, PS_DEDUP_MAX);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t key = edl_get64(keys + 8 * i), h = ps_mix64(key);
         if (shard_of(t, h) != sh || sparse_find(t, s, key, h))
@@ -1179,7 +1190,7 @@ static int dense_import(ps_table *t, dense_shard *d, uint32_t sh, const uint8_t 
     int rc = dedup_get(&d->dd, p + 16 + 4 * n * na, (uint32_t)np);
     if (rc)
         return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
-                        (unsigned long long)np, DEDUP_MAX);
+                        (unsigned long long)np, PS_DEDUP_MAX);
     if (n == 0)
         return 0;
     if (dense_alloc(t, d, sh) != 0)

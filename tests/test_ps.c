@@ -606,6 +606,45 @@ static void *table_pusher(void *arg)
     return NULL;
 }
 
+/* A shard remembers each client's last push (a retry or a replica's copy applies once) for
+ * PS_DEDUP_MAX clients, and forgets the one that pushed least recently: a client pushing
+ * through a crowd of others that came and went (restarted trainers) is still known, and its
+ * push sent again is not applied twice (it was forgotten, as the client with the lowest
+ * sequence number, before). One shard, SGD, lr 1, zero rows, gradients of 1. */
+static void test_a_shard_forgets_the_client_used_least_recently_not_an_active_one(void **state)
+{
+    (void)state;
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.dim = 1, cfg.shards = 1, cfg.lr = 1, cfg.init = EDL_PS_INIT_ZERO;
+    ps_table *t;
+    assert_int_equal(ps_table_new(&cfg, &t), 0);
+    uint8_t key[8], one[4];
+    float g = 1, row;
+    edl_put64(key, 42);
+    memcpy(one, &g, 4);
+    ps_push_id active = {.token = 1, .seq = 1};
+    assert_int_equal(ps_table_push_sparse(t, key, 1, one, &active), 0);
+    for (uint64_t c = 0; c < PS_DEDUP_MAX; c++) { /* the crowd, each with a later seq */
+        ps_push_id other = {.token = 1000 + c, .seq = 100};
+        assert_int_equal(ps_table_push_sparse(t, key, 1, one, &other), 0);
+        if (c == PS_DEDUP_MAX / 2) { /* the active client pushes again amid it */
+            active.seq = 2;
+            assert_int_equal(ps_table_push_sparse(t, key, 1, one, &active), 0);
+        }
+    }
+    assert_int_equal(ps_table_pull_sparse(t, key, 1, &row), 0);
+    assert_true(row == -(float)(PS_DEDUP_MAX + 2));
+    assert_int_equal(ps_table_push_sparse(t, key, 1, one, &active), 0); /* sent again */
+    assert_int_equal(ps_table_pull_sparse(t, key, 1, &row), 0);
+    assert_true(row == -(float)(PS_DEDUP_MAX + 2));
+    ps_push_id first = {.token = 1000, .seq = 100}; /* forgotten: applies again */
+    assert_int_equal(ps_table_push_sparse(t, key, 1, one, &first), 0);
+    assert_int_equal(ps_table_pull_sparse(t, key, 1, &row), 0);
+    assert_true(row == -(float)(PS_DEDUP_MAX + 3));
+    ps_table_free(t);
+}
+
 /* A server's table looks keys up in a pipeline that locks shards as their keys come and in
  * ascending order only (a key of a lower shard starts over): keys sent by shard up, down or
  * shuffled with repeats give the same rows, and threads pushing in different orders at once
@@ -1467,6 +1506,7 @@ int main(void)
         cmocka_unit_test(test_ctr_embedx_is_born_when_the_score_reaches_the_threshold),
         cmocka_unit_test(test_ctr_shrink_decays_evicts_and_gives_the_memory_back),
         cmocka_unit_test(test_ctr_configs_round_trip_and_bad_fields_are_named),
+        cmocka_unit_test(test_a_shard_forgets_the_client_used_least_recently_not_an_active_one),
         cmocka_unit_test(test_keys_in_any_order_and_threads_crossing_shards_get_the_same_rows),
         cmocka_unit_test(test_shard_map_is_balanced_and_moves_one_in_s_plus_one),
         cmocka_unit_test(test_a_client_without_the_secret_is_refused),
