@@ -126,9 +126,33 @@ typedef struct ps_push_id {
     uint64_t token, seq;
 } ps_push_id;
 
-/* Clients whose last push a shard remembers; past it, the one that pushed least recently is
- * forgotten. */
+/* ---- what a shard remembers of its clients' pushes (dedup.c) -------------------------------
+ * Per client (token) the last push applied (seq) and the request it came in (req, numbered
+ * over the server's life); PS_DEDUP_MAX clients, then the least recently used is forgotten. */
 #define PS_DEDUP_MAX 4096
+
+typedef struct ps_applied {
+    uint64_t token, seq, req, used; /* used: when it last applied (LRU order) */
+} ps_applied;
+
+typedef struct ps_dedup {
+    ps_applied *slot; /* cap slots (a power of two, or 0), by token; seq 0: empty */
+    uint32_t n, cap;  /* entries, slots (n <= cap / 2) */
+} ps_dedup;
+
+/* Whether push id may apply (the caller holds the shard's lock; NULL: always); a client seen
+ * first is remembered. Out of memory it applies (the push is not lost; a duplicate of it
+ * could apply twice). req: the request's number (its runs of keys on one shard all apply). */
+bool ps_dedup_admit(ps_dedup *d, const ps_push_id *id, uint64_t req);
+/* Hint the cache line where id's entry would be (ahead of the shard's lock and admission). */
+void ps_dedup_prefetch(const ps_dedup *d, const ps_push_id *id);
+/* Shard copies and checkpoints: 16 bytes a client (token, seq), least recently used first;
+ * ps_dedup_get fills an empty d, in that order (EDL_EPROTO past PS_DEDUP_MAX, for a push
+ * numbered 0 or a client named twice; EDL_ENOMEM). */
+size_t ps_dedup_bytes(const ps_dedup *d);
+void ps_dedup_put(const ps_dedup *d, uint8_t *p);
+int ps_dedup_get(ps_dedup *d, const uint8_t *p, uint32_t n);
+void ps_dedup_free(ps_dedup *d);
 
 /* A request's body, checked: counts agree with the length, every count within the limits.
  * The arrays point into the body (keys and values little-endian, maybe unaligned). */

@@ -28,19 +28,6 @@ typedef struct geo_shard {
     size_t n[EDL_PS_MAX_GEO_TRAINERS], cap[EDL_PS_MAX_GEO_TRAINERS];
 } geo_shard;
 
-/* The pushes a shard has applied, for each client the last one (its sequence numbers grow):
- * a push sent again (a retry, a replica's copy) is applied once. `req` tells the runs of one
- * request apart from a duplicate of it. */
-typedef struct applied {
-    uint64_t token, seq, req;
-} applied;
-
-typedef struct dedup {
-    applied *a;
-    uint32_t n, cap;
-} dedup;
-
-
 /* A slot of a shard's hash: a key and its row's index, four to a cache line (the hash is on
  * lines). A probe from a key's home slot mostly ends within its line or the next. */
 typedef struct slot {
@@ -58,7 +45,7 @@ typedef struct sparse_shard {
     uint64_t *rowkey; /* per row: its key (iteration: sync apply, GEO pulls) */
     size_t nrows, rows_cap;
     geo_shard *geo;   /* GEO tables only */
-    dedup dd;
+    ps_dedup dd;
     float *x;         /* CTR tables: the pool of embedx parts (xstride floats each) */
     size_t nx, x_cap;
 } sparse_shard;
@@ -66,7 +53,7 @@ typedef struct sparse_shard {
 typedef struct dense_shard {
     pthread_mutex_t mu;
     float *w, *s1, *s2, *p1, *p2; /* weights; Adagrad s1; Adam m = s1, v = s2, powers */
-    dedup dd;
+    ps_dedup dd;
 } dense_shard;
 
 struct ps_table {
@@ -82,47 +69,6 @@ struct ps_table {
 };
 
 static atomic_uint_fast64_t next_req = 1;
-
-/* Put e (not in d's array) first: the array is in order of last use, so the clients pushing
- * now are found in its first entries however many clients a long job has seen (a restarted
- * trainer is a new client: a job that re-formed often leaves hundreds behind). */
-static void dedup_to_front(dedup *d, uint32_t from, applied e)
-{
-    memmove(&d->a[1], &d->a[0], from * sizeof *d->a);
-    d->a[0] = e;
-}
-
-/* Whether push id may apply to a shard (under its lock); a first sight is remembered, the
- * client used least recently forgotten when PS_DEDUP_MAX are. Out of memory, it applies (the
- * push is not lost; a duplicate of it could apply twice). */
-static bool admit(dedup *d, const ps_push_id *id, uint64_t req)
-{
-    if (!id)
-        return true;
-    for (uint32_t i = 0; i < d->n; i++) {
-        applied *e = &d->a[i];
-        if (e->token == id->token) {
-            if (e->seq > id->seq || (e->seq == id->seq && e->req != req))
-                return false;
-            if (i > 0)
-                dedup_to_front(d, i, (applied){id->token, id->seq, req});
-            else
-                e->seq = id->seq, e->req = req;
-            return true;
-        }
-    }
-    if (d->n == d->cap && d->cap < PS_DEDUP_MAX) {
-        uint32_t cap = d->cap ? 2 * d->cap : 4;
-        applied *a = realloc(d->a, cap * sizeof *a);
-        if (a)
-            d->a = a, d->cap = cap;
-    }
-    if (d->n < d->cap)
-        d->n++;
-    if (d->n) /* full: the last, least recently used, is overwritten */
-        dedup_to_front(d, d->n - 1, (applied){id->token, id->seq, req});
-    return true;
-}
 
 /* ---- the CTR accessor's rows -----------------------------------------------------------------
  * A CTR row: show, click, unseen (uint32: shrinks since the last push), x (uint32: its embedx
@@ -521,6 +467,8 @@ static void pipe_hash(sparse_pipe *p, uint32_t from)
     if (k > from && sh < p->sh[(k - 1) % PIPE])
         p->end = k;
     const sparse_shard *s = &p->t->sp[sh];
+    if (p->grads && (k == from || sh != p->sh[(k - 1) % PIPE]))
+        ps_dedup_prefetch(&s->dd, p->id); /* read by the admission when the shard is locked */
     const slot *slots = __atomic_load_n(&s->slots, __ATOMIC_RELAXED);
     size_t cap = __atomic_load_n(&s->cap, __ATOMIC_RELAXED);
     if (cap) {
@@ -538,7 +486,7 @@ static void pipe_look(sparse_pipe *p)
     if (p->lo == p->hi || p->locked[(p->hi - 1) % PIPE] != sh) {
         pthread_mutex_lock(&s->mu);
         p->locked[p->hi++ % PIPE] = sh;
-        p->top_apply = !p->grads || admit(&s->dd, p->id, p->req);
+        p->top_apply = !p->grads || ps_dedup_admit(&s->dd, p->id, p->req);
     }
     p->apply[k % PIPE] = p->top_apply;
     p->row[k % PIPE] = NULL;
@@ -613,7 +561,7 @@ static int dense_alloc(const ps_table *t, dense_shard *d, uint32_t s)
               (c->optimizer != EDL_PS_ADAM || (d->s2 && d->p1 && d->p2));
     if (!ok) {
         free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2);
-        *d = (dense_shard){.mu = d->mu};
+        *d = (dense_shard){.mu = d->mu, .dd = d->dd};
         return EDL_ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
@@ -654,7 +602,7 @@ static int dense_each(ps_table *t, uint64_t off, uint64_t n, float *out, const u
         dense_shard *d = &t->dn[s];
         pthread_mutex_lock(&d->mu);
         int rc = d->w ? 0 : dense_alloc(t, d, s);
-        if (rc == 0 && grads && admit(&d->dd, id, req))
+        if (rc == 0 && grads && ps_dedup_admit(&d->dd, id, req))
             dense_apply(c, d, at - start, len, grads + 4 * done);
         else if (rc == 0 && !grads)
             memcpy(out + done, d->w + (at - start), len * sizeof *out);
@@ -716,7 +664,7 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
         uint64_t key = edl_get64(keys + 8 * (size_t)i), h = ps_mix64(key);
         sparse_shard *s = &t->sp[shard_of(t, h)];
         pthread_mutex_lock(&s->mu);
-        float *row = admit(&s->dd, id, req) ? sparse_row(t, s, key, h) : NULL;
+        float *row = ps_dedup_admit(&s->dd, id, req) ? sparse_row(t, s, key, h) : NULL;
         if (row) {
             for (size_t j = 0; j < dim; j++) {
                 float d;
@@ -725,7 +673,7 @@ int ps_table_geo_add(ps_table *t, const uint8_t *keys, uint32_t n, const uint8_t
             }
             rc = geo_mark(s->geo, (uint32_t)((row - s->rows) / t->stride), trainer,
                           ps_table_geo_trainers(t));
-        } else if (admit(&s->dd, id, req)) { /* admitted (this request), yet no row */
+        } else if (ps_dedup_admit(&s->dd, id, req)) { /* admitted (this request), yet no row */
             rc = EDL_ENOMEM;
         }
         pthread_mutex_unlock(&s->mu);
@@ -993,29 +941,6 @@ int ps_table_shrink(ps_table *t, uint64_t token, bool (*serves)(void *arg, uint3
 
 #define SPARSE_HEAD 24
 
-static size_t dedup_bytes(const dedup *d)
-{
-    return 16 * (size_t)d->n;
-}
-
-static void dedup_put(const dedup *d, uint8_t *p)
-{
-    for (uint32_t i = 0; i < d->n; i++)
-        edl_put64(p + 16 * i, d->a[i].token), edl_put64(p + 16 * i + 8, d->a[i].seq);
-}
-
-static int dedup_get(dedup *d, const uint8_t *p, uint32_t n)
-{
-    if (n > PS_DEDUP_MAX)
-        return EDL_EPROTO;
-    if (n && !(d->a = calloc(n, sizeof *d->a)))
-        return EDL_ENOMEM;
-    d->n = d->cap = n;
-    for (uint32_t i = 0; i < n; i++)
-        d->a[i] = (applied){edl_get64(p + 16 * i), edl_get64(p + 16 * i + 8), 0};
-    return 0;
-}
-
 static size_t dense_arrays(const edl_ps_table_config *c)
 {
     return c->optimizer == EDL_PS_ADAM ? 5 : c->optimizer == EDL_PS_ADAGRAD ? 2 : 1;
@@ -1023,7 +948,8 @@ static size_t dense_arrays(const edl_ps_table_config *c)
 
 static void sparse_free_shard(sparse_shard *s)
 {
-    free(s->slots), free(s->rows), free(s->rowkey), free(s->dd.a), free(s->x);
+    free(s->slots), free(s->rows), free(s->rowkey), free(s->x);
+    ps_dedup_free(&s->dd);
     for (int i = 0; s->geo && i < EDL_PS_MAX_GEO_TRAINERS; i++)
         free(s->geo->list[i]);
     if (s->geo)
@@ -1034,7 +960,8 @@ static void sparse_free_shard(sparse_shard *s)
 
 static void dense_free_shard(dense_shard *d)
 {
-    free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2), free(d->dd.a);
+    free(d->w), free(d->s1), free(d->s2), free(d->p1), free(d->p2);
+    ps_dedup_free(&d->dd);
     *d = (dense_shard){.mu = d->mu};
 }
 
@@ -1051,20 +978,30 @@ static void ctr_export(const ps_table *t, const sparse_shard *s, uint8_t *rows, 
     }
 }
 
+/* Why a shard's pushes (its clients' memory) were not taken. */
+static int dedup_refused(int rc, uint64_t n, char *why, size_t whylen)
+{
+    if (rc == EDL_ENOMEM)
+        return edl_errf(why, whylen, rc, "out of memory for a shard's %llu pushes",
+                        (unsigned long long)n);
+    return edl_errf(why, whylen, rc, "a shard's %llu pushes: more than %d, a client named twice "
+                    "or a push numbered 0", (unsigned long long)n, PS_DEDUP_MAX);
+}
+
 static uint8_t *sparse_export(const ps_table *t, const sparse_shard *s, size_t *len)
 {
     size_t n = s->nrows, geo = ps_table_geo_trainers(t) > 0, nx = 0, rb = 4 * n * t->stride;
     for (size_t i = 0; t->xstride && i < n; i++)
         nx += row_u32(s->rows + i * t->stride, CTR_X) != 0;
     size_t body = n * (8 + 4 * t->stride + 8 * geo) + 4 * nx * t->xstride;
-    *len = SPARSE_HEAD + body + dedup_bytes(&s->dd);
+    *len = SPARSE_HEAD + body + ps_dedup_bytes(&s->dd);
     uint8_t *p = malloc(*len), *q = p + SPARSE_HEAD;
     if (!p)
         return NULL;
     edl_put32(p, (uint32_t)n), edl_put32(p + 4, (uint32_t)t->stride);
     edl_put32(p + 8, (uint32_t)geo), edl_put32(p + 12, (uint32_t)t->xstride);
     edl_put32(p + 16, s->dd.n), edl_put32(p + 20, 0);
-    dedup_put(&s->dd, q + body);
+    ps_dedup_put(&s->dd, q + body);
     if (n == 0) /* an empty shard has no arrays */
         return p;
     memcpy(q, s->rowkey, 8 * n);
@@ -1081,7 +1018,7 @@ static uint8_t *dense_export(const ps_table *t, const dense_shard *d, uint32_t s
     size_t n = d->w ? edl_ps_dense_shard_len(t->cfg.size, t->cfg.shards, sh) : 0;
     size_t na = dense_arrays(&t->cfg);
     float *arr[5] = {d->w, d->s1, d->s2, d->p1, d->p2};
-    *len = 16 + 4 * n * na + dedup_bytes(&d->dd);
+    *len = 16 + 4 * n * na + ps_dedup_bytes(&d->dd);
     uint8_t *p = malloc(*len);
     if (!p)
         return NULL;
@@ -1089,7 +1026,7 @@ static uint8_t *dense_export(const ps_table *t, const dense_shard *d, uint32_t s
     edl_put32(p + 8, d->dd.n), edl_put32(p + 12, 0);
     for (size_t a = 0; a < na && n; a++)
         memcpy(p + 16 + 4 * n * a, arr[a], 4 * n);
-    dedup_put(&d->dd, p + 16 + 4 * n * na);
+    ps_dedup_put(&d->dd, p + 16 + 4 * n * na);
     return p;
 }
 
@@ -1152,10 +1089,9 @@ static int sparse_import(ps_table *t, sparse_shard *s, uint32_t sh, const uint8_
                         (unsigned long long)np, len, t->stride, t->xstride);
     const uint8_t *keys = p + SPARSE_HEAD, *rows = keys + 8 * n, *mask = rows + 4 * n * stride;
     const uint8_t *xs = mask + 8 * n * geo;
-    int rc = dedup_get(&s->dd, p + fixed + 4 * (uint64_t)nx * xstride, (uint32_t)np);
+    int rc = ps_dedup_get(&s->dd, p + fixed + 4 * (uint64_t)nx * xstride, (uint32_t)np);
     if (rc)
-        return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
-                        (unsigned long long)np, PS_DEDUP_MAX);
+        return dedup_refused(rc, np, why, whylen);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t key = edl_get64(keys + 8 * i), h = ps_mix64(key);
         if (shard_of(t, h) != sh || sparse_find(t, s, key, h))
@@ -1187,10 +1123,9 @@ static int dense_import(ps_table *t, dense_shard *d, uint32_t sh, const uint8_t 
                         "and %llu pushes (%zu bytes), for a shard of %llu in %zu",
                         (unsigned long long)n, (unsigned long long)na, (unsigned long long)np,
                         len, (unsigned long long)want, dense_arrays(&t->cfg));
-    int rc = dedup_get(&d->dd, p + 16 + 4 * n * na, (uint32_t)np);
+    int rc = ps_dedup_get(&d->dd, p + 16 + 4 * n * na, (uint32_t)np);
     if (rc)
-        return edl_errf(why, whylen, rc, "a shard of %llu pushes (at most %d)",
-                        (unsigned long long)np, PS_DEDUP_MAX);
+        return dedup_refused(rc, np, why, whylen);
     if (n == 0)
         return 0;
     if (dense_alloc(t, d, sh) != 0)

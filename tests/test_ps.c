@@ -610,7 +610,8 @@ static void *table_pusher(void *arg)
  * PS_DEDUP_MAX clients, and forgets the one that pushed least recently: a client pushing
  * through a crowd of others that came and went (restarted trainers) is still known, and its
  * push sent again is not applied twice (it was forgotten, as the client with the lowest
- * sequence number, before). One shard, SGD, lr 1, zero rows, gradients of 1. */
+ * sequence number, before); after thousands more came and went, the last PS_DEDUP_MAX are all
+ * still known. One shard, SGD, lr 1, zero rows, gradients of 1. */
 static void test_a_shard_forgets_the_client_used_least_recently_not_an_active_one(void **state)
 {
     (void)state;
@@ -642,7 +643,59 @@ static void test_a_shard_forgets_the_client_used_least_recently_not_an_active_on
     assert_int_equal(ps_table_push_sparse(t, key, 1, one, &first), 0);
     assert_int_equal(ps_table_pull_sparse(t, key, 1, &row), 0);
     assert_true(row == -(float)(PS_DEDUP_MAX + 3));
+    /* twice as many again, each forgetting one: every one of the last PS_DEDUP_MAX is still
+     * known (none lost from the shard's index as others left it) */
+    for (uint64_t c = 0; c < 2 * PS_DEDUP_MAX; c++) {
+        ps_push_id other = {.token = 100000 + c, .seq = 7};
+        assert_int_equal(ps_table_push_sparse(t, key, 1, one, &other), 0);
+    }
+    for (uint64_t c = PS_DEDUP_MAX; c < 2 * PS_DEDUP_MAX; c++) {
+        ps_push_id again = {.token = 100000 + c, .seq = 7};
+        assert_int_equal(ps_table_push_sparse(t, key, 1, one, &again), 0);
+    }
+    assert_int_equal(ps_table_pull_sparse(t, key, 1, &row), 0);
+    assert_true(row == -(float)(3 * PS_DEDUP_MAX + 3));
     ps_table_free(t);
+}
+
+/* A shard's bytes carry its clients' memory, least recently used first, and come back the
+ * same from the table that took them; bytes that name a client twice or a push numbered 0
+ * are refused with the reason, and the shard stays empty. A dense table of 4 floats, 1 shard:
+ * its bytes are 16 of header, 16 of weights, then 16 a client (token, seq). */
+static void test_a_shards_client_memory_moves_in_order_and_bad_memory_is_refused(void **state)
+{
+    (void)state;
+    edl_ps_table_config cfg;
+    edl_ps_table_config_init(&cfg);
+    cfg.kind = EDL_PS_DENSE, cfg.dim = 1, cfg.size = 4, cfg.shards = 1;
+    ps_table *a, *b;
+    assert_int_equal(ps_table_new(&cfg, &a), 0);
+    assert_int_equal(ps_table_new(&cfg, &b), 0);
+    uint8_t g[16] = {0};
+    const uint64_t order[] = {30, 10, 20, 10}; /* used last: 20, then 10 */
+    for (int i = 0; i < 4; i++) {
+        ps_push_id id = {.token = order[i], .seq = (uint64_t)i + 1};
+        assert_int_equal(ps_table_push_dense(a, 0, 4, g, &id), 0);
+    }
+    uint8_t *blob, *back;
+    size_t len, len2;
+    char why[256] = "";
+    assert_int_equal(ps_table_shard_export(a, 0, false, &blob, &len), 0);
+    assert_int_equal(len, 32 + 3 * 16);
+    assert_true(edl_get64(blob + 32) == 30 && edl_get64(blob + 48) == 20 &&
+                edl_get64(blob + 64) == 10 && edl_get64(blob + 72) == 4);
+    assert_int_equal(ps_table_shard_import(b, 0, blob, len, why, sizeof why), 0);
+    assert_int_equal(ps_table_shard_export(b, 0, true, &back, &len2), 0);
+    assert_true(len2 == len && memcmp(back, blob, len) == 0);
+    free(back);
+    edl_put64(blob + 48, 10); /* client 10 twice */
+    assert_int_equal(ps_table_shard_import(b, 0, blob, len, why, sizeof why), EDL_EPROTO);
+    assert_non_null(strstr(why, "a client named twice"));
+    edl_put64(blob + 48, 20), edl_put64(blob + 56, 0); /* a push numbered 0 */
+    assert_int_equal(ps_table_shard_import(b, 0, blob, len, why, sizeof why), EDL_EPROTO);
+    assert_true(ps_table_shard_empty(b, 0));
+    free(blob);
+    ps_table_free(a), ps_table_free(b);
 }
 
 /* A server's table looks keys up in a pipeline that locks shards as their keys come and in
@@ -1507,6 +1560,7 @@ int main(void)
         cmocka_unit_test(test_ctr_shrink_decays_evicts_and_gives_the_memory_back),
         cmocka_unit_test(test_ctr_configs_round_trip_and_bad_fields_are_named),
         cmocka_unit_test(test_a_shard_forgets_the_client_used_least_recently_not_an_active_one),
+        cmocka_unit_test(test_a_shards_client_memory_moves_in_order_and_bad_memory_is_refused),
         cmocka_unit_test(test_keys_in_any_order_and_threads_crossing_shards_get_the_same_rows),
         cmocka_unit_test(test_shard_map_is_balanced_and_moves_one_in_s_plus_one),
         cmocka_unit_test(test_a_client_without_the_secret_is_refused),
